@@ -1,0 +1,67 @@
+# eLLM build. `make` builds build/ellm; `make run` sets up, builds and generates
+# from the embedded model; `make test` builds and runs the whole test suite;
+# `make test-asan` runs it under AddressSanitizer + UBSan.
+
+CC      ?= cc
+BUILD   ?= build
+OPT     ?= -O2
+CFLAGS  ?= $(OPT) -g
+CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wshadow -Wno-unused-parameter \
+           -fno-math-errno -Iinclude -Isrc -MMD -MP
+LDLIBS  += -lm -lpthread
+
+# Kernels for one ISA live in *_avx2.c / *_avx512.c files compiled for that ISA;
+# the binary picks at run time, so no -march=native is ever needed.
+AVX2_FLAGS   := -mavx2 -mfma -mf16c
+AVX512_FLAGS := -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512dq -mavx512vl \
+                -mavx512vnni -mavx512bf16
+
+LIB_SRC  := $(sort $(shell find src -name '*.c' -not -path 'src/cli/*'))
+CLI_SRC  := $(sort $(wildcard src/cli/*.c))
+TEST_SRC := $(sort $(wildcard tests/test_*.c))
+
+LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o)
+CLI_OBJ  := $(CLI_SRC:%.c=$(BUILD)/%.o)
+TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
+LIB      := $(BUILD)/libellm.a
+
+.PHONY: all run test test-asan clean deps
+all: $(BUILD)/ellm
+
+deps:
+	@sh tools/install-deps.sh
+
+$(BUILD)/%_avx2.o: %_avx2.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(AVX2_FLAGS) -c $< -o $@
+$(BUILD)/%_avx512.o: %_avx512.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(AVX512_FLAGS) -c $< -o $@
+$(BUILD)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(LIB): $(LIB_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/ellm: $(CLI_OBJ) $(LIB)
+	$(CC) $(CFLAGS) $^ -o $@ $(LDFLAGS) $(LDLIBS)
+
+$(BUILD)/tests/%: $(BUILD)/tests/%.o $(LIB)
+	$(CC) $(CFLAGS) $^ -o $@ $(LDFLAGS) $(LDLIBS)
+
+run: deps all
+	$(BUILD)/ellm run -n 200 --stats
+
+test: deps all $(TEST_BIN)
+	@sh tests/run_tests.sh $(BUILD)
+
+test-asan:
+	$(MAKE) BUILD=build-asan OPT="-O1 -fsanitize=address,undefined -fno-omit-frame-pointer" \
+	    LDFLAGS="-fsanitize=address,undefined" test
+
+clean:
+	rm -rf build build-asan
+
+-include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(TEST_BIN:=.d)

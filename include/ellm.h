@@ -1,0 +1,181 @@
+/*
+ * eLLM — LLM inference on CPUs, built for long generation.
+ *
+ * This header is the whole public API. Handles are opaque; every function that
+ * can fail returns an ellm_status and, where it takes an `ellm_error *`, writes a
+ * human-readable message naming what went wrong. No function aborts or exits on
+ * bad input: files, prompts and parameters are treated as untrusted.
+ *
+ * Typical use:
+ *
+ *     ellm_model *model; ellm_error err;
+ *     if (ellm_model_load("model.gguf", NULL, &model, &err) != ELLM_OK) {
+ *         fprintf(stderr, "%s\n", err.msg); ...
+ *     }
+ *     ellm_context_params cp = ellm_context_default_params();
+ *     ellm_context *ctx; ellm_context_init(model, &cp, &ctx, &err);
+ *     int32_t ids[512]; int n;
+ *     ellm_tokenize(model, "def main():", 11, 1, 0, ids, 512, &n, &err);
+ *     ellm_decode(ctx, ids, n, NULL, &err);           // prefill
+ *     ... ellm_sample(...), ellm_decode(ctx, &tok, 1, ...), ellm_token_to_text(...)
+ *     ellm_context_free(ctx); ellm_model_free(model);
+ */
+#ifndef ELLM_H
+#define ELLM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum {
+    ELLM_OK = 0,
+    ELLM_ERR_IO,          /* a file could not be opened, read or mapped */
+    ELLM_ERR_FORMAT,      /* malformed input: a file, a tokenizer, a request */
+    ELLM_ERR_UNSUPPORTED, /* well-formed but not handled (architecture, tensor type) */
+    ELLM_ERR_NOMEM,       /* an allocation failed */
+    ELLM_ERR_ARG,         /* an invalid argument from the caller */
+    ELLM_ERR_CONTEXT_FULL /* the request does not fit in the context / KV cache */
+} ellm_status;
+
+/* Returns a constant, human-readable name for a status. Never NULL. */
+const char *ellm_status_str(ellm_status status);
+
+/* Error details: filled by any function that takes one and fails. */
+typedef struct {
+    ellm_status status;
+    char msg[512];
+} ellm_error;
+
+typedef struct ellm_model ellm_model;
+typedef struct ellm_context ellm_context;
+
+/* ---- model ---------------------------------------------------------------- */
+
+typedef struct {
+    int n_threads; /* threads for compute; <= 0: one per physical core */
+    int pin_threads; /* pin compute threads to cores (default 1) */
+} ellm_model_params;
+
+/* Maps a GGUF file (v2/v3) and binds its tensors. Zero-copy: weights are read
+ * from the mapping. Safe on untrusted files: every offset and size is checked.
+ * `params` may be NULL for defaults. */
+ellm_status ellm_model_load(const char *path, const ellm_model_params *params,
+                            ellm_model **out, ellm_error *err);
+void ellm_model_free(ellm_model *model);
+
+typedef struct {
+    char arch[32];       /* "llama", "qwen2", "qwen3" */
+    int n_vocab;
+    int n_ctx_train;
+    int n_embd;
+    int n_layer;
+    int n_head;
+    int n_head_kv;
+    int head_dim;
+    int n_ff;
+    uint64_t n_params;
+    uint64_t weight_bytes; /* bytes of tensor data read per token */
+    double load_ms;        /* time ellm_model_load took */
+} ellm_model_info;
+
+void ellm_model_get_info(const ellm_model *model, ellm_model_info *info);
+
+/* ---- tokenizer ------------------------------------------------------------ */
+
+/* Tokenizes `len` bytes of UTF-8 text. With `add_bos` the model's BOS is
+ * prepended when the model asks for it; with `parse_special` control-token text
+ * such as "<s>" becomes the control token, otherwise it is plain text.
+ * Writes at most `cap` ids; *n_out receives the full count (which may exceed
+ * `cap`, in which case ELLM_ERR_ARG is returned). */
+ellm_status ellm_tokenize(const ellm_model *model, const char *text, size_t len,
+                          int add_bos, int parse_special, int32_t *ids, int cap,
+                          int *n_out, ellm_error *err);
+
+/* Streaming detokenizer state: holds back incomplete UTF-8 sequences so that
+ * no output ever contains half a character. Zero-initialize before use. */
+typedef struct {
+    unsigned char pending[8];
+    int n_pending;
+    int n_emitted; /* tokens seen; leading-space handling depends on it */
+} ellm_detok;
+
+/* Appends the text of `token` to `out` (capacity `cap`, at least 64 bytes).
+ * Returns the number of bytes written: only complete UTF-8 characters. */
+int ellm_detok_push(const ellm_model *model, ellm_detok *state, int32_t token,
+                    char *out, size_t cap);
+/* Flushes any held-back bytes (as U+FFFD for an incomplete sequence). */
+int ellm_detok_flush(ellm_detok *state, char *out, size_t cap);
+
+int32_t ellm_token_bos(const ellm_model *model);
+int32_t ellm_token_eos(const ellm_model *model);
+/* Non-zero when `token` ends generation (EOS, EOT, ...). */
+int ellm_token_is_eog(const ellm_model *model, int32_t token);
+
+/* ---- context (one sequence, its KV cache and scratch) --------------------- */
+
+typedef enum { ELLM_KV_F16 = 0, ELLM_KV_F32 = 1 } ellm_kv_type;
+
+typedef struct {
+    int n_ctx;         /* tokens of context; 0: the model's training length */
+    double kv_cache_gb; /* if > 0 and n_ctx == 0, size the KV cache to this */
+    ellm_kv_type kv_type;
+    int n_batch;       /* max tokens per forward pass (prefill chunk) */
+    int n_threads;     /* <= 0: the model's thread count */
+} ellm_context_params;
+
+ellm_context_params ellm_context_default_params(void);
+ellm_status ellm_context_init(ellm_model *model, const ellm_context_params *params,
+                              ellm_context **out, ellm_error *err);
+void ellm_context_free(ellm_context *ctx);
+
+int ellm_context_n_ctx(const ellm_context *ctx);
+/* Tokens currently held in the KV cache. */
+int ellm_context_pos(const ellm_context *ctx);
+/* Forgets every token at position >= n_keep. O(1). */
+ellm_status ellm_context_truncate(ellm_context *ctx, int n_keep);
+
+/* Feeds `n` tokens at the current position in one batched pass (chunked by
+ * n_batch). If `logits` is not NULL it receives n rows of n_vocab floats, the
+ * logits after each token; the last row is always kept and available from
+ * ellm_context_logits(). */
+ellm_status ellm_decode(ellm_context *ctx, const int32_t *tokens, int n,
+                        float *logits, ellm_error *err);
+/* Logits after the last token fed (n_vocab floats), or NULL before any. */
+const float *ellm_context_logits(const ellm_context *ctx);
+
+/* ---- sampling ------------------------------------------------------------- */
+
+typedef struct {
+    float temperature;    /* <= 0: greedy */
+    int top_k;            /* <= 0: off */
+    float top_p;          /* >= 1: off */
+    float min_p;          /* <= 0: off */
+    float repeat_penalty; /* 1: off */
+    int repeat_last_n;    /* tokens looked back for the penalty */
+    uint64_t seed;
+} ellm_sampler_params;
+
+typedef struct ellm_sampler ellm_sampler;
+
+ellm_sampler_params ellm_sampler_default_params(void);
+ellm_status ellm_sampler_init(const ellm_sampler_params *params, int n_vocab,
+                              ellm_sampler **out, ellm_error *err);
+void ellm_sampler_free(ellm_sampler *s);
+/* Picks the next token from `logits` (n_vocab floats, not modified) given the
+ * `n_hist` previous tokens (for the repetition penalty). */
+int32_t ellm_sampler_sample(ellm_sampler *s, const float *logits,
+                            const int32_t *hist, int n_hist);
+
+/* ---- runtime -------------------------------------------------------------- */
+
+/* Name of the kernel ISA in use: "scalar", "avx2" or "avx512". The choice is
+ * made once from CPU features; ELLM_ISA=scalar|avx2|avx512 overrides it. */
+const char *ellm_isa_name(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,41 @@
+/* Fused attention over the block KV cache (flash-decoding).
+ *
+ * For each KV head, its group of query heads (GQA) and all query tokens of the
+ * batch are processed together against each KV block: QK^T, online softmax and
+ * PV in one pass, never writing a score matrix to memory. Work is split across
+ * threads by (KV head, range of KV blocks); each part keeps a running max, sum
+ * and weighted V per query row, and parts are merged with a log-sum-exp
+ * reduction. Causal: query i of the batch sees keys [0, q_pos0 + i]. */
+#ifndef ELLM_ATTENTION_ATTENTION_H
+#define ELLM_ATTENTION_ATTENTION_H
+
+#include "attention/kv_cache.h"
+#include "core/threadpool.h"
+
+typedef struct {
+    const kv_cache *kv;
+    int layer;
+    int n_q;      /* query tokens in the batch (1 for decode) */
+    int q_pos0;   /* position of query token 0 */
+    int n_head;   /* query heads; a multiple of the cache's n_kv_head */
+    const float *q; /* n_q x n_head x head_dim */
+    float *out;     /* n_q x n_head x head_dim */
+    float scale;    /* usually 1/sqrt(head_dim) */
+} attention_args;
+
+/* Scratch for partial results; sized once for the largest call. */
+typedef struct attention_workspace attention_workspace;
+
+ellm_status attention_workspace_init(int n_threads, int max_q, int n_head, int head_dim,
+                                     int max_ctx, int block_tokens,
+                                     attention_workspace **out, ellm_error *err);
+void attention_workspace_free(attention_workspace *ws);
+
+/* Runs on all threads of `pool`. The keys/values of positions up to
+ * q_pos0 + n_q - 1 must already be stored for `layer`. */
+void attention_forward(const attention_args *a, attention_workspace *ws, threadpool *pool);
+
+/* Naive reference: full score rows, softmax, PV (single thread; tests). */
+void attention_forward_ref(const attention_args *a);
+
+#endif

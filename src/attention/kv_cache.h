@@ -1,0 +1,53 @@
+/* KV cache in fixed blocks of tokens.
+ *
+ * For every layer and KV head, keys and values live in blocks of
+ * `block_tokens` tokens: block j of (layer l, head h) holds K[block_tokens][head_dim]
+ * followed by V[block_tokens][head_dim], in F16 (default) or F32. All blocks are
+ * allocated up front (n_ctx tokens), so appending never allocates; a logical
+ * block table maps (layer, head, block index) to storage so selection of blocks
+ * (sparse attention) and truncation never move data. Truncation is O(1). */
+#ifndef ELLM_ATTENTION_KV_CACHE_H
+#define ELLM_ATTENTION_KV_CACHE_H
+
+#include "ellm.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct {
+    int n_layer;
+    int n_kv_head;
+    int head_dim;
+    int n_ctx;        /* capacity in tokens */
+    int block_tokens; /* tokens per block, e.g. 32 */
+    int type;         /* QTYPE_F16 or QTYPE_F32 */
+} kv_cache_params;
+
+typedef struct kv_cache kv_cache;
+
+ellm_status kv_cache_init(const kv_cache_params *p, kv_cache **out, ellm_error *err);
+void kv_cache_free(kv_cache *kv);
+
+const kv_cache_params *kv_cache_get_params(const kv_cache *kv);
+size_t kv_cache_bytes(const kv_cache *kv); /* bytes allocated */
+/* Bytes of K+V stored per token (all layers and heads). */
+size_t kv_cache_bytes_per_token(const kv_cache *kv);
+
+/* Tokens committed (positions [0, len)). */
+int kv_cache_len(const kv_cache *kv);
+/* Sets the committed length to n (n <= capacity). Shrinking is O(1):
+ * truncation for rejected draft tokens. */
+void kv_cache_set_len(kv_cache *kv, int n);
+
+/* Writes K and V of n tokens at positions [pos, pos + n) of `layer`.
+ * k and v are n rows of n_kv_head * head_dim floats (head-major inside a row).
+ * Requires pos + n <= n_ctx. Does not change len: call kv_cache_set_len after
+ * all layers are written. */
+void kv_cache_store(kv_cache *kv, int layer, int pos, int n, const float *k, const float *v);
+
+/* Storage of block `blk` of (layer, head): K at the returned pointer, V at
+ * kv_cache_block_v. Element type per params.type. */
+const void *kv_cache_block_k(const kv_cache *kv, int layer, int head, int blk);
+const void *kv_cache_block_v(const kv_cache *kv, int layer, int head, int blk);
+
+#endif

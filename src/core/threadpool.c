@@ -1,0 +1,133 @@
+/* Persistent thread pool: generation counter + spin-then-sleep workers. */
+#define _GNU_SOURCE
+#include "core/threadpool.h"
+#include "core/cpu.h"
+#include "core/status.h"
+
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+
+#define SPIN_ITERS 200000 /* ~ tens of microseconds before a worker sleeps */
+
+struct threadpool;
+
+typedef struct {
+    struct threadpool *pool;
+    int ith;
+    pthread_t thread;
+} worker;
+
+struct threadpool {
+    int n_threads;
+    worker *workers;
+    threadpool_fn fn;
+    void *arg;
+    atomic_uint generation; /* bumped for each run */
+    atomic_int n_done;      /* workers finished with the current run */
+    atomic_int stop;
+    atomic_int n_sleeping;
+    pthread_mutex_t mutex;
+    pthread_cond_t cond;
+};
+
+static void pin_to_core(pthread_t t, int i) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(ellm_cpu_core_id(i), &set);
+    pthread_setaffinity_np(t, sizeof set, &set);
+}
+
+static void *worker_main(void *p) {
+    worker *w = p;
+    threadpool *pool = w->pool;
+    unsigned seen = 0;
+    for (;;) {
+        unsigned gen;
+        int spins = 0;
+        while ((gen = atomic_load_explicit(&pool->generation, memory_order_acquire)) == seen &&
+               !atomic_load_explicit(&pool->stop, memory_order_relaxed)) {
+            if (++spins < SPIN_ITERS) {
+                __builtin_ia32_pause();
+                continue;
+            }
+            pthread_mutex_lock(&pool->mutex);
+            atomic_fetch_add(&pool->n_sleeping, 1);
+            while (atomic_load(&pool->generation) == seen && !atomic_load(&pool->stop))
+                pthread_cond_wait(&pool->cond, &pool->mutex);
+            atomic_fetch_sub(&pool->n_sleeping, 1);
+            pthread_mutex_unlock(&pool->mutex);
+            spins = 0;
+        }
+        if (atomic_load(&pool->stop)) break;
+        seen = gen;
+        pool->fn(pool->arg, w->ith, pool->n_threads);
+        atomic_fetch_add_explicit(&pool->n_done, 1, memory_order_release);
+    }
+    return NULL;
+}
+
+ellm_status threadpool_init(int n_threads, int pin, threadpool **out, ellm_error *err) {
+    *out = NULL;
+    if (n_threads < 1 || n_threads > 1024)
+        return ellm_fail(err, ELLM_ERR_ARG, "thread count %d out of range 1..1024", n_threads);
+    threadpool *pool = calloc(1, sizeof *pool);
+    if (!pool) return ellm_fail(err, ELLM_ERR_NOMEM, "out of memory for thread pool");
+    pool->n_threads = n_threads;
+    pthread_mutex_init(&pool->mutex, NULL);
+    pthread_cond_init(&pool->cond, NULL);
+    pool->workers = calloc((size_t)n_threads, sizeof *pool->workers);
+    if (!pool->workers) {
+        free(pool);
+        return ellm_fail(err, ELLM_ERR_NOMEM, "out of memory for thread pool");
+    }
+    if (pin) pin_to_core(pthread_self(), 0);
+    for (int i = 1; i < n_threads; i++) {
+        worker *w = &pool->workers[i];
+        w->pool = pool;
+        w->ith = i;
+        if (pthread_create(&w->thread, NULL, worker_main, w) != 0) {
+            pool->n_threads = i; /* workers 1..i-1 exist */
+            threadpool_free(pool);
+            return ellm_fail(err, ELLM_ERR_NOMEM, "cannot start compute thread %d", i);
+        }
+        if (pin) pin_to_core(w->thread, i);
+    }
+    *out = pool;
+    return ELLM_OK;
+}
+
+void threadpool_run(threadpool *pool, threadpool_fn fn, void *arg) {
+    if (pool->n_threads == 1) {
+        fn(arg, 0, 1);
+        return;
+    }
+    pool->fn = fn;
+    pool->arg = arg;
+    atomic_store_explicit(&pool->n_done, 0, memory_order_relaxed);
+    atomic_fetch_add_explicit(&pool->generation, 1, memory_order_release);
+    if (atomic_load(&pool->n_sleeping) > 0) {
+        pthread_mutex_lock(&pool->mutex);
+        pthread_cond_broadcast(&pool->cond);
+        pthread_mutex_unlock(&pool->mutex);
+    }
+    fn(arg, 0, pool->n_threads);
+    while (atomic_load_explicit(&pool->n_done, memory_order_acquire) < pool->n_threads - 1)
+        __builtin_ia32_pause();
+}
+
+int threadpool_size(const threadpool *pool) { return pool->n_threads; }
+
+void threadpool_free(threadpool *pool) {
+    if (!pool) return;
+    pthread_mutex_lock(&pool->mutex);
+    atomic_store(&pool->stop, 1);
+    pthread_cond_broadcast(&pool->cond);
+    pthread_mutex_unlock(&pool->mutex);
+    for (int i = 1; i < pool->n_threads; i++) pthread_join(pool->workers[i].thread, NULL);
+    pthread_mutex_destroy(&pool->mutex);
+    pthread_cond_destroy(&pool->cond);
+    free(pool->workers);
+    free(pool);
+}

@@ -1,0 +1,61 @@
+/* Compute kernels, dispatched at run time to the best ISA (core/cpu.h).
+ *
+ * Every function here has a scalar reference (`*_ref`) that defines its result;
+ * the AVX2 and AVX-512 paths are tested against it. Kernels take pointers and
+ * shapes only. All float buffers are F32 unless said otherwise. */
+#ifndef ELLM_KERNELS_KERNELS_H
+#define ELLM_KERNELS_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* ---- matrix multiply: Y[b][r] = sum_c W[r][c] * X[b][c] --------------------
+ * W: `rows` x `cols` of type `wtype`, row r at (char*)W + r * qtype_row_bytes(wtype, cols).
+ * Activations are first converted once per call site into the form the dot
+ * product consumes (e.g. 8-bit blocks for quantized weights), then any number
+ * of threads multiply disjoint row ranges [r0, r1) of W against all nb
+ * activation rows, reading each weight once for the whole batch.
+ * Y row b starts at Y + b * ldy; only columns [r0, r1) are written. */
+
+/* Bytes needed for the prepared activations of nb rows of `cols`. */
+size_t kern_act_bytes(int wtype, int64_t cols, int nb);
+/* Converts nb rows X (row b at X + b * cols) into `act`. */
+void kern_act_prepare(int wtype, const float *X, int64_t cols, int nb, void *act);
+void kern_matmul(int wtype, const void *W, int64_t cols, int64_t r0, int64_t r1,
+                 const void *act, int nb, float *Y, int64_t ldy);
+void kern_matmul_ref(int wtype, const void *W, int64_t cols, int64_t r0, int64_t r1,
+                     const void *act, int nb, float *Y, int64_t ldy);
+
+/* Dequantizes n elements (a multiple of the block size) of type `type`. */
+void kern_dequantize(int type, const void *src, float *dst, int64_t n);
+
+/* ---- element-wise and row kernels ---- */
+
+/* out[i] = x[i] / sqrt(mean(x^2) + eps) * w[i]   (out may alias x) */
+void kern_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps);
+void kern_rmsnorm_ref(float *out, const float *x, const float *w, int64_t n, float eps);
+
+/* Rotates the first n_rot dims of each of n_heads vectors of head_dim floats in
+ * place. cos_sin holds n_rot/2 (cos, sin) pairs, pair i for frequency i.
+ * neox = 0: pairs are (x[2i], x[2i+1]) (llama); neox = 1: (x[i], x[i + n_rot/2]). */
+void kern_rope(float *x, int n_heads, int head_dim, int n_rot, const float *cos_sin, int neox);
+void kern_rope_ref(float *x, int n_heads, int head_dim, int n_rot, const float *cos_sin, int neox);
+
+/* out[i] = silu(gate[i]) * up[i]   (out may alias gate or up) */
+void kern_swiglu(float *out, const float *gate, const float *up, int64_t n);
+void kern_swiglu_ref(float *out, const float *gate, const float *up, int64_t n);
+
+/* In-place softmax of n floats (max-subtracted). */
+void kern_softmax(float *x, int64_t n);
+void kern_softmax_ref(float *x, int64_t n);
+
+/* y[i] += x[i] */
+void kern_add(float *y, const float *x, int64_t n);
+/* Dot product of F32 vectors. */
+float kern_dot_f32(const float *a, const float *b, int64_t n);
+
+/* F32 <-> F16 rows (round to nearest even). */
+void kern_f32_to_f16(const float *src, uint16_t *dst, int64_t n);
+void kern_f16_to_f32(const uint16_t *src, float *dst, int64_t n);
+
+#endif

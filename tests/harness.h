@@ -1,0 +1,56 @@
+/* Minimal test harness: each tests/test_*.c is one program. CHECK counts a
+ * passed or failed assertion; the program prints "N passed, N failed" last and
+ * exits non-zero on any failure. tests/run_tests.sh runs them all and sums. */
+#ifndef ELLM_TESTS_HARNESS_H
+#define ELLM_TESTS_HARNESS_H
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+static int t_passed, t_failed;
+
+#define CHECK(cond, ...)                                                        \
+    do {                                                                        \
+        if (cond) {                                                             \
+            t_passed++;                                                         \
+        } else {                                                                \
+            t_failed++;                                                         \
+            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);    \
+            fprintf(stderr, __VA_ARGS__);                                       \
+            fputc('\n', stderr);                                                \
+        }                                                                       \
+    } while (0)
+
+/* Where test data lives (tests/data), overridable with ELLM_TEST_DATA. */
+static inline const char *test_data_dir(void) {
+    const char *d = getenv("ELLM_TEST_DATA");
+    return d && *d ? d : "tests/data";
+}
+
+static inline int test_finish(void) {
+    printf("%d passed, %d failed\n", t_passed, t_failed);
+    return t_failed ? 1 : 0;
+}
+
+/* Reads a whole file into a malloc'ed buffer (NUL-terminated); NULL on error. */
+static inline char *test_read_file(const char *path, size_t *size) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc((size_t)n + 1);
+    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
+        free(buf);
+        buf = NULL;
+    }
+    fclose(f);
+    if (buf) {
+        buf[n] = 0;
+        if (size) *size = (size_t)n;
+    }
+    return buf;
+}
+
+#endif

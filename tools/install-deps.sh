@@ -1,0 +1,16 @@
+#!/bin/sh
+# Installs the Debian packages eLLM needs to build and test, when run as root;
+# otherwise prints the apt-get line to run.
+PKGS="gcc make"
+missing=""
+for p in $PKGS; do
+    dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"
+done
+[ -z "$missing" ] && exit 0
+if [ "$(id -u)" = 0 ]; then
+    echo "installing:$missing"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing
+else
+    echo "missing packages; run: sudo apt-get install -y$missing" >&2
+    exit 1
+fi
