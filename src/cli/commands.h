@@ -1,0 +1,11 @@
+/* The ellm subcommands. Each takes the arguments after its name (argv[0] is
+ * the subcommand) and returns the process exit status. */
+#ifndef ELLM_CLI_COMMANDS_H
+#define ELLM_CLI_COMMANDS_H
+
+int cmd_run(int argc, char **argv);
+int cmd_logits(int argc, char **argv);
+int cmd_synth(int argc, char **argv);
+int cmd_tokenize(int argc, char **argv);
+
+#endif
