@@ -1,0 +1,120 @@
+/* Command-line parsing helpers. */
+#include "cli/args.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+int arg_value(int argc, char **argv, int *i, const char *flag, const char *alt, const char **val,
+              int *bad) {
+    const char *a = argv[*i];
+    size_t fl = strlen(flag);
+    if (!strncmp(a, flag, fl) && a[fl] == '=') { /* --flag=value */
+        *val = a + fl + 1;
+        return 1;
+    }
+    if (strcmp(a, flag) && (!alt || strcmp(a, alt))) return 0;
+    if (*i + 1 >= argc) {
+        fprintf(stderr, "error: %s needs a value\n", a);
+        *bad = 1;
+        *val = NULL;
+        return 1;
+    }
+    *val = argv[++*i];
+    return 1;
+}
+
+int arg_int(const char *flag, const char *s, long lo, long hi, long *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) {
+        fprintf(stderr, "error: %s expects an integer in [%ld, %ld], got '%s'\n", flag, lo, hi, s);
+        return 0;
+    }
+    *out = v;
+    return 1;
+}
+
+int arg_double(const char *flag, const char *s, double lo, double hi, double *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !(v >= lo && v <= hi)) {
+        fprintf(stderr, "error: %s expects a number in [%g, %g], got '%s'\n", flag, lo, hi, s);
+        return 0;
+    }
+    *out = v;
+    return 1;
+}
+
+int arg_u64(const char *flag, const char *s, uint64_t *out) {
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || end == s || *end || *s == '-') {
+        fprintf(stderr, "error: %s expects a non-negative integer, got '%s'\n", flag, s);
+        return 0;
+    }
+    *out = v;
+    return 1;
+}
+
+char *cli_read_file(const char *path, size_t *size) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "error: cannot open '%s': %s\n", path, strerror(errno));
+        return NULL;
+    }
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    while (buf) {
+        if (n + 1 >= cap) {
+            char *nb = realloc(buf, cap *= 2);
+            if (!nb) {
+                free(buf);
+                buf = NULL;
+                break;
+            }
+            buf = nb;
+        }
+        size_t r = fread(buf + n, 1, cap - n - 1, f);
+        n += r;
+        if (r == 0) break;
+    }
+    int failed = ferror(f);
+    fclose(f);
+    if (!buf || failed) {
+        free(buf);
+        fprintf(stderr, "error: cannot read '%s'\n", path);
+        return NULL;
+    }
+    buf[n] = 0;
+    if (size) *size = n;
+    return buf;
+}
+
+const char *cli_default_model(void) {
+    static char path[PATH_MAX];
+    const char *env = getenv("ELLM_MODEL");
+    if (env && *env) return env;
+    char exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n > 0) {
+        exe[n] = 0;
+        char *slash = strrchr(exe, '/');
+        if (slash) {
+            *slash = 0; /* .../build */
+            slash = strrchr(exe, '/');
+            if (slash) {
+                *slash = 0;
+                snprintf(path, sizeof path, "%s/models/evalmodel.gguf", exe);
+                if (access(path, R_OK) == 0) return path;
+            }
+        }
+    }
+    return "models/evalmodel.gguf";
+}

@@ -1,0 +1,24 @@
+/* Small helpers for strict command-line parsing: every value is checked and a
+ * bad one names the flag. */
+#ifndef ELLM_CLI_ARGS_H
+#define ELLM_CLI_ARGS_H
+
+#include <stdint.h>
+
+/* Returns 1 if argv[*i] is `flag` (or `alt`, may be NULL) and stores the value
+ * (the next argument) in *val, advancing *i; prints an error and sets *bad if
+ * the value is missing. */
+int arg_value(int argc, char **argv, int *i, const char *flag, const char *alt, const char **val,
+              int *bad);
+int arg_int(const char *flag, const char *s, long lo, long hi, long *out);
+int arg_double(const char *flag, const char *s, double lo, double hi, double *out);
+int arg_u64(const char *flag, const char *s, uint64_t *out);
+
+/* Reads a whole file (NUL-terminated); returns NULL and prints why on error. */
+char *cli_read_file(const char *path, size_t *size);
+
+/* Path of the embedded default model: $ELLM_MODEL, else models/evalmodel.gguf
+ * next to the executable's parent directory, else ./models/evalmodel.gguf. */
+const char *cli_default_model(void);
+
+#endif

@@ -1,0 +1,144 @@
+/* `ellm logits`: logits after every token of an id file, as float32 rows. */
+#include "cli/args.h"
+#include "cli/commands.h"
+#include "ellm.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void logits_usage(FILE *f) {
+    fprintf(f,
+            "usage: ellm logits -m MODEL.gguf --ids IDS_FILE -o OUT.f32 [options]\n"
+            "Feeds the whitespace-separated token ids of IDS_FILE in one batched pass and\n"
+            "writes the logits after every token: n_ids rows of n_vocab little-endian float32.\n"
+            "  -t, --threads N      compute threads\n"
+            "  --kv-type f16|f32    KV cache element type (default f16)\n"
+            "  -b, --batch-size N   tokens per pass (default: all ids in one pass)\n");
+}
+
+/* Parses whitespace-separated non-negative integers; NULL + message on error. */
+static int32_t *parse_ids(const char *text, int *n_out) {
+    int cap = 256, n = 0;
+    int32_t *ids = malloc((size_t)cap * sizeof *ids);
+    const char *p = text;
+    while (ids) {
+        while (*p == ' ' || *p == '\n' || *p == '\t' || *p == '\r') p++;
+        if (!*p) break;
+        char *end;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (end == p || errno || v < 0 || v > INT32_MAX ||
+            (*end && *end != ' ' && *end != '\n' && *end != '\t' && *end != '\r')) {
+            fprintf(stderr, "error: ids file: '%.20s' at byte %ld is not a token id\n", p, (long)(p - text));
+            free(ids);
+            return NULL;
+        }
+        if (n == cap) {
+            int32_t *nb = realloc(ids, (size_t)(cap *= 2) * sizeof *ids);
+            if (!nb) {
+                free(ids);
+                return NULL;
+            }
+            ids = nb;
+        }
+        ids[n++] = (int32_t)v;
+        p = end;
+    }
+    *n_out = n;
+    return ids;
+}
+
+int cmd_logits(int argc, char **argv) {
+    const char *model_path = NULL, *ids_path = NULL, *out_path = NULL;
+    long threads = 0, batch = 0;
+    int kv_f32 = 0, bad = 0;
+    for (int i = 1; i < argc && !bad; i++) {
+        const char *v = NULL, *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            logits_usage(stdout);
+            return 0;
+        } else if (arg_value(argc, argv, &i, "--model", "-m", &v, &bad)) model_path = v;
+        else if (arg_value(argc, argv, &i, "--ids", NULL, &v, &bad)) ids_path = v;
+        else if (arg_value(argc, argv, &i, "--output", "-o", &v, &bad)) out_path = v;
+        else if (arg_value(argc, argv, &i, "--threads", "-t", &v, &bad))
+            bad = !v || !arg_int(a, v, 1, 1024, &threads);
+        else if (arg_value(argc, argv, &i, "--batch-size", "-b", &v, &bad))
+            bad = !v || !arg_int(a, v, 1, 1 << 20, &batch);
+        else if (arg_value(argc, argv, &i, "--kv-type", NULL, &v, &bad)) {
+            if (v && (!strcmp(v, "f32") || !strcmp(v, "f16"))) kv_f32 = !strcmp(v, "f32");
+            else if (v) {
+                fprintf(stderr, "error: --kv-type expects f16 or f32, got '%s'\n", v);
+                bad = 1;
+            }
+        } else {
+            fprintf(stderr, "error: unknown option '%s' (see ellm logits --help)\n", a);
+            bad = 1;
+        }
+    }
+    if (bad) return 2;
+    if (!ids_path || !out_path) {
+        logits_usage(stderr);
+        return 2;
+    }
+    if (!model_path) model_path = cli_default_model();
+    char *text = cli_read_file(ids_path, NULL);
+    if (!text) return 1;
+    int n = 0;
+    int32_t *ids = parse_ids(text, &n);
+    free(text);
+    if (!ids) return 1;
+    if (n == 0) {
+        fprintf(stderr, "error: ids file '%s' holds no token ids\n", ids_path);
+        free(ids);
+        return 1;
+    }
+    int rc = 1;
+    ellm_error err = {0};
+    ellm_model *model = NULL;
+    ellm_context *ctx = NULL;
+    float *logits = NULL;
+    FILE *out = NULL;
+    ellm_model_params mp = {.n_threads = (int)threads, .pin_threads = 1};
+    if (ellm_model_load(model_path, &mp, &model, &err) != ELLM_OK) {
+        fprintf(stderr, "error: %s\n", err.msg);
+        goto done;
+    }
+    ellm_model_info info;
+    ellm_model_get_info(model, &info);
+    ellm_context_params cp = ellm_context_default_params();
+    cp.n_ctx = n;
+    cp.n_batch = batch ? (int)batch : n;
+    cp.kv_type = kv_f32 ? ELLM_KV_F32 : ELLM_KV_F16;
+    cp.n_threads = (int)threads;
+    if (ellm_context_init(model, &cp, &ctx, &err) != ELLM_OK) {
+        fprintf(stderr, "error: %s\n", err.msg);
+        goto done;
+    }
+    logits = malloc((size_t)n * (size_t)info.n_vocab * sizeof *logits);
+    if (!logits) {
+        fprintf(stderr, "error: out of memory for %d x %d logits\n", n, info.n_vocab);
+        goto done;
+    }
+    if (ellm_decode(ctx, ids, n, logits, &err) != ELLM_OK) {
+        fprintf(stderr, "error: %s\n", err.msg);
+        goto done;
+    }
+    out = fopen(out_path, "wb");
+    if (!out || fwrite(logits, sizeof *logits, (size_t)n * info.n_vocab, out) != (size_t)n * info.n_vocab ||
+        fclose(out) != 0) {
+        fprintf(stderr, "error: cannot write '%s': %s\n", out_path, strerror(errno));
+        out = NULL;
+        goto done;
+    }
+    out = NULL;
+    rc = 0;
+done:
+    if (out) fclose(out);
+    free(logits);
+    free(ids);
+    ellm_context_free(ctx);
+    ellm_model_free(model);
+    return rc;
+}

@@ -1,0 +1,163 @@
+/* Context lifecycle and the public decode API. */
+#include "engine/context.h"
+#include "core/status.h"
+#include "kernels/kernels.h"
+#include "kernels/quant.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define KV_BLOCK_TOKENS 32
+
+ellm_context_params ellm_context_default_params(void) {
+    ellm_context_params p;
+    memset(&p, 0, sizeof p);
+    p.kv_type = ELLM_KV_F16;
+    p.n_batch = 256;
+    return p;
+}
+
+static void *xalloc(size_t n) {
+    void *p = NULL;
+    if (posix_memalign(&p, 64, n ? n : 64)) return NULL;
+    return p;
+}
+
+/* Largest prepared-activation size over every matmul of the model, for nb rows. */
+static size_t max_act_bytes(const ellm_model *m, int nb) {
+    size_t best = 0;
+    const model_matrix *extra[2] = {&m->output, &m->tok_embd};
+    for (int l = 0; l < m->cfg.n_layer; l++) {
+        const model_layer *L = &m->layers[l];
+        const model_matrix *ws[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        for (int i = 0; i < 7; i++) {
+            size_t b = kern_act_bytes(ws[i]->type, ws[i]->cols, nb);
+            if (b > best) best = b;
+        }
+    }
+    for (int i = 0; i < 2; i++) {
+        size_t b = kern_act_bytes(extra[i]->type, extra[i]->cols, nb);
+        if (b > best) best = b;
+    }
+    return best;
+}
+
+ellm_status ellm_context_init(ellm_model *model, const ellm_context_params *params,
+                              ellm_context **out, ellm_error *err) {
+    *out = NULL;
+    if (!model) return ellm_fail(err, ELLM_ERR_ARG, "context: no model");
+    ellm_context_params p = params ? *params : ellm_context_default_params();
+    const model_config *c = &model->cfg;
+    int kv_type = p.kv_type == ELLM_KV_F32 ? QTYPE_F32 : QTYPE_F16;
+    size_t per_token = (size_t)2 * c->n_layer * c->n_head_kv * c->head_dim * (kv_type == QTYPE_F32 ? 4 : 2);
+    int64_t n_ctx = p.n_ctx;
+    if (n_ctx <= 0 && p.kv_cache_gb > 0) n_ctx = (int64_t)(p.kv_cache_gb * 1e9 / (double)per_token);
+    if (n_ctx <= 0) n_ctx = c->n_ctx_train;
+    if (n_ctx < 1 || n_ctx > (1 << 30))
+        return ellm_fail(err, ELLM_ERR_ARG, "context: context size %lld is out of range", (long long)n_ctx);
+    if (p.n_batch <= 0) p.n_batch = 256;
+    if (p.n_batch > n_ctx) p.n_batch = (int)n_ctx;
+    int n_threads = p.n_threads > 0 ? p.n_threads : model->n_threads;
+
+    ellm_context *ctx = calloc(1, sizeof *ctx);
+    if (!ctx) return ellm_fail(err, ELLM_ERR_NOMEM, "context: out of memory");
+    ctx->model = model;
+    ctx->params = p;
+    ctx->n_ctx = (int)n_ctx;
+    ctx->n_batch = p.n_batch;
+    ellm_status st;
+    kv_cache_params kp = {.n_layer = c->n_layer,
+                          .n_kv_head = c->n_head_kv,
+                          .head_dim = c->head_dim,
+                          .n_ctx = ctx->n_ctx,
+                          .block_tokens = KV_BLOCK_TOKENS,
+                          .type = kv_type};
+    if ((st = kv_cache_init(&kp, &ctx->kv, err)) ||
+        (st = threadpool_init(n_threads, model->pin_threads, &ctx->pool, err)) ||
+        (st = attention_workspace_init(n_threads, ctx->n_batch, c->n_head, c->head_dim, ctx->n_ctx,
+                                       KV_BLOCK_TOKENS, &ctx->attn_ws, err))) {
+        ellm_context_free(ctx);
+        return st;
+    }
+    size_t B = (size_t)ctx->n_batch, d = (size_t)c->n_embd, hd = (size_t)c->head_dim;
+    size_t nq = (size_t)c->n_head * hd, nkv = (size_t)c->n_head_kv * hd, ff = (size_t)c->n_ff;
+    size_t wide = d > nq ? d : nq;
+    ctx->act_bytes = 3 * ((max_act_bytes(model, ctx->n_batch) + 63) & ~(size_t)63);
+    ctx->x = xalloc(B * d * 4);
+    ctx->xn = xalloc(B * wide * 4);
+    ctx->q = xalloc(B * nq * 4);
+    ctx->k = xalloc(B * nkv * 4);
+    ctx->v = xalloc(B * nkv * 4);
+    ctx->att = xalloc(B * nq * 4);
+    ctx->gate = xalloc(B * ff * 4);
+    ctx->up = xalloc(B * ff * 4);
+    ctx->rope_cs = xalloc(B * (size_t)c->n_rot * 4);
+    ctx->act = xalloc(ctx->act_bytes);
+    ctx->logits = xalloc((size_t)c->n_vocab * 4);
+    if (!ctx->x || !ctx->xn || !ctx->q || !ctx->k || !ctx->v || !ctx->att || !ctx->gate ||
+        !ctx->up || !ctx->rope_cs || !ctx->act || !ctx->logits) {
+        ellm_context_free(ctx);
+        return ellm_fail(err, ELLM_ERR_NOMEM, "context: out of memory for scratch buffers");
+    }
+    *out = ctx;
+    return ELLM_OK;
+}
+
+void ellm_context_free(ellm_context *ctx) {
+    if (!ctx) return;
+    kv_cache_free(ctx->kv);
+    attention_workspace_free(ctx->attn_ws);
+    threadpool_free(ctx->pool);
+    free(ctx->x);
+    free(ctx->xn);
+    free(ctx->q);
+    free(ctx->k);
+    free(ctx->v);
+    free(ctx->att);
+    free(ctx->gate);
+    free(ctx->up);
+    free(ctx->rope_cs);
+    free(ctx->act);
+    free(ctx->logits);
+    free(ctx);
+}
+
+int ellm_context_n_ctx(const ellm_context *ctx) { return ctx->n_ctx; }
+int ellm_context_pos(const ellm_context *ctx) { return kv_cache_len(ctx->kv); }
+
+ellm_status ellm_context_truncate(ellm_context *ctx, int n_keep) {
+    if (n_keep < 0 || n_keep > kv_cache_len(ctx->kv)) return ELLM_ERR_ARG;
+    kv_cache_set_len(ctx->kv, n_keep);
+    ctx->has_logits = 0;
+    return ELLM_OK;
+}
+
+ellm_status ellm_decode(ellm_context *ctx, const int32_t *tokens, int n, float *logits,
+                        ellm_error *err) {
+    if (n <= 0) return ellm_fail(err, ELLM_ERR_ARG, "decode: no tokens given");
+    int pos = kv_cache_len(ctx->kv);
+    if ((int64_t)pos + n > ctx->n_ctx)
+        return ellm_fail(err, ELLM_ERR_CONTEXT_FULL,
+                         "decode: %d tokens at position %d exceed the context size %d", n, pos,
+                         ctx->n_ctx);
+    const int n_vocab = ctx->model->cfg.n_vocab;
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= n_vocab)
+            return ellm_fail(err, ELLM_ERR_ARG, "decode: token id %d at index %d is outside the vocabulary [0, %d)",
+                             tokens[i], i, n_vocab);
+    for (int done = 0; done < n;) {
+        int chunk = n - done < ctx->n_batch ? n - done : ctx->n_batch;
+        int last = done + chunk == n;
+        if (logits) {
+            engine_forward(ctx, tokens + done, chunk, pos + done, 0, logits + (size_t)done * n_vocab);
+            if (last) memcpy(ctx->logits, logits + (size_t)(n - 1) * n_vocab, (size_t)n_vocab * 4);
+        } else {
+            engine_forward(ctx, tokens + done, chunk, pos + done, last ? chunk - 1 : chunk, ctx->logits);
+        }
+        done += chunk;
+    }
+    ctx->has_logits = 1;
+    return ELLM_OK;
+}
+
+const float *ellm_context_logits(const ellm_context *ctx) { return ctx->has_logits ? ctx->logits : NULL; }

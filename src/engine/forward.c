@@ -1,0 +1,154 @@
+/* The transformer forward pass over a batch of tokens.
+ *
+ * Each weight matrix is multiplied against all tokens of the batch in one
+ * kern_matmul call per thread, so prefill and speculative verification read
+ * each weight once per pass. Element-wise work (norms, RoPE, SwiGLU) is cheap
+ * next to the matmuls and runs on the calling thread. */
+#include "engine/context.h"
+#include "kernels/kernels.h"
+#include "kernels/quant.h"
+
+#include <math.h>
+#include <string.h>
+
+/* Up to 3 matmuls sharing one launch (Q/K/V, gate/up): threads split the
+ * concatenated rows so the launch overhead is paid once. */
+typedef struct {
+    int n;
+    const model_matrix *w[3];
+    const void *act[3];
+    float *y[3];
+    int64_t ldy[3];
+    int nb;
+} matmul_job;
+
+static void matmul_task(void *arg, int ith, int nth) {
+    const matmul_job *job = arg;
+    int64_t total = 0;
+    for (int i = 0; i < job->n; i++) total += job->w[i]->rows;
+    long b, e;
+    threadpool_split((long)total, ith, nth, 16, &b, &e);
+    int64_t base = 0;
+    for (int i = 0; i < job->n; i++) {
+        const model_matrix *w = job->w[i];
+        int64_t r0 = b - base, r1 = e - base;
+        if (r0 < 0) r0 = 0;
+        if (r1 > w->rows) r1 = w->rows;
+        if (r0 < r1)
+            kern_matmul(w->type, w->data, w->cols, r0, r1, job->act[i], job->nb, job->y[i], job->ldy[i]);
+        base += w->rows;
+    }
+}
+
+/* Y (nb rows of w->rows, stride ldy) = X (nb rows of w->cols) * W^T. */
+static void matmul(struct ellm_context *ctx, const model_matrix *w, const float *X, int nb,
+                   float *Y, int64_t ldy) {
+    kern_act_prepare(w->type, X, w->cols, nb, ctx->act);
+    matmul_job job = {.n = 1, .w = {w}, .act = {ctx->act}, .y = {Y}, .ldy = {ldy}, .nb = nb};
+    threadpool_run(ctx->pool, matmul_task, &job);
+}
+
+/* Several matrices with the same input X (same cols). Activations are prepared
+ * once per distinct weight type. */
+static void matmul_multi(struct ellm_context *ctx, int n, const model_matrix **w, const float *X,
+                         int nb, float **Y) {
+    matmul_job job = {.n = n, .nb = nb};
+    char *act = ctx->act;
+    for (int i = 0; i < n; i++) {
+        job.w[i] = w[i];
+        job.y[i] = Y[i];
+        job.ldy[i] = w[i]->rows;
+        int j;
+        for (j = 0; j < i; j++)
+            if (w[j]->type == w[i]->type) break;
+        if (j < i) {
+            job.act[i] = job.act[j];
+        } else {
+            kern_act_prepare(w[i]->type, X, w[i]->cols, nb, act);
+            job.act[i] = act;
+            act += (kern_act_bytes(w[i]->type, w[i]->cols, nb) + 63) & ~(size_t)63;
+        }
+    }
+    threadpool_run(ctx->pool, matmul_task, &job);
+}
+
+/* cos/sin of every rotated frequency at `pos`: theta_i = pos * base^(-2i/n_rot) / factor_i. */
+static void rope_table(const ellm_model *m, int pos, float *cs) {
+    const model_config *c = &m->cfg;
+    for (int i = 0; i < c->n_rot / 2; i++) {
+        double freq = pow((double)c->rope_theta, -2.0 * i / c->n_rot);
+        if (m->rope_freqs) freq /= m->rope_freqs[i];
+        double theta = (double)pos * freq;
+        cs[2 * i] = (float)cos(theta);
+        cs[2 * i + 1] = (float)sin(theta);
+    }
+}
+
+void engine_forward(struct ellm_context *ctx, const int32_t *tokens, int n, int pos,
+                    int first_logit_row, float *logits) {
+    const ellm_model *m = ctx->model;
+    const model_config *c = &m->cfg;
+    const int64_t d = c->n_embd, hd = c->head_dim, nq = (int64_t)c->n_head * hd,
+                  nkv = (int64_t)c->n_head_kv * hd, ff = c->n_ff;
+
+    for (int t = 0; t < n; t++) {
+        const char *row = (const char *)m->tok_embd.data + (size_t)tokens[t] * m->tok_embd.row_bytes;
+        kern_dequantize(m->tok_embd.type, row, ctx->x + t * d, d);
+        rope_table(m, pos + t, ctx->rope_cs + (size_t)t * c->n_rot);
+    }
+
+    for (int l = 0; l < c->n_layer; l++) {
+        const model_layer *L = &m->layers[l];
+        for (int t = 0; t < n; t++)
+            kern_rmsnorm(ctx->xn + t * d, ctx->x + t * d, L->attn_norm, d, c->norm_eps);
+        const model_matrix *wqkv[3] = {&L->wq, &L->wk, &L->wv};
+        float *yqkv[3] = {ctx->q, ctx->k, ctx->v};
+        matmul_multi(ctx, 3, wqkv, ctx->xn, n, yqkv);
+        for (int t = 0; t < n; t++) {
+            float *q = ctx->q + t * nq, *k = ctx->k + t * nkv, *v = ctx->v + t * nkv;
+            if (L->bq) {
+                kern_add(q, L->bq, nq);
+                kern_add(k, L->bk, nkv);
+                kern_add(v, L->bv, nkv);
+            }
+            if (L->q_norm) {
+                for (int h = 0; h < c->n_head; h++)
+                    kern_rmsnorm(q + h * hd, q + h * hd, L->q_norm, hd, c->norm_eps);
+                for (int h = 0; h < c->n_head_kv; h++)
+                    kern_rmsnorm(k + h * hd, k + h * hd, L->k_norm, hd, c->norm_eps);
+            }
+            const float *cs = ctx->rope_cs + (size_t)t * c->n_rot;
+            kern_rope(q, c->n_head, (int)hd, c->n_rot, cs, c->rope_neox);
+            kern_rope(k, c->n_head_kv, (int)hd, c->n_rot, cs, c->rope_neox);
+        }
+        kv_cache_store(ctx->kv, l, pos, n, ctx->k, ctx->v);
+        attention_args aa = {.kv = ctx->kv,
+                             .layer = l,
+                             .n_q = n,
+                             .q_pos0 = pos,
+                             .n_head = c->n_head,
+                             .q = ctx->q,
+                             .out = ctx->att,
+                             .scale = 1.0f / sqrtf((float)hd)};
+        attention_forward(&aa, ctx->attn_ws, ctx->pool);
+        /* x += Wo att  (xn reused as the projection output) */
+        matmul(ctx, &L->wo, ctx->att, n, ctx->xn, d);
+        kern_add(ctx->x, ctx->xn, (int64_t)n * d);
+
+        for (int t = 0; t < n; t++)
+            kern_rmsnorm(ctx->xn + t * d, ctx->x + t * d, L->ffn_norm, d, c->norm_eps);
+        const model_matrix *wgu[2] = {&L->w_gate, &L->w_up};
+        float *ygu[2] = {ctx->gate, ctx->up};
+        matmul_multi(ctx, 2, wgu, ctx->xn, n, ygu);
+        kern_swiglu(ctx->gate, ctx->gate, ctx->up, (int64_t)n * ff);
+        matmul(ctx, &L->w_down, ctx->gate, n, ctx->xn, d);
+        kern_add(ctx->x, ctx->xn, (int64_t)n * d);
+    }
+    kv_cache_set_len(ctx->kv, pos + n);
+
+    int n_out = n - first_logit_row;
+    if (n_out <= 0) return;
+    for (int t = first_logit_row; t < n; t++)
+        kern_rmsnorm(ctx->xn + t * d, ctx->x + t * d, m->output_norm, d, c->norm_eps);
+    matmul(ctx, &m->output, ctx->xn + first_logit_row * d, n_out, logits, c->n_vocab);
+}

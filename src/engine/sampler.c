@@ -1,0 +1,188 @@
+/* Token sampling: repetition penalty, top-k, top-p, min-p, temperature, then a
+ * draw from a seeded xoshiro256** generator (same seed, same output). Greedy
+ * when temperature <= 0. */
+#include "core/status.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    int32_t id;
+    float logit;
+} candidate;
+
+struct ellm_sampler {
+    ellm_sampler_params p;
+    int n_vocab;
+    candidate *cand; /* n_vocab */
+    float *prob;     /* n_vocab */
+    uint64_t rng[4];
+};
+
+ellm_sampler_params ellm_sampler_default_params(void) {
+    ellm_sampler_params p = {.temperature = 0.8f,
+                             .top_k = 40,
+                             .top_p = 0.95f,
+                             .min_p = 0.05f,
+                             .repeat_penalty = 1.0f,
+                             .repeat_last_n = 64,
+                             .seed = 0x5eed};
+    return p;
+}
+
+static uint64_t splitmix64(uint64_t *x) {
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+static uint64_t xoshiro_next(uint64_t *s) {
+    uint64_t r = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rotl(s[3], 45);
+    return r;
+}
+
+/* Uniform double in [0, 1). */
+static double rng_uniform(uint64_t *s) { return (double)(xoshiro_next(s) >> 11) * 0x1.0p-53; }
+
+ellm_status ellm_sampler_init(const ellm_sampler_params *params, int n_vocab, ellm_sampler **out,
+                              ellm_error *err) {
+    *out = NULL;
+    if (n_vocab <= 0) return ellm_fail(err, ELLM_ERR_ARG, "sampler: vocabulary size %d", n_vocab);
+    ellm_sampler_params p = params ? *params : ellm_sampler_default_params();
+    if (!(p.top_p > 0)) return ellm_fail(err, ELLM_ERR_ARG, "sampler: top-p must be > 0 (got %g)", p.top_p);
+    if (p.min_p >= 1) return ellm_fail(err, ELLM_ERR_ARG, "sampler: min-p must be < 1 (got %g)", p.min_p);
+    if (!(p.repeat_penalty > 0))
+        return ellm_fail(err, ELLM_ERR_ARG, "sampler: repeat penalty must be > 0 (got %g)", p.repeat_penalty);
+    ellm_sampler *s = calloc(1, sizeof *s);
+    if (s) {
+        s->cand = malloc((size_t)n_vocab * sizeof *s->cand);
+        s->prob = malloc((size_t)n_vocab * sizeof *s->prob);
+    }
+    if (!s || !s->cand || !s->prob) {
+        ellm_sampler_free(s);
+        return ellm_fail(err, ELLM_ERR_NOMEM, "sampler: out of memory");
+    }
+    s->p = p;
+    s->n_vocab = n_vocab;
+    uint64_t x = p.seed;
+    for (int i = 0; i < 4; i++) s->rng[i] = splitmix64(&x);
+    *out = s;
+    return ELLM_OK;
+}
+
+void ellm_sampler_free(ellm_sampler *s) {
+    if (!s) return;
+    free(s->cand);
+    free(s->prob);
+    free(s);
+}
+
+static int cmp_desc(const void *a, const void *b) {
+    float x = ((const candidate *)a)->logit, y = ((const candidate *)b)->logit;
+    if (x > y) return -1;
+    if (x < y) return 1;
+    return ((const candidate *)a)->id - ((const candidate *)b)->id;
+}
+
+/* Moves the k largest candidates to the front, sorted descending: a min-heap of
+ * size k over the array (O(n log k)), then a sort of the k. */
+static void partial_top_k(candidate *c, int n, int k) {
+    if (k >= n) {
+        qsort(c, (size_t)n, sizeof *c, cmp_desc);
+        return;
+    }
+    /* heap in c[0..k): min at the root, ordered by cmp_desc reversed */
+    for (int i = k / 2 - 1; i >= 0; i--) {
+        for (int j = i;;) {
+            int l = 2 * j + 1, r = l + 1, m = j;
+            if (l < k && cmp_desc(&c[l], &c[m]) > 0) m = l;
+            if (r < k && cmp_desc(&c[r], &c[m]) > 0) m = r;
+            if (m == j) break;
+            candidate t = c[j]; c[j] = c[m]; c[m] = t; j = m;
+        }
+    }
+    for (int i = k; i < n; i++) {
+        if (cmp_desc(&c[i], &c[0]) >= 0) continue; /* not better than the smallest kept */
+        candidate t = c[0]; c[0] = c[i]; c[i] = t;
+        for (int j = 0;;) {
+            int l = 2 * j + 1, r = l + 1, m = j;
+            if (l < k && cmp_desc(&c[l], &c[m]) > 0) m = l;
+            if (r < k && cmp_desc(&c[r], &c[m]) > 0) m = r;
+            if (m == j) break;
+            candidate u = c[j]; c[j] = c[m]; c[m] = u; j = m;
+        }
+    }
+    qsort(c, (size_t)k, sizeof *c, cmp_desc);
+}
+
+int32_t ellm_sampler_sample(ellm_sampler *s, const float *logits, const int32_t *hist, int n_hist) {
+    const ellm_sampler_params *p = &s->p;
+    int n = s->n_vocab;
+    candidate *c = s->cand;
+    for (int i = 0; i < n; i++) {
+        c[i].id = i;
+        c[i].logit = logits[i];
+    }
+    /* Repetition penalty over the last repeat_last_n tokens, each penalized once
+     * (llama.cpp convention: divide positive logits, multiply negative). */
+    if (p->repeat_penalty != 1.0f && hist && n_hist > 0) {
+        int from = p->repeat_last_n > 0 && n_hist > p->repeat_last_n ? n_hist - p->repeat_last_n : 0;
+        for (int i = from; i < n_hist; i++) {
+            int32_t t = hist[i];
+            if (t < 0 || t >= n) continue;
+            int seen = 0;
+            for (int j = from; j < i && !seen; j++) seen = hist[j] == t;
+            if (seen) continue;
+            c[t].logit = c[t].logit > 0 ? c[t].logit / p->repeat_penalty : c[t].logit * p->repeat_penalty;
+        }
+    }
+    if (p->temperature <= 0) {
+        int best = 0;
+        for (int i = 1; i < n; i++)
+            if (c[i].logit > c[best].logit) best = i;
+        return c[best].id;
+    }
+    int k = p->top_k > 0 && p->top_k < n ? p->top_k : n;
+    partial_top_k(c, n, k);
+    n = k;
+    /* Probabilities at temperature 1 for the top-p / min-p filters (llama.cpp
+     * applies temperature last in its default chain). */
+    float *pr = s->prob;
+    double sum = 0;
+    for (int i = 0; i < n; i++) sum += (pr[i] = expf(c[i].logit - c[0].logit));
+    if (p->top_p < 1.0f) {
+        double cum = 0;
+        int keep = n;
+        for (int i = 0; i < n; i++) {
+            cum += pr[i] / sum;
+            if (cum >= p->top_p) {
+                keep = i + 1;
+                break;
+            }
+        }
+        n = keep;
+    }
+    if (p->min_p > 0) {
+        int keep = 1; /* pr[0] is the max, = 1 */
+        while (keep < n && pr[keep] >= p->min_p) keep++;
+        n = keep;
+    }
+    sum = 0;
+    for (int i = 0; i < n; i++) sum += (pr[i] = expf((c[i].logit - c[0].logit) / p->temperature));
+    double u = rng_uniform(s->rng) * sum, acc = 0;
+    for (int i = 0; i < n; i++) {
+        acc += pr[i];
+        if (u < acc) return c[i].id;
+    }
+    return c[n - 1].id;
+}

@@ -1,0 +1,287 @@
+/* Model loading: reads hyper-parameters, binds and validates every tensor. */
+#include "model/model.h"
+#include "core/cpu.h"
+#include "core/status.h"
+#include "core/timer.h"
+#include "kernels/kernels.h"
+#include "kernels/quant.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    ellm_model *m;
+    ellm_error *err;
+} loader;
+
+/* Reads integer "<arch>.<suffix>" into *out; optional keys keep *out if absent. */
+static ellm_status arch_int(loader *ld, const char *suffix, int optional, int64_t lo, int64_t hi,
+                            int *out) {
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", ld->m->cfg.arch_name, suffix);
+    if (gguf_find_key(ld->m->file, key) < 0) {
+        if (optional) return ELLM_OK;
+        return ellm_fail(ld->err, ELLM_ERR_FORMAT, "model: missing required key '%s'", key);
+    }
+    int64_t v;
+    ellm_status st = gguf_get_i64(ld->m->file, key, &v, ld->err);
+    if (st != ELLM_OK) return st;
+    if (v < lo || v > hi)
+        return ellm_fail(ld->err, ELLM_ERR_FORMAT, "model: '%s' = %lld is out of range [%lld, %lld]",
+                         key, (long long)v, (long long)lo, (long long)hi);
+    *out = (int)v;
+    return ELLM_OK;
+}
+
+static ellm_status arch_float(loader *ld, const char *suffix, float *out) {
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", ld->m->cfg.arch_name, suffix);
+    if (gguf_find_key(ld->m->file, key) < 0) return ELLM_OK; /* all float keys have defaults */
+    double v;
+    ellm_status st = gguf_get_f64(ld->m->file, key, &v, ld->err);
+    if (st != ELLM_OK) return st;
+    if (!(v > 0) || v > 1e12)
+        return ellm_fail(ld->err, ELLM_ERR_FORMAT, "model: '%s' = %g is out of range", key, v);
+    *out = (float)v;
+    return ELLM_OK;
+}
+
+/* Finds tensor `name` and checks its shape is exactly (cols, rows) in GGUF
+ * order (rows = 0 means a vector of `cols`). */
+static ellm_status find_tensor(loader *ld, const char *name, int optional, int64_t cols,
+                               int64_t rows, const gguf_tensor **out) {
+    const gguf_tensor *t = gguf_find_tensor(ld->m->file, name);
+    *out = NULL;
+    if (!t) {
+        if (optional) return ELLM_OK;
+        return ellm_fail(ld->err, ELLM_ERR_FORMAT, "model: missing required tensor '%s'", name);
+    }
+    int want_dims = rows ? 2 : 1;
+    int64_t n2 = t->n_dims >= 2 ? t->ne[1] : 1;
+    int ok = t->ne[0] == cols && n2 == (rows ? rows : 1) && t->n_dims <= want_dims + 0 &&
+             (t->n_dims < 3 || t->ne[2] == 1);
+    if (!ok && t->n_dims <= 4) {
+        /* allow trailing unit dims */
+        ok = t->ne[0] == cols && n2 == (rows ? rows : 1) && t->ne[2] == 1 && t->ne[3] == 1;
+    }
+    if (!ok)
+        return ellm_fail(ld->err, ELLM_ERR_FORMAT,
+                         "model: tensor '%s' has shape [%lld, %lld], expected [%lld, %lld]", name,
+                         (long long)t->ne[0], (long long)n2, (long long)cols,
+                         (long long)(rows ? rows : 1));
+    const qtype_info *qi = qtype_get(t->type);
+    if (!qi || !qi->supported)
+        return ellm_fail(ld->err, ELLM_ERR_UNSUPPORTED,
+                         "model: tensor '%s' has type %s (id %d), which eLLM cannot compute with",
+                         name, qi ? qi->name : "unknown", t->type);
+    *out = t;
+    return ELLM_OK;
+}
+
+static ellm_status bind_matrix(loader *ld, const char *name, int optional, int64_t cols,
+                               int64_t rows, model_matrix *out) {
+    const gguf_tensor *t;
+    memset(out, 0, sizeof *out);
+    ellm_status st = find_tensor(ld, name, optional, cols, rows, &t);
+    if (st != ELLM_OK || !t) return st;
+    out->type = t->type;
+    out->data = t->data;
+    out->rows = rows;
+    out->cols = cols;
+    out->row_bytes = qtype_row_bytes(t->type, cols);
+    ld->m->n_params += (uint64_t)rows * (uint64_t)cols;
+    ld->m->weight_bytes += t->n_bytes;
+    return ELLM_OK;
+}
+
+/* Binds a vector of n floats: zero-copy when stored as F32, else converted. */
+static ellm_status bind_vector(loader *ld, const char *name, int optional, int64_t n,
+                               const float **out) {
+    const gguf_tensor *t;
+    *out = NULL;
+    ellm_status st = find_tensor(ld, name, optional, n, 0, &t);
+    if (st != ELLM_OK || !t) return st;
+    ld->m->n_params += (uint64_t)n;
+    ld->m->weight_bytes += t->n_bytes;
+    if (t->type == QTYPE_F32) {
+        *out = t->data;
+        return ELLM_OK;
+    }
+    const qtype_info *qi = qtype_get(t->type);
+    if (n % qi->block_elems)
+        return ellm_fail(ld->err, ELLM_ERR_FORMAT, "model: tensor '%s' length %lld is not a multiple of its block",
+                         name, (long long)n);
+    float *buf = malloc((size_t)n * sizeof(float));
+    float **owned = realloc(ld->m->owned, (size_t)(ld->m->n_owned + 1) * sizeof *owned);
+    if (!buf || !owned) {
+        free(buf);
+        if (owned) ld->m->owned = owned;
+        return ellm_fail(ld->err, ELLM_ERR_NOMEM, "model: out of memory converting '%s'", name);
+    }
+    ld->m->owned = owned;
+    owned[ld->m->n_owned++] = buf;
+    kern_dequantize(t->type, t->data, buf, n);
+    *out = buf;
+    return ELLM_OK;
+}
+
+static ellm_status read_config(loader *ld) {
+    ellm_model *m = ld->m;
+    model_config *c = &m->cfg;
+    const char *arch;
+    size_t arch_len;
+    ellm_status st = gguf_get_str(m->file, "general.architecture", &arch, &arch_len, ld->err);
+    if (st != ELLM_OK) return st;
+    if (arch_len >= sizeof c->arch_name) arch_len = sizeof c->arch_name - 1;
+    memcpy(c->arch_name, arch, arch_len);
+    c->arch_name[arch_len] = 0;
+    if (!strcmp(c->arch_name, "llama") || !strcmp(c->arch_name, "mistral")) {
+        c->arch = MODEL_ARCH_LLAMA;
+        c->rope_neox = 0;
+    } else if (!strcmp(c->arch_name, "qwen2")) {
+        c->arch = MODEL_ARCH_QWEN2;
+        c->rope_neox = 1;
+    } else if (!strcmp(c->arch_name, "qwen3")) {
+        c->arch = MODEL_ARCH_QWEN3;
+        c->rope_neox = 1;
+    } else {
+        return ellm_fail(ld->err, ELLM_ERR_UNSUPPORTED,
+                         "model: architecture '%s' is not supported (llama, mistral, qwen2, qwen3 are)",
+                         c->arch_name);
+    }
+    c->n_ctx_train = 2048;
+    c->rope_theta = 10000.0f;
+    c->norm_eps = 1e-5f;
+    if ((st = arch_int(ld, "block_count", 0, 1, 4096, &c->n_layer)) ||
+        (st = arch_int(ld, "embedding_length", 0, 1, 1 << 20, &c->n_embd)) ||
+        (st = arch_int(ld, "feed_forward_length", 0, 1, 1 << 22, &c->n_ff)) ||
+        (st = arch_int(ld, "attention.head_count", 0, 1, 1 << 14, &c->n_head)) ||
+        (st = arch_int(ld, "context_length", 1, 1, 1 << 30, &c->n_ctx_train)))
+        return st;
+    c->n_head_kv = c->n_head;
+    if ((st = arch_int(ld, "attention.head_count_kv", 1, 1, 1 << 14, &c->n_head_kv))) return st;
+    if (c->n_head % c->n_head_kv)
+        return ellm_fail(ld->err, ELLM_ERR_FORMAT,
+                         "model: head_count %d is not a multiple of head_count_kv %d", c->n_head,
+                         c->n_head_kv);
+    c->head_dim = c->n_embd / c->n_head;
+    if ((st = arch_int(ld, "attention.key_length", 1, 1, 1 << 14, &c->head_dim))) return st;
+    int v_len = c->head_dim;
+    if ((st = arch_int(ld, "attention.value_length", 1, 1, 1 << 14, &v_len))) return st;
+    if (v_len != c->head_dim)
+        return ellm_fail(ld->err, ELLM_ERR_UNSUPPORTED,
+                         "model: value_length %d differs from key_length %d", v_len, c->head_dim);
+    if (c->head_dim % 2)
+        return ellm_fail(ld->err, ELLM_ERR_FORMAT, "model: head dimension %d is odd", c->head_dim);
+    c->n_rot = c->head_dim;
+    if ((st = arch_int(ld, "rope.dimension_count", 1, 2, c->head_dim, &c->n_rot))) return st;
+    if (c->n_rot % 2)
+        return ellm_fail(ld->err, ELLM_ERR_FORMAT, "model: rope.dimension_count %d is odd", c->n_rot);
+    if ((st = arch_float(ld, "rope.freq_base", &c->rope_theta)) ||
+        (st = arch_float(ld, "attention.layer_norm_rms_epsilon", &c->norm_eps)))
+        return st;
+    return ELLM_OK;
+}
+
+static ellm_status bind_weights(loader *ld) {
+    ellm_model *m = ld->m;
+    model_config *c = &m->cfg;
+    ellm_status st;
+    const gguf_tensor *embd = gguf_find_tensor(m->file, "token_embd.weight");
+    if (!embd)
+        return ellm_fail(ld->err, ELLM_ERR_FORMAT, "model: missing required tensor 'token_embd.weight'");
+    if (embd->n_dims != 2 || embd->ne[0] != c->n_embd || embd->ne[1] < 1 || embd->ne[1] > (1 << 24))
+        return ellm_fail(ld->err, ELLM_ERR_FORMAT,
+                         "model: tensor 'token_embd.weight' has shape [%lld, %lld], expected [%d, n_vocab]",
+                         (long long)embd->ne[0], (long long)embd->ne[1], c->n_embd);
+    c->n_vocab = (int)embd->ne[1];
+    int64_t d = c->n_embd, hd = c->head_dim, nq = (int64_t)c->n_head * hd,
+            nkv = (int64_t)c->n_head_kv * hd, ff = c->n_ff, V = c->n_vocab;
+    if ((st = bind_matrix(ld, "token_embd.weight", 0, d, V, &m->tok_embd)) ||
+        (st = bind_matrix(ld, "output.weight", 1, d, V, &m->output)) ||
+        (st = bind_vector(ld, "output_norm.weight", 0, d, &m->output_norm)) ||
+        (st = bind_vector(ld, "rope_freqs.weight", 1, c->n_rot / 2, &m->rope_freqs)))
+        return st;
+    if (!m->output.data) m->output = m->tok_embd; /* tied embeddings */
+    m->layers = calloc((size_t)c->n_layer, sizeof *m->layers);
+    if (!m->layers) return ellm_fail(ld->err, ELLM_ERR_NOMEM, "model: out of memory");
+    for (int l = 0; l < c->n_layer; l++) {
+        model_layer *L = &m->layers[l];
+        char n[96];
+#define NAME(s) (snprintf(n, sizeof n, "blk.%d.%s", l, s), n)
+        if ((st = bind_vector(ld, NAME("attn_norm.weight"), 0, d, &L->attn_norm)) ||
+            (st = bind_matrix(ld, NAME("attn_q.weight"), 0, d, nq, &L->wq)) ||
+            (st = bind_matrix(ld, NAME("attn_k.weight"), 0, d, nkv, &L->wk)) ||
+            (st = bind_matrix(ld, NAME("attn_v.weight"), 0, d, nkv, &L->wv)) ||
+            (st = bind_matrix(ld, NAME("attn_output.weight"), 0, nq, d, &L->wo)) ||
+            (st = bind_vector(ld, NAME("ffn_norm.weight"), 0, d, &L->ffn_norm)) ||
+            (st = bind_matrix(ld, NAME("ffn_gate.weight"), 0, d, ff, &L->w_gate)) ||
+            (st = bind_matrix(ld, NAME("ffn_up.weight"), 0, d, ff, &L->w_up)) ||
+            (st = bind_matrix(ld, NAME("ffn_down.weight"), 0, ff, d, &L->w_down)))
+            return st;
+        int need_bias = c->arch == MODEL_ARCH_QWEN2;
+        if ((st = bind_vector(ld, NAME("attn_q.bias"), !need_bias, nq, &L->bq)) ||
+            (st = bind_vector(ld, NAME("attn_k.bias"), !need_bias, nkv, &L->bk)) ||
+            (st = bind_vector(ld, NAME("attn_v.bias"), !need_bias, nkv, &L->bv)))
+            return st;
+        int need_qk_norm = c->arch == MODEL_ARCH_QWEN3;
+        if ((st = bind_vector(ld, NAME("attn_q_norm.weight"), !need_qk_norm, hd, &L->q_norm)) ||
+            (st = bind_vector(ld, NAME("attn_k_norm.weight"), !need_qk_norm, hd, &L->k_norm)))
+            return st;
+#undef NAME
+    }
+    return ELLM_OK;
+}
+
+ellm_status ellm_model_load(const char *path, const ellm_model_params *params, ellm_model **out,
+                            ellm_error *err) {
+    double t0 = ellm_time_ms();
+    *out = NULL;
+    if (!path) return ellm_fail(err, ELLM_ERR_ARG, "model: no path given");
+    ellm_model *m = calloc(1, sizeof *m);
+    if (!m) return ellm_fail(err, ELLM_ERR_NOMEM, "model: out of memory");
+    m->n_threads = params && params->n_threads > 0 ? params->n_threads : ellm_cpu_physical_cores();
+    m->pin_threads = params ? params->pin_threads : 1;
+    loader ld = {m, err};
+    ellm_status st = gguf_open(path, &m->file, err);
+    if (st == ELLM_OK) st = read_config(&ld);
+    if (st == ELLM_OK) st = bind_weights(&ld);
+    if (st == ELLM_OK) st = tokenizer_init_gguf(m->file, &m->tok, err);
+    if (st == ELLM_OK && tokenizer_n_vocab(m->tok) > m->cfg.n_vocab)
+        st = ellm_fail(err, ELLM_ERR_FORMAT, "model: tokenizer has %d tokens but token_embd.weight only %d rows",
+                       tokenizer_n_vocab(m->tok), m->cfg.n_vocab);
+    if (st != ELLM_OK) {
+        ellm_model_free(m);
+        return st;
+    }
+    m->load_ms = ellm_time_ms() - t0;
+    *out = m;
+    return ELLM_OK;
+}
+
+void ellm_model_free(ellm_model *m) {
+    if (!m) return;
+    for (int i = 0; i < m->n_owned; i++) free(m->owned[i]);
+    free(m->owned);
+    free(m->layers);
+    tokenizer_free(m->tok);
+    gguf_close(m->file);
+    free(m);
+}
+
+void ellm_model_get_info(const ellm_model *m, ellm_model_info *info) {
+    memset(info, 0, sizeof *info);
+    snprintf(info->arch, sizeof info->arch, "%s", m->cfg.arch_name);
+    info->n_vocab = m->cfg.n_vocab;
+    info->n_ctx_train = m->cfg.n_ctx_train;
+    info->n_embd = m->cfg.n_embd;
+    info->n_layer = m->cfg.n_layer;
+    info->n_head = m->cfg.n_head;
+    info->n_head_kv = m->cfg.n_head_kv;
+    info->head_dim = m->cfg.head_dim;
+    info->n_ff = m->cfg.n_ff;
+    info->n_params = m->n_params;
+    info->weight_bytes = m->weight_bytes;
+    info->load_ms = m->load_ms;
+}

@@ -1,0 +1,69 @@
+/* A loaded model: hyper-parameters from GGUF metadata and weight tensors bound
+ * (zero-copy) to the file mapping. Supports the llama (incl. rope_freqs,
+ * untied output, Mistral-style files), qwen2 (QKV bias, NeoX RoPE) and qwen3
+ * (QK-norm, key_length != n_embd / n_head) architectures. */
+#ifndef ELLM_MODEL_MODEL_H
+#define ELLM_MODEL_MODEL_H
+
+#include "ellm.h"
+#include "model/gguf.h"
+#include "tokenizer/tokenizer.h"
+
+#include <stdint.h>
+
+typedef enum { MODEL_ARCH_LLAMA, MODEL_ARCH_QWEN2, MODEL_ARCH_QWEN3 } model_arch;
+
+/* A weight matrix of `rows` x `cols` (GGUF ne = {cols, rows}), row-major in the
+ * mapping, each row `row_bytes` long. */
+typedef struct {
+    int type;
+    const void *data;
+    int64_t rows, cols;
+    size_t row_bytes;
+} model_matrix;
+
+typedef struct {
+    model_arch arch;
+    char arch_name[32];
+    int n_vocab;
+    int n_ctx_train;
+    int n_embd;      /* d */
+    int n_layer;
+    int n_head;
+    int n_head_kv;
+    int head_dim;    /* key/value length per head */
+    int n_ff;
+    int n_rot;       /* rotated dims per head */
+    int rope_neox;   /* 1: rotate (x[i], x[i + n_rot/2]); 0: adjacent pairs */
+    float rope_theta;
+    float norm_eps;
+} model_config;
+
+typedef struct {
+    const float *attn_norm;            /* (d) */
+    model_matrix wq, wk, wv, wo;       /* (n_head*hd, d) (n_kv*hd, d) (n_kv*hd, d) (d, n_head*hd) */
+    const float *bq, *bk, *bv;         /* qwen2 biases or NULL */
+    const float *q_norm, *k_norm;      /* qwen3 per-head norms (hd) or NULL */
+    const float *ffn_norm;             /* (d) */
+    model_matrix w_gate, w_up, w_down; /* (ff, d) (ff, d) (d, ff) */
+} model_layer;
+
+struct ellm_model {
+    gguf_file *file;
+    model_config cfg;
+    tokenizer *tok;
+    model_matrix tok_embd; /* (n_vocab, d) */
+    model_matrix output;   /* (n_vocab, d): output.weight or tok_embd if tied */
+    const float *output_norm;
+    const float *rope_freqs; /* (n_rot/2) frequency divisors, or NULL */
+    model_layer *layers;
+    float **owned;   /* vectors converted to F32 at load (non-F32 norms/biases) */
+    int n_owned;
+    int n_threads;
+    int pin_threads;
+    uint64_t n_params;
+    uint64_t weight_bytes;
+    double load_ms;
+};
+
+#endif
