@@ -1,0 +1,110 @@
+/* Sampler: greedy, filters, determinism per seed, repetition penalty. */
+#include "ellm.h"
+#include "harness.h"
+
+#include <string.h>
+
+#define V 1000
+
+static ellm_sampler *make(ellm_sampler_params p) {
+    ellm_sampler *s = NULL;
+    ellm_error err;
+    CHECK(ellm_sampler_init(&p, V, &s, &err) == ELLM_OK, "%s", err.msg);
+    return s;
+}
+
+int main(void) {
+    static float logits[V];
+    for (int i = 0; i < V; i++) logits[i] = (float)((i * 7919) % 1000) / 100.0f; /* max 9.99 at i with (i*7919)%1000 == 999 */
+    int best = 0;
+    for (int i = 1; i < V; i++)
+        if (logits[i] > logits[best]) best = i;
+
+    ellm_sampler_params p = ellm_sampler_default_params();
+    p.temperature = 0;
+    ellm_sampler *s = make(p);
+    CHECK(ellm_sampler_sample(s, logits, NULL, 0) == best, "greedy picks the argmax");
+    ellm_sampler_free(s);
+
+    /* top-k 1 at any temperature is greedy */
+    p = ellm_sampler_default_params();
+    p.top_k = 1;
+    p.temperature = 5;
+    s = make(p);
+    int ok = 1;
+    for (int i = 0; i < 100; i++) ok &= ellm_sampler_sample(s, logits, NULL, 0) == best;
+    CHECK(ok, "top-k 1 is greedy");
+    ellm_sampler_free(s);
+
+    /* Same seed, same sequence; another seed differs. */
+    p = ellm_sampler_default_params();
+    p.top_k = 0;
+    p.top_p = 1;
+    p.min_p = 0;
+    p.temperature = 3;
+    int a[200], b[200], c[200];
+    for (int run = 0; run < 3; run++) {
+        p.seed = run == 2 ? 99 : 42;
+        s = make(p);
+        for (int i = 0; i < 200; i++) (run == 0 ? a : run == 1 ? b : c)[i] = ellm_sampler_sample(s, logits, NULL, 0);
+        ellm_sampler_free(s);
+    }
+    CHECK(!memcmp(a, b, sizeof a), "same seed, same output");
+    CHECK(memcmp(a, c, sizeof a) != 0, "different seeds differ");
+
+    /* Sampled frequencies follow softmax(logits / T) on a 2-token distribution. */
+    static float two[V];
+    for (int i = 0; i < V; i++) two[i] = -1e30f;
+    two[3] = 1.0f;
+    two[7] = 0.0f; /* p(3) = e / (e + 1) = 0.731 at T = 1 */
+    p = ellm_sampler_default_params();
+    p.top_k = 0;
+    p.top_p = 1;
+    p.min_p = 0;
+    p.temperature = 1;
+    s = make(p);
+    int n3 = 0, other = 0;
+    for (int i = 0; i < 20000; i++) {
+        int t = ellm_sampler_sample(s, two, NULL, 0);
+        n3 += t == 3;
+        other += t != 3 && t != 7;
+    }
+    ellm_sampler_free(s);
+    CHECK(fabs(n3 / 20000.0 - 0.7311) < 0.015, "p(3) = %.4f, expected 0.731", n3 / 20000.0);
+    CHECK(other == 0, "sampled a token with -inf logit");
+
+    /* min-p 0.5 removes token 7 (prob ratio 1/e < 0.5). */
+    p.min_p = 0.5f;
+    s = make(p);
+    ok = 1;
+    for (int i = 0; i < 1000; i++) ok &= ellm_sampler_sample(s, two, NULL, 0) == 3;
+    CHECK(ok, "min-p filters the tail");
+    ellm_sampler_free(s);
+
+    /* top-p 0.5 keeps only the top token (0.731 >= 0.5). */
+    p.min_p = 0;
+    p.top_p = 0.5f;
+    s = make(p);
+    ok = 1;
+    for (int i = 0; i < 1000; i++) ok &= ellm_sampler_sample(s, two, NULL, 0) == 3;
+    CHECK(ok, "top-p keeps the nucleus");
+    ellm_sampler_free(s);
+
+    /* Repetition penalty flips a close greedy choice away from a repeated token. */
+    two[7] = 0.9f;
+    p = ellm_sampler_default_params();
+    p.temperature = 0;
+    p.repeat_penalty = 1.5f;
+    s = make(p);
+    int32_t hist[3] = {3, 3, 5};
+    CHECK(ellm_sampler_sample(s, two, NULL, 0) == 3, "no history: argmax");
+    CHECK(ellm_sampler_sample(s, two, hist, 3) == 7, "penalized token 3 loses to 7");
+    ellm_sampler_free(s);
+
+    /* Bad parameters are refused with a message. */
+    ellm_error err;
+    p = ellm_sampler_default_params();
+    p.top_p = 0;
+    CHECK(ellm_sampler_init(&p, V, &s, &err) == ELLM_ERR_ARG && strstr(err.msg, "top-p"), "top-p 0");
+    return test_finish();
+}
