@@ -77,7 +77,7 @@ static void test_case(const model_case *mc, int n_threads) {
     static int32_t prompt[4096], gen[4096], all[8192];
     int n_prompt, n_gen;
     CHECK(read_tokens(tpath, prompt, &n_prompt, gen, &n_gen), "%s", tpath);
-    size_t ref_size;
+    size_t ref_size = 0;
     float *ref = (float *)test_read_file(lpath, &ref_size);
     CHECK(ref != NULL, "%s", lpath);
     ellm_model *m = NULL;

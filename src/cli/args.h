@@ -3,6 +3,7 @@
 #ifndef ELLM_CLI_ARGS_H
 #define ELLM_CLI_ARGS_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 /* Returns 1 if argv[*i] is `flag` (or `alt`, may be NULL) and stores the value

@@ -1,5 +1,4 @@
 /* CPU feature detection and ISA selection (cpuid through the compiler). */
-#define _GNU_SOURCE
 #include "core/cpu.h"
 #include "ellm.h"
 

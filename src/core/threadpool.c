@@ -1,5 +1,4 @@
 /* Persistent thread pool: generation counter + spin-then-sleep workers. */
-#define _GNU_SOURCE
 #include "core/threadpool.h"
 #include "core/cpu.h"
 #include "core/status.h"
