@@ -192,10 +192,9 @@ static ellm_status skip_elems(gguf_reader *r, gguf_value_type t, uint64_t count,
         size_t esize = gguf_type_size[t];
         if (count > remaining(r) / esize) {
             return fail_at(r, ELLM_ERR_FORMAT,
-                           "array of %llu %s needs %llu bytes at offset %zu but only %zu "
-                           "bytes remain (truncated?)",
-                           (unsigned long long)count, type_name(t),
-                           (unsigned long long)count * esize, r->pos, remaining(r));
+                           "array of %llu %s (%zu bytes each) at offset %zu does not fit in "
+                           "the %zu bytes left (truncated?)",
+                           (unsigned long long)count, type_name(t), esize, r->pos, remaining(r));
         }
         r->pos += (size_t)count * esize;
         return ELLM_OK;
@@ -308,7 +307,7 @@ static ellm_status parse_header(gguf_reader *r, gguf_file *f, uint64_t *n_tensor
                        "the model to GGUF v3");
     }
     if (v != 2 && v != 3) {
-        uint32_t swapped = __builtin_bswap32(v);
+        uint32_t swapped = (v >> 24) | ((v >> 8) & 0xff00u) | ((v << 8) & 0xff0000u) | (v << 24);
         if (swapped == 2 || swapped == 3) {
             return fail_at(r, ELLM_ERR_UNSUPPORTED,
                            "big-endian GGUF (version %u byte-swapped) is not supported", swapped);
@@ -317,9 +316,9 @@ static ellm_status parse_header(gguf_reader *r, gguf_file *f, uint64_t *n_tensor
     }
     f->version = v;
     r->pos = 8;
+    /* cannot fail: the size was checked against the header above */
     rd_u64(r, "n_tensors", n_tensors);
-    rd_u64(r, "n_kv", n_kv);
-    return ELLM_OK;
+    return rd_u64(r, "n_kv", n_kv);
 
 bad_magic:;
     const uint8_t *m = r->base;
@@ -434,6 +433,7 @@ static ellm_status parse_tensor(gguf_reader *r, gguf_file *f, int64_t i, gguf_te
         return fail_at(r, ELLM_ERR_UNSUPPORTED, "unknown tensor type id %u", type);
     }
     t->type = (int)type;
+    ELLM_ASSERT(qi->block_elems > 0 && qi->block_bytes > 0);
     /* Types that eLLM cannot compute with (qi->supported == 0) still load: the
      * file is valid, and only the code that multiplies by them needs to refuse. */
     if (t->ne[0] % qi->block_elems != 0) {
@@ -490,18 +490,15 @@ static ellm_status place_tensors(gguf_reader *r, gguf_file *f) {
                            "(truncated?)", f->data_off, f->size);
         }
         if (t->offset > data_size || t->n_bytes > data_size - t->offset) {
-            /* Same sum as the check, in 128 bits so the message cannot wrap. */
-            unsigned __int128 end = (unsigned __int128)f->data_off + t->offset + t->n_bytes;
-            if (end > UINT64_MAX) {
+            if (t->offset > SIZE_MAX - f->data_off || t->n_bytes > SIZE_MAX - f->data_off - t->offset) {
                 return fail_at(r, ELLM_ERR_FORMAT,
-                               "data [%llu, +%zu) at offset %llu of the data section is far "
-                               "beyond the file (%zu bytes)",
-                               (unsigned long long)t->offset, t->n_bytes,
-                               (unsigned long long)t->offset, f->size);
+                               "data at offset %llu (+%zu bytes) lies far beyond the end of the "
+                               "file (%zu bytes)",
+                               (unsigned long long)t->offset, t->n_bytes, f->size);
             }
             return fail_at(r, ELLM_ERR_FORMAT,
-                           "data ends at byte %llu but the file has %zu bytes (truncated?)",
-                           (unsigned long long)end, f->size);
+                           "data ends at byte %zu but the file has %zu bytes (truncated?)",
+                           f->data_off + (size_t)t->offset + t->n_bytes, f->size);
         }
         t->data = f->base + f->data_off + t->offset;
     }
@@ -637,7 +634,7 @@ static ellm_status open_buffer(const void *data, size_t size, int mapped, gguf_f
     f->size = size;
     ellm_status st = parse(f, err);
     if (st != ELLM_OK) {
-        gguf_close(f); /* not mapped yet from its point of view: the caller unmaps */
+        gguf_close(f); /* f->mapped is still 0: the caller unmaps */
         return st;
     }
     f->mapped = mapped;
@@ -728,6 +725,8 @@ void gguf_close(gguf_file *f) {
     free(f);
 }
 
+/* Header facts of an open file: version (2 or 3), alignment of the data
+ * section, and the whole buffer (tensor data pointers lie inside it). */
 uint32_t gguf_version(const gguf_file *f) { return f->version; }
 size_t gguf_alignment(const gguf_file *f) { return f->alignment; }
 const void *gguf_base(const gguf_file *f) { return f->base; }
@@ -735,6 +734,7 @@ size_t gguf_size(const gguf_file *f) { return f->size; }
 
 /* ---- metadata ------------------------------------------------------------- */
 
+/* Number of metadata pairs. */
 int64_t gguf_n_kv(const gguf_file *f) { return f->n_kv; }
 
 /* Index of `key`, or -1 (also for NULL arguments). O(1) expected. */
@@ -891,6 +891,7 @@ ellm_status gguf_get_arr_str(const gguf_file *f, int64_t key_idx, uint64_t i, co
 
 /* ---- tensors -------------------------------------------------------------- */
 
+/* Number of tensors in the directory. */
 int64_t gguf_n_tensors(const gguf_file *f) { return f->n_tensors; }
 
 /* Tensor i in directory order, or NULL if out of range. */
