@@ -77,7 +77,8 @@ typedef struct {
     int head_dim;
     int n_ff;
     uint64_t n_params;
-    uint64_t weight_bytes; /* bytes of tensor data read per token */
+    uint64_t weight_bytes; /* bytes of tensor data in the file */
+    uint64_t decode_weight_bytes; /* weight bytes one decode step reads */
     double load_ms;        /* time ellm_model_load took */
 } ellm_model_info;
 
@@ -169,11 +170,26 @@ void ellm_sampler_free(ellm_sampler *s);
 int32_t ellm_sampler_sample(ellm_sampler *s, const float *logits,
                             const int32_t *hist, int n_hist);
 
+/* ---- benchmarking ---------------------------------------------------------- */
+
+/* Fills the KV cache up to position n with synthetic keys and values, as fast
+ * as memory allows, so decode can be timed at depths too deep to prefill.
+ * Keys get per-channel offsets and RoPE rotation by position like a trained
+ * model's; the tokens are not real. Replaces the current contents. */
+ellm_status ellm_context_fill_synthetic(ellm_context *ctx, int n, uint64_t seed, ellm_error *err);
+/* Bytes of K and V stored per token (all layers and KV heads). */
+size_t ellm_context_kv_bytes_per_token(const ellm_context *ctx);
+/* Read-bandwidth self-test: streams a `bytes` buffer with n_threads pinned
+ * threads and returns the best of `reps` runs in GB/s (0 on failure). */
+double ellm_measure_read_gbps(int n_threads, size_t bytes, int reps);
+
 /* ---- runtime -------------------------------------------------------------- */
 
 /* Name of the kernel ISA in use: "scalar", "avx2" or "avx512". The choice is
  * made once from CPU features; ELLM_ISA=scalar|avx2|avx512 overrides it. */
 const char *ellm_isa_name(void);
+/* Compute threads used when none are asked for: one per physical core. */
+int ellm_default_threads(void);
 
 #ifdef __cplusplus
 }

@@ -98,7 +98,7 @@ char *cli_read_file(const char *path, size_t *size) {
 }
 
 const char *cli_default_model(void) {
-    static char path[PATH_MAX];
+    static char path[PATH_MAX + 32];
     const char *env = getenv("ELLM_MODEL");
     if (env && *env) return env;
     char exe[PATH_MAX];

@@ -14,6 +14,7 @@ static void usage(FILE *f) {
             "  logits    write the logits after every token of an id file (parity checks)\n"
             "  tokenize  print the token ids of a text\n"
             "  synth     write a random-weight GGUF with the shape of a real model\n"
+            "  bench     memory bandwidth, decode speed against context depth, prefill speed\n"
             "\n"
             "`ellm COMMAND --help` lists a command's options. Kernel ISA in use: %s\n",
             ellm_isa_name());
@@ -29,6 +30,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "logits")) return cmd_logits(argc - 1, argv + 1);
     if (!strcmp(cmd, "tokenize")) return cmd_tokenize(argc - 1, argv + 1);
     if (!strcmp(cmd, "synth")) return cmd_synth(argc - 1, argv + 1);
+    if (!strcmp(cmd, "bench")) return cmd_bench(argc - 1, argv + 1);
     if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) {
         usage(stdout);
         return 0;

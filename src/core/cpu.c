@@ -129,3 +129,5 @@ int ellm_cpu_core_id(int i) {
     ellm_cpu();
     return g_cores[i % g_n_cores];
 }
+
+int ellm_default_threads(void) { return ellm_cpu_physical_cores(); }

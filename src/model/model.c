@@ -283,5 +283,9 @@ void ellm_model_get_info(const ellm_model *m, ellm_model_info *info) {
     info->n_ff = m->cfg.n_ff;
     info->n_params = m->n_params;
     info->weight_bytes = m->weight_bytes;
+    /* A step reads every matrix once, but only one row of an untied embedding. */
+    info->decode_weight_bytes = m->weight_bytes;
+    if (m->output.data != m->tok_embd.data)
+        info->decode_weight_bytes -= (uint64_t)m->tok_embd.rows * m->tok_embd.row_bytes;
     info->load_ms = m->load_ms;
 }

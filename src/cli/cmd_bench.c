@@ -1,0 +1,288 @@
+/* `ellm bench`: memory bandwidth self-test, decode latency against context
+ * depth, bytes moved per token and the fraction of bandwidth achieved, prefill
+ * speed, and a projection of a long generation's end-to-end time. */
+#include "cli/args.h"
+#include "cli/commands.h"
+#include "core/timer.h"
+#include "ellm.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define MAX_POINTS 64
+
+typedef struct {
+    int depth;
+    int synthetic;
+    double ms_median, ms_min;
+    double tokens_per_s;
+    double bytes_per_token;
+    double gbps;
+    double bw_fraction;
+} bench_point;
+
+typedef struct {
+    int tokens;
+    double tokens_per_s;
+} prefill_point;
+
+static void bench_usage(FILE *f) {
+    fprintf(f,
+            "usage: ellm bench [-m MODEL.gguf] [options]\n"
+            "  -t, --threads N         compute threads (default: one per physical core)\n"
+            "  --depths LIST           context depths to time decode at (default 0,4096,16384)\n"
+            "  --synthetic-kv          fill the KV cache with synthetic keys/values instead of a\n"
+            "                          real prefill (for deep points; labelled in the output)\n"
+            "  --synthetic-from N      use synthetic KV only for depths >= N (default: all if\n"
+            "                          --synthetic-kv, else none)\n"
+            "  -n, --n-tokens N        decode steps timed per depth (default 32)\n"
+            "  --prefill LIST          prompt lengths to time prefill at (default 512; 0 = none)\n"
+            "  --gen N                 project the time of an N-token generation (default 50000)\n"
+            "  --kv-type f16|f32       KV cache element type (default f16)\n"
+            "  --bw-mb MB              bandwidth self-test buffer (default 1024)\n"
+            "  --json                  machine-readable output\n");
+}
+
+static int parse_list(const char *flag, const char *s, int *out, int max) {
+    int n = 0;
+    char *dup = strdup(s), *save = NULL;
+    for (char *p = strtok_r(dup, ",", &save); p; p = strtok_r(NULL, ",", &save)) {
+        long v;
+        if (n == max || !arg_int(flag, p, 0, 1L << 30, &v)) {
+            if (n == max) fprintf(stderr, "error: %s: at most %d values\n", flag, max);
+            free(dup);
+            return -1;
+        }
+        out[n++] = (int)v;
+    }
+    free(dup);
+    return n;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Step latency at depth d from the measured points: piecewise linear, extended
+ * linearly past the last point (decode cost grows linearly with depth). */
+static double latency_at(const bench_point *p, int n, double d) {
+    if (n == 1) return p[0].ms_median;
+    int i = 0;
+    while (i < n - 2 && d > p[i + 1].depth) i++;
+    double x0 = p[i].depth, x1 = p[i + 1].depth, y0 = p[i].ms_median, y1 = p[i + 1].ms_median;
+    if (x1 == x0) return y1;
+    double y = y0 + (y1 - y0) * (d - x0) / (x1 - x0);
+    return y > 0 ? y : y0;
+}
+
+static void progress(int json, const char *fmt, const char *what, int v) {
+    if (!isatty(2)) return;
+    (void)json;
+    fprintf(stderr, "\r\033[K");
+    fprintf(stderr, fmt, what, v);
+    fflush(stderr);
+}
+
+int cmd_bench(int argc, char **argv) {
+    const char *model_path = NULL;
+    long threads = 0, n_tokens = 32, gen = 50000, bw_mb = 1024, synth_from = -1;
+    int depths[MAX_POINTS] = {0, 4096, 16384}, n_depths = 3;
+    int prefills[16] = {512}, n_prefills = 1;
+    int synthetic = 0, json = 0, kv_f32 = 0, bad = 0;
+    for (int i = 1; i < argc && !bad; i++) {
+        const char *v = NULL, *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            bench_usage(stdout);
+            return 0;
+        } else if (!strcmp(a, "--synthetic-kv")) synthetic = 1;
+        else if (!strcmp(a, "--json")) json = 1;
+        else if (arg_value(argc, argv, &i, "--model", "-m", &v, &bad)) model_path = v;
+        else if (arg_value(argc, argv, &i, "--threads", "-t", &v, &bad))
+            bad = !v || !arg_int(a, v, 1, 1024, &threads);
+        else if (arg_value(argc, argv, &i, "--n-tokens", "-n", &v, &bad))
+            bad = !v || !arg_int(a, v, 2, 100000, &n_tokens);
+        else if (arg_value(argc, argv, &i, "--gen", NULL, &v, &bad))
+            bad = !v || !arg_int(a, v, 1, 1L << 30, &gen);
+        else if (arg_value(argc, argv, &i, "--bw-mb", NULL, &v, &bad))
+            bad = !v || !arg_int(a, v, 16, 1 << 20, &bw_mb);
+        else if (arg_value(argc, argv, &i, "--synthetic-from", NULL, &v, &bad))
+            bad = !v || !arg_int(a, v, 0, 1L << 30, &synth_from);
+        else if (arg_value(argc, argv, &i, "--depths", NULL, &v, &bad))
+            bad = !v || (n_depths = parse_list(a, v, depths, MAX_POINTS)) <= 0;
+        else if (arg_value(argc, argv, &i, "--prefill", NULL, &v, &bad))
+            bad = !v || (n_prefills = parse_list(a, v, prefills, 16)) < 0;
+        else if (arg_value(argc, argv, &i, "--kv-type", NULL, &v, &bad)) {
+            if (v && (!strcmp(v, "f32") || !strcmp(v, "f16"))) kv_f32 = !strcmp(v, "f32");
+            else if (v) {
+                fprintf(stderr, "error: --kv-type expects f16 or f32, got '%s'\n", v);
+                bad = 1;
+            }
+        } else {
+            fprintf(stderr, "error: unknown option '%s' (see ellm bench --help)\n", a);
+            bad = 1;
+        }
+    }
+    if (bad) return 2;
+    if (n_prefills == 1 && prefills[0] == 0) n_prefills = 0;
+    if (synth_from < 0) synth_from = synthetic ? 0 : (1L << 30) + 1;
+    if (!model_path) model_path = cli_default_model();
+    /* depths ascending, so the cache can grow from one point to the next */
+    for (int i = 1; i < n_depths; i++)
+        for (int j = i; j > 0 && depths[j] < depths[j - 1]; j--) {
+            int t = depths[j]; depths[j] = depths[j - 1]; depths[j - 1] = t;
+        }
+
+    ellm_error err = {0};
+    ellm_model *model = NULL;
+    ellm_context *ctx = NULL;
+    int32_t *ids = NULL;
+    double *step_ms = NULL;
+    int rc = 1;
+    ellm_model_params mp = {.n_threads = (int)threads, .pin_threads = 1};
+    if (ellm_model_load(model_path, &mp, &model, &err) != ELLM_OK) {
+        fprintf(stderr, "error: %s\n", err.msg);
+        goto done;
+    }
+    ellm_model_info info;
+    ellm_model_get_info(model, &info);
+
+    progress(json, "%s%d", "bandwidth self-test, buffer MB: ", (int)bw_mb);
+    int nt = threads > 0 ? (int)threads : ellm_default_threads();
+    double bw1 = ellm_measure_read_gbps(1, (size_t)bw_mb << 20, 5);
+    double bw = nt == 1 ? bw1 : ellm_measure_read_gbps(nt, (size_t)bw_mb << 20, 5);
+
+    int max_depth = depths[n_depths - 1];
+    int max_prefill = 0;
+    for (int i = 0; i < n_prefills; i++)
+        if (prefills[i] > max_prefill) max_prefill = prefills[i];
+    int n_ctx = (max_depth > max_prefill ? max_depth : max_prefill) + (int)n_tokens + 8;
+    ellm_context_params cp = ellm_context_default_params();
+    cp.n_ctx = n_ctx;
+    cp.n_threads = (int)threads;
+    cp.kv_type = kv_f32 ? ELLM_KV_F32 : ELLM_KV_F16;
+    cp.n_batch = 512;
+    if (ellm_context_init(model, &cp, &ctx, &err) != ELLM_OK) {
+        fprintf(stderr, "error: %s\n", err.msg);
+        goto done;
+    }
+    size_t kv_per_token = ellm_context_kv_bytes_per_token(ctx);
+    ids = malloc((size_t)n_ctx * sizeof *ids);
+    step_ms = malloc((size_t)n_tokens * sizeof *step_ms);
+    if (!ids || !step_ms) {
+        fprintf(stderr, "error: out of memory\n");
+        goto done;
+    }
+    /* Any valid ids: a fixed pseudo-random walk over the vocabulary. */
+    for (int i = 0; i < n_ctx; i++) ids[i] = (int32_t)(3 + ((uint64_t)i * 7919u) % (uint64_t)(info.n_vocab - 3));
+
+    prefill_point pre[16];
+    for (int i = 0; i < n_prefills; i++) {
+        progress(json, "%s%d", "prefill, tokens: ", prefills[i]);
+        ellm_context_truncate(ctx, 0);
+        double t0 = ellm_time_ms();
+        if (ellm_decode(ctx, ids, prefills[i], NULL, &err) != ELLM_OK) {
+            fprintf(stderr, "error: %s\n", err.msg);
+            goto done;
+        }
+        pre[i].tokens = prefills[i];
+        pre[i].tokens_per_s = prefills[i] / ((ellm_time_ms() - t0) / 1000.0);
+    }
+
+    bench_point pts[MAX_POINTS];
+    ellm_context_truncate(ctx, 0);
+    for (int i = 0; i < n_depths; i++) {
+        int d = depths[i];
+        bench_point *p = &pts[i];
+        memset(p, 0, sizeof *p);
+        p->depth = d;
+        p->synthetic = d > 0 && d >= synth_from;
+        progress(json, "%s%d", p->synthetic ? "synthetic KV fill, depth " : "prefill to depth ", d);
+        if (p->synthetic) {
+            if (ellm_context_fill_synthetic(ctx, d, 1234 + (uint64_t)d, &err) != ELLM_OK) {
+                fprintf(stderr, "error: %s\n", err.msg);
+                goto done;
+            }
+        } else {
+            int pos = ellm_context_pos(ctx);
+            if (pos > d) {
+                ellm_context_truncate(ctx, 0);
+                pos = 0;
+            }
+            if (d > pos && ellm_decode(ctx, ids + pos, d - pos, NULL, &err) != ELLM_OK) {
+                fprintf(stderr, "error: %s\n", err.msg);
+                goto done;
+            }
+        }
+        progress(json, "%s%d", "decode at depth ", d);
+        for (int s = 0; s < n_tokens; s++) {
+            int32_t tok = ids[(d + s) % n_ctx];
+            double t0 = ellm_time_ms();
+            if (ellm_decode(ctx, &tok, 1, NULL, &err) != ELLM_OK) {
+                fprintf(stderr, "error: %s\n", err.msg);
+                goto done;
+            }
+            step_ms[s] = ellm_time_ms() - t0;
+        }
+        /* the cache now holds d + n_tokens; the mean depth of the steps is d + n/2 */
+        qsort(step_ms, (size_t)n_tokens, sizeof *step_ms, cmp_double);
+        p->ms_median = step_ms[n_tokens / 2];
+        p->ms_min = step_ms[0];
+        p->tokens_per_s = 1000.0 / p->ms_median;
+        p->bytes_per_token = (double)info.decode_weight_bytes + (double)kv_per_token * (d + n_tokens / 2.0);
+        p->gbps = p->bytes_per_token / (p->ms_median / 1000.0) / 1e9;
+        p->bw_fraction = bw > 0 ? p->gbps / bw : 0;
+    }
+    if (isatty(2)) fprintf(stderr, "\r\033[K");
+
+    /* Projection of an N-token generation from an empty context. */
+    double proj_s = 0, roof_s = 0;
+    for (long t = 0; t < gen; t++) {
+        proj_s += latency_at(pts, n_depths, (double)t) / 1000.0;
+        roof_s += ((double)info.decode_weight_bytes + (double)kv_per_token * t) / (bw * 1e9);
+    }
+
+    if (json) {
+        printf("{\"engine\": \"ellm\", \"model\": \"%s\", \"arch\": \"%s\", \"threads\": %d, \"isa\": \"%s\", "
+               "\"kv_type\": \"%s\", \"weight_bytes_per_token\": %llu, \"kv_bytes_per_token\": %zu, "
+               "\"bandwidth_gbps\": %.3f, \"bandwidth_gbps_1t\": %.3f, \"points\": [",
+               model_path, info.arch, nt, ellm_isa_name(), kv_f32 ? "f32" : "f16",
+               (unsigned long long)info.decode_weight_bytes, kv_per_token, bw, bw1);
+        for (int i = 0; i < n_depths; i++)
+            printf("%s{\"depth\": %d, \"mode\": \"dense\", \"synthetic_kv\": %s, \"tokens_per_s\": %.3f, "
+                   "\"ms_per_token\": %.4f, \"bytes_per_token\": %.0f, \"gbps\": %.3f, \"bw_fraction\": %.4f}",
+                   i ? ", " : "", pts[i].depth, pts[i].synthetic ? "true" : "false", pts[i].tokens_per_s,
+                   pts[i].ms_median, pts[i].bytes_per_token, pts[i].gbps, pts[i].bw_fraction);
+        printf("], \"prefill\": [");
+        for (int i = 0; i < n_prefills; i++)
+            printf("%s{\"tokens\": %d, \"tokens_per_s\": %.2f}", i ? ", " : "", pre[i].tokens, pre[i].tokens_per_s);
+        printf("], \"projection\": {\"gen_tokens\": %ld, \"seconds\": %.2f, \"roofline_seconds\": %.2f, "
+               "\"ratio_to_roofline\": %.3f}}\n",
+               gen, proj_s, roof_s, roof_s > 0 ? proj_s / roof_s : 0);
+    } else {
+        printf("model: %s (%s, %.1f M params)  isa: %s  threads: %d  kv: %s\n", model_path, info.arch,
+               info.n_params / 1e6, ellm_isa_name(), nt, kv_f32 ? "f32" : "f16");
+        printf("weights read per token: %.1f MB   KV per token of context: %.1f KB\n",
+               info.decode_weight_bytes / 1e6, kv_per_token / 1e3);
+        printf("memory read bandwidth: %.1f GB/s (1 thread), %.1f GB/s (%d threads)\n\n", bw1, bw, nt);
+        printf("%8s  %-6s %9s %10s %11s %9s %8s\n", "depth", "mode", "tok/s", "ms/token", "MB/token", "GB/s",
+               "of bw");
+        for (int i = 0; i < n_depths; i++)
+            printf("%8d  %-6s %9.2f %10.3f %11.2f %9.2f %7.0f%%%s\n", pts[i].depth, "dense",
+                   pts[i].tokens_per_s, pts[i].ms_median, pts[i].bytes_per_token / 1e6, pts[i].gbps,
+                   100 * pts[i].bw_fraction, pts[i].synthetic ? "  (synthetic KV)" : "");
+        for (int i = 0; i < n_prefills; i++)
+            printf("prefill %d tokens: %.1f tokens/s\n", pre[i].tokens, pre[i].tokens_per_s);
+        printf("\nprojected %ld-token generation: %.1f s (roofline at %.1f GB/s: %.1f s, ratio %.2f)\n", gen,
+               proj_s, bw, roof_s, roof_s > 0 ? proj_s / roof_s : 0);
+    }
+    rc = 0;
+done:
+    free(ids);
+    free(step_ms);
+    ellm_context_free(ctx);
+    ellm_model_free(model);
+    return rc;
+}
