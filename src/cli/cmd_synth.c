@@ -7,8 +7,9 @@
  * and attn_k (sharper attention) and token embeddings (and an untied output
  * matrix) at N(0,1) * 0.5; norms are ones, qwen2's q/k/v biases N(0,1) * 0.1.
  * The normal is approximated by a sum of four uniforms (Irwin-Hall, bounded at
- * +-3.46 sigma), which costs one xoshiro256+ draw per weight: the 8B Q4_0 file
- * is produced at disk speed rather than RNG speed.
+ * +-3.46 sigma), which costs one xoshiro256++ draw per weight, so random
+ * numbers cost less than quantizing them: the 8B Q4_0 file (4.7 GB) takes
+ * a minute or two, bound by the quantizer and the disk.
  *
  * Tensors are generated row by row while the file is written (gguf_writer's row
  * callback), so memory stays at one row whatever the model size.
@@ -30,6 +31,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 /* ---- shapes ---- */
@@ -101,7 +103,8 @@ static int matrix_type(const synth_type *t, int pure, int is_output, int more_bi
 
 /* ---- random rows ---- */
 
-/* xoshiro256+ seeded through splitmix64. */
+/* xoshiro256++ (every output bit is usable; the sum of four 16-bit fields
+ * below uses them all), seeded through splitmix64. */
 static uint64_t splitmix64(uint64_t *x) {
     uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
@@ -112,7 +115,7 @@ static uint64_t splitmix64(uint64_t *x) {
 static inline uint64_t rotl64(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
 
 static inline uint64_t xoshiro_next(uint64_t s[4]) {
-    uint64_t r = s[0] + s[3], t = s[1] << 17;
+    uint64_t r = rotl64(s[0] + s[3], 23) + s[0], t = s[1] << 17;
     s[2] ^= s[0];
     s[3] ^= s[1];
     s[1] ^= s[2];
@@ -366,7 +369,7 @@ static ellm_status synth_build(synth_ctx *c, const gguf_file *vocab, const char 
 #define KEY(suffix) (snprintf(key, sizeof key, "%s." suffix, a), key)
     snprintf(desc, sizeof desc,
              "Random weights (seed %llu) with the shape of %s, for speed measurements only; "
-             "the tokenizer is a 2048-piece one padded with unused pieces.",
+             "the tokenizer is a small one padded with unused pieces.",
              (unsigned long long)c->seed, sh->like);
     gguf_writer_add_str(w, "general.architecture", a, err);
     snprintf(key, sizeof key, "random-%s", sh->name);
@@ -453,7 +456,8 @@ static void synth_usage(FILE *f) {
             "  --shape NAME    model shape (below)\n"
             "  --type TYPE     f32, f16, bf16, q8_0, q4_0 or q4_k_m; norms and biases are f32\n"
             "  -o, --output F  file to write (replaced if it exists)\n"
-            "  --seed N        random seed (default 0); same seed, same file\n"
+            "  --seed N        random seed (default 0); same seed, same file, and the same\n"
+            "                  underlying weights whatever the type\n"
             "  --pure          every matrix in TYPE (default: the output matrix is Q6_K for\n"
             "                  q4_0 and q4_k_m, and q4_k_m has Q6_K attn_v/ffn_down in the\n"
             "                  first/last eighth and every third layer, like llama-quantize;\n"
@@ -462,13 +466,13 @@ static void synth_usage(FILE *f) {
             "  --vocab FILE    GGUF whose tokenizer.ggml.* metadata is copied and padded with\n"
             "                  <unusedN> pieces (default: models/evalmodel.gguf)\n"
             "\n"
-            "shapes:    d_model layers heads kv_heads head_dim   d_ff   vocab  tied  rope theta\n");
+            "shapes:         arch   d_model layers heads kv_heads head_dim   d_ff   vocab  tied  rope_theta\n");
     for (int i = 0; i < N_SYNTH_SHAPES; i++) {
         const synth_shape *s = &synth_shapes[i];
         if (s->hidden) continue;
-        fprintf(f, "  %-13s %5d %5d %5d %6d %8d %7d %7d  %-4s  %.0e (%s)\n", s->name, s->n_embd, s->n_layer,
-                s->n_head, s->n_head_kv, s->head_dim, s->n_ff, s->n_vocab, s->tied ? "yes" : "no",
-                s->rope_theta, s->arch);
+        fprintf(f, "  %-13s %-5s %8d %6d %5d %8d %8d %6d %7d  %-4s  %.0f\n", s->name, s->arch, s->n_embd,
+                s->n_layer, s->n_head, s->n_head_kv, s->head_dim, s->n_ff, s->n_vocab, s->tied ? "yes" : "no",
+                s->rope_theta);
     }
 }
 
@@ -565,6 +569,14 @@ int cmd_synth(int argc, char **argv) {
     }
     if (gguf_open(vocab_path, &vocab, &err) != ELLM_OK) {
         fprintf(stderr, "error: tokenizer source: %s\n", err.msg);
+        goto done;
+    }
+    /* Writing over the tokenizer source would truncate the file we read from
+     * (the embedded model, by default). */
+    struct stat s_out, s_vocab;
+    if (stat(out_path, &s_out) == 0 && stat(vocab_path, &s_vocab) == 0 && s_out.st_dev == s_vocab.st_dev &&
+        s_out.st_ino == s_vocab.st_ino) {
+        fprintf(stderr, "error: -o %s is the tokenizer source; choose another output file\n", out_path);
         goto done;
     }
     if (gguf_writer_init(&c.w, &err) != ELLM_OK || synth_build(&c, vocab, vocab_path, &err) != ELLM_OK) {

@@ -10,6 +10,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
@@ -431,12 +432,9 @@ static ellm_status write_tensor_data(gw_out *o, const gguf_writer_tensor *t, uns
     return ELLM_OK;
 }
 
-ellm_status gguf_writer_write_fp(gguf_writer *w, FILE *fp, const char *what, ellm_error *err) {
-    if (!what) what = "gguf output";
-    if (w->first_err.status != ELLM_OK) {
-        if (err) *err = w->first_err;
-        return w->first_err.status;
-    }
+/* Writes to `fp`; the failure of one write is not remembered by the writer,
+ * which may be written again (to another file). */
+static ellm_status write_fp(gguf_writer *w, FILE *fp, const char *what, ellm_error *err) {
     gw_out o = {w, fp, what, 0, gguf_writer_file_size(w), 0};
     ellm_status st;
     size_t max_row = 0;
@@ -486,35 +484,55 @@ done:
     return st;
 }
 
-ellm_status gguf_writer_write(gguf_writer *w, const char *path, ellm_error *err) {
+ellm_status gguf_writer_write_fp(gguf_writer *w, FILE *fp, const char *what, ellm_error *err) {
     if (w->first_err.status != ELLM_OK) {
         if (err) *err = w->first_err;
         return w->first_err.status;
     }
+    ellm_status st = write_fp(w, fp, what ? what : "gguf output", err);
+    w->first_err.status = ELLM_OK;
+    return st;
+}
+
+/* Creates `path` and writes it (see gguf_writer_write). */
+static ellm_status write_path(gguf_writer *w, const char *path, ellm_error *err) {
     if (!path || !*path) return gw_fail(w, err, ELLM_ERR_ARG, "gguf writer: empty output path");
     FILE *fp = fopen(path, "wb");
     if (!fp) return gw_fail(w, err, ELLM_ERR_IO, "cannot create '%s': %s", path, strerror(errno));
+    /* Only a regular file is removed after a failure (never /dev/full, a FIFO...). */
+    struct stat sb;
+    int regular = fstat(fileno(fp), &sb) == 0 && S_ISREG(sb.st_mode);
 
     /* Say so up front rather than after minutes of writing; the byte-by-byte
      * checks below still catch a disk that fills up meanwhile. Unprivileged
      * users get f_bavail. */
     uint64_t need = gguf_writer_file_size(w);
     struct statvfs sv;
-    if (fstatvfs(fileno(fp), &sv) == 0 && sv.f_frsize &&
+    if (regular && fstatvfs(fileno(fp), &sv) == 0 && sv.f_frsize &&
         (uint64_t)sv.f_bavail < (need + sv.f_frsize - 1) / sv.f_frsize) {
         uint64_t avail = (uint64_t)sv.f_bavail * sv.f_frsize;
         fclose(fp);
-        unlink(path);
+        if (regular) unlink(path);
         return gw_fail(w, err, ELLM_ERR_IO, "cannot write '%s': it needs %.2f GB but only %.2f GB are free", path,
                        need / 1e9, avail / 1e9);
     }
 
     /* Large buffer: rows are often a few hundred bytes. */
     setvbuf(fp, NULL, _IOFBF, 1 << 20);
-    ellm_status st = gguf_writer_write_fp(w, fp, path, err);
+    ellm_status st = write_fp(w, fp, path, err);
     errno = 0;
     if (fclose(fp) != 0 && st == ELLM_OK)
         st = gw_fail(w, err, ELLM_ERR_IO, "closing '%s': %s", path, errno ? strerror(errno) : "write error");
-    if (st != ELLM_OK) unlink(path);
+    if (st != ELLM_OK && regular) unlink(path);
+    return st;
+}
+
+ellm_status gguf_writer_write(gguf_writer *w, const char *path, ellm_error *err) {
+    if (w->first_err.status != ELLM_OK) {
+        if (err) *err = w->first_err;
+        return w->first_err.status;
+    }
+    ellm_status st = write_path(w, path, err);
+    w->first_err.status = ELLM_OK;
     return st;
 }

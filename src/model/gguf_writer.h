@@ -16,8 +16,10 @@
  * count + packed elements (strings one after another).
  *
  * Errors: every function returns an ellm_status and fills `err` (may be NULL).
- * The first failure is also remembered by the writer, and gguf_writer_write*
- * returns it, so a run of gguf_writer_add_* calls may be checked once at the end.
+ * The first failure of an add/set call is also remembered by the writer, and
+ * gguf_writer_write* returns it, so a run of gguf_writer_add_* calls may be
+ * checked once at the end. A failed write is not remembered: the same writer
+ * may be written again, e.g. to another disk.
  * Nothing here prints or aborts. */
 #ifndef ELLM_MODEL_GGUF_WRITER_H
 #define ELLM_MODEL_GGUF_WRITER_H
@@ -108,7 +110,7 @@ uint64_t gguf_writer_file_size(const gguf_writer *w);
  * or wherever the file should begin) and flushes it; `what` names the target in
  * messages. Returns ELLM_ERR_IO naming the failing part (e.g. "writing
  * 'x.gguf': No space left on device"), the status of a failing row callback, or
- * the first earlier failure of this writer. Does not close `fp`. */
+ * the first earlier add/set failure of this writer. Does not close `fp`. */
 ellm_status gguf_writer_write_fp(gguf_writer *w, FILE *fp, const char *what, ellm_error *err);
 /* Creates or truncates `path`, writes the file and closes it (checking the
  * close, where a full disk may show up). Fails early with ELLM_ERR_IO if the
