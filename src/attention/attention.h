@@ -35,6 +35,14 @@ void attention_workspace_free(attention_workspace *ws);
  * q_pos0 + n_q - 1 must already be stored for `layer`. */
 void attention_forward(const attention_args *a, attention_workspace *ws, threadpool *pool);
 
+/* Sparse variant: KV head h (and its query heads) attends only to the blocks
+ * blocks[h * max_blocks + 0 .. n_blocks[h]), each a block index < kv_cache_n_blocks,
+ * listed once, any order, 1 <= n_blocks[h] <= max_blocks; the causal mask still
+ * applies. Same threading, workspace and output as attention_forward; a query row
+ * that sees no key of its blocks gets zeros. */
+void attention_forward_blocks(const attention_args *a, const int32_t *blocks, const int *n_blocks,
+                              int max_blocks, attention_workspace *ws, threadpool *pool);
+
 /* Naive reference: full score rows, softmax, PV (single thread; tests). */
 void attention_forward_ref(const attention_args *a);
 

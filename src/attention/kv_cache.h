@@ -33,6 +33,9 @@ size_t kv_cache_bytes(const kv_cache *kv); /* bytes allocated */
 /* Bytes of K+V stored per token (all layers and heads). */
 size_t kv_cache_bytes_per_token(const kv_cache *kv);
 
+/* Blocks per (layer, head): ceil(n_ctx / block_tokens). */
+int kv_cache_n_blocks(const kv_cache *kv);
+
 /* Tokens committed (positions [0, len)). */
 int kv_cache_len(const kv_cache *kv);
 /* Sets the committed length to n (n <= capacity). Shrinking is O(1):

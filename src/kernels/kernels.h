@@ -51,11 +51,15 @@ void kern_softmax_ref(float *x, int64_t n);
 
 /* y[i] += x[i] */
 void kern_add(float *y, const float *x, int64_t n);
+void kern_add_ref(float *y, const float *x, int64_t n);
 /* Dot product of F32 vectors. */
 float kern_dot_f32(const float *a, const float *b, int64_t n);
+float kern_dot_f32_ref(const float *a, const float *b, int64_t n);
 
 /* F32 <-> F16 rows (round to nearest even). */
 void kern_f32_to_f16(const float *src, uint16_t *dst, int64_t n);
 void kern_f16_to_f32(const uint16_t *src, float *dst, int64_t n);
+void kern_f32_to_f16_ref(const float *src, uint16_t *dst, int64_t n);
+void kern_f16_to_f32_ref(const uint16_t *src, float *dst, int64_t n);
 
 #endif

@@ -1,0 +1,484 @@
+/* Fused flash-decoding attention over the block KV cache: work partitioning,
+ * log-sum-exp merge, the scalar block kernel and the naive reference.
+ *
+ * Work model. A segment is (KV head h, tile of up to ATTN_TILE_Q query tokens);
+ * its rows are the tile's tokens times the group's query heads. A segment's
+ * work is the list of KV blocks its last token can see, one unit per block.
+ * Units of all segments are laid end to end (heads outer, tiles inner) and cut
+ * into nth equal contiguous ranges, one per thread, so two threads share the
+ * work even for a single KV head at any depth. A thread that covers a whole
+ * segment writes the normalized output itself; a segment cut between threads
+ * leaves one partial (m, l, acc) per thread in a per-thread slot, and the last
+ * thread to finish it (an atomic arrival count) merges the partials with a
+ * log-sum-exp reduction. No barrier, one threadpool_run per call. A thread's
+ * range cuts at most its first and its last segment, hence two slots per thread. */
+#include "attention/attention.h"
+#include "attention/attention_internal.h"
+#include "core/cpu.h"
+#include "core/fp16.h"
+#include "core/status.h"
+#include "kernels/quant.h"
+
+#include <math.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct attention_workspace {
+    int n_threads;
+    int max_q;
+    int n_head;
+    int head_dim;
+    int hdp;          /* head_dim rounded up to ATTN_PAD */
+    int max_ctx;
+    int block_tokens;
+    int lds;          /* block_tokens rounded up to 4 */
+    int rows_pad;     /* rows of the largest segment, rounded up to ATTN_PAD */
+    int max_seg;      /* n_head * ceil(max_q / ATTN_TILE_Q): bound on segments */
+    size_t thread_floats; /* per-thread scratch, see thread_state() */
+    size_t slot_floats;   /* one partial: m[rows_pad], l[rows_pad], acc[rows_pad][hdp] */
+    float *mem;           /* n_threads x (thread_floats + 2 * slot_floats), 64-byte aligned */
+    long *seg_start;      /* max_seg + 1: first unit of each segment, then the total */
+    atomic_int *arrived;  /* max_seg: threads done with each cut segment */
+};
+
+static size_t round16(size_t n) { return (n + 15) & ~(size_t)15; }
+
+/* Validates the shapes and sizes the scratch for calls with n_q <= max_q,
+ * n_head query heads of head_dim, q_pos0 + n_q <= max_ctx and caches with
+ * block_tokens <= the given value. */
+ellm_status attention_workspace_init(int n_threads, int max_q, int n_head, int head_dim,
+                                     int max_ctx, int block_tokens,
+                                     attention_workspace **out, ellm_error *err) {
+    *out = NULL;
+    if (n_threads < 1 || n_threads > 1024 || max_q < 1 || n_head < 1 || head_dim < 1 ||
+        head_dim > 4096 || max_ctx < 1 || block_tokens < 1 || block_tokens > 4096)
+        return ellm_fail(err, ELLM_ERR_ARG,
+                         "attention workspace: bad shape (threads=%d max_q=%d n_head=%d "
+                         "head_dim=%d max_ctx=%d block_tokens=%d)",
+                         n_threads, max_q, n_head, head_dim, max_ctx, block_tokens);
+    attention_workspace *ws = calloc(1, sizeof *ws);
+    if (!ws) return ellm_fail(err, ELLM_ERR_NOMEM, "attention workspace: out of memory");
+    int tile = max_q < ATTN_TILE_Q ? max_q : ATTN_TILE_Q;
+    ws->n_threads = n_threads;
+    ws->max_q = max_q;
+    ws->n_head = n_head;
+    ws->head_dim = head_dim;
+    ws->hdp = (int)round16((size_t)head_dim);
+    ws->max_ctx = max_ctx;
+    ws->block_tokens = block_tokens;
+    ws->lds = (block_tokens + 3) & ~3;
+    ws->rows_pad = (int)round16((size_t)tile * (size_t)n_head);
+    ws->max_seg = n_head * ((max_q + ATTN_TILE_Q - 1) / ATTN_TILE_Q);
+    size_t rp = (size_t)ws->rows_pad, hdp = (size_t)ws->hdp, lds = (size_t)ws->lds;
+    /* q, acc: rows x hdp; m, l: rows; s: rows x lds; kbuf, vbuf: lds x hdp */
+    ws->thread_floats = 2 * rp * hdp + 2 * rp + round16(rp * lds) + 2 * round16(lds * hdp);
+    ws->slot_floats = 2 * rp + rp * hdp;
+    size_t floats = (size_t)n_threads * (ws->thread_floats + 2 * ws->slot_floats);
+    void *mem = NULL;
+    if (posix_memalign(&mem, 64, floats * sizeof(float)) != 0) mem = NULL;
+    ws->mem = mem;
+    ws->seg_start = calloc((size_t)ws->max_seg + 1, sizeof *ws->seg_start);
+    ws->arrived = calloc((size_t)ws->max_seg, sizeof *ws->arrived);
+    if (!ws->mem || !ws->seg_start || !ws->arrived) {
+        attention_workspace_free(ws);
+        return ellm_fail(err, ELLM_ERR_NOMEM, "attention workspace: cannot allocate %.1f MB",
+                         (double)floats * sizeof(float) / 1e6);
+    }
+    /* Zeroed once so pad lanes and pad rows of the scratch are finite. */
+    memset(ws->mem, 0, floats * sizeof(float));
+    *out = ws;
+    return ELLM_OK;
+}
+
+void attention_workspace_free(attention_workspace *ws) {
+    if (!ws) return;
+    free(ws->mem);
+    free(ws->seg_start);
+    free(ws->arrived);
+    free(ws);
+}
+
+/* ---- one call ----------------------------------------------------------- */
+
+typedef struct {
+    const attention_args *a;
+    attention_workspace *ws;
+    attn_block_fn fn;
+    const int32_t *blocks; /* sparse block lists, or NULL for all visible blocks */
+    int max_blocks;
+    int hd, bt, type;
+    int n_kv, group, n_tiles, n_seg;
+    long total; /* units (blocks) over all segments */
+} attn_job;
+
+/* Scratch of thread ith: m, l and acc are its own for whole segments. */
+static attn_state thread_state(const attn_job *J, int ith) {
+    const attention_workspace *ws = J->ws;
+    size_t rp = (size_t)ws->rows_pad, hdp = (size_t)ws->hdp, lds = (size_t)ws->lds;
+    float *base = ws->mem + (size_t)ith * ws->thread_floats;
+    attn_state st;
+    st.head_dim = J->hd;
+    st.hdp = ws->hdp;
+    st.rows = 0;
+    st.group = J->group;
+    st.block_tokens = J->bt;
+    st.lds = ws->lds;
+    st.q = base;
+    st.acc = base + rp * hdp;
+    st.m = base + 2 * rp * hdp;
+    st.l = st.m + rp;
+    st.s = st.l + rp;
+    st.kbuf = st.s + round16(rp * lds);
+    st.vbuf = st.kbuf + round16(lds * hdp);
+    return st;
+}
+
+/* Partial slot `which` (0: the thread's first segment, 1: its last) of thread t. */
+static float *slot_ptr(const attention_workspace *ws, int t, int which) {
+    return ws->mem + (size_t)ws->n_threads * ws->thread_floats +
+           ((size_t)t * 2 + (size_t)which) * ws->slot_floats;
+}
+
+/* The segment holding unit w (segments are never empty). */
+static int seg_of(const attn_job *J, long w) {
+    const long *start = J->ws->seg_start;
+    int lo = 0, hi = J->n_seg - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (start[mid] <= w) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
+/* The thread whose threadpool_split range holds unit w. */
+static int thread_of(long w, long total, int nth) {
+    long per = total / nth, extra = total % nth;
+    if (w < extra * (per + 1)) return (int)(w / (per + 1));
+    return (int)(extra + (w - extra * (per + 1)) / per);
+}
+
+static int first_seg_of_thread(const attn_job *J, int t, int nth) {
+    long b, e;
+    threadpool_split(J->total, t, nth, 1, &b, &e);
+    return seg_of(J, b);
+}
+
+/* Runs blocks [kb, ke) of segment s's block list into st (whose m, l, acc are
+ * where the partial goes), starting from an empty state. */
+static void run_part(const attn_job *J, attn_state *st, int s, long kb, long ke) {
+    const attention_args *a = J->a;
+    const int h = s / J->n_tiles, t = s % J->n_tiles;
+    const int i0 = t * ATTN_TILE_Q;
+    const int nqt = a->n_q - i0 < ATTN_TILE_Q ? a->n_q - i0 : ATTN_TILE_Q;
+    const int G = J->group, hd = J->hd, hdp = st->hdp, bt = J->bt;
+    st->rows = nqt * G;
+    const int rows_pad = (st->rows + 3) & ~3;
+
+    /* Queries of the tile, pre-multiplied by the scale; pad lanes and rows zero. */
+    float *q = (float *)st->q;
+    for (int r = 0; r < rows_pad; r++) {
+        float *dst = q + (size_t)r * hdp;
+        int d = 0;
+        if (r < st->rows) {
+            const float *src =
+                a->q + ((size_t)(i0 + r / G) * a->n_head + (size_t)h * G + r % G) * hd;
+            for (; d < hd; d++) dst[d] = src[d] * a->scale;
+        }
+        for (; d < hdp; d++) dst[d] = 0.0f;
+    }
+    for (int r = 0; r < st->rows; r++) {
+        st->m[r] = -INFINITY;
+        st->l[r] = 0.0f;
+    }
+    memset(st->acc, 0, (size_t)st->rows * hdp * sizeof(float));
+
+    const int end_pos = a->q_pos0 + i0 + nqt; /* keys the tile's last token sees */
+    const int32_t *list = J->blocks ? J->blocks + (size_t)h * J->max_blocks : NULL;
+    for (long k = kb; k < ke; k++) {
+        int blk = list ? list[k] : (int)k;
+        int pos0 = blk * bt;
+        attn_block b;
+        b.n_valid = end_pos - pos0 < bt ? end_pos - pos0 : bt;
+        if (b.n_valid <= 0) continue; /* sparse: a block after the tile's last token */
+        b.vis0 = a->q_pos0 + i0 + 1 - pos0;
+        b.type = J->type;
+        b.k = kv_cache_block_k(a->kv, a->layer, h, blk);
+        b.v = kv_cache_block_v(a->kv, a->layer, h, blk);
+        b.next_k = b.next_v = NULL;
+        if (k + 1 < ke) {
+            int nblk = list ? list[k + 1] : (int)k + 1;
+            b.next_k = kv_cache_block_k(a->kv, a->layer, h, nblk);
+            b.next_v = kv_cache_block_v(a->kv, a->layer, h, nblk);
+        }
+        J->fn(st, &b);
+    }
+}
+
+/* Output row of segment s's row r. */
+static float *out_row(const attn_job *J, int s, int r) {
+    const attention_args *a = J->a;
+    int h = s / J->n_tiles, t = s % J->n_tiles, G = J->group;
+    return a->out + ((size_t)(t * ATTN_TILE_Q + r / G) * a->n_head + (size_t)h * G + r % G) *
+                        J->hd;
+}
+
+static int seg_rows(const attn_job *J, int s) {
+    int i0 = (s % J->n_tiles) * ATTN_TILE_Q;
+    int nqt = J->a->n_q - i0 < ATTN_TILE_Q ? J->a->n_q - i0 : ATTN_TILE_Q;
+    return nqt * J->group;
+}
+
+/* out = acc / l for a segment computed whole by one thread. */
+static void write_out(const attn_job *J, const attn_state *st, int s) {
+    for (int r = 0; r < st->rows; r++) {
+        float *dst = out_row(J, s, r);
+        const float *acc = st->acc + (size_t)r * st->hdp;
+        float inv = st->l[r] > 0.0f ? 1.0f / st->l[r] : 0.0f;
+        for (int d = 0; d < J->hd; d++) dst[d] = acc[d] * inv;
+    }
+}
+
+/* Log-sum-exp merge of the partials of threads [t_lo, t_hi] for segment s:
+ * out = sum_t e_t acc_t / sum_t e_t l_t with e_t = exp(m_t - max m). Threads
+ * are visited in order, so the result does not depend on who merges. */
+static void merge_seg(const attn_job *J, int s, int t_lo, int t_hi, int nth) {
+    const attention_workspace *ws = J->ws;
+    const size_t rp = (size_t)ws->rows_pad;
+    const int rows = seg_rows(J, s), hd = J->hd;
+    const float *slots[1024];
+    int np = 0;
+    for (int t = t_lo; t <= t_hi; t++)
+        slots[np++] = slot_ptr(ws, t, first_seg_of_thread(J, t, nth) == s ? 0 : 1);
+    for (int r = 0; r < rows; r++) {
+        float mx = -INFINITY;
+        for (int i = 0; i < np; i++)
+            if (slots[i][r] > mx) mx = slots[i][r];
+        float *dst = out_row(J, s, r);
+        for (int d = 0; d < hd; d++) dst[d] = 0.0f;
+        if (mx == -INFINITY) continue; /* sparse: no key visible to this row */
+        float sum = 0.0f;
+        for (int i = 0; i < np; i++) {
+            float m = slots[i][r];
+            if (m == -INFINITY) continue;
+            float e = expf(m - mx);
+            sum += e * slots[i][rp + r];
+            const float *acc = slots[i] + 2 * rp + (size_t)r * ws->hdp;
+            for (int d = 0; d < hd; d++) dst[d] += e * acc[d];
+        }
+        float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+        for (int d = 0; d < hd; d++) dst[d] *= inv;
+    }
+}
+
+static void attn_worker(void *arg, int ith, int nth) {
+    const attn_job *J = arg;
+    attention_workspace *ws = J->ws;
+    long w0, w1;
+    threadpool_split(J->total, ith, nth, 1, &w0, &w1);
+    if (w0 >= w1) return;
+    attn_state own = thread_state(J, ith);
+    const size_t rp = (size_t)ws->rows_pad;
+    const int first = seg_of(J, w0);
+    for (int s = first; s < J->n_seg && ws->seg_start[s] < w1; s++) {
+        long sb = ws->seg_start[s], se = ws->seg_start[s + 1];
+        long b = w0 > sb ? w0 : sb, e = w1 < se ? w1 : se;
+        attn_state st = own;
+        int cut = b != sb || e != se;
+        if (cut) {
+            float *slot = slot_ptr(ws, ith, s == first ? 0 : 1);
+            st.m = slot;
+            st.l = slot + rp;
+            st.acc = slot + 2 * rp;
+        }
+        run_part(J, &st, s, b - sb, e - sb);
+        if (!cut) {
+            write_out(J, &st, s);
+            continue;
+        }
+        int t_lo = thread_of(sb, J->total, nth), t_hi = thread_of(se - 1, J->total, nth);
+        /* acq_rel: the last arrival sees every other part's partial. */
+        if (atomic_fetch_add_explicit(&ws->arrived[s], 1, memory_order_acq_rel) + 1 ==
+            t_hi - t_lo + 1)
+            merge_seg(J, s, t_lo, t_hi, nth);
+    }
+}
+
+static const attn_block_fn block_fns[] = {
+    [ELLM_ISA_SCALAR] = attn_block_scalar,
+    [ELLM_ISA_AVX2] = attn_block_avx2,
+    [ELLM_ISA_AVX512] = attn_block_avx512,
+};
+
+static void attention_run(const attention_args *a, const int32_t *blocks, const int *n_blocks,
+                          int max_blocks, attention_workspace *ws, threadpool *pool) {
+    const kv_cache_params *p = kv_cache_get_params(a->kv);
+    int nth = pool ? threadpool_size(pool) : 1;
+    ELLM_ASSERT(nth <= ws->n_threads);
+    ELLM_ASSERT(a->n_q >= 1 && a->n_q <= ws->max_q && a->q_pos0 >= 0);
+    ELLM_ASSERT(a->q_pos0 + a->n_q <= p->n_ctx && a->q_pos0 + a->n_q <= ws->max_ctx);
+    ELLM_ASSERT(a->layer >= 0 && a->layer < p->n_layer);
+    ELLM_ASSERT(a->n_head <= ws->n_head && a->n_head % p->n_kv_head == 0);
+    ELLM_ASSERT(p->head_dim == ws->head_dim && p->block_tokens <= ws->block_tokens);
+
+    attn_job J;
+    J.a = a;
+    J.ws = ws;
+    J.fn = block_fns[ellm_cpu_isa()];
+    J.blocks = blocks;
+    J.max_blocks = max_blocks;
+    J.hd = p->head_dim;
+    J.bt = p->block_tokens;
+    J.type = p->type;
+    J.n_kv = p->n_kv_head;
+    J.group = a->n_head / p->n_kv_head;
+    J.n_tiles = (a->n_q + ATTN_TILE_Q - 1) / ATTN_TILE_Q;
+    J.n_seg = J.n_kv * J.n_tiles;
+    ELLM_ASSERT(J.n_seg <= ws->max_seg);
+
+    long total = 0;
+    for (int s = 0; s < J.n_seg; s++) {
+        int h = s / J.n_tiles, t = s % J.n_tiles;
+        int last = a->q_pos0 + (t + 1) * ATTN_TILE_Q; /* one past the tile's last token */
+        if (last > a->q_pos0 + a->n_q) last = a->q_pos0 + a->n_q;
+        ws->seg_start[s] = total;
+        total += blocks ? n_blocks[h] : (last + J.bt - 1) / J.bt;
+        atomic_store_explicit(&ws->arrived[s], 0, memory_order_relaxed);
+    }
+    ws->seg_start[J.n_seg] = total;
+    J.total = total;
+    if (pool) threadpool_run(pool, attn_worker, &J);
+    else attn_worker(&J, 0, 1);
+}
+
+/* Dense attention of the batch over positions [0, q_pos0 + n_q). With pool NULL
+ * it runs on the calling thread. */
+void attention_forward(const attention_args *a, attention_workspace *ws, threadpool *pool) {
+    attention_run(a, NULL, NULL, 0, ws, pool);
+}
+
+void attention_forward_blocks(const attention_args *a, const int32_t *blocks, const int *n_blocks,
+                              int max_blocks, attention_workspace *ws, threadpool *pool) {
+    const kv_cache_params *p = kv_cache_get_params(a->kv);
+    int nb = kv_cache_n_blocks(a->kv);
+    for (int h = 0; h < p->n_kv_head; h++) {
+        ELLM_ASSERT(n_blocks[h] >= 1 && n_blocks[h] <= max_blocks);
+        for (int i = 0; i < n_blocks[h]; i++)
+            ELLM_ASSERT(blocks[(size_t)h * max_blocks + i] >= 0 &&
+                        blocks[(size_t)h * max_blocks + i] < nb);
+    }
+    attention_run(a, blocks, n_blocks, max_blocks, ws, pool);
+}
+
+/* ---- scalar block kernel ------------------------------------------------ */
+
+/* Row by row: scores of the visible keys, online-softmax update, then P*V. */
+void attn_block_scalar(attn_state *st, const attn_block *b) {
+    const int G = st->group, R = st->rows, hd = st->head_dim, hdp = st->hdp;
+    const int r0 = (b->vis0 >= 1 ? 0 : 1 - b->vis0) * G; /* first row that sees a key */
+    if (r0 >= R) return;
+    int nk = b->vis0 + (R - 1) / G; /* keys the last row sees */
+    if (nk > b->n_valid) nk = b->n_valid;
+
+    const float *K, *V;
+    int ldk;
+    if (b->type == QTYPE_F32) {
+        K = b->k;
+        V = b->v;
+        ldk = hd;
+    } else {
+        const ellm_f16 *k16 = b->k, *v16 = b->v;
+        for (int j = 0; j < nk; j++)
+            for (int d = 0; d < hd; d++) {
+                st->kbuf[(size_t)j * hdp + d] = ellm_f16_to_f32(k16[(size_t)j * hd + d]);
+                st->vbuf[(size_t)j * hdp + d] = ellm_f16_to_f32(v16[(size_t)j * hd + d]);
+            }
+        K = st->kbuf;
+        V = st->vbuf;
+        ldk = hdp;
+    }
+    for (int r = r0; r < R; r++) {
+        int nv = b->vis0 + r / G;
+        if (nv > nk) nv = nk;
+        const float *q = st->q + (size_t)r * hdp;
+        float *s = st->s + (size_t)r * st->lds;
+        float mx = -INFINITY;
+        for (int j = 0; j < nv; j++) {
+            const float *k = K + (size_t)j * ldk;
+            float dot = 0.0f;
+            for (int d = 0; d < hd; d++) dot += q[d] * k[d];
+            s[j] = dot;
+            if (dot > mx) mx = dot;
+        }
+        float m_new = mx > st->m[r] ? mx : st->m[r];
+        float alpha = expf(st->m[r] - m_new);
+        float sum = 0.0f;
+        for (int j = 0; j < nv; j++) {
+            s[j] = expf(s[j] - m_new);
+            sum += s[j];
+        }
+        st->m[r] = m_new;
+        st->l[r] = st->l[r] * alpha + sum;
+        float *acc = st->acc + (size_t)r * hdp;
+        if (alpha != 1.0f)
+            for (int d = 0; d < hd; d++) acc[d] *= alpha;
+        for (int j = 0; j < nv; j++) {
+            const float *v = V + (size_t)j * ldk;
+            for (int d = 0; d < hd; d++) acc[d] += s[j] * v[d];
+        }
+    }
+}
+
+/* ---- reference ---------------------------------------------------------- */
+
+static float kv_elem(const void *row, int type, int d) {
+    return type == QTYPE_F16 ? ellm_f16_to_f32(((const ellm_f16 *)row)[d]) : ((const float *)row)[d];
+}
+
+/* Row `pos` of head h's keys (or values), as stored. */
+static const void *kv_row(const attention_args *a, int h, int pos, int values) {
+    const kv_cache_params *p = kv_cache_get_params(a->kv);
+    int blk = pos / p->block_tokens, off = pos % p->block_tokens;
+    const char *base = values ? kv_cache_block_v(a->kv, a->layer, h, blk)
+                              : kv_cache_block_k(a->kv, a->layer, h, blk);
+    size_t elt = p->type == QTYPE_F16 ? 2 : 4;
+    return base + (size_t)off * p->head_dim * elt;
+}
+
+static float ref_score(const attention_args *a, const float *q, int h, int pos) {
+    const kv_cache_params *p = kv_cache_get_params(a->kv);
+    const void *k = kv_row(a, h, pos, 0);
+    float dot = 0.0f;
+    for (int d = 0; d < p->head_dim; d++) dot += q[d] * kv_elem(k, p->type, d);
+    return a->scale * dot;
+}
+
+/* Two passes per query row (max, then exp-weighted sum), recomputing the
+ * scores instead of storing them, so the reference needs no memory. */
+void attention_forward_ref(const attention_args *a) {
+    const kv_cache_params *p = kv_cache_get_params(a->kv);
+    const int hd = p->head_dim, G = a->n_head / p->n_kv_head;
+    for (int i = 0; i < a->n_q; i++) {
+        int n = a->q_pos0 + i + 1;
+        for (int hq = 0; hq < a->n_head; hq++) {
+            const int h = hq / G;
+            const float *q = a->q + ((size_t)i * a->n_head + hq) * hd;
+            float *out = a->out + ((size_t)i * a->n_head + hq) * hd;
+            float mx = -INFINITY;
+            for (int pos = 0; pos < n; pos++) {
+                float s = ref_score(a, q, h, pos);
+                if (s > mx) mx = s;
+            }
+            for (int d = 0; d < hd; d++) out[d] = 0.0f;
+            float l = 0.0f;
+            for (int pos = 0; pos < n; pos++) {
+                float w = expf(ref_score(a, q, h, pos) - mx);
+                const void *v = kv_row(a, h, pos, 1);
+                l += w;
+                for (int d = 0; d < hd; d++) out[d] += w * kv_elem(v, p->type, d);
+            }
+            for (int d = 0; d < hd; d++) out[d] /= l;
+        }
+    }
+}

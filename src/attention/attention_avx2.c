@@ -1,0 +1,236 @@
+/* AVX2 + FMA + F16C attention block kernel and F32 -> F16 rows (compiled with
+ * the AVX2 flags; only called when ellm_cpu_isa() allows it). Same structure as
+ * the AVX-512 kernel with 8-wide vectors: K/V converted once per block into F32
+ * scratch, a 2 rows x 4 keys QK^T tile (16 registers hold it), vectorized exp,
+ * and a 2 rows x 32 dims P*V tile. */
+#include "attention/attention_internal.h"
+#include "core/fp16.h"
+#include "kernels/quant.h"
+
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+
+/* e^x for x <= 0 (Cephes polynomial, ~1 ulp). Inputs below -87.3 give
+ * ~1e-38 instead of 0, which no softmax sum can notice. */
+static ALWAYS_INLINE __m256 exp_ps(__m256 x) {
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+/* Rows [0, n) of a block (row stride hd, F16 or F32) to F32 rows of stride hdp,
+ * zero-padding lanes [hd, hdp); prefetches the same bytes of `next`. */
+static void load_rows(float *dst, const void *src, int type, int n, int hd, int hdp,
+                      const char *next) {
+    const int full = hd & ~7;
+    const size_t row_bytes = (size_t)hd * (type == QTYPE_F16 ? 2 : 4);
+    for (int j = 0; j < n; j++) {
+        float *d = dst + (size_t)j * hdp;
+        if (type == QTYPE_F16) {
+            const uint16_t *s = (const uint16_t *)src + (size_t)j * hd;
+            for (int c = 0; c < full; c += 8)
+                _mm256_storeu_ps(d + c, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + c))));
+            for (int c = full; c < hd; c++) d[c] = ellm_f16_to_f32(s[c]);
+        } else {
+            const float *s = (const float *)src + (size_t)j * hd;
+            for (int c = 0; c < full; c += 8) _mm256_storeu_ps(d + c, _mm256_loadu_ps(s + c));
+            for (int c = full; c < hd; c++) d[c] = s[c];
+        }
+        for (int c = hd; c < hdp; c++) d[c] = 0.0f;
+        if (next)
+            for (size_t o = (size_t)j * row_bytes & ~(size_t)63; o < (size_t)(j + 1) * row_bytes;
+                 o += 64)
+                _mm_prefetch(next + o, _MM_HINT_T0);
+    }
+}
+
+/* Lane 4k + i = full sum of input 4k + i (eight dot products at once). */
+static ALWAYS_INLINE __m256 hsum8(__m256 v0, __m256 v1, __m256 v2, __m256 v3, __m256 v4,
+                                  __m256 v5, __m256 v6, __m256 v7) {
+    __m256 a = _mm256_hadd_ps(_mm256_hadd_ps(v0, v1), _mm256_hadd_ps(v2, v3));
+    __m256 b = _mm256_hadd_ps(_mm256_hadd_ps(v4, v5), _mm256_hadd_ps(v6, v7));
+    return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+}
+
+/* s[r][j] = q[r] . k[j] for rows [r_begin, rows) in pairs and keys [0, nk) in
+ * fours (pad rows of q are zero; k has that many rows). */
+static void qk(const float *q, const float *k, int ldk, float *s, int lds, int r_begin, int rows,
+               int nk, int hdp) {
+    for (int r = r_begin; r < rows; r += 2) {
+        const float *q0 = q + (size_t)r * hdp, *q1 = q0 + hdp;
+        for (int j = 0; j < nk; j += 4) {
+            const float *k0 = k + (size_t)j * ldk, *k1 = k0 + ldk, *k2 = k1 + ldk, *k3 = k2 + ldk;
+            __m256 c00 = _mm256_setzero_ps(), c01 = c00, c02 = c00, c03 = c00;
+            __m256 c10 = c00, c11 = c00, c12 = c00, c13 = c00;
+            for (int d = 0; d < hdp; d += 8) {
+                __m256 x0 = _mm256_loadu_ps(k0 + d), x1 = _mm256_loadu_ps(k1 + d);
+                __m256 x2 = _mm256_loadu_ps(k2 + d), x3 = _mm256_loadu_ps(k3 + d);
+                __m256 y = _mm256_loadu_ps(q0 + d);
+                c00 = _mm256_fmadd_ps(y, x0, c00);
+                c01 = _mm256_fmadd_ps(y, x1, c01);
+                c02 = _mm256_fmadd_ps(y, x2, c02);
+                c03 = _mm256_fmadd_ps(y, x3, c03);
+                y = _mm256_loadu_ps(q1 + d);
+                c10 = _mm256_fmadd_ps(y, x0, c10);
+                c11 = _mm256_fmadd_ps(y, x1, c11);
+                c12 = _mm256_fmadd_ps(y, x2, c12);
+                c13 = _mm256_fmadd_ps(y, x3, c13);
+            }
+            __m256 sum = hsum8(c00, c01, c02, c03, c10, c11, c12, c13);
+            float *srow = s + (size_t)r * lds + j;
+            _mm_storeu_ps(srow, _mm256_castps256_ps128(sum));
+            _mm_storeu_ps(srow + lds, _mm256_extractf128_ps(sum, 1));
+        }
+    }
+}
+
+/* acc[NR rows][NV * 8 dims] += p[row][j] * v[j] over keys [0, nk). */
+static ALWAYS_INLINE void pv_tile(float *acc, int hdp, const float *p, int lds, const float *v,
+                                  int nk, const int NR, const int NV) {
+    __m256 c[2][4];
+    #pragma GCC unroll 4
+    for (int r = 0; r < NR; r++)
+        #pragma GCC unroll 4
+        for (int i = 0; i < NV; i++) c[r][i] = _mm256_loadu_ps(acc + (size_t)r * hdp + 8 * i);
+    for (int j = 0; j < nk; j++) {
+        __m256 x[4];
+        #pragma GCC unroll 4
+        for (int i = 0; i < NV; i++) x[i] = _mm256_loadu_ps(v + (size_t)j * hdp + 8 * i);
+        #pragma GCC unroll 4
+        for (int r = 0; r < NR; r++) {
+            __m256 pb = _mm256_broadcast_ss(p + (size_t)r * lds + j);
+            #pragma GCC unroll 4
+            for (int i = 0; i < NV; i++) c[r][i] = _mm256_fmadd_ps(pb, x[i], c[r][i]);
+        }
+    }
+    #pragma GCC unroll 4
+    for (int r = 0; r < NR; r++)
+        #pragma GCC unroll 4
+        for (int i = 0; i < NV; i++) _mm256_storeu_ps(acc + (size_t)r * hdp + 8 * i, c[r][i]);
+}
+
+/* hdp is a multiple of 16: 32-dim tiles, then possibly one 16-dim tile. */
+static ALWAYS_INLINE void pv_rows(float *acc, int hdp, const float *p, int lds, const float *v,
+                                  int nk, const int NR) {
+    int d = 0;
+    for (; d + 32 <= hdp; d += 32) pv_tile(acc + d, hdp, p, lds, v + d, nk, NR, 4);
+    if (d < hdp) pv_tile(acc + d, hdp, p, lds, v + d, nk, NR, 2);
+}
+
+static void pv(float *acc, int hdp, const float *p, int lds, const float *v, int r0, int rows,
+               int nk) {
+    int r = r0;
+    for (; r + 2 <= rows; r += 2)
+        pv_rows(acc + (size_t)r * hdp, hdp, p + (size_t)r * lds, lds, v, nk, 2);
+    if (r < rows) pv_rows(acc + (size_t)r * hdp, hdp, p + (size_t)r * lds, lds, v, nk, 1);
+}
+
+static ALWAYS_INLINE float hmax(__m256 v) {
+    __m128 x = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    x = _mm_max_ps(x, _mm_movehl_ps(x, x));
+    x = _mm_max_ss(x, _mm_movehdup_ps(x));
+    return _mm_cvtss_f32(x);
+}
+
+static ALWAYS_INLINE float hadd(__m256 v) {
+    __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    x = _mm_add_ss(x, _mm_movehdup_ps(x));
+    return _mm_cvtss_f32(x);
+}
+
+/* Online-softmax step for one row: s[0, nv) become exp(s - m_new), s[nv, nk)
+ * become 0; returns exp(m_old - m_new), the rescale of the old acc and l. */
+static float softmax_row(float *s, int nv, int nk, float *m, float *l) {
+    __m256 vm = _mm256_set1_ps(-INFINITY);
+    int j = 0;
+    for (; j + 8 <= nv; j += 8) vm = _mm256_max_ps(vm, _mm256_loadu_ps(s + j));
+    float mx = hmax(vm);
+    for (; j < nv; j++) mx = s[j] > mx ? s[j] : mx;
+    float m_new = mx > *m ? mx : *m;
+    float alpha = m_new == *m ? 1.0f : expf(*m - m_new);
+    const __m256 mn = _mm256_set1_ps(m_new);
+    __m256 vs = _mm256_setzero_ps();
+    for (j = 0; j + 8 <= nv; j += 8) {
+        __m256 e = exp_ps(_mm256_sub_ps(_mm256_loadu_ps(s + j), mn));
+        _mm256_storeu_ps(s + j, e);
+        vs = _mm256_add_ps(vs, e);
+    }
+    if (j < nv) {
+        float t[8] = {0};
+        memcpy(t, s + j, (size_t)(nv - j) * sizeof(float));
+        __m256 e = exp_ps(_mm256_sub_ps(_mm256_loadu_ps(t), mn));
+        _mm256_storeu_ps(t, e);
+        for (int i = nv - j; i < 8; i++) t[i] = 0.0f;
+        memcpy(s + j, t, (size_t)(nv - j) * sizeof(float));
+        vs = _mm256_add_ps(vs, _mm256_loadu_ps(t));
+    }
+    for (j = nv; j < nk; j++) s[j] = 0.0f;
+    *m = m_new;
+    *l = *l * alpha + hadd(vs);
+    return alpha;
+}
+
+void attn_block_avx2(attn_state *st, const attn_block *b) {
+    const int G = st->group, R = st->rows, hdp = st->hdp, lds = st->lds;
+    const int r0 = (b->vis0 >= 1 ? 0 : 1 - b->vis0) * G; /* first row that sees a key */
+    if (r0 >= R) return;
+    int nk = b->vis0 + (R - 1) / G; /* keys the last row sees */
+    if (nk > b->n_valid) nk = b->n_valid;
+    const int nk4 = (nk + 3) & ~3;
+
+    /* F32 blocks with 16-aligned rows are used in place (see the AVX-512 kernel). */
+    const int direct = b->type == QTYPE_F32 && st->head_dim == hdp && st->block_tokens % 4 == 0;
+    const float *K = b->k, *V = b->v;
+    if (!direct) {
+        load_rows(st->kbuf, b->k, b->type, nk, st->head_dim, hdp, b->next_k);
+        K = st->kbuf;
+    }
+    qk(st->q, K, hdp, st->s, lds, r0 & ~1, R, nk4, hdp);
+    for (int r = r0; r < R; r++) {
+        int nv = b->vis0 + r / G;
+        if (nv > nk) nv = nk;
+        float alpha = softmax_row(st->s + (size_t)r * lds, nv, nk, &st->m[r], &st->l[r]);
+        if (alpha != 1.0f) {
+            float *acc = st->acc + (size_t)r * hdp;
+            const __m256 va = _mm256_set1_ps(alpha);
+            for (int d = 0; d < hdp; d += 8)
+                _mm256_storeu_ps(acc + d, _mm256_mul_ps(va, _mm256_loadu_ps(acc + d)));
+        }
+    }
+    if (!direct) {
+        load_rows(st->vbuf, b->v, b->type, nk, st->head_dim, hdp, b->next_v);
+        V = st->vbuf;
+    } else if (b->next_k) {
+        size_t bytes = (size_t)st->block_tokens * (size_t)hdp * 4;
+        for (size_t o = 0; o < bytes; o += 64) {
+            _mm_prefetch(b->next_k + o, _MM_HINT_T0);
+            _mm_prefetch(b->next_v + o, _MM_HINT_T0);
+        }
+    }
+    pv(st->acc, hdp, st->s, lds, V, r0, R, nk);
+}
+
+/* Same rounding as ellm_f32_to_f16 (nearest even). */
+void attn_f32_to_f16_avx2(const float *src, uint16_t *dst, int n) {
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(dst + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(src + i),
+                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    for (; i < n; i++) dst[i] = ellm_f32_to_f16(src[i]);
+}

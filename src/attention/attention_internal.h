@@ -1,0 +1,60 @@
+/* Private interface between the attention driver (attention.c, kv_cache.c) and
+ * its per-ISA kernels (attention_avx2.c, attention_avx512.c). Not for use
+ * outside src/attention. */
+#ifndef ELLM_ATTENTION_INTERNAL_H
+#define ELLM_ATTENTION_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Query tokens per work item. A decode or verification batch (n_q <= 16) is a
+ * single tile, so each KV block is read once per call for all its rows. */
+#define ATTN_TILE_Q 16
+/* Row strides of F32 scratch are padded to this many floats (one zmm). */
+#define ATTN_PAD 16
+
+/* Running state of one part: a KV head's query rows walking a range of its KV
+ * blocks. Row r = il * group + g is query token il of the tile and query head
+ * g of the KV head's group, so rows of one token are adjacent and the causal
+ * limit never decreases with r. */
+typedef struct {
+    int head_dim;     /* hd */
+    int hdp;          /* hd rounded up to ATTN_PAD: row stride of q, acc, kbuf, vbuf */
+    int rows;         /* query tokens of the tile * group */
+    int group;        /* query heads per KV head */
+    int block_tokens; /* keys per block (a power of two) */
+    int lds;          /* row stride of s: block_tokens rounded up to 4 */
+    const float *q;   /* (rows rounded up to 4) x hdp: query * scale, zero padding */
+    float *m;         /* rows: running max of the scores */
+    float *l;         /* rows: running sum of exp(score - m) */
+    float *acc;       /* rows x hdp: running sum of exp(score - m) * v */
+    float *s;         /* (rows rounded up to 4) x lds: scores, then probabilities */
+    float *kbuf;      /* lds x hdp: the block's keys as F32 */
+    float *vbuf;      /* lds x hdp: the block's values as F32 */
+} attn_state;
+
+/* One KV block as seen by a part. Keys [0, n_valid) of the block exist; row r
+ * sees keys [0, min(n_valid, vis0 + r / group)) (causal mask; vis0 may be <= 0). */
+typedef struct {
+    const void *k;      /* block_tokens x head_dim keys, QTYPE_F16 or QTYPE_F32 */
+    const void *v;      /* block_tokens x head_dim values, same type */
+    const char *next_k; /* the part's next block, to prefetch while this one runs (or NULL) */
+    const char *next_v;
+    int type;
+    int n_valid;
+    int vis0;
+} attn_block;
+
+/* Folds one block into the running state of every row that sees any of it:
+ * scores, online softmax (rescaling acc and l when the max grows) and P*V.
+ * Rows that see none of the block are left untouched. */
+typedef void (*attn_block_fn)(attn_state *st, const attn_block *b);
+void attn_block_scalar(attn_state *st, const attn_block *b);
+void attn_block_avx2(attn_state *st, const attn_block *b);
+void attn_block_avx512(attn_state *st, const attn_block *b);
+
+/* Converts n floats to IEEE half, rounding to nearest even (same bits on every ISA). */
+void attn_f32_to_f16_avx2(const float *src, uint16_t *dst, int n);
+void attn_f32_to_f16_avx512(const float *src, uint16_t *dst, int n);
+
+#endif

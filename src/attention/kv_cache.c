@@ -1,0 +1,197 @@
+/* KV cache: one preallocated, 64-byte aligned arena of fixed-size blocks.
+ *
+ * Storage order is (layer, kv head, block): the blocks of one (layer, head)
+ * are adjacent, so attention over a head streams memory sequentially and the
+ * hardware prefetcher follows it. A block is
+ *     K[block_tokens][head_dim] then V[block_tokens][head_dim]
+ * in the cache's element type, its size rounded up to 64 bytes so every block
+ * starts on a cache line. The block table is the identity, computed rather
+ * than stored: block b of (layer, head) lives at
+ *     base + ((layer * n_kv_head + head) * n_blocks + b) * block_stride.
+ * Positions never move, so truncation only changes `len`. */
+#include "attention/kv_cache.h"
+#include "attention/attention_internal.h"
+#include "core/cpu.h"
+#include "core/fp16.h"
+#include "core/status.h"
+#include "kernels/quant.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#define KV_ALIGN 64
+#define KV_HUGE_PAGE ((size_t)2 << 20)
+/* Sanity limits so every index product fits comfortably in size_t and int. */
+#define KV_MAX_HEAD_DIM 4096
+#define KV_MAX_BLOCK_TOKENS 4096
+
+struct kv_cache {
+    kv_cache_params p;
+    int len;             /* committed tokens */
+    int n_blocks;        /* blocks per (layer, head): ceil(n_ctx / block_tokens) */
+    size_t elt;          /* bytes per element: 2 (F16) or 4 (F32) */
+    size_t half_bytes;   /* bytes of K (or V) of one block: block_tokens * head_dim * elt */
+    size_t block_stride; /* 2 * half_bytes rounded up to KV_ALIGN */
+    size_t bytes;        /* size of `base` */
+    char *base;
+};
+
+static void f32_to_f16_scalar(const float *src, uint16_t *dst, int n) {
+    for (int i = 0; i < n; i++) dst[i] = ellm_f32_to_f16(src[i]);
+}
+
+/* Mirrors the F16C conversion at run time so every ISA stores the same bits. */
+static void f32_to_f16(const float *src, uint16_t *dst, int n) {
+    switch (ellm_cpu_isa()) {
+    case ELLM_ISA_AVX512: attn_f32_to_f16_avx512(src, dst, n); break;
+    case ELLM_ISA_AVX2: attn_f32_to_f16_avx2(src, dst, n); break;
+    default: f32_to_f16_scalar(src, dst, n); break;
+    }
+}
+
+/* Physical memory in bytes, or 0 if unknown. */
+static size_t phys_mem_bytes(void) {
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    if (pages <= 0 || page <= 0) return 0;
+    return (size_t)pages * (size_t)page;
+}
+
+static double gib(size_t bytes) { return (double)bytes / (double)(1u << 30); }
+
+/* Validates `p` and allocates the arena (untouched: pages are committed on first
+ * store). Returns ELLM_ERR_ARG for bad shapes or type, ELLM_ERR_NOMEM with the
+ * size in GB when the arena cannot be had. */
+ellm_status kv_cache_init(const kv_cache_params *p, kv_cache **out, ellm_error *err) {
+    *out = NULL;
+    if (p->n_layer <= 0 || p->n_kv_head <= 0 || p->head_dim <= 0 || p->n_ctx <= 0 ||
+        p->block_tokens <= 0)
+        return ellm_fail(err, ELLM_ERR_ARG,
+                         "KV cache: n_layer=%d n_kv_head=%d head_dim=%d n_ctx=%d block_tokens=%d "
+                         "must all be positive",
+                         p->n_layer, p->n_kv_head, p->head_dim, p->n_ctx, p->block_tokens);
+    if (p->block_tokens & (p->block_tokens - 1) || p->block_tokens > KV_MAX_BLOCK_TOKENS)
+        return ellm_fail(err, ELLM_ERR_ARG,
+                         "KV cache: block_tokens=%d must be a power of two <= %d",
+                         p->block_tokens, KV_MAX_BLOCK_TOKENS);
+    if (p->head_dim > KV_MAX_HEAD_DIM)
+        return ellm_fail(err, ELLM_ERR_ARG, "KV cache: head_dim=%d exceeds %d", p->head_dim,
+                         KV_MAX_HEAD_DIM);
+    if (p->type != QTYPE_F16 && p->type != QTYPE_F32)
+        return ellm_fail(err, ELLM_ERR_UNSUPPORTED,
+                         "KV cache: element type %d unsupported (F16=%d or F32=%d)", p->type,
+                         QTYPE_F16, QTYPE_F32);
+
+    size_t elt = p->type == QTYPE_F16 ? 2 : 4;
+    int n_blocks = (int)(((long)p->n_ctx + p->block_tokens - 1) / p->block_tokens);
+    size_t half = (size_t)p->block_tokens * (size_t)p->head_dim * elt;
+    size_t stride = (2 * half + KV_ALIGN - 1) & ~(size_t)(KV_ALIGN - 1);
+    size_t bytes;
+    if (__builtin_mul_overflow((size_t)p->n_layer, (size_t)p->n_kv_head, &bytes) ||
+        __builtin_mul_overflow(bytes, (size_t)n_blocks, &bytes) ||
+        __builtin_mul_overflow(bytes, stride, &bytes) || bytes > SIZE_MAX / 2)
+        return ellm_fail(err, ELLM_ERR_NOMEM,
+                         "KV cache: %d layers x %d heads x %d tokens x %d dims does not fit in "
+                         "the address space",
+                         p->n_layer, p->n_kv_head, p->n_ctx, p->head_dim);
+    /* Refuse more than the machine has rather than let overcommit succeed now
+     * and the OOM killer strike mid-generation. */
+    size_t phys = phys_mem_bytes();
+    if (phys && bytes > phys)
+        return ellm_fail(err, ELLM_ERR_NOMEM,
+                         "KV cache needs %.2f GB (%d tokens) but the machine has %.2f GB; "
+                         "lower the context size",
+                         gib(bytes), p->n_ctx, gib(phys));
+
+    kv_cache *kv = calloc(1, sizeof *kv);
+    if (!kv) return ellm_fail(err, ELLM_ERR_NOMEM, "KV cache: out of memory");
+    /* Huge-page alignment lets the kernel back the arena with 2 MB pages, which
+     * spares TLB misses when streaming gigabytes per token. */
+    size_t align = bytes >= KV_HUGE_PAGE ? KV_HUGE_PAGE : KV_ALIGN;
+    void *mem = NULL;
+    if (posix_memalign(&mem, align, bytes) != 0) {
+        free(kv);
+        return ellm_fail(err, ELLM_ERR_NOMEM, "KV cache: cannot allocate %.2f GB (%d tokens)",
+                         gib(bytes), p->n_ctx);
+    }
+#ifdef MADV_HUGEPAGE
+    if (align == KV_HUGE_PAGE) madvise(mem, bytes & ~(KV_HUGE_PAGE - 1), MADV_HUGEPAGE);
+#endif
+    kv->p = *p;
+    kv->n_blocks = n_blocks;
+    kv->elt = elt;
+    kv->half_bytes = half;
+    kv->block_stride = stride;
+    kv->bytes = bytes;
+    kv->base = mem;
+    *out = kv;
+    return ELLM_OK;
+}
+
+void kv_cache_free(kv_cache *kv) {
+    if (!kv) return;
+    free(kv->base);
+    free(kv);
+}
+
+const kv_cache_params *kv_cache_get_params(const kv_cache *kv) { return &kv->p; }
+
+size_t kv_cache_bytes(const kv_cache *kv) { return kv->bytes; }
+
+size_t kv_cache_bytes_per_token(const kv_cache *kv) {
+    return (size_t)kv->p.n_layer * (size_t)kv->p.n_kv_head * 2 * (size_t)kv->p.head_dim * kv->elt;
+}
+
+int kv_cache_n_blocks(const kv_cache *kv) { return kv->n_blocks; }
+
+int kv_cache_len(const kv_cache *kv) { return kv->len; }
+
+void kv_cache_set_len(kv_cache *kv, int n) {
+    ELLM_ASSERT(n >= 0 && n <= kv->p.n_ctx);
+    kv->len = n;
+}
+
+static inline char *block_ptr(const kv_cache *kv, int layer, int head, int blk) {
+    size_t idx = ((size_t)layer * (size_t)kv->p.n_kv_head + (size_t)head) * (size_t)kv->n_blocks +
+                 (size_t)blk;
+    return kv->base + idx * kv->block_stride;
+}
+
+/* Writes each token's row of every head into its block slot, converting to F16
+ * when the cache is F16. */
+void kv_cache_store(kv_cache *kv, int layer, int pos, int n, const float *k, const float *v) {
+    const kv_cache_params *p = &kv->p;
+    ELLM_ASSERT(layer >= 0 && layer < p->n_layer);
+    ELLM_ASSERT(pos >= 0 && n >= 0 && pos <= p->n_ctx - n);
+    const int hd = p->head_dim, bt = p->block_tokens;
+    const size_t row_in = (size_t)p->n_kv_head * (size_t)hd; /* floats per input token */
+    const size_t row_out = (size_t)hd * kv->elt;             /* bytes per stored row */
+    for (int t = 0; t < n; t++) {
+        int tp = pos + t, blk = tp / bt, off = tp % bt;
+        for (int h = 0; h < p->n_kv_head; h++) {
+            char *kd = block_ptr(kv, layer, h, blk) + (size_t)off * row_out;
+            char *vd = kd + kv->half_bytes;
+            const float *ks = k + (size_t)t * row_in + (size_t)h * hd;
+            const float *vs = v + (size_t)t * row_in + (size_t)h * hd;
+            if (p->type == QTYPE_F16) {
+                f32_to_f16(ks, (uint16_t *)kd, hd);
+                f32_to_f16(vs, (uint16_t *)vd, hd);
+            } else {
+                memcpy(kd, ks, row_out);
+                memcpy(vd, vs, row_out);
+            }
+        }
+    }
+}
+
+const void *kv_cache_block_k(const kv_cache *kv, int layer, int head, int blk) {
+    ELLM_ASSERT(layer >= 0 && layer < kv->p.n_layer && head >= 0 && head < kv->p.n_kv_head &&
+                blk >= 0 && blk < kv->n_blocks);
+    return block_ptr(kv, layer, head, blk);
+}
+
+const void *kv_cache_block_v(const kv_cache *kv, int layer, int head, int blk) {
+    return (const char *)kv_cache_block_k(kv, layer, head, blk) + kv->half_bytes;
+}

@@ -1,0 +1,402 @@
+/* Kernel dispatch and the scalar references.
+ *
+ * Each public kernel looks up the table of the ISA in use (core/cpu.h) on
+ * every call, so ellm_cpu_set_isa takes effect immediately; entries a table
+ * leaves NULL fall back to the scalar reference. The `_ref` functions here
+ * define the results the SIMD files are tested against. */
+#include "kernels/kernels.h"
+#include "core/cpu.h"
+#include "kernels/kernels_impl.h"
+
+#include <assert.h>
+#include <math.h>
+#include <string.h>
+
+/* ---- activation preparation ---- */
+
+/* Quantizes `n` floats to int8 against d = max|x| / 127 (0 for an all-zero
+ * block), rounding to nearest even like cvtps2dq. Returns d. */
+static float act_quantize_block(const float *x, int n, int8_t *q) {
+    float amax = 0;
+    for (int i = 0; i < n; i++) amax = fmaxf(amax, fabsf(x[i]));
+    float d = amax / 127.0f, id = d ? 1.0f / d : 0.0f;
+    for (int i = 0; i < n; i++) {
+        long v = lrintf(x[i] * id);
+        q[i] = (int8_t)(v > 127 ? 127 : v < -127 ? -127 : v);
+    }
+    return d;
+}
+
+/* Prepares one ACT_Q8 row (blocks of 32 with scaled sums) from `cols` floats. */
+void kern_act_q8_row_ref(const float *x, int64_t cols, void *row) {
+    act_row a = act_sections(ACT_Q8, cols, row);
+    for (int64_t k = 0; k < cols / 32; k++) {
+        a.d[k] = act_quantize_block(x + 32 * k, 32, a.qs + 32 * k);
+        int sum = 0;
+        for (int i = 0; i < 32; i++) sum += a.qs[32 * k + i];
+        a.s[k] = a.d[k] * (float)sum;
+    }
+}
+
+/* Prepares one ACT_Q8K row (blocks of 256 with sums of 16) from `cols` floats. */
+void kern_act_q8k_row_ref(const float *x, int64_t cols, void *row) {
+    act_row a = act_sections(ACT_Q8K, cols, row);
+    for (int64_t k = 0; k < cols / QK_K; k++) a.d[k] = act_quantize_block(x + QK_K * k, QK_K, a.qs + QK_K * k);
+    for (int64_t j = 0; j < cols / 16; j++) {
+        int s = 0;
+        for (int i = 0; i < 16; i++) s += a.qs[16 * j + i];
+        a.bsums[j] = (int16_t)s;
+    }
+}
+
+/* ---- reference matmuls: Y[b][r] for r in [r0, r1), b < nb ----
+ * Integer dot products are exact per block; blocks are summed in float in
+ * column order. */
+
+static void matmul_f32_ref(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
+                           int nb, float *Y, int64_t ldy) {
+    for (int64_t r = r0; r < r1; r++) {
+        const float *w = (const float *)W + r * cols;
+        for (int b = 0; b < nb; b++) {
+            const float *x = act_get_row(ACT_F32, act, cols, b).x;
+            float s = 0;
+            for (int64_t c = 0; c < cols; c++) s += w[c] * x[c];
+            Y[b * ldy + r] = s;
+        }
+    }
+}
+
+static void matmul_f16_ref(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
+                           int nb, float *Y, int64_t ldy) {
+    for (int64_t r = r0; r < r1; r++) {
+        const ellm_f16 *w = (const ellm_f16 *)W + r * cols;
+        for (int b = 0; b < nb; b++) {
+            const float *x = act_get_row(ACT_F32, act, cols, b).x;
+            float s = 0;
+            for (int64_t c = 0; c < cols; c++) s += ellm_f16_to_f32(w[c]) * x[c];
+            Y[b * ldy + r] = s;
+        }
+    }
+}
+
+static void matmul_bf16_ref(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
+                            int nb, float *Y, int64_t ldy) {
+    for (int64_t r = r0; r < r1; r++) {
+        const ellm_bf16 *w = (const ellm_bf16 *)W + r * cols;
+        for (int b = 0; b < nb; b++) {
+            const float *x = act_get_row(ACT_F32, act, cols, b).x;
+            float s = 0;
+            for (int64_t c = 0; c < cols; c++) s += ellm_bf16_to_f32(w[c]) * x[c];
+            Y[b * ldy + r] = s;
+        }
+    }
+}
+
+static void matmul_q8_0_ref(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
+                            int nb, float *Y, int64_t ldy) {
+    int64_t nblk = cols / QK8_0;
+    for (int64_t r = r0; r < r1; r++) {
+        const block_q8_0 *w = (const block_q8_0 *)W + r * nblk;
+        for (int b = 0; b < nb; b++) {
+            act_row a = act_get_row(ACT_Q8, act, cols, b);
+            float s = 0;
+            for (int64_t k = 0; k < nblk; k++) {
+                int isum = 0;
+                for (int i = 0; i < QK8_0; i++) isum += w[k].qs[i] * a.qs[32 * k + i];
+                s += (ellm_f16_to_f32(w[k].d) * a.d[k]) * (float)isum;
+            }
+            Y[b * ldy + r] = s;
+        }
+    }
+}
+
+static void matmul_q4_0_ref(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
+                            int nb, float *Y, int64_t ldy) {
+    int64_t nblk = cols / QK4_0;
+    for (int64_t r = r0; r < r1; r++) {
+        const block_q4_0 *w = (const block_q4_0 *)W + r * nblk;
+        for (int b = 0; b < nb; b++) {
+            act_row a = act_get_row(ACT_Q8, act, cols, b);
+            float s = 0;
+            for (int64_t k = 0; k < nblk; k++) {
+                const int8_t *q = a.qs + 32 * k;
+                int isum = 0;
+                for (int i = 0; i < 16; i++)
+                    isum += ((w[k].qs[i] & 0xF) - 8) * q[i] + ((w[k].qs[i] >> 4) - 8) * q[i + 16];
+                s += (ellm_f16_to_f32(w[k].d) * a.d[k]) * (float)isum;
+            }
+            Y[b * ldy + r] = s;
+        }
+    }
+}
+
+/* Per super-block: sum_j sc[j] * dot(q_j, a_j) scaled by d, minus
+ * sum_j m[j] * sum(a_j) scaled by dmin (the sums come from bsums). */
+static void matmul_q4_K_ref(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
+                            int nb, float *Y, int64_t ldy) {
+    int64_t nblk = cols / QK_K;
+    for (int64_t r = r0; r < r1; r++) {
+        const block_q4_K *w = (const block_q4_K *)W + r * nblk;
+        for (int b = 0; b < nb; b++) {
+            act_row a = act_get_row(ACT_Q8K, act, cols, b);
+            float s = 0;
+            for (int64_t k = 0; k < nblk; k++) {
+                const int8_t *q = a.qs + QK_K * k;
+                const int16_t *bs = a.bsums + 16 * k;
+                int isum_q = 0, isum_m = 0;
+                for (int j = 0; j < 8; j++) {
+                    int sc, m;
+                    q4k_scale_min(w[k].scales, j, &sc, &m);
+                    const uint8_t *wq = w[k].qs + 32 * (j / 2);
+                    int shift = (j & 1) * 4, dot = 0;
+                    for (int l = 0; l < 32; l++) dot += ((wq[l] >> shift) & 0xF) * q[32 * j + l];
+                    isum_q += sc * dot;
+                    isum_m += m * (bs[2 * j] + bs[2 * j + 1]);
+                }
+                float da = a.d[k];
+                s += (da * ellm_f16_to_f32(w[k].d)) * (float)isum_q;
+                s -= (da * ellm_f16_to_f32(w[k].dmin)) * (float)isum_m;
+            }
+            Y[b * ldy + r] = s;
+        }
+    }
+}
+
+/* Per super-block: sum_j scales[j] * (dot(q_j, a_j) - 32 * sum(a_j)), scaled by d. */
+static void matmul_q6_K_ref(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
+                            int nb, float *Y, int64_t ldy) {
+    int64_t nblk = cols / QK_K;
+    for (int64_t r = r0; r < r1; r++) {
+        const block_q6_K *w = (const block_q6_K *)W + r * nblk;
+        for (int b = 0; b < nb; b++) {
+            act_row a = act_get_row(ACT_Q8K, act, cols, b);
+            float s = 0;
+            for (int64_t k = 0; k < nblk; k++) {
+                const int8_t *q = a.qs + QK_K * k;
+                const int16_t *bs = a.bsums + 16 * k;
+                int isum = 0;
+                for (int j = 0; j < 16; j++) {
+                    int dot = 0;
+                    for (int i = 0; i < 16; i++) {
+                        int e = 16 * j + i, h = e / 128, kk = (e % 128) / 32, l = e % 32;
+                        uint8_t lo = w[k].ql[64 * h + l + 32 * (kk & 1)];
+                        int wq = (kk < 2 ? lo & 0xF : lo >> 4) |
+                                 (((w[k].qh[32 * h + l] >> (2 * kk)) & 3) << 4);
+                        dot += wq * q[e];
+                    }
+                    isum += w[k].scales[j] * (dot - 32 * bs[j]);
+                }
+                s += (a.d[k] * ellm_f16_to_f32(w[k].d)) * (float)isum;
+            }
+            Y[b * ldy + r] = s;
+        }
+    }
+}
+
+/* ---- reference row kernels ---- */
+
+void kern_rmsnorm_ref(float *out, const float *x, const float *w, int64_t n, float eps) {
+    double ss = 0;
+    for (int64_t i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    float scale = 1.0f / sqrtf((float)(ss / (double)n) + eps);
+    for (int64_t i = 0; i < n; i++) out[i] = x[i] * scale * w[i];
+}
+
+void kern_rope_ref(float *x, int n_heads, int head_dim, int n_rot, const float *cos_sin, int neox) {
+    int half = n_rot / 2;
+    for (int h = 0; h < n_heads; h++) {
+        float *v = x + (int64_t)h * head_dim;
+        for (int i = 0; i < half; i++) {
+            float c = cos_sin[2 * i], s = cos_sin[2 * i + 1];
+            float *p0 = neox ? v + i : v + 2 * i;
+            float *p1 = neox ? v + i + half : v + 2 * i + 1;
+            float x0 = *p0, x1 = *p1;
+            *p0 = x0 * c - x1 * s;
+            *p1 = x0 * s + x1 * c;
+        }
+    }
+}
+
+void kern_swiglu_ref(float *out, const float *gate, const float *up, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        float g = gate[i];
+        out[i] = g / (1.0f + expf(-g)) * up[i];
+    }
+}
+
+void kern_softmax_ref(float *x, int64_t n) {
+    if (n <= 0) return;
+    float max = x[0];
+    for (int64_t i = 1; i < n; i++) max = fmaxf(max, x[i]);
+    double sum = 0;
+    for (int64_t i = 0; i < n; i++) {
+        x[i] = expf(x[i] - max);
+        sum += x[i];
+    }
+    float inv = (float)(1.0 / sum);
+    for (int64_t i = 0; i < n; i++) x[i] *= inv;
+}
+
+void kern_add_ref(float *y, const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] += x[i];
+}
+
+float kern_dot_f32_ref(const float *a, const float *b, int64_t n) {
+    double s = 0;
+    for (int64_t i = 0; i < n; i++) s += (double)a[i] * b[i];
+    return (float)s;
+}
+
+void kern_f32_to_f16_ref(const float *src, uint16_t *dst, int64_t n) {
+    for (int64_t i = 0; i < n; i++) dst[i] = ellm_f32_to_f16(src[i]);
+}
+
+void kern_f16_to_f32_ref(const uint16_t *src, float *dst, int64_t n) {
+    for (int64_t i = 0; i < n; i++) dst[i] = ellm_f16_to_f32(src[i]);
+}
+
+static void dequant_ref_f32(const void *src, float *dst, int64_t n) {
+    qtype_dequantize_ref(QTYPE_F32, src, dst, n);
+}
+static void dequant_ref_f16(const void *src, float *dst, int64_t n) {
+    qtype_dequantize_ref(QTYPE_F16, src, dst, n);
+}
+static void dequant_ref_bf16(const void *src, float *dst, int64_t n) {
+    qtype_dequantize_ref(QTYPE_BF16, src, dst, n);
+}
+static void dequant_ref_q8_0(const void *src, float *dst, int64_t n) {
+    qtype_dequantize_ref(QTYPE_Q8_0, src, dst, n);
+}
+static void dequant_ref_q4_0(const void *src, float *dst, int64_t n) {
+    qtype_dequantize_ref(QTYPE_Q4_0, src, dst, n);
+}
+static void dequant_ref_q4_K(const void *src, float *dst, int64_t n) {
+    qtype_dequantize_ref(QTYPE_Q4_K, src, dst, n);
+}
+static void dequant_ref_q6_K(const void *src, float *dst, int64_t n) {
+    qtype_dequantize_ref(QTYPE_Q6_K, src, dst, n);
+}
+
+const kern_table kern_table_scalar = {
+    .matmul =
+        {
+            [QTYPE_F32] = matmul_f32_ref,
+            [QTYPE_F16] = matmul_f16_ref,
+            [QTYPE_BF16] = matmul_bf16_ref,
+            [QTYPE_Q8_0] = matmul_q8_0_ref,
+            [QTYPE_Q4_0] = matmul_q4_0_ref,
+            [QTYPE_Q4_K] = matmul_q4_K_ref,
+            [QTYPE_Q6_K] = matmul_q6_K_ref,
+        },
+    .dequantize =
+        {
+            [QTYPE_F32] = dequant_ref_f32,
+            [QTYPE_F16] = dequant_ref_f16,
+            [QTYPE_BF16] = dequant_ref_bf16,
+            [QTYPE_Q8_0] = dequant_ref_q8_0,
+            [QTYPE_Q4_0] = dequant_ref_q4_0,
+            [QTYPE_Q4_K] = dequant_ref_q4_K,
+            [QTYPE_Q6_K] = dequant_ref_q6_K,
+        },
+    .act_q8 = kern_act_q8_row_ref,
+    .act_q8k = kern_act_q8k_row_ref,
+    .rmsnorm = kern_rmsnorm_ref,
+    .rope = kern_rope_ref,
+    .swiglu = kern_swiglu_ref,
+    .softmax = kern_softmax_ref,
+    .add = kern_add_ref,
+    .dot_f32 = kern_dot_f32_ref,
+    .f32_to_f16 = kern_f32_to_f16_ref,
+    .f16_to_f32 = kern_f16_to_f32_ref,
+};
+
+/* ---- dispatch ---- */
+
+/* The table of the ISA in use right now. */
+static const kern_table *kern_active(void) {
+    switch (ellm_cpu_isa()) {
+    case ELLM_ISA_AVX512: return &kern_table_avx512;
+    case ELLM_ISA_AVX2: return &kern_table_avx2;
+    default: return &kern_table_scalar;
+    }
+}
+
+/* The active table's entry `field`, or the scalar one if it has none. */
+#define KERN_PICK(field)                                                                \
+    (kern_active()->field ? kern_active()->field : kern_table_scalar.field)
+
+static int wtype_ok(int wtype) {
+    return wtype >= 0 && wtype < QTYPE_COUNT && act_kind_of(wtype) != ACT_NONE;
+}
+
+/* Returns nb prepared rows' bytes, or 0 for a weight type kern_matmul does not
+ * support or a `cols` that is not a multiple of its block size. */
+size_t kern_act_bytes(int wtype, int64_t cols, int nb) {
+    if (!wtype_ok(wtype) || cols <= 0 || nb <= 0) return 0;
+    const qtype_info *t = qtype_get(wtype);
+    if (cols % t->block_elems) return 0;
+    return (size_t)nb * act_row_bytes(act_kind_of(wtype), cols);
+}
+
+/* Fills `act` (kern_act_bytes(wtype, cols, nb) bytes) from nb rows of X. */
+void kern_act_prepare(int wtype, const float *X, int64_t cols, int nb, void *act) {
+    assert(wtype_ok(wtype));
+    act_kind kind = act_kind_of(wtype);
+    size_t row_bytes = act_row_bytes(kind, cols);
+    kern_act_row_fn fn = kind == ACT_Q8 ? KERN_PICK(act_q8) : KERN_PICK(act_q8k);
+    for (int b = 0; b < nb; b++) {
+        char *row = (char *)act + (size_t)b * row_bytes;
+        if (kind == ACT_F32) memcpy(row, X + (int64_t)b * cols, (size_t)cols * sizeof(float));
+        else fn(X + (int64_t)b * cols, cols, row);
+    }
+}
+
+/* Computes rows [r0, r1) of Y = W * X^T with the active ISA. */
+void kern_matmul(int wtype, const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
+                 int nb, float *Y, int64_t ldy) {
+    assert(wtype_ok(wtype));
+    if (!wtype_ok(wtype) || r1 <= r0 || nb <= 0) return;
+    const kern_table *t = kern_active();
+    /* AVX-512 without VNNI (Skylake-X): the AVX2 integer dots are the better fit. */
+    if (t->matmul_int_needs_vnni && act_kind_of(wtype) != ACT_F32 && !ellm_cpu()->avx512vnni)
+        t = &kern_table_avx2;
+    kern_matmul_fn fn = t->matmul[wtype] ? t->matmul[wtype] : kern_table_scalar.matmul[wtype];
+    fn(W, cols, r0, r1, act, nb, Y, ldy);
+}
+
+/* Computes rows [r0, r1) of Y = W * X^T with the scalar reference. */
+void kern_matmul_ref(int wtype, const void *W, int64_t cols, int64_t r0, int64_t r1,
+                     const void *act, int nb, float *Y, int64_t ldy) {
+    assert(wtype_ok(wtype));
+    if (!wtype_ok(wtype) || r1 <= r0 || nb <= 0) return;
+    kern_table_scalar.matmul[wtype](W, cols, r0, r1, act, nb, Y, ldy);
+}
+
+/* Dequantizes n elements of a supported type; other types leave dst untouched. */
+void kern_dequantize(int type, const void *src, float *dst, int64_t n) {
+    if (type < 0 || type >= QTYPE_COUNT) return;
+    kern_convert_fn fn = KERN_PICK(dequantize[type]);
+    if (fn) fn(src, dst, n);
+}
+
+void kern_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps) {
+    KERN_PICK(rmsnorm)(out, x, w, n, eps);
+}
+
+void kern_rope(float *x, int n_heads, int head_dim, int n_rot, const float *cos_sin, int neox) {
+    KERN_PICK(rope)(x, n_heads, head_dim, n_rot, cos_sin, neox);
+}
+
+void kern_swiglu(float *out, const float *gate, const float *up, int64_t n) {
+    KERN_PICK(swiglu)(out, gate, up, n);
+}
+
+void kern_softmax(float *x, int64_t n) { KERN_PICK(softmax)(x, n); }
+
+void kern_add(float *y, const float *x, int64_t n) { KERN_PICK(add)(y, x, n); }
+
+float kern_dot_f32(const float *a, const float *b, int64_t n) { return KERN_PICK(dot_f32)(a, b, n); }
+
+void kern_f32_to_f16(const float *src, uint16_t *dst, int64_t n) { KERN_PICK(f32_to_f16)(src, dst, n); }
+
+void kern_f16_to_f32(const uint16_t *src, float *dst, int64_t n) { KERN_PICK(f16_to_f32)(src, dst, n); }

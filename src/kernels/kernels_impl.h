@@ -1,0 +1,214 @@
+/* Private to src/kernels: ggml block layouts, the layout of prepared
+ * activations, and the per-ISA function table that kernels.c dispatches to.
+ *
+ * The scalar, AVX2 and AVX-512 files all read these definitions, so the
+ * formats here are the single source of truth for every ISA. */
+#ifndef ELLM_KERNELS_KERNELS_IMPL_H
+#define ELLM_KERNELS_KERNELS_IMPL_H
+
+#include "core/fp16.h"
+#include "kernels/kernels.h"
+#include "kernels/quant.h"
+
+#include <assert.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+/* ---- ggml block layouts (little-endian, packed by construction) ---------- */
+
+#define QK4_0 32
+#define QK8_0 32
+#define QK_K 256
+
+/* 32 weights: w[i] = d * ((qs[i] & 15) - 8), w[i + 16] = d * ((qs[i] >> 4) - 8). */
+typedef struct {
+    ellm_f16 d;
+    uint8_t qs[QK4_0 / 2];
+} block_q4_0;
+
+/* 32 weights: w[i] = d * qs[i]. */
+typedef struct {
+    ellm_f16 d;
+    int8_t qs[QK8_0];
+} block_q8_0;
+
+/* 256 weights in 8 sub-blocks of 32. Sub-block j has a 6-bit scale sc[j] and
+ * 6-bit min m[j] packed into `scales` (see q4k_scale_min); w = d*sc[j]*q -
+ * dmin*m[j]. qs[32g + l] holds element 64g + l in its low nibble and element
+ * 64g + 32 + l in its high nibble (g = 0..3). */
+typedef struct {
+    ellm_f16 d;    /* scale of the sub-block scales */
+    ellm_f16 dmin; /* scale of the sub-block mins */
+    uint8_t scales[12];
+    uint8_t qs[QK_K / 2];
+} block_q4_K;
+
+/* 256 weights in 16 sub-blocks of 16 with signed 8-bit scales; w = d *
+ * scales[e / 16] * (q - 32) with a 6-bit q. For half h (elements 128h ..
+ * 128h + 127) and l = 0..31, element 128h + 32k + l (k = 0..3) has its low 4
+ * bits in ql[64h + l + 32(k & 1)] (low nibble for k < 2, high for k >= 2) and
+ * its high 2 bits in bits 2k..2k+1 of qh[32h + l]. */
+typedef struct {
+    uint8_t ql[QK_K / 2];
+    uint8_t qh[QK_K / 4];
+    int8_t scales[QK_K / 16];
+    ellm_f16 d;
+} block_q6_K;
+
+/* ggml's 8-bit intermediate for k-quant dot products (listed for its size). */
+typedef struct {
+    float d;
+    int8_t qs[QK_K];
+    int16_t bsums[QK_K / 16];
+} block_q8_K;
+
+static_assert(sizeof(block_q4_0) == 18, "block_q4_0 size");
+static_assert(sizeof(block_q8_0) == 34, "block_q8_0 size");
+static_assert(sizeof(block_q4_K) == 144, "block_q4_K size");
+static_assert(sizeof(block_q6_K) == 210, "block_q6_K size");
+static_assert(sizeof(block_q8_K) == 292, "block_q8_K size");
+
+/* Decodes sub-block j's 6-bit scale and min from a Q4_K `scales` array: bytes
+ * 0..3 hold sc[0..3] (low 6 bits) and the top 2 bits of sc[4..7]; bytes 4..7
+ * hold m[0..3] and the top 2 bits of m[4..7]; bytes 8..11 hold the low
+ * nibbles of sc[4..7] (low) and m[4..7] (high). */
+static inline void q4k_scale_min(const uint8_t *s, int j, int *sc, int *m) {
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *m = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
+        *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
+/* Unpacks all 8 scales and 8 mins of a Q4_K `scales` array at once, as bytes
+ * out[0..7] = sc[0..7] and out[8..15] = m[0..7] (same result as
+ * q4k_scale_min, with 32-bit word operations for the SIMD kernels). */
+static inline void q4k_unpack_scales(const uint8_t *s, uint8_t out[16]) {
+    uint32_t u[3], o[4];
+    memcpy(u, s, 12);
+    o[0] = u[0] & 0x3f3f3f3fu;
+    o[1] = (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4);
+    o[2] = u[1] & 0x3f3f3f3fu;
+    o[3] = ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4);
+    memcpy(out, o, 16);
+}
+
+/* ---- prepared activations ------------------------------------------------
+ * kern_act_prepare writes nb rows of act_row_bytes(kind, cols) each. Every
+ * section starts on a 64-byte offset from the row start (the base pointer
+ * itself may be unaligned; kernels use unaligned loads).
+ *
+ *   ACT_F32 (F32, F16, BF16 weights): float x[cols].
+ *   ACT_Q8  (Q8_0, Q4_0 weights):     float d[cols/32]; float s[cols/32];
+ *       int8 qs[cols]. x[32k + i] ~= d[k] * qs[32k + i] with qs in
+ *       [-127, 127] (x / d rounded to nearest even, d = max|x| / 127 over the
+ *       block), and s[k] = d[k] * sum_i qs[32k + i]. The sums let SIMD dots
+ *       treat weights as unsigned (w + 128 for Q8_0, the raw nibble for
+ *       Q4_0) and subtract the offset once per block in float.
+ *   ACT_Q8K (Q4_K, Q6_K weights):     float d[cols/256]; int16 bsums[cols/16];
+ *       int8 qs[cols]. Same rounding over blocks of 256; bsums[j] is the sum
+ *       of qs[16j .. 16j + 15] (for the mins / the -32 offset). */
+typedef enum { ACT_NONE, ACT_F32, ACT_Q8, ACT_Q8K } act_kind;
+
+static inline act_kind act_kind_of(int wtype) {
+    switch (wtype) {
+    case QTYPE_F32:
+    case QTYPE_F16:
+    case QTYPE_BF16: return ACT_F32;
+    case QTYPE_Q8_0:
+    case QTYPE_Q4_0: return ACT_Q8;
+    case QTYPE_Q4_K:
+    case QTYPE_Q6_K: return ACT_Q8K;
+    default: return ACT_NONE;
+    }
+}
+
+static inline size_t act_pad64(size_t n) { return (n + 63) & ~(size_t)63; }
+
+/* Bytes of one prepared row; 0 if cols does not fit the kind's block size. */
+static inline size_t act_row_bytes(act_kind kind, int64_t cols) {
+    size_t n = (size_t)cols;
+    switch (kind) {
+    case ACT_F32: return act_pad64(n * sizeof(float));
+    case ACT_Q8:
+        if (cols % 32) return 0;
+        return 2 * act_pad64(n / 32 * sizeof(float)) + act_pad64(n);
+    case ACT_Q8K:
+        if (cols % QK_K) return 0;
+        return act_pad64(n / QK_K * sizeof(float)) + act_pad64(n / 16 * sizeof(int16_t)) +
+               act_pad64(n);
+    default: return 0;
+    }
+}
+
+/* The sections of one prepared row; pointers a kind does not have are NULL. */
+typedef struct {
+    float *x;       /* ACT_F32: cols */
+    float *d;       /* ACT_Q8: cols/32 block scales; ACT_Q8K: cols/256 */
+    float *s;       /* ACT_Q8: cols/32 scaled block sums */
+    int16_t *bsums; /* ACT_Q8K: cols/16 */
+    int8_t *qs;     /* ACT_Q8, ACT_Q8K: cols */
+} act_row;
+
+/* Splits the prepared row at `row` into its sections. */
+static inline act_row act_sections(act_kind kind, int64_t cols, void *row) {
+    size_t n = (size_t)cols;
+    char *p = row;
+    act_row r = {0};
+    if (kind == ACT_F32) {
+        r.x = (float *)p;
+    } else if (kind == ACT_Q8) {
+        size_t fb = act_pad64(n / 32 * sizeof(float));
+        r.d = (float *)p;
+        r.s = (float *)(p + fb);
+        r.qs = (int8_t *)(p + 2 * fb);
+    } else if (kind == ACT_Q8K) {
+        size_t off = act_pad64(n / QK_K * sizeof(float));
+        r.d = (float *)p;
+        r.bsums = (int16_t *)(p + off);
+        r.qs = (int8_t *)(p + off + act_pad64(n / 16 * sizeof(int16_t)));
+    }
+    return r;
+}
+
+/* Row b of prepared activations `act` (read-only use). */
+static inline act_row act_get_row(act_kind kind, const void *act, int64_t cols, int b) {
+    return act_sections(kind, cols, (char *)act + (size_t)b * act_row_bytes(kind, cols));
+}
+
+/* ---- per-ISA table ----------------------------------------------------------
+ * NULL entries fall back to the scalar table. Matmul entries compute rows
+ * [r0, r1) of W against nb prepared rows (see kern_matmul). */
+typedef void (*kern_matmul_fn)(const void *W, int64_t cols, int64_t r0, int64_t r1,
+                               const void *act, int nb, float *Y, int64_t ldy);
+typedef void (*kern_convert_fn)(const void *src, float *dst, int64_t n);
+/* Prepares one activation row of `cols` floats into `row` (act_kind layout). */
+typedef void (*kern_act_row_fn)(const float *x, int64_t cols, void *row);
+
+typedef struct {
+    kern_matmul_fn matmul[QTYPE_COUNT];
+    kern_convert_fn dequantize[QTYPE_COUNT];
+    int matmul_int_needs_vnni; /* integer matmuls use AVX-512 VNNI */
+    kern_act_row_fn act_q8, act_q8k;
+    void (*rmsnorm)(float *out, const float *x, const float *w, int64_t n, float eps);
+    void (*rope)(float *x, int n_heads, int head_dim, int n_rot, const float *cos_sin, int neox);
+    void (*swiglu)(float *out, const float *gate, const float *up, int64_t n);
+    void (*softmax)(float *x, int64_t n);
+    void (*add)(float *y, const float *x, int64_t n);
+    float (*dot_f32)(const float *a, const float *b, int64_t n);
+    void (*f32_to_f16)(const float *src, uint16_t *dst, int64_t n);
+    void (*f16_to_f32)(const uint16_t *src, float *dst, int64_t n);
+} kern_table;
+
+extern const kern_table kern_table_scalar;
+extern const kern_table kern_table_avx2;
+extern const kern_table kern_table_avx512;
+
+/* Scalar preparers, shared by the reference and as SIMD fallbacks. */
+void kern_act_q8_row_ref(const float *x, int64_t cols, void *row);
+void kern_act_q8k_row_ref(const float *x, int64_t cols, void *row);
+
+#endif

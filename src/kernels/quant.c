@@ -1,0 +1,277 @@
+/* Tensor element types: the ggml type table and the reference (scalar)
+ * quantizers and dequantizers that define each block format. */
+#include "kernels/quant.h"
+#include "kernels/kernels_impl.h"
+
+#include <math.h>
+#include <string.h>
+
+/* Known ggml type ids. Retired ids (4, 5, 31-33, 36-38) stay zeroed and are
+ * reported as unknown. Sizes of the unsupported types matter too: a model
+ * loader needs them to skip or reject such tensors with a precise message. */
+static const qtype_info qtype_table[QTYPE_COUNT] = {
+    [QTYPE_F32] = {"f32", 1, 4, 1},
+    [QTYPE_F16] = {"f16", 1, 2, 1},
+    [QTYPE_Q4_0] = {"q4_0", 32, 18, 1},
+    [QTYPE_Q4_1] = {"q4_1", 32, 20, 0},
+    [QTYPE_Q5_0] = {"q5_0", 32, 22, 0},
+    [QTYPE_Q5_1] = {"q5_1", 32, 24, 0},
+    [QTYPE_Q8_0] = {"q8_0", 32, 34, 1},
+    [QTYPE_Q8_1] = {"q8_1", 32, 36, 0},
+    [QTYPE_Q2_K] = {"q2_K", 256, 84, 0},
+    [QTYPE_Q3_K] = {"q3_K", 256, 110, 0},
+    [QTYPE_Q4_K] = {"q4_K", 256, 144, 1},
+    [QTYPE_Q5_K] = {"q5_K", 256, 176, 0},
+    [QTYPE_Q6_K] = {"q6_K", 256, 210, 1},
+    [QTYPE_Q8_K] = {"q8_K", 256, 292, 0},
+    [16] = {"iq2_xxs", 256, 66, 0},
+    [17] = {"iq2_xs", 256, 74, 0},
+    [18] = {"iq3_xxs", 256, 98, 0},
+    [19] = {"iq1_s", 256, 50, 0},
+    [20] = {"iq4_nl", 32, 18, 0},
+    [21] = {"iq3_s", 256, 110, 0},
+    [22] = {"iq2_s", 256, 82, 0},
+    [23] = {"iq4_xs", 256, 136, 0},
+    [24] = {"i8", 1, 1, 0},
+    [25] = {"i16", 1, 2, 0},
+    [26] = {"i32", 1, 4, 0},
+    [27] = {"i64", 1, 8, 0},
+    [28] = {"f64", 1, 8, 0},
+    [29] = {"iq1_m", 256, 56, 0},
+    [QTYPE_BF16] = {"bf16", 1, 2, 1},
+    [34] = {"tq1_0", 256, 54, 0},
+    [35] = {"tq2_0", 256, 66, 0},
+    [39] = {"mxfp4", 32, 17, 0},
+};
+
+/* Returns the info for ggml type id `type`, or NULL if unknown or retired. */
+const qtype_info *qtype_get(int type) {
+    if (type < 0 || type >= QTYPE_COUNT || !qtype_table[type].name) return NULL;
+    return &qtype_table[type];
+}
+
+/* Returns the bytes of a row of n elements, or 0 if the type is unknown, n is
+ * negative or not a multiple of the block size, or the size overflows. */
+size_t qtype_row_bytes(int type, int64_t n) {
+    const qtype_info *t = qtype_get(type);
+    if (!t || n < 0 || n % t->block_elems) return 0;
+    uint64_t blocks = (uint64_t)(n / t->block_elems);
+    if (blocks > SIZE_MAX / (uint64_t)t->block_bytes) return 0;
+    return (size_t)blocks * (size_t)t->block_bytes;
+}
+
+/* ---- dequantizers: n elements, n a multiple of the block size ---- */
+
+static void dequant_f32(const void *src, float *dst, int64_t n) {
+    memcpy(dst, src, (size_t)n * sizeof(float));
+}
+
+static void dequant_f16(const void *src, float *dst, int64_t n) {
+    const ellm_f16 *s = src;
+    for (int64_t i = 0; i < n; i++) dst[i] = ellm_f16_to_f32(s[i]);
+}
+
+static void dequant_bf16(const void *src, float *dst, int64_t n) {
+    const ellm_bf16 *s = src;
+    for (int64_t i = 0; i < n; i++) dst[i] = ellm_bf16_to_f32(s[i]);
+}
+
+static void dequant_q8_0(const void *src, float *dst, int64_t n) {
+    const block_q8_0 *b = src;
+    for (int64_t k = 0; k < n / QK8_0; k++, dst += QK8_0) {
+        float d = ellm_f16_to_f32(b[k].d);
+        for (int i = 0; i < QK8_0; i++) dst[i] = d * (float)b[k].qs[i];
+    }
+}
+
+static void dequant_q4_0(const void *src, float *dst, int64_t n) {
+    const block_q4_0 *b = src;
+    for (int64_t k = 0; k < n / QK4_0; k++, dst += QK4_0) {
+        float d = ellm_f16_to_f32(b[k].d);
+        for (int i = 0; i < QK4_0 / 2; i++) {
+            dst[i] = d * (float)((b[k].qs[i] & 0xF) - 8);
+            dst[i + 16] = d * (float)((b[k].qs[i] >> 4) - 8);
+        }
+    }
+}
+
+static void dequant_q4_K(const void *src, float *dst, int64_t n) {
+    const block_q4_K *b = src;
+    for (int64_t k = 0; k < n / QK_K; k++) {
+        float d = ellm_f16_to_f32(b[k].d);
+        float dmin = ellm_f16_to_f32(b[k].dmin);
+        for (int g = 0; g < 4; g++) {
+            const uint8_t *q = b[k].qs + 32 * g;
+            for (int h = 0; h < 2; h++) {
+                int sc, m;
+                q4k_scale_min(b[k].scales, 2 * g + h, &sc, &m);
+                float d1 = d * (float)sc, m1 = dmin * (float)m;
+                for (int l = 0; l < 32; l++) {
+                    int v = h ? q[l] >> 4 : q[l] & 0xF;
+                    *dst++ = d1 * (float)v - m1;
+                }
+            }
+        }
+    }
+}
+
+static void dequant_q6_K(const void *src, float *dst, int64_t n) {
+    const block_q6_K *b = src;
+    for (int64_t k = 0; k < n / QK_K; k++) {
+        float d = ellm_f16_to_f32(b[k].d);
+        for (int e = 0; e < QK_K; e++) {
+            int h = e / 128, kk = (e % 128) / 32, l = e % 32;
+            uint8_t lo = b[k].ql[64 * h + l + 32 * (kk & 1)];
+            int q = (kk < 2 ? lo & 0xF : lo >> 4) | (((b[k].qh[32 * h + l] >> (2 * kk)) & 3) << 4);
+            *dst++ = d * (float)b[k].scales[e / 16] * (float)(q - 32);
+        }
+    }
+}
+
+/* Converts n elements of `type` to F32; unsupported types leave dst untouched. */
+void qtype_dequantize_ref(int type, const void *src, float *dst, int64_t n) {
+    switch (type) {
+    case QTYPE_F32: dequant_f32(src, dst, n); break;
+    case QTYPE_F16: dequant_f16(src, dst, n); break;
+    case QTYPE_BF16: dequant_bf16(src, dst, n); break;
+    case QTYPE_Q8_0: dequant_q8_0(src, dst, n); break;
+    case QTYPE_Q4_0: dequant_q4_0(src, dst, n); break;
+    case QTYPE_Q4_K: dequant_q4_K(src, dst, n); break;
+    case QTYPE_Q6_K: dequant_q6_K(src, dst, n); break;
+    default: break;
+    }
+}
+
+/* ---- quantizers: round-to-nearest, n a multiple of the block size ---- */
+
+static int clampi(int v, int lo, int hi) { return v < lo ? lo : v > hi ? hi : v; }
+
+static void quant_q8_0(const float *x, void *dst, int64_t n) {
+    block_q8_0 *b = dst;
+    for (int64_t k = 0; k < n / QK8_0; k++, x += QK8_0) {
+        float amax = 0;
+        for (int i = 0; i < QK8_0; i++) amax = fmaxf(amax, fabsf(x[i]));
+        float d = amax / 127.0f, id = d ? 1.0f / d : 0.0f;
+        b[k].d = ellm_f32_to_f16(d);
+        for (int i = 0; i < QK8_0; i++) b[k].qs[i] = (int8_t)clampi((int)lrintf(x[i] * id), -127, 127);
+    }
+}
+
+/* Like ggml: the value of largest magnitude maps to -8, so the full [-8, 7]
+ * range is used on the side where it matters. */
+static void quant_q4_0(const float *x, void *dst, int64_t n) {
+    block_q4_0 *b = dst;
+    for (int64_t k = 0; k < n / QK4_0; k++, x += QK4_0) {
+        float amax = 0, max = 0;
+        for (int i = 0; i < QK4_0; i++)
+            if (fabsf(x[i]) > amax) {
+                amax = fabsf(x[i]);
+                max = x[i];
+            }
+        float d = max / -8.0f, id = d ? 1.0f / d : 0.0f;
+        b[k].d = ellm_f32_to_f16(d);
+        for (int i = 0; i < QK4_0 / 2; i++) {
+            int q0 = clampi((int)lrintf(x[i] * id) + 8, 0, 15);
+            int q1 = clampi((int)lrintf(x[i + 16] * id) + 8, 0, 15);
+            b[k].qs[i] = (uint8_t)(q0 | (q1 << 4));
+        }
+    }
+}
+
+/* Per sub-block of 32: min m = max(0, -min x), scale = (max x + m) / 15; the
+ * 8 scales and mins are then quantized to 6 bits against d and dmin. Mins
+ * are rounded up and scales recomputed from the quantized min so the 4-bit
+ * range covers the sub-block (rather than clipping its top). */
+static void quant_q4_K(const float *x, void *dst, int64_t n) {
+    block_q4_K *b = dst;
+    for (int64_t k = 0; k < n / QK_K; k++, x += QK_K) {
+        float mins[8], maxs[8], mmax = 0;
+        for (int j = 0; j < 8; j++) {
+            float lo = 0, hi = 0;
+            for (int l = 0; l < 32; l++) {
+                lo = fminf(lo, x[32 * j + l]);
+                hi = fmaxf(hi, x[32 * j + l]);
+            }
+            mins[j] = -lo;
+            maxs[j] = hi;
+            mmax = fmaxf(mmax, mins[j]);
+        }
+        ellm_f16 dmin16 = ellm_f32_to_f16(mmax / 63.0f);
+        float dmin = ellm_f16_to_f32(dmin16);
+        int mq[8], sq[8];
+        float m1[8], smax = 0, want[8];
+        for (int j = 0; j < 8; j++) {
+            mq[j] = dmin > 0 ? clampi((int)ceilf(mins[j] / dmin), 0, 63) : 0;
+            m1[j] = dmin * (float)mq[j];
+            want[j] = (maxs[j] + m1[j]) / 15.0f;
+            smax = fmaxf(smax, want[j]);
+        }
+        ellm_f16 d16 = ellm_f32_to_f16(smax / 63.0f);
+        float d = ellm_f16_to_f32(d16);
+        for (int j = 0; j < 8; j++) sq[j] = d > 0 ? clampi((int)ceilf(want[j] / d), 0, 63) : 0;
+
+        b[k].d = d16;
+        b[k].dmin = dmin16;
+        memset(b[k].scales, 0, sizeof b[k].scales);
+        for (int j = 0; j < 4; j++) {
+            b[k].scales[j] = (uint8_t)((sq[j] & 63) | ((sq[j + 4] >> 4) << 6));
+            b[k].scales[j + 4] = (uint8_t)((mq[j] & 63) | ((mq[j + 4] >> 4) << 6));
+            b[k].scales[j + 8] = (uint8_t)((sq[j + 4] & 0xF) | ((mq[j + 4] & 0xF) << 4));
+        }
+        memset(b[k].qs, 0, sizeof b[k].qs);
+        for (int e = 0; e < QK_K; e++) {
+            int j = e / 32;
+            float d1 = d * (float)sq[j];
+            int q = d1 > 0 ? clampi((int)lrintf((x[e] + m1[j]) / d1), 0, 15) : 0;
+            int g = e / 64, h = (e / 32) & 1, l = e % 32;
+            b[k].qs[32 * g + l] |= (uint8_t)(h ? q << 4 : q);
+        }
+    }
+}
+
+/* Per sub-block of 16: scale = max|x| / 31; the 16 scales are quantized to
+ * signed 8 bits against d (rounded up so no value clips), q in [-32, 31]. */
+static void quant_q6_K(const float *x, void *dst, int64_t n) {
+    block_q6_K *b = dst;
+    for (int64_t k = 0; k < n / QK_K; k++, x += QK_K) {
+        float want[16], smax = 0;
+        for (int j = 0; j < 16; j++) {
+            float amax = 0;
+            for (int l = 0; l < 16; l++) amax = fmaxf(amax, fabsf(x[16 * j + l]));
+            want[j] = amax / 31.0f;
+            smax = fmaxf(smax, want[j]);
+        }
+        ellm_f16 d16 = ellm_f32_to_f16(smax / 127.0f);
+        float d = ellm_f16_to_f32(d16);
+        b[k].d = d16;
+        for (int j = 0; j < 16; j++)
+            b[k].scales[j] = (int8_t)(d > 0 ? clampi((int)ceilf(want[j] / d), 0, 127) : 0);
+        memset(b[k].ql, 0, sizeof b[k].ql);
+        memset(b[k].qh, 0, sizeof b[k].qh);
+        for (int e = 0; e < QK_K; e++) {
+            float s = d * (float)b[k].scales[e / 16];
+            int q = (s > 0 ? clampi((int)lrintf(x[e] / s), -32, 31) : 0) + 32;
+            int h = e / 128, kk = (e % 128) / 32, l = e % 32;
+            b[k].ql[64 * h + l + 32 * (kk & 1)] |= (uint8_t)(kk < 2 ? q & 0xF : (q & 0xF) << 4);
+            b[k].qh[32 * h + l] |= (uint8_t)((q >> 4) << (2 * kk));
+        }
+    }
+}
+
+/* Converts n floats to `type`; types without a quantizer leave dst untouched. */
+void qtype_quantize_ref(int type, const float *src, void *dst, int64_t n) {
+    switch (type) {
+    case QTYPE_F32: memcpy(dst, src, (size_t)n * sizeof(float)); break;
+    case QTYPE_F16:
+        for (int64_t i = 0; i < n; i++) ((ellm_f16 *)dst)[i] = ellm_f32_to_f16(src[i]);
+        break;
+    case QTYPE_BF16:
+        for (int64_t i = 0; i < n; i++) ((ellm_bf16 *)dst)[i] = ellm_f32_to_bf16(src[i]);
+        break;
+    case QTYPE_Q8_0: quant_q8_0(src, dst, n); break;
+    case QTYPE_Q4_0: quant_q4_0(src, dst, n); break;
+    case QTYPE_Q4_K: quant_q4_K(src, dst, n); break;
+    case QTYPE_Q6_K: quant_q6_K(src, dst, n); break;
+    default: break;
+    }
+}

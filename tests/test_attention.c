@@ -1,0 +1,566 @@
+/* KV cache and fused attention: layout, F16 conversion, errors, truncation, and
+ * attention_forward / attention_forward_blocks against the naive reference at
+ * every ISA level this CPU runs, for F16 and F32 caches, several head sizes,
+ * GQA groups, batch sizes, depths and thread counts. */
+#include "attention/attention.h"
+#include "attention/kv_cache.h"
+#include "core/cpu.h"
+#include "core/fp16.h"
+#include "core/threadpool.h"
+#include "harness.h"
+#include "kernels/quant.h"
+
+#include <stdint.h>
+#include <string.h>
+
+#ifndef MAX_THREADS
+#define MAX_THREADS 3
+#endif
+
+/* One pool alive at a time: idle pools' spinning workers would steal the
+ * cores from the pool in use. */
+static threadpool *g_pool;
+
+/* Ends the pool so no worker spins while the reference runs single-threaded. */
+static void pool_release(void) {
+    threadpool_free(g_pool);
+    g_pool = NULL;
+}
+
+/* A pool of n unpinned threads (replacing the previous one if its size differs). */
+static threadpool *pool_of(int n) {
+    if (g_pool && threadpool_size(g_pool) == n) return g_pool;
+    threadpool_free(g_pool);
+    g_pool = NULL;
+    ellm_error err;
+    if (threadpool_init(n, 0, &g_pool, &err) != ELLM_OK) {
+        fprintf(stderr, "threadpool_init(%d): %s\n", n, err.msg);
+        exit(1);
+    }
+    return g_pool;
+}
+static ellm_isa g_best;
+
+static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
+static float frand(void) { /* uniform in [-1, 1) */
+    g_rng ^= g_rng << 13;
+    g_rng ^= g_rng >> 7;
+    g_rng ^= g_rng << 17;
+    return (float)((g_rng >> 40) & 0xffffff) / (float)(1 << 23) - 1.0f;
+}
+
+static void fill(float *x, size_t n, float scale) {
+    for (size_t i = 0; i < n; i++) x[i] = frand() * scale;
+}
+
+static kv_cache *make_cache(int n_layer, int n_kv, int hd, int n_ctx, int bt, int type) {
+    kv_cache_params p = {n_layer, n_kv, hd, n_ctx, bt, type};
+    kv_cache *kv = NULL;
+    ellm_error err;
+    ellm_status st = kv_cache_init(&p, &kv, &err);
+    CHECK(st == ELLM_OK, "kv_cache_init: %s", st == ELLM_OK ? "" : err.msg);
+    return kv;
+}
+
+/* Stores positions [0, n) of every layer with random K and V. */
+static void fill_cache(kv_cache *kv, int n) {
+    const kv_cache_params *p = kv_cache_get_params(kv);
+    size_t row = (size_t)p->n_kv_head * p->head_dim;
+    float *k = malloc((size_t)n * row * sizeof(float)), *v = malloc((size_t)n * row * sizeof(float));
+    for (int l = 0; l < p->n_layer; l++) {
+        fill(k, (size_t)n * row, 1.0f);
+        fill(v, (size_t)n * row, 1.0f);
+        kv_cache_store(kv, l, 0, n, k, v);
+    }
+    kv_cache_set_len(kv, n);
+    free(k);
+    free(v);
+}
+
+/* Largest |a - b| / (1 + |b|) over n values. */
+static double max_rel_err(const float *a, const float *b, size_t n) {
+    double worst = 0;
+    for (size_t i = 0; i < n; i++) {
+        double e = fabs((double)a[i] - b[i]) / (1.0 + fabs((double)b[i]));
+        if (!(e <= worst)) worst = e; /* NaN counts as worst */
+    }
+    return worst;
+}
+
+/* ---- KV cache ----------------------------------------------------------- */
+
+static void test_params_errors(void) {
+    kv_cache *kv = (kv_cache *)1;
+    ellm_error err;
+    kv_cache_params good = {2, 2, 64, 100, 32, QTYPE_F16};
+    kv_cache_params p;
+
+    p = good; p.n_layer = 0;
+    CHECK(kv_cache_init(&p, &kv, &err) == ELLM_ERR_ARG && kv == NULL, "n_layer 0 accepted");
+    p = good; p.n_kv_head = -1;
+    CHECK(kv_cache_init(&p, &kv, &err) == ELLM_ERR_ARG, "negative heads accepted");
+    p = good; p.head_dim = 0;
+    CHECK(kv_cache_init(&p, &kv, &err) == ELLM_ERR_ARG, "head_dim 0 accepted");
+    p = good; p.n_ctx = 0;
+    CHECK(kv_cache_init(&p, &kv, &err) == ELLM_ERR_ARG, "n_ctx 0 accepted");
+    p = good; p.block_tokens = 0;
+    CHECK(kv_cache_init(&p, &kv, &err) == ELLM_ERR_ARG, "block_tokens 0 accepted");
+    p = good; p.block_tokens = 24;
+    CHECK(kv_cache_init(&p, &kv, &err) == ELLM_ERR_ARG && strstr(err.msg, "power of two"),
+          "block_tokens 24 accepted: %s", err.msg);
+    p = good; p.type = QTYPE_Q4_0;
+    CHECK(kv_cache_init(&p, &kv, &err) == ELLM_ERR_UNSUPPORTED, "Q4_0 cache accepted");
+    p = good; p.head_dim = 1 << 20;
+    CHECK(kv_cache_init(&p, &kv, &err) == ELLM_ERR_ARG, "huge head_dim accepted");
+    /* Products that overflow size_t. */
+    p = (kv_cache_params){1 << 30, 1 << 30, 4096, 1 << 30, 32, QTYPE_F32};
+    CHECK(kv_cache_init(&p, &kv, &err) == ELLM_ERR_NOMEM && kv == NULL, "overflow accepted");
+    /* 1000 layers x 64 heads x 128 dims x 2^30 tokens: ~32 PB, more than any machine. */
+    p = (kv_cache_params){1000, 64, 128, 1 << 30, 32, QTYPE_F16};
+    ellm_status st = kv_cache_init(&p, &kv, &err);
+    CHECK(st == ELLM_ERR_NOMEM && kv == NULL && strstr(err.msg, "GB"),
+          "absurd cache: status %d msg %s", st, err.msg);
+}
+
+static void test_layout(void) {
+    const int n_layer = 3, n_kv = 2, hd = 24, n_ctx = 70, bt = 16;
+    for (int type = QTYPE_F32; type <= QTYPE_F16; type++) {
+        kv_cache *kv = make_cache(n_layer, n_kv, hd, n_ctx, bt, type);
+        if (!kv) return;
+        size_t elt = type == QTYPE_F16 ? 2 : 4;
+        CHECK(kv_cache_n_blocks(kv) == 5, "n_blocks %d", kv_cache_n_blocks(kv));
+        CHECK(kv_cache_bytes_per_token(kv) == (size_t)n_layer * n_kv * 2 * hd * elt,
+              "bytes_per_token %zu", kv_cache_bytes_per_token(kv));
+        CHECK(kv_cache_bytes(kv) >= (size_t)n_layer * n_kv * 5 * 2 * bt * hd * elt,
+              "bytes %zu", kv_cache_bytes(kv));
+        CHECK(kv_cache_len(kv) == 0, "fresh len %d", kv_cache_len(kv));
+        const kv_cache_params *p = kv_cache_get_params(kv);
+        CHECK(p->n_layer == n_layer && p->head_dim == hd && p->type == type, "params");
+
+        /* Values exactly representable in F16 so both types read back exactly. */
+        size_t row = (size_t)n_kv * hd;
+        float *k = malloc(n_ctx * row * sizeof(float)), *v = malloc(n_ctx * row * sizeof(float));
+        for (size_t i = 0; i < n_ctx * row; i++) {
+            k[i] = (float)((int)(i % 2001) - 1000) / 8.0f;
+            v[i] = (float)((int)(i % 1999) - 999) / 4.0f;
+        }
+        /* Written in two uneven pieces to cross block boundaries inside a call. */
+        kv_cache_store(kv, 1, 0, 37, k, v);
+        kv_cache_store(kv, 1, 37, n_ctx - 37, k + 37 * row, v + 37 * row);
+        int bad = 0, misaligned = 0;
+        for (int h = 0; h < n_kv; h++)
+            for (int pos = 0; pos < n_ctx; pos++) {
+                const char *kb = kv_cache_block_k(kv, 1, h, pos / bt);
+                const char *vb = kv_cache_block_v(kv, 1, h, pos / bt);
+                if ((uintptr_t)kb % 64) misaligned++;
+                if (vb != kb + (size_t)bt * hd * elt) bad++;
+                for (int d = 0; d < hd; d++) {
+                    size_t off = (size_t)(pos % bt) * hd + d;
+                    float kx = type == QTYPE_F16 ? ellm_f16_to_f32(((const uint16_t *)kb)[off])
+                                                 : ((const float *)kb)[off];
+                    float vx = type == QTYPE_F16 ? ellm_f16_to_f32(((const uint16_t *)vb)[off])
+                                                 : ((const float *)vb)[off];
+                    if (kx != k[pos * row + h * hd + d] || vx != v[pos * row + h * hd + d]) bad++;
+                }
+            }
+        CHECK(bad == 0, "type %d: %d stored values differ", type, bad);
+        CHECK(misaligned == 0, "%d blocks not 64-byte aligned", misaligned);
+        kv_cache_set_len(kv, 50);
+        CHECK(kv_cache_len(kv) == 50, "set_len");
+        kv_cache_set_len(kv, 3);
+        CHECK(kv_cache_len(kv) == 3, "set_len shrink");
+        kv_cache_set_len(kv, n_ctx);
+        CHECK(kv_cache_len(kv) == n_ctx, "set_len full");
+        free(k);
+        free(v);
+        kv_cache_free(kv);
+    }
+    kv_cache_free(NULL);
+}
+
+/* Storing into an F16 cache gives the bits of ellm_f32_to_f16 on every ISA, and
+ * every finite half survives F16 -> F32 -> store -> F16 unchanged. */
+static void test_f16_store(void) {
+    const int hd = 37, n = 1024; /* odd size: vector bodies and tails */
+    kv_cache *kv = make_cache(1, 1, hd, n * 2, 64, QTYPE_F16);
+    if (!kv) return;
+    float *x = malloc((size_t)n * hd * sizeof(float));
+    for (int i = 0; i < n * hd; i++) {
+        float mag = ldexpf(1.0f, (int)((frand() + 1.0f) * 24) - 30); /* 2^-30 .. 2^18 */
+        x[i] = frand() * mag;
+    }
+    const float specials[] = {0.0f, -0.0f, 65504.0f, 65519.0f, 65520.0f, -1e9f, 1e-8f,
+                              5.96e-8f, 2.98e-8f, 2.99e-8f, 6.1e-5f, 1.0f + 1.0f / 2048,
+                              1.0f + 3.0f / 2048, INFINITY, -INFINITY};
+    memcpy(x, specials, sizeof specials);
+    for (ellm_isa isa = ELLM_ISA_SCALAR; isa <= g_best; isa++) {
+        ellm_cpu_set_isa(isa);
+        kv_cache_store(kv, 0, 0, n, x, x);
+        int bad = 0;
+        for (int pos = 0; pos < n; pos++) {
+            const uint16_t *kr = (const uint16_t *)kv_cache_block_k(kv, 0, 0, pos / 64) +
+                                 (size_t)(pos % 64) * hd;
+            for (int d = 0; d < hd; d++)
+                if (kr[d] != ellm_f32_to_f16(x[pos * hd + d])) bad++;
+        }
+        CHECK(bad == 0, "isa %s: %d F16 conversions differ from the reference", ellm_isa_str(isa),
+              bad);
+
+        /* All 65536 halves: finite ones round-trip exactly, NaNs stay NaN. */
+        float *all = malloc(65536 * sizeof(float));
+        for (int h = 0; h < 65536; h++) all[h] = ellm_f16_to_f32((ellm_f16)h);
+        kv_cache *kv2 = make_cache(1, 1, 64, 1024, 32, QTYPE_F16);
+        if (kv2) {
+            kv_cache_store(kv2, 0, 0, 1024, all, all);
+            int bad_rt = 0;
+            for (int h = 0; h < 65536; h++) {
+                int pos = h / 64, d = h % 64;
+                uint16_t got = ((const uint16_t *)kv_cache_block_v(kv2, 0, 0, pos / 32))[(pos % 32) * 64 + d];
+                int nan_in = (h & 0x7c00) == 0x7c00 && (h & 0x3ff);
+                int nan_out = (got & 0x7c00) == 0x7c00 && (got & 0x3ff);
+                if (nan_in ? !nan_out : got != h) bad_rt++;
+            }
+            CHECK(bad_rt == 0, "isa %s: %d halves do not round-trip", ellm_isa_str(isa), bad_rt);
+            kv_cache_free(kv2);
+        }
+        free(all);
+    }
+    ellm_cpu_set_isa(g_best);
+    free(x);
+    kv_cache_free(kv);
+}
+
+/* ---- attention ---------------------------------------------------------- */
+
+static void test_workspace_errors(void) {
+    attention_workspace *ws = (attention_workspace *)1;
+    ellm_error err;
+    CHECK(attention_workspace_init(0, 1, 8, 64, 128, 32, &ws, &err) == ELLM_ERR_ARG && !ws,
+          "0 threads accepted");
+    CHECK(attention_workspace_init(1, 0, 8, 64, 128, 32, &ws, &err) == ELLM_ERR_ARG, "max_q 0");
+    CHECK(attention_workspace_init(1, 1, 8, -64, 128, 32, &ws, &err) == ELLM_ERR_ARG, "hd<0");
+    CHECK(attention_workspace_init(1, 1, 8, 64, 128, 0, &ws, &err) == ELLM_ERR_ARG, "bt 0");
+}
+
+/* The reference against a double-precision softmax computed straight from the
+ * floats that were stored (F32 cache), so the reference itself is checked. */
+static void test_reference(void) {
+    const int hd = 16, n_kv = 2, G = 2, n_head = n_kv * G, n = 45, n_q = 3, bt = 8;
+    kv_cache *kv = make_cache(1, n_kv, hd, n, bt, QTYPE_F32);
+    if (!kv) return;
+    size_t row = (size_t)n_kv * hd;
+    float *k = malloc(n * row * sizeof(float)), *v = malloc(n * row * sizeof(float));
+    float q[3 * 4 * 16], out[3 * 4 * 16];
+    fill(k, n * row, 1.0f);
+    fill(v, n * row, 1.0f);
+    fill(q, sizeof q / sizeof q[0], 3.0f);
+    kv_cache_store(kv, 0, 0, n, k, v);
+    attention_args a = {kv, 0, n_q, n - n_q, n_head, q, out, 0.25f};
+    attention_forward_ref(&a);
+    double worst = 0;
+    for (int i = 0; i < n_q; i++)
+        for (int hq = 0; hq < n_head; hq++) {
+            int h = hq / G, last = n - n_q + i;
+            const float *qr = q + (i * n_head + hq) * hd;
+            double s[64], mx = -1e300, l = 0, o[16] = {0};
+            for (int pos = 0; pos <= last; pos++) {
+                s[pos] = 0;
+                for (int d = 0; d < hd; d++) s[pos] += (double)qr[d] * k[pos * row + h * hd + d];
+                s[pos] *= 0.25;
+                if (s[pos] > mx) mx = s[pos];
+            }
+            for (int pos = 0; pos <= last; pos++) {
+                double w = exp(s[pos] - mx);
+                l += w;
+                for (int d = 0; d < hd; d++) o[d] += w * v[pos * row + h * hd + d];
+            }
+            for (int d = 0; d < hd; d++) {
+                double e = fabs(o[d] / l - out[(i * n_head + hq) * hd + d]);
+                if (e > worst) worst = e;
+            }
+        }
+    CHECK(worst < 1e-5, "reference differs from double precision by %g", worst);
+    free(k);
+    free(v);
+    kv_cache_free(kv);
+}
+
+static int g_cases;
+static double g_worst;
+
+/* One shape: the reference once, then every ISA x thread count against it. */
+static void check_shape(int type, int hd, int G, int n_q, int len, int bt) {
+    const int n_kv = 2, n_head = n_kv * G, n_layer = 2, layer = 1;
+    if (n_q > len) n_q = len;
+    kv_cache *kv = make_cache(n_layer, n_kv, hd, len + 7, bt, type);
+    if (!kv) return;
+    fill_cache(kv, len);
+    size_t nout = (size_t)n_q * n_head * hd;
+    float *q = malloc(nout * sizeof(float)), *ref = malloc(nout * sizeof(float));
+    float *out = malloc(nout * sizeof(float));
+    /* Large queries make the softmax peaky, so the running max moves often. */
+    fill(q, nout, 4.0f);
+    attention_args a = {kv, layer, n_q, len - n_q, n_head, q, ref, 1.0f / sqrtf((float)hd)};
+    pool_release();
+    attention_forward_ref(&a);
+    a.out = out;
+    attention_workspace *ws = NULL;
+    ellm_error err;
+    ellm_status st = attention_workspace_init(MAX_THREADS, n_q, n_head, hd, len + 7, bt, &ws, &err);
+    CHECK(st == ELLM_OK, "workspace: %s", err.msg);
+    for (int nt = 1; ws && nt <= MAX_THREADS; nt++) {
+        /* The partitioning does not depend on the ISA; more threads than this
+         * machine's cores only exercise it at the best level (oversubscribed
+         * runs cost a scheduler slice each). */
+        ellm_isa first = nt > 2 ? g_best : ELLM_ISA_SCALAR;
+        for (ellm_isa isa = first; isa <= g_best; isa++) {
+            ellm_cpu_set_isa(isa);
+            for (size_t i = 0; i < nout; i++) out[i] = NAN;
+            attention_forward(&a, ws, pool_of(nt));
+            double e = max_rel_err(out, ref, nout);
+            if (e > g_worst) g_worst = e;
+            g_cases++;
+            CHECK(e < 1e-5, "%s %s hd=%d G=%d n_q=%d len=%d bt=%d threads=%d: error %g",
+                  ellm_isa_str(isa), type == QTYPE_F16 ? "f16" : "f32", hd, G, n_q, len, bt, nt,
+                  e);
+        }
+    }
+    ellm_cpu_set_isa(g_best);
+    attention_workspace_free(ws);
+    free(q);
+    free(ref);
+    free(out);
+    kv_cache_free(kv);
+}
+
+static void test_attention_matrix(void) {
+    static const int lens_all[] = {1, 31, 32, 33, 100, 1000, 4097};
+    static const int lens_few[] = {1, 33, 100, 1000};
+    static const int n_qs[] = {1, 3, 16};
+    static const int groups[] = {1, 3, 4};
+    for (int type = QTYPE_F32; type <= QTYPE_F16; type++)
+        for (int gi = 0; gi < 3; gi++)
+            for (int qi = 0; qi < 3; qi++) {
+                for (int li = 0; li < 7; li++)
+                    check_shape(type, 64, groups[gi], n_qs[qi], lens_all[li], 32);
+                for (int li = 0; li < 4; li++) {
+                    check_shape(type, 32, groups[gi], n_qs[qi], lens_few[li], 32);
+                    check_shape(type, 128, groups[gi], n_qs[qi], lens_few[li], 32);
+                }
+            }
+    /* Odd head sizes (vector tails), other block sizes, multi-tile batches. */
+    for (int type = QTYPE_F32; type <= QTYPE_F16; type++) {
+        check_shape(type, 20, 3, 3, 77, 32);
+        check_shape(type, 8, 2, 16, 40, 8);
+        check_shape(type, 100, 4, 5, 300, 64);
+        check_shape(type, 64, 3, 3, 50, 1);
+        check_shape(type, 64, 3, 16, 50, 2);
+        check_shape(type, 48, 2, 5, 129, 16);
+        check_shape(type, 64, 3, 40, 200, 32);   /* three tiles, the last partial */
+        check_shape(type, 64, 1, 130, 130, 32);  /* prefill from position 0 */
+        check_shape(type, 64, 4, 17, 4097, 32);
+    }
+    check_shape(QTYPE_F16, 64, 3, 512, 700, 32); /* long prefill */
+    printf("attention: %d ISA/thread runs, worst error %.3g\n", g_cases, g_worst);
+}
+
+/* Truncating and overwriting gives exactly the result of a fresh cache holding
+ * the same tokens (rejected draft tokens leave no trace). */
+static void test_truncation(void) {
+    const int n_kv = 1, n_head = 3, hd = 64, bt = 32, len = 100, cut = 70, add = 5;
+    for (int type = QTYPE_F32; type <= QTYPE_F16; type++) {
+        kv_cache *a = make_cache(1, n_kv, hd, 256, bt, type);
+        kv_cache *b = make_cache(1, n_kv, hd, 256, bt, type);
+        if (!a || !b) return;
+        size_t row = (size_t)n_kv * hd;
+        float *k = malloc((len + add) * row * sizeof(float));
+        float *v = malloc((len + add) * row * sizeof(float));
+        fill(k, (len + add) * row, 1.0f);
+        fill(v, (len + add) * row, 1.0f);
+        kv_cache_store(a, 0, 0, len, k, v);
+        kv_cache_set_len(a, len);
+        kv_cache_set_len(a, cut);
+        CHECK(kv_cache_len(a) == cut, "truncated len %d", kv_cache_len(a));
+        kv_cache_store(a, 0, cut, add, k + len * row, v + len * row);
+        kv_cache_set_len(a, cut + add);
+        kv_cache_store(b, 0, 0, cut, k, v);
+        kv_cache_store(b, 0, cut, add, k + len * row, v + len * row);
+        kv_cache_set_len(b, cut + add);
+
+        float q[4 * 3 * 64], oa[4 * 3 * 64], ob[4 * 3 * 64];
+        fill(q, sizeof q / sizeof q[0], 2.0f);
+        attention_workspace *ws = NULL;
+        ellm_error err;
+        CHECK(attention_workspace_init(MAX_THREADS, 4, n_head, hd, 256, bt, &ws, &err) == ELLM_OK,
+              "workspace: %s", err.msg);
+        for (int nt = 1; ws && nt <= MAX_THREADS; nt++) {
+            attention_args aa = {a, 0, 4, cut + add - 4, n_head, q, oa, 0.125f};
+            attention_args ab = aa;
+            ab.kv = b;
+            ab.out = ob;
+            attention_forward(&aa, ws, pool_of(nt));
+            attention_forward(&ab, ws, pool_of(nt));
+            CHECK(memcmp(oa, ob, sizeof oa) == 0, "truncated cache differs (threads %d)", nt);
+            attention_forward_ref(&ab);
+            CHECK(max_rel_err(oa, ob, 4 * 3 * 64) < 1e-5, "truncated cache vs reference");
+        }
+        attention_workspace_free(ws);
+        free(k);
+        free(v);
+        kv_cache_free(a);
+        kv_cache_free(b);
+    }
+}
+
+/* Reference for attention_forward_blocks: the naive softmax over the positions
+ * of the listed blocks only (zeros where a row sees none). */
+static void sparse_ref(const attention_args *a, const int32_t *blocks, const int *n_blocks,
+                       int max_blocks) {
+    const kv_cache_params *p = kv_cache_get_params(a->kv);
+    const int hd = p->head_dim, bt = p->block_tokens, G = a->n_head / p->n_kv_head;
+    for (int i = 0; i < a->n_q; i++)
+        for (int hq = 0; hq < a->n_head; hq++) {
+            int h = hq / G, last = a->q_pos0 + i;
+            const float *q = a->q + ((size_t)i * a->n_head + hq) * hd;
+            float *out = a->out + ((size_t)i * a->n_head + hq) * hd;
+            float mx = -INFINITY, l = 0;
+            for (int d = 0; d < hd; d++) out[d] = 0;
+            for (int pass = 0; pass < 2; pass++)
+                for (int bi = 0; bi < n_blocks[h]; bi++) {
+                    int blk = blocks[h * max_blocks + bi];
+                    const float *kb = kv_cache_block_k(a->kv, a->layer, h, blk);
+                    const float *vb = kv_cache_block_v(a->kv, a->layer, h, blk);
+                    for (int j = 0; j < bt && blk * bt + j <= last; j++) {
+                        float dot = 0;
+                        for (int d = 0; d < hd; d++) dot += q[d] * kb[j * hd + d];
+                        dot *= a->scale;
+                        if (pass == 0) {
+                            if (dot > mx) mx = dot;
+                        } else {
+                            float w = expf(dot - mx);
+                            l += w;
+                            for (int d = 0; d < hd; d++) out[d] += w * vb[j * hd + d];
+                        }
+                    }
+                }
+            for (int d = 0; d < hd; d++) out[d] = l > 0 ? out[d] / l : 0.0f;
+        }
+}
+
+static void test_sparse(void) {
+    const int n_kv = 2, n_head = 8, hd = 64, bt = 32, len = 1000, n_q = 5; /* 4 query heads per KV head */
+    const int nb = (len + bt - 1) / bt, max_blocks = 40;
+    kv_cache *kv = make_cache(1, n_kv, hd, len, bt, QTYPE_F32);
+    if (!kv) return;
+    fill_cache(kv, len);
+    float *q = malloc(n_q * n_head * hd * sizeof(float));
+    float *out = malloc(n_q * n_head * hd * sizeof(float));
+    float *ref = malloc(n_q * n_head * hd * sizeof(float));
+    fill(q, (size_t)n_q * n_head * hd, 4.0f);
+    attention_args a = {kv, 0, n_q, len - n_q, n_head, q, ref, 0.125f};
+    attention_workspace *ws = NULL;
+    ellm_error err;
+    CHECK(attention_workspace_init(MAX_THREADS, n_q, n_head, hd, len, bt, &ws, &err) == ELLM_OK,
+          "workspace: %s", err.msg);
+    if (!ws) return;
+
+    /* All blocks, in reverse order: the dense result. */
+    int32_t blocks[2 * 40];
+    int n_blocks[2] = {nb, nb};
+    for (int h = 0; h < n_kv; h++)
+        for (int i = 0; i < nb; i++) blocks[h * max_blocks + i] = nb - 1 - i;
+    attention_forward_ref(&a);
+    a.out = out;
+    for (ellm_isa isa = ELLM_ISA_SCALAR; isa <= g_best; isa++) {
+        ellm_cpu_set_isa(isa);
+        for (int nt = 1; nt <= MAX_THREADS; nt++) {
+            attention_forward_blocks(&a, blocks, n_blocks, max_blocks, ws, pool_of(nt));
+            double e = max_rel_err(out, ref, (size_t)n_q * n_head * hd);
+            CHECK(e < 1e-5, "sparse(all) %s threads %d: error %g", ellm_isa_str(isa), nt, e);
+        }
+    }
+
+    /* Sink + a few middle blocks + the recent block, different per head; the
+     * last block (positions 992..999) is partly masked for the early queries. */
+    int32_t sel[2][5] = {{0, 7, 19, 3, nb - 1}, {nb - 1, 0, 30, 12, 1}};
+    int n_sel[2] = {5, 4};
+    for (int h = 0; h < n_kv; h++)
+        for (int i = 0; i < 5; i++) blocks[h * max_blocks + i] = sel[h][i];
+    a.out = ref;
+    sparse_ref(&a, blocks, n_sel, max_blocks);
+    a.out = out;
+    for (ellm_isa isa = ELLM_ISA_SCALAR; isa <= g_best; isa++) {
+        ellm_cpu_set_isa(isa);
+        for (int nt = 1; nt <= MAX_THREADS; nt++) {
+            attention_forward_blocks(&a, blocks, n_sel, max_blocks, ws, pool_of(nt));
+            double e = max_rel_err(out, ref, (size_t)n_q * n_head * hd);
+            CHECK(e < 1e-5, "sparse(subset) %s threads %d: error %g", ellm_isa_str(isa), nt, e);
+        }
+    }
+
+    /* A prefill-style batch whose first tokens see none of the chosen block: zeros. */
+    a.n_q = 3;
+    a.q_pos0 = 62; /* tokens at 62, 63, 64; block 2 starts at 64 */
+    int32_t late[2 * 40] = {0};
+    late[0] = 2;
+    late[max_blocks] = 2;
+    int n_late[2] = {1, 1};
+    for (int nt = 1; nt <= MAX_THREADS; nt++) {
+        for (int i = 0; i < 3 * n_head * hd; i++) out[i] = NAN;
+        attention_forward_blocks(&a, late, n_late, max_blocks, ws, pool_of(nt));
+        a.out = ref;
+        sparse_ref(&a, late, n_late, max_blocks);
+        a.out = out;
+        int zeros = 1;
+        for (int i = 0; i < 2 * n_head * hd; i++) zeros &= out[i] == 0.0f;
+        CHECK(zeros, "rows without visible keys are not zero (threads %d)", nt);
+        CHECK(max_rel_err(out, ref, 3 * (size_t)n_head * hd) < 1e-5, "late block (threads %d)", nt);
+    }
+    ellm_cpu_set_isa(g_best);
+    attention_workspace_free(ws);
+    free(q);
+    free(out);
+    free(ref);
+    kv_cache_free(kv);
+}
+
+/* Decode at depth with a single KV head: with 2 and 3 threads the one segment
+ * is cut between threads and merged, and must match 1 thread. */
+static void test_single_head_split(void) {
+    const int hd = 64, bt = 32, len = 32 * 64 + 5, n_head = 4;
+    kv_cache *kv = make_cache(1, 1, hd, len, bt, QTYPE_F16);
+    if (!kv) return;
+    fill_cache(kv, len);
+    float q[4 * 64], o1[4 * 64], on[4 * 64];
+    fill(q, 4 * 64, 1.0f);
+    attention_workspace *ws = NULL;
+    ellm_error err;
+    CHECK(attention_workspace_init(MAX_THREADS, 1, n_head, hd, len, bt, &ws, &err) == ELLM_OK,
+          "workspace: %s", err.msg);
+    if (!ws) return;
+    attention_args a = {kv, 0, 1, len - 1, n_head, q, o1, 0.125f};
+    attention_forward(&a, ws, NULL); /* no pool: the calling thread */
+    a.out = on;
+    for (int nt = 2; nt <= MAX_THREADS; nt++) {
+        attention_forward(&a, ws, pool_of(nt));
+        CHECK(max_rel_err(on, o1, 4 * 64) < 1e-5, "%d threads differ from 1", nt);
+    }
+    attention_workspace_free(ws);
+    kv_cache_free(kv);
+}
+
+int main(void) {
+    g_best = ellm_cpu()->best;
+    printf("attention tests: ISA levels scalar..%s\n", ellm_isa_str(g_best));
+    test_params_errors();
+    test_layout();
+    test_f16_store();
+    test_workspace_errors();
+    test_reference();
+    test_truncation();
+    test_sparse();
+    test_single_head_split();
+    test_attention_matrix();
+    threadpool_free(g_pool);
+    return test_finish();
+}

@@ -1,0 +1,668 @@
+/* Kernel tests: type table, quantize/dequantize round trips, hand-built
+ * blocks that pin down the ggml layouts, and every kernel at every ISA this
+ * CPU runs compared with its scalar reference on random data. */
+#include "harness.h"
+
+#include "core/cpu.h"
+#include "core/fp16.h"
+#include "kernels/kernels.h"
+#include "kernels/quant.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- helpers ---- */
+
+static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
+
+static uint64_t rng_next(void) { /* splitmix64 */
+    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static float rng_uniform(void) { return (float)((rng_next() >> 40) * (1.0 / 16777216.0)); } /* [0, 1) */
+
+static float rng_gauss(void) {
+    float u = rng_uniform() + 1e-7f, v = rng_uniform();
+    return sqrtf(-2.0f * logf(u)) * cosf(6.2831853f * v);
+}
+
+static void fill_gauss(float *x, int64_t n, float scale) {
+    for (int64_t i = 0; i < n; i++) x[i] = rng_gauss() * scale;
+}
+
+static void fill_bytes(void *p, size_t n) {
+    uint8_t *b = p;
+    for (size_t i = 0; i < n; i++) b[i] = (uint8_t)rng_next();
+}
+
+static void *xmalloc(size_t n) {
+    void *p = malloc(n ? n : 1);
+    if (!p) {
+        fprintf(stderr, "out of memory\n");
+        exit(2);
+    }
+    return p;
+}
+
+static const int k_types[] = {QTYPE_F32, QTYPE_F16, QTYPE_BF16, QTYPE_Q8_0,
+                              QTYPE_Q4_0, QTYPE_Q4_K, QTYPE_Q6_K};
+enum { N_TYPES = sizeof k_types / sizeof k_types[0] };
+
+static int is_quant(int t) { return qtype_get(t)->block_elems > 1; }
+
+/* Sets every f16 scale field of a quantized row to a power of two so that all
+ * products in a matmul are exact (see test_matmul_exact). */
+static void set_pow2_scales(int type, void *row, int64_t cols) {
+    const qtype_info *ti = qtype_get(type);
+    int64_t nblk = cols / ti->block_elems;
+    for (int64_t k = 0; k < nblk; k++) {
+        uint8_t *b = (uint8_t *)row + k * ti->block_bytes;
+        ellm_f16 d = ellm_f32_to_f16(0.0625f), dmin = ellm_f32_to_f16(0.015625f);
+        switch (type) {
+        case QTYPE_Q8_0:
+        case QTYPE_Q4_0: memcpy(b, &d, 2); break;
+        case QTYPE_Q4_K:
+            memcpy(b, &d, 2);
+            memcpy(b + 2, &dmin, 2);
+            break;
+        case QTYPE_Q6_K: memcpy(b + 208, &d, 2); break;
+        }
+    }
+}
+
+/* Random weights: random bytes (every bit pattern of the quants and
+ * sub-scales) with sane f16 super-scales for quantized types; quantized
+ * Gaussians for float types. */
+static void make_weights(int type, void *W, int64_t rows, int64_t cols) {
+    size_t rb = qtype_row_bytes(type, cols);
+    if (!is_quant(type)) {
+        float *tmp = xmalloc((size_t)cols * sizeof(float));
+        for (int64_t r = 0; r < rows; r++) {
+            fill_gauss(tmp, cols, 0.5f);
+            qtype_quantize_ref(type, tmp, (char *)W + r * rb, cols);
+        }
+        free(tmp);
+        return;
+    }
+    fill_bytes(W, rb * (size_t)rows);
+    const qtype_info *ti = qtype_get(type);
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t k = 0; k < cols / ti->block_elems; k++) {
+            uint8_t *b = (uint8_t *)W + r * rb + k * ti->block_bytes;
+            ellm_f16 d = ellm_f32_to_f16(0.001f + 0.01f * rng_uniform());
+            ellm_f16 dmin = ellm_f32_to_f16(0.001f + 0.01f * rng_uniform());
+            if (type == QTYPE_Q6_K) memcpy(b + 208, &d, 2);
+            else memcpy(b, &d, 2);
+            if (type == QTYPE_Q4_K) memcpy(b + 2, &dmin, 2);
+        }
+}
+
+/* ---- type table ---- */
+
+static void test_type_table(void) {
+    struct {
+        int type, elems, bytes, supported;
+    } want[] = {
+        {QTYPE_F32, 1, 4, 1},     {QTYPE_F16, 1, 2, 1},      {QTYPE_BF16, 1, 2, 1},
+        {QTYPE_Q4_0, 32, 18, 1},  {QTYPE_Q8_0, 32, 34, 1},   {QTYPE_Q4_K, 256, 144, 1},
+        {QTYPE_Q6_K, 256, 210, 1}, {QTYPE_Q8_K, 256, 292, 0}, {QTYPE_Q4_1, 32, 20, 0},
+        {QTYPE_Q5_0, 32, 22, 0},  {QTYPE_Q5_1, 32, 24, 0},   {QTYPE_Q2_K, 256, 84, 0},
+        {QTYPE_Q3_K, 256, 110, 0}, {QTYPE_Q5_K, 256, 176, 0},
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        const qtype_info *t = qtype_get(want[i].type);
+        CHECK(t != NULL, "type %d", want[i].type);
+        if (!t) continue;
+        CHECK(t->block_elems == want[i].elems && t->block_bytes == want[i].bytes &&
+                  t->supported == want[i].supported,
+              "type %s: %d elems %d bytes supported %d", t->name, t->block_elems, t->block_bytes,
+              t->supported);
+    }
+    int unknown[] = {-1, 4, 5, 31, 40, 1000};
+    for (size_t i = 0; i < sizeof unknown / sizeof unknown[0]; i++)
+        CHECK(qtype_get(unknown[i]) == NULL, "type %d should be unknown", unknown[i]);
+    CHECK(qtype_row_bytes(QTYPE_Q8_0, 4096) == 4352, "q8_0 row");
+    CHECK(qtype_row_bytes(QTYPE_Q4_K, 4096) == 16 * 144, "q4_K row");
+    CHECK(qtype_row_bytes(QTYPE_Q4_K, 255) == 0, "q4_K partial block");
+    CHECK(qtype_row_bytes(QTYPE_F32, 7) == 28, "f32 row");
+    CHECK(qtype_row_bytes(QTYPE_F16, -2) == 0, "negative n");
+    CHECK(qtype_row_bytes(5, 32) == 0, "retired type");
+    CHECK(qtype_row_bytes(QTYPE_F32, INT64_MAX) == 0, "overflow");
+    CHECK(kern_act_bytes(QTYPE_Q4_1, 64, 1) == 0, "unsupported matmul type");
+    CHECK(kern_act_bytes(QTYPE_Q8_0, 48, 1) == 0, "q8_0 act of partial block");
+    CHECK(kern_act_bytes(QTYPE_F32, 7, 3) >= 3 * 7 * sizeof(float), "f32 act bytes");
+}
+
+/* ---- hand-built blocks ---- */
+
+static void test_known_blocks(void) {
+    float y[256];
+
+    /* Q8_0: d = 0.5, q = i - 16. */
+    {
+        uint8_t blk[34];
+        ellm_f16 d = ellm_f32_to_f16(0.5f);
+        memcpy(blk, &d, 2);
+        for (int i = 0; i < 32; i++) blk[2 + i] = (uint8_t)(int8_t)(i - 16);
+        qtype_dequantize_ref(QTYPE_Q8_0, blk, y, 32);
+        int ok = 1;
+        for (int i = 0; i < 32; i++) ok &= y[i] == 0.5f * (float)(i - 16);
+        CHECK(ok, "q8_0 known block");
+    }
+    /* Q4_0: d = 2, byte i = (i & 15) | (15 - i) << 4: y[i] = 2 (i - 8), y[i + 16] = 2 (7 - i). */
+    {
+        uint8_t blk[18];
+        ellm_f16 d = ellm_f32_to_f16(2.0f);
+        memcpy(blk, &d, 2);
+        for (int i = 0; i < 16; i++) blk[2 + i] = (uint8_t)(i | ((15 - i) << 4));
+        qtype_dequantize_ref(QTYPE_Q4_0, blk, y, 32);
+        int ok = 1;
+        for (int i = 0; i < 16; i++) ok &= y[i] == 2.0f * (float)(i - 8) && y[i + 16] == 2.0f * (float)(7 - i);
+        CHECK(ok, "q4_0 known block (y[0]=%g y[16]=%g)", y[0], y[16]);
+    }
+    /* Q4_K: d = 1, dmin = 0.5; sub-block j has scale sc[j] = 1 + 5j (needs 6
+     * bits from j = 3 on: 16, 21, ..., 36) and min m[j] = 40 - 3j. Scales
+     * packed by hand from ggml's layout:
+     *   bytes 0-3: sc[0..3] | (sc[4..7] >> 4) << 6
+     *   bytes 4-7: m[0..3]  | (m[4..7] >> 4) << 6
+     *   bytes 8-11: (sc[4..7] & 15) | (m[4..7] & 15) << 4
+     * qs[32g + l] = (l & 15) | (15 - (l & 15)) << 4, so element 64g + l has
+     * q = l & 15 and element 64g + 32 + l has q = 15 - (l & 15). */
+    {
+        uint8_t blk[144];
+        int sc[8], m[8];
+        for (int j = 0; j < 8; j++) {
+            sc[j] = 1 + 5 * j;
+            m[j] = 40 - 3 * j;
+        }
+        ellm_f16 d = ellm_f32_to_f16(1.0f), dmin = ellm_f32_to_f16(0.5f);
+        memcpy(blk, &d, 2);
+        memcpy(blk + 2, &dmin, 2);
+        uint8_t *s = blk + 4;
+        for (int j = 0; j < 4; j++) {
+            s[j] = (uint8_t)(sc[j] | ((sc[j + 4] >> 4) << 6));
+            s[j + 4] = (uint8_t)(m[j] | ((m[j + 4] >> 4) << 6));
+            s[j + 8] = (uint8_t)((sc[j + 4] & 15) | ((m[j + 4] & 15) << 4));
+        }
+        for (int g = 0; g < 4; g++)
+            for (int l = 0; l < 32; l++) blk[16 + 32 * g + l] = (uint8_t)((l & 15) | ((15 - (l & 15)) << 4));
+        qtype_dequantize_ref(QTYPE_Q4_K, blk, y, 256);
+        int bad = -1;
+        for (int e = 0; e < 256 && bad < 0; e++) {
+            int j = e / 32, l = e % 32;
+            int q = (j & 1) ? 15 - (l & 15) : (l & 15);
+            float want = (float)(sc[j] * q) - 0.5f * (float)m[j];
+            if (y[e] != want) bad = e;
+        }
+        CHECK(bad < 0, "q4_K known block: element %d = %g", bad, bad >= 0 ? y[bad] : 0.0f);
+        /* A few values worked out by hand. */
+        CHECK(y[0] == -20.0f, "q4_K y[0] = %g", y[0]);         /* 1*0 - 0.5*40 */
+        CHECK(y[33] == 6 * 14 - 18.5f, "q4_K y[33] = %g", y[33]); /* sc 6, q 14, m 37 */
+        CHECK(y[255] == 36 * 0 - 9.5f, "q4_K y[255] = %g", y[255]); /* sc 36, q 0, m 19 */
+        CHECK(y[200] == 31 * 8 - 11.0f, "q4_K y[200] = %g", y[200]); /* j 6: sc 31, q 8, m 22 */
+    }
+    /* Q6_K: d = 0.25, scales[j] = j - 8 (signed), 6-bit q of element e =
+     * (e * 7) & 63, placed by ggml's layout: for e = 128h + 32k + l the low
+     * nibble goes to ql[64h + l + 32 (k & 1)] (high nibble if k >= 2) and
+     * the top 2 bits to bits 2k, 2k+1 of qh[32h + l]. */
+    {
+        uint8_t blk[210];
+        memset(blk, 0, sizeof blk);
+        uint8_t *ql = blk, *qh = blk + 128;
+        int8_t *scales = (int8_t *)(blk + 192);
+        for (int j = 0; j < 16; j++) scales[j] = (int8_t)(j - 8);
+        ellm_f16 d = ellm_f32_to_f16(0.25f);
+        memcpy(blk + 208, &d, 2);
+        for (int h = 0; h < 2; h++)
+            for (int k = 0; k < 4; k++)
+                for (int l = 0; l < 32; l++) {
+                    int e = 128 * h + 32 * k + l, q = (e * 7) & 63;
+                    ql[64 * h + l + 32 * (k & 1)] |= (uint8_t)(k >= 2 ? (q & 15) << 4 : q & 15);
+                    qh[32 * h + l] |= (uint8_t)((q >> 4) << (2 * k));
+                }
+        qtype_dequantize_ref(QTYPE_Q6_K, blk, y, 256);
+        int bad = -1;
+        for (int e = 0; e < 256 && bad < 0; e++) {
+            float want = 0.25f * (float)(e / 16 - 8) * (float)(((e * 7) & 63) - 32);
+            if (y[e] != want) bad = e;
+        }
+        CHECK(bad < 0, "q6_K known block: element %d = %g", bad, bad >= 0 ? y[bad] : 0.0f);
+        CHECK(y[0] == 0.25f * -8 * -32, "q6_K y[0] = %g", y[0]);
+        CHECK(y[100] == 0.25f * -2 * (float)((700 & 63) - 32), "q6_K y[100] = %g", y[100]);
+        CHECK(y[255] == 0.25f * 7 * (float)(((255 * 7) & 63) - 32), "q6_K y[255] = %g", y[255]);
+    }
+}
+
+/* ---- quantize -> dequantize round trips ---- */
+
+static void test_roundtrip(void) {
+    enum { N = 4096 };
+    float *x = xmalloc(N * sizeof(float)), *y = xmalloc(N * sizeof(float));
+    void *q = xmalloc(qtype_row_bytes(QTYPE_F32, N));
+    for (int t = 0; t < N_TYPES; t++) {
+        int type = k_types[t];
+        const qtype_info *ti = qtype_get(type);
+        for (int trial = 0; trial < 3; trial++) {
+            fill_gauss(x, N, trial == 2 ? 100.0f : 1.0f);
+            if (trial == 1) /* sub-blocks of one sign and of zeros */
+                for (int i = 0; i < N; i++) {
+                    if ((i / 32) % 3 == 0) x[i] = fabsf(x[i]) + 1.0f;
+                    if ((i / 32) % 5 == 1) x[i] = 0.0f;
+                }
+            qtype_quantize_ref(type, x, q, N);
+            qtype_dequantize_ref(type, q, y, N);
+            int be = ti->block_elems > 1 ? ti->block_elems : 32;
+            double err2 = 0, x2 = 0;
+            int bad = -1;
+            float bad_err = 0, bad_bound = 0;
+            for (int b = 0; b < N / be; b++) {
+                float amax = 0, emax = 0;
+                for (int i = b * be; i < (b + 1) * be; i++) {
+                    amax = fmaxf(amax, fabsf(x[i]));
+                    emax = fmaxf(emax, fabsf(y[i] - x[i]));
+                    err2 += (double)(y[i] - x[i]) * (y[i] - x[i]);
+                    x2 += (double)x[i] * x[i];
+                }
+                float bound;
+                switch (type) {
+                case QTYPE_F32: bound = 0; break;
+                case QTYPE_F16: bound = amax * (1.0f / 2048); break;
+                case QTYPE_BF16: bound = amax * (1.0f / 256); break;
+                case QTYPE_Q8_0: bound = 0.57f * amax / 127; break;
+                case QTYPE_Q4_0: bound = 1.02f * amax / 8; break; /* +amax clips from 8 to 7 */
+                case QTYPE_Q4_K: bound = 0.075f * amax; break;
+                default: bound = 0.02f * amax; break; /* Q6_K */
+                }
+                if (emax > bound && bad < 0) {
+                    bad = b;
+                    bad_err = emax;
+                    bad_bound = bound;
+                }
+            }
+            CHECK(bad < 0, "%s round trip trial %d: block %d error %g > %g", ti->name, trial, bad,
+                  bad_err, bad_bound);
+            double rel = sqrt(err2 / x2);
+            double rel_max = type == QTYPE_F32 ? 0 : type == QTYPE_F16 ? 3e-4 : type == QTYPE_BF16 ? 3e-3
+                           : type == QTYPE_Q8_0 ? 0.01 : type == QTYPE_Q4_0 ? 0.12
+                           : type == QTYPE_Q4_K ? 0.1 : 0.03;
+            CHECK(rel <= rel_max, "%s round trip trial %d: rms error %.4g > %.4g", ti->name, trial, rel, rel_max);
+        }
+        /* all zeros stay zeros */
+        memset(x, 0, N * sizeof(float));
+        qtype_quantize_ref(type, x, q, N);
+        qtype_dequantize_ref(type, q, y, N);
+        int nz = 0;
+        for (int i = 0; i < N; i++) nz += y[i] != 0.0f;
+        CHECK(nz == 0, "%s: zeros round trip to %d non-zeros", ti->name, nz);
+    }
+    free(x);
+    free(y);
+    free(q);
+}
+
+/* ---- per-ISA comparisons ---- */
+
+static int close_rel(float got, float want, float rel, float abs_tol) {
+    if (isnan(want)) return isnan(got);
+    return fabsf(got - want) <= rel * fabsf(want) + abs_tol;
+}
+
+static void test_dequantize(ellm_isa isa) {
+    const char *in = ellm_isa_str(isa);
+    int64_t sizes[] = {1, 3, 7, 16};
+    for (int t = 0; t < N_TYPES; t++) {
+        int type = k_types[t];
+        const qtype_info *ti = qtype_get(type);
+        for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
+            int64_t n = sizes[s] * (ti->block_elems > 1 ? ti->block_elems : 37);
+            size_t rb = qtype_row_bytes(type, n);
+            void *q = xmalloc(rb);
+            if (is_quant(type)) make_weights(type, q, 1, n);
+            else fill_bytes(q, rb); /* every bit pattern, incl. inf / nan / subnormal */
+            float *want = xmalloc((size_t)n * sizeof(float)), *got = xmalloc((size_t)n * sizeof(float));
+            qtype_dequantize_ref(type, q, want, n);
+            kern_dequantize(type, q, got, n);
+            int64_t bad = -1;
+            for (int64_t i = 0; i < n && bad < 0; i++) {
+                int same = memcmp(&got[i], &want[i], 4) == 0 || (isnan(got[i]) && isnan(want[i])) ||
+                           close_rel(got[i], want[i], 2.5e-7f, 0);
+                if (!same) bad = i;
+            }
+            CHECK(bad < 0, "[%s] dequantize %s n=%lld: element %lld %g vs %g", in, ti->name, (long long)n,
+                  (long long)bad, bad >= 0 ? got[bad] : 0.0, bad >= 0 ? want[bad] : 0.0);
+            free(q);
+            free(want);
+            free(got);
+        }
+    }
+}
+
+static void test_act_prepare(ellm_isa isa) {
+    const char *in = ellm_isa_str(isa);
+    int types[] = {QTYPE_Q8_0, QTYPE_Q4_K, QTYPE_F32};
+    int64_t cols_list[] = {256, 768, 4096};
+    for (size_t t = 0; t < sizeof types / sizeof types[0]; t++)
+        for (size_t c = 0; c < sizeof cols_list / sizeof cols_list[0]; c++) {
+            int64_t cols = cols_list[c];
+            int nb = 3;
+            float *X = xmalloc((size_t)(cols * nb) * sizeof(float));
+            fill_gauss(X, cols * nb, 2.0f);
+            for (int64_t i = 0; i < 32; i++) X[i] = 0; /* an all-zero block */
+            X[cols + 5] = 1e-30f; /* a tiny block maximum */
+            size_t bytes = kern_act_bytes(types[t], cols, nb);
+            void *a = xmalloc(bytes), *b = xmalloc(bytes);
+            memset(a, 0, bytes);
+            memset(b, 0, bytes);
+            ellm_cpu_set_isa(ELLM_ISA_SCALAR);
+            kern_act_prepare(types[t], X, cols, nb, a);
+            ellm_cpu_set_isa(isa);
+            kern_act_prepare(types[t], X, cols, nb, b);
+            CHECK(memcmp(a, b, bytes) == 0, "[%s] act_prepare %s cols=%lld differs from scalar", in,
+                  qtype_get(types[t])->name, (long long)cols);
+            free(X);
+            free(a);
+            free(b);
+        }
+}
+
+/* Bound on |sum_c w x| rounding: sum_c |w_c| |x_c| over dequantized weights
+ * and (de)quantized activations, so tolerances scale with the magnitudes
+ * actually summed rather than with a possibly cancelling result. */
+static double abs_dot(const float *w, const float *x, int64_t n) {
+    double s = 0;
+    for (int64_t i = 0; i < n; i++) s += fabs((double)w[i] * x[i]);
+    return s;
+}
+
+static void test_matmul_case(ellm_isa isa, int type, int64_t rows, int64_t cols, int nb, int64_t r0,
+                             int64_t r1) {
+    const char *in = ellm_isa_str(isa);
+    const char *tn = qtype_get(type)->name;
+    size_t rb = qtype_row_bytes(type, cols);
+    void *W = xmalloc(rb * (size_t)rows);
+    make_weights(type, W, rows, cols);
+    float *X = xmalloc((size_t)(cols * nb) * sizeof(float));
+    fill_gauss(X, cols * nb, 1.0f);
+    void *act = xmalloc(kern_act_bytes(type, cols, nb));
+    kern_act_prepare(type, X, cols, nb, act);
+    int64_t ldy = rows + 3;
+    float *Y = xmalloc((size_t)(ldy * nb) * sizeof(float)), *Yr = xmalloc((size_t)(ldy * nb) * sizeof(float));
+    for (int64_t i = 0; i < ldy * nb; i++) Y[i] = Yr[i] = NAN;
+    kern_matmul_ref(type, W, cols, r0, r1, act, nb, Yr, ldy);
+    kern_matmul(type, W, cols, r0, r1, act, nb, Y, ldy);
+
+    float *wf = xmalloc((size_t)cols * sizeof(float));
+    int bad = 0, untouched = 1;
+    for (int b = 0; b < nb; b++) {
+        const float *xf = X + b * cols; /* the quantized activations are close enough for a bound */
+        for (int64_t r = 0; r < ldy; r++) {
+            float got = Y[b * ldy + r], want = Yr[b * ldy + r];
+            if (r < r0 || r >= r1) {
+                untouched &= isnan(got) != 0;
+                continue;
+            }
+            qtype_dequantize_ref(type, (char *)W + r * rb, wf, cols);
+            double tol = 2e-6 * abs_dot(wf, xf, cols) + 1e-7;
+            double err = fabs((double)got - want);
+            if (!(err <= tol)) {
+                if (!bad)
+                    fprintf(stderr, "  [%s] %s cols=%lld nb=%d: Y[%d][%lld] = %.9g, ref %.9g (tol %.3g)\n",
+                            in, tn, (long long)cols, nb, b, (long long)r, got, want, tol);
+                bad++;
+            }
+        }
+    }
+    CHECK(bad == 0, "[%s] matmul %s cols=%lld nb=%d rows [%lld,%lld): %d mismatches", in, tn,
+          (long long)cols, nb, (long long)r0, (long long)r1, bad);
+    CHECK(untouched, "[%s] matmul %s wrote outside rows [%lld,%lld)", in, tn, (long long)r0, (long long)r1);
+    free(W);
+    free(X);
+    free(act);
+    free(Y);
+    free(Yr);
+    free(wf);
+}
+
+static void test_matmul(ellm_isa isa) {
+    static const int nbs[] = {1, 2, 3, 7, 16};
+    for (int t = 0; t < N_TYPES; t++) {
+        int type = k_types[t];
+        int be = qtype_get(type)->block_elems;
+        int64_t cols_list[3];
+        if (be == 1) {
+            cols_list[0] = 7;
+            cols_list[1] = 40;
+            cols_list[2] = 301;
+        } else if (be == 32) {
+            cols_list[0] = 32;
+            cols_list[1] = 96;
+            cols_list[2] = 320;
+        } else {
+            cols_list[0] = 256;
+            cols_list[1] = 512;
+            cols_list[2] = 1280;
+        }
+        for (int c = 0; c < 3; c++)
+            for (size_t n = 0; n < sizeof nbs / sizeof nbs[0]; n++)
+                test_matmul_case(isa, type, 21, cols_list[c], nbs[n], 3, 20);
+        test_matmul_case(isa, type, 5, cols_list[1], 5, 4, 5); /* a single last row */
+    }
+    /* decode-sized rows and a prefill-sized batch */
+    test_matmul_case(isa, QTYPE_Q8_0, 8, 4096, 16, 1, 8);
+    test_matmul_case(isa, QTYPE_Q4_K, 8, 4096, 3, 2, 8);
+    test_matmul_case(isa, QTYPE_Q6_K, 9, 2048, 37, 1, 9);
+    test_matmul_case(isa, QTYPE_F16, 9, 1000, 20, 1, 9);
+}
+
+/* Integer parts must match exactly: with activation blocks whose max is 127
+ * (so the activation scale is exactly 1) and power-of-two weight scales, every
+ * product and partial sum is exact in float, so any difference is a bug in
+ * the integer dot products rather than rounding. */
+static void test_matmul_exact(ellm_isa isa) {
+    int types[] = {QTYPE_Q8_0, QTYPE_Q4_0, QTYPE_Q4_K, QTYPE_Q6_K};
+    for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
+        int type = types[t];
+        int64_t cols = type == QTYPE_Q8_0 || type == QTYPE_Q4_0 ? 256 : 512, rows = 9;
+        int nb = 5, be = type == QTYPE_Q8_0 || type == QTYPE_Q4_0 ? 32 : 256;
+        size_t rb = qtype_row_bytes(type, cols);
+        void *W = xmalloc(rb * (size_t)rows);
+        fill_bytes(W, rb * (size_t)rows);
+        for (int64_t r = 0; r < rows; r++) set_pow2_scales(type, (char *)W + r * rb, cols);
+        float *X = xmalloc((size_t)(cols * nb) * sizeof(float));
+        for (int64_t i = 0; i < cols * nb; i++) {
+            int v = (int)(rng_next() % 17) - 8;
+            X[i] = (float)v;
+        }
+        for (int64_t k = 0; k < cols * nb / be; k++) X[k * be + (k * 7) % be] = (k & 1) ? 127.0f : -127.0f;
+        void *act = xmalloc(kern_act_bytes(type, cols, nb));
+        kern_act_prepare(type, X, cols, nb, act);
+        float Y[9 * 5], Yr[9 * 5];
+        kern_matmul_ref(type, W, cols, 0, rows, act, nb, Yr, rows);
+        kern_matmul(type, W, cols, 0, rows, act, nb, Y, rows);
+        /* and against a direct float computation from the dequantized weights */
+        float *wf = xmalloc((size_t)cols * sizeof(float));
+        int bad = 0, bad_direct = 0;
+        for (int64_t r = 0; r < rows; r++) {
+            qtype_dequantize_ref(type, (char *)W + r * rb, wf, cols);
+            for (int b = 0; b < nb; b++) {
+                double direct = 0;
+                for (int64_t c = 0; c < cols; c++) direct += (double)wf[c] * X[b * cols + c];
+                bad += Y[b * rows + r] != Yr[b * rows + r];
+                bad_direct += (double)Yr[b * rows + r] != direct;
+            }
+        }
+        CHECK(bad == 0, "[%s] exact matmul %s: %d results differ from the reference", ellm_isa_str(isa),
+              qtype_get(type)->name, bad);
+        CHECK(bad_direct == 0, "[%s] exact matmul %s: %d reference results differ from dequantized dot",
+              ellm_isa_str(isa), qtype_get(type)->name, bad_direct);
+        free(W);
+        free(X);
+        free(act);
+        free(wf);
+    }
+}
+
+static const int64_t k_lens[] = {1, 7, 8, 15, 16, 17, 31, 33, 64, 100, 1023, 4096};
+enum { N_LENS = sizeof k_lens / sizeof k_lens[0] };
+
+static void test_rowwise(ellm_isa isa) {
+    const char *in = ellm_isa_str(isa);
+    for (int li = 0; li < N_LENS; li++) {
+        int64_t n = k_lens[li];
+        size_t bytes = (size_t)n * sizeof(float);
+        float *x = xmalloc(bytes), *w = xmalloc(bytes), *u = xmalloc(bytes);
+        float *a = xmalloc(bytes), *b = xmalloc(bytes);
+        fill_gauss(x, n, 3.0f);
+        fill_gauss(w, n, 1.0f);
+        fill_gauss(u, n, 1.0f);
+
+        /* rmsnorm, also in place */
+        kern_rmsnorm_ref(a, x, w, n, 1e-5f);
+        kern_rmsnorm(b, x, w, n, 1e-5f);
+        int ok = 1;
+        for (int64_t i = 0; i < n; i++) ok &= close_rel(b[i], a[i], 3e-6f, 1e-30f);
+        memcpy(b, x, bytes);
+        kern_rmsnorm(b, b, w, n, 1e-5f);
+        for (int64_t i = 0; i < n; i++) ok &= close_rel(b[i], a[i], 3e-6f, 1e-30f);
+        CHECK(ok, "[%s] rmsnorm n=%lld", in, (long long)n);
+
+        /* swiglu with some saturated gates, also in place over gate */
+        for (int64_t i = 0; i < n; i += 5) x[i] = (i & 1) ? 95.0f : -95.0f;
+        kern_swiglu_ref(a, x, u, n);
+        kern_swiglu(b, x, u, n);
+        ok = 1;
+        for (int64_t i = 0; i < n; i++) ok &= close_rel(b[i], a[i], 3e-6f, 1e-30f);
+        memcpy(b, x, bytes);
+        kern_swiglu(b, b, u, n);
+        for (int64_t i = 0; i < n; i++) ok &= close_rel(b[i], a[i], 3e-6f, 1e-30f);
+        CHECK(ok, "[%s] swiglu n=%lld", in, (long long)n);
+
+        /* softmax with masked (-inf) entries and a wide range */
+        fill_gauss(x, n, 10.0f);
+        for (int64_t i = 1; i < n; i += 4) x[i] = -INFINITY;
+        memcpy(a, x, bytes);
+        memcpy(b, x, bytes);
+        kern_softmax_ref(a, n);
+        kern_softmax(b, n);
+        ok = 1;
+        double sum = 0;
+        for (int64_t i = 0; i < n; i++) {
+            ok &= close_rel(b[i], a[i], 3e-6f, 1e-37f);
+            if (x[i] == -INFINITY) ok &= b[i] == 0.0f;
+            sum += b[i];
+        }
+        CHECK(ok && fabs(sum - 1.0) < 1e-5, "[%s] softmax n=%lld (sum %g)", in, (long long)n, sum);
+
+        /* add: exact */
+        memcpy(a, w, bytes);
+        memcpy(b, w, bytes);
+        kern_add_ref(a, u, n);
+        kern_add(b, u, n);
+        CHECK(memcmp(a, b, bytes) == 0, "[%s] add n=%lld", in, (long long)n);
+
+        /* dot */
+        float d = kern_dot_f32(w, u, n), dr = kern_dot_f32_ref(w, u, n);
+        CHECK(fabs((double)d - dr) <= 2e-6 * abs_dot(w, u, n) + 1e-30, "[%s] dot n=%lld: %.9g vs %.9g", in,
+              (long long)n, d, dr);
+
+        /* f32 -> f16 -> f32, bit-exact, over normal, subnormal, overflowing values */
+        uint16_t *h = xmalloc((size_t)n * 2), *hr = xmalloc((size_t)n * 2);
+        for (int64_t i = 0; i < n; i++) {
+            float s = i % 3 == 0 ? 1e-6f : i % 3 == 1 ? 1.0f : 3e4f;
+            x[i] = rng_gauss() * s;
+        }
+        if (n > 3) {
+            x[0] = 70000.0f;
+            x[1] = -INFINITY;
+            x[2] = 65520.0f; /* rounds to inf */
+            x[3] = 2.98023224e-8f; /* half the smallest subnormal: ties to 0 */
+        }
+        kern_f32_to_f16_ref(x, hr, n);
+        kern_f32_to_f16(x, h, n);
+        CHECK(memcmp(h, hr, (size_t)n * 2) == 0, "[%s] f32_to_f16 n=%lld", in, (long long)n);
+        kern_f16_to_f32_ref(hr, a, n);
+        kern_f16_to_f32(hr, b, n);
+        CHECK(memcmp(a, b, bytes) == 0, "[%s] f16_to_f32 n=%lld", in, (long long)n);
+        free(h);
+        free(hr);
+        free(x);
+        free(w);
+        free(u);
+        free(a);
+        free(b);
+    }
+
+    /* every half value converts exactly (NaNs: any NaN) */
+    {
+        uint16_t *h = xmalloc(65536 * 2);
+        float *a = xmalloc(65536 * 4), *b = xmalloc(65536 * 4);
+        for (int i = 0; i < 65536; i++) h[i] = (uint16_t)i;
+        kern_f16_to_f32_ref(h, a, 65536);
+        kern_f16_to_f32(h, b, 65536);
+        int bad = 0;
+        for (int i = 0; i < 65536; i++) bad += !(memcmp(&a[i], &b[i], 4) == 0 || (isnan(a[i]) && isnan(b[i])));
+        CHECK(bad == 0, "[%s] f16_to_f32 exhaustive: %d differ", in, bad);
+        free(h);
+        free(a);
+        free(b);
+    }
+
+    /* rope: llama and neox pairing, full and partial rotation */
+    struct {
+        int n_heads, head_dim, n_rot;
+    } shapes[] = {{3, 64, 64}, {2, 128, 128}, {4, 80, 24}, {1, 6, 6}, {2, 96, 64}, {5, 34, 34}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (int neox = 0; neox < 2; neox++) {
+            int nh = shapes[s].n_heads, hd = shapes[s].head_dim, nr = shapes[s].n_rot;
+            size_t n = (size_t)nh * hd;
+            float *x = xmalloc(n * 4), *a = xmalloc(n * 4), *b = xmalloc(n * 4), *cs = xmalloc((size_t)nr * 4);
+            fill_gauss(x, (int64_t)n, 2.0f);
+            for (int i = 0; i < nr / 2; i++) {
+                float ang = 7.0f * powf(10000.0f, -2.0f * (float)i / (float)nr);
+                cs[2 * i] = cosf(ang);
+                cs[2 * i + 1] = sinf(ang);
+            }
+            memcpy(a, x, n * 4);
+            memcpy(b, x, n * 4);
+            kern_rope_ref(a, nh, hd, nr, cs, neox);
+            kern_rope(b, nh, hd, nr, cs, neox);
+            int ok = 1;
+            for (size_t i = 0; i < n; i++) ok &= close_rel(b[i], a[i], 1e-6f, 1e-6f);
+            CHECK(ok, "[%s] rope heads=%d dim=%d rot=%d neox=%d", in, nh, hd, nr, neox);
+            free(x);
+            free(a);
+            free(b);
+            free(cs);
+        }
+}
+
+int main(void) {
+    test_type_table();
+    test_known_blocks();
+    test_roundtrip();
+
+    const ellm_cpu_features *cpu = ellm_cpu();
+    ellm_isa saved = ellm_cpu_isa();
+    for (int isa = ELLM_ISA_SCALAR; isa <= ELLM_ISA_AVX512; isa++) {
+        if (isa > (int)cpu->best) {
+            printf("skipping %s: not supported by this CPU\n", ellm_isa_str((ellm_isa)isa));
+            continue;
+        }
+        CHECK(ellm_cpu_set_isa((ellm_isa)isa) && ellm_cpu_isa() == (ellm_isa)isa, "set isa %d", isa);
+        printf("testing %s%s\n", ellm_isa_str((ellm_isa)isa),
+               isa == ELLM_ISA_AVX512 ? (cpu->avx512vnni ? " (vnni)" : " (no vnni)") : "");
+        test_dequantize((ellm_isa)isa);
+        test_act_prepare((ellm_isa)isa);
+        ellm_cpu_set_isa((ellm_isa)isa);
+        test_matmul((ellm_isa)isa);
+        test_matmul_exact((ellm_isa)isa);
+        test_rowwise((ellm_isa)isa);
+    }
+    ellm_cpu_set_isa(saved);
+    return test_finish();
+}
