@@ -433,7 +433,8 @@ void attn_block_scalar(attn_state *st, const attn_block *b) {
 /* ---- reference ---------------------------------------------------------- */
 
 static float kv_elem(const void *row, int type, int d) {
-    return type == QTYPE_F16 ? ellm_f16_to_f32(((const ellm_f16 *)row)[d]) : ((const float *)row)[d];
+    if (type == QTYPE_F16) return ellm_f16_to_f32(((const ellm_f16 *)row)[d]);
+    return ((const float *)row)[d];
 }
 
 /* Row `pos` of head h's keys (or values), as stored. */

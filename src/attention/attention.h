@@ -31,8 +31,10 @@ ellm_status attention_workspace_init(int n_threads, int max_q, int n_head, int h
                                      attention_workspace **out, ellm_error *err);
 void attention_workspace_free(attention_workspace *ws);
 
-/* Runs on all threads of `pool`. The keys/values of positions up to
- * q_pos0 + n_q - 1 must already be stored for `layer`. */
+/* Runs on all threads of `pool` (NULL: the calling thread alone; the pool may
+ * have at most the workspace's n_threads). The keys/values of positions up to
+ * q_pos0 + n_q - 1 must already be stored for `layer`. One call at a time per
+ * workspace. */
 void attention_forward(const attention_args *a, attention_workspace *ws, threadpool *pool);
 
 /* Sparse variant: KV head h (and its query heads) attends only to the blocks

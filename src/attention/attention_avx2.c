@@ -1,8 +1,9 @@
 /* AVX2 + FMA + F16C attention block kernel and F32 -> F16 rows (compiled with
- * the AVX2 flags; only called when ellm_cpu_isa() allows it). Same structure as
- * the AVX-512 kernel with 8-wide vectors: K/V converted once per block into F32
- * scratch, a 2 rows x 4 keys QK^T tile (16 registers hold it), vectorized exp,
- * and a 2 rows x 32 dims P*V tile. */
+ * the AVX2 flags; only called when ellm_cpu_isa() allows it). Same structure
+ * as the AVX-512 kernel with 8-wide vectors and 16 registers: QK^T tiles of up
+ * to 2 rows x 4 keys, P*V tiles of up to 2 rows x 32 dims; K and V read in
+ * place when head_dim is a multiple of 8 and rows are few, else through F32
+ * scratch. */
 #include "attention/attention_internal.h"
 #include "core/fp16.h"
 #include "kernels/quant.h"
@@ -28,7 +29,8 @@ static ALWAYS_INLINE __m256 exp_ps(__m256 x) {
     y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
     y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
     y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    __m256i e = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127));
+    e = _mm256_slli_epi32(e, 23); /* 2^n as float bits */
     return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
 }
 
@@ -66,77 +68,98 @@ static ALWAYS_INLINE __m256 hsum8(__m256 v0, __m256 v1, __m256 v2, __m256 v3, __
     return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
 }
 
-/* s[r][j] = q[r] . k[j] for rows [r_begin, rows) in pairs and keys [0, nk) in
- * fours (pad rows of q are zero; k has that many rows). */
-static void qk(const float *q, const float *k, int ldk, float *s, int lds, int r_begin, int rows,
-               int nk, int hdp) {
-    for (int r = r_begin; r < rows; r += 2) {
-        const float *q0 = q + (size_t)r * hdp, *q1 = q0 + hdp;
-        for (int j = 0; j < nk; j += 4) {
-            const float *k0 = k + (size_t)j * ldk, *k1 = k0 + ldk, *k2 = k1 + ldk, *k3 = k2 + ldk;
-            __m256 c00 = _mm256_setzero_ps(), c01 = c00, c02 = c00, c03 = c00;
-            __m256 c10 = c00, c11 = c00, c12 = c00, c13 = c00;
-            for (int d = 0; d < hdp; d += 8) {
-                __m256 x0 = _mm256_loadu_ps(k0 + d), x1 = _mm256_loadu_ps(k1 + d);
-                __m256 x2 = _mm256_loadu_ps(k2 + d), x3 = _mm256_loadu_ps(k3 + d);
-                __m256 y = _mm256_loadu_ps(q0 + d);
-                c00 = _mm256_fmadd_ps(y, x0, c00);
-                c01 = _mm256_fmadd_ps(y, x1, c01);
-                c02 = _mm256_fmadd_ps(y, x2, c02);
-                c03 = _mm256_fmadd_ps(y, x3, c03);
-                y = _mm256_loadu_ps(q1 + d);
-                c10 = _mm256_fmadd_ps(y, x0, c10);
-                c11 = _mm256_fmadd_ps(y, x1, c11);
-                c12 = _mm256_fmadd_ps(y, x2, c12);
-                c13 = _mm256_fmadd_ps(y, x3, c13);
+/* 8 elements of a K or V row from element idx on, F16 (converted) or F32. */
+static ALWAYS_INLINE __m256 load8(const void *base, size_t idx, const int F16) {
+    if (F16)
+        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)base + idx)));
+    return _mm256_loadu_ps((const float *)base + idx);
+}
+
+/* s[r][j] = q[r] . k[j] for NR (1 or 2) rows and keys [0, nk4) in tiles of 4;
+ * k rows have stride ldk and hd8 (a multiple of 8) elements. */
+static ALWAYS_INLINE void qk_rows(const float *q, int hdp, const void *k, int ldk, int hd8,
+                                  float *s, int lds, int nk4, const int NR, const int F16) {
+    for (int j = 0; j < nk4; j += 4) {
+        __m256 c[2][4];
+#pragma GCC unroll 2
+        for (int r = 0; r < 2; r++)
+#pragma GCC unroll 4
+            for (int i = 0; i < 4; i++) c[r][i] = _mm256_setzero_ps();
+        for (int d = 0; d < hd8; d += 8) {
+            __m256 x[4];
+#pragma GCC unroll 4
+            for (int i = 0; i < 4; i++) x[i] = load8(k, (size_t)(j + i) * ldk + d, F16);
+#pragma GCC unroll 2
+            for (int r = 0; r < NR; r++) {
+                __m256 y = _mm256_loadu_ps(q + (size_t)r * hdp + d);
+#pragma GCC unroll 4
+                for (int i = 0; i < 4; i++) c[r][i] = _mm256_fmadd_ps(y, x[i], c[r][i]);
             }
-            __m256 sum = hsum8(c00, c01, c02, c03, c10, c11, c12, c13);
-            float *srow = s + (size_t)r * lds + j;
-            _mm_storeu_ps(srow, _mm256_castps256_ps128(sum));
-            _mm_storeu_ps(srow + lds, _mm256_extractf128_ps(sum, 1));
         }
+        /* Lanes 0-3: row 0's four scores, lanes 4-7: row 1's (zero if NR == 1). */
+        __m256 sum = hsum8(c[0][0], c[0][1], c[0][2], c[0][3], c[1][0], c[1][1], c[1][2], c[1][3]);
+        _mm_storeu_ps(s + j, _mm256_castps256_ps128(sum));
+        if (NR == 2) _mm_storeu_ps(s + lds + j, _mm256_extractf128_ps(sum, 1));
     }
 }
 
-/* acc[NR rows][NV * 8 dims] += p[row][j] * v[j] over keys [0, nk). */
-static ALWAYS_INLINE void pv_tile(float *acc, int hdp, const float *p, int lds, const float *v,
-                                  int nk, const int NR, const int NV) {
+static ALWAYS_INLINE void qk_all(const float *q, int hdp, const void *k, int ldk, int hd8,
+                                 float *s, int lds, int r0, int rows, int nk4, const int F16) {
+    int r = r0;
+    for (; r + 2 <= rows; r += 2)
+        qk_rows(q + (size_t)r * hdp, hdp, k, ldk, hd8, s + (size_t)r * lds, lds, nk4, 2, F16);
+    if (r < rows)
+        qk_rows(q + (size_t)r * hdp, hdp, k, ldk, hd8, s + (size_t)r * lds, lds, nk4, 1, F16);
+}
+
+/* acc[NR rows][dims d0 .. d0 + 8 NV) += p[row][j] * v[j] over keys [0, nk). */
+static ALWAYS_INLINE void pv_tile(float *acc, int hdp, const float *p, int lds, const void *v,
+                                  int ldv, int d0, int nk, const int NR, const int NV,
+                                  const int F16) {
     __m256 c[2][4];
-    #pragma GCC unroll 4
+#pragma GCC unroll 2
     for (int r = 0; r < NR; r++)
-        #pragma GCC unroll 4
-        for (int i = 0; i < NV; i++) c[r][i] = _mm256_loadu_ps(acc + (size_t)r * hdp + 8 * i);
+#pragma GCC unroll 4
+        for (int i = 0; i < NV; i++)
+            c[r][i] = _mm256_loadu_ps(acc + (size_t)r * hdp + d0 + 8 * i);
     for (int j = 0; j < nk; j++) {
         __m256 x[4];
-        #pragma GCC unroll 4
-        for (int i = 0; i < NV; i++) x[i] = _mm256_loadu_ps(v + (size_t)j * hdp + 8 * i);
-        #pragma GCC unroll 4
+#pragma GCC unroll 4
+        for (int i = 0; i < NV; i++) x[i] = load8(v, (size_t)j * ldv + d0 + 8 * i, F16);
+#pragma GCC unroll 2
         for (int r = 0; r < NR; r++) {
             __m256 pb = _mm256_broadcast_ss(p + (size_t)r * lds + j);
-            #pragma GCC unroll 4
+#pragma GCC unroll 4
             for (int i = 0; i < NV; i++) c[r][i] = _mm256_fmadd_ps(pb, x[i], c[r][i]);
         }
     }
-    #pragma GCC unroll 4
+#pragma GCC unroll 2
     for (int r = 0; r < NR; r++)
-        #pragma GCC unroll 4
-        for (int i = 0; i < NV; i++) _mm256_storeu_ps(acc + (size_t)r * hdp + 8 * i, c[r][i]);
+#pragma GCC unroll 4
+        for (int i = 0; i < NV; i++)
+            _mm256_storeu_ps(acc + (size_t)r * hdp + d0 + 8 * i, c[r][i]);
 }
 
-/* hdp is a multiple of 16: 32-dim tiles, then possibly one 16-dim tile. */
-static ALWAYS_INLINE void pv_rows(float *acc, int hdp, const float *p, int lds, const float *v,
-                                  int nk, const int NR) {
+/* NR rows over dims [0, hd8): 32-dim tiles, then an 8..24-dim tail. */
+static ALWAYS_INLINE void pv_rows(float *acc, int hdp, const float *p, int lds, const void *v,
+                                  int ldv, int hd8, int nk, const int NR, const int F16) {
     int d = 0;
-    for (; d + 32 <= hdp; d += 32) pv_tile(acc + d, hdp, p, lds, v + d, nk, NR, 4);
-    if (d < hdp) pv_tile(acc + d, hdp, p, lds, v + d, nk, NR, 2);
+    for (; d + 32 <= hd8; d += 32) pv_tile(acc, hdp, p, lds, v, ldv, d, nk, NR, 4, F16);
+    switch ((hd8 - d) / 8) {
+    case 3: pv_tile(acc, hdp, p, lds, v, ldv, d, nk, NR, 3, F16); break;
+    case 2: pv_tile(acc, hdp, p, lds, v, ldv, d, nk, NR, 2, F16); break;
+    case 1: pv_tile(acc, hdp, p, lds, v, ldv, d, nk, NR, 1, F16); break;
+    default: break;
+    }
 }
 
-static void pv(float *acc, int hdp, const float *p, int lds, const float *v, int r0, int rows,
-               int nk) {
+static ALWAYS_INLINE void pv_all(float *acc, int hdp, const float *p, int lds, const void *v,
+                                 int ldv, int hd8, int r0, int rows, int nk, const int F16) {
     int r = r0;
     for (; r + 2 <= rows; r += 2)
-        pv_rows(acc + (size_t)r * hdp, hdp, p + (size_t)r * lds, lds, v, nk, 2);
-    if (r < rows) pv_rows(acc + (size_t)r * hdp, hdp, p + (size_t)r * lds, lds, v, nk, 1);
+        pv_rows(acc + (size_t)r * hdp, hdp, p + (size_t)r * lds, lds, v, ldv, hd8, nk, 2, F16);
+    if (r < rows)
+        pv_rows(acc + (size_t)r * hdp, hdp, p + (size_t)r * lds, lds, v, ldv, hd8, nk, 1, F16);
 }
 
 static ALWAYS_INLINE float hmax(__m256 v) {
@@ -155,7 +178,7 @@ static ALWAYS_INLINE float hadd(__m256 v) {
 
 /* Online-softmax step for one row: s[0, nv) become exp(s - m_new), s[nv, nk)
  * become 0; returns exp(m_old - m_new), the rescale of the old acc and l. */
-static float softmax_row(float *s, int nv, int nk, float *m, float *l) {
+static ALWAYS_INLINE float softmax_row(float *s, int nv, int nk, float *m, float *l) {
     __m256 vm = _mm256_set1_ps(-INFINITY);
     int j = 0;
     for (; j + 8 <= nv; j += 8) vm = _mm256_max_ps(vm, _mm256_loadu_ps(s + j));
@@ -185,22 +208,39 @@ static float softmax_row(float *s, int nv, int nk, float *m, float *l) {
     return alpha;
 }
 
+static void prefetch_block(const char *k, const char *v, size_t bytes) {
+    for (size_t o = 0; o < bytes; o += 64) {
+        _mm_prefetch(k + o, _MM_HINT_T0);
+        _mm_prefetch(v + o, _MM_HINT_T0);
+    }
+}
+
+/* Rows of a part above which K and V are converted once into F32 scratch
+ * instead of on the fly for every pair of rows. */
+#define FUSE_ROWS 4
+
 void attn_block_avx2(attn_state *st, const attn_block *b) {
-    const int G = st->group, R = st->rows, hdp = st->hdp, lds = st->lds;
+    const int G = st->group, R = st->rows, hd = st->head_dim, hdp = st->hdp, lds = st->lds;
     const int r0 = (b->vis0 >= 1 ? 0 : 1 - b->vis0) * G; /* first row that sees a key */
     if (r0 >= R) return;
     int nk = b->vis0 + (R - 1) / G; /* keys the last row sees */
     if (nk > b->n_valid) nk = b->n_valid;
     const int nk4 = (nk + 3) & ~3;
 
-    /* F32 blocks with 16-aligned rows are used in place (see the AVX-512 kernel). */
-    const int direct = b->type == QTYPE_F32 && st->head_dim == hdp && st->block_tokens % 4 == 0;
-    const float *K = b->k, *V = b->v;
-    if (!direct) {
-        load_rows(st->kbuf, b->k, b->type, nk, st->head_dim, hdp, b->next_k);
-        K = st->kbuf;
+    /* In place (see the AVX-512 kernel) when rows are 8-float aligned, the
+     * block has >= 4 rows and few query rows share it; else F32 scratch. */
+    const int f16 = b->type == QTYPE_F16;
+    const int in_place =
+        hd % 8 == 0 && st->block_tokens >= 4 && (!f16 || R - r0 <= FUSE_ROWS);
+    if (in_place && b->next_k)
+        prefetch_block(b->next_k, b->next_v, (size_t)st->block_tokens * hd * (f16 ? 2 : 4));
+    if (in_place) {
+        if (f16) qk_all(st->q, hdp, b->k, hd, hd, st->s, lds, r0, R, nk4, 1);
+        else qk_all(st->q, hdp, b->k, hd, hd, st->s, lds, r0, R, nk4, 0);
+    } else {
+        load_rows(st->kbuf, b->k, b->type, nk, hd, hdp, b->next_k);
+        qk_all(st->q, hdp, st->kbuf, hdp, hdp, st->s, lds, r0, R, nk4, 0);
     }
-    qk(st->q, K, hdp, st->s, lds, r0 & ~1, R, nk4, hdp);
     for (int r = r0; r < R; r++) {
         int nv = b->vis0 + r / G;
         if (nv > nk) nv = nk;
@@ -212,17 +252,13 @@ void attn_block_avx2(attn_state *st, const attn_block *b) {
                 _mm256_storeu_ps(acc + d, _mm256_mul_ps(va, _mm256_loadu_ps(acc + d)));
         }
     }
-    if (!direct) {
-        load_rows(st->vbuf, b->v, b->type, nk, st->head_dim, hdp, b->next_v);
-        V = st->vbuf;
-    } else if (b->next_k) {
-        size_t bytes = (size_t)st->block_tokens * (size_t)hdp * 4;
-        for (size_t o = 0; o < bytes; o += 64) {
-            _mm_prefetch(b->next_k + o, _MM_HINT_T0);
-            _mm_prefetch(b->next_v + o, _MM_HINT_T0);
-        }
+    if (in_place) {
+        if (f16) pv_all(st->acc, hdp, st->s, lds, b->v, hd, hd, r0, R, nk, 1);
+        else pv_all(st->acc, hdp, st->s, lds, b->v, hd, hd, r0, R, nk, 0);
+    } else {
+        load_rows(st->vbuf, b->v, b->type, nk, hd, hdp, b->next_v);
+        pv_all(st->acc, hdp, st->s, lds, st->vbuf, hdp, hdp, r0, R, nk, 0);
     }
-    pv(st->acc, hdp, st->s, lds, V, r0, R, nk);
 }
 
 /* Same rounding as ellm_f32_to_f16 (nearest even). */

@@ -1,11 +1,17 @@
 /* AVX-512 attention block kernel and F32 -> F16 rows (compiled with the
  * AVX-512 flags; only called when ellm_cpu_isa() says the CPU has them).
  *
- * Per block: keys and values are converted once to F32 scratch (vcvtph2ps)
- * while the next block is prefetched; QK^T is a register-tiled 4 rows x 4 keys
- * micro-kernel with a transposing horizontal reduction; softmax uses a
- * vectorized exp; P*V is a 4 rows x 64 dims FMA tile. Scratch stays in L1/L2,
- * so DRAM traffic is exactly the block's K and V once per part. */
+ * Per block, for the part's query rows:
+ *   QK^T  register tiles of up to 4 rows x 4 keys, reduced together by a
+ *         transposing horizontal sum (~3 shuffles+adds per score);
+ *   softmax  online, with a vectorized exp; the running max is only reduced
+ *         when some score exceeds it;
+ *   P*V   tiles of up to 4 rows x 64 dims of FMAs.
+ * With few rows (decode, small verification batches) K and V are read straight
+ * from the cache, F16 converted in registers (vcvtph2ps), so DRAM traffic is
+ * the block once and nothing is written back; with many rows they are first
+ * converted once into F32 scratch that stays in L1. The next block is
+ * prefetched while this one is computed. */
 #include "attention/attention_internal.h"
 #include "kernels/quant.h"
 
@@ -81,101 +87,124 @@ static ALWAYS_INLINE __m512 hsum16(__m512 z0, __m512 z1, __m512 z2, __m512 z3) {
                          _mm512_shuffle_f32x4(s01, s23, _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
-/* s[r][j] = q[r] . k[j] for rows [r_begin, rows) in groups of 4 (pad rows of q
- * are zero) and keys [0, nk) in groups of 4 (k has that many rows). */
-static void qk(const float *q, const float *k, int ldk, float *s, int lds, int r_begin, int rows,
-               int nk, int hdp) {
-    for (int r = r_begin; r < rows; r += 4) {
-        const float *q0 = q + (size_t)r * hdp, *q1 = q0 + hdp, *q2 = q1 + hdp, *q3 = q2 + hdp;
-        for (int j = 0; j < nk; j += 4) {
-            const float *k0 = k + (size_t)j * ldk, *k1 = k0 + ldk, *k2 = k1 + ldk, *k3 = k2 + ldk;
-            __m512 c00 = _mm512_setzero_ps(), c01 = c00, c02 = c00, c03 = c00;
-            __m512 c10 = c00, c11 = c00, c12 = c00, c13 = c00;
-            __m512 c20 = c00, c21 = c00, c22 = c00, c23 = c00;
-            __m512 c30 = c00, c31 = c00, c32 = c00, c33 = c00;
-            for (int d = 0; d < hdp; d += 16) {
-                __m512 x0 = _mm512_loadu_ps(k0 + d), x1 = _mm512_loadu_ps(k1 + d);
-                __m512 x2 = _mm512_loadu_ps(k2 + d), x3 = _mm512_loadu_ps(k3 + d);
-                __m512 y = _mm512_loadu_ps(q0 + d);
-                c00 = _mm512_fmadd_ps(y, x0, c00);
-                c01 = _mm512_fmadd_ps(y, x1, c01);
-                c02 = _mm512_fmadd_ps(y, x2, c02);
-                c03 = _mm512_fmadd_ps(y, x3, c03);
-                y = _mm512_loadu_ps(q1 + d);
-                c10 = _mm512_fmadd_ps(y, x0, c10);
-                c11 = _mm512_fmadd_ps(y, x1, c11);
-                c12 = _mm512_fmadd_ps(y, x2, c12);
-                c13 = _mm512_fmadd_ps(y, x3, c13);
-                y = _mm512_loadu_ps(q2 + d);
-                c20 = _mm512_fmadd_ps(y, x0, c20);
-                c21 = _mm512_fmadd_ps(y, x1, c21);
-                c22 = _mm512_fmadd_ps(y, x2, c22);
-                c23 = _mm512_fmadd_ps(y, x3, c23);
-                y = _mm512_loadu_ps(q3 + d);
-                c30 = _mm512_fmadd_ps(y, x0, c30);
-                c31 = _mm512_fmadd_ps(y, x1, c31);
-                c32 = _mm512_fmadd_ps(y, x2, c32);
-                c33 = _mm512_fmadd_ps(y, x3, c33);
+/* Mask of the lanes of the 16-dim chunk starting at dim d that are < hd. */
+static ALWAYS_INLINE __mmask16 chunk_mask(int hd, int d) {
+    return hd - d >= 16 ? (__mmask16)0xffff : tail_mask(hd - d);
+}
+
+/* 16 elements of a K or V row from element idx on, F16 (converted) or F32;
+ * lanes outside m read nothing and are zero. */
+static ALWAYS_INLINE __m512 load16(const void *base, size_t idx, __mmask16 m, const int F16) {
+    if (F16) return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, (const uint16_t *)base + idx));
+    return _mm512_maskz_loadu_ps(m, (const float *)base + idx);
+}
+
+/* s[r][j] = q[r] . k[j] for NR rows and keys [0, nk4) in tiles of 4 keys; k rows
+ * have stride ldk and hd elements. The NR x 4 dot products of a tile are
+ * reduced together (hsum4x4/hsum16), about 3 shuffles+adds per dot. */
+static ALWAYS_INLINE void qk_rows(const float *q, int hdp, const void *k, int ldk, int hd,
+                                  float *s, int lds, int nk4, const int NR, const int F16) {
+    for (int j = 0; j < nk4; j += 4) {
+        __m512 c[4][4];
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; r++)
+#pragma GCC unroll 4
+            for (int i = 0; i < 4; i++) c[r][i] = _mm512_setzero_ps();
+        for (int d = 0; d < hd; d += 16) {
+            const __mmask16 m = chunk_mask(hd, d);
+            __m512 x[4];
+#pragma GCC unroll 4
+            for (int i = 0; i < 4; i++) x[i] = load16(k, (size_t)(j + i) * ldk + d, m, F16);
+#pragma GCC unroll 4
+            for (int r = 0; r < NR; r++) {
+                __m512 y = _mm512_loadu_ps(q + (size_t)r * hdp + d);
+#pragma GCC unroll 4
+                for (int i = 0; i < 4; i++) c[r][i] = _mm512_fmadd_ps(y, x[i], c[r][i]);
             }
-            __m512 sum = hsum16(hsum4x4(c00, c01, c02, c03), hsum4x4(c10, c11, c12, c13),
-                                hsum4x4(c20, c21, c22, c23), hsum4x4(c30, c31, c32, c33));
-            float *srow = s + (size_t)r * lds + j;
-            _mm_storeu_ps(srow, _mm512_castps512_ps128(sum));
-            _mm_storeu_ps(srow + lds, _mm512_extractf32x4_ps(sum, 1));
-            _mm_storeu_ps(srow + 2 * lds, _mm512_extractf32x4_ps(sum, 2));
-            _mm_storeu_ps(srow + 3 * lds, _mm512_extractf32x4_ps(sum, 3));
         }
+        __m512 z[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++)
+            z[r] = r < NR ? hsum4x4(c[r][0], c[r][1], c[r][2], c[r][3]) : _mm512_setzero_ps();
+        __m512 sum = hsum16(z[0], z[1], z[2], z[3]);
+        /* Lanes 4r..4r+3 are row r's four scores. */
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; r++)
+            _mm512_mask_storeu_ps(s + (size_t)r * lds + j - 4 * r, (__mmask16)(0xf << (4 * r)),
+                                  sum);
     }
 }
 
-/* acc[NR rows][NV * 16 dims] += p[row][j] * v[j] over keys [0, nk). */
-static ALWAYS_INLINE void pv_tile(float *acc, int hdp, const float *p, int lds, const float *v,
-                                  int nk, const int NR, const int NV) {
-    __m512 c[4][4];
-    #pragma GCC unroll 4
-    for (int r = 0; r < NR; r++)
-        #pragma GCC unroll 4
-        for (int i = 0; i < NV; i++) c[r][i] = _mm512_loadu_ps(acc + (size_t)r * hdp + 16 * i);
-    for (int j = 0; j < nk; j++) {
-        __m512 x[4];
-        #pragma GCC unroll 4
-        for (int i = 0; i < NV; i++) x[i] = _mm512_loadu_ps(v + (size_t)j * hdp + 16 * i);
-        #pragma GCC unroll 4
-        for (int r = 0; r < NR; r++) {
-            __m512 pb = _mm512_set1_ps(p[(size_t)r * lds + j]);
-            #pragma GCC unroll 4
-            for (int i = 0; i < NV; i++) c[r][i] = _mm512_fmadd_ps(pb, x[i], c[r][i]);
-        }
-    }
-    #pragma GCC unroll 4
-    for (int r = 0; r < NR; r++)
-        #pragma GCC unroll 4
-        for (int i = 0; i < NV; i++) _mm512_storeu_ps(acc + (size_t)r * hdp + 16 * i, c[r][i]);
-}
-
-static ALWAYS_INLINE void pv_rows(float *acc, int hdp, const float *p, int lds, const float *v,
-                                  int nk, const int NR) {
-    int d = 0;
-    for (; d + 64 <= hdp; d += 64) pv_tile(acc + d, hdp, p, lds, v + d, nk, NR, 4);
-    switch ((hdp - d) / 16) {
-    case 3: pv_tile(acc + d, hdp, p, lds, v + d, nk, NR, 3); break;
-    case 2: pv_tile(acc + d, hdp, p, lds, v + d, nk, NR, 2); break;
-    case 1: pv_tile(acc + d, hdp, p, lds, v + d, nk, NR, 1); break;
+static ALWAYS_INLINE void qk_all(const float *q, int hdp, const void *k, int ldk, int hd, float *s,
+                                 int lds, int r0, int rows, int nk4, const int F16) {
+    int r = r0;
+    for (; r + 4 <= rows; r += 4)
+        qk_rows(q + (size_t)r * hdp, hdp, k, ldk, hd, s + (size_t)r * lds, lds, nk4, 4, F16);
+    const float *qr = q + (size_t)r * hdp;
+    float *sr = s + (size_t)r * lds;
+    switch (rows - r) {
+    case 3: qk_rows(qr, hdp, k, ldk, hd, sr, lds, nk4, 3, F16); break;
+    case 2: qk_rows(qr, hdp, k, ldk, hd, sr, lds, nk4, 2, F16); break;
+    case 1: qk_rows(qr, hdp, k, ldk, hd, sr, lds, nk4, 1, F16); break;
     default: break;
     }
 }
 
-static void pv(float *acc, int hdp, const float *p, int lds, const float *v, int r0, int rows,
-               int nk) {
+/* acc[NR rows][dims d0 .. d0 + 16 NV) += p[row][j] * v[j] over keys [0, nk). */
+static ALWAYS_INLINE void pv_tile(float *acc, int hdp, const float *p, int lds, const void *v,
+                                  int ldv, int hd, int d0, int nk, const int NR, const int NV,
+                                  const int F16) {
+    __m512 c[4][4];
+    __mmask16 m[4];
+#pragma GCC unroll 4
+    for (int i = 0; i < NV; i++) m[i] = chunk_mask(hd, d0 + 16 * i);
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; r++)
+#pragma GCC unroll 4
+        for (int i = 0; i < NV; i++)
+            c[r][i] = _mm512_loadu_ps(acc + (size_t)r * hdp + d0 + 16 * i);
+    for (int j = 0; j < nk; j++) {
+        __m512 x[4];
+#pragma GCC unroll 4
+        for (int i = 0; i < NV; i++) x[i] = load16(v, (size_t)j * ldv + d0 + 16 * i, m[i], F16);
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; r++) {
+            __m512 pb = _mm512_set1_ps(p[(size_t)r * lds + j]);
+#pragma GCC unroll 4
+            for (int i = 0; i < NV; i++) c[r][i] = _mm512_fmadd_ps(pb, x[i], c[r][i]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; r++)
+#pragma GCC unroll 4
+        for (int i = 0; i < NV; i++)
+            _mm512_storeu_ps(acc + (size_t)r * hdp + d0 + 16 * i, c[r][i]);
+}
+
+/* NR rows over all dims: 64-dim tiles, then a 16..48-dim tail. */
+static ALWAYS_INLINE void pv_rows(float *acc, int hdp, const float *p, int lds, const void *v,
+                                  int ldv, int hd, int nk, const int NR, const int F16) {
+    int d = 0;
+    for (; d + 64 <= hdp; d += 64) pv_tile(acc, hdp, p, lds, v, ldv, hd, d, nk, NR, 4, F16);
+    switch ((hdp - d) / 16) {
+    case 3: pv_tile(acc, hdp, p, lds, v, ldv, hd, d, nk, NR, 3, F16); break;
+    case 2: pv_tile(acc, hdp, p, lds, v, ldv, hd, d, nk, NR, 2, F16); break;
+    case 1: pv_tile(acc, hdp, p, lds, v, ldv, hd, d, nk, NR, 1, F16); break;
+    default: break;
+    }
+}
+
+static ALWAYS_INLINE void pv_all(float *acc, int hdp, const float *p, int lds, const void *v,
+                                 int ldv, int hd, int r0, int rows, int nk, const int F16) {
     int r = r0;
     for (; r + 4 <= rows; r += 4)
-        pv_rows(acc + (size_t)r * hdp, hdp, p + (size_t)r * lds, lds, v, nk, 4);
+        pv_rows(acc + (size_t)r * hdp, hdp, p + (size_t)r * lds, lds, v, ldv, hd, nk, 4, F16);
     float *a = acc + (size_t)r * hdp;
     const float *pr = p + (size_t)r * lds;
     switch (rows - r) {
-    case 3: pv_rows(a, hdp, pr, lds, v, nk, 3); break;
-    case 2: pv_rows(a, hdp, pr, lds, v, nk, 2); break;
-    case 1: pv_rows(a, hdp, pr, lds, v, nk, 1); break;
+    case 3: pv_rows(a, hdp, pr, lds, v, ldv, hd, nk, 3, F16); break;
+    case 2: pv_rows(a, hdp, pr, lds, v, ldv, hd, nk, 2, F16); break;
+    case 1: pv_rows(a, hdp, pr, lds, v, ldv, hd, nk, 1, F16); break;
     default: break;
     }
 }
@@ -183,15 +212,19 @@ static void pv(float *acc, int hdp, const float *p, int lds, const float *v, int
 /* Online-softmax step for one row: s[0, nv) scores become probabilities
  * exp(s - m_new), s[nv, nk) become 0 (keys this row must not see); returns
  * the factor exp(m_old - m_new) that rescales the row's old acc and l. */
-static float softmax_row(float *s, int nv, int nk, float *m, float *l) {
+static ALWAYS_INLINE float softmax_row(float *s, int nv, int nk, float *m, float *l) {
     __m512 vm = _mm512_set1_ps(-INFINITY);
     int j = 0;
     for (; j + 16 <= nv; j += 16) vm = _mm512_max_ps(vm, _mm512_loadu_ps(s + j));
     const __mmask16 tm = tail_mask(nv - j);
     if (j < nv) vm = _mm512_mask_max_ps(vm, tm, vm, _mm512_maskz_loadu_ps(tm, s + j));
-    float mx = _mm512_reduce_max_ps(vm);
-    float m_new = mx > *m ? mx : *m;
-    float alpha = m_new == *m ? 1.0f : expf(*m - m_new);
+    /* The running max rarely grows after the first blocks: test that with a
+     * vector compare and reduce only when it does. */
+    float m_new = *m, alpha = 1.0f;
+    if (_mm512_cmp_ps_mask(vm, _mm512_set1_ps(*m), _CMP_GT_OQ)) {
+        m_new = _mm512_reduce_max_ps(vm);
+        alpha = expf(*m - m_new);
+    }
     const __m512 mn = _mm512_set1_ps(m_new);
     __m512 vs = _mm512_setzero_ps();
     for (j = 0; j + 16 <= nv; j += 16) {
@@ -200,7 +233,8 @@ static float softmax_row(float *s, int nv, int nk, float *m, float *l) {
         vs = _mm512_add_ps(vs, e);
     }
     if (j < nv) {
-        __m512 e = _mm512_maskz_mov_ps(tm, exp_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(tm, s + j), mn)));
+        __m512 x = _mm512_sub_ps(_mm512_maskz_loadu_ps(tm, s + j), mn);
+        __m512 e = _mm512_maskz_mov_ps(tm, exp_ps(x));
         _mm512_mask_storeu_ps(s + j, tm, e);
         vs = _mm512_add_ps(vs, e);
     }
@@ -210,23 +244,42 @@ static float softmax_row(float *s, int nv, int nk, float *m, float *l) {
     return alpha;
 }
 
+static void prefetch_block(const char *k, const char *v, size_t bytes) {
+    for (size_t o = 0; o < bytes; o += 64) {
+        _mm_prefetch(k + o, _MM_HINT_T0);
+        _mm_prefetch(v + o, _MM_HINT_T0);
+    }
+}
+
+/* Rows of a part above which K and V are converted once into F32 scratch
+ * instead of on the fly for every group of 4 rows. */
+#define FUSE_ROWS 8
+
 void attn_block_avx512(attn_state *st, const attn_block *b) {
-    const int G = st->group, R = st->rows, hdp = st->hdp, lds = st->lds;
+    const int G = st->group, R = st->rows, hd = st->head_dim, hdp = st->hdp, lds = st->lds;
     const int r0 = (b->vis0 >= 1 ? 0 : 1 - b->vis0) * G; /* first row that sees a key */
     if (r0 >= R) return;
     int nk = b->vis0 + (R - 1) / G; /* keys the last row sees */
     if (nk > b->n_valid) nk = b->n_valid;
     const int nk4 = (nk + 3) & ~3;
 
-    /* F32 blocks with 16-aligned rows are used in place; the 4-key tiles may
-     * read up to 3 rows past nk, still inside the block. */
-    const int direct = b->type == QTYPE_F32 && st->head_dim == hdp && st->block_tokens % 4 == 0;
-    const float *K = b->k, *V = b->v;
-    if (!direct) {
-        load_rows(st->kbuf, b->k, b->type, nk, st->head_dim, hdp, b->next_k);
-        K = st->kbuf;
+    /* In place: K and V are read straight from the cache (F16 converted on
+     * the fly), so each byte is loaded once per group of 4 rows. Key tiles of
+     * 4 may read up to 3 rows past nk, inside the block when it has >= 4 rows;
+     * those scores are never used. Otherwise (many rows, or tiny blocks) K and
+     * V are converted once into L1-resident F32 scratch. */
+    const int f16 = b->type == QTYPE_F16;
+    const int in_place = st->block_tokens >= 4 && (!f16 || R - r0 <= FUSE_ROWS);
+    const size_t elt = f16 ? 2 : 4;
+    if (in_place && b->next_k)
+        prefetch_block(b->next_k, b->next_v, (size_t)st->block_tokens * hd * elt);
+    if (in_place) {
+        if (f16) qk_all(st->q, hdp, b->k, hd, hd, st->s, lds, r0, R, nk4, 1);
+        else qk_all(st->q, hdp, b->k, hd, hd, st->s, lds, r0, R, nk4, 0);
+    } else {
+        load_rows(st->kbuf, b->k, b->type, nk, hd, hdp, b->next_k);
+        qk_all(st->q, hdp, st->kbuf, hdp, hdp, st->s, lds, r0, R, nk4, 0);
     }
-    qk(st->q, K, hdp, st->s, lds, r0 & ~3, R, nk4, hdp);
     for (int r = r0; r < R; r++) {
         int nv = b->vis0 + r / G;
         if (nv > nk) nv = nk;
@@ -238,18 +291,13 @@ void attn_block_avx512(attn_state *st, const attn_block *b) {
                 _mm512_storeu_ps(acc + d, _mm512_mul_ps(va, _mm512_loadu_ps(acc + d)));
         }
     }
-    if (!direct) {
-        load_rows(st->vbuf, b->v, b->type, nk, st->head_dim, hdp, b->next_v);
-        V = st->vbuf;
-    } else if (b->next_k) {
-        /* Prefetch the next block: in place there is no conversion loop to hide it in. */
-        size_t bytes = (size_t)st->block_tokens * (size_t)hdp * 4;
-        for (size_t o = 0; o < bytes; o += 64) {
-            _mm_prefetch(b->next_k + o, _MM_HINT_T0);
-            _mm_prefetch(b->next_v + o, _MM_HINT_T0);
-        }
+    if (in_place) {
+        if (f16) pv_all(st->acc, hdp, st->s, lds, b->v, hd, hd, r0, R, nk, 1);
+        else pv_all(st->acc, hdp, st->s, lds, b->v, hd, hd, r0, R, nk, 0);
+    } else {
+        load_rows(st->vbuf, b->v, b->type, nk, hd, hdp, b->next_v);
+        pv_all(st->acc, hdp, st->s, lds, st->vbuf, hdp, hdp, r0, R, nk, 0);
     }
-    pv(st->acc, hdp, st->s, lds, V, r0, R, nk);
 }
 
 /* Same rounding as ellm_f32_to_f16 (nearest even). */
