@@ -2,13 +2,17 @@
 #include "core/threadpool.h"
 #include "core/cpu.h"
 #include "core/status.h"
+#include "core/timer.h"
 
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 
-#define SPIN_ITERS 200000 /* ~ tens of microseconds before a worker sleeps */
+/* Workers spin this long after a run before sleeping: long enough to span the
+ * gaps between the many small launches of a decode step, short enough not to
+ * burn a core another process needs. */
+#define SPIN_NS 200000ull
 
 struct threadpool;
 
@@ -44,13 +48,17 @@ static void *worker_main(void *p) {
     unsigned seen = 0;
     for (;;) {
         unsigned gen;
-        int spins = 0;
+        unsigned spins = 0;
+        uint64_t spin_start = 0;
         while ((gen = atomic_load_explicit(&pool->generation, memory_order_acquire)) == seen &&
                !atomic_load_explicit(&pool->stop, memory_order_relaxed)) {
-            if (++spins < SPIN_ITERS) {
+            if (++spins & 63) {
                 __builtin_ia32_pause();
                 continue;
             }
+            uint64_t now = ellm_time_ns();
+            if (!spin_start) spin_start = now;
+            if (now - spin_start < SPIN_NS) continue;
             pthread_mutex_lock(&pool->mutex);
             atomic_fetch_add(&pool->n_sleeping, 1);
             while (atomic_load(&pool->generation) == seen && !atomic_load(&pool->stop))
@@ -58,6 +66,7 @@ static void *worker_main(void *p) {
             atomic_fetch_sub(&pool->n_sleeping, 1);
             pthread_mutex_unlock(&pool->mutex);
             spins = 0;
+            spin_start = 0;
         }
         if (atomic_load(&pool->stop)) break;
         seen = gen;
@@ -112,8 +121,13 @@ void threadpool_run(threadpool *pool, threadpool_fn fn, void *arg) {
         pthread_mutex_unlock(&pool->mutex);
     }
     fn(arg, 0, pool->n_threads);
-    while (atomic_load_explicit(&pool->n_done, memory_order_acquire) < pool->n_threads - 1)
-        __builtin_ia32_pause();
+    /* Wait for the workers; yield now and then in case one was preempted (an
+     * oversubscribed or busy machine), so it can finish instead of us spinning. */
+    for (unsigned spins = 1; atomic_load_explicit(&pool->n_done, memory_order_acquire) < pool->n_threads - 1;
+         spins++) {
+        if (spins % 4096 == 0) sched_yield();
+        else __builtin_ia32_pause();
+    }
 }
 
 int threadpool_size(const threadpool *pool) { return pool->n_threads; }
