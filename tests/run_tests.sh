@@ -6,7 +6,7 @@ for t in "$BUILD"/tests/test_*; do
     case "$t" in *.o|*.d) continue;; esac
     [ -x "$t" ] || continue
     name=$(basename "$t")
-    out=$("$t" 2>&1); rc=$?
+    out=$(ELLM_BIN="$BUILD/ellm" "$t" 2>&1); rc=$?
     line=$(printf '%s\n' "$out" | grep -E '^[0-9]+ passed, [0-9]+ failed' | tail -n 1)
     p=$(printf '%s' "$line" | sed -E 's/^([0-9]+) passed.*/\1/'); p=${p:-0}
     f=$(printf '%s' "$line" | sed -E 's/^[0-9]+ passed, ([0-9]+) failed.*/\1/'); f=${f:-0}
