@@ -457,6 +457,55 @@ static void test_matmul(ellm_isa isa) {
     test_matmul_case(isa, QTYPE_Q4_K, 8, 4096, 3, 2, 8);
     test_matmul_case(isa, QTYPE_Q6_K, 9, 2048, 37, 1, 9);
     test_matmul_case(isa, QTYPE_F16, 9, 1000, 20, 1, 9);
+    test_matmul_case(isa, QTYPE_Q4_0, 6, 512, 64, 0, 6);
+}
+
+/* Batch invariance: a row's result must not depend on how many rows share
+ * the call, where it sits in the batch, or how the weight rows are split
+ * among calls (threads), so that batched verification of draft tokens gives
+ * exactly the logits single-token decode would. Compared bit for bit. */
+static void test_matmul_batch_invariance(ellm_isa isa) {
+    for (int t = 0; t < N_TYPES; t++) {
+        int type = k_types[t];
+        int be = qtype_get(type)->block_elems;
+        int64_t cols = be == 1 ? 203 : be == 32 ? 32 * 21 : 256 * 3, rows = 14;
+        int nb = 11;
+        size_t rb = qtype_row_bytes(type, cols);
+        void *W = xmalloc(rb * (size_t)rows);
+        make_weights(type, W, rows, cols);
+        float *X = xmalloc((size_t)(cols * nb) * sizeof(float));
+        fill_gauss(X, cols * nb, 1.0f);
+        void *act = xmalloc(kern_act_bytes(type, cols, nb)), *act1 = xmalloc(kern_act_bytes(type, cols, 1));
+        kern_act_prepare(type, X, cols, nb, act);
+        float *Y = xmalloc((size_t)(rows * nb) * sizeof(float)), *Ys = xmalloc((size_t)(rows * nb) * sizeof(float));
+        float y1[14];
+        kern_matmul(type, W, cols, 1, rows, act, nb, Y, rows);
+        /* the same rows in three calls of uneven size */
+        kern_matmul(type, W, cols, 1, 4, act, nb, Ys, rows);
+        kern_matmul(type, W, cols, 4, 9, act, nb, Ys, rows);
+        kern_matmul(type, W, cols, 9, rows, act, nb, Ys, rows);
+        int diff_split = 0, diff_single = 0, diff_sub = 0;
+        for (int b = 0; b < nb; b++)
+            for (int64_t r = 1; r < rows; r++) diff_split += memcmp(&Y[b * rows + r], &Ys[b * rows + r], 4) != 0;
+        for (int b = 0; b < nb; b++) {
+            kern_act_prepare(type, X + b * cols, cols, 1, act1);
+            kern_matmul(type, W, cols, 1, rows, act1, 1, y1, 0);
+            for (int64_t r = 1; r < rows; r++) diff_single += memcmp(&Y[b * rows + r], &y1[r], 4) != 0;
+        }
+        /* rows 2..4 of the batch as a batch of their own */
+        kern_matmul(type, W, cols, 1, rows, (char *)act + 2 * kern_act_bytes(type, cols, 1), 3, Ys, rows);
+        for (int b = 0; b < 3; b++)
+            for (int64_t r = 1; r < rows; r++) diff_sub += memcmp(&Y[(b + 2) * rows + r], &Ys[b * rows + r], 4) != 0;
+        CHECK(diff_split == 0 && diff_single == 0 && diff_sub == 0,
+              "[%s] matmul %s not batch-invariant: %d differ by row split, %d vs nb=1, %d vs sub-batch",
+              ellm_isa_str(isa), qtype_get(type)->name, diff_split, diff_single, diff_sub);
+        free(W);
+        free(X);
+        free(act);
+        free(act1);
+        free(Y);
+        free(Ys);
+    }
 }
 
 /* Integer parts must match exactly: with activation blocks whose max is 127
@@ -661,6 +710,7 @@ int main(void) {
         ellm_cpu_set_isa((ellm_isa)isa);
         test_matmul((ellm_isa)isa);
         test_matmul_exact((ellm_isa)isa);
+        test_matmul_batch_invariance((ellm_isa)isa);
         test_rowwise((ellm_isa)isa);
     }
     ellm_cpu_set_isa(saved);

@@ -53,6 +53,7 @@ void kern_act_q8k_row_ref(const float *x, int64_t cols, void *row) {
  * Integer dot products are exact per block; blocks are summed in float in
  * column order. */
 
+/* Float weights: one sequential float sum per output. */
 static void matmul_f32_ref(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
                            int nb, float *Y, int64_t ldy) {
     for (int64_t r = r0; r < r1; r++) {
@@ -92,6 +93,7 @@ static void matmul_bf16_ref(const void *W, int64_t cols, int64_t r0, int64_t r1,
     }
 }
 
+/* Q8_0 / Q4_0: exact int dot per 32-block, scaled by dw * da. */
 static void matmul_q8_0_ref(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
                             int nb, float *Y, int64_t ldy) {
     int64_t nblk = cols / QK8_0;
@@ -174,18 +176,18 @@ static void matmul_q6_K_ref(const void *W, int64_t cols, int64_t r0, int64_t r1,
             for (int64_t k = 0; k < nblk; k++) {
                 const int8_t *q = a.qs + QK_K * k;
                 const int16_t *bs = a.bsums + 16 * k;
+                int dot[16] = {0}; /* sum of q * a per 16-element sub-block */
+                for (int h = 0; h < 2; h++)
+                    for (int kk = 0; kk < 4; kk++)
+                        for (int l = 0; l < 32; l++) {
+                            int e = 128 * h + 32 * kk + l;
+                            uint8_t lo = w[k].ql[64 * h + l + 32 * (kk & 1)];
+                            int wq = (kk < 2 ? lo & 0xF : lo >> 4) |
+                                     (((w[k].qh[32 * h + l] >> (2 * kk)) & 3) << 4);
+                            dot[e / 16] += wq * q[e];
+                        }
                 int isum = 0;
-                for (int j = 0; j < 16; j++) {
-                    int dot = 0;
-                    for (int i = 0; i < 16; i++) {
-                        int e = 16 * j + i, h = e / 128, kk = (e % 128) / 32, l = e % 32;
-                        uint8_t lo = w[k].ql[64 * h + l + 32 * (kk & 1)];
-                        int wq = (kk < 2 ? lo & 0xF : lo >> 4) |
-                                 (((w[k].qh[32 * h + l] >> (2 * kk)) & 3) << 4);
-                        dot += wq * q[e];
-                    }
-                    isum += w[k].scales[j] * (dot - 32 * bs[j]);
-                }
+                for (int j = 0; j < 16; j++) isum += w[k].scales[j] * (dot[j] - 32 * bs[j]);
                 s += (a.d[k] * ellm_f16_to_f32(w[k].d)) * (float)isum;
             }
             Y[b * ldy + r] = s;
@@ -195,6 +197,7 @@ static void matmul_q6_K_ref(const void *W, int64_t cols, int64_t r0, int64_t r1,
 
 /* ---- reference row kernels ---- */
 
+/* Defines kern_rmsnorm: the mean square is summed in double. */
 void kern_rmsnorm_ref(float *out, const float *x, const float *w, int64_t n, float eps) {
     double ss = 0;
     for (int64_t i = 0; i < n; i++) ss += (double)x[i] * x[i];
@@ -202,6 +205,7 @@ void kern_rmsnorm_ref(float *out, const float *x, const float *w, int64_t n, flo
     for (int64_t i = 0; i < n; i++) out[i] = x[i] * scale * w[i];
 }
 
+/* Defines kern_rope: x0 c - x1 s and x0 s + x1 c per rotated pair. */
 void kern_rope_ref(float *x, int n_heads, int head_dim, int n_rot, const float *cos_sin, int neox) {
     int half = n_rot / 2;
     for (int h = 0; h < n_heads; h++) {
@@ -217,6 +221,7 @@ void kern_rope_ref(float *x, int n_heads, int head_dim, int n_rot, const float *
     }
 }
 
+/* Defines kern_swiglu with libm expf. */
 void kern_swiglu_ref(float *out, const float *gate, const float *up, int64_t n) {
     for (int64_t i = 0; i < n; i++) {
         float g = gate[i];
@@ -224,6 +229,7 @@ void kern_swiglu_ref(float *out, const float *gate, const float *up, int64_t n) 
     }
 }
 
+/* Defines kern_softmax: max-subtracted expf, sum in double, one reciprocal. */
 void kern_softmax_ref(float *x, int64_t n) {
     if (n <= 0) return;
     float max = x[0];
@@ -237,16 +243,19 @@ void kern_softmax_ref(float *x, int64_t n) {
     for (int64_t i = 0; i < n; i++) x[i] *= inv;
 }
 
+/* Defines kern_add. */
 void kern_add_ref(float *y, const float *x, int64_t n) {
     for (int64_t i = 0; i < n; i++) y[i] += x[i];
 }
 
+/* Defines kern_dot_f32, summed in double. */
 float kern_dot_f32_ref(const float *a, const float *b, int64_t n) {
     double s = 0;
     for (int64_t i = 0; i < n; i++) s += (double)a[i] * b[i];
     return (float)s;
 }
 
+/* Define kern_f32_to_f16 / kern_f16_to_f32 (core/fp16.h conversions). */
 void kern_f32_to_f16_ref(const float *src, uint16_t *dst, int64_t n) {
     for (int64_t i = 0; i < n; i++) dst[i] = ellm_f32_to_f16(src[i]);
 }
@@ -255,6 +264,7 @@ void kern_f16_to_f32_ref(const uint16_t *src, float *dst, int64_t n) {
     for (int64_t i = 0; i < n; i++) dst[i] = ellm_f16_to_f32(src[i]);
 }
 
+/* Scalar table entries for kern_dequantize: quant.c's references. */
 static void dequant_ref_f32(const void *src, float *dst, int64_t n) {
     qtype_dequantize_ref(QTYPE_F32, src, dst, n);
 }
@@ -340,7 +350,8 @@ size_t kern_act_bytes(int wtype, int64_t cols, int nb) {
 
 /* Fills `act` (kern_act_bytes(wtype, cols, nb) bytes) from nb rows of X. */
 void kern_act_prepare(int wtype, const float *X, int64_t cols, int nb, void *act) {
-    assert(wtype_ok(wtype));
+    assert(kern_act_bytes(wtype, cols, 1) > 0);
+    if (kern_act_bytes(wtype, cols, 1) == 0) return;
     act_kind kind = act_kind_of(wtype);
     size_t row_bytes = act_row_bytes(kind, cols);
     kern_act_row_fn fn = kind == ACT_Q8 ? KERN_PICK(act_q8) : KERN_PICK(act_q8k);
@@ -379,6 +390,7 @@ void kern_dequantize(int type, const void *src, float *dst, int64_t n) {
     if (fn) fn(src, dst, n);
 }
 
+/* The row kernels below run the active ISA's version of their `_ref`. */
 void kern_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps) {
     KERN_PICK(rmsnorm)(out, x, w, n, eps);
 }

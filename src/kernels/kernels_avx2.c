@@ -8,66 +8,13 @@
  * next chunk re-reads the row from L1, so DRAM sees every weight once per
  * call whatever nb is. */
 #include "kernels/kernels_impl.h"
+#include "kernels/kernels_x86.h"
 
 #include <immintrin.h>
 #include <math.h>
 #include <string.h>
 
-#define INLINE static inline __attribute__((always_inline))
-
 enum { MM_NB = 4 }; /* activation rows per register tile (16 ymm registers) */
-
-INLINE float hsum_ps(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
-INLINE float hmax_ps(__m256 v) {
-    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_max_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
-INLINE int hsum_epi32(__m256i v) {
-    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
-    return _mm_cvtsi128_si32(s);
-}
-
-INLINE float f16_to_f32(ellm_f16 h) { return _cvtsh_ss(h); }
-
-/* Packs 4 x 8 int32 (values in int8 range) into 32 int8 in order. */
-INLINE __m256i pack_epi32_epi8(__m256i a, __m256i b, __m256i c, __m256i d) {
-    __m256i ab = _mm256_packs_epi32(a, b), cd = _mm256_packs_epi32(c, d);
-    __m256i v = _mm256_packs_epi16(ab, cd); /* lanes interleaved by 4 ints */
-    return _mm256_permutevar8x32_epi32(v, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-}
-
-/* e^x, within ~2 ulp of expf for x in [-87.3, 88]; 0 below (where expf is
- * subnormal or 0), e^88 above; NaN stays NaN. Cephes-style: x = n ln2 + r,
- * e^r by a degree-7 polynomial, 2^n through the exponent bits. */
-INLINE __m256 exp_ps(__m256 x) {
-    const __m256 lo = _mm256_set1_ps(-87.33654f), hi = _mm256_set1_ps(88.0f);
-    __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
-    x = _mm256_min_ps(hi, _mm256_max_ps(lo, x));
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_andnot_ps(under, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
-}
 
 /* ---- activation preparation (bit-identical to kern_act_q8*_row_ref) ---- */
 
@@ -196,8 +143,8 @@ static void matmul_bf16_avx2(const void *W, int64_t cols, int64_t r0, int64_t r1
  * and the offset comes off per block in float: dw * da * sum(q a) - 8 * dw *
  * s[k] with s[k] = da * sum(a). Q8_0 would overflow int16 that way, so it
  * multiplies |w| by a * sign(w) (pairs <= 2 * 128 * 127). Scales dw * da
- * are formed 8 blocks at a time (gathered f16 dw times 8 da) and picked per
- * block with a lane permute. */
+ * are formed 8 blocks at a time (gathered f16 dw times 8 da) into a small
+ * stack table that the block loop broadcasts from (a load, not a shuffle). */
 
 /* f16 scales of the n (<= 8) blocks of `bsz` bytes at `w`, the f16 at the
  * start of each block, as floats; zeros past n. */
@@ -230,6 +177,7 @@ INLINE void mm_q8_row(int wtype, const void *w, int64_t nblk, const act_row *a, 
                       const int NB) {
     const int bsz = wtype == QTYPE_Q8_0 ? (int)sizeof(block_q8_0) : (int)sizeof(block_q4_0);
     const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    float sc[MM_NB][8] __attribute__((aligned(32))); /* dw * da for the current 8 blocks */
     __m256 acc[MM_NB];
 #pragma GCC unroll 4
     for (int b = 0; b < NB; b++) acc[b] = _mm256_setzero_ps();
@@ -237,10 +185,9 @@ INLINE void mm_q8_row(int wtype, const void *w, int64_t nblk, const act_row *a, 
         int n = nblk - k0 < 8 ? (int)(nblk - k0) : 8;
         __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32(n), lanes);
         __m256 dw = gather_scales8((const char *)w + k0 * bsz, bsz, n, lanes);
-        __m256 sc[MM_NB];
 #pragma GCC unroll 4
         for (int b = 0; b < NB; b++) {
-            sc[b] = _mm256_mul_ps(dw, _mm256_maskload_ps(a[b].d + k0, m));
+            _mm256_store_ps(sc[b], _mm256_mul_ps(dw, _mm256_maskload_ps(a[b].d + k0, m)));
             if (wtype == QTYPE_Q4_0)
                 acc[b] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(-8.0f)), _mm256_maskload_ps(a[b].s + k0, m),
                                          acc[b]);
@@ -250,26 +197,24 @@ INLINE void mm_q8_row(int wtype, const void *w, int64_t nblk, const act_row *a, 
             int64_t k = k0 + i;
             __m256i w0 = load_q8_block(wtype, w, k), w1 = load_q8_block(wtype, w, k + 1);
             __m256i u0 = _mm256_sign_epi8(w0, w0), u1 = _mm256_sign_epi8(w1, w1);
-            __m256i i0 = _mm256_set1_epi32(i), i1 = _mm256_set1_epi32(i + 1);
 #pragma GCC unroll 4
             for (int b = 0; b < NB; b++) {
                 const int8_t *q = a[b].qs + 32 * k;
                 __m256i d0 = dot_q8_block(wtype, w0, u0, _mm256_loadu_si256((const __m256i *)q));
                 __m256i d1 = dot_q8_block(wtype, w1, u1, _mm256_loadu_si256((const __m256i *)(q + 32)));
                 /* two products summed first: one add on the accumulator chain per pair */
-                __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(d0), _mm256_permutevar8x32_ps(sc[b], i0));
-                t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d1), _mm256_permutevar8x32_ps(sc[b], i1), t);
+                __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(d0), _mm256_broadcast_ss(&sc[b][i]));
+                t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d1), _mm256_broadcast_ss(&sc[b][i + 1]), t);
                 acc[b] = _mm256_add_ps(acc[b], t);
             }
         }
         if (i < n) {
             int64_t k = k0 + i;
             __m256i w0 = load_q8_block(wtype, w, k), u0 = _mm256_sign_epi8(w0, w0);
-            __m256i i0 = _mm256_set1_epi32(i);
 #pragma GCC unroll 4
             for (int b = 0; b < NB; b++) {
                 __m256i d0 = dot_q8_block(wtype, w0, u0, _mm256_loadu_si256((const __m256i *)(a[b].qs + 32 * k)));
-                acc[b] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d0), _mm256_permutevar8x32_ps(sc[b], i0), acc[b]);
+                acc[b] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d0), _mm256_broadcast_ss(&sc[b][i]), acc[b]);
             }
         }
     }
@@ -290,18 +235,21 @@ INLINE void mm_q4k_row(const block_q4_K *w, int64_t nblk, const act_row *a, floa
 #pragma GCC unroll 4
     for (int b = 0; b < NB; b++) accf[b] = _mm256_setzero_ps();
     for (int64_t k = 0; k < nblk; k++) {
-        uint8_t sm[16];
-        q4k_unpack_scales(w[k].scales, sm);
-        /* m[j] twice per j: madd with bsums[2j], bsums[2j+1] gives m[j] * sum(a_j). */
-        __m256i mins = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)sm), pair_mins));
-        float d = f16_to_f32(w[k].d), dmin = f16_to_f32(w[k].dmin);
+        __m128i sm = q4k_scales_vec(w[k].scales); /* sc[0..7], m[0..7] as bytes */
+        __m256i smb = _mm256_broadcastsi128_si256(sm);
+        /* m[j] twice: madd with bsums[2j], bsums[2j+1] gives m[j] * sum(a_j). */
+        __m256i mins = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(sm, pair_mins));
+        __m128 dd = _mm_cvtph_ps(_mm_loadu_si32(&w[k].d)); /* d, dmin */
         __m256i acci[MM_NB];
 #pragma GCC unroll 4
         for (int b = 0; b < NB; b++) acci[b] = _mm256_setzero_si256();
+#pragma GCC unroll 4
         for (int g = 0; g < 4; g++) {
             __m256i q = _mm256_loadu_si256((const __m256i *)(w[k].qs + 32 * g));
             __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-            __m256i s_lo = _mm256_set1_epi16(sm[2 * g]), s_hi = _mm256_set1_epi16(sm[2 * g + 1]);
+            /* sc[2g], sc[2g + 1] zero-extended into every int16 (pshufb index 0x80 gives 0) */
+            __m256i s_lo = _mm256_shuffle_epi8(smb, _mm256_set1_epi16((short)(0x8000 | (2 * g))));
+            __m256i s_hi = _mm256_shuffle_epi8(smb, _mm256_set1_epi16((short)(0x8000 | (2 * g + 1))));
 #pragma GCC unroll 4
             for (int b = 0; b < NB; b++) {
                 const int8_t *aq = a[b].qs + QK_K * k + 64 * g;
@@ -315,9 +263,9 @@ INLINE void mm_q4k_row(const block_q4_K *w, int64_t nblk, const act_row *a, floa
         for (int b = 0; b < NB; b++) {
             __m256i bs = _mm256_loadu_si256((const __m256i *)(a[b].bsums + 16 * k));
             __m256i mi = _mm256_madd_epi16(bs, mins);
-            float da = a[b].d[k];
-            accf[b] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acci[b]), _mm256_set1_ps(da * d), accf[b]);
-            accf[b] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(mi), _mm256_set1_ps(da * dmin), accf[b]);
+            __m128 ds = _mm_mul_ps(dd, _mm_set1_ps(a[b].d[k])); /* da * d, da * dmin */
+            accf[b] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acci[b]), _mm256_broadcastss_ps(ds), accf[b]);
+            accf[b] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(mi), _mm256_broadcastss_ps(_mm_movehdup_ps(ds)), accf[b]);
         }
     }
 #pragma GCC unroll 4
@@ -329,21 +277,6 @@ INLINE void mm_q4k_row(const block_q4_K *w, int64_t nblk, const act_row *a, floa
  * ql nibbles and qh bit pairs (16-bit shifts; the bits that leak across
  * bytes are masked off). q is unsigned, so maddubs(q, a) then madd with the
  * two sub-block scales; the -32 offset is 32 * sum_j sc[j] * bsums[j]. */
-INLINE __m256i q6k_quarter(const uint8_t *ql, const uint8_t *qh, int kk) {
-    const __m256i m4 = _mm256_set1_epi8(0xF), m30 = _mm256_set1_epi8(0x30);
-    __m256i l = _mm256_loadu_si256((const __m256i *)(ql + 32 * (kk & 1)));
-    __m256i hb = _mm256_loadu_si256((const __m256i *)qh);
-    __m256i lo = kk < 2 ? _mm256_and_si256(l, m4) : _mm256_and_si256(_mm256_srli_epi16(l, 4), m4);
-    __m256i hi;
-    switch (kk) {
-    case 0: hi = _mm256_slli_epi16(hb, 4); break;
-    case 1: hi = _mm256_slli_epi16(hb, 2); break;
-    case 2: hi = hb; break;
-    default: hi = _mm256_srli_epi16(hb, 2); break;
-    }
-    return _mm256_or_si256(lo, _mm256_and_si256(hi, m30));
-}
-
 INLINE void mm_q6k_row(const block_q6_K *w, int64_t nblk, const act_row *a, float *y, int64_t ldy,
                        const int NB) {
     __m256 accf[MM_NB];

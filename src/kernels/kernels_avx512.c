@@ -4,25 +4,20 @@
  * AVX-512 CPUs without VNNI. Each function computes what its `_ref` in
  * kernels.c or quant.c defines; tests/test_kernels.c holds them to it.
  *
- * Matmul shape: for each weight row r, each weight block is decoded once into
- * registers and applied to a tile of up to MM_NB activation rows; further
- * tiles re-read the row from L1, so DRAM sees every weight once per call. */
+ * Matmul shape: each weight block is decoded once into registers and applied
+ * to a tile of activation rows (Q8_0 / Q4_0: up to 2 weight rows x 4
+ * activation rows; others: 1 x up to MM_NB); further tiles re-read the
+ * weights from L1 or L2, so DRAM sees every weight once per call. Each
+ * output's arithmetic is independent of nb and of the tiling, so results are
+ * batch-invariant. */
 #include "kernels/kernels_impl.h"
+#include "kernels/kernels_x86.h"
 
 #include <immintrin.h>
 #include <math.h>
 #include <string.h>
 
-#define INLINE static inline __attribute__((always_inline))
-
-enum { MM_NB = 8 }; /* activation rows per register tile (32 zmm registers) */
-
-/* Software prefetch distance for the weight stream, in bytes. */
-#ifndef PF_DIST
-#define PF_DIST 1024
-#endif
-
-INLINE float f16_to_f32(ellm_f16 h) { return _cvtsh_ss(h); }
+enum { MM_NB = 8 }; /* activation rows per register tile (32 vector registers) */
 
 INLINE __mmask16 tail16(int64_t n) { return (__mmask16)((1u << n) - 1); }
 
@@ -102,13 +97,11 @@ INLINE __m512 load16_w_tail(int wtype, const void *w, int64_t c, __mmask16 m) {
  * accumulators per row hide the FMA latency when NB is small. */
 INLINE void mm_float_row(int wtype, const void *w, int64_t cols, const float *const *x, float *y,
                          int64_t ldy, const int NB) {
-    const int esz = wtype == QTYPE_F32 ? 4 : 2;
     __m512 acc0[MM_NB], acc1[MM_NB];
 #pragma GCC unroll 8
     for (int b = 0; b < NB; b++) acc0[b] = acc1[b] = _mm512_setzero_ps();
     int64_t c = 0;
     for (; c + 32 <= cols; c += 32) {
-        _mm_prefetch((const char *)w + c * esz + PF_DIST, _MM_HINT_T0);
         __m512 w0 = load16_w(wtype, w, c), w1 = load16_w(wtype, w, c + 16);
 #pragma GCC unroll 8
         for (int b = 0; b < NB; b++) {
@@ -171,148 +164,181 @@ static void matmul_bf16_avx512(const void *W, int64_t cols, int64_t r0, int64_t 
 
 /* ---- Q8_0 / Q4_0 weights against ACT_Q8 (VNNI) ----
  * vpdpbusd multiplies unsigned by signed bytes, so weights enter unsigned:
- * Q8_0 as w + 128 (w ^ 0x80), Q4_0 as its raw nibbles w + 8; the offset
- * comes off in float once per block, off * dw * s[k] with s[k] = da *
- * sum(a) (exact integer parts: each lane sums 4 products < 2^16). Two blocks
- * fill a zmm: lanes 0-7 hold block k's partial sums, lanes 8-15 block k+1's.
- * Scales dw * da are formed 16 blocks at a time (gathered f16 dw times 16
- * da) and picked per pair with one lane permute. */
+ * Q8_0 as w + 128 (w ^ 0x80), Q4_0 as its raw nibbles w + 8, and the offset
+ * comes off in float, off * dw * s[k] with s[k] = da * sum(a); the integer
+ * parts are exact (each lane sums 4 products below 2^16).
+ *
+ * One block per ymm: on Zen 4 a zmm op costs two ymm ops anyway, and 34-byte
+ * Q8_0 blocks would need an insert to pair up. Scales dw * da are formed 16
+ * blocks at a time (gathered f16 dw times 16 da) into a small stack table
+ * that the block loop broadcasts from memory (a load, not a shuffle). */
 
-/* Weights of blocks k, k+1 as unsigned bytes, block k in the low half. */
-INLINE __m512i load_q8_pair(int wtype, const void *W, int64_t k) {
-    if (wtype == QTYPE_Q8_0) {
-        const block_q8_0 *b = (const block_q8_0 *)W + k;
-        __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)b[0].qs)),
-                                       _mm256_loadu_si256((const __m256i *)b[1].qs), 1);
-        return _mm512_xor_si512(v, _mm512_set1_epi8((char)0x80));
-    }
-    const block_q4_0 *b = (const block_q4_0 *)W + k;
-    __m256i q = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)b[0].qs)),
-                                        _mm_loadu_si128((const __m128i *)b[1].qs), 1);
-    __m256i m4 = _mm256_set1_epi8(0xF);
-    /* [lo k, lo k+1, hi k, hi k+1] -> [lo k, hi k, lo k+1, hi k+1] in 128-bit lanes */
-    __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(q, m4)),
-                                   _mm256_and_si256(_mm256_srli_epi16(q, 4), m4), 1);
-    return _mm512_shuffle_i64x2(v, v, _MM_SHUFFLE(3, 1, 2, 0));
-}
-
-/* Weights of the single block k in the low half, zeros above. */
-INLINE __m512i load_q8_single(int wtype, const void *W, int64_t k) {
+/* Block k's weights as unsigned bytes (see above). */
+INLINE __m256i load_q8_block_u8(int wtype, const void *W, int64_t k) {
     if (wtype == QTYPE_Q8_0) {
         __m256i v = _mm256_loadu_si256((const __m256i *)((const block_q8_0 *)W)[k].qs);
-        return _mm512_zextsi256_si512(_mm256_xor_si256(v, _mm256_set1_epi8((char)0x80)));
+        return _mm256_xor_si256(v, _mm256_set1_epi8((char)0x80));
     }
     __m128i q = _mm_loadu_si128((const __m128i *)((const block_q4_0 *)W)[k].qs);
     __m128i m4 = _mm_set1_epi8(0xF);
-    return _mm512_zextsi256_si512(_mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m4), _mm_and_si128(q, m4)));
+    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m4), _mm_and_si128(q, m4));
 }
 
-INLINE void mm_q8_row(int wtype, const void *w, int64_t nblk, const act_row *a, float *y, int64_t ldy,
-                      const int NB) {
+enum { Q8_R = 2, Q8_NB = 4 }; /* weight rows x activation rows per tile */
+enum { Q8_PF = 32 };          /* software prefetch distance in blocks (multi-row tiles) */
+
+/* Block k (entry i of the scale table) of R weight rows against NB
+ * activation rows, accumulated into acc[r][b]. */
+INLINE void mm_q8_tile_block(int wtype, const char *w, size_t wrow, const act_row *a, int64_t k,
+                             float sc[Q8_R][Q8_NB][16], int i, __m256 acc[Q8_R][Q8_NB], const int R,
+                             const int NB) {
+    const int bsz = wtype == QTYPE_Q8_0 ? (int)sizeof(block_q8_0) : (int)sizeof(block_q4_0);
+    __m256i wv[Q8_R];
+#pragma GCC unroll 2
+    for (int r = 0; r < R; r++) {
+        /* Several interleaved row streams defeat the hardware prefetcher here;
+         * one stream (R = 1) does better without help. */
+        if (R > 1) _mm_prefetch(w + r * wrow + (k + Q8_PF) * bsz, _MM_HINT_T0);
+        wv[r] = load_q8_block_u8(wtype, w + r * wrow, k);
+    }
+#pragma GCC unroll 4
+    for (int b = 0; b < NB; b++) {
+        __m256i av = _mm256_loadu_si256((const __m256i *)(a[b].qs + 32 * k));
+#pragma GCC unroll 2
+        for (int r = 0; r < R; r++) {
+            __m256i d = _mm256_dpbusd_epi32(_mm256_setzero_si256(), wv[r], av);
+            acc[r][b] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_set1_ps(sc[r][b][i]), acc[r][b]);
+        }
+    }
+}
+
+/* R weight rows from `w` (rows `wrow` bytes apart) against NB activation
+ * rows; writes y[b * ldy + r]. Each activation block is loaded once for the
+ * R rows. Every output takes the same sequence of operations whatever R, NB
+ * and its place in the tile (even blocks into acc, odd blocks and the offset
+ * corrections into acc2, then one final sum), so a row's result does not
+ * depend on the batch it came in: batched verification reproduces decode
+ * bit for bit. */
+INLINE void mm_q8_tile(int wtype, const char *w, size_t wrow, int64_t nblk, const act_row *a, float *y,
+                       int64_t ldy, const int R, const int NB) {
     const int bsz = wtype == QTYPE_Q8_0 ? (int)sizeof(block_q8_0) : (int)sizeof(block_q4_0);
     const __m512i offs = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                                             _mm512_set1_epi32(bsz));
-    const __m512i pair_idx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
     const __m512 off = _mm512_set1_ps(wtype == QTYPE_Q8_0 ? -128.0f : -8.0f);
-    __m512 acc[MM_NB];
-#pragma GCC unroll 8
-    for (int b = 0; b < NB; b++) acc[b] = _mm512_setzero_ps();
+    float sc[Q8_R][Q8_NB][16] __attribute__((aligned(64))); /* dw * da for the current 16 blocks */
+    __m256 acc[Q8_R][Q8_NB], acc2[Q8_R][Q8_NB];
+#pragma GCC unroll 2
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int b = 0; b < NB; b++) acc[r][b] = acc2[r][b] = _mm256_setzero_ps();
     for (int64_t k0 = 0; k0 < nblk; k0 += 16) {
         int n = nblk - k0 < 16 ? (int)(nblk - k0) : 16;
         __mmask16 m = n == 16 ? 0xFFFF : tail16(n);
-        const char *wb = (const char *)w + k0 * bsz;
-        _mm_prefetch(wb + PF_DIST, _MM_HINT_T0);
-        __m512i raw = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, offs, wb, 1);
-        __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(raw));
-        __m512 dwo = _mm512_mul_ps(dw, off);
-        __m512 sc[MM_NB];
-#pragma GCC unroll 8
-        for (int b = 0; b < NB; b++) {
-            sc[b] = _mm512_mul_ps(dw, _mm512_maskz_loadu_ps(m, a[b].d + k0));
-            acc[b] = _mm512_fmadd_ps(dwo, _mm512_maskz_loadu_ps(m, a[b].s + k0), acc[b]);
+#pragma GCC unroll 2
+        for (int r = 0; r < R; r++) {
+            __m512i raw = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, offs, w + r * wrow + k0 * bsz, 1);
+            __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(raw));
+            __m512 dwo = _mm512_mul_ps(dw, off);
+#pragma GCC unroll 4
+            for (int b = 0; b < NB; b++) {
+                _mm512_store_ps(sc[r][b], _mm512_mul_ps(dw, _mm512_maskz_loadu_ps(m, a[b].d + k0)));
+                __m512 corr = _mm512_mul_ps(dwo, _mm512_maskz_loadu_ps(m, a[b].s + k0));
+                acc2[r][b] = _mm256_add_ps(acc2[r][b], _mm256_add_ps(_mm512_castps512_ps256(corr),
+                                                                     _mm512_extractf32x8_ps(corr, 1)));
+            }
         }
         int i = 0;
         for (; i + 2 <= n; i += 2) {
-            int64_t k = k0 + i;
-            _mm_prefetch(wb + i * bsz + PF_DIST + 64, _MM_HINT_T0);
-            __m512i wv = load_q8_pair(wtype, w, k);
-            __m512i idx = _mm512_add_epi32(pair_idx, _mm512_set1_epi32(i));
-#pragma GCC unroll 8
-            for (int b = 0; b < NB; b++) {
-                __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv,
-                                                  _mm512_loadu_si512((const void *)(a[b].qs + 32 * k)));
-                acc[b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_permutexvar_ps(idx, sc[b]), acc[b]);
-            }
+            mm_q8_tile_block(wtype, w, wrow, a, k0 + i, sc, i, acc, R, NB);
+            mm_q8_tile_block(wtype, w, wrow, a, k0 + i + 1, sc, i + 1, acc2, R, NB);
         }
-        if (i < n) { /* odd block count: the last block alone, upper lanes zero */
-            int64_t k = k0 + i;
-            __m512i wv = load_q8_single(wtype, w, k);
-            __m512i idx = _mm512_set1_epi32(i);
-#pragma GCC unroll 8
-            for (int b = 0; b < NB; b++) {
-                __m512i av = _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)(a[b].qs + 32 * k)));
-                __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv, av);
-                acc[b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_permutexvar_ps(idx, sc[b]), acc[b]);
+        if (i < n) mm_q8_tile_block(wtype, w, wrow, a, k0 + i, sc, i, acc, R, NB);
+    }
+#pragma GCC unroll 2
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int b = 0; b < NB; b++) y[b * ldy + r] = hsum_ps(_mm256_add_ps(acc[r][b], acc2[r][b]));
+}
+
+/* Rows [r0, r1) in tiles of up to Q8_R weight rows x Q8_NB activation rows. */
+INLINE void mm_q8(int wtype, const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act, int nb,
+                  float *Y, int64_t ldy) {
+    size_t wrow = qtype_row_bytes(wtype, cols);
+    int64_t nblk = cols / 32;
+    /* Decode (nb <= 2) is bound by DRAM: one weight row at a time keeps a
+     * single sequential stream. Larger batches are bound by compute and L2
+     * and gain from sharing each activation load across Q8_R rows. */
+    int rt = nb <= 2 ? 1 : Q8_R;
+    for (int64_t r = r0; r < r1; r += rt) {
+        int R = r1 - r < rt ? (int)(r1 - r) : rt;
+        const char *w = (const char *)W + (size_t)r * wrow;
+        for (int b0 = 0; b0 < nb; b0 += Q8_NB) {
+            act_row a[Q8_NB];
+            int n = nb - b0 < Q8_NB ? nb - b0 : Q8_NB;
+            for (int b = 0; b < n; b++) a[b] = act_get_row(ACT_Q8, act, cols, b0 + b);
+            float *y = Y + (int64_t)b0 * ldy + r;
+#define MM_Q8_CASE(R_, N_) \
+    case (R_)*8 + (N_): mm_q8_tile(wtype, w, wrow, nblk, a, y, ldy, R_, N_); break
+            switch (R * 8 + n) {
+                MM_Q8_CASE(1, 1); MM_Q8_CASE(1, 2); MM_Q8_CASE(1, 3); MM_Q8_CASE(1, 4);
+                MM_Q8_CASE(2, 1); MM_Q8_CASE(2, 2); MM_Q8_CASE(2, 3); MM_Q8_CASE(2, 4);
             }
+#undef MM_Q8_CASE
         }
     }
-#pragma GCC unroll 8
-    for (int b = 0; b < NB; b++) y[b * ldy] = _mm512_reduce_add_ps(acc[b]);
 }
 
 /* ---- Q4_K weights against ACT_Q8K (VNNI) ----
- * A 64-byte load of qs holds sub-blocks (0, 2) in its low nibbles and (1, 3)
- * in its high nibbles; a 128-bit-lane shuffle puts them back in element order
- * so activations load contiguously. maddubs (4-bit q unsigned, pairs far from
- * int16 overflow) then vpdpwssd with the per-sub-block scales accumulates
- * sc * q * a in int32; the mins term uses bsums. */
+ * qs[32g .. 32g+31] holds sub-block 2g in its low nibbles and 2g+1 in its
+ * high nibbles, matching activations a[64g ..] and a[64g + 32 ..]. maddubs
+ * (4-bit q unsigned; pairs far from int16 overflow) then vpdpwssd with the
+ * sub-block scale accumulates sc * q * a exactly in int32; the mins term
+ * uses bsums. ymm rather than zmm: the nibble halves then line up with
+ * contiguous activations without cross-lane shuffles, which on Zen 4 makes
+ * the per-block decode cheaper for the same per-row work. */
 INLINE void mm_q4k_row(const block_q4_K *w, int64_t nblk, const act_row *a, float *y, int64_t ldy,
                        const int NB) {
-    const __m512i m4 = _mm512_set1_epi8(0xF);
-    /* int16 lane i of the scale vector for elements 64c .. 64c+63: sc[2c + i / 16] */
-    const __m512i sidx0 = _mm512_set_epi64(0x0001000100010001ll, 0x0001000100010001ll, 0x0001000100010001ll,
-                                           0x0001000100010001ll, 0, 0, 0, 0);
-    const __m256i midx = _mm256_setr_epi16(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15);
-    __m512 accf[MM_NB];
+    const __m256i m4 = _mm256_set1_epi8(0xF);
+    const __m128i pair_mins = _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15);
+    __m256 accf[MM_NB];
 #pragma GCC unroll 8
-    for (int b = 0; b < NB; b++) accf[b] = _mm512_setzero_ps();
+    for (int b = 0; b < NB; b++) accf[b] = _mm256_setzero_ps();
     for (int64_t k = 0; k < nblk; k++) {
-        _mm_prefetch((const char *)(w + k) + PF_DIST, _MM_HINT_T0);
-        _mm_prefetch((const char *)(w + k) + PF_DIST + 64, _MM_HINT_T0);
-        _mm_prefetch((const char *)(w + k) + PF_DIST + 128, _MM_HINT_T0);
-        uint8_t sm[16];
-        q4k_unpack_scales(w[k].scales, sm);
-        __m256i s16 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)sm)); /* sc[0..7], m[0..7] */
-        __m512i s512 = _mm512_zextsi256_si512(s16);
-        __m256i mins = _mm256_permutexvar_epi16(midx, s16); /* m[j] twice: pairs with bsums[2j], [2j+1] */
-        __m512i sc[4], v[4];
-        for (int c = 0; c < 4; c++)
-            sc[c] = _mm512_permutexvar_epi16(_mm512_add_epi16(sidx0, _mm512_set1_epi16((short)(2 * c))), s512);
-        for (int h = 0; h < 2; h++) {
-            __m512i q = _mm512_loadu_si512((const void *)(w[k].qs + 64 * h));
-            __m512i lo = _mm512_and_si512(q, m4), hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
-            v[2 * h] = _mm512_shuffle_i64x2(lo, hi, 0x44);     /* sub-blocks 4h, 4h+1 */
-            v[2 * h + 1] = _mm512_shuffle_i64x2(lo, hi, 0xEE); /* sub-blocks 4h+2, 4h+3 */
+        __m128i sm = q4k_scales_vec(w[k].scales); /* sc[0..7], m[0..7] as bytes */
+        __m256i smb = _mm256_broadcastsi128_si256(sm);
+        /* m[j] twice: madd with bsums[2j], bsums[2j+1] gives m[j] * sum(a_j) */
+        __m256i mins = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(sm, pair_mins));
+        __m128 dd = _mm_cvtph_ps(_mm_loadu_si32(&w[k].d)); /* d, dmin */
+        __m256i acci[MM_NB];
+#pragma GCC unroll 8
+        for (int b = 0; b < NB; b++) acci[b] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+        for (int g = 0; g < 4; g++) {
+            __m256i q = _mm256_loadu_si256((const __m256i *)(w[k].qs + 32 * g));
+            __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+            /* sc[2g], sc[2g + 1] zero-extended into every int16 (pshufb index 0x80 gives 0) */
+            __m256i s_lo = _mm256_shuffle_epi8(smb, _mm256_set1_epi16((short)(0x8000 | (2 * g))));
+            __m256i s_hi = _mm256_shuffle_epi8(smb, _mm256_set1_epi16((short)(0x8000 | (2 * g + 1))));
+#pragma GCC unroll 8
+            for (int b = 0; b < NB; b++) {
+                const int8_t *aq = a[b].qs + QK_K * k + 64 * g;
+                __m256i p0 = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)aq));
+                __m256i p1 = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(aq + 32)));
+                acci[b] = _mm256_dpwssd_epi32(_mm256_dpwssd_epi32(acci[b], p0, s_lo), p1, s_hi);
+            }
         }
-        float d = f16_to_f32(w[k].d), dmin = f16_to_f32(w[k].dmin);
 #pragma GCC unroll 8
         for (int b = 0; b < NB; b++) {
-            const int8_t *aq = a[b].qs + QK_K * k;
-            __m512i acci = _mm512_setzero_si512();
-#pragma GCC unroll 4
-            for (int c = 0; c < 4; c++) {
-                __m512i p = _mm512_maddubs_epi16(v[c], _mm512_loadu_si512((const void *)(aq + 64 * c)));
-                acci = _mm512_dpwssd_epi32(acci, p, sc[c]);
-            }
             __m256i mi = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(a[b].bsums + 16 * k)), mins);
-            float da = a[b].d[k];
-            accf[b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acci), _mm512_set1_ps(da * d), accf[b]);
-            accf[b] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(_mm512_zextsi256_si512(mi)), _mm512_set1_ps(da * dmin),
-                                       accf[b]);
+            __m128 ds = _mm_mul_ps(dd, _mm_set1_ps(a[b].d[k])); /* da * d, da * dmin */
+            accf[b] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acci[b]), _mm256_broadcastss_ps(ds), accf[b]);
+            accf[b] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(mi), _mm256_broadcastss_ps(_mm_movehdup_ps(ds)), accf[b]);
         }
     }
 #pragma GCC unroll 8
-    for (int b = 0; b < NB; b++) y[b * ldy] = _mm512_reduce_add_ps(accf[b]);
+    for (int b = 0; b < NB; b++) {
+        y[b * ldy] = hsum_ps(accf[b]);
+    }
 }
 
 /* ---- Q6_K weights against ACT_Q8K (VNNI) ----
@@ -334,10 +360,6 @@ INLINE void mm_q6k_row(const block_q6_K *w, int64_t nblk, const act_row *a, floa
 #pragma GCC unroll 8
     for (int b = 0; b < NB; b++) accf[b] = _mm512_setzero_ps();
     for (int64_t k = 0; k < nblk; k++) {
-        _mm_prefetch((const char *)(w + k) + PF_DIST, _MM_HINT_T0);
-        _mm_prefetch((const char *)(w + k) + PF_DIST + 64, _MM_HINT_T0);
-        _mm_prefetch((const char *)(w + k) + PF_DIST + 128, _MM_HINT_T0);
-        _mm_prefetch((const char *)(w + k) + PF_DIST + 192, _MM_HINT_T0);
         __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)w[k].scales));
         __m512i s512 = _mm512_zextsi256_si512(sc16);
         __m512i sc[4], v[4];
@@ -373,10 +395,12 @@ INLINE void mm_q6k_row(const block_q6_K *w, int64_t nblk, const act_row *a, floa
 INLINE void mm_quant_row(int wtype, const void *w, int64_t cols, const act_row *a, float *y,
                          int64_t ldy, const int NB) {
     if (wtype == QTYPE_Q4_K) mm_q4k_row(w, cols / QK_K, a, y, ldy, NB);
-    else if (wtype == QTYPE_Q6_K) mm_q6k_row(w, cols / QK_K, a, y, ldy, NB);
-    else mm_q8_row(wtype, w, cols / 32, a, y, ldy, NB);
+    else mm_q6k_row(w, cols / QK_K, a, y, ldy, NB);
 }
 
+/* K-quant rows [r0, r1), one weight row at a time against tiles of up to
+ * MM_NB activation rows (their per-row integer work, not activation loads,
+ * bounds them, so tiling weight rows as mm_q8 does buys little). */
 INLINE void mm_quant(int wtype, const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
                      int nb, float *Y, int64_t ldy) {
     act_kind kind = act_kind_of(wtype);
@@ -404,11 +428,11 @@ INLINE void mm_quant(int wtype, const void *W, int64_t cols, int64_t r0, int64_t
 
 static void matmul_q8_0_avx512(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
                                int nb, float *Y, int64_t ldy) {
-    mm_quant(QTYPE_Q8_0, W, cols, r0, r1, act, nb, Y, ldy);
+    mm_q8(QTYPE_Q8_0, W, cols, r0, r1, act, nb, Y, ldy);
 }
 static void matmul_q4_0_avx512(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
                                int nb, float *Y, int64_t ldy) {
-    mm_quant(QTYPE_Q4_0, W, cols, r0, r1, act, nb, Y, ldy);
+    mm_q8(QTYPE_Q4_0, W, cols, r0, r1, act, nb, Y, ldy);
 }
 static void matmul_q4_K_avx512(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
                                int nb, float *Y, int64_t ldy) {
@@ -494,18 +518,12 @@ static void dequant_q4_K_avx512(const void *src, float *dst, int64_t n) {
 
 static void dequant_q6_K_avx512(const void *src, float *dst, int64_t n) {
     const block_q6_K *b = src;
-    const __m256i m4 = _mm256_set1_epi8(0xF), m30 = _mm256_set1_epi8(0x30), off = _mm256_set1_epi8(32);
+    const __m256i off = _mm256_set1_epi8(32);
     for (int64_t k = 0; k < n / QK_K; k++) {
         float d = f16_to_f32(b[k].d);
         for (int e = 0; e < QK_K; e += 32, dst += 32) {
             int h = e / 128, kk = (e % 128) / 32;
-            __m256i l = _mm256_loadu_si256((const __m256i *)(b[k].ql + 64 * h + 32 * (kk & 1)));
-            __m256i hb = _mm256_loadu_si256((const __m256i *)(b[k].qh + 32 * h));
-            if (kk >= 2) l = _mm256_srli_epi16(l, 4);
-            /* bits 2kk, 2kk+1 of qh to bits 4, 5 */
-            __m256i hi = kk < 2 ? _mm256_sll_epi16(hb, _mm_cvtsi32_si128(4 - 2 * kk))
-                                : _mm256_srl_epi16(hb, _mm_cvtsi32_si128(2 * kk - 4));
-            __m256i q = _mm256_sub_epi8(_mm256_or_si256(_mm256_and_si256(l, m4), _mm256_and_si256(hi, m30)), off);
+            __m256i q = _mm256_sub_epi8(q6k_quarter(b[k].ql + 64 * h, b[k].qh + 32 * h, kk), off);
             store16_scaled(dst, _mm256_castsi256_si128(q), _mm512_set1_ps(d * (float)b[k].scales[e / 16]));
             store16_scaled(dst + 16, _mm256_extracti128_si256(q, 1), _mm512_set1_ps(d * (float)b[k].scales[e / 16 + 1]));
         }

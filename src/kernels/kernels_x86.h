@@ -1,0 +1,96 @@
+/* Private to src/kernels: small x86 SIMD helpers shared by kernels_avx2.c
+ * and kernels_avx512.c. Include only from files compiled with at least
+ * -mavx2 -mfma -mf16c (the Makefile's *_avx2.c / *_avx512.c rule). */
+#ifndef ELLM_KERNELS_KERNELS_X86_H
+#define ELLM_KERNELS_KERNELS_X86_H
+
+#include "kernels/kernels_impl.h"
+
+#include <immintrin.h>
+
+#define INLINE static inline __attribute__((always_inline))
+
+INLINE float hsum_ps(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+INLINE float hmax_ps(__m256 v) {
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_max_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+INLINE int hsum_epi32(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+    return _mm_cvtsi128_si32(s);
+}
+
+INLINE float f16_to_f32(ellm_f16 h) { return _cvtsh_ss(h); }
+
+/* Packs 4 x 8 int32 (values in int8 range) into 32 int8 in order. */
+INLINE __m256i pack_epi32_epi8(__m256i a, __m256i b, __m256i c, __m256i d) {
+    __m256i ab = _mm256_packs_epi32(a, b), cd = _mm256_packs_epi32(c, d);
+    __m256i v = _mm256_packs_epi16(ab, cd); /* lanes interleaved by 4 ints */
+    return _mm256_permutevar8x32_epi32(v, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+/* e^x, within ~2 ulp of expf for x in [-87.3, 88]; 0 below (where expf is
+ * subnormal or 0), e^88 above; NaN stays NaN. Cephes-style: x = n ln2 + r,
+ * e^r by a degree-7 polynomial, 2^n through the exponent bits. */
+INLINE __m256 exp_ps(__m256 x) {
+    const __m256 lo = _mm256_set1_ps(-87.33654f), hi = _mm256_set1_ps(88.0f);
+    __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+    x = _mm256_min_ps(hi, _mm256_max_ps(lo, x));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_andnot_ps(under, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+}
+
+/* The 8 scales and 8 mins of a Q4_K block as bytes [sc0..7, m0..7]: the
+ * word operations of q4k_unpack_scales on 32-bit lanes, kept in a register
+ * (reads 16 bytes at `scales`: the 12 scale bytes and 4 bytes of qs). */
+INLINE __m128i q4k_scales_vec(const uint8_t *scales) {
+    __m128i u = _mm_loadu_si128((const __m128i *)scales); /* u0 u1 u2 - */
+    __m128i lo6 = _mm_and_si128(u, _mm_set1_epi32(0x3f3f3f3f)); /* sc0-3, m0-3 */
+    __m128i top2 = _mm_slli_epi32(_mm_and_si128(_mm_srli_epi32(u, 6), _mm_set1_epi32(0x03030303)), 4);
+    __m128i nib = _mm_and_si128(_mm_srlv_epi32(_mm_shuffle_epi32(u, 0xAA), _mm_setr_epi32(0, 4, 0, 4)),
+                                _mm_set1_epi32(0x0f0f0f0f));
+    __m128i hi = _mm_or_si128(nib, top2); /* sc4-7, m4-7 */
+    return _mm_unpacklo_epi32(lo6, hi);
+}
+
+/* Q6_K: the 32 6-bit quants (0..63) of elements 32kk .. 32kk+31 of the half
+ * whose ql / qh start at `ql` / `qh`, rebuilt from ql nibbles and qh bit
+ * pairs by 16-bit shifts (bits leaking across bytes are masked off). */
+INLINE __m256i q6k_quarter(const uint8_t *ql, const uint8_t *qh, int kk) {
+    const __m256i m4 = _mm256_set1_epi8(0xF), m30 = _mm256_set1_epi8(0x30);
+    __m256i l = _mm256_loadu_si256((const __m256i *)(ql + 32 * (kk & 1)));
+    __m256i hb = _mm256_loadu_si256((const __m256i *)qh);
+    __m256i lo = kk < 2 ? _mm256_and_si256(l, m4) : _mm256_and_si256(_mm256_srli_epi16(l, 4), m4);
+    __m256i hi;
+    switch (kk) {
+    case 0: hi = _mm256_slli_epi16(hb, 4); break;
+    case 1: hi = _mm256_slli_epi16(hb, 2); break;
+    case 2: hi = hb; break;
+    default: hi = _mm256_srli_epi16(hb, 2); break;
+    }
+    return _mm256_or_si256(lo, _mm256_and_si256(hi, m30));
+}
+
+#endif
