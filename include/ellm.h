@@ -115,6 +115,44 @@ int32_t ellm_token_eos(const ellm_model *model);
 /* Non-zero when `token` ends generation (EOS, EOT, ...). */
 int ellm_token_is_eog(const ellm_model *model, int32_t token);
 
+/* A tokenizer on its own, without weights: from a GGUF file (a full model or
+ * a vocabulary-only file) or a Hugging Face tokenizer.json. Safe on untrusted
+ * files and text; one tokenizer may be used from several threads at once. */
+typedef struct ellm_tokenizer ellm_tokenizer;
+
+/* Loads the tokenizer of `path`: a GGUF file (recognised by its magic), a
+ * tokenizer.json (tokenizer_config.json beside it is read too when present),
+ * or a directory holding a tokenizer.json. */
+ellm_status ellm_tokenizer_load(const char *path, ellm_tokenizer **out, ellm_error *err);
+void ellm_tokenizer_free(ellm_tokenizer *tok);
+/* The tokenizer of a loaded model (owned by the model; do not free). */
+const ellm_tokenizer *ellm_model_tokenizer(const ellm_model *model);
+
+/* As ellm_tokenize: `len` bytes of UTF-8 (else ELLM_ERR_FORMAT naming the
+ * offset); BOS prepended with `add_bos` when the tokenizer asks for one;
+ * special-token text parsed with `parse_special`. *n_out gets the full count
+ * (ELLM_ERR_ARG if it exceeds `cap`). */
+ellm_status ellm_tokenizer_encode(const ellm_tokenizer *tok, const char *text, size_t len,
+                                  int add_bos, int parse_special, int32_t *ids, int cap,
+                                  int *n_out, ellm_error *err);
+/* As ellm_detok_push (flush with ellm_detok_flush). An `out` of at least
+ * ellm_tokenizer_max_token_bytes() + 8 bytes (and 64) is never cut short. */
+int ellm_tokenizer_detok_push(const ellm_tokenizer *tok, ellm_detok *state, int32_t token,
+                              char *out, size_t cap);
+int ellm_tokenizer_n_vocab(const ellm_tokenizer *tok);
+int32_t ellm_tokenizer_bos(const ellm_tokenizer *tok); /* -1 if none */
+int32_t ellm_tokenizer_eos(const ellm_tokenizer *tok); /* -1 if none */
+int ellm_tokenizer_is_eog(const ellm_tokenizer *tok, int32_t token);
+/* The bytes `token` stands for on its own (may be part of a UTF-8 character,
+ * empty for control tokens), not NUL-terminated; NULL if out of range. */
+const char *ellm_tokenizer_token_bytes(const ellm_tokenizer *tok, int32_t token, size_t *len);
+size_t ellm_tokenizer_max_token_bytes(const ellm_tokenizer *tok);
+/* The vocabulary text of `token` (e.g. "Ġthe", "<|im_end|>"), not
+ * NUL-terminated; NULL if out of range. */
+const char *ellm_tokenizer_token_text(const ellm_tokenizer *tok, int32_t token, size_t *len);
+/* The chat template (Jinja source) from the file, or NULL if it has none. */
+const char *ellm_tokenizer_chat_template(const ellm_tokenizer *tok);
+
 /* ---- context (one sequence, its KV cache and scratch) --------------------- */
 
 typedef enum { ELLM_KV_F16 = 0, ELLM_KV_F32 = 1 } ellm_kv_type;
@@ -125,6 +163,16 @@ typedef struct {
     ellm_kv_type kv_type;
     int n_batch;       /* max tokens per forward pass (prefill chunk) */
     int n_threads;     /* <= 0: the model's thread count */
+    /* Sparse attention (query-aware KV block selection). sparse_topk > 0 turns
+     * it on: each step, per KV head, attention reads the sink block(s), the
+     * recent window and the best-scoring blocks, up to sparse_topk tokens. A
+     * budget >= the context length gives exactly dense attention. */
+    int sparse_topk;         /* token budget per KV head; 0: dense */
+    int sparse_sink_blocks;  /* blocks at the start always kept (default 1) */
+    int sparse_window;       /* recent tokens always kept (default 64) */
+    int sparse_dense_layers; /* first layers kept dense (default 0) */
+    int sparse_recall_every; /* every N decode steps, measure recall on a dense pass (0: off) */
+    int sparse_adapt;        /* move budget between heads by sampled recall */
 } ellm_context_params;
 
 ellm_context_params ellm_context_default_params(void);
@@ -146,6 +194,47 @@ ellm_status ellm_decode(ellm_context *ctx, const int32_t *tokens, int n,
                         float *logits, ellm_error *err);
 /* Logits after the last token fed (n_vocab floats), or NULL before any. */
 const float *ellm_context_logits(const ellm_context *ctx);
+
+/* Changes the sparse budget of an existing context (0: dense). The index is
+ * kept whatever the mode, so switching is free. Fails if the context was made
+ * dense-only (sparse_topk < 0 at init). */
+ellm_status ellm_context_set_sparse(ellm_context *ctx, int sparse_topk, ellm_error *err);
+/* Loads per-layer/per-head budgets written by `ellm calibrate` (the profile's
+ * weights scale sparse_topk; layers it marks dense stay dense). */
+ellm_status ellm_context_load_sparse_profile(ellm_context *ctx, const char *path, ellm_error *err);
+
+typedef struct {
+    int64_t decode_steps;     /* forward passes */
+    int64_t sparse_steps;     /* passes that used sparse attention */
+    double select_ms;         /* time spent choosing blocks */
+    double attended_tokens;   /* mean tokens read per sparse (layer, KV head) */
+    double index_bytes_read;  /* summary bytes read choosing blocks */
+    double index_flat_bytes;  /* ... a flat per-block scan would have read */
+    int64_t recall_samples;   /* sampled (layer, head) recalls */
+    double sparse_recall;     /* mean sampled recall: attention mass inside the chosen blocks */
+} ellm_context_stats;
+
+void ellm_context_get_stats(const ellm_context *ctx, ellm_context_stats *stats);
+
+/* Calibration of sparse budgets ("learnable" selection). Runs the model densely
+ * over `tokens` (one window: the context is reset first), and every
+ * `sample_every` tokens measures, for each layer and KV head, the attention
+ * mass that top-k block selection captures at each of the `n_budgets` budgets
+ * (tokens). Adds the recalls to sum[(layer * n_kv_head + head) * n_budgets + b]
+ * and the number of samples to *n_samples (so several windows accumulate). */
+ellm_status ellm_sparse_calibrate(ellm_context *ctx, const int32_t *tokens, int n, const int *budgets,
+                                  int n_budgets, int sample_every, double *sum, int64_t *n_samples,
+                                  ellm_error *err);
+
+/* From mean recall curves (as above, divided by the sample count), chooses
+ * per-(layer, head) budgets with mean `target` tokens that maximize the total
+ * recall (greedy on marginal gain per token, curves interpolated linearly),
+ * keeps the `n_dense_layers` layers of lowest recall dense, and writes the
+ * profile that ellm_context_load_sparse_profile reads. Per-head weights are
+ * budget / target, so the profile scales with --sparse-topk. */
+ellm_status ellm_sparse_profile_write(const char *path, int n_layer, int n_kv_head, const int *budgets,
+                                      int n_budgets, const double *mean_recall, int target,
+                                      int n_dense_layers, ellm_error *err);
 
 /* ---- sampling ------------------------------------------------------------- */
 

@@ -27,6 +27,9 @@
 #include <sys/mman.h>
 
 #define SPARSE_MAX_SB_BLOCKS 1024
+/* Super-blocks expanded at least, so that a few strong blocks scattered over
+ * distinct super-blocks are found even when the budget wants few blocks. */
+#define SPARSE_MIN_EXPAND 4
 /* qp/qn of this many floats are prepared on the stack per pass (32 KB). */
 #define SPARSE_QPN_FLOATS 8192
 
@@ -202,6 +205,8 @@ ellm_status sparse_index_init(const sparse_index_params *p, sparse_index **out, 
         sparse_index_free(idx);
         return ellm_fail(err, ELLM_ERR_NOMEM, "sparse index: cannot allocate %.1f MB", mb);
     }
+    /* The chosen-block bitmaps must start clear (select leaves them clear). */
+    memset(idx->scratch, 0, pairs * idx->scratch_bytes);
     *out = idx;
     return ELLM_OK;
 }
@@ -462,7 +467,7 @@ static void choose_blocks(sparse_index *idx, int layer, int head, query_rows *Q,
     const int64_t tile_bytes = (int64_t)(idx->tile_elems * sizeof(uint16_t));
     const int s0 = c0 / S, s1 = (c1 - 1) / S, nsb = s1 - s0 + 1;
     int E = (int)ceilf(idx->p.expand * (float)k / (float)S);
-    if (E < 1) E = 1;
+    if (E < SPARSE_MIN_EXPAND) E = SPARSE_MIN_EXPAND;
     block_heap H = {X->hb, X->hi, 0, k};
     const uint16_t *bt0 = blk_tiles(idx, layer, head);
     int64_t sb_scored = 0, blk_scored = 0, expanded = 0, bytes = 0;

@@ -20,8 +20,8 @@
  * candidate range, then expands super-blocks in decreasing bound order, keeping
  * the best blocks in a heap; it stops when the next super-block's bound cannot
  * beat the k-th best block already found (from then on the result equals an
- * exhaustive scan of all blocks) or after ceil(expand * k / superblock_blocks)
- * super-blocks. Work and bytes read are O(n_superblocks + expanded *
+ * exhaustive scan of all blocks) or after max(4, ceil(expand * k /
+ * superblock_blocks)) super-blocks, k the number of blocks wanted. Work and bytes read are O(n_superblocks + expanded *
  * superblock_blocks), not O(n_blocks).
  *
  * Threads: select calls on different (layer, kv_head) pairs may run
@@ -47,8 +47,8 @@ typedef struct {
     int block_tokens;      /* as the KV cache */
     int superblock_blocks; /* blocks per super-block, a multiple of 16 (<= 1024); 0: 16 */
     int key_type;          /* the KV cache's element type, QTYPE_F32 (0) or QTYPE_F16 */
-    float expand;          /* super-blocks expanded at most per selection, as
-                              ceil(expand * blocks wanted / superblock_blocks); 0: 2 */
+    float expand;          /* super-blocks expanded at most per selection:
+                              max(4, ceil(expand * blocks wanted / superblock_blocks)); 0: 2 */
 } sparse_index_params;
 
 typedef struct sparse_index sparse_index;

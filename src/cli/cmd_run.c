@@ -38,7 +38,16 @@ static void run_usage(FILE *f) {
             "  --seed S               RNG seed (default: random; same seed, same output)\n"
             "  --no-bos               do not add BOS to the prompt\n"
             "  --no-display-prompt    do not echo the prompt\n"
-            "  --stats                print load time and prompt/decode speed at the end\n");
+            "  --stats                print load time and prompt/decode speed at the end\n"
+            "sparse attention (query-aware KV block selection):\n"
+            "  --sparse-topk K        attend to at most K tokens per KV head per step\n"
+            "  --sparse-profile FILE  per-layer/per-head budgets from `ellm calibrate`\n"
+            "  --sparse-window N      recent tokens always attended (default 64)\n"
+            "  --sparse-sink N        leading blocks always attended (default 1)\n"
+            "  --sparse-dense-layers N  keep the first N layers dense (default 0)\n"
+            "  --sparse-recall-every N  sample recall on a dense pass every N steps (default\n"
+            "                         64 with --stats, else off)\n"
+            "  --sparse-adapt         move budget between heads by sampled recall\n");
 }
 
 typedef struct {
@@ -48,12 +57,18 @@ typedef struct {
     int kv_f32;
     ellm_sampler_params sp;
     int seed_given, no_bos, no_echo, stats;
+    long sparse_topk, sparse_window, sparse_sink, sparse_dense, sparse_recall;
+    const char *sparse_profile;
+    int sparse_adapt;
 } run_opts;
 
 static int parse(int argc, char **argv, run_opts *o) {
     memset(o, 0, sizeof *o);
     o->n_predict = 256;
     o->sp = ellm_sampler_default_params();
+    o->sparse_window = 64;
+    o->sparse_sink = 1;
+    o->sparse_recall = -1;
     int bad = 0;
     for (int i = 1; i < argc && !bad; i++) {
         const char *v = NULL;
@@ -65,6 +80,18 @@ static int parse(int argc, char **argv, run_opts *o) {
             exit(0);
         } else if (!strcmp(a, "--stats")) o->stats = 1;
         else if (!strcmp(a, "--no-bos")) o->no_bos = 1;
+        else if (!strcmp(a, "--sparse-adapt")) o->sparse_adapt = 1;
+        else if (arg_value(argc, argv, &i, "--sparse-topk", NULL, &v, &bad))
+            bad = !v || !arg_int(a, v, 0, 1L << 30, &o->sparse_topk);
+        else if (arg_value(argc, argv, &i, "--sparse-window", NULL, &v, &bad))
+            bad = !v || !arg_int(a, v, 0, 1L << 30, &o->sparse_window);
+        else if (arg_value(argc, argv, &i, "--sparse-sink", NULL, &v, &bad))
+            bad = !v || !arg_int(a, v, 0, 1L << 20, &o->sparse_sink);
+        else if (arg_value(argc, argv, &i, "--sparse-dense-layers", NULL, &v, &bad))
+            bad = !v || !arg_int(a, v, 0, 1L << 20, &o->sparse_dense);
+        else if (arg_value(argc, argv, &i, "--sparse-recall-every", NULL, &v, &bad))
+            bad = !v || !arg_int(a, v, 0, 1L << 30, &o->sparse_recall);
+        else if (arg_value(argc, argv, &i, "--sparse-profile", NULL, &v, &bad)) o->sparse_profile = v;
         else if (!strcmp(a, "--no-display-prompt")) o->no_echo = 1;
         else if (arg_value(argc, argv, &i, "--model", "-m", &v, &bad)) o->model = v;
         else if (arg_value(argc, argv, &i, "--prompt", "-p", &v, &bad)) o->prompt = v;
@@ -176,6 +203,16 @@ int cmd_run(int argc, char **argv) {
     cp.kv_type = o.kv_f32 ? ELLM_KV_F32 : ELLM_KV_F16;
     cp.n_threads = (int)o.threads;
     if (o.batch) cp.n_batch = (int)o.batch;
+    cp.sparse_topk = (int)o.sparse_topk;
+    cp.sparse_window = (int)o.sparse_window;
+    cp.sparse_sink_blocks = (int)o.sparse_sink;
+    cp.sparse_dense_layers = (int)o.sparse_dense;
+    cp.sparse_recall_every = (int)(o.sparse_recall >= 0 ? o.sparse_recall : (o.stats || o.sparse_adapt) ? 64 : 0);
+    cp.sparse_adapt = o.sparse_adapt;
+    if ((o.sparse_profile || o.sparse_adapt) && !o.sparse_topk) {
+        fprintf(stderr, "error: --sparse-profile and --sparse-adapt need --sparse-topk\n");
+        goto done;
+    }
     if (o.ctx) {
         cp.n_ctx = (int)o.ctx;
     } else if (o.kv_gb > 0) {
@@ -191,6 +228,10 @@ int cmd_run(int argc, char **argv) {
         cp.n_ctx = (int)need;
     }
     if (ellm_context_init(model, &cp, &ctx, &err) != ELLM_OK) {
+        fprintf(stderr, "error: %s\n", err.msg);
+        goto done;
+    }
+    if (o.sparse_profile && ellm_context_load_sparse_profile(ctx, o.sparse_profile, &err) != ELLM_OK) {
         fprintf(stderr, "error: %s\n", err.msg);
         goto done;
     }
@@ -269,6 +310,18 @@ int cmd_run(int argc, char **argv) {
                 info.weight_bytes / 1e6, ellm_isa_name(), o.threads, n_ctx, o.kv_f32 ? "f32" : "f16",
                 n_prompt, t_prompt, n_prompt / (t_prompt / 1000.0), generated, t_gen,
                 n_dec / (t_gen / 1000.0), (unsigned long long)o.sp.seed);
+        if (o.sparse_topk) {
+            ellm_context_stats cs;
+            ellm_context_get_stats(ctx, &cs);
+            fprintf(stderr,
+                    "sparse: budget %ld tokens, %lld of %lld passes sparse, %.0f tokens attended per head, "
+                    "block selection %.1f ms (%.1f%% of decode), index bytes read %.0f%% of a flat scan\n",
+                    o.sparse_topk, (long long)cs.sparse_steps, (long long)cs.decode_steps, cs.attended_tokens,
+                    cs.select_ms, t_gen > 0 ? 100 * cs.select_ms / t_gen : 0,
+                    cs.index_flat_bytes > 0 ? 100 * cs.index_bytes_read / cs.index_flat_bytes : 0);
+            if (cs.recall_samples)
+                fprintf(stderr, "sparse_recall: %.4f (%lld samples)\n", cs.sparse_recall, (long long)cs.recall_samples);
+        }
     }
     rc = 0;
 done:

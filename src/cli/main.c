@@ -15,6 +15,8 @@ static void usage(FILE *f) {
             "  tokenize  print the token ids of a text\n"
             "  synth     write a random-weight GGUF with the shape of a real model\n"
             "  bench     memory bandwidth, decode speed against context depth, prefill speed\n"
+            "  eval      perplexity, sparse-vs-dense agreement and KL on a text\n"
+            "  calibrate per-head sparse attention budgets from sample text\n"
             "\n"
             "`ellm COMMAND --help` lists a command's options. Kernel ISA in use: %s\n",
             ellm_isa_name());
@@ -31,6 +33,8 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "tokenize")) return cmd_tokenize(argc - 1, argv + 1);
     if (!strcmp(cmd, "synth")) return cmd_synth(argc - 1, argv + 1);
     if (!strcmp(cmd, "bench")) return cmd_bench(argc - 1, argv + 1);
+    if (!strcmp(cmd, "eval")) return cmd_eval(argc - 1, argv + 1);
+    if (!strcmp(cmd, "calibrate")) return cmd_calibrate(argc - 1, argv + 1);
     if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) {
         usage(stdout);
         return 0;

@@ -4,6 +4,8 @@
 #include "kernels/kernels.h"
 #include "kernels/quant.h"
 
+#include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -14,6 +16,8 @@ ellm_context_params ellm_context_default_params(void) {
     memset(&p, 0, sizeof p);
     p.kv_type = ELLM_KV_F16;
     p.n_batch = 256;
+    p.sparse_sink_blocks = 1;
+    p.sparse_window = 64;
     return p;
 }
 
@@ -99,6 +103,41 @@ ellm_status ellm_context_init(ellm_model *model, const ellm_context_params *para
         ellm_context_free(ctx);
         return ellm_fail(err, ELLM_ERR_NOMEM, "context: out of memory for scratch buffers");
     }
+    if (p.sparse_topk >= 0) { /* < 0: dense only, no index kept */
+        if (p.sparse_sink_blocks < 0 || p.sparse_window < 0 || p.sparse_dense_layers < 0 ||
+            p.sparse_recall_every < 0) {
+            ellm_context_free(ctx);
+            return ellm_fail(err, ELLM_ERR_ARG, "context: negative sparse attention parameter");
+        }
+        sparse_index_params sp = {.n_layer = c->n_layer,
+                                  .n_kv_head = c->n_head_kv,
+                                  .head_dim = c->head_dim,
+                                  .n_ctx = ctx->n_ctx,
+                                  .block_tokens = KV_BLOCK_TOKENS,
+                                  .superblock_blocks = 0,
+                                  .key_type = kv_type};
+        if ((st = sparse_index_init(&sp, &ctx->sidx, err))) {
+            ellm_context_free(ctx);
+            return st;
+        }
+        size_t nlh = (size_t)c->n_layer * c->n_head_kv;
+        ctx->max_blocks = kv_cache_n_blocks(ctx->kv);
+        ctx->head_weight = malloc(nlh * sizeof *ctx->head_weight);
+        ctx->recall_ema = malloc(nlh * sizeof *ctx->recall_ema);
+        ctx->layer_dense = calloc((size_t)c->n_layer, 1);
+        ctx->sel_blocks = malloc((size_t)c->n_head_kv * ctx->max_blocks * sizeof *ctx->sel_blocks);
+        ctx->sel_n = malloc((size_t)c->n_head_kv * sizeof *ctx->sel_n);
+        if (!ctx->head_weight || !ctx->recall_ema || !ctx->layer_dense || !ctx->sel_blocks || !ctx->sel_n) {
+            ellm_context_free(ctx);
+            return ellm_fail(err, ELLM_ERR_NOMEM, "context: out of memory for the sparse index");
+        }
+        for (size_t i = 0; i < nlh; i++) {
+            ctx->head_weight[i] = 1.0f;
+            ctx->recall_ema[i] = -1.0f;
+        }
+        for (int l = 0; l < c->n_layer && l < p.sparse_dense_layers; l++) ctx->layer_dense[l] = 1;
+        ctx->sparse_topk = p.sparse_topk;
+    }
     *out = ctx;
     return ELLM_OK;
 }
@@ -119,6 +158,12 @@ void ellm_context_free(ellm_context *ctx) {
     free(ctx->rope_cs);
     free(ctx->act);
     free(ctx->logits);
+    sparse_index_free(ctx->sidx);
+    free(ctx->head_weight);
+    free(ctx->recall_ema);
+    free(ctx->layer_dense);
+    free(ctx->sel_blocks);
+    free(ctx->sel_n);
     free(ctx);
 }
 
@@ -128,8 +173,121 @@ int ellm_context_pos(const ellm_context *ctx) { return kv_cache_len(ctx->kv); }
 ellm_status ellm_context_truncate(ellm_context *ctx, int n_keep) {
     if (n_keep < 0 || n_keep > kv_cache_len(ctx->kv)) return ELLM_ERR_ARG;
     kv_cache_set_len(ctx->kv, n_keep);
+    if (ctx->sidx) sparse_index_truncate(ctx->sidx, ctx->kv, n_keep);
     ctx->has_logits = 0;
     return ELLM_OK;
+}
+
+ellm_status ellm_context_set_sparse(ellm_context *ctx, int sparse_topk, ellm_error *err) {
+    if (sparse_topk < 0) return ellm_fail(err, ELLM_ERR_ARG, "sparse budget %d is negative", sparse_topk);
+    if (sparse_topk > 0 && !ctx->sidx)
+        return ellm_fail(err, ELLM_ERR_ARG, "this context was created dense-only (no sparse index)");
+    ctx->sparse_topk = sparse_topk;
+    return ELLM_OK;
+}
+
+int engine_sparse_budget(const struct ellm_context *ctx, int layer, int head) {
+    const ellm_context_params *p = &ctx->params;
+    float w = ctx->head_weight[layer * ctx->model->cfg.n_head_kv + head];
+    int b = (int)(ctx->sparse_topk * w + 0.5f);
+    /* never below what the sink and the window take, plus one block */
+    int floor_b = (p->sparse_sink_blocks + 1) * KV_BLOCK_TOKENS + p->sparse_window;
+    return b > floor_b ? b : floor_b;
+}
+
+/* Moves budget towards heads whose sampled recall is low, keeping the mean
+ * multiplier at 1 over the sparse (layer, head) pairs: w *= exp(eta * (mean
+ * recall - recall)), clamped to [1/4, 4]. */
+void engine_sparse_adapt(struct ellm_context *ctx) {
+    const model_config *c = &ctx->model->cfg;
+    double sum_r = 0;
+    int n = 0;
+    for (int l = 0; l < c->n_layer; l++)
+        for (int h = 0; h < c->n_head_kv && !ctx->layer_dense[l]; h++) {
+            float r = ctx->recall_ema[l * c->n_head_kv + h];
+            if (r >= 0) {
+                sum_r += r;
+                n++;
+            }
+        }
+    if (n == 0) return;
+    double mean_r = sum_r / n, sum_w = 0;
+    int nw = 0;
+    for (int l = 0; l < c->n_layer; l++)
+        for (int h = 0; h < c->n_head_kv && !ctx->layer_dense[l]; h++) {
+            float *w = &ctx->head_weight[l * c->n_head_kv + h];
+            float r = ctx->recall_ema[l * c->n_head_kv + h];
+            if (r >= 0) *w *= expf((float)(4.0 * (mean_r - r)));
+            if (*w < 0.25f) *w = 0.25f;
+            if (*w > 4.0f) *w = 4.0f;
+            sum_w += *w;
+            nw++;
+        }
+    for (int l = 0; l < c->n_layer; l++)
+        for (int h = 0; h < c->n_head_kv && !ctx->layer_dense[l]; h++)
+            ctx->head_weight[l * c->n_head_kv + h] *= (float)(nw / sum_w);
+}
+
+ellm_status ellm_context_load_sparse_profile(ellm_context *ctx, const char *path, ellm_error *err) {
+    const model_config *c = &ctx->model->cfg;
+    if (!ctx->sidx) return ellm_fail(err, ELLM_ERR_ARG, "this context was created dense-only (no sparse index)");
+    FILE *f = fopen(path, "r");
+    if (!f) return ellm_fail(err, ELLM_ERR_IO, "sparse profile '%s': cannot open", path);
+    char magic[64] = {0};
+    int version = 0, nl = 0, nh = 0;
+    ellm_status st = ELLM_OK;
+    size_t nlh = (size_t)c->n_layer * c->n_head_kv;
+    float *w = malloc(nlh * sizeof *w);
+    unsigned char *dense = calloc((size_t)c->n_layer, 1);
+    if (!w || !dense) {
+        st = ellm_fail(err, ELLM_ERR_NOMEM, "sparse profile: out of memory");
+        goto out;
+    }
+    if (fscanf(f, "%63s %d", magic, &version) != 2 || strcmp(magic, "ellm-sparse-profile") || version != 1) {
+        st = ellm_fail(err, ELLM_ERR_FORMAT, "sparse profile '%s': not an ellm-sparse-profile v1 file", path);
+        goto out;
+    }
+    if (fscanf(f, " layers %d kv_heads %d", &nl, &nh) != 2 || nl != c->n_layer || nh != c->n_head_kv) {
+        st = ellm_fail(err, ELLM_ERR_FORMAT,
+                       "sparse profile '%s': made for %d layers x %d KV heads, this model has %d x %d", path,
+                       nl, nh, c->n_layer, c->n_head_kv);
+        goto out;
+    }
+    for (int l = 0; l < c->n_layer && st == ELLM_OK; l++) {
+        int li;
+        char kind[16] = {0};
+        if (fscanf(f, " layer %d %15s", &li, kind) != 2 || li != l ||
+            (strcmp(kind, "dense") && strcmp(kind, "sparse"))) {
+            st = ellm_fail(err, ELLM_ERR_FORMAT, "sparse profile '%s': bad line for layer %d", path, l);
+            break;
+        }
+        dense[l] = !strcmp(kind, "dense");
+        for (int h = 0; h < c->n_head_kv; h++) {
+            float x;
+            if (fscanf(f, "%f", &x) != 1 || !(x > 0 && x <= 64)) {
+                st = ellm_fail(err, ELLM_ERR_FORMAT,
+                               "sparse profile '%s': layer %d head %d: weight missing or outside (0, 64]", path, l, h);
+                break;
+            }
+            w[l * c->n_head_kv + h] = x;
+        }
+    }
+    if (st == ELLM_OK) {
+        memcpy(ctx->head_weight, w, nlh * sizeof *w);
+        memcpy(ctx->layer_dense, dense, (size_t)c->n_layer);
+    }
+out:
+    fclose(f);
+    free(w);
+    free(dense);
+    return st;
+}
+
+void ellm_context_get_stats(const ellm_context *ctx, ellm_context_stats *stats) {
+    *stats = ctx->stats;
+    stats->attended_tokens = ctx->n_sparse_heads ? ctx->attended_sum / (double)ctx->n_sparse_heads : 0;
+    stats->index_bytes_read = (double)ctx->sel_stats.bytes_read;
+    stats->index_flat_bytes = (double)ctx->sel_stats.flat_bytes;
 }
 
 ellm_status ellm_decode(ellm_context *ctx, const int32_t *tokens, int n, float *logits,

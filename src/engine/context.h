@@ -4,6 +4,7 @@
 
 #include "attention/attention.h"
 #include "attention/kv_cache.h"
+#include "attention/sparse_index.h"
 #include "core/threadpool.h"
 #include "model/model.h"
 
@@ -27,7 +28,40 @@ struct ellm_context {
     size_t act_bytes;
     float *logits;   /* (n_vocab) after the last token */
     int has_logits;
+
+    /* Sparse attention. The index is maintained whenever it exists, so the
+     * mode can change between passes. */
+    sparse_index *sidx;     /* NULL: this context is dense-only */
+    int sparse_topk;        /* 0: dense */
+    float *head_weight;     /* (n_layer * n_kv_head) budget multipliers, mean 1 */
+    unsigned char *layer_dense; /* (n_layer) 1: always dense */
+    float *recall_ema;      /* (n_layer * n_kv_head) sampled recall, for adaptation */
+    int32_t *sel_blocks;    /* (n_kv_head * max_blocks) chosen blocks of the current layer */
+    int *sel_n;             /* (n_kv_head) */
+    int max_blocks;
+    int64_t n_sparse_heads; /* (layer, head) selections made, for the mean budget */
+    double attended_sum;    /* tokens chosen, summed over selections */
+    sparse_select_stats sel_stats;
+    ellm_context_stats stats;
+
+    /* Calibration hook (ellm_sparse_calibrate): NULL outside calibration. */
+    struct {
+        const int *budgets;
+        int n_budgets;
+        int sample_every;
+        double *sum;
+        int64_t *n_samples;
+        int32_t *blocks; /* max_blocks scratch */
+    } *calib;
 };
+
+/* Calibration sample for `layer` at the current decode step (n == 1). */
+void engine_calibrate_layer(struct ellm_context *ctx, int layer, int len);
+
+/* Budget in tokens of (layer, KV head) for the current sparse_topk. */
+int engine_sparse_budget(const struct ellm_context *ctx, int layer, int head);
+/* Re-balances head budgets from recall samples (--sparse-adapt). */
+void engine_sparse_adapt(struct ellm_context *ctx);
 
 /* Runs the model on n tokens (n <= n_batch) at positions [pos, pos + n) and
  * writes the logits of rows [first_logit_row, n) to `logits` (row stride

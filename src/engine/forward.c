@@ -6,10 +6,51 @@
  * next to the matmuls and runs on the calling thread. */
 #include "engine/context.h"
 #include "kernels/kernels.h"
+#include "core/timer.h"
 #include "kernels/quant.h"
 
 #include <math.h>
 #include <string.h>
+
+/* Chooses blocks for every KV head of `layer` (sparse attention) into
+ * ctx->sel_blocks / sel_n. Returns 0 if the layer should run dense. */
+static int sparse_select_layer(struct ellm_context *ctx, int layer, int n, int len) {
+    const model_config *c = &ctx->model->cfg;
+    if (!ctx->sidx || ctx->sparse_topk <= 0 || ctx->layer_dense[layer]) return 0;
+    const ellm_context_params *p = &ctx->params;
+    int group = c->n_head / c->n_head_kv, any_sparse = 0;
+    for (int h = 0; h < c->n_head_kv; h++)
+        if (engine_sparse_budget(ctx, layer, h) < len) any_sparse = 1;
+    if (!any_sparse) return 0; /* every budget covers the context: dense is exact */
+    uint64_t t0 = ellm_time_ns();
+    for (int h = 0; h < c->n_head_kv; h++) {
+        int32_t *blocks = ctx->sel_blocks + (size_t)h * ctx->max_blocks;
+        sparse_index_select(ctx->sidx, layer, h, ctx->q, n, group, len, engine_sparse_budget(ctx, layer, h),
+                            p->sparse_sink_blocks, p->sparse_window, blocks, &ctx->sel_n[h], &ctx->sel_stats);
+        int tokens = ctx->sel_n[h] * 32;
+        ctx->attended_sum += tokens < len ? tokens : len;
+        ctx->n_sparse_heads++;
+    }
+    ctx->stats.select_ms += (double)(ellm_time_ns() - t0) / 1e6;
+    return 1;
+}
+
+/* Recall of the blocks just chosen for `layer`: the true attention mass they
+ * hold, from a dense scan (sampled every sparse_recall_every decode steps). */
+static void sparse_sample_recall(struct ellm_context *ctx, int layer, int len) {
+    const model_config *c = &ctx->model->cfg;
+    int group = c->n_head / c->n_head_kv;
+    for (int h = 0; h < c->n_head_kv; h++) {
+        float r = sparse_index_recall(ctx->kv, layer, h, ctx->q, 1, group, len,
+                                      ctx->sel_blocks + (size_t)h * ctx->max_blocks, ctx->sel_n[h],
+                                      1.0f / sqrtf((float)c->head_dim), NULL);
+        ellm_context_stats *st = &ctx->stats;
+        st->sparse_recall = (st->sparse_recall * (double)st->recall_samples + r) / (double)(st->recall_samples + 1);
+        st->recall_samples++;
+        float *ema = &ctx->recall_ema[layer * c->n_head_kv + h];
+        *ema = *ema < 0 ? r : 0.9f * *ema + 0.1f * r;
+    }
+}
 
 /* Up to 3 matmuls sharing one launch (Q/K/V, gate/up): threads split the
  * concatenated rows so the launch overhead is paid once. */
@@ -90,6 +131,9 @@ void engine_forward(struct ellm_context *ctx, const int32_t *tokens, int n, int 
     const model_config *c = &m->cfg;
     const int64_t d = c->n_embd, hd = c->head_dim, nq = (int64_t)c->n_head * hd,
                   nkv = (int64_t)c->n_head_kv * hd, ff = c->n_ff;
+    int step_sparse = 0;
+    int sample_recall = ctx->sidx && n == 1 && ctx->params.sparse_recall_every > 0 &&
+                        ctx->stats.decode_steps % ctx->params.sparse_recall_every == 0;
 
     for (int t = 0; t < n; t++) {
         const char *row = (const char *)m->tok_embd.data + (size_t)tokens[t] * m->tok_embd.row_bytes;
@@ -122,6 +166,7 @@ void engine_forward(struct ellm_context *ctx, const int32_t *tokens, int n, int 
             kern_rope(k, c->n_head_kv, (int)hd, c->n_rot, cs, c->rope_neox);
         }
         kv_cache_store(ctx->kv, l, pos, n, ctx->k, ctx->v);
+        if (ctx->sidx) sparse_index_append(ctx->sidx, l, pos, n, ctx->k);
         attention_args aa = {.kv = ctx->kv,
                              .layer = l,
                              .n_q = n,
@@ -130,7 +175,15 @@ void engine_forward(struct ellm_context *ctx, const int32_t *tokens, int n, int 
                              .q = ctx->q,
                              .out = ctx->att,
                              .scale = 1.0f / sqrtf((float)hd)};
-        attention_forward(&aa, ctx->attn_ws, ctx->pool);
+        if (sparse_select_layer(ctx, l, n, pos + n)) {
+            step_sparse = 1;
+            attention_forward_blocks(&aa, ctx->sel_blocks, ctx->sel_n, ctx->max_blocks, ctx->attn_ws, ctx->pool);
+            if (sample_recall) sparse_sample_recall(ctx, l, pos + n);
+        } else {
+            attention_forward(&aa, ctx->attn_ws, ctx->pool);
+        }
+        if (ctx->calib && n == 1 && ctx->stats.decode_steps % ctx->calib->sample_every == 0)
+            engine_calibrate_layer(ctx, l, pos + n);
         /* x += Wo att  (xn reused as the projection output) */
         matmul(ctx, &L->wo, ctx->att, n, ctx->xn, d);
         kern_add(ctx->x, ctx->xn, (int64_t)n * d);
@@ -145,6 +198,9 @@ void engine_forward(struct ellm_context *ctx, const int32_t *tokens, int n, int 
         kern_add(ctx->x, ctx->xn, (int64_t)n * d);
     }
     kv_cache_set_len(ctx->kv, pos + n);
+    ctx->stats.decode_steps++;
+    ctx->stats.sparse_steps += step_sparse;
+    if (sample_recall && step_sparse && ctx->params.sparse_adapt) engine_sparse_adapt(ctx);
 
     int n_out = n - first_logit_row;
     if (n_out <= 0) return;
