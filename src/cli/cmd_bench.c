@@ -16,6 +16,8 @@
 typedef struct {
     int depth;
     int synthetic;
+    double select_fraction; /* sparse: share of the step spent choosing blocks */
+    double index_ratio;     /* sparse: index bytes read / a flat per-block scan */
     double ms_median, ms_min;
     double tokens_per_s;
     double bytes_per_token;
@@ -41,6 +43,7 @@ static void bench_usage(FILE *f) {
             "  --prefill LIST          prompt lengths to time prefill at (default 512; 0 = none)\n"
             "  --gen N                 project the time of an N-token generation (default 50000)\n"
             "  --kv-type f16|f32       KV cache element type (default f16)\n"
+            "  --sparse-topk K         also time sparse attention with a K-token budget\n"
             "  --bw-mb MB              bandwidth self-test buffer (default 1024)\n"
             "  --json                  machine-readable output\n");
 }
@@ -78,6 +81,27 @@ static double latency_at(const bench_point *p, int n, double d) {
     return y > 0 ? y : y0;
 }
 
+/* Times n single-token steps from the current position; fills the median and
+ * min step time. Returns 0 on error (message printed). */
+static int time_steps(ellm_context *ctx, const int32_t *ids, int n_ctx, int d, int n, double *step_ms,
+                      bench_point *p) {
+    ellm_error err = {0};
+    for (int s = 0; s < n; s++) {
+        int32_t tok = ids[(d + s) % n_ctx];
+        double t0 = ellm_time_ms();
+        if (ellm_decode(ctx, &tok, 1, NULL, &err) != ELLM_OK) {
+            fprintf(stderr, "error: %s\n", err.msg);
+            return 0;
+        }
+        step_ms[s] = ellm_time_ms() - t0;
+    }
+    qsort(step_ms, (size_t)n, sizeof *step_ms, cmp_double);
+    p->ms_median = step_ms[n / 2];
+    p->ms_min = step_ms[0];
+    p->tokens_per_s = 1000.0 / p->ms_median;
+    return 1;
+}
+
 static void progress(int json, const char *fmt, const char *what, int v) {
     if (!isatty(2)) return;
     (void)json;
@@ -92,6 +116,7 @@ int cmd_bench(int argc, char **argv) {
     int depths[MAX_POINTS] = {0, 4096, 16384}, n_depths = 3;
     int prefills[16] = {512}, n_prefills = 1;
     int synthetic = 0, json = 0, kv_f32 = 0, bad = 0;
+    long sparse_topk = 0;
     for (int i = 1; i < argc && !bad; i++) {
         const char *v = NULL, *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -108,6 +133,8 @@ int cmd_bench(int argc, char **argv) {
             bad = !v || !arg_int(a, v, 1, 1L << 30, &gen);
         else if (arg_value(argc, argv, &i, "--bw-mb", NULL, &v, &bad))
             bad = !v || !arg_int(a, v, 16, 1 << 20, &bw_mb);
+        else if (arg_value(argc, argv, &i, "--sparse-topk", NULL, &v, &bad))
+            bad = !v || !arg_int(a, v, 0, 1L << 30, &sparse_topk);
         else if (arg_value(argc, argv, &i, "--synthetic-from", NULL, &v, &bad))
             bad = !v || !arg_int(a, v, 0, 1L << 30, &synth_from);
         else if (arg_value(argc, argv, &i, "--depths", NULL, &v, &bad))
@@ -164,6 +191,7 @@ int cmd_bench(int argc, char **argv) {
     cp.n_threads = (int)threads;
     cp.kv_type = kv_f32 ? ELLM_KV_F32 : ELLM_KV_F16;
     cp.n_batch = 512;
+    cp.sparse_topk = sparse_topk > 0 ? 0 : -1; /* keep the index only when sparse is timed */
     if (ellm_context_init(model, &cp, &ctx, &err) != ELLM_OK) {
         fprintf(stderr, "error: %s\n", err.msg);
         goto done;
@@ -191,7 +219,7 @@ int cmd_bench(int argc, char **argv) {
         pre[i].tokens_per_s = prefills[i] / ((ellm_time_ms() - t0) / 1000.0);
     }
 
-    bench_point pts[MAX_POINTS];
+    bench_point pts[MAX_POINTS], spts[MAX_POINTS];
     ellm_context_truncate(ctx, 0);
     for (int i = 0; i < n_depths; i++) {
         int d = depths[i];
@@ -217,23 +245,35 @@ int cmd_bench(int argc, char **argv) {
             }
         }
         progress(json, "%s%d", "decode at depth ", d);
-        for (int s = 0; s < n_tokens; s++) {
-            int32_t tok = ids[(d + s) % n_ctx];
-            double t0 = ellm_time_ms();
-            if (ellm_decode(ctx, &tok, 1, NULL, &err) != ELLM_OK) {
-                fprintf(stderr, "error: %s\n", err.msg);
-                goto done;
-            }
-            step_ms[s] = ellm_time_ms() - t0;
-        }
+        if (!time_steps(ctx, ids, n_ctx, d, (int)n_tokens, step_ms, p)) goto done;
         /* the cache now holds d + n_tokens; the mean depth of the steps is d + n/2 */
-        qsort(step_ms, (size_t)n_tokens, sizeof *step_ms, cmp_double);
-        p->ms_median = step_ms[n_tokens / 2];
-        p->ms_min = step_ms[0];
-        p->tokens_per_s = 1000.0 / p->ms_median;
         p->bytes_per_token = (double)info.decode_weight_bytes + (double)kv_per_token * (d + n_tokens / 2.0);
         p->gbps = p->bytes_per_token / (p->ms_median / 1000.0) / 1e9;
         p->bw_fraction = bw > 0 ? p->gbps / bw : 0;
+        if (sparse_topk > 0) {
+            bench_point *q = &spts[i];
+            *q = *p;
+            progress(json, "%s%d", "sparse decode at depth ", d);
+            ellm_context_truncate(ctx, d);
+            ellm_context_set_sparse(ctx, (int)sparse_topk, NULL);
+            ellm_context_stats s0, s1;
+            ellm_context_get_stats(ctx, &s0);
+            double t0 = ellm_time_ms();
+            if (!time_steps(ctx, ids, n_ctx, d, (int)n_tokens, step_ms, q)) goto done;
+            double total = ellm_time_ms() - t0;
+            ellm_context_get_stats(ctx, &s1);
+            ellm_context_set_sparse(ctx, 0, NULL);
+            q->select_fraction = total > 0 ? (s1.select_ms - s0.select_ms) / total : 0;
+            q->index_ratio = s1.index_flat_bytes - s0.index_flat_bytes > 0
+                                 ? (s1.index_bytes_read - s0.index_bytes_read) / (s1.index_flat_bytes - s0.index_flat_bytes)
+                                 : 0;
+            double kv_tokens = d + n_tokens / 2.0;
+            if (kv_tokens > sparse_topk) kv_tokens = (double)sparse_topk;
+            q->bytes_per_token = (double)info.decode_weight_bytes + (double)kv_per_token * kv_tokens +
+                                 (s1.index_bytes_read - s0.index_bytes_read) / (double)n_tokens;
+            q->gbps = q->bytes_per_token / (q->ms_median / 1000.0) / 1e9;
+            q->bw_fraction = bw > 0 ? q->gbps / bw : 0;
+        }
     }
     if (isatty(2)) fprintf(stderr, "\r\033[K");
 
@@ -255,6 +295,14 @@ int cmd_bench(int argc, char **argv) {
                    "\"ms_per_token\": %.4f, \"bytes_per_token\": %.0f, \"gbps\": %.3f, \"bw_fraction\": %.4f}",
                    i ? ", " : "", pts[i].depth, pts[i].synthetic ? "true" : "false", pts[i].tokens_per_s,
                    pts[i].ms_median, pts[i].bytes_per_token, pts[i].gbps, pts[i].bw_fraction);
+        for (int i = 0; i < n_depths && sparse_topk > 0; i++)
+            printf(", {\"depth\": %d, \"mode\": \"sparse\", \"sparse_topk\": %ld, \"synthetic_kv\": %s, "
+                   "\"tokens_per_s\": %.3f, \"ms_per_token\": %.4f, \"bytes_per_token\": %.0f, \"gbps\": %.3f, "
+                   "\"bw_fraction\": %.4f, \"select_fraction\": %.4f, \"index_bytes_ratio\": %.4f, "
+                   "\"speedup_vs_dense\": %.3f}",
+                   spts[i].depth, sparse_topk, spts[i].synthetic ? "true" : "false", spts[i].tokens_per_s,
+                   spts[i].ms_median, spts[i].bytes_per_token, spts[i].gbps, spts[i].bw_fraction,
+                   spts[i].select_fraction, spts[i].index_ratio, spts[i].tokens_per_s / pts[i].tokens_per_s);
         printf("], \"prefill\": [");
         for (int i = 0; i < n_prefills; i++)
             printf("%s{\"tokens\": %d, \"tokens_per_s\": %.2f}", i ? ", " : "", pre[i].tokens, pre[i].tokens_per_s);
@@ -273,6 +321,12 @@ int cmd_bench(int argc, char **argv) {
             printf("%8d  %-6s %9.2f %10.3f %11.2f %9.2f %7.0f%%%s\n", pts[i].depth, "dense",
                    pts[i].tokens_per_s, pts[i].ms_median, pts[i].bytes_per_token / 1e6, pts[i].gbps,
                    100 * pts[i].bw_fraction, pts[i].synthetic ? "  (synthetic KV)" : "");
+        for (int i = 0; i < n_depths && sparse_topk > 0; i++)
+            printf("%8d  %-6s %9.2f %10.3f %11.2f %9.2f %7.0f%%  x%.2f vs dense, selection %.1f%% of step, "
+                   "index bytes %.0f%% of flat%s\n",
+                   spts[i].depth, "sparse", spts[i].tokens_per_s, spts[i].ms_median, spts[i].bytes_per_token / 1e6,
+                   spts[i].gbps, 100 * spts[i].bw_fraction, spts[i].tokens_per_s / pts[i].tokens_per_s,
+                   100 * spts[i].select_fraction, 100 * spts[i].index_ratio, spts[i].synthetic ? "  (synthetic KV)" : "");
         for (int i = 0; i < n_prefills; i++)
             printf("prefill %d tokens: %.1f tokens/s\n", pre[i].tokens, pre[i].tokens_per_s);
         printf("\nprojected %ld-token generation: %.1f s (roofline at %.1f GB/s: %.1f s, ratio %.2f)\n", gen,

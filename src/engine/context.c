@@ -228,12 +228,22 @@ void engine_sparse_adapt(struct ellm_context *ctx) {
             ctx->head_weight[l * c->n_head_kv + h] *= (float)(nw / sum_w);
 }
 
+/* Reads the next line that is not blank or a '#' comment into buf; 0 at EOF. */
+static int next_line(FILE *f, char *buf, size_t cap) {
+    while (fgets(buf, (int)cap, f)) {
+        char *p = buf;
+        while (*p == ' ' || *p == '\t') p++;
+        if (*p && *p != '#' && *p != '\n' && *p != '\r') return 1;
+    }
+    return 0;
+}
+
 ellm_status ellm_context_load_sparse_profile(ellm_context *ctx, const char *path, ellm_error *err) {
     const model_config *c = &ctx->model->cfg;
     if (!ctx->sidx) return ellm_fail(err, ELLM_ERR_ARG, "this context was created dense-only (no sparse index)");
     FILE *f = fopen(path, "r");
     if (!f) return ellm_fail(err, ELLM_ERR_IO, "sparse profile '%s': cannot open", path);
-    char magic[64] = {0};
+    char line[4096], magic[64] = {0};
     int version = 0, nl = 0, nh = 0;
     ellm_status st = ELLM_OK;
     size_t nlh = (size_t)c->n_layer * c->n_head_kv;
@@ -243,33 +253,38 @@ ellm_status ellm_context_load_sparse_profile(ellm_context *ctx, const char *path
         st = ellm_fail(err, ELLM_ERR_NOMEM, "sparse profile: out of memory");
         goto out;
     }
-    if (fscanf(f, "%63s %d", magic, &version) != 2 || strcmp(magic, "ellm-sparse-profile") || version != 1) {
+    if (!next_line(f, line, sizeof line) || sscanf(line, "%63s %d", magic, &version) != 2 ||
+        strcmp(magic, "ellm-sparse-profile") || version != 1) {
         st = ellm_fail(err, ELLM_ERR_FORMAT, "sparse profile '%s': not an ellm-sparse-profile v1 file", path);
         goto out;
     }
-    if (fscanf(f, " layers %d kv_heads %d", &nl, &nh) != 2 || nl != c->n_layer || nh != c->n_head_kv) {
+    if (!next_line(f, line, sizeof line) || sscanf(line, "layers %d kv_heads %d", &nl, &nh) != 2 ||
+        nl != c->n_layer || nh != c->n_head_kv) {
         st = ellm_fail(err, ELLM_ERR_FORMAT,
                        "sparse profile '%s': made for %d layers x %d KV heads, this model has %d x %d", path,
                        nl, nh, c->n_layer, c->n_head_kv);
         goto out;
     }
     for (int l = 0; l < c->n_layer && st == ELLM_OK; l++) {
-        int li;
+        int li, used = 0;
         char kind[16] = {0};
-        if (fscanf(f, " layer %d %15s", &li, kind) != 2 || li != l ||
-            (strcmp(kind, "dense") && strcmp(kind, "sparse"))) {
-            st = ellm_fail(err, ELLM_ERR_FORMAT, "sparse profile '%s': bad line for layer %d", path, l);
+        if (!next_line(f, line, sizeof line) || sscanf(line, "layer %d %15s %n", &li, kind, &used) != 2 ||
+            li != l || (strcmp(kind, "dense") && strcmp(kind, "sparse"))) {
+            st = ellm_fail(err, ELLM_ERR_FORMAT, "sparse profile '%s': expected 'layer %d dense|sparse ...'", path, l);
             break;
         }
         dense[l] = !strcmp(kind, "dense");
+        const char *p = line + used;
         for (int h = 0; h < c->n_head_kv; h++) {
-            float x;
-            if (fscanf(f, "%f", &x) != 1 || !(x > 0 && x <= 64)) {
+            char *end;
+            float x = strtof(p, &end);
+            if (end == p || !(x > 0 && x <= 64)) {
                 st = ellm_fail(err, ELLM_ERR_FORMAT,
                                "sparse profile '%s': layer %d head %d: weight missing or outside (0, 64]", path, l, h);
                 break;
             }
             w[l * c->n_head_kv + h] = x;
+            p = end;
         }
     }
     if (st == ELLM_OK) {

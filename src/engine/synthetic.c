@@ -31,6 +31,7 @@ ellm_status ellm_context_fill_synthetic(ellm_context *ctx, int n, uint64_t seed,
     float *mu = malloc((size_t)nkv * sizeof *mu);
     if (!mu) return ellm_fail(err, ELLM_ERR_NOMEM, "synthetic KV: out of memory");
     uint64_t s = seed;
+    if (ctx->sidx) sparse_index_truncate(ctx->sidx, ctx->kv, 0);
     for (int l = 0; l < c->n_layer; l++) {
         /* Per-channel key offsets: a few channels dominate, as in trained models. */
         for (int i = 0; i < nkv; i++) mu[i] = approx_normal(&s) * (i % 16 == 0 ? 4.0f : 1.0f);
@@ -51,6 +52,7 @@ ellm_status ellm_context_fill_synthetic(ellm_context *ctx, int n, uint64_t seed,
                 kern_rope(k, c->n_head_kv, hd, c->n_rot, cs, c->rope_neox);
             }
             kv_cache_store(ctx->kv, l, p0, m, ctx->k, ctx->v);
+            if (ctx->sidx) sparse_index_append(ctx->sidx, l, p0, m, ctx->k);
         }
     }
     free(mu);
