@@ -153,6 +153,26 @@ const char *ellm_tokenizer_token_text(const ellm_tokenizer *tok, int32_t token, 
 /* The chat template (Jinja source) from the file, or NULL if it has none. */
 const char *ellm_tokenizer_chat_template(const ellm_tokenizer *tok);
 
+/* ---- chat templates ------------------------------------------------------- */
+
+typedef struct {
+    const char *role;    /* "system", "user", "assistant" */
+    const char *content; /* UTF-8, NUL-terminated */
+} ellm_chat_message;
+
+/* Renders a conversation into prompt text with a chat template: the model's
+ * own tokenizer.chat_template, or the built-in `template_name` ("llama2",
+ * "llama3", "chatml", "mistral", "phi3", "deepseek", ...) if not NULL or if
+ * the model has none (NULL then guesses the family from its special tokens).
+ * On ELLM_OK *out is a NUL-terminated string to release with ellm_free.
+ * Tokenize the result with parse_special = 1 so the template's control-token
+ * text becomes control tokens. */
+ellm_status ellm_chat_render(const ellm_model *model, const char *template_name,
+                             const ellm_chat_message *msgs, int n_msgs, int add_generation_prompt,
+                             char **out, size_t *out_len, ellm_error *err);
+/* Frees memory returned by eLLM (rendered chat text). */
+void ellm_free(void *p);
+
 /* ---- context (one sequence, its KV cache and scratch) --------------------- */
 
 typedef enum { ELLM_KV_F16 = 0, ELLM_KV_F32 = 1 } ellm_kv_type;

@@ -111,7 +111,28 @@ static void test_run(void) {
     CHECK(rc > 0 && strstr(a, "UTF-8"), "invalid UTF-8 prompt: %d %s", rc, a);
 }
 
+static void test_chat(void) {
+    char a[16384];
+    /* one chat turn with a built-in template and the embedded model */
+    int rc = run("run --chat-template chatml --system 'Be brief.' -p 'hi' -n 8 --seed 1", a, sizeof a);
+    CHECK(rc == 0, "chat turn: %d %s", rc, a);
+    rc = run("run --chat-template no-such-template -p 'hi' -n 8", a, sizeof a);
+    CHECK(rc > 0 && strstr(a, "no-such-template"), "unknown template: %d %s", rc, a);
+    /* interactive chat from stdin: two turns, then EOF ends the session */
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "printf 'hello\\nagain\\n' | %s run --chat --chat-template llama2 -n 6 --seed 3 -c 512 2>&1", bin());
+    FILE *p = popen(cmd, "r");
+    size_t n = p ? fread(a, 1, sizeof a - 1, p) : 0;
+    a[n] = 0;
+    int st = p ? pclose(p) : -1;
+    CHECK(st == 0, "interactive chat exit %d: %s", st, a);
+    int lines = 0;
+    for (char *c = a; *c; c++) lines += *c == '\n';
+    CHECK(lines >= 2, "expected one reply line per turn: %s", a);
+}
+
 int main(void) {
+    test_chat();
     test_logits();
     test_run();
     return test_finish();

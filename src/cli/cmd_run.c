@@ -39,6 +39,11 @@ static void run_usage(FILE *f) {
             "  --no-bos               do not add BOS to the prompt\n"
             "  --no-display-prompt    do not echo the prompt\n"
             "  --stats                print load time and prompt/decode speed at the end\n"
+            "chat (the model's chat template, or a built-in one):\n"
+            "  --chat                 interactive multi-turn chat on stdin/stdout\n"
+            "  --system TEXT          system message; with -p, one chat turn is generated\n"
+            "  --chat-template NAME   use a built-in template: llama2, llama3, chatml, mistral,\n"
+            "                         phi3, deepseek, deepseek-coder, deepseek3, gemma, zephyr\n"
             "sparse attention (query-aware KV block selection):\n"
             "  --sparse-topk K        attend to at most K tokens per KV head per step\n"
             "  --sparse-profile FILE  per-layer/per-head budgets from `ellm calibrate`\n"
@@ -60,6 +65,8 @@ typedef struct {
     long sparse_topk, sparse_window, sparse_sink, sparse_dense, sparse_recall;
     const char *sparse_profile;
     int sparse_adapt;
+    int chat;
+    const char *system, *chat_template;
 } run_opts;
 
 static int parse(int argc, char **argv, run_opts *o) {
@@ -81,6 +88,9 @@ static int parse(int argc, char **argv, run_opts *o) {
         } else if (!strcmp(a, "--stats")) o->stats = 1;
         else if (!strcmp(a, "--no-bos")) o->no_bos = 1;
         else if (!strcmp(a, "--sparse-adapt")) o->sparse_adapt = 1;
+        else if (!strcmp(a, "--chat")) o->chat = 1;
+        else if (arg_value(argc, argv, &i, "--system", NULL, &v, &bad)) o->system = v;
+        else if (arg_value(argc, argv, &i, "--chat-template", NULL, &v, &bad)) o->chat_template = v;
         else if (arg_value(argc, argv, &i, "--sparse-topk", NULL, &v, &bad))
             bad = !v || !arg_int(a, v, 0, 1L << 30, &o->sparse_topk);
         else if (arg_value(argc, argv, &i, "--sparse-window", NULL, &v, &bad))
@@ -149,19 +159,141 @@ static void status_line(int generated, int n_predict, double tps, int pos, int n
             pos, n_ctx);
 }
 
+/* 1 if the rendered text starts with the model's BOS text (the template added it). */
+static int starts_with_bos(const ellm_model *model, const char *text) {
+    int32_t bos = ellm_token_bos(model);
+    if (bos < 0) return 0;
+    int32_t ids[4];
+    int n = 0;
+    ellm_error err;
+    /* tokenize a prefix with special parsing and see whether BOS comes first */
+    size_t len = strnlen(text, 64);
+    int32_t buf[128];
+    if (ellm_tokenize(model, text, len, 0, 1, buf, 128, &n, &err) != ELLM_OK || n == 0) return 0;
+    (void)ids;
+    return buf[0] == bos;
+}
+
+/* Interactive chat: each turn re-renders the whole conversation with the chat
+ * template, keeps the KV cache for the longest prefix of tokens already fed
+ * (truncation is O(1)) and feeds only the rest. */
+static int run_chat(ellm_model *model, const run_opts *o) {
+    ellm_error err = {0};
+    ellm_model_info info;
+    ellm_model_get_info(model, &info);
+    ellm_context_params cp = ellm_context_default_params();
+    cp.kv_type = o->kv_f32 ? ELLM_KV_F32 : ELLM_KV_F16;
+    cp.n_threads = (int)o->threads;
+    cp.n_ctx = o->ctx ? (int)o->ctx : info.n_ctx_train;
+    cp.sparse_topk = (int)o->sparse_topk;
+    ellm_context *ctx = NULL;
+    ellm_sampler *sampler = NULL;
+    ellm_chat_message *msgs = NULL;
+    int32_t *fed = NULL, *ids = NULL;
+    int n_msgs = 0, n_fed = 0, rc = 1;
+    char line[16384];
+    if (ellm_context_init(model, &cp, &ctx, &err) != ELLM_OK || ellm_sampler_init(&o->sp, info.n_vocab, &sampler, &err) != ELLM_OK) {
+        fprintf(stderr, "error: %s\n", err.msg);
+        goto out;
+    }
+    int n_ctx = ellm_context_n_ctx(ctx);
+    fed = malloc((size_t)n_ctx * sizeof *fed);
+    ids = malloc((size_t)(n_ctx + 1) * sizeof *ids);
+    msgs = calloc(2 * 1024 + 2, sizeof *msgs);
+    if (!fed || !ids || !msgs) {
+        fprintf(stderr, "error: out of memory\n");
+        goto out;
+    }
+    if (o->system) msgs[n_msgs++] = (ellm_chat_message){"system", strdup(o->system)};
+    int tty_in = isatty(0);
+    for (;;) {
+        if (tty_in) fputs("> ", stderr);
+        if (!fgets(line, sizeof line, stdin)) break;
+        line[strcspn(line, "\r\n")] = 0;
+        if (!*line) continue;
+        if (n_msgs >= 2 * 1024) {
+            fprintf(stderr, "error: too many turns\n");
+            break;
+        }
+        msgs[n_msgs++] = (ellm_chat_message){"user", strdup(line)};
+        char *text = NULL;
+        size_t len;
+        if (ellm_chat_render(model, o->chat_template, msgs, n_msgs, 1, &text, &len, &err) != ELLM_OK) {
+            fprintf(stderr, "error: chat template: %s\n", err.msg);
+            goto out;
+        }
+        int n = 0;
+        ellm_status st = ellm_tokenize(model, text, len, !o->no_bos && !starts_with_bos(model, text), 1, ids,
+                                       n_ctx + 1, &n, &err);
+        ellm_free(text);
+        if (st != ELLM_OK || n >= n_ctx) {
+            fprintf(stderr, "error: %s\n", st != ELLM_OK ? err.msg : "the conversation no longer fits the context (-c)");
+            goto out;
+        }
+        int keep = 0;
+        while (keep < n_fed && keep < n - 1 && fed[keep] == ids[keep]) keep++;
+        ellm_context_truncate(ctx, keep);
+        if (ellm_decode(ctx, ids + keep, n - keep, NULL, &err) != ELLM_OK) {
+            fprintf(stderr, "error: %s\n", err.msg);
+            goto out;
+        }
+        memcpy(fed, ids, (size_t)n * sizeof *fed);
+        n_fed = n;
+        /* generate the reply */
+        size_t rcap = 4096, rlen = 0;
+        char *reply = malloc(rcap);
+        ellm_detok dt = {0};
+        char piece[256];
+        for (long g = 0; g < o->n_predict && reply; g++) {
+            int32_t tok = ellm_sampler_sample(sampler, ellm_context_logits(ctx), fed, n_fed);
+            if (ellm_token_is_eog(model, tok)) break;
+            int nb = ellm_detok_push(model, &dt, tok, piece, sizeof piece);
+            fwrite(piece, 1, (size_t)nb, stdout);
+            fflush(stdout);
+            if (rlen + (size_t)nb + 1 > rcap) reply = realloc(reply, rcap = 2 * rcap + (size_t)nb);
+            if (!reply) break;
+            memcpy(reply + rlen, piece, (size_t)nb);
+            rlen += (size_t)nb;
+            if (n_fed >= n_ctx - 1 || ellm_decode(ctx, &tok, 1, NULL, &err) != ELLM_OK) {
+                fprintf(stderr, "\nerror: context full (%d tokens); raise -c\n", n_ctx);
+                free(reply);
+                goto out;
+            }
+            fed[n_fed++] = tok;
+        }
+        if (!reply) {
+            fprintf(stderr, "error: out of memory\n");
+            goto out;
+        }
+        reply[rlen] = 0;
+        fputc('\n', stdout);
+        fflush(stdout);
+        msgs[n_msgs++] = (ellm_chat_message){"assistant", reply};
+    }
+    rc = 0;
+out:
+    for (int i = 0; i < n_msgs; i++) free((char *)msgs[i].content);
+    free(msgs);
+    free(fed);
+    free(ids);
+    ellm_sampler_free(sampler);
+    ellm_context_free(ctx);
+    return rc;
+}
+
 int cmd_run(int argc, char **argv) {
     run_opts o;
     if (!parse(argc, argv, &o)) return 2;
     if (!o.model) o.model = cli_default_model();
     if (!o.seed_given) o.sp.seed = ellm_time_ns() ^ ((uint64_t)getpid() << 32);
 
-    char *file_prompt = NULL;
+    char *file_prompt = NULL, *rendered = NULL;
     const char *prompt = o.prompt ? o.prompt : "";
     size_t prompt_len = strlen(prompt);
     if (o.prompt_file) {
         if (!(file_prompt = cli_read_file(o.prompt_file, &prompt_len))) return 1;
         prompt = file_prompt;
-    } else if (!o.prompt && !strcmp(o.model, cli_default_model())) {
+    } else if (!o.prompt && !o.chat && !o.system && !strcmp(o.model, cli_default_model())) {
         prompt = "import os\n\n\ndef main():\n";
         prompt_len = strlen(prompt);
     }
@@ -180,6 +312,28 @@ int cmd_run(int argc, char **argv) {
     ellm_model_info info;
     ellm_model_get_info(model, &info);
 
+    int chat_turn = !o.chat && (o.system || o.chat_template);
+    int parse_special = 0, add_bos = !o.no_bos;
+    if (o.chat) {
+        rc = run_chat(model, &o);
+        goto done;
+    }
+    if (chat_turn) {
+        ellm_chat_message msgs[2];
+        int n_msgs = 0;
+        if (o.system) msgs[n_msgs++] = (ellm_chat_message){"system", o.system};
+        msgs[n_msgs++] = (ellm_chat_message){"user", prompt};
+        size_t n_rendered;
+        if (ellm_chat_render(model, o.chat_template, msgs, n_msgs, 1, &rendered, &n_rendered, &err) != ELLM_OK) {
+            fprintf(stderr, "error: chat template: %s\n", err.msg);
+            goto done;
+        }
+        prompt = rendered;
+        prompt_len = n_rendered;
+        parse_special = 1;
+        add_bos = add_bos && !starts_with_bos(model, rendered);
+        o.no_echo = 1;
+    }
     int n_prompt = 0;
     int cap = (int)(prompt_len + 16 < (1u << 30) ? prompt_len + 16 : (1u << 30));
     ids = malloc((size_t)(cap + o.n_predict + 1) * sizeof *ids);
@@ -187,7 +341,7 @@ int cmd_run(int argc, char **argv) {
         fprintf(stderr, "error: out of memory for %d prompt tokens\n", cap);
         goto done;
     }
-    if (ellm_tokenize(model, prompt, prompt_len, !o.no_bos, 0, ids, cap, &n_prompt, &err) != ELLM_OK) {
+    if (ellm_tokenize(model, prompt, prompt_len, add_bos, parse_special, ids, cap, &n_prompt, &err) != ELLM_OK) {
         fprintf(stderr, "error: cannot tokenize the prompt: %s\n", err.msg);
         goto done;
     }
@@ -307,7 +461,7 @@ int cmd_run(int argc, char **argv) {
                 "decode: %d tokens in %.1f ms (%.2f tokens/s)\n"
                 "seed: %llu\n",
                 info.load_ms, o.model, info.arch, info.n_layer, info.n_embd, info.n_params / 1e6,
-                info.weight_bytes / 1e6, ellm_isa_name(), o.threads, n_ctx, o.kv_f32 ? "f32" : "f16",
+                info.weight_bytes / 1e6, ellm_isa_name(), o.threads ? o.threads : (long)ellm_default_threads(), n_ctx, o.kv_f32 ? "f32" : "f16",
                 n_prompt, t_prompt, n_prompt / (t_prompt / 1000.0), generated, t_gen,
                 n_dec / (t_gen / 1000.0), (unsigned long long)o.sp.seed);
         if (o.sparse_topk) {
@@ -330,5 +484,6 @@ done:
     ellm_model_free(model);
     free(ids);
     free(file_prompt);
+    ellm_free(rendered);
     return rc;
 }

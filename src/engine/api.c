@@ -1,6 +1,10 @@
 /* Public tokenizer entry points: thin wrappers over the model's tokenizer. */
 #include "core/status.h"
 #include "model/model.h"
+#include "tokenizer/chat_template.h"
+
+#include <stdlib.h>
+#include <string.h>
 
 ellm_status ellm_tokenize(const ellm_model *model, const char *text, size_t len, int add_bos,
                           int parse_special, int32_t *ids, int cap, int *n_out, ellm_error *err) {
@@ -18,3 +22,22 @@ int ellm_detok_flush(ellm_detok *state, char *out, size_t cap) {
 int32_t ellm_token_bos(const ellm_model *model) { return tokenizer_bos(model->tok); }
 int32_t ellm_token_eos(const ellm_model *model) { return tokenizer_eos(model->tok); }
 int ellm_token_is_eog(const ellm_model *model, int32_t token) { return tokenizer_is_eog(model->tok, token); }
+
+ellm_status ellm_chat_render(const ellm_model *model, const char *template_name,
+                             const ellm_chat_message *msgs, int n_msgs, int add_generation_prompt,
+                             char **out, size_t *out_len, ellm_error *err) {
+    _Static_assert(sizeof(ellm_chat_message) == sizeof(chat_message), "chat message layouts differ");
+    const chat_message *m = (const chat_message *)msgs;
+    if (template_name) {
+        const char *src = chat_template_builtin(template_name);
+        if (!src) return ellm_fail(err, ELLM_ERR_ARG, "chat: no built-in template named '%s'", template_name);
+        const char *bos = NULL, *eos = NULL;
+        size_t n;
+        if (tokenizer_bos(model->tok) >= 0) bos = tokenizer_piece(model->tok, tokenizer_bos(model->tok), &n);
+        if (tokenizer_eos(model->tok) >= 0) eos = tokenizer_piece(model->tok, tokenizer_eos(model->tok), &n);
+        return chat_template_render(src, strlen(src), m, n_msgs, add_generation_prompt, bos, eos, out, out_len, err);
+    }
+    return chat_template_render_gguf(model->file, NULL, m, n_msgs, add_generation_prompt, out, out_len, err);
+}
+
+void ellm_free(void *p) { free(p); }
