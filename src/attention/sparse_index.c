@@ -2,7 +2,7 @@
  * recall, and the scalar references of the per-ISA kernels.
  *
  * Storage per (layer, KV head), see sparse_index_internal.h for a tile:
- *     blk  ceil(n_blocks / 16) tiles: block summaries
+ *     blk  n_superblocks * superblock_blocks / 16 tiles: block summaries
  *     sb   ceil(n_superblocks / 16) tiles: super-block summaries
  *     open lo[hd], hi[hd] F32: running min/max of the keys of the block holding
  *          the layer's last position (exact; rounded outward into the tile
@@ -11,8 +11,8 @@
  * an index sized for a long context costs memory only as the context grows.
  *
  * Scratch per (layer, KV head), used only by select (so different pairs can
- * select concurrently): bounds of scored super-blocks and blocks, the heap of
- * the best blocks, the ordered list of super-blocks to expand, and a bitmap
+ * select concurrently): bounds of scored super-blocks and blocks, the scored
+ * candidate blocks, the ordered list of super-blocks to expand, and a bitmap
  * that emits the chosen blocks in ascending order without sorting. */
 #include "attention/sparse_index.h"
 #include "attention/sparse_index_internal.h"
@@ -40,7 +40,9 @@ struct sparse_index {
     int n_sb;             /* super-blocks per (layer, head) */
     int n_blk_tiles, n_sb_tiles;
     size_t tile_elems;    /* halves per tile: 2 * hd * 16 */
-    size_t blk_map_bytes, sb_map_bytes;
+    size_t blk_map_bytes, sb_map_bytes; /* bytes of tiles */
+    void *blk_map, *sb_map;              /* the mappings holding them */
+    size_t blk_map_len, sb_map_len;
     uint16_t *blk;        /* [layer][head][n_blk_tiles] tiles */
     uint16_t *sb;         /* [layer][head][n_sb_tiles] tiles */
     float *open;          /* [layer][head][2][hd] */
@@ -53,8 +55,8 @@ struct sparse_index {
 typedef struct {
     float *sbb;    /* n_sb_tiles * 16: super-block bounds, by super-block index */
     float *blkb;   /* n_blk_tiles * 16: block bounds (exhaustive path), by block index */
-    float *hb;     /* n_blocks: heap of the best blocks (min-heap on the bound) */
-    int32_t *hi;   /* n_blocks: their indices */
+    int32_t *ck;   /* n_blocks: keys (order-preserving ints) of the scored candidate blocks */
+    int32_t *ci;   /* n_blocks: their block indices */
     float *eb;     /* n_sb: super-blocks to expand, bounds descending */
     int32_t *ei;   /* n_sb: their indices */
     uint64_t *bits;/* ceil(n_blocks / 64): chosen blocks */
@@ -63,7 +65,8 @@ typedef struct {
 /* ---- scalar references -------------------------------------------------- */
 
 void sparse_score_scalar(const uint16_t *tiles, int n_tiles, int hd, const float *qpn, int rows,
-                         float *out) {
+                         float *out, const uint16_t *next) {
+    (void)next;
     for (int t = 0; t < n_tiles; t++) {
         const uint16_t *lo = tiles + (size_t)t * 2 * hd * SPARSE_LANES;
         const uint16_t *hi = lo + (size_t)hd * SPARSE_LANES;
@@ -140,9 +143,25 @@ static const sparse_round_fn round_fns[] = {
 
 /* ---- lifecycle ---------------------------------------------------------- */
 
-static void *map_zero(size_t bytes) {
-    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    return p == MAP_FAILED ? NULL : p;
+#define HUGE_PAGE ((size_t)2 << 20)
+
+/* A zero-filled anonymous mapping of `bytes`, 2 MB aligned and marked for
+ * transparent huge pages when large: selection touches tiles scattered over
+ * the whole index, and with 4 KB pages every tile would be a TLB miss (and a
+ * page walk a prefetch may not survive). *base and *len receive the mapping
+ * to munmap. */
+static void *map_zero(size_t bytes, void **base, size_t *len) {
+    size_t n = bytes >= HUGE_PAGE ? bytes + HUGE_PAGE : bytes;
+    char *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return NULL;
+    *base = p;
+    *len = n;
+    if (n == bytes) return p;
+    char *a = (char *)(((uintptr_t)p + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1));
+#ifdef MADV_HUGEPAGE
+    madvise(a, (bytes + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1), MADV_HUGEPAGE);
+#endif
+    return a;
 }
 
 static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
@@ -182,7 +201,8 @@ ellm_status sparse_index_init(const sparse_index_params *p, sparse_index **out, 
     idx->S = q.superblock_blocks;
     idx->n_blocks = (int)(((long)q.n_ctx + q.block_tokens - 1) / q.block_tokens);
     idx->n_sb = (idx->n_blocks + idx->S - 1) / idx->S;
-    idx->n_blk_tiles = (idx->n_blocks + SPARSE_LANES - 1) / SPARSE_LANES;
+    /* Whole super-blocks of tiles, so expanding the last one stays inside. */
+    idx->n_blk_tiles = idx->n_sb * (idx->S / SPARSE_LANES);
     idx->n_sb_tiles = (idx->n_sb + SPARSE_LANES - 1) / SPARSE_LANES;
     idx->tile_elems = (size_t)2 * (size_t)q.head_dim * SPARSE_LANES;
     const size_t pairs = (size_t)q.n_layer * (size_t)q.n_kv_head;
@@ -193,8 +213,8 @@ ellm_status sparse_index_init(const sparse_index_params *p, sparse_index **out, 
     idx->scratch_bytes = align64((size_t)idx->n_sb_tiles * SPARSE_LANES * 4) +
                          align64((size_t)idx->n_blk_tiles * SPARSE_LANES * 4) +
                          2 * align64(nb * 4) + 2 * align64(nsb * 4) + align64((nb + 63) / 64 * 8);
-    idx->blk = map_zero(idx->blk_map_bytes);
-    idx->sb = map_zero(idx->sb_map_bytes);
+    idx->blk = map_zero(idx->blk_map_bytes, &idx->blk_map, &idx->blk_map_len);
+    idx->sb = map_zero(idx->sb_map_bytes, &idx->sb_map, &idx->sb_map_len);
     idx->open = malloc(pairs * 2 * (size_t)q.head_dim * sizeof(float));
     idx->len = calloc((size_t)q.n_layer, sizeof(int));
     if (posix_memalign((void **)&idx->scratch, 64, pairs * idx->scratch_bytes) != 0)
@@ -213,8 +233,8 @@ ellm_status sparse_index_init(const sparse_index_params *p, sparse_index **out, 
 
 void sparse_index_free(sparse_index *idx) {
     if (!idx) return;
-    if (idx->blk) munmap(idx->blk, idx->blk_map_bytes);
-    if (idx->sb) munmap(idx->sb, idx->sb_map_bytes);
+    if (idx->blk) munmap(idx->blk_map, idx->blk_map_len);
+    if (idx->sb) munmap(idx->sb_map, idx->sb_map_len);
     free(idx->open);
     free(idx->len);
     free(idx->scratch);
@@ -375,9 +395,9 @@ static select_scratch scratch_of(const sparse_index *idx, int layer, int head) {
     p += align64((size_t)idx->n_sb_tiles * SPARSE_LANES * 4);
     s.blkb = (float *)p;
     p += align64((size_t)idx->n_blk_tiles * SPARSE_LANES * 4);
-    s.hb = (float *)p;
+    s.ck = (int32_t *)p;
     p += align64(nb * 4);
-    s.hi = (int32_t *)p;
+    s.ci = (int32_t *)p;
     p += align64(nb * 4);
     s.eb = (float *)p;
     p += align64(nsb * 4);
@@ -405,59 +425,111 @@ static void prepare_rows(query_rows *Q, int r0) {
         int i = (r0 + r) / Q->group, g = (r0 + r) % Q->group;
         const float *src = Q->q + ((size_t)i * Q->n_head + (size_t)Q->head0 + g) * hd;
         float *qp = Q->qpn + (size_t)r * 2 * hd, *qn = qp + hd;
+        /* Split by the sign bit, without branches (signs are random). */
         for (int c = 0; c < hd; c++) {
-            qp[c] = src[c] > 0.0f ? src[c] : 0.0f;
-            qn[c] = src[c] < 0.0f ? src[c] : 0.0f;
+            uint32_t b, neg, p_, n_;
+            memcpy(&b, &src[c], 4);
+            neg = (uint32_t)((int32_t)b >> 31);
+            p_ = b & ~neg;
+            n_ = b & neg;
+            memcpy(&qp[c], &p_, 4);
+            memcpy(&qn[c], &n_, 4);
         }
     }
     Q->prep0 = r0;
     Q->prep_n = n;
 }
 
-/* out[0 .. n_tiles * 16) = bounds of the tiles' entries, max over all rows. */
-static void score_tiles(query_rows *Q, const uint16_t *tiles, int n_tiles, float *out) {
+/* out[0 .. n_tiles * 16) = bounds of the tiles' entries, max over all rows;
+ * `next` (or NULL) is the tile the caller reads next, to prefetch. */
+static void score_tiles(query_rows *Q, const uint16_t *tiles, int n_tiles, float *out,
+                        const uint16_t *next) {
     for (int i = 0; i < n_tiles * SPARSE_LANES; i++) out[i] = -INFINITY;
     for (int r0 = 0; r0 < Q->rows; r0 += Q->per_pass) {
         if (Q->prep0 != r0) prepare_rows(Q, r0); /* only when rows exceed one pass */
-        for (int r = 0; r < Q->prep_n; r += SPARSE_ROWS)
+        for (int r = 0; r < Q->prep_n; r += SPARSE_ROWS) {
+            int last = r0 + r + SPARSE_ROWS >= Q->rows; /* the final pass prefetches */
             Q->score(tiles, n_tiles, Q->hd, Q->qpn + (size_t)r * 2 * Q->hd,
-                     Q->prep_n - r < SPARSE_ROWS ? Q->prep_n - r : SPARSE_ROWS, out);
+                     Q->prep_n - r < SPARSE_ROWS ? Q->prep_n - r : SPARSE_ROWS, out,
+                     last ? next : tiles);
+        }
     }
 }
 
-/* Min-heap of the k best (bound, block) pairs; ties keep the earlier entry. */
-typedef struct {
-    float *b;
-    int32_t *i;
-    int n, k;
-} block_heap;
+/* Order-preserving map of a float to a signed int (-0 just below +0). */
+static inline int32_t f32_key(float x) {
+    int32_t b;
+    memcpy(&b, &x, 4);
+    return b ^ (int32_t)((uint32_t)(b >> 31) >> 1);
+}
 
-static void heap_offer(block_heap *H, float b, int32_t i) {
-    int j;
-    if (H->n < H->k) {
-        j = H->n++;
-        while (j > 0) { /* sift up */
-            int p = (j - 1) / 2;
-            if (H->b[p] <= b) break;
-            H->b[j] = H->b[p];
-            H->i[j] = H->i[p];
-            j = p;
-        }
-    } else {
-        if (!(b > H->b[0])) return;
-        j = 0;
-        for (;;) { /* sift down */
-            int c = 2 * j + 1;
-            if (c >= H->n) break;
-            if (c + 1 < H->n && H->b[c + 1] < H->b[c]) c++;
-            if (H->b[c] >= b) break;
-            H->b[j] = H->b[c];
-            H->i[j] = H->i[c];
-            j = c;
-        }
+/* Number of keys >= t, without branches (the inner loop vectorizes). */
+static int count_ge(const int32_t *key, int m, int32_t t) {
+    int cnt = 0, i = 0;
+    for (; i + 16 <= m; i += 16) {
+        int c = 0;
+        for (int j = 0; j < 16; j++) c += key[i + j] >= t;
+        cnt += c;
     }
-    H->b[j] = b;
-    H->i[j] = i;
+    for (; i < m; i++) cnt += key[i] >= t;
+    return cnt;
+}
+
+/* Marks the k best of the m scored candidates in the bitmap: every key above
+ * the k-th largest, then ties at it in candidate order. The k-th largest is
+ * found by bisecting the key range with counting passes: ~log2(range) passes
+ * of m compares and no data-dependent branches, where a heap or quickselect
+ * would mispredict on about every other candidate. */
+static void mark_best(const int32_t *key, const int32_t *idx, int m, int k, uint64_t *bits) {
+    int32_t kmin = key[0], kmax = key[0];
+    for (int i = 1; i < m; i++) {
+        kmin = key[i] < kmin ? key[i] : kmin;
+        kmax = key[i] > kmax ? key[i] : kmax;
+    }
+    /* Invariant: c_lo = count(>= lo) >= k > c_hi = count(>= hi). Bisect until
+     * at most 16 keys lie in [lo, hi), then finish among those by sorting. */
+    int64_t lo = kmin, hi = (int64_t)kmax + 1;
+    int c_lo = m, c_hi = 0;
+    while (hi - lo > 1 && c_lo - c_hi > 16) {
+        int64_t mid = lo + (hi - lo) / 2;
+        int c = count_ge(key, m, (int32_t)mid);
+        if (c >= k) lo = mid, c_lo = c;
+        else hi = mid, c_hi = c;
+    }
+    int32_t t = (int32_t)lo;
+    if (hi - lo > 1) {
+        int32_t in[16];
+        int n = 0;
+        for (int i = 0; i < m && n < 16; i++)
+            if (key[i] >= lo && key[i] < hi) in[n++] = key[i];
+        for (int i = 1; i < n; i++) /* descending */
+            for (int j = i; j > 0 && in[j - 1] < in[j]; j--) {
+                int32_t x = in[j];
+                in[j] = in[j - 1];
+                in[j - 1] = x;
+            }
+        t = in[k - c_hi - 1];
+    }
+    int ties = k - (t == INT32_MAX ? 0 : count_ge(key, m, t + 1));
+    /* Candidates come in runs of consecutive blocks: gather a word of the
+     * bitmap in a register while the run stays inside it. */
+    int w = idx[0] >> 6;
+    uint64_t word = 0;
+    for (int i = 0; i < m; i++) {
+        int eq = key[i] == t, take = (key[i] > t) | (eq & (ties > 0));
+        ties -= eq & take;
+        if (idx[i] >> 6 != w) {
+            bits[w] |= word;
+            w = idx[i] >> 6;
+            word = 0;
+        }
+        word |= (uint64_t)take << (idx[i] & 63);
+    }
+    bits[w] |= word;
+}
+
+static void prefetch_tiles(const uint16_t *p, size_t bytes) {
+    for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch((const char *)p + o);
 }
 
 /* Chooses the k best blocks of [c0, c1) (0 < k < c1 - c0) into the bitmap. */
@@ -466,9 +538,10 @@ static void choose_blocks(sparse_index *idx, int layer, int head, query_rows *Q,
     const int S = idx->S, tpsb = S / SPARSE_LANES;
     const int64_t tile_bytes = (int64_t)(idx->tile_elems * sizeof(uint16_t));
     const int s0 = c0 / S, s1 = (c1 - 1) / S, nsb = s1 - s0 + 1;
-    int E = (int)ceilf(idx->p.expand * (float)k / (float)S);
+    const float e = ceilf(idx->p.expand * (float)k / (float)S);
+    int E = e >= (float)nsb ? nsb : (int)e;
     if (E < SPARSE_MIN_EXPAND) E = SPARSE_MIN_EXPAND;
-    block_heap H = {X->hb, X->hi, 0, k};
+    int m = 0; /* scored candidates in X->ck, X->ci */
     const uint16_t *bt0 = blk_tiles(idx, layer, head);
     int64_t sb_scored = 0, blk_scored = 0, expanded = 0, bytes = 0;
     int exact = 1;
@@ -477,15 +550,20 @@ static void choose_blocks(sparse_index *idx, int layer, int head, query_rows *Q,
         /* Expanding that many super-blocks would read every block anyway. */
         const int t0 = c0 / SPARSE_LANES, t1 = (c1 - 1) / SPARSE_LANES;
         score_tiles(Q, bt0 + (size_t)t0 * idx->tile_elems, t1 - t0 + 1,
-                    X->blkb + (size_t)t0 * SPARSE_LANES);
-        for (int b = c0; b < c1; b++) heap_offer(&H, X->blkb[b], b);
+                    X->blkb + (size_t)t0 * SPARSE_LANES, NULL);
+        for (int b = c0; b < c1; b++, m++) {
+            X->ck[m] = f32_key(X->blkb[b]);
+            X->ci[m] = b;
+        }
         blk_scored = (int64_t)(t1 - t0 + 1) * SPARSE_LANES;
         bytes = (int64_t)(t1 - t0 + 1) * tile_bytes;
     } else {
         const int t0 = s0 / SPARSE_LANES, t1 = s1 / SPARSE_LANES;
         float *sbb = X->sbb;
+        prefetch_tiles(sb_tiles(idx, layer, head) + (size_t)t0 * idx->tile_elems,
+                       (size_t)tile_bytes);
         score_tiles(Q, sb_tiles(idx, layer, head) + (size_t)t0 * idx->tile_elems, t1 - t0 + 1,
-                    sbb + (size_t)t0 * SPARSE_LANES);
+                    sbb + (size_t)t0 * SPARSE_LANES, NULL);
         sb_scored = (int64_t)(t1 - t0 + 1) * SPARSE_LANES;
         bytes = (int64_t)(t1 - t0 + 1) * tile_bytes;
         /* The E super-blocks of highest bound, descending (ties: lower index first). */
@@ -507,16 +585,20 @@ static void choose_blocks(sparse_index *idx, int layer, int head, query_rows *Q,
             X->eb[j] = b;
             X->ei[j] = s;
         }
+        /* The first expansion's tiles, so that scoring it does not start on
+         * cold misses (each expansion prefetches the next one's). */
+        prefetch_tiles(bt0 + (size_t)X->ei[0] * tpsb * idx->tile_elems,
+                       (size_t)tpsb * tile_bytes);
         float bb[SPARSE_MAX_SB_BLOCKS];
         for (int x = 0;; x++) {
             int s;
             if (x < ne) {
                 s = X->ei[x];
             } else {
-                /* Past the cap: continue (best first) only to fill the heap,
+                /* Past the cap: continue (best first) only to reach k candidates,
                  * which the clipped super-blocks at c0 and c1 may leave short. */
-                if (H.n == k) {
-                    exact = !(rest > H.b[0]);
+                if (m >= k) {
+                    exact = count_ge(X->ck, m, f32_key(rest)) >= k;
                     break;
                 }
                 s = -1;
@@ -525,19 +607,26 @@ static void choose_blocks(sparse_index *idx, int layer, int head, query_rows *Q,
                 if (s < 0) break;
             }
             if (sbb[s] == -INFINITY) continue; /* expanded already */
-            /* Exact stop: no block of this or any later super-block can enter. */
-            if (H.n == k && !(sbb[s] > H.b[0])) break;
-            score_tiles(Q, bt0 + (size_t)s * tpsb * idx->tile_elems, tpsb, bb);
+            ELLM_ASSERT(s >= s0 && s <= s1 && (s + 1) * tpsb <= idx->n_blk_tiles);
+            /* Exact stop: k candidates already reach this super-block's bound,
+             * so no block of it or of any later one can do better. */
+            if (m >= k && count_ge(X->ck, m, f32_key(sbb[s])) >= k) break;
+            const uint16_t *next =
+                x + 1 < ne ? bt0 + (size_t)X->ei[x + 1] * tpsb * idx->tile_elems : NULL;
+            score_tiles(Q, bt0 + (size_t)s * tpsb * idx->tile_elems, tpsb, bb, next);
             int b0 = s * S > c0 ? s * S : c0, b1 = (s + 1) * S < c1 ? (s + 1) * S : c1;
-            for (int b = b0; b < b1; b++) heap_offer(&H, bb[b - s * S], b);
+            for (int b = b0; b < b1; b++, m++) {
+                X->ck[m] = f32_key(bb[b - s * S]);
+                X->ci[m] = b;
+            }
             sbb[s] = -INFINITY;
             expanded++;
             blk_scored += S;
             bytes += (int64_t)tpsb * tile_bytes;
         }
     }
-    ELLM_ASSERT(H.n == k);
-    for (int j = 0; j < k; j++) X->bits[H.i[j] >> 6] |= (uint64_t)1 << (H.i[j] & 63);
+    ELLM_ASSERT(m >= k);
+    mark_best(X->ck, X->ci, m, k, X->bits);
     if (stats) {
         stats->scored_calls++;
         stats->superblocks_scored += sb_scored;
@@ -556,7 +645,7 @@ void sparse_index_select(sparse_index *idx, int layer, int kv_head, const float 
     ELLM_ASSERT(layer >= 0 && layer < idx->p.n_layer && kv_head >= 0 &&
                 kv_head < idx->p.n_kv_head);
     ELLM_ASSERT(len >= 1 && len <= idx->len[layer] && n_q >= 1 && n_q <= len && group >= 1);
-    ELLM_ASSERT(sink_blocks >= 0 && window_tokens >= 0);
+    ELLM_ASSERT(budget_tokens >= 0 && sink_blocks >= 0 && window_tokens >= 0);
     const int bt = idx->bt, nb = (len + bt - 1) / bt, last = nb - 1;
     int n = 0;
     if (stats) stats->calls++;

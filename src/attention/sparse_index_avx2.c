@@ -12,34 +12,41 @@
 
 #define ALWAYS_INLINE inline __attribute__((always_inline))
 
-/* Entries [half * 8, half * 8 + 8) of one tile against R rows (R <= 4). */
+/* Entries [half * 8, half * 8 + 8) of one tile against R rows (R <= 4).
+ * Prefetches the hd cache lines of the tile at pf, one per channel step. */
 static ALWAYS_INLINE void score_half(const uint16_t *lo, int hd, const float *qpn, int R,
-                                     float *out) {
+                                     float *out, const char *pf) {
     const uint16_t *hi = lo + (size_t)hd * SPARSE_LANES;
     __m256 sp[4], sn[4];
-    _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) sp[r] = sn[r] = _mm256_setzero_ps();
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) sp[r] = sn[r] = _mm256_setzero_ps();
     for (int c = 0; c < hd; c++) {
+        _mm_prefetch(pf + (size_t)c * 64, _MM_HINT_T0);
         __m256 l = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(lo + c * SPARSE_LANES)));
         __m256 h = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(hi + c * SPARSE_LANES)));
-        _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) {
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
             const float *qp = qpn + (size_t)r * 2 * hd;
             sp[r] = _mm256_fmadd_ps(_mm256_set1_ps(qp[c]), h, sp[r]);
             sn[r] = _mm256_fmadd_ps(_mm256_set1_ps(qp[hd + c]), l, sn[r]);
         }
     }
     __m256 best = _mm256_loadu_ps(out);
-    _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) best = _mm256_max_ps(_mm256_add_ps(sp[r], sn[r]), best);
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
+        best = _mm256_max_ps(_mm256_add_ps(sp[r], sn[r]), best); /* as the reference */
     _mm256_storeu_ps(out, best);
 }
 
-#define SCORE_R(R)                                                                      \
-    static void score_r##R(const uint16_t *tiles, int n_tiles, int hd, const float *qpn, \
-                           float *out) {                                                \
-        const size_t te = (size_t)2 * hd * SPARSE_LANES;                                \
-        for (int t = 0; t < n_tiles; t++)                                               \
-            for (int half = 0; half < 2; half++)                                        \
-                score_half(tiles + t * te + half * 8, hd, qpn, R,                       \
-                           out + t * SPARSE_LANES + half * 8);                          \
+#define SCORE_R(R)                                                                        \
+    static void score_r##R(const uint16_t *tiles, int n_tiles, int hd, const float *qpn,   \
+                           float *out, const uint16_t *next) {                            \
+        const size_t te = (size_t)2 * hd * SPARSE_LANES;                                  \
+        for (int t = 0; t < n_tiles; t++) {                                               \
+            const uint16_t *pf = t + 1 < n_tiles ? tiles + (t + 1) * te                   \
+                                 : next          ? next                                   \
+                                                 : tiles + t * te;                        \
+            for (int half = 0; half < 2; half++)                                          \
+                score_half(tiles + t * te + half * 8, hd, qpn, R,                         \
+                           out + t * SPARSE_LANES + half * 8, (const char *)pf);          \
+        }                                                                                 \
     }
 SCORE_R(1)
 SCORE_R(2)
@@ -47,14 +54,14 @@ SCORE_R(3)
 SCORE_R(4)
 
 void sparse_score_avx2(const uint16_t *tiles, int n_tiles, int hd, const float *qpn, int rows,
-                       float *out) {
+                       float *out, const uint16_t *next) {
     for (int r0 = 0; r0 < rows; r0 += 4) {
         const float *q = qpn + (size_t)r0 * 2 * hd;
         switch (rows - r0 < 4 ? rows - r0 : 4) {
-        case 1: score_r1(tiles, n_tiles, hd, q, out); break;
-        case 2: score_r2(tiles, n_tiles, hd, q, out); break;
-        case 3: score_r3(tiles, n_tiles, hd, q, out); break;
-        default: score_r4(tiles, n_tiles, hd, q, out); break;
+        case 1: score_r1(tiles, n_tiles, hd, q, out, next); break;
+        case 2: score_r2(tiles, n_tiles, hd, q, out, next); break;
+        case 3: score_r3(tiles, n_tiles, hd, q, out, next); break;
+        default: score_r4(tiles, n_tiles, hd, q, out, next); break;
         }
     }
 }

@@ -14,13 +14,15 @@
 #define ALWAYS_INLINE inline __attribute__((always_inline))
 
 /* One tile against R rows (R a constant after inlining, so the accumulators
- * stay in registers); max-accumulates into out[0..16). */
+ * stay in registers); max-accumulates into out[0..16). Prefetches the hd cache
+ * lines of the tile at pf, one per channel step. */
 static ALWAYS_INLINE void score_tile(const uint16_t *lo, int hd, const float *qpn, int R,
-                                     float *out) {
+                                     float *out, const char *pf) {
     const uint16_t *hi = lo + (size_t)hd * SPARSE_LANES;
     __m512 sp[SPARSE_ROWS], sn[SPARSE_ROWS];
     _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) sp[r] = sn[r] = _mm512_setzero_ps();
     for (int c = 0; c < hd; c++) {
+        _mm_prefetch(pf + (size_t)c * 64, _MM_HINT_T0);
         __m512 l = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(lo + c * SPARSE_LANES)));
         __m512 h = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(hi + c * SPARSE_LANES)));
         _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) {
@@ -37,12 +39,17 @@ static ALWAYS_INLINE void score_tile(const uint16_t *lo, int hd, const float *qp
     _mm512_storeu_ps(out, best);
 }
 
-#define SCORE_R(R)                                                                      \
-    static void score_r##R(const uint16_t *tiles, int n_tiles, int hd, const float *qpn, \
-                           float *out) {                                                \
-        const size_t te = (size_t)2 * hd * SPARSE_LANES;                                \
-        for (int t = 0; t < n_tiles; t++)                                               \
-            score_tile(tiles + t * te, hd, qpn, R, out + t * SPARSE_LANES);             \
+#define SCORE_R(R)                                                                        \
+    static void score_r##R(const uint16_t *tiles, int n_tiles, int hd, const float *qpn,   \
+                           float *out, const uint16_t *next) {                            \
+        const size_t te = (size_t)2 * hd * SPARSE_LANES;                                  \
+        for (int t = 0; t < n_tiles; t++) {                                               \
+            const uint16_t *pf = t + 1 < n_tiles ? tiles + (t + 1) * te                   \
+                                 : next          ? next                                   \
+                                                 : tiles + t * te;                        \
+            score_tile(tiles + t * te, hd, qpn, R, out + t * SPARSE_LANES,                \
+                       (const char *)pf);                                                 \
+        }                                                                                 \
     }
 SCORE_R(1)
 SCORE_R(2)
@@ -54,16 +61,16 @@ SCORE_R(7)
 SCORE_R(8)
 
 void sparse_score_avx512(const uint16_t *tiles, int n_tiles, int hd, const float *qpn, int rows,
-                         float *out) {
+                         float *out, const uint16_t *next) {
     switch (rows) {
-    case 1: score_r1(tiles, n_tiles, hd, qpn, out); break;
-    case 2: score_r2(tiles, n_tiles, hd, qpn, out); break;
-    case 3: score_r3(tiles, n_tiles, hd, qpn, out); break;
-    case 4: score_r4(tiles, n_tiles, hd, qpn, out); break;
-    case 5: score_r5(tiles, n_tiles, hd, qpn, out); break;
-    case 6: score_r6(tiles, n_tiles, hd, qpn, out); break;
-    case 7: score_r7(tiles, n_tiles, hd, qpn, out); break;
-    default: score_r8(tiles, n_tiles, hd, qpn, out); break;
+    case 1: score_r1(tiles, n_tiles, hd, qpn, out, next); break;
+    case 2: score_r2(tiles, n_tiles, hd, qpn, out, next); break;
+    case 3: score_r3(tiles, n_tiles, hd, qpn, out, next); break;
+    case 4: score_r4(tiles, n_tiles, hd, qpn, out, next); break;
+    case 5: score_r5(tiles, n_tiles, hd, qpn, out, next); break;
+    case 6: score_r6(tiles, n_tiles, hd, qpn, out, next); break;
+    case 7: score_r7(tiles, n_tiles, hd, qpn, out, next); break;
+    default: score_r8(tiles, n_tiles, hd, qpn, out, next); break;
     }
 }
 

@@ -11,14 +11,15 @@
  * so there is no horizontal reduction and one load of a channel serves every
  * query row.
  *
- * The bound of entry e for query row r, with qp = max(q, 0), qn = min(q, 0),
- * in exactly this order of operations (every kernel, every ISA, same bits):
+ * The bound of entry e for query row r, with q split by its sign bit into
+ * qp >= 0 and qn <= 0 (the other one +0), in exactly this order of operations
+ * (every kernel, every ISA, same bits):
  *     sp = 0; for c = 0 .. hd-1: sp = fma(qp[r][c], hi[c][e], sp)
  *     sn = 0; for c = 0 .. hd-1: sn = fma(qn[r][c], lo[c][e], sn)
  *     bound = sp + sn          (= sum_c max(q_c * lo_c, q_c * hi_c))
  * Two chains rather than one halve the FMA latency chain. Each operation is
- * monotone in hi (qp >= 0) and in -lo (qn <= 0), so a summary that contains another one bounds it in
- * floating point too, not only in exact arithmetic. */
+ * monotone in hi (qp >= 0) and in -lo (qn <= 0), so a summary that contains
+ * another one bounds it in floating point too, not only in exact arithmetic. */
 #ifndef ELLM_ATTENTION_SPARSE_INDEX_INTERNAL_H
 #define ELLM_ATTENTION_SPARSE_INDEX_INTERNAL_H
 
@@ -28,22 +29,25 @@
 #include <stdint.h>
 
 #define SPARSE_LANES 16
-/* Query rows prepared at once (qp/qn on the stack: 2 x 8 x 256 floats). */
+/* Query rows per kernel call (2 accumulators each, held in registers). */
 #define SPARSE_ROWS 8
 /* Largest finite half; summaries are clamped to +-this so no bound is NaN. */
 #define SPARSE_F16_MAX 65504.0f
 
 /* Bounds of n_tiles consecutive tiles (tile t at tiles + t * 2 * hd * 16):
  * out[t * 16 + e] = max(out[t * 16 + e], max over rows r of bound(r, e)).
- * qpn holds `rows` (1..SPARSE_ROWS) rows of 2 * hd floats: qp[hd] then qn[hd]. */
+ * qpn holds `rows` (1..SPARSE_ROWS) rows of 2 * hd floats: qp[hd] then qn[hd].
+ * While a tile is scored the next one is prefetched (a tile is hd cache lines,
+ * one per channel step): tile t + 1, or `next` (may be NULL) after the last,
+ * so that a walk over scattered tiles does not wait for DRAM at each one. */
 typedef void (*sparse_score_fn)(const uint16_t *tiles, int n_tiles, int hd, const float *qpn,
-                                int rows, float *out);
+                                int rows, float *out, const uint16_t *next);
 void sparse_score_scalar(const uint16_t *tiles, int n_tiles, int hd, const float *qpn, int rows,
-                         float *out);
+                         float *out, const uint16_t *next);
 void sparse_score_avx2(const uint16_t *tiles, int n_tiles, int hd, const float *qpn, int rows,
-                       float *out);
+                       float *out, const uint16_t *next);
 void sparse_score_avx512(const uint16_t *tiles, int n_tiles, int hd, const float *qpn, int rows,
-                         float *out);
+                         float *out, const uint16_t *next);
 
 /* Folds n key rows (row i at k + i * stride, hd floats) into the running
  * per-channel min `lo` and max `hi`. With f16 set each key is first rounded to
