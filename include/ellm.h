@@ -220,8 +220,11 @@ const float *ellm_context_logits(const ellm_context *ctx);
  * dense-only (sparse_topk < 0 at init). */
 ellm_status ellm_context_set_sparse(ellm_context *ctx, int sparse_topk, ellm_error *err);
 /* Loads per-layer/per-head budgets written by `ellm calibrate` (the profile's
- * weights scale sparse_topk; layers it marks dense stay dense). */
+ * weights scale sparse_topk; layers it marks dense stay dense). A NULL path
+ * restores uniform budgets (and the sparse_dense_layers of the parameters). */
 ellm_status ellm_context_load_sparse_profile(ellm_context *ctx, const char *path, ellm_error *err);
+/* Turns online budget adaptation (--sparse-adapt) on or off. */
+void ellm_context_set_sparse_adapt(ellm_context *ctx, int on);
 
 typedef struct {
     int64_t decode_steps;     /* forward passes */

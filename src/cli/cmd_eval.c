@@ -235,7 +235,7 @@ int cmd_eval(int argc, char **argv) {
         goto done;
     }
     if (o.profile && ellm_context_load_sparse_profile(ctx, o.profile, &err) != ELLM_OK) {
-        fprintf(stderr, "error: %s\n", err.msg);
+        fprintf(stderr, "error: %s\n", err.msg); /* checked once up front */
         goto done;
     }
     for (int w = 0; w < n_win; w++) {
@@ -259,10 +259,12 @@ int cmd_eval(int argc, char **argv) {
                 ellm_context_truncate(ctx, 0);
                 ellm_context_params cp;
                 (void)cp;
-                if (ellm_context_set_sparse(ctx, m->budget, &err) != ELLM_OK) {
+                if (ellm_context_set_sparse(ctx, m->budget, &err) != ELLM_OK ||
+                    ellm_context_load_sparse_profile(ctx, m->profile ? o.profile : NULL, &err) != ELLM_OK) {
                     fprintf(stderr, "error: %s\n", err.msg);
                     goto done;
                 }
+                ellm_context_set_sparse_adapt(ctx, m->adapt);
                 ellm_context_stats before;
                 ellm_context_get_stats(ctx, &before);
                 t0 = ellm_time_ms();

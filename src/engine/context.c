@@ -124,16 +124,18 @@ ellm_status ellm_context_init(ellm_model *model, const ellm_context_params *para
         ctx->max_blocks = kv_cache_n_blocks(ctx->kv);
         ctx->head_weight = malloc(nlh * sizeof *ctx->head_weight);
         ctx->recall_ema = malloc(nlh * sizeof *ctx->recall_ema);
+        ctx->gain_ema = malloc(nlh * sizeof *ctx->gain_ema);
+        ctx->probe_blocks = malloc((size_t)kv_cache_n_blocks(ctx->kv) * sizeof *ctx->probe_blocks);
         ctx->layer_dense = calloc((size_t)c->n_layer, 1);
         ctx->sel_blocks = malloc((size_t)c->n_head_kv * ctx->max_blocks * sizeof *ctx->sel_blocks);
         ctx->sel_n = malloc((size_t)c->n_head_kv * sizeof *ctx->sel_n);
-        if (!ctx->head_weight || !ctx->recall_ema || !ctx->layer_dense || !ctx->sel_blocks || !ctx->sel_n) {
+        if (!ctx->head_weight || !ctx->recall_ema || !ctx->gain_ema || !ctx->probe_blocks || !ctx->layer_dense || !ctx->sel_blocks || !ctx->sel_n) {
             ellm_context_free(ctx);
             return ellm_fail(err, ELLM_ERR_NOMEM, "context: out of memory for the sparse index");
         }
         for (size_t i = 0; i < nlh; i++) {
             ctx->head_weight[i] = 1.0f;
-            ctx->recall_ema[i] = -1.0f;
+            ctx->recall_ema[i] = ctx->gain_ema[i] = -1.0f;
         }
         for (int l = 0; l < c->n_layer && l < p.sparse_dense_layers; l++) ctx->layer_dense[l] = 1;
         ctx->sparse_topk = p.sparse_topk;
@@ -161,6 +163,8 @@ void ellm_context_free(ellm_context *ctx) {
     sparse_index_free(ctx->sidx);
     free(ctx->head_weight);
     free(ctx->recall_ema);
+    free(ctx->gain_ema);
+    free(ctx->probe_blocks);
     free(ctx->layer_dense);
     free(ctx->sel_blocks);
     free(ctx->sel_n);
@@ -195,31 +199,32 @@ int engine_sparse_budget(const struct ellm_context *ctx, int layer, int head) {
     return b > floor_b ? b : floor_b;
 }
 
-/* Moves budget towards heads whose sampled recall is low, keeping the mean
- * multiplier at 1 over the sparse (layer, head) pairs: w *= exp(eta * (mean
- * recall - recall)), clamped to [1/4, 4]. */
+/* Moves budget towards the heads where it buys the most: each sample measures,
+ * per head, the recall gained by 64 more tokens; weights follow
+ * w *= exp(eta * (gain - mean) / mean), clamped to [1/2, 2] and renormalized
+ * to a mean of 1 over the sparse heads, so the total budget is unchanged. */
 void engine_sparse_adapt(struct ellm_context *ctx) {
     const model_config *c = &ctx->model->cfg;
-    double sum_r = 0;
+    double sum_g = 0;
     int n = 0;
     for (int l = 0; l < c->n_layer; l++)
         for (int h = 0; h < c->n_head_kv && !ctx->layer_dense[l]; h++) {
-            float r = ctx->recall_ema[l * c->n_head_kv + h];
-            if (r >= 0) {
-                sum_r += r;
+            float g = ctx->gain_ema[l * c->n_head_kv + h];
+            if (g >= 0) {
+                sum_g += g;
                 n++;
             }
         }
-    if (n == 0) return;
-    double mean_r = sum_r / n, sum_w = 0;
+    if (n == 0 || sum_g <= 0) return;
+    double mean_g = sum_g / n, sum_w = 0;
     int nw = 0;
     for (int l = 0; l < c->n_layer; l++)
         for (int h = 0; h < c->n_head_kv && !ctx->layer_dense[l]; h++) {
             float *w = &ctx->head_weight[l * c->n_head_kv + h];
-            float r = ctx->recall_ema[l * c->n_head_kv + h];
-            if (r >= 0) *w *= expf((float)(4.0 * (mean_r - r)));
-            if (*w < 0.25f) *w = 0.25f;
-            if (*w > 4.0f) *w = 4.0f;
+            float g = ctx->gain_ema[l * c->n_head_kv + h];
+            if (g >= 0) *w *= expf((float)(0.25 * (g - mean_g) / mean_g));
+            if (*w < 0.5f) *w = 0.5f;
+            if (*w > 2.0f) *w = 2.0f;
             sum_w += *w;
             nw++;
         }
@@ -241,6 +246,14 @@ static int next_line(FILE *f, char *buf, size_t cap) {
 ellm_status ellm_context_load_sparse_profile(ellm_context *ctx, const char *path, ellm_error *err) {
     const model_config *c = &ctx->model->cfg;
     if (!ctx->sidx) return ellm_fail(err, ELLM_ERR_ARG, "this context was created dense-only (no sparse index)");
+    if (!path) {
+        for (int i = 0; i < c->n_layer * c->n_head_kv; i++) {
+            ctx->head_weight[i] = 1.0f;
+            ctx->recall_ema[i] = ctx->gain_ema[i] = -1.0f;
+        }
+        for (int l = 0; l < c->n_layer; l++) ctx->layer_dense[l] = l < ctx->params.sparse_dense_layers;
+        return ELLM_OK;
+    }
     FILE *f = fopen(path, "r");
     if (!f) return ellm_fail(err, ELLM_ERR_IO, "sparse profile '%s': cannot open", path);
     char line[4096], magic[64] = {0};
@@ -288,6 +301,7 @@ ellm_status ellm_context_load_sparse_profile(ellm_context *ctx, const char *path
         }
     }
     if (st == ELLM_OK) {
+        for (size_t i = 0; i < nlh; i++) ctx->recall_ema[i] = ctx->gain_ema[i] = -1.0f;
         memcpy(ctx->head_weight, w, nlh * sizeof *w);
         memcpy(ctx->layer_dense, dense, (size_t)c->n_layer);
     }
@@ -297,6 +311,8 @@ out:
     free(dense);
     return st;
 }
+
+void ellm_context_set_sparse_adapt(ellm_context *ctx, int on) { ctx->params.sparse_adapt = on; }
 
 void ellm_context_get_stats(const ellm_context *ctx, ellm_context_stats *stats) {
     *stats = ctx->stats;

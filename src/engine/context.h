@@ -35,7 +35,9 @@ struct ellm_context {
     int sparse_topk;        /* 0: dense */
     float *head_weight;     /* (n_layer * n_kv_head) budget multipliers, mean 1 */
     unsigned char *layer_dense; /* (n_layer) 1: always dense */
-    float *recall_ema;      /* (n_layer * n_kv_head) sampled recall, for adaptation */
+    float *recall_ema;      /* (n_layer * n_kv_head) sampled recall */
+    float *gain_ema;        /* (n_layer * n_kv_head) sampled recall gained per extra token */
+    int32_t *probe_blocks;  /* (max_blocks) scratch for the adaptation probe */
     int32_t *sel_blocks;    /* (n_kv_head * max_blocks) chosen blocks of the current layer */
     int *sel_n;             /* (n_kv_head) */
     int max_blocks;

@@ -49,6 +49,17 @@ static void sparse_sample_recall(struct ellm_context *ctx, int layer, int len) {
         st->recall_samples++;
         float *ema = &ctx->recall_ema[layer * c->n_head_kv + h];
         *ema = *ema < 0 ? r : 0.9f * *ema + 0.1f * r;
+        if (!ctx->params.sparse_adapt) continue;
+        /* Probe: the recall 64 more tokens would buy this head. */
+        int budget = engine_sparse_budget(ctx, layer, h), nb = 0;
+        if (budget + 64 >= len) continue;
+        sparse_index_select(ctx->sidx, layer, h, ctx->q, 1, group, len, budget + 64, ctx->params.sparse_sink_blocks,
+                            ctx->params.sparse_window, ctx->probe_blocks, &nb, NULL);
+        float r2 = sparse_index_recall(ctx->kv, layer, h, ctx->q, 1, group, len, ctx->probe_blocks, nb,
+                                       1.0f / sqrtf((float)c->head_dim), NULL);
+        float g = r2 > r ? r2 - r : 0.0f;
+        float *gema = &ctx->gain_ema[layer * c->n_head_kv + h];
+        *gema = *gema < 0 ? g : 0.9f * *gema + 0.1f * g;
     }
 }
 
