@@ -8,7 +8,7 @@ OPT     ?= -O2
 CFLAGS  ?= $(OPT) -g
 CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wshadow -Wno-unused-parameter \
            -fno-math-errno -Iinclude -Isrc -MMD -MP
-LDLIBS  += -lm -lpthread
+LDLIBS  += -lpcre2-8 -lcjson -lutf8proc -lm -lpthread
 
 # Kernels for one ISA live in *_avx2.c / *_avx512.c files compiled for that ISA;
 # the binary picks at run time, so no -march=native is ever needed.
@@ -25,7 +25,7 @@ CLI_OBJ  := $(CLI_SRC:%.c=$(BUILD)/%.o)
 TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 LIB      := $(BUILD)/libellm.a
 
-.PHONY: all run test test-asan clean deps
+.PHONY: all run test test-asan clean deps bench
 all: $(BUILD)/ellm
 
 deps:
@@ -50,6 +50,11 @@ $(BUILD)/ellm: $(CLI_OBJ) $(LIB)
 
 $(BUILD)/tests/%: $(BUILD)/tests/%.o $(LIB)
 	$(CC) $(CFLAGS) $^ -o $@ $(LDFLAGS) $(LDLIBS)
+
+# Benchmarks (not tests): `make bench` builds them into $(BUILD)/bench/.
+$(BUILD)/bench/%: $(BUILD)/bench/%.o $(LIB)
+	$(CC) $(CFLAGS) $^ -o $@ $(LDFLAGS) $(LDLIBS)
+bench: $(BUILD)/bench/bench_tokenizer
 
 run: deps all
 	$(BUILD)/ellm run -n 200 --stats

@@ -630,14 +630,15 @@ static void test_metadata(void) {
     CHECK(st == ELLM_ERR_FORMAT && t == NULL && strstr(err.msg, "duplicate"),
           "duplicate token -> FORMAT (%s)", err.msg);
 
-    /* Byte-level BPE and unknown models are unsupported, with a clear message. */
+    /* Byte-level BPE needs its merges; unknown models are unsupported, with
+     * a clear message. */
     b = (gbuf){0};
     gb_kv_str(&b, "tokenizer.ggml.model", "gpt2");
     gb_kv_strs(&b, "tokenizer.ggml.tokens", tiny_tokens, 8);
     memset(&err, 0, sizeof(err));
     st = init_from(&b, &t, &err);
-    CHECK(st == ELLM_ERR_UNSUPPORTED && t == NULL && strstr(err.msg, "gpt2"),
-          "gpt2 -> UNSUPPORTED (%s)", err.msg);
+    CHECK(st == ELLM_ERR_FORMAT && t == NULL && strstr(err.msg, "tokenizer.ggml.merges"),
+          "gpt2 without merges -> FORMAT (%s)", err.msg);
     b = (gbuf){0};
     gb_kv_str(&b, "tokenizer.ggml.model", "t5");
     memset(&err, 0, sizeof(err));

@@ -1,7 +1,7 @@
 #!/bin/sh
 # Installs the Debian packages eLLM needs to build and test, when run as root;
 # otherwise prints the apt-get line to run.
-PKGS="gcc make"
+PKGS="gcc make libpcre2-dev libcjson-dev libutf8proc-dev"
 missing=""
 for p in $PKGS; do
     dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"

@@ -9,8 +9,10 @@
  * Output size: a piece of valid UTF-8 writes at most its length plus 3 bytes
  * (the held-back bytes, or a U+FFFD in their place); invalid bytes may take 3
  * bytes each. `cap` >= 64 covers the pieces of the usual SentencePiece
- * vocabularies (48 bytes at most). Should the output need more than `cap`, it
- * is cut at a character boundary and the rest is dropped. */
+ * vocabularies (48 bytes at most); byte-level BPE vocabularies have longer
+ * ones (runs of spaces or dashes, up to 512 bytes), for which
+ * tokenizer_max_token_bytes() + 8 is enough. Should the output need more
+ * than `cap`, it is cut at a character boundary and the rest is dropped. */
 #include "tokenizer/tokenizer_impl.h"
 
 #include <string.h>

@@ -1,6 +1,7 @@
 /* Tokenizer construction from GGUF metadata, special-token splitting and the
  * public encode entry point. The algorithm proper lives behind tok_model_ops
- * (spm.c); detokenization in detok.c.
+ * (spm.c, bpe.c); tokenizer.json loading in hf_json.c; detokenization in
+ * detok.c.
  *
  * Behaviour follows llama.cpp's llama_vocab (load, tokenizer_st_partition,
  * tokenize), so that ids match it on every input:
@@ -21,10 +22,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Tokenizer algorithms by tokenizer.ggml.model. Byte-level BPE ("gpt2") is
- * recognised so that its error says what is missing. */
+/* Tokenizer algorithms by tokenizer.ggml.model. */
 static const tok_model_ops *const tok_models[] = {
     &tok_spm_ops,
+    &tok_bpe_ops,
 };
 
 /* Texts longer than this are refused: symbol offsets are 32-bit and the
@@ -36,6 +37,7 @@ static const tok_model_ops *const tok_models[] = {
 /* ---- scratch memory ---- */
 
 void tok_work_free(tok_work *w) {
+    if (w->model && w->model_free) w->model_free(w->model);
     free(w->buf);
     free(w->sym);
     free(w->heap);
@@ -78,7 +80,7 @@ int32_t tok_find(const tokenizer *t, const char *s, size_t n) {
 
 /* Inserts every token; a text that appears twice is a malformed vocabulary
  * (llama.cpp refuses it too). */
-static ellm_status build_hash(tokenizer *t, ellm_error *err) {
+ellm_status tok_build_hash(tokenizer *t, ellm_error *err) {
     uint32_t n_slots = 16;
     while (n_slots < 2u * (uint32_t)t->n_vocab) n_slots *= 2;
     t->slot = malloc(n_slots * sizeof(*t->slot));
@@ -95,7 +97,7 @@ static ellm_status build_hash(tokenizer *t, ellm_error *err) {
             const char *s2 = tok_text(t, t->slot[i].id, &l2);
             if (l2 == len && memcmp(s, s2, len) == 0) {
                 return ellm_fail(err, ELLM_ERR_FORMAT,
-                                 "tokenizer.ggml.tokens: duplicate token '%.*s' (ids %d and %d)",
+                                 "tokenizer: duplicate token '%.*s' (ids %d and %d)",
                                  (int)(len > 64 ? 64 : len), s, t->slot[i].id, id);
             }
             i = (i + 1) & t->slot_mask;
@@ -251,14 +253,20 @@ static int text_in(const char *s, size_t n, const char *const *list) {
     return -1;
 }
 
+/* Tokens a text-based guess may pick: with `added_only`, only tokens the
+ * file itself declares special (control or user-defined). */
+static int guessable(const tokenizer *t, int32_t id, int added_only) {
+    return !added_only || (t->attr[id] & (TOK_ATTR_CONTROL | TOK_ATTR_USER_DEFINED));
+}
+
 /* Finds the first token (by id) whose text is in `list` when *id is unset,
  * and marks it as a control token. */
-static void detect_by_text(tokenizer *t, const char *const *list, int32_t *id) {
+static void detect_by_text(tokenizer *t, const char *const *list, int32_t *id, int added_only) {
     if (*id >= 0) return;
     for (int32_t i = 0; i < t->n_vocab; i++) {
         size_t len;
         const char *s = tok_text(t, i, &len);
-        if (text_in(s, len, list) >= 0) {
+        if (guessable(t, i, added_only) && text_in(s, len, list) >= 0) {
             *id = i;
             t->attr[i] |= TOK_ATTR_CONTROL;
             return;
@@ -273,8 +281,48 @@ static int32_t find_cstr(const tokenizer *t, const char *s) { return tok_find(t,
     "<\xef\xbd\x9c"                                                                                \
     "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>"
 
-/* Special ids, flags and end-of-generation tokens. */
+/* Special ids and flags from the metadata, over the defaults already in `t`;
+ * then the end-of-generation tokens. */
 static ellm_status load_specials(tokenizer *t, const gguf_file *f, ellm_error *err) {
+    int32_t n = t->n_vocab;
+    t->eot = t->eom = -1;
+    int32_t fim_pad = -1, fim_rep = -1, fim_sep = -1;
+    struct {
+        const char *key;
+        int32_t *id;
+    } ids[] = {
+        {"tokenizer.ggml.bos_token_id", &t->bos},
+        {"tokenizer.ggml.eos_token_id", &t->eos},
+        {"tokenizer.ggml.eot_token_id", &t->eot},
+        {"tokenizer.ggml.eom_token_id", &t->eom},
+        {"tokenizer.ggml.unknown_token_id", &t->unk},
+        {"tokenizer.ggml.fim_pad_token_id", &fim_pad},
+        {"tokenizer.ggml.fim_rep_token_id", &fim_rep},
+        {"tokenizer.ggml.fim_sep_token_id", &fim_sep},
+    };
+    for (size_t i = 0; i < sizeof(ids) / sizeof(ids[0]); i++) {
+        ellm_status st = read_token_id(f, ids[i].key, n, ids[i].id, err);
+        if (st != ELLM_OK) return st;
+    }
+
+    ellm_status st = read_flag(f, "tokenizer.ggml.add_space_prefix", &t->add_space_prefix, err);
+    if (st == ELLM_OK) st = read_flag(f, "tokenizer.ggml.add_bos_token", &t->add_bos, err);
+    if (st == ELLM_OK) st = read_flag(f, "tokenizer.ggml.add_eos_token", &t->add_eos, err);
+    if (st != ELLM_OK) return st;
+    if (t->add_bos && t->bos < 0) {
+        return ellm_fail(err, ELLM_ERR_FORMAT,
+                         "tokenizer: add_bos_token is set but there is no BOS token");
+    }
+    if (t->add_eos && t->eos < 0) {
+        return ellm_fail(err, ELLM_ERR_FORMAT,
+                         "tokenizer: add_eos_token is set but there is no EOS token");
+    }
+    tok_mark_specials(t, fim_pad, fim_rep, fim_sep, 0);
+    return ELLM_OK;
+}
+
+void tok_mark_specials(tokenizer *t, int32_t fim_pad, int32_t fim_rep, int32_t fim_sep,
+                       int added_only) {
     static const char *const eot_texts[] = {
         "<|eot_id|>",         "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
         "<|end_of_text|>",    "<EOT>",      "_<EOT>",  "[EOT]",         DEEPSEEK_EOS,
@@ -312,52 +360,12 @@ static ellm_status load_specials(tokenizer *t, const gguf_file *f, ellm_error *e
                                                       "<|constrain|>", NULL};
 
     int32_t n = t->n_vocab;
-    const tok_model_ops *ops = t->ops;
-    t->bos = ops->default_bos < n ? ops->default_bos : -1;
-    t->eos = ops->default_eos < n ? ops->default_eos : -1;
-    t->unk = ops->default_unk < n ? ops->default_unk : -1;
-    t->eot = t->eom = -1;
-    int32_t fim_pad = -1, fim_rep = -1, fim_sep = -1;
-    struct {
-        const char *key;
-        int32_t *id;
-    } ids[] = {
-        {"tokenizer.ggml.bos_token_id", &t->bos},
-        {"tokenizer.ggml.eos_token_id", &t->eos},
-        {"tokenizer.ggml.eot_token_id", &t->eot},
-        {"tokenizer.ggml.eom_token_id", &t->eom},
-        {"tokenizer.ggml.unknown_token_id", &t->unk},
-        {"tokenizer.ggml.fim_pad_token_id", &fim_pad},
-        {"tokenizer.ggml.fim_rep_token_id", &fim_rep},
-        {"tokenizer.ggml.fim_sep_token_id", &fim_sep},
-    };
-    for (size_t i = 0; i < sizeof(ids) / sizeof(ids[0]); i++) {
-        ellm_status st = read_token_id(f, ids[i].key, n, ids[i].id, err);
-        if (st != ELLM_OK) return st;
-    }
-
-    t->add_space_prefix = ops->default_add_space_prefix;
-    t->add_bos = ops->default_add_bos;
-    t->add_eos = 0;
-    ellm_status st = read_flag(f, "tokenizer.ggml.add_space_prefix", &t->add_space_prefix, err);
-    if (st == ELLM_OK) st = read_flag(f, "tokenizer.ggml.add_bos_token", &t->add_bos, err);
-    if (st == ELLM_OK) st = read_flag(f, "tokenizer.ggml.add_eos_token", &t->add_eos, err);
-    if (st != ELLM_OK) return st;
-    if (t->add_bos && t->bos < 0) {
-        return ellm_fail(err, ELLM_ERR_FORMAT,
-                         "tokenizer: add_bos_token is set but there is no BOS token");
-    }
-    if (t->add_eos && t->eos < 0) {
-        return ellm_fail(err, ELLM_ERR_FORMAT,
-                         "tokenizer: add_eos_token is set but there is no EOS token");
-    }
-
     /* Tokens found by their text when the metadata does not name them. */
-    detect_by_text(t, eot_texts, &t->eot);
-    detect_by_text(t, eom_texts, &t->eom);
-    detect_by_text(t, fim_pad_texts, &fim_pad);
-    detect_by_text(t, fim_rep_texts, &fim_rep);
-    detect_by_text(t, fim_sep_texts, &fim_sep);
+    detect_by_text(t, eot_texts, &t->eot, added_only);
+    detect_by_text(t, eom_texts, &t->eom, added_only);
+    detect_by_text(t, fim_pad_texts, &fim_pad, added_only);
+    detect_by_text(t, fim_rep_texts, &fim_rep, added_only);
+    detect_by_text(t, fim_sep_texts, &fim_sep, added_only);
 
     if (fim_pad >= 0) t->attr[fim_pad] |= TOK_ATTR_EOG;
     if (fim_rep >= 0) t->attr[fim_rep] |= TOK_ATTR_EOG;
@@ -365,6 +373,7 @@ static ellm_status load_specials(tokenizer *t, const gguf_file *f, ellm_error *e
     for (int32_t i = 0; i < n; i++) {
         size_t len;
         const char *s = tok_text(t, i, &len);
+        if (!guessable(t, i, added_only)) continue;
         if (text_in(s, len, eog_texts) >= 0) t->attr[i] |= TOK_ATTR_EOG | TOK_ATTR_CONTROL;
         if (text_in(s, len, always_user_defined) >= 0) t->attr[i] = TOK_ATTR_USER_DEFINED;
     }
@@ -390,7 +399,6 @@ static ellm_status load_specials(tokenizer *t, const gguf_file *f, ellm_error *e
         (t->attr[eos_s] & TOK_ATTR_EOG)) {
         t->attr[eos_s] = TOK_ATTR_NORMAL;
     }
-    return ELLM_OK;
 }
 
 /* A special token and the length of its text, for sorting. */
@@ -508,10 +516,52 @@ static void build_byte_tokens(tokenizer *t) {
     }
 }
 
+/* ---- the GPT-2 byte <-> unicode map ---- */
+
+/* The bytes that are not printable, in order: 0x00-0x20 (33), 0x7F-0xA0 (34)
+ * and 0xAD; the k-th of them stands for U+0100 + k. */
+uint32_t tok_byte_to_cp(uint8_t b) {
+    if (b <= 0x20) return 0x100 + b;
+    if (b >= 0x7F && b <= 0xA0) return 0x100 + 33 + (b - 0x7Fu);
+    if (b == 0xAD) return 0x100 + 67;
+    return b;
+}
+
+int tok_cp_to_byte(uint32_t cp) {
+    if (cp < 0x100) return tok_byte_to_cp((uint8_t)cp) == cp ? (int)cp : -1;
+    uint32_t k = cp - 0x100;
+    if (k < 33) return (int)k;
+    if (k < 67) return (int)(0x7F + k - 33);
+    return k == 67 ? 0xAD : -1;
+}
+
+/* Decodes a byte-level token text: each character that stands for a byte
+ * becomes that byte; any other character (or invalid byte) is kept as is.
+ * Writes at most `len` bytes to dst. */
+static size_t byte_level_piece(const char *s, size_t len, char *dst) {
+    size_t n = 0;
+    for (size_t i = 0; i < len;) {
+        uint32_t cp;
+        size_t cl = tok_utf8_decode((const uint8_t *)s + i, len - i, &cp);
+        int b = cl ? tok_cp_to_byte(cp) : -1;
+        if (b >= 0) {
+            dst[n++] = (char)b;
+            i += cl;
+        } else {
+            size_t k = cl ? cl : 1;
+            memcpy(dst + n, s + i, k);
+            n += k;
+            i += k;
+        }
+    }
+    return n;
+}
+
 /* Bytes token `id` detokenizes to, as llama.cpp's token_to_piece with
  * special = false: control and unknown tokens give nothing, user-defined
- * tokens their text, normal tokens their text with "▁" as a space, byte
- * tokens their byte, other types nothing. Writes to dst (room for the text). */
+ * tokens their text, normal tokens their text with "▁" as a space (or, in
+ * byte-level vocabularies, through the byte map), byte tokens their byte,
+ * other types nothing. Writes to dst (room for the text). */
 static size_t token_piece(const tokenizer *t, int32_t id, char *dst) {
     size_t len;
     const char *s = tok_text(t, id, &len);
@@ -520,6 +570,9 @@ static size_t token_piece(const tokenizer *t, int32_t id, char *dst) {
     if (a & TOK_ATTR_USER_DEFINED) {
         memcpy(dst, s, len);
         return len;
+    }
+    if ((a & TOK_ATTR_NORMAL) && t->piece_style == TOK_PIECE_BYTE_LEVEL) {
+        return byte_level_piece(s, len, dst);
     }
     if (a & TOK_ATTR_NORMAL) {
         size_t n = 0;
@@ -534,12 +587,33 @@ static size_t token_piece(const tokenizer *t, int32_t id, char *dst) {
         return n;
     }
     if (a & TOK_ATTR_BYTE) {
-        if (len < 5) return 0;
-        char hx[3] = {s[3], s[4], 0};
-        dst[0] = (char)strtol(hx, NULL, 16);
-        return 1;
+        if (len == 6 && memcmp(s, "<0x", 3) == 0 && s[5] == '>') {
+            char hx[3] = {s[3], s[4], 0};
+            dst[0] = (char)strtol(hx, NULL, 16);
+            return 1;
+        }
+        if (len == 1) { /* a byte token whose text is the byte */
+            dst[0] = s[0];
+            return 1;
+        }
+        return 0;
     }
     return 0;
+}
+
+/* Copies tokenizer.chat_template when present. */
+static ellm_status load_chat_template(tokenizer *t, const gguf_file *f, ellm_error *err) {
+    const char *key = "tokenizer.chat_template";
+    if (gguf_find_key(f, key) < 0) return ELLM_OK;
+    const char *s;
+    size_t len;
+    ellm_status st = gguf_get_str(f, key, &s, &len, err);
+    if (st != ELLM_OK) return st;
+    t->chat_template = malloc(len + 1);
+    if (!t->chat_template) return ellm_fail(err, ELLM_ERR_NOMEM, "tokenizer: out of memory");
+    memcpy(t->chat_template, s, len);
+    t->chat_template[len] = 0;
+    return ELLM_OK;
 }
 
 static ellm_status build_pieces(tokenizer *t, ellm_error *err) {
@@ -551,10 +625,20 @@ static ellm_status build_pieces(tokenizer *t, ellm_error *err) {
     size_t pos = 0;
     for (int32_t id = 0; id < t->n_vocab; id++) {
         t->piece_off[id] = pos;
-        pos += token_piece(t, id, t->piece + pos);
+        size_t n = token_piece(t, id, t->piece + pos);
+        if (n > t->max_piece_len) t->max_piece_len = n;
+        pos += n;
     }
     t->piece_off[t->n_vocab] = pos;
     return ELLM_OK;
+}
+
+/* The tables every tokenizer ends with: pieces, byte tokens, the model's. */
+static ellm_status finish_tables(tokenizer *t, ellm_error *err) {
+    ellm_status st = build_pieces(t, err);
+    if (st != ELLM_OK) return st;
+    build_byte_tokens(t);
+    return t->ops->prepare ? t->ops->prepare(t, err) : ELLM_OK;
 }
 
 ellm_status tokenizer_init_gguf(const gguf_file *f, tokenizer **out, ellm_error *err) {
@@ -577,14 +661,9 @@ ellm_status tokenizer_init_gguf(const gguf_file *f, tokenizer **out, ellm_error 
     }
     if (!ops) {
         int n = model_len > 64 ? 64 : (int)model_len;
-        if (model_len == 4 && memcmp(model, "gpt2", 4) == 0) {
-            return ellm_fail(err, ELLM_ERR_UNSUPPORTED,
-                             "tokenizer: byte-level BPE (tokenizer.ggml.model = 'gpt2') is not "
-                             "supported yet; only SentencePiece ('llama') is");
-        }
         return ellm_fail(err, ELLM_ERR_UNSUPPORTED,
                          "tokenizer: tokenizer.ggml.model '%.*s' is not supported "
-                         "(supported: 'llama')",
+                         "(supported: 'llama', 'gpt2')",
                          n, model);
     }
 
@@ -593,19 +672,34 @@ ellm_status tokenizer_init_gguf(const gguf_file *f, tokenizer **out, ellm_error 
     t->ops = ops;
     st = load_tokens(t, f, err);
     if (st == ELLM_OK) st = load_scores_types(t, f, err);
-    if (st == ELLM_OK) st = build_hash(t, err);
+    if (st == ELLM_OK) st = tok_build_hash(t, err);
+    if (st == ELLM_OK) {
+        int32_t n = t->n_vocab;
+        t->bos = ops->default_bos < n ? ops->default_bos : -1;
+        t->eos = ops->default_eos < n ? ops->default_eos : -1;
+        t->unk = ops->default_unk < n ? ops->default_unk : -1;
+        t->add_space_prefix = ops->default_add_space_prefix;
+        t->add_bos = ops->default_add_bos;
+        t->add_eos = 0;
+        if (ops->configure_gguf) st = ops->configure_gguf(t, f, err);
+    }
     if (st == ELLM_OK) st = load_specials(t, f, err);
+    if (st == ELLM_OK) st = load_chat_template(t, f, err);
     if (st == ELLM_OK) st = build_specials(t, err);
     if (st == ELLM_OK) st = apply_name_fixups(t, f, err);
-    if (st == ELLM_OK) st = build_pieces(t, err);
-    if (st == ELLM_OK) build_byte_tokens(t);
-    if (st == ELLM_OK && ops->prepare) st = ops->prepare(t, err);
+    if (st == ELLM_OK) st = finish_tables(t, err);
     if (st != ELLM_OK) {
         tokenizer_free(t);
         return st;
     }
     *out = t;
     return ELLM_OK;
+}
+
+ellm_status tok_finish(tokenizer *t, ellm_error *err) {
+    ellm_status st = build_specials(t, err);
+    if (st == ELLM_OK) st = finish_tables(t, err);
+    return st;
 }
 
 void tokenizer_free(tokenizer *t) {
@@ -620,6 +714,7 @@ void tokenizer_free(tokenizer *t) {
     free(t->slot);
     free(t->special);
     free(t->trie);
+    free(t->chat_template);
     free(t);
 }
 
@@ -631,6 +726,19 @@ int tokenizer_add_bos(const tokenizer *t) { return t ? t->add_bos : 0; }
 int tokenizer_is_eog(const tokenizer *t, int32_t id) {
     return t && id >= 0 && id < t->n_vocab && (t->attr[id] & TOK_ATTR_EOG) != 0;
 }
+
+const char *tokenizer_chat_template(const tokenizer *t) { return t ? t->chat_template : NULL; }
+
+const char *tokenizer_token_bytes(const tokenizer *t, int32_t id, size_t *len) {
+    if (!t || id < 0 || id >= t->n_vocab) {
+        if (len) *len = 0;
+        return NULL;
+    }
+    if (len) *len = t->piece_off[id + 1] - t->piece_off[id];
+    return t->piece + t->piece_off[id];
+}
+
+size_t tokenizer_max_token_bytes(const tokenizer *t) { return t ? t->max_piece_len : 0; }
 
 const char *tokenizer_piece(const tokenizer *t, int32_t id, size_t *len) {
     if (!t || id < 0 || id >= t->n_vocab) {
@@ -689,7 +797,8 @@ static ellm_status encode_fragments(const tokenizer *t, const char *text, size_t
         while (s < e && claimed[s]) s++;
         while (e > s && claimed[e - 1]) e--;
         if (e > s) {
-            ellm_status st = t->ops->encode(t, text + s, e - s, 1, w, out, err);
+            int frag = TOK_FRAG_AFTER_SPECIAL | (s == 0 ? TOK_FRAG_TEXT_START : 0);
+            ellm_status st = t->ops->encode(t, text + s, e - s, frag, w, out, err);
             if (st != ELLM_OK) return st;
         }
         if (k < n_m) {
@@ -772,8 +881,9 @@ static void file_occurrence(void *ctx, int32_t rank, size_t pos) {
 static ellm_status encode_text(const tokenizer *t, const char *text, size_t len, int parse_special,
                                tok_work *w, tok_sink *out, ellm_error *err) {
     occ_scan sc = {t, text, len, parse_special ? 0 : (TOK_ATTR_CONTROL | TOK_ATTR_UNKNOWN), NULL};
+    const int whole = TOK_FRAG_AFTER_SPECIAL | TOK_FRAG_TEXT_START;
     if (t->n_special == 0 || len == 0)
-        return len ? t->ops->encode(t, text, len, 1, w, out, err) : ELLM_OK;
+        return len ? t->ops->encode(t, text, len, whole, w, out, err) : ELLM_OK;
 
     /* Occurrences per rank, and in all. */
     size_t *count = calloc((size_t)t->n_special + 1, sizeof(size_t));
@@ -783,7 +893,7 @@ static ellm_status encode_text(const tokenizer *t, const char *text, size_t len,
     size_t total = counter.total;
     if (total == 0) {
         free(count);
-        return t->ops->encode(t, text, len, 1, w, out, err);
+        return t->ops->encode(t, text, len, whole, w, out, err);
     }
 
     const size_t budget = 2 * len + 4096; /* occurrences held at once */
