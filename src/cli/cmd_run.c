@@ -243,7 +243,7 @@ static int run_chat(ellm_model *model, const run_opts *o) {
         size_t rcap = 4096, rlen = 0;
         char *reply = malloc(rcap);
         ellm_detok dt = {0};
-        char piece[256];
+        char piece[2048];
         for (long g = 0; g < o->n_predict && reply; g++) {
             int32_t tok = ellm_sampler_sample(sampler, ellm_context_logits(ctx), fed, n_fed);
             if (ellm_token_is_eog(model, tok)) break;
@@ -417,7 +417,7 @@ int cmd_run(int argc, char **argv) {
 
     ellm_detok dt = {0};
     dt.n_emitted = 1; /* continuing the prompt: keep the leading space of the first piece */
-    char text[256];
+    char text[2048]; /* longest vocabulary pieces are ~512 bytes */
     int n_hist = n_prompt, generated = 0;
     double t_gen0 = ellm_time_ms(), t_last_status = 0;
     while (generated < o.n_predict && !g_interrupted) {
