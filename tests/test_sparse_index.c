@@ -788,7 +788,7 @@ static void test_evalmodel(void) {
     CHECK(ellm_tokenize(m, text, tlen, 1, 0, ids, 40000, &n_ids, &err) == ELLM_OK, "tokenize");
     CHECK(n_ids >= T, "held-out text gives %d tokens", n_ids);
     const model_config c = m->cfg;
-    const int hd = c.head_dim, KV = c.n_head_kv, G = c.n_head / c.n_head_kv, bt = 32;
+    const int hd = c.head_dim, KV = c.n_head_kv, G = c.n_head / c.n_head_kv, bt = 16; /* as the engine */
     const float scale = 1.0f / sqrtf((float)hd);
     static const int budgets[] = {128, 256, 512};
     enum { NB = 3, MODES = 4 }; /* hierarchical, exhaustive, sink + window only, oracle */
@@ -811,13 +811,16 @@ static void test_evalmodel(void) {
         ellm_status st = ellm_context_init(m, &cp, &ctx, &err);
         if (st == ELLM_OK) st = ellm_decode(ctx, ids, T, NULL, &err);
         m->cfg.n_layer = c.n_layer;
+        CHECK(st != ELLM_OK || kv_cache_get_params(ctx->kv)->block_tokens == bt,
+              "the engine's KV blocks are %d tokens, this test assumes %d",
+              kv_cache_get_params(ctx->kv)->block_tokens, bt);
         CHECK(st == ELLM_OK, "prefill layer %d: %s", l, err.msg);
         if (st != ELLM_OK) {
             ellm_context_free(ctx);
             break;
         }
         /* Index the layer's stored keys (F16 cache) in a hierarchical and an exhaustive index;
-         * blocks of 32 and super-blocks of 16 as the engine uses them. */
+         * blocks of 16 and super-blocks of 16 as the engine uses them. */
         sparse_index *ix[2] = {NULL, NULL};
         for (int f = 0; f < 2; f++) {
             sparse_index_params p = {1, KV, hd, T, bt, 16, QTYPE_F16, f ? 1e5f : 0};
@@ -832,9 +835,9 @@ static void test_evalmodel(void) {
             int np = 0;
             for (int pos = 256; pos < T; pos += 61, np++) {
                 const float *q = ctx->q + (size_t)pos * c.n_head * hd;
-                int32_t blocks[64];
+                int32_t blocks[256];
                 int nbk;
-                double mass[64];
+                double mass[256];
                 block_mass(ctx->kv, l, h, q, G, pos + 1, scale, mass);
                 for (int bi = 0; bi < NB; bi++)
                     for (int md = 0; md < MODES; md++) {

@@ -27,7 +27,7 @@ static int sparse_select_layer(struct ellm_context *ctx, int layer, int n, int l
         int32_t *blocks = ctx->sel_blocks + (size_t)h * ctx->max_blocks;
         sparse_index_select(ctx->sidx, layer, h, ctx->q, n, group, len, engine_sparse_budget(ctx, layer, h),
                             p->sparse_sink_blocks, p->sparse_window, blocks, &ctx->sel_n[h], &ctx->sel_stats);
-        int tokens = ctx->sel_n[h] * 32;
+        int tokens = ctx->sel_n[h] * kv_cache_get_params(ctx->kv)->block_tokens;
         ctx->attended_sum += tokens < len ? tokens : len;
         ctx->n_sparse_heads++;
     }
