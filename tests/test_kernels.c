@@ -342,31 +342,34 @@ static void test_dequantize(ellm_isa isa) {
     }
 }
 
-static void test_act_prepare(ellm_isa isa) {
+static void test_act_prepare_case(ellm_isa isa, int type, int64_t cols, int nb) {
     const char *in = ellm_isa_str(isa);
-    int types[] = {QTYPE_Q8_0, QTYPE_Q4_K, QTYPE_F32};
+    float *X = xmalloc((size_t)(cols * nb) * sizeof(float));
+    fill_gauss(X, cols * nb, 2.0f);
+    for (int64_t i = 0; i < 32; i++) X[i] = 0; /* an all-zero block */
+    X[cols + 5] = 1e-30f;                      /* a tiny block maximum */
+    size_t bytes = kern_act_bytes(type, cols, nb);
+    void *a = xmalloc(bytes), *b = xmalloc(bytes);
+    memset(a, 0, bytes);
+    memset(b, 0, bytes);
+    ellm_cpu_set_isa(ELLM_ISA_SCALAR);
+    kern_act_prepare(type, X, cols, nb, a);
+    ellm_cpu_set_isa(isa);
+    kern_act_prepare(type, X, cols, nb, b);
+    CHECK(memcmp(a, b, bytes) == 0, "[%s] act_prepare %s cols=%lld nb=%d differs from scalar", in,
+          qtype_get(type)->name, (long long)cols, nb);
+    free(X);
+    free(a);
+    free(b);
+}
+
+static void test_act_prepare(ellm_isa isa) {
+    int types[] = {QTYPE_Q8_0, QTYPE_Q4_0, QTYPE_Q4_K, QTYPE_F32};
     int64_t cols_list[] = {256, 768, 4096};
     for (size_t t = 0; t < sizeof types / sizeof types[0]; t++)
         for (size_t c = 0; c < sizeof cols_list / sizeof cols_list[0]; c++) {
-            int64_t cols = cols_list[c];
-            int nb = 3;
-            float *X = xmalloc((size_t)(cols * nb) * sizeof(float));
-            fill_gauss(X, cols * nb, 2.0f);
-            for (int64_t i = 0; i < 32; i++) X[i] = 0; /* an all-zero block */
-            X[cols + 5] = 1e-30f; /* a tiny block maximum */
-            size_t bytes = kern_act_bytes(types[t], cols, nb);
-            void *a = xmalloc(bytes), *b = xmalloc(bytes);
-            memset(a, 0, bytes);
-            memset(b, 0, bytes);
-            ellm_cpu_set_isa(ELLM_ISA_SCALAR);
-            kern_act_prepare(types[t], X, cols, nb, a);
-            ellm_cpu_set_isa(isa);
-            kern_act_prepare(types[t], X, cols, nb, b);
-            CHECK(memcmp(a, b, bytes) == 0, "[%s] act_prepare %s cols=%lld differs from scalar", in,
-                  qtype_get(types[t])->name, (long long)cols);
-            free(X);
-            free(a);
-            free(b);
+            test_act_prepare_case(isa, types[t], cols_list[c], 3);
+            test_act_prepare_case(isa, types[t], cols_list[c], 29); /* batch tiles, the last padded */
         }
 }
 
@@ -452,6 +455,16 @@ static void test_matmul(ellm_isa isa) {
                 test_matmul_case(isa, type, 21, cols_list[c], nbs[n], 3, 20);
         test_matmul_case(isa, type, 5, cols_list[1], 5, 4, 5); /* a single last row */
     }
+    /* SmolLM2-135M rows (18 and 48 blocks) with row ranges that are not
+     * multiples of anything, at decode, verification and prefill batch sizes
+     * (per-row kernels, a padded batch tile, full tiles plus leftovers) */
+    static const int q8_types[] = {QTYPE_Q8_0, QTYPE_Q4_0};
+    static const int q8_nbs[] = {1, 5, 7, 14, 16, 28, 37};
+    for (int t = 0; t < 2; t++)
+        for (size_t n = 0; n < sizeof q8_nbs / sizeof q8_nbs[0]; n++) {
+            test_matmul_case(isa, q8_types[t], 37, 576, q8_nbs[n], 3, 36);
+            test_matmul_case(isa, q8_types[t], 19, 1536, q8_nbs[n], 1, 18);
+        }
     /* decode-sized rows and a prefill-sized batch */
     test_matmul_case(isa, QTYPE_Q8_0, 8, 4096, 16, 1, 8);
     test_matmul_case(isa, QTYPE_Q4_K, 8, 4096, 3, 2, 8);
@@ -464,18 +477,16 @@ static void test_matmul(ellm_isa isa) {
  * the call, where it sits in the batch, or how the weight rows are split
  * among calls (threads), so that batched verification of draft tokens gives
  * exactly the logits single-token decode would. Compared bit for bit. */
-static void test_matmul_batch_invariance(ellm_isa isa) {
-    for (int t = 0; t < N_TYPES; t++) {
-        int type = k_types[t];
-        int be = qtype_get(type)->block_elems;
-        int64_t cols = be == 1 ? 203 : be == 32 ? 32 * 21 : 256 * 3, rows = 14;
-        int nb = 11;
+static void test_matmul_batch_invariance_case(ellm_isa isa, int type, int64_t cols, int nb) {
+    {
+        int64_t rows = 14;
         size_t rb = qtype_row_bytes(type, cols);
         void *W = xmalloc(rb * (size_t)rows);
         make_weights(type, W, rows, cols);
         float *X = xmalloc((size_t)(cols * nb) * sizeof(float));
         fill_gauss(X, cols * nb, 1.0f);
         void *act = xmalloc(kern_act_bytes(type, cols, nb)), *act1 = xmalloc(kern_act_bytes(type, cols, 1));
+        void *act3 = xmalloc(kern_act_bytes(type, cols, 3));
         kern_act_prepare(type, X, cols, nb, act);
         float *Y = xmalloc((size_t)(rows * nb) * sizeof(float)), *Ys = xmalloc((size_t)(rows * nb) * sizeof(float));
         float y1[14];
@@ -493,19 +504,45 @@ static void test_matmul_batch_invariance(ellm_isa isa) {
             for (int64_t r = 1; r < rows; r++) diff_single += memcmp(&Y[b * rows + r], &y1[r], 4) != 0;
         }
         /* rows 2..4 of the batch as a batch of their own */
-        kern_matmul(type, W, cols, 1, rows, (char *)act + 2 * kern_act_bytes(type, cols, 1), 3, Ys, rows);
+        kern_act_prepare(type, X + 2 * cols, cols, 3, act3);
+        kern_matmul(type, W, cols, 1, rows, act3, 3, Ys, rows);
         for (int b = 0; b < 3; b++)
             for (int64_t r = 1; r < rows; r++) diff_sub += memcmp(&Y[(b + 2) * rows + r], &Ys[b * rows + r], 4) != 0;
         CHECK(diff_split == 0 && diff_single == 0 && diff_sub == 0,
-              "[%s] matmul %s not batch-invariant: %d differ by row split, %d vs nb=1, %d vs sub-batch",
-              ellm_isa_str(isa), qtype_get(type)->name, diff_split, diff_single, diff_sub);
+              "[%s] matmul %s cols=%lld nb=%d not batch-invariant: %d differ by row split, %d vs nb=1, %d vs "
+              "sub-batch",
+              ellm_isa_str(isa), qtype_get(type)->name, (long long)cols, nb, diff_split, diff_single, diff_sub);
         free(W);
         free(X);
         free(act);
         free(act1);
+        free(act3);
         free(Y);
         free(Ys);
     }
+}
+
+/* Batch invariance for every type, with a batch below and one above the
+ * 16-row tiles of the Q8_0 / Q4_0 batch kernels, and SmolLM2-sized rows of
+ * 18 and 48 blocks (a short last chunk, and whole chunks only). */
+static void test_matmul_batch_invariance(ellm_isa isa) {
+    for (int t = 0; t < N_TYPES; t++) {
+        int type = k_types[t];
+        int be = qtype_get(type)->block_elems;
+        int64_t cols = be == 1 ? 203 : be == 32 ? 32 * 21 : 256 * 3;
+        test_matmul_batch_invariance_case(isa, type, cols, 11);
+        test_matmul_batch_invariance_case(isa, type, cols, 37);
+    }
+    /* Q8_0 / Q4_0: per-row kernels only (5), a padded tile in ymm (7) and in
+     * zmm (14), a full tile and per-row rows (19), a full and a padded tile
+     * (28) */
+    static const int64_t q8_cols[] = {576, 1536, 32 * 5, 32 * 31};
+    static const int q8_nbs[] = {5, 7, 14, 19, 28};
+    for (size_t c = 0; c < sizeof q8_cols / sizeof q8_cols[0]; c++)
+        for (size_t n = 0; n < sizeof q8_nbs / sizeof q8_nbs[0]; n++) {
+            test_matmul_batch_invariance_case(isa, QTYPE_Q8_0, q8_cols[c], q8_nbs[n]);
+            test_matmul_batch_invariance_case(isa, QTYPE_Q4_0, q8_cols[c], q8_nbs[n]);
+        }
 }
 
 /* Integer parts must match exactly: with activation blocks whose max is 127
@@ -554,6 +591,49 @@ static void test_matmul_exact(ellm_isa isa) {
         free(act);
         free(wf);
     }
+}
+
+/* Q8_0 / Q4_0 follow one arithmetic on AVX2 and AVX-512 (exact block dots,
+ * one multiply-add per block into 16 slots, one fixed sum), so the two ISAs
+ * must agree bit for bit, batch kernels included. */
+static void test_matmul_isa_agree(void) {
+    const ellm_cpu_features *cpu = ellm_cpu();
+    if (cpu->best < ELLM_ISA_AVX512 || !cpu->avx512vnni) {
+        printf("skipping AVX2 / AVX-512 agreement: no AVX-512 VNNI\n");
+        return;
+    }
+    static const int types[] = {QTYPE_Q8_0, QTYPE_Q4_0};
+    static const int64_t cols_list[] = {96, 576, 672, 1536};
+    static const int nbs[] = {1, 5, 7, 14, 19};
+    ellm_isa saved = ellm_cpu_isa();
+    for (int t = 0; t < 2; t++)
+        for (size_t c = 0; c < sizeof cols_list / sizeof cols_list[0]; c++)
+            for (size_t n = 0; n < sizeof nbs / sizeof nbs[0]; n++) {
+                int type = types[t], nb = nbs[n];
+                int64_t cols = cols_list[c], rows = 23;
+                void *W = xmalloc(qtype_row_bytes(type, cols) * (size_t)rows);
+                make_weights(type, W, rows, cols);
+                float *X = xmalloc((size_t)(cols * nb) * sizeof(float));
+                fill_gauss(X, cols * nb, 1.0f);
+                void *act = xmalloc(kern_act_bytes(type, cols, nb));
+                float *Y2 = xmalloc((size_t)(rows * nb) * sizeof(float)), *Y5 = xmalloc((size_t)(rows * nb) * sizeof(float));
+                ellm_cpu_set_isa(ELLM_ISA_AVX2);
+                kern_act_prepare(type, X, cols, nb, act);
+                kern_matmul(type, W, cols, 0, rows, act, nb, Y2, rows);
+                ellm_cpu_set_isa(ELLM_ISA_AVX512);
+                kern_act_prepare(type, X, cols, nb, act);
+                kern_matmul(type, W, cols, 0, rows, act, nb, Y5, rows);
+                int diff = 0;
+                for (int64_t i = 0; i < rows * nb; i++) diff += memcmp(&Y2[i], &Y5[i], 4) != 0;
+                CHECK(diff == 0, "matmul %s cols=%lld nb=%d: %d results differ between AVX2 and AVX-512",
+                      qtype_get(type)->name, (long long)cols, nb, diff);
+                free(W);
+                free(X);
+                free(act);
+                free(Y2);
+                free(Y5);
+            }
+    ellm_cpu_set_isa(saved);
 }
 
 static const int64_t k_lens[] = {1, 7, 8, 15, 16, 17, 31, 33, 64, 100, 1023, 4096};
@@ -714,5 +794,6 @@ int main(void) {
         test_rowwise((ellm_isa)isa);
     }
     ellm_cpu_set_isa(saved);
+    test_matmul_isa_agree();
     return test_finish();
 }

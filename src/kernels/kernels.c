@@ -27,19 +27,31 @@ static float act_quantize_block(const float *x, int n, int8_t *q) {
     return d;
 }
 
-/* Prepares one ACT_Q8 row (blocks of 32 with scaled sums) from `cols` floats. */
-void kern_act_q8_row_ref(const float *x, int64_t cols, void *row) {
+/* Prepares one ACT_Q8 row (grouped blocks of 32 with offset sums) from `cols`
+ * floats; pads with zeros. */
+void kern_act_q8_row_ref(const float *x, int64_t cols, int off, void *row) {
     act_row a = act_sections(ACT_Q8, cols, row);
-    for (int64_t k = 0; k < cols / 32; k++) {
-        a.d[k] = act_quantize_block(x + 32 * k, 32, a.qs + 32 * k);
+    int64_t nblk = cols / 32, nslot = (nblk + 15) / 16 * 16;
+    memset(a.qs, 0, (size_t)(nblk + 3) / 4 * 128);
+    for (int64_t k = nblk; k < nslot; k++) {
+        a.d[act_q8_slot(k)] = 0;
+        a.sa[act_q8_slot(k)] = 0;
+    }
+    for (int64_t k = 0; k < nblk; k++) {
+        int8_t q[32];
+        float d = act_quantize_block(x + 32 * k, 32, q);
         int sum = 0;
-        for (int i = 0; i < 32; i++) sum += a.qs[32 * k + i];
-        a.s[k] = a.d[k] * (float)sum;
+        for (int i = 0; i < 32; i++) {
+            a.qs[act_q8_qs(k, i)] = q[i];
+            sum += q[i];
+        }
+        a.d[act_q8_slot(k)] = d;
+        a.sa[act_q8_slot(k)] = off * sum;
     }
 }
 
 /* Prepares one ACT_Q8K row (blocks of 256 with sums of 16) from `cols` floats. */
-void kern_act_q8k_row_ref(const float *x, int64_t cols, void *row) {
+void kern_act_q8k_row_ref(const float *x, int64_t cols, int off, void *row) {
     act_row a = act_sections(ACT_Q8K, cols, row);
     for (int64_t k = 0; k < cols / QK_K; k++) a.d[k] = act_quantize_block(x + QK_K * k, QK_K, a.qs + QK_K * k);
     for (int64_t j = 0; j < cols / 16; j++) {
@@ -104,8 +116,8 @@ static void matmul_q8_0_ref(const void *W, int64_t cols, int64_t r0, int64_t r1,
             float s = 0;
             for (int64_t k = 0; k < nblk; k++) {
                 int isum = 0;
-                for (int i = 0; i < QK8_0; i++) isum += w[k].qs[i] * a.qs[32 * k + i];
-                s += (ellm_f16_to_f32(w[k].d) * a.d[k]) * (float)isum;
+                for (int i = 0; i < QK8_0; i++) isum += w[k].qs[i] * a.qs[act_q8_qs(k, i)];
+                s += (ellm_f16_to_f32(w[k].d) * a.d[act_q8_slot(k)]) * (float)isum;
             }
             Y[b * ldy + r] = s;
         }
@@ -121,11 +133,11 @@ static void matmul_q4_0_ref(const void *W, int64_t cols, int64_t r0, int64_t r1,
             act_row a = act_get_row(ACT_Q8, act, cols, b);
             float s = 0;
             for (int64_t k = 0; k < nblk; k++) {
-                const int8_t *q = a.qs + 32 * k;
                 int isum = 0;
                 for (int i = 0; i < 16; i++)
-                    isum += ((w[k].qs[i] & 0xF) - 8) * q[i] + ((w[k].qs[i] >> 4) - 8) * q[i + 16];
-                s += (ellm_f16_to_f32(w[k].d) * a.d[k]) * (float)isum;
+                    isum += ((w[k].qs[i] & 0xF) - 8) * a.qs[act_q8_qs(k, i)] +
+                            ((w[k].qs[i] >> 4) - 8) * a.qs[act_q8_qs(k, i + 16)];
+                s += (ellm_f16_to_f32(w[k].d) * a.d[act_q8_slot(k)]) * (float)isum;
             }
             Y[b * ldy + r] = s;
         }
@@ -345,7 +357,30 @@ size_t kern_act_bytes(int wtype, int64_t cols, int nb) {
     if (!wtype_ok(wtype) || cols <= 0 || nb <= 0) return 0;
     const qtype_info *t = qtype_get(wtype);
     if (cols % t->block_elems) return 0;
-    return (size_t)nb * act_row_bytes(act_kind_of(wtype), cols);
+    act_kind kind = act_kind_of(wtype);
+    size_t tiles = kind == ACT_Q8 ? (size_t)act_q8_ntiles(nb) * (size_t)(cols / 32) * ACT_Q8_TILE_BLOCK : 0;
+    return (size_t)nb * act_row_bytes(kind, cols) + tiles;
+}
+
+/* Writes the ACT_Q8 batch tiles of nb prepared rows (see kernels_impl.h). */
+static void act_q8_fill_tiles(void *act, int64_t cols, int nb) {
+    int64_t nblk = cols / 32;
+    for (int t = 0; t < act_q8_ntiles(nb); t++) {
+        act_row a[ACT_Q8_TILE];
+        int n = nb - ACT_Q8_TILE * t < ACT_Q8_TILE ? nb - ACT_Q8_TILE * t : ACT_Q8_TILE;
+        for (int i = 0; i < n; i++) a[i] = act_get_row(ACT_Q8, act, cols, ACT_Q8_TILE * t + i);
+        for (int64_t k = 0; k < nblk; k++) {
+            int8_t *q = (int8_t *)act_q8_tile(act, cols, nb, t, k);
+            float *d = (float *)(q + 8 * 64);
+            int32_t *sa = (int32_t *)(q + 9 * 64);
+            memset(q, 0, ACT_Q8_TILE_BLOCK);
+            for (int i = 0; i < n; i++) {
+                for (int j = 0; j < 8; j++) memcpy(q + 64 * j + 4 * i, a[i].qs + act_q8_qs(k, 4 * j), 4);
+                d[i] = a[i].d[act_q8_slot(k)];
+                sa[i] = a[i].sa[act_q8_slot(k)];
+            }
+        }
+    }
 }
 
 /* Fills `act` (kern_act_bytes(wtype, cols, nb) bytes) from nb rows of X. */
@@ -358,8 +393,9 @@ void kern_act_prepare(int wtype, const float *X, int64_t cols, int nb, void *act
     for (int b = 0; b < nb; b++) {
         char *row = (char *)act + (size_t)b * row_bytes;
         if (kind == ACT_F32) memcpy(row, X + (int64_t)b * cols, (size_t)cols * sizeof(float));
-        else fn(X + (int64_t)b * cols, cols, row);
+        else fn(X + (int64_t)b * cols, cols, act_q8_off(wtype), row);
     }
+    if (kind == ACT_Q8) act_q8_fill_tiles(act, cols, nb);
 }
 
 /* Computes rows [r0, r1) of Y = W * X^T with the active ISA. */

@@ -4,9 +4,11 @@
  * quant.c defines; tests/test_kernels.c holds them to it.
  *
  * Matmul shape: for each weight row r, the row is decoded block by block and
- * applied to a chunk of up to MM_NB activation rows held in registers; the
- * next chunk re-reads the row from L1, so DRAM sees every weight once per
- * call whatever nb is. */
+ * applied to a chunk of up to MM_NB activation rows held in registers (Q8_0
+ * / Q4_0: chunk by chunk of 16 blocks against up to Q8_NB rows); the next
+ * chunk re-reads the row from L1, so DRAM sees every weight once per call
+ * whatever nb is, and the stream is prefetched a page ahead
+ * (kern_pf_pages). */
 #include "kernels/kernels_impl.h"
 #include "kernels/kernels_x86.h"
 
@@ -18,10 +20,11 @@ enum { MM_NB = 4 }; /* activation rows per register tile (16 ymm registers) */
 
 /* ---- activation preparation (bit-identical to kern_act_q8*_row_ref) ---- */
 
-static void act_q8_row_avx2(const float *x, int64_t cols, void *row) {
+static void act_q8_row_avx2(const float *x, int64_t cols, int off, void *row) {
     act_row a = act_sections(ACT_Q8, cols, row);
     const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-    for (int64_t k = 0; k < cols / 32; k++, x += 32) {
+    int64_t nblk = cols / 32, nslot = (nblk + 15) / 16 * 16;
+    for (int64_t k = 0; k < nblk; k++, x += 32) {
         __m256 v0 = _mm256_loadu_ps(x), v1 = _mm256_loadu_ps(x + 8);
         __m256 v2 = _mm256_loadu_ps(x + 16), v3 = _mm256_loadu_ps(x + 24);
         __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(v0, absmask), _mm256_and_ps(v1, absmask)),
@@ -31,13 +34,23 @@ static void act_q8_row_avx2(const float *x, int64_t cols, void *row) {
         __m256 iv = _mm256_set1_ps(id);
         __m256i q0 = _mm256_cvtps_epi32(_mm256_mul_ps(v0, iv)), q1 = _mm256_cvtps_epi32(_mm256_mul_ps(v1, iv));
         __m256i q2 = _mm256_cvtps_epi32(_mm256_mul_ps(v2, iv)), q3 = _mm256_cvtps_epi32(_mm256_mul_ps(v3, iv));
-        a.d[k] = d;
-        a.s[k] = d * (float)hsum_epi32(_mm256_add_epi32(_mm256_add_epi32(q0, q1), _mm256_add_epi32(q2, q3)));
-        _mm256_storeu_si256((__m256i *)(a.qs + 32 * k), pack_epi32_epi8(q0, q1, q2, q3));
+        a.d[act_q8_slot(k)] = d;
+        a.sa[act_q8_slot(k)] = off * hsum_epi32(_mm256_add_epi32(_mm256_add_epi32(q0, q1), _mm256_add_epi32(q2, q3)));
+        __m256i q = pack_epi32_epi8(q0, q1, q2, q3);
+        _mm_storeu_si128((__m128i *)(a.qs + act_q8_qs(k, 0)), _mm256_castsi256_si128(q));
+        _mm_storeu_si128((__m128i *)(a.qs + act_q8_qs(k, 16)), _mm256_extracti128_si256(q, 1));
+    }
+    for (int64_t k = nblk; k < (nblk + 3) / 4 * 4; k++) {
+        _mm_storeu_si128((__m128i *)(a.qs + act_q8_qs(k, 0)), _mm_setzero_si128());
+        _mm_storeu_si128((__m128i *)(a.qs + act_q8_qs(k, 16)), _mm_setzero_si128());
+    }
+    for (int64_t k = nblk; k < nslot; k++) {
+        a.d[act_q8_slot(k)] = 0;
+        a.sa[act_q8_slot(k)] = 0;
     }
 }
 
-static void act_q8k_row_avx2(const float *x, int64_t cols, void *row) {
+static void act_q8k_row_avx2(const float *x, int64_t cols, int off, void *row) {
     act_row a = act_sections(ACT_Q8K, cols, row);
     const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
     for (int64_t k = 0; k < cols / QK_K; k++, x += QK_K) {
@@ -107,8 +120,10 @@ INLINE void mm_float_row(int wtype, const void *w, int64_t cols, const float *co
 INLINE void mm_float(int wtype, const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
                      int nb, float *Y, int64_t ldy) {
     size_t wrow = (size_t)cols * (wtype == QTYPE_F32 ? 4 : 2);
+    kern_pf_start((const char *)W + (size_t)r0 * wrow);
     for (int64_t r = r0; r < r1; r++) {
         const void *w = (const char *)W + (size_t)r * wrow;
+        kern_pf_pages(w, wrow);
         for (int b0 = 0; b0 < nb; b0 += MM_NB) {
             const float *x[MM_NB];
             int n = nb - b0 < MM_NB ? nb - b0 : MM_NB;
@@ -138,88 +153,135 @@ static void matmul_bf16_avx2(const void *W, int64_t cols, int64_t r0, int64_t r1
 }
 
 /* ---- Q8_0 / Q4_0 weights against ACT_Q8 ----
- * maddubs multiplies unsigned by signed bytes into int16 pairs. Q4_0's raw
- * nibbles q = w + 8 are the unsigned side directly (pairs <= 2 * 15 * 127),
- * and the offset comes off per block in float: dw * da * sum(q a) - 8 * dw *
- * s[k] with s[k] = da * sum(a). Q8_0 would overflow int16 that way, so it
- * multiplies |w| by a * sign(w) (pairs <= 2 * 128 * 127). Scales dw * da
- * are formed 8 blocks at a time (gathered f16 dw times 8 da) into a small
- * stack table that the block loop broadcasts from (a load, not a shuffle). */
+ * The same arithmetic as kernels_avx512.c (exact block dots, then
+ * acc[slot(k)] += (float)dot_k * (dw_k * da_k) and the fixed 16-lane sum),
+ * with the 16 slots in two ymm, so both ISAs give the same bits. maddubs
+ * multiplies unsigned by signed bytes into int16 pairs: Q4_0's raw nibbles
+ * q = w + 8 are the unsigned side directly (pairs <= 2 * 15 * 127; the
+ * offset comes off as sa), Q8_0 multiplies |w| by a * sign(w) (pairs <=
+ * 2 * 128 * 127, no offset). Blocks go in pairs, a ymm holding the first
+ * (or last) 16 bytes of two blocks of a group, to meet the grouped
+ * activations; each 128-bit lane ends with 4 partial sums of one block. */
 
-/* f16 scales of the n (<= 8) blocks of `bsz` bytes at `w`, the f16 at the
- * start of each block, as floats; zeros past n. */
-INLINE __m256 gather_scales8(const void *w, int bsz, int n, __m256i lanes) {
-    __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(n), lanes);
-    __m256i raw = _mm256_mask_i32gather_epi32(_mm256_setzero_si256(), (const int *)w,
-                                              _mm256_mullo_epi32(lanes, _mm256_set1_epi32(bsz)), mask, 1);
-    raw = _mm256_and_si256(raw, _mm256_set1_epi32(0xFFFF));
-    __m128i h = _mm_packus_epi32(_mm256_castsi256_si128(raw), _mm256_extracti128_si256(raw, 1));
-    return _mm256_cvtph_ps(h);
-}
-
-/* Block k's weights: Q8_0 as signed bytes, Q4_0 as unsigned nibbles (w + 8). */
-INLINE __m256i load_q8_block(int wtype, const void *W, int64_t k) {
-    if (wtype == QTYPE_Q8_0) return _mm256_loadu_si256((const __m256i *)((const block_q8_0 *)W)[k].qs);
-    __m128i q = _mm_loadu_si128((const __m128i *)((const block_q4_0 *)W)[k].qs);
-    __m128i m4 = _mm_set1_epi8(0xF);
-    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m4), _mm_and_si128(q, m4));
-}
-
-/* int32 partial sums (8 lanes) of block weights times activation bytes `av`. */
-INLINE __m256i dot_q8_block(int wtype, __m256i wq, __m256i wabs, __m256i av) {
+/* 8 int32: 4 partial sums of block pa's dot, then 4 of block pb's (NULL:
+ * absent, zeros). alo / ahi: the pair's first / last activation halves. */
+INLINE __m256i q8_pair_dot(int wtype, const char *pa, const char *pb, const int8_t *alo, const int8_t *ahi) {
     const __m256i ones = _mm256_set1_epi16(1);
-    __m256i p = wtype == QTYPE_Q8_0 ? _mm256_maddubs_epi16(wabs, _mm256_sign_epi8(av, wq))
-                                    : _mm256_maddubs_epi16(wq, av);
+    __m256i w0, w1;
+    if (wtype == QTYPE_Q8_0) {
+        __m128i a0 = _mm_loadu_si128((const __m128i *)(pa + 2)), a1 = _mm_loadu_si128((const __m128i *)(pa + 18));
+        __m128i b0 = pb ? _mm_loadu_si128((const __m128i *)(pb + 2)) : _mm_setzero_si128();
+        __m128i b1 = pb ? _mm_loadu_si128((const __m128i *)(pb + 18)) : _mm_setzero_si128();
+        w0 = _mm256_set_m128i(b0, a0);
+        w1 = _mm256_set_m128i(b1, a1);
+        __m256i p0 = _mm256_maddubs_epi16(_mm256_sign_epi8(w0, w0),
+                                          _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)alo), w0));
+        __m256i p1 = _mm256_maddubs_epi16(_mm256_sign_epi8(w1, w1),
+                                          _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)ahi), w1));
+        return _mm256_add_epi32(_mm256_madd_epi16(p0, ones), _mm256_madd_epi16(p1, ones));
+    }
+    const __m256i m4 = _mm256_set1_epi8(0xF);
+    __m128i qa = _mm_loadu_si128((const __m128i *)(pa + 2));
+    __m128i qb = pb ? _mm_loadu_si128((const __m128i *)(pb + 2)) : _mm_setzero_si128();
+    __m256i x = _mm256_set_m128i(qb, qa);
+    w0 = _mm256_and_si256(x, m4);
+    w1 = _mm256_and_si256(_mm256_srli_epi16(x, 4), m4);
+    __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(w0, _mm256_loadu_si256((const __m256i *)alo)),
+                                 _mm256_maddubs_epi16(w1, _mm256_loadu_si256((const __m256i *)ahi)));
     return _mm256_madd_epi16(p, ones);
 }
 
-INLINE void mm_q8_row(int wtype, const void *w, int64_t nblk, const act_row *a, float *y, int64_t ldy,
-                      const int NB) {
+/* The f16 scales of the chunk's n blocks at p as floats by slot (block
+ * 4g + l in slot 4l + g; zeros for blocks past n): slots 0..7 in dw[0],
+ * 8..15 in dw[1]. Scalar loads, not a gather: once per chunk and row. */
+INLINE void q8_scales_avx2(const char *p, int bsz, int n, __m256 dw[2]) {
+    uint16_t h[16];
+    for (int s = 0; s < 16; s++) {
+        int k = 4 * (s & 3) + (s >> 2);
+        h[s] = 0;
+        if (k < n) memcpy(&h[s], p + k * bsz, 2);
+    }
+    dw[0] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
+    dw[1] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + 8)));
+}
+
+/* Adds the n (1..16) blocks of chunk ci at p (scales dw) times activation
+ * row a into slots acc[0] (0..7) and acc[1] (8..15). */
+INLINE void q8_chunk_avx2(int wtype, const char *p, int n, const __m256 dw[2], const act_row *a, int64_t ci,
+                          __m256 acc[2]) {
     const int bsz = wtype == QTYPE_Q8_0 ? (int)sizeof(block_q8_0) : (int)sizeof(block_q4_0);
-    const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    float sc[MM_NB][8] __attribute__((aligned(32))); /* dw * da for the current 8 blocks */
-    __m256 acc[MM_NB];
+    const int8_t *q = a->qs + 512 * ci;
+    __m256i ab[4], cd[4]; /* per group: blocks 4g, 4g+1 / 4g+2, 4g+3 */
 #pragma GCC unroll 4
-    for (int b = 0; b < NB; b++) acc[b] = _mm256_setzero_ps();
-    for (int64_t k0 = 0; k0 < nblk; k0 += 8) {
-        int n = nblk - k0 < 8 ? (int)(nblk - k0) : 8;
-        __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32(n), lanes);
-        __m256 dw = gather_scales8((const char *)w + k0 * bsz, bsz, n, lanes);
-#pragma GCC unroll 4
-        for (int b = 0; b < NB; b++) {
-            _mm256_store_ps(sc[b], _mm256_mul_ps(dw, _mm256_maskload_ps(a[b].d + k0, m)));
-            if (wtype == QTYPE_Q4_0)
-                acc[b] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(-8.0f)), _mm256_maskload_ps(a[b].s + k0, m),
-                                         acc[b]);
-        }
-        int i = 0;
-        for (; i + 2 <= n; i += 2) {
-            int64_t k = k0 + i;
-            __m256i w0 = load_q8_block(wtype, w, k), w1 = load_q8_block(wtype, w, k + 1);
-            __m256i u0 = _mm256_sign_epi8(w0, w0), u1 = _mm256_sign_epi8(w1, w1);
-#pragma GCC unroll 4
-            for (int b = 0; b < NB; b++) {
-                const int8_t *q = a[b].qs + 32 * k;
-                __m256i d0 = dot_q8_block(wtype, w0, u0, _mm256_loadu_si256((const __m256i *)q));
-                __m256i d1 = dot_q8_block(wtype, w1, u1, _mm256_loadu_si256((const __m256i *)(q + 32)));
-                /* two products summed first: one add on the accumulator chain per pair */
-                __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(d0), _mm256_broadcast_ss(&sc[b][i]));
-                t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d1), _mm256_broadcast_ss(&sc[b][i + 1]), t);
-                acc[b] = _mm256_add_ps(acc[b], t);
-            }
-        }
-        if (i < n) {
-            int64_t k = k0 + i;
-            __m256i w0 = load_q8_block(wtype, w, k), u0 = _mm256_sign_epi8(w0, w0);
-#pragma GCC unroll 4
-            for (int b = 0; b < NB; b++) {
-                __m256i d0 = dot_q8_block(wtype, w0, u0, _mm256_loadu_si256((const __m256i *)(a[b].qs + 32 * k)));
-                acc[b] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d0), _mm256_broadcast_ss(&sc[b][i]), acc[b]);
-            }
+    for (int g = 0; g < 4; g++) {
+        const char *pg = p + 4 * g * bsz;
+        int m = n - 4 * g; /* blocks present in this group */
+        const int8_t *qg = q + 128 * g;
+        ab[g] = m >= 1 ? q8_pair_dot(wtype, pg, m >= 2 ? pg + bsz : NULL, qg, qg + 64) : _mm256_setzero_si256();
+        cd[g] = m >= 3 ? q8_pair_dot(wtype, pg + 2 * bsz, m >= 4 ? pg + 3 * bsz : NULL, qg + 32, qg + 96)
+                       : _mm256_setzero_si256();
+    }
+    /* the tree of kernels_avx512.c q8_tree on each half: slots 0..7 from the
+     * first pairs, 8..15 from the second */
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; h++) {
+        const __m256i *w = h ? cd : ab;
+        __m256i x01 = _mm256_add_epi32(_mm256_unpacklo_epi32(w[0], w[1]), _mm256_unpackhi_epi32(w[0], w[1]));
+        __m256i x23 = _mm256_add_epi32(_mm256_unpacklo_epi32(w[2], w[3]), _mm256_unpackhi_epi32(w[2], w[3]));
+        __m256i t = _mm256_add_epi32(_mm256_unpacklo_epi64(x01, x23), _mm256_unpackhi_epi64(x01, x23));
+        if (wtype == QTYPE_Q4_0) t = _mm256_sub_epi32(t, _mm256_loadu_si256((const __m256i *)(a->sa + 16 * ci + 8 * h)));
+        __m256 sc = _mm256_mul_ps(dw[h], _mm256_loadu_ps(a->d + 16 * ci + 8 * h));
+        acc[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), sc, acc[h]);
+    }
+}
+
+enum { Q8_NB = 16 }; /* activation rows per pass over a weight row (accumulators on the stack) */
+
+/* Weight row w (nblk blocks) against activation rows a[0 .. n), n <= Q8_NB;
+ * writes y[b * ldy]. N1: n is 1, known at compile time (decode keeps its
+ * accumulators and the decoded chunk in registers). */
+INLINE void mm_q8_row(int wtype, const char *w, int64_t nblk, const act_row *a, int n, float *y, int64_t ldy,
+                      const int N1) {
+    const int bsz = wtype == QTYPE_Q8_0 ? (int)sizeof(block_q8_0) : (int)sizeof(block_q4_0);
+    const int64_t nfull = nblk / 16;
+    const int tail = (int)(nblk % 16);
+    if (N1) n = 1;
+    __m256 acc[Q8_NB][2];
+    for (int b = 0; b < n; b++) acc[b][0] = acc[b][1] = _mm256_setzero_ps();
+    __m256 dw[2];
+    for (int64_t ci = 0; ci < nfull; ci++) {
+        const char *p = w + 16 * ci * bsz;
+        q8_scales_avx2(p, bsz, 16, dw);
+        for (int b = 0; b < n; b++) q8_chunk_avx2(wtype, p, 16, dw, &a[b], ci, acc[b]);
+    }
+    if (tail) {
+        const char *p = w + 16 * nfull * bsz;
+        q8_scales_avx2(p, bsz, tail, dw);
+        for (int b = 0; b < n; b++) q8_chunk_avx2(wtype, p, tail, dw, &a[b], nfull, acc[b]);
+    }
+    for (int b = 0; b < n; b++) y[(int64_t)b * ldy] = hsum_ps(_mm256_add_ps(acc[b][0], acc[b][1]));
+}
+
+/* Rows [r0, r1); each weight row, chunk by chunk, against up to Q8_NB
+ * activation rows at a time (the row stays in L1; its scales are decoded
+ * once per chunk). The 16 slots sum as (j, j+8), (j, j+4), (j, j+2), (0, 1),
+ * the tree of kernels_avx512.c. */
+INLINE void mm_q8(int wtype, const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act, int nb,
+                  float *Y, int64_t ldy) {
+    size_t wrow = qtype_row_bytes(wtype, cols);
+    int64_t nblk = cols / 32;
+    kern_pf_start((const char *)W + (size_t)r0 * wrow);
+    for (int64_t r = r0; r < r1; r++) {
+        const char *w = (const char *)W + (size_t)r * wrow;
+        kern_pf_pages(w, wrow);
+        for (int b0 = 0; b0 < nb; b0 += Q8_NB) {
+            int n = nb - b0 < Q8_NB ? nb - b0 : Q8_NB;
+            act_row a[Q8_NB];
+            for (int b = 0; b < n; b++) a[b] = act_get_row(ACT_Q8, act, cols, b0 + b);
+            if (n == 1) mm_q8_row(wtype, w, nblk, a, 1, Y + (int64_t)b0 * ldy + r, ldy, 1);
+            else mm_q8_row(wtype, w, nblk, a, n, Y + (int64_t)b0 * ldy + r, ldy, 0);
         }
     }
-#pragma GCC unroll 4
-    for (int b = 0; b < NB; b++) y[b * ldy] = hsum_ps(acc[b]);
 }
 
 /* ---- Q4_K weights against ACT_Q8K ----
@@ -321,16 +383,17 @@ INLINE void mm_q6k_row(const block_q6_K *w, int64_t nblk, const act_row *a, floa
 INLINE void mm_quant_row(int wtype, const void *w, int64_t cols, const act_row *a, float *y,
                          int64_t ldy, const int NB) {
     if (wtype == QTYPE_Q4_K) mm_q4k_row(w, cols / QK_K, a, y, ldy, NB);
-    else if (wtype == QTYPE_Q6_K) mm_q6k_row(w, cols / QK_K, a, y, ldy, NB);
-    else mm_q8_row(wtype, w, cols / 32, a, y, ldy, NB);
+    else mm_q6k_row(w, cols / QK_K, a, y, ldy, NB);
 }
 
 INLINE void mm_quant(int wtype, const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
                      int nb, float *Y, int64_t ldy) {
     act_kind kind = act_kind_of(wtype);
     size_t wrow = qtype_row_bytes(wtype, cols);
+    kern_pf_start((const char *)W + (size_t)r0 * wrow);
     for (int64_t r = r0; r < r1; r++) {
         const void *w = (const char *)W + (size_t)r * wrow;
+        kern_pf_pages(w, wrow);
         for (int b0 = 0; b0 < nb; b0 += MM_NB) {
             act_row a[MM_NB];
             int n = nb - b0 < MM_NB ? nb - b0 : MM_NB;
@@ -348,11 +411,11 @@ INLINE void mm_quant(int wtype, const void *W, int64_t cols, int64_t r0, int64_t
 
 static void matmul_q8_0_avx2(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
                              int nb, float *Y, int64_t ldy) {
-    mm_quant(QTYPE_Q8_0, W, cols, r0, r1, act, nb, Y, ldy);
+    mm_q8(QTYPE_Q8_0, W, cols, r0, r1, act, nb, Y, ldy);
 }
 static void matmul_q4_0_avx2(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
                              int nb, float *Y, int64_t ldy) {
-    mm_quant(QTYPE_Q4_0, W, cols, r0, r1, act, nb, Y, ldy);
+    mm_q8(QTYPE_Q4_0, W, cols, r0, r1, act, nb, Y, ldy);
 }
 static void matmul_q4_K_avx2(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
                              int nb, float *Y, int64_t ldy) {

@@ -4,11 +4,13 @@
  * AVX-512 CPUs without VNNI. Each function computes what its `_ref` in
  * kernels.c or quant.c defines; tests/test_kernels.c holds them to it.
  *
- * Matmul shape: each weight block is decoded once into registers and applied
- * to a tile of activation rows (Q8_0 / Q4_0: up to 2 weight rows x 4
- * activation rows; others: 1 x up to MM_NB); further tiles re-read the
- * weights from L1 or L2, so DRAM sees every weight once per call. Each
- * output's arithmetic is independent of nb and of the tiling, so results are
+ * Matmul shape: weights are decoded once into registers and applied to a
+ * tile of activation rows (Q8_0 / Q4_0: a chunk of 16 blocks against up to
+ * Q8_NB rows, or for batches each weight dword against 16 rows at once;
+ * others: a block against up to MM_NB rows); further tiles re-read the
+ * weights from L1 or L2, so DRAM sees every weight once per call, and the
+ * stream is prefetched a page ahead (kern_pf_pages). Each output's
+ * arithmetic is independent of nb and of the tiling, so results are
  * batch-invariant. */
 #include "kernels/kernels_impl.h"
 #include "kernels/kernels_x86.h"
@@ -44,22 +46,31 @@ INLINE __m512 exp512(__m512 x) {
 
 /* ---- activation preparation (bit-identical to kern_act_q8*_row_ref) ---- */
 
-static void act_q8_row_avx512(const float *x, int64_t cols, void *row) {
+static void act_q8_row_avx512(const float *x, int64_t cols, int off, void *row) {
     act_row a = act_sections(ACT_Q8, cols, row);
-    for (int64_t k = 0; k < cols / 32; k++, x += 32) {
+    int64_t nblk = cols / 32, nslot = (nblk + 15) / 16 * 16;
+    for (int64_t k = 0; k < nblk; k++, x += 32) {
         __m512 v0 = _mm512_loadu_ps(x), v1 = _mm512_loadu_ps(x + 16);
         float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
         float d = amax / 127.0f, id = d ? 1.0f / d : 0.0f;
         __m512 iv = _mm512_set1_ps(id);
         __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, iv)), q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, iv));
-        a.d[k] = d;
-        a.s[k] = d * (float)_mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
-        _mm_storeu_si128((__m128i *)(a.qs + 32 * k), _mm512_cvtsepi32_epi8(q0));
-        _mm_storeu_si128((__m128i *)(a.qs + 32 * k + 16), _mm512_cvtsepi32_epi8(q1));
+        a.d[act_q8_slot(k)] = d;
+        a.sa[act_q8_slot(k)] = off * _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+        _mm_storeu_si128((__m128i *)(a.qs + act_q8_qs(k, 0)), _mm512_cvtsepi32_epi8(q0));
+        _mm_storeu_si128((__m128i *)(a.qs + act_q8_qs(k, 16)), _mm512_cvtsepi32_epi8(q1));
+    }
+    for (int64_t k = nblk; k < (nblk + 3) / 4 * 4; k++) {
+        _mm_storeu_si128((__m128i *)(a.qs + act_q8_qs(k, 0)), _mm_setzero_si128());
+        _mm_storeu_si128((__m128i *)(a.qs + act_q8_qs(k, 16)), _mm_setzero_si128());
+    }
+    for (int64_t k = nblk; k < nslot; k++) {
+        a.d[act_q8_slot(k)] = 0;
+        a.sa[act_q8_slot(k)] = 0;
     }
 }
 
-static void act_q8k_row_avx512(const float *x, int64_t cols, void *row) {
+static void act_q8k_row_avx512(const float *x, int64_t cols, int off, void *row) {
     act_row a = act_sections(ACT_Q8K, cols, row);
     for (int64_t k = 0; k < cols / QK_K; k++, x += QK_K) {
         __m512 m = _mm512_setzero_ps();
@@ -128,8 +139,10 @@ INLINE void mm_float_row(int wtype, const void *w, int64_t cols, const float *co
 INLINE void mm_float(int wtype, const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
                      int nb, float *Y, int64_t ldy) {
     size_t wrow = (size_t)cols * (wtype == QTYPE_F32 ? 4 : 2);
+    kern_pf_start((const char *)W + (size_t)r0 * wrow);
     for (int64_t r = r0; r < r1; r++) {
         const void *w = (const char *)W + (size_t)r * wrow;
+        kern_pf_pages(w, wrow);
         for (int b0 = 0; b0 < nb; b0 += MM_NB) {
             const float *x[MM_NB];
             int n = nb - b0 < MM_NB ? nb - b0 : MM_NB;
@@ -164,127 +177,417 @@ static void matmul_bf16_avx512(const void *W, int64_t cols, int64_t r0, int64_t 
 
 /* ---- Q8_0 / Q4_0 weights against ACT_Q8 (VNNI) ----
  * vpdpbusd multiplies unsigned by signed bytes, so weights enter unsigned:
- * Q8_0 as w + 128 (w ^ 0x80), Q4_0 as its raw nibbles w + 8, and the offset
- * comes off in float, off * dw * s[k] with s[k] = da * sum(a); the integer
- * parts are exact (each lane sums 4 products below 2^16).
+ * Q8_0 as w + 128 (w ^ 0x80), Q4_0 as its raw nibbles w + 8. The offset
+ * comes off in integers (sa = off * sum(a), see ACT_Q8), so each block's dot
+ * is exact and the float work is one multiply-add per block:
  *
- * One block per ymm: on Zen 4 a zmm op costs two ymm ops anyway, and 34-byte
- * Q8_0 blocks would need an insert to pair up. Scales dw * da are formed 16
- * blocks at a time (gathered f16 dw times 16 da) into a small stack table
- * that the block loop broadcasts from memory (a load, not a shuffle). */
+ *   acc[slot(k)] += (float)dot_k * (dw_k * da_k),   then one 16-lane sum,
+ *
+ * with slot(k) = act_q8_slot(k) and the fixed tree of q8_reduce16. Every
+ * output follows exactly these steps whatever nb, the tiling (per-row or
+ * batch kernel) and the row range, so batched verification reproduces
+ * decode bit for bit; kernels_avx2.c follows them too, so the two ISAs agree
+ * bit for bit as well.
+ *
+ * A row is walked in chunks of 16 blocks (the last one shorter), a chunk in
+ * groups of 4 consecutive blocks. On Zen 4 a 64-byte load that crosses a
+ * cache line costs about two, so a chunk is read with one load per 64 bytes
+ * (Q8_0: 2 x 5 loads for 2 x 272 bytes; Q4_0: 5 loads for 288 bytes) and the
+ * blocks are cut out of them by word permutes (vpermt2w): for each group one
+ * zmm of the first 16 bytes of its 4 blocks and one of their last 16 (Q4_0:
+ * the 4 x 16 nibble bytes, split into low and high nibbles), which meet the
+ * grouped activations; two vpdpbusd leave 4 int32 partial sums per block and
+ * a 3-step unpack tree turns the 4 groups into the chunk's 16 block dots in
+ * slot order. The f16 scales come out of the same loads by masked word
+ * permutes, without gathers. A chunk is decoded once into registers and
+ * applied to up to Q8_NB activation rows. Loads that would run past the
+ * chunk are masked, so nothing is read outside the rows.
+ *
+ * For SmolLM2-135M (rows of 18 and 48 blocks) on Zen 4 this streams about
+ * 30 GB/s (Q8_0) and 20 GB/s (Q4_0) from L2, 45 and 34 GB/s on rows of
+ * 4096 columns, against ~23 GB/s that DRAM gives a read loop on 4 KB pages:
+ * decode of a whole model then runs at 85-90% of that. (On Zen 4, vpermt2w
+ * and other lane-crossing shuffles compete with vpdpbusd and FMA for the
+ * same pipes; the 2-3 permutes per 136 bytes are what the load savings
+ * cost.) */
 
-/* Block k's weights as unsigned bytes (see above). */
-INLINE __m256i load_q8_block_u8(int wtype, const void *W, int64_t k) {
+enum { Q8_NB = 16 }; /* activation rows per pass of the per-row kernels (accumulators on the stack) */
+
+/* The 16 block dots of a chunk from its 4 groups' partial sums (128-bit lane
+ * l of w[g] = 4 partial sums of block 4g + l): slot 4l + g = block 4g + l. */
+INLINE __m512i q8_tree(__m512i w0, __m512i w1, __m512i w2, __m512i w3) {
+    __m512i x01 = _mm512_add_epi32(_mm512_unpacklo_epi32(w0, w1), _mm512_unpackhi_epi32(w0, w1));
+    __m512i x23 = _mm512_add_epi32(_mm512_unpacklo_epi32(w2, w3), _mm512_unpackhi_epi32(w2, w3));
+    return _mm512_add_epi32(_mm512_unpacklo_epi64(x01, x23), _mm512_unpackhi_epi64(x01, x23));
+}
+
+/* Sum of 16 lanes by the fixed tree (j, j+8), (j, j+4), (j, j+2), (0, 1). */
+INLINE float q8_reduce16(__m512 v) {
+    __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+    __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    b = _mm_add_ps(b, _mm_movehl_ps(b, b));
+    b = _mm_add_ss(b, _mm_movehdup_ps(b));
+    return _mm_cvtss_f32(b);
+}
+
+/* Keeps a loaded vector in a register: the compiler would otherwise fold the
+ * same (line-crossing, so costly) load into several instructions. */
+#define Q8_REG(v) __asm__("" : "+v"(v))
+
+/* Word indices (vpermt2w over 2 x 32 words) of a group's block halves:
+ * Q8_0 block j of a group at word 0 has its scale at word 17j, its first 16
+ * bytes at words 17j + 1 .. 17j + 8 and its last 16 at 17j + 9 .. 17j + 16
+ * (lane 8j + t takes the t-th word of a half); Q4_0 block j has its scale at
+ * 9j and its 16 nibble bytes at 9j + 1 .. 9j + 8. */
+static const uint16_t q8_idx_lo[32] = {1,  2,  3,  4,  5,  6,  7,  8,  18, 19, 20, 21, 22, 23, 24, 25,
+                                       35, 36, 37, 38, 39, 40, 41, 42, 52, 53, 54, 55, 56, 57, 58, 59};
+static const uint16_t q8_idx_hi[32] = {9,  10, 11, 12, 13, 14, 15, 16, 26, 27, 28, 29, 30, 31, 32, 33,
+                                       43, 44, 45, 46, 47, 48, 49, 50, 60, 61, 62, 63, 64, 65, 66, 67};
+static const uint16_t q4_idx[32] = {1,  2,  3,  4,  5,  6,  7,  8,  10, 11, 12, 13, 14, 15, 16, 17,
+                                    19, 20, 21, 22, 23, 24, 25, 26, 28, 29, 30, 31, 32, 33, 34, 35};
+
+/* A decoded chunk: unsigned weight bytes of group g's first halves lo[g]
+ * and last halves hi[g], and the chunk's block scales as floats by slot
+ * (zero in slots without a block). */
+typedef struct {
+    __m512i lo[4], hi[4];
+    __m512 dw;
+} q8_chunk;
+
+/* Word masks of a chunk's loads: all words, or those inside its `bytes`. */
+typedef struct {
+    __mmask32 m[10];
+} q8_lmask;
+
+INLINE __mmask32 q8_words(int64_t words) {
+    return words <= 0 ? 0 : words >= 32 ? 0xFFFFFFFFu : (__mmask32)((1u << words) - 1);
+}
+
+/* Load i of a chunk sits at byte q8_load_off(wtype, i): Q8_0 in two units of
+ * 8 blocks (272 bytes), each read by 5 loads 64 bytes apart; Q4_0 by 5
+ * loads 64 bytes apart. */
+INLINE int q8_load_off(int wtype, int i) { return wtype == QTYPE_Q8_0 ? 272 * (i / 5) + 64 * (i % 5) : 64 * i; }
+
+INLINE q8_lmask q8_chunk_mask(int wtype, int64_t bytes) {
+    q8_lmask m;
+    for (int i = 0; i < 10; i++) m.m[i] = q8_words((bytes - q8_load_off(wtype, i)) / 2);
+    return m;
+}
+
+/* Decodes the NG groups (4 unless this is a row's last, short chunk) of the
+ * chunk at p. FULL: a whole chunk, whose loads only need masks lm where they
+ * would run past it; otherwise every load takes its mask. */
+INLINE q8_chunk q8_decode(int wtype, const char *p, const int NG, const int FULL, const q8_lmask *lm) {
+    q8_chunk c;
+    __m512i s; /* the scales' source words by slot, replaced group by group (vpermi2w) */
     if (wtype == QTYPE_Q8_0) {
-        __m256i v = _mm256_loadu_si256((const __m256i *)((const block_q8_0 *)W)[k].qs);
-        return _mm256_xor_si256(v, _mm256_set1_epi8((char)0x80));
-    }
-    __m128i q = _mm_loadu_si128((const __m128i *)((const block_q4_0 *)W)[k].qs);
-    __m128i m4 = _mm_set1_epi8(0xF);
-    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m4), _mm_and_si128(q, m4));
-}
-
-enum { Q8_R = 2, Q8_NB = 4 }; /* weight rows x activation rows per tile */
-enum { Q8_PF = 32 };          /* software prefetch distance in blocks (multi-row tiles) */
-
-/* Block k (entry i of the scale table) of R weight rows against NB
- * activation rows, accumulated into acc[r][b]. */
-INLINE void mm_q8_tile_block(int wtype, const char *w, size_t wrow, const act_row *a, int64_t k,
-                             float sc[Q8_R][Q8_NB][16], int i, __m256 acc[Q8_R][Q8_NB], const int R,
-                             const int NB) {
-    const int bsz = wtype == QTYPE_Q8_0 ? (int)sizeof(block_q8_0) : (int)sizeof(block_q4_0);
-    __m256i wv[Q8_R];
+        const __m512i il = _mm512_loadu_si512((const void *)q8_idx_lo);
+        const __m512i ih = _mm512_loadu_si512((const void *)q8_idx_hi);
+        const __m512i four = _mm512_set1_epi16(4), flip = _mm512_set1_epi8((char)0x80);
+        /* slot 4l + g: word 17l of group g's unit, + 4 for the unit's second group */
+        s = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 55, 51, 55, 51, 38, 34, 38, 34, 21,
+                             17, 21, 17, 4, 0, 4, 0);
 #pragma GCC unroll 2
-    for (int r = 0; r < R; r++) {
-        /* Several interleaved row streams defeat the hardware prefetcher here;
-         * one stream (R = 1) does better without help. */
-        if (R > 1) _mm_prefetch(w + r * wrow + (k + Q8_PF) * bsz, _MM_HINT_T0);
-        wv[r] = load_q8_block_u8(wtype, w + r * wrow, k);
-    }
-#pragma GCC unroll 4
-    for (int b = 0; b < NB; b++) {
-        __m256i av = _mm256_loadu_si256((const __m256i *)(a[b].qs + 32 * k));
-#pragma GCC unroll 2
-        for (int r = 0; r < R; r++) {
-            __m256i d = _mm256_dpbusd_epi32(_mm256_setzero_si256(), wv[r], av);
-            acc[r][b] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_set1_ps(sc[r][b][i]), acc[r][b]);
-        }
-    }
-}
-
-/* R weight rows from `w` (rows `wrow` bytes apart) against NB activation
- * rows; writes y[b * ldy + r]. Each activation block is loaded once for the
- * R rows. Every output takes the same sequence of operations whatever R, NB
- * and its place in the tile (even blocks into acc, odd blocks and the offset
- * corrections into acc2, then one final sum), so a row's result does not
- * depend on the batch it came in: batched verification reproduces decode
- * bit for bit. */
-INLINE void mm_q8_tile(int wtype, const char *w, size_t wrow, int64_t nblk, const act_row *a, float *y,
-                       int64_t ldy, const int R, const int NB) {
-    const int bsz = wtype == QTYPE_Q8_0 ? (int)sizeof(block_q8_0) : (int)sizeof(block_q4_0);
-    const __m512i offs = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                            _mm512_set1_epi32(bsz));
-    const __m512 off = _mm512_set1_ps(wtype == QTYPE_Q8_0 ? -128.0f : -8.0f);
-    float sc[Q8_R][Q8_NB][16] __attribute__((aligned(64))); /* dw * da for the current 16 blocks */
-    __m256 acc[Q8_R][Q8_NB], acc2[Q8_R][Q8_NB];
-#pragma GCC unroll 2
-    for (int r = 0; r < R; r++)
-#pragma GCC unroll 4
-        for (int b = 0; b < NB; b++) acc[r][b] = acc2[r][b] = _mm256_setzero_ps();
-    for (int64_t k0 = 0; k0 < nblk; k0 += 16) {
-        int n = nblk - k0 < 16 ? (int)(nblk - k0) : 16;
-        __mmask16 m = n == 16 ? 0xFFFF : tail16(n);
-#pragma GCC unroll 2
-        for (int r = 0; r < R; r++) {
-            __m512i raw = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, offs, w + r * wrow + k0 * bsz, 1);
-            __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(raw));
-            __m512 dwo = _mm512_mul_ps(dw, off);
-#pragma GCC unroll 4
-            for (int b = 0; b < NB; b++) {
-                _mm512_store_ps(sc[r][b], _mm512_mul_ps(dw, _mm512_maskz_loadu_ps(m, a[b].d + k0)));
-                __m512 corr = _mm512_mul_ps(dwo, _mm512_maskz_loadu_ps(m, a[b].s + k0));
-                acc2[r][b] = _mm256_add_ps(acc2[r][b], _mm256_add_ps(_mm512_castps512_ps256(corr),
-                                                                     _mm512_extractf32x8_ps(corr, 1)));
+        for (int u = 0; u < (NG + 1) / 2; u++) {
+            const char *q = p + 272 * u;
+            __m512i z[5];
+#pragma GCC unroll 5
+            for (int i = 0; i < 5; i++) {
+                z[i] = FULL && i < 4 ? _mm512_loadu_si512((const void *)(q + 64 * i))
+                                        : _mm512_maskz_loadu_epi16(lm->m[5 * u + i], q + 64 * i);
+                Q8_REG(z[i]);
+            }
+            /* first group: words 0..67 of z0 z1 z2; second: words 4..71 of z2 z3 z4 */
+            int g = 2 * u;
+            c.lo[g] = _mm512_permutex2var_epi16(z[0], il, z[1]);
+            __m512i h = _mm512_permutex2var_epi16(z[0], ih, z[1]);
+            c.hi[g] = _mm512_mask_permutexvar_epi16(h, 0xF0000000u, ih, z[2]);
+            s = _mm512_mask2_permutex2var_epi16(z[0], s, (__mmask32)(0x1111u << g), z[1]);
+            if (g + 1 < NG) {
+                __m512i il4 = _mm512_add_epi16(il, four), ih4 = _mm512_add_epi16(ih, four);
+                c.lo[g + 1] = _mm512_permutex2var_epi16(z[2], il4, z[3]);
+                h = _mm512_permutex2var_epi16(z[2], ih4, z[3]);
+                c.hi[g + 1] = _mm512_mask_permutexvar_epi16(h, 0xFF000000u, ih4, z[4]);
+                s = _mm512_mask2_permutex2var_epi16(z[2], s, (__mmask32)(0x1111u << (g + 1)), z[3]);
             }
         }
-        int i = 0;
-        for (; i + 2 <= n; i += 2) {
-            mm_q8_tile_block(wtype, w, wrow, a, k0 + i, sc, i, acc, R, NB);
-            mm_q8_tile_block(wtype, w, wrow, a, k0 + i + 1, sc, i + 1, acc2, R, NB);
-        }
-        if (i < n) mm_q8_tile_block(wtype, w, wrow, a, k0 + i, sc, i, acc, R, NB);
-    }
-#pragma GCC unroll 2
-    for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
-        for (int b = 0; b < NB; b++) y[b * ldy + r] = hsum_ps(_mm256_add_ps(acc[r][b], acc2[r][b]));
+        for (int g = 0; g < NG; g++) {
+            c.lo[g] = _mm512_xor_si512(c.lo[g], flip);
+            c.hi[g] = _mm512_xor_si512(c.hi[g], flip);
+        }
+    } else {
+        const __m512i idx = _mm512_loadu_si512((const void *)q4_idx);
+        const __m512i m4 = _mm512_set1_epi8(0x0F);
+        /* slot 4l + g: word 4g + 9l of loads g, g + 1 */
+        s = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 39, 35, 31, 27, 30, 26, 22, 18, 21, 17,
+                             13, 9, 12, 8, 4, 0);
+        __m512i z[5];
+#pragma GCC unroll 5
+        for (int i = 0; i <= NG; i++) {
+            z[i] = FULL && i < 4 ? _mm512_loadu_si512((const void *)(p + 64 * i))
+                                    : _mm512_maskz_loadu_epi16(lm->m[i], p + 64 * i);
+            Q8_REG(z[i]);
+        }
+#pragma GCC unroll 4
+        for (int g = 0; g < NG; g++) {
+            /* group g: words 4g .. 4g + 35 of loads g, g + 1 */
+            __m512i x = _mm512_permutex2var_epi16(z[g], _mm512_add_epi16(idx, _mm512_set1_epi16((short)(4 * g))), z[g + 1]);
+            c.lo[g] = _mm512_and_si512(x, m4);
+            c.hi[g] = _mm512_and_si512(_mm512_srli_epi16(x, 4), m4);
+            s = _mm512_mask2_permutex2var_epi16(z[g], s, (__mmask32)(0x1111u << g), z[g + 1]);
+        }
+    }
+    /* slots of absent groups still hold indices; absent blocks of a present group read 0 */
+    __mmask16 present = (__mmask16)(NG == 4 ? 0xFFFF : (0x1111u << NG) - 0x1111u);
+    c.dw = _mm512_maskz_cvtph_ps(present, _mm512_castsi512_si256(s));
+#pragma GCC unroll 4
+    for (int g = NG; g < 4; g++) c.lo[g] = c.hi[g] = _mm512_setzero_si512();
+    return c;
 }
 
-/* Rows [r0, r1) in tiles of up to Q8_R weight rows x Q8_NB activation rows. */
+/* Adds decoded chunk `c` (chunk index ci) times activation row a into acc. */
+INLINE __m512 q8_apply(const q8_chunk *c, const act_row *a, int64_t ci, const int NG, __m512 acc) {
+    const int8_t *q = a->qs + 512 * ci;
+    __m512i w[4];
+#pragma GCC unroll 4
+    for (int g = 0; g < 4; g++) {
+        if (g < NG) {
+            __m512i t = _mm512_dpbusd_epi32(_mm512_setzero_si512(), c->lo[g], _mm512_loadu_si512((const void *)(q + 128 * g)));
+            w[g] = _mm512_dpbusd_epi32(t, c->hi[g], _mm512_loadu_si512((const void *)(q + 128 * g + 64)));
+        } else {
+            w[g] = _mm512_setzero_si512();
+        }
+    }
+    __m512i dot = _mm512_sub_epi32(q8_tree(w[0], w[1], w[2], w[3]), _mm512_loadu_si512((const void *)(a->sa + 16 * ci)));
+    __m512 sc = _mm512_mul_ps(c->dw, _mm512_loadu_ps(a->d + 16 * ci));
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), sc, acc);
+}
+
+/* Rows [r0, r1) against activation rows a[0 .. nb) (nb <= Q8_NB); writes
+ * y[b * ldy + r]. NB1: nb is 1 (decode), known at compile time. */
+INLINE void mm_q8_rows(int wtype, const char *W, int64_t nblk, int64_t r0, int64_t r1, const act_row *a, int nb,
+                       float *y, int64_t ldy, const int NB1) {
+    const int bsz = wtype == QTYPE_Q8_0 ? (int)sizeof(block_q8_0) : (int)sizeof(block_q4_0);
+    const size_t wrow = (size_t)nblk * (size_t)bsz;
+    const int64_t nfull = nblk / 16, tail = nblk % 16;
+    const int tail_ng = (int)((tail + 3) / 4);
+    const q8_lmask full_mask = q8_chunk_mask(wtype, 16 * bsz), tail_mask = q8_chunk_mask(wtype, tail * bsz);
+    if (NB1) nb = 1;
+    kern_pf_start(W + (size_t)r0 * wrow);
+    for (int64_t r = r0; r < r1; r++) {
+        const char *p = W + (size_t)r * wrow;
+        __m512 acc1 = _mm512_setzero_ps();
+        __m512 acc[Q8_NB];
+        if (!NB1)
+            for (int b = 0; b < nb; b++) acc[b] = _mm512_setzero_ps();
+        for (int64_t ci = 0; ci < nfull; ci++, p += 16 * bsz) {
+            kern_pf_pages(p, 16 * (size_t)bsz);
+            q8_chunk c = q8_decode(wtype, p, 4, 1, &full_mask);
+            if (NB1) acc1 = q8_apply(&c, &a[0], ci, 4, acc1);
+            else
+                for (int b = 0; b < nb; b++) acc[b] = q8_apply(&c, &a[b], ci, 4, acc[b]);
+        }
+        if (tail) {
+            kern_pf_pages(p, (size_t)(tail * bsz));
+#define Q8_TAIL(NG_)                                                                                  \
+    case NG_: {                                                                                       \
+        q8_chunk c = q8_decode(wtype, p, NG_, 0, &tail_mask);                                         \
+        if (NB1) acc1 = q8_apply(&c, &a[0], nfull, NG_, acc1);                                        \
+        else                                                                                          \
+            for (int b = 0; b < nb; b++) acc[b] = q8_apply(&c, &a[b], nfull, NG_, acc[b]);            \
+        break;                                                                                        \
+    }
+            switch (tail_ng) {
+                Q8_TAIL(1) Q8_TAIL(2) Q8_TAIL(3) Q8_TAIL(4)
+            }
+#undef Q8_TAIL
+        }
+        if (NB1) y[r] = q8_reduce16(acc1);
+        else
+            for (int b = 0; b < nb; b++) y[b * ldy + r] = q8_reduce16(acc[b]);
+    }
+}
+
+/* ---- batches: 16 activation rows per weight dword ----
+ * For 16 rows at a time (the ACT_Q8 tiles) the same arithmetic runs with
+ * rows in the lanes instead of blocks: each weight dword is broadcast and
+ * one vpdpbusd takes it against that dword of 16 rows, so a block's 16 dots
+ * need no reduction; slot s of the per-row kernels becomes register acc[s]
+ * (one lane per row), the 16-lane sum becomes the same tree over registers,
+ * and every row gets exactly the bits of the per-row kernels. Per block and
+ * 16 rows this costs 8 vpdpbusd and 8 loads of 64 bytes, against 8 of each
+ * plus a reduction tree per row in the per-row kernels. */
+
+/* Dots of one weight block (at w) with the 16 rows of tile block T, as
+ * int32 per row; the weights' offset is removed with the tile's sa. The
+ * block's bytes are broadcast to every 128-bit lane once and each dword is
+ * then spread by an in-lane vpshufd (which does not compete with vpdpbusd
+ * on Zen 4), so the weights take 1-2 loads per block next to the 8
+ * activation loads. */
+INLINE __m512i q8_tile_dot(int wtype, const char *w, const int8_t *T) {
+    __m512i x0, x1; /* the unsigned weight bytes of elements 0-15 and 16-31, in every 128-bit lane */
+    if (wtype == QTYPE_Q8_0) {
+        const __m512i flip = _mm512_set1_epi8((char)0x80);
+        x0 = _mm512_xor_si512(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(w + 2))), flip);
+        x1 = _mm512_xor_si512(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(w + 18))), flip);
+    } else {
+        /* nibble byte i holds element i (low) and 16 + i (high) */
+        const __m512i m4 = _mm512_set1_epi8(0x0F);
+        __m512i x = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(w + 2)));
+        x0 = _mm512_and_si512(x, m4);
+        x1 = _mm512_and_si512(_mm512_srli_epi16(x, 4), m4);
+    }
+    /* dword j of x0 (elements 4j .. 4j+3) against quad j of the 16 rows, dword
+     * j of x1 against quad j + 4 (immediates spelled out: they must be
+     * constants at every optimisation level) */
+#define Q8_ACT(j) _mm512_loadu_si512((const void *)(T + 64 * (j)))
+    __m512i s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_shuffle_epi32(x0, _MM_PERM_AAAA), Q8_ACT(0));
+    __m512i s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_shuffle_epi32(x0, _MM_PERM_BBBB), Q8_ACT(1));
+    __m512i s2 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_shuffle_epi32(x0, _MM_PERM_CCCC), Q8_ACT(2));
+    __m512i s3 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_shuffle_epi32(x0, _MM_PERM_DDDD), Q8_ACT(3));
+    s0 = _mm512_dpbusd_epi32(s0, _mm512_shuffle_epi32(x1, _MM_PERM_AAAA), Q8_ACT(4));
+    s1 = _mm512_dpbusd_epi32(s1, _mm512_shuffle_epi32(x1, _MM_PERM_BBBB), Q8_ACT(5));
+    s2 = _mm512_dpbusd_epi32(s2, _mm512_shuffle_epi32(x1, _MM_PERM_CCCC), Q8_ACT(6));
+    s3 = _mm512_dpbusd_epi32(s3, _mm512_shuffle_epi32(x1, _MM_PERM_DDDD), Q8_ACT(7));
+#undef Q8_ACT
+    __m512i sum = _mm512_add_epi32(_mm512_add_epi32(s0, s1), _mm512_add_epi32(s2, s3));
+    return _mm512_sub_epi32(sum, _mm512_loadu_si512((const void *)(T + 9 * 64)));
+}
+
+/* acc[slot of block 16 ci + j] += this block's 16 row products, as
+ * q8_apply does lane by lane. */
+INLINE void q8_tile_block(int wtype, const char *w, const int8_t *T, __m512 *acc) {
+    __m512i dot = q8_tile_dot(wtype, w, T);
+    ellm_f16 dwh;
+    memcpy(&dwh, w, 2);
+    __m512 sc = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_set1_epi16((short)dwh)), _mm512_loadu_ps((const float *)(T + 8 * 64)));
+    *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), sc, *acc);
+}
+
+/* q8_tile_dot for 8 rows: half h of the tile block (T offset by 32 h). On
+ * Zen 4 a ymm vpdpbusd does half the work of a zmm one at 1.5 times the
+ * rate, so a tile that is at most half full runs in ymm (~60% of a full
+ * tile's time; the lanes give the same bits as the zmm ones). */
+INLINE __m256i q8_tile_dot8(int wtype, const char *w, const int8_t *T) {
+    __m256i x0, x1;
+    if (wtype == QTYPE_Q8_0) {
+        const __m256i flip = _mm256_set1_epi8((char)0x80);
+        x0 = _mm256_xor_si256(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(w + 2))), flip);
+        x1 = _mm256_xor_si256(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(w + 18))), flip);
+    } else {
+        const __m256i m4 = _mm256_set1_epi8(0x0F);
+        __m256i x = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(w + 2)));
+        x0 = _mm256_and_si256(x, m4);
+        x1 = _mm256_and_si256(_mm256_srli_epi16(x, 4), m4);
+    }
+#define Q8_ACT8(j) _mm256_loadu_si256((const __m256i *)(T + 64 * (j)))
+    __m256i s0 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_shuffle_epi32(x0, 0x00), Q8_ACT8(0));
+    __m256i s1 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_shuffle_epi32(x0, 0x55), Q8_ACT8(1));
+    __m256i s2 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_shuffle_epi32(x0, 0xAA), Q8_ACT8(2));
+    __m256i s3 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_shuffle_epi32(x0, 0xFF), Q8_ACT8(3));
+    s0 = _mm256_dpbusd_epi32(s0, _mm256_shuffle_epi32(x1, 0x00), Q8_ACT8(4));
+    s1 = _mm256_dpbusd_epi32(s1, _mm256_shuffle_epi32(x1, 0x55), Q8_ACT8(5));
+    s2 = _mm256_dpbusd_epi32(s2, _mm256_shuffle_epi32(x1, 0xAA), Q8_ACT8(6));
+    s3 = _mm256_dpbusd_epi32(s3, _mm256_shuffle_epi32(x1, 0xFF), Q8_ACT8(7));
+#undef Q8_ACT8
+    __m256i sum = _mm256_add_epi32(_mm256_add_epi32(s0, s1), _mm256_add_epi32(s2, s3));
+    return _mm256_sub_epi32(sum, _mm256_loadu_si256((const __m256i *)(T + 9 * 64)));
+}
+
+INLINE void q8_tile_block8(int wtype, const char *w, const int8_t *T, __m256 *acc) {
+    __m256i dot = q8_tile_dot8(wtype, w, T);
+    ellm_f16 dwh;
+    memcpy(&dwh, w, 2);
+    __m256 sc = _mm256_mul_ps(_mm256_cvtph_ps(_mm_set1_epi16((short)dwh)), _mm256_loadu_ps((const float *)(T + 8 * 64)));
+    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), sc, *acc);
+}
+
+/* Weight row p (nblk blocks of bsz bytes) against the 16 rows of tile T
+ * (zmm, H < 0) or its rows 8H .. 8H+7 (ymm); out gets one result per row. */
+INLINE void q8_tile_row(int wtype, const char *p, int64_t nblk, const int8_t *T, float *out, const int H) {
+    const int bsz = wtype == QTYPE_Q8_0 ? (int)sizeof(block_q8_0) : (int)sizeof(block_q4_0);
+    const int64_t nfull = nblk / 16, tail = nblk % 16;
+    int64_t k = 0;
+    if (H < 0) {
+        __m512 acc[16];
+#pragma GCC unroll 16
+        for (int s = 0; s < 16; s++) acc[s] = _mm512_setzero_ps();
+        for (int64_t ci = 0; ci < nfull; ci++)
+#pragma GCC unroll 16
+            for (int j = 0; j < 16; j++, k++)
+                q8_tile_block(wtype, p + k * bsz, T + k * ACT_Q8_TILE_BLOCK, &acc[4 * (j & 3) + (j >> 2)]);
+#pragma GCC unroll 16
+        for (int j = 0; j < 16; j++)
+            if (j < tail) q8_tile_block(wtype, p + (k + j) * bsz, T + (k + j) * ACT_Q8_TILE_BLOCK, &acc[4 * (j & 3) + (j >> 2)]);
+        /* q8_reduce16's tree, lanes now registers */
+#pragma GCC unroll 8
+        for (int s = 0; s < 8; s++) acc[s] = _mm512_add_ps(acc[s], acc[s + 8]);
+#pragma GCC unroll 4
+        for (int s = 0; s < 4; s++) acc[s] = _mm512_add_ps(acc[s], acc[s + 4]);
+        acc[0] = _mm512_add_ps(acc[0], acc[2]);
+        acc[1] = _mm512_add_ps(acc[1], acc[3]);
+        _mm512_storeu_ps(out, _mm512_add_ps(acc[0], acc[1]));
+    } else {
+        const int8_t *Th = T + 32 * H;
+        __m256 acc[16];
+#pragma GCC unroll 16
+        for (int s = 0; s < 16; s++) acc[s] = _mm256_setzero_ps();
+        for (int64_t ci = 0; ci < nfull; ci++)
+#pragma GCC unroll 16
+            for (int j = 0; j < 16; j++, k++)
+                q8_tile_block8(wtype, p + k * bsz, Th + k * ACT_Q8_TILE_BLOCK, &acc[4 * (j & 3) + (j >> 2)]);
+#pragma GCC unroll 16
+        for (int j = 0; j < 16; j++)
+            if (j < tail) q8_tile_block8(wtype, p + (k + j) * bsz, Th + (k + j) * ACT_Q8_TILE_BLOCK, &acc[4 * (j & 3) + (j >> 2)]);
+#pragma GCC unroll 8
+        for (int s = 0; s < 8; s++) acc[s] = _mm256_add_ps(acc[s], acc[s + 8]);
+#pragma GCC unroll 4
+        for (int s = 0; s < 4; s++) acc[s] = _mm256_add_ps(acc[s], acc[s + 4]);
+        acc[0] = _mm256_add_ps(acc[0], acc[2]);
+        acc[1] = _mm256_add_ps(acc[1], acc[3]);
+        _mm256_storeu_ps(out, _mm256_add_ps(acc[0], acc[1]));
+    }
+}
+
+/* Rows [r0, r1) against the tiles of act (activation rows below
+ * 16 * act_q8_ntiles(nb), the last tile maybe padded). */
+INLINE void mm_q8_tiles(int wtype, const char *W, int64_t cols, int64_t r0, int64_t r1, const void *act, int nb,
+                        float *Y, int64_t ldy) {
+    const int bsz = wtype == QTYPE_Q8_0 ? (int)sizeof(block_q8_0) : (int)sizeof(block_q4_0);
+    const int64_t nblk = cols / 32;
+    const size_t wrow = (size_t)nblk * (size_t)bsz;
+    kern_pf_start(W + (size_t)r0 * wrow);
+    for (int64_t r = r0; r < r1; r++) {
+        const char *p = W + (size_t)r * wrow;
+        kern_pf_pages(p, wrow);
+        for (int t = 0; t < act_q8_ntiles(nb); t++) {
+            const int8_t *T = act_q8_tile(act, cols, nb, t, 0);
+            int n = nb - ACT_Q8_TILE * t < ACT_Q8_TILE ? nb - ACT_Q8_TILE * t : ACT_Q8_TILE;
+            float out[16];
+            /* a full tile in zmm (two ymm halves would cost ~15% more) */
+            if (n > 8) q8_tile_row(wtype, p, nblk, T, out, -1);
+            else q8_tile_row(wtype, p, nblk, T, out, 0);
+            for (int i = 0; i < n; i++) Y[(int64_t)(ACT_Q8_TILE * t + i) * ldy + r] = out[i];
+        }
+    }
+}
+
+/* Rows [r0, r1): activation rows in tiles by mm_q8_tiles, the rest (fewer
+ * than ACT_Q8_TILE_MIN) by the per-row kernels. */
 INLINE void mm_q8(int wtype, const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act, int nb,
                   float *Y, int64_t ldy) {
-    size_t wrow = qtype_row_bytes(wtype, cols);
     int64_t nblk = cols / 32;
-    /* Decode (nb <= 2) is bound by DRAM: one weight row at a time keeps a
-     * single sequential stream. Larger batches are bound by compute and L2
-     * and gain from sharing each activation load across Q8_R rows. */
-    int rt = nb <= 2 ? 1 : Q8_R;
-    for (int64_t r = r0; r < r1; r += rt) {
-        int R = r1 - r < rt ? (int)(r1 - r) : rt;
-        const char *w = (const char *)W + (size_t)r * wrow;
-        for (int b0 = 0; b0 < nb; b0 += Q8_NB) {
-            act_row a[Q8_NB];
-            int n = nb - b0 < Q8_NB ? nb - b0 : Q8_NB;
-            for (int b = 0; b < n; b++) a[b] = act_get_row(ACT_Q8, act, cols, b0 + b);
-            float *y = Y + (int64_t)b0 * ldy + r;
-#define MM_Q8_CASE(R_, N_) \
-    case (R_)*8 + (N_): mm_q8_tile(wtype, w, wrow, nblk, a, y, ldy, R_, N_); break
-            switch (R * 8 + n) {
-                MM_Q8_CASE(1, 1); MM_Q8_CASE(1, 2); MM_Q8_CASE(1, 3); MM_Q8_CASE(1, 4);
-                MM_Q8_CASE(2, 1); MM_Q8_CASE(2, 2); MM_Q8_CASE(2, 3); MM_Q8_CASE(2, 4);
-            }
-#undef MM_Q8_CASE
-        }
+    int tiled = ACT_Q8_TILE * act_q8_ntiles(nb);
+    if (tiled) mm_q8_tiles(wtype, W, cols, r0, r1, act, nb, Y, ldy);
+    if (tiled > nb) tiled = nb; /* a padded last tile */
+    for (int b0 = tiled; b0 < nb; b0 += Q8_NB) {
+        act_row a[Q8_NB];
+        int n = nb - b0 < Q8_NB ? nb - b0 : Q8_NB;
+        for (int b = 0; b < n; b++) a[b] = act_get_row(ACT_Q8, act, cols, b0 + b);
+        float *y = Y + (int64_t)b0 * ldy;
+        if (n == 1) mm_q8_rows(wtype, W, nblk, r0, r1, a, 1, y, ldy, 1);
+        else mm_q8_rows(wtype, W, nblk, r0, r1, a, n, y, ldy, 0);
     }
 }
 
@@ -309,9 +612,9 @@ INLINE void mm_q4k_row(const block_q4_K *w, int64_t nblk, const act_row *a, floa
         /* m[j] twice: madd with bsums[2j], bsums[2j+1] gives m[j] * sum(a_j) */
         __m256i mins = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(sm, pair_mins));
         __m128 dd = _mm_cvtph_ps(_mm_loadu_si32(&w[k].d)); /* d, dmin */
-        __m256i acci[MM_NB];
+        __m256i acci[MM_NB], acci2[MM_NB];
 #pragma GCC unroll 8
-        for (int b = 0; b < NB; b++) acci[b] = _mm256_setzero_si256();
+        for (int b = 0; b < NB; b++) acci[b] = acci2[b] = _mm256_setzero_si256();
 #pragma GCC unroll 4
         for (int g = 0; g < 4; g++) {
             __m256i q = _mm256_loadu_si256((const __m256i *)(w[k].qs + 32 * g));
@@ -324,13 +627,16 @@ INLINE void mm_q4k_row(const block_q4_K *w, int64_t nblk, const act_row *a, floa
                 const int8_t *aq = a[b].qs + QK_K * k + 64 * g;
                 __m256i p0 = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)aq));
                 __m256i p1 = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(aq + 32)));
-                acci[b] = _mm256_dpwssd_epi32(_mm256_dpwssd_epi32(acci[b], p0, s_lo), p1, s_hi);
+                /* one row: two chains halve the latency of the block's int sum */
+                if (NB == 1 && (g & 1)) acci2[b] = _mm256_dpwssd_epi32(_mm256_dpwssd_epi32(acci2[b], p0, s_lo), p1, s_hi);
+                else acci[b] = _mm256_dpwssd_epi32(_mm256_dpwssd_epi32(acci[b], p0, s_lo), p1, s_hi);
             }
         }
 #pragma GCC unroll 8
         for (int b = 0; b < NB; b++) {
             __m256i mi = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(a[b].bsums + 16 * k)), mins);
             __m128 ds = _mm_mul_ps(dd, _mm_set1_ps(a[b].d[k])); /* da * d, da * dmin */
+            if (NB == 1) acci[b] = _mm256_add_epi32(acci[b], acci2[b]);
             accf[b] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acci[b]), _mm256_broadcastss_ps(ds), accf[b]);
             accf[b] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(mi), _mm256_broadcastss_ps(_mm_movehdup_ps(ds)), accf[b]);
         }
@@ -405,8 +711,10 @@ INLINE void mm_quant(int wtype, const void *W, int64_t cols, int64_t r0, int64_t
                      int nb, float *Y, int64_t ldy) {
     act_kind kind = act_kind_of(wtype);
     size_t wrow = qtype_row_bytes(wtype, cols);
+    kern_pf_start((const char *)W + (size_t)r0 * wrow);
     for (int64_t r = r0; r < r1; r++) {
         const void *w = (const char *)W + (size_t)r * wrow;
+        kern_pf_pages(w, wrow);
         for (int b0 = 0; b0 < nb; b0 += MM_NB) {
             act_row a[MM_NB];
             int n = nb - b0 < MM_NB ? nb - b0 : MM_NB;

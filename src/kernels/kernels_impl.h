@@ -102,16 +102,41 @@ static inline void q4k_unpack_scales(const uint8_t *s, uint8_t out[16]) {
  * itself may be unaligned; kernels use unaligned loads).
  *
  *   ACT_F32 (F32, F16, BF16 weights): float x[cols].
- *   ACT_Q8  (Q8_0, Q4_0 weights):     float d[cols/32]; float s[cols/32];
- *       int8 qs[cols]. x[32k + i] ~= d[k] * qs[32k + i] with qs in
+ *   ACT_Q8  (Q8_0, Q4_0 weights), nblk = cols/32 blocks of 32:
+ *       float d[16 * nchunk]; int32 sa[16 * nchunk]; int8 qs[128 * ngroup]
+ *       with nchunk = ceil(nblk / 16), ngroup = ceil(nblk / 4).
+ *       Element i of block k is x ~= d * q with q = qs[act_q8_qs(k, i)] in
  *       [-127, 127] (x / d rounded to nearest even, d = max|x| / 127 over the
- *       block), and s[k] = d[k] * sum_i qs[32k + i]. The sums let SIMD dots
- *       treat weights as unsigned (w + 128 for Q8_0, the raw nibble for
- *       Q4_0) and subtract the offset once per block in float.
+ *       block), d = d[act_q8_slot(k)] and sa[act_q8_slot(k)] = off * sum_i q
+ *       with off = 128 for Q8_0 and 8 for Q4_0 weights (act_q8_off). The
+ *       sums let SIMD dots treat weights as unsigned (w + 128 for Q8_0, the
+ *       raw nibble w + 8 for Q4_0) and take the offset off in integers.
+ *       Slots and bytes past the last block are zero.
  *   ACT_Q8K (Q4_K, Q6_K weights):     float d[cols/256]; int16 bsums[cols/16];
  *       int8 qs[cols]. Same rounding over blocks of 256; bsums[j] is the sum
- *       of qs[16j .. 16j + 15] (for the mins / the -32 offset). */
+ *       of qs[16j .. 16j + 15] (for the mins / the -32 offset).
+ *
+ * The ACT_Q8 order serves the AVX-512 dot products (kernels_avx512.c):
+ *   - qs in groups of 4 blocks (128 bytes): the first 16 elements of the
+ *     group's 4 blocks, then their last 16, so one 64-byte load meets the
+ *     first or last halves of 4 weight blocks and the two products of a
+ *     block accumulate into the same 4 int32 lanes;
+ *   - d and sa in chunks of 16 blocks, in the lane order in which the
+ *     kernels' reduction of those 4-lane sums leaves the 16 block dots
+ *     (act_q8_slot), so scales apply without a permute. */
 typedef enum { ACT_NONE, ACT_F32, ACT_Q8, ACT_Q8K } act_kind;
+
+/* Slot of block k in the d and sa arrays: within a chunk of 16 blocks,
+ * block 4m + l (group m, place l in it) sits in slot 4l + m. */
+static inline int64_t act_q8_slot(int64_t k) { return (k & ~(int64_t)15) + 4 * (k & 3) + ((k & 15) >> 2); }
+
+/* Byte of element i (0..31) of block k in the qs section. */
+static inline int64_t act_q8_qs(int64_t k, int i) {
+    return 128 * (k >> 2) + 64 * (i >> 4) + 16 * (k & 3) + (i & 15);
+}
+
+/* The weight offset folded into sa for a weight type (see ACT_Q8). */
+static inline int act_q8_off(int wtype) { return wtype == QTYPE_Q4_0 ? 8 : 128; }
 
 static inline act_kind act_kind_of(int wtype) {
     switch (wtype) {
@@ -133,9 +158,11 @@ static inline size_t act_row_bytes(act_kind kind, int64_t cols) {
     size_t n = (size_t)cols;
     switch (kind) {
     case ACT_F32: return act_pad64(n * sizeof(float));
-    case ACT_Q8:
+    case ACT_Q8: {
         if (cols % 32) return 0;
-        return 2 * act_pad64(n / 32 * sizeof(float)) + act_pad64(n);
+        size_t nblk = n / 32;
+        return 2 * act_pad64((nblk + 15) / 16 * 16 * 4) + (nblk + 3) / 4 * 128;
+    }
     case ACT_Q8K:
         if (cols % QK_K) return 0;
         return act_pad64(n / QK_K * sizeof(float)) + act_pad64(n / 16 * sizeof(int16_t)) +
@@ -147,10 +174,10 @@ static inline size_t act_row_bytes(act_kind kind, int64_t cols) {
 /* The sections of one prepared row; pointers a kind does not have are NULL. */
 typedef struct {
     float *x;       /* ACT_F32: cols */
-    float *d;       /* ACT_Q8: cols/32 block scales; ACT_Q8K: cols/256 */
-    float *s;       /* ACT_Q8: cols/32 scaled block sums */
+    float *d;       /* ACT_Q8: 16 * nchunk block scales, by slot; ACT_Q8K: cols/256 */
+    int32_t *sa;    /* ACT_Q8: 16 * nchunk offset block sums, by slot */
     int16_t *bsums; /* ACT_Q8K: cols/16 */
-    int8_t *qs;     /* ACT_Q8, ACT_Q8K: cols */
+    int8_t *qs;     /* ACT_Q8: 128 * ngroup (grouped, see above); ACT_Q8K: cols */
 } act_row;
 
 /* Splits the prepared row at `row` into its sections. */
@@ -161,9 +188,9 @@ static inline act_row act_sections(act_kind kind, int64_t cols, void *row) {
     if (kind == ACT_F32) {
         r.x = (float *)p;
     } else if (kind == ACT_Q8) {
-        size_t fb = act_pad64(n / 32 * sizeof(float));
+        size_t fb = act_pad64((n / 32 + 15) / 16 * 16 * 4);
         r.d = (float *)p;
-        r.s = (float *)(p + fb);
+        r.sa = (int32_t *)(p + fb);
         r.qs = (int8_t *)(p + 2 * fb);
     } else if (kind == ACT_Q8K) {
         size_t off = act_pad64(n / QK_K * sizeof(float));
@@ -179,14 +206,38 @@ static inline act_row act_get_row(act_kind kind, const void *act, int64_t cols, 
     return act_sections(kind, cols, (char *)act + (size_t)b * act_row_bytes(kind, cols));
 }
 
+/* ACT_Q8 batch tiles. The nb rows are followed by act_q8_ntiles(nb) tiles
+ * of 16 rows each: one per full 16 rows, and one more, padded with zero
+ * rows, when at least ACT_Q8_TILE_MIN rows remain (fewer are left to the
+ * per-row kernels, faster for up to 5 rows on Zen 4; the batch kernel takes
+ * 6-8 rows in ymm, 9-16 in zmm). In tile t, block k takes ACT_Q8_TILE_BLOCK
+ * bytes:
+ *   int8 q[8][16][4]: q[j][i] = elements 4j .. 4j+3 of block k of row 16t + i
+ *   float d[16], int32 sa[16]: that row's d and sa of block k
+ * so one 64-byte load meets a weight dword broadcast to 16 rows (the
+ * AVX-512 batch kernel). Tiles repeat what the rows hold; the rows stay
+ * complete for kernels that do not use tiles. */
+enum { ACT_Q8_TILE = 16, ACT_Q8_TILE_MIN = 6, ACT_Q8_TILE_BLOCK = 8 * 64 + 2 * 64 };
+
+static inline int act_q8_ntiles(int nb) {
+    return nb / ACT_Q8_TILE + (nb % ACT_Q8_TILE >= ACT_Q8_TILE_MIN);
+}
+
+/* Block k of tile t of ACT_Q8 activations `act` prepared for nb rows. */
+static inline const int8_t *act_q8_tile(const void *act, int64_t cols, int nb, int t, int64_t k) {
+    size_t rows = (size_t)nb * act_row_bytes(ACT_Q8, cols);
+    return (const int8_t *)act + rows + ((size_t)t * (size_t)(cols / 32) + (size_t)k) * ACT_Q8_TILE_BLOCK;
+}
+
 /* ---- per-ISA table ----------------------------------------------------------
  * NULL entries fall back to the scalar table. Matmul entries compute rows
  * [r0, r1) of W against nb prepared rows (see kern_matmul). */
 typedef void (*kern_matmul_fn)(const void *W, int64_t cols, int64_t r0, int64_t r1,
                                const void *act, int nb, float *Y, int64_t ldy);
 typedef void (*kern_convert_fn)(const void *src, float *dst, int64_t n);
-/* Prepares one activation row of `cols` floats into `row` (act_kind layout). */
-typedef void (*kern_act_row_fn)(const float *x, int64_t cols, void *row);
+/* Prepares one activation row of `cols` floats into `row` (act_kind layout);
+ * `off` is act_q8_off of the weight type (ACT_Q8 only). */
+typedef void (*kern_act_row_fn)(const float *x, int64_t cols, int off, void *row);
 
 typedef struct {
     kern_matmul_fn matmul[QTYPE_COUNT];
@@ -208,7 +259,7 @@ extern const kern_table kern_table_avx2;
 extern const kern_table kern_table_avx512;
 
 /* Scalar preparers, shared by the reference and as SIMD fallbacks. */
-void kern_act_q8_row_ref(const float *x, int64_t cols, void *row);
-void kern_act_q8k_row_ref(const float *x, int64_t cols, void *row);
+void kern_act_q8_row_ref(const float *x, int64_t cols, int off, void *row);
+void kern_act_q8k_row_ref(const float *x, int64_t cols, int off, void *row);
 
 #endif
