@@ -12,25 +12,64 @@
 #include <math.h>
 #include <string.h>
 
+typedef struct {
+    struct ellm_context *ctx;
+    int layer, n, len;
+    sparse_select_stats stats[8];
+    double attended[8];
+} select_job;
+
+/* Threads take KV heads round-robin; each keeps its own statistics. */
+static void select_task(void *arg, int ith, int nth) {
+    select_job *j = arg;
+    struct ellm_context *ctx = j->ctx;
+    const model_config *c = &ctx->model->cfg;
+    const ellm_context_params *p = &ctx->params;
+    int group = c->n_head / c->n_head_kv, slot = ith < 8 ? ith : 7;
+    int bt = kv_cache_get_params(ctx->kv)->block_tokens;
+    if (nth > 8 && ith >= 8) return; /* more threads than slots: the first 8 do the work */
+    int step = nth < 8 ? nth : 8;
+    for (int h = ith; h < c->n_head_kv; h += step) {
+        int32_t *blocks = ctx->sel_blocks + (size_t)h * ctx->max_blocks;
+        sparse_index_select(ctx->sidx, j->layer, h, ctx->q, j->n, group, j->len,
+                            engine_sparse_budget(ctx, j->layer, h), p->sparse_sink_blocks, p->sparse_window,
+                            blocks, &ctx->sel_n[h], &j->stats[slot]);
+        int tokens = ctx->sel_n[h] * bt;
+        j->attended[slot] += tokens < j->len ? tokens : j->len;
+    }
+}
+
 /* Chooses blocks for every KV head of `layer` (sparse attention) into
- * ctx->sel_blocks / sel_n. Returns 0 if the layer should run dense. */
+ * ctx->sel_blocks / sel_n, heads spread over the threads. Returns 0 if the
+ * layer should run dense. */
 static int sparse_select_layer(struct ellm_context *ctx, int layer, int n, int len) {
     const model_config *c = &ctx->model->cfg;
     if (!ctx->sidx || ctx->sparse_topk <= 0 || ctx->layer_dense[layer]) return 0;
-    const ellm_context_params *p = &ctx->params;
-    int group = c->n_head / c->n_head_kv, any_sparse = 0;
+    int any_sparse = 0;
     for (int h = 0; h < c->n_head_kv; h++)
         if (engine_sparse_budget(ctx, layer, h) < len) any_sparse = 1;
     if (!any_sparse) return 0; /* every budget covers the context: dense is exact */
     uint64_t t0 = ellm_time_ns();
-    for (int h = 0; h < c->n_head_kv; h++) {
-        int32_t *blocks = ctx->sel_blocks + (size_t)h * ctx->max_blocks;
-        sparse_index_select(ctx->sidx, layer, h, ctx->q, n, group, len, engine_sparse_budget(ctx, layer, h),
-                            p->sparse_sink_blocks, p->sparse_window, blocks, &ctx->sel_n[h], &ctx->sel_stats);
-        int tokens = ctx->sel_n[h] * kv_cache_get_params(ctx->kv)->block_tokens;
-        ctx->attended_sum += tokens < len ? tokens : len;
-        ctx->n_sparse_heads++;
+    select_job job;
+    memset(&job, 0, sizeof job);
+    job.ctx = ctx;
+    job.layer = layer;
+    job.n = n;
+    job.len = len;
+    threadpool_run(ctx->pool, select_task, &job);
+    for (int i = 0; i < 8; i++) {
+        sparse_select_stats *a = &ctx->sel_stats, *b = &job.stats[i];
+        a->calls += b->calls;
+        a->scored_calls += b->scored_calls;
+        a->superblocks_scored += b->superblocks_scored;
+        a->blocks_scored += b->blocks_scored;
+        a->superblocks_expanded += b->superblocks_expanded;
+        a->bytes_read += b->bytes_read;
+        a->flat_bytes += b->flat_bytes;
+        a->exact_calls += b->exact_calls;
+        ctx->attended_sum += job.attended[i];
     }
+    ctx->n_sparse_heads += c->n_head_kv;
     ctx->stats.select_ms += (double)(ellm_time_ns() - t0) / 1e6;
     return 1;
 }
