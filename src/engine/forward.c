@@ -163,18 +163,6 @@ static void matmul_multi(struct ellm_context *ctx, int n, const model_matrix **w
     threadpool_run(ctx->pool, matmul_task, &job);
 }
 
-/* cos/sin of every rotated frequency at `pos`: theta_i = pos * base^(-2i/n_rot) / factor_i. */
-static void rope_table(const ellm_model *m, int pos, float *cs) {
-    const model_config *c = &m->cfg;
-    for (int i = 0; i < c->n_rot / 2; i++) {
-        double freq = pow((double)c->rope_theta, -2.0 * i / c->n_rot);
-        if (m->rope_freqs) freq /= m->rope_freqs[i];
-        double theta = (double)pos * freq;
-        cs[2 * i] = (float)cos(theta);
-        cs[2 * i + 1] = (float)sin(theta);
-    }
-}
-
 void engine_forward(struct ellm_context *ctx, const int32_t *tokens, int n, int pos,
                     int first_logit_row, float *logits) {
     const ellm_model *m = ctx->model;
@@ -188,7 +176,7 @@ void engine_forward(struct ellm_context *ctx, const int32_t *tokens, int n, int 
     for (int t = 0; t < n; t++) {
         const char *row = (const char *)m->tok_embd.data + (size_t)tokens[t] * m->tok_embd.row_bytes;
         kern_dequantize(m->tok_embd.type, row, ctx->x + t * d, d);
-        rope_table(m, pos + t, ctx->rope_cs + (size_t)t * c->n_rot);
+        model_rope_cos_sin(m, pos + t, ctx->rope_cs + (size_t)t * c->n_rot);
     }
 
     for (int l = 0; l < c->n_layer; l++) {

@@ -43,13 +43,8 @@ ellm_status ellm_context_fill_synthetic(ellm_context *ctx, int n, uint64_t seed,
                     k[i] = mu[i] + approx_normal(&s);
                     v[i] = approx_normal(&s);
                 }
-                float *cs = ctx->rope_cs;
-                for (int i = 0; i < c->n_rot / 2; i++) {
-                    double th = (double)(p0 + t) * pow((double)c->rope_theta, -2.0 * i / c->n_rot);
-                    cs[2 * i] = (float)cos(th);
-                    cs[2 * i + 1] = (float)sin(th);
-                }
-                kern_rope(k, c->n_head_kv, hd, c->n_rot, cs, c->rope_neox);
+                model_rope_cos_sin(ctx->model, p0 + t, ctx->rope_cs);
+                kern_rope(k, c->n_head_kv, hd, c->n_rot, ctx->rope_cs, c->rope_neox);
             }
             kv_cache_store(ctx->kv, l, p0, m, ctx->k, ctx->v);
             if (ctx->sidx) sparse_index_append(ctx->sidx, l, p0, m, ctx->k);

@@ -6,6 +6,7 @@
 #include "kernels/kernels.h"
 #include "kernels/quant.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -204,6 +205,13 @@ static ellm_status bind_weights(loader *ld) {
         (st = bind_vector(ld, "rope_freqs.weight", 1, c->n_rot / 2, &m->rope_freqs)))
         return st;
     if (!m->output.data) m->output = m->tok_embd; /* tied embeddings */
+    /* RoPE frequencies once per model, not per token. */
+    m->rope_freq = malloc((size_t)(c->n_rot / 2) * sizeof *m->rope_freq);
+    if (!m->rope_freq) return ellm_fail(ld->err, ELLM_ERR_NOMEM, "model: out of memory");
+    for (int i = 0; i < c->n_rot / 2; i++) {
+        m->rope_freq[i] = pow((double)c->rope_theta, -2.0 * i / c->n_rot);
+        if (m->rope_freqs) m->rope_freq[i] /= m->rope_freqs[i];
+    }
     m->layers = calloc((size_t)c->n_layer, sizeof *m->layers);
     if (!m->layers) return ellm_fail(ld->err, ELLM_ERR_NOMEM, "model: out of memory");
     for (int l = 0; l < c->n_layer; l++) {
@@ -265,6 +273,7 @@ void ellm_model_free(ellm_model *m) {
     for (int i = 0; i < m->n_owned; i++) free(m->owned[i]);
     free(m->owned);
     free(m->layers);
+    free(m->rope_freq);
     tokenizer_free(m->tok);
     gguf_close(m->file);
     free(m);
@@ -288,4 +297,12 @@ void ellm_model_get_info(const ellm_model *m, ellm_model_info *info) {
     if (m->output.data != m->tok_embd.data)
         info->decode_weight_bytes -= (uint64_t)m->tok_embd.rows * m->tok_embd.row_bytes;
     info->load_ms = m->load_ms;
+}
+
+void model_rope_cos_sin(const ellm_model *m, int pos, float *cs) {
+    for (int i = 0; i < m->cfg.n_rot / 2; i++) {
+        double theta = (double)pos * m->rope_freq[i];
+        cs[2 * i] = (float)cos(theta);
+        cs[2 * i + 1] = (float)sin(theta);
+    }
 }

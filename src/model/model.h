@@ -56,6 +56,7 @@ struct ellm_model {
     model_matrix output;   /* (n_vocab, d): output.weight or tok_embd if tied */
     const float *output_norm;
     const float *rope_freqs; /* (n_rot/2) frequency divisors, or NULL */
+    double *rope_freq;       /* (n_rot/2) rotation per position: base^(-2i/n_rot) / factor_i */
     model_layer *layers;
     float **owned;   /* vectors converted to F32 at load (non-F32 norms/biases) */
     int n_owned;
@@ -65,5 +66,9 @@ struct ellm_model {
     uint64_t weight_bytes;
     double load_ms;
 };
+
+/* cos/sin of every rotated frequency at position `pos` into cs (n_rot/2 pairs),
+ * the table kern_rope takes. */
+void model_rope_cos_sin(const ellm_model *m, int pos, float *cs);
 
 #endif
