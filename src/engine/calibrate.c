@@ -11,23 +11,10 @@
 
 void engine_calibrate_layer(struct ellm_context *ctx, int layer, int len) {
     const model_config *c = &ctx->model->cfg;
-    const ellm_context_params *p = &ctx->params;
-    int group = c->n_head / c->n_head_kv;
-    float scale = 1.0f / sqrtf((float)c->head_dim);
     for (int h = 0; h < c->n_head_kv; h++) {
         double *sum = ctx->calib->sum + ((size_t)layer * c->n_head_kv + h) * ctx->calib->n_budgets;
-        for (int b = 0; b < ctx->calib->n_budgets; b++) {
-            int budget = ctx->calib->budgets[b];
-            if (budget >= len) {
-                sum[b] += 1.0;
-                continue;
-            }
-            int nb = 0;
-            sparse_index_select(ctx->sidx, layer, h, ctx->q, 1, group, len, budget, p->sparse_sink_blocks,
-                                p->sparse_window, ctx->calib->blocks, &nb, NULL);
-            sum[b] += sparse_index_recall(ctx->kv, layer, h, ctx->q, 1, group, len, ctx->calib->blocks, nb,
-                                          scale, NULL);
-        }
+        for (int b = 0; b < ctx->calib->n_budgets; b++)
+            sum[b] += engine_sparse_probe_recall(ctx, layer, h, len, ctx->calib->budgets[b]);
     }
     if (layer == c->n_layer - 1) (*ctx->calib->n_samples)++;
 }
@@ -37,25 +24,15 @@ ellm_status ellm_sparse_calibrate(ellm_context *ctx, const int32_t *tokens, int 
                                   ellm_error *err) {
     if (!ctx->sidx) return ellm_fail(err, ELLM_ERR_ARG, "calibrate: this context has no sparse index");
     if (n_budgets < 1 || sample_every < 1) return ellm_fail(err, ELLM_ERR_ARG, "calibrate: no budgets or bad sampling");
-    int32_t *blocks = malloc((size_t)ctx->max_blocks * sizeof *blocks);
-    if (!blocks) return ellm_fail(err, ELLM_ERR_NOMEM, "calibrate: out of memory");
     int saved_topk = ctx->sparse_topk;
     ctx->sparse_topk = 0; /* measure on dense attention */
     ellm_context_truncate(ctx, 0);
-    struct {
-        const int *budgets;
-        int n_budgets;
-        int sample_every;
-        double *sum;
-        int64_t *n_samples;
-        int32_t *blocks;
-    } hook = {budgets, n_budgets, sample_every, sum, n_samples, blocks};
-    ctx->calib = (void *)&hook;
+    struct engine_calib hook = {budgets, n_budgets, sample_every, sum, n_samples};
+    ctx->calib = &hook;
     ellm_status st = ELLM_OK;
     for (int i = 0; i < n && st == ELLM_OK; i++) st = ellm_decode(ctx, &tokens[i], 1, NULL, err);
     ctx->calib = NULL;
     ctx->sparse_topk = saved_topk;
-    free(blocks);
     return st;
 }
 

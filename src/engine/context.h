@@ -8,6 +8,15 @@
 #include "core/threadpool.h"
 #include "model/model.h"
 
+/* What ellm_sparse_calibrate measures while it decodes: recall at each budget. */
+struct engine_calib {
+    const int *budgets;
+    int n_budgets;
+    int sample_every;
+    double *sum;        /* (n_layer * n_kv_head * n_budgets) recall sums */
+    int64_t *n_samples;
+};
+
 struct ellm_context {
     ellm_model *model;
     ellm_context_params params;
@@ -47,15 +56,13 @@ struct ellm_context {
     ellm_context_stats stats;
 
     /* Calibration hook (ellm_sparse_calibrate): NULL outside calibration. */
-    struct {
-        const int *budgets;
-        int n_budgets;
-        int sample_every;
-        double *sum;
-        int64_t *n_samples;
-        int32_t *blocks; /* max_blocks scratch */
-    } *calib;
+    struct engine_calib *calib;
 };
+
+/* Recall of KV head `head` of `layer` for the current query if it chose blocks
+ * with `budget` tokens (chosen into ctx->probe_blocks); 1 if the budget covers
+ * the context. */
+float engine_sparse_probe_recall(struct ellm_context *ctx, int layer, int head, int len, int budget);
 
 /* Calibration sample for `layer` at the current decode step (n == 1). */
 void engine_calibrate_layer(struct ellm_context *ctx, int layer, int len);

@@ -74,6 +74,16 @@ static int sparse_select_layer(struct ellm_context *ctx, int layer, int n, int l
     return 1;
 }
 
+float engine_sparse_probe_recall(struct ellm_context *ctx, int layer, int head, int len, int budget) {
+    const model_config *c = &ctx->model->cfg;
+    if (budget >= len) return 1.0f;
+    int group = c->n_head / c->n_head_kv, nb = 0;
+    sparse_index_select(ctx->sidx, layer, head, ctx->q, 1, group, len, budget, ctx->params.sparse_sink_blocks,
+                        ctx->params.sparse_window, ctx->probe_blocks, &nb, NULL);
+    return sparse_index_recall(ctx->kv, layer, head, ctx->q, 1, group, len, ctx->probe_blocks, nb,
+                               1.0f / sqrtf((float)c->head_dim), NULL);
+}
+
 /* Recall of the blocks just chosen for `layer`: the true attention mass they
  * hold, from a dense scan (sampled every sparse_recall_every decode steps). */
 static void sparse_sample_recall(struct ellm_context *ctx, int layer, int len) {
@@ -90,12 +100,9 @@ static void sparse_sample_recall(struct ellm_context *ctx, int layer, int len) {
         *ema = *ema < 0 ? r : 0.9f * *ema + 0.1f * r;
         if (!ctx->params.sparse_adapt) continue;
         /* Probe: the recall 64 more tokens would buy this head. */
-        int budget = engine_sparse_budget(ctx, layer, h), nb = 0;
+        int budget = engine_sparse_budget(ctx, layer, h);
         if (budget + 64 >= len) continue;
-        sparse_index_select(ctx->sidx, layer, h, ctx->q, 1, group, len, budget + 64, ctx->params.sparse_sink_blocks,
-                            ctx->params.sparse_window, ctx->probe_blocks, &nb, NULL);
-        float r2 = sparse_index_recall(ctx->kv, layer, h, ctx->q, 1, group, len, ctx->probe_blocks, nb,
-                                       1.0f / sqrtf((float)c->head_dim), NULL);
+        float r2 = engine_sparse_probe_recall(ctx, layer, h, len, budget + 64);
         float g = r2 > r ? r2 - r : 0.0f;
         float *gema = &ctx->gain_ema[layer * c->n_head_kv + h];
         *gema = *gema < 0 ? g : 0.9f * *gema + 0.1f * g;
