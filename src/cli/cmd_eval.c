@@ -44,15 +44,14 @@ static int parse_mode(const char *s, eval_mode *m) {
     return *end == 0;
 }
 
-/* log_softmax of n floats into out (double for stable sums). */
-static void log_softmax(const float *x, int n, double *out) {
+/* log(sum(exp(x))) of n floats (double for stable sums). */
+static double log_sum_exp(const float *x, int n) {
     double mx = x[0];
     for (int i = 1; i < n; i++)
         if (x[i] > mx) mx = x[i];
     double s = 0;
     for (int i = 0; i < n; i++) s += exp(x[i] - mx);
-    double lse = mx + log(s);
-    for (int i = 0; i < n; i++) out[i] = x[i] - lse;
+    return mx + log(s);
 }
 
 static int argmax_f(const float *x, int n) {
@@ -213,7 +212,8 @@ int cmd_eval(int argc, char **argv) {
     ellm_context *ctx = NULL;
     int32_t *ids = NULL;
     float *dense_logits = NULL, *logits = NULL;
-    double *lp_dense = NULL, *lp = NULL;
+    double *dense_lse = NULL; /* (T) log-sum-exp of each dense row, once per window */
+    int *dense_top = NULL;    /* (T) argmax of each dense row */
     int rc = 1, n_ids = 0;
     ellm_error err = {0};
     if (!setup(&o, &model, &ctx, &ids, &n_ids, (int)o.ctx)) goto done;
@@ -228,9 +228,9 @@ int cmd_eval(int argc, char **argv) {
     }
     dense_logits = malloc((size_t)T * V * sizeof *dense_logits);
     logits = malloc((size_t)T * V * sizeof *logits);
-    lp_dense = malloc((size_t)V * sizeof *lp_dense);
-    lp = malloc((size_t)V * sizeof *lp);
-    if (!dense_logits || !logits || !lp_dense || !lp) {
+    dense_lse = malloc((size_t)T * sizeof *dense_lse);
+    dense_top = malloc((size_t)T * sizeof *dense_top);
+    if (!dense_logits || !logits || !dense_lse || !dense_top) {
         fprintf(stderr, "error: out of memory\n");
         goto done;
     }
@@ -249,6 +249,10 @@ int cmd_eval(int argc, char **argv) {
             goto done;
         }
         double t_dense = (ellm_time_ms() - t0) / 1000;
+        for (int i = (int)o.score_from; i < T - 1; i++) {
+            dense_lse[i] = log_sum_exp(dense_logits + (size_t)i * V, V);
+            dense_top[i] = argmax_f(dense_logits + (size_t)i * V, V);
+        }
         for (int mi = 0; mi < n_modes; mi++) {
             eval_mode *m = &modes[mi];
             if (isatty(2)) fprintf(stderr, "\r\033[Kwindow %d/%d, %s", w + 1, n_win, m->name);
@@ -257,8 +261,6 @@ int cmd_eval(int argc, char **argv) {
                 /* Each position decoded alone so that it selects its own blocks;
                  * the first 32 tokens fit any budget, so they go in one pass. */
                 ellm_context_truncate(ctx, 0);
-                ellm_context_params cp;
-                (void)cp;
                 if (ellm_context_set_sparse(ctx, m->budget, &err) != ELLM_OK ||
                     ellm_context_load_sparse_profile(ctx, m->profile ? o.profile : NULL, &err) != ELLM_OK) {
                     fprintf(stderr, "error: %s\n", err.msg);
@@ -286,16 +288,19 @@ int cmd_eval(int argc, char **argv) {
             }
             for (int i = (int)o.score_from; i < T - 1; i++) {
                 const float *row = L + (size_t)i * V;
-                log_softmax(row, V, lp);
-                m->nll -= lp[win[i + 1]];
+                double lse = m->budget ? log_sum_exp(row, V) : dense_lse[i];
+                m->nll -= row[win[i + 1]] - lse;
                 m->n++;
                 if (m->budget) {
+                    /* KL(dense || sparse) = sum p_d (log p_d - log p_s) */
                     const float *drow = dense_logits + (size_t)i * V;
-                    log_softmax(drow, V, lp_dense);
                     double kl = 0;
-                    for (int j = 0; j < V; j++) kl += exp(lp_dense[j]) * (lp_dense[j] - lp[j]);
+                    for (int jv = 0; jv < V; jv++) {
+                        double ld = drow[jv] - dense_lse[i];
+                        kl += exp(ld) * (ld - (row[jv] - lse));
+                    }
                     m->kl += kl;
-                    m->agree += argmax_f(row, V) == argmax_f(drow, V);
+                    m->agree += argmax_f(row, V) == dense_top[i];
                 }
             }
         }
@@ -340,8 +345,8 @@ decode_fail:
 done:
     free(dense_logits);
     free(logits);
-    free(lp_dense);
-    free(lp);
+    free(dense_lse);
+    free(dense_top);
     free(ids);
     ellm_context_free(ctx);
     ellm_model_free(model);
