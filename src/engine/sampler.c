@@ -94,6 +94,21 @@ static int cmp_desc(const void *a, const void *b) {
     return ((const candidate *)a)->id - ((const candidate *)b)->id;
 }
 
+/* Restores the min-heap c[0..k) (smallest by cmp_desc order at the root)
+ * below position j. */
+static void heap_sift_down(candidate *c, int k, int j) {
+    for (;;) {
+        int l = 2 * j + 1, r = l + 1, m = j;
+        if (l < k && cmp_desc(&c[l], &c[m]) > 0) m = l;
+        if (r < k && cmp_desc(&c[r], &c[m]) > 0) m = r;
+        if (m == j) return;
+        candidate t = c[j];
+        c[j] = c[m];
+        c[m] = t;
+        j = m;
+    }
+}
+
 /* Moves the k largest candidates to the front, sorted descending: a min-heap of
  * size k over the array (O(n log k)), then a sort of the k. */
 static void partial_top_k(candidate *c, int n, int k) {
@@ -101,26 +116,13 @@ static void partial_top_k(candidate *c, int n, int k) {
         qsort(c, (size_t)n, sizeof *c, cmp_desc);
         return;
     }
-    /* heap in c[0..k): min at the root, ordered by cmp_desc reversed */
-    for (int i = k / 2 - 1; i >= 0; i--) {
-        for (int j = i;;) {
-            int l = 2 * j + 1, r = l + 1, m = j;
-            if (l < k && cmp_desc(&c[l], &c[m]) > 0) m = l;
-            if (r < k && cmp_desc(&c[r], &c[m]) > 0) m = r;
-            if (m == j) break;
-            candidate t = c[j]; c[j] = c[m]; c[m] = t; j = m;
-        }
-    }
+    for (int i = k / 2 - 1; i >= 0; i--) heap_sift_down(c, k, i);
     for (int i = k; i < n; i++) {
         if (cmp_desc(&c[i], &c[0]) >= 0) continue; /* not better than the smallest kept */
-        candidate t = c[0]; c[0] = c[i]; c[i] = t;
-        for (int j = 0;;) {
-            int l = 2 * j + 1, r = l + 1, m = j;
-            if (l < k && cmp_desc(&c[l], &c[m]) > 0) m = l;
-            if (r < k && cmp_desc(&c[r], &c[m]) > 0) m = r;
-            if (m == j) break;
-            candidate u = c[j]; c[j] = c[m]; c[m] = u; j = m;
-        }
+        candidate t = c[0];
+        c[0] = c[i];
+        c[i] = t;
+        heap_sift_down(c, k, 0);
     }
     qsort(c, (size_t)k, sizeof *c, cmp_desc);
 }
