@@ -109,11 +109,10 @@ static int time_steps(ellm_context *ctx, const int32_t *ids, int n_ctx, int d, i
     return 1;
 }
 
-static void progress(int json, const char *fmt, const char *what, int v) {
+/* A progress line on stderr when it is a terminal: "<what><v>". */
+static void progress(const char *what, int v) {
     if (!isatty(2)) return;
-    (void)json;
-    fprintf(stderr, "\r\033[K");
-    fprintf(stderr, fmt, what, v);
+    fprintf(stderr, "\r\033[K%s%d", what, v);
     fflush(stderr);
 }
 
@@ -183,7 +182,7 @@ int cmd_bench(int argc, char **argv) {
     ellm_model_info info;
     ellm_model_get_info(model, &info);
 
-    progress(json, "%s%d", "bandwidth self-test, buffer MB: ", (int)bw_mb);
+    progress("bandwidth self-test, buffer MB: ", (int)bw_mb);
     int nt = threads > 0 ? (int)threads : ellm_default_threads();
     double bw1 = ellm_measure_read_gbps(1, (size_t)bw_mb << 20, 5);
     double bw = nt == 1 ? bw1 : ellm_measure_read_gbps(nt, (size_t)bw_mb << 20, 5);
@@ -215,7 +214,7 @@ int cmd_bench(int argc, char **argv) {
 
     prefill_point pre[16];
     for (int i = 0; i < n_prefills; i++) {
-        progress(json, "%s%d", "prefill, tokens: ", prefills[i]);
+        progress("prefill, tokens: ", prefills[i]);
         ellm_context_truncate(ctx, 0);
         double t0 = ellm_time_ms();
         if (ellm_decode(ctx, ids, prefills[i], NULL, &err) != ELLM_OK) {
@@ -234,7 +233,7 @@ int cmd_bench(int argc, char **argv) {
         memset(p, 0, sizeof *p);
         p->depth = d;
         p->synthetic = d > 0 && d >= synth_from;
-        progress(json, "%s%d", p->synthetic ? "synthetic KV fill, depth " : "prefill to depth ", d);
+        progress(p->synthetic ? "synthetic KV fill, depth " : "prefill to depth ", d);
         if (p->synthetic) {
             if (ellm_context_fill_synthetic(ctx, d, 1234 + (uint64_t)d, &err) != ELLM_OK) {
                 fprintf(stderr, "error: %s\n", err.msg);
@@ -251,7 +250,7 @@ int cmd_bench(int argc, char **argv) {
                 goto done;
             }
         }
-        progress(json, "%s%d", "decode at depth ", d);
+        progress("decode at depth ", d);
         if (!time_steps(ctx, ids, n_ctx, d, (int)n_tokens, step_ms, p)) goto done;
         /* the cache now holds d + 1 + n_tokens; the mean depth of the timed steps is d + 1 + n/2 */
         p->bytes_per_token = (double)info.decode_weight_bytes + (double)kv_per_token * (d + 1 + n_tokens / 2.0);
@@ -260,7 +259,7 @@ int cmd_bench(int argc, char **argv) {
         if (sparse_topk > 0) {
             bench_point *q = &spts[i];
             *q = *p;
-            progress(json, "%s%d", "sparse decode at depth ", d);
+            progress("sparse decode at depth ", d);
             ellm_context_truncate(ctx, d);
             ellm_context_set_sparse(ctx, (int)sparse_topk, NULL);
             ellm_context_stats s0, s1;

@@ -150,7 +150,42 @@ static int parse(int argc, char **argv, run_opts *o) {
         fprintf(stderr, "error: give either -c or --kv-cache-gb, not both\n");
         bad = 1;
     }
+    if (!bad && (o->sparse_profile || o->sparse_adapt) && !o->sparse_topk) {
+        fprintf(stderr, "error: --sparse-profile and --sparse-adapt need --sparse-topk\n");
+        bad = 1;
+    }
     return !bad;
+}
+
+/* Context parameters from the options; n_ctx stays 0 unless -c was given (and
+ * kv_cache_gb unless --kv-cache-gb), for the caller to choose. */
+static ellm_context_params run_context_params(const run_opts *o) {
+    ellm_context_params cp = ellm_context_default_params();
+    cp.kv_type = o->kv_f32 ? ELLM_KV_F32 : ELLM_KV_F16;
+    cp.n_threads = (int)o->threads;
+    if (o->batch) cp.n_batch = (int)o->batch;
+    cp.n_ctx = (int)o->ctx;
+    cp.kv_cache_gb = o->kv_gb;
+    cp.sparse_topk = (int)o->sparse_topk;
+    cp.sparse_window = (int)o->sparse_window;
+    cp.sparse_sink_blocks = (int)o->sparse_sink;
+    cp.sparse_dense_layers = (int)o->sparse_dense;
+    cp.sparse_recall_every = (int)(o->sparse_recall >= 0 ? o->sparse_recall : (o->stats || o->sparse_adapt) ? 64 : 0);
+    cp.sparse_adapt = o->sparse_adapt;
+    return cp;
+}
+
+/* Makes the context and loads the sparse profile if one was given; prints why on failure. */
+static ellm_context *run_context_init(ellm_model *model, const run_opts *o, const ellm_context_params *cp) {
+    ellm_error err = {0};
+    ellm_context *ctx = NULL;
+    if (ellm_context_init(model, cp, &ctx, &err) != ELLM_OK ||
+        (o->sparse_profile && ellm_context_load_sparse_profile(ctx, o->sparse_profile, &err) != ELLM_OK)) {
+        fprintf(stderr, "error: %s\n", err.msg);
+        ellm_context_free(ctx);
+        return NULL;
+    }
+    return ctx;
 }
 
 /* Status line on stderr: tokens, tokens/s, context used. */
@@ -163,14 +198,12 @@ static void status_line(int generated, int n_predict, double tps, int pos, int n
 static int starts_with_bos(const ellm_model *model, const char *text) {
     int32_t bos = ellm_token_bos(model);
     if (bos < 0) return 0;
-    int32_t ids[4];
     int n = 0;
     ellm_error err;
     /* tokenize a prefix with special parsing and see whether BOS comes first */
     size_t len = strnlen(text, 64);
     int32_t buf[128];
     if (ellm_tokenize(model, text, len, 0, 1, buf, 128, &n, &err) != ELLM_OK || n == 0) return 0;
-    (void)ids;
     return buf[0] == bos;
 }
 
@@ -181,18 +214,16 @@ static int run_chat(ellm_model *model, const run_opts *o) {
     ellm_error err = {0};
     ellm_model_info info;
     ellm_model_get_info(model, &info);
-    ellm_context_params cp = ellm_context_default_params();
-    cp.kv_type = o->kv_f32 ? ELLM_KV_F32 : ELLM_KV_F16;
-    cp.n_threads = (int)o->threads;
-    cp.n_ctx = o->ctx ? (int)o->ctx : info.n_ctx_train;
-    cp.sparse_topk = (int)o->sparse_topk;
-    ellm_context *ctx = NULL;
+    ellm_context_params cp = run_context_params(o);
+    if (!cp.n_ctx && !(cp.kv_cache_gb > 0)) cp.n_ctx = info.n_ctx_train;
+    ellm_context *ctx = run_context_init(model, o, &cp);
     ellm_sampler *sampler = NULL;
     ellm_chat_message *msgs = NULL;
     int32_t *fed = NULL, *ids = NULL;
     int n_msgs = 0, n_fed = 0, rc = 1;
     char line[16384];
-    if (ellm_context_init(model, &cp, &ctx, &err) != ELLM_OK || ellm_sampler_init(&o->sp, info.n_vocab, &sampler, &err) != ELLM_OK) {
+    if (!ctx) goto out;
+    if (ellm_sampler_init(&o->sp, info.n_vocab, &sampler, &err) != ELLM_OK) {
         fprintf(stderr, "error: %s\n", err.msg);
         goto out;
     }
@@ -353,25 +384,8 @@ int cmd_run(int argc, char **argv) {
         ids[n_prompt++] = ellm_token_bos(model);
     }
     long need = n_prompt + o.n_predict;
-    ellm_context_params cp = ellm_context_default_params();
-    cp.kv_type = o.kv_f32 ? ELLM_KV_F32 : ELLM_KV_F16;
-    cp.n_threads = (int)o.threads;
-    if (o.batch) cp.n_batch = (int)o.batch;
-    cp.sparse_topk = (int)o.sparse_topk;
-    cp.sparse_window = (int)o.sparse_window;
-    cp.sparse_sink_blocks = (int)o.sparse_sink;
-    cp.sparse_dense_layers = (int)o.sparse_dense;
-    cp.sparse_recall_every = (int)(o.sparse_recall >= 0 ? o.sparse_recall : (o.stats || o.sparse_adapt) ? 64 : 0);
-    cp.sparse_adapt = o.sparse_adapt;
-    if ((o.sparse_profile || o.sparse_adapt) && !o.sparse_topk) {
-        fprintf(stderr, "error: --sparse-profile and --sparse-adapt need --sparse-topk\n");
-        goto done;
-    }
-    if (o.ctx) {
-        cp.n_ctx = (int)o.ctx;
-    } else if (o.kv_gb > 0) {
-        cp.kv_cache_gb = o.kv_gb;
-    } else {
+    ellm_context_params cp = run_context_params(&o);
+    if (!o.ctx && !(o.kv_gb > 0)) {
         if (need > info.n_ctx_train) {
             fprintf(stderr,
                     "error: the prompt (%d tokens) plus -n %ld is %ld tokens, more than the model's "
@@ -381,14 +395,7 @@ int cmd_run(int argc, char **argv) {
         }
         cp.n_ctx = (int)need;
     }
-    if (ellm_context_init(model, &cp, &ctx, &err) != ELLM_OK) {
-        fprintf(stderr, "error: %s\n", err.msg);
-        goto done;
-    }
-    if (o.sparse_profile && ellm_context_load_sparse_profile(ctx, o.sparse_profile, &err) != ELLM_OK) {
-        fprintf(stderr, "error: %s\n", err.msg);
-        goto done;
-    }
+    if (!(ctx = run_context_init(model, &o, &cp))) goto done;
     int n_ctx = ellm_context_n_ctx(ctx);
     if (need > n_ctx) {
         fprintf(stderr,
