@@ -8,31 +8,14 @@
 #include "core/fp16.h"
 #include "kernels/quant.h"
 
+#include "kernels/vec_exp.h"
+
 #include <immintrin.h>
 #include <math.h>
 #include <string.h>
 
 #define ALWAYS_INLINE inline __attribute__((always_inline))
 
-/* e^x for x <= 0 (Cephes polynomial, ~1 ulp). Inputs below -87.3 give
- * ~1e-38 instead of 0, which no softmax sum can notice. */
-static ALWAYS_INLINE __m256 exp_ps(__m256 x) {
-    x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
-    y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    __m256i e = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127));
-    e = _mm256_slli_epi32(e, 23); /* 2^n as float bits */
-    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
-}
 
 /* Rows [0, n) of a block (row stride hd, F16 or F32) to F32 rows of stride hdp,
  * zero-padding lanes [hd, hdp); prefetches the same bytes of `next`. */

@@ -15,27 +15,13 @@
 #include "attention/attention_internal.h"
 #include "kernels/quant.h"
 
+#include "kernels/vec_exp.h"
+
 #include <immintrin.h>
 #include <math.h>
 
 #define ALWAYS_INLINE inline __attribute__((always_inline))
 
-/* e^x for x <= 0 (Cephes polynomial, ~1 ulp); underflows to 0 below ~-104. */
-static ALWAYS_INLINE __m512 exp_ps(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 y = _mm512_set1_ps(1.9875691500e-4f);
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
-    y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    return _mm512_scalef_ps(y, n);
-}
 
 static ALWAYS_INLINE __mmask16 tail_mask(int n) { return (__mmask16)((1u << n) - 1); }
 
@@ -228,13 +214,13 @@ static ALWAYS_INLINE float softmax_row(float *s, int nv, int nk, float *m, float
     const __m512 mn = _mm512_set1_ps(m_new);
     __m512 vs = _mm512_setzero_ps();
     for (j = 0; j + 16 <= nv; j += 16) {
-        __m512 e = exp_ps(_mm512_sub_ps(_mm512_loadu_ps(s + j), mn));
+        __m512 e = exp512(_mm512_sub_ps(_mm512_loadu_ps(s + j), mn));
         _mm512_storeu_ps(s + j, e);
         vs = _mm512_add_ps(vs, e);
     }
     if (j < nv) {
         __m512 x = _mm512_sub_ps(_mm512_maskz_loadu_ps(tm, s + j), mn);
-        __m512 e = _mm512_maskz_mov_ps(tm, exp_ps(x));
+        __m512 e = _mm512_maskz_mov_ps(tm, exp512(x));
         _mm512_mask_storeu_ps(s + j, tm, e);
         vs = _mm512_add_ps(vs, e);
     }

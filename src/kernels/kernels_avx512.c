@@ -23,26 +23,6 @@ enum { MM_NB = 8 }; /* activation rows per register tile (32 vector registers) *
 
 INLINE __mmask16 tail16(int64_t n) { return (__mmask16)((1u << n) - 1); }
 
-/* e^x within ~2 ulp of expf for x in [-87.3, 88]; 0 below (where expf is
- * subnormal or 0), e^88 above; NaN stays NaN. x = n ln2 + r, e^r by a
- * degree-7 polynomial, scaled by 2^n with vscalefps. */
-INLINE __m512 exp512(__m512 x) {
-    const __m512 lo = _mm512_set1_ps(-87.33654f), hi = _mm512_set1_ps(88.0f);
-    __mmask16 keep = _mm512_cmp_ps_mask(x, lo, _CMP_NLT_UQ);
-    x = _mm512_min_ps(hi, _mm512_max_ps(lo, x));
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    return _mm512_maskz_mov_ps(keep, _mm512_scalef_ps(p, n));
-}
 
 /* ---- activation preparation (bit-identical to kern_act_q8*_row_ref) ---- */
 
