@@ -63,6 +63,32 @@ int arg_u64(const char *flag, const char *s, uint64_t *out) {
     return 1;
 }
 
+int arg_kv_type(const char *flag, const char *s, int *f32) {
+    if (!strcmp(s, "f16") || !strcmp(s, "f32")) {
+        *f32 = !strcmp(s, "f32");
+        return 1;
+    }
+    fprintf(stderr, "error: %s expects f16 or f32, got '%s'\n", flag, s);
+    return 0;
+}
+
+int arg_int_list(const char *flag, const char *s, long lo, long hi, int *out, int max) {
+    int n = 0;
+    char *dup = strdup(s), *save = NULL;
+    if (!dup) return -1;
+    for (char *p = strtok_r(dup, ",", &save); p; p = strtok_r(NULL, ",", &save)) {
+        long v;
+        if (n == max || !arg_int(flag, p, lo, hi, &v)) {
+            if (n == max) fprintf(stderr, "error: %s: at most %d values\n", flag, max);
+            free(dup);
+            return -1;
+        }
+        out[n++] = (int)v;
+    }
+    free(dup);
+    return n;
+}
+
 char *cli_read_file(const char *path, size_t *size) {
     FILE *f = fopen(path, "rb");
     if (!f) {

@@ -15,6 +15,13 @@ int arg_int(const char *flag, const char *s, long lo, long hi, long *out);
 int arg_double(const char *flag, const char *s, double lo, double hi, double *out);
 int arg_u64(const char *flag, const char *s, uint64_t *out);
 
+/* Parses "f16" or "f32" for `flag` into *f32 (0 or 1); prints why and
+ * returns 0 otherwise. */
+int arg_kv_type(const char *flag, const char *s, int *f32);
+/* Parses a comma-separated list of integers in [lo, hi] into out (at most
+ * max); returns the count, or -1 after printing why. */
+int arg_int_list(const char *flag, const char *s, long lo, long hi, int *out, int max);
+
 /* Reads a whole file (NUL-terminated); returns NULL and prints why on error. */
 char *cli_read_file(const char *path, size_t *size);
 

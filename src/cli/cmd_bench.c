@@ -48,22 +48,6 @@ static void bench_usage(FILE *f) {
             "  --json                  machine-readable output\n");
 }
 
-static int parse_list(const char *flag, const char *s, int *out, int max) {
-    int n = 0;
-    char *dup = strdup(s), *save = NULL;
-    for (char *p = strtok_r(dup, ",", &save); p; p = strtok_r(NULL, ",", &save)) {
-        long v;
-        if (n == max || !arg_int(flag, p, 0, 1L << 30, &v)) {
-            if (n == max) fprintf(stderr, "error: %s: at most %d values\n", flag, max);
-            free(dup);
-            return -1;
-        }
-        out[n++] = (int)v;
-    }
-    free(dup);
-    return n;
-}
-
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
@@ -144,16 +128,12 @@ int cmd_bench(int argc, char **argv) {
         else if (arg_value(argc, argv, &i, "--synthetic-from", NULL, &v, &bad))
             bad = !v || !arg_int(a, v, 0, 1L << 30, &synth_from);
         else if (arg_value(argc, argv, &i, "--depths", NULL, &v, &bad))
-            bad = !v || (n_depths = parse_list(a, v, depths, MAX_POINTS)) <= 0;
+            bad = !v || (n_depths = arg_int_list(a, v, 0, 1L << 30, depths, MAX_POINTS)) <= 0;
         else if (arg_value(argc, argv, &i, "--prefill", NULL, &v, &bad))
-            bad = !v || (n_prefills = parse_list(a, v, prefills, 16)) < 0;
-        else if (arg_value(argc, argv, &i, "--kv-type", NULL, &v, &bad)) {
-            if (v && (!strcmp(v, "f32") || !strcmp(v, "f16"))) kv_f32 = !strcmp(v, "f32");
-            else if (v) {
-                fprintf(stderr, "error: --kv-type expects f16 or f32, got '%s'\n", v);
-                bad = 1;
-            }
-        } else {
+            bad = !v || (n_prefills = arg_int_list(a, v, 0, 1L << 30, prefills, 16)) < 0;
+        else if (arg_value(argc, argv, &i, "--kv-type", NULL, &v, &bad))
+            bad = !v || !arg_kv_type(a, v, &kv_f32);
+        else {
             fprintf(stderr, "error: unknown option '%s' (see ellm bench --help)\n", a);
             bad = 1;
         }

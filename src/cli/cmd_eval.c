@@ -356,20 +356,14 @@ done:
 int cmd_calibrate(int argc, char **argv) {
     eval_opts o;
     if (!parse_common(argc, argv, &o, 1)) return 2;
-    int budgets[32], nb = 0;
-    {
-        char buf[256], *save = NULL;
-        snprintf(buf, sizeof buf, "%s", o.budgets);
-        for (char *p = strtok_r(buf, ",", &save); p; p = strtok_r(NULL, ",", &save)) {
-            long v;
-            if (nb == 32 || !arg_int("--budgets", p, 1, 1 << 24, &v)) return 2;
-            if (nb && v <= budgets[nb - 1]) {
-                fprintf(stderr, "error: --budgets must be increasing\n");
-                return 2;
-            }
-            budgets[nb++] = (int)v;
+    int budgets[32];
+    int nb = arg_int_list("--budgets", o.budgets, 1, 1 << 24, budgets, 32);
+    if (nb < 1) return 2;
+    for (int b = 1; b < nb; b++)
+        if (budgets[b] <= budgets[b - 1]) {
+            fprintf(stderr, "error: --budgets must be increasing\n");
+            return 2;
         }
-    }
     ellm_model *model = NULL;
     ellm_context *ctx = NULL;
     int32_t *ids = NULL;

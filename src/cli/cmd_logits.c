@@ -66,13 +66,9 @@ int cmd_logits(int argc, char **argv) {
             bad = !v || !arg_int(a, v, 1, 1024, &threads);
         else if (arg_value(argc, argv, &i, "--batch-size", "-b", &v, &bad))
             bad = !v || !arg_int(a, v, 1, 1 << 20, &batch);
-        else if (arg_value(argc, argv, &i, "--kv-type", NULL, &v, &bad)) {
-            if (v && (!strcmp(v, "f32") || !strcmp(v, "f16"))) kv_f32 = !strcmp(v, "f32");
-            else if (v) {
-                fprintf(stderr, "error: --kv-type expects f16 or f32, got '%s'\n", v);
-                bad = 1;
-            }
-        } else {
+        else if (arg_value(argc, argv, &i, "--kv-type", NULL, &v, &bad))
+            bad = !v || !arg_kv_type(a, v, &kv_f32);
+        else {
             fprintf(stderr, "error: unknown option '%s' (see ellm logits --help)\n", a);
             bad = 1;
         }

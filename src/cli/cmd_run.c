@@ -116,14 +116,9 @@ static int parse(int argc, char **argv, run_opts *o) {
             bad = !v || !arg_int(a, v, 1, 1 << 16, &o->batch);
         else if (arg_value(argc, argv, &i, "--kv-cache-gb", NULL, &v, &bad))
             bad = !v || !arg_double(a, v, 1e-6, 1e6, &o->kv_gb);
-        else if (arg_value(argc, argv, &i, "--kv-type", NULL, &v, &bad)) {
-            if (v && !strcmp(v, "f32")) o->kv_f32 = 1;
-            else if (v && !strcmp(v, "f16")) o->kv_f32 = 0;
-            else if (v) {
-                fprintf(stderr, "error: --kv-type expects f16 or f32, got '%s'\n", v);
-                bad = 1;
-            }
-        } else if (arg_value(argc, argv, &i, "--temp", NULL, &v, &bad)) {
+        else if (arg_value(argc, argv, &i, "--kv-type", NULL, &v, &bad))
+            bad = !v || !arg_kv_type(a, v, &o->kv_f32);
+        else if (arg_value(argc, argv, &i, "--temp", NULL, &v, &bad)) {
             if (!(bad = !v || !arg_double(a, v, 0, 100, &d))) o->sp.temperature = (float)d;
         } else if (arg_value(argc, argv, &i, "--top-k", NULL, &v, &bad)) {
             if (!(bad = !v || !arg_int(a, v, 0, 1 << 30, &n))) o->sp.top_k = (int)n;
