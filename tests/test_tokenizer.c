@@ -2,6 +2,7 @@
  * the prompts of the test models, detokenization round trips and streaming,
  * special tokens, invalid input and malformed metadata, and a speed run. */
 #include "harness.h"
+#include "vocab_vectors.h"
 
 #include "model/gguf.h"
 #include "tokenizer/tokenizer.h"
@@ -10,18 +11,12 @@
 #include <string.h>
 #include <time.h>
 
-static char path_buf[1024];
-
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-static const char *data_path(const char *rel) {
-    snprintf(path_buf, sizeof(path_buf), "%s/%s", test_data_dir(), rel);
-    return path_buf;
-}
 
 /* The evaluation model lives in models/ at the top of the tree. */
 static const char *eval_model_path(void) {
@@ -86,27 +81,10 @@ static char *detok_all(const tokenizer *t, const int32_t *ids, int n, size_t *le
     return s;
 }
 
-/* Parses whitespace-separated ids of one line into a malloc'ed array. */
-static int32_t *parse_ids(const char *line, size_t len, int *n) {
-    int32_t *ids = malloc((len / 2 + 2) * sizeof(int32_t));
-    int k = 0;
-    size_t i = 0;
-    while (i < len) {
-        while (i < len && (line[i] == ' ' || line[i] == '\r')) i++;
-        if (i >= len) break;
-        long v = 0;
-        while (i < len && line[i] >= '0' && line[i] <= '9') v = v * 10 + (line[i++] - '0');
-        ids[k++] = (int32_t)v;
-        while (i < len && line[i] != ' ' && (line[i] < '0' || line[i] > '9')) i++;
-    }
-    *n = k;
-    return ids;
-}
 
 /* ---- golden vectors: .inp strings separated by "\n__ggml_vocab_test__\n",
  * .out one line of ids per string (no BOS, special text not parsed) ---- */
 
-static const char *const SEP = "\n__ggml_vocab_test__\n";
 
 static void test_vocab_vectors(const char *name) {
     char rel[256];

@@ -4,6 +4,7 @@
  * streaming detokenization of byte-level pieces, special tokens, BOS, the
  * public ellm_tokenizer API, and malformed tokenizer.json files. */
 #include "harness.h"
+#include "vocab_vectors.h"
 
 #include "ellm.h"
 
@@ -16,12 +17,6 @@
 #include <time.h>
 #include <unistd.h>
 
-static char path_buf[1024];
-
-static const char *data_path(const char *rel) {
-    snprintf(path_buf, sizeof(path_buf), "%s/%s", test_data_dir(), rel);
-    return path_buf;
-}
 
 static double now_s(void) {
     struct timespec ts;
@@ -73,26 +68,10 @@ static int32_t *encode(const tokenizer *t, const char *s, size_t len, int bos, i
     return ids;
 }
 
-static int32_t *parse_ids(const char *line, size_t len, int *n) {
-    int32_t *ids = malloc((len / 2 + 2) * sizeof(int32_t));
-    int k = 0;
-    size_t i = 0;
-    while (i < len) {
-        while (i < len && (line[i] == ' ' || line[i] == '\r')) i++;
-        if (i >= len) break;
-        long v = 0;
-        while (i < len && line[i] >= '0' && line[i] <= '9') v = v * 10 + (line[i++] - '0');
-        ids[k++] = (int32_t)v;
-        while (i < len && line[i] != ' ' && (line[i] < '0' || line[i] > '9')) i++;
-    }
-    *n = k;
-    return ids;
-}
 
 /* ---- golden vectors: .inp strings separated by "\n__ggml_vocab_test__\n",
  * .out one line of ids per string (no BOS, special text not parsed) ---- */
 
-static const char *const SEP = "\n__ggml_vocab_test__\n";
 
 /* Checks every vector of the .inp file `inp_rel` against the ids of the
  * .out file `out_rel`, encoding with tokenizer `t` (labelled `via`); returns
