@@ -54,7 +54,7 @@ $(BUILD)/tests/%: $(BUILD)/tests/%.o $(LIB)
 # Benchmarks (not tests): `make bench` builds them into $(BUILD)/bench/.
 $(BUILD)/bench/%: $(BUILD)/bench/%.o $(LIB)
 	$(CC) $(CFLAGS) $^ -o $@ $(LDFLAGS) $(LDLIBS)
-bench: $(BUILD)/bench/bench_tokenizer
+bench: $(BUILD)/bench/bench_tokenizer $(BUILD)/bench/bench_sparse_attention
 
 run: deps all
 	$(BUILD)/ellm run -n 200 --stats

@@ -96,6 +96,7 @@ static ALWAYS_INLINE void qk_rows(const float *q, int hdp, const void *k, int ld
         for (int r = 0; r < NR; r++)
 #pragma GCC unroll 4
             for (int i = 0; i < 4; i++) c[r][i] = _mm512_setzero_ps();
+#pragma GCC unroll 8
         for (int d = 0; d < hd; d += 16) {
             const __mmask16 m = chunk_mask(hd, d);
             __m512 x[4];
@@ -241,8 +242,11 @@ static void prefetch_block(const char *k, const char *v, size_t bytes) {
  * instead of on the fly for every group of 4 rows. */
 #define FUSE_ROWS 8
 
-void attn_block_avx512(attn_state *st, const attn_block *b) {
-    const int G = st->group, R = st->rows, hd = st->head_dim, hdp = st->hdp, lds = st->lds;
+/* The block step, specialised by the compiler for a constant head_dim HD (64,
+ * 128: loops unrolled, masks constant) or generic (HD 0). */
+static ALWAYS_INLINE void block_step(attn_state *st, const attn_block *b, const int HD) {
+    const int G = st->group, R = st->rows, hd = HD ? HD : st->head_dim,
+              hdp = HD ? HD : st->hdp, lds = st->lds;
     const int r0 = (b->vis0 >= 1 ? 0 : 1 - b->vis0) * G; /* first row that sees a key */
     if (r0 >= R) return;
     int nk = b->vis0 + (R - 1) / G; /* keys the last row sees */
@@ -283,6 +287,14 @@ void attn_block_avx512(attn_state *st, const attn_block *b) {
     } else {
         load_rows(st->vbuf, b->v, b->type, nk, hd, hdp, b->next_v);
         pv_all(st->acc, hdp, st->s, lds, st->vbuf, hdp, hdp, r0, R, nk, 0);
+    }
+}
+
+void attn_block_avx512(attn_state *st, const attn_block *b) {
+    switch (st->head_dim) {
+    case 64: block_step(st, b, 64); break;
+    case 128: block_step(st, b, 128); break;
+    default: block_step(st, b, 0); break;
     }
 }
 
