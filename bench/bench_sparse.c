@@ -2,7 +2,7 @@
  * 32K and 128K tokens of synthetic keys (not a test).
  *
  * Shape of SmolLM2-135M: 30 layers, 3 KV heads of 3 query heads, head_dim 64,
- * blocks of 32 tokens, super-blocks of 16 blocks; budget 2048 tokens, one sink
+ * blocks of 16 tokens (as the engine), super-blocks of 16 blocks; budget 2048 tokens, one sink
  * block, a 64-token window. One step selects for every (layer, KV head) with a
  * fresh random query, on one core. Keys are i.i.d. random, the hard case for
  * the bounds: every super-block looks alike, so no search stops early and each
@@ -26,7 +26,7 @@
 #define N_KV 3
 #define GROUP 3
 #define HEAD_DIM 64
-#define BLOCK 32
+#define BLOCK 16
 #define BUDGET 2048
 #define POOL_FLOATS (1 << 22) /* random keys are windows of this pool */
 #define EVICT_BYTES (96u << 20)

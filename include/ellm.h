@@ -229,7 +229,8 @@ void ellm_context_set_sparse_adapt(ellm_context *ctx, int on);
 typedef struct {
     int64_t decode_steps;     /* forward passes */
     int64_t sparse_steps;     /* passes that used sparse attention */
-    double select_ms;         /* time spent choosing blocks */
+    double select_ms;         /* time spent choosing blocks: summed over the threads (which
+                                 choose concurrently) and divided by their number */
     double attended_tokens;   /* mean tokens read per sparse (layer, KV head) */
     double index_bytes_read;  /* summary bytes read choosing blocks */
     double index_flat_bytes;  /* ... a flat per-block scan would have read */

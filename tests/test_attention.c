@@ -10,6 +10,7 @@
 #include "harness.h"
 #include "kernels/quant.h"
 
+#include <stdatomic.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -532,6 +533,96 @@ static void test_sparse(void) {
     kv_cache_free(kv);
 }
 
+/* attention_forward_select: lists handed out by a callback. */
+typedef struct {
+    const int32_t *lists; /* n_kv x max_blocks */
+    const int *n;
+    int max_blocks, nth;
+    atomic_int calls[8];
+    int bad_thread;
+} select_fixture;
+
+static void fixture_select(void *arg, int h, int thread, int32_t *blocks, int *n_blocks) {
+    select_fixture *f = arg;
+    atomic_fetch_add(&f->calls[h], 1);
+    if (thread < 0 || thread >= f->nth) f->bad_thread = 1;
+    memcpy(blocks, f->lists + (size_t)h * f->max_blocks, (size_t)f->n[h] * sizeof *blocks);
+    *n_blocks = f->n[h];
+}
+
+static void test_select(void) {
+    /* 3 KV heads of 3 query heads; lists long enough to be cut into several
+     * parts (up to 16 parts of >= 16 blocks), one short list, one of one block. */
+    const int n_kv = 3, n_head = 9, hd = 64, bt = 16, len = 16 * 600 + 9, max_blocks = 640;
+    const int nb = (len + bt - 1) / bt;
+    kv_cache *kv = make_cache(1, n_kv, hd, len, bt, QTYPE_F32); /* as sparse_ref reads it */
+    if (!kv) return;
+    fill_cache(kv, len);
+    const int max_q = 20;
+    float *q = malloc((size_t)max_q * n_head * hd * sizeof(float));
+    float *out = malloc((size_t)max_q * n_head * hd * sizeof(float));
+    float *first = malloc((size_t)max_q * n_head * hd * sizeof(float));
+    float *ref = malloc((size_t)max_q * n_head * hd * sizeof(float));
+    fill(q, (size_t)max_q * n_head * hd, 4.0f);
+    int32_t *lists = malloc((size_t)n_kv * max_blocks * sizeof *lists);
+    int32_t *got = malloc((size_t)n_kv * max_blocks * sizeof *got);
+    int n_list[3] = {0, 0, 1};
+    /* head 0: every other block and the last (301 blocks: 16 parts of 19),
+     * head 1: 40 blocks (3 parts), head 2: the last block only. */
+    for (int b = 0; b < nb; b += 2) lists[n_list[0]++] = b;
+    if (lists[n_list[0] - 1] != nb - 1) lists[n_list[0]++] = nb - 1;
+    for (int i = 0; i < 40; i++) lists[max_blocks + n_list[1]++] = i * 15;
+    lists[2 * max_blocks] = nb - 1;
+    attention_workspace *ws = NULL;
+    ellm_error err;
+    CHECK(attention_workspace_init(MAX_THREADS, max_q, n_head, hd, len, bt, &ws, &err) == ELLM_OK,
+          "workspace: %s", err.msg);
+    const int n_qs[] = {1, 3, 16, 20}; /* 20: two tiles, the select-then-attend path */
+    for (int qi = 0; ws && qi < 4; qi++) {
+        const int n_q = n_qs[qi];
+        attention_args a = {kv, 0, n_q, len - n_q, n_head, q, ref, 0.125f};
+        pool_release();
+        sparse_ref(&a, lists, n_list, max_blocks);
+        a.out = out;
+        for (ellm_isa isa = ELLM_ISA_SCALAR; isa <= g_best; isa++) {
+            ellm_cpu_set_isa(isa);
+            for (int nt = 1; nt <= MAX_THREADS; nt++) {
+                select_fixture f = {lists, n_list, max_blocks, nt, {0}, 0};
+                memset(got, 0xff, (size_t)n_kv * max_blocks * sizeof *got);
+                int got_n[3] = {-1, -1, -1};
+                attention_forward_select(&a, fixture_select, &f, got, got_n, max_blocks, ws, pool_of(nt));
+                int once = 1, same = 1;
+                for (int h = 0; h < n_kv; h++) {
+                    once &= atomic_load(&f.calls[h]) == 1;
+                    same &= got_n[h] == n_list[h] &&
+                            !memcmp(got + (size_t)h * max_blocks, lists + (size_t)h * max_blocks,
+                                    (size_t)n_list[h] * sizeof *got);
+                }
+                CHECK(once && !f.bad_thread, "n_q %d %s threads %d: select called once per head on a pool thread",
+                      n_q, ellm_isa_str(isa), nt);
+                CHECK(same, "n_q %d threads %d: lists not returned", n_q, nt);
+                double e = max_rel_err(out, ref, (size_t)n_q * n_head * hd);
+                CHECK(e < 1e-5, "select n_q %d %s threads %d: error %g", n_q, ellm_isa_str(isa), nt, e);
+                /* One tile: parts merge in a fixed order, the same bits whatever
+                 * the threads (two tiles split statically, by thread count). */
+                if (nt == 1) memcpy(first, out, (size_t)n_q * n_head * hd * sizeof(float));
+                else if (n_q <= 16)
+                    CHECK(!memcmp(first, out, (size_t)n_q * n_head * hd * sizeof(float)),
+                          "select n_q %d %s: %d threads differ from 1", n_q, ellm_isa_str(isa), nt);
+            }
+        }
+        ellm_cpu_set_isa(g_best);
+    }
+    attention_workspace_free(ws);
+    free(q);
+    free(out);
+    free(first);
+    free(ref);
+    free(lists);
+    free(got);
+    kv_cache_free(kv);
+}
+
 /* Decode at depth with a single KV head: with 2 and 3 threads the one segment
  * is cut between threads and merged, and must match 1 thread. */
 static void test_single_head_split(void) {
@@ -567,6 +658,7 @@ int main(void) {
     test_reference();
     test_truncation();
     test_sparse();
+    test_select();
     test_single_head_split();
     test_attention_matrix();
     threadpool_free(g_pool);

@@ -11,7 +11,12 @@
  * leaves one partial (m, l, acc) per thread in a per-thread slot, and the last
  * thread to finish it (an atomic arrival count) merges the partials with a
  * log-sum-exp reduction. No barrier, one threadpool_run per call. A thread's
- * range cuts at most its first and its last segment, hence two slots per thread. */
+ * range cuts at most its first and its last segment, hence two slots per thread.
+ *
+ * attention_forward_select (sparse decode) cannot cut the work in advance: the
+ * block lists come from the selection in the same job. There, threads take
+ * units from a shared counter -- each head's selection, then parts of each
+ * head's list -- and a head's parts are merged by whichever finishes last. */
 #include "attention/attention.h"
 #include "attention/attention_internal.h"
 #include "core/cpu.h"
@@ -40,7 +45,19 @@ struct attention_workspace {
     float *mem;           /* n_threads x (thread_floats + 2 * slot_floats), 64-byte aligned */
     long *seg_start;      /* max_seg + 1: first unit of each segment, then the total */
     atomic_int *arrived;  /* max_seg: threads done with each cut segment */
+    /* attention_forward_select */
+    atomic_int next_unit; /* the next unit of work to take */
+    atomic_int *sel_done; /* max_seg: generation of the call whose selection is done */
+    int gen;              /* generation of the current call */
+    float *chunk_mem;     /* SELECT_CHUNKS partials of every head, see chunk_slot() */
 };
+
+/* attention_forward_select cuts a head's block list into at most SELECT_CHUNKS
+ * parts of at least SELECT_MIN_CHUNK blocks (parts are taken by whichever
+ * thread is free, so they are small enough to balance the threads and large
+ * enough for the prefetch to run ahead). */
+#define SELECT_CHUNKS 16
+#define SELECT_MIN_CHUNK 16
 
 static size_t round16(size_t n) { return (n + 15) & ~(size_t)15; }
 
@@ -80,7 +97,14 @@ ellm_status attention_workspace_init(int n_threads, int max_q, int n_head, int h
     ws->mem = mem;
     ws->seg_start = calloc((size_t)ws->max_seg + 1, sizeof *ws->seg_start);
     ws->arrived = calloc((size_t)ws->max_seg, sizeof *ws->arrived);
-    if (!ws->mem || !ws->seg_start || !ws->arrived) {
+    ws->sel_done = calloc((size_t)ws->max_seg, sizeof *ws->sel_done);
+    /* The rows of all heads of one tile are at most rows_pad; each head's
+     * partial is padded by < 16 floats per m and l. */
+    size_t chunk_floats = SELECT_CHUNKS * (2 * rp + 32 * (size_t)n_head + rp * hdp);
+    void *cmem = NULL;
+    if (posix_memalign(&cmem, 64, chunk_floats * sizeof(float)) != 0) cmem = NULL;
+    ws->chunk_mem = cmem;
+    if (!ws->mem || !ws->seg_start || !ws->arrived || !ws->sel_done || !ws->chunk_mem) {
         attention_workspace_free(ws);
         return ellm_fail(err, ELLM_ERR_NOMEM, "attention workspace: cannot allocate %.1f MB",
                          (double)floats * sizeof(float) / 1e6);
@@ -96,6 +120,8 @@ void attention_workspace_free(attention_workspace *ws) {
     free(ws->mem);
     free(ws->seg_start);
     free(ws->arrived);
+    free((void *)ws->sel_done);
+    free(ws->chunk_mem);
     free(ws);
 }
 
@@ -111,6 +137,12 @@ typedef struct {
     size_t half_bytes; /* bytes of a block's K (or V) */
     int n_kv, group, n_tiles, n_seg;
     long total; /* units (blocks) over all segments */
+    /* attention_forward_select */
+    attention_select_fn select;
+    void *select_arg;
+    int32_t *sel_blocks;
+    int *sel_n;
+    int n_blocks_cache; /* kv_cache_n_blocks */
 } attn_job;
 
 /* Scratch of thread ith: m, l and acc are its own for whole segments. */
@@ -262,17 +294,13 @@ static void write_out(const attn_job *J, const attn_state *st, int s) {
     }
 }
 
-/* Log-sum-exp merge of the partials of threads [t_lo, t_hi] for segment s:
- * out = sum_t e_t acc_t / sum_t e_t l_t with e_t = exp(m_t - max m). Threads
- * are visited in order, so the result does not depend on who merges. */
-static void merge_seg(const attn_job *J, int s, int t_lo, int t_hi, int nth) {
+/* Log-sum-exp merge of np partials of segment s, each m[rp], l[rp] then
+ * acc[rows][hdp] from slots[i]: out = sum_i e_i acc_i / sum_i e_i l_i with
+ * e_i = exp(m_i - max m). Partials are visited in order, so the result does not
+ * depend on who merges. */
+static void merge_slots(const attn_job *J, int s, const float *const *slots, int np, size_t rp) {
     const attention_workspace *ws = J->ws;
-    const size_t rp = (size_t)ws->rows_pad;
     const int rows = seg_rows(J, s), hd = J->hd;
-    const float *slots[1024];
-    int np = 0;
-    for (int t = t_lo; t <= t_hi; t++)
-        slots[np++] = slot_ptr(ws, t, first_seg_of_thread(J, t, nth) == s ? 0 : 1);
     for (int r = 0; r < rows; r++) {
         float mx = -INFINITY;
         for (int i = 0; i < np; i++)
@@ -292,6 +320,15 @@ static void merge_seg(const attn_job *J, int s, int t_lo, int t_hi, int nth) {
         float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
         for (int d = 0; d < hd; d++) dst[d] *= inv;
     }
+}
+
+/* Merges the partials of threads [t_lo, t_hi] for segment s, in thread order. */
+static void merge_seg(const attn_job *J, int s, int t_lo, int t_hi, int nth) {
+    const float *slots[1024];
+    int np = 0;
+    for (int t = t_lo; t <= t_hi; t++)
+        slots[np++] = slot_ptr(J->ws, t, first_seg_of_thread(J, t, nth) == s ? 0 : 1);
+    merge_slots(J, s, slots, np, (size_t)J->ws->rows_pad);
 }
 
 static void attn_worker(void *arg, int ith, int nth) {
@@ -333,8 +370,8 @@ static const attn_block_fn block_fns[] = {
     [ELLM_ISA_AVX512] = attn_block_avx512,
 };
 
-static void attention_run(const attention_args *a, const int32_t *blocks, const int *n_blocks,
-                          int max_blocks, attention_workspace *ws, threadpool *pool) {
+/* Checks the call against the workspace and fills the job's shapes. */
+static void job_init(attn_job *J, const attention_args *a, attention_workspace *ws, threadpool *pool) {
     const kv_cache_params *p = kv_cache_get_params(a->kv);
     int nth = pool ? threadpool_size(pool) : 1;
     ELLM_ASSERT(nth <= ws->n_threads);
@@ -343,22 +380,28 @@ static void attention_run(const attention_args *a, const int32_t *blocks, const 
     ELLM_ASSERT(a->layer >= 0 && a->layer < p->n_layer);
     ELLM_ASSERT(a->n_head <= ws->n_head && a->n_head % p->n_kv_head == 0);
     ELLM_ASSERT(p->head_dim == ws->head_dim && p->block_tokens <= ws->block_tokens);
+    memset(J, 0, sizeof *J);
+    J->a = a;
+    J->ws = ws;
+    J->fn = block_fns[ellm_cpu_isa()];
+    J->hd = p->head_dim;
+    J->bt = p->block_tokens;
+    J->type = p->type;
+    J->half_bytes = (size_t)p->block_tokens * (size_t)p->head_dim * (p->type == QTYPE_F16 ? 2 : 4);
+    J->n_kv = p->n_kv_head;
+    J->group = a->n_head / p->n_kv_head;
+    J->n_tiles = (a->n_q + ATTN_TILE_Q - 1) / ATTN_TILE_Q;
+    J->n_seg = J->n_kv * J->n_tiles;
+    J->n_blocks_cache = kv_cache_n_blocks(a->kv);
+    ELLM_ASSERT(J->n_seg <= ws->max_seg);
+}
 
+static void attention_run(const attention_args *a, const int32_t *blocks, const int *n_blocks,
+                          int max_blocks, attention_workspace *ws, threadpool *pool) {
     attn_job J;
-    J.a = a;
-    J.ws = ws;
-    J.fn = block_fns[ellm_cpu_isa()];
+    job_init(&J, a, ws, pool);
     J.blocks = blocks;
     J.max_blocks = max_blocks;
-    J.hd = p->head_dim;
-    J.bt = p->block_tokens;
-    J.type = p->type;
-    J.half_bytes = (size_t)p->block_tokens * (size_t)p->head_dim * (p->type == QTYPE_F16 ? 2 : 4);
-    J.n_kv = p->n_kv_head;
-    J.group = a->n_head / p->n_kv_head;
-    J.n_tiles = (a->n_q + ATTN_TILE_Q - 1) / ATTN_TILE_Q;
-    J.n_seg = J.n_kv * J.n_tiles;
-    ELLM_ASSERT(J.n_seg <= ws->max_seg);
 
     long total = 0;
     for (int s = 0; s < J.n_seg; s++) {
@@ -392,6 +435,117 @@ void attention_forward_blocks(const attention_args *a, const int32_t *blocks, co
                         blocks[(size_t)h * max_blocks + i] < nb);
     }
     attention_run(a, blocks, n_blocks, max_blocks, ws, pool);
+}
+
+/* ---- selection and attention in one job ---------------------------------- */
+
+static void check_blocks(const int32_t *list, int n, int max_blocks, int n_blocks_cache) {
+    ELLM_ASSERT(n >= 1 && n <= max_blocks);
+    for (int i = 0; i < n; i++) ELLM_ASSERT(list[i] >= 0 && list[i] < n_blocks_cache);
+}
+
+/* Blocks per part of a head whose list holds n blocks. */
+static int chunk_blocks(int n) {
+    int c = (n + SELECT_CHUNKS - 1) / SELECT_CHUNKS;
+    return c > SELECT_MIN_CHUNK ? c : SELECT_MIN_CHUNK;
+}
+
+/* Partial of part c of head h: m[rp], l[rp], acc[rows][hdp], rp the head's rows
+ * rounded up to 16 (one tile, so heads have equal rows). */
+static float *chunk_slot(const attn_job *J, int h, int c, size_t *rp) {
+    const size_t rows = (size_t)seg_rows(J, h);
+    *rp = round16(rows);
+    size_t per = 2 * *rp + rows * (size_t)J->ws->hdp;
+    return J->ws->chunk_mem + ((size_t)c * (size_t)J->n_kv + (size_t)h) * per;
+}
+
+/* Units, taken in order by whichever thread is free: first the selection of
+ * each KV head, then SELECT_CHUNKS parts per head (those past the head's list
+ * are empty). A part waits until its head's selection is published; selections
+ * come first and never wait, so the wait always ends. The last part of a head
+ * to finish merges the head's partials in part order, so the output does not
+ * depend on the threads' timing. */
+static void select_worker(void *arg, int ith, int nth) {
+    attn_job *J = arg;
+    attention_workspace *ws = J->ws;
+    const attn_state own = thread_state(J, ith);
+    (void)nth;
+    for (;;) {
+        int u = atomic_fetch_add_explicit(&ws->next_unit, 1, memory_order_relaxed);
+        if (u < J->n_kv) {
+            int32_t *list = J->sel_blocks + (size_t)u * J->max_blocks;
+            J->select(J->select_arg, u, ith, list, &J->sel_n[u]);
+            check_blocks(list, J->sel_n[u], J->max_blocks, J->n_blocks_cache);
+            atomic_store_explicit(&ws->sel_done[u], ws->gen, memory_order_release);
+            continue;
+        }
+        u -= J->n_kv;
+        if (u >= J->n_kv * SELECT_CHUNKS) return;
+        const int h = u / SELECT_CHUNKS, c = u % SELECT_CHUNKS;
+        while (atomic_load_explicit(&ws->sel_done[h], memory_order_acquire) != ws->gen)
+            __builtin_ia32_pause();
+        const int n = J->sel_n[h], cb = chunk_blocks(n), n_chunks = (n + cb - 1) / cb;
+        if (c >= n_chunks) continue;
+        const long kb = (long)c * cb, ke = kb + cb < n ? kb + cb : n;
+        attn_state st = own;
+        if (n_chunks == 1) {
+            run_part(J, &st, h, kb, ke);
+            write_out(J, &st, h);
+            continue;
+        }
+        size_t rp;
+        float *slot = chunk_slot(J, h, c, &rp);
+        st.m = slot;
+        st.l = slot + rp;
+        st.acc = slot + 2 * rp;
+        run_part(J, &st, h, kb, ke);
+        /* acq_rel: the last arrival sees every other part's partial. */
+        if (atomic_fetch_add_explicit(&ws->arrived[h], 1, memory_order_acq_rel) + 1 == n_chunks) {
+            const float *slots[SELECT_CHUNKS];
+            for (int i = 0; i < n_chunks; i++) slots[i] = chunk_slot(J, h, i, &rp);
+            merge_slots(J, h, slots, n_chunks, rp);
+        }
+    }
+}
+
+/* Selection on the pool's threads, then attention over the chosen blocks
+ * (batches of more than one tile, which are not the decode path). */
+typedef struct {
+    attn_job *J;
+} select_all_job;
+
+static void select_all_task(void *arg, int ith, int nth) {
+    attn_job *J = ((select_all_job *)arg)->J;
+    for (int h = ith; h < J->n_kv; h += nth) {
+        int32_t *list = J->sel_blocks + (size_t)h * J->max_blocks;
+        J->select(J->select_arg, h, ith, list, &J->sel_n[h]);
+        check_blocks(list, J->sel_n[h], J->max_blocks, J->n_blocks_cache);
+    }
+}
+
+void attention_forward_select(const attention_args *a, attention_select_fn select, void *select_arg,
+                              int32_t *blocks, int *n_blocks, int max_blocks,
+                              attention_workspace *ws, threadpool *pool) {
+    attn_job J;
+    job_init(&J, a, ws, pool);
+    J.select = select;
+    J.select_arg = select_arg;
+    J.sel_blocks = blocks;
+    J.sel_n = n_blocks;
+    J.blocks = blocks;
+    J.max_blocks = max_blocks;
+    if (J.n_tiles > 1) {
+        select_all_job sj = {&J};
+        if (pool) threadpool_run(pool, select_all_task, &sj);
+        else select_all_task(&sj, 0, 1);
+        attention_run(a, blocks, n_blocks, max_blocks, ws, pool);
+        return;
+    }
+    if (++ws->gen == 0) ws->gen = 1; /* 0 is what sel_done starts as */
+    atomic_store_explicit(&ws->next_unit, 0, memory_order_relaxed);
+    for (int h = 0; h < J.n_kv; h++) atomic_store_explicit(&ws->arrived[h], 0, memory_order_relaxed);
+    if (pool) threadpool_run(pool, select_worker, &J);
+    else select_worker(&J, 0, 1);
 }
 
 /* ---- scalar block kernel ------------------------------------------------ */

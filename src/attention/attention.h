@@ -45,6 +45,26 @@ void attention_forward(const attention_args *a, attention_workspace *ws, threadp
 void attention_forward_blocks(const attention_args *a, const int32_t *blocks, const int *n_blocks,
                               int max_blocks, attention_workspace *ws, threadpool *pool);
 
+/* Chooses the blocks of KV head kv_head (any thread of the pool may call it,
+ * `thread` being its index, for per-thread scratch or counters; calls for
+ * different heads run concurrently): writes 1 <= *n_blocks <= max_blocks
+ * block indices to blocks (the head's row of the caller's array). */
+typedef void (*attention_select_fn)(void *arg, int kv_head, int thread, int32_t *blocks,
+                                    int *n_blocks);
+
+/* attention_forward_blocks with the block lists made by `select` inside the
+ * same parallel job: for a decode or verification batch (n_q <= 16) threads
+ * take the selection of each head, then parts of the chosen blocks, as they
+ * come free, so selection is spread over the threads and a head's attention
+ * starts as soon as its own selection is done; larger batches select, then
+ * attend. blocks (n_kv_head x max_blocks) and n_blocks (n_kv_head) receive the
+ * lists. The output equals attention_forward_blocks' up to rounding; with
+ * n_q <= 16 parts are merged in a fixed order, so the bits do not depend on
+ * the number of threads or their timing. */
+void attention_forward_select(const attention_args *a, attention_select_fn select, void *select_arg,
+                              int32_t *blocks, int *n_blocks, int max_blocks,
+                              attention_workspace *ws, threadpool *pool);
+
 /* Naive reference: full score rows, softmax, PV (single thread; tests). */
 void attention_forward_ref(const attention_args *a);
 

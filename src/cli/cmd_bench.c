@@ -23,6 +23,7 @@ typedef struct {
     double bytes_per_token;
     double gbps;
     double bw_fraction;
+    double vs_empty; /* sparse: tok/s over an empty context's, timed interleaved */
 } bench_point;
 
 typedef struct {
@@ -93,6 +94,48 @@ static int time_steps(ellm_context *ctx, const int32_t *ids, int n_ctx, int d, i
     return 1;
 }
 
+/* Steps per round of time_interleaved: the first of each is not timed (the
+ * other context's pool may still be spinning down). */
+#define ROUND_STEPS 8
+
+/* Times n decode steps of ctx from depth d (as time_steps) in rounds that
+ * alternate with rounds of single steps of ctx0 at an empty context, so both
+ * see the same machine: the ratio of their medians is the flatness of decode
+ * speed with depth, robust to the load of a shared machine drifting during
+ * the run. ctx needs room for d + 1 + n + n / (ROUND_STEPS - 1) + 1 tokens. */
+static int time_interleaved(ellm_context *ctx, ellm_context *ctx0, const int32_t *ids, int n_ctx, int d,
+                            int n, double *step_ms, double *base_ms, bench_point *p) {
+    ellm_error err = {0};
+    int done = 0, pos = d;
+    while (done < n) {
+        int k = n - done < ROUND_STEPS - 1 ? n - done : ROUND_STEPS - 1;
+        for (int s = -1; s < k; s++) {
+            int32_t tok = ids[pos++ % n_ctx];
+            double t0 = ellm_time_ms();
+            if (ellm_decode(ctx, &tok, 1, NULL, &err) != ELLM_OK) goto fail;
+            if (s >= 0) step_ms[done + s] = ellm_time_ms() - t0;
+        }
+        for (int s = -1; s < k; s++) {
+            int32_t tok = ids[(done + s + 1) % n_ctx];
+            ellm_context_truncate(ctx0, 0);
+            double t0 = ellm_time_ms();
+            if (ellm_decode(ctx0, &tok, 1, NULL, &err) != ELLM_OK) goto fail;
+            if (s >= 0) base_ms[done + s] = ellm_time_ms() - t0;
+        }
+        done += k;
+    }
+    qsort(step_ms, (size_t)n, sizeof *step_ms, cmp_double);
+    qsort(base_ms, (size_t)n, sizeof *base_ms, cmp_double);
+    p->ms_median = step_ms[n / 2];
+    p->ms_min = step_ms[0];
+    p->tokens_per_s = 1000.0 / p->ms_median;
+    p->vs_empty = base_ms[n / 2] / p->ms_median;
+    return 1;
+fail:
+    fprintf(stderr, "error: %s\n", err.msg);
+    return 0;
+}
+
 /* A progress line on stderr when it is a terminal: "<what><v>". */
 static void progress(const char *what, int v) {
     if (!isatty(2)) return;
@@ -150,9 +193,9 @@ int cmd_bench(int argc, char **argv) {
 
     ellm_error err = {0};
     ellm_model *model = NULL;
-    ellm_context *ctx = NULL;
+    ellm_context *ctx = NULL, *ctx0 = NULL;
     int32_t *ids = NULL;
-    double *step_ms = NULL;
+    double *step_ms = NULL, *base_ms = NULL;
     int rc = 1;
     ellm_model_params mp = {.n_threads = (int)threads, .pin_threads = 1};
     if (ellm_model_load(model_path, &mp, &model, &err) != ELLM_OK) {
@@ -171,7 +214,8 @@ int cmd_bench(int argc, char **argv) {
     int max_prefill = 0;
     for (int i = 0; i < n_prefills; i++)
         if (prefills[i] > max_prefill) max_prefill = prefills[i];
-    int n_ctx = (max_depth > max_prefill ? max_depth : max_prefill) + (int)n_tokens + 9;
+    int n_ctx = (max_depth > max_prefill ? max_depth : max_prefill) + (int)n_tokens +
+                (int)n_tokens / (ROUND_STEPS - 1) + 9;
     ellm_context_params cp = ellm_context_default_params();
     cp.n_ctx = n_ctx;
     cp.n_threads = (int)threads;
@@ -182,10 +226,22 @@ int cmd_bench(int argc, char **argv) {
         fprintf(stderr, "error: %s\n", err.msg);
         goto done;
     }
+    if (sparse_topk > 0) {
+        /* The empty-context yardstick timed alongside the sparse points. */
+        ellm_context_params cp0 = cp;
+        cp0.n_ctx = 16;
+        cp0.n_batch = 1;
+        cp0.sparse_topk = -1;
+        if (ellm_context_init(model, &cp0, &ctx0, &err) != ELLM_OK) {
+            fprintf(stderr, "error: %s\n", err.msg);
+            goto done;
+        }
+    }
     size_t kv_per_token = ellm_context_kv_bytes_per_token(ctx);
     ids = malloc((size_t)n_ctx * sizeof *ids);
     step_ms = malloc((size_t)n_tokens * sizeof *step_ms);
-    if (!ids || !step_ms) {
+    base_ms = malloc((size_t)n_tokens * sizeof *base_ms);
+    if (!ids || !step_ms || !base_ms) {
         fprintf(stderr, "error: out of memory\n");
         goto done;
     }
@@ -245,7 +301,7 @@ int cmd_bench(int argc, char **argv) {
             ellm_context_stats s0, s1;
             ellm_context_get_stats(ctx, &s0);
             double t0 = ellm_time_ms();
-            if (!time_steps(ctx, ids, n_ctx, d, (int)n_tokens, step_ms, q)) goto done;
+            if (!time_interleaved(ctx, ctx0, ids, n_ctx, d, (int)n_tokens, step_ms, base_ms, q)) goto done;
             double total = ellm_time_ms() - t0;
             ellm_context_get_stats(ctx, &s1);
             ellm_context_set_sparse(ctx, 0, NULL);
@@ -285,10 +341,11 @@ int cmd_bench(int argc, char **argv) {
             printf(", {\"depth\": %d, \"mode\": \"sparse\", \"sparse_topk\": %ld, \"synthetic_kv\": %s, "
                    "\"tokens_per_s\": %.3f, \"ms_per_token\": %.4f, \"bytes_per_token\": %.0f, \"gbps\": %.3f, "
                    "\"bw_fraction\": %.4f, \"select_fraction\": %.4f, \"index_bytes_ratio\": %.4f, "
-                   "\"speedup_vs_dense\": %.3f}",
+                   "\"speedup_vs_dense\": %.3f, \"vs_empty_context\": %.3f}",
                    spts[i].depth, sparse_topk, spts[i].synthetic ? "true" : "false", spts[i].tokens_per_s,
                    spts[i].ms_median, spts[i].bytes_per_token, spts[i].gbps, spts[i].bw_fraction,
-                   spts[i].select_fraction, spts[i].index_ratio, spts[i].tokens_per_s / pts[i].tokens_per_s);
+                   spts[i].select_fraction, spts[i].index_ratio, spts[i].tokens_per_s / pts[i].tokens_per_s,
+                   spts[i].vs_empty);
         printf("], \"prefill\": [");
         for (int i = 0; i < n_prefills; i++)
             printf("%s{\"tokens\": %d, \"tokens_per_s\": %.2f}", i ? ", " : "", pre[i].tokens, pre[i].tokens_per_s);
@@ -308,11 +365,12 @@ int cmd_bench(int argc, char **argv) {
                    pts[i].tokens_per_s, pts[i].ms_median, pts[i].bytes_per_token / 1e6, pts[i].gbps,
                    100 * pts[i].bw_fraction, pts[i].synthetic ? "  (synthetic KV)" : "");
         for (int i = 0; i < n_depths && sparse_topk > 0; i++)
-            printf("%8d  %-6s %9.2f %10.3f %11.2f %9.2f %7.0f%%  x%.2f vs dense, selection %.1f%% of step, "
-                   "index bytes %.0f%% of flat%s\n",
+            printf("%8d  %-6s %9.2f %10.3f %11.2f %9.2f %7.0f%%  x%.2f vs dense, x%.2f vs empty context, "
+                   "selection %.1f%% of step, index bytes %.0f%% of flat%s\n",
                    spts[i].depth, "sparse", spts[i].tokens_per_s, spts[i].ms_median, spts[i].bytes_per_token / 1e6,
                    spts[i].gbps, 100 * spts[i].bw_fraction, spts[i].tokens_per_s / pts[i].tokens_per_s,
-                   100 * spts[i].select_fraction, 100 * spts[i].index_ratio, spts[i].synthetic ? "  (synthetic KV)" : "");
+                   spts[i].vs_empty, 100 * spts[i].select_fraction, 100 * spts[i].index_ratio,
+                   spts[i].synthetic ? "  (synthetic KV)" : "");
         for (int i = 0; i < n_prefills; i++)
             printf("prefill %d tokens: %.1f tokens/s\n", pre[i].tokens, pre[i].tokens_per_s);
         printf("\nprojected %ld-token generation: %.1f s (roofline at %.1f GB/s: %.1f s, ratio %.2f)\n", gen,
@@ -322,6 +380,8 @@ int cmd_bench(int argc, char **argv) {
 done:
     free(ids);
     free(step_ms);
+    free(base_ms);
+    ellm_context_free(ctx0);
     ellm_context_free(ctx);
     ellm_model_free(model);
     return rc;

@@ -129,7 +129,10 @@ ellm_status ellm_context_init(ellm_model *model, const ellm_context_params *para
         ctx->layer_dense = calloc((size_t)c->n_layer, 1);
         ctx->sel_blocks = malloc((size_t)c->n_head_kv * ctx->max_blocks * sizeof *ctx->sel_blocks);
         ctx->sel_n = malloc((size_t)c->n_head_kv * sizeof *ctx->sel_n);
-        if (!ctx->head_weight || !ctx->recall_ema || !ctx->gain_ema || !ctx->probe_blocks || !ctx->layer_dense || !ctx->sel_blocks || !ctx->sel_n) {
+        ctx->head_sel_stats = calloc((size_t)c->n_head_kv, sizeof *ctx->head_sel_stats);
+        ctx->head_select_ns = calloc((size_t)c->n_head_kv, sizeof *ctx->head_select_ns);
+        if (!ctx->head_weight || !ctx->recall_ema || !ctx->gain_ema || !ctx->probe_blocks || !ctx->layer_dense ||
+            !ctx->sel_blocks || !ctx->sel_n || !ctx->head_sel_stats || !ctx->head_select_ns) {
             ellm_context_free(ctx);
             return ellm_fail(err, ELLM_ERR_NOMEM, "context: out of memory for the sparse index");
         }
@@ -168,6 +171,8 @@ void ellm_context_free(ellm_context *ctx) {
     free(ctx->layer_dense);
     free(ctx->sel_blocks);
     free(ctx->sel_n);
+    free(ctx->head_sel_stats);
+    free(ctx->head_select_ns);
     free(ctx);
 }
 

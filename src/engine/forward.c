@@ -15,50 +15,45 @@
 typedef struct {
     struct ellm_context *ctx;
     int layer, n, len;
-    sparse_select_stats stats[8];
-    double attended[8];
 } select_job;
 
-/* Threads take KV heads round-robin; each keeps its own statistics. */
-static void select_task(void *arg, int ith, int nth) {
+/* attention_select_fn: chooses the blocks of one KV head. Each head is chosen
+ * once per layer, so its counters need no lock. */
+static void select_head(void *arg, int h, int thread, int32_t *blocks, int *n_blocks) {
     select_job *j = arg;
     struct ellm_context *ctx = j->ctx;
-    const model_config *c = &ctx->model->cfg;
     const ellm_context_params *p = &ctx->params;
-    int group = c->n_head / c->n_head_kv, slot = ith < 8 ? ith : 7;
-    int bt = kv_cache_get_params(ctx->kv)->block_tokens;
-    if (nth > 8 && ith >= 8) return; /* more threads than slots: the first 8 do the work */
-    int step = nth < 8 ? nth : 8;
-    for (int h = ith; h < c->n_head_kv; h += step) {
-        int32_t *blocks = ctx->sel_blocks + (size_t)h * ctx->max_blocks;
-        sparse_index_select(ctx->sidx, j->layer, h, ctx->q, j->n, group, j->len,
-                            engine_sparse_budget(ctx, j->layer, h), p->sparse_sink_blocks, p->sparse_window,
-                            blocks, &ctx->sel_n[h], &j->stats[slot]);
-        int tokens = ctx->sel_n[h] * bt;
-        j->attended[slot] += tokens < j->len ? tokens : j->len;
-    }
+    (void)thread;
+    uint64_t t0 = ellm_time_ns();
+    int group = ctx->model->cfg.n_head / ctx->model->cfg.n_head_kv;
+    sparse_index_select(ctx->sidx, j->layer, h, ctx->q, j->n, group, j->len,
+                        engine_sparse_budget(ctx, j->layer, h), p->sparse_sink_blocks, p->sparse_window,
+                        blocks, n_blocks, &ctx->head_sel_stats[h]);
+    ctx->head_select_ns[h] += ellm_time_ns() - t0;
 }
 
-/* Chooses blocks for every KV head of `layer` (sparse attention) into
- * ctx->sel_blocks / sel_n, heads spread over the threads. Returns 0 if the
- * layer should run dense. */
-static int sparse_select_layer(struct ellm_context *ctx, int layer, int n, int len) {
+/* Sparse attention for `layer` if some KV head's budget is below the context:
+ * blocks are chosen and attended in one parallel job (into ctx->sel_blocks /
+ * sel_n). Returns 0, doing nothing, if the layer should run dense. */
+static int sparse_attention_layer(struct ellm_context *ctx, const attention_args *aa, int n, int len) {
     const model_config *c = &ctx->model->cfg;
+    const int layer = aa->layer;
     if (!ctx->sidx || ctx->sparse_topk <= 0 || ctx->layer_dense[layer]) return 0;
     int any_sparse = 0;
     for (int h = 0; h < c->n_head_kv; h++)
         if (engine_sparse_budget(ctx, layer, h) < len) any_sparse = 1;
     if (!any_sparse) return 0; /* every budget covers the context: dense is exact */
-    uint64_t t0 = ellm_time_ns();
-    select_job job;
-    memset(&job, 0, sizeof job);
-    job.ctx = ctx;
-    job.layer = layer;
-    job.n = n;
-    job.len = len;
-    threadpool_run(ctx->pool, select_task, &job);
-    for (int i = 0; i < 8; i++) {
-        sparse_select_stats *a = &ctx->sel_stats, *b = &job.stats[i];
+    select_job job = {ctx, layer, n, len};
+    for (int h = 0; h < c->n_head_kv; h++) {
+        memset(&ctx->head_sel_stats[h], 0, sizeof ctx->head_sel_stats[h]);
+        ctx->head_select_ns[h] = 0;
+    }
+    attention_forward_select(aa, select_head, &job, ctx->sel_blocks, ctx->sel_n, ctx->max_blocks,
+                             ctx->attn_ws, ctx->pool);
+    int bt = kv_cache_get_params(ctx->kv)->block_tokens;
+    uint64_t select_ns = 0;
+    for (int h = 0; h < c->n_head_kv; h++) {
+        sparse_select_stats *a = &ctx->sel_stats, *b = &ctx->head_sel_stats[h];
         a->calls += b->calls;
         a->scored_calls += b->scored_calls;
         a->superblocks_scored += b->superblocks_scored;
@@ -67,10 +62,14 @@ static int sparse_select_layer(struct ellm_context *ctx, int layer, int n, int l
         a->bytes_read += b->bytes_read;
         a->flat_bytes += b->flat_bytes;
         a->exact_calls += b->exact_calls;
-        ctx->attended_sum += job.attended[i];
+        int tokens = ctx->sel_n[h] * bt;
+        ctx->attended_sum += tokens < len ? tokens : len;
+        select_ns += ctx->head_select_ns[h];
     }
     ctx->n_sparse_heads += c->n_head_kv;
-    ctx->stats.select_ms += (double)(ellm_time_ns() - t0) / 1e6;
+    /* Selections run on all threads at once: their time over the threads is
+     * the share of the step's wall time they take. */
+    ctx->stats.select_ms += (double)select_ns / 1e6 / threadpool_size(ctx->pool);
     return 1;
 }
 
@@ -220,9 +219,8 @@ void engine_forward(struct ellm_context *ctx, const int32_t *tokens, int n, int 
                              .q = ctx->q,
                              .out = ctx->att,
                              .scale = 1.0f / sqrtf((float)hd)};
-        if (sparse_select_layer(ctx, l, n, pos + n)) {
+        if (sparse_attention_layer(ctx, &aa, n, pos + n)) {
             step_sparse = 1;
-            attention_forward_blocks(&aa, ctx->sel_blocks, ctx->sel_n, ctx->max_blocks, ctx->attn_ws, ctx->pool);
             if (sample_recall) sparse_sample_recall(ctx, l, pos + n);
         } else {
             attention_forward(&aa, ctx->attn_ws, ctx->pool);
