@@ -57,7 +57,7 @@ struct attention_workspace {
  * thread is free, so they are small enough to balance the threads and large
  * enough for the prefetch to run ahead). */
 #define SELECT_CHUNKS 16
-#define SELECT_MIN_CHUNK 16
+#define SELECT_MIN_CHUNK 32
 
 static size_t round16(size_t n) { return (n + 15) & ~(size_t)15; }
 
@@ -200,12 +200,13 @@ static int first_seg_of_thread(const attn_job *J, int t, int nth) {
 
 /* Blocks of a sparse list prefetched ahead of the one being computed. A block
  * (K then V, 4 KB at 16 tokens x 64 dims in F16) is a separate random read
- * that the hardware prefetchers do not anticipate; one core keeps only a few
- * dozen cache-line misses in flight, so without software prefetch scattered
- * blocks are read at half the speed of a sequential scan
- * (bench/bench_sparse_attention). Requests towards L2 four blocks ahead took
- * the scattered read from 2.5x to about 1.6x the sequential time; prefetching
- * only the next block, or into L1, gained little. */
+ * that the hardware prefetchers do not anticipate, and one core keeps only a
+ * few dozen cache-line misses in flight: without software prefetch scattered
+ * blocks were read at 0.4x the speed of a sequential scan
+ * (bench/bench_sparse_attention, 2 threads, 32K). Asking for the block four
+ * ahead towards L2, a few lines per key tile so that the requests never stall
+ * the computation, brought that to about 0.65x; a burst of the whole block at
+ * once gained half as much, prefetching only the next block or into L1 little. */
 #define SPARSE_PREFETCH_BLOCKS 4
 
 static void prefetch_l2(const void *p, size_t bytes) {
@@ -254,13 +255,19 @@ static void run_part(const attn_job *J, attn_state *st, int s, long kb, long ke)
         b.k = kv_cache_block_k(a->kv, a->layer, h, blk);
         b.v = kv_cache_block_v(a->kv, a->layer, h, blk);
         b.next_k = b.next_v = NULL;
+        b.ahead_k = b.ahead_v = NULL;
         if (list) {
-            /* Scattered blocks: keep SPARSE_PREFETCH_BLOCKS blocks in flight
-             * towards L2 (see the constant). */
-            for (long z = k == kb ? k + 1 : k + SPARSE_PREFETCH_BLOCKS;
-                 z <= k + SPARSE_PREFETCH_BLOCKS && z < ke; z++) {
-                prefetch_l2(kv_cache_block_k(a->kv, a->layer, h, list[z]), J->half_bytes);
-                prefetch_l2(kv_cache_block_v(a->kv, a->layer, h, list[z]), J->half_bytes);
+            /* Scattered blocks: SPARSE_PREFETCH_BLOCKS in flight towards L2
+             * (see the constant); the part's first ones at once, then the
+             * kernel asks for the block that far ahead while it computes. */
+            if (k == kb)
+                for (long z = k + 1; z < k + SPARSE_PREFETCH_BLOCKS && z < ke; z++) {
+                    prefetch_l2(kv_cache_block_k(a->kv, a->layer, h, list[z]), J->half_bytes);
+                    prefetch_l2(kv_cache_block_v(a->kv, a->layer, h, list[z]), J->half_bytes);
+                }
+            if (k + SPARSE_PREFETCH_BLOCKS < ke) {
+                b.ahead_k = kv_cache_block_k(a->kv, a->layer, h, list[k + SPARSE_PREFETCH_BLOCKS]);
+                b.ahead_v = kv_cache_block_v(a->kv, a->layer, h, list[k + SPARSE_PREFETCH_BLOCKS]);
             }
         } else if (k + 1 < ke) {
             b.next_k = kv_cache_block_k(a->kv, a->layer, h, (int)k + 1);

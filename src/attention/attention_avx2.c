@@ -61,8 +61,12 @@ static ALWAYS_INLINE __m256 load8(const void *base, size_t idx, const int F16) {
 /* s[r][j] = q[r] . k[j] for NR (1 or 2) rows and keys [0, nk4) in tiles of 4;
  * k rows have stride ldk and hd8 (a multiple of 8) elements. */
 static ALWAYS_INLINE void qk_rows(const float *q, int hdp, const void *k, int ldk, int hd8,
-                                  float *s, int lds, int nk4, const int NR, const int F16) {
+                                  float *s, int lds, int nk4, const int NR, const int F16,
+                                  const char *pf, int pf_lines) {
     for (int j = 0; j < nk4; j += 4) {
+        if (pf)
+            for (int i = 0; i < pf_lines; i++)
+                _mm_prefetch(pf + ((size_t)(j / 4) * pf_lines + i) * 64, _MM_HINT_T1);
         __m256 c[2][4];
 #pragma GCC unroll 2
         for (int r = 0; r < 2; r++)
@@ -88,18 +92,21 @@ static ALWAYS_INLINE void qk_rows(const float *q, int hdp, const void *k, int ld
 }
 
 static ALWAYS_INLINE void qk_all(const float *q, int hdp, const void *k, int ldk, int hd8,
-                                 float *s, int lds, int r0, int rows, int nk4, const int F16) {
+                                 float *s, int lds, int r0, int rows, int nk4, const int F16,
+                                 const char *pf, int pf_lines) {
     int r = r0;
-    for (; r + 2 <= rows; r += 2)
-        qk_rows(q + (size_t)r * hdp, hdp, k, ldk, hd8, s + (size_t)r * lds, lds, nk4, 2, F16);
+    for (; r + 2 <= rows; r += 2, pf = NULL)
+        qk_rows(q + (size_t)r * hdp, hdp, k, ldk, hd8, s + (size_t)r * lds, lds, nk4, 2, F16, pf,
+                pf_lines);
     if (r < rows)
-        qk_rows(q + (size_t)r * hdp, hdp, k, ldk, hd8, s + (size_t)r * lds, lds, nk4, 1, F16);
+        qk_rows(q + (size_t)r * hdp, hdp, k, ldk, hd8, s + (size_t)r * lds, lds, nk4, 1, F16, pf,
+                pf_lines);
 }
 
 /* acc[NR rows][dims d0 .. d0 + 8 NV) += p[row][j] * v[j] over keys [0, nk). */
 static ALWAYS_INLINE void pv_tile(float *acc, int hdp, const float *p, int lds, const void *v,
                                   int ldv, int d0, int nk, const int NR, const int NV,
-                                  const int F16) {
+                                  const int F16, const char *pf, int pf_lines) {
     __m256 c[2][4];
 #pragma GCC unroll 2
     for (int r = 0; r < NR; r++)
@@ -108,6 +115,9 @@ static ALWAYS_INLINE void pv_tile(float *acc, int hdp, const float *p, int lds, 
             c[r][i] = _mm256_loadu_ps(acc + (size_t)r * hdp + d0 + 8 * i);
     for (int j = 0; j < nk; j++) {
         __m256 x[4];
+        if (pf)
+            for (int i = 0; i < pf_lines; i++)
+                _mm_prefetch(pf + ((size_t)j * pf_lines + i) * 64, _MM_HINT_T1);
 #pragma GCC unroll 4
         for (int i = 0; i < NV; i++) x[i] = load8(v, (size_t)j * ldv + d0 + 8 * i, F16);
 #pragma GCC unroll 2
@@ -126,24 +136,29 @@ static ALWAYS_INLINE void pv_tile(float *acc, int hdp, const float *p, int lds, 
 
 /* NR rows over dims [0, hd8): 32-dim tiles, then an 8..24-dim tail. */
 static ALWAYS_INLINE void pv_rows(float *acc, int hdp, const float *p, int lds, const void *v,
-                                  int ldv, int hd8, int nk, const int NR, const int F16) {
+                                  int ldv, int hd8, int nk, const int NR, const int F16,
+                                  const char *pf, int pf_lines) {
     int d = 0;
-    for (; d + 32 <= hd8; d += 32) pv_tile(acc, hdp, p, lds, v, ldv, d, nk, NR, 4, F16);
+    for (; d + 32 <= hd8; d += 32, pf = NULL)
+        pv_tile(acc, hdp, p, lds, v, ldv, d, nk, NR, 4, F16, pf, pf_lines);
     switch ((hd8 - d) / 8) {
-    case 3: pv_tile(acc, hdp, p, lds, v, ldv, d, nk, NR, 3, F16); break;
-    case 2: pv_tile(acc, hdp, p, lds, v, ldv, d, nk, NR, 2, F16); break;
-    case 1: pv_tile(acc, hdp, p, lds, v, ldv, d, nk, NR, 1, F16); break;
+    case 3: pv_tile(acc, hdp, p, lds, v, ldv, d, nk, NR, 3, F16, pf, pf_lines); break;
+    case 2: pv_tile(acc, hdp, p, lds, v, ldv, d, nk, NR, 2, F16, pf, pf_lines); break;
+    case 1: pv_tile(acc, hdp, p, lds, v, ldv, d, nk, NR, 1, F16, pf, pf_lines); break;
     default: break;
     }
 }
 
 static ALWAYS_INLINE void pv_all(float *acc, int hdp, const float *p, int lds, const void *v,
-                                 int ldv, int hd8, int r0, int rows, int nk, const int F16) {
+                                 int ldv, int hd8, int r0, int rows, int nk, const int F16,
+                                 const char *pf, int pf_lines) {
     int r = r0;
-    for (; r + 2 <= rows; r += 2)
-        pv_rows(acc + (size_t)r * hdp, hdp, p + (size_t)r * lds, lds, v, ldv, hd8, nk, 2, F16);
+    for (; r + 2 <= rows; r += 2, pf = NULL)
+        pv_rows(acc + (size_t)r * hdp, hdp, p + (size_t)r * lds, lds, v, ldv, hd8, nk, 2, F16, pf,
+                pf_lines);
     if (r < rows)
-        pv_rows(acc + (size_t)r * hdp, hdp, p + (size_t)r * lds, lds, v, ldv, hd8, nk, 1, F16);
+        pv_rows(acc + (size_t)r * hdp, hdp, p + (size_t)r * lds, lds, v, ldv, hd8, nk, 1, F16, pf,
+                pf_lines);
 }
 
 static ALWAYS_INLINE float hmax(__m256 v) {
@@ -219,14 +234,19 @@ static ALWAYS_INLINE void block_step(attn_state *st, const attn_block *b, const 
     const int f16 = b->type == QTYPE_F16;
     const int in_place =
         hd % 8 == 0 && st->block_tokens >= 4 && (!f16 || R - r0 <= FUSE_ROWS);
+    /* The block ahead's K (V) lines to prefetch per key tile (per key), as
+     * in the AVX-512 kernel. */
+    const size_t half_lines = ((size_t)st->block_tokens * hd * (f16 ? 2 : 4) + 63) / 64;
+    const int pf_k = (int)((half_lines + (size_t)(nk4 / 4) - 1) / (size_t)(nk4 / 4));
+    const int pf_v = (int)((half_lines + (size_t)nk - 1) / (size_t)nk);
     if (in_place && b->next_k)
         prefetch_block(b->next_k, b->next_v, (size_t)st->block_tokens * hd * (f16 ? 2 : 4));
     if (in_place) {
-        if (f16) qk_all(st->q, hdp, b->k, hd, hd, st->s, lds, r0, R, nk4, 1);
-        else qk_all(st->q, hdp, b->k, hd, hd, st->s, lds, r0, R, nk4, 0);
+        if (f16) qk_all(st->q, hdp, b->k, hd, hd, st->s, lds, r0, R, nk4, 1, b->ahead_k, pf_k);
+        else qk_all(st->q, hdp, b->k, hd, hd, st->s, lds, r0, R, nk4, 0, b->ahead_k, pf_k);
     } else {
         load_rows(st->kbuf, b->k, b->type, nk, hd, hdp, b->next_k);
-        qk_all(st->q, hdp, st->kbuf, hdp, hdp, st->s, lds, r0, R, nk4, 0);
+        qk_all(st->q, hdp, st->kbuf, hdp, hdp, st->s, lds, r0, R, nk4, 0, b->ahead_k, pf_k);
     }
     for (int r = r0; r < R; r++) {
         int nv = b->vis0 + r / G;
@@ -240,11 +260,11 @@ static ALWAYS_INLINE void block_step(attn_state *st, const attn_block *b, const 
         }
     }
     if (in_place) {
-        if (f16) pv_all(st->acc, hdp, st->s, lds, b->v, hd, hd, r0, R, nk, 1);
-        else pv_all(st->acc, hdp, st->s, lds, b->v, hd, hd, r0, R, nk, 0);
+        if (f16) pv_all(st->acc, hdp, st->s, lds, b->v, hd, hd, r0, R, nk, 1, b->ahead_v, pf_v);
+        else pv_all(st->acc, hdp, st->s, lds, b->v, hd, hd, r0, R, nk, 0, b->ahead_v, pf_v);
     } else {
         load_rows(st->vbuf, b->v, b->type, nk, hd, hdp, b->next_v);
-        pv_all(st->acc, hdp, st->s, lds, st->vbuf, hdp, hdp, r0, R, nk, 0);
+        pv_all(st->acc, hdp, st->s, lds, st->vbuf, hdp, hdp, r0, R, nk, 0, b->ahead_v, pf_v);
     }
 }
 

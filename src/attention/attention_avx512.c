@@ -89,8 +89,12 @@ static ALWAYS_INLINE __m512 load16(const void *base, size_t idx, __mmask16 m, co
  * have stride ldk and hd elements. The NR x 4 dot products of a tile are
  * reduced together (hsum4x4/hsum16), about 3 shuffles+adds per dot. */
 static ALWAYS_INLINE void qk_rows(const float *q, int hdp, const void *k, int ldk, int hd,
-                                  float *s, int lds, int nk4, const int NR, const int F16) {
+                                  float *s, int lds, int nk4, const int NR, const int F16,
+                                  const char *pf, int pf_lines) {
     for (int j = 0; j < nk4; j += 4) {
+        if (pf)
+            for (int i = 0; i < pf_lines; i++)
+                _mm_prefetch(pf + ((size_t)(j / 4) * pf_lines + i) * 64, _MM_HINT_T1);
         __m512 c[4][4];
 #pragma GCC unroll 4
         for (int r = 0; r < NR; r++)
@@ -123,16 +127,17 @@ static ALWAYS_INLINE void qk_rows(const float *q, int hdp, const void *k, int ld
 }
 
 static ALWAYS_INLINE void qk_all(const float *q, int hdp, const void *k, int ldk, int hd, float *s,
-                                 int lds, int r0, int rows, int nk4, const int F16) {
+                                 int lds, int r0, int rows, int nk4, const int F16,
+                                 const char *pf, int pf_lines) {
     int r = r0;
-    for (; r + 4 <= rows; r += 4)
-        qk_rows(q + (size_t)r * hdp, hdp, k, ldk, hd, s + (size_t)r * lds, lds, nk4, 4, F16);
+    for (; r + 4 <= rows; r += 4, pf = NULL)
+        qk_rows(q + (size_t)r * hdp, hdp, k, ldk, hd, s + (size_t)r * lds, lds, nk4, 4, F16, pf, pf_lines);
     const float *qr = q + (size_t)r * hdp;
     float *sr = s + (size_t)r * lds;
     switch (rows - r) {
-    case 3: qk_rows(qr, hdp, k, ldk, hd, sr, lds, nk4, 3, F16); break;
-    case 2: qk_rows(qr, hdp, k, ldk, hd, sr, lds, nk4, 2, F16); break;
-    case 1: qk_rows(qr, hdp, k, ldk, hd, sr, lds, nk4, 1, F16); break;
+    case 3: qk_rows(qr, hdp, k, ldk, hd, sr, lds, nk4, 3, F16, pf, pf_lines); break;
+    case 2: qk_rows(qr, hdp, k, ldk, hd, sr, lds, nk4, 2, F16, pf, pf_lines); break;
+    case 1: qk_rows(qr, hdp, k, ldk, hd, sr, lds, nk4, 1, F16, pf, pf_lines); break;
     default: break;
     }
 }
@@ -140,7 +145,7 @@ static ALWAYS_INLINE void qk_all(const float *q, int hdp, const void *k, int ldk
 /* acc[NR rows][dims d0 .. d0 + 16 NV) += p[row][j] * v[j] over keys [0, nk). */
 static ALWAYS_INLINE void pv_tile(float *acc, int hdp, const float *p, int lds, const void *v,
                                   int ldv, int hd, int d0, int nk, const int NR, const int NV,
-                                  const int F16) {
+                                  const int F16, const char *pf, int pf_lines) {
     __m512 c[4][4];
     __mmask16 m[4];
 #pragma GCC unroll 4
@@ -152,6 +157,9 @@ static ALWAYS_INLINE void pv_tile(float *acc, int hdp, const float *p, int lds, 
             c[r][i] = _mm512_loadu_ps(acc + (size_t)r * hdp + d0 + 16 * i);
     for (int j = 0; j < nk; j++) {
         __m512 x[4];
+        if (pf)
+            for (int i = 0; i < pf_lines; i++)
+                _mm_prefetch(pf + ((size_t)j * pf_lines + i) * 64, _MM_HINT_T1);
 #pragma GCC unroll 4
         for (int i = 0; i < NV; i++) x[i] = load16(v, (size_t)j * ldv + d0 + 16 * i, m[i], F16);
 #pragma GCC unroll 4
@@ -170,28 +178,31 @@ static ALWAYS_INLINE void pv_tile(float *acc, int hdp, const float *p, int lds, 
 
 /* NR rows over all dims: 64-dim tiles, then a 16..48-dim tail. */
 static ALWAYS_INLINE void pv_rows(float *acc, int hdp, const float *p, int lds, const void *v,
-                                  int ldv, int hd, int nk, const int NR, const int F16) {
+                                  int ldv, int hd, int nk, const int NR, const int F16,
+                                  const char *pf, int pf_lines) {
     int d = 0;
-    for (; d + 64 <= hdp; d += 64) pv_tile(acc, hdp, p, lds, v, ldv, hd, d, nk, NR, 4, F16);
+    for (; d + 64 <= hdp; d += 64, pf = NULL)
+        pv_tile(acc, hdp, p, lds, v, ldv, hd, d, nk, NR, 4, F16, pf, pf_lines);
     switch ((hdp - d) / 16) {
-    case 3: pv_tile(acc, hdp, p, lds, v, ldv, hd, d, nk, NR, 3, F16); break;
-    case 2: pv_tile(acc, hdp, p, lds, v, ldv, hd, d, nk, NR, 2, F16); break;
-    case 1: pv_tile(acc, hdp, p, lds, v, ldv, hd, d, nk, NR, 1, F16); break;
+    case 3: pv_tile(acc, hdp, p, lds, v, ldv, hd, d, nk, NR, 3, F16, pf, pf_lines); break;
+    case 2: pv_tile(acc, hdp, p, lds, v, ldv, hd, d, nk, NR, 2, F16, pf, pf_lines); break;
+    case 1: pv_tile(acc, hdp, p, lds, v, ldv, hd, d, nk, NR, 1, F16, pf, pf_lines); break;
     default: break;
     }
 }
 
 static ALWAYS_INLINE void pv_all(float *acc, int hdp, const float *p, int lds, const void *v,
-                                 int ldv, int hd, int r0, int rows, int nk, const int F16) {
+                                 int ldv, int hd, int r0, int rows, int nk, const int F16,
+                                 const char *pf, int pf_lines) {
     int r = r0;
-    for (; r + 4 <= rows; r += 4)
-        pv_rows(acc + (size_t)r * hdp, hdp, p + (size_t)r * lds, lds, v, ldv, hd, nk, 4, F16);
+    for (; r + 4 <= rows; r += 4, pf = NULL)
+        pv_rows(acc + (size_t)r * hdp, hdp, p + (size_t)r * lds, lds, v, ldv, hd, nk, 4, F16, pf, pf_lines);
     float *a = acc + (size_t)r * hdp;
     const float *pr = p + (size_t)r * lds;
     switch (rows - r) {
-    case 3: pv_rows(a, hdp, pr, lds, v, ldv, hd, nk, 3, F16); break;
-    case 2: pv_rows(a, hdp, pr, lds, v, ldv, hd, nk, 2, F16); break;
-    case 1: pv_rows(a, hdp, pr, lds, v, ldv, hd, nk, 1, F16); break;
+    case 3: pv_rows(a, hdp, pr, lds, v, ldv, hd, nk, 3, F16, pf, pf_lines); break;
+    case 2: pv_rows(a, hdp, pr, lds, v, ldv, hd, nk, 2, F16, pf, pf_lines); break;
+    case 1: pv_rows(a, hdp, pr, lds, v, ldv, hd, nk, 1, F16, pf, pf_lines); break;
     default: break;
     }
 }
@@ -261,14 +272,19 @@ static ALWAYS_INLINE void block_step(attn_state *st, const attn_block *b, const 
     const int f16 = b->type == QTYPE_F16;
     const int in_place = st->block_tokens >= 4 && (!f16 || R - r0 <= FUSE_ROWS);
     const size_t elt = f16 ? 2 : 4;
+    /* Lines of the block ahead's K (V) to prefetch per key tile (per key), so
+     * that the whole of it is asked for over this block's computation. */
+    const size_t half_lines = ((size_t)st->block_tokens * hd * elt + 63) / 64;
+    const int pf_k = (int)((half_lines + (size_t)(nk4 / 4) - 1) / (size_t)(nk4 / 4));
+    const int pf_v = (int)((half_lines + (size_t)nk - 1) / (size_t)nk);
     if (in_place && b->next_k)
         prefetch_block(b->next_k, b->next_v, (size_t)st->block_tokens * hd * elt);
     if (in_place) {
-        if (f16) qk_all(st->q, hdp, b->k, hd, hd, st->s, lds, r0, R, nk4, 1);
-        else qk_all(st->q, hdp, b->k, hd, hd, st->s, lds, r0, R, nk4, 0);
+        if (f16) qk_all(st->q, hdp, b->k, hd, hd, st->s, lds, r0, R, nk4, 1, b->ahead_k, pf_k);
+        else qk_all(st->q, hdp, b->k, hd, hd, st->s, lds, r0, R, nk4, 0, b->ahead_k, pf_k);
     } else {
         load_rows(st->kbuf, b->k, b->type, nk, hd, hdp, b->next_k);
-        qk_all(st->q, hdp, st->kbuf, hdp, hdp, st->s, lds, r0, R, nk4, 0);
+        qk_all(st->q, hdp, st->kbuf, hdp, hdp, st->s, lds, r0, R, nk4, 0, b->ahead_k, pf_k);
     }
     for (int r = r0; r < R; r++) {
         int nv = b->vis0 + r / G;
@@ -282,11 +298,11 @@ static ALWAYS_INLINE void block_step(attn_state *st, const attn_block *b, const 
         }
     }
     if (in_place) {
-        if (f16) pv_all(st->acc, hdp, st->s, lds, b->v, hd, hd, r0, R, nk, 1);
-        else pv_all(st->acc, hdp, st->s, lds, b->v, hd, hd, r0, R, nk, 0);
+        if (f16) pv_all(st->acc, hdp, st->s, lds, b->v, hd, hd, r0, R, nk, 1, b->ahead_v, pf_v);
+        else pv_all(st->acc, hdp, st->s, lds, b->v, hd, hd, r0, R, nk, 0, b->ahead_v, pf_v);
     } else {
         load_rows(st->vbuf, b->v, b->type, nk, hd, hdp, b->next_v);
-        pv_all(st->acc, hdp, st->s, lds, st->vbuf, hdp, hdp, r0, R, nk, 0);
+        pv_all(st->acc, hdp, st->s, lds, st->vbuf, hdp, hdp, r0, R, nk, 0, b->ahead_v, pf_v);
     }
 }
 

@@ -40,6 +40,8 @@ typedef struct {
     const void *v;      /* block_tokens x head_dim values, same type */
     const char *next_k; /* the part's next block, to prefetch while this one runs (or NULL) */
     const char *next_v;
+    const char *ahead_k; /* a block further ahead (scattered lists), prefetched towards L2 */
+    const char *ahead_v; /*   spread over this block's computation (or NULL) */
     int type;
     int n_valid;
     int vis0;
