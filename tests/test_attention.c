@@ -156,13 +156,17 @@ static void test_layout(void) {
                 const char *vb = kv_cache_block_v(kv, 1, h, pos / bt);
                 if ((uintptr_t)kb % 64) misaligned++;
                 if (vb != kb + (size_t)bt * hd * elt) bad++;
+                float key[64];
+                kv_cache_key(kv, 1, h, pos, key);
                 for (int d = 0; d < hd; d++) {
-                    size_t off = (size_t)(pos % bt) * hd + d;
-                    float kx = type == QTYPE_F16 ? ellm_f16_to_f32(((const uint16_t *)kb)[off])
-                                                 : ((const float *)kb)[off];
-                    float vx = type == QTYPE_F16 ? ellm_f16_to_f32(((const uint16_t *)vb)[off])
-                                                 : ((const float *)vb)[off];
+                    /* K channel-major, V token-major */
+                    size_t koff = (size_t)d * bt + (size_t)(pos % bt), voff = (size_t)(pos % bt) * hd + d;
+                    float kx = type == QTYPE_F16 ? ellm_f16_to_f32(((const uint16_t *)kb)[koff])
+                                                 : ((const float *)kb)[koff];
+                    float vx = type == QTYPE_F16 ? ellm_f16_to_f32(((const uint16_t *)vb)[voff])
+                                                 : ((const float *)vb)[voff];
                     if (kx != k[pos * row + h * hd + d] || vx != v[pos * row + h * hd + d]) bad++;
+                    if (key[d] != kx) bad++;
                 }
             }
         CHECK(bad == 0, "type %d: %d stored values differ", type, bad);
@@ -200,10 +204,13 @@ static void test_f16_store(void) {
         kv_cache_store(kv, 0, 0, n, x, x);
         int bad = 0;
         for (int pos = 0; pos < n; pos++) {
-            const uint16_t *kr = (const uint16_t *)kv_cache_block_k(kv, 0, 0, pos / 64) +
+            const uint16_t *kb = (const uint16_t *)kv_cache_block_k(kv, 0, 0, pos / 64);
+            const uint16_t *vr = (const uint16_t *)kv_cache_block_v(kv, 0, 0, pos / 64) +
                                  (size_t)(pos % 64) * hd;
-            for (int d = 0; d < hd; d++)
-                if (kr[d] != ellm_f32_to_f16(x[pos * hd + d])) bad++;
+            for (int d = 0; d < hd; d++) {
+                if (kb[(size_t)d * 64 + pos % 64] != ellm_f32_to_f16(x[pos * hd + d])) bad++;
+                if (vr[d] != ellm_f32_to_f16(x[pos * hd + d])) bad++;
+            }
         }
         CHECK(bad == 0, "isa %s: %d F16 conversions differ from the reference", ellm_isa_str(isa),
               bad);
@@ -440,7 +447,7 @@ static void sparse_ref(const attention_args *a, const int32_t *blocks, const int
                     const float *vb = kv_cache_block_v(a->kv, a->layer, h, blk);
                     for (int j = 0; j < bt && blk * bt + j <= last; j++) {
                         float dot = 0;
-                        for (int d = 0; d < hd; d++) dot += q[d] * kb[j * hd + d];
+                        for (int d = 0; d < hd; d++) dot += q[d] * kb[d * bt + j]; /* channel-major */
                         dot *= a->scale;
                         if (pass == 0) {
                             if (dot > mx) mx = dot;

@@ -97,11 +97,7 @@ static float *random_keys(int n, int n_kv, int hd) {
 
 /* Stored key j of block b of (layer, head) as floats. */
 static void stored_key(const kv_cache *kv, int layer, int head, int b, int j, float *out) {
-    const kv_cache_params *p = kv_cache_get_params(kv);
-    const void *kb = kv_cache_block_k(kv, layer, head, b);
-    for (int c = 0; c < p->head_dim; c++)
-        out[c] = p->type == QTYPE_F16 ? ellm_f16_to_f32(((const ellm_f16 *)kb)[(size_t)j * p->head_dim + c])
-                                      : ((const float *)kb)[(size_t)j * p->head_dim + c];
+    kv_cache_key(kv, layer, head, b * kv_cache_get_params(kv)->block_tokens + j, out);
 }
 
 /* Prepared query rows (qp, qn) for the scoring kernels. */

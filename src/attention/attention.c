@@ -565,22 +565,27 @@ void attn_block_scalar(attn_state *st, const attn_block *b) {
     int nk = b->vis0 + (R - 1) / G; /* keys the last row sees */
     if (nk > b->n_valid) nk = b->n_valid;
 
-    const float *K, *V;
-    int ldk;
+    /* Keys to token-major F32 rows in kbuf (the cache holds them channel-major). */
+    const int bt = st->block_tokens;
+    const float *V;
+    int ldv;
+    for (int j = 0; j < nk; j++)
+        for (int d = 0; d < hd; d++)
+            st->kbuf[(size_t)j * hdp + d] =
+                b->type == QTYPE_F32 ? ((const float *)b->k)[(size_t)d * bt + j]
+                                     : ellm_f16_to_f32(((const ellm_f16 *)b->k)[(size_t)d * bt + j]);
+    const float *K = st->kbuf;
+    const int ldk = hdp;
     if (b->type == QTYPE_F32) {
-        K = b->k;
         V = b->v;
-        ldk = hd;
+        ldv = hd;
     } else {
-        const ellm_f16 *k16 = b->k, *v16 = b->v;
+        const ellm_f16 *v16 = b->v;
         for (int j = 0; j < nk; j++)
-            for (int d = 0; d < hd; d++) {
-                st->kbuf[(size_t)j * hdp + d] = ellm_f16_to_f32(k16[(size_t)j * hd + d]);
+            for (int d = 0; d < hd; d++)
                 st->vbuf[(size_t)j * hdp + d] = ellm_f16_to_f32(v16[(size_t)j * hd + d]);
-            }
-        K = st->kbuf;
         V = st->vbuf;
-        ldk = hdp;
+        ldv = hdp;
     }
     for (int r = r0; r < R; r++) {
         int nv = b->vis0 + r / G;
@@ -608,7 +613,7 @@ void attn_block_scalar(attn_state *st, const attn_block *b) {
         if (alpha != 1.0f)
             for (int d = 0; d < hd; d++) acc[d] *= alpha;
         for (int j = 0; j < nv; j++) {
-            const float *v = V + (size_t)j * ldk;
+            const float *v = V + (size_t)j * ldv;
             for (int d = 0; d < hd; d++) acc[d] += s[j] * v[d];
         }
     }
@@ -621,21 +626,21 @@ static float kv_elem(const void *row, int type, int d) {
     return ((const float *)row)[d];
 }
 
-/* Row `pos` of head h's keys (or values), as stored. */
-static const void *kv_row(const attention_args *a, int h, int pos, int values) {
+/* Row `pos` of head h's values, as stored. */
+static const void *kv_row(const attention_args *a, int h, int pos) {
     const kv_cache_params *p = kv_cache_get_params(a->kv);
     int blk = pos / p->block_tokens, off = pos % p->block_tokens;
-    const char *base = values ? kv_cache_block_v(a->kv, a->layer, h, blk)
-                              : kv_cache_block_k(a->kv, a->layer, h, blk);
+    const char *base = kv_cache_block_v(a->kv, a->layer, h, blk);
     size_t elt = p->type == QTYPE_F16 ? 2 : 4;
     return base + (size_t)off * p->head_dim * elt;
 }
 
 static float ref_score(const attention_args *a, const float *q, int h, int pos) {
     const kv_cache_params *p = kv_cache_get_params(a->kv);
-    const void *k = kv_row(a, h, pos, 0);
+    float k[4096]; /* head_dim <= 4096 (kv_cache_init) */
+    kv_cache_key(a->kv, a->layer, h, pos, k);
     float dot = 0.0f;
-    for (int d = 0; d < p->head_dim; d++) dot += q[d] * kv_elem(k, p->type, d);
+    for (int d = 0; d < p->head_dim; d++) dot += q[d] * k[d];
     return a->scale * dot;
 }
 
@@ -659,7 +664,7 @@ void attention_forward_ref(const attention_args *a) {
             float l = 0.0f;
             for (int pos = 0; pos < n; pos++) {
                 float w = expf(ref_score(a, q, h, pos) - mx);
-                const void *v = kv_row(a, h, pos, 1);
+                const void *v = kv_row(a, h, pos);
                 l += w;
                 for (int d = 0; d < hd; d++) out[d] += w * kv_elem(v, p->type, d);
             }

@@ -1,9 +1,9 @@
 /* AVX2 + FMA + F16C attention block kernel and F32 -> F16 rows (compiled with
  * the AVX2 flags; only called when ellm_cpu_isa() allows it). Same structure
- * as the AVX-512 kernel with 8-wide vectors and 16 registers: QK^T tiles of up
- * to 2 rows x 4 keys, P*V tiles of up to 2 rows x 32 dims; K and V read in
- * place when head_dim is a multiple of 8 and rows are few, else through F32
- * scratch. */
+ * as the AVX-512 kernel with 8-wide vectors and 16 registers: QK^T over the
+ * channel-major keys for up to 4 rows x 8 keys, P*V tiles of up to 2 rows x 32
+ * dims; K and V read in place when head_dim is a multiple of 8 and rows are
+ * few, else through F32 scratch. */
 #include "attention/attention_internal.h"
 #include "core/fp16.h"
 #include "kernels/quant.h"
@@ -16,6 +16,29 @@
 
 #define ALWAYS_INLINE inline __attribute__((always_inline))
 
+
+/* Keys [0, n) of a channel-major block (hd channels of row stride bt, F16 or
+ * F32) to F32 channel rows of stride ldd; prefetches the same bytes of `next`. */
+static void load_kT(float *dst, int ldd, const void *src, int type, int n, int hd, int bt,
+                    const char *next) {
+    const size_t row_bytes = (size_t)bt * (type == QTYPE_F16 ? 2 : 4);
+    for (int c = 0; c < hd; c++) {
+        float *d = dst + (size_t)c * ldd;
+        int j = 0;
+        if (type == QTYPE_F16) {
+            const uint16_t *s = (const uint16_t *)src + (size_t)c * bt;
+            for (; j + 8 <= n; j += 8)
+                _mm256_storeu_ps(d + j, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + j))));
+            for (; j < n; j++) d[j] = ellm_f16_to_f32(s[j]);
+        } else {
+            const float *s = (const float *)src + (size_t)c * bt;
+            for (; j < n; j++) d[j] = s[j];
+        }
+        if (next)
+            for (size_t o = (size_t)c * row_bytes & ~(size_t)63; o < (size_t)(c + 1) * row_bytes; o += 64)
+                _mm_prefetch(next + o, _MM_HINT_T0);
+    }
+}
 
 /* Rows [0, n) of a block (row stride hd, F16 or F32) to F32 rows of stride hdp,
  * zero-padding lanes [hd, hdp); prefetches the same bytes of `next`. */
@@ -43,14 +66,6 @@ static void load_rows(float *dst, const void *src, int type, int n, int hd, int 
     }
 }
 
-/* Lane 4k + i = full sum of input 4k + i (eight dot products at once). */
-static ALWAYS_INLINE __m256 hsum8(__m256 v0, __m256 v1, __m256 v2, __m256 v3, __m256 v4,
-                                  __m256 v5, __m256 v6, __m256 v7) {
-    __m256 a = _mm256_hadd_ps(_mm256_hadd_ps(v0, v1), _mm256_hadd_ps(v2, v3));
-    __m256 b = _mm256_hadd_ps(_mm256_hadd_ps(v4, v5), _mm256_hadd_ps(v6, v7));
-    return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
-}
-
 /* 8 elements of a K or V row from element idx on, F16 (converted) or F32. */
 static ALWAYS_INLINE __m256 load8(const void *base, size_t idx, const int F16) {
     if (F16)
@@ -58,49 +73,105 @@ static ALWAYS_INLINE __m256 load8(const void *base, size_t idx, const int F16) {
     return _mm256_loadu_ps((const float *)base + idx);
 }
 
-/* s[r][j] = q[r] . k[j] for NR (1 or 2) rows and keys [0, nk4) in tiles of 4;
- * k rows have stride ldk and hd8 (a multiple of 8) elements. */
-static ALWAYS_INLINE void qk_rows(const float *q, int hdp, const void *k, int ldk, int hd8,
-                                  float *s, int lds, int nk4, const int NR, const int F16,
+/* Elements [idx, idx + n) of a K channel row, n < 8, F16 (converted) or F32;
+ * lanes [n, 8) are zero and nothing past idx + n is read. */
+static inline __m256 load8_part(const void *base, size_t idx, int n, const int F16) {
+    float t[8] = {0};
+    for (int i = 0; i < n; i++)
+        t[i] = F16 ? ellm_f16_to_f32(((const uint16_t *)base)[idx + i]) : ((const float *)base)[idx + i];
+    return _mm256_loadu_ps(t);
+}
+
+/* s[r][j] = q[r] . k[j] for NR (<= 4) rows and keys [0, nk), the keys
+ * channel-major (channel c of key j at kT[c * ldk + j]): a register holds one
+ * channel of 8 keys, so scores accumulate from broadcast q values with no
+ * horizontal sum. Keys go 16 at a time where they can (each broadcast feeds
+ * two FMAs), then 8, then the tail. If pf is not NULL, pf_lines lines of it are
+ * prefetched towards L2 per channel. */
+static ALWAYS_INLINE void qk_rows(const float *q, int hdp, const void *kT, int ldk, int hd,
+                                  float *s, int lds, int nk, const int NR, const int F16,
                                   const char *pf, int pf_lines) {
-    for (int j = 0; j < nk4; j += 4) {
-        if (pf)
-            for (int i = 0; i < pf_lines; i++)
-                _mm_prefetch(pf + ((size_t)(j / 4) * pf_lines + i) * 64, _MM_HINT_T1);
-        __m256 c[2][4];
-#pragma GCC unroll 2
-        for (int r = 0; r < 2; r++)
+    size_t line = 0;
+    int j = 0;
+    for (; j + 16 <= nk; j += 16) {
+        __m256 c0[4], c1[4];
 #pragma GCC unroll 4
-            for (int i = 0; i < 4; i++) c[r][i] = _mm256_setzero_ps();
-#pragma GCC unroll 8
-        for (int d = 0; d < hd8; d += 8) {
-            __m256 x[4];
+        for (int r = 0; r < NR; r++) c0[r] = c1[r] = _mm256_setzero_ps();
 #pragma GCC unroll 4
-            for (int i = 0; i < 4; i++) x[i] = load8(k, (size_t)(j + i) * ldk + d, F16);
-#pragma GCC unroll 2
+        for (int d = 0; d < hd; d++) {
+            if (pf)
+                for (int i = 0; i < pf_lines; i++, line++) _mm_prefetch(pf + line * 64, _MM_HINT_T1);
+            const __m256 x0 = load8(kT, (size_t)d * ldk + j, F16);
+            const __m256 x1 = load8(kT, (size_t)d * ldk + j + 8, F16);
+#pragma GCC unroll 4
             for (int r = 0; r < NR; r++) {
-                __m256 y = _mm256_loadu_ps(q + (size_t)r * hdp + d);
-#pragma GCC unroll 4
-                for (int i = 0; i < 4; i++) c[r][i] = _mm256_fmadd_ps(y, x[i], c[r][i]);
+                const __m256 qb = _mm256_broadcast_ss(q + (size_t)r * hdp + d);
+                c0[r] = _mm256_fmadd_ps(qb, x0, c0[r]);
+                c1[r] = _mm256_fmadd_ps(qb, x1, c1[r]);
             }
         }
-        /* Lanes 0-3: row 0's four scores, lanes 4-7: row 1's (zero if NR == 1). */
-        __m256 sum = hsum8(c[0][0], c[0][1], c[0][2], c[0][3], c[1][0], c[1][1], c[1][2], c[1][3]);
-        _mm_storeu_ps(s + j, _mm256_castps256_ps128(sum));
-        if (NR == 2) _mm_storeu_ps(s + lds + j, _mm256_extractf128_ps(sum, 1));
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; r++) {
+            _mm256_storeu_ps(s + (size_t)r * lds + j, c0[r]);
+            _mm256_storeu_ps(s + (size_t)r * lds + j + 8, c1[r]);
+        }
+    }
+    for (; j < nk; j += 8) {
+        const int n = nk - j < 8 ? nk - j : 8;
+        __m256 c0[4], c1[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; r++) c0[r] = c1[r] = _mm256_setzero_ps();
+        int d = 0;
+        for (; d + 2 <= hd; d += 2) {
+            if (pf)
+                for (int i = 0; i < 2 * pf_lines; i++, line++) _mm_prefetch(pf + line * 64, _MM_HINT_T1);
+            const __m256 x0 = n == 8 ? load8(kT, (size_t)d * ldk + j, F16)
+                                     : load8_part(kT, (size_t)d * ldk + j, n, F16);
+            const __m256 x1 = n == 8 ? load8(kT, (size_t)(d + 1) * ldk + j, F16)
+                                     : load8_part(kT, (size_t)(d + 1) * ldk + j, n, F16);
+#pragma GCC unroll 4
+            for (int r = 0; r < NR; r++) {
+                const float *qr = q + (size_t)r * hdp + d;
+                c0[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(qr), x0, c0[r]);
+                c1[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(qr + 1), x1, c1[r]);
+            }
+        }
+        if (d < hd) {
+            const __m256 x0 = n == 8 ? load8(kT, (size_t)d * ldk + j, F16)
+                                     : load8_part(kT, (size_t)d * ldk + j, n, F16);
+#pragma GCC unroll 4
+            for (int r = 0; r < NR; r++)
+                c0[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(q + (size_t)r * hdp + d), x0, c0[r]);
+        }
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; r++) {
+            const __m256 sum = _mm256_add_ps(c0[r], c1[r]);
+            if (n == 8) {
+                _mm256_storeu_ps(s + (size_t)r * lds + j, sum);
+            } else {
+                float t[8];
+                _mm256_storeu_ps(t, sum);
+                memcpy(s + (size_t)r * lds + j, t, (size_t)n * sizeof(float));
+            }
+        }
     }
 }
 
-static ALWAYS_INLINE void qk_all(const float *q, int hdp, const void *k, int ldk, int hd8,
-                                 float *s, int lds, int r0, int rows, int nk4, const int F16,
+static ALWAYS_INLINE void qk_all(const float *q, int hdp, const void *kT, int ldk, int hd,
+                                 float *s, int lds, int r0, int rows, int nk, const int F16,
                                  const char *pf, int pf_lines) {
     int r = r0;
-    for (; r + 2 <= rows; r += 2, pf = NULL)
-        qk_rows(q + (size_t)r * hdp, hdp, k, ldk, hd8, s + (size_t)r * lds, lds, nk4, 2, F16, pf,
+    for (; r + 4 <= rows; r += 4, pf = NULL)
+        qk_rows(q + (size_t)r * hdp, hdp, kT, ldk, hd, s + (size_t)r * lds, lds, nk, 4, F16, pf,
                 pf_lines);
-    if (r < rows)
-        qk_rows(q + (size_t)r * hdp, hdp, k, ldk, hd8, s + (size_t)r * lds, lds, nk4, 1, F16, pf,
-                pf_lines);
+    const float *qr = q + (size_t)r * hdp;
+    float *sr = s + (size_t)r * lds;
+    switch (rows - r) {
+    case 3: qk_rows(qr, hdp, kT, ldk, hd, sr, lds, nk, 3, F16, pf, pf_lines); break;
+    case 2: qk_rows(qr, hdp, kT, ldk, hd, sr, lds, nk, 2, F16, pf, pf_lines); break;
+    case 1: qk_rows(qr, hdp, kT, ldk, hd, sr, lds, nk, 1, F16, pf, pf_lines); break;
+    default: break;
+    }
 }
 
 /* acc[NR rows][dims d0 .. d0 + 8 NV) += p[row][j] * v[j] over keys [0, nk). */
@@ -227,26 +298,26 @@ static ALWAYS_INLINE void block_step(attn_state *st, const attn_block *b, const 
     if (r0 >= R) return;
     int nk = b->vis0 + (R - 1) / G; /* keys the last row sees */
     if (nk > b->n_valid) nk = b->n_valid;
-    const int nk4 = (nk + 3) & ~3;
+    const int bt = st->block_tokens;
 
-    /* In place (see the AVX-512 kernel) when rows are 8-float aligned, the
-     * block has >= 4 rows and few query rows share it; else F32 scratch. */
+    /* In place (see the AVX-512 kernel) when V rows are 8-float aligned and few
+     * query rows share the block; else F32 scratch. */
     const int f16 = b->type == QTYPE_F16;
-    const int in_place =
-        hd % 8 == 0 && st->block_tokens >= 4 && (!f16 || R - r0 <= FUSE_ROWS);
-    /* The block ahead's K (V) lines to prefetch per key tile (per key), as
-     * in the AVX-512 kernel. */
-    const size_t half_lines = ((size_t)st->block_tokens * hd * (f16 ? 2 : 4) + 63) / 64;
-    const int pf_k = (int)((half_lines + (size_t)(nk4 / 4) - 1) / (size_t)(nk4 / 4));
+    const int in_place = hd % 8 == 0 && (!f16 || R - r0 <= FUSE_ROWS);
+    /* The block ahead's K (V) lines to prefetch per channel of a 16-key group
+     * (per key), as in the AVX-512 kernel. */
+    const size_t half_lines = ((size_t)bt * hd * (f16 ? 2 : 4) + 63) / 64;
+    const size_t k_steps = (size_t)((nk + 15) / 16) * (size_t)hd;
+    const int pf_k = (int)((half_lines + k_steps - 1) / k_steps);
     const int pf_v = (int)((half_lines + (size_t)nk - 1) / (size_t)nk);
     if (in_place && b->next_k)
-        prefetch_block(b->next_k, b->next_v, (size_t)st->block_tokens * hd * (f16 ? 2 : 4));
+        prefetch_block(b->next_k, b->next_v, (size_t)bt * hd * (f16 ? 2 : 4));
     if (in_place) {
-        if (f16) qk_all(st->q, hdp, b->k, hd, hd, st->s, lds, r0, R, nk4, 1, b->ahead_k, pf_k);
-        else qk_all(st->q, hdp, b->k, hd, hd, st->s, lds, r0, R, nk4, 0, b->ahead_k, pf_k);
+        if (f16) qk_all(st->q, hdp, b->k, bt, hd, st->s, lds, r0, R, nk, 1, b->ahead_k, pf_k);
+        else qk_all(st->q, hdp, b->k, bt, hd, st->s, lds, r0, R, nk, 0, b->ahead_k, pf_k);
     } else {
-        load_rows(st->kbuf, b->k, b->type, nk, hd, hdp, b->next_k);
-        qk_all(st->q, hdp, st->kbuf, hdp, hdp, st->s, lds, r0, R, nk4, 0, b->ahead_k, pf_k);
+        load_kT(st->kbuf, lds, b->k, b->type, nk, hd, bt, b->next_k);
+        qk_all(st->q, hdp, st->kbuf, lds, hd, st->s, lds, r0, R, nk, 0, b->ahead_k, pf_k);
     }
     for (int r = r0; r < R; r++) {
         int nv = b->vis0 + r / G;

@@ -2,8 +2,9 @@
  * AVX-512 flags; only called when ellm_cpu_isa() says the CPU has them).
  *
  * Per block, for the part's query rows:
- *   QK^T  register tiles of up to 4 rows x 4 keys, reduced together by a
- *         transposing horizontal sum (~3 shuffles+adds per score);
+ *   QK^T  keys are stored channel-major, so a register holds one channel of 16
+ *         keys: up to 4 rows x 16 scores accumulate from broadcast q values
+ *         with no horizontal sum;
  *   softmax  online, with a vectorized exp; the running max is only reduced
  *         when some score exceeds it;
  *   P*V   tiles of up to 4 rows x 64 dims of FMAs.
@@ -54,23 +55,23 @@ static void load_rows(float *dst, const void *src, int type, int n, int hd, int 
     }
 }
 
-/* Per 128-bit lane L: [sum_L(a), sum_L(b), sum_L(c), sum_L(d)]. */
-static ALWAYS_INLINE __m512 hsum4x4(__m512 a, __m512 b, __m512 c, __m512 d) {
-    __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
-    __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));
-    __m512d abd = _mm512_castps_pd(ab), cdd = _mm512_castps_pd(cd);
-    return _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(abd, cdd)),
-                         _mm512_castpd_ps(_mm512_unpackhi_pd(abd, cdd)));
-}
-
-/* Combines four hsum4x4 results: lane 4k + i = full sum of input i of z_k. */
-static ALWAYS_INLINE __m512 hsum16(__m512 z0, __m512 z1, __m512 z2, __m512 z3) {
-    __m512 s01 = _mm512_add_ps(_mm512_shuffle_f32x4(z0, z1, _MM_SHUFFLE(2, 0, 2, 0)),
-                               _mm512_shuffle_f32x4(z0, z1, _MM_SHUFFLE(3, 1, 3, 1)));
-    __m512 s23 = _mm512_add_ps(_mm512_shuffle_f32x4(z2, z3, _MM_SHUFFLE(2, 0, 2, 0)),
-                               _mm512_shuffle_f32x4(z2, z3, _MM_SHUFFLE(3, 1, 3, 1)));
-    return _mm512_add_ps(_mm512_shuffle_f32x4(s01, s23, _MM_SHUFFLE(2, 0, 2, 0)),
-                         _mm512_shuffle_f32x4(s01, s23, _MM_SHUFFLE(3, 1, 3, 1)));
+/* Keys [0, n) of a channel-major block (hd channels of row stride bt, F16 or
+ * F32) to F32 channel rows of stride ldd; prefetches the same bytes of `next`. */
+static void load_kT(float *dst, int ldd, const void *src, int type, int n, int hd, int bt,
+                    const char *next) {
+    const size_t row_bytes = (size_t)bt * (type == QTYPE_F16 ? 2 : 4);
+    for (int c = 0; c < hd; c++) {
+        for (int j = 0; j < n; j += 16) {
+            const __mmask16 m = n - j >= 16 ? (__mmask16)0xffff : tail_mask(n - j);
+            __m512 x = type == QTYPE_F16
+                           ? _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, (const uint16_t *)src + (size_t)c * bt + j))
+                           : _mm512_maskz_loadu_ps(m, (const float *)src + (size_t)c * bt + j);
+            _mm512_mask_storeu_ps(dst + (size_t)c * ldd + j, m, x);
+        }
+        if (next)
+            for (size_t o = (size_t)c * row_bytes & ~(size_t)63; o < (size_t)(c + 1) * row_bytes; o += 64)
+                _mm_prefetch(next + o, _MM_HINT_T0);
+    }
 }
 
 /* Mask of the lanes of the 16-dim chunk starting at dim d that are < hd. */
@@ -85,59 +86,61 @@ static ALWAYS_INLINE __m512 load16(const void *base, size_t idx, __mmask16 m, co
     return _mm512_maskz_loadu_ps(m, (const float *)base + idx);
 }
 
-/* s[r][j] = q[r] . k[j] for NR rows and keys [0, nk4) in tiles of 4 keys; k rows
- * have stride ldk and hd elements. The NR x 4 dot products of a tile are
- * reduced together (hsum4x4/hsum16), about 3 shuffles+adds per dot. */
-static ALWAYS_INLINE void qk_rows(const float *q, int hdp, const void *k, int ldk, int hd,
-                                  float *s, int lds, int nk4, const int NR, const int F16,
+/* s[r][j] = q[r] . k[j] for NR rows and keys [0, nk), the keys channel-major
+ * (channel c of key j at kT[c * ldk + j]): a register holds one channel of 16
+ * keys, so a row accumulates 16 scores at once from broadcast q values, with
+ * no horizontal sum. Two accumulators per row (even and odd channels) halve
+ * the FMA dependency chains. Lanes past nk are neither read nor written.
+ * If pf is not NULL, pf_lines cache lines of it are prefetched towards L2 per
+ * channel pair (the block ahead, spread over the computation). */
+static ALWAYS_INLINE void qk_rows(const float *q, int hdp, const void *kT, int ldk, int hd,
+                                  float *s, int lds, int nk, const int NR, const int F16,
                                   const char *pf, int pf_lines) {
-    for (int j = 0; j < nk4; j += 4) {
-        if (pf)
-            for (int i = 0; i < pf_lines; i++)
-                _mm_prefetch(pf + ((size_t)(j / 4) * pf_lines + i) * 64, _MM_HINT_T1);
-        __m512 c[4][4];
+    size_t line = 0;
+    for (int j = 0; j < nk; j += 16) {
+        const __mmask16 m = nk - j >= 16 ? (__mmask16)0xffff : tail_mask(nk - j);
+        __m512 c0[4], c1[4];
 #pragma GCC unroll 4
-        for (int r = 0; r < NR; r++)
+        for (int r = 0; r < NR; r++) c0[r] = c1[r] = _mm512_setzero_ps();
+        int d = 0;
 #pragma GCC unroll 4
-            for (int i = 0; i < 4; i++) c[r][i] = _mm512_setzero_ps();
-#pragma GCC unroll 8
-        for (int d = 0; d < hd; d += 16) {
-            const __mmask16 m = chunk_mask(hd, d);
-            __m512 x[4];
-#pragma GCC unroll 4
-            for (int i = 0; i < 4; i++) x[i] = load16(k, (size_t)(j + i) * ldk + d, m, F16);
+        for (; d + 2 <= hd; d += 2) {
+            if (pf)
+                for (int i = 0; i < pf_lines; i++, line++) _mm_prefetch(pf + line * 64, _MM_HINT_T1);
+            const __m512 x0 = load16(kT, (size_t)d * ldk + j, m, F16);
+            const __m512 x1 = load16(kT, (size_t)(d + 1) * ldk + j, m, F16);
 #pragma GCC unroll 4
             for (int r = 0; r < NR; r++) {
-                __m512 y = _mm512_loadu_ps(q + (size_t)r * hdp + d);
-#pragma GCC unroll 4
-                for (int i = 0; i < 4; i++) c[r][i] = _mm512_fmadd_ps(y, x[i], c[r][i]);
+                const float *qr = q + (size_t)r * hdp + d;
+                c0[r] = _mm512_fmadd_ps(_mm512_set1_ps(qr[0]), x0, c0[r]);
+                c1[r] = _mm512_fmadd_ps(_mm512_set1_ps(qr[1]), x1, c1[r]);
             }
         }
-        __m512 z[4];
+        if (d < hd) {
+            const __m512 x0 = load16(kT, (size_t)d * ldk + j, m, F16);
 #pragma GCC unroll 4
-        for (int r = 0; r < 4; r++)
-            z[r] = r < NR ? hsum4x4(c[r][0], c[r][1], c[r][2], c[r][3]) : _mm512_setzero_ps();
-        __m512 sum = hsum16(z[0], z[1], z[2], z[3]);
-        /* Lanes 4r..4r+3 are row r's four scores. */
+            for (int r = 0; r < NR; r++)
+                c0[r] = _mm512_fmadd_ps(_mm512_set1_ps(q[(size_t)r * hdp + d]), x0, c0[r]);
+        }
 #pragma GCC unroll 4
         for (int r = 0; r < NR; r++)
-            _mm512_mask_storeu_ps(s + (size_t)r * lds + j - 4 * r, (__mmask16)(0xf << (4 * r)),
-                                  sum);
+            _mm512_mask_storeu_ps(s + (size_t)r * lds + j, m, _mm512_add_ps(c0[r], c1[r]));
     }
 }
 
-static ALWAYS_INLINE void qk_all(const float *q, int hdp, const void *k, int ldk, int hd, float *s,
-                                 int lds, int r0, int rows, int nk4, const int F16,
+static ALWAYS_INLINE void qk_all(const float *q, int hdp, const void *kT, int ldk, int hd, float *s,
+                                 int lds, int r0, int rows, int nk, const int F16,
                                  const char *pf, int pf_lines) {
     int r = r0;
     for (; r + 4 <= rows; r += 4, pf = NULL)
-        qk_rows(q + (size_t)r * hdp, hdp, k, ldk, hd, s + (size_t)r * lds, lds, nk4, 4, F16, pf, pf_lines);
+        qk_rows(q + (size_t)r * hdp, hdp, kT, ldk, hd, s + (size_t)r * lds, lds, nk, 4, F16, pf,
+                pf_lines);
     const float *qr = q + (size_t)r * hdp;
     float *sr = s + (size_t)r * lds;
     switch (rows - r) {
-    case 3: qk_rows(qr, hdp, k, ldk, hd, sr, lds, nk4, 3, F16, pf, pf_lines); break;
-    case 2: qk_rows(qr, hdp, k, ldk, hd, sr, lds, nk4, 2, F16, pf, pf_lines); break;
-    case 1: qk_rows(qr, hdp, k, ldk, hd, sr, lds, nk4, 1, F16, pf, pf_lines); break;
+    case 3: qk_rows(qr, hdp, kT, ldk, hd, sr, lds, nk, 3, F16, pf, pf_lines); break;
+    case 2: qk_rows(qr, hdp, kT, ldk, hd, sr, lds, nk, 2, F16, pf, pf_lines); break;
+    case 1: qk_rows(qr, hdp, kT, ldk, hd, sr, lds, nk, 1, F16, pf, pf_lines); break;
     default: break;
     }
 }
@@ -262,29 +265,27 @@ static ALWAYS_INLINE void block_step(attn_state *st, const attn_block *b, const 
     if (r0 >= R) return;
     int nk = b->vis0 + (R - 1) / G; /* keys the last row sees */
     if (nk > b->n_valid) nk = b->n_valid;
-    const int nk4 = (nk + 3) & ~3;
+    const int bt = st->block_tokens;
 
     /* In place: K and V are read straight from the cache (F16 converted on
-     * the fly), so each byte is loaded once per group of 4 rows. Key tiles of
-     * 4 may read up to 3 rows past nk, inside the block when it has >= 4 rows;
-     * those scores are never used. Otherwise (many rows, or tiny blocks) K and
-     * V are converted once into L1-resident F32 scratch. */
+     * the fly), so each byte is loaded once per group of 4 rows. Otherwise
+     * (many rows) K and V are converted once into L1-resident F32 scratch. */
     const int f16 = b->type == QTYPE_F16;
-    const int in_place = st->block_tokens >= 4 && (!f16 || R - r0 <= FUSE_ROWS);
+    const int in_place = !f16 || R - r0 <= FUSE_ROWS;
     const size_t elt = f16 ? 2 : 4;
-    /* Lines of the block ahead's K (V) to prefetch per key tile (per key), so
-     * that the whole of it is asked for over this block's computation. */
-    const size_t half_lines = ((size_t)st->block_tokens * hd * elt + 63) / 64;
-    const int pf_k = (int)((half_lines + (size_t)(nk4 / 4) - 1) / (size_t)(nk4 / 4));
+    /* Lines of the block ahead's K (V) to prefetch per channel pair (per key),
+     * so that all of it is asked for over this block's computation. */
+    const size_t half_lines = ((size_t)bt * hd * elt + 63) / 64;
+    const size_t k_steps = (size_t)((nk + 15) / 16) * (size_t)(hd / 2 > 0 ? hd / 2 : 1);
+    const int pf_k = (int)((half_lines + k_steps - 1) / k_steps);
     const int pf_v = (int)((half_lines + (size_t)nk - 1) / (size_t)nk);
-    if (in_place && b->next_k)
-        prefetch_block(b->next_k, b->next_v, (size_t)st->block_tokens * hd * elt);
+    if (in_place && b->next_k) prefetch_block(b->next_k, b->next_v, (size_t)bt * hd * elt);
     if (in_place) {
-        if (f16) qk_all(st->q, hdp, b->k, hd, hd, st->s, lds, r0, R, nk4, 1, b->ahead_k, pf_k);
-        else qk_all(st->q, hdp, b->k, hd, hd, st->s, lds, r0, R, nk4, 0, b->ahead_k, pf_k);
+        if (f16) qk_all(st->q, hdp, b->k, bt, hd, st->s, lds, r0, R, nk, 1, b->ahead_k, pf_k);
+        else qk_all(st->q, hdp, b->k, bt, hd, st->s, lds, r0, R, nk, 0, b->ahead_k, pf_k);
     } else {
-        load_rows(st->kbuf, b->k, b->type, nk, hd, hdp, b->next_k);
-        qk_all(st->q, hdp, st->kbuf, hdp, hdp, st->s, lds, r0, R, nk4, 0, b->ahead_k, pf_k);
+        load_kT(st->kbuf, lds, b->k, b->type, nk, hd, bt, b->next_k);
+        qk_all(st->q, hdp, st->kbuf, lds, hd, st->s, lds, r0, R, nk, 0, b->ahead_k, pf_k);
     }
     for (int r = r0; r < R; r++) {
         int nv = b->vis0 + r / G;

@@ -36,8 +36,8 @@ typedef struct {
 /* One KV block as seen by a part. Keys [0, n_valid) of the block exist; row r
  * sees keys [0, min(n_valid, vis0 + r / group)) (causal mask; vis0 may be <= 0). */
 typedef struct {
-    const void *k;      /* block_tokens x head_dim keys, QTYPE_F16 or QTYPE_F32 */
-    const void *v;      /* block_tokens x head_dim values, same type */
+    const void *k;      /* keys channel-major: head_dim rows of block_tokens, F16 or F32 */
+    const void *v;      /* values token-major: block_tokens rows of head_dim, same type */
     const char *next_k; /* the part's next block, to prefetch while this one runs (or NULL) */
     const char *next_v;
     const char *ahead_k; /* a block further ahead (scattered lists), prefetched towards L2 */

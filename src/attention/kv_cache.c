@@ -3,7 +3,7 @@
  * Storage order is (layer, kv head, block): the blocks of one (layer, head)
  * are adjacent, so attention over a head streams memory sequentially and the
  * hardware prefetcher follows it. A block is
- *     K[block_tokens][head_dim] then V[block_tokens][head_dim]
+ *     K[head_dim][block_tokens] (channel-major) then V[block_tokens][head_dim]
  * in the cache's element type, its size rounded up to 64 bytes so every block
  * starts on a cache line. The block table is the identity, computed rather
  * than stored: block b of (layer, head) lives at
@@ -159,31 +159,47 @@ static inline char *block_ptr(const kv_cache *kv, int layer, int head, int blk) 
     return kv->base + idx * kv->block_stride;
 }
 
-/* Writes each token's row of every head into its block slot, converting to F16
- * when the cache is F16. */
+/* Writes each token of every head into its block slot, converting to F16 when
+ * the cache is F16: the value row as it is, the key into column `off` of the
+ * channel-major K. */
 void kv_cache_store(kv_cache *kv, int layer, int pos, int n, const float *k, const float *v) {
     const kv_cache_params *p = &kv->p;
     ELLM_ASSERT(layer >= 0 && layer < p->n_layer);
     ELLM_ASSERT(pos >= 0 && n >= 0 && pos <= p->n_ctx - n);
     const int hd = p->head_dim, bt = p->block_tokens;
     const size_t row_in = (size_t)p->n_kv_head * (size_t)hd; /* floats per input token */
-    const size_t row_out = (size_t)hd * kv->elt;             /* bytes per stored row */
+    const size_t row_out = (size_t)hd * kv->elt;             /* bytes per stored V row */
+    uint16_t k16[KV_MAX_HEAD_DIM];
     for (int t = 0; t < n; t++) {
         int tp = pos + t, blk = tp / bt, off = tp % bt;
         for (int h = 0; h < p->n_kv_head; h++) {
-            char *kd = block_ptr(kv, layer, h, blk) + (size_t)off * row_out;
-            char *vd = kd + kv->half_bytes;
+            char *kd = block_ptr(kv, layer, h, blk);
+            char *vd = kd + kv->half_bytes + (size_t)off * row_out;
             const float *ks = k + (size_t)t * row_in + (size_t)h * hd;
             const float *vs = v + (size_t)t * row_in + (size_t)h * hd;
             if (p->type == QTYPE_F16) {
-                f32_to_f16(ks, (uint16_t *)kd, hd);
+                f32_to_f16(ks, k16, hd);
+                uint16_t *kt = (uint16_t *)kd + off;
+                for (int c = 0; c < hd; c++) kt[(size_t)c * bt] = k16[c];
                 f32_to_f16(vs, (uint16_t *)vd, hd);
             } else {
-                memcpy(kd, ks, row_out);
+                float *kt = (float *)kd + off;
+                for (int c = 0; c < hd; c++) kt[(size_t)c * bt] = ks[c];
                 memcpy(vd, vs, row_out);
             }
         }
     }
+}
+
+void kv_cache_key(const kv_cache *kv, int layer, int head, int pos, float *out) {
+    const int hd = kv->p.head_dim, bt = kv->p.block_tokens;
+    ELLM_ASSERT(pos >= 0 && pos < kv->p.n_ctx);
+    const char *kb = kv_cache_block_k(kv, layer, head, pos / bt);
+    const size_t j = (size_t)(pos % bt);
+    if (kv->p.type == QTYPE_F16)
+        for (int c = 0; c < hd; c++) out[c] = ellm_f16_to_f32(((const uint16_t *)kb)[(size_t)c * bt + j]);
+    else
+        for (int c = 0; c < hd; c++) out[c] = ((const float *)kb)[(size_t)c * bt + j];
 }
 
 const void *kv_cache_block_k(const kv_cache *kv, int layer, int head, int blk) {

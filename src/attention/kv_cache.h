@@ -1,8 +1,11 @@
 /* KV cache in fixed blocks of tokens.
  *
  * For every layer and KV head, keys and values live in blocks of
- * `block_tokens` tokens: block j of (layer l, head h) holds K[block_tokens][head_dim]
- * followed by V[block_tokens][head_dim], in F16 (default) or F32. All blocks are
+ * `block_tokens` tokens: block j of (layer l, head h) holds the keys channel-major,
+ * K[head_dim][block_tokens] (the block's values of one channel adjacent, so
+ * that a SIMD register holds one channel of many keys and q.k needs no
+ * horizontal sums), followed by the values token-major, V[block_tokens][head_dim],
+ * in F16 (default) or F32. All blocks are
  * allocated up front (n_ctx tokens), so appending never allocates; a logical
  * block table maps (layer, head, block index) to storage so selection of blocks
  * (sparse attention) and truncation never move data. Truncation is O(1). */
@@ -48,9 +51,13 @@ void kv_cache_set_len(kv_cache *kv, int n);
  * all layers are written. */
 void kv_cache_store(kv_cache *kv, int layer, int pos, int n, const float *k, const float *v);
 
-/* Storage of block `blk` of (layer, head): K at the returned pointer, V at
- * kv_cache_block_v. Element type per params.type. */
+/* Storage of block `blk` of (layer, head): K at the returned pointer
+ * (channel-major, see above), V at kv_cache_block_v (token-major). Element
+ * type per params.type. */
 const void *kv_cache_block_k(const kv_cache *kv, int layer, int head, int blk);
 const void *kv_cache_block_v(const kv_cache *kv, int layer, int head, int blk);
+
+/* The key of position pos of (layer, head) as stored, as head_dim floats. */
+void kv_cache_key(const kv_cache *kv, int layer, int head, int pos, float *out);
 
 #endif

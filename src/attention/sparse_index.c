@@ -355,14 +355,8 @@ void sparse_index_truncate(sparse_index *idx, const kv_cache *kv, int n_keep) {
                 const int blk = n_keep / bt;
                 float *st = open_state(idx, l, h);
                 open_reset(st, hd);
-                const void *kb = kv_cache_block_k(kv, l, h, blk);
-                for (int j = 0; j < n_keep - blk * bt; j++) {
-                    if (kp->type == QTYPE_F16) {
-                        const ellm_f16 *s = (const ellm_f16 *)kb + (size_t)j * hd;
-                        for (int c = 0; c < hd; c++) row[c] = ellm_f16_to_f32(s[c]);
-                    } else {
-                        memcpy(row, (const float *)kb + (size_t)j * hd, (size_t)hd * sizeof(float));
-                    }
+                for (int pos = blk * bt; pos < n_keep; pos++) {
+                    kv_cache_key(kv, l, h, pos, row);
                     fold(row, 0, 1, hd, 0, st, st + hd); /* already as stored */
                 }
                 flush_block(idx, l, h, blk);
@@ -763,17 +757,10 @@ float sparse_index_recall(const kv_cache *kv, int layer, int kv_head, const floa
         for (int b = 0; b < nb; b++) {
             while (bi < n_blocks && blocks[bi] < b) bi++;
             const int in = bi < n_blocks && blocks[bi] == b;
-            const void *kb = kv_cache_block_k(kv, layer, kv_head, b);
             for (int j = 0; j < bt && b * bt + j < len; j++) {
                 const int pos = b * bt + j;
-                const float *k;
-                if (kp->type == QTYPE_F16) {
-                    const ellm_f16 *s = (const ellm_f16 *)kb + (size_t)j * hd;
-                    for (int c = 0; c < hd; c++) key[c] = ellm_f16_to_f32(s[c]);
-                    k = key;
-                } else {
-                    k = (const float *)kb + (size_t)j * hd;
-                }
+                const float *k = key;
+                kv_cache_key(kv, layer, kv_head, pos, key);
                 for (int r = 0; r < nr; r++) {
                     if (pos > last_pos[r]) continue;
                     float s = dot(qr[r], k, hd) * scale;
