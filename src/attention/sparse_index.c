@@ -637,7 +637,8 @@ static void choose_blocks(sparse_index *idx, int layer, int head, query_rows *Q,
         stats->blocks_scored += blk_scored;
         stats->superblocks_expanded += expanded;
         stats->bytes_read += bytes;
-        stats->flat_bytes += (int64_t)(c1 - c0) * 4 * idx->hd;
+        /* a flat scan reads the candidates' summaries in whole tiles too */
+        stats->flat_bytes += (int64_t)((c1 - 1) / SPARSE_LANES - c0 / SPARSE_LANES + 1) * tile_bytes;
         stats->exact_calls += exact;
     }
 }

@@ -65,7 +65,8 @@ typedef struct {
     int64_t superblocks_expanded; /* super-blocks whose blocks were scored */
     int64_t bytes_read;         /* bytes of summaries read */
     int64_t flat_bytes;         /* bytes an exhaustive scan of every candidate block's
-                                   summary would have read, for comparison */
+                                   summary would have read (in whole tiles of 16, as
+                                   scans read them), for comparison */
     int64_t exact_calls;        /* scored selections provably equal to an exhaustive scan
                                    (stopped by the bound, not by the expansion cap) */
 } sparse_select_stats;
