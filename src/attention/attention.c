@@ -21,6 +21,7 @@
 #include "attention/attention_internal.h"
 #include "core/cpu.h"
 #include "core/fp16.h"
+#include "core/prefetch.h"
 #include "core/status.h"
 #include "kernels/quant.h"
 
@@ -209,9 +210,6 @@ static int first_seg_of_thread(const attn_job *J, int t, int nth) {
  * once gained half as much, prefetching only the next block or into L1 little. */
 #define SPARSE_PREFETCH_BLOCKS 4
 
-static void prefetch_l2(const void *p, size_t bytes) {
-    for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch((const char *)p + o, 0, 2);
-}
 
 /* Runs blocks [kb, ke) of segment s's block list into st (whose m, l, acc are
  * where the partial goes), starting from an empty state. */
@@ -262,8 +260,8 @@ static void run_part(const attn_job *J, attn_state *st, int s, long kb, long ke)
              * kernel asks for the block that far ahead while it computes. */
             if (k == kb)
                 for (long z = k + 1; z < k + SPARSE_PREFETCH_BLOCKS && z < ke; z++) {
-                    prefetch_l2(kv_cache_block_k(a->kv, a->layer, h, list[z]), J->half_bytes);
-                    prefetch_l2(kv_cache_block_v(a->kv, a->layer, h, list[z]), J->half_bytes);
+                    prefetch_range_l2(kv_cache_block_k(a->kv, a->layer, h, list[z]), J->half_bytes);
+                    prefetch_range_l2(kv_cache_block_v(a->kv, a->layer, h, list[z]), J->half_bytes);
                 }
             if (k + SPARSE_PREFETCH_BLOCKS < ke) {
                 b.ahead_k = kv_cache_block_k(a->kv, a->layer, h, list[k + SPARSE_PREFETCH_BLOCKS]);
@@ -425,6 +423,12 @@ static void attention_run(const attention_args *a, const int32_t *blocks, const 
     else attn_worker(&J, 0, 1);
 }
 
+/* A head's block list: 1..max_blocks entries, each a block of the cache. */
+static void check_blocks(const int32_t *list, int n, int max_blocks, int n_blocks_cache) {
+    ELLM_ASSERT(n >= 1 && n <= max_blocks);
+    for (int i = 0; i < n; i++) ELLM_ASSERT(list[i] >= 0 && list[i] < n_blocks_cache);
+}
+
 /* Dense attention of the batch over positions [0, q_pos0 + n_q). With pool NULL
  * it runs on the calling thread. */
 void attention_forward(const attention_args *a, attention_workspace *ws, threadpool *pool) {
@@ -433,23 +437,13 @@ void attention_forward(const attention_args *a, attention_workspace *ws, threadp
 
 void attention_forward_blocks(const attention_args *a, const int32_t *blocks, const int *n_blocks,
                               int max_blocks, attention_workspace *ws, threadpool *pool) {
-    const kv_cache_params *p = kv_cache_get_params(a->kv);
-    int nb = kv_cache_n_blocks(a->kv);
-    for (int h = 0; h < p->n_kv_head; h++) {
-        ELLM_ASSERT(n_blocks[h] >= 1 && n_blocks[h] <= max_blocks);
-        for (int i = 0; i < n_blocks[h]; i++)
-            ELLM_ASSERT(blocks[(size_t)h * max_blocks + i] >= 0 &&
-                        blocks[(size_t)h * max_blocks + i] < nb);
-    }
+    const int n_kv = kv_cache_get_params(a->kv)->n_kv_head, nb = kv_cache_n_blocks(a->kv);
+    for (int h = 0; h < n_kv; h++)
+        check_blocks(blocks + (size_t)h * max_blocks, n_blocks[h], max_blocks, nb);
     attention_run(a, blocks, n_blocks, max_blocks, ws, pool);
 }
 
 /* ---- selection and attention in one job ---------------------------------- */
-
-static void check_blocks(const int32_t *list, int n, int max_blocks, int n_blocks_cache) {
-    ELLM_ASSERT(n >= 1 && n <= max_blocks);
-    for (int i = 0; i < n; i++) ELLM_ASSERT(list[i] >= 0 && list[i] < n_blocks_cache);
-}
 
 /* Blocks per part of a head whose list holds n blocks. */
 static int chunk_blocks(int n) {
@@ -515,14 +509,10 @@ static void select_worker(void *arg, int ith, int nth) {
     }
 }
 
-/* Selection on the pool's threads, then attention over the chosen blocks
- * (batches of more than one tile, which are not the decode path). */
-typedef struct {
-    attn_job *J;
-} select_all_job;
-
+/* Selection of every head on the pool's threads (batches of more than one
+ * tile, which are not the decode path: attention follows separately). */
 static void select_all_task(void *arg, int ith, int nth) {
-    attn_job *J = ((select_all_job *)arg)->J;
+    attn_job *J = arg;
     for (int h = ith; h < J->n_kv; h += nth) {
         int32_t *list = J->sel_blocks + (size_t)h * J->max_blocks;
         J->select(J->select_arg, h, ith, list, &J->sel_n[h]);
@@ -542,9 +532,8 @@ void attention_forward_select(const attention_args *a, attention_select_fn selec
     J.blocks = blocks;
     J.max_blocks = max_blocks;
     if (J.n_tiles > 1) {
-        select_all_job sj = {&J};
-        if (pool) threadpool_run(pool, select_all_task, &sj);
-        else select_all_task(&sj, 0, 1);
+        if (pool) threadpool_run(pool, select_all_task, &J);
+        else select_all_task(&J, 0, 1);
         attention_run(a, blocks, n_blocks, max_blocks, ws, pool);
         return;
     }

@@ -5,6 +5,7 @@
  * dims; K and V read in place when head_dim is a multiple of 8 and rows are
  * few, else through F32 scratch. */
 #include "attention/attention_internal.h"
+#include "core/prefetch.h"
 #include "core/fp16.h"
 #include "kernels/quant.h"
 
@@ -279,10 +280,8 @@ static ALWAYS_INLINE float softmax_row(float *s, int nv, int nk, float *m, float
 }
 
 static void prefetch_block(const char *k, const char *v, size_t bytes) {
-    for (size_t o = 0; o < bytes; o += 64) {
-        _mm_prefetch(k + o, _MM_HINT_T0);
-        _mm_prefetch(v + o, _MM_HINT_T0);
-    }
+    prefetch_range_l1(k, bytes);
+    prefetch_range_l1(v, bytes);
 }
 
 /* Rows of a part above which K and V are converted once into F32 scratch

@@ -14,6 +14,7 @@
  * converted once into F32 scratch that stays in L1. The next block is
  * prefetched while this one is computed. */
 #include "attention/attention_internal.h"
+#include "core/prefetch.h"
 #include "kernels/quant.h"
 
 #include "kernels/vec_exp.h"
@@ -246,10 +247,8 @@ static ALWAYS_INLINE float softmax_row(float *s, int nv, int nk, float *m, float
 }
 
 static void prefetch_block(const char *k, const char *v, size_t bytes) {
-    for (size_t o = 0; o < bytes; o += 64) {
-        _mm_prefetch(k + o, _MM_HINT_T0);
-        _mm_prefetch(v + o, _MM_HINT_T0);
-    }
+    prefetch_range_l1(k, bytes);
+    prefetch_range_l1(v, bytes);
 }
 
 /* Rows of a part above which K and V are converted once into F32 scratch

@@ -15,6 +15,7 @@
  * candidate blocks, the ordered list of super-blocks to expand, and a bitmap
  * that emits the chosen blocks in ascending order without sorting. */
 #include "attention/sparse_index.h"
+#include "core/prefetch.h"
 #include "attention/sparse_index_internal.h"
 #include "core/cpu.h"
 #include "core/fp16.h"
@@ -522,13 +523,6 @@ static void mark_best(const int32_t *key, const int32_t *idx, int m, int k, uint
     bits[w] |= word;
 }
 
-static void prefetch_tiles(const uint16_t *p, size_t bytes) {
-    for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch((const char *)p + o);
-}
-
-static void prefetch_tiles_l2(const uint16_t *p, size_t bytes) {
-    for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch((const char *)p + o, 0, 2);
-}
 
 /* Chooses the k best blocks of [c0, c1) (0 < k < c1 - c0) into the bitmap. */
 static void choose_blocks(sparse_index *idx, int layer, int head, query_rows *Q, int c0, int c1,
@@ -558,7 +552,7 @@ static void choose_blocks(sparse_index *idx, int layer, int head, query_rows *Q,
     } else {
         const int t0 = s0 / SPARSE_LANES, t1 = s1 / SPARSE_LANES;
         float *sbb = X->sbb;
-        prefetch_tiles(sb_tiles(idx, layer, head) + (size_t)t0 * idx->tile_elems,
+        prefetch_range_l1(sb_tiles(idx, layer, head) + (size_t)t0 * idx->tile_elems,
                        (size_t)tile_bytes);
         score_tiles(Q, sb_tiles(idx, layer, head) + (size_t)t0 * idx->tile_elems, t1 - t0 + 1,
                     sbb + (size_t)t0 * SPARSE_LANES, NULL);
@@ -588,10 +582,10 @@ static void choose_blocks(sparse_index *idx, int layer, int head, query_rows *Q,
          * L1), and the others' towards L2 now: they are scattered 4 KB reads
          * that no hardware prefetcher anticipates, and asking for all of them
          * at once overlaps their latencies (selection -10..15% at 32K). */
-        prefetch_tiles(bt0 + (size_t)X->ei[0] * tpsb * idx->tile_elems,
+        prefetch_range_l1(bt0 + (size_t)X->ei[0] * tpsb * idx->tile_elems,
                        (size_t)tpsb * tile_bytes);
         for (int x = 1; x < ne; x++)
-            prefetch_tiles_l2(bt0 + (size_t)X->ei[x] * tpsb * idx->tile_elems,
+            prefetch_range_l2(bt0 + (size_t)X->ei[x] * tpsb * idx->tile_elems,
                               (size_t)tpsb * tile_bytes);
         float bb[SPARSE_MAX_SB_BLOCKS];
         for (int x = 0;; x++) {

@@ -29,7 +29,7 @@ static void select_head(void *arg, int h, int thread, int32_t *blocks, int *n_bl
     sparse_index_select(ctx->sidx, j->layer, h, ctx->q, j->n, group, j->len,
                         engine_sparse_budget(ctx, j->layer, h), p->sparse_sink_blocks, p->sparse_window,
                         blocks, n_blocks, &ctx->head_sel_stats[h]);
-    ctx->head_select_ns[h] += ellm_time_ns() - t0;
+    ctx->head_select_ns[h] = ellm_time_ns() - t0;
 }
 
 /* Sparse attention for `layer` if some KV head's budget is below the context:
@@ -44,10 +44,7 @@ static int sparse_attention_layer(struct ellm_context *ctx, const attention_args
         if (engine_sparse_budget(ctx, layer, h) < len) any_sparse = 1;
     if (!any_sparse) return 0; /* every budget covers the context: dense is exact */
     select_job job = {ctx, layer, n, len};
-    for (int h = 0; h < c->n_head_kv; h++) {
-        memset(&ctx->head_sel_stats[h], 0, sizeof ctx->head_sel_stats[h]);
-        ctx->head_select_ns[h] = 0;
-    }
+    memset(ctx->head_sel_stats, 0, (size_t)c->n_head_kv * sizeof *ctx->head_sel_stats);
     attention_forward_select(aa, select_head, &job, ctx->sel_blocks, ctx->sel_n, ctx->max_blocks,
                              ctx->attn_ws, ctx->pool);
     int bt = kv_cache_get_params(ctx->kv)->block_tokens;
