@@ -68,6 +68,14 @@ static double latency_at(const bench_point *p, int n, double d) {
 
 /* Times n single-token steps from the current position; fills the median and
  * min step time. Returns 0 on error (message printed). */
+/* Median and minimum of n step times (sorted in place) into p. */
+static void set_latency(bench_point *p, double *step_ms, int n) {
+    qsort(step_ms, (size_t)n, sizeof *step_ms, cmp_double);
+    p->ms_median = step_ms[n / 2];
+    p->ms_min = step_ms[0];
+    p->tokens_per_s = 1000.0 / p->ms_median;
+}
+
 static int time_steps(ellm_context *ctx, const int32_t *ids, int n_ctx, int d, int n, double *step_ms,
                       bench_point *p) {
     ellm_error err = {0};
@@ -87,10 +95,7 @@ static int time_steps(ellm_context *ctx, const int32_t *ids, int n_ctx, int d, i
         }
         step_ms[s] = ellm_time_ms() - t0;
     }
-    qsort(step_ms, (size_t)n, sizeof *step_ms, cmp_double);
-    p->ms_median = step_ms[n / 2];
-    p->ms_min = step_ms[0];
-    p->tokens_per_s = 1000.0 / p->ms_median;
+    set_latency(p, step_ms, n);
     return 1;
 }
 
@@ -124,11 +129,8 @@ static int time_interleaved(ellm_context *ctx, ellm_context *ctx0, const int32_t
         }
         done += k;
     }
-    qsort(step_ms, (size_t)n, sizeof *step_ms, cmp_double);
+    set_latency(p, step_ms, n);
     qsort(base_ms, (size_t)n, sizeof *base_ms, cmp_double);
-    p->ms_median = step_ms[n / 2];
-    p->ms_min = step_ms[0];
-    p->tokens_per_s = 1000.0 / p->ms_median;
     p->vs_empty = base_ms[n / 2] / p->ms_median;
     return 1;
 fail:
