@@ -65,44 +65,41 @@ void kern_act_q8k_row_ref(const float *x, int64_t cols, int off, void *row) {
  * Integer dot products are exact per block; blocks are summed in float in
  * column order. */
 
-/* Float weights: one sequential float sum per output. */
+/* Element i of a float-typed weight row as float. */
+static inline float float_weight(int type, const void *w, int64_t i) {
+    switch (type) {
+    case QTYPE_F16: return ellm_f16_to_f32(((const ellm_f16 *)w)[i]);
+    case QTYPE_BF16: return ellm_bf16_to_f32(((const ellm_bf16 *)w)[i]);
+    default: return ((const float *)w)[i];
+    }
+}
+
+/* Float weights (F32, F16, BF16): one sequential float sum per output. */
+static inline void matmul_float_ref(int type, const void *W, int64_t cols, int64_t r0, int64_t r1,
+                                    const void *act, int nb, float *Y, int64_t ldy) {
+    const size_t row_bytes = (size_t)cols * (type == QTYPE_F32 ? 4 : 2);
+    for (int64_t r = r0; r < r1; r++) {
+        const void *w = (const char *)W + (size_t)r * row_bytes;
+        for (int b = 0; b < nb; b++) {
+            const float *x = act_get_row(ACT_F32, act, cols, b).x;
+            float s = 0;
+            for (int64_t c = 0; c < cols; c++) s += float_weight(type, w, c) * x[c];
+            Y[b * ldy + r] = s;
+        }
+    }
+}
+
 static void matmul_f32_ref(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
                            int nb, float *Y, int64_t ldy) {
-    for (int64_t r = r0; r < r1; r++) {
-        const float *w = (const float *)W + r * cols;
-        for (int b = 0; b < nb; b++) {
-            const float *x = act_get_row(ACT_F32, act, cols, b).x;
-            float s = 0;
-            for (int64_t c = 0; c < cols; c++) s += w[c] * x[c];
-            Y[b * ldy + r] = s;
-        }
-    }
+    matmul_float_ref(QTYPE_F32, W, cols, r0, r1, act, nb, Y, ldy);
 }
-
 static void matmul_f16_ref(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
                            int nb, float *Y, int64_t ldy) {
-    for (int64_t r = r0; r < r1; r++) {
-        const ellm_f16 *w = (const ellm_f16 *)W + r * cols;
-        for (int b = 0; b < nb; b++) {
-            const float *x = act_get_row(ACT_F32, act, cols, b).x;
-            float s = 0;
-            for (int64_t c = 0; c < cols; c++) s += ellm_f16_to_f32(w[c]) * x[c];
-            Y[b * ldy + r] = s;
-        }
-    }
+    matmul_float_ref(QTYPE_F16, W, cols, r0, r1, act, nb, Y, ldy);
 }
-
 static void matmul_bf16_ref(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
                             int nb, float *Y, int64_t ldy) {
-    for (int64_t r = r0; r < r1; r++) {
-        const ellm_bf16 *w = (const ellm_bf16 *)W + r * cols;
-        for (int b = 0; b < nb; b++) {
-            const float *x = act_get_row(ACT_F32, act, cols, b).x;
-            float s = 0;
-            for (int64_t c = 0; c < cols; c++) s += ellm_bf16_to_f32(w[c]) * x[c];
-            Y[b * ldy + r] = s;
-        }
-    }
+    matmul_float_ref(QTYPE_BF16, W, cols, r0, r1, act, nb, Y, ldy);
 }
 
 /* Q8_0 / Q4_0: exact int dot per 32-block, scaled by dw * da. */
