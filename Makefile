@@ -54,7 +54,7 @@ $(BUILD)/tests/%: $(BUILD)/tests/%.o $(LIB)
 # Benchmarks (not tests): `make bench` builds them into $(BUILD)/bench/.
 $(BUILD)/bench/%: $(BUILD)/bench/%.o $(LIB)
 	$(CC) $(CFLAGS) $^ -o $@ $(LDFLAGS) $(LDLIBS)
-bench: $(BUILD)/bench/bench_tokenizer $(BUILD)/bench/bench_sparse_attention
+bench: $(addprefix $(BUILD)/bench/,bench_tokenizer bench_attention bench_sparse_attention bench_sparse bench_kernels)
 
 run: deps all
 	$(BUILD)/ellm run -n 200 --stats

@@ -6,15 +6,16 @@
  * and comes from DRAM, as in a real decode step. Reports ms per step and GB/s
  * of KV read, next to a plain streaming-read bandwidth for comparison.
  *
- *   bench_attention [n_q] [--no-pin]     n_q: query tokens per step (default 1) */
+ *   make bench && build/bench/bench_attention [n_q] [--no-pin]
+ *     n_q: query tokens per step (default 1) */
 #include "attention/attention.h"
 #include "attention/kv_cache.h"
 #include "core/cpu.h"
+#include "ellm.h"
 #include "core/threadpool.h"
 #include "core/timer.h"
 #include "kernels/quant.h"
 
-#include <immintrin.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,45 +25,6 @@
 #define N_KV 3
 #define HEAD_DIM 64
 #define BLOCK 32
-
-typedef struct {
-    const char *buf;
-    size_t bytes;
-    double sink[64];
-} read_job;
-
-/* Streams this thread's share of the buffer (the bandwidth yardstick). */
-__attribute__((target("avx2"))) static void read_part(void *arg, int ith, int nth) {
-    read_job *j = arg;
-    long b, e;
-    threadpool_split((long)(j->bytes / 64), ith, nth, 1, &b, &e);
-    __m256 acc = _mm256_setzero_ps();
-    for (long i = b; i < e; i++) {
-        const __m256 *p = (const __m256 *)(j->buf + (size_t)i * 64);
-        acc = _mm256_add_ps(acc, _mm256_add_ps(_mm256_load_ps((const float *)p),
-                                               _mm256_load_ps((const float *)(p + 1))));
-    }
-    float t[8];
-    _mm256_storeu_ps(t, acc);
-    j->sink[ith] = t[0];
-}
-
-static double read_bandwidth(threadpool *pool) {
-    read_job j = {.bytes = (size_t)1 << 30};
-    char *buf = aligned_alloc(64, j.bytes);
-    if (!buf) return 0;
-    memset(buf, 1, j.bytes);
-    j.buf = buf;
-    double best = 0;
-    for (int rep = 0; rep < 3; rep++) {
-        double t0 = ellm_time_ms();
-        threadpool_run(pool, read_part, &j);
-        double gbs = (double)j.bytes / ((ellm_time_ms() - t0) * 1e6);
-        if (gbs > best) best = gbs;
-    }
-    free(buf);
-    return best;
-}
 
 int main(int argc, char **argv) {
     int n_q = 1, pin = 1;
@@ -117,7 +79,8 @@ int main(int argc, char **argv) {
             fprintf(stderr, "%s\n", err.msg);
             return 1;
         }
-        printf("threads %d: streaming read %.1f GB/s\n", nt, read_bandwidth(pool));
+        printf("threads %d: streaming read %.1f GB/s\n", nt,
+               ellm_measure_read_gbps(nt, (size_t)1 << 30, 3));
         for (int di = 0; di < 3; di++) {
             int depth = depths[di];
             attention_args a = {kv, 0, n_q, depth, N_HEAD, q, out, 0.125f};

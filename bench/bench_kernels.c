@@ -17,9 +17,7 @@
  * K-quants need columns that are multiples of 256, so for them the same
  * layouts use d = 768, kv = 256, ffn = 2048, vocab = 32000.
  *
- *   cc -O2 -std=c11 -D_GNU_SOURCE -Iinclude -Isrc bench/bench_kernels.c build/libellm.a \
- *      -o build/bench_kernels -lm -lpthread
- *   build/bench_kernels [-s big,shape,model,hot] [-n 1,8] [-i avx512] [-r reps] [type ...]
+ *   make bench && build/bench/bench_kernels [-s big,shape,model,hot] [-n 1,8] [-i avx512] [-r reps] [type ...]
  *      (types by name: q8_0 q4_0 q4_K q6_K f16 bf16 f32; default q8_0 q4_0 q4_K q6_K f16)
  * Each line gives GB/s over the median wall time, the median thread CPU time
  * and the best CPU time of `reps` runs (the machine may be shared: compare

@@ -10,8 +10,7 @@
  * (as streaming the KV cache does in a real step), "hot" does not. Also times
  * the append of one token to all layers (the index's share of a decode step).
  *
- *   cc -O2 -std=c11 -D_GNU_SOURCE -Iinclude -Isrc bench/bench_sparse.c build/libellm.a -lm -lpthread
- *   ./a.out [steps] [expand]      (default 20 steps, expand 2; ELLM_ISA=avx2|scalar to force) */
+ *   make bench && build/bench/bench_sparse [steps] [expand]      (default 20 steps, expand 2; ELLM_ISA=avx2|scalar to force) */
 #include "attention/sparse_index.h"
 #include "core/cpu.h"
 #include "core/timer.h"
