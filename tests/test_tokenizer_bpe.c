@@ -47,26 +47,6 @@ static tokenizer *open_hf(const char *rel) {
     return st == ELLM_OK ? t : NULL;
 }
 
-/* Encodes into a malloc'ed array (*n ids); NULL on error (status in *st). */
-static int32_t *encode(const tokenizer *t, const char *s, size_t len, int bos, int special, int *n,
-                       ellm_status *st_out) {
-    ellm_error err = {0};
-    int need = 0;
-    ellm_status st = tokenizer_encode(t, s, len, bos, special, NULL, 0, &need, &err);
-    if (st != ELLM_OK && st != ELLM_ERR_ARG) {
-        if (st_out) *st_out = st;
-        return NULL;
-    }
-    int32_t *ids = malloc(((size_t)need + 1) * sizeof(int32_t));
-    st = tokenizer_encode(t, s, len, bos, special, ids, need, n, &err);
-    if (st_out) *st_out = st;
-    if (st != ELLM_OK) {
-        fprintf(stderr, "  encode: %s\n", err.msg);
-        free(ids);
-        return NULL;
-    }
-    return ids;
-}
 
 
 /* ---- golden vectors: .inp strings separated by "\n__ggml_vocab_test__\n",

@@ -5,6 +5,7 @@
 #define ELLM_TESTS_VOCAB_VECTORS_H
 
 #include "harness.h"
+#include "tokenizer/tokenizer.h"
 
 #include <stdint.h>
 #include <stdio.h>
@@ -16,6 +17,31 @@ static char path_buf[1024];
 static const char *data_path(const char *rel) {
     snprintf(path_buf, sizeof(path_buf), "%s/%s", test_data_dir(), rel);
     return path_buf;
+}
+
+/* Encodes into a malloc'ed array (*n ids); NULL on error (status in
+ * *st_out). A size query with no room must fail whenever there are ids. */
+static int32_t *encode(const tokenizer *t, const char *s, size_t len, int bos, int special, int *n,
+                       ellm_status *st_out) {
+    ellm_error err = {0};
+    int need = 0;
+    ellm_status st = tokenizer_encode(t, s, len, bos, special, NULL, 0, &need, &err);
+    if (st != ELLM_OK && st != ELLM_ERR_ARG) {
+        if (st_out) *st_out = st;
+        return NULL;
+    }
+    if (st == ELLM_OK && need != 0) {
+        if (st_out) *st_out = ELLM_ERR_ARG; /* cap 0 with tokens must fail */
+        return NULL;
+    }
+    int32_t *ids = malloc(((size_t)need + 1) * sizeof(int32_t));
+    st = tokenizer_encode(t, s, len, bos, special, ids, need, n, &err);
+    if (st_out) *st_out = st;
+    if (st != ELLM_OK) {
+        free(ids);
+        return NULL;
+    }
+    return ids;
 }
 
 /* Parses whitespace-separated ids of one line into a malloc'ed array. */
