@@ -840,6 +840,22 @@ static jv *f_tojson(jctx *c, jv *v, jargs *a, uint32_t pos) {
     return r;
 }
 
+/* The string v as a NUL-terminated C string in buf; 0 if empty or too long
+ * to be a number. */
+static int number_text(const jv *v, char *buf, size_t size) {
+    size_t n = v->u.s.n;
+    if (n == 0 || n >= size) return 0;
+    memcpy(buf, v->u.s.p, n);
+    buf[n] = 0;
+    return 1;
+}
+
+/* Whether strtoll/strtod consumed buf up to trailing whitespace. */
+static int parsed_whole(const char *buf, const char *end) {
+    while (*end == ' ' || *end == '\t' || *end == '\n') end++;
+    return *end == 0 && end != buf;
+}
+
 static jv *f_int(jctx *c, jv *v, jargs *a, uint32_t pos) {
     jv *def = arg(a, 0, "default");
     jv *base_v = arg(a, 1, "base");
@@ -853,18 +869,12 @@ static jv *f_int(jctx *c, jv *v, jargs *a, uint32_t pos) {
         if (!(v->u.f > -9.2e18 && v->u.f < 9.2e18)) break;
         return jv_int(c, (int64_t)v->u.f);
     case JV_STR: {
-        char buf[64];
-        size_t n = v->u.s.n;
-        if (n == 0 || n >= sizeof buf) break;
-        memcpy(buf, v->u.s.p, n);
-        buf[n] = 0;
-        char *end;
+        char buf[64], *end;
+        if (!number_text(v, buf, sizeof buf)) break;
         long long x = strtoll(buf, &end, (int)base);
-        while (*end == ' ' || *end == '\t' || *end == '\n') end++;
-        if (*end == 0 && end != buf) return jv_int(c, x);
+        if (parsed_whole(buf, end)) return jv_int(c, x);
         double f = strtod(buf, &end);
-        while (*end == ' ' || *end == '\t' || *end == '\n') end++;
-        if (*end == 0 && end != buf && f > -9.2e18 && f < 9.2e18) return jv_int(c, (int64_t)f);
+        if (parsed_whole(buf, end) && f > -9.2e18 && f < 9.2e18) return jv_int(c, (int64_t)f);
         break;
     }
     default: break;
@@ -880,15 +890,10 @@ static jv *f_float(jctx *c, jv *v, jargs *a, uint32_t pos) {
     case JV_INT:
     case JV_BOOL: return jv_float(c, as_f(v));
     case JV_STR: {
-        char buf[64];
-        size_t n = v->u.s.n;
-        if (n == 0 || n >= sizeof buf) break;
-        memcpy(buf, v->u.s.p, n);
-        buf[n] = 0;
-        char *end;
+        char buf[64], *end;
+        if (!number_text(v, buf, sizeof buf)) break;
         double f = strtod(buf, &end);
-        while (*end == ' ' || *end == '\t' || *end == '\n') end++;
-        if (*end == 0 && end != buf) return jv_float(c, f);
+        if (parsed_whole(buf, end)) return jv_float(c, f);
         break;
     }
     default: break;
