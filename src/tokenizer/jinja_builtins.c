@@ -640,39 +640,16 @@ static int sort_key(const sort_spec *sp, jv *item, jv **key) {
 static int sort_values(const sort_spec *sp, jv **v, size_t n) {
     jctx *c = sp->c;
     if (jb_count_iterations(c, n, sp->pos)) return -1;
-    jv **keys = jalloc(c, (n ? n : 1) * sizeof *keys * 4);
-    if (!keys) return -1;
-    jv **tmpv = keys + n, **tmpk = keys + 2 * n;
-    for (size_t i = 0; i < n; i++)
+    jv **keys = jalloc(c, (n ? n : 1) * 2 * sizeof *keys), **sorted = keys + n;
+    size_t *idx = jalloc(c, (n ? n : 1) * sizeof *idx);
+    if (!keys || !idx) return -1;
+    for (size_t i = 0; i < n; i++) {
         if (sort_key(sp, v[i], &keys[i])) return -1;
-    for (size_t w = 1; w < n; w *= 2) {
-        for (size_t lo = 0; lo < n; lo += 2 * w) {
-            size_t mid = lo + w < n ? lo + w : n, hi = lo + 2 * w < n ? lo + 2 * w : n;
-            size_t i = lo, j = mid, k = lo;
-            while (i < mid && j < hi) {
-                int r;
-                if (jv_compare(c, keys[j], keys[i], sp->fold_case, &r, sp->pos)) return -1;
-                if (sp->reverse) r = -r;
-                if (r < 0) {
-                    tmpv[k] = v[j];
-                    tmpk[k++] = keys[j++];
-                } else {
-                    tmpv[k] = v[i];
-                    tmpk[k++] = keys[i++];
-                }
-            }
-            while (i < mid) {
-                tmpv[k] = v[i];
-                tmpk[k++] = keys[i++];
-            }
-            while (j < hi) {
-                tmpv[k] = v[j];
-                tmpk[k++] = keys[j++];
-            }
-        }
-        memcpy(v, tmpv, n * sizeof *v);
-        memcpy(keys, tmpk, n * sizeof *keys);
+        idx[i] = i;
     }
+    if (jv_sort_indices(c, keys, idx, n, sp->fold_case, sp->reverse, sp->pos)) return -1;
+    for (size_t i = 0; i < n; i++) sorted[i] = v[idx[i]];
+    memcpy(v, sorted, n * sizeof *v);
     return 0;
 }
 

@@ -302,6 +302,11 @@ int jv_equal(jctx *c, const jv *a, const jv *b, int depth);
  * incomparable types (error recorded at pos). `fold_case`: compare strings
  * ignoring ASCII case (the sort filters' default). */
 int jv_compare(jctx *c, const jv *a, const jv *b, int fold_case, int *res, uint32_t pos);
+/* Stable merge sort of the permutation idx[0..n) so that keys[idx[i]] ascend
+ * by jv_compare (descend with `reverse`, equal keys keeping their order); -1
+ * if a comparison fails (error recorded at pos). */
+int jv_sort_indices(jctx *c, jv *const *keys, size_t *idx, size_t n, int fold_case, int reverse,
+                    uint32_t pos);
 
 /* Python str(v) / repr(v) appended to b. */
 int jv_write_str(jctx *c, jbuf *b, const jv *v);

@@ -650,9 +650,8 @@ static int json_newline(jctx *c, jbuf *b, const jjson_opts *o, int level) {
     return 0;
 }
 
-/* Stable merge sort of dict entry indices by key (sort_keys). */
-static int sort_indices(jctx *c, const jdict *d, size_t *idx, uint32_t pos) {
-    size_t n = d->n;
+int jv_sort_indices(jctx *c, jv *const *keys, size_t *idx, size_t n, int fold_case, int reverse,
+                    uint32_t pos) {
     size_t *tmp = jalloc(c, (n ? n : 1) * sizeof *tmp);
     if (!tmp) return -1;
     for (size_t w = 1; w < n; w *= 2) {
@@ -661,7 +660,8 @@ static int sort_indices(jctx *c, const jdict *d, size_t *idx, uint32_t pos) {
             size_t i = lo, j = mid, k = lo;
             while (i < mid && j < hi) {
                 int r;
-                if (jv_compare(c, d->keys[idx[j]], d->keys[idx[i]], 0, &r, pos)) return -1;
+                if (jv_compare(c, keys[idx[j]], keys[idx[i]], fold_case, &r, pos)) return -1;
+                if (reverse) r = -r;
                 tmp[k++] = r < 0 ? idx[j++] : idx[i++];
             }
             while (i < mid) tmp[k++] = idx[i++];
@@ -707,7 +707,7 @@ int jv_write_json(jctx *c, jbuf *b, const jv *v, const jjson_opts *o, int depth,
         size_t *idx = jalloc(c, d->n * sizeof *idx);
         if (!idx) return -1;
         for (size_t i = 0; i < d->n; i++) idx[i] = i;
-        if (o->sort_keys && sort_indices(c, d, idx, pos)) return -1;
+        if (o->sort_keys && jv_sort_indices(c, d->keys, idx, d->n, 0, 0, pos)) return -1;
         if (jbuf_putc(c, b, '{')) return -1;
         for (size_t i = 0; i < d->n; i++) {
             const jv *k = d->keys[idx[i]];
