@@ -106,19 +106,10 @@ typedef struct {
 
 /* ---- symbol ids ---- */
 
-static uint32_t str_hash(const char *s, size_t n) {
-    uint32_t h = 2166136261u; /* FNV-1a */
-    for (size_t i = 0; i < n; i++) {
-        h ^= (uint8_t)s[i];
-        h *= 16777619u;
-    }
-    return h;
-}
-
 /* Index of p[0, n) among the extra texts, or -1. */
 static int32_t extra_find(const bpe_state *s, const char *p, size_t n) {
     if (s->n_x == 0) return -1;
-    uint32_t h = str_hash(p, n);
+    uint32_t h = tok_hash(p, n);
     for (uint32_t i = h & s->x_mask;; i = (i + 1) & s->x_mask) {
         const tok_slot *sl = &s->x_slot[i];
         if (sl->id < 0) return -1;
@@ -143,7 +134,7 @@ static ellm_status extra_rehash(bpe_state *s, uint32_t n_slots, ellm_error *err)
     if (!slot) return ellm_fail(err, ELLM_ERR_NOMEM, "tokenizer: out of memory (merge texts)");
     for (uint32_t i = 0; i < n_slots; i++) slot[i] = (tok_slot){0, -1};
     for (int32_t x = 0; x < s->n_x; x++) {
-        uint32_t h = str_hash(s->x_text + s->x_off[x], s->x_off[x + 1] - s->x_off[x]);
+        uint32_t h = tok_hash(s->x_text + s->x_off[x], s->x_off[x + 1] - s->x_off[x]);
         uint32_t i = h & (n_slots - 1);
         while (slot[i].id >= 0) i = (i + 1) & (n_slots - 1);
         slot[i] = (tok_slot){h, x};
@@ -187,7 +178,7 @@ static ellm_status sid_intern(const tokenizer *t, bpe_state *s, const char *p, s
     s->x_len += n;
     int32_t x = s->n_x++;
     s->x_off[x + 1] = s->x_len;
-    uint32_t h = str_hash(p, n);
+    uint32_t h = tok_hash(p, n);
     uint32_t i = h & s->x_mask;
     while (s->x_slot[i].id >= 0) i = (i + 1) & s->x_mask;
     s->x_slot[i] = (tok_slot){h, x};
@@ -861,7 +852,7 @@ static ellm_status bpe_word(bpe_ctx *c, const char *p, size_t n) {
         bw->cache = calloc(BPE_CACHE_SLOTS, sizeof(*bw->cache));
         if (!bw->cache) return bpe_merge_word(c, p, n);
     }
-    uint32_t h = str_hash(p, n);
+    uint32_t h = tok_hash(p, n);
     struct bpe_cached *e = cache_slot(bw, p, n, h);
     if (e && e->len) {
         for (int i = 0; i < e->n_ids; i++) tok_sink_push(c->out, bw->cache_ids[e->ids + i]);

@@ -57,15 +57,6 @@ ellm_status tok_work_reserve(void **p, size_t *cap, size_t need, ellm_error *err
 
 /* ---- text -> id hash ---- */
 
-static uint32_t tok_hash(const char *s, size_t n) {
-    uint32_t h = 2166136261u; /* FNV-1a */
-    for (size_t i = 0; i < n; i++) {
-        h ^= (uint8_t)s[i];
-        h *= 16777619u;
-    }
-    return h;
-}
-
 int32_t tok_find(const tokenizer *t, const char *s, size_t n) {
     uint32_t h = tok_hash(s, n);
     for (uint32_t i = h & t->slot_mask;; i = (i + 1) & t->slot_mask) {

@@ -169,6 +169,16 @@ static inline const char *tok_text(const tokenizer *t, int32_t id, size_t *len) 
 /* Id of the token whose text is exactly s[0..n), or -1. */
 int32_t tok_find(const tokenizer *t, const char *s, size_t n);
 
+/* FNV-1a hash of s[0, n), for the tokenizers' text-keyed tables. */
+static inline uint32_t tok_hash(const char *s, size_t n) {
+    uint32_t h = 2166136261u;
+    for (size_t i = 0; i < n; i++) {
+        h ^= (uint8_t)s[i];
+        h *= 16777619u;
+    }
+    return h;
+}
+
 /* Length of the UTF-8 sequence that starts with byte `b`, from its lead bits
  * alone (a stray continuation byte counts as 1), as llama.cpp splits text. */
 static inline size_t tok_utf8_len(uint8_t b) {
