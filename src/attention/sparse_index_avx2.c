@@ -81,14 +81,7 @@ void sparse_fold_avx2(const float *k, size_t stride, int n, int hd, int f16, flo
         _mm256_storeu_ps(lo + c, l);
         _mm256_storeu_ps(hi + c, h);
     }
-    for (int i = 0; i < n && full < hd; i++) {
-        const float *row = k + (size_t)i * stride;
-        for (int c = full; c < hd; c++) {
-            float x = f16 ? ellm_f16_to_f32(ellm_f32_to_f16(row[c])) : row[c];
-            lo[c] = x < lo[c] ? x : lo[c];
-            hi[c] = x > hi[c] ? x : hi[c];
-        }
-    }
+    if (full < hd) sparse_fold_scalar(k + full, stride, n, hd - full, f16, lo + full, hi + full);
 }
 
 void sparse_round_avx2(const float *lo, const float *hi, int hd, uint16_t *lo16, uint16_t *hi16) {
