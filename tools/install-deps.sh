@@ -1,7 +1,13 @@
 #!/bin/sh
 # Installs the Debian packages eLLM needs to build and test, when run as root;
 # otherwise prints the apt-get line to run.
-PKGS="gcc make libpcre2-dev libcjson-dev libutf8proc-dev"
+#   build:   gcc make, PCRE2 (pre-tokenizer regexes), cJSON, utf8proc,
+#            libmicrohttpd (HTTP server), hwloc + libnuma (topology, placement)
+#   tests:   Open MPI (sharded KV across ranks), Debian's chromium (the chat
+#            page in a real headless browser), clang (libFuzzer harnesses)
+#   bench:   gnuplot (plots in bench/RESULTS.md)
+PKGS="gcc make libpcre2-dev libcjson-dev libutf8proc-dev libmicrohttpd-dev libhwloc-dev
+      libnuma-dev hwloc-nox openmpi-bin libopenmpi-dev chromium gnuplot-nox clang"
 missing=""
 for p in $PKGS; do
     dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"
