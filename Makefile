@@ -8,7 +8,7 @@ OPT     ?= -O2
 CFLAGS  ?= $(OPT) -g
 CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wshadow -Wno-unused-parameter \
            -fno-math-errno -Iinclude -Isrc -MMD -MP
-LDLIBS  += -lpcre2-8 -lcjson -lutf8proc -lm -lpthread
+LDLIBS  += -lpcre2-8 -lcjson -lutf8proc -lhwloc -lnuma -lm -lpthread
 
 # Kernels for one ISA live in *_avx2.c / *_avx512.c files compiled for that ISA;
 # the binary picks at run time, so no -march=native is ever needed.
