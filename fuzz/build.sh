@@ -1,6 +1,7 @@
 #!/bin/sh
-# Builds the tokenizer fuzz targets with clang's libFuzzer, AddressSanitizer
-# and UBSan into build/fuzz/, and writes their seed corpora (fuzz/README.md).
+# Builds the tokenizer and chat template fuzz targets with clang's libFuzzer,
+# AddressSanitizer and UBSan into build/fuzz/, and writes their seed corpora
+# (fuzz/README.md).
 set -eu
 cd "$(dirname "$0")/.."
 OUT=build/fuzz
@@ -10,11 +11,13 @@ SAN="-fsanitize=address,undefined -fno-sanitize-recover=undefined"
 CFLAGS="-g -O1 -std=c11 -D_GNU_SOURCE -Iinclude -Isrc -Ifuzz -fno-omit-frame-pointer $SAN"
 LIBS="-lpcre2-8 -lcjson -lutf8proc -lm -lpthread"
 SRC="src/tokenizer/tokenizer.c src/tokenizer/spm.c src/tokenizer/bpe.c src/tokenizer/hf_json.c
-     src/tokenizer/detok.c src/model/gguf.c src/kernels/quant.c src/core/status.c"
+     src/tokenizer/detok.c src/gguf/gguf.c src/kernels/quant.c src/core/status.c"
+CHAT_SRC="$(ls src/chat/*.c) src/gguf/gguf.c src/kernels/quant.c src/core/status.c"
 for t in fuzz_tokenize fuzz_gguf_tokenizer fuzz_hf_json; do
     $CC $CFLAGS -fsanitize=fuzzer $SRC "fuzz/$t.c" -o "$OUT/$t" $LIBS
 done
+$CC $CFLAGS -fsanitize=fuzzer $CHAT_SRC fuzz/fuzz_chat_template.c -o "$OUT/fuzz_chat_template" $LIBS
 # The seed writer is an ordinary program.
-$CC $CFLAGS $SRC src/model/gguf_writer.c fuzz/make_seeds.c -o "$OUT/make_seeds" $LIBS
+$CC $CFLAGS $SRC src/gguf/gguf_writer.c fuzz/make_seeds.c -o "$OUT/make_seeds" $LIBS
 "$OUT/make_seeds" "$OUT/seeds" tests/data
 echo "built: $(ls "$OUT" | grep '^fuzz_' | tr '\n' ' ')"

@@ -1,12 +1,12 @@
-/* libFuzzer harness for the chat template interpreter (src/tokenizer/
- * chat_template.h, jinja_*.c). The input is a template; if it contains a NUL
+/* libFuzzer harness for the chat template interpreter (src/chat/chat.h,
+ * jinja_*.c). The input is a template; if it contains a NUL
  * byte, what follows the first NUL becomes the content of one more user
  * message, so message text is fuzzed too. Each input is parsed on its own
  * (chat_template_check) and rendered over a fixed conversation with tight
  * limits, so that runaway templates end quickly instead of timing out.
  * Any status is fine; crashes, leaks, sanitizer reports and timeouts are not.
  * Build and run: see fuzz/README.md. */
-#include "tokenizer/chat_template.h"
+#include "chat/chat.h"
 
 #include <stdint.h>
 #include <stdlib.h>

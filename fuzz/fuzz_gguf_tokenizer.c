@@ -5,7 +5,7 @@
  * vocabularies. */
 #include "fuzz_common.h"
 
-#include "model/gguf.h"
+#include "gguf/gguf.h"
 
 #include <stdint.h>
 

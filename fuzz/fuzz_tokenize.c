@@ -7,7 +7,7 @@
  * byte's token drops that byte, as llama.cpp does). */
 #include "fuzz_common.h"
 
-#include "model/gguf.h"
+#include "gguf/gguf.h"
 
 #include <stdint.h>
 

@@ -4,7 +4,7 @@
  *                  after a NUL byte), one per supported component
  *   OUT_DIR/text/  llama.cpp's tokenizer test strings, with a selector byte
  * usage: make_seeds OUT_DIR [TEST_DATA_DIR]   (see fuzz/README.md) */
-#include "model/gguf_writer.h"
+#include "gguf/gguf_writer.h"
 
 #include <stdint.h>
 #include <stdio.h>

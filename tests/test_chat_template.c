@@ -12,8 +12,8 @@
  *    template renders or fails cleanly. */
 #include "harness.h"
 
-#include "model/gguf.h"
-#include "tokenizer/chat_template.h"
+#include "gguf/gguf.h"
+#include "chat/chat.h"
 
 #include <dirent.h>
 #include <string.h>

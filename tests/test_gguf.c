@@ -3,7 +3,7 @@
  * alignments), and malformed input: every corruption must end in a specific
  * error whose message names the problem, never in a crash or an over-read
  * (buffers are malloc'ed at their exact size so AddressSanitizer sees any). */
-#include "model/gguf.h"
+#include "gguf/gguf.h"
 #include "kernels/quant.h"
 #include "harness.h"
 

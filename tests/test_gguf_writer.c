@@ -7,8 +7,8 @@
 
 #include "core/status.h"
 #include "kernels/quant.h"
-#include "model/gguf.h"
-#include "model/gguf_writer.h"
+#include "gguf/gguf.h"
+#include "gguf/gguf_writer.h"
 
 /* The CLI is not part of libellm.a, so `ellm synth` and its argument helpers
  * are compiled into this test directly. */

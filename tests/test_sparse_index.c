@@ -12,7 +12,7 @@
 #include "core/cpu.h"
 #include "core/fp16.h"
 #include "core/threadpool.h"
-#include "engine/context.h"
+#include "engine/engine_impl.h"
 #include "harness.h"
 #include "kernels/quant.h"
 #include "model/model.h"

@@ -4,7 +4,7 @@
 #include "harness.h"
 #include "vocab_vectors.h"
 
-#include "model/gguf.h"
+#include "gguf/gguf.h"
 #include "tokenizer/tokenizer.h"
 
 #include <stdint.h>

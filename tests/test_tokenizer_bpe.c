@@ -8,7 +8,7 @@
 
 #include "ellm.h"
 
-#include "model/gguf.h"
+#include "gguf/gguf.h"
 #include "tokenizer/tokenizer.h"
 
 #include <stdint.h>

@@ -22,8 +22,8 @@
 #include "core/status.h"
 #include "core/timer.h"
 #include "kernels/quant.h"
-#include "model/gguf.h"
-#include "model/gguf_writer.h"
+#include "gguf/gguf.h"
+#include "gguf/gguf_writer.h"
 
 #include <limits.h>
 #include <math.h>

@@ -1,7 +1,8 @@
-/* Public tokenizer entry points: thin wrappers over the model's tokenizer. */
+/* Public tokenizer and chat entry points of a model: thin wrappers over the
+ * model's tokenizer and the chat module. */
+#include "chat/chat.h"
 #include "core/status.h"
 #include "model/model.h"
-#include "tokenizer/chat_template.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +18,10 @@ int ellm_detok_push(const ellm_model *model, ellm_detok *state, int32_t token, c
 
 int ellm_detok_flush(ellm_detok *state, char *out, size_t cap) {
     return tokenizer_detok_flush(state, out, cap);
+}
+
+const ellm_tokenizer *ellm_model_tokenizer(const ellm_model *model) {
+    return model ? (const ellm_tokenizer *)model->tok : NULL;
 }
 
 int32_t ellm_token_bos(const ellm_model *model) { return tokenizer_bos(model->tok); }

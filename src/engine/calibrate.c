@@ -2,22 +2,12 @@
  * captures per layer and KV head at several budgets, then allocate a total
  * budget across heads where it buys the most recall. */
 #include "core/status.h"
-#include "engine/context.h"
+#include "engine/engine_impl.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-void engine_calibrate_layer(struct ellm_context *ctx, int layer, int len) {
-    const model_config *c = &ctx->model->cfg;
-    for (int h = 0; h < c->n_head_kv; h++) {
-        double *sum = ctx->calib->sum + ((size_t)layer * c->n_head_kv + h) * ctx->calib->n_budgets;
-        for (int b = 0; b < ctx->calib->n_budgets; b++)
-            sum[b] += engine_sparse_probe_recall(ctx, layer, h, len, ctx->calib->budgets[b]);
-    }
-    if (layer == c->n_layer - 1) (*ctx->calib->n_samples)++;
-}
 
 ellm_status ellm_sparse_calibrate(ellm_context *ctx, const int32_t *tokens, int n, const int *budgets,
                                   int n_budgets, int sample_every, double *sum, int64_t *n_samples,

@@ -1,6 +1,6 @@
 /* Context lifecycle and the public decode API. */
-#include "engine/context.h"
 #include "core/status.h"
+#include "engine/engine_impl.h"
 #include "kernels/kernels.h"
 #include "kernels/quant.h"
 
@@ -193,49 +193,6 @@ ellm_status ellm_context_set_sparse(ellm_context *ctx, int sparse_topk, ellm_err
         return ellm_fail(err, ELLM_ERR_ARG, "this context was created dense-only (no sparse index)");
     ctx->sparse_topk = sparse_topk;
     return ELLM_OK;
-}
-
-int engine_sparse_budget(const struct ellm_context *ctx, int layer, int head) {
-    const ellm_context_params *p = &ctx->params;
-    float w = ctx->head_weight[layer * ctx->model->cfg.n_head_kv + head];
-    int b = (int)(ctx->sparse_topk * w + 0.5f);
-    /* never below what the sink and the window take, plus one block */
-    int floor_b = (p->sparse_sink_blocks + 1) * KV_BLOCK_TOKENS + p->sparse_window;
-    return b > floor_b ? b : floor_b;
-}
-
-/* Moves budget towards the heads where it buys the most: each sample measures,
- * per head, the recall gained by 64 more tokens; weights follow
- * w *= exp(eta * (gain - mean) / mean), clamped to [1/2, 2] and renormalized
- * to a mean of 1 over the sparse heads, so the total budget is unchanged. */
-void engine_sparse_adapt(struct ellm_context *ctx) {
-    const model_config *c = &ctx->model->cfg;
-    double sum_g = 0;
-    int n = 0;
-    for (int l = 0; l < c->n_layer; l++)
-        for (int h = 0; h < c->n_head_kv && !ctx->layer_dense[l]; h++) {
-            float g = ctx->gain_ema[l * c->n_head_kv + h];
-            if (g >= 0) {
-                sum_g += g;
-                n++;
-            }
-        }
-    if (n == 0 || sum_g <= 0) return;
-    double mean_g = sum_g / n, sum_w = 0;
-    int nw = 0;
-    for (int l = 0; l < c->n_layer; l++)
-        for (int h = 0; h < c->n_head_kv && !ctx->layer_dense[l]; h++) {
-            float *w = &ctx->head_weight[l * c->n_head_kv + h];
-            float g = ctx->gain_ema[l * c->n_head_kv + h];
-            if (g >= 0) *w *= expf((float)(0.25 * (g - mean_g) / mean_g));
-            if (*w < 0.5f) *w = 0.5f;
-            if (*w > 2.0f) *w = 2.0f;
-            sum_w += *w;
-            nw++;
-        }
-    for (int l = 0; l < c->n_layer; l++)
-        for (int h = 0; h < c->n_head_kv && !ctx->layer_dense[l]; h++)
-            ctx->head_weight[l * c->n_head_kv + h] *= (float)(nw / sum_w);
 }
 
 /* Reads the next line that is not blank or a '#' comment into buf; 0 at EOF. */

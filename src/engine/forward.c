@@ -4,9 +4,9 @@
  * kern_matmul call per thread, so prefill and speculative verification read
  * each weight once per pass. Element-wise work (norms, RoPE, SwiGLU) is cheap
  * next to the matmuls and runs on the calling thread. */
-#include "engine/context.h"
-#include "kernels/kernels.h"
 #include "core/timer.h"
+#include "engine/engine_impl.h"
+#include "kernels/kernels.h"
 #include "kernels/quant.h"
 
 #include <math.h>
@@ -68,41 +68,6 @@ static int sparse_attention_layer(struct ellm_context *ctx, const attention_args
      * the share of the step's wall time they take. */
     ctx->stats.select_ms += (double)select_ns / 1e6 / threadpool_size(ctx->pool);
     return 1;
-}
-
-float engine_sparse_probe_recall(struct ellm_context *ctx, int layer, int head, int len, int budget) {
-    const model_config *c = &ctx->model->cfg;
-    if (budget >= len) return 1.0f;
-    int group = c->n_head / c->n_head_kv, nb = 0;
-    sparse_index_select(ctx->sidx, layer, head, ctx->q, 1, group, len, budget, ctx->params.sparse_sink_blocks,
-                        ctx->params.sparse_window, ctx->probe_blocks, &nb, NULL);
-    return sparse_index_recall(ctx->kv, layer, head, ctx->q, 1, group, len, ctx->probe_blocks, nb,
-                               1.0f / sqrtf((float)c->head_dim), NULL);
-}
-
-/* Recall of the blocks just chosen for `layer`: the true attention mass they
- * hold, from a dense scan (sampled every sparse_recall_every decode steps). */
-static void sparse_sample_recall(struct ellm_context *ctx, int layer, int len) {
-    const model_config *c = &ctx->model->cfg;
-    int group = c->n_head / c->n_head_kv;
-    for (int h = 0; h < c->n_head_kv; h++) {
-        float r = sparse_index_recall(ctx->kv, layer, h, ctx->q, 1, group, len,
-                                      ctx->sel_blocks + (size_t)h * ctx->max_blocks, ctx->sel_n[h],
-                                      1.0f / sqrtf((float)c->head_dim), NULL);
-        ellm_context_stats *st = &ctx->stats;
-        st->sparse_recall = (st->sparse_recall * (double)st->recall_samples + r) / (double)(st->recall_samples + 1);
-        st->recall_samples++;
-        float *ema = &ctx->recall_ema[layer * c->n_head_kv + h];
-        *ema = *ema < 0 ? r : 0.9f * *ema + 0.1f * r;
-        if (!ctx->params.sparse_adapt) continue;
-        /* Probe: the recall 64 more tokens would buy this head. */
-        int budget = engine_sparse_budget(ctx, layer, h);
-        if (budget + 64 >= len) continue;
-        float r2 = engine_sparse_probe_recall(ctx, layer, h, len, budget + 64);
-        float g = r2 > r ? r2 - r : 0.0f;
-        float *gema = &ctx->gain_ema[layer * c->n_head_kv + h];
-        *gema = *gema < 0 ? g : 0.9f * *gema + 0.1f * g;
-    }
 }
 
 /* Up to 3 matmuls sharing one launch (Q/K/V, gate/up): threads split the
@@ -218,7 +183,7 @@ void engine_forward(struct ellm_context *ctx, const int32_t *tokens, int n, int 
                              .scale = 1.0f / sqrtf((float)hd)};
         if (sparse_attention_layer(ctx, &aa, n, pos + n)) {
             step_sparse = 1;
-            if (sample_recall) sparse_sample_recall(ctx, l, pos + n);
+            if (sample_recall) engine_sparse_sample_recall(ctx, l, pos + n);
         } else {
             attention_forward(&aa, ctx->attn_ws, ctx->pool);
         }

@@ -1,7 +1,7 @@
 /* Synthetic KV contents and the bandwidth self-test, for `ellm bench`. */
 #include "core/membw.h"
 #include "core/status.h"
-#include "engine/context.h"
+#include "engine/engine_impl.h"
 #include "kernels/kernels.h"
 
 #include <math.h>

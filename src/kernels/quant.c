@@ -1,7 +1,6 @@
 /* Tensor element types: the ggml type table and the reference (scalar)
  * quantizers and dequantizers that define each block format. */
 #include "kernels/quant.h"
-#include "kernels/kernels_impl.h"
 
 #include <math.h>
 #include <string.h>

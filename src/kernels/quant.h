@@ -6,8 +6,12 @@
 #ifndef ELLM_KERNELS_QUANT_H
 #define ELLM_KERNELS_QUANT_H
 
+#include "core/fp16.h"
+
+#include <assert.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 typedef enum {
     QTYPE_F32 = 0,
@@ -48,5 +52,86 @@ size_t qtype_row_bytes(int type, int64_t n);
  * quantizers compatible with ggml's format, for tests and `ellm synth`). */
 void qtype_dequantize_ref(int type, const void *src, float *dst, int64_t n);
 void qtype_quantize_ref(int type, const float *src, void *dst, int64_t n);
+
+/* ---- ggml block layouts (little-endian, packed by construction) ---------- */
+
+#define QK4_0 32
+#define QK8_0 32
+#define QK_K 256
+
+/* 32 weights: w[i] = d * ((qs[i] & 15) - 8), w[i + 16] = d * ((qs[i] >> 4) - 8). */
+typedef struct {
+    ellm_f16 d;
+    uint8_t qs[QK4_0 / 2];
+} block_q4_0;
+
+/* 32 weights: w[i] = d * qs[i]. */
+typedef struct {
+    ellm_f16 d;
+    int8_t qs[QK8_0];
+} block_q8_0;
+
+/* 256 weights in 8 sub-blocks of 32. Sub-block j has a 6-bit scale sc[j] and
+ * 6-bit min m[j] packed into `scales` (see q4k_scale_min); w = d*sc[j]*q -
+ * dmin*m[j]. qs[32g + l] holds element 64g + l in its low nibble and element
+ * 64g + 32 + l in its high nibble (g = 0..3). */
+typedef struct {
+    ellm_f16 d;    /* scale of the sub-block scales */
+    ellm_f16 dmin; /* scale of the sub-block mins */
+    uint8_t scales[12];
+    uint8_t qs[QK_K / 2];
+} block_q4_K;
+
+/* 256 weights in 16 sub-blocks of 16 with signed 8-bit scales; w = d *
+ * scales[e / 16] * (q - 32) with a 6-bit q. For half h (elements 128h ..
+ * 128h + 127) and l = 0..31, element 128h + 32k + l (k = 0..3) has its low 4
+ * bits in ql[64h + l + 32(k & 1)] (low nibble for k < 2, high for k >= 2) and
+ * its high 2 bits in bits 2k..2k+1 of qh[32h + l]. */
+typedef struct {
+    uint8_t ql[QK_K / 2];
+    uint8_t qh[QK_K / 4];
+    int8_t scales[QK_K / 16];
+    ellm_f16 d;
+} block_q6_K;
+
+/* ggml's 8-bit intermediate for k-quant dot products (listed for its size). */
+typedef struct {
+    float d;
+    int8_t qs[QK_K];
+    int16_t bsums[QK_K / 16];
+} block_q8_K;
+
+static_assert(sizeof(block_q4_0) == 18, "block_q4_0 size");
+static_assert(sizeof(block_q8_0) == 34, "block_q8_0 size");
+static_assert(sizeof(block_q4_K) == 144, "block_q4_K size");
+static_assert(sizeof(block_q6_K) == 210, "block_q6_K size");
+static_assert(sizeof(block_q8_K) == 292, "block_q8_K size");
+
+/* Decodes sub-block j's 6-bit scale and min from a Q4_K `scales` array: bytes
+ * 0..3 hold sc[0..3] (low 6 bits) and the top 2 bits of sc[4..7]; bytes 4..7
+ * hold m[0..3] and the top 2 bits of m[4..7]; bytes 8..11 hold the low
+ * nibbles of sc[4..7] (low) and m[4..7] (high). */
+static inline void q4k_scale_min(const uint8_t *s, int j, int *sc, int *m) {
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *m = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
+        *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
+/* Unpacks all 8 scales and 8 mins of a Q4_K `scales` array at once, as bytes
+ * out[0..7] = sc[0..7] and out[8..15] = m[0..7] (same result as
+ * q4k_scale_min, with 32-bit word operations for the SIMD kernels). */
+static inline void q4k_unpack_scales(const uint8_t *s, uint8_t out[16]) {
+    uint32_t u[3], o[4];
+    memcpy(u, s, 12);
+    o[0] = u[0] & 0x3f3f3f3fu;
+    o[1] = (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4);
+    o[2] = u[1] & 0x3f3f3f3fu;
+    o[3] = ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4);
+    memcpy(out, o, 16);
+}
 
 #endif

@@ -6,7 +6,7 @@
 #define ELLM_MODEL_MODEL_H
 
 #include "ellm.h"
-#include "model/gguf.h"
+#include "gguf/gguf.h"
 #include "tokenizer/tokenizer.h"
 
 #include <stdint.h>

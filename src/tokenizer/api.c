@@ -1,9 +1,9 @@
 /* The public ellm_tokenizer API: a tokenizer loaded on its own (GGUF or
- * tokenizer.json) or borrowed from a model. An ellm_tokenizer pointer is the
- * internal tokenizer under its public name. */
+ * tokenizer.json). An ellm_tokenizer pointer is the internal tokenizer under
+ * its public name; a model's tokenizer is lent by ellm_model_tokenizer
+ * (engine/api.c). */
 #include "core/status.h"
-#include "model/gguf.h"
-#include "model/model.h"
+#include "gguf/gguf.h"
 #include "tokenizer/tokenizer.h"
 
 #include <stdio.h>
@@ -54,10 +54,6 @@ ellm_status ellm_tokenizer_load(const char *path, ellm_tokenizer **out, ellm_err
 }
 
 void ellm_tokenizer_free(ellm_tokenizer *tok) { tokenizer_free((tokenizer *)tok); }
-
-const ellm_tokenizer *ellm_model_tokenizer(const ellm_model *model) {
-    return model ? (const ellm_tokenizer *)model->tok : NULL;
-}
 
 ellm_status ellm_tokenizer_encode(const ellm_tokenizer *tok, const char *text, size_t len,
                                   int add_bos, int parse_special, int32_t *ids, int cap, int *n_out,

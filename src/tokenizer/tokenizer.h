@@ -16,7 +16,7 @@
 #define ELLM_TOKENIZER_TOKENIZER_H
 
 #include "ellm.h"
-#include "model/gguf.h"
+#include "gguf/gguf.h"
 
 #include <stddef.h>
 #include <stdint.h>

@@ -1,4 +1,4 @@
-/* Internals of the Jinja-subset interpreter behind chat_template.h.
+/* Internals of the Jinja-subset interpreter behind chat.h.
  *
  * Pipeline: jinja_lex (jinja_lexer.c) turns the template into tokens, applying
  * whitespace control; jinja_parse (jinja_parser.c) builds an AST; jinja_render
@@ -11,10 +11,10 @@
  *
  * Errors: the first failure is recorded in the jctx (status + message with
  * line:column); functions then return NULL / -1 and callers pass that up. */
-#ifndef ELLM_TOKENIZER_JINJA_INTERNAL_H
-#define ELLM_TOKENIZER_JINJA_INTERNAL_H
+#ifndef ELLM_CHAT_JINJA_INTERNAL_H
+#define ELLM_CHAT_JINJA_INTERNAL_H
 
-#include "tokenizer/chat_template.h"
+#include "chat/chat.h"
 
 #include <stddef.h>
 #include <stdint.h>

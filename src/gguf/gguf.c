@@ -17,7 +17,7 @@
  * Parsing is one pass over the header, metadata and directory; tensor data is
  * never touched, so opening costs O(metadata), not O(file). Strings stay in the
  * buffer; only key and tensor names are copied (to give them a NUL). */
-#include "model/gguf.h"
+#include "gguf/gguf.h"
 
 #include "core/status.h"
 #include "kernels/quant.h"

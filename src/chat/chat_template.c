@@ -1,9 +1,9 @@
-/* Chat templates: the public entry points (chat_template.h), the built-in
+/* Chat templates: the public entry points (chat.h), the built-in
  * templates and the GGUF helper. The interpreter is in jinja_*.c. */
-#include "tokenizer/chat_template.h"
+#include "chat/chat.h"
 
 #include "core/status.h"
-#include "tokenizer/jinja_internal.h"
+#include "chat/jinja_internal.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -5,7 +5,7 @@
  *
  * Text tokens are slices of the source; string literals are unescaped into
  * the arena. Every token keeps its byte offset for error positions. */
-#include "tokenizer/jinja_internal.h"
+#include "chat/jinja_internal.h"
 
 #include <stdlib.h>
 #include <string.h>

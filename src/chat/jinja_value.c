@@ -1,7 +1,7 @@
 /* Jinja interpreter support: errors with source positions, the arena, output
  * buffers, and values with Python's semantics for truth, equality, ordering,
  * str(), repr() and json.dumps(). */
-#include "tokenizer/jinja_internal.h"
+#include "chat/jinja_internal.h"
 
 #include "core/status.h"
 

@@ -5,8 +5,8 @@
  * the buffer, and a failure fills `err` with a message naming the field
  * ("tensor 'blk.0.attn_q.weight': data [off, off+len) beyond end of file
  * (size N)"). Nothing here aborts. */
-#ifndef ELLM_MODEL_GGUF_H
-#define ELLM_MODEL_GGUF_H
+#ifndef ELLM_GGUF_GGUF_H
+#define ELLM_GGUF_GGUF_H
 
 #include "ellm.h"
 

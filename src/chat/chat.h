@@ -33,11 +33,11 @@
  * evaluation steps, loop iterations, output size and working memory.
  *
  * Safe on untrusted templates and messages. Needs about 1 MiB of stack. */
-#ifndef ELLM_TOKENIZER_CHAT_TEMPLATE_H
-#define ELLM_TOKENIZER_CHAT_TEMPLATE_H
+#ifndef ELLM_CHAT_CHAT_H
+#define ELLM_CHAT_CHAT_H
 
 #include "ellm.h"
-#include "model/gguf.h"
+#include "gguf/gguf.h"
 
 #include <stddef.h>
 #include <stdint.h>

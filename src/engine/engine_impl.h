@@ -1,6 +1,12 @@
-/* One sequence being generated: its KV cache, scratch buffers and threads. */
-#ifndef ELLM_ENGINE_CONTEXT_H
-#define ELLM_ENGINE_CONTEXT_H
+/* Private to src/engine: the state of one sequence being generated (its KV
+ * cache, scratch buffers and threads) and the functions the engine's files
+ * share. The files form layers, each calling only those below it:
+ *   calibrate.c, synthetic.c  (public calibration and benchmark entry points)
+ *   context.c                 (context lifecycle, ellm_decode)
+ *   forward.c                 (the transformer pass over a batch of tokens)
+ *   sparse_budget.c           (per-head sparse budgets and recall samples) */
+#ifndef ELLM_ENGINE_ENGINE_IMPL_H
+#define ELLM_ENGINE_ENGINE_IMPL_H
 
 #include "attention/attention.h"
 #include "attention/kv_cache.h"
@@ -61,18 +67,24 @@ struct ellm_context {
     struct engine_calib *calib;
 };
 
-/* Recall of KV head `head` of `layer` for the current query if it chose blocks
- * with `budget` tokens (chosen into ctx->probe_blocks); 1 if the budget covers
- * the context. */
-float engine_sparse_probe_recall(struct ellm_context *ctx, int layer, int head, int len, int budget);
-
-/* Calibration sample for `layer` at the current decode step (n == 1). */
-void engine_calibrate_layer(struct ellm_context *ctx, int layer, int len);
+/* ---- sparse_budget.c ---- */
 
 /* Budget in tokens of (layer, KV head) for the current sparse_topk. */
 int engine_sparse_budget(const struct ellm_context *ctx, int layer, int head);
 /* Re-balances head budgets from recall samples (--sparse-adapt). */
 void engine_sparse_adapt(struct ellm_context *ctx);
+/* Recall of KV head `head` of `layer` for the current query if it chose blocks
+ * with `budget` tokens (chosen into ctx->probe_blocks); 1 if the budget covers
+ * the context. */
+float engine_sparse_probe_recall(struct ellm_context *ctx, int layer, int head, int len, int budget);
+/* Samples the recall of the blocks just chosen for `layer` (ctx->sel_blocks)
+ * into the stats and the per-head averages, and with --sparse-adapt probes
+ * what 64 more tokens would buy. `len` is the context length in tokens. */
+void engine_sparse_sample_recall(struct ellm_context *ctx, int layer, int len);
+/* Calibration sample for `layer` at the current decode step (n == 1). */
+void engine_calibrate_layer(struct ellm_context *ctx, int layer, int len);
+
+/* ---- forward.c ---- */
 
 /* Runs the model on n tokens (n <= n_batch) at positions [pos, pos + n) and
  * writes the logits of rows [first_logit_row, n) to `logits` (row stride

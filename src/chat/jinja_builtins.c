@@ -1,12 +1,12 @@
 /* Jinja builtins: operators, attribute and item access, the global functions
  * (range, namespace, dict, raise_exception, strftime_now), string and dict
  * methods, filters and tests — with Python/Jinja semantics, except where the
- * header of chat_template.h says otherwise (ASCII-only case mapping).
+ * header of chat.h says otherwise (ASCII-only case mapping).
  *
  * Filters, tests and methods are tables of {name, function}; an unknown name
  * is ELLM_ERR_UNSUPPORTED naming it, since it is usually a real Jinja
  * feature this interpreter lacks. */
-#include "tokenizer/jinja_internal.h"
+#include "chat/jinja_internal.h"
 
 #include <math.h>
 #include <stdio.h>

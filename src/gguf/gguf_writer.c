@@ -1,7 +1,7 @@
 /* GGUF v3 writer (see gguf_writer.h for the layout). Metadata is serialized
  * into one growing byte buffer as it is added; tensors are kept as descriptors
  * and their data is streamed at write time. */
-#include "model/gguf_writer.h"
+#include "gguf/gguf_writer.h"
 
 #include "core/status.h"
 #include "kernels/quant.h"

@@ -9,7 +9,7 @@
  * Every node evaluated counts against max_steps and every loop iteration
  * against max_iterations; recursion is bounded by the AST depth (parser)
  * and by JINJA_MAX_EVAL_DEPTH / max_call_depth here. */
-#include "tokenizer/jinja_internal.h"
+#include "chat/jinja_internal.h"
 
 #include <string.h>
 

@@ -21,11 +21,11 @@
  * checked once at the end. A failed write is not remembered: the same writer
  * may be written again, e.g. to another disk.
  * Nothing here prints or aborts. */
-#ifndef ELLM_MODEL_GGUF_WRITER_H
-#define ELLM_MODEL_GGUF_WRITER_H
+#ifndef ELLM_GGUF_GGUF_WRITER_H
+#define ELLM_GGUF_GGUF_WRITER_H
 
 #include "ellm.h"
-#include "model/gguf.h"
+#include "gguf/gguf.h"
 
 #include <stdint.h>
 #include <stdio.h>

@@ -9,7 +9,7 @@
  * and the depth of the tree it builds (2 * max_nesting), which bounds the
  * evaluator's recursion too (left-deep chains like a+b+c+... are built by
  * loops, so only the tree depth catches them). */
-#include "tokenizer/jinja_internal.h"
+#include "chat/jinja_internal.h"
 
 #include <stdio.h>
 #include <string.h>
