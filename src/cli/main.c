@@ -17,6 +17,7 @@ static void usage(FILE *f) {
             "  bench     memory bandwidth, decode speed against context depth, prefill speed\n"
             "  eval      perplexity, sparse-vs-dense agreement and KL on a text\n"
             "  calibrate per-head sparse attention budgets from sample text\n"
+            "  probe     this machine: topology, memory bandwidth per NUMA node, channels, advice\n"
             "\n"
             "`ellm COMMAND --help` lists a command's options. Kernel ISA in use: %s\n",
             ellm_isa_name());
@@ -35,6 +36,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "bench")) return cmd_bench(argc - 1, argv + 1);
     if (!strcmp(cmd, "eval")) return cmd_eval(argc - 1, argv + 1);
     if (!strcmp(cmd, "calibrate")) return cmd_calibrate(argc - 1, argv + 1);
+    if (!strcmp(cmd, "probe")) return cmd_probe(argc - 1, argv + 1);
     if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) {
         usage(stdout);
         return 0;

@@ -72,6 +72,12 @@ double membw_read_gbps(threadpool *pool, size_t bytes, int reps) {
     if (posix_memalign((void **)&buf, 1 << 21, bytes)) return 0;
     madvise(buf, bytes, MADV_HUGEPAGE);
     memset(buf, 1, bytes); /* commit the pages */
+    double best = membw_read_buffer_gbps(pool, buf, bytes, reps);
+    free(buf);
+    return best;
+}
+
+double membw_read_buffer_gbps(threadpool *pool, const void *buf, size_t bytes, int reps) {
     membw_job job = {.buf = buf, .bytes = bytes};
     threadpool_run(pool, membw_task, &job); /* warm-up */
     double best = 0;
@@ -82,6 +88,5 @@ double membw_read_gbps(threadpool *pool, size_t bytes, int reps) {
         double gbps = (double)bytes / s / 1e9;
         if (gbps > best) best = gbps;
     }
-    free(buf);
     return best;
 }

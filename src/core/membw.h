@@ -10,4 +10,9 @@
  * 0 if the buffer cannot be allocated. */
 double membw_read_gbps(threadpool *pool, size_t bytes, int reps);
 
+/* As membw_read_gbps over a caller's buffer (committed, 64-byte aligned,
+ * placed where the caller wants it, e.g. on one NUMA node). Thread i of the
+ * pool reads part i of threadpool_split(bytes, i, n, 4096). */
+double membw_read_buffer_gbps(threadpool *pool, const void *buf, size_t bytes, int reps);
+
 #endif

@@ -35,10 +35,11 @@ struct threadpool {
     pthread_cond_t cond;
 };
 
-static void pin_to_core(pthread_t t, int i) {
+static void pin_to_cpu(pthread_t t, int cpu) {
+    if (cpu < 0 || cpu >= CPU_SETSIZE) return;
     cpu_set_t set;
     CPU_ZERO(&set);
-    CPU_SET(ellm_cpu_core_id(i), &set);
+    CPU_SET(cpu, &set);
     pthread_setaffinity_np(t, sizeof set, &set);
 }
 
@@ -76,7 +77,17 @@ static void *worker_main(void *p) {
     return NULL;
 }
 
+static ellm_status pool_init(int n_threads, int pin, const int *cpus, threadpool **out, ellm_error *err);
+
 ellm_status threadpool_init(int n_threads, int pin, threadpool **out, ellm_error *err) {
+    return pool_init(n_threads, pin, NULL, out, err);
+}
+
+ellm_status threadpool_init_cpus(int n_threads, const int *cpus, threadpool **out, ellm_error *err) {
+    return pool_init(n_threads, 1, cpus, out, err);
+}
+
+static ellm_status pool_init(int n_threads, int pin, const int *cpus, threadpool **out, ellm_error *err) {
     *out = NULL;
     if (n_threads < 1 || n_threads > 1024)
         return ellm_fail(err, ELLM_ERR_ARG, "thread count %d out of range 1..1024", n_threads);
@@ -90,7 +101,7 @@ ellm_status threadpool_init(int n_threads, int pin, threadpool **out, ellm_error
         free(pool);
         return ellm_fail(err, ELLM_ERR_NOMEM, "out of memory for thread pool");
     }
-    if (pin) pin_to_core(pthread_self(), 0);
+    if (pin) pin_to_cpu(pthread_self(), cpus ? cpus[0] : ellm_cpu_core_id(0));
     for (int i = 1; i < n_threads; i++) {
         worker *w = &pool->workers[i];
         w->pool = pool;
@@ -100,7 +111,7 @@ ellm_status threadpool_init(int n_threads, int pin, threadpool **out, ellm_error
             threadpool_free(pool);
             return ellm_fail(err, ELLM_ERR_NOMEM, "cannot start compute thread %d", i);
         }
-        if (pin) pin_to_core(w->thread, i);
+        if (pin) pin_to_cpu(w->thread, cpus ? cpus[i] : ellm_cpu_core_id(i));
     }
     *out = pool;
     return ELLM_OK;

@@ -15,6 +15,9 @@ typedef void (*threadpool_fn)(void *arg, int ith, int nth);
 /* Starts n_threads - 1 workers (n_threads >= 1). With `pin`, thread i runs on
  * the i-th physical core. */
 ellm_status threadpool_init(int n_threads, int pin, threadpool **out, ellm_error *err);
+/* As threadpool_init, thread i (the caller is thread 0) pinned to OS CPU
+ * cpus[i] (a placement plan's choice). */
+ellm_status threadpool_init_cpus(int n_threads, const int *cpus, threadpool **out, ellm_error *err);
 void threadpool_free(threadpool *pool);
 int threadpool_size(const threadpool *pool);
 void threadpool_run(threadpool *pool, threadpool_fn fn, void *arg);

@@ -1,0 +1,66 @@
+/* Hardware probe (`ellm probe`): ISA, topology, measured read bandwidth per
+ * NUMA node (local, and remote where there are several nodes) and over all
+ * nodes, memory channels from the DIMM table, the transparent-huge-page mode,
+ * and advice in plain words that names the bottleneck first. */
+#ifndef ELLM_TOPOLOGY_PROBE_H
+#define ELLM_TOPOLOGY_PROBE_H
+
+#include "topology/dmi.h"
+#include "topology/topology.h"
+
+#define PROBE_MAX_NODES 64
+#define PROBE_MAX_ADVICE 10
+
+typedef struct {
+    int os_index;
+    uint64_t memory_bytes;
+    int n_cores;
+    int n_cpus;
+    int *cpus;               /* (n_cpus) usable OS CPU ids, ascending (owned) */
+    double read_gbps;        /* this node's cores reading this node's memory (0: not measured) */
+    double remote_read_gbps; /* this node's cores reading the next node's memory (0: one node) */
+    int remote_node;         /* the node read remotely (-1: none) */
+} probe_node;
+
+typedef struct {
+    char isa[16];
+    int logical_cpus;     /* CPUs in this process's affinity mask */
+    int physical_cores;
+    int n_packages;
+    int smt;              /* hardware threads per core (1: SMT off or unused) */
+    int n_nodes;
+    probe_node nodes[PROBE_MAX_NODES];
+    double all_read_gbps; /* every core reading its own node's memory at once */
+    int channels_known;   /* dmi describes real channels */
+    dmi_memory dmi;
+    char channels_why[160]; /* why channels are unknown: unreadable, absent, virtual */
+    char thp[16];         /* transparent huge pages: "always", "madvise", "never", "" unknown */
+    int n_advice;
+    char advice[PROBE_MAX_ADVICE][320];
+    double elapsed_ms;
+} probe_report;
+
+/* Fills the topology fields of r from t (nodes, cores, SMT, packages). */
+void probe_set_topology(probe_report *r, const topology *t);
+
+/* Measures read bandwidth on this machine into r (per node local, remote to
+ * the next node, all nodes at once), streaming `bytes` per measurement, best
+ * of `reps`. Restores the calling thread's CPU affinity. */
+ellm_status probe_measure(probe_report *r, const topology *t, size_t bytes, int reps, ellm_error *err);
+
+/* The whole probe of this machine: topology, bandwidth, DIMM table (from
+ * dmi_path, NULL: /sys/firmware/dmi/tables/DMI), THP mode, advice. `bytes`
+ * per measurement; 0: 4x a node's L3, at least 128 MB. */
+ellm_status probe_run(probe_report *r, size_t bytes, const char *dmi_path, ellm_error *err);
+
+/* Frees what the report owns (the nodes' CPU lists). */
+void probe_report_free(probe_report *r);
+
+/* Sets r->channels_known/dmi/channels_why from a dmi_read_memory result. */
+void probe_set_channels(probe_report *r, ellm_status dmi_status, const dmi_memory *m, const char *why);
+
+/* Writes r->advice from the other fields, the biggest expected gain first;
+ * the first line names the bottleneck (or says bandwidth itself is). */
+void probe_advise(probe_report *r);
+
+#endif
