@@ -20,9 +20,9 @@ $CC $CFLAGS -fsanitize=fuzzer $CHAT_SRC fuzz/fuzz_chat_template.c -o "$OUT/fuzz_
 # The seed writer is an ordinary program.
 $CC $CFLAGS $SRC src/gguf/gguf_writer.c fuzz/make_seeds.c -o "$OUT/make_seeds" $LIBS
 "$OUT/make_seeds" "$OUT/seeds" tests/data
-echo "built: $(ls "$OUT" | grep '^fuzz_' | tr '\n' ' ')"
 # SMBIOS memory-device parser (ellm probe): only the parser and status.
 $CC $CFLAGS -fsanitize=fuzzer src/topology/dmi.c src/core/status.c fuzz/fuzz_dmi.c -o "$OUT/fuzz_dmi" -lm
 mkdir -p "$OUT/seeds/dmi"
 cp fuzz/corpus_dmi/* "$OUT/seeds/dmi/"
 [ -r /sys/firmware/dmi/tables/DMI ] && cp /sys/firmware/dmi/tables/DMI "$OUT/seeds/dmi/this-machine" || true
+echo "built: $(ls "$OUT" | grep '^fuzz_' | tr '\n' ' ')"
