@@ -14,6 +14,7 @@ static void usage(FILE *f) {
             "  logits    write the logits after every token of an id file (parity checks)\n"
             "  tokenize  print the token ids of a text\n"
             "  synth     write a random-weight GGUF with the shape of a real model\n"
+            "  convert   a Hugging Face checkpoint folder (safetensors) to GGUF\n"
             "  bench     memory bandwidth, decode speed against context depth, prefill speed\n"
             "  eval      perplexity, sparse-vs-dense agreement and KL on a text\n"
             "  calibrate per-head sparse attention budgets from sample text\n"
@@ -37,6 +38,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "eval")) return cmd_eval(argc - 1, argv + 1);
     if (!strcmp(cmd, "calibrate")) return cmd_calibrate(argc - 1, argv + 1);
     if (!strcmp(cmd, "probe")) return cmd_probe(argc - 1, argv + 1);
+    if (!strcmp(cmd, "convert")) return cmd_convert(argc - 1, argv + 1);
     if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) {
         usage(stdout);
         return 0;

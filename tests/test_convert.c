@@ -1,0 +1,681 @@
+/* The converter: safetensors header validation, the SentencePiece model
+ * reader, HF folders written from the fixture GGUF models (every
+ * architecture, Q/K in the HF layout) converted back and compared tensor by
+ * tensor and by logits, every output type against the reference quantizers,
+ * BF16 and sharded input, tokenizer.json vocabularies against llama.cpp's
+ * vectors, and bad input. */
+#include "convert/convert.h"
+#include "convert/hf_config.h"
+#include "convert/hf_vocab.h"
+#include "convert/safetensors.h"
+#include "convert/sp_model.h"
+#include "ellm.h"
+#include "harness.h"
+#include "hf_writer.h"
+#include "model/gguf.h"
+#include "model/gguf_writer.h"
+#include "tokenizer/tokenizer.h"
+#include "vocab_vectors.h"
+
+#include <dirent.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static char tmp_root[512];
+
+/* A fresh empty folder under tmp_root. */
+static const char *new_dir(const char *name) {
+    static char buf[8][640];
+    static int k;
+    char *p = buf[k++ % 8];
+    snprintf(p, 640, "%s/%s", tmp_root, name);
+    mkdir(p, 0755);
+    return p;
+}
+
+static void rm_tree(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *e;
+    char p[1024];
+    while ((e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        struct stat sb;
+        if (lstat(p, &sb) == 0 && S_ISDIR(sb.st_mode))
+            rm_tree(p);
+        else
+            unlink(p);
+    }
+    closedir(d);
+    rmdir(dir);
+}
+
+static ellm_status convert(const char *dir, const char *out, const char *type, ellm_error *err) {
+    convert_params p = {.type = type, .n_threads = 2};
+    return convert_hf_to_gguf(dir, out, &p, NULL, err);
+}
+
+/* ---- safetensors header ---- */
+
+/* A file of one header + `data_len` zero bytes. */
+static char *st_buf(const char *header, size_t data_len, size_t *size) {
+    size_t h = strlen(header);
+    char *b = calloc(8 + h + data_len + 1, 1);
+    for (int i = 0; i < 8; i++) b[i] = (char)((uint64_t)h >> (8 * i));
+    memcpy(b + 8, header, h);
+    *size = 8 + h + data_len;
+    return b;
+}
+
+static void expect_st_error(const char *header, size_t data_len, const char *needle) {
+    size_t size;
+    char *b = st_buf(header, data_len, &size);
+    st_set *s = NULL;
+    ellm_error err = {0};
+    ellm_status st = st_open_memory(b, size, "x.safetensors", &s, &err);
+    CHECK(st != ELLM_OK && !s && strstr(err.msg, needle) && strstr(err.msg, "x.safetensors"),
+          "header %s: status %d, message '%s' (want '%s')", header, st, err.msg, needle);
+    st_close(s);
+    free(b);
+}
+
+static void test_safetensors(void) {
+    size_t size;
+    char *b = st_buf("{\"__metadata__\":{\"a\":\"b\"},\"w\":{\"dtype\":\"BF16\",\"shape\":[2,3],\"data_offsets\":[8,20]},"
+                     "\"v\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}",
+                     20, &size);
+    st_set *s = NULL;
+    ellm_error err = {0};
+    CHECK(st_open_memory(b, size, "ok.safetensors", &s, &err) == ELLM_OK, "%s", err.msg);
+    if (s) {
+        CHECK(st_n_tensors(s) == 2, "%lld tensors", (long long)st_n_tensors(s));
+        const st_tensor *w = st_find(s, "w");
+        CHECK(w && w->dtype == ST_BF16 && w->n_dims == 2 && w->shape[0] == 2 && w->shape[1] == 3 &&
+                  w->n_bytes == 12 && (const char *)w->data == b + 8 + (size - 8 - 20) + 8,
+              "tensor w");
+        CHECK(st_find(s, "__metadata__") == NULL && st_find(s, "u") == NULL, "lookup");
+        st_close(s);
+    }
+    free(b);
+    /* Header length beyond the file. */
+    b = st_buf("{}", 0, &size);
+    b[0] = 100;
+    CHECK(st_open_memory(b, size, "x.safetensors", &s, &err) == ELLM_ERR_FORMAT && strstr(err.msg, "header length"),
+          "%s", err.msg);
+    free(b);
+    CHECK(st_open_memory("abc", 3, "x.safetensors", &s, &err) == ELLM_ERR_FORMAT, "3-byte file");
+    expect_st_error("{\"w\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]}}", 8, "past the data section");
+    expect_st_error("{\"w\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,16]}}", 16, "give 12 bytes");
+    expect_st_error("{\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+                    "\"v\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}",
+                    16, "overlap");
+    expect_st_error("{\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,0]}}", 16, "begin <= end");
+    expect_st_error("{\"w\":{\"dtype\":\"Q4\",\"shape\":[2],\"data_offsets\":[0,8]}}", 16, "unknown dtype");
+    expect_st_error("{\"w\":{\"dtype\":\"F32\",\"shape\":[-2],\"data_offsets\":[0,8]}}", 16, "shape[0]");
+    expect_st_error("{\"w\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296,4294967296],\"data_offsets\":[0,8]}}",
+                    16, "more than");
+    expect_st_error("{\"w\":{\"dtype\":\"F32\",\"shape\":[2]}}", 16, "data_offsets");
+    expect_st_error("{\"w\":", 16, "malformed");
+    expect_st_error("[1,2]", 16, "not a JSON object");
+    /* Every truncation of a valid file fails cleanly (or parses a prefix that is itself valid). */
+    b = st_buf("{\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 8, &size);
+    int bad = 0;
+    for (size_t n = 0; n < size; n++) {
+        if (st_open_memory(b, n, "t.safetensors", &s, &err) == ELLM_OK) bad++;
+        st_close(s);
+        s = NULL;
+    }
+    CHECK(bad == 0, "%d truncations accepted", bad);
+    free(b);
+}
+
+/* ---- tokenizer.model ---- */
+
+static void test_sp_model(void) {
+    size_t len;
+    char *buf = test_read_file(data_path("tok2k.model"), &len);
+    CHECK(buf != NULL, "tok2k.model");
+    if (!buf) return;
+    sp_model sp;
+    ellm_error err = {0};
+    CHECK(sp_model_parse(buf, len, "tok2k.model", &sp, &err) == ELLM_OK, "%s", err.msg);
+    gguf_file *g = NULL;
+    gguf_open("models/evalmodel.gguf", &g, &err);
+    if (g && sp.pieces) {
+        int64_t ti = gguf_find_key(g, "tokenizer.ggml.tokens");
+        gguf_value_type et;
+        uint64_t n;
+        const void *scores, *types;
+        gguf_get_arr(g, "tokenizer.ggml.scores", &et, &n, &scores, &err);
+        gguf_get_arr(g, "tokenizer.ggml.token_type", &et, &n, &types, &err);
+        CHECK((uint64_t)sp.n_pieces == n, "%lld pieces, GGUF %llu", (long long)sp.n_pieces, (unsigned long long)n);
+        int diff = 0;
+        for (int64_t i = 0; i < sp.n_pieces && (uint64_t)i < n; i++) {
+            const char *s;
+            size_t l;
+            float sc;
+            int32_t ty;
+            gguf_get_arr_str(g, ti, (uint64_t)i, &s, &l);
+            memcpy(&sc, (const char *)scores + 4 * i, 4);
+            memcpy(&ty, (const char *)types + 4 * i, 4);
+            diff += l != sp.pieces[i].len || memcmp(s, sp.pieces[i].piece, l) || sc != sp.pieces[i].score ||
+                    ty != sp.pieces[i].type;
+        }
+        CHECK(diff == 0, "%d pieces differ from the GGUF vocabulary", diff);
+    }
+    if (sp.pieces) sp_model_free(&sp);
+    /* Every truncation fails or parses; none crashes (ASan run). */
+    int ok = 0;
+    for (size_t n = 0; n < len; n += 7) {
+        if (sp_model_parse(buf, n, "t.model", &sp, &err) == ELLM_OK) {
+            ok++;
+            sp_model_free(&sp);
+        }
+    }
+    CHECK(ok > 0, "no prefix parses");
+    gguf_close(g);
+    free(buf);
+}
+
+/* ---- round trips ---- */
+
+/* Compares every tensor of `want` with the same-named tensor of `got`: same
+ * type and shape, bytes equal to what the reference quantizer makes of the
+ * F32 original (first rounded to BF16 when the HF folder held BF16).
+ * Returns the number of mismatches. */
+static int compare_tensors(const gguf_file *want, const gguf_file *got, int quantize, int src_bf16) {
+    int bad = 0;
+    for (int64_t i = 0; i < gguf_n_tensors(want); i++) {
+        const gguf_tensor *w = gguf_tensor_at(want, i);
+        const gguf_tensor *g = gguf_find_tensor(got, w->name);
+        if (!g || g->ne[0] != w->ne[0] || g->ne[1] != w->ne[1] || (!quantize && g->type != w->type)) {
+            fprintf(stderr, "tensor %s: missing or shape/type differs\n", w->name);
+            bad++;
+            continue;
+        }
+        if (!strcmp(w->name, "rope_freqs.weight")) continue; /* checked on its own */
+        int64_t n = w->ne[0] * w->ne[1];
+        size_t nb = qtype_row_bytes(g->type, w->ne[0]) * (size_t)w->ne[1];
+        void *exp = malloc(nb);
+        float *x = malloc((size_t)n * sizeof *x);
+        for (int64_t k = 0; k < n; k++) {
+            float v = ((const float *)w->data)[k];
+            x[k] = src_bf16 ? ellm_bf16_to_f32(ellm_f32_to_bf16(v)) : v;
+        }
+        qtype_quantize_ref(g->type, x, exp, n);
+        free(x);
+        if (g->n_bytes != nb || memcmp(exp, g->data, nb)) {
+            fprintf(stderr, "tensor %s (%s): bytes differ\n", w->name, qtype_get(g->type)->name);
+            bad++;
+        }
+        free(exp);
+    }
+    if (gguf_n_tensors(got) != gguf_n_tensors(want)) bad++;
+    return bad;
+}
+
+/* Compares a tokenizer.ggml.* array or scalar key of two files. */
+static int same_key(const gguf_file *a, const gguf_file *b, const char *key) {
+    int64_t ia = gguf_find_key(a, key), ib = gguf_find_key(b, key);
+    if (ia < 0 || ib < 0) return ia == ib;
+    gguf_value_type ta = gguf_kv_type(a, ia), tb = gguf_kv_type(b, ib);
+    if (ta == GGUF_TYPE_ARRAY) {
+        gguf_value_type ea, eb;
+        uint64_t na, nb;
+        const void *da, *db;
+        if (tb != ta || gguf_get_arr(a, key, &ea, &na, &da, NULL) || gguf_get_arr(b, key, &eb, &nb, &db, NULL) ||
+            ea != eb || na != nb)
+            return 0;
+        if (ea == GGUF_TYPE_STRING) {
+            for (uint64_t i = 0; i < na; i++) {
+                const char *sa, *sb;
+                size_t la, lb;
+                gguf_get_arr_str(a, ia, i, &sa, &la);
+                gguf_get_arr_str(b, ib, i, &sb, &lb);
+                if (la != lb || memcmp(sa, sb, la)) return 0;
+            }
+            return 1;
+        }
+        return !memcmp(da, db, na * 4);
+    }
+    if (ta == GGUF_TYPE_STRING) {
+        const char *sa, *sb;
+        size_t la, lb;
+        gguf_get_str(a, key, &sa, &la, NULL);
+        gguf_get_str(b, key, &sb, &lb, NULL);
+        return la == lb && !memcmp(sa, sb, la);
+    }
+    if (ta == GGUF_TYPE_BOOL) {
+        int va, vb;
+        return tb == ta && !gguf_get_bool(a, key, &va, NULL) && !gguf_get_bool(b, key, &vb, NULL) && va == vb;
+    }
+    double va, vb;
+    if (gguf_get_f64(a, key, &va, NULL) || gguf_get_f64(b, key, &vb, NULL)) return 0;
+    return va == vb;
+}
+
+/* Max |a - b| / max |b| over the logits of `tokens` for two models. */
+static double logits_diff(const char *path_a, const char *path_b, const int32_t *ids, int n, int *am) {
+    ellm_model *ma = NULL, *mb = NULL;
+    ellm_error err = {0};
+    ellm_model_params mp = {.n_threads = 2, .pin_threads = 0};
+    double rel = 1e30;
+    *am = 0;
+    if (ellm_model_load(path_a, &mp, &ma, &err) || ellm_model_load(path_b, &mp, &mb, &err)) {
+        fprintf(stderr, "logits_diff: %s\n", err.msg);
+        goto done;
+    }
+    ellm_model_info info;
+    ellm_model_get_info(ma, &info);
+    float *la = malloc((size_t)n * info.n_vocab * 4), *lb = malloc((size_t)n * info.n_vocab * 4);
+    ellm_context_params cp = ellm_context_default_params();
+    cp.n_ctx = n;
+    cp.kv_type = ELLM_KV_F32;
+    ellm_context *ca = NULL, *cb = NULL;
+    if (!ellm_context_init(ma, &cp, &ca, &err) && !ellm_context_init(mb, &cp, &cb, &err) &&
+        !ellm_decode(ca, ids, n, la, &err) && !ellm_decode(cb, ids, n, lb, &err)) {
+        double maxd = 0, maxref = 0;
+        for (size_t i = 0; i < (size_t)n * info.n_vocab; i++) {
+            double d = fabs((double)la[i] - lb[i]);
+            if (!(d <= maxd)) maxd = d;
+            if (fabs(lb[i]) > maxref) maxref = fabs(lb[i]);
+        }
+        for (int r = 0; r < n; r++) {
+            const float *x = la + (size_t)r * info.n_vocab, *y = lb + (size_t)r * info.n_vocab;
+            int ax = 0, ay = 0;
+            for (int i = 1; i < info.n_vocab; i++) {
+                if (x[i] > x[ax]) ax = i;
+                if (y[i] > y[ay]) ay = i;
+            }
+            *am += ax == ay;
+        }
+        rel = maxd / maxref;
+    } else {
+        fprintf(stderr, "logits_diff: %s\n", err.msg);
+    }
+    ellm_context_free(ca);
+    ellm_context_free(cb);
+    free(la);
+    free(lb);
+done:
+    ellm_model_free(ma);
+    ellm_model_free(mb);
+    return rel;
+}
+
+static int32_t test_ids[96];
+static int n_test_ids;
+
+static void load_test_ids(void) {
+    char *t = test_read_file(data_path("models/llama-gqa.tokens.txt"), NULL);
+    n_test_ids = 0;
+    for (char *p = t ? strtok(t, " \n") : NULL; p && n_test_ids < 96; p = strtok(NULL, " \n"))
+        test_ids[n_test_ids++] = atoi(p);
+    free(t);
+}
+
+/* GGUF -> HF folder -> GGUF (f32): tensors and tokenizer identical, logits
+ * equal to 1e-6 (relative to the largest logit). */
+static void roundtrip(const char *gguf, const char *arch_name, const char *label, const char *rope_scaling) {
+    const char *dir = new_dir(label);
+    char tok[512], out[700];
+    snprintf(tok, sizeof tok, "%s", data_path("tok2k.model"));
+    hfw_options o = {.hf_arch = arch_name, .dtype = HFW_F32, .tokenizer_model = tok, .rope_scaling_json = rope_scaling};
+    CHECK(hfw_from_gguf(gguf, dir, &o) == 0, "%s: writing the HF folder", label);
+    snprintf(out, sizeof out, "%s.gguf", dir);
+    ellm_error err = {0};
+    ellm_status st = convert(dir, out, "f32", &err);
+    CHECK(st == ELLM_OK, "%s: %s", label, err.msg);
+    if (st) return;
+    gguf_file *a = NULL, *b = NULL;
+    gguf_open(gguf, &a, &err);
+    gguf_open(out, &b, &err);
+    if (a && b) {
+        CHECK(compare_tensors(a, b, 0, 0) == 0, "%s: tensors differ", label);
+        static const char *const keys[] = {"tokenizer.ggml.model", "tokenizer.ggml.tokens", "tokenizer.ggml.scores",
+                                           "tokenizer.ggml.token_type", "tokenizer.ggml.bos_token_id",
+                                           "tokenizer.ggml.eos_token_id", "tokenizer.ggml.add_bos_token",
+                                           "tokenizer.ggml.add_space_prefix", "general.architecture"};
+        for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++)
+            CHECK(same_key(a, b, keys[k]), "%s: %s differs", label, keys[k]);
+        const gguf_tensor *rf = gguf_find_tensor(b, "rope_freqs.weight");
+        CHECK(!rope_scaling == !rf, "%s: rope_freqs %s", label, rf ? "present" : "absent");
+        if (rf) {
+            /* llama.cpp's formula for factor 8, low 1, high 4, original 8192
+             * and theta 500000, head 64 (computed here independently). */
+            int bad = 0;
+            for (int i = 0; i < 32; i++) {
+                double freq = 1.0 / pow(500000.0, 2.0 * i / 64), wl = 2 * M_PI / freq, f;
+                if (wl < 8192 / 4.0)
+                    f = 1;
+                else if (wl > 8192 / 1.0)
+                    f = 8;
+                else {
+                    double sm = (8192 / wl - 1) / (4 - 1);
+                    f = 1 / ((1 - sm) / 8 + sm);
+                }
+                bad += fabs(((const float *)rf->data)[i] - f) > 1e-5 * f;
+            }
+            CHECK(bad == 0, "%s: %d rope_freqs differ from the Llama 3 formula", label, bad);
+        }
+    }
+    gguf_close(a);
+    gguf_close(b);
+    if (!rope_scaling) {
+        int am;
+        double rel = logits_diff(out, gguf, test_ids, n_test_ids, &am);
+        CHECK(rel <= 1e-6 && am == n_test_ids, "%s: logits differ by %.3g (argmax %d/%d)", label, rel, am, n_test_ids);
+        printf("%-28s f32 round trip: tensors identical, logits max rel diff %.2e\n", label, rel);
+    }
+}
+
+/* Every output type of the evaluation model from an F32 HF folder: the
+ * planned types and bytes equal the reference quantizers, and the file runs. */
+static void test_types(const char *dir) {
+    gguf_file *ref = NULL;
+    ellm_error err = {0};
+    gguf_open("models/evalmodel.gguf", &ref, &err);
+    int n;
+    const convert_type *types = convert_types(&n);
+    for (int i = 0; i < n && ref; i++) {
+        char out[700];
+        snprintf(out, sizeof out, "%s/out-%s.gguf", tmp_root, types[i].name);
+        ellm_status st = convert(dir, out, types[i].name, &err);
+        CHECK(st == ELLM_OK, "%s: %s", types[i].name, err.msg);
+        gguf_file *g = NULL;
+        if (st || gguf_open(out, &g, &err)) continue;
+        /* d_model 192 is not a multiple of 256: K-quants fall back to Q4_0 /
+         * Q8_0; the output matrix (tied embeddings) takes the Q6_K rule. */
+        int bad = 0;
+        for (int64_t k = 0; k < gguf_n_tensors(ref); k++) {
+            const gguf_tensor *w = gguf_tensor_at(ref, k);
+            const gguf_tensor *t = gguf_find_tensor(g, w->name);
+            int want = w->n_dims == 1 ? QTYPE_F32
+                                      : convert_matrix_type(&types[i], !strcmp(w->name, "token_embd.weight"),
+                                                            strstr(w->name, "attn_v") || strstr(w->name, "ffn_down")
+                                                                ? convert_more_bits(atoi(w->name + 4), 6)
+                                                                : 0,
+                                                            w->ne[0]);
+            if (!t || t->type != want) bad++;
+        }
+        CHECK(bad == 0, "%s: %d tensors have another type than planned", types[i].name, bad);
+        CHECK(compare_tensors(ref, g, 1, 0) == 0, "%s: bytes differ from the reference quantizers", types[i].name);
+        int64_t ft;
+        CHECK(gguf_get_i64(g, "general.file_type", &ft, &err) == ELLM_OK && ft == types[i].file_type,
+              "%s: file_type", types[i].name);
+        gguf_close(g);
+        int am;
+        double rel = logits_diff(out, "models/evalmodel.gguf", test_ids, n_test_ids, &am);
+        CHECK(rel < 0.5 && am >= n_test_ids * 3 / 4, "%s: logits rel diff %.3g, argmax %d/%d", types[i].name, rel, am,
+              n_test_ids);
+        printf("evalmodel -> %-7s logits max rel diff vs F32 %.2e, argmax %d/%d\n", types[i].name, rel, am,
+               n_test_ids);
+    }
+    gguf_close(ref);
+}
+
+/* BF16 and F16 checkpoints, and a sharded one: same result as the source
+ * rounded to that type; sharding changes nothing. */
+static void test_dtypes_and_shards(void) {
+    char tok[512];
+    snprintf(tok, sizeof tok, "%s", data_path("tok2k.model"));
+    const char *d1 = new_dir("bf16");
+    hfw_options o = {.hf_arch = "LlamaForCausalLM", .dtype = HFW_BF16, .tokenizer_model = tok};
+    CHECK(hfw_from_gguf("models/evalmodel.gguf", d1, &o) == 0, "bf16 folder");
+    const char *d2 = new_dir("bf16-sharded");
+    o.n_shards = 3;
+    CHECK(hfw_from_gguf("models/evalmodel.gguf", d2, &o) == 0, "sharded folder");
+    char o1[700], o2[700];
+    snprintf(o1, sizeof o1, "%s.gguf", d1);
+    snprintf(o2, sizeof o2, "%s.gguf", d2);
+    ellm_error err = {0};
+    CHECK(convert(d1, o1, "bf16", &err) == ELLM_OK, "%s", err.msg);
+    CHECK(convert(d2, o2, "bf16", &err) == ELLM_OK, "%s", err.msg);
+    gguf_file *g1 = NULL, *g2 = NULL;
+    int same = gguf_open(o1, &g1, &err) == ELLM_OK && gguf_open(o2, &g2, &err) == ELLM_OK &&
+               gguf_n_tensors(g1) == gguf_n_tensors(g2);
+    for (int64_t i = 0; same && i < gguf_n_tensors(g1); i++) {
+        const gguf_tensor *a = gguf_tensor_at(g1, i), *b = gguf_tensor_at(g2, i);
+        same = !strcmp(a->name, b->name) && a->type == b->type && a->n_bytes == b->n_bytes &&
+               !memcmp(a->data, b->data, a->n_bytes);
+    }
+    CHECK(same, "sharded and single-file conversions differ");
+    gguf_close(g1);
+    gguf_close(g2);
+    gguf_file *ref = NULL, *g = NULL;
+    gguf_open("models/evalmodel.gguf", &ref, &err);
+    gguf_open(o1, &g, &err);
+    if (ref && g) CHECK(compare_tensors(ref, g, 1, 1) == 0, "bf16: tensors are not the rounded source");
+    gguf_close(ref);
+    gguf_close(g);
+    int am;
+    double rel = logits_diff(o1, "models/evalmodel.gguf", test_ids, n_test_ids, &am);
+    CHECK(rel < 0.1 && am >= n_test_ids * 9 / 10, "bf16 logits rel diff %.3g argmax %d", rel, am);
+}
+
+/* ---- bad input ---- */
+
+static void expect_fail(const char *dir, const char *label, const char *n1, const char *n2) {
+    char out[700];
+    snprintf(out, sizeof out, "%s/out.gguf", dir);
+    ellm_error err = {0};
+    ellm_status st = convert(dir, out, "q8_0", &err);
+    CHECK(st != ELLM_OK && strstr(err.msg, n1) && (!n2 || strstr(err.msg, n2)), "%s: status %d, '%s'", label, st,
+          err.msg);
+    /* No output and no temporary file is left behind. */
+    DIR *d = opendir(dir);
+    int left = 0;
+    for (struct dirent *e; d && (e = readdir(d));) left += !strncmp(e->d_name, "out.gguf", 8);
+    if (d) closedir(d);
+    CHECK(left == 0, "%s: %d output files left", label, left);
+    printf("bad input (%s): %s\n", label, err.msg);
+}
+
+/* Replaces the first `from` in DIR/name (binary-safe: safetensors files
+ * start with a length holding NUL bytes). */
+static void patch_file(const char *dir, const char *name, const char *from, const char *to) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    size_t n = 0;
+    char *t = test_read_file(path, &n);
+    char *at = t ? memmem(t, n, from, strlen(from)) : NULL;
+    if (!at) {
+        CHECK(0, "patch %s: '%s' not found", name, from);
+        free(t);
+        return;
+    }
+    FILE *f = fopen(path, "wb");
+    fwrite(t, 1, (size_t)(at - t), f);
+    fwrite(to, 1, strlen(to), f);
+    size_t rest = n - (size_t)(at - t) - strlen(from);
+    fwrite(at + strlen(from), 1, rest, f);
+    fclose(f);
+    free(t);
+}
+
+static void test_bad_input(void) {
+    char tok[512];
+    snprintf(tok, sizeof tok, "%s", data_path("tok2k.model"));
+    hfw_options o = {.hf_arch = "LlamaForCausalLM", .dtype = HFW_BF16, .tokenizer_model = tok};
+    const char *src = "tests/data/models/llama-gqa.gguf";
+
+    const char *d = new_dir("bad-arch");
+    o.hf_arch = "GPT2LMHeadModel";
+    hfw_from_gguf(src, d, &o);
+    expect_fail(d, "unknown architecture", "config.json", "'GPT2LMHeadModel' is not supported");
+    o.hf_arch = "LlamaForCausalLM";
+
+    d = new_dir("bad-missing");
+    o.skip_tensor = "model.layers.1.mlp.up_proj.weight";
+    hfw_from_gguf(src, d, &o);
+    expect_fail(d, "missing tensor", "model.layers.1.mlp.up_proj.weight", "missing");
+    o.skip_tensor = NULL;
+
+    d = new_dir("bad-shape");
+    hfw_from_gguf(src, d, &o);
+    patch_file(d, "config.json", "\"intermediate_size\": 512", "\"intermediate_size\": 640");
+    expect_fail(d, "shape disagrees with config.json", "model.safetensors", "config.json");
+
+    d = new_dir("bad-layers");
+    hfw_from_gguf(src, d, &o);
+    patch_file(d, "config.json", "\"num_hidden_layers\": 2", "\"num_hidden_layers\": 1");
+    expect_fail(d, "extra tensors", "model.layers.1.", "not part of");
+
+    d = new_dir("bad-truncated");
+    hfw_from_gguf(src, d, &o);
+    char path[1024];
+    snprintf(path, sizeof path, "%s/model.safetensors", d);
+    struct stat sb;
+    stat(path, &sb);
+    CHECK(truncate(path, sb.st_size - 1000) == 0, "truncate");
+    expect_fail(d, "truncated safetensors", "model.safetensors", "truncated");
+
+    d = new_dir("bad-offsets");
+    hfw_from_gguf(src, d, &o);
+    patch_file(d, "model.safetensors", "\"data_offsets\":[0,", "\"data_offsets\":[9,");
+    expect_fail(d, "offsets disagree", "model.safetensors", "data_offsets");
+
+    d = new_dir("bad-dtype");
+    hfw_from_gguf(src, d, &o);
+    patch_file(d, "model.safetensors", "\"dtype\":\"BF16\",", "\"dtype\":\"I16\" ,");
+    expect_fail(d, "integer dtype", "model.safetensors", "dtype I16");
+
+    d = new_dir("bad-tokenizer");
+    o.tokenizer_model = NULL;
+    hfw_from_gguf(src, d, &o);
+    hfw_write_text(d, "tokenizer.json", "{\"model\":{\"type\":\"Unigram\",\"vocab\":[[\"a\",0.0]]}}");
+    expect_fail(d, "unsupported tokenizer", "tokenizer.json", "'Unigram' is not supported");
+
+    d = new_dir("bad-no-tokenizer");
+    hfw_from_gguf(src, d, &o);
+    expect_fail(d, "no tokenizer", "neither tokenizer.model nor tokenizer.json", NULL);
+
+    d = new_dir("bad-no-weights");
+    hfw_write_text(d, "config.json",
+                   "{\"architectures\":[\"Qwen2ForCausalLM\"],\"vocab_size\":10,\"hidden_size\":8,"
+                   "\"num_hidden_layers\":1,\"num_attention_heads\":2,\"intermediate_size\":16}");
+    expect_fail(d, "no weights", "model.safetensors", NULL);
+
+    hf_config c;
+    ellm_error err = {0};
+    const char *cfgs[][2] = {
+        {"{\"architectures\":[\"LlamaForCausalLM\"],\"vocab_size\":10,\"hidden_size\":8,\"num_hidden_layers\":1,"
+         "\"num_attention_heads\":3,\"intermediate_size\":16}",
+         "not a multiple"},
+        {"{\"architectures\":[\"LlamaForCausalLM\"],\"vocab_size\":10,\"hidden_size\":8,\"num_attention_heads\":2,"
+         "\"intermediate_size\":16}",
+         "num_hidden_layers"},
+        {"{\"architectures\":[\"LlamaForCausalLM\"],\"vocab_size\":-1}", "vocab_size"},
+        {"{\"architectures\":\"LlamaForCausalLM\"}", "architectures"},
+        {"{\"architectures\":[\"LlamaForCausalLM\"],\"vocab_size\":10,\"hidden_size\":8,\"num_hidden_layers\":1,"
+         "\"num_attention_heads\":2,\"intermediate_size\":16,\"rope_scaling\":{\"rope_type\":\"dynamic\"}}",
+         "'dynamic'"},
+    };
+    for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) {
+        ellm_status st = hf_config_parse(cfgs[i][0], strlen(cfgs[i][0]), "config.json", &c, &err);
+        CHECK(st != ELLM_OK && strstr(err.msg, cfgs[i][1]) && strstr(err.msg, "config.json"), "config %zu: '%s'", i,
+              err.msg);
+    }
+}
+
+/* ---- tokenizer.json vocabularies ---- */
+
+/* Converts HF tokenizer folder `hf` into a vocab-only GGUF and encodes the
+ * strings of `inp` with it, against the ids of `out`. */
+static void vocab_case(const char *hf, const char *inp, const char *out, const char *want_model, const char *want_pre) {
+    cv_vocab v;
+    ellm_error err = {0};
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s", data_path(hf));
+    ellm_status st = cv_vocab_load(dir, 0, &v, &err);
+    CHECK(st == ELLM_OK, "%s: %s", hf, err.msg);
+    if (st) return;
+    CHECK(!strcmp(v.model, want_model) && !strcmp(v.pre, want_pre), "%s: model %s pre %s (want %s %s)", hf, v.model,
+          v.pre, want_model, want_pre);
+    gguf_writer *w = NULL;
+    char path[700];
+    snprintf(path, sizeof path, "%s/vocab-%s.gguf", tmp_root, want_pre);
+    gguf_writer_init(&w, &err);
+    gguf_writer_add_str(w, "general.architecture", "llama", &err);
+    st = cv_vocab_write(&v, w, &err);
+    if (st == ELLM_OK) st = gguf_writer_write(w, path, &err);
+    CHECK(st == ELLM_OK, "%s: %s", hf, err.msg);
+    gguf_writer_free(w);
+    cv_vocab_free(&v);
+    gguf_file *g = NULL;
+    tokenizer *t = NULL;
+    if (st || gguf_open(path, &g, &err) || tokenizer_init_gguf(g, &t, &err)) {
+        CHECK(0, "%s: %s", hf, err.msg);
+        gguf_close(g);
+        return;
+    }
+    char ipath[700], opath[700];
+    snprintf(ipath, sizeof ipath, "%s", data_path(inp));
+    snprintf(opath, sizeof opath, "%s", data_path(out));
+    char *in = test_read_file(ipath, NULL), *ex = test_read_file(opath, NULL);
+    CHECK(in && ex, "%s / %s", ipath, opath);
+    int n_ok = 0, n_all = 0;
+    char *s = in, *line = ex;
+    while (in && ex && s && *line) {
+        char *sep = strstr(s, SEP);
+        size_t len = sep ? (size_t)(sep - s) : strlen(s);
+        char *nl = strchr(line, '\n');
+        size_t ll = nl ? (size_t)(nl - line) : strlen(line);
+        int ne, ng;
+        int32_t *want = parse_ids(line, ll, &ne);
+        int32_t *got = encode(t, s, len, 0, 0, &ng, NULL);
+        int ok = got && ng == ne && !memcmp(got, want, (size_t)ne * 4);
+        if (!ok) fprintf(stderr, "%s: string %d ('%.*s') differs\n", hf, n_all, (int)(len > 40 ? 40 : len), s);
+        n_ok += ok;
+        n_all++;
+        free(want);
+        free(got);
+        if (!sep || !nl) break;
+        s = sep + strlen(SEP);
+        line = nl + 1;
+    }
+    CHECK(n_all > 10 && n_ok == n_all, "%s: %d of %d strings tokenize as the reference", hf, n_ok, n_all);
+    printf("tokenizer.json %-7s -> GGUF %s/%s: %d/%d reference strings exact\n", hf + 3, want_model, want_pre, n_ok,
+           n_all);
+    free(in);
+    free(ex);
+    tokenizer_free(t);
+    gguf_close(g);
+}
+
+static void test_vocab(void) {
+    vocab_case("hf/llama3", "vocab/ggml-vocab-llama-bpe.gguf.inp", "vocab/ggml-vocab-llama-bpe.gguf.out", "gpt2",
+               "llama-bpe");
+    vocab_case("hf/qwen3", "vocab/ggml-vocab-qwen2.gguf.inp", "vocab/ggml-vocab-qwen2.gguf.out", "gpt2", "qwen2");
+    vocab_case("hf/llama2", "vocab/ggml-vocab-llama-spm.gguf.inp", "hf/llama2/vectors.out", "llama", "default");
+}
+
+int main(void) {
+    const char *tmp = getenv("TMPDIR");
+    snprintf(tmp_root, sizeof tmp_root, "%s/ellm-test-convert-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    if (!mkdtemp(tmp_root)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    load_test_ids();
+    test_safetensors();
+    test_sp_model();
+    roundtrip("models/evalmodel.gguf", "LlamaForCausalLM", "evalmodel", NULL);
+    roundtrip("tests/data/models/llama-gqa.gguf", "LlamaForCausalLM", "llama-gqa", NULL);
+    roundtrip("tests/data/models/llama-gqa.gguf", "MistralForCausalLM", "llama-gqa-as-mistral", NULL);
+    roundtrip("tests/data/models/qwen2-bias.gguf", "Qwen2ForCausalLM", "qwen2-bias", NULL);
+    roundtrip("tests/data/models/qwen3-qknorm.gguf", "Qwen3ForCausalLM", "qwen3-qknorm", NULL);
+    roundtrip("tests/data/models/llama-untied-ropefreqs.gguf", "LlamaForCausalLM", "llama-untied-ropefreqs",
+              "{\"rope_type\": \"llama3\", \"factor\": 8.0, \"low_freq_factor\": 1.0, \"high_freq_factor\": 4.0, "
+              "\"original_max_position_embeddings\": 8192}");
+    char evaldir[700];
+    snprintf(evaldir, sizeof evaldir, "%s/evalmodel", tmp_root);
+    test_types(evaldir);
+    test_dtypes_and_shards();
+    test_bad_input();
+    test_vocab();
+    if (!getenv("ELLM_KEEP_TMP")) rm_tree(tmp_root);
+    return test_finish();
+}
