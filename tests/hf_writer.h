@@ -12,7 +12,7 @@
 #include "core/fp16.h"
 #include "kernels/kernels.h"
 #include "kernels/quant.h"
-#include "model/gguf.h"
+#include "gguf/gguf.h"
 
 #include <stdint.h>
 #include <stdio.h>

@@ -12,8 +12,8 @@
 #include "ellm.h"
 #include "harness.h"
 #include "hf_writer.h"
-#include "model/gguf.h"
-#include "model/gguf_writer.h"
+#include "gguf/gguf.h"
+#include "gguf/gguf_writer.h"
 #include "tokenizer/tokenizer.h"
 #include "vocab_vectors.h"
 

@@ -12,7 +12,7 @@
 #include "core/timer.h"
 #include "kernels/kernels.h"
 #include "kernels/quant.h"
-#include "model/gguf_writer.h"
+#include "gguf/gguf_writer.h"
 
 #include <errno.h>
 #include <stdio.h>

@@ -29,7 +29,7 @@
 #define ELLM_CONVERT_HF_VOCAB_H
 
 #include "ellm.h"
-#include "model/gguf_writer.h"
+#include "gguf/gguf_writer.h"
 
 #include <stddef.h>
 #include <stdint.h>
