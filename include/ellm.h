@@ -54,9 +54,22 @@ typedef struct ellm_context ellm_context;
 
 /* ---- model ---------------------------------------------------------------- */
 
+/* Placement of weights and KV on NUMA nodes (`--numa`). On a machine with
+ * one node every mode computes exactly what ELLM_NUMA_OFF does. */
+typedef enum {
+    ELLM_NUMA_OFF = 0,        /* threads pinned one per core; memory where the kernel puts it */
+    ELLM_NUMA_DISTRIBUTE = 1, /* each matrix's rows split over the nodes, each node's threads
+                                 computing the rows stored on their node; KV heads on the node
+                                 whose threads attend to them (--numa-aware) */
+    ELLM_NUMA_REPLICATE = 2,  /* a copy of the weights on every node (when memory allows) */
+    ELLM_NUMA_INTERLEAVE = 3  /* pages spread round-robin over the nodes (a baseline) */
+} ellm_numa_mode;
+
 typedef struct {
     int n_threads; /* threads for compute; <= 0: one per physical core */
     int pin_threads; /* pin compute threads to cores (default 1) */
+    ellm_numa_mode numa; /* placement (default off) */
+    int mlock;     /* lock the weights in memory (best effort) */
 } ellm_model_params;
 
 /* Maps a GGUF file (v2/v3) and binds its tensors. Zero-copy: weights are read
@@ -80,6 +93,7 @@ typedef struct {
     uint64_t weight_bytes; /* bytes of tensor data in the file */
     uint64_t decode_weight_bytes; /* weight bytes one decode step reads */
     double load_ms;        /* time ellm_model_load took */
+    char placement[320];   /* threads and NUMA placement in use, and any note on them */
 } ellm_model_info;
 
 void ellm_model_get_info(const ellm_model *model, ellm_model_info *info);

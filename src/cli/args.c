@@ -89,6 +89,17 @@ int arg_int_list(const char *flag, const char *s, long lo, long hi, int *out, in
     return n;
 }
 
+int arg_numa(const char *flag, const char *s, int *mode) {
+    static const char *const names[] = {"off", "distribute", "replicate", "interleave"};
+    for (int i = 0; i < 4; i++)
+        if (!strcmp(s, names[i])) {
+            *mode = i; /* the order of ellm_numa_mode */
+            return 1;
+        }
+    fprintf(stderr, "error: %s expects off, distribute, replicate or interleave, got '%s'\n", flag, s);
+    return 0;
+}
+
 char *cli_read_file(const char *path, size_t *size) {
     FILE *f = fopen(path, "rb");
     if (!f) {

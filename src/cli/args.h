@@ -22,6 +22,10 @@ int arg_kv_type(const char *flag, const char *s, int *f32);
  * max); returns the count, or -1 after printing why. */
 int arg_int_list(const char *flag, const char *s, long lo, long hi, int *out, int max);
 
+/* Parses a --numa mode (off, distribute, replicate, interleave) into *mode
+ * (an ellm_numa_mode); prints why and returns 0 otherwise. */
+int arg_numa(const char *flag, const char *s, int *mode);
+
 /* Reads a whole file (NUL-terminated); returns NULL and prints why on error. */
 char *cli_read_file(const char *path, size_t *size);
 

@@ -46,6 +46,8 @@ static void bench_usage(FILE *f) {
             "  --kv-type f16|f32       KV cache element type (default f16)\n"
             "  --sparse-topk K         also time sparse attention with a K-token budget\n"
             "  --bw-mb MB              bandwidth self-test buffer (default 1024)\n"
+            "  --numa-aware, --numa MODE  NUMA placement as for ellm run (off, distribute,\n"
+            "                          replicate, interleave); --mlock locks the weights\n"
             "  --json                  machine-readable output\n");
 }
 
@@ -152,6 +154,7 @@ int cmd_bench(int argc, char **argv) {
     int prefills[16] = {512}, n_prefills = 1;
     int synthetic = 0, json = 0, kv_f32 = 0, bad = 0;
     long sparse_topk = 0;
+    int numa = 0, mlock = 0;
     for (int i = 1; i < argc && !bad; i++) {
         const char *v = NULL, *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -159,6 +162,10 @@ int cmd_bench(int argc, char **argv) {
             return 0;
         } else if (!strcmp(a, "--synthetic-kv")) synthetic = 1;
         else if (!strcmp(a, "--json")) json = 1;
+        else if (!strcmp(a, "--numa-aware")) numa = ELLM_NUMA_DISTRIBUTE;
+        else if (!strcmp(a, "--mlock")) mlock = 1;
+        else if (arg_value(argc, argv, &i, "--numa", NULL, &v, &bad))
+            bad = !v || !arg_numa(a, v, &numa);
         else if (arg_value(argc, argv, &i, "--model", "-m", &v, &bad)) model_path = v;
         else if (arg_value(argc, argv, &i, "--threads", "-t", &v, &bad))
             bad = !v || !arg_int(a, v, 1, 1024, &threads);
@@ -199,7 +206,7 @@ int cmd_bench(int argc, char **argv) {
     int32_t *ids = NULL;
     double *step_ms = NULL, *base_ms = NULL;
     int rc = 1;
-    ellm_model_params mp = {.n_threads = (int)threads, .pin_threads = 1};
+    ellm_model_params mp = {.n_threads = (int)threads, .pin_threads = 1, .numa = (ellm_numa_mode)numa, .mlock = mlock};
     if (ellm_model_load(model_path, &mp, &model, &err) != ELLM_OK) {
         fprintf(stderr, "error: %s\n", err.msg);
         goto done;

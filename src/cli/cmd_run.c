@@ -39,6 +39,12 @@ static void run_usage(FILE *f) {
             "  --no-bos               do not add BOS to the prompt\n"
             "  --no-display-prompt    do not echo the prompt\n"
             "  --stats                print load time and prompt/decode speed at the end\n"
+            "memory placement (see `ellm probe`):\n"
+            "  --numa-aware           same as --numa distribute\n"
+            "  --numa MODE            off (default), distribute (rows and KV heads on the node whose\n"
+            "                         threads read them), replicate (weights copied to every node),\n"
+            "                         interleave (pages spread over the nodes)\n"
+            "  --mlock                lock the weights in memory\n"
             "chat (the model's chat template, or a built-in one):\n"
             "  --chat                 interactive multi-turn chat on stdin/stdout\n"
             "  --system TEXT          system message; with -p, one chat turn is generated\n"
@@ -67,6 +73,7 @@ typedef struct {
     int sparse_adapt;
     int chat;
     const char *system, *chat_template;
+    int numa, mlock;
 } run_opts;
 
 static int parse(int argc, char **argv, run_opts *o) {
@@ -89,6 +96,10 @@ static int parse(int argc, char **argv, run_opts *o) {
         else if (!strcmp(a, "--no-bos")) o->no_bos = 1;
         else if (!strcmp(a, "--sparse-adapt")) o->sparse_adapt = 1;
         else if (!strcmp(a, "--chat")) o->chat = 1;
+        else if (!strcmp(a, "--numa-aware")) o->numa = ELLM_NUMA_DISTRIBUTE;
+        else if (!strcmp(a, "--mlock")) o->mlock = 1;
+        else if (arg_value(argc, argv, &i, "--numa", NULL, &v, &bad))
+            bad = !v || !arg_numa(a, v, &o->numa);
         else if (arg_value(argc, argv, &i, "--system", NULL, &v, &bad)) o->system = v;
         else if (arg_value(argc, argv, &i, "--chat-template", NULL, &v, &bad)) o->chat_template = v;
         else if (arg_value(argc, argv, &i, "--sparse-topk", NULL, &v, &bad))
@@ -330,7 +341,8 @@ int cmd_run(int argc, char **argv) {
     ellm_sampler *sampler = NULL;
     int32_t *ids = NULL;
     int rc = 1;
-    ellm_model_params mp = {.n_threads = (int)o.threads, .pin_threads = 1};
+    ellm_model_params mp = {.n_threads = (int)o.threads, .pin_threads = 1, .numa = (ellm_numa_mode)o.numa,
+                            .mlock = o.mlock};
     if (ellm_model_load(o.model, &mp, &model, &err) != ELLM_OK) {
         fprintf(stderr, "error: %s\n", err.msg);
         goto done;
@@ -466,6 +478,7 @@ int cmd_run(int argc, char **argv) {
                 info.weight_bytes / 1e6, ellm_isa_name(), o.threads ? o.threads : (long)ellm_default_threads(), n_ctx, o.kv_f32 ? "f32" : "f16",
                 n_prompt, t_prompt, n_prompt / (t_prompt / 1000.0), generated, t_gen,
                 n_dec / (t_gen / 1000.0), (unsigned long long)o.sp.seed);
+        fprintf(stderr, "placement: %s\n", info.placement);
         if (o.sparse_topk) {
             ellm_context_stats cs;
             ellm_context_get_stats(ctx, &cs);

@@ -77,7 +77,7 @@ ellm_status ellm_context_init(ellm_model *model, const ellm_context_params *para
                           .block_tokens = KV_BLOCK_TOKENS,
                           .type = kv_type};
     if ((st = kv_cache_init(&kp, &ctx->kv, err)) ||
-        (st = threadpool_init(n_threads, model->pin_threads, &ctx->pool, err)) ||
+        (st = engine_placement_init(ctx, n_threads, err)) ||
         (st = attention_workspace_init(n_threads, ctx->n_batch, c->n_head, c->head_dim, ctx->n_ctx,
                                        KV_BLOCK_TOKENS, &ctx->attn_ws, err))) {
         ellm_context_free(ctx);
@@ -152,6 +152,7 @@ void ellm_context_free(ellm_context *ctx) {
     kv_cache_free(ctx->kv);
     attention_workspace_free(ctx->attn_ws);
     threadpool_free(ctx->pool);
+    free(ctx->w_delta);
     free(ctx->x);
     free(ctx->xn);
     free(ctx->q);

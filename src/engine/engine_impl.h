@@ -31,6 +31,12 @@ struct ellm_context {
     kv_cache *kv;
     attention_workspace *attn_ws;
     threadpool *pool;
+    /* NUMA placement (placement.c): per-thread offset to the thread's node's
+     * copy of the weights (replicate; NULL otherwise), and whether each
+     * matrix's rows are split on their own (distribute over several nodes,
+     * so a node's threads compute exactly the rows stored on it). */
+    ptrdiff_t *w_delta; /* (n_threads) */
+    int split_by_matrix;
     /* scratch, sized for n_batch tokens (shapes per token in comments) */
     float *x;        /* (d) residual stream */
     float *xn;       /* (d) normalized */
@@ -85,6 +91,11 @@ void engine_sparse_sample_recall(struct ellm_context *ctx, int layer, int len);
 void engine_calibrate_layer(struct ellm_context *ctx, int layer, int len);
 
 /* ---- forward.c ---- */
+
+/* Starts the context's threads (pinned per the model's placement plan when
+ * it has one) and places the KV cache's heads on the nodes whose threads read
+ * them; after kv_cache_init, before anything is stored. */
+ellm_status engine_placement_init(struct ellm_context *ctx, int n_threads, ellm_error *err);
 
 /* Runs the model on n tokens (n <= n_batch) at positions [pos, pos + n) and
  * writes the logits of rows [first_logit_row, n) to `logits` (row stride

@@ -79,10 +79,25 @@ typedef struct {
     float *y[3];
     int64_t ldy[3];
     int nb;
+    const ptrdiff_t *delta; /* (nth) offset to thread i's node's copy of the weights, or NULL */
+    int by_matrix;          /* split each matrix on its own (rows placed per node) */
 } matmul_job;
 
 static void matmul_task(void *arg, int ith, int nth) {
     const matmul_job *job = arg;
+    const ptrdiff_t delta = job->delta ? job->delta[ith] : 0;
+    if (job->by_matrix) {
+        /* the rows topo_plan_node_rows placed on this thread's node */
+        for (int i = 0; i < job->n; i++) {
+            const model_matrix *w = job->w[i];
+            long b, e;
+            threadpool_split((long)w->rows, ith, nth, 16, &b, &e);
+            if (b < e)
+                kern_matmul(w->type, (const char *)w->data + delta, w->cols, b, e, job->act[i], job->nb, job->y[i],
+                            job->ldy[i]);
+        }
+        return;
+    }
     int64_t total = 0;
     for (int i = 0; i < job->n; i++) total += job->w[i]->rows;
     long b, e;
@@ -94,7 +109,8 @@ static void matmul_task(void *arg, int ith, int nth) {
         if (r0 < 0) r0 = 0;
         if (r1 > w->rows) r1 = w->rows;
         if (r0 < r1)
-            kern_matmul(w->type, w->data, w->cols, r0, r1, job->act[i], job->nb, job->y[i], job->ldy[i]);
+            kern_matmul(w->type, (const char *)w->data + delta, w->cols, r0, r1, job->act[i], job->nb, job->y[i],
+                        job->ldy[i]);
         base += w->rows;
     }
 }
@@ -103,7 +119,8 @@ static void matmul_task(void *arg, int ith, int nth) {
 static void matmul(struct ellm_context *ctx, const model_matrix *w, const float *X, int nb,
                    float *Y, int64_t ldy) {
     kern_act_prepare(w->type, X, w->cols, nb, ctx->act);
-    matmul_job job = {.n = 1, .w = {w}, .act = {ctx->act}, .y = {Y}, .ldy = {ldy}, .nb = nb};
+    matmul_job job = {.n = 1, .w = {w}, .act = {ctx->act}, .y = {Y}, .ldy = {ldy}, .nb = nb,
+                      .delta = ctx->w_delta, .by_matrix = ctx->split_by_matrix};
     threadpool_run(ctx->pool, matmul_task, &job);
 }
 
@@ -111,7 +128,7 @@ static void matmul(struct ellm_context *ctx, const model_matrix *w, const float 
  * once per distinct weight type. */
 static void matmul_multi(struct ellm_context *ctx, int n, const model_matrix **w, const float *X,
                          int nb, float **Y) {
-    matmul_job job = {.n = n, .nb = nb};
+    matmul_job job = {.n = n, .nb = nb, .delta = ctx->w_delta, .by_matrix = ctx->split_by_matrix};
     char *act = ctx->act;
     for (int i = 0; i < n; i++) {
         job.w[i] = w[i];

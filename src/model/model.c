@@ -256,6 +256,7 @@ ellm_status ellm_model_load(const char *path, const ellm_model_params *params, e
     if (st == ELLM_OK) st = read_config(&ld);
     if (st == ELLM_OK) st = bind_weights(&ld);
     if (st == ELLM_OK) st = tokenizer_init_gguf(m->file, &m->tok, err);
+    if (st == ELLM_OK) st = model_place_weights(m, params, err);
     if (st == ELLM_OK && tokenizer_n_vocab(m->tok) > m->cfg.n_vocab)
         st = ellm_fail(err, ELLM_ERR_FORMAT, "model: tokenizer has %d tokens but token_embd.weight only %d rows",
                        tokenizer_n_vocab(m->tok), m->cfg.n_vocab);
@@ -270,6 +271,7 @@ ellm_status ellm_model_load(const char *path, const ellm_model_params *params, e
 
 void ellm_model_free(ellm_model *m) {
     if (!m) return;
+    model_placement_free(m);
     for (int i = 0; i < m->n_owned; i++) free(m->owned[i]);
     free(m->owned);
     free(m->layers);
@@ -297,6 +299,7 @@ void ellm_model_get_info(const ellm_model *m, ellm_model_info *info) {
     if (m->output.data != m->tok_embd.data)
         info->decode_weight_bytes -= (uint64_t)m->tok_embd.rows * m->tok_embd.row_bytes;
     info->load_ms = m->load_ms;
+    snprintf(info->placement, sizeof info->placement, "%s", m->placement);
 }
 
 void model_rope_cos_sin(const ellm_model *m, int pos, float *cs) {

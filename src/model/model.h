@@ -7,6 +7,7 @@
 
 #include "ellm.h"
 #include "gguf/gguf.h"
+#include "topology/plan.h"
 #include "tokenizer/tokenizer.h"
 
 #include <stdint.h>
@@ -62,6 +63,14 @@ struct ellm_model {
     int n_owned;
     int n_threads;
     int pin_threads;
+    /* NUMA placement (model_place_weights): NULL plan when off */
+    topo_plan *plan;
+    ptrdiff_t *node_delta;   /* (plan->n_nodes) replicate: node k's copy of a weight byte p is
+                                at p + node_delta[k]; NULL unless replicated */
+    void **replicas;         /* (plan->n_nodes) the copies, replica_bytes each */
+    size_t replica_bytes;
+    int split_by_matrix;     /* distribute over several nodes: split each matrix on its own */
+    char placement[320];     /* description for --stats */
     uint64_t n_params;
     uint64_t weight_bytes;
     double load_ms;
@@ -69,6 +78,14 @@ struct ellm_model {
 
 /* cos/sin of every rotated frequency at position `pos` into cs (n_rot/2 pairs),
  * the table kern_rope takes. */
+/* Plans threads and places the weights for params->numa (see ellm_numa_mode),
+ * requests transparent huge pages for the weights and locks them with
+ * params->mlock. Best effort: placement that the kernel refuses is noted in
+ * m->placement, never an error; only an unusable topology or out of memory
+ * fails. */
+ellm_status model_place_weights(ellm_model *m, const ellm_model_params *params, ellm_error *err);
+void model_placement_free(ellm_model *m);
+
 void model_rope_cos_sin(const ellm_model *m, int pos, float *cs);
 
 #endif
