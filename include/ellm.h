@@ -205,9 +205,16 @@ typedef struct {
     int sparse_sink_blocks;  /* blocks at the start always kept (default 1) */
     int sparse_window;       /* recent tokens always kept (default 64) */
     int sparse_dense_layers; /* first layers kept dense (default 0) */
-    int sparse_recall_every; /* every N decode steps, measure recall on a dense pass (0: off) */
+    int sparse_recall_every; /* every N decode steps, measure recall on a dense pass (0: off;
+                                ELLM_SPARSE_RECALL_EVERY is the interval the tools use) */
     int sparse_adapt;        /* move budget between heads by sampled recall */
 } ellm_context_params;
+
+/* The recall-sampling interval `ellm run` (with --stats or --sparse-adapt) and
+ * `ellm eval` use by default: one sample costs a dense scan of the layer's
+ * keys, and --sparse-adapt moves budgets at each sample, so both tools must
+ * sample alike for eval's fidelity figures to describe run. */
+#define ELLM_SPARSE_RECALL_EVERY 64
 
 ellm_context_params ellm_context_default_params(void);
 ellm_status ellm_context_init(ellm_model *model, const ellm_context_params *params,
@@ -250,6 +257,9 @@ typedef struct {
     double index_flat_bytes;  /* ... a flat per-block scan would have read */
     int64_t recall_samples;   /* sampled (layer, head) recalls */
     double sparse_recall;     /* mean sampled recall: attention mass inside the chosen blocks */
+    int64_t sparse_selections; /* (layer, KV head) selections made */
+    double attended_share;    /* mean over them of tokens read (sink + window + chosen blocks)
+                                 over the keys the step could see */
 } ellm_context_stats;
 
 void ellm_context_get_stats(const ellm_context *ctx, ellm_context_stats *stats);

@@ -19,14 +19,17 @@ typedef struct {
     int budget;   /* 0: dense */
     int profile;  /* use --sparse-profile */
     int adapt;    /* --sparse-adapt on */
+    int prefill;  /* whole window through ellm_decode in chunks, as `ellm run` prefills */
     double nll, kl;
     int64_t n, agree;
     double recall_sum;
     int64_t recall_n;
+    double share_sum; /* tokens attended / keys visible, summed over sparse selections */
+    int64_t share_n;
     double seconds;
 } eval_mode;
 
-/* "dense" | "sparse:N[:profile][:adapt]" */
+/* "dense" | "sparse:N[:profile][:adapt][:prefill]" */
 static int parse_mode(const char *s, eval_mode *m) {
     memset(m, 0, sizeof *m);
     snprintf(m->name, sizeof m->name, "%s", s);
@@ -39,6 +42,7 @@ static int parse_mode(const char *s, eval_mode *m) {
     while (*end == ':') {
         if (!strncmp(end, ":profile", 8)) m->profile = 1, end += 8;
         else if (!strncmp(end, ":adapt", 6)) m->adapt = 1, end += 6;
+        else if (!strncmp(end, ":prefill", 8)) m->prefill = 1, end += 8;
         else return 0;
     }
     return *end == 0;
@@ -64,6 +68,7 @@ static int argmax_f(const float *x, int n) {
 typedef struct {
     const char *model, *file, *profile;
     long ctx, score_from, windows, threads, window_tokens, sink, dense_layers, sample_every, target, n_dense;
+    long recall_every, batch;
     int json, adapt;
     char compare[512];
     char budgets[256];
@@ -79,6 +84,8 @@ static int parse_common(int argc, char **argv, eval_opts *o, int calibrate) {
     o->sink = 1;
     o->sample_every = 8;
     o->target = 256;
+    o->recall_every = ELLM_SPARSE_RECALL_EVERY;
+    o->batch = 256; /* ellm run's default prefill chunk */
     snprintf(o->compare, sizeof o->compare, "dense,sparse:256,sparse:512");
     snprintf(o->budgets, sizeof o->budgets, "128,192,256,384,512,768,1024");
     int bad = 0;
@@ -93,10 +100,16 @@ static int parse_common(int argc, char **argv, eval_opts *o, int calibrate) {
             else
                 printf("usage: ellm eval [-m MODEL] -f TEXT [--ctx 2048] [--compare dense,sparse:256,...]\n"
                        "       [--score-from 256] [--windows 8] [--sparse-profile P] [--json]\n"
+                       "       [--sparse-recall-every N] [--batch N]\n"
                        "Teacher-forced over TEXT in windows of --ctx tokens: perplexity per mode, and for\n"
                        "sparse modes top-1 agreement and mean KL divergence against dense. Modes: dense,\n"
                        "sparse:N (uniform budget N), sparse:N:profile (budgets from --sparse-profile),\n"
-                       "sparse:N:adapt (online adaptation from sampled recall); suffixes combine.\n");
+                       "sparse:N:adapt (online adaptation from sampled recall); suffixes combine.\n"
+                       "Sparse modes decode every position alone (each selects its own blocks), as\n"
+                       "`ellm run` generates; with :prefill the window goes through in chunks of --batch\n"
+                       "tokens (default 256, run's default), one selection per chunk, as `ellm run`\n"
+                       "prefills a prompt. Recall is sampled every --sparse-recall-every decode steps\n"
+                       "(default 64, as ellm run --stats; it also paces :adapt).\n");
             exit(0);
         } else if (!strcmp(a, "--json")) o->json = 1;
         else if (arg_value(argc, argv, &i, "--model", "-m", &v, &bad)) o->model = v;
@@ -121,6 +134,10 @@ static int parse_common(int argc, char **argv, eval_opts *o, int calibrate) {
             bad = !v || !arg_int(a, v, 0, 1 << 20, &o->sink);
         else if (arg_value(argc, argv, &i, "--sparse-dense-layers", NULL, &v, &bad))
             bad = !v || !arg_int(a, v, 0, 1 << 20, &o->dense_layers);
+        else if (arg_value(argc, argv, &i, "--sparse-recall-every", NULL, &v, &bad))
+            bad = !v || !arg_int(a, v, 0, 1 << 30, &o->recall_every);
+        else if (arg_value(argc, argv, &i, "--batch", "-b", &v, &bad))
+            bad = !v || !arg_int(a, v, 1, 1 << 20, &o->batch);
         else if (arg_value(argc, argv, &i, "--sample-every", NULL, &v, &bad))
             bad = !v || !arg_int(a, v, 1, 1 << 20, &o->sample_every);
         else if (arg_value(argc, argv, &i, "--target", NULL, &v, &bad))
@@ -166,11 +183,11 @@ static int setup(const eval_opts *o, ellm_model **model, ellm_context **ctx, int
     free(text);
     ellm_context_params cp = ellm_context_default_params();
     cp.n_ctx = n_ctx;
-    cp.n_batch = 256;
+    cp.n_batch = (int)o->batch;
     cp.sparse_window = (int)o->window_tokens;
     cp.sparse_sink_blocks = (int)o->sink;
     cp.sparse_dense_layers = (int)o->dense_layers;
-    cp.sparse_recall_every = 32; /* sampled recall, reported per mode */
+    cp.sparse_recall_every = (int)o->recall_every; /* sampled recall, reported per mode */
     if (ellm_context_init(*model, &cp, ctx, &err) != ELLM_OK) {
         fprintf(stderr, "error: %s\n", err.msg);
         return 0;
@@ -270,7 +287,7 @@ int cmd_eval(int argc, char **argv) {
                 ellm_context_stats before;
                 ellm_context_get_stats(ctx, &before);
                 t0 = ellm_time_ms();
-                int pre = 32 < T ? 32 : T;
+                int pre = m->prefill ? T : 32 < T ? 32 : T;
                 if (ellm_decode(ctx, win, pre, logits, &err) != ELLM_OK) goto decode_fail;
                 for (int i = pre; i < T; i++)
                     if (ellm_decode(ctx, win + i, 1, logits + (size_t)i * V, &err) != ELLM_OK) goto decode_fail;
@@ -282,6 +299,9 @@ int cmd_eval(int argc, char **argv) {
                     m->recall_sum += s;
                     m->recall_n += after.recall_samples - before.recall_samples;
                 }
+                m->share_sum += after.attended_share * (double)after.sparse_selections -
+                                before.attended_share * (double)before.sparse_selections;
+                m->share_n += after.sparse_selections - before.sparse_selections;
                 L = logits;
             } else {
                 m->seconds += t_dense;
@@ -318,25 +338,29 @@ int cmd_eval(int argc, char **argv) {
             printf("%s{\"mode\": \"%s\", \"ppl\": %.5f, \"ppl_ratio\": %.5f, \"positions\": %lld, \"seconds\": %.2f",
                    i ? ", " : "", m->name, ppl, ppl / base, (long long)m->n, m->seconds);
             if (m->budget) {
-                printf(", \"budget\": %d, \"budget_fraction\": %.4f, \"top1_agreement\": %.5f, \"kl\": %.6f", m->budget,
-                       (double)m->budget / T, (double)m->agree / m->n, m->kl / m->n);
+                printf(", \"budget\": %d, \"budget_fraction\": %.4f, \"prefill\": %s, \"top1_agreement\": %.5f, "
+                       "\"kl\": %.6f", m->budget, (double)m->budget / T, m->prefill ? "true" : "false",
+                       (double)m->agree / m->n, m->kl / m->n);
                 if (m->recall_n) printf(", \"sparse_recall\": %.5f", m->recall_sum / m->recall_n);
+                if (m->share_n) printf(", \"attended_share\": %.5f", m->share_sum / m->share_n);
             }
             printf("}");
         }
         printf("]}\n");
     } else {
         printf("%s on %s: %d windows of %d tokens, positions >= %ld scored\n", o.model, o.file, n_win, T, o.score_from);
-        printf("%-28s %9s %8s %8s %9s %8s %8s\n", "mode", "ppl", "ratio", "top1", "KL", "recall", "s");
+        printf("%-28s %9s %8s %8s %9s %8s %8s %8s\n", "mode", "ppl", "ratio", "top1", "KL", "recall", "read", "s");
         for (int i = 0; i < n_modes; i++) {
             eval_mode *m = &modes[i];
             double ppl = exp(m->nll / m->n);
             if (m->budget)
-                printf("%-28s %9.4f %8.4f %8.4f %9.5f %8.4f %8.1f\n", m->name, ppl, ppl / base, (double)m->agree / m->n,
-                       m->kl / m->n, m->recall_n ? m->recall_sum / m->recall_n : NAN, m->seconds);
+                printf("%-28s %9.4f %8.4f %8.4f %9.5f %8.4f %8.4f %8.1f\n", m->name, ppl, ppl / base,
+                       (double)m->agree / m->n, m->kl / m->n, m->recall_n ? m->recall_sum / m->recall_n : NAN,
+                       m->share_n ? m->share_sum / m->share_n : NAN, m->seconds);
             else
-                printf("%-28s %9.4f %8.4f %8s %9s %8s %8.1f\n", m->name, ppl, 1.0, "-", "-", "-", m->seconds);
+                printf("%-28s %9.4f %8.4f %8s %9s %8s %8s %8.1f\n", m->name, ppl, 1.0, "-", "-", "-", "-", m->seconds);
         }
+        printf("read: mean share of the visible keys a sparse selection reads (sink + window + blocks)\n");
     }
     rc = 0;
     goto done;

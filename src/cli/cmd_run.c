@@ -57,7 +57,7 @@ static void run_usage(FILE *f) {
             "  --sparse-sink N        leading blocks always attended (default 1)\n"
             "  --sparse-dense-layers N  keep the first N layers dense (default 0)\n"
             "  --sparse-recall-every N  sample recall on a dense pass every N steps (default\n"
-            "                         64 with --stats, else off)\n"
+            "                         64 with --stats or --sparse-adapt, else off)\n"
             "  --sparse-adapt         move budget between heads by sampled recall\n");
 }
 
@@ -172,11 +172,13 @@ static ellm_context_params run_context_params(const run_opts *o) {
     if (o->batch) cp.n_batch = (int)o->batch;
     cp.n_ctx = (int)o->ctx;
     cp.kv_cache_gb = o->kv_gb;
-    cp.sparse_topk = (int)o->sparse_topk;
+    /* Without --sparse-topk the context is dense-only: no sparse index is
+     * kept, so a dense run does per token exactly what `ellm bench` times. */
+    cp.sparse_topk = o->sparse_topk > 0 ? (int)o->sparse_topk : -1;
     cp.sparse_window = (int)o->sparse_window;
     cp.sparse_sink_blocks = (int)o->sparse_sink;
     cp.sparse_dense_layers = (int)o->sparse_dense;
-    cp.sparse_recall_every = (int)(o->sparse_recall >= 0 ? o->sparse_recall : (o->stats || o->sparse_adapt) ? 64 : 0);
+    cp.sparse_recall_every = (int)(o->sparse_recall >= 0 ? o->sparse_recall : (o->stats || o->sparse_adapt) ? ELLM_SPARSE_RECALL_EVERY : 0);
     cp.sparse_adapt = o->sparse_adapt;
     return cp;
 }

@@ -280,6 +280,8 @@ void ellm_context_set_sparse_adapt(ellm_context *ctx, int on) { ctx->params.spar
 void ellm_context_get_stats(const ellm_context *ctx, ellm_context_stats *stats) {
     *stats = ctx->stats;
     stats->attended_tokens = ctx->n_sparse_heads ? ctx->attended_sum / (double)ctx->n_sparse_heads : 0;
+    stats->sparse_selections = ctx->n_sparse_heads;
+    stats->attended_share = ctx->n_sparse_heads ? ctx->attended_share_sum / (double)ctx->n_sparse_heads : 0;
     stats->index_bytes_read = (double)ctx->sel_stats.bytes_read;
     stats->index_flat_bytes = (double)ctx->sel_stats.flat_bytes;
 }

@@ -64,6 +64,7 @@ struct ellm_context {
     int max_blocks;
     int64_t n_sparse_heads; /* (layer, head) selections made, for the mean budget */
     double attended_sum;    /* tokens chosen, summed over selections */
+    double attended_share_sum; /* tokens chosen / keys visible, summed over selections */
     sparse_select_stats sel_stats;
     sparse_select_stats *head_sel_stats; /* (n_kv_head) counters of the current layer */
     uint64_t *head_select_ns;            /* (n_kv_head) selection time of the current layer */
