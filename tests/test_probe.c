@@ -505,6 +505,9 @@ static void check_probe_json(const char *out, int want_cpus, int want_channels) 
 
 static void test_cli(void) {
     static char out[1 << 16];
+    /* keep the probe's saved result out of the user's cache */
+    const char *cache = "/tmp/ellm_test_probe_cache.txt";
+    setenv("ELLM_PROBE_CACHE", cache, 1);
     cpu_set_t set;
     sched_getaffinity(0, sizeof set, &set);
     int rc = run("probe --json --bw-mb 32", out, sizeof out);
@@ -541,6 +544,34 @@ static void test_cli(void) {
     rc = run("probe --dmi /tmp/ellm_test_probe.dmi --bw-mb 32", out, sizeof out);
     CHECK(rc == 0 && strstr(out, "4 of 8 channels populated") && strstr(out, "advice:"), "text probe: %s", out);
     remove("/tmp/ellm_test_probe.dmi");
+    /* the probe keeps its all-node figure; run --stats and bench report against it */
+    remove(cache);
+    rc = run("run -n 16 --seed 2 --stats", out, sizeof out);
+    CHECK(rc == 0 && strstr(out, "bandwidth: ") && strstr(out, "measured now as ellm probe does"),
+          "run --stats without a saved probe: %s", out);
+    rc = run("probe --bw-mb 32", out, sizeof out);
+    char *saved = test_read_file(cache, NULL);
+    double gbps = 0;
+    CHECK(rc == 0 && saved && sscanf(saved, "ellm-probe 1 physical_cores %*d all_read_gbps %lf", &gbps) == 1 && gbps > 0,
+          "probe did not save its result: %s", saved ? saved : "(no file)");
+    free(saved);
+    rc = run("run -n 16 --seed 2 --stats", out, sizeof out);
+    char want[96];
+    snprintf(want, sizeof want, "of the %.2f GB/s ellm probe measured", gbps);
+    CHECK(rc == 0 && strstr(out, want), "run --stats: no '%s' in %s", want, out);
+    rc = run("bench -n 4 --depths 0 --prefill 0 --bw-mb 16 --json", out, sizeof out);
+    cJSON *j = cJSON_Parse(out);
+    const cJSON *pb = j ? cJSON_GetObjectItem(j, "probe_read_gbps") : NULL;
+    const cJSON *pts = j ? cJSON_GetObjectItem(j, "points") : NULL;
+    const cJSON *pf = pts && pts->child ? cJSON_GetObjectItem(pts->child, "probe_fraction") : NULL;
+    const cJSON *g = pts && pts->child ? cJSON_GetObjectItem(pts->child, "gbps") : NULL;
+    CHECK(rc == 0 && cJSON_IsNumber(pb) && fabs(pb->valuedouble - gbps) < 0.01 && cJSON_IsNumber(pf) && g &&
+              fabs(pf->valuedouble - g->valuedouble / gbps) < 0.01,
+          "bench probe_read_gbps / probe_fraction: %s", out);
+    cJSON_Delete(j);
+    unsetenv("ELLM_PROBE_CACHE");
+    remove(cache);
+
     rc = run("probe --bogus", out, sizeof out);
     CHECK(rc == 2 && strstr(out, "--bogus"), "bad option: %d %s", rc, out);
     rc = run("probe --bw-mb 1", out, sizeof out);

@@ -4,6 +4,7 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "core/timer.h"
+#include "topology/probe.h"
 #include "ellm.h"
 
 #include <stdio.h>
@@ -218,6 +219,14 @@ int cmd_bench(int argc, char **argv) {
     int nt = threads > 0 ? (int)threads : ellm_default_threads();
     double bw1 = ellm_measure_read_gbps(1, (size_t)bw_mb << 20, 5);
     double bw = nt == 1 ? bw1 : ellm_measure_read_gbps(nt, (size_t)bw_mb << 20, 5);
+    /* The yardstick `ellm probe` measured (all nodes, each core reading its
+     * own node's memory), for the probe_fraction of each point. */
+    double probe_bw = 0;
+    if (!probe_cache_load(&probe_bw)) {
+        topology *topo = NULL;
+        if (topology_init_system(&topo, NULL) == ELLM_OK) probe_bw = probe_all_read_gbps(topo, (size_t)bw_mb << 20, 5);
+        topology_free(topo);
+    }
 
     int max_depth = depths[n_depths - 1];
     int max_prefill = 0;
@@ -338,14 +347,16 @@ int cmd_bench(int argc, char **argv) {
     if (json) {
         printf("{\"engine\": \"ellm\", \"model\": \"%s\", \"arch\": \"%s\", \"threads\": %d, \"isa\": \"%s\", "
                "\"kv_type\": \"%s\", \"weight_bytes_per_token\": %llu, \"kv_bytes_per_token\": %zu, "
-               "\"bandwidth_gbps\": %.3f, \"bandwidth_gbps_1t\": %.3f, \"points\": [",
+               "\"bandwidth_gbps\": %.3f, \"bandwidth_gbps_1t\": %.3f, \"probe_read_gbps\": %.3f, \"points\": [",
                model_path, info.arch, nt, ellm_isa_name(), kv_f32 ? "f32" : "f16",
-               (unsigned long long)info.decode_weight_bytes, kv_per_token, bw, bw1);
+               (unsigned long long)info.decode_weight_bytes, kv_per_token, bw, bw1, probe_bw);
         for (int i = 0; i < n_depths; i++)
             printf("%s{\"depth\": %d, \"mode\": \"dense\", \"synthetic_kv\": %s, \"tokens_per_s\": %.3f, "
-                   "\"ms_per_token\": %.4f, \"bytes_per_token\": %.0f, \"gbps\": %.3f, \"bw_fraction\": %.4f}",
+                   "\"ms_per_token\": %.4f, \"bytes_per_token\": %.0f, \"gbps\": %.3f, \"bw_fraction\": %.4f, "
+                   "\"probe_fraction\": %.4f}",
                    i ? ", " : "", pts[i].depth, pts[i].synthetic ? "true" : "false", pts[i].tokens_per_s,
-                   pts[i].ms_median, pts[i].bytes_per_token, pts[i].gbps, pts[i].bw_fraction);
+                   pts[i].ms_median, pts[i].bytes_per_token, pts[i].gbps, pts[i].bw_fraction,
+                   probe_bw > 0 ? pts[i].gbps / probe_bw : 0);
         for (int i = 0; i < n_depths && sparse_topk > 0; i++)
             printf(", {\"depth\": %d, \"mode\": \"sparse\", \"sparse_topk\": %ld, \"synthetic_kv\": %s, "
                    "\"tokens_per_s\": %.3f, \"ms_per_token\": %.4f, \"bytes_per_token\": %.0f, \"gbps\": %.3f, "
@@ -382,6 +393,11 @@ int cmd_bench(int argc, char **argv) {
                    spts[i].synthetic ? "  (synthetic KV)" : "");
         for (int i = 0; i < n_prefills; i++)
             printf("prefill %d tokens: %.1f tokens/s\n", pre[i].tokens, pre[i].tokens_per_s);
+        if (probe_bw > 0) {
+            printf("share of the %.1f GB/s `ellm probe` measured (all nodes), dense decode:", probe_bw);
+            for (int i = 0; i < n_depths; i++) printf(" %d: %.0f%%", pts[i].depth, 100 * pts[i].gbps / probe_bw);
+            printf("\nplacement: %s\n", info.placement);
+        }
         printf("\nprojected %ld-token generation: %.1f s (roofline at %.1f GB/s: %.1f s, ratio %.2f)\n", gen,
                proj_s, bw, roof_s, roof_s > 0 ? proj_s / roof_s : 0);
     }

@@ -112,8 +112,10 @@ int cmd_probe(int argc, char **argv) {
         fprintf(stderr, "error: %s\n", err.msg);
         return 1;
     }
+    int kept = probe_cache_save(&r) == 0; /* for ellm run --stats and ellm bench */
     if (json) print_json(&r);
     else print_text(&r);
+    if (!json && kept) printf("(all-node bandwidth kept for `ellm run --stats` and `ellm bench`)\n");
     probe_report_free(&r);
     return 0;
 }

@@ -2,6 +2,7 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "core/timer.h"
+#include "topology/probe.h"
 #include "ellm.h"
 
 #include <signal.h>
@@ -320,6 +321,34 @@ out:
     return rc;
 }
 
+/* Bandwidth a decode step used (weights + the KV read at the mean depth, or
+ * the sparse budget) as a share of the all-node read bandwidth `ellm probe`
+ * measured (its saved result, else measured now the same way). */
+static void print_bandwidth_share(const ellm_context *ctx, const ellm_model_info *info, int n_prompt, int generated,
+                                  double decode_tps) {
+    if (!(decode_tps > 0)) return;
+    double probe = 0;
+    const char *source = "ellm probe measured";
+    if (!probe_cache_load(&probe)) {
+        topology *t = NULL;
+        if (topology_init_system(&t, NULL) == ELLM_OK) probe = probe_all_read_gbps(t, (size_t)256 << 20, 3);
+        topology_free(t);
+        source = "measured now as ellm probe does (run `ellm probe` once to keep it)";
+    }
+    ellm_context_stats cs;
+    ellm_context_get_stats(ctx, &cs);
+    double depth = n_prompt + generated / 2.0;
+    if (cs.sparse_steps > 0 && cs.attended_tokens > 0 && cs.attended_tokens < depth) depth = cs.attended_tokens;
+    double bytes = (double)info->decode_weight_bytes + (double)ellm_context_kv_bytes_per_token(ctx) * depth;
+    double gbps = bytes * decode_tps / 1e9;
+    if (probe > 0)
+        fprintf(stderr, "bandwidth: %.2f GB/s (%.2f MB read per token) = %.0f%% of the %.2f GB/s %s\n", gbps,
+                bytes / 1e6, 100 * gbps / probe, probe, source);
+    else
+        fprintf(stderr, "bandwidth: %.2f GB/s (%.2f MB read per token); no probe bandwidth to compare with\n", gbps,
+                bytes / 1e6);
+}
+
 int cmd_run(int argc, char **argv) {
     run_opts o;
     if (!parse(argc, argv, &o)) return 2;
@@ -481,6 +510,7 @@ int cmd_run(int argc, char **argv) {
                 n_prompt, t_prompt, n_prompt / (t_prompt / 1000.0), generated, t_gen,
                 n_dec / (t_gen / 1000.0), (unsigned long long)o.sp.seed);
         fprintf(stderr, "placement: %s\n", info.placement);
+        print_bandwidth_share(ctx, &info, n_prompt, generated, n_dec / (t_gen / 1000.0));
         if (o.sparse_topk) {
             ellm_context_stats cs;
             ellm_context_get_stats(ctx, &cs);

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 static int cmp_int(const void *a, const void *b) {
     int x = *(const int *)a, y = *(const int *)b;
@@ -82,33 +83,82 @@ ellm_status probe_measure(probe_report *r, const topology *t, size_t bytes, int 
         }
         threadpool_free(pool);
     }
-    /* All nodes at once: every core reads its slice, placed on its own node. */
-    if (st == ELLM_OK && r->n_nodes > 1) {
-        topo_plan_params pp = {.n_threads = 0, .mode = TOPO_NUMA_DISTRIBUTE};
-        topo_plan *plan = NULL;
-        threadpool *pool = NULL;
-        size_t total = bytes * (size_t)r->n_nodes;
-        char *buf = NULL;
-        if ((st = topo_plan_init(t, &pp, &plan, err)) == ELLM_OK &&
-            (st = threadpool_init_cpus(plan->n_threads, plan->cpu, &pool, err)) == ELLM_OK &&
-            (buf = place_alloc_on_node(total, plan->node_os[0]))) {
-            for (int k = 0; k < plan->n_nodes; k++) {
-                int64_t b, e;
-                topo_plan_node_rows(plan, (int64_t)total, 4096, k, &b, &e);
-                place_on_node(buf + b, (size_t)(e - b), plan->node_os[k], PLACE_STRICT);
-            }
-            memset(buf, 1, total);
-            r->all_read_gbps = membw_read_buffer_gbps(pool, buf, total, reps);
-        }
-        place_free(buf, total);
-        threadpool_free(pool);
-        topo_plan_free(plan);
-    } else if (st == ELLM_OK) {
-        r->all_read_gbps = r->nodes[0].read_gbps;
-    }
+    if (st == ELLM_OK) r->all_read_gbps = r->n_nodes > 1 ? probe_all_read_gbps(t, bytes * (size_t)r->n_nodes, reps)
+                                                          : r->nodes[0].read_gbps;
     free(cpus);
     if (have_saved) pthread_setaffinity_np(pthread_self(), sizeof saved, &saved);
     return st;
+}
+
+double probe_all_read_gbps(const topology *t, size_t bytes, int reps) {
+    cpu_set_t saved;
+    int have_saved = pthread_getaffinity_np(pthread_self(), sizeof saved, &saved) == 0;
+    bytes &= ~(size_t)4095;
+    topo_plan_params pp = {.n_threads = 0, .mode = TOPO_NUMA_DISTRIBUTE};
+    topo_plan *plan = NULL;
+    threadpool *pool = NULL;
+    char *buf = NULL;
+    double gbps = 0;
+    if (topo_plan_init(t, &pp, &plan, NULL) == ELLM_OK &&
+        threadpool_init_cpus(plan->n_threads, plan->cpu, &pool, NULL) == ELLM_OK &&
+        (buf = place_alloc_on_node(bytes, plan->node_os[0]))) {
+        /* thread i reads part i (membw's split): put each node's parts on it */
+        for (int k = 0; k < plan->n_nodes && plan->n_nodes > 1; k++) {
+            int64_t b, e;
+            topo_plan_node_rows(plan, (int64_t)bytes, 4096, k, &b, &e);
+            place_on_node(buf + b, (size_t)(e - b), plan->node_os[k], PLACE_STRICT);
+        }
+        memset(buf, 1, bytes);
+        gbps = membw_read_buffer_gbps(pool, buf, bytes, reps);
+    }
+    place_free(buf, bytes);
+    threadpool_free(pool);
+    topo_plan_free(plan);
+    if (have_saved) pthread_setaffinity_np(pthread_self(), sizeof saved, &saved);
+    return gbps;
+}
+
+/* The cache file's path into buf; 0 if there is no place for it. */
+static int cache_path(char *buf, size_t cap, int make_dirs) {
+    const char *env = getenv("ELLM_PROBE_CACHE"), *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    if (env && *env) return snprintf(buf, cap, "%s", env) < (int)cap;
+    char dir[512];
+    if (xdg && *xdg) snprintf(dir, sizeof dir, "%s/ellm", xdg);
+    else if (home && *home) snprintf(dir, sizeof dir, "%s/.cache/ellm", home);
+    else return 0;
+    if (make_dirs) {
+        char parent[512];
+        snprintf(parent, sizeof parent, "%s", dir);
+        char *slash = strrchr(parent, '/');
+        if (slash) *slash = 0;
+        mkdir(parent, 0755);
+        mkdir(dir, 0755);
+    }
+    return snprintf(buf, cap, "%s/probe.txt", dir) < (int)cap;
+}
+
+int probe_cache_save(const probe_report *r) {
+    char path[600];
+    if (!cache_path(path, sizeof path, 1)) return -1;
+    FILE *f = fopen(path, "w");
+    if (!f) return -1;
+    fprintf(f, "ellm-probe 1\nphysical_cores %d\nall_read_gbps %.3f\n", r->physical_cores, r->all_read_gbps);
+    return fclose(f) == 0 ? 0 : -1;
+}
+
+int probe_cache_load(double *all_read_gbps) {
+    char path[600];
+    if (!cache_path(path, sizeof path, 0)) return 0;
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    int version = 0, cores = -1;
+    double gbps = 0;
+    int ok = fscanf(f, "ellm-probe %d physical_cores %d all_read_gbps %lf", &version, &cores, &gbps) == 3;
+    fclose(f);
+    /* the cores this process may use (sampled before any thread was pinned) */
+    if (!ok || version != 1 || cores != ellm_cpu_physical_cores() || !(gbps > 0)) return 0;
+    *all_read_gbps = gbps;
+    return 1;
 }
 
 void probe_set_channels(probe_report *r, ellm_status dmi_status, const dmi_memory *m, const char *why) {

@@ -53,6 +53,18 @@ ellm_status probe_measure(probe_report *r, const topology *t, size_t bytes, int 
  * per measurement; 0: 4x a node's L3, at least 128 MB. */
 ellm_status probe_run(probe_report *r, size_t bytes, const char *dmi_path, ellm_error *err);
 
+/* Read rate (GB/s) of every usable core at once, each reading memory placed
+ * on its own node: the probe's all-node figure. Restores the caller's CPU
+ * affinity; 0 on failure. */
+double probe_all_read_gbps(const topology *t, size_t bytes, int reps);
+
+/* The probe's result kept for later runs (`ellm run --stats`, `ellm bench`):
+ * $ELLM_PROBE_CACHE, else $XDG_CACHE_HOME/ellm/probe.txt, else
+ * ~/.cache/ellm/probe.txt. Save returns 0 on success; load returns 1 and the
+ * all-node GB/s if a result for as many usable cores as now is there. */
+int probe_cache_save(const probe_report *r);
+int probe_cache_load(double *all_read_gbps);
+
 /* Frees what the report owns (the nodes' CPU lists). */
 void probe_report_free(probe_report *r);
 
