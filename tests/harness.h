@@ -1,6 +1,8 @@
 /* Minimal test harness: each tests/test_*.c is one program. CHECK counts a
- * passed or failed assertion; the program prints "N passed, N failed" last and
- * exits non-zero on any failure. tests/run_tests.sh runs them all and sums. */
+ * passed or failed assertion; SKIP reports a part that could not run here
+ * (say, an ISA this CPU lacks) as a line "SKIP: reason"; the program prints
+ * "N passed, N failed" last and exits non-zero on any failure.
+ * tests/run_tests.sh runs them all, shows every SKIP line and sums. */
 #ifndef ELLM_TESTS_HARNESS_H
 #define ELLM_TESTS_HARNESS_H
 
@@ -20,6 +22,16 @@ static int t_passed, t_failed;
             fprintf(stderr, __VA_ARGS__);                                       \
             fputc('\n', stderr);                                                \
         }                                                                       \
+    } while (0)
+
+/* Prints "SKIP: <reason>" on its own line, for tests/run_tests.sh to count. */
+#define SKIP(...)                                                               \
+    do {                                                                        \
+        fflush(stderr);                                                         \
+        printf("SKIP: ");                                                       \
+        printf(__VA_ARGS__);                                                    \
+        putchar('\n');                                                          \
+        fflush(stdout);                                                         \
     } while (0)
 
 /* Where test data lives (tests/data), overridable with ELLM_TEST_DATA. */

@@ -658,6 +658,8 @@ static void test_single_head_split(void) {
 int main(void) {
     g_best = ellm_cpu()->best;
     printf("attention tests: ISA levels scalar..%s\n", ellm_isa_str(g_best));
+    for (int isa = (int)g_best + 1; isa <= ELLM_ISA_AVX512; isa++)
+        SKIP("attention %s kernels: not supported by this CPU", ellm_isa_str((ellm_isa)isa));
     test_params_errors();
     test_layout();
     test_f16_store();

@@ -1,10 +1,14 @@
 /* The ellm command end to end: `ellm logits` reproduces the reference logits,
- * `ellm run` is deterministic per seed, and bad input gets a clear message and
- * a non-zero exit instead of a crash. Runs $ELLM_BIN (default build/ellm). */
+ * `ellm run` is deterministic per seed, `eval`, `calibrate`, `bench` and run's
+ * sparse flags work on the embedded model and their --json output has the
+ * documented shape, and bad input (flags, values, files) gets a clear message
+ * and a non-zero exit instead of a crash. Runs $ELLM_BIN (default build/ellm). */
 #include "harness.h"
 
+#include <cjson/cJSON.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 static const char *bin(void) {
     const char *b = getenv("ELLM_BIN");
@@ -23,6 +27,43 @@ static int run(const char *args, char *out, size_t cap) {
     int st = pclose(p);
     if (WIFSIGNALED(st)) return -1;
     return WEXITSTATUS(st);
+}
+
+/* As run, with stdout only in out (stderr dropped), for --json output. */
+static int run_stdout(const char *args, char *out, size_t cap) {
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "%s %s 2>/dev/null", bin(), args);
+    FILE *p = popen(cmd, "r");
+    if (!p) return -2;
+    size_t n = fread(out, 1, cap - 1, p);
+    out[n] = 0;
+    int st = pclose(p);
+    if (WIFSIGNALED(st)) return -1;
+    return WEXITSTATUS(st);
+}
+
+/* A path under /tmp unique to this process: name is "<tag>.<pid>". */
+static const char *tmp_path(char *buf, size_t cap, const char *tag) {
+    snprintf(buf, cap, "/tmp/ellm_test_%s.%d", tag, (int)getpid());
+    return buf;
+}
+
+/* Number `key` of JSON object o, or NAN if absent or not a number. */
+static double jnum(const cJSON *o, const char *key) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    return cJSON_IsNumber(v) ? v->valuedouble : NAN;
+}
+
+static const char *jstr(const cJSON *o, const char *key) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    return cJSON_IsString(v) ? v->valuestring : "";
+}
+
+/* Runs `args`, expecting a non-zero exit (no crash) and `want` in the output. */
+static void expect_error(const char *args, const char *want) {
+    char out[8192];
+    int rc = run(args, out, sizeof out);
+    CHECK(rc > 0 && strstr(out, want), "`ellm %s`: exit %d, want '%s' in: %s", args, rc, want, out);
 }
 
 static void test_logits(void) {
@@ -131,9 +172,166 @@ static void test_chat(void) {
     CHECK(lines >= 2, "expected one reply line per turn: %s", a);
 }
 
+/* ellm eval: dense against one sparse budget on a short window of held-out
+ * text; the JSON has one entry per mode with the documented fields. */
+static void test_eval(void) {
+    const char *d = test_data_dir();
+    char args[1024], out[16384];
+    snprintf(args, sizeof args, "eval -f %s/heldout-sample.txt --ctx 256 --windows 1 --score-from 128 "
+             "--compare dense,sparse:96 --json", d);
+    int rc = run_stdout(args, out, sizeof out);
+    CHECK(rc == 0, "eval --json exit %d: %s", rc, out);
+    cJSON *j = cJSON_Parse(out);
+    CHECK(j != NULL, "eval --json is not JSON: %s", out);
+    const cJSON *modes = cJSON_GetObjectItemCaseSensitive(j, "modes");
+    CHECK(cJSON_IsArray(modes) && cJSON_GetArraySize(modes) == 2, "eval: modes: %s", out);
+    CHECK(jnum(j, "ctx") == 256 && jnum(j, "windows") == 1 && jnum(j, "score_from") == 128, "eval header: %s", out);
+    if (cJSON_IsArray(modes) && cJSON_GetArraySize(modes) == 2) {
+        const cJSON *dn = cJSON_GetArrayItem(modes, 0), *sp = cJSON_GetArrayItem(modes, 1);
+        CHECK(!strcmp(jstr(dn, "mode"), "dense") && jnum(dn, "ppl") > 1 && jnum(dn, "ppl") < 1000 &&
+                  jnum(dn, "ppl_ratio") == 1 && jnum(dn, "positions") == 127,
+              "eval dense entry: %s", out);
+        CHECK(!strcmp(jstr(sp, "mode"), "sparse:96") && jnum(sp, "budget") == 96 &&
+                  jnum(sp, "top1_agreement") > 0.5 && jnum(sp, "top1_agreement") <= 1 && jnum(sp, "kl") >= 0 &&
+                  jnum(sp, "kl") < 1 && jnum(sp, "ppl_ratio") > 0.9 && jnum(sp, "ppl_ratio") < 1.1 &&
+                  jnum(sp, "sparse_recall") > 0 && jnum(sp, "sparse_recall") <= 1,
+              "eval sparse entry: %s", out);
+    }
+    cJSON_Delete(j);
+
+    expect_error("eval --bogus", "--bogus");
+    expect_error("eval", "-f");
+    expect_error("eval -f /nonexistent-eval.txt", "/nonexistent-eval.txt");
+    snprintf(args, sizeof args, "eval -f %s/heldout-sample.txt --compare sparse:abc", d);
+    expect_error(args, "sparse:abc");
+    snprintf(args, sizeof args, "eval -f %s/heldout-sample.txt --ctx 256 --score-from 256", d);
+    expect_error(args, "--score-from");
+    snprintf(args, sizeof args, "eval -m /nonexistent-model.gguf -f %s/heldout-sample.txt", d);
+    expect_error(args, "/nonexistent-model.gguf");
+    snprintf(args, sizeof args, "eval -f %s/heldout-sample.txt --compare sparse:96", d);
+    expect_error(args, "dense");
+}
+
+/* ellm calibrate writes a profile that run and eval then accept; bad
+ * arguments and an unwritable output are refused by name. */
+static void test_calibrate(void) {
+    const char *d = test_data_dir();
+    char prof[256], args[1024], out[16384];
+    tmp_path(prof, sizeof prof, "profile");
+    snprintf(args, sizeof args, "calibrate -f %s/heldout-sample.txt --ctx 256 --windows 1 --budgets 64,128 "
+             "--target 96 -o %s", d, prof);
+    int rc = run(args, out, sizeof out);
+    CHECK(rc == 0 && strstr(out, prof), "calibrate exit %d: %s", rc, out);
+    char *text = test_read_file(prof, NULL);
+    const char *head = "ellm-sparse-profile 1\nlayers ";
+    CHECK(text && !strncmp(text, head, strlen(head)), "profile: %s", text ? text : "(none)");
+    int layers = 0;
+    for (const char *p = text; p && (p = strstr(p, "\nlayer ")); p++) layers++;
+    CHECK(layers == 6, "profile has %d layer lines, the model 6", layers);
+    free(text);
+    snprintf(args, sizeof args, "run --sparse-topk 64 --sparse-profile %s -n 8 --seed 1 -p 'def f(x):'", prof);
+    rc = run(args, out, sizeof out);
+    CHECK(rc == 0, "run with the calibrated profile: %d %s", rc, out);
+    snprintf(args, sizeof args, "eval -f %s/heldout-sample.txt --ctx 256 --windows 1 --score-from 128 "
+             "--compare dense,sparse:96:profile --sparse-profile %s --json", d, prof);
+    rc = run_stdout(args, out, sizeof out);
+    cJSON *j = cJSON_Parse(out);
+    const cJSON *modes = j ? cJSON_GetObjectItemCaseSensitive(j, "modes") : NULL;
+    CHECK(rc == 0 && cJSON_GetArraySize(modes) == 2 &&
+              !strcmp(jstr(cJSON_GetArrayItem(modes, 1), "mode"), "sparse:96:profile"),
+          "eval with the calibrated profile: %d %s", rc, out);
+    cJSON_Delete(j);
+    remove(prof);
+
+    expect_error("calibrate --bogus", "--bogus");
+    snprintf(args, sizeof args, "calibrate -f %s/heldout-sample.txt", d);
+    expect_error(args, "-o");
+    snprintf(args, sizeof args, "calibrate -f %s/heldout-sample.txt -o %s --budgets 64,abc", d, prof);
+    expect_error(args, "abc");
+    snprintf(args, sizeof args, "calibrate -f /nonexistent-cal.txt -o %s", prof);
+    expect_error(args, "/nonexistent-cal.txt");
+    snprintf(args, sizeof args, "calibrate -f %s/heldout-sample.txt --ctx 256 --windows 1 --budgets 64 "
+             "-o /nonexistent-dir/p.txt", d);
+    expect_error(args, "/nonexistent-dir/p.txt");
+}
+
+/* ellm bench at tiny depths: the JSON has the machine, one point per depth
+ * and mode, and the prefill entries. */
+static void test_bench(void) {
+    char out[16384];
+    int rc = run_stdout("bench --depths 0,256 -n 2 --prefill 64 --bw-mb 16 --gen 1000 --sparse-topk 128 -t 1 --json",
+                        out, sizeof out);
+    CHECK(rc == 0, "bench --json exit %d: %s", rc, out);
+    cJSON *j = cJSON_Parse(out);
+    CHECK(j != NULL, "bench --json is not JSON: %s", out);
+    CHECK(!strcmp(jstr(j, "engine"), "ellm") && jnum(j, "threads") == 1 && jnum(j, "bandwidth_gbps") > 0 &&
+              jnum(j, "weight_bytes_per_token") > 0 && jnum(j, "kv_bytes_per_token") > 0,
+          "bench header: %s", out);
+    const cJSON *pts = j ? cJSON_GetObjectItemCaseSensitive(j, "points") : NULL;
+    int n_dense = 0, n_sparse = 0, bad = 0;
+    const cJSON *p;
+    cJSON_ArrayForEach(p, pts) {
+        double depth = jnum(p, "depth");
+        n_dense += !strcmp(jstr(p, "mode"), "dense");
+        n_sparse += !strcmp(jstr(p, "mode"), "sparse") && jnum(p, "sparse_topk") == 128;
+        bad += !(depth == 0 || depth == 256) || !(jnum(p, "tokens_per_s") > 0) || !(jnum(p, "ms_per_token") > 0) ||
+               !(jnum(p, "bytes_per_token") > 0);
+    }
+    CHECK(n_dense == 2 && n_sparse == 2 && bad == 0, "bench points: %d dense, %d sparse, %d bad: %s", n_dense,
+          n_sparse, bad, out);
+    const cJSON *pre = j ? cJSON_GetObjectItemCaseSensitive(j, "prefill") : NULL;
+    CHECK(cJSON_GetArraySize(pre) == 1 && jnum(cJSON_GetArrayItem(pre, 0), "tokens") == 64 &&
+              jnum(cJSON_GetArrayItem(pre, 0), "tokens_per_s") > 0,
+          "bench prefill: %s", out);
+    cJSON_Delete(j);
+
+    expect_error("bench --bogus", "--bogus");
+    expect_error("bench --depths abc", "abc");
+    expect_error("bench --kv-type q9", "q9");
+    expect_error("bench --bw-mb 8", "--bw-mb");
+    expect_error("bench -m /nonexistent-bench.gguf", "/nonexistent-bench.gguf");
+}
+
+/* run's sparse flags: a sparse run reports its budget and recall; bad values
+ * and bad profiles are refused by name. */
+static void test_run_sparse(void) {
+    char out[16384], args[1024], path[256];
+    int rc = run("run --sparse-topk 32 --sparse-window 16 --sparse-recall-every 8 -n 120 --temp 0 --stats "
+                 "-p 'def add(a, b):'", out, sizeof out);
+    CHECK(rc == 0 && strstr(out, "sparse: budget 32 tokens") && strstr(out, "sparse_recall:"),
+          "sparse run --stats: %d %s", rc, out);
+    rc = run("run --sparse-topk 64 --sparse-adapt --sparse-dense-layers 1 --sparse-sink 2 -n 16 --temp 0 -p 'x = '",
+             out, sizeof out);
+    CHECK(rc == 0, "sparse run with adapt / dense layers / sink: %d %s", rc, out);
+    expect_error("run --sparse-topk -5 -p x -n 2", "--sparse-topk");
+    expect_error("run --sparse-topk 64 --sparse-window abc -p x -n 2", "--sparse-window");
+    expect_error("run --sparse-topk 64 --sparse-profile /nonexistent-profile.txt -p x -n 2",
+                 "/nonexistent-profile.txt");
+    FILE *f = fopen(tmp_path(path, sizeof path, "bad_profile"), "w");
+    if (f) {
+        fputs("garbage\n", f);
+        fclose(f);
+    }
+    snprintf(args, sizeof args, "run --sparse-topk 64 --sparse-profile %s -p x -n 2", path);
+    expect_error(args, "ellm-sparse-profile");
+    f = fopen(path, "w");
+    if (f) {
+        fputs("ellm-sparse-profile 1\nlayers 99 kv_heads 2\n", f);
+        fclose(f);
+    }
+    expect_error(args, "99");
+    remove(path);
+    snprintf(args, sizeof args, "run --sparse-profile %s -p x -n 2", path);
+    expect_error(args, "--sparse-topk");
+}
+
 int main(void) {
     test_chat();
     test_logits();
     test_run();
+    test_run_sparse();
+    test_eval();
+    test_calibrate();
+    test_bench();
     return test_finish();
 }

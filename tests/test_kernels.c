@@ -599,7 +599,7 @@ static void test_matmul_exact(ellm_isa isa) {
 static void test_matmul_isa_agree(void) {
     const ellm_cpu_features *cpu = ellm_cpu();
     if (cpu->best < ELLM_ISA_AVX512 || !cpu->avx512vnni) {
-        printf("skipping AVX2 / AVX-512 agreement: no AVX-512 VNNI\n");
+        SKIP("AVX2 / AVX-512 bit-exact agreement: this CPU has no AVX-512 VNNI");
         return;
     }
     static const int types[] = {QTYPE_Q8_0, QTYPE_Q4_0};
@@ -779,7 +779,7 @@ int main(void) {
     ellm_isa saved = ellm_cpu_isa();
     for (int isa = ELLM_ISA_SCALAR; isa <= ELLM_ISA_AVX512; isa++) {
         if (isa > (int)cpu->best) {
-            printf("skipping %s: not supported by this CPU\n", ellm_isa_str((ellm_isa)isa));
+            SKIP("%s kernels: not supported by this CPU", ellm_isa_str((ellm_isa)isa));
             continue;
         }
         CHECK(ellm_cpu_set_isa((ellm_isa)isa) && ellm_cpu_isa() == (ellm_isa)isa, "set isa %d", isa);

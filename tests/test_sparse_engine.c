@@ -1,6 +1,7 @@
 /* Sparse attention through the engine: exact when the budget covers the
  * context, close to dense on trained attention, consistent under truncation,
  * and profiles validated. Uses the embedded evaluation model. */
+#include "engine/engine_impl.h"
 #include "ellm.h"
 #include "harness.h"
 
@@ -43,11 +44,78 @@ int main(void) {
     /* dense reference, token by token (the sparse runs below are too) */
     for (int i = 0; i < T; i++) ellm_decode(ctx, &ids[i], 1, dense + (size_t)i * V, &err);
 
-    /* budget >= context: bit-identical to dense */
+    /* budget >= context: the engine skips selection (dense is exact) and the
+     * logits are dense's bit for bit. */
     ellm_context_truncate(ctx, 0);
     CHECK(ellm_context_set_sparse(ctx, T, &err) == ELLM_OK, "%s", err.msg);
+    ellm_context_stats s0, s1;
+    ellm_context_get_stats(ctx, &s0);
     for (int i = 0; i < T; i++) ellm_decode(ctx, &ids[i], 1, sp + (size_t)i * V, &err);
+    ellm_context_get_stats(ctx, &s1);
+    CHECK(s1.sparse_steps == s0.sparse_steps, "budget >= context took %lld sparse steps",
+          (long long)(s1.sparse_steps - s0.sparse_steps));
     CHECK(!memcmp(dense, sp, (size_t)T * V * 4), "budget >= context differs from dense");
+
+    /* The same, with the selection path forced on every layer of every step
+     * (1 thread, token by token, then in prefill batches of 64): it must
+     * choose every block and attend to them as dense does. While a head's
+     * list fits one part of the fused select-and-attend job (32 blocks = 512
+     * tokens) the summation order is dense's and the logits are equal bit for
+     * bit; longer lists are cut into parts merged by log-sum-exp, equal to
+     * dense up to float rounding. */
+    float *fd = malloc((size_t)T * V * 4), *fs = malloc((size_t)T * V * 4);
+    for (int batched = 0; batched < 2; batched++) {
+        ellm_context_params fp = cp;
+        fp.n_threads = 1;
+        fp.n_batch = batched ? 64 : cp.n_batch;
+        ellm_context *fctx = NULL;
+        CHECK(ellm_context_init(m, &fp, &fctx, &err) == ELLM_OK, "%s", err.msg);
+        if (!fctx) break;
+        if (batched) {
+            ellm_decode(fctx, ids, T, fd, &err);
+        } else {
+            for (int i = 0; i < T; i++) ellm_decode(fctx, &ids[i], 1, fd + (size_t)i * V, &err);
+        }
+        ellm_context_truncate(fctx, 0);
+        CHECK(ellm_context_set_sparse(fctx, T, &err) == ELLM_OK, "%s", err.msg);
+        fctx->sparse_force_select = 1;
+        ellm_context_get_stats(fctx, &s0);
+        if (batched) {
+            ellm_decode(fctx, ids, T, fs, &err);
+        } else {
+            for (int i = 0; i < T; i++) ellm_decode(fctx, &ids[i], 1, fs + (size_t)i * V, &err);
+        }
+        ellm_context_get_stats(fctx, &s1);
+        int passes = batched ? T / 64 : T;
+        CHECK(s1.sparse_steps - s0.sparse_steps == passes, "forced selection ran on %lld of %d passes",
+              (long long)(s1.sparse_steps - s0.sparse_steps), passes);
+        int first_diff = -1, top1 = 0;
+        double max_rel = 0;
+        for (int i = 0; i < T; i++) {
+            const float *a = fd + (size_t)i * V, *b = fs + (size_t)i * V;
+            if (first_diff < 0 && memcmp(a, b, (size_t)V * 4)) first_diff = i;
+            double md = 0, mr = 0;
+            for (int j = 0; j < V; j++) {
+                double d = fabs((double)a[j] - b[j]);
+                if (!(d <= md)) md = d;
+                if (fabs(a[j]) > mr) mr = fabs(a[j]);
+            }
+            if (!(md / mr <= max_rel)) max_rel = md / mr;
+            top1 += argmax(a, V) == argmax(b, V);
+        }
+        CHECK(first_diff < 0 || first_diff >= 512, "%s: forced selection differs from dense at position %d",
+              batched ? "batched" : "token by token", first_diff);
+        CHECK(max_rel <= 5e-5, "%s: forced selection max|d|/max|dense| %.3g", batched ? "batched" : "token by token",
+              max_rel);
+        CHECK(top1 == T, "%s: forced selection top-1 agrees on %d/%d", batched ? "batched" : "token by token",
+              top1, T);
+        printf("budget >= context, selection forced (%s): bit-equal to dense through position %d, "
+               "max|d|/max|dense| %.2g\n", batched ? "batches of 64" : "token by token",
+               first_diff < 0 ? T - 1 : first_diff - 1, max_rel);
+        ellm_context_free(fctx);
+    }
+    free(fd);
+    free(fs);
 
     /* budget 256 of 640: sparse steps happen, outputs stay close to dense */
     ellm_context_truncate(ctx, 0);
@@ -59,9 +127,11 @@ int main(void) {
     ellm_context_get_stats(ctx, &st1);
     CHECK(st1.sparse_steps - st0.sparse_steps >= T - 300, "sparse steps: %lld",
           (long long)(st1.sparse_steps - st0.sparse_steps));
-    CHECK(st1.attended_tokens <= 256 + 32, "attended %.1f tokens per head with budget 256", st1.attended_tokens);
-    CHECK(st1.recall_samples > 0 && st1.sparse_recall > 0.3 && st1.sparse_recall < 1.0, "recall %.3f (%lld samples)",
-          st1.sparse_recall, (long long)st1.recall_samples);
+    /* measured: 256.0 tokens, recall 0.837, top-1 327/340 (AVX-512) */
+    CHECK(st1.attended_tokens <= 256 && st1.attended_tokens >= 240, "attended %.1f tokens per head with budget 256",
+          st1.attended_tokens);
+    CHECK(st1.recall_samples > 0 && st1.sparse_recall > 0.80 && st1.sparse_recall < 0.95,
+          "recall %.3f (%lld samples)", st1.sparse_recall, (long long)st1.recall_samples);
     int agree = 0, scored = 0, differs = 0;
     for (int i = 300; i < T; i++) {
         agree += argmax(sp + (size_t)i * V, V) == argmax(dense + (size_t)i * V, V);
@@ -69,8 +139,9 @@ int main(void) {
         scored++;
     }
     CHECK(differs, "sparse logits identical to dense: selection had no effect");
-    CHECK(agree >= 0.85 * scored, "top-1 agreement %d/%d", agree, scored);
-    printf("budget 256 of %d: top-1 agreement %d/%d, recall %.3f\n", T, agree, scored, st1.sparse_recall);
+    CHECK(agree >= 0.94 * scored, "top-1 agreement %d/%d", agree, scored);
+    printf("budget 256 of %d: top-1 agreement %d/%d, recall %.3f, %.1f tokens attended per head\n", T, agree,
+           scored, st1.sparse_recall, st1.attended_tokens);
 
     /* truncation keeps the index exact: truncate to 400, re-feed, same logits */
     ellm_context_truncate(ctx, 400);

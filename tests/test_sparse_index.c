@@ -522,7 +522,8 @@ static void test_planted(void) {
         for (int i = 0; i < nh; i++)
             if (!contains(P.planted, P.n_plant, sh[i])) other[no++] = sh[i];
         float r0 = sparse_index_recall(P.e.kv, 0, 0, P.q, 1, G, n, other, no, 1.0f / 8.0f, NULL);
-        CHECK(r0 < 0.2f, "recall without planted blocks %.4f", (double)r0);
+        CHECK(r0 < 0.02f, "recall without planted blocks %.4f", (double)r0);
+        printf("planted %d: recall %.4f, %.4f without the planted blocks\n", np, (double)r, (double)r0);
         free(k);
         sparse_index_free(flat);
         free(P.q);
@@ -773,7 +774,8 @@ static void test_evalmodel(void) {
     ellm_model *m = NULL;
     ellm_error err;
     if (!text || ellm_model_load("models/evalmodel.gguf", &mp, &m, &err) != ELLM_OK) {
-        printf("evalmodel: skipped (no model or text)\n");
+        SKIP("evalmodel recall: cannot load models/evalmodel.gguf or %s%s%s", path, text ? ": " : "",
+             text ? err.msg : "");
         free(text);
         return;
     }
@@ -885,7 +887,10 @@ static void test_evalmodel(void) {
         CHECK(sum[0][0] < sum[0][1] && sum[0][1] < sum[0][2], "recall grows with the budget");
         for (int bi = 0; bi < NB; bi++)
             CHECK(sum[0][bi] <= sum[3][bi] + 1e-3 * cnt, "above the oracle at %d", budgets[bi]);
-        CHECK(sum[0][2] / cnt > 0.7, "mean recall at 512 of 2048: %.3f", sum[0][2] / cnt);
+        /* measured 0.568, 0.690, 0.811 (AVX-512) */
+        static const double floor_[NB] = {0.54, 0.66, 0.78};
+        for (int bi = 0; bi < NB; bi++)
+            CHECK(sum[0][bi] / cnt > floor_[bi], "mean recall at %d of 2048: %.3f", budgets[bi], sum[0][bi] / cnt);
     }
     free(keys);
     free(text);
@@ -895,6 +900,8 @@ static void test_evalmodel(void) {
 int main(void) {
     g_best = ellm_cpu()->best;
     printf("ISA: %s\n", ellm_isa_str(g_best));
+    for (int isa = (int)g_best + 1; isa <= ELLM_ISA_AVX512; isa++)
+        SKIP("sparse index %s kernels: not supported by this CPU", ellm_isa_str((ellm_isa)isa));
     test_bounds();
     test_dense_equal();
     test_select_rules();

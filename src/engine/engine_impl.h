@@ -54,6 +54,8 @@ struct ellm_context {
      * mode can change between passes. */
     sparse_index *sidx;     /* NULL: this context is dense-only */
     int sparse_topk;        /* 0: dense */
+    int sparse_force_select; /* tests: select and attend blocks even when every
+                                budget covers the context (dense is then skipped) */
     float *head_weight;     /* (n_layer * n_kv_head) budget multipliers, mean 1 */
     unsigned char *layer_dense; /* (n_layer) 1: always dense */
     float *recall_ema;      /* (n_layer * n_kv_head) sampled recall */

@@ -49,7 +49,9 @@ static int sparse_attention_layer(struct ellm_context *ctx, const attention_args
     int any_sparse = 0;
     for (int h = 0; h < c->n_head_kv; h++)
         if (engine_sparse_budget(ctx, layer, h) + n - 1 < len) any_sparse = 1;
-    if (!any_sparse) return 0; /* every budget covers the context: dense is exact */
+    /* every budget covers the context: dense is exact (tests may force the
+     * selection path to check that claim) */
+    if (!any_sparse && !ctx->sparse_force_select) return 0;
     select_job job = {ctx, layer, n, len};
     memset(ctx->head_sel_stats, 0, (size_t)c->n_head_kv * sizeof *ctx->head_sel_stats);
     attention_forward_select(aa, select_head, &job, ctx->sel_blocks, ctx->sel_n, ctx->max_blocks,
