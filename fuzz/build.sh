@@ -1,7 +1,7 @@
 #!/bin/sh
-# Builds the tokenizer and chat template fuzz targets with clang's libFuzzer,
-# AddressSanitizer and UBSan into build/fuzz/, and writes their seed corpora
-# (fuzz/README.md).
+# Builds the tokenizer, chat template and model loader fuzz targets with
+# clang's libFuzzer, AddressSanitizer and UBSan into build/fuzz/, and writes
+# their seed corpora (fuzz/README.md).
 set -eu
 cd "$(dirname "$0")/.."
 OUT=build/fuzz
@@ -17,6 +17,24 @@ for t in fuzz_tokenize fuzz_gguf_tokenizer fuzz_hf_json; do
     $CC $CFLAGS -fsanitize=fuzzer $SRC "fuzz/$t.c" -o "$OUT/$t" $LIBS
 done
 $CC $CFLAGS -fsanitize=fuzzer $CHAT_SRC fuzz/fuzz_chat_template.c -o "$OUT/fuzz_chat_template" $LIBS
+# The model loader runs the whole library (load, then a few decode steps):
+# every file of src/ but the CLI. The target runs the scalar kernels (it
+# forces ELLM_ISA=scalar), so the per-ISA files are only linked: they are
+# built without sanitizers or coverage, which would take many minutes.
+mkdir -p "$OUT/lib"
+OBJS=""
+X86="-mavx2 -mfma -mf16c"
+for s in $(find src -name '*.c' -not -path 'src/cli/*' | sort); do
+    o="$OUT/lib/$(echo "$s" | tr / _ | sed 's/\.c$/.o/')"
+    case "$s" in
+    *_avx2.c) $CC -O1 -std=c11 -D_GNU_SOURCE -Iinclude -Isrc $X86 -c "$s" -o "$o" ;;
+    *_avx512.c) $CC -O1 -std=c11 -D_GNU_SOURCE -Iinclude -Isrc $X86 -mavx512f -mavx512bw -mavx512dq \
+        -mavx512vl -mavx512vnni -mavx512bf16 -c "$s" -o "$o" ;;
+    *) $CC $CFLAGS -fsanitize=fuzzer-no-link -c "$s" -o "$o" ;;
+    esac
+    OBJS="$OBJS $o"
+done
+$CC $CFLAGS -fsanitize=fuzzer $OBJS fuzz/fuzz_model_load.c -o "$OUT/fuzz_model_load" $LIBS -lhwloc -lnuma
 # The seed writer is an ordinary program.
 $CC $CFLAGS $SRC src/gguf/gguf_writer.c fuzz/make_seeds.c -o "$OUT/make_seeds" $LIBS
 "$OUT/make_seeds" "$OUT/seeds" tests/data

@@ -1,10 +1,14 @@
-/* Writes seed corpora for the tokenizer fuzz targets into OUT_DIR:
+/* Writes seed corpora for the tokenizer and model loader fuzz targets into
+ * OUT_DIR:
  *   OUT_DIR/gguf/  small SentencePiece and byte-level BPE vocabularies (GGUF)
+ *   OUT_DIR/model/ tiny whole models (llama, mistral, qwen2, qwen3; several
+ *                  tensor types; tied and untied output, rope_freqs)
  *   OUT_DIR/hf/    small tokenizer.json files (some with a tokenizer_config.json
  *                  after a NUL byte), one per supported component
  *   OUT_DIR/text/  llama.cpp's tokenizer test strings, with a selector byte
  * usage: make_seeds OUT_DIR [TEST_DATA_DIR]   (see fuzz/README.md) */
 #include "gguf/gguf_writer.h"
+#include "kernels/quant.h"
 
 #include <stdint.h>
 #include <stdio.h>
@@ -153,6 +157,115 @@ static void spm_seed(void) {
     gguf_writer_free(w);
 }
 
+/* ---- tiny models for fuzz_model_load ---------------------------------------
+ * d_model 32, 2 heads of 16 (1 KV head), d_ff 32, 2 layers, a SentencePiece
+ * vocabulary of 8 pieces: a few KB each, so mutations reach every part of the
+ * header, metadata and tensor table. */
+
+enum { SEED_D = 32, SEED_HEADS = 2, SEED_KV = 1, SEED_HD = 16, SEED_FF = 32, SEED_LAYERS = 2, SEED_VOCAB = 8 };
+
+static uint64_t seed_rng = 0x9E3779B97F4A7C15ull;
+
+static float seed_uniform(void) {
+    seed_rng ^= seed_rng << 13;
+    seed_rng ^= seed_rng >> 7;
+    seed_rng ^= seed_rng << 17;
+    return (float)((seed_rng >> 40) * 0x1.0p-24) * 2.0f - 1.0f;
+}
+
+/* Tensor data kept alive until the writer has written the file. */
+static void *seed_bufs[64];
+static int seed_n_bufs;
+
+static void seed_tensor(gguf_writer *w, const char *name, int64_t cols, int64_t rows, int type,
+                        float scale, float offset) {
+    int64_t n = cols * rows;
+    float *x = malloc((size_t)n * sizeof *x);
+    size_t bytes = qtype_row_bytes(type, cols) * (size_t)rows;
+    void *q = malloc(bytes);
+    if (!x || !q || seed_n_bufs == 64) {
+        fprintf(stderr, "make_seeds: out of memory\n");
+        exit(1);
+    }
+    for (int64_t i = 0; i < n; i++) x[i] = offset + scale * seed_uniform();
+    qtype_quantize_ref(type, x, q, n);
+    free(x);
+    seed_bufs[seed_n_bufs++] = q;
+    int64_t ne[2] = {cols, rows};
+    ellm_error err = {0};
+    check(gguf_writer_add_tensor(w, name, rows > 1 ? 2 : 1, ne, type, q, &err), &err);
+}
+
+enum { SEED_UNTIED = 1, SEED_ROPE_FREQS = 2, SEED_SLIDING = 4 };
+
+static void model_seed(const char *name, const char *arch, int type, int flags) {
+    gguf_writer *w;
+    ellm_error err = {0};
+    check(gguf_writer_init(&w, &err), &err);
+    char key[128];
+#define ARCH_KEY(suffix) (snprintf(key, sizeof key, "%s." suffix, arch), key)
+    gguf_writer_add_str(w, "general.architecture", arch, &err);
+    gguf_writer_add_u32(w, ARCH_KEY("block_count"), SEED_LAYERS, &err);
+    gguf_writer_add_u32(w, ARCH_KEY("context_length"), 64, &err);
+    gguf_writer_add_u32(w, ARCH_KEY("embedding_length"), SEED_D, &err);
+    gguf_writer_add_u32(w, ARCH_KEY("feed_forward_length"), SEED_FF, &err);
+    gguf_writer_add_u32(w, ARCH_KEY("attention.head_count"), SEED_HEADS, &err);
+    gguf_writer_add_u32(w, ARCH_KEY("attention.head_count_kv"), SEED_KV, &err);
+    gguf_writer_add_u32(w, ARCH_KEY("rope.dimension_count"), SEED_HD, &err);
+    gguf_writer_add_f32(w, ARCH_KEY("rope.freq_base"), 10000.0f, &err);
+    gguf_writer_add_f32(w, ARCH_KEY("attention.layer_norm_rms_epsilon"), 1e-5f, &err);
+    if (flags & SEED_SLIDING) gguf_writer_add_u32(w, ARCH_KEY("attention.sliding_window"), 4096, &err);
+#undef ARCH_KEY
+    static const char *const pieces[SEED_VOCAB] = {"<unk>", "<s>", "</s>", "\xe2\x96\x81", "a", "b",
+                                                   "\xe2\x96\x81" "a", "ab"};
+    float scores[SEED_VOCAB];
+    int32_t types[SEED_VOCAB];
+    for (int i = 0; i < SEED_VOCAB; i++) {
+        scores[i] = -(float)i;
+        types[i] = i == 0 ? 2 : i < 3 ? 3 : 1;
+    }
+    gguf_writer_add_str(w, "tokenizer.ggml.model", "llama", &err);
+    gguf_writer_add_arr_str(w, "tokenizer.ggml.tokens", pieces, NULL, SEED_VOCAB, &err);
+    gguf_writer_add_arr(w, "tokenizer.ggml.scores", GGUF_TYPE_FLOAT32, scores, SEED_VOCAB, &err);
+    gguf_writer_add_arr(w, "tokenizer.ggml.token_type", GGUF_TYPE_INT32, types, SEED_VOCAB, &err);
+    gguf_writer_add_u32(w, "tokenizer.ggml.bos_token_id", 1, &err);
+    gguf_writer_add_u32(w, "tokenizer.ggml.eos_token_id", 2, &err);
+
+    const int64_t d = SEED_D, nq = SEED_HEADS * SEED_HD, nkv = SEED_KV * SEED_HD, ff = SEED_FF;
+    seed_tensor(w, "token_embd.weight", d, SEED_VOCAB, type, 1.0f, 0.0f);
+    seed_tensor(w, "output_norm.weight", d, 1, QTYPE_F32, 0.1f, 1.0f);
+    if (flags & SEED_UNTIED) seed_tensor(w, "output.weight", d, SEED_VOCAB, type, 0.5f, 0.0f);
+    if (flags & SEED_ROPE_FREQS) seed_tensor(w, "rope_freqs.weight", SEED_HD / 2, 1, QTYPE_F32, 0.5f, 1.5f);
+    for (int l = 0; l < SEED_LAYERS; l++) {
+        char n[64];
+#define NAME(suffix) (snprintf(n, sizeof n, "blk.%d." suffix, l), n)
+        seed_tensor(w, NAME("attn_norm.weight"), d, 1, QTYPE_F32, 0.1f, 1.0f);
+        seed_tensor(w, NAME("attn_q.weight"), d, nq, type, 0.3f, 0.0f);
+        seed_tensor(w, NAME("attn_k.weight"), d, nkv, type, 0.3f, 0.0f);
+        seed_tensor(w, NAME("attn_v.weight"), d, nkv, type, 0.3f, 0.0f);
+        seed_tensor(w, NAME("attn_output.weight"), nq, d, type, 0.3f, 0.0f);
+        if (!strcmp(arch, "qwen2")) {
+            seed_tensor(w, NAME("attn_q.bias"), nq, 1, QTYPE_F32, 0.1f, 0.0f);
+            seed_tensor(w, NAME("attn_k.bias"), nkv, 1, QTYPE_F32, 0.1f, 0.0f);
+            seed_tensor(w, NAME("attn_v.bias"), nkv, 1, QTYPE_F32, 0.1f, 0.0f);
+        }
+        if (!strcmp(arch, "qwen3")) {
+            seed_tensor(w, NAME("attn_q_norm.weight"), SEED_HD, 1, QTYPE_F32, 0.1f, 1.0f);
+            seed_tensor(w, NAME("attn_k_norm.weight"), SEED_HD, 1, QTYPE_F32, 0.1f, 1.0f);
+        }
+        seed_tensor(w, NAME("ffn_norm.weight"), d, 1, QTYPE_F32, 0.1f, 1.0f);
+        seed_tensor(w, NAME("ffn_gate.weight"), d, ff, type, 0.3f, 0.0f);
+        seed_tensor(w, NAME("ffn_up.weight"), d, ff, type, 0.3f, 0.0f);
+        seed_tensor(w, NAME("ffn_down.weight"), ff, d, type, 0.3f, 0.0f);
+#undef NAME
+    }
+    char path[1024];
+    snprintf(path, sizeof(path), "%s/model/%s", out_dir, name);
+    check(gguf_writer_write(w, path, &err), &err);
+    gguf_writer_free(w);
+    while (seed_n_bufs > 0) free(seed_bufs[--seed_n_bufs]);
+}
+
 /* Small tokenizer.json files: vocab and merges shared, components varied. */
 static void hf_seeds(void) {
     const char *vocab_bl =
@@ -277,8 +390,8 @@ int main(int argc, char **argv) {
     }
     out_dir = argv[1];
     const char *data_dir = argc > 2 ? argv[2] : "tests/data";
-    static const char *const subs[] = {"", "/gguf", "/hf", "/text"};
-    for (int i = 0; i < 4; i++) {
+    static const char *const subs[] = {"", "/gguf", "/hf", "/text", "/model"};
+    for (int i = 0; i < 5; i++) {
         char p[1024];
         snprintf(p, sizeof(p), "%s%s", out_dir, subs[i]);
         mkdir(p, 0755);
@@ -291,5 +404,11 @@ int main(int argc, char **argv) {
     spm_seed();
     hf_seeds();
     text_seeds(data_dir);
+    model_seed("llama_f32.gguf", "llama", QTYPE_F32, 0);
+    model_seed("llama_q8_0_untied.gguf", "llama", QTYPE_Q8_0, SEED_UNTIED | SEED_ROPE_FREQS);
+    model_seed("llama_f16.gguf", "llama", QTYPE_F16, 0);
+    model_seed("mistral_q4_0.gguf", "mistral", QTYPE_Q4_0, SEED_SLIDING);
+    model_seed("qwen2_bf16.gguf", "qwen2", QTYPE_BF16, SEED_UNTIED);
+    model_seed("qwen3_q8_0.gguf", "qwen3", QTYPE_Q8_0, 0);
     return 0;
 }

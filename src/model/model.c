@@ -247,13 +247,27 @@ ellm_status ellm_model_load(const char *path, const ellm_model_params *params, e
     double t0 = ellm_time_ms();
     *out = NULL;
     if (!path) return ellm_fail(err, ELLM_ERR_ARG, "model: no path given");
+    gguf_file *f = NULL;
+    ellm_status st = gguf_open(path, &f, err);
+    if (st == ELLM_OK) st = model_load_gguf(f, params, out, err);
+    if (st == ELLM_OK) (*out)->load_ms = ellm_time_ms() - t0;
+    return st;
+}
+
+ellm_status model_load_gguf(gguf_file *f, const ellm_model_params *params, ellm_model **out,
+                            ellm_error *err) {
+    double t0 = ellm_time_ms();
+    *out = NULL;
     ellm_model *m = calloc(1, sizeof *m);
-    if (!m) return ellm_fail(err, ELLM_ERR_NOMEM, "model: out of memory");
+    if (!m) {
+        gguf_close(f);
+        return ellm_fail(err, ELLM_ERR_NOMEM, "model: out of memory");
+    }
+    m->file = f;
     m->n_threads = params && params->n_threads > 0 ? params->n_threads : ellm_cpu_physical_cores();
     m->pin_threads = params ? params->pin_threads : 1;
     loader ld = {m, err};
-    ellm_status st = gguf_open(path, &m->file, err);
-    if (st == ELLM_OK) st = read_config(&ld);
+    ellm_status st = read_config(&ld);
     if (st == ELLM_OK) st = bind_weights(&ld);
     if (st == ELLM_OK) st = tokenizer_init_gguf(m->file, &m->tok, err);
     if (st == ELLM_OK) st = model_place_weights(m, params, err);

@@ -76,6 +76,12 @@ struct ellm_model {
     double load_ms;
 };
 
+/* ellm_model_load on a GGUF file already open (e.g. from memory, for the
+ * loader's fuzz target). Takes ownership of `f`: it is closed on failure, or
+ * by ellm_model_free. Safe on untrusted files, as ellm_model_load. */
+ellm_status model_load_gguf(gguf_file *f, const ellm_model_params *params, ellm_model **out,
+                            ellm_error *err);
+
 /* cos/sin of every rotated frequency at position `pos` into cs (n_rot/2 pairs),
  * the table kern_rope takes. */
 /* Plans threads and places the weights for params->numa (see ellm_numa_mode),
