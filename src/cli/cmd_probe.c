@@ -11,7 +11,7 @@ static void probe_usage(FILE *f) {
     fprintf(f,
             "usage: ellm probe [--json] [--bw-mb MB] [--dmi FILE]\n"
             "  --json        machine-readable output\n"
-            "  --bw-mb MB    buffer streamed per bandwidth measurement (default: 4x a node's L3,\n"
+            "  --bw-mb MB    buffer streamed per bandwidth measurement (default: 2x a node's L3,\n"
             "                at least 128)\n"
             "  --dmi FILE    read the SMBIOS table from FILE instead of /sys/firmware/dmi/tables/DMI\n");
 }

@@ -12,6 +12,8 @@ static ellm_cpu_features g_cpu;
 static pthread_once_t g_cpu_once = PTHREAD_ONCE_INIT;
 static int g_cores[1024];
 static int g_n_cores;
+static int g_siblings[1024]; /* the other hardware threads of those cores, for more threads than cores */
+static int g_n_siblings;
 
 static int read_int_file(const char *path, int *out) {
     FILE *f = fopen(path, "r");
@@ -44,7 +46,10 @@ static void detect_cores(void) {
         int dup = 0;
         for (int i = 0; i < n_seen; i++)
             if (seen_pkg_core[i][0] == pkg && seen_pkg_core[i][1] == core) dup = 1;
-        if (dup) continue;
+        if (dup) {
+            if (g_n_siblings < 1024) g_siblings[g_n_siblings++] = cpu;
+            continue;
+        }
         seen_pkg_core[n_seen][0] = pkg;
         seen_pkg_core[n_seen][1] = core;
         n_seen++;
@@ -127,6 +132,11 @@ int ellm_cpu_physical_cores(void) {
 
 int ellm_cpu_core_id(int i) {
     ellm_cpu();
+    /* one thread per core first, then SMT siblings, then round again */
+    if (i >= g_n_cores && g_n_siblings > 0) {
+        int j = (i - g_n_cores) % (g_n_cores + g_n_siblings);
+        return j < g_n_siblings ? g_siblings[j] : g_cores[j - g_n_siblings];
+    }
     return g_cores[i % g_n_cores];
 }
 

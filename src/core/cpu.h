@@ -25,7 +25,8 @@ int ellm_cpu_set_isa(ellm_isa isa);
 const char *ellm_isa_str(ellm_isa isa);
 
 /* Number of physical cores available to this process (>= 1), and the logical
- * CPU id of the first hyperthread of the i-th of them (for pinning). */
+ * CPU id of the first hyperthread of the i-th of them (for pinning); for i at
+ * or past the core count, the cores' other hardware threads (SMT siblings). */
 int ellm_cpu_physical_cores(void);
 int ellm_cpu_core_id(int i);
 

@@ -204,9 +204,9 @@ ellm_status probe_run(probe_report *r, size_t bytes, const char *dmi_path, ellm_
     if (st) return st;
     probe_set_topology(r, t);
     if (!bytes) {
-        /* well past the caches a node's cores share: 4x its L3, at least 128 MB */
+        /* past the caches a node's cores share: 2x its L3, at least 128 MB */
         uint64_t l3_node = t->l3_bytes * (uint64_t)(t->n_l3 > 0 ? t->n_l3 : 1) / (uint64_t)t->n_nodes;
-        bytes = (size_t)(4 * l3_node > (128u << 20) ? 4 * l3_node : (128u << 20));
+        bytes = (size_t)(2 * l3_node > (128u << 20) ? 2 * l3_node : (128u << 20));
         if (bytes > (1u << 30)) bytes = 1u << 30;
     }
     st = probe_measure(r, t, bytes, 3, err);

@@ -50,7 +50,7 @@ ellm_status probe_measure(probe_report *r, const topology *t, size_t bytes, int 
 
 /* The whole probe of this machine: topology, bandwidth, DIMM table (from
  * dmi_path, NULL: /sys/firmware/dmi/tables/DMI), THP mode, advice. `bytes`
- * per measurement; 0: 4x a node's L3, at least 128 MB. */
+ * per measurement; 0: 2x a node's L3, at least 128 MB. */
 ellm_status probe_run(probe_report *r, size_t bytes, const char *dmi_path, ellm_error *err);
 
 /* Read rate (GB/s) of every usable core at once, each reading memory placed
