@@ -192,7 +192,9 @@ void ellm_free(void *p);
 typedef enum { ELLM_KV_F16 = 0, ELLM_KV_F32 = 1 } ellm_kv_type;
 
 typedef struct {
-    int n_ctx;         /* tokens of context; 0: the model's training length */
+    int n_ctx;         /* tokens of context; 0: the model's training length, capped at
+                          its sliding attention window if it has one (a longer n_ctx
+                          is then refused: sliding windows are not implemented) */
     double kv_cache_gb; /* if > 0 and n_ctx == 0, size the KV cache to this */
     ellm_kv_type kv_type;
     int n_batch;       /* max tokens per forward pass (prefill chunk) */

@@ -2,9 +2,12 @@
  * llama.cpp, cross-checked by an independent NumPy implementation), batched vs
  * token-by-token equality, greedy continuations, and load errors. */
 #include "ellm.h"
+#include "gguf/gguf.h"
+#include "gguf/gguf_writer.h"
 #include "harness.h"
 
 #include <string.h>
+#include <unistd.h>
 
 typedef struct {
     const char *name;
@@ -229,9 +232,80 @@ static void test_errors(void) {
     ellm_model_free(m);
 }
 
+/* Writes a copy of `src` with "<arch>.attention.sliding_window" = window
+ * (written by the repository's GGUF writer). Returns 1 on success. */
+static int write_windowed(const char *src, const char *dst, uint32_t window) {
+    gguf_file *f = NULL;
+    gguf_writer *w = NULL;
+    ellm_error err = {0};
+    int ok = gguf_open(src, &f, &err) == ELLM_OK && gguf_writer_init(&w, &err) == ELLM_OK;
+    for (int64_t k = 0; ok && k < gguf_n_kv(f); k++) ok = gguf_writer_copy_kv(w, f, k, &err) == ELLM_OK;
+    ok = ok && gguf_writer_add_u32(w, "llama.attention.sliding_window", window, &err) == ELLM_OK;
+    for (int64_t i = 0; ok && i < gguf_n_tensors(f); i++) {
+        const gguf_tensor *t = gguf_tensor_at(f, i);
+        ok = gguf_writer_add_tensor(w, t->name, (int)t->n_dims, t->ne, t->type, t->data, &err) == ELLM_OK;
+    }
+    ok = ok && gguf_writer_write(w, dst, &err) == ELLM_OK;
+    CHECK(ok, "writing %s: %s", dst, err.msg);
+    gguf_writer_free(w);
+    gguf_close(f);
+    return ok;
+}
+
+/* Mistral's sliding-window attention is not implemented: a file with
+ * <arch>.attention.sliding_window gets contexts of at most the window (the
+ * default is capped, a longer request refused naming the key and the window);
+ * within the window its logits are the same model's without the key. */
+static void test_sliding_window(void) {
+    char path[256];
+    snprintf(path, sizeof path, "/tmp/ellm_test_swa.%d.gguf", (int)getpid());
+    if (!write_windowed("models/evalmodel.gguf", path, 64)) return;
+    ellm_model *m = NULL, *ref = NULL;
+    ellm_error err = {0};
+    CHECK(ellm_model_load(path, NULL, &m, &err) == ELLM_OK, "%s", err.msg);
+    CHECK(ellm_model_load("models/evalmodel.gguf", NULL, &ref, &err) == ELLM_OK, "%s", err.msg);
+    remove(path);
+    if (!m || !ref) {
+        ellm_model_free(m);
+        ellm_model_free(ref);
+        return;
+    }
+    ellm_context_params cp = ellm_context_default_params();
+    ellm_context *ctx = NULL;
+    CHECK(ellm_context_init(m, &cp, &ctx, &err) == ELLM_OK && ellm_context_n_ctx(ctx) == 64,
+          "default context of a 64-token window: %d (%s)", ctx ? ellm_context_n_ctx(ctx) : -1, err.msg);
+    ellm_context_free(ctx);
+    ctx = NULL;
+    cp.n_ctx = 65;
+    ellm_status st = ellm_context_init(m, &cp, &ctx, &err);
+    CHECK(st == ELLM_ERR_UNSUPPORTED && !ctx && strstr(err.msg, "llama.attention.sliding_window") &&
+              strstr(err.msg, "64"), "context beyond the window: %d %s", (int)st, err.msg);
+    cp.n_ctx = 64;
+    ellm_context *rctx = NULL;
+    CHECK(ellm_context_init(m, &cp, &ctx, &err) == ELLM_OK, "%s", err.msg);
+    CHECK(ellm_context_init(ref, &cp, &rctx, &err) == ELLM_OK, "%s", err.msg);
+    if (ctx && rctx) {
+        int32_t ids[64];
+        for (int i = 0; i < 64; i++) ids[i] = (int32_t)((i * 37 + 11) % 500);
+        ellm_model_info info;
+        ellm_model_get_info(m, &info);
+        float *a = malloc((size_t)64 * info.n_vocab * 4), *b = malloc((size_t)64 * info.n_vocab * 4);
+        CHECK(ellm_decode(ctx, ids, 64, a, &err) == ELLM_OK && ellm_decode(rctx, ids, 64, b, &err) == ELLM_OK,
+              "%s", err.msg);
+        CHECK(!memcmp(a, b, (size_t)64 * info.n_vocab * 4), "logits within the window differ from the model's");
+        free(a);
+        free(b);
+    }
+    ellm_context_free(ctx);
+    ellm_context_free(rctx);
+    ellm_model_free(m);
+    ellm_model_free(ref);
+}
+
 int main(void) {
     for (size_t i = 0; i < sizeof CASES / sizeof CASES[0]; i++) test_case(&CASES[i], i % 2 ? 2 : 1);
     test_evalmodel();
     test_errors();
+    test_sliding_window();
     return test_finish();
 }

@@ -223,8 +223,7 @@ static int run_chat(ellm_model *model, const run_opts *o) {
     ellm_error err = {0};
     ellm_model_info info;
     ellm_model_get_info(model, &info);
-    ellm_context_params cp = run_context_params(o);
-    if (!cp.n_ctx && !(cp.kv_cache_gb > 0)) cp.n_ctx = info.n_ctx_train;
+    ellm_context_params cp = run_context_params(o); /* n_ctx 0: the model's usable context */
     ellm_context *ctx = run_context_init(model, o, &cp);
     ellm_sampler *sampler = NULL;
     ellm_chat_message *msgs = NULL;

@@ -203,64 +203,6 @@ static ellm_status synth_matrix(synth_ctx *c, const char *name, int64_t ne0, int
     return synth_add(c, name, type, 2, ne0, ne1, s / sqrtf((float)ne0), 0.0f, err);
 }
 
-/* Copies metadata pair `k` (named `key`) of `src` into the writer, keeping
- * its value type. */
-static ellm_status copy_kv(gguf_writer *w, const gguf_file *src, int64_t k, const char *key,
-                           ellm_error *err) {
-    gguf_value_type t = gguf_kv_type(src, k);
-    ellm_status st;
-    int64_t iv;
-    double fv;
-    int bv;
-    switch (t) {
-    case GGUF_TYPE_FLOAT32:
-    case GGUF_TYPE_FLOAT64:
-        if ((st = gguf_get_f64(src, key, &fv, err)) != ELLM_OK) return st;
-        return t == GGUF_TYPE_FLOAT32 ? gguf_writer_add_f32(w, key, (float)fv, err)
-                                      : gguf_writer_add_f64(w, key, fv, err);
-    case GGUF_TYPE_BOOL:
-        if ((st = gguf_get_bool(src, key, &bv, err)) != ELLM_OK) return st;
-        return gguf_writer_add_bool(w, key, bv, err);
-    case GGUF_TYPE_STRING: {
-        const char *s;
-        size_t len;
-        if ((st = gguf_get_str(src, key, &s, &len, err)) != ELLM_OK) return st;
-        return gguf_writer_add_strn(w, key, s, len, err);
-    }
-    case GGUF_TYPE_ARRAY: {
-        gguf_value_type et;
-        uint64_t n;
-        const void *data;
-        if ((st = gguf_get_arr(src, key, &et, &n, &data, err)) != ELLM_OK) return st;
-        if (et != GGUF_TYPE_STRING) return gguf_writer_add_arr(w, key, et, data, n, err);
-        if (n > SIZE_MAX / 16) return ellm_fail(err, ELLM_ERR_FORMAT, "'%s': array too large", key);
-        const char **strs = malloc((size_t)(n ? n : 1) * sizeof *strs);
-        size_t *lens = malloc((size_t)(n ? n : 1) * sizeof *lens);
-        st = strs && lens ? ELLM_OK : ellm_fail(err, ELLM_ERR_NOMEM, "out of memory copying '%s'", key);
-        for (uint64_t i = 0; i < n && st == ELLM_OK; i++)
-            if (gguf_get_arr_str(src, k, i, &strs[i], &lens[i]) != ELLM_OK)
-                st = ellm_fail(err, ELLM_ERR_FORMAT, "'%s': cannot read string %llu", key, (unsigned long long)i);
-        if (st == ELLM_OK) st = gguf_writer_add_arr_str(w, key, strs, lens, n, err);
-        free(strs);
-        free(lens);
-        return st;
-    }
-    default: /* integers */
-        if ((st = gguf_get_i64(src, key, &iv, err)) != ELLM_OK) return st;
-        switch (t) {
-        case GGUF_TYPE_UINT8: return gguf_writer_add_u8(w, key, (uint8_t)iv, err);
-        case GGUF_TYPE_INT8: return gguf_writer_add_i8(w, key, (int8_t)iv, err);
-        case GGUF_TYPE_UINT16: return gguf_writer_add_u16(w, key, (uint16_t)iv, err);
-        case GGUF_TYPE_INT16: return gguf_writer_add_i16(w, key, (int16_t)iv, err);
-        case GGUF_TYPE_UINT32: return gguf_writer_add_u32(w, key, (uint32_t)iv, err);
-        case GGUF_TYPE_INT32: return gguf_writer_add_i32(w, key, (int32_t)iv, err);
-        case GGUF_TYPE_UINT64: return gguf_writer_add_u64(w, key, (uint64_t)iv, err);
-        case GGUF_TYPE_INT64: return gguf_writer_add_i64(w, key, iv, err);
-        default: return ellm_fail(err, ELLM_ERR_FORMAT, "'%s': unknown value type %d", key, (int)t);
-        }
-    }
-}
-
 /* Copies the tokenizer.ggml.* metadata of `src` into the writer, padding the
  * tokens, scores and token_type arrays to `n_vocab` with unused pieces.
  * Fails if `src` has no token list or more pieces than `n_vocab`. */
@@ -342,7 +284,7 @@ static ellm_status copy_tokenizer(gguf_writer *w, const gguf_file *src, const ch
         if (!key || strncmp(key, "tokenizer.ggml.", 15) || !strcmp(key, K_TOKENS) || !strcmp(key, K_SCORES) ||
             !strcmp(key, K_TYPES))
             continue;
-        if ((st = copy_kv(w, src, k, key, err)) != ELLM_OK) goto done;
+        if ((st = gguf_writer_copy_kv(w, src, k, err)) != ELLM_OK) goto done;
     }
     st = ELLM_OK;
 done:

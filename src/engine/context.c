@@ -57,6 +57,19 @@ ellm_status ellm_context_init(ellm_model *model, const ellm_context_params *para
     int64_t n_ctx = p.n_ctx;
     if (n_ctx <= 0 && p.kv_cache_gb > 0) n_ctx = (int64_t)(p.kv_cache_gb * 1e9 / (double)per_token);
     if (n_ctx <= 0) n_ctx = c->n_ctx_train;
+    /* Sliding-window attention (Mistral's `sliding_window`) is not implemented.
+     * In a context no longer than the window every query sees every earlier
+     * key either way, so a default size is capped at the window and a longer
+     * requested one is refused. */
+    if (c->sliding_window > 0 && n_ctx > c->sliding_window) {
+        if (p.n_ctx > 0)
+            return ellm_fail(err, ELLM_ERR_UNSUPPORTED,
+                             "context: %lld tokens exceed the model's attention window of %d tokens "
+                             "(%s.attention.sliding_window); eLLM does not implement sliding-window "
+                             "attention, so contexts of this model are limited to %d tokens",
+                             (long long)n_ctx, c->sliding_window, c->arch_name, c->sliding_window);
+        n_ctx = c->sliding_window;
+    }
     if (n_ctx < 1 || n_ctx > (1 << 30))
         return ellm_fail(err, ELLM_ERR_ARG, "context: context size %lld is out of range", (long long)n_ctx);
     if (p.n_batch <= 0) p.n_batch = 256;

@@ -8,6 +8,7 @@
 
 #include <errno.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -535,4 +536,62 @@ ellm_status gguf_writer_write(gguf_writer *w, const char *path, ellm_error *err)
     ellm_status st = write_path(w, path, err);
     w->first_err.status = ELLM_OK;
     return st;
+}
+
+ellm_status gguf_writer_copy_kv(gguf_writer *w, const gguf_file *src, int64_t k, ellm_error *err) {
+    if (k < 0 || k >= gguf_n_kv(src))
+        return ellm_fail(err, ELLM_ERR_ARG, "gguf writer: no metadata pair %lld to copy", (long long)k);
+    const char *key = gguf_key_name(src, k);
+    gguf_value_type t = gguf_kv_type(src, k);
+    ellm_status st;
+    int64_t iv;
+    double fv;
+    int bv;
+    switch (t) {
+    case GGUF_TYPE_FLOAT32:
+    case GGUF_TYPE_FLOAT64:
+        if ((st = gguf_get_f64(src, key, &fv, err)) != ELLM_OK) return st;
+        return t == GGUF_TYPE_FLOAT32 ? gguf_writer_add_f32(w, key, (float)fv, err)
+                                      : gguf_writer_add_f64(w, key, fv, err);
+    case GGUF_TYPE_BOOL:
+        if ((st = gguf_get_bool(src, key, &bv, err)) != ELLM_OK) return st;
+        return gguf_writer_add_bool(w, key, bv, err);
+    case GGUF_TYPE_STRING: {
+        const char *s;
+        size_t len;
+        if ((st = gguf_get_str(src, key, &s, &len, err)) != ELLM_OK) return st;
+        return gguf_writer_add_strn(w, key, s, len, err);
+    }
+    case GGUF_TYPE_ARRAY: {
+        gguf_value_type et;
+        uint64_t n;
+        const void *data;
+        if ((st = gguf_get_arr(src, key, &et, &n, &data, err)) != ELLM_OK) return st;
+        if (et != GGUF_TYPE_STRING) return gguf_writer_add_arr(w, key, et, data, n, err);
+        if (n > SIZE_MAX / 16) return ellm_fail(err, ELLM_ERR_FORMAT, "'%s': array too large", key);
+        const char **strs = malloc((size_t)(n ? n : 1) * sizeof *strs);
+        size_t *lens = malloc((size_t)(n ? n : 1) * sizeof *lens);
+        st = strs && lens ? ELLM_OK : ellm_fail(err, ELLM_ERR_NOMEM, "out of memory copying '%s'", key);
+        for (uint64_t i = 0; i < n && st == ELLM_OK; i++)
+            if (gguf_get_arr_str(src, k, i, &strs[i], &lens[i]) != ELLM_OK)
+                st = ellm_fail(err, ELLM_ERR_FORMAT, "'%s': cannot read string %llu", key, (unsigned long long)i);
+        if (st == ELLM_OK) st = gguf_writer_add_arr_str(w, key, strs, lens, n, err);
+        free(strs);
+        free(lens);
+        return st;
+    }
+    default: /* integers */
+        if ((st = gguf_get_i64(src, key, &iv, err)) != ELLM_OK) return st;
+        switch (t) {
+        case GGUF_TYPE_UINT8: return gguf_writer_add_u8(w, key, (uint8_t)iv, err);
+        case GGUF_TYPE_INT8: return gguf_writer_add_i8(w, key, (int8_t)iv, err);
+        case GGUF_TYPE_UINT16: return gguf_writer_add_u16(w, key, (uint16_t)iv, err);
+        case GGUF_TYPE_INT16: return gguf_writer_add_i16(w, key, (int16_t)iv, err);
+        case GGUF_TYPE_UINT32: return gguf_writer_add_u32(w, key, (uint32_t)iv, err);
+        case GGUF_TYPE_INT32: return gguf_writer_add_i32(w, key, (int32_t)iv, err);
+        case GGUF_TYPE_UINT64: return gguf_writer_add_u64(w, key, (uint64_t)iv, err);
+        case GGUF_TYPE_INT64: return gguf_writer_add_i64(w, key, iv, err);
+        default: return ellm_fail(err, ELLM_ERR_FORMAT, "'%s': unknown value type %d", key, (int)t);
+        }
+    }
 }

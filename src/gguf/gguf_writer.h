@@ -84,6 +84,10 @@ ellm_status gguf_writer_add_arr(gguf_writer *w, const char *key, gguf_value_type
 ellm_status gguf_writer_add_arr_str(gguf_writer *w, const char *key, const char *const *strs,
                                     const size_t *lens, uint64_t n, ellm_error *err);
 
+/* Copies metadata pair `k` of `src` (key, value type and value, arrays of
+ * strings included) into the writer. */
+ellm_status gguf_writer_copy_kv(gguf_writer *w, const gguf_file *src, int64_t k, ellm_error *err);
+
 /* ---- tensors ----
  * `name` is copied (1..63 bytes, unique); ne[0..n_dims-1] >= 1 with ne[0] a
  * multiple of the type's block size; `type` a known ggml type id

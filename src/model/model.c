@@ -160,6 +160,9 @@ static ellm_status read_config(loader *ld) {
         (st = arch_int(ld, "attention.head_count", 0, 1, 1 << 14, &c->n_head)) ||
         (st = arch_int(ld, "context_length", 1, 1, 1 << 30, &c->n_ctx_train)))
         return st;
+    /* Mistral-style sliding-window attention; the engine refuses contexts
+     * longer than the window (see ellm_context_init). 0 means none. */
+    if ((st = arch_int(ld, "attention.sliding_window", 1, 0, 1 << 30, &c->sliding_window))) return st;
     c->n_head_kv = c->n_head;
     if ((st = arch_int(ld, "attention.head_count_kv", 1, 1, 1 << 14, &c->n_head_kv))) return st;
     if (c->n_head % c->n_head_kv)

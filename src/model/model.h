@@ -28,6 +28,7 @@ typedef struct {
     char arch_name[32];
     int n_vocab;
     int n_ctx_train;
+    int sliding_window; /* <arch>.attention.sliding_window: keys a query may see; 0 = all */
     int n_embd;      /* d */
     int n_layer;
     int n_head;
