@@ -15,11 +15,12 @@ static const char *bin(void) {
     return b && *b ? b : "build/ellm";
 }
 
-/* Runs `args` through the shell, capturing stdout+stderr into out (cap bytes).
- * Returns the exit status, or -1 if the process died from a signal. */
-static int run(const char *args, char *out, size_t cap) {
+/* Runs `args` through the shell with stderr sent to `redir` ("2>&1": into the
+ * output too), capturing stdout into out (cap bytes). Returns the exit
+ * status, or -1 if the process died from a signal. */
+static int run_redir(const char *args, const char *redir, char *out, size_t cap) {
     char cmd[2048];
-    snprintf(cmd, sizeof cmd, "%s %s 2>&1", bin(), args);
+    snprintf(cmd, sizeof cmd, "%s %s %s", bin(), args, redir);
     FILE *p = popen(cmd, "r");
     if (!p) return -2;
     size_t n = fread(out, 1, cap - 1, p);
@@ -29,18 +30,11 @@ static int run(const char *args, char *out, size_t cap) {
     return WEXITSTATUS(st);
 }
 
-/* As run, with stdout only in out (stderr dropped), for --json output. */
-static int run_stdout(const char *args, char *out, size_t cap) {
-    char cmd[2048];
-    snprintf(cmd, sizeof cmd, "%s %s 2>/dev/null", bin(), args);
-    FILE *p = popen(cmd, "r");
-    if (!p) return -2;
-    size_t n = fread(out, 1, cap - 1, p);
-    out[n] = 0;
-    int st = pclose(p);
-    if (WIFSIGNALED(st)) return -1;
-    return WEXITSTATUS(st);
-}
+/* stdout and stderr of `ellm args` into out. */
+static int run(const char *args, char *out, size_t cap) { return run_redir(args, "2>&1", out, cap); }
+
+/* stdout only (stderr dropped), for --json output. */
+static int run_stdout(const char *args, char *out, size_t cap) { return run_redir(args, "2>/dev/null", out, cap); }
 
 /* A path under /tmp unique to this process: name is "<tag>.<pid>". */
 static const char *tmp_path(char *buf, size_t cap, const char *tag) {
