@@ -77,7 +77,7 @@ static void test_modes_identical(const char *model, const char *fake_topology) {
 
 static void test_place_helpers(void) {
     if (!place_numa_available()) {
-        printf("SKIP placement helpers: the kernel has no NUMA support\n");
+        printf("SKIP: placement helpers (the kernel has no NUMA support)\n");
         return;
     }
     size_t bytes = 8u << 20;

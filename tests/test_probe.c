@@ -286,7 +286,7 @@ static void test_malformed(void) {
         CHECK(dmi_read_memory(p, &m, &err) == ELLM_ERR_IO, "unreadable: %s", err.msg);
         remove(p);
     } else {
-        printf("SKIP unreadable-file case: running as root, every file is readable\n");
+        printf("SKIP: unreadable DMI file case (running as root, every file is readable)\n");
     }
 }
 
@@ -539,10 +539,12 @@ static void test_cli(void) {
         CHECK(st == 0, "taskset probe: %s", out);
         if (st == 0) check_probe_json(out, 1, 1);
     } else {
-        printf("SKIP probe under taskset: no /usr/bin/taskset\n");
+        printf("SKIP: probe under taskset (no /usr/bin/taskset)\n");
     }
     rc = run("probe --dmi /tmp/ellm_test_probe.dmi --bw-mb 32", out, sizeof out);
-    CHECK(rc == 0 && strstr(out, "4 of 8 channels populated") && strstr(out, "advice:"), "text probe: %s", out);
+    CHECK(rc == 0 && strstr(out, "4 of 8 channels populated") && strstr(out, "advice:") && strstr(out, "topology: ") &&
+              strstr(out, "NUMA node"),
+          "text probe: %s", out);
     remove("/tmp/ellm_test_probe.dmi");
     /* the probe keeps its all-node figure; run --stats and bench report against it */
     remove(cache);

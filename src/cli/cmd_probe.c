@@ -64,6 +64,7 @@ static void print_text(const probe_report *r) {
     printf("isa: %s\n", r->isa);
     printf("cpus: %d logical in this process's mask, %d physical cores, %d package%s, SMT %s\n", r->logical_cpus,
            r->physical_cores, r->n_packages, r->n_packages == 1 ? "" : "s", r->smt > 1 ? "on" : "off");
+    printf("topology: %s\n", r->topology);
     for (int k = 0; k < r->n_nodes; k++) {
         const probe_node *n = &r->nodes[k];
         printf("node %d: %d cores, cpus", n->os_index, n->n_cores);

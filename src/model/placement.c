@@ -14,6 +14,8 @@
 #include "core/status.h"
 #include "topology/place.h"
 
+#define PLACE_COUNT_NODES 64
+
 #include <errno.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -108,6 +110,21 @@ static int distribute(ellm_model *m) {
             if (e > b && place_on_node(p, (size_t)(e - b) * ws[i]->row_bytes, pl->node_os[k], PLACE_MOVE) != 0)
                 failed++;
         }
+    /* Check where the pages are: a few sampled pages of each node's rows of
+     * every matrix (move_pages reports each page's node). */
+    int on_node = 0, sampled = 0;
+    for (int i = 0; i < n; i++)
+        for (int k = 0; k < pl->n_nodes; k++) {
+            int64_t b, e;
+            topo_plan_node_rows(pl, ws[i]->rows, 16, k, &b, &e);
+            int count[PLACE_COUNT_NODES] = {0};
+            const char *p = (const char *)ws[i]->data + (size_t)b * ws[i]->row_bytes;
+            int found = e > b ? place_page_nodes(p, (size_t)(e - b) * ws[i]->row_bytes, 4, count, PLACE_COUNT_NODES) : 0;
+            if (found <= 0) continue;
+            sampled += found;
+            if (pl->node_os[k] < PLACE_COUNT_NODES) on_node += count[pl->node_os[k]];
+        }
+    if (sampled) note(m, "%d%% of %d sampled weight pages on the node that reads them", 100 * on_node / sampled, sampled);
     free(ws);
     return failed;
 }

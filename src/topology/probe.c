@@ -26,6 +26,7 @@ void probe_set_topology(probe_report *r, const topology *t) {
     r->n_packages = t->n_packages;
     r->smt = t->smt;
     r->n_nodes = t->n_nodes < PROBE_MAX_NODES ? t->n_nodes : PROBE_MAX_NODES;
+    topology_describe(t, r->topology, sizeof r->topology);
     for (int k = 0; k < r->n_nodes; k++) {
         probe_node *n = &r->nodes[k];
         free(n->cpus);

@@ -29,6 +29,7 @@ typedef struct {
     int n_packages;
     int smt;              /* hardware threads per core (1: SMT off or unused) */
     int n_nodes;
+    char topology[200];   /* topology_describe: packages, nodes, cores, SMT, caches */
     probe_node nodes[PROBE_MAX_NODES];
     double all_read_gbps; /* every core reading its own node's memory at once */
     int channels_known;   /* dmi describes real channels */

@@ -202,6 +202,7 @@ void topology_describe(const topology *t, char *buf, size_t cap) {
                      t->n_packages, t->n_packages == 1 ? "" : "s", t->n_nodes, t->n_nodes == 1 ? "" : "s",
                      t->n_cores, t->n_pus, t->smt > 1 ? "on" : "off");
     if (n > 0 && (size_t)n < cap && t->l3_bytes)
-        snprintf(buf + n, cap - (size_t)n, ", L2 %llu KB, L3 %d x %llu MB",
-                 (unsigned long long)(t->l2_bytes >> 10), t->n_l3, (unsigned long long)(t->l3_bytes >> 20));
+        snprintf(buf + n, cap - (size_t)n, ", L1d %llu KB, L2 %llu KB, L3 %d x %llu MB",
+                 (unsigned long long)(t->l1d_bytes >> 10), (unsigned long long)(t->l2_bytes >> 10), t->n_l3,
+                 (unsigned long long)(t->l3_bytes >> 20));
 }

@@ -61,7 +61,8 @@ void topology_free(topology *t);
 /* Index into t->nodes of the node with kernel number os_index, or -1. */
 int topology_node_index(const topology *t, int os_index);
 
-/* One-line summary: "2 packages, 4 NUMA nodes, 32 cores, SMT 2, L3 4 x 32 MB". */
+/* One-line summary: "2 packages, 4 NUMA nodes, 32 cores, 64 logical CPUs, SMT on,
+ * L1d 48 KB, L2 2048 KB, L3 2 x 32 MB". */
 void topology_describe(const topology *t, char *buf, size_t cap);
 
 #endif
