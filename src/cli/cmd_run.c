@@ -330,7 +330,7 @@ static void print_bandwidth_share(const ellm_context *ctx, const ellm_model_info
     const char *source = "ellm probe measured";
     if (!probe_cache_load(&probe)) {
         topology *t = NULL;
-        if (topology_init_system(&t, NULL) == ELLM_OK) probe = probe_all_read_gbps(t, (size_t)256 << 20, 3);
+        if (topology_init_system(&t, NULL) == ELLM_OK) probe = probe_all_read_gbps(t, (size_t)128 << 20, 3);
         topology_free(t);
         source = "measured now as ellm probe does (run `ellm probe` once to keep it)";
     }
