@@ -286,6 +286,33 @@ ellm_status ellm_sparse_profile_write(const char *path, int n_layer, int n_kv_he
                                       int n_budgets, const double *mean_recall, int target,
                                       int n_dense_layers, ellm_error *err);
 
+/* ---- batched decoding: several sequences in one pass ---------------------- */
+
+/* Scratch and threads for passes over several contexts at once (continuous
+ * batching): each weight matrix is read once per pass for the rows of all
+ * sequences; attention runs per sequence over its own KV cache. A row is
+ * computed exactly as it would be alone (the matmuls are row-independent and
+ * attention sees only its own sequence), so a sequence's logits do not depend
+ * on what else is in the pass. One thread drives a batch at a time. */
+typedef struct ellm_batch ellm_batch;
+
+/* A batch of up to `max_rows` tokens per pass, on n_threads threads (<= 0:
+ * the model's thread count). */
+ellm_status ellm_batch_init(ellm_model *model, int n_threads, int max_rows, ellm_batch **out, ellm_error *err);
+/* Frees the batch; free its contexts first. */
+void ellm_batch_free(ellm_batch *batch);
+/* A context that runs on the batch's threads (ellm_context_init otherwise);
+ * n_batch of the parameters bounds the tokens it feeds per pass. */
+ellm_status ellm_batch_context_init(ellm_batch *batch, const ellm_context_params *params, ellm_context **out,
+                                    ellm_error *err);
+/* One pass: context ctxs[i] (distinct, made from this batch) is fed
+ * n_tokens[i] >= 1 tokens (at most its n_batch) at its current position; the
+ * total is at most max_rows. Afterwards ellm_context_logits(ctxs[i]) holds the
+ * logits after its last token. Checks every count and token id first and feeds
+ * nothing on error. */
+ellm_status ellm_decode_batch(ellm_batch *batch, ellm_context *const *ctxs, const int32_t *const *tokens,
+                              const int *n_tokens, int n_seq, ellm_error *err);
+
 /* ---- sampling ------------------------------------------------------------- */
 
 typedef struct {

@@ -28,7 +28,7 @@ static void *xalloc(size_t n) {
 }
 
 /* Largest prepared-activation size over every matmul of the model, for nb rows. */
-static size_t max_act_bytes(const ellm_model *m, int nb) {
+size_t engine_max_act_bytes(const ellm_model *m, int nb) {
     size_t best = 0;
     const model_matrix *extra[2] = {&m->output, &m->tok_embd};
     for (int l = 0; l < m->cfg.n_layer; l++) {
@@ -48,6 +48,11 @@ static size_t max_act_bytes(const ellm_model *m, int nb) {
 
 ellm_status ellm_context_init(ellm_model *model, const ellm_context_params *params,
                               ellm_context **out, ellm_error *err) {
+    return engine_context_init(model, params, NULL, out, err);
+}
+
+ellm_status engine_context_init(ellm_model *model, const ellm_context_params *params, threadpool *shared_pool,
+                                ellm_context **out, ellm_error *err) {
     *out = NULL;
     if (!model) return ellm_fail(err, ELLM_ERR_ARG, "context: no model");
     ellm_context_params p = params ? *params : ellm_context_default_params();
@@ -74,7 +79,7 @@ ellm_status ellm_context_init(ellm_model *model, const ellm_context_params *para
         return ellm_fail(err, ELLM_ERR_ARG, "context: context size %lld is out of range", (long long)n_ctx);
     if (p.n_batch <= 0) p.n_batch = 256;
     if (p.n_batch > n_ctx) p.n_batch = (int)n_ctx;
-    int n_threads = p.n_threads > 0 ? p.n_threads : model->n_threads;
+    int n_threads = shared_pool ? threadpool_size(shared_pool) : p.n_threads > 0 ? p.n_threads : model->n_threads;
 
     ellm_context *ctx = calloc(1, sizeof *ctx);
     if (!ctx) return ellm_fail(err, ELLM_ERR_NOMEM, "context: out of memory");
@@ -89,8 +94,10 @@ ellm_status ellm_context_init(ellm_model *model, const ellm_context_params *para
                           .n_ctx = ctx->n_ctx,
                           .block_tokens = KV_BLOCK_TOKENS,
                           .type = kv_type};
+    ctx->pool = shared_pool;
+    ctx->owns_pool = !shared_pool;
     if ((st = kv_cache_init(&kp, &ctx->kv, err)) ||
-        (st = engine_placement_init(ctx, n_threads, err)) ||
+        (!shared_pool && (st = engine_placement_init(ctx, n_threads, err))) ||
         (st = attention_workspace_init(n_threads, ctx->n_batch, c->n_head, c->head_dim, ctx->n_ctx,
                                        KV_BLOCK_TOKENS, &ctx->attn_ws, err))) {
         ellm_context_free(ctx);
@@ -99,7 +106,7 @@ ellm_status ellm_context_init(ellm_model *model, const ellm_context_params *para
     size_t B = (size_t)ctx->n_batch, d = (size_t)c->n_embd, hd = (size_t)c->head_dim;
     size_t nq = (size_t)c->n_head * hd, nkv = (size_t)c->n_head_kv * hd, ff = (size_t)c->n_ff;
     size_t wide = d > nq ? d : nq;
-    ctx->act_bytes = 3 * ((max_act_bytes(model, ctx->n_batch) + 63) & ~(size_t)63);
+    ctx->act_bytes = 3 * ((engine_max_act_bytes(model, ctx->n_batch) + 63) & ~(size_t)63);
     ctx->x = xalloc(B * d * 4);
     ctx->xn = xalloc(B * wide * 4);
     ctx->q = xalloc(B * nq * 4);
@@ -164,7 +171,7 @@ void ellm_context_free(ellm_context *ctx) {
     if (!ctx) return;
     kv_cache_free(ctx->kv);
     attention_workspace_free(ctx->attn_ws);
-    threadpool_free(ctx->pool);
+    if (ctx->owns_pool) threadpool_free(ctx->pool);
     free(ctx->w_delta);
     free(ctx->x);
     free(ctx->xn);

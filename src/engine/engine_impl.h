@@ -2,6 +2,7 @@
  * cache, scratch buffers and threads) and the functions the engine's files
  * share. The files form layers, each calling only those below it:
  *   calibrate.c, synthetic.c  (public calibration and benchmark entry points)
+ *   batch.c                   (ellm_batch: passes over several contexts)
  *   context.c                 (context lifecycle, ellm_decode)
  *   forward.c                 (the transformer pass over a batch of tokens)
  *   sparse_budget.c           (per-head sparse budgets and recall samples) */
@@ -37,6 +38,7 @@ struct ellm_context {
      * so a node's threads compute exactly the rows stored on it). */
     ptrdiff_t *w_delta; /* (n_threads) */
     int split_by_matrix;
+    int owns_pool;   /* 0: the pool belongs to the ellm_batch the context was made from */
     /* scratch, sized for n_batch tokens (shapes per token in comments) */
     float *x;        /* (d) residual stream */
     float *xn;       /* (d) normalized */
@@ -72,9 +74,22 @@ struct ellm_context {
     uint64_t *head_select_ns;            /* (n_kv_head) selection time of the current layer */
     ellm_context_stats stats;
 
+    int step_sparse;   /* the pass under way used sparse attention */
+    int sample_recall; /* the pass under way samples recall */
+
     /* Calibration hook (ellm_sparse_calibrate): NULL outside calibration. */
     struct engine_calib *calib;
 };
+
+/* ---- context.c ---- */
+
+/* Largest prepared-activation size over every matmul of the model, for nb rows. */
+size_t engine_max_act_bytes(const ellm_model *m, int nb);
+
+/* ellm_context_init with the threads of `shared_pool` (not freed with the
+ * context) or, if NULL, a pool of its own. */
+ellm_status engine_context_init(ellm_model *model, const ellm_context_params *params, threadpool *shared_pool,
+                                ellm_context **out, ellm_error *err);
 
 /* ---- sparse_budget.c ---- */
 
@@ -99,6 +114,33 @@ void engine_calibrate_layer(struct ellm_context *ctx, int layer, int len);
  * it has one) and places the KV cache's heads on the nodes whose threads read
  * them; after kv_cache_init, before anything is stored. */
 ellm_status engine_placement_init(struct ellm_context *ctx, int n_threads, ellm_error *err);
+/* Scratch of a forward pass, sized for its rows (shapes per row as in
+ * struct ellm_context). */
+typedef struct {
+    float *x, *xn, *q, *k, *v, *att, *gate, *up, *rope_cs;
+    void *act;
+    const ptrdiff_t *w_delta; /* NUMA weight copies per thread (see struct ellm_context), or NULL */
+    int by_matrix;
+} engine_scratch;
+
+/* One sequence's part of a pass: n tokens at positions [pos, pos + n) of its
+ * context; rows [first_logit_row, n) write their logits to `logits` (row
+ * stride n_vocab). */
+typedef struct {
+    struct ellm_context *ctx;
+    const int32_t *tokens;
+    int n, pos;
+    int first_logit_row;
+    float *logits;
+} engine_seq;
+
+/* Runs one pass over the rows of n_seq sequences stacked in `s` (sized for
+ * their total): every matmul takes all rows at once, so each weight is read
+ * once per pass; attention runs per sequence over its own KV cache. A row's
+ * result does not depend on the other rows (the matmuls are row-independent).
+ * `logits_tmp` holds the logit rows of all sequences when n_seq > 1. */
+void engine_forward_seqs(const ellm_model *m, const engine_scratch *s, threadpool *pool, float *logits_tmp,
+                         const engine_seq *seqs, int n_seq);
 
 /* Runs the model on n tokens (n <= n_batch) at positions [pos, pos + n) and
  * writes the logits of rows [first_logit_row, n) to `logits` (row stride

@@ -126,20 +126,20 @@ static void matmul_task(void *arg, int ith, int nth) {
 }
 
 /* Y (nb rows of w->rows, stride ldy) = X (nb rows of w->cols) * W^T. */
-static void matmul(struct ellm_context *ctx, const model_matrix *w, const float *X, int nb,
+static void matmul(const engine_scratch *s, threadpool *pool, const model_matrix *w, const float *X, int nb,
                    float *Y, int64_t ldy) {
-    kern_act_prepare(w->type, X, w->cols, nb, ctx->act);
-    matmul_job job = {.n = 1, .w = {w}, .act = {ctx->act}, .y = {Y}, .ldy = {ldy}, .nb = nb,
-                      .delta = ctx->w_delta, .by_matrix = ctx->split_by_matrix};
-    threadpool_run(ctx->pool, matmul_task, &job);
+    kern_act_prepare(w->type, X, w->cols, nb, s->act);
+    matmul_job job = {.n = 1, .w = {w}, .act = {s->act}, .y = {Y}, .ldy = {ldy}, .nb = nb,
+                      .delta = s->w_delta, .by_matrix = s->by_matrix};
+    threadpool_run(pool, matmul_task, &job);
 }
 
 /* Several matrices with the same input X (same cols). Activations are prepared
  * once per distinct weight type. */
-static void matmul_multi(struct ellm_context *ctx, int n, const model_matrix **w, const float *X,
+static void matmul_multi(const engine_scratch *s, threadpool *pool, int n, const model_matrix **w, const float *X,
                          int nb, float **Y) {
-    matmul_job job = {.n = n, .nb = nb, .delta = ctx->w_delta, .by_matrix = ctx->split_by_matrix};
-    char *act = ctx->act;
+    matmul_job job = {.n = n, .nb = nb, .delta = s->w_delta, .by_matrix = s->by_matrix};
+    char *act = s->act;
     for (int i = 0; i < n; i++) {
         job.w[i] = w[i];
         job.y[i] = Y[i];
@@ -155,34 +155,62 @@ static void matmul_multi(struct ellm_context *ctx, int n, const model_matrix **w
             act += (kern_act_bytes(w[i]->type, w[i]->cols, nb) + 63) & ~(size_t)63;
         }
     }
-    threadpool_run(ctx->pool, matmul_task, &job);
+    threadpool_run(pool, matmul_task, &job);
 }
 
-void engine_forward(struct ellm_context *ctx, const int32_t *tokens, int n, int pos,
-                    int first_logit_row, float *logits) {
-    const ellm_model *m = ctx->model;
+/* Stores the layer's K/V of one sequence (rows already in ctx->q/k/v) and runs
+ * its attention into ctx->att: sparse when its budget says so, else dense. */
+static void attend_seq(struct ellm_context *ctx, int l, int n, int pos) {
+    const model_config *c = &ctx->model->cfg;
+    kv_cache_store(ctx->kv, l, pos, n, ctx->k, ctx->v);
+    if (ctx->sidx) sparse_index_append(ctx->sidx, l, pos, n, ctx->k);
+    attention_args aa = {.kv = ctx->kv,
+                         .layer = l,
+                         .n_q = n,
+                         .q_pos0 = pos,
+                         .n_head = c->n_head,
+                         .q = ctx->q,
+                         .out = ctx->att,
+                         .scale = 1.0f / sqrtf((float)c->head_dim)};
+    if (sparse_attention_layer(ctx, &aa, n, pos + n)) {
+        ctx->step_sparse = 1;
+        if (ctx->sample_recall) engine_sparse_sample_recall(ctx, l, pos + n);
+    } else {
+        attention_forward(&aa, ctx->attn_ws, ctx->pool);
+    }
+    if (ctx->calib && n == 1 && ctx->stats.decode_steps % ctx->calib->sample_every == 0)
+        engine_calibrate_layer(ctx, l, pos + n);
+}
+
+void engine_forward_seqs(const ellm_model *m, const engine_scratch *s, threadpool *pool, float *logits_tmp,
+                         const engine_seq *seqs, int n_seq) {
     const model_config *c = &m->cfg;
     const int64_t d = c->n_embd, hd = c->head_dim, nq = (int64_t)c->n_head * hd,
                   nkv = (int64_t)c->n_head_kv * hd, ff = c->n_ff;
-    int step_sparse = 0;
-    int sample_recall = ctx->sidx && n == 1 && ctx->params.sparse_recall_every > 0 &&
-                        ctx->stats.decode_steps % ctx->params.sparse_recall_every == 0;
-
-    for (int t = 0; t < n; t++) {
-        const char *row = (const char *)m->tok_embd.data + (size_t)tokens[t] * m->tok_embd.row_bytes;
-        kern_dequantize(m->tok_embd.type, row, ctx->x + t * d, d);
-        model_rope_cos_sin(m, pos + t, ctx->rope_cs + (size_t)t * c->n_rot);
+    /* One sequence in its own context's scratch needs no copies. */
+    const int own = n_seq == 1 && s->q == seqs[0].ctx->q;
+    int n = 0;
+    for (int i = 0; i < n_seq; i++) {
+        struct ellm_context *ctx = seqs[i].ctx;
+        ctx->step_sparse = 0;
+        ctx->sample_recall = ctx->sidx && seqs[i].n == 1 && ctx->params.sparse_recall_every > 0 &&
+                             ctx->stats.decode_steps % ctx->params.sparse_recall_every == 0;
+        for (int t = 0; t < seqs[i].n; t++, n++) {
+            const char *row = (const char *)m->tok_embd.data + (size_t)seqs[i].tokens[t] * m->tok_embd.row_bytes;
+            kern_dequantize(m->tok_embd.type, row, s->x + n * d, d);
+            model_rope_cos_sin(m, seqs[i].pos + t, s->rope_cs + (size_t)n * c->n_rot);
+        }
     }
 
     for (int l = 0; l < c->n_layer; l++) {
         const model_layer *L = &m->layers[l];
         for (int t = 0; t < n; t++)
-            kern_rmsnorm(ctx->xn + t * d, ctx->x + t * d, L->attn_norm, d, c->norm_eps);
+            kern_rmsnorm(s->xn + t * d, s->x + t * d, L->attn_norm, d, c->norm_eps);
         const model_matrix *wqkv[3] = {&L->wq, &L->wk, &L->wv};
-        float *yqkv[3] = {ctx->q, ctx->k, ctx->v};
-        matmul_multi(ctx, 3, wqkv, ctx->xn, n, yqkv);
+        float *yqkv[3] = {s->q, s->k, s->v};
+        matmul_multi(s, pool, 3, wqkv, s->xn, n, yqkv);
         for (int t = 0; t < n; t++) {
-            float *q = ctx->q + t * nq, *k = ctx->k + t * nkv, *v = ctx->v + t * nkv;
+            float *q = s->q + t * nq, *k = s->k + t * nkv, *v = s->v + t * nkv;
             if (L->bq) {
                 kern_add(q, L->bq, nq);
                 kern_add(k, L->bk, nkv);
@@ -194,49 +222,67 @@ void engine_forward(struct ellm_context *ctx, const int32_t *tokens, int n, int 
                 for (int h = 0; h < c->n_head_kv; h++)
                     kern_rmsnorm(k + h * hd, k + h * hd, L->k_norm, hd, c->norm_eps);
             }
-            const float *cs = ctx->rope_cs + (size_t)t * c->n_rot;
+            const float *cs = s->rope_cs + (size_t)t * c->n_rot;
             kern_rope(q, c->n_head, (int)hd, c->n_rot, cs, c->rope_neox);
             kern_rope(k, c->n_head_kv, (int)hd, c->n_rot, cs, c->rope_neox);
         }
-        kv_cache_store(ctx->kv, l, pos, n, ctx->k, ctx->v);
-        if (ctx->sidx) sparse_index_append(ctx->sidx, l, pos, n, ctx->k);
-        attention_args aa = {.kv = ctx->kv,
-                             .layer = l,
-                             .n_q = n,
-                             .q_pos0 = pos,
-                             .n_head = c->n_head,
-                             .q = ctx->q,
-                             .out = ctx->att,
-                             .scale = 1.0f / sqrtf((float)hd)};
-        if (sparse_attention_layer(ctx, &aa, n, pos + n)) {
-            step_sparse = 1;
-            if (sample_recall) engine_sparse_sample_recall(ctx, l, pos + n);
-        } else {
-            attention_forward(&aa, ctx->attn_ws, ctx->pool);
+        /* Attention reads each sequence's own KV: per sequence, on its rows. */
+        for (int i = 0, r = 0; i < n_seq; r += seqs[i].n, i++) {
+            struct ellm_context *ctx = seqs[i].ctx;
+            const int ni = seqs[i].n;
+            if (!own) {
+                memcpy(ctx->q, s->q + r * nq, (size_t)ni * nq * 4);
+                memcpy(ctx->k, s->k + r * nkv, (size_t)ni * nkv * 4);
+                memcpy(ctx->v, s->v + r * nkv, (size_t)ni * nkv * 4);
+            }
+            attend_seq(ctx, l, ni, seqs[i].pos);
+            if (!own) memcpy(s->att + r * nq, ctx->att, (size_t)ni * nq * 4);
         }
-        if (ctx->calib && n == 1 && ctx->stats.decode_steps % ctx->calib->sample_every == 0)
-            engine_calibrate_layer(ctx, l, pos + n);
         /* x += Wo att  (xn reused as the projection output) */
-        matmul(ctx, &L->wo, ctx->att, n, ctx->xn, d);
-        kern_add(ctx->x, ctx->xn, (int64_t)n * d);
+        matmul(s, pool, &L->wo, s->att, n, s->xn, d);
+        kern_add(s->x, s->xn, (int64_t)n * d);
 
         for (int t = 0; t < n; t++)
-            kern_rmsnorm(ctx->xn + t * d, ctx->x + t * d, L->ffn_norm, d, c->norm_eps);
+            kern_rmsnorm(s->xn + t * d, s->x + t * d, L->ffn_norm, d, c->norm_eps);
         const model_matrix *wgu[2] = {&L->w_gate, &L->w_up};
-        float *ygu[2] = {ctx->gate, ctx->up};
-        matmul_multi(ctx, 2, wgu, ctx->xn, n, ygu);
-        kern_swiglu(ctx->gate, ctx->gate, ctx->up, (int64_t)n * ff);
-        matmul(ctx, &L->w_down, ctx->gate, n, ctx->xn, d);
-        kern_add(ctx->x, ctx->xn, (int64_t)n * d);
+        float *ygu[2] = {s->gate, s->up};
+        matmul_multi(s, pool, 2, wgu, s->xn, n, ygu);
+        kern_swiglu(s->gate, s->gate, s->up, (int64_t)n * ff);
+        matmul(s, pool, &L->w_down, s->gate, n, s->xn, d);
+        kern_add(s->x, s->xn, (int64_t)n * d);
     }
-    kv_cache_set_len(ctx->kv, pos + n);
-    ctx->stats.decode_steps++;
-    ctx->stats.sparse_steps += step_sparse;
-    if (sample_recall && step_sparse && ctx->params.sparse_adapt) engine_sparse_adapt(ctx);
+    for (int i = 0; i < n_seq; i++) {
+        struct ellm_context *ctx = seqs[i].ctx;
+        kv_cache_set_len(ctx->kv, seqs[i].pos + seqs[i].n);
+        ctx->stats.decode_steps++;
+        ctx->stats.sparse_steps += ctx->step_sparse;
+        if (ctx->sample_recall && ctx->step_sparse && ctx->params.sparse_adapt) engine_sparse_adapt(ctx);
+    }
 
-    int n_out = n - first_logit_row;
+    /* Logits: the wanted rows of every sequence, normalized side by side into
+     * xn, in one matmul (into the sequence's buffer when there is one). */
+    int n_out = 0;
+    for (int i = 0, r = 0; i < n_seq; r += seqs[i].n, i++)
+        for (int t = seqs[i].first_logit_row; t < seqs[i].n; t++, n_out++)
+            kern_rmsnorm(s->xn + n_out * d, s->x + (r + t) * d, m->output_norm, d, c->norm_eps);
     if (n_out <= 0) return;
-    for (int t = first_logit_row; t < n; t++)
-        kern_rmsnorm(ctx->xn + t * d, ctx->x + t * d, m->output_norm, d, c->norm_eps);
-    matmul(ctx, &m->output, ctx->xn + first_logit_row * d, n_out, logits, c->n_vocab);
+    float *out = n_seq == 1 ? seqs[0].logits : logits_tmp;
+    matmul(s, pool, &m->output, s->xn, n_out, out, c->n_vocab);
+    if (n_seq == 1) return;
+    for (int i = 0, o = 0; i < n_seq; i++) {
+        int rows = seqs[i].n - seqs[i].first_logit_row;
+        if (rows <= 0) continue;
+        memcpy(seqs[i].logits, out + (size_t)o * c->n_vocab, (size_t)rows * c->n_vocab * 4);
+        o += rows;
+    }
+}
+
+void engine_forward(struct ellm_context *ctx, const int32_t *tokens, int n, int pos,
+                    int first_logit_row, float *logits) {
+    engine_scratch s = {.x = ctx->x, .xn = ctx->xn, .q = ctx->q, .k = ctx->k, .v = ctx->v,
+                        .att = ctx->att, .gate = ctx->gate, .up = ctx->up, .rope_cs = ctx->rope_cs,
+                        .act = ctx->act, .w_delta = ctx->w_delta, .by_matrix = ctx->split_by_matrix};
+    engine_seq seq = {.ctx = ctx, .tokens = tokens, .n = n, .pos = pos,
+                      .first_logit_row = first_logit_row, .logits = logits};
+    engine_forward_seqs(ctx->model, &s, ctx->pool, NULL, &seq, 1);
 }

@@ -1,0 +1,150 @@
+/* Continuous batching: a sequence decoded among others in one pass
+ * (ellm_decode_batch) gets exactly the logits it gets alone (ellm_decode),
+ * bit for bit, whatever else is in the pass: decode rows, prefill chunks or
+ * nothing. Checked on weight types with different matmul kernels. */
+#include "ellm.h"
+#include "harness.h"
+
+#include <stdint.h>
+#include <string.h>
+
+#define N_SEQ 5
+#define N_GEN 10
+#define CHUNK 16
+#define THREADS 2
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+static uint32_t rnd(void) {
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (uint32_t)(rng_state >> 11);
+}
+
+static int argmax(const float *x, int n) {
+    int b = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[b]) b = i;
+    return b;
+}
+
+static void check_model(const char *path) {
+    ellm_error err = {0};
+    ellm_model *m = NULL;
+    ellm_model_params mp = {.n_threads = THREADS, .pin_threads = 0};
+    if (ellm_model_load(path, &mp, &m, &err) != ELLM_OK) {
+        CHECK(0, "load %s: %s", path, err.msg);
+        return;
+    }
+    ellm_model_info info;
+    ellm_model_get_info(m, &info);
+    const int V = info.n_vocab;
+    int n_prompt[N_SEQ] = {1, 7, 16, 33, 50};
+    int32_t prompt[N_SEQ][64];
+    for (int i = 0; i < N_SEQ; i++)
+        for (int t = 0; t < n_prompt[i]; t++) prompt[i][t] = (int32_t)(rnd() % (uint32_t)V);
+
+    ellm_context_params cp = ellm_context_default_params();
+    cp.n_ctx = 128;
+    cp.n_batch = CHUNK;
+    cp.n_threads = THREADS;
+    cp.sparse_topk = -1;
+    /* alone: prefill in CHUNK-token passes, then greedy decode */
+    float *solo = malloc((size_t)N_SEQ * N_GEN * V * sizeof *solo);
+    int32_t gen[N_SEQ][N_GEN];
+    for (int i = 0; i < N_SEQ; i++) {
+        ellm_context *ctx = NULL;
+        CHECK(ellm_context_init(m, &cp, &ctx, &err) == ELLM_OK, "%s", err.msg);
+        if (!ctx) continue;
+        CHECK(ellm_decode(ctx, prompt[i], n_prompt[i], NULL, &err) == ELLM_OK, "%s", err.msg);
+        for (int g = 0; g < N_GEN; g++) {
+            const float *lg = ellm_context_logits(ctx);
+            memcpy(solo + ((size_t)i * N_GEN + g) * V, lg, (size_t)V * sizeof *lg);
+            gen[i][g] = argmax(lg, V);
+            ellm_decode(ctx, &gen[i][g], 1, NULL, &err);
+        }
+        ellm_context_free(ctx);
+    }
+
+    /* together: sequence i joins at step 2 i, so prefill chunks share passes
+     * with decode rows of the others */
+    ellm_batch *b = NULL;
+    CHECK(ellm_batch_init(m, THREADS, N_SEQ * CHUNK, &b, &err) == ELLM_OK, "%s", err.msg);
+    ellm_context *ctx[N_SEQ] = {0};
+    for (int i = 0; i < N_SEQ && b; i++)
+        CHECK(ellm_batch_context_init(b, &cp, &ctx[i], &err) == ELLM_OK, "%s", err.msg);
+    int fed[N_SEQ] = {0}, n_gen[N_SEQ] = {0}, mismatches = 0, max_rows_seen = 0;
+    for (int step = 0; b && step < 200; step++) {
+        ellm_context *run[N_SEQ];
+        const int32_t *tok[N_SEQ];
+        int n[N_SEQ], ns = 0, rows = 0;
+        for (int i = 0; i < N_SEQ; i++) {
+            if (!ctx[i] || step < 2 * i || n_gen[i] >= N_GEN) continue;
+            run[ns] = ctx[i];
+            if (fed[i] < n_prompt[i]) {
+                int c = n_prompt[i] - fed[i] < CHUNK ? n_prompt[i] - fed[i] : CHUNK;
+                tok[ns] = prompt[i] + fed[i];
+                n[ns] = c;
+            } else {
+                tok[ns] = &gen[i][n_gen[i] - 1];
+                n[ns] = 1;
+            }
+            rows += n[ns++];
+        }
+        if (!ns) break;
+        if (rows > max_rows_seen) max_rows_seen = rows;
+        if (ellm_decode_batch(b, run, tok, n, ns, &err) != ELLM_OK) {
+            CHECK(0, "decode batch: %s", err.msg);
+            break;
+        }
+        for (int i = 0, k = 0; i < N_SEQ; i++) {
+            if (k >= ns || run[k] != ctx[i]) continue;
+            if (fed[i] < n_prompt[i]) fed[i] += n[k];
+            if (fed[i] >= n_prompt[i]) {
+                const float *lg = ellm_context_logits(ctx[i]);
+                if (memcmp(lg, solo + ((size_t)i * N_GEN + n_gen[i]) * V, (size_t)V * sizeof *lg)) mismatches++;
+                n_gen[i]++;
+            }
+            k++;
+        }
+    }
+    int done = 1;
+    for (int i = 0; i < N_SEQ; i++) done &= n_gen[i] == N_GEN;
+    CHECK(done, "%s: every sequence generated %d tokens", path, N_GEN);
+    CHECK(mismatches == 0, "%s: %d logit rows differ from the sequence alone", path, mismatches);
+    CHECK(max_rows_seen > CHUNK, "%s: passes mixed prefill and decode rows (max %d rows)", path, max_rows_seen);
+
+    /* bad input is refused without feeding anything */
+    if (b && ctx[0]) {
+        int pos = ellm_context_pos(ctx[0]);
+        int32_t bad_tok = V;
+        const int32_t *tp[2] = {&bad_tok, &bad_tok};
+        int one[2] = {1, 1};
+        ellm_context *twice[2] = {ctx[0], ctx[0]};
+        CHECK(ellm_decode_batch(b, ctx, tp, one, 1, &err) == ELLM_ERR_ARG, "token out of vocabulary refused");
+        CHECK(ellm_decode_batch(b, twice, tp, one, 2, &err) == ELLM_ERR_ARG, "context listed twice refused");
+        int too_many = CHUNK + 1;
+        CHECK(ellm_decode_batch(b, ctx, tp, &too_many, 1, &err) == ELLM_ERR_ARG, "more than n_batch refused");
+        CHECK(ellm_context_pos(ctx[0]) == pos, "nothing fed on error");
+        ellm_context *own = NULL;
+        ellm_context_init(m, &cp, &own, &err);
+        ellm_context *foreign[1] = {own};
+        CHECK(own && ellm_decode_batch(b, foreign, tp, one, 1, &err) == ELLM_ERR_ARG, "foreign context refused");
+        ellm_context_free(own);
+    }
+    for (int i = 0; i < N_SEQ; i++) ellm_context_free(ctx[i]);
+    ellm_batch_free(b);
+    free(solo);
+    ellm_model_free(m);
+}
+
+int main(void) {
+    char path[512];
+    const char *models[] = {"llama-gqa.gguf", "llama-gqa-Q8_0.gguf", "llama-gqa-Q4_K_M.gguf", "qwen3-qknorm.gguf"};
+    for (size_t i = 0; i < sizeof models / sizeof *models; i++) {
+        snprintf(path, sizeof path, "%s/models/%s", test_data_dir(), models[i]);
+        check_model(path);
+    }
+    check_model("models/evalmodel.gguf");
+    return test_finish();
+}
