@@ -8,7 +8,7 @@ OPT     ?= -O2
 CFLAGS  ?= $(OPT) -g
 CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wshadow -Wno-unused-parameter \
            -fno-math-errno -Iinclude -Isrc -MMD -MP
-LDLIBS  += -lpcre2-8 -lcjson -lutf8proc -lhwloc -lnuma -lm -lpthread
+LDLIBS  += -lmicrohttpd -lpcre2-8 -lcjson -lutf8proc -lhwloc -lnuma -lm -lpthread
 
 # Kernels for one ISA live in *_avx2.c / *_avx512.c files compiled for that ISA;
 # the binary picks at run time, so no -march=native is ever needed.
@@ -26,7 +26,7 @@ TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 LIB      := $(BUILD)/libellm.a
 
 .PHONY: all run test test-asan clean deps bench
-all: $(BUILD)/ellm
+all: $(BUILD)/ellm $(BUILD)/ellm_server
 
 deps:
 	@sh tools/install-deps.sh
@@ -48,6 +48,10 @@ $(LIB): $(LIB_OBJ)
 $(BUILD)/ellm: $(CLI_OBJ) $(LIB)
 	$(CC) $(CFLAGS) $^ -o $@ $(LDFLAGS) $(LDLIBS)
 
+# The server binary: `ellm serve` with the seed's name.
+$(BUILD)/ellm_server: $(BUILD)/src/cli/server/ellm_server.o $(filter-out $(BUILD)/src/cli/main.o,$(CLI_OBJ)) $(LIB)
+	$(CC) $(CFLAGS) $^ -o $@ $(LDFLAGS) $(LDLIBS)
+
 $(BUILD)/tests/%: $(BUILD)/tests/%.o $(LIB)
 	$(CC) $(CFLAGS) $^ -o $@ $(LDFLAGS) $(LDLIBS)
 
@@ -56,10 +60,20 @@ $(BUILD)/bench/%: $(BUILD)/bench/%.o $(LIB)
 	$(CC) $(CFLAGS) $^ -o $@ $(LDFLAGS) $(LDLIBS)
 bench: $(addprefix $(BUILD)/bench/,bench_tokenizer bench_attention bench_sparse_attention bench_sparse bench_kernels)
 
+# End-to-end server tests (Node): a wrapper the test runner runs like the C
+# tests, and the pinned npm packages (package-lock.json) installed with npm ci.
+SERVER_TEST := $(BUILD)/tests/test_server
+$(SERVER_TEST): tests/server/run.sh
+	@mkdir -p $(dir $@)
+	cp $< $@ && chmod +x $@
+tests/server/node_modules/.stamp: tests/server/package.json tests/server/package-lock.json
+	cd tests/server && npm ci --no-audit --no-fund
+	@touch $@
+
 run: deps all
 	$(BUILD)/ellm run -n 200 --stats
 
-test: deps all $(TEST_BIN)
+test: deps all $(TEST_BIN) $(SERVER_TEST) tests/server/node_modules/.stamp
 	@sh tests/run_tests.sh $(BUILD)
 
 test-asan:
@@ -69,4 +83,4 @@ test-asan:
 clean:
 	rm -rf build build-asan
 
--include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(TEST_BIN:=.d)
+-include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(TEST_BIN:=.d) $(BUILD)/src/cli/server/ellm_server.d

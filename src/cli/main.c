@@ -19,6 +19,7 @@ static void usage(FILE *f) {
             "  eval      perplexity, sparse-vs-dense agreement and KL on a text\n"
             "  calibrate per-head sparse attention budgets from sample text\n"
             "  probe     this machine: topology, memory bandwidth per NUMA node, channels, advice\n"
+            "  serve     OpenAI-compatible HTTP server with continuous batching\n"
             "\n"
             "`ellm COMMAND --help` lists a command's options. Kernel ISA in use: %s\n",
             ellm_isa_name());
@@ -39,6 +40,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "calibrate")) return cmd_calibrate(argc - 1, argv + 1);
     if (!strcmp(cmd, "probe")) return cmd_probe(argc - 1, argv + 1);
     if (!strcmp(cmd, "convert")) return cmd_convert(argc - 1, argv + 1);
+    if (!strcmp(cmd, "serve")) return cmd_serve(argc - 1, argv + 1);
     if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) {
         usage(stdout);
         return 0;

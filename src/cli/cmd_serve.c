@@ -1,0 +1,93 @@
+/* `ellm serve` (and build/ellm_server): the OpenAI-compatible HTTP server. */
+#include "cli/args.h"
+#include "cli/commands.h"
+#include "server/server.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void serve_usage(FILE *f) {
+    fprintf(f,
+            "usage: ellm serve [-m MODEL.gguf] [options]\n"
+            "  -m, --model FILE       GGUF model (default: the embedded evaluation model)\n"
+            "  --host ADDR            address to listen on (default 127.0.0.1)\n"
+            "  --port N               port (default 8080; 0: any free port, printed at start)\n"
+            "  -np, --parallel N      sequences served at once, one slot each (default 4)\n"
+            "  --n-batch N            sequences per engine step (default: --parallel)\n"
+            "  -b, --batch-size N     prompt tokens per prefill pass (default 128)\n"
+            "  -t, --threads N        compute threads (default: one per physical core)\n"
+            "  -c, --ctx-size N       context per sequence in tokens (default: the model's training length)\n"
+            "  --kv-cache-gb G        KV cache memory for all slots\n"
+            "  --sparse-topk K        sparse attention: at most K tokens per KV head per step\n"
+            "  --sparse-profile FILE  per-layer/per-head budgets from `ellm calibrate`\n"
+            "  --chat-template NAME   built-in chat template instead of the model's (llama2, llama3,\n"
+            "                         chatml, mistral, phi3, deepseek, gemma, zephyr, ...)\n"
+            "  --api-key KEY          require `Authorization: Bearer KEY` on the API endpoints\n"
+            "  --alias NAME           model id reported by /v1/models (default: the file name)\n"
+            "  --max-queue N          requests waiting beyond the slots before 503 (default 64)\n"
+            "  --max-body-mb M        largest request body (default 4)\n"
+            "  --timeout S            close connections idle for S seconds (default 30)\n"
+            "  --numa-aware           accepted for the seed's command line; placement follows the\n"
+            "                         thread pinning of the engine\n"
+            "endpoints: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health,\n"
+            "           GET /metrics, POST /tokenize, POST /detokenize, GET / (chat page)\n");
+}
+
+int cmd_serve(int argc, char **argv) {
+    server_params p;
+    server_default_params(&p);
+    int bad = 0;
+    long n;
+    double d;
+    for (int i = 1; i < argc && !bad; i++) {
+        const char *a = argv[i], *v = NULL;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            serve_usage(stdout);
+            return 0;
+        } else if (!strcmp(a, "--numa-aware")) p.numa_aware = 1;
+        else if (arg_value(argc, argv, &i, "--model", "-m", &v, &bad)) p.model_path = v;
+        else if (arg_value(argc, argv, &i, "--host", NULL, &v, &bad)) p.host = v;
+        else if (arg_value(argc, argv, &i, "--port", NULL, &v, &bad)) {
+            if (!(bad = !v || !arg_int(a, v, 0, 65535, &n))) p.port = (int)n;
+        } else if (arg_value(argc, argv, &i, "--parallel", "-np", &v, &bad)) {
+            if (!(bad = !v || !arg_int(a, v, 1, 256, &n))) p.n_slots = (int)n;
+        } else if (arg_value(argc, argv, &i, "--n-batch", NULL, &v, &bad)) {
+            if (!(bad = !v || !arg_int(a, v, 1, 256, &n))) p.n_batch = (int)n;
+        } else if (arg_value(argc, argv, &i, "--batch-size", "-b", &v, &bad)) {
+            if (!(bad = !v || !arg_int(a, v, 1, 4096, &n))) p.chunk = (int)n;
+        } else if (arg_value(argc, argv, &i, "--threads", "-t", &v, &bad)) {
+            if (!(bad = !v || !arg_int(a, v, 1, 1024, &n))) p.n_threads = (int)n;
+        } else if (arg_value(argc, argv, &i, "--ctx-size", "-c", &v, &bad)) {
+            if (!(bad = !v || !arg_int(a, v, 2, 1L << 24, &n))) p.n_ctx = (int)n;
+        } else if (arg_value(argc, argv, &i, "--kv-cache-gb", NULL, &v, &bad)) {
+            if (!(bad = !v || !arg_double(a, v, 1e-6, 1e6, &d))) p.kv_cache_gb = d;
+        } else if (arg_value(argc, argv, &i, "--sparse-topk", NULL, &v, &bad)) {
+            if (!(bad = !v || !arg_int(a, v, 0, 1L << 30, &n))) p.sparse_topk = (int)n;
+        } else if (arg_value(argc, argv, &i, "--sparse-profile", NULL, &v, &bad)) p.sparse_profile = v;
+        else if (arg_value(argc, argv, &i, "--chat-template", NULL, &v, &bad)) p.chat_template = v;
+        else if (arg_value(argc, argv, &i, "--api-key", NULL, &v, &bad)) p.api_key = v;
+        else if (arg_value(argc, argv, &i, "--alias", NULL, &v, &bad)) p.alias = v;
+        else if (arg_value(argc, argv, &i, "--max-queue", NULL, &v, &bad)) {
+            if (!(bad = !v || !arg_int(a, v, 0, 1 << 20, &n))) p.max_queue = (int)n;
+        } else if (arg_value(argc, argv, &i, "--max-body-mb", NULL, &v, &bad)) {
+            if (!(bad = !v || !arg_double(a, v, 0.001, 4096, &d))) p.max_body = (size_t)(d * (1 << 20));
+        } else if (arg_value(argc, argv, &i, "--timeout", NULL, &v, &bad)) {
+            if (!(bad = !v || !arg_int(a, v, 1, 86400, &n))) p.timeout_s = (int)n;
+        } else {
+            fprintf(stderr, "error: unknown option '%s' (see ellm serve --help)\n", a);
+            bad = 1;
+        }
+    }
+    if (bad) return 2;
+    if (p.sparse_profile && !p.sparse_topk) {
+        fprintf(stderr, "error: --sparse-profile needs --sparse-topk\n");
+        return 2;
+    }
+    if (p.api_key && !*p.api_key) {
+        fprintf(stderr, "error: --api-key is empty\n");
+        return 2;
+    }
+    if (!p.model_path) p.model_path = cli_default_model();
+    return server_run(&p);
+}

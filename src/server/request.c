@@ -1,0 +1,292 @@
+/* Request JSON -> generation parameters, with OpenAI-style errors. */
+#include "server/request.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_MESSAGES 4096
+#define MAX_PROMPT_IDS (1 << 22)
+
+int req_fail(req_error *e, int http_status, const char *type, const char *code, const char *param,
+             const char *fmt, ...) {
+    e->http_status = http_status;
+    e->type = type;
+    e->code = code;
+    e->param = param;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->message, sizeof e->message, fmt, ap);
+    va_end(ap);
+    return 0;
+}
+
+static int bad(req_error *e, const char *param, const char *fmt, const char *what) {
+    return req_fail(e, 400, "invalid_request_error", "invalid_value", param, fmt, what);
+}
+
+int req_utf8_valid(const char *str, size_t n) {
+    const unsigned char *s = (const unsigned char *)str;
+    size_t i = 0;
+    while (i < n) {
+        unsigned c = s[i];
+        if (c < 0x80) {
+            i++;
+            continue;
+        }
+        int len;
+        unsigned cp, min;
+        if ((c & 0xE0) == 0xC0) len = 2, cp = c & 0x1F, min = 0x80;
+        else if ((c & 0xF0) == 0xE0) len = 3, cp = c & 0x0F, min = 0x800;
+        else if ((c & 0xF8) == 0xF0) len = 4, cp = c & 0x07, min = 0x10000;
+        else return 0;
+        if (n - i < (size_t)len) return 0;
+        for (int k = 1; k < len; k++) {
+            if ((s[i + k] & 0xC0) != 0x80) return 0;
+            cp = (cp << 6) | (s[i + k] & 0x3F);
+        }
+        if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return 0;
+        i += (size_t)len;
+    }
+    return 1;
+}
+
+static char *dup_str(const char *s, size_t *len) {
+    size_t n = strlen(s);
+    char *d = malloc(n + 1);
+    if (d) memcpy(d, s, n + 1);
+    if (len) *len = n;
+    return d;
+}
+
+/* A number field in [lo, hi] (absent or null: keep *out). */
+static int get_float(const cJSON *root, const char *name, double lo, double hi, float *out, req_error *e) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, name);
+    if (!v || cJSON_IsNull(v)) return 1;
+    if (!cJSON_IsNumber(v)) return req_fail(e, 400, "invalid_request_error", "invalid_type", name, "'%s' must be a number", name);
+    if (!(v->valuedouble >= lo && v->valuedouble <= hi))
+        return req_fail(e, 400, "invalid_request_error", "invalid_value", name, "'%s' must be between %g and %g", name, lo,
+                        hi);
+    *out = (float)v->valuedouble;
+    return 1;
+}
+
+/* An integer field in [lo, hi]; *given set to 1 when present. */
+static int get_int(const cJSON *root, const char *name, double lo, double hi, double *out, int *given, req_error *e) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, name);
+    if (!v || cJSON_IsNull(v)) return 1;
+    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble))
+        return req_fail(e, 400, "invalid_request_error", "invalid_type", name, "'%s' must be an integer", name);
+    if (!(v->valuedouble >= lo && v->valuedouble <= hi))
+        return req_fail(e, 400, "invalid_request_error", "invalid_value", name, "'%s' must be between %.0f and %.0f", name,
+                        lo, hi);
+    *out = v->valuedouble;
+    if (given) *given = 1;
+    return 1;
+}
+
+static int get_bool(const cJSON *root, const char *name, int *out, req_error *e) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, name);
+    if (!v || cJSON_IsNull(v)) return 1;
+    if (!cJSON_IsBool(v)) return req_fail(e, 400, "invalid_request_error", "invalid_type", name, "'%s' must be a boolean", name);
+    *out = cJSON_IsTrue(v);
+    return 1;
+}
+
+/* Message content: a string, null (empty), or an array of {"type":"text","text":...} parts. */
+static char *content_text(const cJSON *c, req_error *e) {
+    if (!c || cJSON_IsNull(c)) return dup_str("", NULL);
+    if (cJSON_IsString(c)) return dup_str(c->valuestring, NULL);
+    if (!cJSON_IsArray(c)) {
+        bad(e, "messages", "%s", "message 'content' must be a string or an array of text parts");
+        return NULL;
+    }
+    size_t cap = 1, len = 0;
+    const cJSON *part;
+    cJSON_ArrayForEach(part, c) {
+        const cJSON *type = cJSON_GetObjectItemCaseSensitive(part, "type");
+        const cJSON *text = cJSON_GetObjectItemCaseSensitive(part, "text");
+        if (!cJSON_IsObject(part) || !cJSON_IsString(type) || strcmp(type->valuestring, "text") ||
+            !cJSON_IsString(text)) {
+            bad(e, "messages", "%s", "only text content parts ({\"type\": \"text\", \"text\": ...}) are supported");
+            return NULL;
+        }
+        cap += strlen(text->valuestring);
+    }
+    char *out = malloc(cap);
+    if (!out) return NULL;
+    cJSON_ArrayForEach(part, c) {
+        const char *t = cJSON_GetObjectItemCaseSensitive(part, "text")->valuestring;
+        size_t n = strlen(t);
+        memcpy(out + len, t, n);
+        len += n;
+    }
+    out[len] = 0;
+    return out;
+}
+
+static int parse_messages(const cJSON *root, req_params *p, req_error *e) {
+    const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(root, "messages");
+    if (!msgs) return req_fail(e, 400, "invalid_request_error", "missing_field", "messages", "'messages' is required");
+    if (!cJSON_IsArray(msgs))
+        return req_fail(e, 400, "invalid_request_error", "invalid_type", "messages", "'messages' must be an array");
+    int n = cJSON_GetArraySize(msgs);
+    if (n == 0) return req_fail(e, 400, "invalid_request_error", "invalid_value", "messages", "'messages' must not be empty");
+    if (n > MAX_MESSAGES)
+        return req_fail(e, 400, "invalid_request_error", "invalid_value", "messages", "more than %d messages", MAX_MESSAGES);
+    p->msgs = calloc((size_t)n, sizeof *p->msgs);
+    if (!p->msgs) return req_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    const cJSON *m;
+    cJSON_ArrayForEach(m, msgs) {
+        if (!cJSON_IsObject(m))
+            return req_fail(e, 400, "invalid_request_error", "invalid_type", "messages", "each message must be an object");
+        const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
+        if (!cJSON_IsString(role))
+            return req_fail(e, 400, "invalid_request_error", "invalid_type", "messages", "each message needs a string 'role'");
+        const char *r = role->valuestring;
+        if (!strcmp(r, "developer")) r = "system";
+        if (strcmp(r, "system") && strcmp(r, "user") && strcmp(r, "assistant"))
+            return req_fail(e, 400, "invalid_request_error", "invalid_value", "messages",
+                            "message role '%.40s' is not supported (system, developer, user, assistant)", r);
+        char *text = content_text(cJSON_GetObjectItemCaseSensitive(m, "content"), e);
+        if (!text) return e->http_status ? 0 : req_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+        p->msgs[p->n_msgs].role = !strcmp(r, "system") ? "system" : !strcmp(r, "user") ? "user" : "assistant";
+        p->msgs[p->n_msgs++].content = text;
+    }
+    return 1;
+}
+
+static int parse_prompt(const cJSON *root, req_params *p, req_error *e) {
+    const cJSON *pr = cJSON_GetObjectItemCaseSensitive(root, "prompt");
+    if (!pr) return req_fail(e, 400, "invalid_request_error", "missing_field", "prompt", "'prompt' is required");
+    if (cJSON_IsArray(pr) && cJSON_GetArraySize(pr) == 1 && cJSON_IsString(cJSON_GetArrayItem(pr, 0)))
+        pr = cJSON_GetArrayItem(pr, 0); /* ["text"]: one prompt */
+    if (cJSON_IsString(pr)) {
+        p->prompt = dup_str(pr->valuestring, &p->prompt_len);
+        return p->prompt ? 1 : req_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    }
+    if (!cJSON_IsArray(pr))
+        return req_fail(e, 400, "invalid_request_error", "invalid_type", "prompt",
+                        "'prompt' must be a string or an array of token ids");
+    int n = cJSON_GetArraySize(pr);
+    if (n == 0) return req_fail(e, 400, "invalid_request_error", "invalid_value", "prompt", "'prompt' must not be empty");
+    if (n > MAX_PROMPT_IDS)
+        return req_fail(e, 400, "invalid_request_error", "invalid_value", "prompt", "more than %d prompt tokens", MAX_PROMPT_IDS);
+    p->prompt_ids = malloc((size_t)n * sizeof *p->prompt_ids);
+    if (!p->prompt_ids) return req_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    const cJSON *t;
+    cJSON_ArrayForEach(t, pr) {
+        if (!cJSON_IsNumber(t) || t->valuedouble != floor(t->valuedouble) || t->valuedouble < 0 ||
+            t->valuedouble > 2147483647.0)
+            return req_fail(e, 400, "invalid_request_error", "invalid_type", "prompt",
+                            "'prompt' arrays must hold token ids (non-negative integers); several prompts at once are "
+                            "not supported");
+        p->prompt_ids[p->n_prompt_ids++] = (int32_t)t->valuedouble;
+    }
+    p->prompt_is_ids = 1;
+    return 1;
+}
+
+static int parse_stop(const cJSON *root, req_params *p, req_error *e) {
+    const cJSON *s = cJSON_GetObjectItemCaseSensitive(root, "stop");
+    if (!s || cJSON_IsNull(s)) return 1;
+    if (cJSON_IsString(s)) {
+        if (!*s->valuestring) return 1;
+        p->stop[p->n_stop++] = dup_str(s->valuestring, NULL);
+        return 1;
+    }
+    if (!cJSON_IsArray(s))
+        return req_fail(e, 400, "invalid_request_error", "invalid_type", "stop", "'stop' must be a string or an array of strings");
+    if (cJSON_GetArraySize(s) > REQ_MAX_STOP)
+        return req_fail(e, 400, "invalid_request_error", "invalid_value", "stop", "at most %d stop sequences", REQ_MAX_STOP);
+    const cJSON *it;
+    cJSON_ArrayForEach(it, s) {
+        if (!cJSON_IsString(it))
+            return req_fail(e, 400, "invalid_request_error", "invalid_type", "stop", "'stop' must hold strings");
+        if (!*it->valuestring) continue;
+        if (strlen(it->valuestring) > 256)
+            return req_fail(e, 400, "invalid_request_error", "invalid_value", "stop", "stop sequences are limited to 256 bytes");
+        p->stop[p->n_stop++] = dup_str(it->valuestring, NULL);
+    }
+    return 1;
+}
+
+int req_parse(req_kind kind, const char *body, size_t len, req_params *p, req_error *e) {
+    memset(p, 0, sizeof *p);
+    memset(e, 0, sizeof *e);
+    p->kind = kind;
+    p->max_tokens = -1;
+    p->temperature = 1.0f;
+    p->top_p = 1.0f;
+    if (!req_utf8_valid(body, len))
+        return req_fail(e, 400, "invalid_request_error", "invalid_encoding", NULL, "the request body is not valid UTF-8");
+    cJSON *root = cJSON_ParseWithLength(body, len);
+    if (!root) return req_fail(e, 400, "invalid_request_error", "invalid_json", NULL, "the request body is not valid JSON");
+    int ok = 0;
+    double d;
+    int given = 0, n_given = 0;
+    if (!cJSON_IsObject(root)) {
+        req_fail(e, 400, "invalid_request_error", "invalid_json", NULL, "the request body must be a JSON object");
+        goto out;
+    }
+    const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
+    if (model && !cJSON_IsString(model) && !cJSON_IsNull(model)) {
+        req_fail(e, 400, "invalid_request_error", "invalid_type", "model", "'model' must be a string");
+        goto out;
+    }
+    if (!get_bool(root, "stream", &p->stream, e) || !get_bool(root, "ignore_eos", &p->ignore_eos, e) ||
+        !get_float(root, "temperature", 0, 2, &p->temperature, e) || !get_float(root, "top_p", 0, 1, &p->top_p, e) ||
+        !get_float(root, "min_p", 0, 1, &p->min_p, e))
+        goto out;
+    d = 0;
+    if (!get_int(root, "top_k", 0, 1e9, &d, NULL, e)) goto out;
+    p->top_k = (int)d;
+    d = -1;
+    if (!get_int(root, "max_tokens", 1, 1e9, &d, NULL, e) ||
+        !get_int(root, "max_completion_tokens", 1, 1e9, &d, NULL, e) || !get_int(root, "n_predict", -1, 1e9, &d, NULL, e))
+        goto out;
+    p->max_tokens = (int)d;
+    d = 0;
+    if (!get_int(root, "seed", -9.2e18, 1.8e19, &d, &given, e)) goto out;
+    if (given) {
+        p->seed_given = 1;
+        p->seed = d < 0 ? (uint64_t)(int64_t)d : (uint64_t)d;
+    }
+    d = 1;
+    if (!get_int(root, "n", 1, 1e9, &d, &n_given, e)) goto out;
+    if (d != 1) {
+        req_fail(e, 400, "invalid_request_error", "unsupported_value", "n", "'n' > 1 is not supported: one choice per request");
+        goto out;
+    }
+    const cJSON *so = cJSON_GetObjectItemCaseSensitive(root, "stream_options");
+    if (so && !cJSON_IsNull(so)) {
+        if (!cJSON_IsObject(so)) {
+            req_fail(e, 400, "invalid_request_error", "invalid_type", "stream_options", "'stream_options' must be an object");
+            goto out;
+        }
+        if (!get_bool(so, "include_usage", &p->include_usage, e)) goto out;
+    }
+    const cJSON *lp = cJSON_GetObjectItemCaseSensitive(root, "logprobs");
+    if (lp && !cJSON_IsNull(lp) && !cJSON_IsFalse(lp) && !(cJSON_IsNumber(lp) && lp->valuedouble == 0)) {
+        req_fail(e, 400, "invalid_request_error", "unsupported_value", "logprobs", "'logprobs' is not supported");
+        goto out;
+    }
+    if (!parse_stop(root, p, e)) goto out;
+    ok = kind == REQ_CHAT ? parse_messages(root, p, e) : parse_prompt(root, p, e);
+out:
+    cJSON_Delete(root);
+    if (!ok) req_params_free(p);
+    return ok;
+}
+
+void req_params_free(req_params *p) {
+    for (int i = 0; i < p->n_msgs; i++) free((char *)p->msgs[i].content);
+    free(p->msgs);
+    for (int i = 0; i < p->n_stop; i++) free(p->stop[i]);
+    free(p->prompt);
+    free(p->prompt_ids);
+    memset(p, 0, sizeof *p);
+}

@@ -1,0 +1,65 @@
+/* OpenAI-style request bodies -> generation parameters.
+ *
+ * Pure functions of the body bytes (no HTTP, no model), so the parser can be
+ * fuzzed on its own (fuzz/fuzz_request.c). Every field is type-checked; a bad
+ * one yields an error naming it, in the shape the OpenAI API uses. */
+#ifndef ELLM_SERVER_REQUEST_H
+#define ELLM_SERVER_REQUEST_H
+
+#include "ellm.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define REQ_MAX_STOP 4
+
+typedef enum { REQ_CHAT, REQ_COMPLETION } req_kind;
+
+/* An error for the client: HTTP status, OpenAI "type" and "code", message. */
+typedef struct {
+    int http_status;
+    const char *type;  /* "invalid_request_error", "authentication_error", ... */
+    const char *code;  /* short machine-readable code, or NULL */
+    const char *param; /* the offending field, or NULL */
+    char message[400];
+} req_error;
+
+typedef struct {
+    req_kind kind;
+    int stream;
+    int include_usage;     /* stream_options.include_usage */
+    int max_tokens;        /* < 0: until the context is full */
+    float temperature;     /* OpenAI default 1 */
+    float top_p;           /* default 1 (off) */
+    int top_k;             /* llama.cpp extension; 0 = off */
+    float min_p;           /* llama.cpp extension; 0 = off */
+    int seed_given;
+    uint64_t seed;
+    int ignore_eos;        /* llama.cpp extension */
+    char *stop[REQ_MAX_STOP];
+    int n_stop;
+    /* chat: messages (strings owned here) */
+    ellm_chat_message *msgs;
+    int n_msgs;
+    /* completion: a text prompt, or token ids */
+    char *prompt;
+    size_t prompt_len;
+    int32_t *prompt_ids;
+    int n_prompt_ids;
+    int prompt_is_ids;
+} req_params;
+
+/* Parses `len` bytes of `body` as a request of `kind`. On failure returns 0
+ * and fills *e (status 400); on success fills *out (release with
+ * req_params_free). */
+int req_parse(req_kind kind, const char *body, size_t len, req_params *out, req_error *e);
+void req_params_free(req_params *p);
+
+/* Fills *e with a status, type, code, param and printf-style message; returns 0. */
+int req_fail(req_error *e, int http_status, const char *type, const char *code, const char *param,
+             const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+
+/* 1 if the n bytes are valid UTF-8 (no overlongs, surrogates or values past U+10FFFF). */
+int req_utf8_valid(const char *s, size_t n);
+
+#endif

@@ -1,0 +1,519 @@
+/* Scheduler and engine thread (see sched.h). */
+#include "server/sched.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+typedef struct {
+    ellm_context *ctx;
+    int32_t *tokens; /* (n_ctx) the tokens whose K/V the context holds */
+    int n_tokens;
+    job *job;        /* NULL: idle */
+    uint64_t last_used;
+} slot;
+
+struct sched {
+    ellm_model *model;
+    sched_params p;
+    server_metrics *metrics;
+    ellm_batch *batch;
+    slot *slots;
+    int n_ctx;
+    double bw_gbps;        /* read bandwidth measured at start */
+    uint64_t weight_bytes; /* weight bytes one pass reads */
+    size_t kv_bytes_per_token;
+
+    pthread_mutex_t mu;
+    pthread_cond_t cv_engine; /* new work, cancellations, stop */
+    pthread_cond_t cv_idle;   /* every job finished (drain) */
+    job *queue_head, *queue_tail;
+    int n_queued, n_running;
+    int n_outstanding; /* submitted jobs the HTTP side has not released */
+    int draining, stop;
+    uint64_t use_clock;
+    pthread_t thread;
+    int thread_started;
+
+    /* engine-thread scratch for one step */
+    ellm_context **step_ctx;
+    const int32_t **step_tok;
+    int *step_n;
+    job **step_job;
+    int rr; /* round-robin start among generating slots */
+    double bw_t0, bw_bytes;
+};
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+void sched_lock(sched *s) { pthread_mutex_lock(&s->mu); }
+void sched_unlock(sched *s) { pthread_mutex_unlock(&s->mu); }
+int sched_n_ctx(const sched *s) { return s->n_ctx; }
+
+job *job_new(req_params *p, const int32_t *prompt, int n_prompt) {
+    job *j = calloc(1, sizeof *j);
+    if (!j) return NULL;
+    j->prompt = malloc((size_t)(n_prompt > 0 ? n_prompt : 1) * sizeof *j->prompt);
+    if (!j->prompt) {
+        free(j);
+        return NULL;
+    }
+    memcpy(j->prompt, prompt, (size_t)n_prompt * sizeof *prompt);
+    j->n_prompt = n_prompt;
+    j->p = *p;
+    memset(p, 0, sizeof *p);
+    pthread_cond_init(&j->cv, NULL);
+    j->refs = 1;
+    j->slot = -1;
+    j->t_arrive = now_s();
+    return j;
+}
+
+static void job_free(job *j) {
+    req_params_free(&j->p);
+    ellm_sampler_free(j->sampler);
+    pthread_cond_destroy(&j->cv);
+    free(j->prompt);
+    free(j->text);
+    free(j->gen);
+    free(j);
+}
+
+/* Drops a reference; the lock is held. */
+static void job_unref(job *j) {
+    if (--j->refs == 0) job_free(j);
+}
+
+static void update_gauges(sched *s) {
+    pthread_mutex_lock(&s->metrics->mu);
+    s->metrics->requests_running = s->n_running;
+    s->metrics->requests_waiting = s->n_queued;
+    pthread_mutex_unlock(&s->metrics->mu);
+}
+
+static void *engine_main(void *arg);
+
+ellm_status sched_init(ellm_model *model, const sched_params *params, server_metrics *metrics, sched **out,
+                       ellm_error *err) {
+    *out = NULL;
+    sched_params p = *params;
+    if (p.n_slots < 1 || p.n_slots > 256)
+        return (err ? snprintf(err->msg, sizeof err->msg, "--parallel %d is out of range [1, 256]", p.n_slots) : 0),
+               ELLM_ERR_ARG;
+    if (p.n_batch < 1) p.n_batch = p.n_slots;
+    if (p.chunk < 1) p.chunk = 128;
+    if (p.max_queue < 0) p.max_queue = 0;
+    ellm_model_info info;
+    ellm_model_get_info(model, &info);
+    sched *s = calloc(1, sizeof *s);
+    if (!s) return ELLM_ERR_NOMEM;
+    s->model = model;
+    s->metrics = metrics;
+    s->n_ctx = p.n_ctx > 0 ? p.n_ctx : info.n_ctx_train;
+    if (p.chunk > s->n_ctx) p.chunk = s->n_ctx;
+    s->p = p;
+    s->weight_bytes = info.decode_weight_bytes;
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv_engine, NULL);
+    pthread_cond_init(&s->cv_idle, NULL);
+    int max_rows = p.n_batch + p.chunk;
+    ellm_status st = ellm_batch_init(model, p.n_threads, max_rows, &s->batch, err);
+    s->slots = calloc((size_t)p.n_slots, sizeof *s->slots);
+    s->step_ctx = calloc((size_t)p.n_slots, sizeof *s->step_ctx);
+    s->step_tok = calloc((size_t)p.n_slots, sizeof *s->step_tok);
+    s->step_n = calloc((size_t)p.n_slots, sizeof *s->step_n);
+    s->step_job = calloc((size_t)p.n_slots, sizeof *s->step_job);
+    if (st == ELLM_OK && (!s->slots || !s->step_ctx || !s->step_tok || !s->step_n || !s->step_job)) st = ELLM_ERR_NOMEM;
+    ellm_context_params cp = ellm_context_default_params();
+    cp.n_ctx = s->n_ctx;
+    cp.n_batch = p.chunk;
+    cp.sparse_topk = p.sparse_topk > 0 ? p.sparse_topk : -1; /* dense: no index kept */
+    cp.sparse_recall_every = p.sparse_topk > 0 ? 64 : 0;
+    for (int i = 0; i < p.n_slots && st == ELLM_OK; i++) {
+        st = ellm_batch_context_init(s->batch, &cp, &s->slots[i].ctx, err);
+        if (st == ELLM_OK && p.sparse_profile)
+            st = ellm_context_load_sparse_profile(s->slots[i].ctx, p.sparse_profile, err);
+        if (st == ELLM_OK && !(s->slots[i].tokens = malloc((size_t)s->n_ctx * sizeof(int32_t)))) st = ELLM_ERR_NOMEM;
+    }
+    if (st == ELLM_OK) s->kv_bytes_per_token = ellm_context_kv_bytes_per_token(s->slots[0].ctx);
+    if (st == ELLM_OK) {
+        /* The bandwidth ellm_mem_bandwidth_util divides by. */
+        s->bw_gbps = ellm_measure_read_gbps(p.n_threads > 0 ? p.n_threads : ellm_default_threads(), (size_t)64 << 20, 2);
+        if (pthread_create(&s->thread, NULL, engine_main, s) != 0) st = ELLM_ERR_NOMEM;
+        else s->thread_started = 1;
+    }
+    if (st != ELLM_OK) {
+        if (err && st == ELLM_ERR_NOMEM && !err->msg[0]) snprintf(err->msg, sizeof err->msg, "scheduler: out of memory");
+        sched_free(s);
+        return st;
+    }
+    *out = s;
+    return ELLM_OK;
+}
+
+void sched_free(sched *s) {
+    if (!s) return;
+    if (s->thread_started) {
+        pthread_mutex_lock(&s->mu);
+        s->stop = 1;
+        pthread_cond_signal(&s->cv_engine);
+        pthread_mutex_unlock(&s->mu);
+        pthread_join(s->thread, NULL);
+    }
+    for (int i = 0; s->slots && i < s->p.n_slots; i++) {
+        ellm_context_free(s->slots[i].ctx);
+        free(s->slots[i].tokens);
+    }
+    /* Jobs still referenced belong to HTTP threads, which are gone by now. */
+    free(s->slots);
+    free(s->step_ctx);
+    free(s->step_tok);
+    free(s->step_n);
+    free(s->step_job);
+    ellm_batch_free(s->batch);
+    pthread_cond_destroy(&s->cv_engine);
+    pthread_cond_destroy(&s->cv_idle);
+    pthread_mutex_destroy(&s->mu);
+    free(s);
+}
+
+submit_result sched_submit(sched *s, job *j, ellm_error *err) {
+    if (j->n_prompt < 1 || j->n_prompt >= s->n_ctx) {
+        snprintf(err->msg, sizeof err->msg,
+                 "the prompt is %d tokens; this server's context holds %d tokens per request (prompt plus at least one "
+                 "generated token)",
+                 j->n_prompt, s->n_ctx);
+        return SUBMIT_BAD;
+    }
+    pthread_mutex_lock(&s->mu);
+    submit_result r = SUBMIT_OK;
+    int free_slots = s->p.n_slots - s->n_running;
+    if (s->draining) r = SUBMIT_DRAINING;
+    else if (s->n_queued >= s->p.max_queue + (free_slots > 0 ? free_slots : 0)) r = SUBMIT_QUEUE_FULL;
+    if (r == SUBMIT_OK) {
+        j->refs++; /* the scheduler's */
+        j->submitted = 1;
+        s->n_outstanding++;
+        j->next = NULL;
+        if (s->queue_tail) s->queue_tail->next = j;
+        else s->queue_head = j;
+        s->queue_tail = j;
+        s->n_queued++;
+        pthread_cond_signal(&s->cv_engine);
+    }
+    pthread_mutex_unlock(&s->mu);
+    if (r == SUBMIT_OK) update_gauges(s);
+    return r;
+}
+
+void sched_release(sched *s, job *j) {
+    pthread_mutex_lock(&s->mu);
+    if (!j->done && j->refs > 1) {
+        j->cancelled = 1;
+        pthread_cond_signal(&s->cv_engine);
+    }
+    if (j->submitted && --s->n_outstanding == 0) pthread_cond_broadcast(&s->cv_idle);
+    job_unref(j);
+    pthread_mutex_unlock(&s->mu);
+}
+
+void sched_wait(sched *s, job *j, int ms) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += ms / 1000;
+    ts.tv_nsec += (long)(ms % 1000) * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    pthread_cond_timedwait(&j->cv, &s->mu, &ts);
+}
+
+void sched_drain(sched *s) {
+    pthread_mutex_lock(&s->mu);
+    s->draining = 1;
+    /* until every response has been sent, not only generated */
+    while (s->n_queued || s->n_running || s->n_outstanding) pthread_cond_wait(&s->cv_idle, &s->mu);
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* ---- engine thread ---------------------------------------------------------- */
+
+static int append(char **buf, size_t *len, size_t *cap, const char *src, size_t n) {
+    if (*len + n + 1 > *cap) {
+        size_t c = 2 * *cap + n + 64;
+        char *b = realloc(*buf, c);
+        if (!b) return 0;
+        *buf = b;
+        *cap = c;
+    }
+    memcpy(*buf + *len, src, n);
+    *len += n;
+    (*buf)[*len] = 0;
+    return 1;
+}
+
+/* Ends a job (the lock is held): publishes the outcome, frees its slot for
+ * the next request. A cancelled job's KV is dropped; a finished one's is kept
+ * for prefix reuse. */
+static void finish_job(sched *s, job *j, const char *finish) {
+    slot *sl = j->slot >= 0 ? &s->slots[j->slot] : NULL;
+    j->done = 1;
+    j->finish = finish;
+    if (sl) {
+        if (!finish) {
+            ellm_context_truncate(sl->ctx, 0);
+            sl->n_tokens = 0;
+        }
+        sl->job = NULL;
+        sl->last_used = ++s->use_clock;
+        s->n_running--;
+    }
+    pthread_mutex_lock(&s->metrics->mu);
+    s->metrics->requests_total[finish ? REQ_STATUS_OK : j->failed ? REQ_STATUS_ERROR : REQ_STATUS_CANCELLED]++;
+    s->metrics->prompt_tokens_total += (uint64_t)j->n_prompt;
+    pthread_mutex_unlock(&s->metrics->mu);
+    pthread_cond_broadcast(&j->cv);
+    job_unref(j);
+    if (!s->n_running && !s->n_queued) pthread_cond_broadcast(&s->cv_idle);
+}
+
+static int common_prefix(const int32_t *a, int na, const int32_t *b, int nb) {
+    int n = na < nb ? na : nb, i = 0;
+    while (i < n && a[i] == b[i]) i++;
+    return i;
+}
+
+/* Moves queued jobs into idle slots (lock held). The slot whose cached tokens
+ * share the longest prefix with the prompt wins (ties: the least recently
+ * used) if that prefix is at least half the prompt. At least the prompt's last token is fed again, for its logits. */
+static void admit(sched *s) {
+    while (s->queue_head && s->n_running < s->p.n_slots) {
+        job *j = s->queue_head;
+        s->queue_head = j->next;
+        if (!s->queue_head) s->queue_tail = NULL;
+        s->n_queued--;
+        if (j->cancelled) {
+            finish_job(s, j, NULL);
+            continue;
+        }
+        int best = -1, best_lcp = -1;
+        for (int i = 0; i < s->p.n_slots; i++) {
+            slot *sl = &s->slots[i];
+            if (sl->job) continue;
+            int lcp = common_prefix(sl->tokens, sl->n_tokens, j->prompt, j->n_prompt);
+            if (lcp > best_lcp || (lcp == best_lcp && sl->last_used < s->slots[best].last_used)) {
+                best = i;
+                best_lcp = lcp;
+            }
+        }
+        /* A short shared prefix (BOS, a template header) is not worth
+         * evicting another conversation's cache: take the least recently
+         * used idle slot instead (never-used slots first). */
+        if (best_lcp * 2 < j->n_prompt) {
+            for (int i = 0; i < s->p.n_slots; i++)
+                if (!s->slots[i].job && s->slots[i].last_used < s->slots[best].last_used) best = i;
+            best_lcp = common_prefix(s->slots[best].tokens, s->slots[best].n_tokens, j->prompt, j->n_prompt);
+        }
+        slot *sl = &s->slots[best];
+        int keep = best_lcp < j->n_prompt - 1 ? best_lcp : j->n_prompt - 1;
+        ellm_context_truncate(sl->ctx, keep);
+        sl->n_tokens = keep;
+        sl->job = j;
+        j->slot = best;
+        j->n_fed = keep;
+        j->n_cached = keep;
+        j->generating = 0;
+        memset(&j->dt, 0, sizeof j->dt);
+        j->dt.n_emitted = 1; /* a continuation: keep the first piece's leading space, as `ellm run` does */
+        s->n_running++;
+    }
+}
+
+/* Text of `gen` that may be shown: all of it unless its end could be the
+ * start of a stop string. */
+static size_t safe_len(const job *j) {
+    size_t safe = j->gen_len;
+    for (int i = 0; i < j->p.n_stop; i++) {
+        size_t sl = strlen(j->p.stop[i]);
+        for (size_t k = sl > 0 ? sl - 1 : 0; k >= 1; k--) {
+            if (k <= j->gen_len && !memcmp(j->gen + j->gen_len - k, j->p.stop[i], k)) {
+                if (j->gen_len - k < safe) safe = j->gen_len - k;
+                break;
+            }
+        }
+    }
+    return safe;
+}
+
+/* Handles the token sampled for job j after a pass (engine thread, no lock).
+ * Returns the finish reason, or NULL to continue. */
+static const char *on_token(sched *s, job *j, slot *sl, int32_t tok) {
+    j->n_gen++;
+    if (ellm_token_is_eog(s->model, tok) && !j->p.ignore_eos) return "stop";
+    char piece[4096];
+    int nb = ellm_detok_push(s->model, &j->dt, tok, piece, sizeof piece);
+    size_t old = j->gen_len;
+    if (nb > 0 && !append(&j->gen, &j->gen_len, &j->gen_cap, piece, (size_t)nb)) return "length";
+    for (int i = 0; i < j->p.n_stop; i++) {
+        size_t sl_len = strlen(j->p.stop[i]);
+        size_t from = old >= sl_len ? old - sl_len + 1 : 0;
+        char *hit = j->gen_len >= sl_len ? memmem(j->gen + from, j->gen_len - from, j->p.stop[i], sl_len) : NULL;
+        if (hit) {
+            j->gen_len = (size_t)(hit - j->gen);
+            j->gen[j->gen_len] = 0;
+            memset(&j->dt, 0, sizeof j->dt); /* nothing more to flush */
+            return "stop";
+        }
+    }
+    if (j->p.max_tokens >= 0 && j->n_gen >= j->p.max_tokens) return "length";
+    if (sl->n_tokens + 1 > s->n_ctx) return "length"; /* the token cannot be fed: context full */
+    return NULL;
+}
+
+static void *engine_main(void *arg) {
+    sched *s = arg;
+    const int n_vocab = ellm_tokenizer_n_vocab(ellm_model_tokenizer(s->model));
+    (void)n_vocab;
+    pthread_mutex_lock(&s->mu);
+    s->bw_t0 = now_s();
+    while (!s->stop) {
+        /* cancellations first: their slots and KV are free for this step */
+        for (int i = 0; i < s->p.n_slots; i++)
+            if (s->slots[i].job && s->slots[i].job->cancelled) finish_job(s, s->slots[i].job, NULL);
+        admit(s);
+        update_gauges(s);
+        if (!s->n_running) {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_sec += 1;
+            pthread_cond_timedwait(&s->cv_engine, &s->mu, &ts);
+            pthread_mutex_lock(&s->metrics->mu);
+            s->metrics->mem_bandwidth_util = 0; /* idle */
+            pthread_mutex_unlock(&s->metrics->mu);
+            s->bw_t0 = now_s();
+            s->bw_bytes = 0;
+            continue;
+        }
+        /* One step: a token for each generating sequence (round robin when
+         * more than n_batch), then whole prefill chunks while rows remain. */
+        int ns = 0, rows = 0, n_prefilling = 0;
+        for (int i = 0; i < s->p.n_slots; i++)
+            if (s->slots[i].job && !s->slots[i].job->generating) n_prefilling++;
+        int max_decode = s->p.n_batch - (n_prefilling > 0 && s->p.n_batch > 1 ? 1 : 0);
+        for (int k = 0; k < s->p.n_slots && ns < max_decode; k++) {
+            int i = (s->rr + k) % s->p.n_slots;
+            job *j = s->slots[i].job;
+            if (!j || !j->generating) continue;
+            s->step_ctx[ns] = s->slots[i].ctx;
+            s->step_tok[ns] = &j->last;
+            s->step_n[ns] = 1;
+            s->step_job[ns++] = j;
+            rows++;
+        }
+        s->rr = (s->rr + 1) % s->p.n_slots;
+        /* prefill: oldest admitted first (lowest arrival time) */
+        while (ns < s->p.n_batch) {
+            job *pick = NULL;
+            for (int i = 0; i < s->p.n_slots; i++) {
+                job *j = s->slots[i].job;
+                if (!j || j->generating) continue;
+                int taken = 0;
+                for (int k = 0; k < ns; k++) taken |= s->step_job[k] == j;
+                if (!taken && (!pick || j->t_arrive < pick->t_arrive)) pick = j;
+            }
+            if (!pick) break;
+            int c = pick->n_prompt - pick->n_fed < s->p.chunk ? pick->n_prompt - pick->n_fed : s->p.chunk;
+            if (rows + c > s->p.n_batch + s->p.chunk) break;
+            s->step_ctx[ns] = s->slots[pick->slot].ctx;
+            s->step_tok[ns] = pick->prompt + pick->n_fed;
+            s->step_n[ns] = c;
+            s->step_job[ns++] = pick;
+            rows += c;
+        }
+        pthread_mutex_unlock(&s->mu);
+
+        ellm_error err = {0};
+        double t0 = now_s();
+        ellm_status st = ellm_decode_batch(s->batch, s->step_ctx, s->step_tok, s->step_n, ns, &err);
+        double t1 = now_s();
+        /* bytes read: the weights once, each sequence's K/V once */
+        s->bw_bytes += (double)s->weight_bytes;
+        for (int k = 0; k < ns; k++)
+            s->bw_bytes += (double)ellm_context_pos(s->step_ctx[k]) * (double)s->kv_bytes_per_token;
+
+        /* results, outside the lock: only this thread touches these fields */
+        const char *fin[ns];
+        int emit[ns];
+        for (int k = 0; k < ns; k++) {
+            job *j = s->step_job[k];
+            slot *sl = &s->slots[j->slot];
+            fin[k] = NULL;
+            emit[k] = 0;
+            if (st != ELLM_OK) {
+                j->failed = 1;
+                snprintf(j->errmsg, sizeof j->errmsg, "%s", err.msg);
+                continue;
+            }
+            memcpy(sl->tokens + sl->n_tokens, s->step_tok[k], (size_t)s->step_n[k] * sizeof(int32_t));
+            sl->n_tokens += s->step_n[k];
+            if (!j->generating) {
+                j->n_fed += s->step_n[k];
+                if (j->n_fed < j->n_prompt) continue;
+                j->generating = 1;
+            }
+            int32_t tok = ellm_sampler_sample(j->sampler, ellm_context_logits(sl->ctx), sl->tokens, sl->n_tokens);
+            j->last = tok;
+            emit[k] = 1;
+            fin[k] = on_token(s, j, sl, tok);
+            if (fin[k]) { /* show what the detokenizer held back */
+                char tail[64];
+                int nb = ellm_detok_flush(&j->dt, tail, sizeof tail);
+                if (nb > 0) append(&j->gen, &j->gen_len, &j->gen_cap, tail, (size_t)nb);
+            }
+        }
+
+        pthread_mutex_lock(&s->mu);
+        double now = now_s();
+        pthread_mutex_lock(&s->metrics->mu);
+        if (now - s->bw_t0 >= 1.0) {
+            s->metrics->mem_bandwidth_util = s->bw_gbps > 0 ? s->bw_bytes / (now - s->bw_t0) / (s->bw_gbps * 1e9) : 0;
+            s->bw_t0 = now;
+            s->bw_bytes = 0;
+        }
+        for (int k = 0; k < ns; k++) {
+            job *j = s->step_job[k];
+            if (!emit[k]) continue;
+            s->metrics->generated_tokens_total++;
+            if (j->n_gen == 1) metrics_observe(&s->metrics->ttft, now - j->t_arrive);
+            else metrics_observe(&s->metrics->inter_token, now - j->t_last_token);
+            j->t_last_token = now;
+        }
+        pthread_mutex_unlock(&s->metrics->mu);
+        (void)t0;
+        (void)t1;
+        for (int k = 0; k < ns; k++) {
+            job *j = s->step_job[k];
+            if (st != ELLM_OK) {
+                finish_job(s, j, NULL);
+                continue;
+            }
+            if (!emit[k]) continue;
+            size_t show = fin[k] ? j->gen_len : safe_len(j);
+            if (show > j->gen_emitted) {
+                if (append(&j->text, &j->text_len, &j->text_cap, j->gen + j->gen_emitted, show - j->gen_emitted))
+                    j->gen_emitted = show;
+            }
+            if (fin[k]) finish_job(s, j, fin[k]);
+            else pthread_cond_broadcast(&j->cv);
+        }
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}

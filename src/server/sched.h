@@ -1,0 +1,86 @@
+/* The engine thread: slots, a bounded wait queue and continuous batching.
+ *
+ * HTTP threads never touch the engine. They submit a job (prompt tokens and
+ * sampling parameters) and then wait on the job's condition variable, under
+ * the scheduler lock, for text to appear or the job to finish. One engine
+ * thread admits waiting jobs into free slots (reusing the longest common
+ * prefix a slot's KV cache already holds), and each step runs one batched
+ * forward pass: one token for every generating sequence plus a prefill chunk
+ * of new prompts, each weight read once for all of them. */
+#ifndef ELLM_SERVER_SCHED_H
+#define ELLM_SERVER_SCHED_H
+
+#include "ellm.h"
+#include "server/metrics.h"
+#include "server/request.h"
+
+#include <pthread.h>
+
+typedef struct {
+    int n_slots;       /* sequences at once (--parallel) */
+    int n_batch;       /* sequences per step (--n-batch) */
+    int chunk;         /* prompt tokens per prefill pass (-b) */
+    int n_ctx;         /* tokens per sequence (-c); 0: the model's training context */
+    int n_threads;     /* <= 0: the model's */
+    int max_queue;     /* jobs waiting for a slot before 503 */
+    int sparse_topk;
+    const char *sparse_profile;
+} sched_params;
+
+typedef struct job job;
+struct job {
+    /* Set before sched_submit, read-only afterwards. */
+    req_params p;
+    int32_t *prompt;
+    int n_prompt;
+    ellm_sampler *sampler;
+    double t_arrive; /* seconds, monotonic */
+    /* Under the scheduler lock. */
+    char *text;      /* emitted text: complete UTF-8, stop strings held back */
+    size_t text_len, text_cap;
+    int n_gen;       /* completion tokens */
+    int n_cached;    /* prompt tokens reused from the slot's KV cache */
+    int done;
+    const char *finish; /* "stop" or "length" when done; NULL if cancelled or failed */
+    int failed;
+    char errmsg[512];
+    int cancelled;
+    int refs;        /* the HTTP side and the scheduler */
+    int submitted;
+    pthread_cond_t cv;
+    /* Engine thread only. */
+    int slot, n_fed, generating;
+    int32_t last;
+    ellm_detok dt;
+    char *gen;       /* all generated text */
+    size_t gen_len, gen_cap, gen_emitted;
+    double t_last_token;
+    job *next;
+};
+
+typedef struct sched sched;
+
+ellm_status sched_init(ellm_model *model, const sched_params *p, server_metrics *metrics, sched **out, ellm_error *err);
+/* Stops the engine thread (after sched_drain for a clean stop) and frees everything. */
+void sched_free(sched *s);
+int sched_n_ctx(const sched *s);
+
+/* A new job for `p` (taken over: zeroed in the caller) with its prompt
+ * tokens (copied); NULL if out of memory. */
+job *job_new(req_params *p, const int32_t *prompt, int n_prompt);
+
+typedef enum { SUBMIT_OK, SUBMIT_QUEUE_FULL, SUBMIT_DRAINING, SUBMIT_BAD } submit_result;
+/* Queues the job; on failure the caller still owns it (job_release frees it). */
+submit_result sched_submit(sched *s, job *j, ellm_error *err);
+/* The HTTP side is done with the job: cancels it if still running (its
+ * sequence stops and its KV is freed within one step) and drops the reference. */
+void sched_release(sched *s, job *j);
+/* Waits (under the lock, which the caller holds) for news on the job, at most `ms`. */
+void sched_wait(sched *s, job *j, int ms);
+void sched_lock(sched *s);
+void sched_unlock(sched *s);
+
+/* Refuses new jobs and waits until every queued and running one has finished. */
+void sched_drain(sched *s);
+
+#endif

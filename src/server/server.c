@@ -1,0 +1,739 @@
+/* HTTP front end: libmicrohttpd in thread-per-connection mode, routing, the
+ * OpenAI endpoints, SSE streaming through content-reader callbacks, and the
+ * process lifecycle (load, serve, drain on SIGTERM).
+ *
+ * HTTP threads parse and tokenize requests, then hand jobs to the scheduler
+ * (sched.h) and wait on them; they never call the engine. */
+#include "server/server.h"
+#include "server/metrics.h"
+#include "server/request.h"
+#include "server/responses.h"
+#include "server/sched.h"
+#include "server/ui.h"
+#include "ellm.h"
+
+#include <arpa/inet.h>
+#include <cjson/cJSON.h>
+#include <microhttpd.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <time.h>
+
+#define WAIT_SLICE_MS 100     /* how often a waiting handler checks its client */
+#define KEEPALIVE_MS 5000     /* SSE comment while a stream has nothing to say */
+
+typedef struct {
+    server_params p;
+    const char *model_id;
+    struct MHD_Daemon *daemon;
+    ellm_model *model;
+    sched *sched;
+    server_metrics metrics;
+    atomic_int ready;    /* model loaded, scheduler running */
+    atomic_int draining; /* SIGTERM: no new generation requests */
+    atomic_ulong next_id;
+} server;
+
+typedef enum { ROUTE_NONE, ROUTE_CHAT, ROUTE_COMPLETIONS, ROUTE_MODELS, ROUTE_HEALTH, ROUTE_METRICS, ROUTE_TOKENIZE,
+               ROUTE_DETOKENIZE, ROUTE_UI } route;
+
+/* Per-connection request state (MHD's con_cls). */
+typedef struct {
+    char *body;
+    size_t len, cap;
+    int too_large;
+} conn_state;
+
+void server_default_params(server_params *p) {
+    memset(p, 0, sizeof *p);
+    p->host = "127.0.0.1";
+    p->port = 8080;
+    p->n_slots = 4;
+    p->chunk = 128;
+    p->max_queue = 64;
+    p->max_body = (size_t)4 << 20;
+    p->timeout_s = 30;
+}
+
+/* ---- responses ---------------------------------------------------------------- */
+
+static enum MHD_Result send_body(struct MHD_Connection *c, unsigned status, const char *type, char *body,
+                                 int retry_after) {
+    if (!body) {
+        static const char oom[] = "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\",\"code\":null}}";
+        struct MHD_Response *r = MHD_create_response_from_buffer(sizeof oom - 1, (void *)oom, MHD_RESPMEM_PERSISTENT);
+        MHD_add_response_header(r, "Content-Type", "application/json");
+        enum MHD_Result ret = MHD_queue_response(c, 500, r);
+        MHD_destroy_response(r);
+        return ret;
+    }
+    struct MHD_Response *r = MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
+    MHD_add_response_header(r, "Content-Type", type);
+    if (retry_after > 0) {
+        char ra[16];
+        snprintf(ra, sizeof ra, "%d", retry_after);
+        MHD_add_response_header(r, "Retry-After", ra);
+    }
+    enum MHD_Result ret = MHD_queue_response(c, status, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
+static enum MHD_Result send_json(struct MHD_Connection *c, unsigned status, cJSON *root) {
+    char *s = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    return send_body(c, status, "application/json", s, 0);
+}
+
+static enum MHD_Result send_error(server *srv, struct MHD_Connection *c, const req_error *e, req_status counted) {
+    if (counted != REQ_STATUS_COUNT) metrics_count_request(&srv->metrics, counted);
+    return send_body(c, (unsigned)e->http_status, "application/json", resp_error(e),
+                     e->http_status == 503 ? 1 : 0);
+}
+
+static enum MHD_Result fail(server *srv, struct MHD_Connection *c, int status, const char *type, const char *code,
+                            const char *msg, req_status counted) {
+    req_error e;
+    req_fail(&e, status, type, code, NULL, "%s", msg);
+    return send_error(srv, c, &e, counted);
+}
+
+/* ---- client liveness -------------------------------------------------------- */
+
+/* 1 if the client has closed or reset its connection. */
+static int client_gone(struct MHD_Connection *c) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (!ci) return 0;
+    struct pollfd pfd = {.fd = ci->connect_fd, .events = POLLRDHUP};
+    if (poll(&pfd, 1, 0) <= 0) return 0;
+    return (pfd.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
+}
+
+/* ---- generation requests ------------------------------------------------------ */
+
+/* 1 if the rendered text already starts with the model's BOS (the template put it there). */
+static int starts_with_bos(const ellm_model *model, const char *text, size_t len) {
+    int32_t bos = ellm_token_bos(model), buf[128];
+    int n = 0;
+    ellm_error err;
+    if (bos < 0) return 0;
+    if (ellm_tokenize(model, text, len < 64 ? len : 64, 0, 1, buf, 128, &n, &err) != ELLM_OK || n == 0) return 0;
+    return buf[0] == bos;
+}
+
+/* Tokenizes the request's prompt (as `ellm run` would: a chat turn through
+ * the chat template with control tokens parsed, a completion prompt as plain
+ * text after BOS). Returns a malloc'ed array, or NULL with *e filled. */
+static int32_t *prompt_tokens(server *srv, const req_params *p, int *n_out, req_error *e) {
+    const int n_ctx = sched_n_ctx(srv->sched);
+    const int n_vocab = ellm_tokenizer_n_vocab(ellm_model_tokenizer(srv->model));
+    ellm_error err = {0};
+    *n_out = 0;
+    if (p->kind == REQ_COMPLETION && p->prompt_is_ids) {
+        for (int i = 0; i < p->n_prompt_ids; i++)
+            if (p->prompt_ids[i] >= n_vocab) {
+                req_fail(e, 400, "invalid_request_error", "invalid_value", "prompt",
+                         "token id %d at index %d is outside the vocabulary [0, %d)", p->prompt_ids[i], i, n_vocab);
+                return NULL;
+            }
+        if (p->n_prompt_ids >= n_ctx) goto too_long;
+        int32_t *ids = malloc((size_t)p->n_prompt_ids * sizeof *ids);
+        if (!ids) return req_fail(e, 500, "server_error", NULL, NULL, "out of memory"), NULL;
+        memcpy(ids, p->prompt_ids, (size_t)p->n_prompt_ids * sizeof *ids);
+        *n_out = p->n_prompt_ids;
+        return ids;
+    }
+    char *rendered = NULL;
+    const char *text = p->prompt;
+    size_t len = p->prompt_len;
+    int add_bos = 1, special = 0;
+    if (p->kind == REQ_CHAT) {
+        if (ellm_chat_render(srv->model, srv->p.chat_template, p->msgs, p->n_msgs, 1, &rendered, &len, &err) != ELLM_OK) {
+            req_fail(e, 400, "invalid_request_error", "chat_template_error", "messages", "chat template: %s", err.msg);
+            return NULL;
+        }
+        text = rendered;
+        special = 1;
+        add_bos = !starts_with_bos(srv->model, rendered, len);
+    }
+    int cap = n_ctx + 1;
+    int32_t *ids = malloc((size_t)cap * sizeof *ids);
+    int n = 0;
+    ellm_status st = ids ? ellm_tokenize(srv->model, text, len, add_bos, special, ids, cap, &n, &err) : ELLM_ERR_NOMEM;
+    ellm_free(rendered);
+    if (st == ELLM_ERR_NOMEM) {
+        free(ids);
+        return req_fail(e, 500, "server_error", NULL, NULL, "out of memory"), NULL;
+    }
+    if (st == ELLM_ERR_ARG || (st == ELLM_OK && n >= n_ctx)) {
+        free(ids);
+        *n_out = n;
+        goto too_long;
+    }
+    if (st != ELLM_OK) {
+        free(ids);
+        req_fail(e, 400, "invalid_request_error", "invalid_value", p->kind == REQ_CHAT ? "messages" : "prompt",
+                 "cannot tokenize the prompt: %s", err.msg);
+        return NULL;
+    }
+    if (n == 0) { /* an empty prompt starts from BOS, as `ellm run` does */
+        if (ellm_token_bos(srv->model) < 0) {
+            free(ids);
+            req_fail(e, 400, "invalid_request_error", "invalid_value", "prompt",
+                     "the prompt is empty and the model has no BOS token to start from");
+            return NULL;
+        }
+        ids[n++] = ellm_token_bos(srv->model);
+    }
+    *n_out = n;
+    return ids;
+too_long:
+    req_fail(e, 400, "invalid_request_error", "context_length_exceeded", p->kind == REQ_CHAT ? "messages" : "prompt",
+             "the prompt is %s%d tokens; this server's context holds %d tokens per request (prompt plus at least one "
+             "generated token)",
+             p->prompt_is_ids ? "" : "at least ", p->prompt_is_ids ? p->n_prompt_ids : (*n_out > 0 ? *n_out : n_ctx),
+             n_ctx);
+    return NULL;
+}
+
+typedef struct {
+    server *srv;
+    job *job;
+    struct MHD_Connection *conn;
+    resp_meta meta;
+    char id[48];
+    size_t taken;  /* bytes of job->text already sent */
+    int started, finished;
+    char *out;     /* pending bytes of SSE events */
+    size_t out_len, out_off, out_cap;
+} stream;
+
+static void out_event(stream *st, const char *json) {
+    if (!json) return;
+    size_t n = strlen(json), need = st->out_len + n + 9;
+    if (need > st->out_cap) {
+        size_t cap = 2 * need;
+        char *b = realloc(st->out, cap);
+        if (!b) return;
+        st->out = b;
+        st->out_cap = cap;
+    }
+    memcpy(st->out + st->out_len, "data: ", 6);
+    memcpy(st->out + st->out_len + 6, json, n);
+    memcpy(st->out + st->out_len + 6 + n, "\n\n", 2);
+    st->out_len += n + 8;
+}
+
+static void fill_usage(stream *st) {
+    st->meta.prompt_tokens = st->job->n_prompt;
+    st->meta.completion_tokens = st->job->n_gen;
+    st->meta.cached_tokens = st->job->n_cached;
+}
+
+/* MHD content reader: SSE events as the job produces text. Blocks (this is
+ * the connection's own thread) until there is something to send. */
+static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
+    stream *st = cls;
+    (void)pos;
+    if (st->out_off == st->out_len) {
+        st->out_off = st->out_len = 0;
+        if (st->finished) return MHD_CONTENT_READER_END_OF_STREAM;
+        sched *s = st->srv->sched;
+        job *j = st->job;
+        sched_lock(s);
+        if (!st->started) {
+            st->started = 1;
+            if (st->meta.kind == REQ_CHAT) {
+                char *c = resp_chunk(&st->meta, 1, "", 0, NULL);
+                out_event(st, c);
+                free(c);
+            }
+        }
+        int waited = 0;
+        while (!st->out_len && j->text_len == st->taken && !j->done) {
+            if (client_gone(st->conn)) {
+                sched_unlock(s);
+                return MHD_CONTENT_READER_END_WITH_ERROR; /* the free callback cancels the job */
+            }
+            sched_wait(s, j, WAIT_SLICE_MS);
+            waited += WAIT_SLICE_MS;
+            if (waited >= KEEPALIVE_MS && j->text_len == st->taken && !j->done) {
+                static const char ka[] = ": keep-alive\n\n";
+                if (st->out_cap < sizeof ka) {
+                    char *b = realloc(st->out, 64);
+                    if (b) st->out = b, st->out_cap = 64;
+                }
+                if (st->out_cap >= sizeof ka) memcpy(st->out, ka, st->out_len = sizeof ka - 1);
+                break;
+            }
+        }
+        if (j->text_len > st->taken) {
+            char *c = resp_chunk(&st->meta, 0, j->text + st->taken, j->text_len - st->taken, NULL);
+            out_event(st, c);
+            free(c);
+            st->taken = j->text_len;
+        }
+        if (j->done) {
+            fill_usage(st);
+            if (j->finish) {
+                char *c = resp_chunk(&st->meta, 0, "", 0, j->finish);
+                out_event(st, c);
+                free(c);
+                if (j->p.include_usage) {
+                    c = resp_usage_chunk(&st->meta);
+                    out_event(st, c);
+                    free(c);
+                }
+            } else {
+                req_error e;
+                req_fail(&e, 500, "server_error", "generation_failed", NULL, "generation failed: %s",
+                         j->failed ? j->errmsg : "cancelled");
+                char *c = resp_error(&e);
+                out_event(st, c);
+                free(c);
+            }
+            static const char done[] = "data: [DONE]\n\n";
+            size_t need = st->out_len + sizeof done;
+            if (need > st->out_cap) {
+                char *b = realloc(st->out, need);
+                if (b) st->out = b, st->out_cap = need;
+            }
+            if (need <= st->out_cap) {
+                memcpy(st->out + st->out_len, done, sizeof done - 1);
+                st->out_len += sizeof done - 1;
+            }
+            st->finished = 1;
+        }
+        sched_unlock(s);
+        if (!st->out_len) return st->finished ? MHD_CONTENT_READER_END_OF_STREAM : MHD_CONTENT_READER_END_WITH_ERROR;
+    }
+    size_t n = st->out_len - st->out_off < max ? st->out_len - st->out_off : max;
+    memcpy(buf, st->out + st->out_off, n);
+    st->out_off += n;
+    return (ssize_t)n;
+}
+
+static void stream_free(void *cls) {
+    stream *st = cls;
+    sched_release(st->srv->sched, st->job); /* cancels it if the client left early */
+    free(st->out);
+    free(st);
+}
+
+static enum MHD_Result handle_generate(server *srv, struct MHD_Connection *c, req_kind kind, conn_state *cs) {
+    req_params p;
+    req_error e;
+    if (!req_parse(kind, cs->body ? cs->body : "", cs->len, &p, &e)) return send_error(srv, c, &e, REQ_STATUS_REJECTED);
+    if (atomic_load(&srv->draining)) {
+        req_params_free(&p);
+        return fail(srv, c, 503, "unavailable_error", "shutting_down", "the server is shutting down",
+                    REQ_STATUS_OVERLOADED);
+    }
+    int n_prompt = 0;
+    int32_t *ids = prompt_tokens(srv, &p, &n_prompt, &e);
+    if (!ids) {
+        req_params_free(&p);
+        return send_error(srv, c, &e, e.http_status >= 500 ? REQ_STATUS_ERROR : REQ_STATUS_REJECTED);
+    }
+    ellm_sampler_params sp = ellm_sampler_default_params();
+    sp.temperature = p.temperature;
+    sp.top_p = p.top_p;
+    sp.top_k = p.top_k;
+    sp.min_p = p.min_p;
+    sp.repeat_penalty = 1.0f;
+    sp.seed = p.seed_given ? p.seed : ((uint64_t)time(NULL) << 20) ^ (atomic_fetch_add(&srv->next_id, 1) * 0x9E3779B97F4A7C15ull);
+    int stream_mode = p.stream;
+    job *j = job_new(&p, ids, n_prompt);
+    free(ids);
+    ellm_error err = {0};
+    if (!j) {
+        req_params_free(&p);
+        return fail(srv, c, 500, "server_error", NULL, "out of memory", REQ_STATUS_ERROR);
+    }
+    ellm_model_info info;
+    ellm_model_get_info(srv->model, &info);
+    if (ellm_sampler_init(&sp, info.n_vocab, &j->sampler, &err) != ELLM_OK) {
+        sched_release(srv->sched, j);
+        return fail(srv, c, 400, "invalid_request_error", "invalid_value", err.msg, REQ_STATUS_REJECTED);
+    }
+    submit_result r = sched_submit(srv->sched, j, &err);
+    if (r != SUBMIT_OK) {
+        sched_release(srv->sched, j);
+        if (r == SUBMIT_BAD) return fail(srv, c, 400, "invalid_request_error", "context_length_exceeded", err.msg, REQ_STATUS_REJECTED);
+        return fail(srv, c, 503, "unavailable_error", r == SUBMIT_DRAINING ? "shutting_down" : "queue_full",
+                    r == SUBMIT_DRAINING ? "the server is shutting down"
+                                         : "every slot is busy and the wait queue is full; retry later",
+                    REQ_STATUS_OVERLOADED);
+    }
+    unsigned long id = atomic_fetch_add(&srv->next_id, 1);
+    resp_meta meta = {.model = srv->model_id, .created = (long)time(NULL), .kind = kind};
+    if (stream_mode) {
+        stream *st = calloc(1, sizeof *st);
+        if (!st) {
+            sched_release(srv->sched, j);
+            return fail(srv, c, 500, "server_error", NULL, "out of memory", REQ_STATUS_COUNT);
+        }
+        st->srv = srv;
+        st->job = j;
+        st->conn = c;
+        st->meta = meta;
+        snprintf(st->id, sizeof st->id, "%s-%lx", kind == REQ_CHAT ? "chatcmpl" : "cmpl", id);
+        st->meta.id = st->id;
+        struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_read, st, stream_free);
+        if (!resp) {
+            stream_free(st);
+            return MHD_NO;
+        }
+        MHD_add_response_header(resp, "Content-Type", "text/event-stream");
+        MHD_add_response_header(resp, "Cache-Control", "no-cache");
+        enum MHD_Result ret = MHD_queue_response(c, 200, resp);
+        MHD_destroy_response(resp);
+        return ret;
+    }
+    /* Not streamed: wait here (the connection's own thread) for the whole text. */
+    sched *s = srv->sched;
+    sched_lock(s);
+    while (!j->done) {
+        sched_wait(s, j, WAIT_SLICE_MS);
+        if (!j->done && client_gone(c)) {
+            sched_unlock(s);
+            sched_release(s, j);
+            return MHD_NO; /* nobody to answer */
+        }
+    }
+    sched_unlock(s);
+    char idbuf[48];
+    snprintf(idbuf, sizeof idbuf, "%s-%lx", kind == REQ_CHAT ? "chatcmpl" : "cmpl", id);
+    meta.id = idbuf;
+    meta.prompt_tokens = j->n_prompt;
+    meta.completion_tokens = j->n_gen;
+    meta.cached_tokens = j->n_cached;
+    enum MHD_Result ret;
+    if (j->finish) {
+        ret = send_body(c, 200, "application/json", resp_final(&meta, j->text ? j->text : "", j->text_len, j->finish), 0);
+    } else {
+        req_error fe;
+        req_fail(&fe, 500, "server_error", "generation_failed", NULL, "generation failed: %s", j->errmsg);
+        ret = send_error(srv, c, &fe, REQ_STATUS_COUNT);
+    }
+    sched_release(s, j);
+    return ret;
+}
+
+/* ---- other endpoints ------------------------------------------------------------ */
+
+static enum MHD_Result handle_tokenize(server *srv, struct MHD_Connection *c, conn_state *cs) {
+    if (!req_utf8_valid(cs->body ? cs->body : "", cs->len))
+        return fail(srv, c, 400, "invalid_request_error", "invalid_encoding", "the request body is not valid UTF-8",
+                    REQ_STATUS_COUNT);
+    cJSON *root = cs->body ? cJSON_ParseWithLength(cs->body, cs->len) : NULL;
+    const cJSON *content = root ? cJSON_GetObjectItemCaseSensitive(root, "content") : NULL;
+    const cJSON *add = root ? cJSON_GetObjectItemCaseSensitive(root, "add_special") : NULL;
+    const cJSON *special = root ? cJSON_GetObjectItemCaseSensitive(root, "parse_special") : NULL;
+    if (!root || !cJSON_IsObject(root) || !cJSON_IsString(content) || (add && !cJSON_IsBool(add)) ||
+        (special && !cJSON_IsBool(special))) {
+        cJSON_Delete(root);
+        return fail(srv, c, 400, "invalid_request_error", "invalid_value",
+                    "expected {\"content\": string, \"add_special\"?: bool, \"parse_special\"?: bool}", REQ_STATUS_COUNT);
+    }
+    size_t len = strlen(content->valuestring);
+    int cap = (int)(len + 16 < (1u << 28) ? len + 16 : (1u << 28)), n = 0;
+    int32_t *ids = malloc((size_t)cap * sizeof *ids);
+    ellm_error err = {0};
+    ellm_status st = ids ? ellm_tokenize(srv->model, content->valuestring, len, add && cJSON_IsTrue(add),
+                                         !special || cJSON_IsTrue(special), ids, cap, &n, &err)
+                         : ELLM_ERR_NOMEM;
+    cJSON_Delete(root);
+    if (st != ELLM_OK) {
+        free(ids);
+        return fail(srv, c, st == ELLM_ERR_NOMEM ? 500 : 400, "invalid_request_error", "invalid_value",
+                    st == ELLM_ERR_NOMEM ? "out of memory" : err.msg, REQ_STATUS_COUNT);
+    }
+    cJSON *out = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(out, "tokens");
+    for (int i = 0; i < n; i++) cJSON_AddItemToArray(arr, cJSON_CreateNumber(ids[i]));
+    free(ids);
+    return send_json(c, 200, out);
+}
+
+static enum MHD_Result handle_detokenize(server *srv, struct MHD_Connection *c, conn_state *cs) {
+    cJSON *root = cs->body ? cJSON_ParseWithLength(cs->body, cs->len) : NULL;
+    const cJSON *tokens = root ? cJSON_GetObjectItemCaseSensitive(root, "tokens") : NULL;
+    const int n_vocab = ellm_tokenizer_n_vocab(ellm_model_tokenizer(srv->model));
+    int ok = cJSON_IsObject(root) && cJSON_IsArray(tokens);
+    const cJSON *t;
+    if (ok)
+        cJSON_ArrayForEach(t, tokens) ok &= cJSON_IsNumber(t) && t->valuedouble >= 0 && t->valuedouble < n_vocab &&
+                                            t->valuedouble == (double)(int)t->valuedouble;
+    if (!ok) {
+        cJSON_Delete(root);
+        return fail(srv, c, 400, "invalid_request_error", "invalid_value",
+                    "expected {\"tokens\": [token ids within the vocabulary]}", REQ_STATUS_COUNT);
+    }
+    size_t cap = 256, len = 0;
+    char *text = malloc(cap), piece[4096];
+    ellm_detok dt = {0};
+    cJSON_ArrayForEach(t, tokens) {
+        int nb = ellm_detok_push(srv->model, &dt, (int32_t)t->valuedouble, piece, sizeof piece);
+        if (text && len + (size_t)nb + 64 > cap) {
+            char *b = realloc(text, cap = 2 * cap + (size_t)nb + 64);
+            if (!b) free(text);
+            text = b;
+        }
+        if (text) memcpy(text + len, piece, (size_t)nb), len += (size_t)nb;
+    }
+    if (text) len += (size_t)ellm_detok_flush(&dt, text + len, 64);
+    cJSON_Delete(root);
+    if (!text) return fail(srv, c, 500, "server_error", NULL, "out of memory", REQ_STATUS_COUNT);
+    text[len] = 0;
+    cJSON *out = cJSON_CreateObject();
+    cJSON_AddStringToObject(out, "content", text);
+    free(text);
+    return send_json(c, 200, out);
+}
+
+static enum MHD_Result handle_models(server *srv, struct MHD_Connection *c) {
+    ellm_model_info info;
+    ellm_model_get_info(srv->model, &info);
+    cJSON *root = cJSON_CreateObject();
+    cJSON_AddStringToObject(root, "object", "list");
+    cJSON *data = cJSON_AddArrayToObject(root, "data"), *m = cJSON_CreateObject();
+    cJSON_AddItemToArray(data, m);
+    cJSON_AddStringToObject(m, "id", srv->model_id);
+    cJSON_AddStringToObject(m, "object", "model");
+    cJSON_AddNumberToObject(m, "created", 0);
+    cJSON_AddStringToObject(m, "owned_by", "ellm");
+    cJSON *meta = cJSON_AddObjectToObject(m, "meta");
+    cJSON_AddStringToObject(meta, "arch", info.arch);
+    cJSON_AddNumberToObject(meta, "n_vocab", info.n_vocab);
+    cJSON_AddNumberToObject(meta, "n_ctx_train", info.n_ctx_train);
+    cJSON_AddNumberToObject(meta, "n_ctx", sched_n_ctx(srv->sched));
+    cJSON_AddNumberToObject(meta, "n_params", (double)info.n_params);
+    cJSON_AddNumberToObject(meta, "size", (double)info.weight_bytes);
+    return send_json(c, 200, root);
+}
+
+/* ---- routing ---------------------------------------------------------------------- */
+
+static route route_of(const char *method, const char *url, int *method_ok) {
+    static const struct {
+        const char *path, *method;
+        route r;
+    } table[] = {{"/v1/chat/completions", "POST", ROUTE_CHAT},
+                 {"/chat/completions", "POST", ROUTE_CHAT},
+                 {"/v1/completions", "POST", ROUTE_COMPLETIONS},
+                 {"/completions", "POST", ROUTE_COMPLETIONS},
+                 {"/v1/models", "GET", ROUTE_MODELS},
+                 {"/models", "GET", ROUTE_MODELS},
+                 {"/health", "GET", ROUTE_HEALTH},
+                 {"/metrics", "GET", ROUTE_METRICS},
+                 {"/tokenize", "POST", ROUTE_TOKENIZE},
+                 {"/detokenize", "POST", ROUTE_DETOKENIZE},
+                 {"/", "GET", ROUTE_UI},
+                 {"/index.html", "GET", ROUTE_UI}};
+    for (size_t i = 0; i < sizeof table / sizeof *table; i++)
+        if (!strcmp(url, table[i].path)) {
+            *method_ok = !strcmp(method, table[i].method) || (!strcmp(method, "HEAD") && !strcmp(table[i].method, "GET"));
+            return table[i].r;
+        }
+    *method_ok = 0;
+    return ROUTE_NONE;
+}
+
+/* Constant-time comparison of the bearer token with the key. */
+static int key_ok(struct MHD_Connection *c, const char *key) {
+    const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
+    if (!h || strncasecmp(h, "Bearer ", 7)) return 0;
+    h += 7;
+    size_t n = strlen(h), k = strlen(key);
+    unsigned diff = n != k;
+    for (size_t i = 0; i < k; i++) diff |= (unsigned)(unsigned char)key[i] ^ (unsigned)(unsigned char)(i < n ? h[i] : 0);
+    return diff == 0;
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
+                                  const char *version, const char *upload, size_t *upload_size, void **con_cls) {
+    server *srv = cls;
+    (void)version;
+    conn_state *cs = *con_cls;
+    if (!cs) { /* first call: headers only */
+        if (!(cs = calloc(1, sizeof *cs))) return MHD_NO;
+        *con_cls = cs;
+        return MHD_YES;
+    }
+    if (*upload_size) { /* body data: keep up to the limit, then discard */
+        if (!cs->too_large && cs->len + *upload_size > srv->p.max_body) {
+            cs->too_large = 1;
+            free(cs->body);
+            cs->body = NULL;
+            cs->len = cs->cap = 0;
+        }
+        if (!cs->too_large) {
+            if (cs->len + *upload_size + 1 > cs->cap) {
+                size_t cap = 2 * (cs->len + *upload_size) + 1;
+                if (cap > srv->p.max_body + 1) cap = srv->p.max_body + 1;
+                char *b = realloc(cs->body, cap);
+                if (!b) return MHD_NO;
+                cs->body = b;
+                cs->cap = cap;
+            }
+            memcpy(cs->body + cs->len, upload, *upload_size);
+            cs->len += *upload_size;
+            cs->body[cs->len] = 0;
+        }
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    int method_ok = 0;
+    route r = route_of(method, url, &method_ok);
+    if (r == ROUTE_NONE) return fail(srv, c, 404, "invalid_request_error", "not_found", "no such endpoint", REQ_STATUS_COUNT);
+    if (!method_ok)
+        return fail(srv, c, 405, "invalid_request_error", "method_not_allowed", "method not allowed for this endpoint",
+                    REQ_STATUS_COUNT);
+    if (cs->too_large) {
+        char msg[128];
+        snprintf(msg, sizeof msg, "the request body exceeds the limit of %zu bytes", srv->p.max_body);
+        return fail(srv, c, 413, "invalid_request_error", "request_too_large", msg, REQ_STATUS_REJECTED);
+    }
+    if (r == ROUTE_UI) return send_body(c, 200, "text/html; charset=utf-8", strdup(ui_html), 0);
+    if (r == ROUTE_HEALTH) {
+        if (!atomic_load(&srv->ready))
+            return fail(srv, c, 503, "unavailable_error", "loading", "Loading model", REQ_STATUS_COUNT);
+        cJSON *ok = cJSON_CreateObject();
+        cJSON_AddStringToObject(ok, "status", "ok");
+        return send_json(c, 200, ok);
+    }
+    if (r == ROUTE_METRICS) return send_body(c, 200, "text/plain; version=0.0.4", metrics_render(&srv->metrics), 0);
+    if (srv->p.api_key && !key_ok(c, srv->p.api_key))
+        return fail(srv, c, 401, "authentication_error", "invalid_api_key", "missing or wrong API key (Authorization: Bearer ...)",
+                    r == ROUTE_CHAT || r == ROUTE_COMPLETIONS ? REQ_STATUS_REJECTED : REQ_STATUS_COUNT);
+    if (!atomic_load(&srv->ready))
+        return fail(srv, c, 503, "unavailable_error", "loading", "Loading model", REQ_STATUS_COUNT);
+    switch (r) {
+    case ROUTE_CHAT: return handle_generate(srv, c, REQ_CHAT, cs);
+    case ROUTE_COMPLETIONS: return handle_generate(srv, c, REQ_COMPLETION, cs);
+    case ROUTE_MODELS: return handle_models(srv, c);
+    case ROUTE_TOKENIZE: return handle_tokenize(srv, c, cs);
+    case ROUTE_DETOKENIZE: return handle_detokenize(srv, c, cs);
+    default: return MHD_NO;
+    }
+}
+
+static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
+    (void)cls;
+    (void)c;
+    (void)toe;
+    conn_state *cs = *con_cls;
+    if (!cs) return;
+    free(cs->body);
+    free(cs);
+    *con_cls = NULL;
+}
+
+/* ---- lifecycle ---------------------------------------------------------------------- */
+
+static const char *base_name(const char *path) {
+    const char *s = strrchr(path, '/');
+    return s ? s + 1 : path;
+}
+
+int server_run(const server_params *params) {
+    server *srv = calloc(1, sizeof *srv);
+    if (!srv) return 1;
+    srv->p = *params;
+    srv->model_id = params->alias ? params->alias : base_name(params->model_path);
+    metrics_init(&srv->metrics);
+    atomic_store(&srv->next_id, 1);
+
+    /* SIGTERM/SIGINT are taken by sigwait below; every thread inherits the mask. */
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGTERM);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+
+    struct sockaddr_storage addr;
+    memset(&addr, 0, sizeof addr);
+    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD;
+    const char *host = !strcmp(params->host, "localhost") ? "127.0.0.1" : params->host;
+    struct sockaddr_in *a4 = (struct sockaddr_in *)&addr;
+    struct sockaddr_in6 *a6 = (struct sockaddr_in6 *)&addr;
+    if (inet_pton(AF_INET, host, &a4->sin_addr) == 1) {
+        a4->sin_family = AF_INET;
+        a4->sin_port = htons((uint16_t)params->port);
+    } else if (inet_pton(AF_INET6, host, &a6->sin6_addr) == 1) {
+        a6->sin6_family = AF_INET6;
+        a6->sin6_port = htons((uint16_t)params->port);
+        flags |= MHD_USE_IPv6;
+    } else {
+        fprintf(stderr, "error: --host '%s' is not an IPv4 or IPv6 address\n", params->host);
+        free(srv);
+        return 2;
+    }
+    srv->daemon = MHD_start_daemon(flags, (uint16_t)params->port, NULL, NULL, on_request, srv,
+                                   MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
+                                   MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv,
+                                   MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)params->timeout_s,
+                                   MHD_OPTION_CONNECTION_LIMIT, (unsigned)512,
+                                   MHD_OPTION_END);
+    if (!srv->daemon) {
+        fprintf(stderr, "error: cannot listen on %s:%d (address in use or not allowed)\n", params->host, params->port);
+        free(srv);
+        return 1;
+    }
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(srv->daemon, MHD_DAEMON_INFO_BIND_PORT);
+    int port = di ? di->port : params->port;
+    fprintf(stderr, "ellm serve: listening on http://%s:%d (loading %s)\n", params->host, port, params->model_path);
+
+    int rc = 1;
+    ellm_error err = {0};
+    ellm_model_params mp = {.n_threads = params->n_threads, .pin_threads = 1};
+    if (ellm_model_load(params->model_path, &mp, &srv->model, &err) != ELLM_OK) {
+        fprintf(stderr, "error: %s\n", err.msg);
+        goto out;
+    }
+    ellm_model_info info;
+    ellm_model_get_info(srv->model, &info);
+    srv->metrics.model_load_ms = info.load_ms;
+    sched_params sp = {.n_slots = params->n_slots,
+                       .n_batch = params->n_batch,
+                       .chunk = params->chunk,
+                       .n_ctx = params->n_ctx,
+                       .n_threads = params->n_threads,
+                       .max_queue = params->max_queue,
+                       .sparse_topk = params->sparse_topk,
+                       .sparse_profile = params->sparse_profile};
+    if (sched_init(srv->model, &sp, &srv->metrics, &srv->sched, &err) != ELLM_OK) {
+        fprintf(stderr, "error: %s\n", err.msg);
+        goto out;
+    }
+    atomic_store(&srv->ready, 1);
+    fprintf(stderr, "ellm serve: ready: %s, %d slots x %d tokens, %d sequences per step\n", srv->model_id,
+            params->n_slots, sched_n_ctx(srv->sched), params->n_batch > 0 ? params->n_batch : params->n_slots);
+    int sig = 0;
+    sigset_t wait_sigs;
+    sigemptyset(&wait_sigs);
+    sigaddset(&wait_sigs, SIGTERM);
+    sigaddset(&wait_sigs, SIGINT);
+    sigwait(&wait_sigs, &sig);
+    fprintf(stderr, "ellm serve: %s: draining running requests\n", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+    atomic_store(&srv->draining, 1);
+    sched_drain(srv->sched);
+    rc = 0;
+out:
+    MHD_stop_daemon(srv->daemon); /* joins the connection threads */
+    sched_free(srv->sched);
+    ellm_model_free(srv->model);
+    metrics_free(&srv->metrics);
+    free(srv);
+    if (rc == 0) fprintf(stderr, "ellm serve: stopped\n");
+    return rc;
+}

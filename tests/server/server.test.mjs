@@ -1,0 +1,299 @@
+// End-to-end tests of `ellm serve` with the official OpenAI client (npm
+// `openai`) and raw HTTP, against a server started here on 127.0.0.1 with the
+// evaluation model. Prints "N passed, N failed" for tests/run_tests.sh.
+// Bounded: a fixed number of short requests, each with a timeout.
+import { spawn, execFileSync } from 'node:child_process';
+import net from 'node:net';
+import OpenAI from 'openai';
+
+const BIN = process.env.ELLM_BIN || 'build/ellm';
+const MODEL = 'models/evalmodel.gguf';
+const THREADS = '2';
+const KEY = 'test-key-123';
+let passed = 0, failed = 0, stage = 'start';
+
+function check(cond, what) {
+  if (cond) passed++;
+  else { failed++; console.error(`FAIL: ${what}`); }
+}
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+// Starts a server on a free port; resolves when /health answers 200.
+async function startServer(extra) {
+  const args = ['serve', '-m', MODEL, '--port', '0', '-t', THREADS, '--chat-template', 'chatml', ...extra];
+  const proc = spawn(BIN, args, { stdio: ['ignore', 'ignore', 'pipe'] });
+  let log = '';
+  const port = await new Promise((resolve, reject) => {
+    const timer = setTimeout(() => reject(new Error('server did not start: ' + log)), 20000);
+    proc.stderr.on('data', (d) => {
+      log += d;
+      const m = log.match(/listening on http:\/\/127\.0\.0\.1:(\d+)/);
+      if (m) { clearTimeout(timer); resolve(Number(m[1])); }
+    });
+    proc.on('exit', (code) => reject(new Error(`server exited (${code}): ${log}`)));
+  });
+  const base = `http://127.0.0.1:${port}`;
+  let health = 0, loadingOk = true;
+  for (let i = 0; i < 400 && health !== 200; i++) {
+    const r = await fetch(base + '/health');
+    health = r.status;
+    if (health !== 200) {
+      loadingOk &&= health === 503 && isOpenAIError(await r.json());
+      await sleep(25);
+    }
+  }
+  check(health === 200 && loadingOk, 'health: 503 with an error while loading, then 200');
+  proc.stderr.on('data', () => {});
+  return { proc, port, base, log: () => log };
+}
+
+// `ellm run` greedy output for the same prompt (the reference).
+function runGreedy(prompt, n, chat) {
+  const args = ['run', '-m', MODEL, '-p', prompt, '-n', String(n), '--temp', '0', '-t', THREADS, '--no-display-prompt'];
+  if (chat) args.push('--chat-template', 'chatml');
+  const out = execFileSync(BIN, args, { encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore'], timeout: 30000 });
+  return out.endsWith('\n') ? out.slice(0, -1) : out; // run ends its output with a newline
+}
+
+async function metrics(base) {
+  const text = await (await fetch(base + '/metrics')).text();
+  const get = (name) => {
+    const m = text.match(new RegExp('^' + name.replace(/[{}"=]/g, (c) => '\\' + c) + ' ([0-9.e+-]+)$', 'm'));
+    return m ? Number(m[1]) : NaN;
+  };
+  return { text, get };
+}
+
+async function rawPost(base, path, body, headers = {}) {
+  const r = await fetch(base + path, {
+    method: 'POST',
+    headers: { 'Content-Type': 'application/json', Authorization: `Bearer ${KEY}`, ...headers },
+    body,
+  });
+  let json = null;
+  try { json = await r.json(); } catch { /* not JSON */ }
+  return { status: r.status, json, headers: r.headers };
+}
+
+function isOpenAIError(j) {
+  return j && j.error && typeof j.error.message === 'string' && typeof j.error.type === 'string' && 'code' in j.error;
+}
+
+async function streamText(client, kind, params) {
+  const s = kind === 'chat'
+    ? await client.chat.completions.create({ ...params, stream: true, stream_options: { include_usage: true } })
+    : await client.completions.create({ ...params, stream: true, stream_options: { include_usage: true } });
+  let text = '', finish = null, usage = null, chunks = 0;
+  for await (const c of s) {
+    chunks++;
+    if (c.usage) usage = c.usage;
+    const ch = c.choices && c.choices[0];
+    if (!ch) continue;
+    text += kind === 'chat' ? (ch.delta && ch.delta.content) || '' : ch.text || '';
+    if (ch.finish_reason) finish = ch.finish_reason;
+  }
+  return { text, finish, usage, chunks };
+}
+
+const PROMPTS = [
+  'import os\n\n\ndef main():\n', 'class Stack:\n', 'def add(a, b):\n', 'for i in range(10):\n',
+  'import numpy as np\n', '# sort a list\n', 'def fib(n):\n', 'with open(path) as f:\n',
+  'try:\n    x = 1\n', 'print("hello")\n', 'import sys\n\n', 'def parse(line):\n',
+  'x = [1, 2, 3]\n', 'while True:\n', 'from typing import List\n', 'return None\n',
+];
+
+async function main() {
+  const srv = await startServer(['-c', '256', '--parallel', '16', '--n-batch', '16', '--api-key', KEY]);
+  const { base } = srv;
+  const client = new OpenAI({ baseURL: base + '/v1', apiKey: KEY, maxRetries: 0, timeout: 60000 });
+  try {
+    // /v1/models
+    const models = await client.models.list();
+    check(models.data.length === 1 && models.data[0].id === 'evalmodel.gguf', 'models lists the served model');
+
+    stage = 'completions: greedy';
+    // completions: greedy equals `ellm run --temp 0`; streamed deltas equal the whole text
+    const p0 = PROMPTS[0];
+    const ref = runGreedy(p0, 24, false);
+    const c0 = await client.completions.create({ model: 'anything', prompt: p0, max_tokens: 24, temperature: 0 });
+    check(c0.choices[0].text === ref, `completion equals ellm run: ${JSON.stringify(c0.choices[0].text)} vs ${JSON.stringify(ref)}`);
+    check(c0.choices[0].finish_reason === 'length', 'completion finish_reason length');
+    check(c0.usage && c0.usage.completion_tokens === 24 && c0.usage.prompt_tokens > 0 &&
+          c0.usage.total_tokens === c0.usage.prompt_tokens + 24, 'completion usage');
+    const s0 = await streamText(client, 'completion', { model: 'x', prompt: p0, max_tokens: 24, temperature: 0 });
+    check(s0.text === c0.choices[0].text, 'streamed completion deltas concatenate to the whole text');
+    check(s0.finish === 'length' && s0.usage && s0.usage.completion_tokens === 24 && s0.chunks > 2,
+          'streamed completion: finish, usage, several chunks');
+
+    stage = 'prompt as token ids';
+    // prompt as token ids gives the same text
+    const tok = await rawPost(base, '/tokenize', JSON.stringify({ content: p0, add_special: true, parse_special: false }));
+    check(tok.status === 200 && Array.isArray(tok.json.tokens) && tok.json.tokens.length > 3, 'tokenize');
+    const cIds = await client.completions.create({ model: 'x', prompt: tok.json.tokens, max_tokens: 24, temperature: 0 });
+    check(cIds.choices[0].text === ref, 'token-id prompt gives the same text');
+    const det = await rawPost(base, '/detokenize', JSON.stringify({ tokens: tok.json.tokens }));
+    check(det.status === 200 && det.json.content === p0, `detokenize round trip: ${JSON.stringify(det.json)}`);
+
+    stage = 'chat: greedy';
+    // chat: greedy equals `ellm run --chat-template chatml --temp 0`; stream equals non-stream
+    const q = 'def fib(n):';
+    const refChat = runGreedy(q, 16, true);
+    const ch = await client.chat.completions.create({ model: 'x', messages: [{ role: 'user', content: q }], max_tokens: 16, temperature: 0 });
+    check(ch.choices[0].message.role === 'assistant' && ch.choices[0].message.content === refChat,
+          `chat equals ellm run: ${JSON.stringify(ch.choices[0].message.content)} vs ${JSON.stringify(refChat)}`);
+    check(ch.usage && ch.usage.completion_tokens > 0, 'chat usage');
+    const chs = await streamText(client, 'chat', { model: 'x', messages: [{ role: 'user', content: q }], max_tokens: 16, temperature: 0 });
+    check(chs.text === ch.choices[0].message.content && chs.finish === ch.choices[0].finish_reason, 'streamed chat equals chat');
+    const ch2 = await client.chat.completions.create({ model: 'x', messages: [{ role: 'system', content: 'Be brief.' }, { role: 'user', content: [{ type: 'text', text: 'class A:' }] }], max_completion_tokens: 8, temperature: 0 });
+    check(typeof ch2.choices[0].message.content === 'string' && ch2.usage.completion_tokens <= 8, 'chat with system message and content parts');
+
+    stage = 'stop strings';
+    // stop strings end the text before the stop string
+    const full = await client.completions.create({ model: 'x', prompt: PROMPTS[1], max_tokens: 32, temperature: 0 });
+    const t = full.choices[0].text;
+    const stop = t.slice(6, 9), stopAt = t.indexOf(stop);
+    check(t.length >= 9, `stop-string probe text is long enough: ${JSON.stringify(t)}`);
+    const st = await client.completions.create({ model: 'x', prompt: PROMPTS[1], max_tokens: 32, temperature: 0, stop: ['never-seen', stop] });
+    check(st.choices[0].text === t.slice(0, stopAt) && st.choices[0].finish_reason === 'stop', `stop string ${JSON.stringify(stop)}: ${JSON.stringify(st.choices[0].text)}`);
+    const sst = await streamText(client, 'completion', { model: 'x', prompt: PROMPTS[1], max_tokens: 32, temperature: 0, stop });
+    check(sst.text === t.slice(0, stopAt) && sst.finish === 'stop', 'streamed stop string');
+
+    stage = 'seeded sampling';
+    // seeded sampling is reproducible; different seeds usually differ
+    const sa = await client.completions.create({ model: 'x', prompt: PROMPTS[2], max_tokens: 24, temperature: 0.9, top_p: 0.95, seed: 7 });
+    const sb = await client.completions.create({ model: 'x', prompt: PROMPTS[2], max_tokens: 24, temperature: 0.9, top_p: 0.95, seed: 7 });
+    check(sa.choices[0].text === sb.choices[0].text, 'same seed, same text');
+
+    stage = 'prefix reuse';
+    // prefix reuse: the same prompt again reuses the slot's KV
+    const again = await client.completions.create({ model: 'x', prompt: p0, max_tokens: 4, temperature: 0 });
+    check(again.usage.prompt_tokens_details && again.usage.prompt_tokens_details.cached_tokens === again.usage.prompt_tokens - 1,
+          `prefix reuse: cached ${JSON.stringify(again.usage.prompt_tokens_details)} of ${again.usage.prompt_tokens}`);
+
+    stage = 'ignore_eos';
+    // ignore_eos runs to max_tokens
+    const ie = await rawPost(base, '/v1/completions', JSON.stringify({ prompt: PROMPTS[3], max_tokens: 40, temperature: 0, ignore_eos: true }));
+    check(ie.status === 200 && ie.json.usage.completion_tokens === 40 && ie.json.choices[0].finish_reason === 'length', 'ignore_eos');
+
+    stage = 'bad inputs';
+    // bad inputs: each the right 4xx with an OpenAI error; the server keeps serving
+    const bad = [
+      ['malformed JSON', '/v1/chat/completions', '{"messages": [', 400],
+      ['wrong type', '/v1/chat/completions', JSON.stringify({ messages: [{ role: 'user', content: 'hi' }], temperature: 'hot' }), 400],
+      ['messages not an array', '/v1/chat/completions', JSON.stringify({ messages: 'hi' }), 400],
+      ['empty messages', '/v1/chat/completions', JSON.stringify({ messages: [] }), 400],
+      ['bad role', '/v1/chat/completions', JSON.stringify({ messages: [{ role: 'wizard', content: 'hi' }] }), 400],
+      ['n > 1', '/v1/chat/completions', JSON.stringify({ messages: [{ role: 'user', content: 'hi' }], n: 2 }), 400],
+      ['max_tokens negative', '/v1/completions', JSON.stringify({ prompt: 'x', max_tokens: -5 }), 400],
+      ['stop not strings', '/v1/completions', JSON.stringify({ prompt: 'x', stop: [1, 2] }), 400],
+      ['prompt missing', '/v1/completions', JSON.stringify({ max_tokens: 3 }), 400],
+      ['token id out of vocabulary', '/v1/completions', JSON.stringify({ prompt: [1, 999999] }), 400],
+      ['prompt longer than the context', '/v1/completions', JSON.stringify({ prompt: 'def f(x):\n    return x\n'.repeat(60) }), 400],
+      ['non-UTF-8', '/v1/completions', Buffer.from([0x7b, 0x22, 0x70, 0x72, 0x6f, 0x6d, 0x70, 0x74, 0x22, 0x3a, 0x22, 0xff, 0xfe, 0x22, 0x7d]), 400],
+      ['10 MB body', '/v1/completions', JSON.stringify({ prompt: 'a'.repeat(10 << 20) }), 413],
+    ];
+    for (const [what, path, body, status] of bad) {
+      const r = await rawPost(base, path, body);
+      check(r.status === status && isOpenAIError(r.json), `${what}: got ${r.status} ${JSON.stringify(r.json)}`);
+    }
+    const long = await rawPost(base, '/v1/completions', JSON.stringify({ prompt: 'def f(x):\n    return x\n'.repeat(60) }));
+    check(long.json && long.json.error.code === 'context_length_exceeded', 'context_length_exceeded code');
+    const noKey = await fetch(base + '/v1/models');
+    check(noKey.status === 401 && isOpenAIError(await noKey.json()), 'missing API key: 401');
+    const wrongKey = await rawPost(base, '/v1/completions', JSON.stringify({ prompt: 'x' }), { Authorization: 'Bearer nope' });
+    check(wrongKey.status === 401 && isOpenAIError(wrongKey.json), 'wrong API key: 401');
+    try {
+      await new OpenAI({ baseURL: base + '/v1', apiKey: 'wrong', maxRetries: 0 }).models.list();
+      check(false, 'the client sees 401 as an error');
+    } catch (e) {
+      check(e.status === 401, `the client sees 401: ${e.status}`);
+    }
+    const nf = await fetch(base + '/v1/nothing');
+    check(nf.status === 404, 'unknown endpoint: 404');
+
+    stage = 'a client that sends half';
+    // a client that sends half a request and stalls does not block others
+    const half = net.connect(srv.port, '127.0.0.1');
+    await new Promise((r) => half.on('connect', r));
+    half.write('POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{"prompt": "de');
+    const during = await client.completions.create({ model: 'x', prompt: p0, max_tokens: 24, temperature: 0 });
+    check(during.choices[0].text === ref, 'served while another client stalls mid-request');
+    half.destroy();
+
+    stage = '16 concurrent';
+    // 16 concurrent streams, each equal to its output alone
+    const solo = [];
+    for (const p of PROMPTS) solo.push((await client.completions.create({ model: 'x', prompt: p, max_tokens: 20, temperature: 0 })).choices[0].text);
+    let maxRunning = 0, polling = true;
+    const poller = (async () => {
+      while (polling) {
+        const m = await metrics(base);
+        maxRunning = Math.max(maxRunning, m.get('ellm_requests_running'));
+        await sleep(5);
+      }
+    })();
+    const together = await Promise.all(PROMPTS.map((p) => streamText(client, 'completion', { model: 'x', prompt: p, max_tokens: 20, temperature: 0 })));
+    polling = false;
+    await poller;
+    let same = 0;
+    together.forEach((r, i) => {
+      if (r.text === solo[i]) same++;
+      else console.error(`stream ${i}: ${JSON.stringify(r.text)} alone: ${JSON.stringify(solo[i])}`);
+    });
+    check(same === PROMPTS.length, `16 concurrent streams equal their solo output (${same}/16)`);
+    check(maxRunning > 1, `streams ran at the same time (max running ${maxRunning})`);
+
+    stage = 'a client that disconnects';
+    // a client that disconnects mid-stream: its sequence is cancelled and its slot freed
+    const before = await metrics(base);
+    const ac = new AbortController();
+    const ds = await client.completions.create({ model: 'x', prompt: PROMPTS[4], max_tokens: 200, temperature: 0, ignore_eos: true, stream: true }, { signal: ac.signal });
+    let got = 0;
+    try {
+      for await (const c of ds) { if (++got === 3) ac.abort(); }
+    } catch { /* aborted */ }
+    let after = null;
+    for (let i = 0; i < 100; i++) {
+      after = await metrics(base);
+      if (after.get('ellm_requests_running') === 0 && after.get('ellm_requests_total{status="cancelled"}') > before.get('ellm_requests_total{status="cancelled"}')) break;
+      await sleep(20);
+    }
+    check(after.get('ellm_requests_running') === 0, 'disconnect frees the slot (running back to 0)');
+    check(after.get('ellm_requests_total{status="cancelled"}') === before.get('ellm_requests_total{status="cancelled"}') + 1, 'disconnect counted as cancelled');
+    check(after.get('ellm_generated_tokens_total') - before.get('ellm_generated_tokens_total') < 200, 'cancelled sequence stopped early');
+
+    stage = 'metrics: every';
+    // metrics: every metric exported
+    const names = ['ellm_model_load_ms', 'ellm_mem_bandwidth_util', 'ellm_spec_acceptance_rate', 'ellm_sparse_recall',
+      'ellm_prompt_tokens_total', 'ellm_generated_tokens_total', 'ellm_requests_total{status="ok"}', 'ellm_requests_running',
+      'ellm_requests_waiting', 'ellm_kv_blocks_used', 'ellm_kv_blocks_total', 'ellm_time_to_first_token_seconds_count',
+      'ellm_inter_token_latency_seconds_count'];
+    for (const n of names) check(Number.isFinite(after.get(n)), `metric ${n} exported`);
+    check(after.get('ellm_time_to_first_token_seconds_count') > 20 && after.get('ellm_requests_total{status="rejected"}') >= bad.length,
+          'metrics count requests');
+
+    stage = 'the server still';
+    // the server still serves after everything above
+    const last = await client.completions.create({ model: 'x', prompt: p0, max_tokens: 24, temperature: 0 });
+    check(last.choices[0].text === ref, 'still serving correctly');
+
+    stage = 'SIGTERM drains';
+    // SIGTERM drains: a running stream completes, then the process exits 0
+    const drainStream = streamText(client, 'completion', { model: 'x', prompt: PROMPTS[5], max_tokens: 60, temperature: 0, ignore_eos: true });
+    await sleep(30);
+    const exited = new Promise((r) => srv.proc.on('exit', (code) => r(code)));
+    srv.proc.kill('SIGTERM');
+    const drained = await drainStream;
+    check(drained.finish === 'length' && drained.usage && drained.usage.completion_tokens === 60, 'SIGTERM lets the running stream finish');
+    const code = await Promise.race([exited, sleep(15000).then(() => 'timeout')]);
+    check(code === 0, `exit status after SIGTERM: ${code}`);
+  } catch (e) {
+    check(false, `unexpected exception at stage '${stage}': ${e.stack || e}`);
+  } finally {
+    if (srv.proc.exitCode === null) srv.proc.kill('SIGKILL');
+  }
+  console.log(`${passed} passed, ${failed} failed`);
+  process.exit(failed ? 1 : 0);
+}
+
+main();
