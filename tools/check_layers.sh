@@ -8,7 +8,7 @@ set -eu
 cd "$(dirname "$0")/.."
 # folder layer (0 = ground); keep in step with docs/ARCHITECTURE.md
 LAYERS="core 0  kernels 1 topology 1  gguf 2  tokenizer 3  attention 3
-        chat 4 model 4  dist 5 convert 5  engine 6  spec 7  server 8 cli 8"
+        chat 4 model 4  dist 5 convert 5  engine 6  spec 7  server 8  cli 9"
 grep -rn '^#include "[a-z_]*/' src | awk -v layers="$LAYERS" '
 BEGIN { n = split(layers, w, /[ \t\n]+/); for (i = 1; i < n; i += 2) if (w[i] != "") rank[w[i]] = w[i + 1] }
 {
