@@ -60,12 +60,8 @@ $(BUILD)/bench/%: $(BUILD)/bench/%.o $(LIB)
 	$(CC) $(CFLAGS) $^ -o $@ $(LDFLAGS) $(LDLIBS)
 bench: $(addprefix $(BUILD)/bench/,bench_tokenizer bench_attention bench_sparse_attention bench_sparse bench_kernels)
 
-# End-to-end server tests (Node): a wrapper the test runner runs like the C
-# tests, and the pinned npm packages (package-lock.json) installed with npm ci.
-SERVER_TEST := $(BUILD)/tests/test_server
-$(SERVER_TEST): tests/server/run.sh
-	@mkdir -p $(dir $@)
-	cp $< $@ && chmod +x $@
+# End-to-end server tests (Node, run by tests/test_server.c): the pinned npm
+# packages of tests/server/package-lock.json, installed with npm ci.
 tests/server/node_modules/.stamp: tests/server/package.json tests/server/package-lock.json
 	cd tests/server && npm ci --no-audit --no-fund
 	@touch $@
@@ -73,7 +69,7 @@ tests/server/node_modules/.stamp: tests/server/package.json tests/server/package
 run: deps all
 	$(BUILD)/ellm run -n 200 --stats
 
-test: deps all $(TEST_BIN) $(SERVER_TEST) tests/server/node_modules/.stamp
+test: deps all $(TEST_BIN) tests/server/node_modules/.stamp
 	@sh tests/run_tests.sh $(BUILD)
 
 test-asan:
