@@ -61,10 +61,12 @@ $(BUILD)/bench/%: $(BUILD)/bench/%.o $(LIB)
 bench: $(addprefix $(BUILD)/bench/,bench_tokenizer bench_attention bench_sparse_attention bench_sparse bench_kernels)
 
 # End-to-end server tests (Node, run by tests/test_server.c): the pinned npm
-# packages of tests/server/package-lock.json, installed with npm ci.
-tests/server/node_modules/.stamp: tests/server/package.json tests/server/package-lock.json
-	cd tests/server && npm ci --no-audit --no-fund
-	@touch $@
+# packages of tests/server/package-lock.json, installed with npm ci when the
+# lock file's content changes.
+tests/server/node_modules/.stamp: FORCE
+	@cmp -s tests/server/package-lock.json $@ 2>/dev/null || \
+	    { cd tests/server && npm ci --no-audit --no-fund && cp package-lock.json node_modules/.stamp; }
+FORCE:
 
 run: deps all
 	$(BUILD)/ellm run -n 200 --stats
