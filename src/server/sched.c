@@ -7,6 +7,8 @@
 #include <string.h>
 #include <time.h>
 
+#define KV_BLOCK 16 /* tokens per KV cache block (the engine's) */
+
 typedef struct {
     ellm_context *ctx;
     int32_t *tokens; /* (n_ctx) the tokens whose K/V the context holds */
@@ -90,10 +92,17 @@ static void job_unref(job *j) {
     if (--j->refs == 0) job_free(j);
 }
 
+/* Gauges of the scheduler (lock held): KV blocks are counted in the cache's
+ * 16-token blocks; a slot's blocks stay in use after its request (kept for
+ * prefix reuse) until a cancellation or the next request drops them. */
 static void update_gauges(sched *s) {
+    int used = 0;
+    for (int i = 0; i < s->p.n_slots; i++) used += (s->slots[i].n_tokens + KV_BLOCK - 1) / KV_BLOCK;
     pthread_mutex_lock(&s->metrics->mu);
     s->metrics->requests_running = s->n_running;
     s->metrics->requests_waiting = s->n_queued;
+    s->metrics->kv_blocks_used = used;
+    s->metrics->kv_blocks_total = s->p.n_slots * ((s->n_ctx + KV_BLOCK - 1) / KV_BLOCK);
     pthread_mutex_unlock(&s->metrics->mu);
 }
 
@@ -116,6 +125,17 @@ ellm_status sched_init(ellm_model *model, const sched_params *params, server_met
     s->model = model;
     s->metrics = metrics;
     s->n_ctx = p.n_ctx > 0 ? p.n_ctx : info.n_ctx_train;
+    if (p.n_ctx <= 0 && p.kv_cache_gb > 0) {
+        /* --kv-cache-gb without -c: each slot gets an equal share (F16 K and V) */
+        double per_token = 2.0 * info.n_layer * info.n_head_kv * info.head_dim * 2;
+        double fit = p.kv_cache_gb * 1e9 / per_token / p.n_slots;
+        if (fit < 2) {
+            if (err) snprintf(err->msg, sizeof err->msg, "--kv-cache-gb %g holds fewer than 2 tokens per slot", p.kv_cache_gb);
+            free(s);
+            return ELLM_ERR_ARG;
+        }
+        if (fit < s->n_ctx) s->n_ctx = (int)fit;
+    }
     if (p.chunk > s->n_ctx) p.chunk = s->n_ctx;
     s->p = p;
     s->weight_bytes = info.decode_weight_bytes;
@@ -207,8 +227,8 @@ submit_result sched_submit(sched *s, job *j, ellm_error *err) {
         s->n_queued++;
         pthread_cond_signal(&s->cv_engine);
     }
-    pthread_mutex_unlock(&s->mu);
     if (r == SUBMIT_OK) update_gauges(s);
+    pthread_mutex_unlock(&s->mu);
     return r;
 }
 

@@ -21,6 +21,7 @@ typedef struct {
     int n_batch;       /* sequences per step (--n-batch) */
     int chunk;         /* prompt tokens per prefill pass (-b) */
     int n_ctx;         /* tokens per sequence (-c); 0: the model's training context */
+    double kv_cache_gb; /* > 0 without n_ctx: KV memory of all slots together */
     int n_threads;     /* <= 0: the model's */
     int max_queue;     /* jobs waiting for a slot before 503 */
     int sparse_topk;

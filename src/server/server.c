@@ -707,6 +707,7 @@ int server_run(const server_params *params) {
                        .n_batch = params->n_batch,
                        .chunk = params->chunk,
                        .n_ctx = params->n_ctx,
+                       .kv_cache_gb = params->kv_cache_gb,
                        .n_threads = params->n_threads,
                        .max_queue = params->max_queue,
                        .sparse_topk = params->sparse_topk,

@@ -5,6 +5,9 @@
 import { spawn, execFileSync } from 'node:child_process';
 import net from 'node:net';
 import OpenAI from 'openai';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
 
 const BIN = process.env.ELLM_BIN || 'build/ellm';
 const MODEL = 'models/evalmodel.gguf';
@@ -248,9 +251,11 @@ async function main() {
     const before = await metrics(base);
     const ac = new AbortController();
     const ds = await client.completions.create({ model: 'x', prompt: PROMPTS[4], max_tokens: 200, temperature: 0, ignore_eos: true, stream: true }, { signal: ac.signal });
-    let got = 0;
+    let got = 0, mid = null;
     try {
-      for await (const c of ds) { if (++got === 3) ac.abort(); }
+      for await (const c of ds) {
+        if (++got === 20) { mid = await metrics(base); ac.abort(); }
+      }
     } catch { /* aborted */ }
     let after = null;
     for (let i = 0; i < 100; i++) {
@@ -259,8 +264,12 @@ async function main() {
       await sleep(20);
     }
     check(after.get('ellm_requests_running') === 0, 'disconnect frees the slot (running back to 0)');
+    check(mid && mid.get('ellm_requests_running') === 1 &&
+          after.get('ellm_kv_blocks_used') < mid.get('ellm_kv_blocks_used'),
+          `disconnect frees its KV blocks (${mid && mid.get('ellm_kv_blocks_used')} -> ${after.get('ellm_kv_blocks_used')})`);
     check(after.get('ellm_requests_total{status="cancelled"}') === before.get('ellm_requests_total{status="cancelled"}') + 1, 'disconnect counted as cancelled');
     check(after.get('ellm_generated_tokens_total') - before.get('ellm_generated_tokens_total') < 200, 'cancelled sequence stopped early');
+    check(after.get('ellm_kv_blocks_total') === 16 * 16, 'KV blocks: 16 slots x 256 tokens / 16');
 
     stage = 'metrics: every';
     // metrics: every metric exported
@@ -276,6 +285,40 @@ async function main() {
     // the server still serves after everything above
     const last = await client.completions.create({ model: 'x', prompt: p0, max_tokens: 24, temperature: 0 });
     check(last.choices[0].text === ref, 'still serving correctly');
+
+    // the built-in chat page, in headless chromium: a streamed reply equals the API's
+    stage = 'chat page';
+    const CHROMIUM = '/usr/bin/chromium';
+    if (!fs.existsSync(CHROMIUM)) {
+      console.log('SKIP: chat page test: /usr/bin/chromium is not installed');
+    } else {
+      const { default: puppeteer } = await import('puppeteer-core');
+      const profile = fs.mkdtempSync(path.join(os.tmpdir(), 'ellm-chromium-'));
+      const browser = await puppeteer.launch({
+        executablePath: CHROMIUM, headless: true, userDataDir: profile, timeout: 30000,
+        args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
+          '--disable-background-networking', '--disable-component-update', '--disable-sync'],
+      });
+      try {
+        const page = await browser.newPage();
+        const html = await page.goto(base + '/', { timeout: 15000 });
+        check(html.status() === 200 && (await page.title()) === 'eLLM chat', 'chat page served at /');
+        const q2 = 'class Stack:';
+        const api = await client.chat.completions.create({ model: 'x', messages: [{ role: 'user', content: q2 }], max_tokens: 12, temperature: 0 });
+        await page.$eval('#temp', (el) => { el.value = '0'; });
+        await page.$eval('#maxtok', (el) => { el.value = '12'; });
+        await page.type('#key', KEY);
+        await page.type('#input', q2);
+        await page.click('#send');
+        await page.waitForSelector('.msg.assistant[data-done="1"], .msg.error[data-done="1"]', { timeout: 20000 });
+        const reply = await page.$eval('.msg[data-done="1"]', (el) => ({ text: el.textContent, cls: el.className, finish: el.dataset.finish }));
+        check(reply.cls === 'msg assistant' && reply.text === api.choices[0].message.content && reply.finish === api.choices[0].finish_reason,
+              `chat page reply equals the API's: ${JSON.stringify(reply)} vs ${JSON.stringify(api.choices[0].message.content)}`);
+      } finally {
+        await browser.close();
+        fs.rmSync(profile, { recursive: true, force: true });
+      }
+    }
 
     stage = 'SIGTERM drains';
     // SIGTERM drains: a running stream completes, then the process exits 0

@@ -1,0 +1,69 @@
+/* libFuzzer target: request JSON -> generation parameters (src/server/
+ * request.c), the parser every body of /v1/chat/completions and
+ * /v1/completions goes through. The first input byte picks the endpoint, the
+ * rest is the body. Checks: a refused body gets a 4xx/5xx with a message and
+ * an error JSON that parses back; an accepted one has every parameter in its
+ * documented range, at least one message (chat) or a prompt (completion),
+ * and only valid UTF-8 text. */
+#include "server/request.h"
+#include "server/responses.h"
+
+#include <cjson/cJSON.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define REQUIRE(c)            \
+    do {                      \
+        if (!(c)) abort();    \
+    } while (0)
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    if (size < 1) return 0;
+    req_kind kind = data[0] & 1 ? REQ_COMPLETION : REQ_CHAT;
+    const char *body = (const char *)data + 1;
+    size_t len = size - 1;
+    req_params p;
+    req_error e;
+    if (!req_parse(kind, body, len, &p, &e)) {
+        REQUIRE(e.http_status >= 400 && e.http_status < 600);
+        REQUIRE(e.message[0] && e.type);
+        char *js = resp_error(&e);
+        REQUIRE(js);
+        cJSON *back = cJSON_Parse(js);
+        REQUIRE(back && cJSON_IsObject(cJSON_GetObjectItem(back, "error")));
+        cJSON_Delete(back);
+        free(js);
+        return 0;
+    }
+    REQUIRE(p.kind == kind);
+    REQUIRE(p.temperature >= 0 && p.temperature <= 2);
+    REQUIRE(p.top_p >= 0 && p.top_p <= 1);
+    REQUIRE(p.min_p >= 0 && p.min_p <= 1);
+    REQUIRE(p.top_k >= 0);
+    REQUIRE(p.max_tokens == -1 || p.max_tokens >= 1);
+    REQUIRE(p.n_stop >= 0 && p.n_stop <= REQ_MAX_STOP);
+    for (int i = 0; i < p.n_stop; i++) REQUIRE(p.stop[i] && p.stop[i][0] && req_utf8_valid(p.stop[i], strlen(p.stop[i])));
+    if (kind == REQ_CHAT) {
+        REQUIRE(p.n_msgs >= 1 && p.msgs);
+        for (int i = 0; i < p.n_msgs; i++) {
+            const char *r = p.msgs[i].role;
+            REQUIRE(!strcmp(r, "system") || !strcmp(r, "user") || !strcmp(r, "assistant"));
+            REQUIRE(p.msgs[i].content && req_utf8_valid(p.msgs[i].content, strlen(p.msgs[i].content)));
+        }
+    } else if (p.prompt_is_ids) {
+        REQUIRE(p.n_prompt_ids >= 1 && p.prompt_ids);
+        for (int i = 0; i < p.n_prompt_ids; i++) REQUIRE(p.prompt_ids[i] >= 0);
+    } else {
+        REQUIRE(p.prompt && strlen(p.prompt) == p.prompt_len && req_utf8_valid(p.prompt, p.prompt_len));
+    }
+    /* the response builders take any text the parser accepted */
+    resp_meta m = {.id = "x", .model = "m", .kind = kind};
+    char *a = resp_final(&m, p.prompt ? p.prompt : "", p.prompt ? p.prompt_len : 0, "stop");
+    char *b = resp_chunk(&m, 1, p.n_stop ? p.stop[0] : "", p.n_stop ? strlen(p.stop[0]) : 0, NULL);
+    REQUIRE(a && b);
+    free(a);
+    free(b);
+    req_params_free(&p);
+    return 0;
+}
