@@ -340,9 +340,12 @@ static void print_bandwidth_share(const ellm_context *ctx, const ellm_model_info
     if (cs.sparse_steps > 0 && cs.attended_tokens > 0 && cs.attended_tokens < depth) depth = cs.attended_tokens;
     double bytes = (double)info->decode_weight_bytes + (double)ellm_context_kv_bytes_per_token(ctx) * depth;
     double gbps = bytes * decode_tps / 1e9;
-    if (probe > 0)
+    if (probe > 0) {
         fprintf(stderr, "bandwidth: %.2f GB/s (%.2f MB read per token) = %.0f%% of the %.2f GB/s %s\n", gbps,
                 bytes / 1e6, 100 * gbps / probe, probe, source);
+        /* the name and unit of the server's /metrics gauge */
+        fprintf(stderr, "mem_bandwidth_util: %.3f\n", gbps / probe);
+    }
     else
         fprintf(stderr, "bandwidth: %.2f GB/s (%.2f MB read per token); no probe bandwidth to compare with\n", gbps,
                 bytes / 1e6);

@@ -28,8 +28,8 @@ static void serve_usage(FILE *f) {
             "  --max-queue N          requests waiting beyond the slots before 503 (default 64)\n"
             "  --max-body-mb M        largest request body (default 4)\n"
             "  --timeout S            close connections idle for S seconds (default 30)\n"
-            "  --numa-aware           accepted for the seed's command line; placement follows the\n"
-            "                         thread pinning of the engine\n"
+            "  --numa-aware           weight rows on the NUMA node whose threads read them\n"
+            "                         (as `ellm run --numa distribute`)\n"
             "endpoints: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health,\n"
             "           GET /metrics, POST /tokenize, POST /detokenize, GET / (chat page)\n");
 }
