@@ -87,7 +87,7 @@ async function one(base) {
       const j = JSON.parse(ev.slice(6));
       if (j.usage && j.usage.completion_tokens) usage = j.usage.completion_tokens;
       const c = j.choices && j.choices[0];
-      if (!c || !c.text) continue;
+      if (!c || c.finish_reason || typeof c.text !== 'string') continue; // a token's chunk (its text may be empty)
       const now = performance.now();
       if (ttft === null) ttft = now - t0; else gaps.push(now - last);
       last = now;
