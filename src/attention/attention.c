@@ -210,6 +210,15 @@ static int first_seg_of_thread(const attn_job *J, int t, int nth) {
  * once gained half as much, prefetching only the next block or into L1 little. */
 #define SPARSE_PREFETCH_BLOCKS 4
 
+/* Dense blocks of a (layer, head) are adjacent, but each 16-token F16 block is
+ * one 4 KB page-aligned piece, and the hardware streamer does not run ahead
+ * across 4 KB boundaries: every block started with cache misses. Asking for
+ * the block two ahead towards L2, a few lines per key tile, instead of the next
+ * block into L1 in one burst at the start of each block, read 16K-32K
+ * contexts ~15% faster on one thread (0.63 -> 0.74 of a streaming read of the
+ * same bytes, CPU time, interleaved A/B); three ahead measured the same. */
+#define DENSE_PREFETCH_BLOCKS 2
+
 
 /* Runs blocks [kb, ke) of segment s's block list into st (whose m, l, acc are
  * where the partial goes), starting from an empty state. */
@@ -267,9 +276,23 @@ static void run_part(const attn_job *J, attn_state *st, int s, long kb, long ke)
                 b.ahead_k = kv_cache_block_k(a->kv, a->layer, h, list[k + SPARSE_PREFETCH_BLOCKS]);
                 b.ahead_v = kv_cache_block_v(a->kv, a->layer, h, list[k + SPARSE_PREFETCH_BLOCKS]);
             }
-        } else if (k + 1 < ke) {
-            b.next_k = kv_cache_block_k(a->kv, a->layer, h, (int)k + 1);
-            b.next_v = kv_cache_block_v(a->kv, a->layer, h, (int)k + 1);
+        } else {
+            /* Contiguous blocks: the next one for kernels that convert it into
+             * scratch (many rows), and the one DENSE_PREFETCH_BLOCKS ahead
+             * spread over the computation (see the constant). */
+            if (k == kb)
+                for (long z = k + 1; z < k + DENSE_PREFETCH_BLOCKS && z < ke; z++) {
+                    prefetch_range_l2(kv_cache_block_k(a->kv, a->layer, h, (int)z), J->half_bytes);
+                    prefetch_range_l2(kv_cache_block_v(a->kv, a->layer, h, (int)z), J->half_bytes);
+                }
+            if (k + 1 < ke) {
+                b.next_k = kv_cache_block_k(a->kv, a->layer, h, (int)k + 1);
+                b.next_v = kv_cache_block_v(a->kv, a->layer, h, (int)k + 1);
+            }
+            if (k + DENSE_PREFETCH_BLOCKS < ke) {
+                b.ahead_k = kv_cache_block_k(a->kv, a->layer, h, (int)k + DENSE_PREFETCH_BLOCKS);
+                b.ahead_v = kv_cache_block_v(a->kv, a->layer, h, (int)k + DENSE_PREFETCH_BLOCKS);
+            }
         }
         J->fn(st, &b);
     }

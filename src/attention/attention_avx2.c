@@ -309,7 +309,7 @@ static ALWAYS_INLINE void block_step(attn_state *st, const attn_block *b, const 
     const size_t k_steps = (size_t)((nk + 15) / 16) * (size_t)hd;
     const int pf_k = (int)((half_lines + k_steps - 1) / k_steps);
     const int pf_v = (int)((half_lines + (size_t)nk - 1) / (size_t)nk);
-    if (in_place && b->next_k)
+    if (in_place && b->next_k && !b->ahead_k) /* as in the AVX-512 kernel */
         prefetch_block(b->next_k, b->next_v, (size_t)bt * hd * (f16 ? 2 : 4));
     if (in_place) {
         if (f16) qk_all(st->q, hdp, b->k, bt, hd, st->s, lds, r0, R, nk, 1, b->ahead_k, pf_k);

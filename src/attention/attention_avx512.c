@@ -94,6 +94,52 @@ static ALWAYS_INLINE __m512 load16(const void *base, size_t idx, __mmask16 m, co
  * the FMA dependency chains. Lanes past nk are neither read nor written.
  * If pf is not NULL, pf_lines cache lines of it are prefetched towards L2 per
  * channel pair (the block ahead, spread over the computation). */
+/* The channel pairs of one 16-key tile: c0[r] (c1[r]) accumulate the even
+ * (odd) channels of row r. k points at channel 0 of the tile's first key, ldk
+ * elements apart per channel. PF: 0 no prefetch, 1 one line of pf per pair, 2
+ * pf_lines lines per pair (from line *line on). A separate loop per PF, with
+ * the key pointer stepped rather than recomputed, keeps the loop free of
+ * branches and spills (the q.k loop is a third of a decode step's work). */
+static ALWAYS_INLINE void qk_pairs(const float *q, int hdp, const void *k, int ldk, int hd, __mmask16 m,
+                                   __m512 *c0, __m512 *c1, const int NR, const int F16, const int PF,
+                                   const char *pf, int pf_lines, size_t *line) {
+    const size_t step = (size_t)ldk * (F16 ? 2 : 4); /* bytes per channel */
+    const char *kp = k;
+    const char *pp = pf ? pf + *line * 64 : NULL;
+    int d = 0;
+#pragma GCC unroll 4
+    for (; d + 2 <= hd; d += 2, kp += 2 * step) {
+        if (PF == 1) {
+            _mm_prefetch(pp, _MM_HINT_T1);
+            pp += 64;
+        } else if (PF == 2) {
+            for (int i = 0; i < pf_lines; i++, pp += 64) _mm_prefetch(pp, _MM_HINT_T1);
+        }
+        const __m512 x0 = load16(kp, 0, m, F16);
+        const __m512 x1 = load16(kp + step, 0, m, F16);
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; r++) {
+            const float *qr = q + (size_t)r * hdp + d;
+            c0[r] = _mm512_fmadd_ps(_mm512_set1_ps(qr[0]), x0, c0[r]);
+            c1[r] = _mm512_fmadd_ps(_mm512_set1_ps(qr[1]), x1, c1[r]);
+        }
+    }
+    if (d < hd) {
+        const __m512 x0 = load16(kp, 0, m, F16);
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; r++)
+            c0[r] = _mm512_fmadd_ps(_mm512_set1_ps(q[(size_t)r * hdp + d]), x0, c0[r]);
+    }
+    if (pf) *line = (size_t)(pp - pf) / 64;
+}
+
+/* s[r][j] = q[r] . k[j] for NR rows and keys [0, nk), the keys channel-major
+ * (channel c of key j at kT[c * ldk + j]): a register holds one channel of 16
+ * keys, so a row accumulates 16 scores at once from broadcast q values, with
+ * no horizontal sum. Two accumulators per row (even and odd channels) halve
+ * the FMA dependency chains. Lanes past nk are neither read nor written.
+ * If pf is not NULL, pf_lines cache lines of it are prefetched towards L2 per
+ * channel pair (the block ahead, spread over the computation). */
 static ALWAYS_INLINE void qk_rows(const float *q, int hdp, const void *kT, int ldk, int hd,
                                   float *s, int lds, int nk, const int NR, const int F16,
                                   const char *pf, int pf_lines) {
@@ -103,26 +149,10 @@ static ALWAYS_INLINE void qk_rows(const float *q, int hdp, const void *kT, int l
         __m512 c0[4], c1[4];
 #pragma GCC unroll 4
         for (int r = 0; r < NR; r++) c0[r] = c1[r] = _mm512_setzero_ps();
-        int d = 0;
-#pragma GCC unroll 4
-        for (; d + 2 <= hd; d += 2) {
-            if (pf)
-                for (int i = 0; i < pf_lines; i++, line++) _mm_prefetch(pf + line * 64, _MM_HINT_T1);
-            const __m512 x0 = load16(kT, (size_t)d * ldk + j, m, F16);
-            const __m512 x1 = load16(kT, (size_t)(d + 1) * ldk + j, m, F16);
-#pragma GCC unroll 4
-            for (int r = 0; r < NR; r++) {
-                const float *qr = q + (size_t)r * hdp + d;
-                c0[r] = _mm512_fmadd_ps(_mm512_set1_ps(qr[0]), x0, c0[r]);
-                c1[r] = _mm512_fmadd_ps(_mm512_set1_ps(qr[1]), x1, c1[r]);
-            }
-        }
-        if (d < hd) {
-            const __m512 x0 = load16(kT, (size_t)d * ldk + j, m, F16);
-#pragma GCC unroll 4
-            for (int r = 0; r < NR; r++)
-                c0[r] = _mm512_fmadd_ps(_mm512_set1_ps(q[(size_t)r * hdp + d]), x0, c0[r]);
-        }
+        const char *k = (const char *)kT + (size_t)j * (F16 ? 2 : 4);
+        if (!pf) qk_pairs(q, hdp, k, ldk, hd, m, c0, c1, NR, F16, 0, pf, pf_lines, &line);
+        else if (pf_lines == 1) qk_pairs(q, hdp, k, ldk, hd, m, c0, c1, NR, F16, 1, pf, pf_lines, &line);
+        else qk_pairs(q, hdp, k, ldk, hd, m, c0, c1, NR, F16, 2, pf, pf_lines, &line);
 #pragma GCC unroll 4
         for (int r = 0; r < NR; r++)
             _mm512_mask_storeu_ps(s + (size_t)r * lds + j, m, _mm512_add_ps(c0[r], c1[r]));
@@ -278,7 +308,10 @@ static ALWAYS_INLINE void block_step(attn_state *st, const attn_block *b, const 
     const size_t k_steps = (size_t)((nk + 15) / 16) * (size_t)(hd / 2 > 0 ? hd / 2 : 1);
     const int pf_k = (int)((half_lines + k_steps - 1) / k_steps);
     const int pf_v = (int)((half_lines + (size_t)nk - 1) / (size_t)nk);
-    if (in_place && b->next_k) prefetch_block(b->next_k, b->next_v, (size_t)bt * hd * elt);
+    /* In place, the spread prefetch of the block ahead (when given) replaces
+     * a burst for the next block: the burst filled the line-fill buffers just
+     * when this block's own loads needed them. */
+    if (in_place && b->next_k && !b->ahead_k) prefetch_block(b->next_k, b->next_v, (size_t)bt * hd * elt);
     if (in_place) {
         if (f16) qk_all(st->q, hdp, b->k, bt, hd, st->s, lds, r0, R, nk, 1, b->ahead_k, pf_k);
         else qk_all(st->q, hdp, b->k, bt, hd, st->s, lds, r0, R, nk, 0, b->ahead_k, pf_k);
