@@ -416,6 +416,35 @@ static void test_types(const char *dir) {
     gguf_close(ref);
 }
 
+/* The 4-bit types on a model whose rows are multiples of 128 and 256
+ * (llama-gqa: d 256, FFN 512), so int4-g128 and Q4_K are used rather than
+ * their fallbacks: the file runs and stays close to F32. */
+static void test_4bit_types(const char *dir) {
+    static const char *const types[] = {"int4-g128", "q4_0", "q4_k_m"};
+    for (int i = 0; i < 3; i++) {
+        char out[700];
+        snprintf(out, sizeof out, "%s/gqa-%s.gguf", tmp_root, types[i]);
+        ellm_error err = {0};
+        ellm_status st = convert(dir, out, types[i], &err);
+        CHECK(st == ELLM_OK, "%s: %s", types[i], err.msg);
+        if (st) continue;
+        gguf_file *g = NULL;
+        gguf_open(out, &g, &err);
+        const gguf_tensor *t = g ? gguf_find_tensor(g, "blk.1.ffn_up.weight") : NULL;
+        const gguf_tensor *e = g ? gguf_find_tensor(g, "token_embd.weight") : NULL;
+        int want = i == 0 ? QTYPE_INT4_G128 : i == 1 ? QTYPE_Q4_0 : QTYPE_Q4_K;
+        CHECK(t && t->type == want && e && e->type == QTYPE_Q6_K, "%s: ffn_up %s, token_embd %s", types[i],
+              t ? qtype_get(t->type)->name : "-", e ? qtype_get(e->type)->name : "-");
+        gguf_close(g);
+        int am;
+        double rel = logits_diff(out, "tests/data/models/llama-gqa.gguf", test_ids, n_test_ids, &am);
+        /* random weights amplify 4-bit error (max-logit-relative 0.3-0.45 for all three) */
+        CHECK(rel < 0.6 && am >= n_test_ids * 85 / 96, "%s: logits rel diff %.3g, argmax %d/%d", types[i], rel, am,
+              n_test_ids);
+        printf("llama-gqa -> %-9s logits max rel diff vs F32 %.2e, argmax %d/%d\n", types[i], rel, am, n_test_ids);
+    }
+}
+
 /* BF16 and F16 checkpoints, and a sharded one: same result as the source
  * rounded to that type; sharding changes nothing. */
 static void test_dtypes_and_shards(void) {
@@ -673,6 +702,8 @@ int main(void) {
     char evaldir[700];
     snprintf(evaldir, sizeof evaldir, "%s/evalmodel", tmp_root);
     test_types(evaldir);
+    snprintf(evaldir, sizeof evaldir, "%s/llama-gqa", tmp_root);
+    test_4bit_types(evaldir);
     test_dtypes_and_shards();
     test_bad_input();
     test_vocab();

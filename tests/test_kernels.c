@@ -50,7 +50,7 @@ static void *xmalloc(size_t n) {
 }
 
 static const int k_types[] = {QTYPE_F32, QTYPE_F16, QTYPE_BF16, QTYPE_Q8_0,
-                              QTYPE_Q4_0, QTYPE_Q4_K, QTYPE_Q6_K};
+                              QTYPE_Q4_0, QTYPE_Q4_K, QTYPE_Q6_K, QTYPE_INT4_G128};
 enum { N_TYPES = sizeof k_types / sizeof k_types[0] };
 
 static int is_quant(int t) { return qtype_get(t)->block_elems > 1; }
@@ -67,6 +67,7 @@ static void set_pow2_scales(int type, void *row, int64_t cols) {
         case QTYPE_Q8_0:
         case QTYPE_Q4_0: memcpy(b, &d, 2); break;
         case QTYPE_Q4_K:
+        case QTYPE_INT4_G128:
             memcpy(b, &d, 2);
             memcpy(b + 2, &dmin, 2);
             break;
@@ -99,6 +100,10 @@ static void make_weights(int type, void *W, int64_t rows, int64_t cols) {
             if (type == QTYPE_Q6_K) memcpy(b + 208, &d, 2);
             else memcpy(b, &d, 2);
             if (type == QTYPE_Q4_K) memcpy(b + 2, &dmin, 2);
+            if (type == QTYPE_INT4_G128) { /* a negative offset, as for a centred group */
+                ellm_f16 m = ellm_f32_to_f16(-7.5f * ellm_f16_to_f32(d) * (0.8f + 0.4f * rng_uniform()));
+                memcpy(b + 2, &m, 2);
+            }
         }
 }
 
@@ -112,7 +117,7 @@ static void test_type_table(void) {
         {QTYPE_Q4_0, 32, 18, 1},  {QTYPE_Q8_0, 32, 34, 1},   {QTYPE_Q4_K, 256, 144, 1},
         {QTYPE_Q6_K, 256, 210, 1}, {QTYPE_Q8_K, 256, 292, 0}, {QTYPE_Q4_1, 32, 20, 0},
         {QTYPE_Q5_0, 32, 22, 0},  {QTYPE_Q5_1, 32, 24, 0},   {QTYPE_Q2_K, 256, 84, 0},
-        {QTYPE_Q3_K, 256, 110, 0}, {QTYPE_Q5_K, 256, 176, 0},
+        {QTYPE_Q3_K, 256, 110, 0}, {QTYPE_Q5_K, 256, 176, 0}, {QTYPE_INT4_G128, 128, 68, 1},
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
         const qtype_info *t = qtype_get(want[i].type);
@@ -123,7 +128,7 @@ static void test_type_table(void) {
               "type %s: %d elems %d bytes supported %d", t->name, t->block_elems, t->block_bytes,
               t->supported);
     }
-    int unknown[] = {-1, 4, 5, 31, 40, 1000};
+    int unknown[] = {-1, 4, 5, 31, 40, 127, 129, 1000};
     for (size_t i = 0; i < sizeof unknown / sizeof unknown[0]; i++)
         CHECK(qtype_get(unknown[i]) == NULL, "type %d should be unknown", unknown[i]);
     CHECK(qtype_row_bytes(QTYPE_Q8_0, 4096) == 4352, "q8_0 row");
@@ -276,6 +281,7 @@ static void test_roundtrip(void) {
                 case QTYPE_Q8_0: bound = 0.57f * amax / 127; break;
                 case QTYPE_Q4_0: bound = 1.02f * amax / 8; break; /* +amax clips from 8 to 7 */
                 case QTYPE_Q4_K: bound = 0.075f * amax; break;
+                case QTYPE_INT4_G128: bound = 0.14f * amax; break; /* a step of (max - min) / 15: the fit may clip outliers */
                 default: bound = 0.02f * amax; break; /* Q6_K */
                 }
                 if (emax > bound && bad < 0) {
@@ -289,7 +295,7 @@ static void test_roundtrip(void) {
             double rel = sqrt(err2 / x2);
             double rel_max = type == QTYPE_F32 ? 0 : type == QTYPE_F16 ? 3e-4 : type == QTYPE_BF16 ? 3e-3
                            : type == QTYPE_Q8_0 ? 0.01 : type == QTYPE_Q4_0 ? 0.12
-                           : type == QTYPE_Q4_K ? 0.1 : 0.03;
+                           : type == QTYPE_Q4_K || type == QTYPE_INT4_G128 ? 0.1 : 0.03;
             CHECK(rel <= rel_max, "%s round trip trial %d: rms error %.4g > %.4g", ti->name, trial, rel, rel_max);
         }
         /* all zeros stay zeros */
@@ -364,7 +370,7 @@ static void test_act_prepare_case(ellm_isa isa, int type, int64_t cols, int nb) 
 }
 
 static void test_act_prepare(ellm_isa isa) {
-    int types[] = {QTYPE_Q8_0, QTYPE_Q4_0, QTYPE_Q4_K, QTYPE_F32};
+    int types[] = {QTYPE_Q8_0, QTYPE_Q4_0, QTYPE_Q4_K, QTYPE_F32, QTYPE_INT4_G128};
     int64_t cols_list[] = {256, 768, 4096};
     for (size_t t = 0; t < sizeof types / sizeof types[0]; t++)
         for (size_t c = 0; c < sizeof cols_list / sizeof cols_list[0]; c++) {
@@ -445,6 +451,10 @@ static void test_matmul(ellm_isa isa) {
             cols_list[0] = 32;
             cols_list[1] = 96;
             cols_list[2] = 320;
+        } else if (be == 128) {
+            cols_list[0] = 128;
+            cols_list[1] = 384;
+            cols_list[2] = 1280;
         } else {
             cols_list[0] = 256;
             cols_list[1] = 512;
@@ -529,7 +539,7 @@ static void test_matmul_batch_invariance(ellm_isa isa) {
     for (int t = 0; t < N_TYPES; t++) {
         int type = k_types[t];
         int be = qtype_get(type)->block_elems;
-        int64_t cols = be == 1 ? 203 : be == 32 ? 32 * 21 : 256 * 3;
+        int64_t cols = be == 1 ? 203 : be == 32 ? 32 * 21 : be == 128 ? 128 * 5 : 256 * 3;
         test_matmul_batch_invariance_case(isa, type, cols, 11);
         test_matmul_batch_invariance_case(isa, type, cols, 37);
     }
@@ -550,11 +560,11 @@ static void test_matmul_batch_invariance(ellm_isa isa) {
  * product and partial sum is exact in float, so any difference is a bug in
  * the integer dot products rather than rounding. */
 static void test_matmul_exact(ellm_isa isa) {
-    int types[] = {QTYPE_Q8_0, QTYPE_Q4_0, QTYPE_Q4_K, QTYPE_Q6_K};
+    int types[] = {QTYPE_Q8_0, QTYPE_Q4_0, QTYPE_Q4_K, QTYPE_Q6_K, QTYPE_INT4_G128};
     for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
         int type = types[t];
         int64_t cols = type == QTYPE_Q8_0 || type == QTYPE_Q4_0 ? 256 : 512, rows = 9;
-        int nb = 5, be = type == QTYPE_Q8_0 || type == QTYPE_Q4_0 ? 32 : 256;
+        int nb = 5, be = qtype_get(type)->block_elems;
         size_t rb = qtype_row_bytes(type, cols);
         void *W = xmalloc(rb * (size_t)rows);
         fill_bytes(W, rb * (size_t)rows);

@@ -77,8 +77,8 @@ static void convert_usage(FILE *f) {
             "\n"
             "types:\n");
     for (int i = 0; i < n; i++)
-        fprintf(f, "  %-8s %s%s\n", types[i].name, types[i].help,
-                types[i].llama_cpp_ok ? "" : " (eLLM only: llama.cpp will not load it)");
+        fprintf(f, "  %-10s %s%s\n", types[i].name, types[i].help,
+                types[i].llama_cpp_ok ? "" : "\n             eLLM's own type: llama.cpp will not load it");
 }
 
 int cmd_convert(int argc, char **argv) {

@@ -31,6 +31,9 @@ static const convert_type cv_types[] = {
     {"q4_0", QTYPE_Q4_0, 2, 1, "4-bit, blocks of 32 (4.5 bits per weight); output matrix Q6_K"},
     {"q4_k_m", QTYPE_Q4_K, 15, 1, "4-bit K-quant, super-blocks of 256; Q6_K for output, some attn_v/ffn_down"},
     {"q6_k", QTYPE_Q6_K, 18, 1, "6-bit K-quant, super-blocks of 256 (6.56 bits per weight)"},
+    {"int4-g128", QTYPE_INT4_G128, CONVERT_FTYPE_INT4_G128, 0,
+     "4-bit, groups of 128 with scale and offset (4.25 bits per weight);\n"
+     "             output matrix Q6_K, rows not a multiple of 128 Q4_0"},
 };
 #define N_CV_TYPES (int)(sizeof cv_types / sizeof cv_types[0])
 
@@ -51,12 +54,14 @@ int convert_more_bits(int layer, int n_layer) {
 
 int convert_matrix_type(const convert_type *t, int is_output, int more_bits, int64_t ne0) {
     int type = t->base;
-    if ((t->base == QTYPE_Q4_0 || t->base == QTYPE_Q4_K) && is_output) type = QTYPE_Q6_K;
+    if ((t->base == QTYPE_Q4_0 || t->base == QTYPE_Q4_K || t->base == QTYPE_INT4_G128) && is_output)
+        type = QTYPE_Q6_K;
     if (t->base == QTYPE_Q4_K && more_bits) type = QTYPE_Q6_K;
     if (ne0 % 256) {
         if (type == QTYPE_Q6_K) type = QTYPE_Q8_0;
         if (type == QTYPE_Q4_K) type = QTYPE_Q4_0;
     }
+    if (type == QTYPE_INT4_G128 && ne0 % QK_G128) type = QTYPE_Q4_0;
     if (ne0 % qtype_get(type)->block_elems) type = QTYPE_F16;
     return type;
 }

@@ -22,6 +22,10 @@
 
 #include <stdint.h>
 
+/* general.file_type of int4-g128 files: not a llama_ftype (llama.cpp has no
+ * such type); the value is the tensor type id (docs/GGUF.md). */
+#define CONVERT_FTYPE_INT4_G128 128
+
 /* Output types (--type). */
 typedef struct {
     const char *name;   /* "q4_k_m" */
@@ -39,8 +43,8 @@ const convert_type *convert_type_find(const char *name);
  * it: the output matrix (token_embd when tied) is Q6_K for the 4-bit types;
  * q4_k_m uses Q6_K for attn_v and ffn_down in more_bits layers (the first
  * and last eighth and every third between). Rows (ne0) that are not a
- * multiple of the type's block fall back: Q4_K -> Q4_0, Q6_K -> Q8_0, and
- * 32-element block types -> F16. */
+ * multiple of the type's block fall back: Q4_K -> Q4_0, Q6_K -> Q8_0,
+ * INT4_G128 -> Q4_0, and 32-element block types -> F16. */
 int convert_matrix_type(const convert_type *t, int is_output, int more_bits, int64_t ne0);
 /* llama.cpp's use_more_bits(layer, n_layer). */
 int convert_more_bits(int layer, int n_layer);

@@ -61,6 +61,17 @@ void kern_act_q8k_row_ref(const float *x, int64_t cols, int off, void *row) {
     }
 }
 
+/* Prepares one ACT_Q8G row (groups of 128 with their sums) from `cols` floats. */
+void kern_act_q8g_row_ref(const float *x, int64_t cols, int off, void *row) {
+    act_row a = act_sections(ACT_Q8G, cols, row);
+    for (int64_t g = 0; g < cols / QK_G128; g++) {
+        a.d[g] = act_quantize_block(x + QK_G128 * g, QK_G128, a.qs + QK_G128 * g);
+        int s = 0;
+        for (int i = 0; i < QK_G128; i++) s += a.qs[QK_G128 * g + i];
+        a.sa[g] = s;
+    }
+}
+
 /* ---- reference matmuls: Y[b][r] for r in [r0, r1), b < nb ----
  * Integer dot products are exact per block; blocks are summed in float in
  * column order. */
@@ -204,6 +215,32 @@ static void matmul_q6_K_ref(const void *W, int64_t cols, int64_t r0, int64_t r1,
     }
 }
 
+/* INT4_G128: per group, the exact integer dot of the 4-bit values with the
+ * 8-bit activations scaled by d * da, then the offset m times the group's
+ * activation sum scaled by da; groups added in order, two float adds each.
+ * The SIMD kernels keep exactly this float arithmetic (only the integer dot
+ * is vectorized), so every ISA and batch size gives the same bits. */
+static void matmul_int4_g128_ref(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act, int nb,
+                                 float *Y, int64_t ldy) {
+    int64_t ng = cols / QK_G128;
+    for (int64_t r = r0; r < r1; r++) {
+        const block_int4_g128 *w = (const block_int4_g128 *)W + r * ng;
+        for (int b = 0; b < nb; b++) {
+            act_row a = act_get_row(ACT_Q8G, act, cols, b);
+            float s = 0;
+            for (int64_t g = 0; g < ng; g++) {
+                const int8_t *q = a.qs + QK_G128 * g;
+                int dot = 0;
+                for (int l = 0; l < QK_G128 / 2; l++) dot += (w[g].qs[l] & 0xF) * q[l] + (w[g].qs[l] >> 4) * q[l + 64];
+                float da = a.d[g];
+                s += (ellm_f16_to_f32(w[g].d) * da) * (float)dot;
+                s += (ellm_f16_to_f32(w[g].m) * da) * (float)a.sa[g];
+            }
+            Y[b * ldy + r] = s;
+        }
+    }
+}
+
 /* ---- reference row kernels ---- */
 
 /* Defines kern_rmsnorm: the mean square is summed in double. */
@@ -295,6 +332,9 @@ static void dequant_ref_q4_K(const void *src, float *dst, int64_t n) {
 static void dequant_ref_q6_K(const void *src, float *dst, int64_t n) {
     qtype_dequantize_ref(QTYPE_Q6_K, src, dst, n);
 }
+static void dequant_ref_int4_g128(const void *src, float *dst, int64_t n) {
+    qtype_dequantize_ref(QTYPE_INT4_G128, src, dst, n);
+}
 
 const kern_table kern_table_scalar = {
     .matmul =
@@ -306,6 +346,7 @@ const kern_table kern_table_scalar = {
             [QTYPE_Q4_0] = matmul_q4_0_ref,
             [QTYPE_Q4_K] = matmul_q4_K_ref,
             [QTYPE_Q6_K] = matmul_q6_K_ref,
+            [QTYPE_INT4_G128] = matmul_int4_g128_ref,
         },
     .dequantize =
         {
@@ -316,9 +357,11 @@ const kern_table kern_table_scalar = {
             [QTYPE_Q4_0] = dequant_ref_q4_0,
             [QTYPE_Q4_K] = dequant_ref_q4_K,
             [QTYPE_Q6_K] = dequant_ref_q6_K,
+            [QTYPE_INT4_G128] = dequant_ref_int4_g128,
         },
     .act_q8 = kern_act_q8_row_ref,
     .act_q8k = kern_act_q8k_row_ref,
+    .act_q8g = kern_act_q8g_row_ref,
     .rmsnorm = kern_rmsnorm_ref,
     .rope = kern_rope_ref,
     .swiglu = kern_swiglu_ref,
@@ -386,7 +429,7 @@ void kern_act_prepare(int wtype, const float *X, int64_t cols, int nb, void *act
     if (kern_act_bytes(wtype, cols, 1) == 0) return;
     act_kind kind = act_kind_of(wtype);
     size_t row_bytes = act_row_bytes(kind, cols);
-    kern_act_row_fn fn = kind == ACT_Q8 ? KERN_PICK(act_q8) : KERN_PICK(act_q8k);
+    kern_act_row_fn fn = kind == ACT_Q8 ? KERN_PICK(act_q8) : kind == ACT_Q8G ? KERN_PICK(act_q8g) : KERN_PICK(act_q8k);
     for (int b = 0; b < nb; b++) {
         char *row = (char *)act + (size_t)b * row_bytes;
         if (kind == ACT_F32) memcpy(row, X + (int64_t)b * cols, (size_t)cols * sizeof(float));

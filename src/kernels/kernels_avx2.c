@@ -651,6 +651,7 @@ const kern_table kern_table_avx2 = {
             [QTYPE_Q4_0] = matmul_q4_0_avx2,
             [QTYPE_Q4_K] = matmul_q4_K_avx2,
             [QTYPE_Q6_K] = matmul_q6_K_avx2,
+            [QTYPE_INT4_G128] = kern_matmul_int4_g128_avx2,
         },
     .dequantize =
         {

@@ -951,6 +951,7 @@ const kern_table kern_table_avx512 = {
             [QTYPE_Q4_0] = matmul_q4_0_avx512,
             [QTYPE_Q4_K] = matmul_q4_K_avx512,
             [QTYPE_Q6_K] = matmul_q6_K_avx512,
+            [QTYPE_INT4_G128] = kern_matmul_int4_g128_avx512,
         },
     .dequantize =
         {

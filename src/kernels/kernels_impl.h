@@ -35,6 +35,10 @@
  *   ACT_Q8K (Q4_K, Q6_K weights):     float d[cols/256]; int16 bsums[cols/16];
  *       int8 qs[cols]. Same rounding over blocks of 256; bsums[j] is the sum
  *       of qs[16j .. 16j + 15] (for the mins / the -32 offset).
+ *   ACT_Q8G (INT4_G128 weights), ng = cols/128 groups:
+ *       float d[ng]; int32 sa[ng]; int8 qs[cols]. Same rounding over groups
+ *       of 128 (d = max|x| / 127 per group); sa[g] is the sum of the group's
+ *       q, which meets the weight offset m.
  *
  * The ACT_Q8 order serves the AVX-512 dot products (kernels_avx512.c):
  *   - qs in groups of 4 blocks (128 bytes): the first 16 elements of the
@@ -44,7 +48,7 @@
  *   - d and sa in chunks of 16 blocks, in the lane order in which the
  *     kernels' reduction of those 4-lane sums leaves the 16 block dots
  *     (act_q8_slot), so scales apply without a permute. */
-typedef enum { ACT_NONE, ACT_F32, ACT_Q8, ACT_Q8K } act_kind;
+typedef enum { ACT_NONE, ACT_F32, ACT_Q8, ACT_Q8K, ACT_Q8G } act_kind;
 
 /* Slot of block k in the d and sa arrays: within a chunk of 16 blocks,
  * block 4m + l (group m, place l in it) sits in slot 4l + m. */
@@ -67,6 +71,7 @@ static inline act_kind act_kind_of(int wtype) {
     case QTYPE_Q4_0: return ACT_Q8;
     case QTYPE_Q4_K:
     case QTYPE_Q6_K: return ACT_Q8K;
+    case QTYPE_INT4_G128: return ACT_Q8G;
     default: return ACT_NONE;
     }
 }
@@ -87,6 +92,9 @@ static inline size_t act_row_bytes(act_kind kind, int64_t cols) {
         if (cols % QK_K) return 0;
         return act_pad64(n / QK_K * sizeof(float)) + act_pad64(n / 16 * sizeof(int16_t)) +
                act_pad64(n);
+    case ACT_Q8G:
+        if (cols % QK_G128) return 0;
+        return 2 * act_pad64(n / QK_G128 * 4) + act_pad64(n);
     default: return 0;
     }
 }
@@ -94,8 +102,8 @@ static inline size_t act_row_bytes(act_kind kind, int64_t cols) {
 /* The sections of one prepared row; pointers a kind does not have are NULL. */
 typedef struct {
     float *x;       /* ACT_F32: cols */
-    float *d;       /* ACT_Q8: 16 * nchunk block scales, by slot; ACT_Q8K: cols/256 */
-    int32_t *sa;    /* ACT_Q8: 16 * nchunk offset block sums, by slot */
+    float *d;       /* ACT_Q8: 16 * nchunk block scales, by slot; ACT_Q8K: cols/256; ACT_Q8G: cols/128 */
+    int32_t *sa;    /* ACT_Q8: 16 * nchunk offset block sums, by slot; ACT_Q8G: group sums */
     int16_t *bsums; /* ACT_Q8K: cols/16 */
     int8_t *qs;     /* ACT_Q8: 128 * ngroup (grouped, see above); ACT_Q8K: cols */
 } act_row;
@@ -117,6 +125,11 @@ static inline act_row act_sections(act_kind kind, int64_t cols, void *row) {
         r.d = (float *)p;
         r.bsums = (int16_t *)(p + off);
         r.qs = (int8_t *)(p + off + act_pad64(n / 16 * sizeof(int16_t)));
+    } else if (kind == ACT_Q8G) {
+        size_t fb = act_pad64(n / QK_G128 * 4);
+        r.d = (float *)p;
+        r.sa = (int32_t *)(p + fb);
+        r.qs = (int8_t *)(p + 2 * fb);
     }
     return r;
 }
@@ -163,7 +176,7 @@ typedef struct {
     kern_matmul_fn matmul[QTYPE_COUNT];
     kern_convert_fn dequantize[QTYPE_COUNT];
     int matmul_int_needs_vnni; /* integer matmuls use AVX-512 VNNI */
-    kern_act_row_fn act_q8, act_q8k;
+    kern_act_row_fn act_q8, act_q8k, act_q8g;
     void (*rmsnorm)(float *out, const float *x, const float *w, int64_t n, float eps);
     void (*rope)(float *x, int n_heads, int head_dim, int n_rot, const float *cos_sin, int neox);
     void (*swiglu)(float *out, const float *gate, const float *up, int64_t n);
@@ -181,5 +194,12 @@ extern const kern_table kern_table_avx512;
 /* Scalar preparers, shared by the reference and as SIMD fallbacks. */
 void kern_act_q8_row_ref(const float *x, int64_t cols, int off, void *row);
 void kern_act_q8k_row_ref(const float *x, int64_t cols, int off, void *row);
+void kern_act_q8g_row_ref(const float *x, int64_t cols, int off, void *row);
+
+/* INT4_G128 matmuls (int4_g128_avx2.c, int4_g128_avx512.c). */
+void kern_matmul_int4_g128_avx2(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act, int nb,
+                                float *Y, int64_t ldy);
+void kern_matmul_int4_g128_avx512(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act, int nb,
+                                  float *Y, int64_t ldy);
 
 #endif

@@ -41,6 +41,7 @@ static const qtype_info qtype_table[QTYPE_COUNT] = {
     [34] = {"tq1_0", 256, 54, 0},
     [35] = {"tq2_0", 256, 66, 0},
     [39] = {"mxfp4", 32, 17, 0},
+    [QTYPE_INT4_G128] = {"int4_g128", QK_G128, 68, 1},
 };
 
 /* Returns the info for ggml type id `type`, or NULL if unknown or retired. */
@@ -127,6 +128,17 @@ static void dequant_q6_K(const void *src, float *dst, int64_t n) {
     }
 }
 
+static void dequant_int4_g128(const void *src, float *dst, int64_t n) {
+    const block_int4_g128 *b = src;
+    for (int64_t k = 0; k < n / QK_G128; k++, dst += QK_G128) {
+        float d = ellm_f16_to_f32(b[k].d), m = ellm_f16_to_f32(b[k].m);
+        for (int l = 0; l < QK_G128 / 2; l++) {
+            dst[l] = d * (float)(b[k].qs[l] & 0xF) + m;
+            dst[l + 64] = d * (float)(b[k].qs[l] >> 4) + m;
+        }
+    }
+}
+
 /* Converts n elements of `type` to F32; unsupported types leave dst untouched. */
 void qtype_dequantize_ref(int type, const void *src, float *dst, int64_t n) {
     switch (type) {
@@ -137,6 +149,7 @@ void qtype_dequantize_ref(int type, const void *src, float *dst, int64_t n) {
     case QTYPE_Q4_0: dequant_q4_0(src, dst, n); break;
     case QTYPE_Q4_K: dequant_q4_K(src, dst, n); break;
     case QTYPE_Q6_K: dequant_q6_K(src, dst, n); break;
+    case QTYPE_INT4_G128: dequant_int4_g128(src, dst, n); break;
     default: break;
     }
 }
@@ -257,6 +270,143 @@ static void quant_q6_K(const float *x, void *dst, int64_t n) {
     }
 }
 
+/* Weighted least-squares fit of x ~= d * q + m over one group for fixed q
+ * (weights w): the 2x2 normal equations. Returns 0 if they are singular
+ * (all q equal). */
+static int fit_scale_offset(const float *x, const float *w, const uint8_t *q, int n, float *d, float *m) {
+    double sw = 0, sx = 0, sq = 0, sqq = 0, sxq = 0;
+    for (int i = 0; i < n; i++) {
+        sw += w[i];
+        sx += (double)w[i] * x[i];
+        sq += (double)w[i] * q[i];
+        sqq += (double)w[i] * q[i] * q[i];
+        sxq += (double)w[i] * q[i] * x[i];
+    }
+    double det = sw * sqq - sq * sq;
+    if (!(det > 1e-30 * sw * sqq)) return 0;
+    *d = (float)((sw * sxq - sx * sq) / det);
+    *m = (float)((sqq * sx - sq * sxq) / det);
+    return 1;
+}
+
+static double weighted_err(const float *x, const float *w, const uint8_t *q, int n, float d, float m) {
+    double e = 0;
+    for (int i = 0; i < n; i++) {
+        double r = (double)d * q[i] + m - x[i];
+        e += w[i] * r * r;
+    }
+    return e;
+}
+
+/* One INT4_G128 group: try a few scales around (max - min) / 15, assign the
+ * nearest q for each, refit d and m by weighted least squares, and keep the
+ * fit with the smallest weighted error; then round d and m to F16 and
+ * re-assign q against the rounded values (what the file holds). */
+static void quant_int4_g128_group(const float *x, const float *w, block_int4_g128 *b) {
+    enum { N = QK_G128 };
+    float lo = x[0], hi = x[0];
+    for (int i = 1; i < N; i++) {
+        lo = fminf(lo, x[i]);
+        hi = fmaxf(hi, x[i]);
+    }
+    float best_d = 0, best_m = lo;
+    if (hi > lo) {
+        uint8_t q[N];
+        double best = INFINITY;
+        for (int step = -4; step <= 4; step++) {
+            float iscale = (15.0f + 0.25f * (float)step) / (hi - lo);
+            for (int i = 0; i < N; i++) q[i] = (uint8_t)clampi((int)lrintf(iscale * (x[i] - lo)), 0, 15);
+            float d = 1.0f / iscale, m = lo;
+            fit_scale_offset(x, w, q, N, &d, &m);
+            /* re-assign q against the fit once: rounding to the fitted grid */
+            if (d > 0)
+                for (int i = 0; i < N; i++) q[i] = (uint8_t)clampi((int)lrintf((x[i] - m) / d), 0, 15);
+            double e = weighted_err(x, w, q, N, d, m);
+            if (e < best && d > 0) {
+                best = e;
+                best_d = d;
+                best_m = m;
+            }
+        }
+    }
+    b->d = ellm_f32_to_f16(best_d);
+    b->m = ellm_f32_to_f16(best_m);
+    float d = ellm_f16_to_f32(b->d), m = ellm_f16_to_f32(b->m), id = d > 0 ? 1.0f / d : 0.0f;
+    for (int l = 0; l < N / 2; l++) {
+        int q0 = id > 0 ? clampi((int)lrintf((x[l] - m) * id), 0, 15) : 0;
+        int q1 = id > 0 ? clampi((int)lrintf((x[l + 64] - m) * id), 0, 15) : 0;
+        b->qs[l] = (uint8_t)(q0 | (q1 << 4));
+    }
+}
+
+static void quant_int4_g128(const float *x, void *dst, int64_t n, const float *imatrix, int64_t n_per_row) {
+    block_int4_g128 *b = dst;
+    float ones[QK_G128];
+    for (int i = 0; i < QK_G128; i++) ones[i] = 1.0f;
+    for (int64_t k = 0; k < n / QK_G128; k++, x += QK_G128) {
+        const float *w = imatrix ? imatrix + (k * QK_G128) % n_per_row : ones;
+        quant_int4_g128_group(x, w, &b[k]);
+    }
+}
+
+/* Q4_0 with weights: the scale that maps the largest magnitude to -8 is
+ * tried with small changes, and the one with the smallest weighted error
+ * after re-rounding kept (llama.cpp's importance-weighted idea for Q4_0). */
+static void quant_q4_0_weighted(const float *x, void *dst, int64_t n, const float *imatrix, int64_t n_per_row) {
+    block_q4_0 *b = dst;
+    for (int64_t k = 0; k < n / QK4_0; k++, x += QK4_0) {
+        const float *w = imatrix + (k * QK4_0) % n_per_row;
+        float amax = 0, max = 0;
+        for (int i = 0; i < QK4_0; i++)
+            if (fabsf(x[i]) > amax) {
+                amax = fabsf(x[i]);
+                max = x[i];
+            }
+        float best_d = max / -8.0f;
+        double best = INFINITY;
+        for (int step = -6; step <= 6 && amax > 0; step++) {
+            float d = max / (-8.0f + 0.1f * (float)step), id = 1.0f / d;
+            /* least-squares scale for these q, then the error at the F16 scale */
+            double sxq = 0, sqq = 0;
+            int q[QK4_0];
+            for (int i = 0; i < QK4_0; i++) {
+                q[i] = clampi((int)lrintf(x[i] * id), -8, 7);
+                sxq += (double)w[i] * x[i] * q[i];
+                sqq += (double)w[i] * q[i] * q[i];
+            }
+            if (sqq > 0) d = (float)(sxq / sqq);
+            float d16 = ellm_f16_to_f32(ellm_f32_to_f16(d));
+            double e = 0;
+            for (int i = 0; i < QK4_0; i++) {
+                int qq = d16 != 0 ? clampi((int)lrintf(x[i] / d16), -8, 7) : 0;
+                double r = (double)d16 * qq - x[i];
+                e += w[i] * r * r;
+            }
+            if (e < best) {
+                best = e;
+                best_d = d;
+            }
+        }
+        b[k].d = ellm_f32_to_f16(best_d);
+        float d = ellm_f16_to_f32(b[k].d), id = d != 0 ? 1.0f / d : 0.0f;
+        for (int i = 0; i < QK4_0 / 2; i++) {
+            int q0 = clampi((int)lrintf(x[i] * id) + 8, 0, 15);
+            int q1 = clampi((int)lrintf(x[i + 16] * id) + 8, 0, 15);
+            b[k].qs[i] = (uint8_t)(q0 | (q1 << 4));
+        }
+    }
+}
+
+void qtype_quantize_weighted(int type, const float *src, void *dst, int64_t n, const float *imatrix,
+                             int64_t n_per_row) {
+    if (imatrix && n_per_row > 0 && type == QTYPE_Q4_0 && n_per_row % QK4_0 == 0)
+        quant_q4_0_weighted(src, dst, n, imatrix, n_per_row);
+    else if (imatrix && n_per_row > 0 && type == QTYPE_INT4_G128 && n_per_row % QK_G128 == 0)
+        quant_int4_g128(src, dst, n, imatrix, n_per_row);
+    else
+        qtype_quantize_ref(type, src, dst, n);
+}
+
 /* Converts n floats to `type`; types without a quantizer leave dst untouched. */
 void qtype_quantize_ref(int type, const float *src, void *dst, int64_t n) {
     switch (type) {
@@ -271,6 +421,7 @@ void qtype_quantize_ref(int type, const float *src, void *dst, int64_t n) {
     case QTYPE_Q4_0: quant_q4_0(src, dst, n); break;
     case QTYPE_Q4_K: quant_q4_K(src, dst, n); break;
     case QTYPE_Q6_K: quant_q6_K(src, dst, n); break;
+    case QTYPE_INT4_G128: quant_int4_g128(src, dst, n, NULL, 0); break;
     default: break;
     }
 }

@@ -29,7 +29,12 @@ typedef enum {
     QTYPE_Q6_K = 14,
     QTYPE_Q8_K = 15,
     QTYPE_BF16 = 30,
-    QTYPE_COUNT = 40 /* ids >= this are unknown */
+    /* eLLM's own type (not ggml's; llama.cpp refuses it): 128-weight groups
+     * of 4-bit values with an F16 scale and offset. The id sits far above
+     * ggml's (0..39) so that new ggml types cannot collide with it; see
+     * docs/GGUF.md. */
+    QTYPE_INT4_G128 = 128,
+    QTYPE_COUNT = 129 /* ids >= this are unknown */
 } qtype;
 
 typedef struct {
@@ -49,9 +54,16 @@ size_t qtype_row_bytes(int type, int64_t n);
 
 /* Reference conversions (scalar). n must be a multiple of the block size.
  * quantize supports F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K (round-to-nearest
- * quantizers compatible with ggml's format, for tests and `ellm synth`). */
+ * quantizers compatible with ggml's format, for tests and `ellm synth`) and
+ * INT4_G128 (scale and offset fitted per group by least squares). */
 void qtype_dequantize_ref(int type, const void *src, float *dst, int64_t n);
 void qtype_quantize_ref(int type, const float *src, void *dst, int64_t n);
+/* Like qtype_quantize_ref, minimizing the squared error weighted per column:
+ * element i of the row weighs imatrix[i % n_per_row] (an importance matrix:
+ * the mean squared activation that meets each input column). Types without
+ * a weighted quantizer (and imatrix NULL) quantize as qtype_quantize_ref. */
+void qtype_quantize_weighted(int type, const float *src, void *dst, int64_t n, const float *imatrix,
+                             int64_t n_per_row);
 
 /* ---- ggml block layouts (little-endian, packed by construction) ---------- */
 
@@ -94,6 +106,18 @@ typedef struct {
     ellm_f16 d;
 } block_q6_K;
 
+#define QK_G128 128
+
+/* INT4_G128 (eLLM's own): 128 weights w[i] = d * q[i] + m with q[i] in
+ * 0..15; qs[l] holds q[l] in its low nibble and q[l + 64] in its high nibble
+ * (l = 0..63), so one 64-byte load meets the first half of the group in low
+ * nibbles and the second half in high nibbles. 68 bytes: 4.25 bits per weight. */
+typedef struct {
+    ellm_f16 d;
+    ellm_f16 m;
+    uint8_t qs[QK_G128 / 2];
+} block_int4_g128;
+
 /* ggml's 8-bit intermediate for k-quant dot products (listed for its size). */
 typedef struct {
     float d;
@@ -106,6 +130,7 @@ static_assert(sizeof(block_q8_0) == 34, "block_q8_0 size");
 static_assert(sizeof(block_q4_K) == 144, "block_q4_K size");
 static_assert(sizeof(block_q6_K) == 210, "block_q6_K size");
 static_assert(sizeof(block_q8_K) == 292, "block_q8_K size");
+static_assert(sizeof(block_int4_g128) == 68, "block_int4_g128 size");
 
 /* Decodes sub-block j's 6-bit scale and min from a Q4_K `scales` array: bytes
  * 0..3 hold sc[0..3] (low 6 bits) and the top 2 bits of sc[4..7]; bytes 4..7
