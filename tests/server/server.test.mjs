@@ -22,9 +22,8 @@ function check(cond, what) {
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
 // Starts a server on a free port; resolves when /health answers 200.
-async function startServer(extra) {
-  const args = ['serve', '-m', MODEL, '--port', '0', '-t', THREADS, '--chat-template', 'chatml', ...extra];
-  const proc = spawn(BIN, args, { stdio: ['ignore', 'ignore', 'pipe'] });
+async function startServer(extra, bin = BIN, args = ['serve', '-m', MODEL, '--port', '0', '-t', THREADS, '--chat-template', 'chatml', ...extra]) {
+  const proc = spawn(bin, args, { stdio: ['ignore', 'ignore', 'pipe'] });
   let log = '';
   const port = await new Promise((resolve, reject) => {
     const timer = setTimeout(() => reject(new Error('server did not start: ' + log)), 20000);
@@ -105,7 +104,45 @@ const PROMPTS = [
   'x = [1, 2, 3]\n', 'while True:\n', 'from typing import List\n', 'return None\n',
 ];
 
+
+// build/ellm_server with the seed's flag names; one slot and no wait queue:
+// a second request while the slot is busy gets 503 with Retry-After.
+async function seedServer() {
+  const bin = BIN.replace(/ellm$/, 'ellm_server');
+  const srv = await startServer([], bin, ['--model', MODEL, '--port', '0', '--threads', THREADS, '--n-batch', '1',
+    '--kv-cache-gb', '0.001', '--sparse-topk', '64', '--numa-aware', '--parallel', '1', '--max-queue', '0']);
+  const { base } = srv;
+  const client = new OpenAI({ baseURL: base + '/v1', apiKey: 'none', maxRetries: 0, timeout: 60000 });
+  try {
+    const models = await client.models.list();
+    const nCtx = models.data[0].meta.n_ctx;
+    check(nCtx > 32 && nCtx < models.data[0].meta.n_ctx_train, `--kv-cache-gb 0.001 sizes the slot's context (${nCtx} tokens)`);
+    const busy = streamText(client, 'completion', { model: 'x', prompt: PROMPTS[0], max_tokens: 120, temperature: 0, ignore_eos: true });
+    let r = null;
+    for (let i = 0; i < 100; i++) {
+      await sleep(20);
+      if ((await metrics(base)).get('ellm_requests_running') === 1) break;
+    }
+    r = await rawPost(base, '/v1/completions', JSON.stringify({ prompt: 'x', max_tokens: 2 }));
+    check(r.status === 503 && isOpenAIError(r.json) && Number(r.headers.get('retry-after')) >= 1,
+          `busy slot, no queue: 503 with Retry-After (${r.status} ${r.headers.get('retry-after')})`);
+    const b = await busy;
+    check(b.finish === 'length' && b.usage.completion_tokens === 120, 'the running request was not disturbed');
+    const after = await client.completions.create({ model: 'x', prompt: PROMPTS[1], max_tokens: 4, temperature: 0 });
+    check(after.usage.completion_tokens === 4, 'served again once the slot is free');
+    const m = await metrics(base);
+    check(m.get('ellm_requests_total{status="overloaded"}') === 1, 'the 503 is counted as overloaded');
+    const tooLong = await rawPost(base, '/v1/completions', JSON.stringify({ prompt: 'def f(x):\n    return x\n'.repeat(150) }));
+    check(tooLong.status === 400 && tooLong.json.error.code === 'context_length_exceeded', 'prompt beyond the slot context: 400');
+  } catch (e) {
+    check(false, `unexpected exception in the seed-flag server test: ${e.stack || e}`);
+  } finally {
+    srv.proc.kill('SIGTERM');
+  }
+}
+
 async function main() {
+  await seedServer();
   const srv = await startServer(['-c', '256', '--parallel', '16', '--n-batch', '16', '--api-key', KEY]);
   const { base } = srv;
   const client = new OpenAI({ baseURL: base + '/v1', apiKey: KEY, maxRetries: 0, timeout: 60000 });
