@@ -3,15 +3,24 @@
  *
  * Work model. A segment is (KV head h, tile of up to ATTN_TILE_Q query tokens);
  * its rows are the tile's tokens times the group's query heads. A segment's
- * work is the list of KV blocks its last token can see, one unit per block.
- * Units of all segments are laid end to end (heads outer, tiles inner) and cut
- * into nth equal contiguous ranges, one per thread, so two threads share the
- * work even for a single KV head at any depth. A thread that covers a whole
- * segment writes the normalized output itself; a segment cut between threads
- * leaves one partial (m, l, acc) per thread in a per-thread slot, and the last
- * thread to finish it (an atomic arrival count) merges the partials with a
- * log-sum-exp reduction. No barrier, one threadpool_run per call. A thread's
- * range cuts at most its first and its last segment, hence two slots per thread.
+ * KV blocks (those its last token can see, or its sparse list) are cut into
+ * parts of ATTN_PART_BLOCKS blocks at fixed places: part c holds blocks
+ * [c * ATTN_PART_BLOCKS, (c + 1) * ATTN_PART_BLOCKS) of the list. Each part
+ * starts from an empty online-softmax state, and a segment of several parts is
+ * merged by a log-sum-exp reduction of its parts in part order. Where the parts
+ * are cut depends only on block indices -- not on the number of query tokens in
+ * the call, nor on the number of threads -- and a row ignores the blocks it
+ * cannot see, so every query row gets exactly the bits a single-token call at
+ * its position gets: a batched prefill or speculative verification reproduces
+ * decode bit for bit.
+ *
+ * Parts of all segments are laid end to end (heads outer, tiles inner) and the
+ * blocks they hold are cut into nth equal contiguous ranges; a thread computes
+ * the parts that start in its range. A segment of one part is written out by
+ * its thread; otherwise each part leaves its (m, l, acc) in its own slot and
+ * the last thread to finish one of the segment's parts (an atomic arrival
+ * count) merges them. No barrier, one threadpool_run per wave of tiles (a long
+ * prefill runs in waves so the part slots stay within the workspace).
  *
  * attention_forward_select (sparse decode) cannot cut the work in advance: the
  * block lists come from the selection in the same job. There, threads take
@@ -41,11 +50,15 @@ struct attention_workspace {
     int lds;          /* block_tokens rounded up to 4 */
     int rows_pad;     /* rows of the largest segment, rounded up to ATTN_PAD */
     int max_seg;      /* n_head * ceil(max_q / ATTN_TILE_Q): bound on segments */
+    int max_units;    /* parts one wave may hold */
     size_t thread_floats; /* per-thread scratch, see thread_state() */
-    size_t slot_floats;   /* one partial: m[rows_pad], l[rows_pad], acc[rows_pad][hdp] */
-    float *mem;           /* n_threads x (thread_floats + 2 * slot_floats), 64-byte aligned */
-    long *seg_start;      /* max_seg + 1: first unit of each segment, then the total */
-    atomic_int *arrived;  /* max_seg: threads done with each cut segment */
+    float *mem;           /* n_threads x thread_floats, 64-byte aligned */
+    float *part_mem;      /* part_floats: the partials of the segments of a wave */
+    size_t part_floats;
+    long *seg_start;      /* max_seg + 1: first unit (part) of each segment, then the total */
+    size_t *seg_slot;     /* max_seg: offset of the segment's part slots in part_mem */
+    long *unit_block;     /* max_units + 1: blocks before each unit, then the total */
+    atomic_int *arrived;  /* max_seg: parts done of each segment */
     /* attention_forward_select */
     atomic_int next_unit; /* the next unit of work to take */
     atomic_int *sel_done; /* max_seg: generation of the call whose selection is done */
@@ -91,12 +104,26 @@ ellm_status attention_workspace_init(int n_threads, int max_q, int n_head, int h
     size_t rp = (size_t)ws->rows_pad, hdp = (size_t)ws->hdp, lds = (size_t)ws->lds;
     /* q, acc: rows x hdp; m, l: rows; s: rows x lds; kbuf, vbuf: lds x hdp */
     ws->thread_floats = 2 * rp * hdp + 2 * rp + round16(rp * lds) + 2 * round16(lds * hdp);
-    ws->slot_floats = 2 * rp + rp * hdp;
-    size_t floats = (size_t)n_threads * (ws->thread_floats + 2 * ws->slot_floats);
+    size_t floats = (size_t)n_threads * ws->thread_floats;
+    /* Part slots: every part of one tile at the deepest position (all heads:
+     * rows sum to tile * n_head, each head's m and l padded by < 16), and
+     * at least one part per segment of a call. */
+    size_t max_parts = ((size_t)(max_ctx + block_tokens - 1) / (size_t)block_tokens + ATTN_PART_BLOCKS - 1) /
+                       ATTN_PART_BLOCKS;
+    size_t tile_part = (size_t)tile * (size_t)n_head * hdp + 2 * (size_t)n_head * ((size_t)tile + 16);
+    ws->part_floats = tile_part * max_parts;
+    ws->max_units = (int)((size_t)n_head * max_parts) + ws->max_seg;
     void *mem = NULL;
     if (posix_memalign(&mem, 64, floats * sizeof(float)) != 0) mem = NULL;
     ws->mem = mem;
+    /* Not cleared: a part writes its slot before it is read, and pages are
+     * only committed as deep contexts use them. */
+    void *pmem = NULL;
+    if (posix_memalign(&pmem, 64, ws->part_floats * sizeof(float)) != 0) pmem = NULL;
+    ws->part_mem = pmem;
     ws->seg_start = calloc((size_t)ws->max_seg + 1, sizeof *ws->seg_start);
+    ws->seg_slot = calloc((size_t)ws->max_seg, sizeof *ws->seg_slot);
+    ws->unit_block = calloc((size_t)ws->max_units + 1, sizeof *ws->unit_block);
     ws->arrived = calloc((size_t)ws->max_seg, sizeof *ws->arrived);
     ws->sel_done = calloc((size_t)ws->max_seg, sizeof *ws->sel_done);
     /* The rows of all heads of one tile are at most rows_pad; each head's
@@ -105,10 +132,11 @@ ellm_status attention_workspace_init(int n_threads, int max_q, int n_head, int h
     void *cmem = NULL;
     if (posix_memalign(&cmem, 64, chunk_floats * sizeof(float)) != 0) cmem = NULL;
     ws->chunk_mem = cmem;
-    if (!ws->mem || !ws->seg_start || !ws->arrived || !ws->sel_done || !ws->chunk_mem) {
+    if (!ws->mem || !ws->part_mem || !ws->seg_start || !ws->seg_slot || !ws->unit_block || !ws->arrived ||
+        !ws->sel_done || !ws->chunk_mem) {
         attention_workspace_free(ws);
         return ellm_fail(err, ELLM_ERR_NOMEM, "attention workspace: cannot allocate %.1f MB",
-                         (double)floats * sizeof(float) / 1e6);
+                         (double)(floats + ws->part_floats) * sizeof(float) / 1e6);
     }
     /* Zeroed once so pad lanes and pad rows of the scratch are finite. */
     memset(ws->mem, 0, floats * sizeof(float));
@@ -119,7 +147,10 @@ ellm_status attention_workspace_init(int n_threads, int max_q, int n_head, int h
 void attention_workspace_free(attention_workspace *ws) {
     if (!ws) return;
     free(ws->mem);
+    free(ws->part_mem);
     free(ws->seg_start);
+    free(ws->seg_slot);
+    free(ws->unit_block);
     free(ws->arrived);
     free((void *)ws->sel_done);
     free(ws->chunk_mem);
@@ -137,7 +168,8 @@ typedef struct {
     int hd, bt, type;
     size_t half_bytes; /* bytes of a block's K (or V) */
     int n_kv, group, n_tiles, n_seg;
-    long total; /* units (blocks) over all segments */
+    int t0, nt; /* the wave's tiles [t0, t0 + nt); segment s is head s / nt, tile t0 + s % nt */
+    long n_units; /* parts over the wave's segments */
     /* attention_forward_select */
     attention_select_fn select;
     void *select_arg;
@@ -168,35 +200,28 @@ static attn_state thread_state(const attn_job *J, int ith) {
     return st;
 }
 
-/* Partial slot `which` (0: the thread's first segment, 1: its last) of thread t. */
-static float *slot_ptr(const attention_workspace *ws, int t, int which) {
-    return ws->mem + (size_t)ws->n_threads * ws->thread_floats +
-           ((size_t)t * 2 + (size_t)which) * ws->slot_floats;
-}
-
-/* The segment holding unit w (segments are never empty). */
-static int seg_of(const attn_job *J, long w) {
+/* The segment holding unit (part) u (segments are never empty). */
+static int seg_of(const attn_job *J, long u) {
     const long *start = J->ws->seg_start;
     int lo = 0, hi = J->n_seg - 1;
     while (lo < hi) {
         int mid = (lo + hi + 1) / 2;
-        if (start[mid] <= w) lo = mid;
+        if (start[mid] <= u) lo = mid;
         else hi = mid - 1;
     }
     return lo;
 }
 
-/* The thread whose threadpool_split range holds unit w. */
-static int thread_of(long w, long total, int nth) {
-    long per = total / nth, extra = total % nth;
-    if (w < extra * (per + 1)) return (int)(w / (per + 1));
-    return (int)(extra + (w - extra * (per + 1)) / per);
-}
-
-static int first_seg_of_thread(const attn_job *J, int t, int nth) {
-    long b, e;
-    threadpool_split(J->total, t, nth, 1, &b, &e);
-    return seg_of(J, b);
+/* The first unit whose first block is at or after block offset w. */
+static long unit_at(const attn_job *J, long w) {
+    const long *ub = J->ws->unit_block;
+    long lo = 0, hi = J->n_units;
+    while (lo < hi) {
+        long mid = (lo + hi) / 2;
+        if (ub[mid] < w) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
 }
 
 /* Blocks of a sparse list prefetched ahead of the one being computed. A block
@@ -224,7 +249,7 @@ static int first_seg_of_thread(const attn_job *J, int t, int nth) {
  * where the partial goes), starting from an empty state. */
 static void run_part(const attn_job *J, attn_state *st, int s, long kb, long ke) {
     const attention_args *a = J->a;
-    const int h = s / J->n_tiles, t = s % J->n_tiles;
+    const int h = s / J->nt, t = J->t0 + s % J->nt;
     const int i0 = t * ATTN_TILE_Q;
     const int nqt = a->n_q - i0 < ATTN_TILE_Q ? a->n_q - i0 : ATTN_TILE_Q;
     const int G = J->group, hd = J->hd, hdp = st->hdp, bt = J->bt;
@@ -301,13 +326,13 @@ static void run_part(const attn_job *J, attn_state *st, int s, long kb, long ke)
 /* Output row of segment s's row r. */
 static float *out_row(const attn_job *J, int s, int r) {
     const attention_args *a = J->a;
-    int h = s / J->n_tiles, t = s % J->n_tiles, G = J->group;
+    int h = s / J->nt, t = J->t0 + s % J->nt, G = J->group;
     return a->out + ((size_t)(t * ATTN_TILE_Q + r / G) * a->n_head + (size_t)h * G + r % G) *
                         J->hd;
 }
 
 static int seg_rows(const attn_job *J, int s) {
-    int i0 = (s % J->n_tiles) * ATTN_TILE_Q;
+    int i0 = (J->t0 + s % J->nt) * ATTN_TILE_Q;
     int nqt = J->a->n_q - i0 < ATTN_TILE_Q ? J->a->n_q - i0 : ATTN_TILE_Q;
     return nqt * J->group;
 }
@@ -318,31 +343,34 @@ static void write_out(const attn_job *J, const attn_state *st, int s) {
         float *dst = out_row(J, s, r);
         const float *acc = st->acc + (size_t)r * st->hdp;
         float inv = st->l[r] > 0.0f ? 1.0f / st->l[r] : 0.0f;
-        for (int d = 0; d < J->hd; d++) dst[d] = acc[d] * inv;
+        /* (0 + acc) * inv: the bits merge_slots gives a single partial (its
+         * 0 + e * acc with e = 1), signed zeros included */
+        for (int d = 0; d < J->hd; d++) dst[d] = (0.0f + acc[d]) * inv;
     }
 }
 
 /* Log-sum-exp merge of np partials of segment s, each m[rp], l[rp] then
- * acc[rows][hdp] from slots[i]: out = sum_i e_i acc_i / sum_i e_i l_i with
- * e_i = exp(m_i - max m). Partials are visited in order, so the result does not
- * depend on who merges. */
-static void merge_slots(const attn_job *J, int s, const float *const *slots, int np, size_t rp) {
+ * acc[rows][hdp], partial i at base + i * stride: out = sum_i e_i acc_i /
+ * sum_i e_i l_i with e_i = exp(m_i - max m). Partials are visited in order, so
+ * the result does not depend on who merges; a single partial gives exactly
+ * write_out's acc / l. */
+static void merge_slots(const attn_job *J, int s, const float *base, size_t stride, int np, size_t rp) {
     const attention_workspace *ws = J->ws;
     const int rows = seg_rows(J, s), hd = J->hd;
     for (int r = 0; r < rows; r++) {
         float mx = -INFINITY;
         for (int i = 0; i < np; i++)
-            if (slots[i][r] > mx) mx = slots[i][r];
+            if (base[(size_t)i * stride + r] > mx) mx = base[(size_t)i * stride + r];
         float *dst = out_row(J, s, r);
         for (int d = 0; d < hd; d++) dst[d] = 0.0f;
         if (mx == -INFINITY) continue; /* sparse: no key visible to this row */
         float sum = 0.0f;
         for (int i = 0; i < np; i++) {
-            float m = slots[i][r];
+            float m = base[(size_t)i * stride + r];
             if (m == -INFINITY) continue;
             float e = expf(m - mx);
-            sum += e * slots[i][rp + r];
-            const float *acc = slots[i] + 2 * rp + (size_t)r * ws->hdp;
+            sum += e * base[(size_t)i * stride + rp + r];
+            const float *acc = base + (size_t)i * stride + 2 * rp + (size_t)r * ws->hdp;
             for (int d = 0; d < hd; d++) dst[d] += e * acc[d];
         }
         float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
@@ -350,45 +378,48 @@ static void merge_slots(const attn_job *J, int s, const float *const *slots, int
     }
 }
 
-/* Merges the partials of threads [t_lo, t_hi] for segment s, in thread order. */
-static void merge_seg(const attn_job *J, int s, int t_lo, int t_hi, int nth) {
-    const float *slots[1024];
-    int np = 0;
-    for (int t = t_lo; t <= t_hi; t++)
-        slots[np++] = slot_ptr(J->ws, t, first_seg_of_thread(J, t, nth) == s ? 0 : 1);
-    merge_slots(J, s, slots, np, (size_t)J->ws->rows_pad);
+/* Floats of one part slot of a segment of `rows` rows: m, l (each padded to
+ * 16) and acc. */
+static size_t part_slot_floats(const attn_job *J, int rows) {
+    return 2 * round16((size_t)rows) + (size_t)rows * (size_t)J->ws->hdp;
+}
+
+/* Slot of part c of segment s. */
+static float *part_slot(const attn_job *J, int s, int c) {
+    return J->ws->part_mem + J->ws->seg_slot[s] + (size_t)c * part_slot_floats(J, seg_rows(J, s));
 }
 
 static void attn_worker(void *arg, int ith, int nth) {
     const attn_job *J = arg;
     attention_workspace *ws = J->ws;
     long w0, w1;
-    threadpool_split(J->total, ith, nth, 1, &w0, &w1);
-    if (w0 >= w1) return;
-    attn_state own = thread_state(J, ith);
-    const size_t rp = (size_t)ws->rows_pad;
-    const int first = seg_of(J, w0);
-    for (int s = first; s < J->n_seg && ws->seg_start[s] < w1; s++) {
-        long sb = ws->seg_start[s], se = ws->seg_start[s + 1];
-        long b = w0 > sb ? w0 : sb, e = w1 < se ? w1 : se;
+    threadpool_split(ws->unit_block[J->n_units], ith, nth, 1, &w0, &w1);
+    long u0 = unit_at(J, w0), u1 = unit_at(J, w1);
+    if (u0 >= u1) return;
+    const attn_state own = thread_state(J, ith);
+    int s = seg_of(J, u0);
+    for (long u = u0; u < u1; u++) {
+        while (ws->seg_start[s + 1] <= u) s++;
+        const int n_parts = (int)(ws->seg_start[s + 1] - ws->seg_start[s]);
+        const int c = (int)(u - ws->seg_start[s]);
+        const long sb = ws->unit_block[ws->seg_start[s]];
         attn_state st = own;
-        int cut = b != sb || e != se;
-        if (cut) {
-            float *slot = slot_ptr(ws, ith, s == first ? 0 : 1);
-            st.m = slot;
-            st.l = slot + rp;
-            st.acc = slot + 2 * rp;
-        }
-        run_part(J, &st, s, b - sb, e - sb);
-        if (!cut) {
+        if (n_parts == 1) {
+            run_part(J, &st, s, 0, ws->unit_block[u + 1] - sb);
             write_out(J, &st, s);
             continue;
         }
-        int t_lo = thread_of(sb, J->total, nth), t_hi = thread_of(se - 1, J->total, nth);
+        const int rows = seg_rows(J, s);
+        const size_t rp = round16((size_t)rows);
+        float *slot = part_slot(J, s, c);
+        st.m = slot;
+        st.l = slot + rp;
+        st.acc = slot + 2 * rp;
+        run_part(J, &st, s, ws->unit_block[u] - sb, ws->unit_block[u + 1] - sb);
         /* acq_rel: the last arrival sees every other part's partial. */
-        if (atomic_fetch_add_explicit(&ws->arrived[s], 1, memory_order_acq_rel) + 1 ==
-            t_hi - t_lo + 1)
-            merge_seg(J, s, t_lo, t_hi, nth);
+        if (atomic_fetch_add_explicit(&ws->arrived[s], 1, memory_order_acq_rel) + 1 == n_parts) {
+            merge_slots(J, s, part_slot(J, s, 0), part_slot_floats(J, rows), n_parts, rp);
+        }
     }
 }
 
@@ -420,8 +451,19 @@ static void job_init(attn_job *J, const attention_args *a, attention_workspace *
     J->group = a->n_head / p->n_kv_head;
     J->n_tiles = (a->n_q + ATTN_TILE_Q - 1) / ATTN_TILE_Q;
     J->n_seg = J->n_kv * J->n_tiles;
+    J->t0 = 0;
+    J->nt = J->n_tiles;
     J->n_blocks_cache = kv_cache_n_blocks(a->kv);
     ELLM_ASSERT(J->n_seg <= ws->max_seg);
+}
+
+/* Blocks segment (h, tile t) walks: those the tile's last token can see, or h's list. */
+static long seg_blocks(const attn_job *J, int h, int t, const int *n_blocks) {
+    const attention_args *a = J->a;
+    if (n_blocks) return n_blocks[h];
+    int last = a->q_pos0 + (t + 1) * ATTN_TILE_Q; /* one past the tile's last token */
+    if (last > a->q_pos0 + a->n_q) last = a->q_pos0 + a->n_q;
+    return (last + J->bt - 1) / J->bt;
 }
 
 static void attention_run(const attention_args *a, const int32_t *blocks, const int *n_blocks,
@@ -431,19 +473,53 @@ static void attention_run(const attention_args *a, const int32_t *blocks, const 
     J.blocks = blocks;
     J.max_blocks = max_blocks;
 
-    long total = 0;
-    for (int s = 0; s < J.n_seg; s++) {
-        int h = s / J.n_tiles, t = s % J.n_tiles;
-        int last = a->q_pos0 + (t + 1) * ATTN_TILE_Q; /* one past the tile's last token */
-        if (last > a->q_pos0 + a->n_q) last = a->q_pos0 + a->n_q;
-        ws->seg_start[s] = total;
-        total += blocks ? n_blocks[h] : (last + J.bt - 1) / J.bt;
-        atomic_store_explicit(&ws->arrived[s], 0, memory_order_relaxed);
+    /* Waves of consecutive tiles whose parts fit the workspace's slots (one
+     * tile always does). */
+    for (int t0 = 0; t0 < J.n_tiles;) {
+        int nt = 0;
+        size_t floats = 0;
+        long units = 0;
+        while (t0 + nt < J.n_tiles) {
+            const int t = t0 + nt;
+            const int nqt = a->n_q - t * ATTN_TILE_Q < ATTN_TILE_Q ? a->n_q - t * ATTN_TILE_Q : ATTN_TILE_Q;
+            size_t f = 0;
+            long u = 0;
+            for (int h = 0; h < J.n_kv; h++) {
+                long parts = (seg_blocks(&J, h, t, n_blocks) + ATTN_PART_BLOCKS - 1) / ATTN_PART_BLOCKS;
+                u += parts;
+                if (parts > 1) f += (size_t)parts * part_slot_floats(&J, nqt * J.group);
+            }
+            if (nt > 0 && (floats + f > ws->part_floats || units + u > ws->max_units)) break;
+            floats += f;
+            units += u;
+            nt++;
+        }
+        J.t0 = t0;
+        J.nt = nt;
+        J.n_seg = J.n_kv * nt;
+        long unit = 0, blk = 0;
+        size_t slot = 0;
+        for (int s = 0; s < J.n_seg; s++) {
+            const int h = s / nt, t = t0 + s % nt;
+            const long nb = seg_blocks(&J, h, t, n_blocks);
+            const long parts = (nb + ATTN_PART_BLOCKS - 1) / ATTN_PART_BLOCKS;
+            ws->seg_start[s] = unit;
+            ws->seg_slot[s] = slot;
+            if (parts > 1) slot += (size_t)parts * part_slot_floats(&J, seg_rows(&J, s));
+            for (long c = 0; c < parts; c++) {
+                ws->unit_block[unit++] = blk;
+                blk += nb - c * ATTN_PART_BLOCKS < ATTN_PART_BLOCKS ? nb - c * ATTN_PART_BLOCKS : ATTN_PART_BLOCKS;
+            }
+            atomic_store_explicit(&ws->arrived[s], 0, memory_order_relaxed);
+        }
+        ELLM_ASSERT(unit <= ws->max_units && slot <= ws->part_floats);
+        ws->seg_start[J.n_seg] = unit;
+        ws->unit_block[unit] = blk;
+        J.n_units = unit;
+        if (pool) threadpool_run(pool, attn_worker, &J);
+        else attn_worker(&J, 0, 1);
+        t0 += nt;
     }
-    ws->seg_start[J.n_seg] = total;
-    J.total = total;
-    if (pool) threadpool_run(pool, attn_worker, &J);
-    else attn_worker(&J, 0, 1);
 }
 
 /* A head's block list: 1..max_blocks entries, each a block of the cache. */
@@ -525,9 +601,9 @@ static void select_worker(void *arg, int ith, int nth) {
         run_part(J, &st, h, kb, ke);
         /* acq_rel: the last arrival sees every other part's partial. */
         if (atomic_fetch_add_explicit(&ws->arrived[h], 1, memory_order_acq_rel) + 1 == n_chunks) {
-            const float *slots[SELECT_CHUNKS];
-            for (int i = 0; i < n_chunks; i++) slots[i] = chunk_slot(J, h, i, &rp);
-            merge_slots(J, h, slots, n_chunks, rp);
+            size_t rp1;
+            const float *c0 = chunk_slot(J, h, 0, &rp), *c1 = chunk_slot(J, h, 1, &rp1);
+            merge_slots(J, h, c0, (size_t)(c1 - c0), n_chunks, rp);
         }
     }
 }

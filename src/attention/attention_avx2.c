@@ -117,27 +117,18 @@ static ALWAYS_INLINE void qk_rows(const float *q, int hdp, const void *kT, int l
             _mm256_storeu_ps(s + (size_t)r * lds + j + 8, c1[r]);
         }
     }
+    /* The last keys, 8 (or fewer) at a time, with one accumulator per row as
+     * above: a key's score is the same chain of FMAs whichever loop takes it,
+     * so it does not depend on how many keys the block has for the tile's
+     * last row (a batch row gets the bits of a single-token step). */
     for (; j < nk; j += 8) {
         const int n = nk - j < 8 ? nk - j : 8;
-        __m256 c0[4], c1[4];
+        __m256 c0[4];
 #pragma GCC unroll 4
-        for (int r = 0; r < NR; r++) c0[r] = c1[r] = _mm256_setzero_ps();
-        int d = 0;
-        for (; d + 2 <= hd; d += 2) {
+        for (int r = 0; r < NR; r++) c0[r] = _mm256_setzero_ps();
+        for (int d = 0; d < hd; d++) {
             if (pf)
-                for (int i = 0; i < 2 * pf_lines; i++, line++) _mm_prefetch(pf + line * 64, _MM_HINT_T1);
-            const __m256 x0 = n == 8 ? load8(kT, (size_t)d * ldk + j, F16)
-                                     : load8_part(kT, (size_t)d * ldk + j, n, F16);
-            const __m256 x1 = n == 8 ? load8(kT, (size_t)(d + 1) * ldk + j, F16)
-                                     : load8_part(kT, (size_t)(d + 1) * ldk + j, n, F16);
-#pragma GCC unroll 4
-            for (int r = 0; r < NR; r++) {
-                const float *qr = q + (size_t)r * hdp + d;
-                c0[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(qr), x0, c0[r]);
-                c1[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(qr + 1), x1, c1[r]);
-            }
-        }
-        if (d < hd) {
+                for (int i = 0; i < pf_lines; i++, line++) _mm_prefetch(pf + line * 64, _MM_HINT_T1);
             const __m256 x0 = n == 8 ? load8(kT, (size_t)d * ldk + j, F16)
                                      : load8_part(kT, (size_t)d * ldk + j, n, F16);
 #pragma GCC unroll 4
@@ -146,12 +137,11 @@ static ALWAYS_INLINE void qk_rows(const float *q, int hdp, const void *kT, int l
         }
 #pragma GCC unroll 4
         for (int r = 0; r < NR; r++) {
-            const __m256 sum = _mm256_add_ps(c0[r], c1[r]);
             if (n == 8) {
-                _mm256_storeu_ps(s + (size_t)r * lds + j, sum);
+                _mm256_storeu_ps(s + (size_t)r * lds + j, c0[r]);
             } else {
                 float t[8];
-                _mm256_storeu_ps(t, sum);
+                _mm256_storeu_ps(t, c0[r]);
                 memcpy(s + (size_t)r * lds + j, t, (size_t)n * sizeof(float));
             }
         }

@@ -10,6 +10,9 @@
 /* Query tokens per work item. A decode or verification batch (n_q <= 16) is a
  * single tile, so each KV block is read once per call for all its rows. */
 #define ATTN_TILE_Q 16
+/* KV blocks per part of a segment (see attention.c): parts are cut at fixed
+ * block indices so that results do not depend on the batch or the threads. */
+#define ATTN_PART_BLOCKS 32
 /* Row strides of F32 scratch are padded to this many floats (one zmm). */
 #define ATTN_PAD 16
 

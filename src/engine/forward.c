@@ -12,8 +12,13 @@
 #include <math.h>
 #include <string.h>
 
+/* Sparse batches of at most this many tokens run attention token by token
+ * (bit-identical to single-token steps); see engine_forward. */
+#define ENGINE_SPARSE_EXACT_ROWS 32
+
 typedef struct {
     struct ellm_context *ctx;
+    const float *q; /* the n query rows (attention_args.q) */
     int layer, n, len;
 } select_job;
 
@@ -33,7 +38,7 @@ static void select_head(void *arg, int h, int thread, int32_t *blocks, int *n_bl
      * their own recent tokens (ppl x1.20 at a 256-token budget in 256-token
      * chunks, `ellm eval` sparse:256:prefill). */
     const int extra = j->n - 1;
-    sparse_index_select(ctx->sidx, j->layer, h, ctx->q, j->n, group, j->len,
+    sparse_index_select(ctx->sidx, j->layer, h, j->q, j->n, group, j->len,
                         engine_sparse_budget(ctx, j->layer, h) + extra, p->sparse_sink_blocks,
                         p->sparse_window + extra, blocks, n_blocks, &ctx->head_sel_stats[h]);
     ctx->head_select_ns[h] = ellm_time_ns() - t0;
@@ -52,7 +57,7 @@ static int sparse_attention_layer(struct ellm_context *ctx, const attention_args
     /* every budget covers the context: dense is exact (tests may force the
      * selection path to check that claim) */
     if (!any_sparse && !ctx->sparse_force_select) return 0;
-    select_job job = {ctx, layer, n, len};
+    select_job job = {ctx, aa->q, layer, n, len};
     memset(ctx->head_sel_stats, 0, (size_t)c->n_head_kv * sizeof *ctx->head_sel_stats);
     attention_forward_select(aa, select_head, &job, ctx->sel_blocks, ctx->sel_n, ctx->max_blocks,
                              ctx->attn_ws, ctx->pool);
@@ -162,8 +167,6 @@ static void matmul_multi(const engine_scratch *s, threadpool *pool, int n, const
  * its attention into ctx->att: sparse when its budget says so, else dense. */
 static void attend_seq(struct ellm_context *ctx, int l, int n, int pos) {
     const model_config *c = &ctx->model->cfg;
-    kv_cache_store(ctx->kv, l, pos, n, ctx->k, ctx->v);
-    if (ctx->sidx) sparse_index_append(ctx->sidx, l, pos, n, ctx->k);
     attention_args aa = {.kv = ctx->kv,
                          .layer = l,
                          .n_q = n,
@@ -172,6 +175,29 @@ static void attend_seq(struct ellm_context *ctx, int l, int n, int pos) {
                          .q = ctx->q,
                          .out = ctx->att,
                          .scale = 1.0f / sqrtf((float)c->head_dim)};
+    if (n > 1 && n <= ENGINE_SPARSE_EXACT_ROWS && ctx->sidx && ctx->sparse_topk > 0 && !ctx->layer_dense[l]) {
+        /* Sparse verification-sized batch: token by token, each storing its
+         * key, choosing its own blocks from the index as it stood after that
+         * key and attending to them, so every row equals a single-token step
+         * (a verified draft gets the tokens sparse decode would). The weights
+         * are still read once per batch. Longer batches (prefill chunks)
+         * share one selection per tile. */
+        const int64_t nq = (int64_t)c->n_head * c->head_dim, nkv = (int64_t)c->n_head_kv * c->head_dim;
+        for (int t = 0; t < n; t++) {
+            kv_cache_store(ctx->kv, l, pos + t, 1, ctx->k + t * nkv, ctx->v + t * nkv);
+            sparse_index_append(ctx->sidx, l, pos + t, 1, ctx->k + t * nkv);
+            attention_args at = aa;
+            at.n_q = 1;
+            at.q_pos0 = pos + t;
+            at.q = ctx->q + t * nq;
+            at.out = ctx->att + t * nq;
+            if (sparse_attention_layer(ctx, &at, 1, pos + t + 1)) ctx->step_sparse = 1;
+            else attention_forward(&at, ctx->attn_ws, ctx->pool);
+        }
+        return;
+    }
+    kv_cache_store(ctx->kv, l, pos, n, ctx->k, ctx->v);
+    if (ctx->sidx) sparse_index_append(ctx->sidx, l, pos, n, ctx->k);
     if (sparse_attention_layer(ctx, &aa, n, pos + n)) {
         ctx->step_sparse = 1;
         if (ctx->sample_recall) engine_sparse_sample_recall(ctx, l, pos + n);
