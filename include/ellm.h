@@ -336,6 +336,58 @@ void ellm_sampler_free(ellm_sampler *s);
 int32_t ellm_sampler_sample(ellm_sampler *s, const float *logits,
                             const int32_t *hist, int n_hist);
 
+/* ---- self-speculative decoding ------------------------------------------- */
+
+/* The model drafts for itself (cheap drafters propose up to draft_max tokens)
+ * and one batched pass of the full model verifies them, reading the weights
+ * once for several tokens. Greedy output is exactly plain decoding's (batched
+ * rows equal single-token steps bit for bit); with sampling, speculative
+ * rejection sampling keeps the output distribution the target's. */
+typedef struct ellm_spec ellm_spec;
+
+typedef struct {
+    /* Drafters, '+' chaining a cheaper one to propose for the next:
+     *   "ngram"     continue a repeated n-gram of the history (no weights read)
+     *   "sparse:N"  the same model attending to N KV tokens per head (needs a
+     *               context that keeps the sparse index: sparse_topk >= 0)
+     * e.g. "ngram", "sparse:128", "ngram+sparse:128". Read at init only. */
+    const char *drafters;
+    int draft_max;      /* tokens drafted per verify pass, 1..31 (default 8) */
+    int verify_sparse;  /* 0: verify densely (output = dense decoding); 1: with the
+                           context's sparse budget (output = sparse decoding) */
+    float draft_p_min;  /* a model drafter stops when its top probability is below
+                           this (0: never) */
+} ellm_spec_params;
+
+typedef struct {
+    int64_t verify_passes;    /* batched passes of the target */
+    int64_t proposed;         /* drafted tokens verified */
+    int64_t accepted;         /* ... accepted */
+    int64_t tokens;           /* tokens returned */
+    double acceptance_rate;   /* accepted / proposed */
+    double tokens_per_verify; /* mean over passes of accepted + 1 */
+    double draft_ms, verify_ms, rollback_ms; /* time drafting, verifying, truncating */
+} ellm_spec_stats;
+
+ellm_spec_params ellm_spec_default_params(void);
+/* Speculative state over `ctx` (which it borrows; free it before the context).
+ * ELLM_ERR_ARG names a bad drafter list or a context that cannot serve it. */
+ellm_status ellm_spec_init(ellm_context *ctx, const ellm_spec_params *params, ellm_spec **out, ellm_error *err);
+void ellm_spec_free(ellm_spec *spec);
+/* One speculative step. The context's KV cache holds the history hist[0 ..
+ * n_hist) (the prompt and every token returned so far) and its logits follow
+ * the last fed token. Writes 1 .. min(max_tokens, draft_max + 2) tokens to out
+ * (*n_out), drawn with `sampler` (its temperature decides greedy or
+ * sampling); the caller appends them to its history. Afterwards the context
+ * holds the history and the new tokens, except possibly the last one returned
+ * (an end-of-generation token, or with sampling a token drawn on a rejection,
+ * which the next step feeds; ellm_spec_sync feeds it now). */
+ellm_status ellm_spec_step(ellm_spec *spec, ellm_sampler *sampler, const int32_t *hist, int n_hist,
+                           int max_tokens, int32_t *out, int *n_out, ellm_error *err);
+/* Feeds a token the last step returned but left out of the context (see above). */
+ellm_status ellm_spec_sync(ellm_spec *spec, ellm_error *err);
+void ellm_spec_get_stats(const ellm_spec *spec, ellm_spec_stats *stats);
+
 /* ---- benchmarking ---------------------------------------------------------- */
 
 /* Fills the KV cache up to position n with synthetic keys and values, as fast

@@ -59,7 +59,14 @@ static void run_usage(FILE *f) {
             "  --sparse-dense-layers N  keep the first N layers dense (default 0)\n"
             "  --sparse-recall-every N  sample recall on a dense pass every N steps (default\n"
             "                         64 with --stats or --sparse-adapt, else off)\n"
-            "  --sparse-adapt         move budget between heads by sampled recall\n");
+            "  --sparse-adapt         move budget between heads by sampled recall\n"
+            "self-speculative decoding (same output as without, faster):\n"
+            "  --spec LIST            drafters: ngram, sparse:N; '+' chains them (the cheaper\n"
+            "                         proposes for the next), e.g. ngram+sparse:128\n"
+            "  --draft-max K          tokens drafted per verify pass (default 8, at most 31)\n"
+            "  --draft-p-min P        a model drafter stops below this top probability (default 0)\n"
+            "  --spec-verify MODE     dense (exact dense output) or sparse (exact sparse output;\n"
+            "                         default with --sparse-topk)\n");
 }
 
 typedef struct {
@@ -70,6 +77,10 @@ typedef struct {
     ellm_sampler_params sp;
     int seed_given, no_bos, no_echo, stats;
     long sparse_topk, sparse_window, sparse_sink, sparse_dense, sparse_recall;
+    const char *spec;       /* --spec drafter list, or NULL */
+    long draft_max;
+    double draft_p_min;
+    int spec_verify;        /* -1: default, 0: dense, 1: sparse */
     const char *sparse_profile;
     int sparse_adapt;
     int chat;
@@ -84,6 +95,8 @@ static int parse(int argc, char **argv, run_opts *o) {
     o->sparse_window = 64;
     o->sparse_sink = 1;
     o->sparse_recall = -1;
+    o->draft_max = 8;
+    o->spec_verify = -1;
     int bad = 0;
     for (int i = 1; i < argc && !bad; i++) {
         const char *v = NULL;
@@ -114,6 +127,19 @@ static int parse(int argc, char **argv, run_opts *o) {
         else if (arg_value(argc, argv, &i, "--sparse-recall-every", NULL, &v, &bad))
             bad = !v || !arg_int(a, v, 0, 1L << 30, &o->sparse_recall);
         else if (arg_value(argc, argv, &i, "--sparse-profile", NULL, &v, &bad)) o->sparse_profile = v;
+        else if (arg_value(argc, argv, &i, "--spec", NULL, &v, &bad)) o->spec = v;
+        else if (arg_value(argc, argv, &i, "--draft-max", "--n-draft", &v, &bad))
+            bad = !v || !arg_int(a, v, 1, 31, &o->draft_max);
+        else if (arg_value(argc, argv, &i, "--draft-p-min", NULL, &v, &bad))
+            bad = !v || !arg_double(a, v, 0, 0.999999, &o->draft_p_min);
+        else if (arg_value(argc, argv, &i, "--spec-verify", NULL, &v, &bad)) {
+            if (v && !strcmp(v, "dense")) o->spec_verify = 0;
+            else if (v && !strcmp(v, "sparse")) o->spec_verify = 1;
+            else {
+                fprintf(stderr, "error: --spec-verify takes dense or sparse\n");
+                bad = 1;
+            }
+        }
         else if (!strcmp(a, "--no-display-prompt")) o->no_echo = 1;
         else if (arg_value(argc, argv, &i, "--model", "-m", &v, &bad)) o->model = v;
         else if (arg_value(argc, argv, &i, "--prompt", "-p", &v, &bad)) o->prompt = v;
@@ -157,6 +183,15 @@ static int parse(int argc, char **argv, run_opts *o) {
         fprintf(stderr, "error: give either -c or --kv-cache-gb, not both\n");
         bad = 1;
     }
+    if (!bad && o->spec_verify == 1 && !o->sparse_topk) {
+        fprintf(stderr, "error: --spec-verify sparse needs --sparse-topk (the budget it verifies with)\n");
+        bad = 1;
+    }
+    if (!bad && o->spec_verify < 0) o->spec_verify = o->sparse_topk > 0;
+    if (!bad && o->spec && o->chat) {
+        fprintf(stderr, "error: --spec is not supported with --chat\n");
+        bad = 1;
+    }
     if (!bad && (o->sparse_profile || o->sparse_adapt) && !o->sparse_topk) {
         fprintf(stderr, "error: --sparse-profile and --sparse-adapt need --sparse-topk\n");
         bad = 1;
@@ -176,6 +211,10 @@ static ellm_context_params run_context_params(const run_opts *o) {
     /* Without --sparse-topk the context is dense-only: no sparse index is
      * kept, so a dense run does per token exactly what `ellm bench` times. */
     cp.sparse_topk = o->sparse_topk > 0 ? (int)o->sparse_topk : -1;
+    /* Dense verification: the target is the dense model (a sparse drafter
+     * still needs the index kept, at budget 0). */
+    if (o->spec && !o->spec_verify) cp.sparse_topk = strstr(o->spec, "sparse") ? 0 : -1;
+    if (o->spec && o->draft_max + 1 > cp.n_batch) cp.n_batch = (int)o->draft_max + 1;
     cp.sparse_window = (int)o->sparse_window;
     cp.sparse_sink_blocks = (int)o->sparse_sink;
     cp.sparse_dense_layers = (int)o->sparse_dense;
@@ -371,6 +410,7 @@ int cmd_run(int argc, char **argv) {
     ellm_error err = {0};
     ellm_model *model = NULL;
     ellm_context *ctx = NULL;
+    ellm_spec *spec = NULL;
     ellm_sampler *sampler = NULL;
     int32_t *ids = NULL;
     int rc = 1;
@@ -448,6 +488,17 @@ int cmd_run(int argc, char **argv) {
         fprintf(stderr, "error: %s\n", err.msg);
         goto done;
     }
+    if (o.spec) {
+        ellm_spec_params spp = ellm_spec_default_params();
+        spp.drafters = o.spec;
+        spp.draft_max = (int)o.draft_max;
+        spp.draft_p_min = (float)o.draft_p_min;
+        spp.verify_sparse = o.spec_verify;
+        if (ellm_spec_init(ctx, &spp, &spec, &err) != ELLM_OK) {
+            fprintf(stderr, "error: %s\n", err.msg);
+            goto done;
+        }
+    }
 
     if (!o.no_echo) {
         fwrite(prompt, 1, prompt_len, stdout);
@@ -467,19 +518,36 @@ int cmd_run(int argc, char **argv) {
     char text[2048]; /* longest vocabulary pieces are ~512 bytes */
     int n_hist = n_prompt, generated = 0;
     double t_gen0 = ellm_time_ms(), t_last_status = 0;
-    while (generated < o.n_predict && !g_interrupted) {
-        int32_t tok = ellm_sampler_sample(sampler, ellm_context_logits(ctx), ids, n_hist);
-        ids[n_hist++] = tok;
-        generated++;
-        if (ellm_token_is_eog(model, tok)) break;
-        int nb = ellm_detok_push(model, &dt, tok, text, sizeof text);
-        if (nb > 0) {
-            if (tty) fputs("\r\033[K", stderr);
-            fwrite(text, 1, (size_t)nb, stdout);
-            fflush(stdout);
+    int eog = 0;
+    while (generated < o.n_predict && !g_interrupted && !eog) {
+        int32_t toks[32];
+        int n_new = 1;
+        if (spec) {
+            if (ellm_spec_step(spec, sampler, ids, n_hist, (int)(o.n_predict - generated), toks, &n_new, &err) !=
+                ELLM_OK) {
+                fprintf(stderr, "\nerror: %s\n", err.msg);
+                goto done;
+            }
+        } else {
+            toks[0] = ellm_sampler_sample(sampler, ellm_context_logits(ctx), ids, n_hist);
         }
-        if (generated == o.n_predict) break;
-        if (ellm_decode(ctx, &tok, 1, NULL, &err) != ELLM_OK) {
+        for (int i = 0; i < n_new && !eog; i++) {
+            int32_t tok = toks[i];
+            ids[n_hist++] = tok;
+            generated++;
+            if (ellm_token_is_eog(model, tok)) {
+                eog = 1;
+                break;
+            }
+            int nb = ellm_detok_push(model, &dt, tok, text, sizeof text);
+            if (nb > 0) {
+                if (tty) fputs("\r\033[K", stderr);
+                fwrite(text, 1, (size_t)nb, stdout);
+                fflush(stdout);
+            }
+        }
+        if (eog || generated == o.n_predict) break;
+        if (!spec && ellm_decode(ctx, &toks[0], 1, NULL, &err) != ELLM_OK) {
             fprintf(stderr, "\nerror: %s\n", err.msg);
             goto done;
         }
@@ -525,9 +593,22 @@ int cmd_run(int argc, char **argv) {
             if (cs.recall_samples)
                 fprintf(stderr, "sparse_recall: %.4f (%lld samples)\n", cs.sparse_recall, (long long)cs.recall_samples);
         }
+        if (spec) {
+            ellm_spec_stats ss;
+            ellm_spec_get_stats(spec, &ss);
+            fprintf(stderr,
+                    "spec: %s, draft-max %ld, verify %s\n"
+                    "acceptance_rate: %.4f (%lld of %lld drafted tokens)\n"
+                    "tokens_per_verify: %.3f (%lld passes)\n"
+                    "spec_time: draft %.1f ms, verify %.1f ms, rollback %.1f ms\n",
+                    o.spec, o.draft_max, o.spec_verify ? "sparse" : "dense", ss.acceptance_rate,
+                    (long long)ss.accepted, (long long)ss.proposed, ss.tokens_per_verify,
+                    (long long)ss.verify_passes, ss.draft_ms, ss.verify_ms, ss.rollback_ms);
+        }
     }
     rc = 0;
 done:
+    ellm_spec_free(spec);
     ellm_sampler_free(sampler);
     ellm_context_free(ctx);
     ellm_model_free(model);

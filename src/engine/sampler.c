@@ -2,6 +2,7 @@
  * draw from a seeded xoshiro256** generator (same seed, same output). Greedy
  * when temperature <= 0. */
 #include "core/status.h"
+#include "engine/sampler.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -127,7 +128,8 @@ static void partial_top_k(candidate *c, int n, int k) {
     qsort(c, (size_t)k, sizeof *c, cmp_desc);
 }
 
-int32_t ellm_sampler_sample(ellm_sampler *s, const float *logits, const int32_t *hist, int n_hist) {
+/* Applies the repetition penalty to the candidates (all n_vocab, in id order). */
+static void sampler_penalize(ellm_sampler *s, const float *logits, const int32_t *hist, int n_hist) {
     const ellm_sampler_params *p = &s->p;
     int n = s->n_vocab;
     candidate *c = s->cand;
@@ -148,12 +150,15 @@ int32_t ellm_sampler_sample(ellm_sampler *s, const float *logits, const int32_t 
             c[t].logit = c[t].logit > 0 ? c[t].logit / p->repeat_penalty : c[t].logit * p->repeat_penalty;
         }
     }
-    if (p->temperature <= 0) {
-        int best = 0;
-        for (int i = 1; i < n; i++)
-            if (c[i].logit > c[best].logit) best = i;
-        return c[best].id;
-    }
+}
+
+/* The distribution sampling draws from (temperature > 0): candidates
+ * s->cand[0 .. n) with unnormalized weights s->prob[0 .. n); returns n and
+ * their sum in *sum. */
+static int sampler_weights(ellm_sampler *s, double *sum_out) {
+    const ellm_sampler_params *p = &s->p;
+    int n = s->n_vocab;
+    candidate *c = s->cand;
     int k = p->top_k > 0 && p->top_k < n ? p->top_k : n;
     partial_top_k(c, n, k);
     n = k;
@@ -181,6 +186,24 @@ int32_t ellm_sampler_sample(ellm_sampler *s, const float *logits, const int32_t 
     }
     sum = 0;
     for (int i = 0; i < n; i++) sum += (pr[i] = expf((c[i].logit - c[0].logit) / p->temperature));
+    *sum_out = sum;
+    return n;
+}
+
+int32_t ellm_sampler_sample(ellm_sampler *s, const float *logits, const int32_t *hist, int n_hist) {
+    const ellm_sampler_params *p = &s->p;
+    int n = s->n_vocab;
+    candidate *c = s->cand;
+    sampler_penalize(s, logits, hist, n_hist);
+    if (p->temperature <= 0) {
+        int best = 0;
+        for (int i = 1; i < n; i++)
+            if (c[i].logit > c[best].logit) best = i;
+        return c[best].id;
+    }
+    double sum;
+    n = sampler_weights(s, &sum);
+    float *pr = s->prob;
     double u = rng_uniform(s->rng) * sum, acc = 0;
     for (int i = 0; i < n; i++) {
         acc += pr[i];
@@ -188,3 +211,22 @@ int32_t ellm_sampler_sample(ellm_sampler *s, const float *logits, const int32_t 
     }
     return c[n - 1].id;
 }
+
+int engine_sampler_greedy(const ellm_sampler *s) { return s->p.temperature <= 0; }
+
+void engine_sampler_probs(ellm_sampler *s, const float *logits, const int32_t *hist, int n_hist, float *probs) {
+    memset(probs, 0, (size_t)s->n_vocab * sizeof *probs);
+    sampler_penalize(s, logits, hist, n_hist);
+    if (s->p.temperature <= 0) {
+        int best = 0;
+        for (int i = 1; i < s->n_vocab; i++)
+            if (s->cand[i].logit > s->cand[best].logit) best = i;
+        probs[best] = 1.0f;
+        return;
+    }
+    double sum;
+    int n = sampler_weights(s, &sum);
+    for (int i = 0; i < n; i++) probs[s->cand[i].id] = (float)(s->prob[i] / sum);
+}
+
+double engine_sampler_uniform(ellm_sampler *s) { return rng_uniform(s->rng); }

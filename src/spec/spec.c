@@ -1,0 +1,352 @@
+/* The speculative loop: draft, verify in one batched pass, accept, roll back.
+ * See spec.h for the scheme and the drafters. */
+#include "spec/spec.h"
+#include "core/status.h"
+#include "core/timer.h"
+#include "engine/engine_impl.h"
+#include "engine/sampler.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct ellm_spec {
+    ellm_context *ctx;
+    ellm_spec_params p;
+    spec_drafter drafters[SPEC_MAX_DRAFTERS];
+    int n_drafters;
+    int target_topk; /* the context's sparse budget when the state was made (verify --spec-verify sparse) */
+    int n_vocab;
+    float *rows;      /* (SPEC_MAX_DRAFT + 1) x n_vocab: logits of a verify or draft batch */
+    float *probs;     /* n_vocab: target distribution of one row (sampling) */
+    int32_t *hist;    /* history + the step's tokens, for n-gram lookup and the sampler */
+    int hist_cap;
+    int accept_all;   /* test hook: accept every draft (breaks exactness on purpose) */
+    int32_t pending;  /* sampling: a token drawn on rejection, returned already and fed by the next step (-1: none) */
+    ellm_spec_stats st;
+};
+
+ellm_spec_params ellm_spec_default_params(void) {
+    ellm_spec_params p;
+    memset(&p, 0, sizeof p);
+    p.drafters = "ngram";
+    p.draft_max = 8;
+    return p;
+}
+
+int spec_parse_drafters(const char *list, spec_drafter *out, int cap, ellm_error *err) {
+    int n = 0;
+    const char *s = list;
+    if (!s || !*s) {
+        ellm_fail(err, ELLM_ERR_ARG, "spec: empty drafter list");
+        return 0;
+    }
+    while (*s) {
+        const char *e = strchr(s, '+');
+        size_t len = e ? (size_t)(e - s) : strlen(s);
+        char item[64];
+        if (len == 0 || len >= sizeof item) {
+            ellm_fail(err, ELLM_ERR_ARG, "spec: bad drafter in '%s'", list);
+            return 0;
+        }
+        memcpy(item, s, len);
+        item[len] = 0;
+        if (n == cap) {
+            ellm_fail(err, ELLM_ERR_ARG, "spec: more than %d drafters in '%s'", cap, list);
+            return 0;
+        }
+        spec_drafter d = {0};
+        char *end;
+        if (!strcmp(item, "ngram")) {
+            d.kind = SPEC_DRAFT_NGRAM;
+        } else if (!strncmp(item, "sparse:", 7)) {
+            long b = strtol(item + 7, &end, 10);
+            if (end == item + 7 || *end || b < 1 || b > (1L << 30)) {
+                ellm_fail(err, ELLM_ERR_ARG, "spec: '%s': expected sparse:N with N >= 1 KV tokens", item);
+                return 0;
+            }
+            d.kind = SPEC_DRAFT_SPARSE;
+            d.budget = (int)b;
+        } else {
+            ellm_fail(err, ELLM_ERR_ARG, "spec: unknown drafter '%s' (known: ngram, sparse:N)", item);
+            return 0;
+        }
+        out[n++] = d;
+        s += len;
+        if (*s == '+') {
+            s++;
+            if (!*s) {
+                ellm_fail(err, ELLM_ERR_ARG, "spec: drafter list '%s' ends with '+'", list);
+                return 0;
+            }
+        }
+    }
+    return n;
+}
+
+ellm_status ellm_spec_init(ellm_context *ctx, const ellm_spec_params *params, ellm_spec **out, ellm_error *err) {
+    *out = NULL;
+    if (!ctx) return ellm_fail(err, ELLM_ERR_ARG, "spec: no context");
+    ellm_spec_params p = params ? *params : ellm_spec_default_params();
+    if (p.draft_max < 1 || p.draft_max > SPEC_MAX_DRAFT)
+        return ellm_fail(err, ELLM_ERR_ARG, "spec: draft length %d outside [1, %d]", p.draft_max, SPEC_MAX_DRAFT);
+    if (!(p.draft_p_min >= 0 && p.draft_p_min < 1))
+        return ellm_fail(err, ELLM_ERR_ARG, "spec: draft probability threshold %g outside [0, 1)", p.draft_p_min);
+    if (ctx->n_batch < p.draft_max + 1)
+        return ellm_fail(err, ELLM_ERR_ARG, "spec: the context's batch (%d) is below draft length + 1 (%d)",
+                         ctx->n_batch, p.draft_max + 1);
+    ellm_spec *s = calloc(1, sizeof *s);
+    if (!s) return ellm_fail(err, ELLM_ERR_NOMEM, "spec: out of memory");
+    s->n_drafters = spec_parse_drafters(p.drafters, s->drafters, SPEC_MAX_DRAFTERS, err);
+    if (!s->n_drafters) {
+        free(s);
+        return err ? err->status : ELLM_ERR_ARG;
+    }
+    for (int i = 0; i < s->n_drafters; i++) {
+        if (s->drafters[i].kind == SPEC_DRAFT_SPARSE && !ctx->sidx) {
+            free(s);
+            return ellm_fail(err, ELLM_ERR_ARG,
+                             "spec: a sparse:N drafter needs a context that keeps the sparse index "
+                             "(sparse_topk >= 0 at init)");
+        }
+        if (s->drafters[i].kind == SPEC_DRAFT_NGRAM && i > 0) {
+            free(s);
+            return ellm_fail(err, ELLM_ERR_ARG, "spec: ngram can only lead a chain (it reads no model)");
+        }
+    }
+    if (p.verify_sparse && (!ctx->sidx || ctx->sparse_topk <= 0)) {
+        free(s);
+        return ellm_fail(err, ELLM_ERR_ARG, "spec: sparse verification needs a context with a sparse budget");
+    }
+    s->ctx = ctx;
+    s->p = p;
+    s->p.drafters = NULL; /* not kept: the caller's string */
+    s->target_topk = ctx->sparse_topk;
+    s->pending = -1;
+    s->n_vocab = ctx->model->cfg.n_vocab;
+    s->rows = malloc((size_t)(SPEC_MAX_DRAFT + 1) * s->n_vocab * sizeof *s->rows);
+    s->probs = malloc((size_t)s->n_vocab * sizeof *s->probs);
+    if (!s->rows || !s->probs) {
+        ellm_spec_free(s);
+        return ellm_fail(err, ELLM_ERR_NOMEM, "spec: out of memory for %d logit rows", SPEC_MAX_DRAFT + 1);
+    }
+    *out = s;
+    return ELLM_OK;
+}
+
+void ellm_spec_free(ellm_spec *s) {
+    if (!s) return;
+    free(s->rows);
+    free(s->probs);
+    free(s->hist);
+    free(s);
+}
+
+void spec_set_accept_all(ellm_spec *s, int on) { s->accept_all = on; }
+
+ellm_status ellm_spec_sync(ellm_spec *s, ellm_error *err) {
+    if (s->pending < 0) return ELLM_OK;
+    int32_t t = s->pending;
+    s->pending = -1;
+    return ellm_decode(s->ctx, &t, 1, NULL, err);
+}
+
+static int argmax(const float *x, int n) {
+    int b = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[b]) b = i;
+    return b;
+}
+
+/* Largest softmax probability of logits x (n): 1 / sum exp(x - max). */
+static float top_prob(const float *x, int n) {
+    float mx = x[argmax(x, n)];
+    double sum = 0;
+    for (int i = 0; i < n; i++) sum += exp((double)x[i] - mx);
+    return (float)(1.0 / sum);
+}
+
+/* The sparse budget of the context's forward passes: 0 for dense. */
+static void set_budget(ellm_spec *s, int topk) {
+    if (s->ctx->sidx) s->ctx->sparse_topk = topk;
+}
+
+/* Drafts up to `max` tokens after hist[0 .. n) with drafter chain level
+ * `lvl` (and the cheaper ones before it as its proposers). The context holds
+ * hist[0 .. n - 1) in its KV cache; hist[n - 1] is the token just chosen,
+ * not yet fed. Model drafters write provisional KV beyond that; the caller
+ * truncates back. Returns the number drafted into out. */
+static int draft(ellm_spec *s, int lvl, int32_t *hist, int n, int max, int32_t *out, ellm_error *err) {
+    const spec_drafter *d = &s->drafters[lvl];
+    if (max <= 0) return 0;
+    if (d->kind == SPEC_DRAFT_NGRAM) return spec_ngram_propose(hist, n, max, out);
+    /* A model drafter: the same model at a small sparse budget, fed one token
+     * a step; with a cheaper drafter before it in the chain, that one's
+     * proposal is checked in one batched pass first and its agreeing prefix
+     * (plus this drafter's own next token) taken at once. */
+    ellm_context *ctx = s->ctx;
+    set_budget(s, d->budget);
+    int got = 0;
+    int32_t feed[SPEC_MAX_DRAFT + 1];
+    while (got < max) {
+        int base = ellm_context_pos(ctx); /* = n + got - 1: tokens before the one to feed */
+        int np = 0;
+        if (lvl > 0) {
+            np = draft(s, lvl - 1, hist, n + got, max - got, feed + 1, err);
+            set_budget(s, d->budget);
+        }
+        if (base + 1 + np > ctx->n_ctx) np = ctx->n_ctx - base - 1;
+        if (np < 0) break;
+        feed[0] = hist[n + got - 1];
+        if (ellm_decode(ctx, feed, np + 1, s->rows, err) != ELLM_OK) return -1;
+        int m = 0;
+        while (m < np && argmax(s->rows + (size_t)m * s->n_vocab, s->n_vocab) == feed[1 + m]) m++;
+        /* accepted proposals, then this drafter's own token after them */
+        for (int i = 0; i < m && got < max; i++) hist[n + got] = out[got] = feed[1 + i], got++;
+        if (got >= max) break;
+        const float *row = s->rows + (size_t)m * s->n_vocab;
+        if (m < np) ellm_context_truncate(ctx, base + 1 + m);
+        if (s->p.draft_p_min > 0 && top_prob(row, s->n_vocab) < s->p.draft_p_min) break;
+        hist[n + got] = out[got] = argmax(row, s->n_vocab);
+        got++;
+        if (ellm_context_pos(ctx) >= ctx->n_ctx) break;
+    }
+    return got;
+}
+
+/* Makes sure s->hist holds n + extra tokens. */
+static int hist_reserve(ellm_spec *s, int n) {
+    if (n <= s->hist_cap) return 1;
+    int cap = n + n / 2 + 64;
+    int32_t *h = realloc(s->hist, (size_t)cap * sizeof *h);
+    if (!h) return 0;
+    s->hist = h;
+    s->hist_cap = cap;
+    return 1;
+}
+
+ellm_status ellm_spec_step(ellm_spec *s, ellm_sampler *smp, const int32_t *hist, int n_hist, int max_tokens,
+                           int32_t *out, int *n_out, ellm_error *err) {
+    ellm_context *ctx = s->ctx;
+    *n_out = 0;
+    const float *logits = ellm_context_logits(ctx);
+    if (!logits) return ellm_fail(err, ELLM_ERR_ARG, "spec: the context has no logits (decode the prompt first)");
+    if (max_tokens < 1) return ellm_fail(err, ELLM_ERR_ARG, "spec: max_tokens %d < 1", max_tokens);
+    if (n_hist < 1 || !hist) return ellm_fail(err, ELLM_ERR_ARG, "spec: empty history");
+    const int V = s->n_vocab, pos = ellm_context_pos(ctx);
+    if (s->pending >= 0 && n_hist < 2) s->pending = -1;
+    if (!hist_reserve(s, n_hist + SPEC_MAX_DRAFT + 2)) return ellm_fail(err, ELLM_ERR_NOMEM, "spec: out of memory");
+    memcpy(s->hist, hist, (size_t)n_hist * sizeof *hist);
+    int32_t *h = s->hist;
+
+    /* The target's next token x: drawn as plain decoding draws it, or the
+     * token the last step drew on a rejection (returned then, not yet fed). */
+    int32_t x;
+    int n0 = 0; /* tokens of this step already in out */
+    if (s->pending >= 0 && hist[n_hist - 1] == s->pending) {
+        x = s->pending;
+        n_hist--;
+    } else {
+        x = ellm_sampler_sample(smp, logits, h, n_hist);
+        out[n0++] = x;
+    }
+    s->pending = -1;
+    *n_out = n0;
+    h[n_hist] = x;
+    if (max_tokens == n0 || ellm_token_is_eog(ctx->model, x)) return ELLM_OK;
+
+    int k = s->p.draft_max;
+    if (k > max_tokens - n0) k = max_tokens - n0;
+    if (k > ctx->n_ctx - pos - 1) k = ctx->n_ctx - pos - 1;
+    int32_t batch[SPEC_MAX_DRAFT + 1];
+    batch[0] = x;
+    int nd = 0;
+    double t0 = ellm_time_ms();
+    if (k > 0) {
+        nd = draft(s, s->n_drafters - 1, h, n_hist + 1, k, batch + 1, err);
+        if (nd < 0) {
+            set_budget(s, s->target_topk);
+            ellm_context_truncate(ctx, pos);
+            return err ? err->status : ELLM_ERR_ARG;
+        }
+    }
+    double t1 = ellm_time_ms();
+    if (ellm_context_pos(ctx) != pos) ellm_context_truncate(ctx, pos);
+    double t2 = ellm_time_ms();
+    set_budget(s, s->p.verify_sparse ? s->target_topk : 0);
+    ellm_status st = ellm_decode(ctx, batch, nd + 1, s->rows, err);
+    set_budget(s, s->target_topk);
+    if (st != ELLM_OK) {
+        ellm_context_truncate(ctx, pos);
+        return st;
+    }
+    double t3 = ellm_time_ms();
+
+    /* Accept drafts in order: greedy keeps those equal to the target's pick;
+     * sampling accepts d with probability p(d) (the proposal is one-hot) and
+     * on rejection draws from p without d, renormalized. */
+    int m = 0;
+    int32_t fix = -1; /* a token drawn on rejection, which ends the step */
+    const int greedy = engine_sampler_greedy(smp);
+    while (m < nd) {
+        const float *row = s->rows + (size_t)m * V;
+        int32_t dtok = batch[1 + m];
+        int nh = n_hist + 1 + m;
+        if (s->accept_all) {
+            m++;
+        } else if (greedy) {
+            if (ellm_sampler_sample(smp, row, h, nh) != dtok) break;
+            m++;
+        } else {
+            engine_sampler_probs(smp, row, h, nh, s->probs);
+            double u = engine_sampler_uniform(smp);
+            if (u < s->probs[dtok]) {
+                m++;
+            } else {
+                double rest = 1.0 - s->probs[dtok], r = engine_sampler_uniform(smp) * rest, acc = 0;
+                s->probs[dtok] = 0;
+                int last = -1;
+                for (int i = 0; i < V; i++) {
+                    if (s->probs[i] <= 0) continue;
+                    last = i;
+                    acc += s->probs[i];
+                    if (r < acc) break;
+                }
+                fix = last;
+                break;
+            }
+        }
+        h[n_hist + m] = dtok;
+        if (ellm_token_is_eog(ctx->model, dtok)) break;
+    }
+    for (int i = 0; i < m; i++) out[n0 + i] = batch[1 + i];
+    *n_out = n0 + m;
+    /* Keep x and the m accepted drafts; the logits after the last of them
+     * become the context's. */
+    ellm_context_truncate(ctx, pos + 1 + m);
+    memcpy(ctx->logits, s->rows + (size_t)m * V, (size_t)V * sizeof(float));
+    ctx->has_logits = 1;
+    if (fix >= 0 && *n_out < max_tokens) {
+        /* The target's draw at the next position: returned now, fed as the
+         * next step's x (so it costs no pass of its own). */
+        out[(*n_out)++] = fix;
+        if (!ellm_token_is_eog(ctx->model, fix)) s->pending = fix;
+    }
+    double t4 = ellm_time_ms();
+    s->st.verify_passes++;
+    s->st.proposed += nd;
+    s->st.accepted += m;
+    s->st.tokens += *n_out;
+    s->st.draft_ms += t1 - t0;
+    s->st.rollback_ms += (t2 - t1) + (t4 - t3);
+    s->st.verify_ms += t3 - t2;
+    return ELLM_OK;
+}
+
+void ellm_spec_get_stats(const ellm_spec *s, ellm_spec_stats *out) {
+    *out = s->st;
+    out->acceptance_rate = s->st.proposed ? (double)s->st.accepted / (double)s->st.proposed : 0;
+    out->tokens_per_verify = s->st.verify_passes ? (double)(s->st.accepted + s->st.verify_passes) /
+                                                       (double)s->st.verify_passes
+                                                 : 0;
+}

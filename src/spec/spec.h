@@ -1,0 +1,53 @@
+/* Self-speculative decoding: drafters and the draft / verify / rollback loop
+ * behind ellm_spec_* (include/ellm.h).
+ *
+ * A step starts from a context whose KV cache holds the history and whose
+ * logits follow its last token. The target's next token x is drawn from those
+ * logits as plain decoding would; drafters propose up to K tokens after x; one
+ * batched pass of the target over [x, d1 .. dK] (dense, or with the context's
+ * sparse budget) gives the logits after each; the longest agreeing prefix is
+ * kept (greedy) or accepted by rejection sampling, the KV cache and the
+ * sparse index are truncated after it, and the context's logits become those
+ * after the last kept token. Batched rows equal single-token steps bit for bit
+ * (tests/test_batch_exact.c), so greedy output is exactly plain decoding's.
+ *
+ * Drafters (a LIST joined by '+' is a chain: each proposes for the next):
+ *   ngram      continues the longest recent n-gram of the history that
+ *              occurred before (prompt / suffix lookup); reads no weights.
+ *   sparse:N   the same model attending to only N tokens per KV head (sink,
+ *              window and best blocks of the sparse index). Its KV writes are
+ *              provisional: the verify pass rewrites them.
+ * Model drafters draft greedily (the proposal is the drafter's argmax), so
+ * with sampling the rejection test uses a one-hot proposal distribution:
+ * accept d with probability p(d), else draw from p without d. */
+#ifndef ELLM_SPEC_SPEC_H
+#define ELLM_SPEC_SPEC_H
+
+#include "ellm.h"
+
+#define SPEC_MAX_DRAFT 31   /* drafted tokens per verify pass at most (K + 1 <= 32) */
+#define SPEC_MAX_DRAFTERS 4 /* drafters in a chain */
+#define SPEC_NGRAM_MAX 4    /* longest n-gram looked up */
+
+typedef enum { SPEC_DRAFT_NGRAM, SPEC_DRAFT_SPARSE } spec_drafter_kind;
+
+typedef struct {
+    spec_drafter_kind kind;
+    int budget; /* SPEC_DRAFT_SPARSE: KV tokens per head */
+} spec_drafter;
+
+/* Parses a drafter list ("ngram", "sparse:128", "ngram+sparse:128"). Returns
+ * the number of drafters (>= 1) written to out, or 0 with a message in err. */
+int spec_parse_drafters(const char *list, spec_drafter *out, int cap, ellm_error *err);
+
+/* Up to `max` tokens continuing hist[0 .. n) by n-gram lookup: the longest
+ * suffix of length SPEC_NGRAM_MAX down to 1 that occurred earlier (the most
+ * recent occurrence), followed by the tokens that came after it. Returns the
+ * count written to out (0: no match). */
+int spec_ngram_propose(const int32_t *hist, int n, int max, int32_t *out);
+
+/* Test hook: accept every draft without checking it (breaks exactness on
+ * purpose, so that tests can show their checks detect a broken acceptance). */
+void spec_set_accept_all(ellm_spec *s, int on);
+
+#endif

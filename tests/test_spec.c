@@ -1,0 +1,330 @@
+/* Self-speculative decoding (src/spec): drafter lists, n-gram lookup,
+ * rollback (a truncated context equals a fresh one), greedy streams identical
+ * to plain decoding over 1000+ tokens for every drafter and chain (dense and
+ * sparse verification), and speculative sampling: a chi-square test that the
+ * distribution of a verified token is the target's, which the same check must
+ * reject when the acceptance step is broken on purpose. */
+#include "ellm.h"
+#include "harness.h"
+#include "engine/sampler.h"
+#include "spec/spec.h"
+
+#include <string.h>
+
+#define EVALMODEL "models/evalmodel.gguf"
+
+static ellm_model *g_model;
+static int g_vocab;
+
+static int32_t *prompt_tokens(int *n) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/heldout-sample.txt", test_data_dir());
+    char *text = test_read_file(path, NULL);
+    CHECK(text != NULL, "%s", path);
+    if (!text) return NULL;
+    size_t len = strlen(text) < 3000 ? strlen(text) : 3000;
+    int32_t *ids = malloc(4096 * sizeof *ids);
+    ellm_error err;
+    CHECK(ellm_tokenize(g_model, text, len, 1, 0, ids, 4096, n, &err) == ELLM_OK, "tokenize: %s", err.msg);
+    free(text);
+    return ids;
+}
+
+static ellm_context *make_ctx(int n_ctx, int topk) {
+    ellm_context_params cp = ellm_context_default_params();
+    cp.n_ctx = n_ctx;
+    cp.n_threads = 2;
+    cp.sparse_topk = topk;
+    ellm_context *ctx = NULL;
+    ellm_error err;
+    CHECK(ellm_context_init(g_model, &cp, &ctx, &err) == ELLM_OK, "context: %s", err.msg);
+    return ctx;
+}
+
+static void test_parse(void) {
+    spec_drafter d[SPEC_MAX_DRAFTERS];
+    ellm_error err;
+    CHECK(spec_parse_drafters("ngram", d, SPEC_MAX_DRAFTERS, &err) == 1 && d[0].kind == SPEC_DRAFT_NGRAM, "ngram");
+    CHECK(spec_parse_drafters("ngram+sparse:128", d, SPEC_MAX_DRAFTERS, &err) == 2 && d[1].kind == SPEC_DRAFT_SPARSE &&
+              d[1].budget == 128,
+          "chain");
+    const char *bad[] = {"", "sparse", "sparse:", "sparse:0", "sparse:12x", "ngram+", "+ngram", "foo", "ngram++sparse:4"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+        CHECK(spec_parse_drafters(bad[i], d, SPEC_MAX_DRAFTERS, &err) == 0 && err.msg[0], "'%s' accepted", bad[i]);
+    int32_t h[] = {5, 6, 7, 8, 9, 5, 6, 7}, out[8];
+    int n = spec_ngram_propose(h, 8, 4, out);
+    CHECK(n == 4 && out[0] == 8 && out[1] == 9 && out[2] == 5 && out[3] == 6, "ngram: continues 5 6 7 with 8 9 5 6 (got %d)", n);
+    int32_t h2[] = {1, 2, 3, 4};
+    CHECK(spec_ngram_propose(h2, 4, 4, out) == 0, "ngram: no repeat, no proposal");
+}
+
+/* Provisional KV (a draft at a small sparse budget) truncated away leaves a
+ * context whose next logits equal a fresh context's, bit for bit. */
+static void test_rollback(const int32_t *ids, int n) {
+    const int keep = 300, extra = 40;
+    ellm_context *a = make_ctx(1024, 0), *b = make_ctx(1024, 0);
+    if (!a || !b) goto out;
+    ellm_error err;
+    float *la = malloc((size_t)8 * g_vocab * sizeof(float)), *lb = malloc((size_t)8 * g_vocab * sizeof(float));
+    ellm_decode(a, ids, keep, NULL, &err);
+    ellm_context_set_sparse(a, 48, &err);
+    for (int i = 0; i < extra; i++) ellm_decode(a, ids + keep + i, 1, NULL, &err); /* provisional, sparse */
+    ellm_context_set_sparse(a, 0, &err);
+    CHECK(ellm_context_truncate(a, keep) == ELLM_OK && ellm_context_pos(a) == keep, "truncate");
+    ellm_decode(a, ids + keep, 8, la, &err);
+    ellm_decode(b, ids, keep, NULL, &err);
+    ellm_decode(b, ids + keep, 8, lb, &err);
+    CHECK(!memcmp(la, lb, (size_t)8 * g_vocab * sizeof(float)), "rolled-back context differs from a fresh one");
+    /* and at a sparse budget, where the index's rebuilt summaries matter */
+    ellm_context_set_sparse(a, 64, &err);
+    ellm_context_set_sparse(b, 64, &err);
+    for (int i = 0; i < 8; i++) {
+        ellm_decode(a, ids + keep + 8 + i, 1, la, &err);
+        ellm_decode(b, ids + keep + 8 + i, 1, lb, &err);
+    }
+    CHECK(!memcmp(la, lb, (size_t)g_vocab * sizeof(float)), "rolled-back sparse context differs from a fresh one");
+    free(la);
+    free(lb);
+    (void)n;
+out:
+    ellm_context_free(a);
+    ellm_context_free(b);
+}
+
+/* Greedy generation of n_gen tokens after the prompt, plain or speculative. */
+static int generate(const int32_t *prompt, int n_prompt, int n_gen, int topk, const char *drafters, int verify_sparse,
+                    int32_t *out, ellm_spec_stats *stats) {
+    ellm_context *ctx = make_ctx(n_prompt + n_gen + 8, topk);
+    ellm_sampler_params sp = ellm_sampler_default_params();
+    sp.temperature = 0;
+    ellm_sampler *smp = NULL;
+    ellm_spec *spec = NULL;
+    ellm_error err;
+    int got = 0;
+    int32_t *hist = malloc((size_t)(n_prompt + n_gen + 40) * sizeof *hist);
+    memcpy(hist, prompt, (size_t)n_prompt * sizeof *hist);
+    if (!ctx || ellm_sampler_init(&sp, g_vocab, &smp, &err) != ELLM_OK) goto out;
+    if (drafters) {
+        ellm_spec_params p = ellm_spec_default_params();
+        p.drafters = drafters;
+        p.verify_sparse = verify_sparse;
+        ellm_status st = ellm_spec_init(ctx, &p, &spec, &err);
+        CHECK(st == ELLM_OK, "spec init %s: %s", drafters, err.msg);
+        if (st != ELLM_OK) goto out;
+    }
+    CHECK(ellm_decode(ctx, prompt, n_prompt, NULL, &err) == ELLM_OK, "prefill: %s", err.msg);
+    while (got < n_gen) {
+        int32_t t[40];
+        int nt = 1;
+        if (spec) {
+            if (ellm_spec_step(spec, smp, hist, n_prompt + got, n_gen - got, t, &nt, &err) != ELLM_OK) {
+                CHECK(0, "spec step: %s", err.msg);
+                break;
+            }
+        } else {
+            t[0] = ellm_sampler_sample(smp, ellm_context_logits(ctx), hist, n_prompt + got);
+            if (got + 1 < n_gen) ellm_decode(ctx, t, 1, NULL, &err);
+        }
+        for (int i = 0; i < nt && got < n_gen; i++) hist[n_prompt + got] = out[got] = t[i], got++;
+    }
+    if (spec && stats) ellm_spec_get_stats(spec, stats);
+out:
+    free(hist);
+    ellm_spec_free(spec);
+    ellm_sampler_free(smp);
+    ellm_context_free(ctx);
+    return got;
+}
+
+static void test_greedy_streams(const int32_t *prompt, int n_prompt) {
+    const int n_gen = 1000;
+    int32_t *ref = malloc(n_gen * sizeof *ref), *got = malloc(n_gen * sizeof *got),
+            *ref_sparse = malloc(n_gen * sizeof *ref);
+    generate(prompt, n_prompt, n_gen, -1, NULL, 0, ref, NULL);
+    generate(prompt, n_prompt, n_gen, 128, NULL, 0, ref_sparse, NULL);
+    static const struct {
+        const char *drafters;
+        int topk, verify_sparse;
+    } cases[] = {
+        {"ngram", -1, 0},
+        {"sparse:48", 0, 0},
+        {"ngram+sparse:48", 0, 0},
+        {"sparse:48", 128, 1}, /* sparse verification: the output of sparse decoding */
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        ellm_spec_stats st = {0};
+        memset(got, 0xff, n_gen * sizeof *got);
+        int n = generate(prompt, n_prompt, n_gen, cases[c].topk, cases[c].drafters, cases[c].verify_sparse, got, &st);
+        const int32_t *want = cases[c].verify_sparse ? ref_sparse : ref;
+        int same = 0;
+        while (same < n_gen && got[same] == want[same]) same++;
+        CHECK(n == n_gen && same == n_gen, "--spec %s (verify %s): stream differs from plain decoding at token %d",
+              cases[c].drafters, cases[c].verify_sparse ? "sparse" : "dense", same);
+        CHECK(st.verify_passes > 0 && st.verify_passes < n_gen, "%s: %lld verify passes for %d tokens",
+              cases[c].drafters, (long long)st.verify_passes, n_gen);
+        printf("spec %-16s verify %-6s: %d tokens identical, acceptance %.3f, %.2f tokens per verify\n",
+               cases[c].drafters, cases[c].verify_sparse ? "sparse" : "dense", same, st.acceptance_rate,
+               st.tokens_per_verify);
+    }
+    free(ref);
+    free(got);
+    free(ref_sparse);
+}
+
+/* Chi-square statistic of counts against probabilities (bins with expected
+ * count < 5 pooled); *df receives the degrees of freedom. */
+static double chi_square(const int *count, const double *p, int n_bins, int total, int *df) {
+    double chi = 0, pool_e = 0, pool_o = 0;
+    int bins = 0;
+    for (int i = 0; i < n_bins; i++) {
+        double e = p[i] * total;
+        if (e < 5) {
+            pool_e += e;
+            pool_o += count[i];
+            continue;
+        }
+        chi += (count[i] - e) * (count[i] - e) / e;
+        bins++;
+    }
+    if (pool_e > 0) {
+        chi += (pool_o - pool_e) * (pool_o - pool_e) / (pool_e > 1e-9 ? pool_e : 1e-9);
+        bins++;
+    }
+    *df = bins - 1;
+    return chi;
+}
+
+/* Critical value of chi-square at p = 0.001 (Wilson-Hilferty). */
+static double chi_crit(int df) {
+    double z = 3.0902, a = 2.0 / (9.0 * df);
+    double t = 1 - a + z * sqrt(a);
+    return df * t * t * t;
+}
+
+/* The token after the first sampled one: its exact distribution, summed over
+ * the first token's outcomes, against many speculative runs (sparse:48 drafts
+ * the model's own argmax, accepted with probability p; rejections draw from p
+ * without it). With acceptance broken (every draft kept) the test must fail. */
+static void test_sampling(const int32_t *prompt, int n_prompt) {
+    const int n_pre = 120, trials = 1500;
+    ellm_sampler_params sp = ellm_sampler_default_params();
+    sp.temperature = 1.0f;
+    sp.top_k = 12;
+    sp.top_p = 1.0f;
+    sp.min_p = 0;
+    ellm_context *ctx = make_ctx(n_pre + 40, 0);
+    ellm_sampler *smp = NULL;
+    ellm_error err;
+    if (!ctx || ellm_sampler_init(&sp, g_vocab, &smp, &err) != ELLM_OK) goto out;
+    /* exact: P(t2) = sum_t1 P(t1) P(t2 | t1) */
+    float *p1 = malloc((size_t)g_vocab * sizeof *p1), *p2 = malloc((size_t)g_vocab * sizeof *p2);
+    double *expect = calloc((size_t)g_vocab, sizeof *expect);
+    int32_t hist[256];
+    memcpy(hist, prompt, (size_t)n_pre * sizeof *hist);
+    ellm_decode(ctx, prompt, n_pre, NULL, &err);
+    engine_sampler_probs(smp, ellm_context_logits(ctx), hist, n_pre, p1);
+    for (int t1 = 0; t1 < g_vocab; t1++) {
+        if (p1[t1] <= 0) continue;
+        ellm_context_truncate(ctx, n_pre);
+        ellm_decode(ctx, &t1, 1, NULL, &err);
+        hist[n_pre] = t1;
+        engine_sampler_probs(smp, ellm_context_logits(ctx), hist, n_pre + 1, p2);
+        for (int i = 0; i < g_vocab; i++) expect[i] += (double)p1[t1] * p2[i];
+    }
+    for (int broken = 0; broken < 2; broken++) {
+        int *count = calloc((size_t)g_vocab, sizeof *count);
+        int64_t accepted = 0, proposed = 0;
+        for (int trial = 0; trial < trials; trial++) {
+            ellm_sampler *s = NULL;
+            ellm_spec *spec = NULL;
+            sp.seed = 1000 + (uint64_t)trial;
+            ellm_sampler_init(&sp, g_vocab, &s, &err);
+            ellm_spec_params p = ellm_spec_default_params();
+            p.drafters = "sparse:48";
+            p.draft_max = 2;
+            ellm_spec_init(ctx, &p, &spec, &err);
+            spec_set_accept_all(spec, broken);
+            /* back to the prefix, with its logits */
+            ellm_context_truncate(ctx, n_pre - 1);
+            ellm_decode(ctx, prompt + n_pre - 1, 1, NULL, &err);
+            int32_t t[40];
+            int nt = 0;
+            ellm_spec_step(spec, s, hist, n_pre, 2, t, &nt, &err);
+            if (nt == 2) count[t[1]]++;
+            ellm_spec_stats st;
+            ellm_spec_get_stats(spec, &st);
+            accepted += st.accepted;
+            proposed += st.proposed;
+            ellm_spec_free(spec);
+            ellm_sampler_free(s);
+        }
+        int df;
+        double chi = chi_square(count, expect, g_vocab, trials, &df);
+        printf("speculative sampling%s: chi-square %.1f, df %d, critical (p=0.001) %.1f; %lld of %lld drafts accepted\n",
+               broken ? " with acceptance broken" : "", chi, df, chi_crit(df), (long long)accepted,
+               (long long)proposed);
+        if (!broken) {
+            CHECK(df >= 3 && chi < chi_crit(df), "second-token distribution differs from the target's: chi2 %.1f df %d",
+                  chi, df);
+            CHECK(accepted > 0 && accepted < proposed, "both acceptances and rejections exercised (%lld of %lld)",
+                  (long long)accepted, (long long)proposed);
+        } else {
+            CHECK(chi > chi_crit(df), "the broken acceptance step went undetected: chi2 %.1f df %d", chi, df);
+        }
+        free(count);
+    }
+    free(p1);
+    free(p2);
+    free(expect);
+out:
+    ellm_sampler_free(smp);
+    ellm_context_free(ctx);
+}
+
+static void test_errors(void) {
+    ellm_context *dense = make_ctx(64, -1);
+    ellm_spec *spec = NULL;
+    ellm_error err;
+    ellm_spec_params p = ellm_spec_default_params();
+    p.drafters = "sparse:32";
+    CHECK(ellm_spec_init(dense, &p, &spec, &err) == ELLM_ERR_ARG && !spec, "sparse drafter on a dense-only context");
+    p.drafters = "ngram";
+    p.draft_max = 0;
+    CHECK(ellm_spec_init(dense, &p, &spec, &err) == ELLM_ERR_ARG, "draft_max 0");
+    p.draft_max = 8;
+    p.verify_sparse = 1;
+    CHECK(ellm_spec_init(dense, &p, &spec, &err) == ELLM_ERR_ARG, "sparse verify without a budget");
+    p.verify_sparse = 0;
+    CHECK(ellm_spec_init(dense, &p, &spec, &err) == ELLM_OK, "ngram: %s", err.msg);
+    ellm_sampler *smp = NULL;
+    ellm_sampler_init(NULL, g_vocab, &smp, &err);
+    int32_t h[1] = {1}, out[40];
+    int n;
+    CHECK(ellm_spec_step(spec, smp, h, 1, 4, out, &n, &err) == ELLM_ERR_ARG, "step before any logits");
+    ellm_sampler_free(smp);
+    ellm_spec_free(spec);
+    ellm_context_free(dense);
+}
+
+int main(void) {
+    ellm_error err;
+    if (ellm_model_load(EVALMODEL, NULL, &g_model, &err) != ELLM_OK) {
+        CHECK(0, "load %s: %s", EVALMODEL, err.msg);
+        return test_finish();
+    }
+    ellm_model_info info;
+    ellm_model_get_info(g_model, &info);
+    g_vocab = info.n_vocab;
+    int n_prompt = 0;
+    int32_t *prompt = prompt_tokens(&n_prompt);
+    test_parse();
+    test_errors();
+    if (prompt && n_prompt >= 200) {
+        test_rollback(prompt, n_prompt);
+        test_greedy_streams(prompt, 200);
+        test_sampling(prompt, n_prompt);
+    }
+    free(prompt);
+    ellm_model_free(g_model);
+    return test_finish();
+}
