@@ -387,6 +387,16 @@ ellm_status ellm_spec_step(ellm_spec *spec, ellm_sampler *sampler, const int32_t
 /* Feeds a token the last step returned but left out of the context (see above). */
 ellm_status ellm_spec_sync(ellm_spec *spec, ellm_error *err);
 void ellm_spec_get_stats(const ellm_spec *spec, ellm_spec_stats *stats);
+/* Teacher-forced drafter evaluation over tokens[0 .. n) (n <= the context
+ * size; the context is reset): at positions score_from, score_from + every,
+ * ..., the target is the full model's greedy continuation of draft_max + 1
+ * tokens from the true prefix, and the drafters' proposal after its first
+ * token is accepted up to the first mismatch, so loops in the model's own
+ * generations cannot inflate the figures. Adds the counts to *acc and
+ * recomputes its acceptance_rate and tokens_per_verify (verify_ms: time of
+ * the target continuations; draft_ms: of the drafts). */
+ellm_status ellm_spec_eval(ellm_context *ctx, const ellm_spec_params *params, const int32_t *tokens, int n,
+                           int score_from, int every, ellm_spec_stats *acc, ellm_error *err);
 
 /* ---- benchmarking ---------------------------------------------------------- */
 

@@ -33,7 +33,7 @@ static int32_t *prompt_tokens(int *n) {
 static ellm_context *make_ctx(int n_ctx, int topk) {
     ellm_context_params cp = ellm_context_default_params();
     cp.n_ctx = n_ctx;
-    cp.n_threads = 2;
+    cp.n_threads = 1; /* thread invariance is tests/test_batch_exact.c's */
     cp.sparse_topk = topk;
     ellm_context *ctx = NULL;
     ellm_error err;
@@ -281,6 +281,34 @@ out:
     ellm_context_free(ctx);
 }
 
+/* Teacher-forced evaluation: a sparse drafter whose budget covers the whole
+ * window is the target itself, so every draft is accepted (K + 1 tokens per
+ * verify); a tiny budget and the n-gram drafter accept less, within [0, 1]. */
+static void test_eval(const int32_t *ids, int n) {
+    if (n > 600) n = 600;
+    ellm_context *ctx = make_ctx(n, 0);
+    if (!ctx) return;
+    ellm_error err;
+    ellm_spec_params p = ellm_spec_default_params();
+    p.draft_max = 4;
+    ellm_spec_stats full = {0}, tiny = {0}, ng = {0};
+    p.drafters = "sparse:4096";
+    CHECK(ellm_spec_eval(ctx, &p, ids, n, 256, 16, &full, &err) == ELLM_OK, "eval: %s", err.msg);
+    CHECK(full.verify_passes > 10 && full.acceptance_rate == 1.0 && full.tokens_per_verify == 5.0,
+          "a drafter equal to the target: acceptance %.3f, %.2f tokens per verify over %lld samples",
+          full.acceptance_rate, full.tokens_per_verify, (long long)full.verify_passes);
+    p.drafters = "sparse:48";
+    CHECK(ellm_spec_eval(ctx, &p, ids, n, 256, 16, &tiny, &err) == ELLM_OK, "eval: %s", err.msg);
+    p.drafters = "ngram";
+    CHECK(ellm_spec_eval(ctx, &p, ids, n, 256, 16, &ng, &err) == ELLM_OK, "eval: %s", err.msg);
+    CHECK(tiny.acceptance_rate > 0 && tiny.acceptance_rate < 1 && ng.acceptance_rate >= 0 && ng.acceptance_rate < 1,
+          "sparse:48 acceptance %.3f, ngram %.3f", tiny.acceptance_rate, ng.acceptance_rate);
+    printf("teacher-forced, K=4: sparse:48 %.2f tokens per verify, ngram %.2f\n", tiny.tokens_per_verify,
+           ng.tokens_per_verify);
+    CHECK(ellm_spec_eval(ctx, &p, ids, n, n, 16, &ng, &err) == ELLM_ERR_ARG, "nothing to score is an error");
+    ellm_context_free(ctx);
+}
+
 static void test_errors(void) {
     ellm_context *dense = make_ctx(64, -1);
     ellm_spec *spec = NULL;
@@ -323,6 +351,7 @@ int main(void) {
         test_rollback(prompt, n_prompt);
         test_greedy_streams(prompt, 200);
         test_sampling(prompt, n_prompt);
+        test_eval(prompt, n_prompt);
     }
     free(prompt);
     ellm_model_free(g_model);

@@ -7,6 +7,7 @@
 #include "topology/probe.h"
 #include "ellm.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,6 +50,12 @@ static void bench_usage(FILE *f) {
             "  --bw-mb MB              bandwidth self-test buffer (default 1024)\n"
             "  --numa-aware, --numa MODE  NUMA placement as for ellm run (off, distribute,\n"
             "                          replicate, interleave); --mlock locks the weights\n"
+            "  --spec DRAFTER          also time speculative decoding: a draft step of DRAFTER\n"
+            "                          (ngram, sparse:N, ngram+sparse:N) and a verify pass of k+1\n"
+            "                          tokens for k = 1 .. --draft-max (default 8) at each depth;\n"
+            "                          tokens/s = T(k) / (k x draft step + verify of k+1) at the best k\n"
+            "  --spec-tokens-per-verify T  tokens per verify pass at --draft-max (from `ellm eval\n"
+            "                          --spec` on real text; default 5); T(k) follows from it\n"
             "  --json                  machine-readable output\n");
 }
 
@@ -148,6 +155,67 @@ static void progress(const char *what, int v) {
     fflush(stderr);
 }
 
+/* A speculative point: costs measured at one depth and the best draft length. */
+typedef struct {
+    double draft_ms;  /* one draft step (0 for n-gram lookup) */
+    double verify_ms; /* verify pass of k + 1 tokens at the best k */
+    int k;            /* best draft length for these costs */
+    double tpv;       /* tokens per verify expected at k */
+    double tokens_per_s;
+} spec_point;
+
+/* Tokens per verify pass at draft length k for a per-token acceptance a
+ * (drafts accepted in order until the first miss): (1 - a^(k+1)) / (1 - a). */
+static double spec_tpv(double a, int k) {
+    if (a >= 1) return k + 1;
+    return (1 - pow(a, k + 1)) / (1 - a);
+}
+
+/* The per-token acceptance that gives t tokens per verify at draft length k. */
+static double spec_accept(double t, int k) {
+    if (t >= k + 1) return 1;
+    double lo = 0, hi = 1;
+    for (int i = 0; i < 60; i++) {
+        double mid = (lo + hi) / 2;
+        if (spec_tpv(mid, k) < t) lo = mid;
+        else hi = mid;
+    }
+    return lo;
+}
+
+/* Median time of `reps` batched passes of n tokens at depth d (truncated back each time). */
+static double time_batch(ellm_context *ctx, const int32_t *ids, int d, int n, int reps) {
+    double t[16];
+    ellm_error err;
+    if (reps > 16) reps = 16;
+    for (int r = 0; r < reps; r++) {
+        ellm_context_truncate(ctx, d);
+        double t0 = ellm_time_ms();
+        if (ellm_decode(ctx, ids, n, NULL, &err) != ELLM_OK) return -1;
+        t[r] = ellm_time_ms() - t0;
+    }
+    ellm_context_truncate(ctx, d);
+    qsort(t, (size_t)reps, sizeof *t, cmp_double);
+    return t[reps / 2];
+}
+
+/* Median time of 8 single-token steps at depth d with the context's current
+ * sparse budget (a model drafter's draft step); the cache is truncated back. */
+static double time_draft_step(ellm_context *ctx, const int32_t *ids, int d) {
+    double t[8];
+    ellm_error err;
+    ellm_context_truncate(ctx, d);
+    for (int s = 0; s < 8; s++) {
+        int32_t tok = ids[s];
+        double t0 = ellm_time_ms();
+        if (ellm_decode(ctx, &tok, 1, NULL, &err) != ELLM_OK) return -1;
+        t[s] = ellm_time_ms() - t0;
+    }
+    ellm_context_truncate(ctx, d);
+    qsort(t, 8, sizeof *t, cmp_double);
+    return t[4];
+}
+
 int cmd_bench(int argc, char **argv) {
     const char *model_path = NULL;
     long threads = 0, n_tokens = 32, gen = 50000, bw_mb = 1024, synth_from = -1;
@@ -156,6 +224,9 @@ int cmd_bench(int argc, char **argv) {
     int synthetic = 0, json = 0, kv_f32 = 0, bad = 0;
     long sparse_topk = 0;
     int numa = 0, mlock = 0;
+    const char *spec = NULL;
+    long spec_kmax = 8, spec_budget = 0;
+    double spec_tpv_given = 5.0;
     for (int i = 1; i < argc && !bad; i++) {
         const char *v = NULL, *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -178,6 +249,11 @@ int cmd_bench(int argc, char **argv) {
             bad = !v || !arg_int(a, v, 16, 1 << 20, &bw_mb);
         else if (arg_value(argc, argv, &i, "--sparse-topk", NULL, &v, &bad))
             bad = !v || !arg_int(a, v, 0, 1L << 30, &sparse_topk);
+        else if (arg_value(argc, argv, &i, "--spec", NULL, &v, &bad)) spec = v;
+        else if (arg_value(argc, argv, &i, "--draft-max", NULL, &v, &bad))
+            bad = !v || !arg_int(a, v, 1, 31, &spec_kmax);
+        else if (arg_value(argc, argv, &i, "--spec-tokens-per-verify", NULL, &v, &bad))
+            bad = !v || !arg_double(a, v, 1, 32, &spec_tpv_given);
         else if (arg_value(argc, argv, &i, "--synthetic-from", NULL, &v, &bad))
             bad = !v || !arg_int(a, v, 0, 1L << 30, &synth_from);
         else if (arg_value(argc, argv, &i, "--depths", NULL, &v, &bad))
@@ -188,6 +264,14 @@ int cmd_bench(int argc, char **argv) {
             bad = !v || !arg_kv_type(a, v, &kv_f32);
         else {
             fprintf(stderr, "error: unknown option '%s' (see ellm bench --help)\n", a);
+            bad = 1;
+        }
+    }
+    if (!bad && spec) {
+        const char *sp = strstr(spec, "sparse:");
+        if (sp) spec_budget = atol(sp + 7);
+        if ((sp && spec_budget < 1) || (!sp && strcmp(spec, "ngram"))) {
+            fprintf(stderr, "error: --spec: expected ngram, sparse:N or ngram+sparse:N, got '%s'\n", spec);
             bad = 1;
         }
     }
@@ -233,13 +317,13 @@ int cmd_bench(int argc, char **argv) {
     for (int i = 0; i < n_prefills; i++)
         if (prefills[i] > max_prefill) max_prefill = prefills[i];
     int n_ctx = (max_depth > max_prefill ? max_depth : max_prefill) + (int)n_tokens +
-                (int)n_tokens / (ROUND_STEPS - 1) + 9;
+                (int)n_tokens / (ROUND_STEPS - 1) + 9 + 32;
     ellm_context_params cp = ellm_context_default_params();
     cp.n_ctx = n_ctx;
     cp.n_threads = (int)threads;
     cp.kv_type = kv_f32 ? ELLM_KV_F32 : ELLM_KV_F16;
     cp.n_batch = 512;
-    cp.sparse_topk = sparse_topk > 0 ? 0 : -1; /* keep the index only when sparse is timed */
+    cp.sparse_topk = sparse_topk > 0 || spec_budget > 0 ? 0 : -1; /* keep the index only when sparse is timed */
     if (ellm_context_init(model, &cp, &ctx, &err) != ELLM_OK) {
         fprintf(stderr, "error: %s\n", err.msg);
         goto done;
@@ -280,6 +364,7 @@ int cmd_bench(int argc, char **argv) {
     }
 
     bench_point pts[MAX_POINTS], spts[MAX_POINTS];
+    spec_point specd[MAX_POINTS], specs[MAX_POINTS]; /* speculative over dense / over sparse verification */
     ellm_context_truncate(ctx, 0);
     for (int i = 0; i < n_depths; i++) {
         int d = depths[i];
@@ -334,6 +419,54 @@ int cmd_bench(int argc, char **argv) {
             q->gbps = q->bytes_per_token / (q->ms_median / 1000.0) / 1e9;
             q->bw_fraction = bw > 0 ? q->gbps / bw : 0;
         }
+        if (spec) {
+            progress("speculative draft and verify at depth ", d);
+            ellm_context_truncate(ctx, d);
+            if (spec_budget > 0) ellm_context_set_sparse(ctx, (int)spec_budget, NULL);
+            double draft_ms = 0;
+            if (spec_budget > 0 && (draft_ms = time_draft_step(ctx, ids, d)) < 0) goto spec_fail;
+            ellm_context_set_sparse(ctx, 0, NULL);
+            memset(&specd[i], 0, sizeof specd[i]);
+            specd[i].draft_ms = draft_ms;
+            /* re-pick k with the draft cost */
+            {
+                double a = spec_accept(spec_tpv_given, (int)spec_kmax);
+                specd[i].tokens_per_s = 0;
+                for (int k = 1; k <= spec_kmax; k++) {
+                    double v = time_batch(ctx, ids, d, k + 1, 3), tpv = spec_tpv(a, k);
+                    if (v < 0) goto spec_fail;
+                    double tps = tpv / ((k * draft_ms + v) / 1000.0);
+                    if (tps > specd[i].tokens_per_s) {
+                        specd[i].tokens_per_s = tps;
+                        specd[i].k = k;
+                        specd[i].tpv = tpv;
+                        specd[i].verify_ms = v;
+                    }
+                }
+            }
+            if (sparse_topk > 0) {
+                ellm_context_set_sparse(ctx, (int)sparse_topk, NULL);
+                double a = spec_accept(spec_tpv_given, (int)spec_kmax);
+                specs[i] = specd[i];
+                specs[i].tokens_per_s = 0;
+                for (int k = 1; k <= spec_kmax; k++) {
+                    double v = time_batch(ctx, ids, d, k + 1, 3), tpv = spec_tpv(a, k);
+                    if (v < 0) goto spec_fail;
+                    double tps = tpv / ((k * draft_ms + v) / 1000.0);
+                    if (tps > specs[i].tokens_per_s) {
+                        specs[i].tokens_per_s = tps;
+                        specs[i].k = k;
+                        specs[i].tpv = tpv;
+                        specs[i].verify_ms = v;
+                    }
+                }
+                ellm_context_set_sparse(ctx, 0, NULL);
+            }
+            continue;
+        spec_fail:
+            fprintf(stderr, "error: speculative timing at depth %d failed\n", d);
+            goto done;
+        }
     }
     if (isatty(2)) fprintf(stderr, "\r\033[K");
 
@@ -366,6 +499,20 @@ int cmd_bench(int argc, char **argv) {
                    spts[i].ms_median, spts[i].bytes_per_token, spts[i].gbps, spts[i].bw_fraction,
                    spts[i].select_fraction, spts[i].index_ratio, spts[i].tokens_per_s / pts[i].tokens_per_s,
                    spts[i].vs_empty);
+        for (int i = 0; i < n_depths && spec; i++) {
+            printf(", {\"depth\": %d, \"mode\": \"spec:%s\", \"synthetic_kv\": %s, \"draft_step_ms\": %.4f, "
+                   "\"verify_ms\": %.4f, \"draft_max\": %d, \"tokens_per_verify\": %.3f, \"tokens_per_s\": %.3f, "
+                   "\"speedup_vs_dense\": %.3f}",
+                   pts[i].depth, spec, pts[i].synthetic ? "true" : "false", specd[i].draft_ms, specd[i].verify_ms,
+                   specd[i].k, specd[i].tpv, specd[i].tokens_per_s, specd[i].tokens_per_s / pts[i].tokens_per_s);
+            if (sparse_topk > 0)
+                printf(", {\"depth\": %d, \"mode\": \"spec-sparse:%s\", \"sparse_topk\": %ld, \"synthetic_kv\": %s, "
+                       "\"draft_step_ms\": %.4f, \"verify_ms\": %.4f, \"draft_max\": %d, \"tokens_per_verify\": %.3f, "
+                       "\"tokens_per_s\": %.3f, \"speedup_vs_sparse\": %.3f}",
+                       pts[i].depth, spec, sparse_topk, pts[i].synthetic ? "true" : "false", specs[i].draft_ms,
+                       specs[i].verify_ms, specs[i].k, specs[i].tpv, specs[i].tokens_per_s,
+                       specs[i].tokens_per_s / spts[i].tokens_per_s);
+        }
         printf("], \"prefill\": [");
         for (int i = 0; i < n_prefills; i++)
             printf("%s{\"tokens\": %d, \"tokens_per_s\": %.2f}", i ? ", " : "", pre[i].tokens, pre[i].tokens_per_s);
@@ -391,6 +538,17 @@ int cmd_bench(int argc, char **argv) {
                    spts[i].gbps, 100 * spts[i].bw_fraction, spts[i].tokens_per_s / pts[i].tokens_per_s,
                    spts[i].vs_empty, 100 * spts[i].select_fraction, 100 * spts[i].index_ratio,
                    spts[i].synthetic ? "  (synthetic KV)" : "");
+        for (int i = 0; i < n_depths && spec; i++) {
+            printf("%8d  %-6s %9.2f   spec:%s, best k %d at %.2f tokens/verify (given %.2f at k=%ld): draft step %.3f ms, "
+                   "verify of k+1 %.3f ms, x%.2f vs dense%s\n",
+                   pts[i].depth, "spec", specd[i].tokens_per_s, spec, specd[i].k, specd[i].tpv, spec_tpv_given, spec_kmax,
+                   specd[i].draft_ms, specd[i].verify_ms, specd[i].tokens_per_s / pts[i].tokens_per_s,
+                   pts[i].synthetic ? "  (synthetic KV)" : "");
+            if (sparse_topk > 0)
+                printf("%8d  %-6s %9.2f   spec over sparse verify: best k %d, verify %.3f ms, x%.2f vs sparse\n",
+                       pts[i].depth, "spec+s", specs[i].tokens_per_s, specs[i].k, specs[i].verify_ms,
+                       specs[i].tokens_per_s / spts[i].tokens_per_s);
+        }
         for (int i = 0; i < n_prefills; i++)
             printf("prefill %d tokens: %.1f tokens/s\n", pre[i].tokens, pre[i].tokens_per_s);
         if (probe_bw > 0) {

@@ -69,6 +69,8 @@ typedef struct {
     const char *model, *file, *profile;
     long ctx, score_from, windows, threads, window_tokens, sink, dense_layers, sample_every, target, n_dense;
     long recall_every, batch;
+    const char *spec;     /* --spec: drafter lists, comma-separated */
+    long draft_max, spec_every;
     int json, adapt;
     char compare[512];
     char budgets[256];
@@ -86,6 +88,8 @@ static int parse_common(int argc, char **argv, eval_opts *o, int calibrate) {
     o->target = 256;
     o->recall_every = ELLM_SPARSE_RECALL_EVERY;
     o->batch = 256; /* ellm run's default prefill chunk */
+    o->draft_max = 8;
+    o->spec_every = 8;
     snprintf(o->compare, sizeof o->compare, "dense,sparse:256,sparse:512");
     snprintf(o->budgets, sizeof o->budgets, "128,192,256,384,512,768,1024");
     int bad = 0;
@@ -109,7 +113,12 @@ static int parse_common(int argc, char **argv, eval_opts *o, int calibrate) {
                        "`ellm run` generates; with :prefill the window goes through in chunks of --batch\n"
                        "tokens (default 256, run's default), one selection per chunk, as `ellm run`\n"
                        "prefills a prompt. Recall is sampled every --sparse-recall-every decode steps\n"
-                       "(default 64, as ellm run --stats; it also paces :adapt).\n");
+                       "(default 64, as ellm run --stats; it also paces :adapt).\n"
+                       "With --spec LIST[,LIST...] [--draft-max K] [--spec-every S]: drafters instead of\n"
+                       "modes, teacher-forced: every S positions from --score-from on, the full model's\n"
+                       "greedy continuation from the true prefix is the target and a drafter's K\n"
+                       "proposals are accepted up to the first mismatch; reports acceptance_rate and\n"
+                       "tokens_per_verify (accepted + 1) per drafter.\n");
             exit(0);
         } else if (!strcmp(a, "--json")) o->json = 1;
         else if (arg_value(argc, argv, &i, "--model", "-m", &v, &bad)) o->model = v;
@@ -138,6 +147,11 @@ static int parse_common(int argc, char **argv, eval_opts *o, int calibrate) {
             bad = !v || !arg_int(a, v, 0, 1 << 30, &o->recall_every);
         else if (arg_value(argc, argv, &i, "--batch", "-b", &v, &bad))
             bad = !v || !arg_int(a, v, 1, 1 << 20, &o->batch);
+        else if (!calibrate && arg_value(argc, argv, &i, "--spec", NULL, &v, &bad)) o->spec = v;
+        else if (!calibrate && arg_value(argc, argv, &i, "--draft-max", NULL, &v, &bad))
+            bad = !v || !arg_int(a, v, 1, 31, &o->draft_max);
+        else if (!calibrate && arg_value(argc, argv, &i, "--spec-every", NULL, &v, &bad))
+            bad = !v || !arg_int(a, v, 1, 1 << 20, &o->spec_every);
         else if (arg_value(argc, argv, &i, "--sample-every", NULL, &v, &bad))
             bad = !v || !arg_int(a, v, 1, 1 << 20, &o->sample_every);
         else if (arg_value(argc, argv, &i, "--target", NULL, &v, &bad))
@@ -195,9 +209,68 @@ static int setup(const eval_opts *o, ellm_model **model, ellm_context **ctx, int
     return 1;
 }
 
+/* ellm eval --spec: teacher-forced drafter acceptance (ellm_spec_eval) for each
+ * comma-separated drafter list, over the same windows as the modes. */
+static int eval_spec(const eval_opts *o) {
+    ellm_model *model = NULL;
+    ellm_context *ctx = NULL;
+    int32_t *ids = NULL;
+    int n_ids = 0, rc = 1;
+    ellm_error err = {0};
+    if (o->score_from >= o->ctx - 1) {
+        fprintf(stderr, "error: --score-from %ld leaves nothing to score in windows of %ld\n", o->score_from, o->ctx);
+        return 2;
+    }
+    if (!setup(o, &model, &ctx, &ids, &n_ids, (int)o->ctx)) goto done;
+    int T = (int)o->ctx, n_win = n_ids / T;
+    if (n_win > o->windows) n_win = (int)o->windows;
+    if (n_win < 1) {
+        fprintf(stderr, "error: '%s' has %d tokens, fewer than one window of %d\n", o->file, n_ids, T);
+        goto done;
+    }
+    if (o->json) printf("{\"model\": \"%s\", \"file\": \"%s\", \"ctx\": %d, \"windows\": %d, \"score_from\": %ld, \"spec\": [",
+                        o->model, o->file, T, n_win, o->score_from);
+    else printf("%s on %s: %d windows of %d tokens, drafts every %ld positions >= %ld, K = %ld\n", o->model, o->file,
+                n_win, T, o->spec_every, o->score_from, o->draft_max);
+    char buf[512], *save = NULL;
+    snprintf(buf, sizeof buf, "%s", o->spec);
+    int first = 1;
+    for (char *list = strtok_r(buf, ",", &save); list; list = strtok_r(NULL, ",", &save)) {
+        ellm_spec_params sp = ellm_spec_default_params();
+        sp.drafters = list;
+        sp.draft_max = (int)o->draft_max;
+        ellm_spec_stats st = {0};
+        for (int w = 0; w < n_win; w++)
+            if (ellm_spec_eval(ctx, &sp, ids + (size_t)w * T, T, (int)o->score_from, (int)o->spec_every, &st, &err) !=
+                ELLM_OK) {
+                fprintf(stderr, "error: --spec %s: %s\n", list, err.msg);
+                goto done;
+            }
+        if (o->json)
+            printf("%s{\"drafter\": \"%s\", \"draft_max\": %ld, \"acceptance_rate\": %.4f, \"tokens_per_verify\": %.3f, "
+                   "\"samples\": %lld, \"draft_ms_per_token\": %.4f}",
+                   first ? "" : ", ", list, o->draft_max, st.acceptance_rate, st.tokens_per_verify,
+                   (long long)st.verify_passes, st.proposed ? st.draft_ms / (double)st.proposed : 0);
+        else
+            printf("  %-28s acceptance_rate %.4f  tokens_per_verify %.3f  (%lld samples, %.3f ms per drafted token)\n",
+                   list, st.acceptance_rate, st.tokens_per_verify, (long long)st.verify_passes,
+                   st.proposed ? st.draft_ms / (double)st.proposed : 0);
+        fflush(stdout);
+        first = 0;
+    }
+    if (o->json) printf("]}\n");
+    rc = 0;
+done:
+    ellm_context_free(ctx);
+    ellm_model_free(model);
+    free(ids);
+    return rc;
+}
+
 int cmd_eval(int argc, char **argv) {
     eval_opts o;
     if (!parse_common(argc, argv, &o, 0)) return 2;
+    if (o.spec) return eval_spec(&o);
     eval_mode modes[MAX_MODES];
     int n_modes = 0;
     {

@@ -343,10 +343,88 @@ ellm_status ellm_spec_step(ellm_spec *s, ellm_sampler *smp, const int32_t *hist,
     return ELLM_OK;
 }
 
+static void stats_rates(ellm_spec_stats *st);
+
 void ellm_spec_get_stats(const ellm_spec *s, ellm_spec_stats *out) {
     *out = s->st;
-    out->acceptance_rate = s->st.proposed ? (double)s->st.accepted / (double)s->st.proposed : 0;
-    out->tokens_per_verify = s->st.verify_passes ? (double)(s->st.accepted + s->st.verify_passes) /
-                                                       (double)s->st.verify_passes
-                                                 : 0;
+    stats_rates(out);
+}
+
+int spec_draft(ellm_spec *s, int32_t *hist, int n, int max, int32_t *out, ellm_error *err) {
+    int nd = draft(s, s->n_drafters - 1, hist, n, max, out, err);
+    set_budget(s, s->target_topk);
+    return nd;
+}
+
+/* Recomputes the rates of a stats record from its counts. */
+static void stats_rates(ellm_spec_stats *st) {
+    st->acceptance_rate = st->proposed ? (double)st->accepted / (double)st->proposed : 0;
+    st->tokens_per_verify =
+        st->verify_passes ? (double)(st->accepted + st->verify_passes) / (double)st->verify_passes : 0;
+}
+
+ellm_status ellm_spec_eval(ellm_context *ctx, const ellm_spec_params *params, const int32_t *tokens, int n,
+                           int score_from, int every, ellm_spec_stats *acc, ellm_error *err) {
+    if (n < 2 || score_from < 1 || score_from >= n - 1 || every < 1)
+        return ellm_fail(err, ELLM_ERR_ARG, "spec eval: %d tokens, scoring from %d every %d: nothing to score", n,
+                         score_from, every);
+    if (n > ctx->n_ctx) return ellm_fail(err, ELLM_ERR_CONTEXT_FULL, "spec eval: %d tokens exceed the context", n);
+    ellm_spec *s = NULL;
+    ellm_status st = ellm_spec_init(ctx, params, &s, err);
+    if (st != ELLM_OK) return st;
+    const int K = s->p.draft_max, V = s->n_vocab;
+    int32_t *h = malloc((size_t)(n + K + 2) * sizeof *h);
+    int32_t g[SPEC_MAX_DRAFT + 1], d[SPEC_MAX_DRAFT + 1];
+    if (!h) {
+        ellm_spec_free(s);
+        return ellm_fail(err, ELLM_ERR_NOMEM, "spec eval: out of memory");
+    }
+    ellm_context_truncate(ctx, 0);
+    int pos = 0;
+    for (int i = score_from; i + 1 < n && st == ELLM_OK; i += every) {
+        /* the true prefix tokens[0 .. i), with its logits */
+        if ((st = ellm_decode(ctx, tokens + pos, i - pos, NULL, err)) != ELLM_OK) break;
+        pos = i;
+        /* the target: the full model's greedy continuation g[0 .. K] */
+        double t0 = ellm_time_ms();
+        int kk = K;
+        if (i + kk + 1 > ctx->n_ctx) kk = ctx->n_ctx - i - 1;
+        g[0] = argmax(ellm_context_logits(ctx), V);
+        for (int j = 1; j <= kk && st == ELLM_OK; j++) {
+            st = ellm_decode(ctx, &g[j - 1], 1, NULL, err);
+            if (st == ELLM_OK) g[j] = argmax(ellm_context_logits(ctx), V);
+        }
+        if (st != ELLM_OK) break;
+        double t1 = ellm_time_ms();
+        ellm_context_truncate(ctx, i);
+        /* the drafters' proposal after [prefix, g0], accepted up to the first mismatch */
+        memcpy(h, tokens, (size_t)i * sizeof *h);
+        h[i] = g[0];
+        int nd = spec_draft(s, h, i + 1, kk, d, err);
+        if (nd < 0) {
+            st = err ? err->status : ELLM_ERR_ARG;
+            break;
+        }
+        double t2 = ellm_time_ms();
+        ellm_context_truncate(ctx, i);
+        int m = 0;
+        while (m < nd && d[m] == g[m + 1]) m++;
+        s->st.verify_passes++;
+        s->st.proposed += nd;
+        s->st.accepted += m;
+        s->st.tokens += m + 1;
+        s->st.verify_ms += t1 - t0;
+        s->st.draft_ms += t2 - t1;
+    }
+    acc->verify_passes += s->st.verify_passes;
+    acc->proposed += s->st.proposed;
+    acc->accepted += s->st.accepted;
+    acc->tokens += s->st.tokens;
+    acc->draft_ms += s->st.draft_ms;
+    acc->verify_ms += s->st.verify_ms;
+    acc->rollback_ms += s->st.rollback_ms;
+    stats_rates(acc);
+    free(h);
+    ellm_spec_free(s);
+    return st;
 }

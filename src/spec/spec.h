@@ -46,6 +46,13 @@ int spec_parse_drafters(const char *list, spec_drafter *out, int cap, ellm_error
  * count written to out (0: no match). */
 int spec_ngram_propose(const int32_t *hist, int n, int max, int32_t *out);
 
+/* Drafts up to `max` tokens after hist[0 .. n) with the whole chain, the
+ * context holding hist[0 .. n - 1) (hist[n - 1] chosen, not yet fed); hist
+ * needs room for n + max tokens (drafts are appended to it). Model drafters
+ * leave provisional KV beyond n - 1 for the caller to truncate. Returns the
+ * count (-1 with err on failure). */
+int spec_draft(ellm_spec *s, int32_t *hist, int n, int max, int32_t *out, ellm_error *err);
+
 /* Test hook: accept every draft without checking it (breaks exactness on
  * purpose, so that tests can show their checks detect a broken acceptance). */
 void spec_set_accept_all(ellm_spec *s, int on);
