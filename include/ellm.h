@@ -286,6 +286,19 @@ ellm_status ellm_sparse_profile_write(const char *path, int n_layer, int n_kv_he
                                       int n_budgets, const double *mean_recall, int target,
                                       int n_dense_layers, ellm_error *err);
 
+/* Importance matrix (llama.cpp's imatrix): per input column of every layer
+ * matrix, the mean squared activation over sample text. ellm_imatrix_collect
+ * runs the model over `tokens` from an empty context (in batches of the
+ * context's batch size) and adds to the sums; several calls accumulate.
+ * ellm_imatrix_write writes llama.cpp's imatrix .dat layout, which
+ * `ellm convert --imatrix` (and llama-quantize) read. */
+typedef struct ellm_imatrix ellm_imatrix;
+ellm_status ellm_imatrix_init(const ellm_model *m, ellm_imatrix **out, ellm_error *err);
+ellm_status ellm_imatrix_collect(ellm_context *ctx, ellm_imatrix *im, const int32_t *tokens, int n,
+                                 ellm_error *err);
+ellm_status ellm_imatrix_write(const ellm_imatrix *im, const char *path, const char *dataset, ellm_error *err);
+void ellm_imatrix_free(ellm_imatrix *im);
+
 /* ---- batched decoding: several sequences in one pass ---------------------- */
 
 /* Scratch and threads for passes over several contexts at once (continuous

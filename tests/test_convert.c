@@ -7,6 +7,7 @@
 #include "convert/convert.h"
 #include "convert/hf_config.h"
 #include "convert/hf_vocab.h"
+#include "convert/imatrix.h"
 #include "convert/safetensors.h"
 #include "convert/sp_model.h"
 #include "ellm.h"
@@ -484,6 +485,78 @@ static void test_dtypes_and_shards(void) {
     CHECK(rel < 0.1 && am >= n_test_ids * 9 / 10, "bf16 logits rel diff %.3g argmax %d", rel, am);
 }
 
+/* Importance matrix: collected by the engine over text, written in
+ * llama.cpp's layout, read back with the right shapes, and used by the
+ * converter (q4_0 and int4-g128 rows change, the file runs; a malformed
+ * file is refused naming it). */
+static void test_imatrix(const char *hf_dir) {
+    ellm_model *m = NULL;
+    ellm_context *ctx = NULL;
+    ellm_imatrix *im = NULL;
+    ellm_error err = {0};
+    char path[700], out1[700], out2[700];
+    snprintf(path, sizeof path, "%s/gqa.imatrix", tmp_root);
+    ellm_model_params mp = {.n_threads = 2, .pin_threads = 0};
+    ellm_context_params cp = ellm_context_default_params();
+    cp.n_ctx = n_test_ids;
+    ellm_status st = ellm_model_load("tests/data/models/llama-gqa.gguf", &mp, &m, &err);
+    if (st == ELLM_OK) st = ellm_context_init(m, &cp, &ctx, &err);
+    if (st == ELLM_OK) st = ellm_imatrix_init(m, &im, &err);
+    if (st == ELLM_OK) st = ellm_imatrix_collect(ctx, im, test_ids, n_test_ids, &err);
+    if (st == ELLM_OK) st = ellm_imatrix_write(im, path, "test", &err);
+    CHECK(st == ELLM_OK, "imatrix: %s", err.msg);
+    ellm_imatrix_free(im);
+    ellm_context_free(ctx);
+    ellm_model_free(m);
+    cv_imatrix cv;
+    st = cv_imatrix_load(path, &cv, &err);
+    CHECK(st == ELLM_OK && cv.n == 2 * 7, "imatrix read: %s (%d entries)", err.msg, st ? 0 : cv.n);
+    if (st == ELLM_OK) {
+        const float *q = cv_imatrix_find(&cv, "blk.1.attn_q.weight", 256);
+        const float *dn = cv_imatrix_find(&cv, "blk.0.ffn_down.weight", 512);
+        int pos = 1;
+        for (int i = 0; q && dn && i < 256; i++) pos &= q[i] > 0 && dn[i] >= 0;
+        CHECK(q && dn && pos && !cv_imatrix_find(&cv, "blk.1.attn_q.weight", 128),
+              "imatrix entries missing, wrong size or not positive");
+        cv_imatrix_free(&cv);
+    }
+    /* A truncated file is refused. */
+    size_t len = 0;
+    char *buf = test_read_file(path, &len);
+    CHECK(buf && cv_imatrix_parse(buf, len / 2, "half.imatrix", &cv, &err) == ELLM_ERR_FORMAT &&
+              strstr(err.msg, "half.imatrix"),
+          "truncated imatrix: '%s'", err.msg);
+    free(buf);
+    for (int k = 0; k < 2; k++) {
+        const char *ty = k ? "q4_0" : "int4-g128";
+        snprintf(out1, sizeof out1, "%s/im-%s.gguf", tmp_root, ty);
+        snprintf(out2, sizeof out2, "%s/noim-%s.gguf", tmp_root, ty);
+        convert_params p = {.type = ty, .n_threads = 2, .imatrix = path};
+        st = convert_hf_to_gguf(hf_dir, out1, &p, NULL, &err);
+        CHECK(st == ELLM_OK, "%s with imatrix: %s", ty, err.msg);
+        p.imatrix = NULL;
+        CHECK(convert_hf_to_gguf(hf_dir, out2, &p, NULL, &err) == ELLM_OK, "%s", err.msg);
+        gguf_file *a = NULL, *b = NULL;
+        gguf_open(out1, &a, &err);
+        gguf_open(out2, &b, &err);
+        const gguf_tensor *ta = a ? gguf_find_tensor(a, "blk.0.ffn_up.weight") : NULL;
+        const gguf_tensor *tb = b ? gguf_find_tensor(b, "blk.0.ffn_up.weight") : NULL;
+        CHECK(ta && tb && ta->type == tb->type && memcmp(ta->data, tb->data, ta->n_bytes) != 0,
+              "%s: the imatrix changed nothing", ty);
+        gguf_close(a);
+        gguf_close(b);
+        int am;
+        double rel = logits_diff(out1, "tests/data/models/llama-gqa.gguf", test_ids, n_test_ids, &am);
+        CHECK(rel < 0.6 && am >= n_test_ids * 85 / 96, "%s with imatrix: logits rel diff %.3g, argmax %d", ty, rel,
+              am);
+        printf("llama-gqa -> %-9s with imatrix: logits max rel diff vs F32 %.2e, argmax %d/%d\n", ty, rel, am,
+               n_test_ids);
+    }
+    convert_params p = {.type = "q4_0", .n_threads = 2, .imatrix = "/nonexistent.imatrix"};
+    CHECK(convert_hf_to_gguf(hf_dir, out1, &p, NULL, &err) == ELLM_ERR_IO && strstr(err.msg, "/nonexistent.imatrix"),
+          "missing imatrix: '%s'", err.msg);
+}
+
 /* ---- bad input ---- */
 
 static void expect_fail(const char *dir, const char *label, const char *n1, const char *n2) {
@@ -704,6 +777,7 @@ int main(void) {
     test_types(evaldir);
     snprintf(evaldir, sizeof evaldir, "%s/llama-gqa", tmp_root);
     test_4bit_types(evaldir);
+    test_imatrix(evaldir);
     test_dtypes_and_shards();
     test_bad_input();
     test_vocab();

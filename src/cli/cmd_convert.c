@@ -62,7 +62,7 @@ static void convert_usage(FILE *f) {
     int n;
     const convert_type *types = convert_types(&n);
     fprintf(f,
-            "usage: ellm convert HF_DIR -o OUT.gguf --type TYPE [--threads N]\n"
+            "usage: ellm convert HF_DIR -o OUT.gguf --type TYPE [--threads N] [--imatrix FILE]\n"
             "\n"
             "Converts a Hugging Face checkpoint folder (config.json, model.safetensors or\n"
             "model-*.safetensors with model.safetensors.index.json, tokenizer.json or\n"
@@ -74,6 +74,8 @@ static void convert_usage(FILE *f) {
             "                  the end, so a failed run leaves no partial file\n"
             "  --type TYPE     output type (below); norms and biases stay F32\n"
             "  --threads N     quantization threads (default: one per physical core)\n"
+            "  --imatrix FILE  importance matrix (ellm calibrate --imatrix): q4_0 and int4-g128\n"
+            "                  rows minimize the rounding error weighted by it\n"
             "\n"
             "types:\n");
     for (int i = 0; i < n; i++)
@@ -82,7 +84,7 @@ static void convert_usage(FILE *f) {
 }
 
 int cmd_convert(int argc, char **argv) {
-    const char *dir = NULL, *out = NULL, *type = NULL;
+    const char *dir = NULL, *out = NULL, *type = NULL, *imatrix = NULL;
     long threads = 0;
     int bad = 0;
     for (int i = 1; i < argc && !bad; i++) {
@@ -94,6 +96,8 @@ int cmd_convert(int argc, char **argv) {
             out = v;
         } else if (arg_value(argc, argv, &i, "--type", NULL, &v, &bad)) {
             type = v;
+        } else if (arg_value(argc, argv, &i, "--imatrix", NULL, &v, &bad)) {
+            imatrix = v;
         } else if (arg_value(argc, argv, &i, "--threads", "-t", &v, &bad)) {
             if (v && !arg_int("--threads", v, 1, 1024, &threads)) bad = 1;
         } else if (a[0] == '-' && a[1]) {
@@ -121,7 +125,7 @@ int cmd_convert(int argc, char **argv) {
     }
     convert_ui ui = {isatty(STDERR_FILENO), -1};
     convert_params p = {.type = type, .n_threads = (int)threads, .progress = on_progress, .progress_user = &ui,
-                        .cancel = &convert_cancel};
+                        .cancel = &convert_cancel, .imatrix = imatrix};
     struct sigaction sa = {0}, old_int, old_term;
     sa.sa_handler = convert_on_signal;
     sigemptyset(&sa.sa_mask);

@@ -451,6 +451,8 @@ done:
 }
 
 int cmd_calibrate(int argc, char **argv) {
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--imatrix")) return cmd_calibrate_imatrix(argc, argv);
     eval_opts o;
     if (!parse_common(argc, argv, &o, 1)) return 2;
     int budgets[32];

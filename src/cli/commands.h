@@ -12,6 +12,8 @@ int cmd_eval(int argc, char **argv);
 int cmd_calibrate(int argc, char **argv);
 int cmd_probe(int argc, char **argv);
 int cmd_convert(int argc, char **argv);
+/* `ellm calibrate --imatrix` (cmd_imatrix.c). */
+int cmd_calibrate_imatrix(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
 
 #endif

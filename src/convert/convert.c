@@ -5,6 +5,7 @@
 
 #include "convert/hf_config.h"
 #include "convert/hf_vocab.h"
+#include "convert/imatrix.h"
 #include "convert/safetensors.h"
 #include "core/cpu.h"
 #include "core/status.h"
@@ -78,6 +79,7 @@ typedef struct {
     int64_t ne0, ne1;       /* GGUF dims: ne0 = elements per row, ne1 rows */
     int n_dims;
     int permute_heads;      /* > 0: llama Q/K row permutation over this many heads */
+    const float *imatrix;   /* (ne0) column importances, or NULL */
     cv_ctx *ctx;
     int index;
 } cv_tensor;
@@ -87,6 +89,7 @@ struct cv_ctx {
     hf_config cfg;
     st_set *st;
     cv_vocab vocab;
+    cv_imatrix imatrix;
     gguf_writer *w;
     cv_tensor *t;
     int n_t;
@@ -152,7 +155,7 @@ static void chunk_job(void *arg, int ith, int nth) {
         } else {
             row = t->gen + r * t->ne0;
         }
-        qtype_quantize_ref(t->type, row, c->chunk + (size_t)i * j->out_row, t->ne0);
+        qtype_quantize_weighted(t->type, row, c->chunk + (size_t)i * j->out_row, t->ne0, t->imatrix, t->ne0);
     }
 }
 
@@ -459,6 +462,11 @@ ellm_status convert_hf_to_gguf(const char *hf_dir, const char *out_path, const c
     if (st == ELLM_OK) st = st_open_dir(hf_dir, &c.st, err);
     if (st == ELLM_OK) st = plan(&c, ty, err);
     if (st == ELLM_OK) st = cv_vocab_load(hf_dir, c.cfg.n_vocab, &c.vocab, err);
+    if (st == ELLM_OK && p->imatrix) {
+        st = cv_imatrix_load(p->imatrix, &c.imatrix, err);
+        for (int i = 0; i < c.n_t && st == ELLM_OK; i++)
+            if (c.t[i].n_dims == 2) c.t[i].imatrix = cv_imatrix_find(&c.imatrix, c.t[i].name, c.t[i].ne0);
+    }
     if (st == ELLM_OK) st = gguf_writer_init(&c.w, err);
     char name[256];
     base_name(hf_dir, name, sizeof name);
@@ -489,6 +497,7 @@ ellm_status convert_hf_to_gguf(const char *hf_dir, const char *out_path, const c
     if (c.pool) threadpool_free(c.pool);
     gguf_writer_free(c.w);
     cv_vocab_free(&c.vocab);
+    cv_imatrix_free(&c.imatrix);
     st_close(c.st);
     free(c.t);
     free(c.rope_freqs);

@@ -67,6 +67,8 @@ typedef struct {
     convert_progress_fn progress;  /* may be NULL */
     void *progress_user;
     volatile int *cancel;          /* when *cancel becomes non-zero the run stops (may be NULL) */
+    const char *imatrix;           /* importance matrix file (ellm calibrate --imatrix) or NULL:
+                                      Q4_0 and INT4_G128 rows minimize the error it weights */
 } convert_params;
 
 typedef struct {

@@ -79,7 +79,17 @@ struct ellm_context {
 
     /* Calibration hook (ellm_sparse_calibrate): NULL outside calibration. */
     struct engine_calib *calib;
+    /* Importance-matrix hook (ellm_imatrix_collect): NULL outside it. */
+    ellm_imatrix *imatrix;
 };
+
+/* ---- imatrix.c ---- */
+
+/* The matmul inputs of a layer an importance matrix records; Q, K and V
+ * share one input, as do gate and up. */
+enum { IM_ATTN_IN, IM_ATTN_OUT, IM_FFN_IN, IM_FFN_DOWN, IM_SLOTS };
+/* Adds nb input rows X (the slot's cols each) of `layer` to the sums. */
+void engine_imatrix_observe(ellm_imatrix *im, int layer, int slot, const float *X, int nb);
 
 /* ---- context.c ---- */
 

@@ -228,12 +228,14 @@ void engine_forward_seqs(const ellm_model *m, const engine_scratch *s, threadpoo
         }
     }
 
+    ellm_imatrix *imat = n_seq == 1 ? seqs[0].ctx->imatrix : NULL;
     for (int l = 0; l < c->n_layer; l++) {
         const model_layer *L = &m->layers[l];
         for (int t = 0; t < n; t++)
             kern_rmsnorm(s->xn + t * d, s->x + t * d, L->attn_norm, d, c->norm_eps);
         const model_matrix *wqkv[3] = {&L->wq, &L->wk, &L->wv};
         float *yqkv[3] = {s->q, s->k, s->v};
+        if (imat) engine_imatrix_observe(imat, l, IM_ATTN_IN, s->xn, n);
         matmul_multi(s, pool, 3, wqkv, s->xn, n, yqkv);
         for (int t = 0; t < n; t++) {
             float *q = s->q + t * nq, *k = s->k + t * nkv, *v = s->v + t * nkv;
@@ -265,6 +267,7 @@ void engine_forward_seqs(const ellm_model *m, const engine_scratch *s, threadpoo
             if (!own) memcpy(s->att + r * nq, ctx->att, (size_t)ni * nq * 4);
         }
         /* x += Wo att  (xn reused as the projection output) */
+        if (imat) engine_imatrix_observe(imat, l, IM_ATTN_OUT, s->att, n);
         matmul(s, pool, &L->wo, s->att, n, s->xn, d);
         kern_add(s->x, s->xn, (int64_t)n * d);
 
@@ -272,8 +275,10 @@ void engine_forward_seqs(const ellm_model *m, const engine_scratch *s, threadpoo
             kern_rmsnorm(s->xn + t * d, s->x + t * d, L->ffn_norm, d, c->norm_eps);
         const model_matrix *wgu[2] = {&L->w_gate, &L->w_up};
         float *ygu[2] = {s->gate, s->up};
+        if (imat) engine_imatrix_observe(imat, l, IM_FFN_IN, s->xn, n);
         matmul_multi(s, pool, 2, wgu, s->xn, n, ygu);
         kern_swiglu(s->gate, s->gate, s->up, (int64_t)n * ff);
+        if (imat) engine_imatrix_observe(imat, l, IM_FFN_DOWN, s->gate, n);
         matmul(s, pool, &L->w_down, s->gate, n, s->xn, d);
         kern_add(s->x, s->xn, (int64_t)n * d);
     }

@@ -1,0 +1,119 @@
+/* Importance matrix (llama.cpp's imatrix): while the model runs over sample
+ * text, the mean squared activation that meets each input column of each
+ * weight matrix. The converter weights its rounding errors by it (columns
+ * that see large activations matter more), and llama-quantize reads the
+ * same file format. */
+#include "core/status.h"
+#include "engine/engine_impl.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* The matmul inputs of one layer. The Q, K and V matrices share one input,
+ * as do gate and up. */
+
+struct ellm_imatrix {
+    int n_layer;
+    int64_t cols[IM_SLOTS];
+    double *sum[IM_SLOTS]; /* (n_layer * cols) sums of x^2 */
+    int64_t n_rows;        /* activation rows (tokens) seen per matrix */
+    int64_t n_calls;       /* forward passes */
+};
+
+ellm_status ellm_imatrix_init(const ellm_model *m, ellm_imatrix **out, ellm_error *err) {
+    *out = NULL;
+    const model_config *c = &m->cfg;
+    ellm_imatrix *im = calloc(1, sizeof *im);
+    if (!im) return ellm_fail(err, ELLM_ERR_NOMEM, "imatrix: out of memory");
+    im->n_layer = c->n_layer;
+    im->cols[IM_ATTN_IN] = c->n_embd;
+    im->cols[IM_ATTN_OUT] = (int64_t)c->n_head * c->head_dim;
+    im->cols[IM_FFN_IN] = c->n_embd;
+    im->cols[IM_FFN_DOWN] = c->n_ff;
+    for (int s = 0; s < IM_SLOTS; s++) {
+        im->sum[s] = calloc((size_t)(im->n_layer * im->cols[s]), sizeof(double));
+        if (!im->sum[s]) {
+            ellm_imatrix_free(im);
+            return ellm_fail(err, ELLM_ERR_NOMEM, "imatrix: out of memory");
+        }
+    }
+    *out = im;
+    return ELLM_OK;
+}
+
+void ellm_imatrix_free(ellm_imatrix *im) {
+    if (!im) return;
+    for (int s = 0; s < IM_SLOTS; s++) free(im->sum[s]);
+    free(im);
+}
+
+void engine_imatrix_observe(ellm_imatrix *im, int layer, int slot, const float *X, int nb) {
+    int64_t cols = im->cols[slot];
+    double *s = im->sum[slot] + (size_t)layer * (size_t)cols;
+    for (int b = 0; b < nb; b++)
+        for (int64_t c = 0; c < cols; c++) s[c] += (double)X[b * cols + c] * X[b * cols + c];
+}
+
+ellm_status ellm_imatrix_collect(ellm_context *ctx, ellm_imatrix *im, const int32_t *tokens, int n, ellm_error *err) {
+    if (!ctx || !im || n <= 0) return ellm_fail(err, ELLM_ERR_ARG, "imatrix: bad arguments");
+    ellm_context_truncate(ctx, 0);
+    ctx->imatrix = im;
+    ellm_status st = ELLM_OK;
+    for (int i = 0; i < n && st == ELLM_OK; i += ctx->n_batch) {
+        int k = n - i < ctx->n_batch ? n - i : ctx->n_batch;
+        st = ellm_decode(ctx, tokens + i, k, NULL, err);
+        im->n_calls++;
+    }
+    ctx->imatrix = NULL;
+    if (st == ELLM_OK) im->n_rows += n;
+    return st;
+}
+
+/* llama.cpp's imatrix .dat layout (little-endian): i32 n_entries, then per
+ * entry i32 name length, the name, i32 ncall, i32 nval and nval float32
+ * values = mean(x^2) * ncall; then i32 last chunk, i32 dataset name length
+ * and the dataset name. */
+ellm_status ellm_imatrix_write(const ellm_imatrix *im, const char *path, const char *dataset, ellm_error *err) {
+    if (im->n_rows <= 0) return ellm_fail(err, ELLM_ERR_ARG, "imatrix: no tokens were collected");
+    static const char *const names[IM_SLOTS][3] = {
+        {"attn_q", "attn_k", "attn_v"}, {"attn_output", NULL, NULL}, {"ffn_gate", "ffn_up", NULL}, {"ffn_down", NULL, NULL}};
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "wb");
+    if (!f) return ellm_fail(err, ELLM_ERR_IO, "cannot create '%s': %s", tmp, strerror(errno));
+    int32_t n_entries = 0;
+    for (int s = 0; s < IM_SLOTS; s++)
+        for (int k = 0; k < 3; k++) n_entries += names[s][k] ? im->n_layer : 0;
+    int ok = fwrite(&n_entries, 4, 1, f) == 1;
+    int32_t ncall = (int32_t)(im->n_calls > 0 ? im->n_calls : 1);
+    int64_t max_cols = 1;
+    for (int s = 0; s < IM_SLOTS; s++)
+        if (im->cols[s] > max_cols) max_cols = im->cols[s];
+    float *vals = malloc((size_t)max_cols * sizeof(float));
+    ok = ok && vals;
+    for (int l = 0; l < im->n_layer && ok; l++)
+        for (int s = 0; s < IM_SLOTS && ok; s++)
+            for (int k = 0; k < 3 && ok && names[s][k]; k++) {
+                char name[96];
+                int32_t len = snprintf(name, sizeof name, "blk.%d.%s.weight", l, names[s][k]);
+                int32_t nval = (int32_t)im->cols[s];
+                const double *sum = im->sum[s] + (size_t)l * (size_t)im->cols[s];
+                for (int64_t c = 0; c < im->cols[s]; c++) vals[c] = (float)(sum[c] / (double)im->n_rows * ncall);
+                ok = fwrite(&len, 4, 1, f) == 1 && fwrite(name, 1, (size_t)len, f) == (size_t)len &&
+                     fwrite(&ncall, 4, 1, f) == 1 && fwrite(&nval, 4, 1, f) == 1 &&
+                     fwrite(vals, 4, (size_t)nval, f) == (size_t)nval;
+            }
+    int32_t last_chunk = ncall, dlen = (int32_t)strlen(dataset ? dataset : "");
+    ok = ok && fwrite(&last_chunk, 4, 1, f) == 1 && fwrite(&dlen, 4, 1, f) == 1 &&
+         fwrite(dataset ? dataset : "", 1, (size_t)dlen, f) == (size_t)dlen;
+    free(vals);
+    if (fclose(f) != 0) ok = 0;
+    if (!ok || rename(tmp, path) != 0) {
+        unlink(tmp);
+        return ellm_fail(err, ELLM_ERR_IO, "writing '%s': %s", path, strerror(errno));
+    }
+    return ELLM_OK;
+}
