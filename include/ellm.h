@@ -228,6 +228,13 @@ int ellm_context_n_ctx(const ellm_context *ctx);
 int ellm_context_pos(const ellm_context *ctx);
 /* Forgets every token at position >= n_keep. O(1). */
 ellm_status ellm_context_truncate(ellm_context *ctx, int n_keep);
+/* Context shift (what a generation does at the end of its context, as
+ * llama.cpp's): forgets positions [n_keep, n_keep + n_discard) and moves the
+ * later ones down by n_discard, rotating their keys' RoPE by -n_discard so
+ * they are the keys of their new positions (with an F16 cache up to one F16
+ * rounding away from a fresh computation). The sparse index is rebuilt from
+ * the moved keys. The last logits stay. O(positions moved). */
+ellm_status ellm_context_shift(ellm_context *ctx, int n_keep, int n_discard, ellm_error *err);
 
 /* Feeds `n` tokens at the current position in one batched pass (chunked by
  * n_batch). If `logits` is not NULL it receives n rows of n_vocab floats, the
@@ -410,6 +417,39 @@ void ellm_spec_get_stats(const ellm_spec *spec, ellm_spec_stats *stats);
  * the target continuations; draft_ms: of the drafts). */
 ellm_status ellm_spec_eval(ellm_context *ctx, const ellm_spec_params *params, const int32_t *tokens, int n,
                            int score_from, int every, ellm_spec_stats *acc, ellm_error *err);
+
+/* The sampler's random-generator state: with the tokens so far (the
+ * repetition history, which the caller keeps) it is all a sampler carries
+ * from one draw to the next, so restoring it continues a seeded run exactly. */
+typedef struct {
+    uint64_t rng[4];
+} ellm_sampler_state;
+
+void ellm_sampler_get_state(const ellm_sampler *s, ellm_sampler_state *out);
+void ellm_sampler_set_state(ellm_sampler *s, const ellm_sampler_state *state);
+
+/* ---- saving and restoring a context (resumable generation) ---------------- */
+
+/* Writes the context to `path` atomically (a temporary file in the same
+ * folder, fsync, rename, fsync of the folder: a crash leaves the old file or
+ * the new one, never a torn one): the KV cache positions held, the logits after
+ * the last token, the sparse budgets and their adaptation state, counters, an
+ * identity of the model file, and `app_len` bytes of the caller's own (its
+ * settings, tokens, sampler state). Every section carries a CRC-32C. The sparse
+ * index is rebuilt from the stored keys on load, exactly as it was. */
+ellm_status ellm_context_state_save(const ellm_context *ctx, const char *path, const void *app,
+                                    size_t app_len, ellm_error *err);
+/* Reads only the caller's bytes of a state file (checking the header, the file
+ * size and that section's checksum), to learn the settings before making the
+ * model and context. *app is released with ellm_free. Safe on untrusted files. */
+ellm_status ellm_state_read_app(const char *path, void **app, size_t *app_len, ellm_error *err);
+/* Restores a context saved by ellm_context_state_save. The context must be of
+ * the same model file (checked: size, hash of metadata and weight samples,
+ * shapes), the same KV type and hold at least the saved positions; a
+ * truncated or corrupted file gets ELLM_ERR_FORMAT naming what is wrong. On
+ * failure the context is either untouched or emptied (position 0). Decoding
+ * after a load with the same thread count continues bit for bit. */
+ellm_status ellm_context_state_load(ellm_context *ctx, const char *path, ellm_error *err);
 
 /* ---- benchmarking ---------------------------------------------------------- */
 

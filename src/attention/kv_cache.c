@@ -202,6 +202,16 @@ void kv_cache_key(const kv_cache *kv, int layer, int head, int pos, float *out) 
         for (int c = 0; c < hd; c++) out[c] = ((const float *)kb)[(size_t)c * bt + j];
 }
 
+void kv_cache_value(const kv_cache *kv, int layer, int head, int pos, float *out) {
+    const int hd = kv->p.head_dim, bt = kv->p.block_tokens;
+    ELLM_ASSERT(pos >= 0 && pos < kv->p.n_ctx);
+    const char *vb = (const char *)kv_cache_block_v(kv, layer, head, pos / bt) + (size_t)(pos % bt) * hd * kv->elt;
+    if (kv->p.type == QTYPE_F16)
+        for (int c = 0; c < hd; c++) out[c] = ellm_f16_to_f32(((const uint16_t *)vb)[c]);
+    else
+        memcpy(out, vb, (size_t)hd * sizeof(float));
+}
+
 const void *kv_cache_block_k(const kv_cache *kv, int layer, int head, int blk) {
     ELLM_ASSERT(layer >= 0 && layer < kv->p.n_layer && head >= 0 && head < kv->p.n_kv_head &&
                 blk >= 0 && blk < kv->n_blocks);
@@ -210,4 +220,10 @@ const void *kv_cache_block_k(const kv_cache *kv, int layer, int head, int blk) {
 
 const void *kv_cache_block_v(const kv_cache *kv, int layer, int head, int blk) {
     return (const char *)kv_cache_block_k(kv, layer, head, blk) + kv->half_bytes;
+}
+
+size_t kv_cache_block_bytes(const kv_cache *kv) { return 2 * kv->half_bytes; }
+
+void *kv_cache_block_data(kv_cache *kv, int layer, int head, int blk) {
+    return (void *)kv_cache_block_k(kv, layer, head, blk);
 }

@@ -57,7 +57,16 @@ void kv_cache_store(kv_cache *kv, int layer, int pos, int n, const float *k, con
 const void *kv_cache_block_k(const kv_cache *kv, int layer, int head, int blk);
 const void *kv_cache_block_v(const kv_cache *kv, int layer, int head, int blk);
 
+/* Bytes of one block as stored (K then V, no padding): what saving the cache
+ * writes per block and restoring it reads back into kv_cache_block_data. */
+size_t kv_cache_block_bytes(const kv_cache *kv);
+/* Writable storage of block `blk` of (layer, head): block_bytes bytes. */
+void *kv_cache_block_data(kv_cache *kv, int layer, int head, int blk);
+
 /* The key of position pos of (layer, head) as stored, as head_dim floats. */
 void kv_cache_key(const kv_cache *kv, int layer, int head, int pos, float *out);
+/* The value of position pos of (layer, head) as stored, as head_dim floats
+ * (storing them back with kv_cache_store gives the same bits). */
+void kv_cache_value(const kv_cache *kv, int layer, int head, int pos, float *out);
 
 #endif

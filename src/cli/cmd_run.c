@@ -1,6 +1,7 @@
 /* `ellm run`: generate text from a prompt, streaming it to stdout. */
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/run_state.h"
 #include "core/timer.h"
 #include "topology/probe.h"
 #include "ellm.h"
@@ -46,6 +47,22 @@ static void run_usage(FILE *f) {
             "                         threads read them), replicate (weights copied to every node),\n"
             "                         interleave (pages spread over the nodes)\n"
             "  --mlock                lock the weights in memory\n"
+            "long generations:\n"
+            "  --ctx-overflow stop|shift  at the end of the context (-c / --kv-cache-gb):\n"
+            "                         stop with a message, or shift: keep the first --keep\n"
+            "                         tokens and the newer half of the rest, re-rotating the\n"
+            "                         kept keys to their new positions, and go on. Without\n"
+            "                         it a prompt + -n beyond the context is refused up front\n"
+            "  --keep N               tokens kept at the start by a shift (default 4)\n"
+            "resumable generation:\n"
+            "  --save-state FILE      save the run to FILE every --save-every tokens (atomic\n"
+            "                         replace) and on Ctrl-C\n"
+            "  --save-every N         tokens between saves (default 256)\n"
+            "  --resume FILE          continue a saved run: model, sampling, seed and context\n"
+            "                         come from FILE; prints the text generated so far and\n"
+            "                         goes on exactly as the uninterrupted run would. Only -n\n"
+            "                         (the total to generate), -t, --stats, --save-state and\n"
+            "                         --save-every may be given with it\n"
             "chat (the model's chat template, or a built-in one):\n"
             "  --chat                 interactive multi-turn chat on stdin/stdout\n"
             "  --system TEXT          system message; with -p, one chat turn is generated\n"
@@ -86,6 +103,12 @@ typedef struct {
     int chat;
     const char *system, *chat_template;
     int numa, mlock;
+    const char *save_state, *resume;
+    int overflow;               /* 0: refuse up front, 1: stop, 2: shift */
+    long keep;
+    long save_every;
+    int n_given;                /* -n was given */
+    const char *gen_flag;       /* the first flag that --resume refuses, or NULL */
 } run_opts;
 
 static int parse(int argc, char **argv, run_opts *o) {
@@ -97,12 +120,23 @@ static int parse(int argc, char **argv, run_opts *o) {
     o->sparse_recall = -1;
     o->draft_max = 8;
     o->spec_verify = -1;
+    o->keep = 4;
     int bad = 0;
     for (int i = 1; i < argc && !bad; i++) {
         const char *v = NULL;
         double d;
         long n;
         const char *a = argv[i];
+        /* Everything but these comes from the state file with --resume. */
+        static const char *const resume_ok[] = {"--stats", "--save-state", "--save-every", "--resume", "--numa-aware",
+                                                "--numa", "--mlock",
+                                                "-n", "--n-predict", "-t", "--threads", NULL};
+        int ok = 0;
+        for (int k = 0; resume_ok[k]; k++) {
+            size_t fl = strlen(resume_ok[k]);
+            ok |= !strncmp(a, resume_ok[k], fl) && (a[fl] == 0 || a[fl] == '=');
+        }
+        if (!ok && !o->gen_flag) o->gen_flag = a;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             run_usage(stdout);
             exit(0);
@@ -141,11 +175,26 @@ static int parse(int argc, char **argv, run_opts *o) {
             }
         }
         else if (!strcmp(a, "--no-display-prompt")) o->no_echo = 1;
+        else if (arg_value(argc, argv, &i, "--save-state", NULL, &v, &bad)) o->save_state = v;
+        else if (arg_value(argc, argv, &i, "--ctx-overflow", NULL, &v, &bad)) {
+            if (v && !strcmp(v, "stop")) o->overflow = 1;
+            else if (v && !strcmp(v, "shift")) o->overflow = 2;
+            else if (v) {
+                fprintf(stderr, "error: --ctx-overflow expects stop or shift, got '%s'\n", v);
+                bad = 1;
+            }
+        } else if (arg_value(argc, argv, &i, "--keep", NULL, &v, &bad))
+            bad = !v || !arg_int(a, v, 0, 1L << 30, &o->keep);
+        else if (arg_value(argc, argv, &i, "--resume", NULL, &v, &bad)) o->resume = v;
+        else if (arg_value(argc, argv, &i, "--save-every", NULL, &v, &bad))
+            bad = !v || !arg_int(a, v, 1, 1L << 30, &o->save_every);
         else if (arg_value(argc, argv, &i, "--model", "-m", &v, &bad)) o->model = v;
         else if (arg_value(argc, argv, &i, "--prompt", "-p", &v, &bad)) o->prompt = v;
         else if (arg_value(argc, argv, &i, "--file", "-f", &v, &bad)) o->prompt_file = v;
-        else if (arg_value(argc, argv, &i, "--n-predict", "-n", &v, &bad))
+        else if (arg_value(argc, argv, &i, "--n-predict", "-n", &v, &bad)) {
             bad = !v || !arg_int(a, v, 0, 1L << 30, &o->n_predict);
+            o->n_given = 1;
+        }
         else if (arg_value(argc, argv, &i, "--threads", "-t", &v, &bad))
             bad = !v || !arg_int(a, v, 1, 1024, &o->threads);
         else if (arg_value(argc, argv, &i, "--ctx-size", "-c", &v, &bad))
@@ -190,6 +239,21 @@ static int parse(int argc, char **argv, run_opts *o) {
     if (!bad && o->spec_verify < 0) o->spec_verify = o->sparse_topk > 0;
     if (!bad && o->spec && o->chat) {
         fprintf(stderr, "error: --spec is not supported with --chat\n");
+        bad = 1;
+    }
+    if (!bad && o->resume && o->gen_flag) {
+        fprintf(stderr,
+                "error: %s cannot be given with --resume: the model, sampling settings, seed and context "
+                "come from the state file (only -n, -t, --stats, --save-state and --save-every may be given)\n",
+                o->gen_flag);
+        bad = 1;
+    }
+    if (!bad && o->save_every && !o->save_state && !o->resume) {
+        fprintf(stderr, "error: --save-every needs --save-state FILE\n");
+        bad = 1;
+    }
+    if (!bad && o->chat && o->save_state) {
+        fprintf(stderr, "error: --save-state is for single generations, not --chat\n");
         bad = 1;
     }
     if (!bad && (o->sparse_profile || o->sparse_adapt) && !o->sparse_topk) {
@@ -390,9 +454,288 @@ static void print_bandwidth_share(const ellm_context *ctx, const ellm_model_info
                 bytes / 1e6);
 }
 
+/* One generation in progress: what the loop needs and what a save writes. */
+typedef struct {
+    ellm_model *model;
+    ellm_context *ctx;
+    ellm_sampler *sampler;
+    int32_t *ids;       /* prompt then generated tokens; room for n_prompt + n_predict */
+    int n_hist;         /* tokens in ids */
+    int generated;      /* of them generated */
+    run_state rs;       /* settings saved with the state (tokens set at save time) */
+    const char *save_path;
+    long save_every;
+    int overflow;       /* as run_opts.overflow */
+    int keep;
+    int n_shifts;
+    ellm_spec *spec;    /* --spec: tokens come from speculative steps */
+} gen_run;
+
+/* Writes the state file; a failure is reported and generation goes on. */
+static void gen_save(gen_run *g) {
+    unsigned char *app = NULL;
+    size_t len = 0;
+    ellm_error err = {0};
+    g->rs.tokens = g->ids;
+    g->rs.n_tokens = g->n_hist;
+    g->rs.save_every = g->save_every;
+    ellm_sampler_get_state(g->sampler, &g->rs.rng);
+    if (!run_state_encode(&g->rs, &app, &len)) {
+        fprintf(stderr, "\nwarning: cannot save the state: out of memory\n");
+        return;
+    }
+    if (ellm_context_state_save(g->ctx, g->save_path, app, len, &err) != ELLM_OK)
+        fprintf(stderr, "\nwarning: cannot save the state: %s\n", err.msg);
+    free(app);
+}
+
+/* Samples and decodes until n_predict tokens are generated, an end-of-generation
+ * token, or Ctrl-C, streaming the text. `dt` holds the detokenizer state of
+ * the text already printed. Returns 0 on success. */
+static int gen_loop(gen_run *g, long n_predict, ellm_detok *dt, double *t_gen_ms) {
+    ellm_error err = {0};
+    char text[2048]; /* longest vocabulary pieces are ~512 bytes */
+    int tty = isatty(2), n_ctx = ellm_context_n_ctx(g->ctx), start = g->generated;
+    double t_gen0 = ellm_time_ms(), t_last_status = 0;
+    int rc = 0;
+    signal(SIGINT, on_sigint);
+    int eog = 0;
+    while (g->generated < n_predict && !g_interrupted && !eog) {
+        int32_t toks[32];
+        int n_new = 1;
+        if (g->spec) {
+            if (ellm_spec_step(g->spec, g->sampler, g->ids, g->n_hist, (int)(n_predict - g->generated), toks, &n_new,
+                               &err) != ELLM_OK) {
+                fprintf(stderr, "\nerror: %s\n", err.msg);
+                rc = 1;
+                break;
+            }
+        } else {
+            toks[0] = ellm_sampler_sample(g->sampler, ellm_context_logits(g->ctx), g->ids, g->n_hist);
+        }
+        for (int i = 0; i < n_new && !eog; i++) {
+            int32_t t = toks[i];
+            g->ids[g->n_hist++] = t;
+            g->generated++;
+            if (ellm_token_is_eog(g->model, t)) {
+                eog = 1;
+                break;
+            }
+            int nb = ellm_detok_push(g->model, dt, t, text, sizeof text);
+            if (nb > 0) {
+                if (tty) fputs("\r\033[K", stderr);
+                fwrite(text, 1, (size_t)nb, stdout);
+                fflush(stdout);
+            }
+        }
+        if (eog || g->generated == n_predict) break;
+        if (g->spec) continue; /* the speculative step fed its tokens */
+        int32_t tok = toks[0];
+        if (ellm_context_pos(g->ctx) == n_ctx) {
+            if (g->overflow != 2) {
+                fprintf(stderr, "\ncontext full: %d tokens held, stopping after %d generated tokens "
+                        "(--ctx-overflow shift goes on past the context)\n", n_ctx, g->generated);
+                break;
+            }
+            /* keep the sink tokens and the newer half of the rest */
+            int keep = g->keep < n_ctx - 1 ? g->keep : n_ctx - 1, n_discard = (n_ctx - keep) / 2;
+            if (ellm_context_shift(g->ctx, keep, n_discard, &err) != ELLM_OK) {
+                fprintf(stderr, "\nerror: %s\n", err.msg);
+                rc = 1;
+                break;
+            }
+            g->n_shifts++;
+        }
+        if (ellm_decode(g->ctx, &tok, 1, NULL, &err) != ELLM_OK) {
+            fprintf(stderr, "\nerror: %s\n", err.msg);
+            rc = 1;
+            break;
+        }
+        if (g->save_path && g->generated % g->save_every == 0) gen_save(g);
+        double now = ellm_time_ms();
+        if (tty && now - t_last_status > 200) {
+            status_line(g->generated, (int)n_predict, (g->generated - start) / ((now - t_gen0) / 1000.0),
+                        ellm_context_pos(g->ctx), n_ctx);
+            t_last_status = now;
+        }
+    }
+    *t_gen_ms = ellm_time_ms() - t_gen0;
+    int nb = ellm_detok_flush(dt, text, sizeof text);
+    fwrite(text, 1, (size_t)nb, stdout);
+    fputc('\n', stdout);
+    fflush(stdout);
+    if (tty) fputs("\r\033[K", stderr);
+    if (g_interrupted) {
+        /* every token in ids has been decoded: the state is consistent */
+        if (g->save_path) gen_save(g);
+        fprintf(stderr, "interrupted after %d tokens%s%s\n", g->generated, g->save_path ? "; state saved to " : "",
+                g->save_path ? g->save_path : "");
+    }
+    return rc;
+}
+
+static void print_stats(const run_opts *o, const ellm_model_info *info, const char *model_path, long threads,
+                        int n_ctx, int kv_f32, int n_prompt, double t_prompt, int generated, double t_gen,
+                        uint64_t seed, const ellm_context *ctx, long sparse_topk) {
+    /* decode speed counts the forward passes after the first sampled token */
+    int n_dec = generated > 1 ? generated - 1 : 0;
+    fprintf(stderr,
+            "model_load_ms: %.2f\n"
+            "model: %s, %s, %d layers, d=%d, %.1f M params, %.1f MB of weights\n"
+            "isa: %s, threads: %ld, context: %d tokens, kv: %s\n"
+            "prompt: %d tokens in %.1f ms (%.1f tokens/s)\n"
+            "decode: %d tokens in %.1f ms (%.2f tokens/s)\n"
+            "seed: %llu\n",
+            info->load_ms, model_path, info->arch, info->n_layer, info->n_embd, info->n_params / 1e6,
+            info->weight_bytes / 1e6, ellm_isa_name(), threads, n_ctx, kv_f32 ? "f32" : "f16", n_prompt, t_prompt,
+            t_prompt > 0 ? n_prompt / (t_prompt / 1000.0) : 0, generated, t_gen, n_dec / (t_gen / 1000.0),
+            (unsigned long long)seed);
+    fprintf(stderr, "placement: %s\n", info->placement);
+    print_bandwidth_share(ctx, info, n_prompt, generated, n_dec / (t_gen / 1000.0));
+    (void)o;
+    if (sparse_topk) {
+        ellm_context_stats cs;
+        ellm_context_get_stats(ctx, &cs);
+        fprintf(stderr,
+                "sparse: budget %ld tokens, %lld of %lld passes sparse, %.0f tokens attended per head, "
+                "block selection %.1f ms (%.1f%% of decode), index bytes read %.0f%% of a flat scan\n",
+                sparse_topk, (long long)cs.sparse_steps, (long long)cs.decode_steps, cs.attended_tokens,
+                cs.select_ms, t_gen > 0 ? 100 * cs.select_ms / t_gen : 0,
+                cs.index_flat_bytes > 0 ? 100 * cs.index_bytes_read / cs.index_flat_bytes : 0);
+        if (cs.recall_samples)
+            fprintf(stderr, "sparse_recall: %.4f (%lld samples)\n", cs.sparse_recall, (long long)cs.recall_samples);
+    }
+}
+
+/* --resume FILE: settings, tokens and sampler from the state's run section,
+ * the KV cache from its context sections; prints what was generated before
+ * the save and continues. */
+static int run_resume(const run_opts *o) {
+    ellm_error err = {0};
+    void *app = NULL;
+    size_t app_len = 0;
+    gen_run g;
+    memset(&g, 0, sizeof g);
+    int rc = 1;
+    char msg[256];
+    if (ellm_state_read_app(o->resume, &app, &app_len, &err) != ELLM_OK) {
+        fprintf(stderr, "error: %s\n", err.msg);
+        return 1;
+    }
+    int ok = run_state_decode(app, app_len, &g.rs, msg, sizeof msg);
+    ellm_free(app);
+    if (!ok) {
+        fprintf(stderr, "error: state file '%s': %s\n", o->resume, msg);
+        return 1;
+    }
+    run_state *rs = &g.rs;
+    const int generated = (int)(rs->n_tokens - rs->n_prompt);
+    long n_predict = o->n_given ? o->n_predict : (long)rs->n_predict;
+    if (o->threads && o->threads != rs->threads) {
+        fprintf(stderr,
+                "error: the run was saved with %lld threads; -t %ld would change the rounding of attention "
+                "and with it the output (omit -t)\n",
+                (long long)rs->threads, o->threads);
+        goto done;
+    }
+    if (n_predict < generated) {
+        fprintf(stderr, "error: -n %ld is less than the %d tokens already generated (-n is the total)\n", n_predict,
+                generated);
+        goto done;
+    }
+    ellm_model_params mp = {.n_threads = (int)rs->threads, .pin_threads = 1, .numa = (ellm_numa_mode)o->numa,
+                            .mlock = o->mlock};
+    if (ellm_model_load(rs->model, &mp, &g.model, &err) != ELLM_OK) {
+        fprintf(stderr, "error: the state's model: %s\n", err.msg);
+        goto done;
+    }
+    ellm_model_info info;
+    ellm_model_get_info(g.model, &info);
+    ellm_context_params cp = ellm_context_default_params();
+    cp.kv_type = rs->kv_f32 ? ELLM_KV_F32 : ELLM_KV_F16;
+    cp.n_threads = (int)rs->threads;
+    cp.n_batch = (int)rs->batch;
+    cp.n_ctx = (int)rs->n_ctx;
+    long need = (long)rs->n_prompt + n_predict;
+    if (rs->ctx_auto && need > cp.n_ctx) cp.n_ctx = (int)need; /* a larger -n grows an auto-sized context */
+    cp.sparse_topk = (int)rs->sparse_topk;
+    cp.sparse_window = (int)rs->sparse_window;
+    cp.sparse_sink_blocks = (int)rs->sparse_sink;
+    cp.sparse_dense_layers = (int)rs->sparse_dense;
+    cp.sparse_recall_every = (int)rs->sparse_recall;
+    cp.sparse_adapt = rs->sparse_adapt;
+    if (ellm_context_init(g.model, &cp, &g.ctx, &err) != ELLM_OK ||
+        ellm_context_state_load(g.ctx, o->resume, &err) != ELLM_OK) {
+        fprintf(stderr, "error: %s\n", err.msg);
+        goto done;
+    }
+    if (ellm_context_pos(g.ctx) > rs->n_tokens || (rs->overflow != 2 && ellm_context_pos(g.ctx) != rs->n_tokens) ||
+        !ellm_context_logits(g.ctx)) {
+        fprintf(stderr, "error: state file '%s': the context holds %d tokens but the run has %lld\n", o->resume,
+                ellm_context_pos(g.ctx), (long long)rs->n_tokens);
+        goto done;
+    }
+    if (need > ellm_context_n_ctx(g.ctx) && !rs->overflow) {
+        fprintf(stderr, "error: the prompt (%lld tokens) plus -n %ld exceeds the saved context of %d tokens\n",
+                (long long)rs->n_prompt, n_predict, ellm_context_n_ctx(g.ctx));
+        goto done;
+    }
+    for (int64_t i = 0; i < rs->n_tokens; i++)
+        if (rs->tokens[i] < 0 || rs->tokens[i] >= info.n_vocab) {
+            fprintf(stderr, "error: state file '%s': token %d is outside the vocabulary\n", o->resume, rs->tokens[i]);
+            goto done;
+        }
+    if (ellm_sampler_init(&rs->sp, info.n_vocab, &g.sampler, &err) != ELLM_OK) {
+        fprintf(stderr, "error: %s\n", err.msg);
+        goto done;
+    }
+    ellm_sampler_set_state(g.sampler, &rs->rng);
+    g.ids = malloc((size_t)(rs->n_prompt + n_predict + 1) * sizeof *g.ids);
+    if (!g.ids) {
+        fprintf(stderr, "error: out of memory\n");
+        goto done;
+    }
+    memcpy(g.ids, rs->tokens, (size_t)rs->n_tokens * sizeof *g.ids);
+    free(rs->tokens);
+    rs->tokens = NULL; /* from here on the tokens live in g.ids */
+    g.n_hist = (int)rs->n_tokens;
+    g.generated = generated;
+    g.save_path = o->save_state ? o->save_state : o->resume;
+    g.save_every = o->save_every ? o->save_every : (long)rs->save_every;
+    g.overflow = rs->overflow;
+    g.keep = (int)rs->keep;
+    rs->n_predict = n_predict;
+
+    /* The text so far, as the uninterrupted run printed it. */
+    if (!rs->no_echo && rs->prompt) fwrite(rs->prompt, 1, rs->prompt_len, stdout);
+    ellm_detok dt = {0};
+    dt.n_emitted = 1;
+    char text[2048];
+    for (int64_t i = rs->n_prompt; i < rs->n_tokens; i++) {
+        int nb = ellm_detok_push(g.model, &dt, g.ids[i], text, sizeof text);
+        fwrite(text, 1, (size_t)nb, stdout);
+    }
+    fflush(stdout);
+    double t_gen = 0;
+    rc = gen_loop(&g, n_predict, &dt, &t_gen);
+    if (o->stats && g.n_shifts) fprintf(stderr, "context shifts: %d\n", g.n_shifts);
+    if (o->stats)
+        print_stats(o, &info, rs->model, (long)rs->threads, ellm_context_n_ctx(g.ctx), rs->kv_f32, 0, 0,
+                    g.generated - generated, t_gen, rs->sp.seed, g.ctx, (long)rs->sparse_topk);
+done:
+    if (g.rs.tokens == g.ids) g.rs.tokens = NULL;
+    ellm_sampler_free(g.sampler);
+    ellm_context_free(g.ctx);
+    ellm_model_free(g.model);
+    free(g.ids);
+    run_state_free(&g.rs);
+    return rc;
+}
+
 int cmd_run(int argc, char **argv) {
     run_opts o;
     if (!parse(argc, argv, &o)) return 2;
+    if (o.resume) return run_resume(&o);
     if (!o.model) o.model = cli_default_model();
     if (!o.seed_given) o.sp.seed = ellm_time_ns() ^ ((uint64_t)getpid() << 32);
 
@@ -408,18 +751,17 @@ int cmd_run(int argc, char **argv) {
     }
 
     ellm_error err = {0};
-    ellm_model *model = NULL;
-    ellm_context *ctx = NULL;
+    gen_run g;
+    memset(&g, 0, sizeof g);
     ellm_spec *spec = NULL;
-    ellm_sampler *sampler = NULL;
-    int32_t *ids = NULL;
     int rc = 1;
     ellm_model_params mp = {.n_threads = (int)o.threads, .pin_threads = 1, .numa = (ellm_numa_mode)o.numa,
                             .mlock = o.mlock};
-    if (ellm_model_load(o.model, &mp, &model, &err) != ELLM_OK) {
+    if (ellm_model_load(o.model, &mp, &g.model, &err) != ELLM_OK) {
         fprintf(stderr, "error: %s\n", err.msg);
         goto done;
     }
+    ellm_model *model = g.model;
     ellm_model_info info;
     ellm_model_get_info(model, &info);
 
@@ -447,12 +789,12 @@ int cmd_run(int argc, char **argv) {
     }
     int n_prompt = 0;
     int cap = (int)(prompt_len + 16 < (1u << 30) ? prompt_len + 16 : (1u << 30));
-    ids = malloc((size_t)(cap + o.n_predict + 1) * sizeof *ids);
-    if (!ids) {
+    g.ids = malloc((size_t)(cap + o.n_predict + 1) * sizeof *g.ids);
+    if (!g.ids) {
         fprintf(stderr, "error: out of memory for %d prompt tokens\n", cap);
         goto done;
     }
-    if (ellm_tokenize(model, prompt, prompt_len, add_bos, parse_special, ids, cap, &n_prompt, &err) != ELLM_OK) {
+    if (ellm_tokenize(model, prompt, prompt_len, add_bos, parse_special, g.ids, cap, &n_prompt, &err) != ELLM_OK) {
         fprintf(stderr, "error: cannot tokenize the prompt: %s\n", err.msg);
         goto done;
     }
@@ -461,12 +803,15 @@ int cmd_run(int argc, char **argv) {
             fprintf(stderr, "error: the prompt is empty and the model has no BOS token to start from\n");
             goto done;
         }
-        ids[n_prompt++] = ellm_token_bos(model);
+        g.ids[n_prompt++] = ellm_token_bos(model);
     }
     long need = n_prompt + o.n_predict;
     ellm_context_params cp = run_context_params(&o);
-    if (!o.ctx && !(o.kv_gb > 0)) {
-        if (need > info.n_ctx_train) {
+    int ctx_auto = !o.ctx && !(o.kv_gb > 0);
+    if (ctx_auto) {
+        if (need > info.n_ctx_train && o.overflow) {
+            need = info.n_ctx_train; /* run up to the training length, then stop or shift */
+        } else if (need > info.n_ctx_train) {
             fprintf(stderr,
                     "error: the prompt (%d tokens) plus -n %ld is %ld tokens, more than the model's "
                     "training context of %d; shorten them, or pass -c to run beyond it\n",
@@ -475,17 +820,47 @@ int cmd_run(int argc, char **argv) {
         }
         cp.n_ctx = (int)need;
     }
-    if (!(ctx = run_context_init(model, &o, &cp))) goto done;
-    int n_ctx = ellm_context_n_ctx(ctx);
-    if (need > n_ctx) {
+    if (!(g.ctx = run_context_init(model, &o, &cp))) goto done;
+    int n_ctx = ellm_context_n_ctx(g.ctx);
+    if (n_prompt > n_ctx || (need > n_ctx && !o.overflow)) {
         fprintf(stderr,
                 "error: the prompt (%d tokens) plus -n %ld is %ld tokens, more than the context "
-                "size of %d tokens; raise -c / --kv-cache-gb or lower -n\n",
+                "size of %d tokens; raise -c / --kv-cache-gb, lower -n, or use --ctx-overflow stop|shift\n",
                 n_prompt, o.n_predict, need, n_ctx);
         goto done;
     }
-    if (ellm_sampler_init(&o.sp, info.n_vocab, &sampler, &err) != ELLM_OK) {
+    if (ellm_sampler_init(&o.sp, info.n_vocab, &g.sampler, &err) != ELLM_OK) {
         fprintf(stderr, "error: %s\n", err.msg);
+        goto done;
+    }
+    long threads = o.threads ? o.threads : (long)ellm_default_threads();
+    if (o.save_state) {
+        run_state *rs = &g.rs;
+        rs->model = (char *)o.model;
+        rs->no_echo = o.no_echo;
+        rs->kv_f32 = o.kv_f32;
+        rs->ctx_auto = ctx_auto;
+        rs->n_predict = o.n_predict;
+        rs->threads = threads;
+        rs->batch = cp.n_batch;
+        rs->n_ctx = n_ctx;
+        rs->sp = o.sp;
+        rs->sparse_topk = cp.sparse_topk;
+        rs->sparse_window = cp.sparse_window;
+        rs->sparse_sink = cp.sparse_sink_blocks;
+        rs->sparse_dense = cp.sparse_dense_layers;
+        rs->sparse_recall = cp.sparse_recall_every;
+        rs->sparse_adapt = cp.sparse_adapt;
+        rs->prompt = o.no_echo ? NULL : (char *)prompt;
+        rs->prompt_len = o.no_echo ? 0 : prompt_len;
+        rs->n_prompt = n_prompt;
+        rs->overflow = o.overflow;
+        rs->keep = o.keep;
+        g.save_path = o.save_state;
+        g.save_every = o.save_every ? o.save_every : 256;
+    }
+    if (o.spec && (o.save_state || o.overflow)) {
+        fprintf(stderr, "error: --spec cannot be combined with --save-state or --ctx-overflow yet\n");
         goto done;
     }
     if (o.spec) {
@@ -494,7 +869,7 @@ int cmd_run(int argc, char **argv) {
         spp.draft_max = (int)o.draft_max;
         spp.draft_p_min = (float)o.draft_p_min;
         spp.verify_sparse = o.spec_verify;
-        if (ellm_spec_init(ctx, &spp, &spec, &err) != ELLM_OK) {
+        if (ellm_spec_init(g.ctx, &spp, &spec, &err) != ELLM_OK) {
             fprintf(stderr, "error: %s\n", err.msg);
             goto done;
         }
@@ -504,115 +879,43 @@ int cmd_run(int argc, char **argv) {
         fwrite(prompt, 1, prompt_len, stdout);
         fflush(stdout);
     }
-    signal(SIGINT, on_sigint);
-    int tty = isatty(2);
     double t0 = ellm_time_ms();
-    if (ellm_decode(ctx, ids, n_prompt, NULL, &err) != ELLM_OK) {
+    if (ellm_decode(g.ctx, g.ids, n_prompt, NULL, &err) != ELLM_OK) {
         fprintf(stderr, "\nerror: %s\n", err.msg);
         goto done;
     }
     double t_prompt = ellm_time_ms() - t0;
-
+    g.n_hist = n_prompt;
+    g.overflow = o.overflow;
+    g.keep = (int)o.keep;
     ellm_detok dt = {0};
     dt.n_emitted = 1; /* continuing the prompt: keep the leading space of the first piece */
-    char text[2048]; /* longest vocabulary pieces are ~512 bytes */
-    int n_hist = n_prompt, generated = 0;
-    double t_gen0 = ellm_time_ms(), t_last_status = 0;
-    int eog = 0;
-    while (generated < o.n_predict && !g_interrupted && !eog) {
-        int32_t toks[32];
-        int n_new = 1;
-        if (spec) {
-            if (ellm_spec_step(spec, sampler, ids, n_hist, (int)(o.n_predict - generated), toks, &n_new, &err) !=
-                ELLM_OK) {
-                fprintf(stderr, "\nerror: %s\n", err.msg);
-                goto done;
-            }
-        } else {
-            toks[0] = ellm_sampler_sample(sampler, ellm_context_logits(ctx), ids, n_hist);
-        }
-        for (int i = 0; i < n_new && !eog; i++) {
-            int32_t tok = toks[i];
-            ids[n_hist++] = tok;
-            generated++;
-            if (ellm_token_is_eog(model, tok)) {
-                eog = 1;
-                break;
-            }
-            int nb = ellm_detok_push(model, &dt, tok, text, sizeof text);
-            if (nb > 0) {
-                if (tty) fputs("\r\033[K", stderr);
-                fwrite(text, 1, (size_t)nb, stdout);
-                fflush(stdout);
-            }
-        }
-        if (eog || generated == o.n_predict) break;
-        if (!spec && ellm_decode(ctx, &toks[0], 1, NULL, &err) != ELLM_OK) {
-            fprintf(stderr, "\nerror: %s\n", err.msg);
-            goto done;
-        }
-        double now = ellm_time_ms();
-        if (tty && now - t_last_status > 200) {
-            status_line(generated, (int)o.n_predict, generated / ((now - t_gen0) / 1000.0),
-                        ellm_context_pos(ctx), n_ctx);
-            t_last_status = now;
-        }
-    }
-    double t_gen = ellm_time_ms() - t_gen0;
-    int nb = ellm_detok_flush(&dt, text, sizeof text);
-    fwrite(text, 1, (size_t)nb, stdout);
-    fputc('\n', stdout);
-    fflush(stdout);
-    if (tty) fputs("\r\033[K", stderr);
-    if (g_interrupted) fprintf(stderr, "interrupted after %d tokens\n", generated);
-    if (o.stats) {
-        /* decode speed counts the forward passes after the first sampled token */
-        int n_dec = generated > 1 ? generated - 1 : 0;
+    double t_gen = 0;
+    g.spec = spec;
+    if (gen_loop(&g, o.n_predict, &dt, &t_gen)) goto done;
+    if (o.stats && g.n_shifts) fprintf(stderr, "context shifts: %d\n", g.n_shifts);
+    if (o.stats)
+        print_stats(&o, &info, o.model, threads, n_ctx, o.kv_f32, n_prompt, t_prompt, g.generated, t_gen, o.sp.seed,
+                    g.ctx, o.sparse_topk);
+    if (o.stats && spec) {
+        ellm_spec_stats ss;
+        ellm_spec_get_stats(spec, &ss);
         fprintf(stderr,
-                "model_load_ms: %.2f\n"
-                "model: %s, %s, %d layers, d=%d, %.1f M params, %.1f MB of weights\n"
-                "isa: %s, threads: %ld, context: %d tokens, kv: %s\n"
-                "prompt: %d tokens in %.1f ms (%.1f tokens/s)\n"
-                "decode: %d tokens in %.1f ms (%.2f tokens/s)\n"
-                "seed: %llu\n",
-                info.load_ms, o.model, info.arch, info.n_layer, info.n_embd, info.n_params / 1e6,
-                info.weight_bytes / 1e6, ellm_isa_name(), o.threads ? o.threads : (long)ellm_default_threads(), n_ctx, o.kv_f32 ? "f32" : "f16",
-                n_prompt, t_prompt, n_prompt / (t_prompt / 1000.0), generated, t_gen,
-                n_dec / (t_gen / 1000.0), (unsigned long long)o.sp.seed);
-        fprintf(stderr, "placement: %s\n", info.placement);
-        print_bandwidth_share(ctx, &info, n_prompt, generated, n_dec / (t_gen / 1000.0));
-        if (o.sparse_topk) {
-            ellm_context_stats cs;
-            ellm_context_get_stats(ctx, &cs);
-            fprintf(stderr,
-                    "sparse: budget %ld tokens, %lld of %lld passes sparse, %.0f tokens attended per head, "
-                    "block selection %.1f ms (%.1f%% of decode), index bytes read %.0f%% of a flat scan\n",
-                    o.sparse_topk, (long long)cs.sparse_steps, (long long)cs.decode_steps, cs.attended_tokens,
-                    cs.select_ms, t_gen > 0 ? 100 * cs.select_ms / t_gen : 0,
-                    cs.index_flat_bytes > 0 ? 100 * cs.index_bytes_read / cs.index_flat_bytes : 0);
-            if (cs.recall_samples)
-                fprintf(stderr, "sparse_recall: %.4f (%lld samples)\n", cs.sparse_recall, (long long)cs.recall_samples);
-        }
-        if (spec) {
-            ellm_spec_stats ss;
-            ellm_spec_get_stats(spec, &ss);
-            fprintf(stderr,
-                    "spec: %s, draft-max %ld, verify %s\n"
-                    "acceptance_rate: %.4f (%lld of %lld drafted tokens)\n"
-                    "tokens_per_verify: %.3f (%lld passes)\n"
-                    "spec_time: draft %.1f ms, verify %.1f ms, rollback %.1f ms\n",
-                    o.spec, o.draft_max, o.spec_verify ? "sparse" : "dense", ss.acceptance_rate,
-                    (long long)ss.accepted, (long long)ss.proposed, ss.tokens_per_verify,
-                    (long long)ss.verify_passes, ss.draft_ms, ss.verify_ms, ss.rollback_ms);
-        }
+                "spec: %s, draft-max %ld, verify %s\n"
+                "acceptance_rate: %.4f (%lld of %lld drafted tokens)\n"
+                "tokens_per_verify: %.3f (%lld passes)\n"
+                "spec_time: draft %.1f ms, verify %.1f ms, rollback %.1f ms\n",
+                o.spec, o.draft_max, o.spec_verify ? "sparse" : "dense", ss.acceptance_rate,
+                (long long)ss.accepted, (long long)ss.proposed, ss.tokens_per_verify,
+                (long long)ss.verify_passes, ss.draft_ms, ss.verify_ms, ss.rollback_ms);
     }
     rc = 0;
 done:
     ellm_spec_free(spec);
-    ellm_sampler_free(sampler);
-    ellm_context_free(ctx);
-    ellm_model_free(model);
-    free(ids);
+    ellm_sampler_free(g.sampler);
+    ellm_context_free(g.ctx);
+    ellm_model_free(g.model);
+    free(g.ids);
     free(file_prompt);
     ellm_free(rendered);
     return rc;

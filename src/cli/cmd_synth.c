@@ -61,6 +61,10 @@ static const synth_shape synth_shapes[] = {
      * output and n_embd 320, where K-quants fall back. */
     {"tiny", "llama", "tests", 256, 2, 4, 2, 64, 512, 2304, 1, 1e4f, 1e-5f, 1},
     {"tiny-qwen2", "qwen2", "tests", 320, 2, 5, 1, 64, 768, 2112, 0, 1e6f, 1e-6f, 1},
+    /* One layer: its keys depend on the token and position only, so a context
+     * shift can be compared with a fresh context exactly (normal and NeoX RoPE). */
+    {"tiny-1layer", "llama", "tests", 256, 1, 4, 2, 64, 512, 2304, 1, 1e4f, 1e-5f, 1},
+    {"tiny-qwen2-1layer", "qwen2", "tests", 320, 1, 5, 1, 64, 768, 2112, 0, 1e6f, 1e-6f, 1},
 };
 #define N_SYNTH_SHAPES (int)(sizeof synth_shapes / sizeof synth_shapes[0])
 

@@ -3,6 +3,8 @@
  * share. The files form layers, each calling only those below it:
  *   calibrate.c, synthetic.c  (public calibration and benchmark entry points)
  *   batch.c                   (ellm_batch: passes over several contexts)
+ *   state.c                   (saving and restoring a context: resumable generation)
+ *   shift.c                   (context shift: RoPE re-rotation of moved keys)
  *   context.c                 (context lifecycle, ellm_decode)
  *   forward.c                 (the transformer pass over a batch of tokens)
  *   sparse_budget.c           (per-head sparse budgets and recall samples) */
@@ -151,6 +153,10 @@ typedef struct {
  * `logits_tmp` holds the logit rows of all sequences when n_seq > 1. */
 void engine_forward_seqs(const ellm_model *m, const engine_scratch *s, threadpool *pool, float *logits_tmp,
                          const engine_seq *seqs, int n_seq);
+
+/* Rebuilds the sparse index from the keys of positions [0, pos) held in the
+ * cache (replacing its contents). */
+void engine_rebuild_index(struct ellm_context *ctx, int pos);
 
 /* Runs the model on n tokens (n <= n_batch) at positions [pos, pos + n) and
  * writes the logits of rows [first_logit_row, n) to `logits` (row stride

@@ -230,3 +230,11 @@ void engine_sampler_probs(ellm_sampler *s, const float *logits, const int32_t *h
 }
 
 double engine_sampler_uniform(ellm_sampler *s) { return rng_uniform(s->rng); }
+
+void ellm_sampler_get_state(const ellm_sampler *s, ellm_sampler_state *out) {
+    memcpy(out->rng, s->rng, sizeof out->rng);
+}
+
+void ellm_sampler_set_state(ellm_sampler *s, const ellm_sampler_state *state) {
+    memcpy(s->rng, state->rng, sizeof s->rng);
+}

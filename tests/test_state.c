@@ -1,0 +1,323 @@
+/* Resumable generation: the CRC, saving and restoring a context (KV, logits,
+ * sparse index rebuilt equal, continuation bit for bit), clear errors for a
+ * state of another model, truncated and corrupted files, and `ellm run`
+ * killed with SIGKILL at random points then resumed giving exactly the
+ * uninterrupted output (greedy, seeded sampling, sparse). */
+#include "harness.h"
+
+#include "attention/sparse_index_internal.h"
+#include "core/crc32c.h"
+#include "engine/engine_impl.h"
+
+#include <signal.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static const char *bin(void) {
+    const char *b = getenv("ELLM_BIN");
+    return b && *b ? b : "build/ellm";
+}
+
+static void test_crc(void) {
+    CHECK(crc32c_update(0, "123456789", 9) == 0xE3069283u, "crc32c check value %08x",
+          crc32c_update(0, "123456789", 9));
+    CHECK(crc32c_update_ref(0, "123456789", 9) == 0xE3069283u, "reference check value");
+    unsigned char buf[1000];
+    uint64_t x = 42;
+    for (size_t i = 0; i < sizeof buf; i++) buf[i] = (unsigned char)((x = x * 6364136223846793005ull + 1) >> 56);
+    for (size_t n = 0; n <= 40; n++) {
+        uint32_t a = crc32c_update(0, buf + 3, n), b = crc32c_update_ref(0, buf + 3, n);
+        CHECK(a == b, "crc32c of %zu bytes: %08x vs reference %08x", n, a, b);
+    }
+    /* in pieces = at once */
+    uint32_t whole = crc32c_update(0, buf, sizeof buf);
+    uint32_t parts = crc32c_update(crc32c_update(0, buf, 333), buf + 333, sizeof buf - 333);
+    CHECK(whole == parts && whole == crc32c_update_ref(0, buf, sizeof buf), "crc32c in pieces");
+}
+
+/* Greedy continuation of `ctx` by n tokens; writes them to out. */
+static int greedy(ellm_context *ctx, int n, int32_t *out) {
+    ellm_error err;
+    const ellm_model_info *unused = NULL;
+    (void)unused;
+    int n_vocab = ctx->model->cfg.n_vocab;
+    for (int i = 0; i < n; i++) {
+        const float *lg = ellm_context_logits(ctx);
+        int best = 0;
+        for (int j = 1; j < n_vocab; j++)
+            if (lg[j] > lg[best]) best = j;
+        out[i] = best;
+        if (ellm_decode(ctx, &out[i], 1, NULL, &err) != ELLM_OK) return 0;
+    }
+    return 1;
+}
+
+static int file_copy(const char *from, const char *to, size_t n_bytes) {
+    size_t n;
+    char *d = test_read_file(from, &n);
+    FILE *f = fopen(to, "wb");
+    int ok = d && f && fwrite(d, 1, n_bytes < n ? n_bytes : n, f) == (n_bytes < n ? n_bytes : n);
+    if (f) fclose(f);
+    free(d);
+    return ok;
+}
+
+static void test_engine(void) {
+    ellm_error err = {0};
+    ellm_model *m = NULL, *other = NULL;
+    if (ellm_model_load("models/evalmodel.gguf", NULL, &m, &err) != ELLM_OK) {
+        CHECK(0, "load: %s", err.msg);
+        return;
+    }
+    ellm_context_params cp = ellm_context_default_params();
+    cp.n_ctx = 512;
+    cp.n_threads = 2;
+    cp.sparse_topk = 96; /* below the context: sparse steps run */
+    cp.sparse_recall_every = 7;
+    cp.sparse_adapt = 1;
+    ellm_context *a = NULL, *b = NULL;
+    CHECK(ellm_context_init(m, &cp, &a, &err) == ELLM_OK, "%s", err.msg);
+    CHECK(ellm_context_init(m, &cp, &b, &err) == ELLM_OK, "%s", err.msg);
+    int32_t prompt[64], ta[120], tb[120];
+    int n = 0;
+    const char *text = "import os\nimport sys\n\n\ndef main(argv):\n    for name in argv:\n";
+    CHECK(ellm_tokenize(m, text, strlen(text), 1, 0, prompt, 64, &n, &err) == ELLM_OK, "%s", err.msg);
+    CHECK(ellm_decode(a, prompt, n, NULL, &err) == ELLM_OK, "%s", err.msg);
+    CHECK(greedy(a, 150 - n, ta), "decode");
+    const char *path = "/tmp/ellm_test_state.bin";
+    const char app[] = "caller bytes";
+    CHECK(ellm_context_state_save(a, path, app, sizeof app, &err) == ELLM_OK, "save: %s", err.msg);
+    void *got = NULL;
+    size_t got_len = 0;
+    CHECK(ellm_state_read_app(path, &got, &got_len, &err) == ELLM_OK && got_len == sizeof app &&
+              !memcmp(got, app, sizeof app),
+          "app bytes back: %s", err.msg);
+    ellm_free(got);
+    CHECK(ellm_context_state_load(b, path, &err) == ELLM_OK, "load: %s", err.msg);
+    CHECK(ellm_context_pos(b) == 150, "pos %d", ellm_context_pos(b));
+    CHECK(ellm_context_logits(b) && !memcmp(ellm_context_logits(a), ellm_context_logits(b), (size_t)m->cfg.n_vocab * 4),
+          "logits restored");
+    /* KV bytes of the held positions and every index summary equal */
+    const model_config *c = &m->cfg;
+    int kv_same = 1, sum_same = 1;
+    float ka[256], kb[256], lo_a[256], hi_a[256], lo_b[256], hi_b[256];
+    for (int l = 0; l < c->n_layer; l++)
+        for (int h = 0; h < c->n_head_kv; h++) {
+            for (int p = 0; p < 150; p++) {
+                kv_cache_key(a->kv, l, h, p, ka);
+                kv_cache_key(b->kv, l, h, p, kb);
+                kv_same &= !memcmp(ka, kb, (size_t)c->head_dim * 4);
+            }
+            for (int level = 0; level < 2; level++)
+                for (int i = 0; i < (level ? 1 : (150 + 15) / 16); i++) {
+                    sparse_index_summary(a->sidx, l, h, level, i, lo_a, hi_a);
+                    sparse_index_summary(b->sidx, l, h, level, i, lo_b, hi_b);
+                    sum_same &= !memcmp(lo_a, lo_b, (size_t)c->head_dim * 4) &&
+                                !memcmp(hi_a, hi_b, (size_t)c->head_dim * 4);
+                }
+        }
+    CHECK(kv_same, "restored keys differ");
+    CHECK(sum_same, "rebuilt sparse index summaries differ from the saved context's");
+    size_t nlh = (size_t)c->n_layer * c->n_head_kv;
+    CHECK(!memcmp(a->head_weight, b->head_weight, nlh * 4), "adapted head budgets restored");
+    /* both continue identically, logits bit for bit */
+    int same = 1;
+    ellm_error e2;
+    for (int i = 0; i < 120 && same; i++) {
+        greedy(a, 1, &ta[i]);
+        greedy(b, 1, &tb[i]);
+        same = ta[i] == tb[i] && !memcmp(ellm_context_logits(a), ellm_context_logits(b), (size_t)c->n_vocab * 4);
+    }
+    (void)e2;
+    CHECK(same, "continuation after restore differs");
+    CHECK(a->stats.sparse_steps > 0 && a->stats.sparse_steps == b->stats.sparse_steps,
+          "sparse steps %lld vs %lld", (long long)a->stats.sparse_steps, (long long)b->stats.sparse_steps);
+
+    /* another model */
+    if (ellm_model_load("tests/data/models/llama-gqa.gguf", NULL, &other, &err) == ELLM_OK) {
+        ellm_context *o = NULL;
+        ellm_context_params op = ellm_context_default_params();
+        op.n_ctx = 256;
+        CHECK(ellm_context_init(other, &op, &o, &err) == ELLM_OK, "%s", err.msg);
+        ellm_status st = o ? ellm_context_state_load(o, path, &err) : ELLM_ERR_ARG;
+        CHECK(st == ELLM_ERR_ARG && strstr(err.msg, "another model"), "other model: %d %s", st, err.msg);
+        CHECK(o && ellm_context_pos(o) == 0, "a refused load leaves the context alone");
+        ellm_context_free(o);
+        ellm_model_free(other);
+    } else {
+        CHECK(0, "load llama-gqa: %s", err.msg);
+    }
+    /* same shape and metadata, other weights */
+    size_t msize;
+    char *mbytes = test_read_file("models/evalmodel.gguf", &msize);
+    if (mbytes) {
+        const gguf_tensor *t0 = gguf_tensor_at(m->file, 0);
+        size_t data0 = (size_t)((const char *)t0->data - (const char *)gguf_base(m->file));
+        for (int64_t i = 1; i < gguf_n_tensors(m->file); i++) {
+            const gguf_tensor *t = gguf_tensor_at(m->file, i);
+            size_t s = (size_t)((const char *)t->data - (const char *)gguf_base(m->file));
+            if (s < data0) data0 = s;
+        }
+        mbytes[data0] ^= 0x01;
+        FILE *f = fopen("/tmp/ellm_test_state_model.gguf", "wb");
+        if (f) {
+            fwrite(mbytes, 1, msize, f);
+            fclose(f);
+        }
+        free(mbytes);
+        ellm_model *twin = NULL;
+        ellm_context *tc = NULL;
+        if (ellm_model_load("/tmp/ellm_test_state_model.gguf", NULL, &twin, &err) == ELLM_OK &&
+            ellm_context_init(twin, &cp, &tc, &err) == ELLM_OK) {
+            ellm_status st = ellm_context_state_load(tc, path, &err);
+            CHECK(st == ELLM_ERR_ARG && strstr(err.msg, "another model file"), "same-shape model: %d %s", st, err.msg);
+        } else {
+            CHECK(0, "twin model: %s", err.msg);
+        }
+        ellm_context_free(tc);
+        ellm_model_free(twin);
+        remove("/tmp/ellm_test_state_model.gguf");
+    }
+
+    /* truncated at several lengths, corrupted bytes at several places */
+    struct stat sb;
+    stat(path, &sb);
+    size_t full = (size_t)sb.st_size;
+    const size_t cuts[] = {0, 10, 32, 40, 200, full / 2, full - 1};
+    for (size_t i = 0; i < sizeof cuts / sizeof *cuts; i++) {
+        file_copy(path, "/tmp/ellm_test_state_cut.bin", cuts[i]);
+        ellm_status st = ellm_context_state_load(b, "/tmp/ellm_test_state_cut.bin", &err);
+        CHECK(st == ELLM_ERR_FORMAT && (strstr(err.msg, "truncated") || strstr(err.msg, "not an eLLM state")),
+              "cut at %zu: %d %s", cuts[i], st, err.msg);
+    }
+    size_t n_all;
+    char *all = test_read_file(path, &n_all);
+    const size_t flips[] = {3, 20, 40, 60, 400, full / 2, full - 5, full - 1};
+    for (size_t i = 0; all && i < sizeof flips / sizeof *flips; i++) {
+        all[flips[i]] ^= 0x20;
+        FILE *f = fopen("/tmp/ellm_test_state_cut.bin", "wb");
+        fwrite(all, 1, n_all, f);
+        fclose(f);
+        all[flips[i]] ^= 0x20;
+        ellm_status st = ellm_context_state_load(b, "/tmp/ellm_test_state_cut.bin", &err);
+        CHECK(st != ELLM_OK && (strstr(err.msg, "corrupted") || strstr(err.msg, "not an eLLM state") ||
+                                strstr(err.msg, "truncated") || strstr(err.msg, "longer")),
+              "byte %zu flipped: %d %s", flips[i], st, err.msg);
+        CHECK(ellm_context_pos(b) == 0 || ellm_context_pos(b) == 150 + 120, "after a failed load: pos %d",
+              ellm_context_pos(b));
+    }
+    free(all);
+    /* not a state file at all */
+    FILE *f = fopen("/tmp/ellm_test_state_cut.bin", "wb");
+    fputs("this is plainly some text and not a state file, but it is long enough", f);
+    fclose(f);
+    CHECK(ellm_context_state_load(b, "/tmp/ellm_test_state_cut.bin", &err) == ELLM_ERR_FORMAT &&
+              strstr(err.msg, "not an eLLM state file"),
+          "text file: %s", err.msg);
+    CHECK(ellm_context_state_load(b, "/nonexistent/state", &err) == ELLM_ERR_IO && strstr(err.msg, "/nonexistent/state"),
+          "missing file: %s", err.msg);
+    remove("/tmp/ellm_test_state_cut.bin");
+    remove(path);
+    ellm_context_free(a);
+    ellm_context_free(b);
+    ellm_model_free(m);
+}
+
+/* ---- the command: SIGKILL at a random point, then --resume ---------------- */
+
+/* Runs a shell command, capturing stdout (and stderr if `both`). Returns the exit status. */
+static int sh(const char *cmd, char *out, size_t cap, int both) {
+    char full[4096];
+    snprintf(full, sizeof full, "%s%s", cmd, both ? " 2>&1" : " 2>/dev/null");
+    FILE *p = popen(full, "r");
+    if (!p) return -2;
+    size_t n = fread(out, 1, cap - 1, p);
+    out[n] = 0;
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* Starts `ellm run ARGS --save-state state` with stdout to /dev/null; once the
+ * state file exists, waits a random 0..delay_ms and kills it with SIGKILL. */
+static int run_and_kill(const char *args, const char *state, int delay_ms, unsigned *seed) {
+    remove(state);
+    pid_t pid = fork();
+    if (pid == 0) {
+        char cmd[2048];
+        snprintf(cmd, sizeof cmd, "exec %s run %s --save-state %s >/dev/null 2>&1", bin(), args, state);
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    struct stat sb;
+    for (int i = 0; i < 20000 && stat(state, &sb) != 0; i++) {
+        if (waitpid(pid, NULL, WNOHANG) == pid) return 0; /* ended before its first save */
+        usleep(500);
+    }
+    *seed = *seed * 1103515245u + 12345u;
+    usleep((useconds_t)((*seed >> 8) % (unsigned)(delay_ms + 1)) * 1000);
+    kill(pid, SIGKILL);
+    int st = 0;
+    waitpid(pid, &st, 0);
+    return WIFSIGNALED(st); /* 0: it had finished by then (resuming from its last save) */
+}
+
+static void test_kill_resume(void) {
+    static char want[65536], got[65536];
+    const char *configs[] = {
+        "-n 250 --temp 0 -t 2 -p 'def parse(line):' --save-every 13",
+        "-n 250 --seed 11 --repeat-penalty 1.1 -t 2 -p 'class Node:' --save-every 17",
+        "-n 250 --seed 5 --sparse-topk 96 -t 2 -p 'import json' --save-every 19",
+    };
+    const char *state = "/tmp/ellm_test_run.state";
+    unsigned seed = (unsigned)time(NULL);
+    printf("kill/resume trials, random seed %u\n", seed);
+    int trials = 0, identical = 0, killed = 0;
+    for (size_t c = 0; c < sizeof configs / sizeof *configs; c++) {
+        char cmd[2048];
+        /* the uninterrupted run saves too (saving must not change the output) */
+        snprintf(cmd, sizeof cmd, "%s run %s --save-state %s.ref", bin(), configs[c], state);
+        int rc = sh(cmd, want, sizeof want, 0);
+        CHECK(rc == 0 && strlen(want) > 100, "uninterrupted run %zu: %d", c, rc);
+        for (int t = 0; t < 2; t++) {
+            killed += run_and_kill(configs[c], state, 400, &seed);
+            snprintf(cmd, sizeof cmd, "%s run --resume %s", bin(), state);
+            rc = sh(cmd, got, sizeof got, 0);
+            trials++;
+            identical += rc == 0 && !strcmp(want, got);
+            CHECK(rc == 0 && !strcmp(want, got), "config %zu trial %d: resumed output differs (rc %d)\n%s\n---\n%s", c,
+                  t, rc, want, got);
+        }
+    }
+    printf("kill/resume: %d of %d trials identical (%d killed mid-run, the others resumed from their last save)\n",
+           identical, trials, killed);
+
+    /* refused flags, a -n below what was generated, another model at the path */
+    char out[4096];
+    char cmd[2048];
+    run_and_kill("-n 60 --temp 0 -t 2 -p 'x = 1' --save-every 5", state, 0, &seed);
+    snprintf(cmd, sizeof cmd, "%s run --resume %s --top-k 3", bin(), state);
+    CHECK(sh(cmd, out, sizeof out, 1) != 0 && strstr(out, "--top-k cannot be given with --resume"), "%s", out);
+    snprintf(cmd, sizeof cmd, "%s run --resume %s -n 1", bin(), state);
+    CHECK(sh(cmd, out, sizeof out, 1) != 0 && strstr(out, "already generated"), "%s", out);
+    CHECK(file_copy("models/evalmodel.gguf", "/tmp/ellm_test_run_model.gguf", (size_t)-1), "copy model");
+    snprintf(cmd, sizeof cmd, "%s run -m /tmp/ellm_test_run_model.gguf -n 40 --temp 0 -t 2 -p 'x' --save-state %s --save-every 8",
+             bin(), state);
+    CHECK(sh(cmd, out, sizeof out, 0) == 0, "run with a copied model");
+    CHECK(file_copy("tests/data/models/llama-gqa.gguf", "/tmp/ellm_test_run_model.gguf", (size_t)-1), "replace model");
+    snprintf(cmd, sizeof cmd, "%s run --resume %s", bin(), state);
+    CHECK(sh(cmd, out, sizeof out, 1) != 0 && strstr(out, "another model"), "resume on another model: %s", out);
+    remove("/tmp/ellm_test_run_model.gguf");
+    remove(state);
+    snprintf(cmd, sizeof cmd, "%s.ref", state);
+    remove(cmd);
+}
+
+int main(void) {
+    test_crc();
+    test_engine();
+    test_kill_resume();
+    return test_finish();
+}
