@@ -506,7 +506,9 @@ static void check_probe_json(const char *out, int want_cpus, int want_channels) 
 static void test_cli(void) {
     static char out[1 << 16];
     /* keep the probe's saved result out of the user's cache */
-    const char *cache = "/tmp/ellm_test_probe_cache.txt";
+    char cache[64], dmi[64];
+    snprintf(cache, sizeof cache, "/tmp/ellm_test_probe_cache.%d.txt", (int)getpid());
+    snprintf(dmi, sizeof dmi, "/tmp/ellm_test_probe.%d.dmi", (int)getpid());
     setenv("ELLM_PROBE_CACHE", cache, 1);
     cpu_set_t set;
     sched_getaffinity(0, sizeof set, &set);
@@ -521,13 +523,13 @@ static void test_cli(void) {
         dimm d = {dev, "NODE 0", "Hynix", c < 4 ? 32768 : 0, 3200, 2933, 0x1A, 0x28};
         add_dimm(t, &d);
     }
-    FILE *f = fopen("/tmp/ellm_test_probe.dmi", "wb");
+    FILE *f = fopen(dmi, "wb");
     fwrite(t->b, 1, t->n, f);
     fclose(f);
     free(t);
     if (access("/usr/bin/taskset", X_OK) == 0) {
         char args[256];
-        snprintf(args, sizeof args, "probe --json --bw-mb 32 --dmi /tmp/ellm_test_probe.dmi");
+        snprintf(args, sizeof args, "probe --json --bw-mb 32 --dmi %s", dmi);
         char cmd[512];
         snprintf(cmd, sizeof cmd, "-c 0 %s %s", bin(), args);
         char full[600];
@@ -541,11 +543,13 @@ static void test_cli(void) {
     } else {
         printf("SKIP: probe under taskset (no /usr/bin/taskset)\n");
     }
-    rc = run("probe --dmi /tmp/ellm_test_probe.dmi --bw-mb 32", out, sizeof out);
+    char probe_dmi[128];
+    snprintf(probe_dmi, sizeof probe_dmi, "probe --dmi %s --bw-mb 32", dmi);
+    rc = run(probe_dmi, out, sizeof out);
     CHECK(rc == 0 && strstr(out, "4 of 8 channels populated") && strstr(out, "advice:") && strstr(out, "topology: ") &&
               strstr(out, "NUMA node"),
           "text probe: %s", out);
-    remove("/tmp/ellm_test_probe.dmi");
+    remove(dmi);
     /* the probe keeps its all-node figure; run --stats and bench report against it */
     remove(cache);
     rc = run("run -n 16 --seed 2 --stats", out, sizeof out);
