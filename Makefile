@@ -9,6 +9,10 @@ CFLAGS  ?= $(OPT) -g
 CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wshadow -Wno-unused-parameter \
            -fno-math-errno -Iinclude -Isrc -MMD -MP
 LDLIBS  += -lmicrohttpd -lpcre2-8 -lcjson -lutf8proc -lhwloc -lnuma -lm -lpthread
+# Open MPI (src/dist/ only includes mpi.h; everything links libmpi).
+MPI_CFLAGS := $(shell mpicc --showme:compile 2>/dev/null || pkg-config --cflags ompi 2>/dev/null)
+MPI_LIBS   := $(shell mpicc --showme:link 2>/dev/null || pkg-config --libs ompi 2>/dev/null || echo -lmpi)
+LDLIBS  += $(MPI_LIBS)
 
 # Kernels for one ISA live in *_avx2.c / *_avx512.c files compiled for that ISA;
 # the binary picks at run time, so no -march=native is ever needed.
@@ -37,6 +41,9 @@ $(BUILD)/%_avx2.o: %_avx2.c
 $(BUILD)/%_avx512.o: %_avx512.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(AVX512_FLAGS) -c $< -o $@
+$(BUILD)/src/dist/%.o: src/dist/%.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(MPI_CFLAGS) -c $< -o $@
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@

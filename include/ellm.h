@@ -51,6 +51,7 @@ typedef struct {
 
 typedef struct ellm_model ellm_model;
 typedef struct ellm_context ellm_context;
+typedef struct ellm_mpi ellm_mpi;
 
 /* ---- model ---------------------------------------------------------------- */
 
@@ -187,6 +188,27 @@ ellm_status ellm_chat_render(const ellm_model *model, const char *template_name,
 /* Frees memory returned by eLLM (rendered chat text). */
 void ellm_free(void *p);
 
+/* ---- KV cache sharded over MPI ranks (`ellm run --mpi`) -------------------- */
+
+/* Starts MPI in a program launched by mpirun (Open MPI). Every rank loads the
+ * same model and passes the handle in ellm_context_params.mpi. A collective
+ * that waits more than `timeout_s` seconds (<= 0: 300) for the other ranks
+ * fails with a message naming the rank, so a rank that dies or hangs stops
+ * the others instead of leaving them waiting; MPI errors are returned, not
+ * fatal. */
+ellm_status ellm_mpi_init(int *argc, char ***argv, double timeout_s, ellm_mpi **out, ellm_error *err);
+int ellm_mpi_rank(const ellm_mpi *mpi); /* 0 for NULL */
+int ellm_mpi_size(const ellm_mpi *mpi); /* 1 for NULL */
+/* Copies `bytes` of rank 0's buf into every rank's buf (a seed, a prompt). */
+ellm_status ellm_mpi_bcast(ellm_mpi *mpi, void *buf, size_t bytes, ellm_error *err);
+/* *all_ok = 1 if every rank passed ok != 0, else 0 (so ranks fail together). */
+ellm_status ellm_mpi_agree(ellm_mpi *mpi, int ok, int *all_ok, ellm_error *err);
+/* Stops every rank of the job with exit status `code` (after a failure that
+ * leaves the other ranks waiting). */
+void ellm_mpi_abort(ellm_mpi *mpi, int code);
+/* Frees the handle and ends MPI. */
+void ellm_mpi_finalize(ellm_mpi *mpi);
+
 /* ---- context (one sequence, its KV cache and scratch) --------------------- */
 
 typedef enum { ELLM_KV_F16 = 0, ELLM_KV_F32 = 1 } ellm_kv_type;
@@ -210,6 +232,12 @@ typedef struct {
     int sparse_recall_every; /* every N decode steps, measure recall on a dense pass (0: off;
                                 ELLM_SPARSE_RECALL_EVERY is the interval the tools use) */
     int sparse_adapt;        /* move budget between heads by sampled recall */
+    /* KV cache sharded over the ranks of an MPI job (`--mpi`, see
+     * ellm_mpi_init); NULL: one process. Every rank creates its context with
+     * the same parameters and feeds the same tokens; each stores the keys and
+     * values of its own positions and gets the same logits, bit for bit, as
+     * one process. Dense attention only (sparse_topk must be 0). */
+    ellm_mpi *mpi;
 } ellm_context_params;
 
 /* The recall-sampling interval `ellm run` (with --stats or --sparse-adapt) and
@@ -269,6 +297,15 @@ typedef struct {
     int64_t sparse_selections; /* (layer, KV head) selections made */
     double attended_share;    /* mean over them of tokens read (sink + window + chosen blocks)
                                  over the keys the step could see */
+    /* With ellm_context_params.mpi: */
+    int mpi_ranks;             /* ranks the KV cache is sharded over (0: not sharded) */
+    int64_t mpi_local_tokens;  /* positions this rank stores */
+    int64_t mpi_exchanges;     /* collectives (one per layer per pass) */
+    double mpi_bytes_sent;     /* attention partials this rank sent */
+    double mpi_bytes_recv;     /* ... and received */
+    double mpi_exchange_ms;    /* wall time in the collectives, waiting for slower ranks included */
+    double mpi_merge_ms;       /* merging every rank's partials */
+    double mpi_parts_ms;       /* computing this rank's partials (its share of attention) */
 } ellm_context_stats;
 
 void ellm_context_get_stats(const ellm_context *ctx, ellm_context_stats *stats);

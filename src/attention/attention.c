@@ -643,6 +643,149 @@ void attention_forward_select(const attention_args *a, attention_select_fn selec
     else select_worker(&J, 0, 1);
 }
 
+/* ---- parts for a sharded KV cache ---------------------------------------- */
+
+_Static_assert(ATTN_PART_BLOCKS == ATTENTION_PART_BLOCKS, "attention.h and the driver cut parts alike");
+
+int attention_n_tiles(const attention_args *a) { return (a->n_q + ATTN_TILE_Q - 1) / ATTN_TILE_Q; }
+
+/* As attention_run counts them: blocks the tile's last token sees (seg_blocks), in parts. */
+int attention_tile_parts(const attention_args *a, int t) {
+    const int bt = kv_cache_get_params(a->kv)->block_tokens;
+    int last = a->q_pos0 + (t + 1) * ATTN_TILE_Q;
+    if (last > a->q_pos0 + a->n_q) last = a->q_pos0 + a->n_q;
+    const int nb = (last + bt - 1) / bt;
+    return (nb + ATTN_PART_BLOCKS - 1) / ATTN_PART_BLOCKS;
+}
+
+long attention_part_first(const attention_args *a, int t) {
+    long n = 0;
+    for (int i = 0; i < t; i++) n += attention_tile_parts(a, i);
+    return n;
+}
+
+size_t attention_part_floats(const attention_args *a, int t) {
+    const int i0 = t * ATTN_TILE_Q;
+    const int nqt = a->n_q - i0 < ATTN_TILE_Q ? a->n_q - i0 : ATTN_TILE_Q;
+    return (size_t)nqt * (size_t)a->n_head * (size_t)(kv_cache_get_params(a->kv)->head_dim + 2);
+}
+
+typedef struct {
+    attn_job J;
+    float *const *out_parts;     /* attention_forward_parts */
+    const float *const *in_parts; /* attention_merge_parts */
+    long n_rec;
+} parts_job;
+
+/* Record i's tile and part. */
+static void rec_tile_part(const attention_args *a, long i, int *t, int *c) {
+    int tt = 0;
+    for (int np; i >= (np = attention_tile_parts(a, tt)); tt++) i -= np;
+    *t = tt;
+    *c = (int)i;
+}
+
+/* Units (record, KV head) of the records wanted, dealt round-robin over the
+ * threads (a rank's records interleave with the others', so a contiguous
+ * split would be as good; each unit starts from an empty state, so who
+ * computes it changes nothing). */
+static void parts_worker(void *arg, int ith, int nth) {
+    const parts_job *P = arg;
+    const attn_job *J = &P->J;
+    const attention_args *a = J->a;
+    const attn_state own = thread_state(J, ith);
+    const int hd = J->hd;
+    long k = 0;
+    int t = 0, c = 0;
+    for (long i = 0; i < P->n_rec; i++) {
+        if (!P->out_parts[i]) continue;
+        rec_tile_part(a, i, &t, &c);
+        const long nb = seg_blocks(J, 0, t, NULL);
+        const long kb = (long)c * ATTN_PART_BLOCKS, ke = kb + ATTN_PART_BLOCKS < nb ? kb + ATTN_PART_BLOCKS : nb;
+        for (int h = 0; h < J->n_kv; h++, k++) {
+            if (k % nth != ith) continue;
+            attn_state st = own;
+            run_part(J, &st, h * J->nt + t, kb, ke);
+            float *rec = P->out_parts[i] + (size_t)h * st.rows * (size_t)(hd + 2);
+            for (int r = 0; r < st.rows; r++, rec += hd + 2) {
+                rec[0] = st.m[r];
+                rec[1] = st.l[r];
+                memcpy(rec + 2, st.acc + (size_t)r * st.hdp, (size_t)hd * sizeof(float));
+            }
+        }
+    }
+}
+
+void attention_forward_parts(const attention_args *a, float *const *parts, attention_workspace *ws,
+                             threadpool *pool) {
+    parts_job P;
+    job_init(&P.J, a, ws, pool);
+    P.out_parts = parts;
+    P.in_parts = NULL;
+    P.n_rec = attention_part_first(a, P.J.n_tiles);
+    if (pool) threadpool_run(pool, parts_worker, &P);
+    else parts_worker(&P, 0, 1);
+}
+
+/* merge_slots' arithmetic over records: out = sum_i e_i acc_i / sum_i e_i l_i,
+ * e_i = exp(m_i - max m), parts in order; one part gives write_out's bits. */
+static void merge_worker(void *arg, int ith, int nth) {
+    const parts_job *P = arg;
+    const attn_job *J = &P->J;
+    const attention_args *a = J->a;
+    const int hd = J->hd;
+    const long n_units = (long)J->n_tiles * J->n_kv;
+    long u0, u1;
+    threadpool_split(n_units, ith, nth, 1, &u0, &u1);
+    for (long u = u0; u < u1; u++) {
+        const int t = (int)(u / J->n_kv), h = (int)(u % J->n_kv);
+        const int rows = seg_rows(J, h * J->nt + t);
+        const long first = attention_part_first(a, t);
+        const int np = attention_tile_parts(a, t);
+        const size_t head_off = (size_t)h * rows * (size_t)(hd + 2);
+        for (int r = 0; r < rows; r++) {
+            const size_t off = head_off + (size_t)r * (size_t)(hd + 2);
+            float mx = -INFINITY;
+            for (int i = 0; i < np; i++)
+                if (P->in_parts[first + i][off] > mx) mx = P->in_parts[first + i][off];
+            float *dst = out_row(J, h * J->nt + t, r);
+            for (int d = 0; d < hd; d++) dst[d] = 0.0f;
+            if (mx == -INFINITY) continue;
+            float sum = 0.0f;
+            for (int i = 0; i < np; i++) {
+                const float *rec = P->in_parts[first + i] + off;
+                float m = rec[0];
+                if (m == -INFINITY) continue;
+                float e = expf(m - mx);
+                sum += e * rec[1];
+                for (int d = 0; d < hd; d++) dst[d] += e * rec[2 + d];
+            }
+            float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+            for (int d = 0; d < hd; d++) dst[d] *= inv;
+        }
+    }
+}
+
+void attention_merge_parts(const attention_args *a, const float *const *parts, threadpool *pool) {
+    parts_job P;
+    memset(&P, 0, sizeof P);
+    const kv_cache_params *p = kv_cache_get_params(a->kv);
+    /* job_init's shapes without its workspace checks: merging needs no scratch */
+    P.J.a = a;
+    P.J.hd = p->head_dim;
+    P.J.bt = p->block_tokens;
+    P.J.n_kv = p->n_kv_head;
+    P.J.group = a->n_head / p->n_kv_head;
+    P.J.n_tiles = attention_n_tiles(a);
+    P.J.t0 = 0;
+    P.J.nt = P.J.n_tiles;
+    P.J.n_seg = P.J.n_kv * P.J.n_tiles;
+    P.in_parts = parts;
+    P.n_rec = attention_part_first(a, P.J.n_tiles);
+    if (pool) threadpool_run(pool, merge_worker, &P);
+    else merge_worker(&P, 0, 1);
+}
+
 /* ---- scalar block kernel ------------------------------------------------ */
 
 /* Row by row: scores of the visible keys, online-softmax update, then P*V. */

@@ -65,6 +65,41 @@ void attention_forward_select(const attention_args *a, attention_select_fn selec
                               int32_t *blocks, int *n_blocks, int max_blocks,
                               attention_workspace *ws, threadpool *pool);
 
+/* ---- attention split into parts (KV sharded over processes) -------------
+ *
+ * A dense call's work per (KV head, tile of ATTN tile tokens) is cut into
+ * parts of ATTENTION_PART_BLOCKS KV blocks at fixed places (part c holds
+ * blocks [c * ATTENTION_PART_BLOCKS, (c + 1) * ATTENTION_PART_BLOCKS)), each
+ * computed from an empty online-softmax state and merged in part order; this
+ * is what attention_forward does internally. The functions below expose it:
+ * attention_forward_parts computes the partial states of chosen parts and
+ * attention_merge_parts merges a full set of them into `out` with the same
+ * arithmetic, so parts computed in different processes and merged in part
+ * order give attention_forward's bits exactly.
+ *
+ * Records: the parts of a call are numbered tile-major, part-minor
+ * (attention_part_first(a, t) + c is part c of tile t). Record floats
+ * (attention_part_floats) hold, for each KV head h, for each row
+ * r = token_in_tile * group + g of the tile: m, l, acc[head_dim] (running
+ * max of the scaled scores, sum of exp(score - m), sum of exp(score - m) * v). */
+#define ATTENTION_PART_BLOCKS 32
+/* Query tiles of a call (ceil(n_q / 16)). */
+int attention_n_tiles(const attention_args *a);
+/* Parts of tile t: blocks its last query token sees, in parts. */
+int attention_tile_parts(const attention_args *a, int t);
+/* Number of the first record of tile t; attention_part_first(a, n_tiles) is
+ * the call's total. */
+long attention_part_first(const attention_args *a, int t);
+/* Floats of one record of tile t. */
+size_t attention_part_floats(const attention_args *a, int t);
+/* Computes every record whose parts[i] is not NULL into parts[i] (attention_part_first
+ * numbering). Keys of the blocks of those parts must be stored; other blocks
+ * are never read. */
+void attention_forward_parts(const attention_args *a, float *const *parts, attention_workspace *ws,
+                             threadpool *pool);
+/* Merges all records (none NULL) into a->out in part order. */
+void attention_merge_parts(const attention_args *a, const float *const *parts, threadpool *pool);
+
 /* Naive reference: full score rows, softmax, PV (single thread; tests). */
 void attention_forward_ref(const attention_args *a);
 

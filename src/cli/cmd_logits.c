@@ -1,5 +1,6 @@
 /* `ellm logits`: logits after every token of an id file, as float32 rows. */
 #include "cli/args.h"
+#include "cli/cli_mpi.h"
 #include "cli/commands.h"
 #include "ellm.h"
 
@@ -15,7 +16,10 @@ static void logits_usage(FILE *f) {
             "writes the logits after every token: n_ids rows of n_vocab little-endian float32.\n"
             "  -t, --threads N      compute threads\n"
             "  --kv-type f16|f32    KV cache element type (default f16)\n"
-            "  -b, --batch-size N   tokens per pass (default: all ids in one pass)\n");
+            "  -b, --batch-size N   tokens per pass (default: all ids in one pass)\n"
+            "  --decode-from N      feed ids from index N on one per pass, as decode steps\n"
+            "  --mpi                under mpirun: KV cache sharded over the ranks (rank 0 writes)\n"
+            "  --mpi-timeout S      seconds to wait for the other ranks in one exchange (default 300)\n");
 }
 
 /* Parses whitespace-separated non-negative integers; NULL + message on error. */
@@ -52,8 +56,9 @@ static int32_t *parse_ids(const char *text, int *n_out) {
 
 int cmd_logits(int argc, char **argv) {
     const char *model_path = NULL, *ids_path = NULL, *out_path = NULL;
-    long threads = 0, batch = 0;
-    int kv_f32 = 0, bad = 0;
+    long threads = 0, batch = 0, decode_from = -1;
+    int kv_f32 = 0, bad = 0, use_mpi = 0;
+    double mpi_timeout = CLI_MPI_TIMEOUT_S;
     for (int i = 1; i < argc && !bad; i++) {
         const char *v = NULL, *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -66,6 +71,11 @@ int cmd_logits(int argc, char **argv) {
             bad = !v || !arg_int(a, v, 1, 1024, &threads);
         else if (arg_value(argc, argv, &i, "--batch-size", "-b", &v, &bad))
             bad = !v || !arg_int(a, v, 1, 1 << 20, &batch);
+        else if (!strcmp(a, "--mpi")) use_mpi = 1;
+        else if (arg_value(argc, argv, &i, "--decode-from", NULL, &v, &bad))
+            bad = !v || !arg_int(a, v, 0, 1L << 30, &decode_from);
+        else if (arg_value(argc, argv, &i, "--mpi-timeout", NULL, &v, &bad))
+            bad = !v || !arg_double(a, v, 0.001, 1e6, &mpi_timeout);
         else if (arg_value(argc, argv, &i, "--kv-type", NULL, &v, &bad))
             bad = !v || !arg_kv_type(a, v, &kv_f32);
         else {
@@ -91,6 +101,11 @@ int cmd_logits(int argc, char **argv) {
         return 1;
     }
     int rc = 1;
+    ellm_mpi *mpi = NULL;
+    if (use_mpi && !(mpi = cli_mpi_start(mpi_timeout))) {
+        free(ids);
+        return 1;
+    }
     ellm_error err = {0};
     ellm_model *model = NULL;
     ellm_context *ctx = NULL;
@@ -108,6 +123,7 @@ int cmd_logits(int argc, char **argv) {
     cp.n_batch = batch ? (int)batch : n;
     cp.kv_type = kv_f32 ? ELLM_KV_F32 : ELLM_KV_F16;
     cp.n_threads = (int)threads;
+    cp.mpi = mpi;
     if (ellm_context_init(model, &cp, &ctx, &err) != ELLM_OK) {
         fprintf(stderr, "error: %s\n", err.msg);
         goto done;
@@ -117,8 +133,24 @@ int cmd_logits(int argc, char **argv) {
         fprintf(stderr, "error: out of memory for %d x %d logits\n", n, info.n_vocab);
         goto done;
     }
-    if (ellm_decode(ctx, ids, n, logits, &err) != ELLM_OK) {
+    int n_batched = decode_from >= 0 && decode_from < n ? (int)decode_from : n;
+    if (n_batched > 0 && ellm_decode(ctx, ids, n_batched, logits, &err) != ELLM_OK) {
         fprintf(stderr, "error: %s\n", err.msg);
+        goto done;
+    }
+    for (int i = n_batched; i < n; i++)
+        if (ellm_decode(ctx, ids + i, 1, logits + (size_t)i * info.n_vocab, &err) != ELLM_OK) {
+            fprintf(stderr, "error: %s\n", err.msg);
+            goto done;
+        }
+    if (mpi) {
+        ellm_context_stats cs;
+        ellm_context_get_stats(ctx, &cs);
+        fprintf(stderr, "mpi: %d ranks, rank 0 stores %lld of %d positions, %lld exchanges, %.0f bytes sent\n",
+                cs.mpi_ranks, (long long)cs.mpi_local_tokens, n, (long long)cs.mpi_exchanges, cs.mpi_bytes_sent);
+    }
+    if (ellm_mpi_rank(mpi) != 0) { /* every rank has the logits; rank 0 writes them */
+        rc = 0;
         goto done;
     }
     out = fopen(out_path, "wb");
@@ -136,5 +168,5 @@ done:
     free(ids);
     ellm_context_free(ctx);
     ellm_model_free(model);
-    return rc;
+    return cli_mpi_end(mpi, rc);
 }

@@ -1,5 +1,6 @@
 /* `ellm run`: generate text from a prompt, streaming it to stdout. */
 #include "cli/args.h"
+#include "cli/cli_mpi.h"
 #include "cli/commands.h"
 #include "cli/run_state.h"
 #include "core/timer.h"
@@ -63,6 +64,11 @@ static void run_usage(FILE *f) {
             "                         goes on exactly as the uninterrupted run would. Only -n\n"
             "                         (the total to generate), -t, --stats, --save-state and\n"
             "                         --save-every may be given with it\n"
+            "beyond one machine (launch with mpirun -np R):\n"
+            "  --mpi                  KV cache sharded over the MPI ranks, attention merged exactly\n"
+            "                         (same output as one process; dense attention; rank 0 prints)\n"
+            "  --mpi-timeout S        seconds a rank waits for the others in one exchange before\n"
+            "                         the job is stopped (default 300)\n"
             "chat (the model's chat template, or a built-in one):\n"
             "  --chat                 interactive multi-turn chat on stdin/stdout\n"
             "  --system TEXT          system message; with -p, one chat turn is generated\n"
@@ -109,6 +115,8 @@ typedef struct {
     long save_every;
     int n_given;                /* -n was given */
     const char *gen_flag;       /* the first flag that --resume refuses, or NULL */
+    int mpi;
+    double mpi_timeout;
 } run_opts;
 
 static int parse(int argc, char **argv, run_opts *o) {
@@ -121,6 +129,7 @@ static int parse(int argc, char **argv, run_opts *o) {
     o->draft_max = 8;
     o->spec_verify = -1;
     o->keep = 4;
+    o->mpi_timeout = CLI_MPI_TIMEOUT_S;
     int bad = 0;
     for (int i = 1; i < argc && !bad; i++) {
         const char *v = NULL;
@@ -146,6 +155,9 @@ static int parse(int argc, char **argv, run_opts *o) {
         else if (!strcmp(a, "--chat")) o->chat = 1;
         else if (!strcmp(a, "--numa-aware")) o->numa = ELLM_NUMA_DISTRIBUTE;
         else if (!strcmp(a, "--mlock")) o->mlock = 1;
+        else if (!strcmp(a, "--mpi")) o->mpi = 1;
+        else if (arg_value(argc, argv, &i, "--mpi-timeout", NULL, &v, &bad))
+            bad = !v || !arg_double(a, v, 0.001, 1e6, &o->mpi_timeout);
         else if (arg_value(argc, argv, &i, "--numa", NULL, &v, &bad))
             bad = !v || !arg_numa(a, v, &o->numa);
         else if (arg_value(argc, argv, &i, "--system", NULL, &v, &bad)) o->system = v;
@@ -738,12 +750,26 @@ int cmd_run(int argc, char **argv) {
     if (o.resume) return run_resume(&o);
     if (!o.model) o.model = cli_default_model();
     if (!o.seed_given) o.sp.seed = ellm_time_ns() ^ ((uint64_t)getpid() << 32);
+    ellm_mpi *mpi = NULL;
+    if (o.mpi) {
+        if (o.chat) {
+            fprintf(stderr, "error: --mpi does not take --chat (stdin reaches rank 0 only); use -p or -f\n");
+            return 2;
+        }
+        if (!(mpi = cli_mpi_start(o.mpi_timeout))) return 1;
+        /* every rank samples the same tokens from the same logits: one seed */
+        ellm_error e = {0};
+        if (ellm_mpi_bcast(mpi, &o.sp.seed, sizeof o.sp.seed, &e) != ELLM_OK) {
+            fprintf(stderr, "error: --mpi: %s\n", e.msg);
+            return cli_mpi_end(mpi, 1);
+        }
+    }
 
     char *file_prompt = NULL, *rendered = NULL;
     const char *prompt = o.prompt ? o.prompt : "";
     size_t prompt_len = strlen(prompt);
     if (o.prompt_file) {
-        if (!(file_prompt = cli_read_file(o.prompt_file, &prompt_len))) return 1;
+        if (!(file_prompt = cli_read_file(o.prompt_file, &prompt_len))) return cli_mpi_end(mpi, 1);
         prompt = file_prompt;
     } else if (!o.prompt && !o.chat && !o.system && !strcmp(o.model, cli_default_model())) {
         prompt = "import os\n\n\ndef main():\n";
@@ -807,6 +833,7 @@ int cmd_run(int argc, char **argv) {
     }
     long need = n_prompt + o.n_predict;
     ellm_context_params cp = run_context_params(&o);
+    cp.mpi = mpi;
     int ctx_auto = !o.ctx && !(o.kv_gb > 0);
     if (ctx_auto) {
         if (need > info.n_ctx_train && o.overflow) {
@@ -909,6 +936,18 @@ int cmd_run(int argc, char **argv) {
                 (long long)ss.accepted, (long long)ss.proposed, ss.tokens_per_verify,
                 (long long)ss.verify_passes, ss.draft_ms, ss.verify_ms, ss.rollback_ms);
     }
+    if (o.stats && mpi) {
+        ellm_context_stats cs;
+        ellm_context_get_stats(g.ctx, &cs);
+        fprintf(stderr,
+                "mpi: %d ranks, rank 0 stores %lld of %d positions; %lld exchanges, %.1f KB sent and "
+                "%.1f KB received per exchange, %.3f ms in exchanges + %.3f ms merging per exchange\n",
+                cs.mpi_ranks, (long long)cs.mpi_local_tokens, ellm_context_pos(g.ctx), (long long)cs.mpi_exchanges,
+                cs.mpi_exchanges ? cs.mpi_bytes_sent / cs.mpi_exchanges / 1e3 : 0,
+                cs.mpi_exchanges ? cs.mpi_bytes_recv / cs.mpi_exchanges / 1e3 : 0,
+                cs.mpi_exchanges ? cs.mpi_exchange_ms / cs.mpi_exchanges : 0,
+                cs.mpi_exchanges ? cs.mpi_merge_ms / cs.mpi_exchanges : 0);
+    }
     rc = 0;
 done:
     ellm_spec_free(spec);
@@ -918,5 +957,5 @@ done:
     free(g.ids);
     free(file_prompt);
     ellm_free(rendered);
-    return rc;
+    return cli_mpi_end(mpi, rc);
 }

@@ -80,6 +80,14 @@ ellm_status engine_context_init(ellm_model *model, const ellm_context_params *pa
     if (p.n_batch <= 0) p.n_batch = 256;
     if (p.n_batch > n_ctx) p.n_batch = (int)n_ctx;
     int n_threads = shared_pool ? threadpool_size(shared_pool) : p.n_threads > 0 ? p.n_threads : model->n_threads;
+    if (p.mpi) {
+        if (p.sparse_topk > 0)
+            return ellm_fail(err, ELLM_ERR_UNSUPPORTED,
+                             "context: sparse attention (budget %d) is not supported with the KV cache sharded "
+                             "over MPI ranks; run dense",
+                             p.sparse_topk);
+        p.sparse_topk = -1; /* dense only: no index, whose keys would be on other ranks */
+    }
 
     ellm_context *ctx = calloc(1, sizeof *ctx);
     if (!ctx) return ellm_fail(err, ELLM_ERR_NOMEM, "context: out of memory");
@@ -99,7 +107,9 @@ ellm_status engine_context_init(ellm_model *model, const ellm_context_params *pa
     if ((st = kv_cache_init(&kp, &ctx->kv, err)) ||
         (!shared_pool && (st = engine_placement_init(ctx, n_threads, err))) ||
         (st = attention_workspace_init(n_threads, ctx->n_batch, c->n_head, c->head_dim, ctx->n_ctx,
-                                       KV_BLOCK_TOKENS, &ctx->attn_ws, err))) {
+                                       KV_BLOCK_TOKENS, &ctx->attn_ws, err)) ||
+        (p.mpi && (st = dist_shard_init(p.mpi, ctx->n_batch, c->n_head, c->head_dim, ctx->n_ctx, KV_BLOCK_TOKENS,
+                                        &ctx->dist, err)))) {
         ellm_context_free(ctx);
         return st;
     }
@@ -170,6 +180,7 @@ ellm_status engine_context_init(ellm_model *model, const ellm_context_params *pa
 void ellm_context_free(ellm_context *ctx) {
     if (!ctx) return;
     kv_cache_free(ctx->kv);
+    dist_shard_free(ctx->dist);
     attention_workspace_free(ctx->attn_ws);
     if (ctx->owns_pool) threadpool_free(ctx->pool);
     free(ctx->w_delta);
@@ -304,6 +315,18 @@ void ellm_context_get_stats(const ellm_context *ctx, ellm_context_stats *stats) 
     stats->attended_share = ctx->n_sparse_heads ? ctx->attended_share_sum / (double)ctx->n_sparse_heads : 0;
     stats->index_bytes_read = (double)ctx->sel_stats.bytes_read;
     stats->index_flat_bytes = (double)ctx->sel_stats.flat_bytes;
+    if (ctx->dist) {
+        dist_stats ds;
+        dist_get_stats(ctx->dist, &ds);
+        stats->mpi_ranks = dist_size(ctx->dist);
+        stats->mpi_local_tokens = dist_local_tokens(ctx->dist, kv_cache_len(ctx->kv));
+        stats->mpi_exchanges = ds.exchanges;
+        stats->mpi_bytes_sent = ds.bytes_sent;
+        stats->mpi_bytes_recv = ds.bytes_recv;
+        stats->mpi_exchange_ms = ds.exchange_ms;
+        stats->mpi_merge_ms = ds.merge_ms;
+        stats->mpi_parts_ms = ds.compute_ms;
+    }
 }
 
 ellm_status ellm_decode(ellm_context *ctx, const int32_t *tokens, int n, float *logits,
@@ -329,6 +352,10 @@ ellm_status ellm_decode(ellm_context *ctx, const int32_t *tokens, int n, float *
             engine_forward(ctx, tokens + done, chunk, pos + done, last ? chunk - 1 : chunk, ctx->logits);
         }
         done += chunk;
+        if (ctx->dist && dist_failed(ctx->dist)) {
+            ctx->has_logits = 0;
+            return ellm_fail(err, ELLM_ERR_IO, "decode: %s", dist_failed(ctx->dist));
+        }
     }
     ctx->has_logits = 1;
     return ELLM_OK;

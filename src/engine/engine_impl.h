@@ -15,6 +15,7 @@
 #include "attention/kv_cache.h"
 #include "attention/sparse_index.h"
 #include "core/threadpool.h"
+#include "dist/dist.h"
 #include "model/model.h"
 
 /* What ellm_sparse_calibrate measures while it decodes: recall at each budget. */
@@ -33,6 +34,7 @@ struct ellm_context {
     int n_batch;
     kv_cache *kv;
     attention_workspace *attn_ws;
+    dist_shard *dist; /* KV sharded over MPI ranks (params.mpi), or NULL */
     threadpool *pool;
     /* NUMA placement (placement.c): per-thread offset to the thread's node's
      * copy of the weights (replicate; NULL otherwise), and whether each

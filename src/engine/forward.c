@@ -196,6 +196,13 @@ static void attend_seq(struct ellm_context *ctx, int l, int n, int pos) {
         }
         return;
     }
+    if (ctx->dist) {
+        /* KV sharded over MPI ranks (dense only): each rank stores its own
+         * positions, attends over them, and the ranks' partials are merged */
+        dist_kv_store(ctx->dist, ctx->kv, l, pos, n, ctx->k, ctx->v);
+        dist_attention(ctx->dist, &aa, ctx->attn_ws, ctx->pool);
+        return;
+    }
     kv_cache_store(ctx->kv, l, pos, n, ctx->k, ctx->v);
     if (ctx->sidx) sparse_index_append(ctx->sidx, l, pos, n, ctx->k);
     if (sparse_attention_layer(ctx, &aa, n, pos + n)) {

@@ -1,0 +1,34 @@
+/* `--mpi`: start and end an MPI job around a command. */
+#include "cli/cli_mpi.h"
+
+#include <stdio.h>
+
+ellm_mpi *cli_mpi_start(double timeout_s) {
+    ellm_error err = {0};
+    ellm_mpi *mpi = NULL;
+    if (ellm_mpi_init(NULL, NULL, timeout_s, &mpi, &err) != ELLM_OK) {
+        fprintf(stderr, "error: --mpi: %s\n", err.msg);
+        return NULL;
+    }
+    /* Every rank runs the same command; only rank 0 speaks. */
+    if (ellm_mpi_rank(mpi) != 0) {
+        if (!freopen("/dev/null", "w", stdout) || !freopen("/dev/null", "w", stderr)) {
+            ellm_mpi_abort(mpi, 1);
+            return NULL;
+        }
+    }
+    return mpi;
+}
+
+int cli_mpi_end(ellm_mpi *mpi, int rc) {
+    if (!mpi) return rc;
+    /* A rank that failed alone would leave the others waiting in a
+     * collective: stop the whole job (mpirun reports the exit status). */
+    if (rc != 0 && ellm_mpi_size(mpi) > 1) {
+        fflush(stdout);
+        fflush(stderr);
+        ellm_mpi_abort(mpi, rc);
+    }
+    ellm_mpi_finalize(mpi);
+    return rc;
+}

@@ -1,0 +1,299 @@
+/* The MPI side of KV sharding: the ellm_mpi handle (ellm.h), part ownership,
+ * and the per-layer exchange of partial attention states (dist.h). */
+#include "dist/dist.h"
+#include "core/status.h"
+#include "core/timer.h"
+
+#include <limits.h>
+#include <mpi.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+struct ellm_mpi {
+    MPI_Comm comm;    /* a duplicate of MPI_COMM_WORLD that returns errors */
+    int rank, size;
+    double timeout_s; /* longest wait for the other ranks in one collective */
+};
+
+struct dist_shard {
+    ellm_mpi *mpi;
+    int block_tokens, part_tokens;
+    /* Every rank's partials, rank-major (MPI_Iallgatherv in place): rank r's
+     * records of a call, in record order, from displs[r]. */
+    float *recv;
+    size_t recv_cap; /* floats */
+    float **own;     /* (max_rec) this rank's records in recv, NULL for the others' */
+    const float **all; /* (max_rec) every record in recv */
+    long max_rec;
+    int *counts, *displs, *fill; /* (size) floats per rank, their offsets, a cursor */
+    char failed[600];
+    /* Fault injection for tests (ELLM_MPI_FAULT=exit|hang,RANK,N): rank
+     * fault_rank exits or hangs at its N-th exchange. */
+    int fault_kind, fault_rank; /* kind 0: none, 1: exit, 2: hang */
+    long fault_at;
+    dist_stats stats;
+};
+
+/* Message of an MPI error code. */
+static const char *mpi_msg(int code, char *buf) {
+    int len = 0;
+    if (MPI_Error_string(code, buf, &len) != MPI_SUCCESS) snprintf(buf, MPI_MAX_ERROR_STRING, "MPI error %d", code);
+    return buf;
+}
+
+/* Waits for `req` at most the handle's timeout. Returns MPI_SUCCESS, an MPI
+ * error code, or -1 on timeout (the request is then left pending: the job is
+ * about to be stopped). Yields while waiting, since on an oversubscribed
+ * machine the ranks being waited for may need this core. */
+static int wait_deadline(const ellm_mpi *mpi, MPI_Request *req) {
+    const uint64_t deadline = ellm_time_ns() + (uint64_t)(mpi->timeout_s * 1e9);
+    for (;;) {
+        int done = 0;
+        int rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
+        if (rc != MPI_SUCCESS) return rc;
+        if (done) return MPI_SUCCESS;
+        if (ellm_time_ns() > deadline) return -1;
+        sched_yield();
+    }
+}
+
+/* An error message for a failed collective `what`. */
+static ellm_status collective_fail(const ellm_mpi *mpi, int rc, const char *what, ellm_error *err) {
+    char buf[MPI_MAX_ERROR_STRING];
+    if (rc == -1)
+        return ellm_fail(err, ELLM_ERR_IO,
+                         "MPI rank %d of %d: %s: no answer from the other ranks within %.0f s "
+                         "(a rank died, hangs or runs different inputs)",
+                         mpi->rank, mpi->size, what, mpi->timeout_s);
+    return ellm_fail(err, ELLM_ERR_IO, "MPI rank %d of %d: %s failed: %s", mpi->rank, mpi->size, what,
+                     mpi_msg(rc, buf));
+}
+
+ellm_status ellm_mpi_init(int *argc, char ***argv, double timeout_s, ellm_mpi **out, ellm_error *err) {
+    *out = NULL;
+    int inited = 0, provided = 0;
+    MPI_Initialized(&inited);
+    /* Only the calling thread talks to MPI; the thread pool never does. */
+    if (!inited && MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS)
+        return ellm_fail(err, ELLM_ERR_IO, "MPI: MPI_Init_thread failed (is this run under mpirun?)");
+    ellm_mpi *mpi = calloc(1, sizeof *mpi);
+    if (!mpi) return ellm_fail(err, ELLM_ERR_NOMEM, "MPI: out of memory");
+    mpi->timeout_s = timeout_s > 0 ? timeout_s : 300;
+    char buf[MPI_MAX_ERROR_STRING];
+    int rc = MPI_Comm_dup(MPI_COMM_WORLD, &mpi->comm);
+    if (rc == MPI_SUCCESS) rc = MPI_Comm_set_errhandler(mpi->comm, MPI_ERRORS_RETURN);
+    if (rc == MPI_SUCCESS) rc = MPI_Comm_rank(mpi->comm, &mpi->rank);
+    if (rc == MPI_SUCCESS) rc = MPI_Comm_size(mpi->comm, &mpi->size);
+    if (rc != MPI_SUCCESS) {
+        free(mpi);
+        return ellm_fail(err, ELLM_ERR_IO, "MPI: cannot set up the communicator: %s", mpi_msg(rc, buf));
+    }
+    *out = mpi;
+    return ELLM_OK;
+}
+
+int ellm_mpi_rank(const ellm_mpi *mpi) { return mpi ? mpi->rank : 0; }
+int ellm_mpi_size(const ellm_mpi *mpi) { return mpi ? mpi->size : 1; }
+
+ellm_status ellm_mpi_bcast(ellm_mpi *mpi, void *buf, size_t bytes, ellm_error *err) {
+    if (bytes > INT_MAX) return ellm_fail(err, ELLM_ERR_ARG, "MPI: broadcast of %zu bytes is too large", bytes);
+    MPI_Request req;
+    int rc = MPI_Ibcast(buf, (int)bytes, MPI_BYTE, 0, mpi->comm, &req);
+    if (rc == MPI_SUCCESS) rc = wait_deadline(mpi, &req);
+    return rc == MPI_SUCCESS ? ELLM_OK : collective_fail(mpi, rc, "broadcast", err);
+}
+
+ellm_status ellm_mpi_agree(ellm_mpi *mpi, int ok, int *all_ok, ellm_error *err) {
+    MPI_Request req;
+    int in = ok != 0;
+    *all_ok = 0;
+    int rc = MPI_Iallreduce(&in, all_ok, 1, MPI_INT, MPI_MIN, mpi->comm, &req);
+    if (rc == MPI_SUCCESS) rc = wait_deadline(mpi, &req);
+    return rc == MPI_SUCCESS ? ELLM_OK : collective_fail(mpi, rc, "agreement", err);
+}
+
+void ellm_mpi_abort(ellm_mpi *mpi, int code) { MPI_Abort(mpi ? mpi->comm : MPI_COMM_WORLD, code); }
+
+void ellm_mpi_finalize(ellm_mpi *mpi) {
+    if (!mpi) return;
+    MPI_Comm_free(&mpi->comm);
+    free(mpi);
+    int fin = 0;
+    MPI_Finalized(&fin);
+    if (!fin) MPI_Finalize();
+}
+
+/* ---- the shard ----------------------------------------------------------- */
+
+ellm_status dist_shard_init(ellm_mpi *mpi, int max_q, int n_head, int head_dim, int max_ctx, int block_tokens,
+                            dist_shard **out, ellm_error *err) {
+    *out = NULL;
+    if (!mpi || max_q < 1 || n_head < 1 || head_dim < 1 || max_ctx < 1 || block_tokens < 1)
+        return ellm_fail(err, ELLM_ERR_ARG, "distributed KV: bad shape");
+    dist_shard *sh = calloc(1, sizeof *sh);
+    if (!sh) return ellm_fail(err, ELLM_ERR_NOMEM, "distributed KV: out of memory");
+    sh->mpi = mpi;
+    sh->block_tokens = block_tokens;
+    sh->part_tokens = ATTENTION_PART_BLOCKS * block_tokens;
+    const long tiles = (max_q + 15) / 16 + 1, parts = (max_ctx + sh->part_tokens - 1) / sh->part_tokens;
+    sh->max_rec = tiles * parts;
+    sh->own = calloc((size_t)sh->max_rec, sizeof *sh->own);
+    sh->all = calloc((size_t)sh->max_rec, sizeof *sh->all);
+    sh->counts = calloc((size_t)mpi->size, sizeof(int));
+    sh->displs = calloc((size_t)mpi->size, sizeof(int));
+    sh->fill = calloc((size_t)mpi->size, sizeof(int));
+    if (!sh->own || !sh->all || !sh->counts || !sh->displs || !sh->fill) {
+        dist_shard_free(sh);
+        return ellm_fail(err, ELLM_ERR_NOMEM, "distributed KV: out of memory");
+    }
+    const char *f = getenv("ELLM_MPI_FAULT");
+    char kind[8];
+    if (f && sscanf(f, "%7[a-z],%d,%ld", kind, &sh->fault_rank, &sh->fault_at) == 3)
+        sh->fault_kind = !strcmp(kind, "exit") ? 1 : !strcmp(kind, "hang") ? 2 : 0;
+    *out = sh;
+    return ELLM_OK;
+}
+
+void dist_shard_free(dist_shard *sh) {
+    if (!sh) return;
+    free(sh->recv);
+    free(sh->own);
+    free((void *)sh->all);
+    free(sh->counts);
+    free(sh->displs);
+    free(sh->fill);
+    free(sh);
+}
+
+int dist_rank(const dist_shard *sh) { return sh->mpi->rank; }
+int dist_size(const dist_shard *sh) { return sh->mpi->size; }
+int dist_part_tokens(const dist_shard *sh) { return sh->part_tokens; }
+
+/* Part c opens when the sequence reaches position c * part_tokens; the
+ * least-loaded rank then is the one with fewest parts, and parts 0..c-1 went
+ * round-robin, so it is c mod R. */
+static int part_owner(const dist_shard *sh, long c) { return (int)(c % sh->mpi->size); }
+
+int dist_owner(const dist_shard *sh, int pos) { return part_owner(sh, pos / sh->part_tokens); }
+
+int dist_local_tokens(const dist_shard *sh, int len) {
+    int n = 0;
+    for (int p0 = 0; p0 < len; p0 += sh->part_tokens)
+        if (dist_owner(sh, p0) == sh->mpi->rank) n += len - p0 < sh->part_tokens ? len - p0 : sh->part_tokens;
+    return n;
+}
+
+void dist_kv_store(dist_shard *sh, kv_cache *kv, int layer, int pos, int n, const float *k, const float *v) {
+    const kv_cache_params *p = kv_cache_get_params(kv);
+    const size_t row = (size_t)p->n_kv_head * (size_t)p->head_dim;
+    for (int p0 = pos; p0 < pos + n;) {
+        int p1 = (p0 / sh->part_tokens + 1) * sh->part_tokens;
+        if (p1 > pos + n) p1 = pos + n;
+        if (dist_owner(sh, p0) == sh->mpi->rank)
+            kv_cache_store(kv, layer, p0, p1 - p0, k + (size_t)(p0 - pos) * row, v + (size_t)(p0 - pos) * row);
+        p0 = p1;
+    }
+}
+
+const char *dist_failed(const dist_shard *sh) { return sh->failed[0] ? sh->failed : NULL; }
+
+static void zero_out(const attention_args *a) {
+    const size_t hd = (size_t)kv_cache_get_params(a->kv)->head_dim;
+    memset(a->out, 0, (size_t)a->n_q * (size_t)a->n_head * hd * sizeof(float));
+}
+
+void dist_attention(dist_shard *sh, const attention_args *a, attention_workspace *ws, threadpool *pool) {
+    const ellm_mpi *mpi = sh->mpi;
+    if (sh->failed[0]) { /* the job is stopping: do not wait for ranks again */
+        zero_out(a);
+        return;
+    }
+    const int n_tiles = attention_n_tiles(a), R = mpi->size, me = mpi->rank;
+    const long n_rec = attention_part_first(a, n_tiles);
+    if (n_rec > sh->max_rec) {
+        snprintf(sh->failed, sizeof sh->failed, "distributed attention: %ld parts exceed the %ld planned", n_rec,
+                 sh->max_rec);
+        zero_out(a);
+        return;
+    }
+    /* Floats each rank sends: its parts of every tile, in record order. */
+    size_t per_rank[R];
+    memset(per_rank, 0, sizeof per_rank);
+    for (int t = 0; t < n_tiles; t++) {
+        const int np = attention_tile_parts(a, t);
+        const size_t f = attention_part_floats(a, t);
+        for (int c = 0; c < np; c++) per_rank[part_owner(sh, c)] += f;
+    }
+    size_t total = 0;
+    for (int r = 0; r < R; r++) {
+        if (per_rank[r] > INT_MAX || total > INT_MAX) {
+            snprintf(sh->failed, sizeof sh->failed, "distributed attention: a batch's partials exceed 2^31 floats");
+            zero_out(a);
+            return;
+        }
+        sh->counts[r] = (int)per_rank[r];
+        sh->displs[r] = (int)total;
+        sh->fill[r] = (int)total;
+        total += per_rank[r];
+    }
+    if (total > sh->recv_cap) {
+        float *nb = realloc(sh->recv, total * sizeof(float));
+        if (!nb) {
+            snprintf(sh->failed, sizeof sh->failed, "distributed attention: out of memory for %zu partial floats",
+                     total);
+            zero_out(a);
+            return;
+        }
+        sh->recv = nb;
+        sh->recv_cap = total;
+    }
+    long i = 0;
+    for (int t = 0; t < n_tiles; t++) {
+        const int np = attention_tile_parts(a, t);
+        const size_t f = attention_part_floats(a, t);
+        for (int c = 0; c < np; c++, i++) {
+            const int r = part_owner(sh, c);
+            float *rec = sh->recv + sh->fill[r];
+            sh->fill[r] += (int)f;
+            sh->all[i] = rec;
+            sh->own[i] = r == me ? rec : NULL;
+        }
+    }
+
+    uint64_t t0 = ellm_time_ns();
+    attention_forward_parts(a, sh->own, ws, pool);
+    uint64_t t1 = ellm_time_ns();
+    if (sh->fault_kind && me == sh->fault_rank && sh->stats.exchanges + 1 == sh->fault_at) {
+        if (sh->fault_kind == 1) _exit(3);
+        for (;;) pause();
+    }
+    int rc = MPI_SUCCESS;
+    if (R > 1) {
+        MPI_Request req;
+        rc = MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, sh->recv, sh->counts, sh->displs, MPI_FLOAT,
+                             mpi->comm, &req);
+        if (rc == MPI_SUCCESS) rc = wait_deadline(mpi, &req);
+    }
+    uint64_t t2 = ellm_time_ns();
+    if (rc != MPI_SUCCESS) {
+        ellm_error e;
+        collective_fail(mpi, rc, "exchange of attention partials", &e);
+        snprintf(sh->failed, sizeof sh->failed, "%s", e.msg);
+        zero_out(a);
+        return;
+    }
+    attention_merge_parts(a, sh->all, pool);
+    uint64_t t3 = ellm_time_ns();
+    sh->stats.exchanges++;
+    sh->stats.bytes_sent += (double)sh->counts[me] * sizeof(float);
+    sh->stats.bytes_recv += (double)(total - (size_t)sh->counts[me]) * sizeof(float);
+    sh->stats.compute_ms += (double)(t1 - t0) / 1e6;
+    sh->stats.exchange_ms += (double)(t2 - t1) / 1e6;
+    sh->stats.merge_ms += (double)(t3 - t2) / 1e6;
+}
+
+void dist_get_stats(const dist_shard *sh, dist_stats *st) { *st = sh->stats; }
+void dist_reset_stats(dist_shard *sh) { memset(&sh->stats, 0, sizeof sh->stats); }

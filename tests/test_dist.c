@@ -1,0 +1,212 @@
+/* KV cache sharded over MPI ranks.
+ *
+ * In process: attention computed part by part (attention_forward_parts, any
+ * subset of parts at a time, as ranks would) and merged with
+ * attention_merge_parts gives attention_forward's bits.
+ *
+ * Under mpirun (skipped, and counted, where mpirun is missing): `ellm logits
+ * --mpi` with 1, 2 and 3 ranks writes the same bytes as one process, over a
+ * context of three parts (1100 tokens; parts are 512), batched prefill and
+ * decode steps that open a new part; each rank stores only its parts; sparse
+ * attention is refused with a message; a rank that hangs or exits makes the
+ * job stop with an error instead of hanging. Runs $ELLM_BIN (default build/ellm). */
+#include "harness.h"
+
+#include "attention/attention.h"
+#include "attention/kv_cache.h"
+#include "core/threadpool.h"
+#include "kernels/quant.h"
+
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static uint64_t rng = 88172645463325252ull;
+static float frand(void) {
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (float)((rng >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f;
+}
+
+/* One layer, n_kv KV heads, a cache of n tokens filled with random keys and
+ * values; for query batches at several positions, parts merged equal
+ * attention_forward bit for bit, whether computed all at once or in R
+ * interleaved subsets (part c in subset c mod R), on 1 or 2 threads. */
+static void test_parts_merge(void) {
+    const int n_kv = 2, group = 3, n_head = n_kv * group, hd = 64, n_ctx = 1300, max_q = 40;
+    ellm_error err;
+    kv_cache_params p = {.n_layer = 1, .n_kv_head = n_kv, .head_dim = hd, .n_ctx = n_ctx, .block_tokens = 16,
+                         .type = QTYPE_F16};
+    kv_cache *kv = NULL;
+    attention_workspace *ws = NULL;
+    threadpool *pool = NULL;
+    if (kv_cache_init(&p, &kv, &err) || attention_workspace_init(2, max_q, n_head, hd, n_ctx, 16, &ws, &err) ||
+        threadpool_init(2, 0, &pool, &err)) {
+        CHECK(0, "setup: %s", err.msg);
+        return;
+    }
+    float *k = malloc((size_t)n_ctx * n_kv * hd * sizeof(float));
+    float *v = malloc((size_t)n_ctx * n_kv * hd * sizeof(float));
+    float *q = malloc((size_t)max_q * n_head * hd * sizeof(float));
+    float *ref = malloc((size_t)max_q * n_head * hd * sizeof(float));
+    float *got = malloc((size_t)max_q * n_head * hd * sizeof(float));
+    for (size_t i = 0; i < (size_t)n_ctx * n_kv * hd; i++) {
+        k[i] = frand() * 2.0f;
+        v[i] = frand();
+    }
+    kv_cache_store(kv, 0, 0, n_ctx, k, v);
+    kv_cache_set_len(kv, n_ctx);
+    const int cases[][2] = {{1, 0}, {1, 511}, {1, 512}, {1, 1299}, {16, 500}, {40, 1000}, {37, 1200}, {5, 1030}};
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        const int n_q = cases[ci][0], pos0 = cases[ci][1];
+        for (size_t i = 0; i < (size_t)n_q * n_head * hd; i++) q[i] = frand();
+        attention_args a = {.kv = kv, .layer = 0, .n_q = n_q, .q_pos0 = pos0, .n_head = n_head, .q = q,
+                            .out = ref, .scale = 0.125f};
+        attention_forward(&a, ws, pool);
+        const int n_tiles = attention_n_tiles(&a);
+        const long n_rec = attention_part_first(&a, n_tiles);
+        float **recs = calloc((size_t)n_rec, sizeof *recs);
+        float **sub = calloc((size_t)n_rec, sizeof *sub);
+        for (int t = 0; t < n_tiles; t++)
+            for (int c = 0; c < attention_tile_parts(&a, t); c++)
+                recs[attention_part_first(&a, t) + c] = malloc(attention_part_floats(&a, t) * sizeof(float));
+        for (int R = 1; R <= 3; R++) {
+            for (int th = 0; th < 2; th++) {
+                for (int r = 0; r < R; r++) {
+                    for (int t = 0; t < n_tiles; t++)
+                        for (int c = 0; c < attention_tile_parts(&a, t); c++) {
+                            long i = attention_part_first(&a, t) + c;
+                            sub[i] = c % R == r ? recs[i] : NULL;
+                        }
+                    attention_forward_parts(&a, sub, ws, th ? pool : NULL);
+                }
+                memset(got, 0xff, (size_t)n_q * n_head * hd * sizeof(float));
+                attention_args b = a;
+                b.out = got;
+                attention_merge_parts(&b, (const float *const *)recs, th ? pool : NULL);
+                CHECK(!memcmp(got, ref, (size_t)n_q * n_head * hd * sizeof(float)),
+                      "n_q %d at %d: parts of %d subsets merged on %d threads differ from attention_forward", n_q,
+                      pos0, R, th + 1);
+            }
+        }
+        CHECK(n_rec == (long)n_tiles * ((pos0 + n_q + 511) / 512) || n_tiles > 1,
+              "one tile at %d+%d: %ld parts", pos0, n_q, n_rec);
+        for (long i = 0; i < n_rec; i++) free(recs[i]);
+        free(recs);
+        free(sub);
+    }
+    free(k);
+    free(v);
+    free(q);
+    free(ref);
+    free(got);
+    threadpool_free(pool);
+    attention_workspace_free(ws);
+    kv_cache_free(kv);
+}
+
+/* ---- under mpirun ---------------------------------------------------------- */
+
+static const char *bin(void) {
+    const char *b = getenv("ELLM_BIN");
+    return b && *b ? b : "build/ellm";
+}
+
+/* Runs a shell command with stdout+stderr into out; returns the exit status
+ * (-1 if killed by a signal). */
+static int sh(const char *cmd, char *out, size_t cap) {
+    char full[4096];
+    snprintf(full, sizeof full, "%s 2>&1", cmd);
+    FILE *p = popen(full, "r");
+    if (!p) return -2;
+    size_t n = fread(out, 1, cap - 1, p);
+    out[n] = 0;
+    int st = pclose(p);
+    if (WIFSIGNALED(st)) return -1;
+    return WEXITSTATUS(st);
+}
+
+/* libmpi keeps allocations until exit: no leak reports from it under ASan */
+#define MPIRUN "ASAN_OPTIONS=$ASAN_OPTIONS:detect_leaks=0 timeout 120 mpirun --oversubscribe --allow-run-as-root --bind-to none"
+
+static int have_mpirun(void) { return system("command -v mpirun >/dev/null 2>&1") == 0; }
+
+static int same_file(const char *a, const char *b) {
+    size_t na = 0, nb = 0;
+    char *x = test_read_file(a, &na), *y = test_read_file(b, &nb);
+    int same = x && y && na == nb && na > 0 && !memcmp(x, y, na);
+    free(x);
+    free(y);
+    return same;
+}
+
+static void test_mpi(void) {
+    if (!have_mpirun()) {
+        SKIP("mpirun not found: MPI sharding tests not run (tools/install-deps.sh installs openmpi-bin)");
+        return;
+    }
+    char model[512], ids[128], one[128], got[128], cmd[2048], out[16384];
+    snprintf(model, sizeof model, "%s/models/llama-gqa.gguf", test_data_dir());
+    snprintf(ids, sizeof ids, "/tmp/ellm_test_dist_ids.%d", (int)getpid());
+    snprintf(one, sizeof one, "/tmp/ellm_test_dist_one.%d", (int)getpid());
+    snprintf(got, sizeof got, "/tmp/ellm_test_dist_got.%d", (int)getpid());
+    FILE *f = fopen(ids, "w");
+    if (!f) {
+        CHECK(0, "cannot write %s", ids);
+        return;
+    }
+    for (int i = 0; i < 1100; i++) fprintf(f, "%d ", 1 + (int)((frand() + 1.0f) * 1000.0f) % 2000);
+    fclose(f);
+
+    /* one process, no MPI: the reference */
+    snprintf(cmd, sizeof cmd, "%s logits -m %s --ids %s -o %s -t 1", bin(), model, ids, one);
+    int rc = sh(cmd, out, sizeof out);
+    CHECK(rc == 0, "single process: exit %d: %s", rc, out);
+
+    /* R ranks: batches that straddle parts, then decode steps from 1000 on,
+     * which open part 2 (positions 1024..) on rank 2 mod R */
+    const struct {
+        int np, batch, decode_from, stores;
+    } runs[] = {{1, 1100, 1100, 1100}, {2, 100, 1000, 512 + 76}, {3, 64, 1000, 512}};
+    for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
+        remove(got);
+        snprintf(cmd, sizeof cmd, MPIRUN " -np %d %s logits --mpi -m %s --ids %s -o %s -t 1 -b %d --decode-from %d",
+                 runs[i].np, bin(), model, ids, got, runs[i].batch, runs[i].decode_from);
+        rc = sh(cmd, out, sizeof out);
+        CHECK(rc == 0, "%d ranks: exit %d: %s", runs[i].np, rc, out);
+        CHECK(same_file(one, got), "%d ranks: logits differ from one process's", runs[i].np);
+        char want[128];
+        snprintf(want, sizeof want, "mpi: %d ranks, rank 0 stores %d of 1100 positions", runs[i].np, runs[i].stores);
+        CHECK(strstr(out, want) != NULL, "%d ranks: want '%s' in: %s", runs[i].np, want, out);
+    }
+
+    /* sparse attention across ranks is refused with a message */
+    snprintf(cmd, sizeof cmd, MPIRUN " -np 2 %s run --mpi -m %s -p hello -n 4 -t 1 --sparse-topk 64", bin(), model);
+    rc = sh(cmd, out, sizeof out);
+    CHECK(rc != 0 && strstr(out, "not supported with the KV cache sharded"), "sparse with --mpi: exit %d: %s", rc,
+          out);
+
+    /* a rank that stops answering: the others give up after --mpi-timeout */
+    snprintf(cmd, sizeof cmd,
+             "ELLM_MPI_FAULT=hang,1,5 " MPIRUN " -np 2 %s logits --mpi --mpi-timeout 3 -m %s --ids %s -o %s -t 1 -b 100",
+             bin(), model, ids, got);
+    rc = sh(cmd, out, sizeof out);
+    CHECK(rc != 0 && rc != 124 && strstr(out, "no answer from the other ranks within 3 s"),
+          "hanging rank: exit %d: %s", rc, out);
+    /* a rank that exits: the job stops with a non-zero status, not a hang */
+    snprintf(cmd, sizeof cmd,
+             "ELLM_MPI_FAULT=exit,1,5 " MPIRUN " -np 2 %s logits --mpi --mpi-timeout 30 -m %s --ids %s -o %s -t 1 -b 100",
+             bin(), model, ids, got);
+    rc = sh(cmd, out, sizeof out);
+    CHECK(rc != 0 && rc != 124, "exiting rank: exit %d: %s", rc, out);
+    remove(ids);
+    remove(one);
+    remove(got);
+}
+
+int main(void) {
+    test_parts_merge();
+    test_mpi();
+    return test_finish();
+}
