@@ -203,6 +203,10 @@ int ellm_mpi_size(const ellm_mpi *mpi); /* 1 for NULL */
 ellm_status ellm_mpi_bcast(ellm_mpi *mpi, void *buf, size_t bytes, ellm_error *err);
 /* *all_ok = 1 if every rank passed ok != 0, else 0 (so ranks fail together). */
 ellm_status ellm_mpi_agree(ellm_mpi *mpi, int ok, int *all_ok, ellm_error *err);
+/* Times an all-gather of `bytes` from every rank (the exchange of one layer's
+ * attention partials, without the attention): the median over `reps` runs,
+ * in microseconds, into *median_us. Every rank calls it alike. */
+ellm_status ellm_mpi_time_allgather(ellm_mpi *mpi, size_t bytes, int reps, double *median_us, ellm_error *err);
 /* Stops every rank of the job with exit status `code` (after a failure that
  * leaves the other ranks waiting). */
 void ellm_mpi_abort(ellm_mpi *mpi, int code);

@@ -181,6 +181,15 @@ static void test_mpi(void) {
         CHECK(strstr(out, want) != NULL, "%d ranks: want '%s' in: %s", runs[i].np, want, out);
     }
 
+    /* bench --mpi: per-layer exchange figures of a sharded decode */
+    snprintf(cmd, sizeof cmd, MPIRUN " -np 2 %s bench --mpi -m %s --depths 0,600 -n 4 -t 1 --json", bin(), model);
+    rc = sh(cmd, out, sizeof out);
+    CHECK(rc == 0 && strstr(out, "\"ranks\": 2") && strstr(out, "\"depth\": 600") &&
+              strstr(out, "\"rank0_tokens\": 512"),
+          "bench --mpi: exit %d: %s", rc, out);
+    const char *bp = strstr(out, "\"bytes_per_step\": ");
+    CHECK(bp && atof(bp + 18) > 0, "bench --mpi: no bytes per step in: %s", out);
+
     /* sparse attention across ranks is refused with a message */
     snprintf(cmd, sizeof cmd, MPIRUN " -np 2 %s run --mpi -m %s -p hello -n 4 -t 1 --sparse-topk 64", bin(), model);
     rc = sh(cmd, out, sizeof out);

@@ -56,7 +56,9 @@ static void bench_usage(FILE *f) {
             "                          tokens/s = T(k) / (k x draft step + verify of k+1) at the best k\n"
             "  --spec-tokens-per-verify T  tokens per verify pass at --draft-max (from `ellm eval\n"
             "                          --spec` on real text; default 5); T(k) follows from it\n"
-            "  --json                  machine-readable output\n");
+            "  --json                  machine-readable output\n"
+            "  --mpi                   under mpirun: KV sharded over the ranks, exchange costs\n"
+            "                          (ellm bench --mpi --help)\n");
 }
 
 static int cmp_double(const void *a, const void *b) {
@@ -227,6 +229,8 @@ int cmd_bench(int argc, char **argv) {
     const char *spec = NULL;
     long spec_kmax = 8, spec_budget = 0;
     double spec_tpv_given = 5.0;
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--mpi")) return cmd_bench_mpi(argc, argv);
     for (int i = 1; i < argc && !bad; i++) {
         const char *v = NULL, *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {

@@ -8,6 +8,8 @@ int cmd_logits(int argc, char **argv);
 int cmd_synth(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
+/* `ellm bench --mpi` (cmd_bench_mpi.c): decode with the KV cache sharded over MPI ranks. */
+int cmd_bench_mpi(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
 int cmd_calibrate(int argc, char **argv);
 int cmd_probe(int argc, char **argv);

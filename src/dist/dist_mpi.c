@@ -115,6 +115,49 @@ ellm_status ellm_mpi_agree(ellm_mpi *mpi, int ok, int *all_ok, ellm_error *err) 
     return rc == MPI_SUCCESS ? ELLM_OK : collective_fail(mpi, rc, "agreement", err);
 }
 
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+ellm_status ellm_mpi_time_allgather(ellm_mpi *mpi, size_t bytes, int reps, double *median_us, ellm_error *err) {
+    const size_t n = (bytes + 3) / 4 ? (bytes + 3) / 4 : 1;
+    if (reps < 1 || n * (size_t)mpi->size > INT_MAX)
+        return ellm_fail(err, ELLM_ERR_ARG, "MPI: all-gather of %zu bytes x %d ranks, %d runs: out of range", bytes,
+                         mpi->size, reps);
+    float *buf = calloc(n * (size_t)mpi->size, sizeof(float));
+    double *us = malloc((size_t)reps * sizeof *us);
+    int *counts = malloc((size_t)mpi->size * sizeof(int)), *displs = malloc((size_t)mpi->size * sizeof(int));
+    ellm_status st = ELLM_OK;
+    if (!buf || !us || !counts || !displs) {
+        st = ellm_fail(err, ELLM_ERR_NOMEM, "MPI: out of memory");
+        goto out;
+    }
+    for (int r = 0; r < mpi->size; r++) {
+        counts[r] = (int)n;
+        displs[r] = (int)(n * (size_t)r);
+    }
+    for (int i = -1; i < reps; i++) { /* one untimed run first */
+        uint64_t t0 = ellm_time_ns();
+        MPI_Request req;
+        int rc = MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, counts, displs, MPI_FLOAT, mpi->comm, &req);
+        if (rc == MPI_SUCCESS) rc = wait_deadline(mpi, &req);
+        if (rc != MPI_SUCCESS) {
+            st = collective_fail(mpi, rc, "timed all-gather", err);
+            goto out;
+        }
+        if (i >= 0) us[i] = (double)(ellm_time_ns() - t0) / 1e3;
+    }
+    qsort(us, (size_t)reps, sizeof *us, cmp_double);
+    *median_us = us[reps / 2];
+out:
+    free(buf);
+    free(us);
+    free(counts);
+    free(displs);
+    return st;
+}
+
 void ellm_mpi_abort(ellm_mpi *mpi, int code) { MPI_Abort(mpi ? mpi->comm : MPI_COMM_WORLD, code); }
 
 void ellm_mpi_finalize(ellm_mpi *mpi) {
@@ -288,8 +331,10 @@ void dist_attention(dist_shard *sh, const attention_args *a, attention_workspace
     attention_merge_parts(a, sh->all, pool);
     uint64_t t3 = ellm_time_ns();
     sh->stats.exchanges++;
-    sh->stats.bytes_sent += (double)sh->counts[me] * sizeof(float);
-    sh->stats.bytes_recv += (double)(total - (size_t)sh->counts[me]) * sizeof(float);
+    if (R > 1) { /* one rank sends nothing */
+        sh->stats.bytes_sent += (double)sh->counts[me] * sizeof(float);
+        sh->stats.bytes_recv += (double)(total - (size_t)sh->counts[me]) * sizeof(float);
+    }
     sh->stats.compute_ms += (double)(t1 - t0) / 1e6;
     sh->stats.exchange_ms += (double)(t2 - t1) / 1e6;
     sh->stats.merge_ms += (double)(t3 - t2) / 1e6;

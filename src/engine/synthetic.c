@@ -46,7 +46,8 @@ ellm_status ellm_context_fill_synthetic(ellm_context *ctx, int n, uint64_t seed,
                 model_rope_cos_sin(ctx->model, p0 + t, ctx->rope_cs);
                 kern_rope(k, c->n_head_kv, hd, c->n_rot, ctx->rope_cs, c->rope_neox);
             }
-            kv_cache_store(ctx->kv, l, p0, m, ctx->k, ctx->v);
+            if (ctx->dist) dist_kv_store(ctx->dist, ctx->kv, l, p0, m, ctx->k, ctx->v); /* own parts only */
+            else kv_cache_store(ctx->kv, l, p0, m, ctx->k, ctx->v);
             if (ctx->sidx) sparse_index_append(ctx->sidx, l, p0, m, ctx->k);
         }
     }
