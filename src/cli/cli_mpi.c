@@ -20,11 +20,21 @@ ellm_mpi *cli_mpi_start(double timeout_s) {
     return mpi;
 }
 
-int cli_mpi_end(ellm_mpi *mpi, int rc) {
+int cli_mpi_setup_ok(ellm_mpi *mpi, int ok) {
+    ellm_error err = {0};
+    int all = 0;
+    if (ellm_mpi_agree(mpi, ok, &all, &err) != ELLM_OK) {
+        fprintf(stderr, "error: --mpi: %s\n", err.msg);
+        return 0;
+    }
+    return all;
+}
+
+int cli_mpi_end(ellm_mpi *mpi, int rc, int agreed) {
     if (!mpi) return rc;
     /* A rank that failed alone would leave the others waiting in a
      * collective: stop the whole job (mpirun reports the exit status). */
-    if (rc != 0 && ellm_mpi_size(mpi) > 1) {
+    if (rc != 0 && !agreed && ellm_mpi_size(mpi) > 1) {
         fflush(stdout);
         fflush(stderr);
         ellm_mpi_abort(mpi, rc);

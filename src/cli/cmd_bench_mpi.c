@@ -85,7 +85,7 @@ int cmd_bench_mpi(int argc, char **argv) {
     ellm_mpi *mpi = cli_mpi_start(timeout);
     if (!mpi) return 1;
 
-    int rc = 1;
+    int rc = 1, agreed = 0;
     ellm_error err = {0};
     ellm_model *model = NULL;
     ellm_context *ctx = NULL;
@@ -105,8 +105,10 @@ int cmd_bench_mpi(int argc, char **argv) {
     cp.kv_type = kv_f32 ? ELLM_KV_F32 : ELLM_KV_F16;
     cp.n_batch = 512;
     cp.mpi = mpi;
-    if (ellm_context_init(model, &cp, &ctx, &err) != ELLM_OK) {
-        fprintf(stderr, "error: %s\n", err.msg);
+    ellm_status cst = ellm_context_init(model, &cp, &ctx, &err);
+    if (cst != ELLM_OK) fprintf(stderr, "error: %s\n", err.msg);
+    if (!cli_mpi_setup_ok(mpi, cst == ELLM_OK)) {
+        agreed = 1;
         goto done;
     }
     ids = malloc((size_t)n_ctx * sizeof *ids);
@@ -197,5 +199,5 @@ done:
     free(step);
     ellm_context_free(ctx);
     ellm_model_free(model);
-    return cli_mpi_end(mpi, rc);
+    return cli_mpi_end(mpi, rc, agreed);
 }

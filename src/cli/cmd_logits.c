@@ -102,6 +102,7 @@ int cmd_logits(int argc, char **argv) {
     }
     int rc = 1;
     ellm_mpi *mpi = NULL;
+    int mpi_agreed = 0; /* every rank knows of the failure */
     if (use_mpi && !(mpi = cli_mpi_start(mpi_timeout))) {
         free(ids);
         return 1;
@@ -124,10 +125,13 @@ int cmd_logits(int argc, char **argv) {
     cp.kv_type = kv_f32 ? ELLM_KV_F32 : ELLM_KV_F16;
     cp.n_threads = (int)threads;
     cp.mpi = mpi;
-    if (ellm_context_init(model, &cp, &ctx, &err) != ELLM_OK) {
-        fprintf(stderr, "error: %s\n", err.msg);
+    ellm_status cst = ellm_context_init(model, &cp, &ctx, &err);
+    if (cst != ELLM_OK) fprintf(stderr, "error: %s\n", err.msg);
+    if (mpi && !cli_mpi_setup_ok(mpi, cst == ELLM_OK)) {
+        mpi_agreed = 1;
         goto done;
     }
+    if (cst != ELLM_OK) goto done;
     logits = malloc((size_t)n * (size_t)info.n_vocab * sizeof *logits);
     if (!logits) {
         fprintf(stderr, "error: out of memory for %d x %d logits\n", n, info.n_vocab);
@@ -168,5 +172,5 @@ done:
     free(ids);
     ellm_context_free(ctx);
     ellm_model_free(model);
-    return cli_mpi_end(mpi, rc);
+    return cli_mpi_end(mpi, rc, mpi_agreed);
 }

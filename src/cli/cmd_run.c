@@ -751,6 +751,7 @@ int cmd_run(int argc, char **argv) {
     if (!o.model) o.model = cli_default_model();
     if (!o.seed_given) o.sp.seed = ellm_time_ns() ^ ((uint64_t)getpid() << 32);
     ellm_mpi *mpi = NULL;
+    int mpi_agreed = 0; /* every rank knows of the failure */
     if (o.mpi) {
         if (o.chat) {
             fprintf(stderr, "error: --mpi does not take --chat (stdin reaches rank 0 only); use -p or -f\n");
@@ -761,7 +762,7 @@ int cmd_run(int argc, char **argv) {
         ellm_error e = {0};
         if (ellm_mpi_bcast(mpi, &o.sp.seed, sizeof o.sp.seed, &e) != ELLM_OK) {
             fprintf(stderr, "error: --mpi: %s\n", e.msg);
-            return cli_mpi_end(mpi, 1);
+            return cli_mpi_end(mpi, 1, 0);
         }
     }
 
@@ -769,7 +770,7 @@ int cmd_run(int argc, char **argv) {
     const char *prompt = o.prompt ? o.prompt : "";
     size_t prompt_len = strlen(prompt);
     if (o.prompt_file) {
-        if (!(file_prompt = cli_read_file(o.prompt_file, &prompt_len))) return cli_mpi_end(mpi, 1);
+        if (!(file_prompt = cli_read_file(o.prompt_file, &prompt_len))) return cli_mpi_end(mpi, 1, 0);
         prompt = file_prompt;
     } else if (!o.prompt && !o.chat && !o.system && !strcmp(o.model, cli_default_model())) {
         prompt = "import os\n\n\ndef main():\n";
@@ -847,7 +848,12 @@ int cmd_run(int argc, char **argv) {
         }
         cp.n_ctx = (int)need;
     }
-    if (!(g.ctx = run_context_init(model, &o, &cp))) goto done;
+    g.ctx = run_context_init(model, &o, &cp);
+    if (mpi && !cli_mpi_setup_ok(mpi, g.ctx != NULL)) {
+        mpi_agreed = 1;
+        goto done;
+    }
+    if (!g.ctx) goto done;
     int n_ctx = ellm_context_n_ctx(g.ctx);
     if (n_prompt > n_ctx || (need > n_ctx && !o.overflow)) {
         fprintf(stderr,
@@ -957,5 +963,5 @@ done:
     free(g.ids);
     free(file_prompt);
     ellm_free(rendered);
-    return cli_mpi_end(mpi, rc);
+    return cli_mpi_end(mpi, rc, mpi_agreed);
 }
