@@ -9,6 +9,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/wait.h>
 
 static int t_passed, t_failed;
 
@@ -63,6 +64,31 @@ static inline char *test_read_file(const char *path, size_t *size) {
         if (size) *size = (size_t)n;
     }
     return buf;
+}
+
+/* The ellm binary under test: $ELLM_BIN, default build/ellm. */
+static inline const char *test_ellm_bin(void) {
+    const char *b = getenv("ELLM_BIN");
+    return b && *b ? b : "build/ellm";
+}
+
+/* Runs `cmd` through the shell, capturing its stdout (and whatever the command
+ * itself redirects there) into out (cap bytes, NUL-terminated). Returns the
+ * exit status, -1 if the process died from a signal, -2 if it did not start. */
+static inline int test_shell(const char *cmd, char *out, size_t cap) {
+    FILE *p = popen(cmd, "r");
+    if (!p) return -2;
+    size_t n = fread(out, 1, cap - 1, p);
+    out[n] = 0;
+    int st = pclose(p);
+    return WIFSIGNALED(st) ? -1 : WEXITSTATUS(st);
+}
+
+/* `ellm args` with stdout and stderr into out; as test_shell. */
+static inline int test_ellm(const char *args, char *out, size_t cap) {
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "%s %s 2>&1", test_ellm_bin(), args);
+    return test_shell(cmd, out, cap);
 }
 
 #endif

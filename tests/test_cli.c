@@ -10,24 +10,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-static const char *bin(void) {
-    const char *b = getenv("ELLM_BIN");
-    return b && *b ? b : "build/ellm";
-}
-
 /* Runs `args` through the shell with stderr sent to `redir` ("2>&1": into the
  * output too), capturing stdout into out (cap bytes). Returns the exit
  * status, or -1 if the process died from a signal. */
 static int run_redir(const char *args, const char *redir, char *out, size_t cap) {
     char cmd[2048];
-    snprintf(cmd, sizeof cmd, "%s %s %s", bin(), args, redir);
-    FILE *p = popen(cmd, "r");
-    if (!p) return -2;
-    size_t n = fread(out, 1, cap - 1, p);
-    out[n] = 0;
-    int st = pclose(p);
-    if (WIFSIGNALED(st)) return -1;
-    return WEXITSTATUS(st);
+    snprintf(cmd, sizeof cmd, "%s %s %s", test_ellm_bin(), args, redir);
+    return test_shell(cmd, out, cap);
 }
 
 /* stdout and stderr of `ellm args` into out. */
@@ -155,11 +144,8 @@ static void test_chat(void) {
     CHECK(rc > 0 && strstr(a, "no-such-template"), "unknown template: %d %s", rc, a);
     /* interactive chat from stdin: two turns, then EOF ends the session */
     char cmd[1024];
-    snprintf(cmd, sizeof cmd, "printf 'hello\\nagain\\n' | %s run --chat --chat-template llama2 -n 6 --seed 3 -c 512 2>&1", bin());
-    FILE *p = popen(cmd, "r");
-    size_t n = p ? fread(a, 1, sizeof a - 1, p) : 0;
-    a[n] = 0;
-    int st = p ? pclose(p) : -1;
+    snprintf(cmd, sizeof cmd, "printf 'hello\\nagain\\n' | %s run --chat --chat-template llama2 -n 6 --seed 3 -c 512 2>&1", test_ellm_bin());
+    int st = test_shell(cmd, a, sizeof a);
     CHECK(st == 0, "interactive chat exit %d: %s", st, a);
     int lines = 0;
     for (char *c = a; *c; c++) lines += *c == '\n';

@@ -108,23 +108,11 @@ static void test_parts_merge(void) {
 
 /* ---- under mpirun ---------------------------------------------------------- */
 
-static const char *bin(void) {
-    const char *b = getenv("ELLM_BIN");
-    return b && *b ? b : "build/ellm";
-}
-
-/* Runs a shell command with stdout+stderr into out; returns the exit status
- * (-1 if killed by a signal). */
+/* `cmd` with stdout and stderr into out; as test_shell. */
 static int sh(const char *cmd, char *out, size_t cap) {
     char full[4096];
     snprintf(full, sizeof full, "%s 2>&1", cmd);
-    FILE *p = popen(full, "r");
-    if (!p) return -2;
-    size_t n = fread(out, 1, cap - 1, p);
-    out[n] = 0;
-    int st = pclose(p);
-    if (WIFSIGNALED(st)) return -1;
-    return WEXITSTATUS(st);
+    return test_shell(full, out, cap);
 }
 
 /* libmpi keeps allocations until exit: no leak reports from it under ASan */
@@ -160,7 +148,7 @@ static void test_mpi(void) {
     fclose(f);
 
     /* one process, no MPI: the reference */
-    snprintf(cmd, sizeof cmd, "%s logits -m %s --ids %s -o %s -t 1", bin(), model, ids, one);
+    snprintf(cmd, sizeof cmd, "%s logits -m %s --ids %s -o %s -t 1", test_ellm_bin(), model, ids, one);
     int rc = sh(cmd, out, sizeof out);
     CHECK(rc == 0, "single process: exit %d: %s", rc, out);
 
@@ -172,7 +160,7 @@ static void test_mpi(void) {
     for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
         remove(got);
         snprintf(cmd, sizeof cmd, MPIRUN " -np %d %s logits --mpi -m %s --ids %s -o %s -t 1 -b %d --decode-from %d",
-                 runs[i].np, bin(), model, ids, got, runs[i].batch, runs[i].decode_from);
+                 runs[i].np, test_ellm_bin(), model, ids, got, runs[i].batch, runs[i].decode_from);
         rc = sh(cmd, out, sizeof out);
         CHECK(rc == 0, "%d ranks: exit %d: %s", runs[i].np, rc, out);
         CHECK(same_file(one, got), "%d ranks: logits differ from one process's", runs[i].np);
@@ -182,7 +170,7 @@ static void test_mpi(void) {
     }
 
     /* bench --mpi: per-layer exchange figures of a sharded decode */
-    snprintf(cmd, sizeof cmd, MPIRUN " -np 2 %s bench --mpi -m %s --depths 0,600 -n 4 -t 1 --json", bin(), model);
+    snprintf(cmd, sizeof cmd, MPIRUN " -np 2 %s bench --mpi -m %s --depths 0,600 -n 4 -t 1 --json", test_ellm_bin(), model);
     rc = sh(cmd, out, sizeof out);
     CHECK(rc == 0 && strstr(out, "\"ranks\": 2") && strstr(out, "\"depth\": 600") &&
               strstr(out, "\"rank0_tokens\": 512"),
@@ -191,7 +179,7 @@ static void test_mpi(void) {
     CHECK(bp && atof(bp + 18) > 0, "bench --mpi: no bytes per step in: %s", out);
 
     /* sparse attention across ranks is refused with a message */
-    snprintf(cmd, sizeof cmd, MPIRUN " -np 2 %s run --mpi -m %s -p hello -n 4 -t 1 --sparse-topk 64", bin(), model);
+    snprintf(cmd, sizeof cmd, MPIRUN " -np 2 %s run --mpi -m %s -p hello -n 4 -t 1 --sparse-topk 64", test_ellm_bin(), model);
     rc = sh(cmd, out, sizeof out);
     CHECK(rc != 0 && strstr(out, "not supported with the KV cache sharded"), "sparse with --mpi: exit %d: %s", rc,
           out);
@@ -199,14 +187,14 @@ static void test_mpi(void) {
     /* a rank that stops answering: the others give up after --mpi-timeout */
     snprintf(cmd, sizeof cmd,
              "ELLM_MPI_FAULT=hang,1,5 " MPIRUN " -np 2 %s logits --mpi --mpi-timeout 3 -m %s --ids %s -o %s -t 1 -b 100",
-             bin(), model, ids, got);
+             test_ellm_bin(), model, ids, got);
     rc = sh(cmd, out, sizeof out);
     CHECK(rc != 0 && rc != 124 && strstr(out, "no answer from the other ranks within 3 s"),
           "hanging rank: exit %d: %s", rc, out);
     /* a rank that exits: the job stops with a non-zero status, not a hang */
     snprintf(cmd, sizeof cmd,
              "ELLM_MPI_FAULT=exit,1,5 " MPIRUN " -np 2 %s logits --mpi --mpi-timeout 30 -m %s --ids %s -o %s -t 1 -b 100",
-             bin(), model, ids, got);
+             test_ellm_bin(), model, ids, got);
     rc = sh(cmd, out, sizeof out);
     CHECK(rc != 0 && rc != 124, "exiting rank: exit %d: %s", rc, out);
     remove(ids);

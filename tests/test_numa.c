@@ -93,43 +93,27 @@ static void test_place_helpers(void) {
     place_free(p, bytes);
 }
 
-static const char *bin(void) {
-    const char *b = getenv("ELLM_BIN");
-    return b && *b ? b : "build/ellm";
-}
-
-static int run(const char *args, char *out, size_t cap) {
-    char cmd[1024];
-    snprintf(cmd, sizeof cmd, "%s %s 2>&1", bin(), args);
-    FILE *p = popen(cmd, "r");
-    if (!p) return -2;
-    size_t n = fread(out, 1, cap - 1, p);
-    out[n] = 0;
-    int st = pclose(p);
-    return WIFSIGNALED(st) ? -1 : WEXITSTATUS(st);
-}
-
 static void test_cli(void) {
     static char ref[16384], got[16384];
     const char *base = "run -n 32 --seed 5 --temp 0.7 -p 'def add(a, b):' --no-display-prompt";
     char args[512];
-    int rc = run(base, ref, sizeof ref);
+    int rc = test_ellm(base, ref, sizeof ref);
     CHECK(rc == 0 && strlen(ref) > 10, "ellm run: %d %s", rc, ref);
     static const char *const flags[] = {"--numa-aware", "--numa distribute", "--numa replicate", "--numa interleave",
                                         "--numa off", "--numa-aware --mlock"};
     for (int i = 0; i < 6; i++) {
         snprintf(args, sizeof args, "%s %s", base, flags[i]);
-        rc = run(args, got, sizeof got);
+        rc = test_ellm(args, got, sizeof got);
         CHECK(rc == 0 && !strcmp(got, ref), "%s changes the output:\n%s\n---\n%s", flags[i], ref, got);
     }
     snprintf(args, sizeof args, "%s --numa-aware --stats", base);
-    rc = run(args, got, sizeof got);
+    rc = test_ellm(args, got, sizeof got);
     CHECK(rc == 0 && strstr(got, "placement: ") && strstr(got, "numa distribute"), "--stats placement line: %s", got);
-    rc = run("run -n 4 --numa sideways", got, sizeof got);
+    rc = test_ellm("run -n 4 --numa sideways", got, sizeof got);
     CHECK(rc == 2 && strstr(got, "--numa") && strstr(got, "sideways"), "bad --numa: %d %s", rc, got);
-    rc = run("run -n 4 --numa", got, sizeof got);
+    rc = test_ellm("run -n 4 --numa", got, sizeof got);
     CHECK(rc == 2 && strstr(got, "--numa"), "--numa without a value: %d %s", rc, got);
-    rc = run("bench -n 4 --depths 0 --prefill 0 --bw-mb 16 --numa-aware --json", got, sizeof got);
+    rc = test_ellm("bench -n 4 --depths 0 --prefill 0 --bw-mb 16 --numa-aware --json", got, sizeof got);
     CHECK(rc == 0 && strstr(got, "\"points\""), "bench --numa-aware: %d %s", rc, got);
 }
 

@@ -428,22 +428,6 @@ static void test_measure(void) {
 
 /* ---- ellm probe --json --------------------------------------------------------- */
 
-static const char *bin(void) {
-    const char *b = getenv("ELLM_BIN");
-    return b && *b ? b : "build/ellm";
-}
-
-static int run(const char *args, char *out, size_t cap) {
-    char cmd[1024];
-    snprintf(cmd, sizeof cmd, "%s %s 2>&1", bin(), args);
-    FILE *p = popen(cmd, "r");
-    if (!p) return -2;
-    size_t n = fread(out, 1, cap - 1, p);
-    out[n] = 0;
-    int st = pclose(p);
-    return WIFSIGNALED(st) ? -1 : WEXITSTATUS(st);
-}
-
 /* The object's keys are exactly `keys` (NULL-terminated). */
 static int exact_keys(const cJSON *o, const char *const *keys) {
     int n = 0;
@@ -512,7 +496,7 @@ static void test_cli(void) {
     setenv("ELLM_PROBE_CACHE", cache, 1);
     cpu_set_t set;
     sched_getaffinity(0, sizeof set, &set);
-    int rc = run("probe --json --bw-mb 32", out, sizeof out);
+    int rc = test_ellm("probe --json --bw-mb 32", out, sizeof out);
     CHECK(rc == 0, "ellm probe --json failed (%d): %s", rc, out);
     if (rc == 0) check_probe_json(out, CPU_COUNT(&set), 0);
     /* restricted to one CPU, and channels from a stored table */
@@ -528,44 +512,37 @@ static void test_cli(void) {
     fclose(f);
     free(t);
     if (access("/usr/bin/taskset", X_OK) == 0) {
-        char args[256];
-        snprintf(args, sizeof args, "probe --json --bw-mb 32 --dmi %s", dmi);
         char cmd[512];
-        snprintf(cmd, sizeof cmd, "-c 0 %s %s", bin(), args);
-        char full[600];
-        snprintf(full, sizeof full, "taskset %s 2>&1", cmd);
-        FILE *p = popen(full, "r");
-        size_t n = p ? fread(out, 1, sizeof out - 1, p) : 0;
-        out[n] = 0;
-        int st = p ? pclose(p) : -1;
+        snprintf(cmd, sizeof cmd, "taskset -c 0 %s probe --json --bw-mb 32 --dmi %s 2>&1", test_ellm_bin(), dmi);
+        int st = test_shell(cmd, out, sizeof out);
         CHECK(st == 0, "taskset probe: %s", out);
         if (st == 0) check_probe_json(out, 1, 1);
     } else {
-        printf("SKIP: probe under taskset (no /usr/bin/taskset)\n");
+        SKIP("probe under taskset (no /usr/bin/taskset)");
     }
     char probe_dmi[128];
     snprintf(probe_dmi, sizeof probe_dmi, "probe --dmi %s --bw-mb 32", dmi);
-    rc = run(probe_dmi, out, sizeof out);
+    rc = test_ellm(probe_dmi, out, sizeof out);
     CHECK(rc == 0 && strstr(out, "4 of 8 channels populated") && strstr(out, "advice:") && strstr(out, "topology: ") &&
               strstr(out, "NUMA node"),
           "text probe: %s", out);
     remove(dmi);
     /* the probe keeps its all-node figure; run --stats and bench report against it */
     remove(cache);
-    rc = run("run -n 16 --seed 2 --stats", out, sizeof out);
+    rc = test_ellm("run -n 16 --seed 2 --stats", out, sizeof out);
     CHECK(rc == 0 && strstr(out, "bandwidth: ") && strstr(out, "measured now as ellm probe does"),
           "run --stats without a saved probe: %s", out);
-    rc = run("probe --bw-mb 32", out, sizeof out);
+    rc = test_ellm("probe --bw-mb 32", out, sizeof out);
     char *saved = test_read_file(cache, NULL);
     double gbps = 0;
     CHECK(rc == 0 && saved && sscanf(saved, "ellm-probe 1 physical_cores %*d all_read_gbps %lf", &gbps) == 1 && gbps > 0,
           "probe did not save its result: %s", saved ? saved : "(no file)");
     free(saved);
-    rc = run("run -n 16 --seed 2 --stats", out, sizeof out);
+    rc = test_ellm("run -n 16 --seed 2 --stats", out, sizeof out);
     char want[96];
     snprintf(want, sizeof want, "of the %.2f GB/s ellm probe measured", gbps);
     CHECK(rc == 0 && strstr(out, want), "run --stats: no '%s' in %s", want, out);
-    rc = run("bench -n 4 --depths 0 --prefill 0 --bw-mb 16 --json", out, sizeof out);
+    rc = test_ellm("bench -n 4 --depths 0 --prefill 0 --bw-mb 16 --json", out, sizeof out);
     cJSON *j = cJSON_Parse(out);
     const cJSON *pb = j ? cJSON_GetObjectItem(j, "probe_read_gbps") : NULL;
     const cJSON *pts = j ? cJSON_GetObjectItem(j, "points") : NULL;
@@ -578,9 +555,9 @@ static void test_cli(void) {
     unsetenv("ELLM_PROBE_CACHE");
     remove(cache);
 
-    rc = run("probe --bogus", out, sizeof out);
+    rc = test_ellm("probe --bogus", out, sizeof out);
     CHECK(rc == 2 && strstr(out, "--bogus"), "bad option: %d %s", rc, out);
-    rc = run("probe --bw-mb 1", out, sizeof out);
+    rc = test_ellm("probe --bw-mb 1", out, sizeof out);
     CHECK(rc == 2 && strstr(out, "--bw-mb"), "bad --bw-mb: %d %s", rc, out);
 }
 

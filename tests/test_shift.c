@@ -13,20 +13,11 @@
 #include <string.h>
 #include <sys/wait.h>
 
-static const char *bin(void) {
-    const char *b = getenv("ELLM_BIN");
-    return b && *b ? b : "build/ellm";
-}
-
+/* `cmd` with stdout and stderr into out; as test_shell. */
 static int sh(const char *cmd, char *out, size_t cap) {
     char full[4096];
     snprintf(full, sizeof full, "%s 2>&1", cmd);
-    FILE *p = popen(full, "r");
-    if (!p) return -2;
-    size_t n = fread(out, 1, cap - 1, p);
-    out[n] = 0;
-    int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    return test_shell(full, out, cap);
 }
 
 /* Largest |a - b| over n floats, and the largest |b|. */
@@ -127,7 +118,7 @@ static void test_shift_models(void) {
     for (int i = 0; i < 2; i++) {
         char cmd[1024], out[4096], path[256];
         snprintf(path, sizeof path, "/tmp/ellm_test_shift_%s.gguf", shapes[i]);
-        snprintf(cmd, sizeof cmd, "%s synth --shape %s --type f16 --seed 3 -o %s", bin(), shapes[i], path);
+        snprintf(cmd, sizeof cmd, "%s synth --shape %s --type f16 --seed 3 -o %s", test_ellm_bin(), shapes[i], path);
         int rc = sh(cmd, out, sizeof out);
         CHECK(rc == 0, "synth %s: %s", shapes[i], out);
         ellm_model *m = NULL;
@@ -179,18 +170,18 @@ static void test_cli(void) {
     static char out[65536];
     char cmd[1024];
     /* stop: ends at the context with a message, having generated what fit */
-    snprintf(cmd, sizeof cmd, "%s run -c 96 -n 400 --temp 0 -t 2 -p 'import os' --ctx-overflow stop --stats", bin());
+    snprintf(cmd, sizeof cmd, "%s run -c 96 -n 400 --temp 0 -t 2 -p 'import os' --ctx-overflow stop --stats", test_ellm_bin());
     int rc = sh(cmd, out, sizeof out);
     CHECK(rc == 0 && strstr(out, "context full: 96 tokens held"), "stop: %d %s", rc, out);
     /* without the flag the run is refused up front */
-    snprintf(cmd, sizeof cmd, "%s run -c 96 -n 400 -p 'import os'", bin());
+    snprintf(cmd, sizeof cmd, "%s run -c 96 -n 400 -p 'import os'", test_ellm_bin());
     rc = sh(cmd, out, sizeof out);
     CHECK(rc != 0 && strstr(out, "--ctx-overflow"), "refused: %d %s", rc, out);
     /* shift: goes on past the context, dense and sparse */
     const char *modes[] = {"", "--sparse-topk 48"};
     for (int i = 0; i < 2; i++) {
         snprintf(cmd, sizeof cmd, "%s run -c 96 -n 400 --seed 2 -t 2 -p 'import os' --ctx-overflow shift --keep 4 %s --stats",
-                 bin(), modes[i]);
+                 test_ellm_bin(), modes[i]);
         rc = sh(cmd, out, sizeof out);
         const char *dec = strstr(out, "decode: ");
         int n_dec = dec ? atoi(dec + 8) : -1;
@@ -203,12 +194,12 @@ static void test_cli(void) {
     }
     /* save/resume across shifts continues exactly */
     static char want[65536], got[65536];
-    snprintf(cmd, sizeof cmd, "%s run -c 96 -n 300 --seed 9 -t 2 -p 'def f(x):' --ctx-overflow shift 2>/dev/null", bin());
+    snprintf(cmd, sizeof cmd, "%s run -c 96 -n 300 --seed 9 -t 2 -p 'def f(x):' --ctx-overflow shift 2>/dev/null", test_ellm_bin());
     rc = sh(cmd, want, sizeof want);
     snprintf(cmd, sizeof cmd,
              "%s run -c 96 -n 300 --seed 9 -t 2 -p 'def f(x):' --ctx-overflow shift --save-state /tmp/ellm_test_shift.state "
              "--save-every 170 >/dev/null 2>&1 && %s run --resume /tmp/ellm_test_shift.state 2>/dev/null",
-             bin(), bin());
+             test_ellm_bin(), test_ellm_bin());
     int rc2 = sh(cmd, got, sizeof got);
     CHECK(rc == 0 && rc2 == 0 && !strcmp(want, got), "resume after shifts differs (%d %d)\n%s\n---\n%s", rc, rc2, want,
           got);

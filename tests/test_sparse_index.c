@@ -770,7 +770,7 @@ static void test_evalmodel(void) {
     snprintf(path, sizeof path, "%s/heldout-sample.txt", test_data_dir());
     size_t tlen = 0;
     char *text = test_read_file(path, &tlen);
-    ellm_model_params mp = {1, 0};
+    ellm_model_params mp = {.n_threads = 1, .pin_threads = 0};
     ellm_model *m = NULL;
     ellm_error err;
     if (!text || ellm_model_load("models/evalmodel.gguf", &mp, &m, &err) != ELLM_OK) {

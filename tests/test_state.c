@@ -16,11 +16,6 @@
 #include <time.h>
 #include <unistd.h>
 
-static const char *bin(void) {
-    const char *b = getenv("ELLM_BIN");
-    return b && *b ? b : "build/ellm";
-}
-
 static void test_crc(void) {
     CHECK(crc32c_update(0, "123456789", 9) == 0xE3069283u, "crc32c check value %08x",
           crc32c_update(0, "123456789", 9));
@@ -232,12 +227,7 @@ static void test_engine(void) {
 static int sh(const char *cmd, char *out, size_t cap, int both) {
     char full[4096];
     snprintf(full, sizeof full, "%s%s", cmd, both ? " 2>&1" : " 2>/dev/null");
-    FILE *p = popen(full, "r");
-    if (!p) return -2;
-    size_t n = fread(out, 1, cap - 1, p);
-    out[n] = 0;
-    int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    return test_shell(full, out, cap);
 }
 
 /* Starts `ellm run ARGS --save-state state` with stdout to /dev/null; once the
@@ -247,7 +237,7 @@ static int run_and_kill(const char *args, const char *state, int delay_ms, unsig
     pid_t pid = fork();
     if (pid == 0) {
         char cmd[2048];
-        snprintf(cmd, sizeof cmd, "exec %s run %s --save-state %s >/dev/null 2>&1", bin(), args, state);
+        snprintf(cmd, sizeof cmd, "exec %s run %s --save-state %s >/dev/null 2>&1", test_ellm_bin(), args, state);
         execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
         _exit(127);
     }
@@ -278,12 +268,12 @@ static void test_kill_resume(void) {
     for (size_t c = 0; c < sizeof configs / sizeof *configs; c++) {
         char cmd[2048];
         /* the uninterrupted run saves too (saving must not change the output) */
-        snprintf(cmd, sizeof cmd, "%s run %s --save-state %s.ref", bin(), configs[c], state);
+        snprintf(cmd, sizeof cmd, "%s run %s --save-state %s.ref", test_ellm_bin(), configs[c], state);
         int rc = sh(cmd, want, sizeof want, 0);
         CHECK(rc == 0 && strlen(want) > 100, "uninterrupted run %zu: %d", c, rc);
         for (int t = 0; t < 2; t++) {
             killed += run_and_kill(configs[c], state, 400, &seed);
-            snprintf(cmd, sizeof cmd, "%s run --resume %s", bin(), state);
+            snprintf(cmd, sizeof cmd, "%s run --resume %s", test_ellm_bin(), state);
             rc = sh(cmd, got, sizeof got, 0);
             trials++;
             identical += rc == 0 && !strcmp(want, got);
@@ -298,16 +288,16 @@ static void test_kill_resume(void) {
     char out[4096];
     char cmd[2048];
     run_and_kill("-n 60 --temp 0 -t 2 -p 'x = 1' --save-every 5", state, 0, &seed);
-    snprintf(cmd, sizeof cmd, "%s run --resume %s --top-k 3", bin(), state);
+    snprintf(cmd, sizeof cmd, "%s run --resume %s --top-k 3", test_ellm_bin(), state);
     CHECK(sh(cmd, out, sizeof out, 1) != 0 && strstr(out, "--top-k cannot be given with --resume"), "%s", out);
-    snprintf(cmd, sizeof cmd, "%s run --resume %s -n 1", bin(), state);
+    snprintf(cmd, sizeof cmd, "%s run --resume %s -n 1", test_ellm_bin(), state);
     CHECK(sh(cmd, out, sizeof out, 1) != 0 && strstr(out, "already generated"), "%s", out);
     CHECK(file_copy("models/evalmodel.gguf", "/tmp/ellm_test_run_model.gguf", (size_t)-1), "copy model");
     snprintf(cmd, sizeof cmd, "%s run -m /tmp/ellm_test_run_model.gguf -n 40 --temp 0 -t 2 -p 'x' --save-state %s --save-every 8",
-             bin(), state);
+             test_ellm_bin(), state);
     CHECK(sh(cmd, out, sizeof out, 0) == 0, "run with a copied model");
     CHECK(file_copy("tests/data/models/llama-gqa.gguf", "/tmp/ellm_test_run_model.gguf", (size_t)-1), "replace model");
-    snprintf(cmd, sizeof cmd, "%s run --resume %s", bin(), state);
+    snprintf(cmd, sizeof cmd, "%s run --resume %s", test_ellm_bin(), state);
     CHECK(sh(cmd, out, sizeof out, 1) != 0 && strstr(out, "another model"), "resume on another model: %s", out);
     remove("/tmp/ellm_test_run_model.gguf");
     remove(state);
