@@ -201,6 +201,26 @@ static double time_batch(ellm_context *ctx, const int32_t *ids, int d, int n, in
     return t[reps / 2];
 }
 
+/* Times verify passes of k + 1 tokens at depth d for k = 1..kmax with the
+ * context's current attention mode and fills p with the draft length that
+ * gives the most tokens/s for a draft step of p->draft_ms and a per-token
+ * acceptance a. Returns 0, or -1 if a pass failed. */
+static int best_draft_length(ellm_context *ctx, const int32_t *ids, int d, int kmax, double a, spec_point *p) {
+    p->tokens_per_s = 0;
+    for (int k = 1; k <= kmax; k++) {
+        double v = time_batch(ctx, ids, d, k + 1, 3), tpv = spec_tpv(a, k);
+        if (v < 0) return -1;
+        double tps = tpv / ((k * p->draft_ms + v) / 1000.0);
+        if (tps > p->tokens_per_s) {
+            p->tokens_per_s = tps;
+            p->k = k;
+            p->tpv = tpv;
+            p->verify_ms = v;
+        }
+    }
+    return 0;
+}
+
 /* Median time of 8 single-token steps at depth d with the context's current
  * sparse budget (a model drafter's draft step); the cache is truncated back. */
 static double time_draft_step(ellm_context *ctx, const int32_t *ids, int d) {
@@ -433,38 +453,14 @@ int cmd_bench(int argc, char **argv) {
             memset(&specd[i], 0, sizeof specd[i]);
             specd[i].draft_ms = draft_ms;
             /* re-pick k with the draft cost */
-            {
-                double a = spec_accept(spec_tpv_given, (int)spec_kmax);
-                specd[i].tokens_per_s = 0;
-                for (int k = 1; k <= spec_kmax; k++) {
-                    double v = time_batch(ctx, ids, d, k + 1, 3), tpv = spec_tpv(a, k);
-                    if (v < 0) goto spec_fail;
-                    double tps = tpv / ((k * draft_ms + v) / 1000.0);
-                    if (tps > specd[i].tokens_per_s) {
-                        specd[i].tokens_per_s = tps;
-                        specd[i].k = k;
-                        specd[i].tpv = tpv;
-                        specd[i].verify_ms = v;
-                    }
-                }
-            }
+            double a = spec_accept(spec_tpv_given, (int)spec_kmax);
+            if (best_draft_length(ctx, ids, d, (int)spec_kmax, a, &specd[i]) < 0) goto spec_fail;
             if (sparse_topk > 0) {
                 ellm_context_set_sparse(ctx, (int)sparse_topk, NULL);
-                double a = spec_accept(spec_tpv_given, (int)spec_kmax);
                 specs[i] = specd[i];
-                specs[i].tokens_per_s = 0;
-                for (int k = 1; k <= spec_kmax; k++) {
-                    double v = time_batch(ctx, ids, d, k + 1, 3), tpv = spec_tpv(a, k);
-                    if (v < 0) goto spec_fail;
-                    double tps = tpv / ((k * draft_ms + v) / 1000.0);
-                    if (tps > specs[i].tokens_per_s) {
-                        specs[i].tokens_per_s = tps;
-                        specs[i].k = k;
-                        specs[i].tpv = tpv;
-                        specs[i].verify_ms = v;
-                    }
-                }
+                int failed = best_draft_length(ctx, ids, d, (int)spec_kmax, a, &specs[i]);
                 ellm_context_set_sparse(ctx, 0, NULL);
+                if (failed < 0) goto spec_fail;
             }
             continue;
         spec_fail:
