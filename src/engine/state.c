@@ -18,6 +18,7 @@
  * summaries the saving context had (they are a function of the stored keys).
  * Every section is checked (length against the file, CRC) before its bytes
  * are used, so a truncated or corrupted file is an error naming what is wrong. */
+#include "core/bytebuf.h"
 #include "core/crc32c.h"
 #include "core/file_atomic.h"
 #include "core/status.h"
@@ -43,66 +44,6 @@
 #define TAG_KV TAG('K', 'V', 'C', 'B')
 /* The caller's section is small settings and token lists, not gigabytes. */
 #define STATE_MAX_APP_BYTES ((uint64_t)1 << 32)
-
-/* ---- little-endian byte buffers ----------------------------------------- */
-
-typedef struct {
-    unsigned char *p;
-    size_t n, cap;
-    int oom;
-} wbuf;
-
-static void put(wbuf *b, const void *data, size_t n) {
-    if (b->oom) return;
-    if (b->n + n > b->cap) {
-        size_t cap = b->cap ? 2 * b->cap : 256;
-        while (cap < b->n + n) cap *= 2;
-        unsigned char *p = realloc(b->p, cap);
-        if (!p) {
-            b->oom = 1;
-            return;
-        }
-        b->p = p;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->n, data, n);
-    b->n += n;
-}
-/* x86 is little-endian, the file's order, so values are copied as they are. */
-static void put_u32(wbuf *b, uint32_t x) { put(b, &x, 4); }
-static void put_u64(wbuf *b, uint64_t x) { put(b, &x, 8); }
-static void put_f64(wbuf *b, double x) { put(b, &x, 8); }
-
-typedef struct {
-    const unsigned char *p;
-    size_t n, off;
-    int bad; /* read past the end */
-} rbuf;
-
-static void get(rbuf *b, void *out, size_t n) {
-    if (b->bad || n > b->n - b->off) {
-        b->bad = 1;
-        memset(out, 0, n);
-        return;
-    }
-    memcpy(out, b->p + b->off, n);
-    b->off += n;
-}
-static uint32_t get_u32(rbuf *b) {
-    uint32_t x;
-    get(b, &x, 4);
-    return x;
-}
-static uint64_t get_u64(rbuf *b) {
-    uint64_t x;
-    get(b, &x, 8);
-    return x;
-}
-static double get_f64(rbuf *b) {
-    double x;
-    get(b, &x, 8);
-    return x;
-}
 
 /* ---- model identity ------------------------------------------------------ */
 
@@ -145,26 +86,26 @@ static void identity_of(const ellm_model *m, model_identity *id) {
     snprintf(id->arch, sizeof id->arch, "%s", m->cfg.arch_name);
 }
 
-static void put_identity(wbuf *b, const model_identity *id) {
-    put_u64(b, id->file_bytes);
-    put_u64(b, id->hash);
-    put_u32(b, id->n_layer);
-    put_u32(b, id->n_kv_head);
-    put_u32(b, id->head_dim);
-    put_u32(b, id->n_vocab);
-    put_u32(b, id->n_embd);
-    put(b, id->arch, sizeof id->arch);
+static void put_identity(bb_writer *b, const model_identity *id) {
+    bb_put_u64(b, id->file_bytes);
+    bb_put_u64(b, id->hash);
+    bb_put_u32(b, id->n_layer);
+    bb_put_u32(b, id->n_kv_head);
+    bb_put_u32(b, id->head_dim);
+    bb_put_u32(b, id->n_vocab);
+    bb_put_u32(b, id->n_embd);
+    bb_put(b, id->arch, sizeof id->arch);
 }
 
-static void get_identity(rbuf *b, model_identity *id) {
-    id->file_bytes = get_u64(b);
-    id->hash = get_u64(b);
-    id->n_layer = get_u32(b);
-    id->n_kv_head = get_u32(b);
-    id->head_dim = get_u32(b);
-    id->n_vocab = get_u32(b);
-    id->n_embd = get_u32(b);
-    get(b, id->arch, sizeof id->arch);
+static void get_identity(bb_reader *b, model_identity *id) {
+    id->file_bytes = bb_get_u64(b);
+    id->hash = bb_get_u64(b);
+    id->n_layer = bb_get_u32(b);
+    id->n_kv_head = bb_get_u32(b);
+    id->head_dim = bb_get_u32(b);
+    id->n_vocab = bb_get_u32(b);
+    id->n_embd = bb_get_u32(b);
+    bb_get(b, id->arch, sizeof id->arch);
     id->arch[sizeof id->arch - 1] = 0;
 }
 
@@ -186,34 +127,34 @@ static void write_section(file_atomic *af, uint32_t tag, const void *data, size_
     file_atomic_write(af, &crc, 4);
 }
 
-static void put_stats(wbuf *b, const struct ellm_context *ctx) {
+static void put_stats(bb_writer *b, const struct ellm_context *ctx) {
     const ellm_context_stats *s = &ctx->stats;
-    put_u64(b, (uint64_t)s->decode_steps);
-    put_u64(b, (uint64_t)s->sparse_steps);
-    put_f64(b, s->select_ms);
-    put_u64(b, (uint64_t)s->recall_samples);
-    put_f64(b, s->sparse_recall);
-    put_u64(b, (uint64_t)ctx->n_sparse_heads);
-    put_f64(b, ctx->attended_sum);
+    bb_put_u64(b, (uint64_t)s->decode_steps);
+    bb_put_u64(b, (uint64_t)s->sparse_steps);
+    bb_put_f64(b, s->select_ms);
+    bb_put_u64(b, (uint64_t)s->recall_samples);
+    bb_put_f64(b, s->sparse_recall);
+    bb_put_u64(b, (uint64_t)ctx->n_sparse_heads);
+    bb_put_f64(b, ctx->attended_sum);
     const sparse_select_stats *x = &ctx->sel_stats;
     const int64_t v[8] = {x->calls, x->scored_calls, x->superblocks_scored, x->blocks_scored,
                           x->superblocks_expanded, x->bytes_read, x->flat_bytes, x->exact_calls};
-    for (int i = 0; i < 8; i++) put_u64(b, (uint64_t)v[i]);
+    for (int i = 0; i < 8; i++) bb_put_u64(b, (uint64_t)v[i]);
 }
 
-static void get_stats(rbuf *b, struct ellm_context *ctx) {
+static void get_stats(bb_reader *b, struct ellm_context *ctx) {
     ellm_context_stats *s = &ctx->stats;
-    s->decode_steps = (int64_t)get_u64(b);
-    s->sparse_steps = (int64_t)get_u64(b);
-    s->select_ms = get_f64(b);
-    s->recall_samples = (int64_t)get_u64(b);
-    s->sparse_recall = get_f64(b);
-    ctx->n_sparse_heads = (int64_t)get_u64(b);
-    ctx->attended_sum = get_f64(b);
+    s->decode_steps = (int64_t)bb_get_u64(b);
+    s->sparse_steps = (int64_t)bb_get_u64(b);
+    s->select_ms = bb_get_f64(b);
+    s->recall_samples = (int64_t)bb_get_u64(b);
+    s->sparse_recall = bb_get_f64(b);
+    ctx->n_sparse_heads = (int64_t)bb_get_u64(b);
+    ctx->attended_sum = bb_get_f64(b);
     sparse_select_stats *x = &ctx->sel_stats;
     int64_t *v[8] = {&x->calls, &x->scored_calls, &x->superblocks_scored, &x->blocks_scored,
                      &x->superblocks_expanded, &x->bytes_read, &x->flat_bytes, &x->exact_calls};
-    for (int i = 0; i < 8; i++) *v[i] = (int64_t)get_u64(b);
+    for (int i = 0; i < 8; i++) *v[i] = (int64_t)bb_get_u64(b);
 }
 
 ellm_status ellm_context_state_save(const ellm_context *ctx, const char *path, const void *app,
@@ -230,32 +171,32 @@ ellm_status ellm_context_state_save(const ellm_context *ctx, const char *path, c
 
     model_identity id;
     identity_of(ctx->model, &id);
-    wbuf mb = {0}, cb = {0}, sb = {0}, kb = {0};
+    bb_writer mb = {0}, cb = {0}, sb = {0}, kb = {0};
     put_identity(&mb, &id);
 
-    put_u32(&cb, (uint32_t)ctx->n_ctx);
-    put_u32(&cb, (uint32_t)kp->type);
-    put_u32(&cb, (uint32_t)bt);
-    put_u32(&cb, (uint32_t)pos);
-    put_u32(&cb, (uint32_t)ctx->has_logits);
-    put_u32(&cb, ctx->sidx != NULL);
+    bb_put_u32(&cb, (uint32_t)ctx->n_ctx);
+    bb_put_u32(&cb, (uint32_t)kp->type);
+    bb_put_u32(&cb, (uint32_t)bt);
+    bb_put_u32(&cb, (uint32_t)pos);
+    bb_put_u32(&cb, (uint32_t)ctx->has_logits);
+    bb_put_u32(&cb, ctx->sidx != NULL);
     put_stats(&cb, ctx);
 
     if (ctx->sidx) {
-        put_u32(&sb, (uint32_t)ctx->sparse_topk);
-        put_u32(&sb, (uint32_t)ctx->params.sparse_adapt);
-        put_u32(&sb, (uint32_t)nlh);
-        put(&sb, ctx->head_weight, nlh * sizeof(float));
-        put(&sb, ctx->recall_ema, nlh * sizeof(float));
-        put(&sb, ctx->gain_ema, nlh * sizeof(float));
-        put(&sb, ctx->layer_dense, (size_t)c->n_layer);
+        bb_put_u32(&sb, (uint32_t)ctx->sparse_topk);
+        bb_put_u32(&sb, (uint32_t)ctx->params.sparse_adapt);
+        bb_put_u32(&sb, (uint32_t)nlh);
+        bb_put(&sb, ctx->head_weight, nlh * sizeof(float));
+        bb_put(&sb, ctx->recall_ema, nlh * sizeof(float));
+        bb_put(&sb, ctx->gain_ema, nlh * sizeof(float));
+        bb_put(&sb, ctx->layer_dense, (size_t)c->n_layer);
     }
 
-    put_u32(&kb, (uint32_t)c->n_layer);
-    put_u32(&kb, (uint32_t)c->n_head_kv);
-    put_u32(&kb, (uint32_t)nb);
-    put_u32(&kb, 0);
-    put_u64(&kb, (uint64_t)block_bytes);
+    bb_put_u32(&kb, (uint32_t)c->n_layer);
+    bb_put_u32(&kb, (uint32_t)c->n_head_kv);
+    bb_put_u32(&kb, (uint32_t)nb);
+    bb_put_u32(&kb, 0);
+    bb_put_u64(&kb, (uint64_t)block_bytes);
     const uint64_t kv_len = (uint64_t)kb.n + (uint64_t)nlh * (uint64_t)nb * block_bytes;
 
     ellm_status st = ELLM_OK;
@@ -478,7 +419,7 @@ ellm_status ellm_context_state_load(ellm_context *ctx, const char *path, ellm_er
     if ((st = read_section(&r, TAG_MODEL, &md, &len, err))) goto out;
     model_identity have, want;
     identity_of(ctx->model, &have);
-    rbuf mb = {md, (size_t)len, 0, 0};
+    bb_reader mb = {md, (size_t)len, 0, 0};
     get_identity(&mb, &want);
     if (mb.bad) {
         st = ellm_fail(err, ELLM_ERR_FORMAT, "state file '%s': model section too short", path);
@@ -503,9 +444,9 @@ ellm_status ellm_context_state_load(ellm_context *ctx, const char *path, ellm_er
     }
 
     if ((st = read_section(&r, TAG_CTX, &cd, &len, err))) goto out;
-    rbuf cb = {cd, (size_t)len, 0, 0};
-    const uint32_t n_ctx = get_u32(&cb), kv_type = get_u32(&cb), bt = get_u32(&cb), pos = get_u32(&cb);
-    const uint32_t has_logits = get_u32(&cb), has_sparse = get_u32(&cb);
+    bb_reader cb = {cd, (size_t)len, 0, 0};
+    const uint32_t n_ctx = bb_get_u32(&cb), kv_type = bb_get_u32(&cb), bt = bb_get_u32(&cb), pos = bb_get_u32(&cb);
+    const uint32_t has_logits = bb_get_u32(&cb), has_sparse = bb_get_u32(&cb);
     struct ellm_context saved_counters;
     memset(&saved_counters, 0, sizeof saved_counters);
     get_stats(&cb, &saved_counters);
@@ -540,8 +481,8 @@ ellm_status ellm_context_state_load(ellm_context *ctx, const char *path, ellm_er
     }
     if (has_sparse) {
         if ((st = read_section(&r, TAG_SPARSE, &sd, &len, err))) goto out;
-        rbuf sb = {sd, (size_t)len, 0, 0};
-        uint32_t topk = get_u32(&sb), adapt = get_u32(&sb), n = get_u32(&sb);
+        bb_reader sb = {sd, (size_t)len, 0, 0};
+        uint32_t topk = bb_get_u32(&sb), adapt = bb_get_u32(&sb), n = bb_get_u32(&sb);
         if (sb.bad || n != nlh || len != 12 + 3 * nlh * sizeof(float) + (size_t)c->n_layer) {
             st = ellm_fail(err, ELLM_ERR_FORMAT, "state file '%s': sparse section does not match the model", path);
             goto out;
@@ -557,8 +498,8 @@ ellm_status ellm_context_state_load(ellm_context *ctx, const char *path, ellm_er
             st = ellm_fail(err, ELLM_ERR_NOMEM, "state load: out of memory");
             goto out;
         }
-        get(&sb, sparse_f, 3 * nlh * sizeof(float));
-        get(&sb, sparse_dense, (size_t)c->n_layer);
+        bb_get(&sb, sparse_f, 3 * nlh * sizeof(float));
+        bb_get(&sb, sparse_dense, (size_t)c->n_layer);
         for (int l = 0; l < c->n_layer; l++)
             if (sparse_dense[l] > 1) {
                 st = ellm_fail(err, ELLM_ERR_FORMAT, "state file '%s': bad dense-layer flag", path);
@@ -580,10 +521,10 @@ ellm_status ellm_context_state_load(ellm_context *ctx, const char *path, ellm_er
     unsigned char kh[24];
     if ((st = read_exact(&r, kh, sizeof kh, "the KV section", err))) goto out;
     crc = crc32c_update(crc, kh, sizeof kh);
-    rbuf kb = {kh, sizeof kh, 0, 0};
-    const uint32_t kl = get_u32(&kb), kn = get_u32(&kb), nb = get_u32(&kb);
-    (void)get_u32(&kb);
-    const uint64_t block_bytes = get_u64(&kb);
+    bb_reader kb = {kh, sizeof kh, 0, 0};
+    const uint32_t kl = bb_get_u32(&kb), kn = bb_get_u32(&kb), nb = bb_get_u32(&kb);
+    (void)bb_get_u32(&kb);
+    const uint64_t block_bytes = bb_get_u64(&kb);
     if (kl != (uint32_t)c->n_layer || kn != (uint32_t)c->n_head_kv || block_bytes != kv_cache_block_bytes(ctx->kv) ||
         nb != (pos + bt - 1) / bt || len != sizeof kh + (uint64_t)nlh * nb * block_bytes) {
         st = ellm_fail(err, ELLM_ERR_FORMAT, "state file '%s': the KV section does not match its context section", path);
