@@ -3,6 +3,7 @@
  * speed, and a projection of a long generation's end-to-end time. */
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "core/median.h"
 #include "core/timer.h"
 #include "topology/probe.h"
 #include "ellm.h"
@@ -61,11 +62,6 @@ static void bench_usage(FILE *f) {
             "                          (ellm bench --mpi --help)\n");
 }
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 /* Step latency at depth d from the measured points: piecewise linear, extended
  * linearly past the last point (decode cost grows linearly with depth). */
 static double latency_at(const bench_point *p, int n, double d) {
@@ -78,12 +74,9 @@ static double latency_at(const bench_point *p, int n, double d) {
     return y > 0 ? y : y0;
 }
 
-/* Times n single-token steps from the current position; fills the median and
- * min step time. Returns 0 on error (message printed). */
 /* Median and minimum of n step times (sorted in place) into p. */
 static void set_latency(bench_point *p, double *step_ms, int n) {
-    qsort(step_ms, (size_t)n, sizeof *step_ms, cmp_double);
-    p->ms_median = step_ms[n / 2];
+    p->ms_median = median_sort(step_ms, n);
     p->ms_min = step_ms[0];
     p->tokens_per_s = 1000.0 / p->ms_median;
 }
@@ -142,8 +135,7 @@ static int time_interleaved(ellm_context *ctx, ellm_context *ctx0, const int32_t
         done += k;
     }
     set_latency(p, step_ms, n);
-    qsort(base_ms, (size_t)n, sizeof *base_ms, cmp_double);
-    p->vs_empty = base_ms[n / 2] / p->ms_median;
+    p->vs_empty = median_sort(base_ms, n) / p->ms_median;
     return 1;
 fail:
     fprintf(stderr, "error: %s\n", err.msg);
@@ -197,8 +189,7 @@ static double time_batch(ellm_context *ctx, const int32_t *ids, int d, int n, in
         t[r] = ellm_time_ms() - t0;
     }
     ellm_context_truncate(ctx, d);
-    qsort(t, (size_t)reps, sizeof *t, cmp_double);
-    return t[reps / 2];
+    return median_sort(t, reps);
 }
 
 /* Times verify passes of k + 1 tokens at depth d for k = 1..kmax with the
@@ -234,8 +225,7 @@ static double time_draft_step(ellm_context *ctx, const int32_t *ids, int d) {
         t[s] = ellm_time_ms() - t0;
     }
     ellm_context_truncate(ctx, d);
-    qsort(t, 8, sizeof *t, cmp_double);
-    return t[4];
+    return median_sort(t, 8);
 }
 
 int cmd_bench(int argc, char **argv) {

@@ -6,6 +6,7 @@
 #include "cli/args.h"
 #include "cli/cli_mpi.h"
 #include "cli/commands.h"
+#include "core/median.h"
 #include "core/timer.h"
 #include "ellm.h"
 
@@ -26,11 +27,6 @@ static void bench_mpi_usage(FILE *f) {
             "  --kv-type f16|f32       KV cache element type (default f16)\n"
             "  --mpi-timeout S         seconds to wait for the other ranks (default 300)\n"
             "  --json                  machine-readable output\n");
-}
-
-static int cmp_d(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
 }
 
 typedef struct {
@@ -150,8 +146,7 @@ int cmd_bench_mpi(int argc, char **argv) {
             step[s] = ellm_time_ms() - t0;
         }
         ellm_context_get_stats(ctx, &s1);
-        qsort(step, (size_t)n_tokens, sizeof *step, cmp_d);
-        p->step_ms = step[n_tokens / 2];
+        p->step_ms = median_sort(step, (int)n_tokens);
         double ex = (double)(s1.mpi_exchanges - s0.mpi_exchanges);
         if (ex > 0) {
             p->exchange_ms = (s1.mpi_exchange_ms - s0.mpi_exchange_ms) / ex;

@@ -1,6 +1,7 @@
 /* The MPI side of KV sharding: the ellm_mpi handle (ellm.h), part ownership,
  * and the per-layer exchange of partial attention states (dist.h). */
 #include "dist/dist.h"
+#include "core/median.h"
 #include "core/status.h"
 #include "core/timer.h"
 
@@ -115,11 +116,6 @@ ellm_status ellm_mpi_agree(ellm_mpi *mpi, int ok, int *all_ok, ellm_error *err) 
     return rc == MPI_SUCCESS ? ELLM_OK : collective_fail(mpi, rc, "agreement", err);
 }
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 ellm_status ellm_mpi_time_allgather(ellm_mpi *mpi, size_t bytes, int reps, double *median_us, ellm_error *err) {
     const size_t n = (bytes + 3) / 4 ? (bytes + 3) / 4 : 1;
     if (reps < 1 || n * (size_t)mpi->size > INT_MAX)
@@ -148,8 +144,7 @@ ellm_status ellm_mpi_time_allgather(ellm_mpi *mpi, size_t bytes, int reps, doubl
         }
         if (i >= 0) us[i] = (double)(ellm_time_ns() - t0) / 1e3;
     }
-    qsort(us, (size_t)reps, sizeof *us, cmp_double);
-    *median_us = us[reps / 2];
+    *median_us = median_sort(us, reps);
 out:
     free(buf);
     free(us);
