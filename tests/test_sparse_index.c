@@ -832,7 +832,7 @@ static void test_evalmodel(void) {
             double acc[MODES][NB] = {{0}};
             int np = 0;
             for (int pos = 256; pos < T; pos += 61, np++) {
-                const float *q = ctx->q + (size_t)pos * c.n_head * hd;
+                const float *q = ctx->s.q + (size_t)pos * c.n_head * hd;
                 int32_t blocks[256];
                 int nbk;
                 double mass[256];

@@ -44,27 +44,14 @@ ellm_status ellm_batch_init(ellm_model *model, int n_threads, int max_rows, ellm
         return st;
     }
     b->pool = place.pool;
-    b->s.w_delta = b->w_delta = place.w_delta;
-    b->s.by_matrix = place.split_by_matrix;
-    size_t B = (size_t)max_rows, d = (size_t)c->n_embd, hd = (size_t)c->head_dim;
-    size_t nq = (size_t)c->n_head * hd, nkv = (size_t)c->n_head_kv * hd, ff = (size_t)c->n_ff;
-    size_t wide = d > nq ? d : nq;
-    b->s.x = xalloc(B * d * 4);
-    b->s.xn = xalloc(B * wide * 4);
-    b->s.q = xalloc(B * nq * 4);
-    b->s.k = xalloc(B * nkv * 4);
-    b->s.v = xalloc(B * nkv * 4);
-    b->s.att = xalloc(B * nq * 4);
-    b->s.gate = xalloc(B * ff * 4);
-    b->s.up = xalloc(B * ff * 4);
-    b->s.rope_cs = xalloc(B * (size_t)c->n_rot * 4);
-    b->s.act = xalloc(3 * ((engine_max_act_bytes(model, max_rows) + 63) & ~(size_t)63));
-    b->logits = xalloc(B * (size_t)c->n_vocab * 4);
-    if (!b->s.x || !b->s.xn || !b->s.q || !b->s.k || !b->s.v || !b->s.att || !b->s.gate || !b->s.up ||
-        !b->s.rope_cs || !b->s.act || !b->logits) {
+    b->w_delta = place.w_delta;
+    b->logits = xalloc((size_t)max_rows * (size_t)c->n_vocab * 4);
+    if (engine_scratch_init(model, max_rows, &b->s) || !b->logits) {
         ellm_batch_free(b);
         return ellm_fail(err, ELLM_ERR_NOMEM, "batch: out of memory for %d rows of scratch", max_rows);
     }
+    b->s.w_delta = b->w_delta;
+    b->s.by_matrix = place.split_by_matrix;
     *out = b;
     return ELLM_OK;
 }
@@ -73,16 +60,7 @@ void ellm_batch_free(ellm_batch *b) {
     if (!b) return;
     threadpool_free(b->pool);
     free(b->w_delta);
-    free(b->s.x);
-    free(b->s.xn);
-    free(b->s.q);
-    free(b->s.k);
-    free(b->s.v);
-    free(b->s.att);
-    free(b->s.gate);
-    free(b->s.up);
-    free(b->s.rope_cs);
-    free(b->s.act);
+    engine_scratch_free(&b->s);
     free(b->logits);
     free(b);
 }

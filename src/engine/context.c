@@ -28,7 +28,7 @@ static void *xalloc(size_t n) {
 }
 
 /* Largest prepared-activation size over every matmul of the model, for nb rows. */
-size_t engine_max_act_bytes(const ellm_model *m, int nb) {
+static size_t max_act_bytes(const ellm_model *m, int nb) {
     size_t best = 0;
     const model_matrix *extra[2] = {&m->output, &m->tok_embd};
     for (int l = 0; l < m->cfg.n_layer; l++) {
@@ -44,6 +44,41 @@ size_t engine_max_act_bytes(const ellm_model *m, int nb) {
         if (b > best) best = b;
     }
     return best;
+}
+
+int engine_scratch_init(const ellm_model *m, int rows, engine_scratch *s) {
+    const model_config *c = &m->cfg;
+    size_t B = (size_t)rows, d = (size_t)c->n_embd, hd = (size_t)c->head_dim;
+    size_t nq = (size_t)c->n_head * hd, nkv = (size_t)c->n_head_kv * hd, ff = (size_t)c->n_ff;
+    size_t wide = d > nq ? d : nq;
+    memset(s, 0, sizeof *s);
+    s->x = xalloc(B * d * 4);
+    s->xn = xalloc(B * wide * 4);
+    s->q = xalloc(B * nq * 4);
+    s->k = xalloc(B * nkv * 4);
+    s->v = xalloc(B * nkv * 4);
+    s->att = xalloc(B * nq * 4);
+    s->gate = xalloc(B * ff * 4);
+    s->up = xalloc(B * ff * 4);
+    s->rope_cs = xalloc(B * (size_t)c->n_rot * 4);
+    s->act = xalloc(3 * ((max_act_bytes(m, rows) + 63) & ~(size_t)63));
+    if (s->x && s->xn && s->q && s->k && s->v && s->att && s->gate && s->up && s->rope_cs && s->act) return 0;
+    engine_scratch_free(s);
+    return -1;
+}
+
+void engine_scratch_free(engine_scratch *s) {
+    free(s->x);
+    free(s->xn);
+    free(s->q);
+    free(s->k);
+    free(s->v);
+    free(s->att);
+    free(s->gate);
+    free(s->up);
+    free(s->rope_cs);
+    free(s->act);
+    memset(s, 0, sizeof *s);
 }
 
 ellm_status ellm_context_init(ellm_model *model, const ellm_context_params *params,
@@ -113,26 +148,13 @@ ellm_status engine_context_init(ellm_model *model, const ellm_context_params *pa
         ellm_context_free(ctx);
         return st;
     }
-    size_t B = (size_t)ctx->n_batch, d = (size_t)c->n_embd, hd = (size_t)c->head_dim;
-    size_t nq = (size_t)c->n_head * hd, nkv = (size_t)c->n_head_kv * hd, ff = (size_t)c->n_ff;
-    size_t wide = d > nq ? d : nq;
-    ctx->act_bytes = 3 * ((engine_max_act_bytes(model, ctx->n_batch) + 63) & ~(size_t)63);
-    ctx->x = xalloc(B * d * 4);
-    ctx->xn = xalloc(B * wide * 4);
-    ctx->q = xalloc(B * nq * 4);
-    ctx->k = xalloc(B * nkv * 4);
-    ctx->v = xalloc(B * nkv * 4);
-    ctx->att = xalloc(B * nq * 4);
-    ctx->gate = xalloc(B * ff * 4);
-    ctx->up = xalloc(B * ff * 4);
-    ctx->rope_cs = xalloc(B * (size_t)c->n_rot * 4);
-    ctx->act = xalloc(ctx->act_bytes);
     ctx->logits = xalloc((size_t)c->n_vocab * 4);
-    if (!ctx->x || !ctx->xn || !ctx->q || !ctx->k || !ctx->v || !ctx->att || !ctx->gate ||
-        !ctx->up || !ctx->rope_cs || !ctx->act || !ctx->logits) {
+    if (engine_scratch_init(model, ctx->n_batch, &ctx->s) || !ctx->logits) {
         ellm_context_free(ctx);
         return ellm_fail(err, ELLM_ERR_NOMEM, "context: out of memory for scratch buffers");
     }
+    ctx->s.w_delta = ctx->w_delta;
+    ctx->s.by_matrix = ctx->split_by_matrix;
     if (p.sparse_topk >= 0) { /* < 0: dense only, no index kept */
         if (p.sparse_sink_blocks < 0 || p.sparse_window < 0 || p.sparse_dense_layers < 0 ||
             p.sparse_recall_every < 0) {
@@ -184,16 +206,7 @@ void ellm_context_free(ellm_context *ctx) {
     attention_workspace_free(ctx->attn_ws);
     if (ctx->owns_pool) threadpool_free(ctx->pool);
     free(ctx->w_delta);
-    free(ctx->x);
-    free(ctx->xn);
-    free(ctx->q);
-    free(ctx->k);
-    free(ctx->v);
-    free(ctx->att);
-    free(ctx->gate);
-    free(ctx->up);
-    free(ctx->rope_cs);
-    free(ctx->act);
+    engine_scratch_free(&ctx->s);
     free(ctx->logits);
     sparse_index_free(ctx->sidx);
     free(ctx->head_weight);

@@ -27,6 +27,25 @@ struct engine_calib {
     int64_t *n_samples;
 };
 
+/* Scratch of one forward pass, for up to `rows` tokens (shapes per token). */
+typedef struct {
+    float *x;         /* (d) residual stream */
+    float *xn;        /* (max(d, n_head * hd)) normalized; projection outputs */
+    float *q;         /* (n_head * hd) */
+    float *k, *v;     /* (n_kv * hd) */
+    float *att;       /* (n_head * hd) attention output */
+    float *gate, *up; /* (ff) */
+    float *rope_cs;   /* (n_rot) cos/sin pairs */
+    void *act;        /* prepared activations for up to 3 matmuls of the widest input */
+    const ptrdiff_t *w_delta; /* NUMA weight copies per thread (see struct ellm_context), or NULL */
+    int by_matrix;
+} engine_scratch;
+
+/* Allocates `s` for `rows` tokens of model `m` (w_delta/by_matrix left 0).
+ * Returns 0, or -1 out of memory (`s` then freed). */
+int engine_scratch_init(const ellm_model *m, int rows, engine_scratch *s);
+void engine_scratch_free(engine_scratch *s);
+
 struct ellm_context {
     ellm_model *model;
     ellm_context_params params;
@@ -43,16 +62,7 @@ struct ellm_context {
     ptrdiff_t *w_delta; /* (n_threads) */
     int split_by_matrix;
     int owns_pool;   /* 0: the pool belongs to the ellm_batch the context was made from */
-    /* scratch, sized for n_batch tokens (shapes per token in comments) */
-    float *x;        /* (d) residual stream */
-    float *xn;       /* (d) normalized */
-    float *q;        /* (n_head * hd) */
-    float *k, *v;    /* (n_kv * hd) */
-    float *att;      /* (n_head * hd) attention output */
-    float *gate, *up;/* (ff) */
-    float *rope_cs;  /* (n_rot) cos/sin pairs for each token */
-    void *act;       /* prepared activations for the widest matmul */
-    size_t act_bytes;
+    engine_scratch s; /* sized for n_batch tokens */
     float *logits;   /* (n_vocab) after the last token */
     int has_logits;
 
@@ -97,8 +107,6 @@ void engine_imatrix_observe(ellm_imatrix *im, int layer, int slot, const float *
 
 /* ---- context.c ---- */
 
-/* Largest prepared-activation size over every matmul of the model, for nb rows. */
-size_t engine_max_act_bytes(const ellm_model *m, int nb);
 
 /* ellm_context_init with the threads of `shared_pool` (not freed with the
  * context) or, if NULL, a pool of its own. */
@@ -130,12 +138,6 @@ void engine_calibrate_layer(struct ellm_context *ctx, int layer, int len);
 ellm_status engine_placement_init(struct ellm_context *ctx, int n_threads, ellm_error *err);
 /* Scratch of a forward pass, sized for its rows (shapes per row as in
  * struct ellm_context). */
-typedef struct {
-    float *x, *xn, *q, *k, *v, *att, *gate, *up, *rope_cs;
-    void *act;
-    const ptrdiff_t *w_delta; /* NUMA weight copies per thread (see struct ellm_context), or NULL */
-    int by_matrix;
-} engine_scratch;
 
 /* One sequence's part of a pass: n tokens at positions [pos, pos + n) of its
  * context; rows [first_logit_row, n) write their logits to `logits` (row

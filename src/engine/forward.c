@@ -163,8 +163,8 @@ static void matmul_multi(const engine_scratch *s, threadpool *pool, int n, const
     threadpool_run(pool, matmul_task, &job);
 }
 
-/* Stores the layer's K/V of one sequence (rows already in ctx->q/k/v) and runs
- * its attention into ctx->att: sparse when its budget says so, else dense. */
+/* Stores the layer's K/V of one sequence (rows already in ctx->s.q/k/v) and runs
+ * its attention into ctx->s.att: sparse when its budget says so, else dense. */
 static void attend_seq(struct ellm_context *ctx, int l, int n, int pos) {
     const model_config *c = &ctx->model->cfg;
     attention_args aa = {.kv = ctx->kv,
@@ -172,8 +172,8 @@ static void attend_seq(struct ellm_context *ctx, int l, int n, int pos) {
                          .n_q = n,
                          .q_pos0 = pos,
                          .n_head = c->n_head,
-                         .q = ctx->q,
-                         .out = ctx->att,
+                         .q = ctx->s.q,
+                         .out = ctx->s.att,
                          .scale = 1.0f / sqrtf((float)c->head_dim)};
     if (n > 1 && n <= ENGINE_SPARSE_EXACT_ROWS && ctx->sidx && ctx->sparse_topk > 0 && !ctx->layer_dense[l]) {
         /* Sparse verification-sized batch: token by token, each storing its
@@ -184,13 +184,13 @@ static void attend_seq(struct ellm_context *ctx, int l, int n, int pos) {
          * share one selection per tile. */
         const int64_t nq = (int64_t)c->n_head * c->head_dim, nkv = (int64_t)c->n_head_kv * c->head_dim;
         for (int t = 0; t < n; t++) {
-            kv_cache_store(ctx->kv, l, pos + t, 1, ctx->k + t * nkv, ctx->v + t * nkv);
-            sparse_index_append(ctx->sidx, l, pos + t, 1, ctx->k + t * nkv);
+            kv_cache_store(ctx->kv, l, pos + t, 1, ctx->s.k + t * nkv, ctx->s.v + t * nkv);
+            sparse_index_append(ctx->sidx, l, pos + t, 1, ctx->s.k + t * nkv);
             attention_args at = aa;
             at.n_q = 1;
             at.q_pos0 = pos + t;
-            at.q = ctx->q + t * nq;
-            at.out = ctx->att + t * nq;
+            at.q = ctx->s.q + t * nq;
+            at.out = ctx->s.att + t * nq;
             if (sparse_attention_layer(ctx, &at, 1, pos + t + 1)) ctx->step_sparse = 1;
             else attention_forward(&at, ctx->attn_ws, ctx->pool);
         }
@@ -199,12 +199,12 @@ static void attend_seq(struct ellm_context *ctx, int l, int n, int pos) {
     if (ctx->dist) {
         /* KV sharded over MPI ranks (dense only): each rank stores its own
          * positions, attends over them, and the ranks' partials are merged */
-        dist_kv_store(ctx->dist, ctx->kv, l, pos, n, ctx->k, ctx->v);
+        dist_kv_store(ctx->dist, ctx->kv, l, pos, n, ctx->s.k, ctx->s.v);
         dist_attention(ctx->dist, &aa, ctx->attn_ws, ctx->pool);
         return;
     }
-    kv_cache_store(ctx->kv, l, pos, n, ctx->k, ctx->v);
-    if (ctx->sidx) sparse_index_append(ctx->sidx, l, pos, n, ctx->k);
+    kv_cache_store(ctx->kv, l, pos, n, ctx->s.k, ctx->s.v);
+    if (ctx->sidx) sparse_index_append(ctx->sidx, l, pos, n, ctx->s.k);
     if (sparse_attention_layer(ctx, &aa, n, pos + n)) {
         ctx->step_sparse = 1;
         if (ctx->sample_recall) engine_sparse_sample_recall(ctx, l, pos + n);
@@ -221,7 +221,7 @@ void engine_forward_seqs(const ellm_model *m, const engine_scratch *s, threadpoo
     const int64_t d = c->n_embd, hd = c->head_dim, nq = (int64_t)c->n_head * hd,
                   nkv = (int64_t)c->n_head_kv * hd, ff = c->n_ff;
     /* One sequence in its own context's scratch needs no copies. */
-    const int own = n_seq == 1 && s->q == seqs[0].ctx->q;
+    const int own = n_seq == 1 && s->q == seqs[0].ctx->s.q;
     int n = 0;
     for (int i = 0; i < n_seq; i++) {
         struct ellm_context *ctx = seqs[i].ctx;
@@ -266,12 +266,12 @@ void engine_forward_seqs(const ellm_model *m, const engine_scratch *s, threadpoo
             struct ellm_context *ctx = seqs[i].ctx;
             const int ni = seqs[i].n;
             if (!own) {
-                memcpy(ctx->q, s->q + r * nq, (size_t)ni * nq * 4);
-                memcpy(ctx->k, s->k + r * nkv, (size_t)ni * nkv * 4);
-                memcpy(ctx->v, s->v + r * nkv, (size_t)ni * nkv * 4);
+                memcpy(ctx->s.q, s->q + r * nq, (size_t)ni * nq * 4);
+                memcpy(ctx->s.k, s->k + r * nkv, (size_t)ni * nkv * 4);
+                memcpy(ctx->s.v, s->v + r * nkv, (size_t)ni * nkv * 4);
             }
             attend_seq(ctx, l, ni, seqs[i].pos);
-            if (!own) memcpy(s->att + r * nq, ctx->att, (size_t)ni * nq * 4);
+            if (!own) memcpy(s->att + r * nq, ctx->s.att, (size_t)ni * nq * 4);
         }
         /* x += Wo att  (xn reused as the projection output) */
         if (imat) engine_imatrix_observe(imat, l, IM_ATTN_OUT, s->att, n);
@@ -317,10 +317,7 @@ void engine_forward_seqs(const ellm_model *m, const engine_scratch *s, threadpoo
 
 void engine_forward(struct ellm_context *ctx, const int32_t *tokens, int n, int pos,
                     int first_logit_row, float *logits) {
-    engine_scratch s = {.x = ctx->x, .xn = ctx->xn, .q = ctx->q, .k = ctx->k, .v = ctx->v,
-                        .att = ctx->att, .gate = ctx->gate, .up = ctx->up, .rope_cs = ctx->rope_cs,
-                        .act = ctx->act, .w_delta = ctx->w_delta, .by_matrix = ctx->split_by_matrix};
     engine_seq seq = {.ctx = ctx, .tokens = tokens, .n = n, .pos = pos,
                       .first_logit_row = first_logit_row, .logits = logits};
-    engine_forward_seqs(ctx->model, &s, ctx->pool, NULL, &seq, 1);
+    engine_forward_seqs(ctx->model, &ctx->s, ctx->pool, NULL, &seq, 1);
 }

@@ -23,8 +23,8 @@ void engine_rebuild_index(struct ellm_context *ctx, int pos) {
             int m = pos - p0 < chunk ? pos - p0 : chunk;
             for (int t = 0; t < m; t++)
                 for (int h = 0; h < nkv; h++)
-                    kv_cache_key(ctx->kv, l, h, p0 + t, ctx->k + ((size_t)t * nkv + h) * hd);
-            sparse_index_append(ctx->sidx, l, p0, m, ctx->k);
+                    kv_cache_key(ctx->kv, l, h, p0 + t, ctx->s.k + ((size_t)t * nkv + h) * hd);
+            sparse_index_append(ctx->sidx, l, p0, m, ctx->s.k);
         }
 }
 
@@ -36,7 +36,7 @@ ellm_status ellm_context_shift(ellm_context *ctx, int n_keep, int n_discard, ell
     const ellm_model *m = ctx->model;
     const model_config *c = &m->cfg;
     const int hd = c->head_dim, nkv = c->n_head_kv, chunk = ctx->n_batch;
-    float *cs = ctx->rope_cs; /* the rotation by -n_discard: n_rot / 2 (cos, sin) pairs */
+    float *cs = ctx->s.rope_cs; /* the rotation by -n_discard: n_rot / 2 (cos, sin) pairs */
     model_rope_cos_sin(m, -n_discard, cs);
     /* Sources lie above their destinations and chunks go upwards, so a chunk
      * is read whole before anything it will read later is overwritten. */
@@ -44,14 +44,14 @@ ellm_status ellm_context_shift(ellm_context *ctx, int n_keep, int n_discard, ell
         for (int p0 = n_keep + n_discard; p0 < pos; p0 += chunk) {
             int n = pos - p0 < chunk ? pos - p0 : chunk;
             for (int t = 0; t < n; t++) {
-                float *k = ctx->k + (size_t)t * nkv * hd, *v = ctx->v + (size_t)t * nkv * hd;
+                float *k = ctx->s.k + (size_t)t * nkv * hd, *v = ctx->s.v + (size_t)t * nkv * hd;
                 for (int h = 0; h < nkv; h++) {
                     kv_cache_key(ctx->kv, l, h, p0 + t, k + (size_t)h * hd);
                     kv_cache_value(ctx->kv, l, h, p0 + t, v + (size_t)h * hd);
                 }
                 kern_rope(k, nkv, hd, c->n_rot, cs, c->rope_neox);
             }
-            kv_cache_store(ctx->kv, l, p0 - n_discard, n, ctx->k, ctx->v);
+            kv_cache_store(ctx->kv, l, p0 - n_discard, n, ctx->s.k, ctx->s.v);
         }
     kv_cache_set_len(ctx->kv, pos - n_discard);
     if (ctx->sidx) engine_rebuild_index(ctx, pos - n_discard);

@@ -54,9 +54,9 @@ float engine_sparse_probe_recall(struct ellm_context *ctx, int layer, int head, 
     const model_config *c = &ctx->model->cfg;
     if (budget >= len) return 1.0f;
     int group = c->n_head / c->n_head_kv, nb = 0;
-    sparse_index_select(ctx->sidx, layer, head, ctx->q, 1, group, len, budget, ctx->params.sparse_sink_blocks,
+    sparse_index_select(ctx->sidx, layer, head, ctx->s.q, 1, group, len, budget, ctx->params.sparse_sink_blocks,
                         ctx->params.sparse_window, ctx->probe_blocks, &nb, NULL);
-    return sparse_index_recall(ctx->kv, layer, head, ctx->q, 1, group, len, ctx->probe_blocks, nb,
+    return sparse_index_recall(ctx->kv, layer, head, ctx->s.q, 1, group, len, ctx->probe_blocks, nb,
                                1.0f / sqrtf((float)c->head_dim), NULL);
 }
 
@@ -66,7 +66,7 @@ void engine_sparse_sample_recall(struct ellm_context *ctx, int layer, int len) {
     const model_config *c = &ctx->model->cfg;
     int group = c->n_head / c->n_head_kv;
     for (int h = 0; h < c->n_head_kv; h++) {
-        float r = sparse_index_recall(ctx->kv, layer, h, ctx->q, 1, group, len,
+        float r = sparse_index_recall(ctx->kv, layer, h, ctx->s.q, 1, group, len,
                                       ctx->sel_blocks + (size_t)h * ctx->max_blocks, ctx->sel_n[h],
                                       1.0f / sqrtf((float)c->head_dim), NULL);
         ellm_context_stats *st = &ctx->stats;

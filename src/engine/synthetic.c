@@ -38,17 +38,17 @@ ellm_status ellm_context_fill_synthetic(ellm_context *ctx, int n, uint64_t seed,
         for (int p0 = 0; p0 < n; p0 += chunk) {
             int m = n - p0 < chunk ? n - p0 : chunk;
             for (int t = 0; t < m; t++) {
-                float *k = ctx->k + (size_t)t * nkv, *v = ctx->v + (size_t)t * nkv;
+                float *k = ctx->s.k + (size_t)t * nkv, *v = ctx->s.v + (size_t)t * nkv;
                 for (int i = 0; i < nkv; i++) {
                     k[i] = mu[i] + approx_normal(&s);
                     v[i] = approx_normal(&s);
                 }
-                model_rope_cos_sin(ctx->model, p0 + t, ctx->rope_cs);
-                kern_rope(k, c->n_head_kv, hd, c->n_rot, ctx->rope_cs, c->rope_neox);
+                model_rope_cos_sin(ctx->model, p0 + t, ctx->s.rope_cs);
+                kern_rope(k, c->n_head_kv, hd, c->n_rot, ctx->s.rope_cs, c->rope_neox);
             }
-            if (ctx->dist) dist_kv_store(ctx->dist, ctx->kv, l, p0, m, ctx->k, ctx->v); /* own parts only */
-            else kv_cache_store(ctx->kv, l, p0, m, ctx->k, ctx->v);
-            if (ctx->sidx) sparse_index_append(ctx->sidx, l, p0, m, ctx->k);
+            if (ctx->dist) dist_kv_store(ctx->dist, ctx->kv, l, p0, m, ctx->s.k, ctx->s.v); /* own parts only */
+            else kv_cache_store(ctx->kv, l, p0, m, ctx->s.k, ctx->s.v);
+            if (ctx->sidx) sparse_index_append(ctx->sidx, l, p0, m, ctx->s.k);
         }
     }
     free(mu);
