@@ -320,7 +320,7 @@ int cmd_bench(int argc, char **argv) {
     /* The yardstick `ellm probe` measured (all nodes, each core reading its
      * own node's memory), for the probe_fraction of each point. */
     double probe_bw = 0;
-    if (!probe_cache_load(&probe_bw)) {
+    if (!probe_cache_load(&probe_bw, NULL)) {
         topology *topo = NULL;
         if (topology_init_system(&topo, NULL) == ELLM_OK) probe_bw = probe_all_read_gbps(topo, (size_t)bw_mb << 20, 5);
         topology_free(topo);

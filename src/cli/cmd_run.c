@@ -441,13 +441,17 @@ out:
 static void print_bandwidth_share(const ellm_context *ctx, const ellm_model_info *info, int n_prompt, int generated,
                                   double decode_tps) {
     if (!(decode_tps > 0)) return;
-    double probe = 0;
-    const char *source = "ellm probe measured";
-    if (!probe_cache_load(&probe)) {
+    double probe = 0, age_s = -1;
+    char source[128] = "ellm probe measured";
+    if (probe_cache_load(&probe, &age_s) && age_s >= 0) {
+        if (age_s < 120) snprintf(source, sizeof source, "ellm probe measured %.0f s ago", age_s);
+        else if (age_s < 7200) snprintf(source, sizeof source, "ellm probe measured %.0f min ago", age_s / 60);
+        else snprintf(source, sizeof source, "ellm probe measured %.1f h ago", age_s / 3600);
+    } else if (probe <= 0) {
         topology *t = NULL;
         if (topology_init_system(&t, NULL) == ELLM_OK) probe = probe_all_read_gbps(t, (size_t)128 << 20, 3);
         topology_free(t);
-        source = "measured now as ellm probe does (run `ellm probe` once to keep it)";
+        snprintf(source, sizeof source, "measured now as ellm probe does (run `ellm probe` once to keep it)");
     }
     ellm_context_stats cs;
     ellm_context_get_stats(ctx, &cs);
@@ -456,8 +460,11 @@ static void print_bandwidth_share(const ellm_context *ctx, const ellm_model_info
     double bytes = (double)info->decode_weight_bytes + (double)ellm_context_kv_bytes_per_token(ctx) * depth;
     double gbps = bytes * decode_tps / 1e9;
     if (probe > 0) {
-        fprintf(stderr, "bandwidth: %.2f GB/s (%.2f MB read per token) = %.0f%% of the %.2f GB/s %s\n", gbps,
-                bytes / 1e6, 100 * gbps / probe, probe, source);
+        fprintf(stderr, "bandwidth: %.2f GB/s (%.2f MB read per token) = %.0f%% of the %.2f GB/s %s%s\n", gbps,
+                bytes / 1e6, 100 * gbps / probe, probe, source,
+                gbps > probe ? "; above 100%: the bytes of a token are served partly from the CPU caches, or the"
+                               " probe ran on a busy machine (run `ellm probe` again)"
+                             : "");
         /* the name and unit of the server's /metrics gauge */
         fprintf(stderr, "mem_bandwidth_util: %.3f\n", gbps / probe);
     }

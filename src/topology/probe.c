@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <sys/stat.h>
 
 static int cmp_int(const void *a, const void *b) {
@@ -143,22 +144,26 @@ int probe_cache_save(const probe_report *r) {
     if (!cache_path(path, sizeof path, 1)) return -1;
     FILE *f = fopen(path, "w");
     if (!f) return -1;
-    fprintf(f, "ellm-probe 1\nphysical_cores %d\nall_read_gbps %.3f\n", r->physical_cores, r->all_read_gbps);
+    fprintf(f, "ellm-probe 1\nphysical_cores %d\nall_read_gbps %.3f\nmeasured_at %lld\n", r->physical_cores,
+            r->all_read_gbps, (long long)time(NULL));
     return fclose(f) == 0 ? 0 : -1;
 }
 
-int probe_cache_load(double *all_read_gbps) {
+int probe_cache_load(double *all_read_gbps, double *age_s) {
     char path[600];
     if (!cache_path(path, sizeof path, 0)) return 0;
     FILE *f = fopen(path, "r");
     if (!f) return 0;
     int version = 0, cores = -1;
     double gbps = 0;
+    long long at = -1;
     int ok = fscanf(f, "ellm-probe %d physical_cores %d all_read_gbps %lf", &version, &cores, &gbps) == 3;
+    if (ok && fscanf(f, " measured_at %lld", &at) != 1) at = -1;
     fclose(f);
     /* the cores this process may use (sampled before any thread was pinned) */
     if (!ok || version != 1 || cores != ellm_cpu_physical_cores() || !(gbps > 0)) return 0;
     *all_read_gbps = gbps;
+    if (age_s) *age_s = at >= 0 ? difftime(time(NULL), (time_t)at) : -1;
     return 1;
 }
 

@@ -62,9 +62,12 @@ double probe_all_read_gbps(const topology *t, size_t bytes, int reps);
 /* The probe's result kept for later runs (`ellm run --stats`, `ellm bench`):
  * $ELLM_PROBE_CACHE, else $XDG_CACHE_HOME/ellm/probe.txt, else
  * ~/.cache/ellm/probe.txt. Save returns 0 on success; load returns 1 and the
- * all-node GB/s if a result for as many usable cores as now is there. */
+ * all-node GB/s if a result for as many usable cores as now is there, with
+ * its age in seconds in *age_s (-1 if the file predates the time stamp;
+ * age_s may be NULL). A figure measured on a busy machine stays low until the
+ * probe runs again, so callers show the age next to it. */
 int probe_cache_save(const probe_report *r);
-int probe_cache_load(double *all_read_gbps);
+int probe_cache_load(double *all_read_gbps, double *age_s);
 
 /* Frees what the report owns (the nodes' CPU lists). */
 void probe_report_free(probe_report *r);
