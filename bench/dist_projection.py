@@ -2,7 +2,7 @@
 """Projection of decode with the KV cache sharded over N nodes (`ellm run --mpi`).
 
 Per node and decode step (every input is a flag; defaults are stated in
-bench/RESULTS.md, "Beyond one machine"):
+bench/DIST.md):
 
   step(N) = t0                                  weights + token-wise work, replicated on every node
           + kv_s_per_token * ctx / N            attention over the node's own share of the KV
