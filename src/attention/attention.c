@@ -429,6 +429,12 @@ static const attn_block_fn block_fns[] = {
     [ELLM_ISA_AVX512] = attn_block_avx512,
 };
 
+static const attn_block_fn q8_block_fns[] = {
+    [ELLM_ISA_SCALAR] = attn_block_q8_scalar,
+    [ELLM_ISA_AVX2] = attn_block_q8_avx2,
+    [ELLM_ISA_AVX512] = attn_block_q8_avx512,
+};
+
 /* Checks the call against the workspace and fills the job's shapes. */
 static void job_init(attn_job *J, const attention_args *a, attention_workspace *ws, threadpool *pool) {
     const kv_cache_params *p = kv_cache_get_params(a->kv);
@@ -442,11 +448,11 @@ static void job_init(attn_job *J, const attention_args *a, attention_workspace *
     memset(J, 0, sizeof *J);
     J->a = a;
     J->ws = ws;
-    J->fn = block_fns[ellm_cpu_isa()];
+    J->fn = p->type == QTYPE_Q8_0 ? q8_block_fns[ellm_cpu_isa()] : block_fns[ellm_cpu_isa()];
     J->hd = p->head_dim;
     J->bt = p->block_tokens;
     J->type = p->type;
-    J->half_bytes = (size_t)p->block_tokens * (size_t)p->head_dim * (p->type == QTYPE_F16 ? 2 : 4);
+    J->half_bytes = kv_cache_block_bytes(a->kv) / 2;
     J->n_kv = p->n_kv_head;
     J->group = a->n_head / p->n_kv_head;
     J->n_tiles = (a->n_q + ATTN_TILE_Q - 1) / ATTN_TILE_Q;
@@ -852,20 +858,6 @@ void attn_block_scalar(attn_state *st, const attn_block *b) {
 
 /* ---- reference ---------------------------------------------------------- */
 
-static float kv_elem(const void *row, int type, int d) {
-    if (type == QTYPE_F16) return ellm_f16_to_f32(((const ellm_f16 *)row)[d]);
-    return ((const float *)row)[d];
-}
-
-/* Row `pos` of head h's values, as stored. */
-static const void *kv_row(const attention_args *a, int h, int pos) {
-    const kv_cache_params *p = kv_cache_get_params(a->kv);
-    int blk = pos / p->block_tokens, off = pos % p->block_tokens;
-    const char *base = kv_cache_block_v(a->kv, a->layer, h, blk);
-    size_t elt = p->type == QTYPE_F16 ? 2 : 4;
-    return base + (size_t)off * p->head_dim * elt;
-}
-
 static float ref_score(const attention_args *a, const float *q, int h, int pos) {
     const kv_cache_params *p = kv_cache_get_params(a->kv);
     float k[4096]; /* head_dim <= 4096 (kv_cache_init) */
@@ -895,9 +887,10 @@ void attention_forward_ref(const attention_args *a) {
             float l = 0.0f;
             for (int pos = 0; pos < n; pos++) {
                 float w = expf(ref_score(a, q, h, pos) - mx);
-                const void *v = kv_row(a, h, pos);
+                float v[4096]; /* the value as stored, whatever the cache's type */
+                kv_cache_value(a->kv, a->layer, h, pos, v);
                 l += w;
-                for (int d = 0; d < hd; d++) out[d] += w * kv_elem(v, p->type, d);
+                for (int d = 0; d < hd; d++) out[d] += w * v[d];
             }
             for (int d = 0; d < hd; d++) out[d] /= l;
         }

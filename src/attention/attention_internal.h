@@ -58,6 +58,38 @@ void attn_block_scalar(attn_state *st, const attn_block *b);
 void attn_block_avx2(attn_state *st, const attn_block *b);
 void attn_block_avx512(attn_state *st, const attn_block *b);
 
+/* ---- Q8_0 KV cache (attention_q8.c) ---- */
+
+/* Largest head_dim x block_tokens of a Q8_0 cache (per-thread F32 scratch). */
+#define ATTN_Q8_MAX_ELEMS 8192
+
+/* Bytes of a Q8_0 block's K (or V): int8 values, then an F16 scale per token
+ * and 32 dims. */
+static inline size_t attn_q8_half_bytes(int hd, int bt) {
+    return (size_t)hd * (size_t)bt + (size_t)(hd / 32) * (size_t)bt * 2;
+}
+
+/* Quantizes n floats (n a multiple of 32) as GGUF's q8_0 does a row: per group
+ * of 32, d = max|x| / 127, q = round(x / d), d kept as F16. q[i * stride_q]
+ * and d[g * stride_d] receive them. */
+void attn_q8_quantize_ref(const float *x, int n, int8_t *q, uint16_t *d, int stride_q, int stride_d);
+
+/* K of a block (k[hd][bt] int8, kd[hd / 32][bt] F16) to F32 dst[hd][bt]. */
+typedef void (*attn_q8_widen_k_fn)(float *dst, const int8_t *k, const uint16_t *kd, int hd, int bt);
+/* V rows [0, n) (v[bt][hd] int8, vd[bt][hd / 32] F16) to F32 dst[n][hd]. */
+typedef void (*attn_q8_widen_v_fn)(float *dst, const int8_t *v, const uint16_t *vd, int n, int hd);
+void attn_q8_widen_k_scalar(float *dst, const int8_t *k, const uint16_t *kd, int hd, int bt);
+void attn_q8_widen_k_avx2(float *dst, const int8_t *k, const uint16_t *kd, int hd, int bt);
+void attn_q8_widen_k_avx512(float *dst, const int8_t *k, const uint16_t *kd, int hd, int bt);
+void attn_q8_widen_v_scalar(float *dst, const int8_t *v, const uint16_t *vd, int n, int hd);
+void attn_q8_widen_v_avx2(float *dst, const int8_t *v, const uint16_t *vd, int n, int hd);
+void attn_q8_widen_v_avx512(float *dst, const int8_t *v, const uint16_t *vd, int n, int hd);
+
+/* The block kernels for a Q8_0 cache (b->k, b->v: the block's K and V halves). */
+void attn_block_q8_scalar(attn_state *st, const attn_block *b);
+void attn_block_q8_avx2(attn_state *st, const attn_block *b);
+void attn_block_q8_avx512(attn_state *st, const attn_block *b);
+
 /* Converts n floats to IEEE half, rounding to nearest even (same bits on every ISA). */
 void attn_f32_to_f16_avx2(const float *src, uint16_t *dst, int n);
 void attn_f32_to_f16_avx512(const float *src, uint16_t *dst, int n);

@@ -79,14 +79,20 @@ ellm_status kv_cache_init(const kv_cache_params *p, kv_cache **out, ellm_error *
     if (p->head_dim > KV_MAX_HEAD_DIM)
         return ellm_fail(err, ELLM_ERR_ARG, "KV cache: head_dim=%d exceeds %d", p->head_dim,
                          KV_MAX_HEAD_DIM);
-    if (p->type != QTYPE_F16 && p->type != QTYPE_F32)
+    if (p->type != QTYPE_F16 && p->type != QTYPE_F32 && p->type != QTYPE_Q8_0)
         return ellm_fail(err, ELLM_ERR_UNSUPPORTED,
-                         "KV cache: element type %d unsupported (F16=%d or F32=%d)", p->type,
-                         QTYPE_F16, QTYPE_F32);
+                         "KV cache: element type %d unsupported (F16=%d, F32=%d or Q8_0=%d)", p->type,
+                         QTYPE_F16, QTYPE_F32, QTYPE_Q8_0);
+    if (p->type == QTYPE_Q8_0 && (p->head_dim % 32 || (long)p->head_dim * p->block_tokens > ATTN_Q8_MAX_ELEMS))
+        return ellm_fail(err, ELLM_ERR_UNSUPPORTED,
+                         "KV cache: Q8_0 needs head_dim a multiple of 32 and head_dim x block_tokens <= %d "
+                         "(head_dim %d, block_tokens %d)",
+                         ATTN_Q8_MAX_ELEMS, p->head_dim, p->block_tokens);
 
-    size_t elt = p->type == QTYPE_F16 ? 2 : 4;
+    size_t elt = p->type == QTYPE_F16 ? 2 : p->type == QTYPE_F32 ? 4 : 1;
     int n_blocks = (int)(((long)p->n_ctx + p->block_tokens - 1) / p->block_tokens);
-    size_t half = (size_t)p->block_tokens * (size_t)p->head_dim * elt;
+    size_t half = p->type == QTYPE_Q8_0 ? attn_q8_half_bytes(p->head_dim, p->block_tokens)
+                                        : (size_t)p->block_tokens * (size_t)p->head_dim * elt;
     size_t stride = (2 * half + KV_ALIGN - 1) & ~(size_t)(KV_ALIGN - 1);
     size_t bytes;
     if (__builtin_mul_overflow((size_t)p->n_layer, (size_t)p->n_kv_head, &bytes) ||
@@ -141,6 +147,8 @@ const kv_cache_params *kv_cache_get_params(const kv_cache *kv) { return &kv->p; 
 size_t kv_cache_bytes(const kv_cache *kv) { return kv->bytes; }
 
 size_t kv_cache_bytes_per_token(const kv_cache *kv) {
+    if (kv->p.type == QTYPE_Q8_0) /* int8 and one F16 scale per 32 */
+        return (size_t)kv->p.n_layer * (size_t)kv->p.n_kv_head * 2 * ((size_t)kv->p.head_dim + (size_t)kv->p.head_dim / 16);
     return (size_t)kv->p.n_layer * (size_t)kv->p.n_kv_head * 2 * (size_t)kv->p.head_dim * kv->elt;
 }
 
@@ -177,7 +185,13 @@ void kv_cache_store(kv_cache *kv, int layer, int pos, int n, const float *k, con
             char *vd = kd + kv->half_bytes + (size_t)off * row_out;
             const float *ks = k + (size_t)t * row_in + (size_t)h * hd;
             const float *vs = v + (size_t)t * row_in + (size_t)h * hd;
-            if (p->type == QTYPE_F16) {
+            if (p->type == QTYPE_Q8_0) {
+                /* key: column off of k[hd][bt], scales kd[hd / 32][bt]; value: row off */
+                attn_q8_quantize_ref(ks, hd, (int8_t *)kd + off, (uint16_t *)(kd + (size_t)hd * bt) + off, bt, bt);
+                char *vb = kd + kv->half_bytes;
+                attn_q8_quantize_ref(vs, hd, (int8_t *)vb + (size_t)off * hd,
+                                     (uint16_t *)(vb + (size_t)hd * bt) + (size_t)off * (hd / 32), 1, 1);
+            } else if (p->type == QTYPE_F16) {
                 f32_to_f16(ks, k16, hd);
                 uint16_t *kt = (uint16_t *)kd + off;
                 for (int c = 0; c < hd; c++) kt[(size_t)c * bt] = k16[c];
@@ -196,7 +210,11 @@ void kv_cache_key(const kv_cache *kv, int layer, int head, int pos, float *out) 
     ELLM_ASSERT(pos >= 0 && pos < kv->p.n_ctx);
     const char *kb = kv_cache_block_k(kv, layer, head, pos / bt);
     const size_t j = (size_t)(pos % bt);
-    if (kv->p.type == QTYPE_F16)
+    if (kv->p.type == QTYPE_Q8_0) {
+        const uint16_t *kd = (const uint16_t *)(kb + (size_t)hd * bt);
+        for (int c = 0; c < hd; c++)
+            out[c] = ellm_f16_to_f32(kd[(size_t)(c / 32) * bt + j]) * (float)((const int8_t *)kb)[(size_t)c * bt + j];
+    } else if (kv->p.type == QTYPE_F16)
         for (int c = 0; c < hd; c++) out[c] = ellm_f16_to_f32(((const uint16_t *)kb)[(size_t)c * bt + j]);
     else
         for (int c = 0; c < hd; c++) out[c] = ((const float *)kb)[(size_t)c * bt + j];
@@ -205,6 +223,13 @@ void kv_cache_key(const kv_cache *kv, int layer, int head, int pos, float *out) 
 void kv_cache_value(const kv_cache *kv, int layer, int head, int pos, float *out) {
     const int hd = kv->p.head_dim, bt = kv->p.block_tokens;
     ELLM_ASSERT(pos >= 0 && pos < kv->p.n_ctx);
+    if (kv->p.type == QTYPE_Q8_0) {
+        const char *vh = kv_cache_block_v(kv, layer, head, pos / bt);
+        const int8_t *q = (const int8_t *)vh + (size_t)(pos % bt) * hd;
+        const uint16_t *d = (const uint16_t *)(vh + (size_t)hd * bt) + (size_t)(pos % bt) * (hd / 32);
+        for (int c = 0; c < hd; c++) out[c] = ellm_f16_to_f32(d[c / 32]) * (float)q[c];
+        return;
+    }
     const char *vb = (const char *)kv_cache_block_v(kv, layer, head, pos / bt) + (size_t)(pos % bt) * hd * kv->elt;
     if (kv->p.type == QTYPE_F16)
         for (int c = 0; c < hd; c++) out[c] = ellm_f16_to_f32(((const uint16_t *)vb)[c]);
@@ -223,6 +248,12 @@ const void *kv_cache_block_v(const kv_cache *kv, int layer, int head, int blk) {
 }
 
 size_t kv_cache_block_bytes(const kv_cache *kv) { return 2 * kv->half_bytes; }
+
+void kv_cache_load_keys(const kv_cache *kv, int layer, int pos, int n, float *out) {
+    const int hd = kv->p.head_dim, nkv = kv->p.n_kv_head;
+    for (int t = 0; t < n; t++)
+        for (int h = 0; h < nkv; h++) kv_cache_key(kv, layer, h, pos + t, out + ((size_t)t * nkv + h) * hd);
+}
 
 void *kv_cache_block_data(kv_cache *kv, int layer, int head, int blk) {
     return (void *)kv_cache_block_k(kv, layer, head, blk);

@@ -23,7 +23,7 @@ typedef struct {
     int head_dim;
     int n_ctx;        /* capacity in tokens */
     int block_tokens; /* tokens per block, e.g. 32 */
-    int type;         /* QTYPE_F16 or QTYPE_F32 */
+    int type;         /* QTYPE_F16, QTYPE_F32 or QTYPE_Q8_0 (layout in attention_q8.c) */
 } kv_cache_params;
 
 typedef struct kv_cache kv_cache;
@@ -65,6 +65,10 @@ void *kv_cache_block_data(kv_cache *kv, int layer, int head, int blk);
 
 /* The key of position pos of (layer, head) as stored, as head_dim floats. */
 void kv_cache_key(const kv_cache *kv, int layer, int head, int pos, float *out);
+/* The keys of positions [pos, pos + n) of `layer` as stored (dequantized), as
+ * n rows of n_kv_head * head_dim floats: what the sparse index summarizes. */
+void kv_cache_load_keys(const kv_cache *kv, int layer, int pos, int n, float *out);
+
 /* The value of position pos of (layer, head) as stored, as head_dim floats
  * (storing them back with kv_cache_store gives the same bits). */
 void kv_cache_value(const kv_cache *kv, int layer, int head, int pos, float *out);

@@ -342,7 +342,8 @@ void sparse_index_truncate(sparse_index *idx, const kv_cache *kv, int n_keep) {
     const kv_cache_params *kp = kv_cache_get_params(kv);
     ELLM_ASSERT(kp->n_layer == idx->p.n_layer && kp->n_kv_head == idx->p.n_kv_head &&
                 kp->head_dim == idx->hd && kp->block_tokens == idx->bt &&
-                kp->type == idx->p.key_type && kp->n_ctx >= n_keep);
+                (kp->type == idx->p.key_type || (kp->type == QTYPE_Q8_0 && idx->p.key_type == QTYPE_F32)) &&
+                kp->n_ctx >= n_keep);
     ELLM_ASSERT(n_keep >= 0);
     const int hd = idx->hd, bt = idx->bt, S = idx->S;
     const sparse_fold_fn fold = fold_fns[ellm_cpu_isa()];

@@ -1,5 +1,6 @@
 /* Command-line parsing helpers. */
 #include "cli/args.h"
+#include "ellm.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -63,13 +64,19 @@ int arg_u64(const char *flag, const char *s, uint64_t *out) {
     return 1;
 }
 
-int arg_kv_type(const char *flag, const char *s, int *f32) {
-    if (!strcmp(s, "f16") || !strcmp(s, "f32")) {
-        *f32 = !strcmp(s, "f32");
-        return 1;
-    }
-    fprintf(stderr, "error: %s expects f16 or f32, got '%s'\n", flag, s);
+int arg_kv_type(const char *flag, const char *s, int *type) {
+    for (int t = 0; t < 3; t++)
+        if (!strcmp(s, arg_kv_type_name(t))) {
+            *type = t;
+            return 1;
+        }
+    fprintf(stderr, "error: %s expects f16, f32 or q8_0, got '%s'\n", flag, s);
     return 0;
+}
+
+const char *arg_kv_type_name(int type) {
+    static const char *const names[] = {[ELLM_KV_F16] = "f16", [ELLM_KV_F32] = "f32", [ELLM_KV_Q8_0] = "q8_0"};
+    return type >= 0 && type < 3 ? names[type] : "?";
 }
 
 int arg_int_list(const char *flag, const char *s, long lo, long hi, int *out, int max) {

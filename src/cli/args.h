@@ -15,9 +15,11 @@ int arg_int(const char *flag, const char *s, long lo, long hi, long *out);
 int arg_double(const char *flag, const char *s, double lo, double hi, double *out);
 int arg_u64(const char *flag, const char *s, uint64_t *out);
 
-/* Parses "f16" or "f32" for `flag` into *f32 (0 or 1); prints why and
- * returns 0 otherwise. */
-int arg_kv_type(const char *flag, const char *s, int *f32);
+/* Parses "f16", "f32" or "q8_0" for `flag` into *type (an ellm_kv_type);
+ * prints why and returns 0 otherwise. */
+int arg_kv_type(const char *flag, const char *s, int *type);
+/* "f16", "f32" or "q8_0". */
+const char *arg_kv_type_name(int type);
 /* Parses a comma-separated list of integers in [lo, hi] into out (at most
  * max); returns the count, or -1 after printing why. */
 int arg_int_list(const char *flag, const char *s, long lo, long hi, int *out, int max);

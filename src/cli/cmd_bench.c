@@ -46,7 +46,7 @@ static void bench_usage(FILE *f) {
             "  -n, --n-tokens N        decode steps timed per depth (default 32)\n"
             "  --prefill LIST          prompt lengths to time prefill at (default 512; 0 = none)\n"
             "  --gen N                 project the time of an N-token generation (default 50000)\n"
-            "  --kv-type f16|f32       KV cache element type (default f16)\n"
+            "  --kv-type f16|f32|q8_0  KV cache element type (default f16)\n"
             "  --sparse-topk K         also time sparse attention with a K-token budget\n"
             "  --bw-mb MB              bandwidth self-test buffer (default 1024)\n"
             "  --numa-aware, --numa MODE  NUMA placement as for ellm run (off, distribute,\n"
@@ -335,7 +335,7 @@ int cmd_bench(int argc, char **argv) {
     ellm_context_params cp = ellm_context_default_params();
     cp.n_ctx = n_ctx;
     cp.n_threads = (int)threads;
-    cp.kv_type = kv_f32 ? ELLM_KV_F32 : ELLM_KV_F16;
+    cp.kv_type = (ellm_kv_type)kv_f32;
     cp.n_batch = 512;
     cp.sparse_topk = sparse_topk > 0 || spec_budget > 0 ? 0 : -1; /* keep the index only when sparse is timed */
     if (ellm_context_init(model, &cp, &ctx, &err) != ELLM_OK) {
@@ -471,7 +471,7 @@ int cmd_bench(int argc, char **argv) {
         printf("{\"engine\": \"ellm\", \"model\": \"%s\", \"arch\": \"%s\", \"threads\": %d, \"isa\": \"%s\", "
                "\"kv_type\": \"%s\", \"weight_bytes_per_token\": %llu, \"kv_bytes_per_token\": %zu, "
                "\"bandwidth_gbps\": %.3f, \"bandwidth_gbps_1t\": %.3f, \"probe_read_gbps\": %.3f, \"points\": [",
-               model_path, info.arch, nt, ellm_isa_name(), kv_f32 ? "f32" : "f16",
+               model_path, info.arch, nt, ellm_isa_name(), arg_kv_type_name(kv_f32),
                (unsigned long long)info.decode_weight_bytes, kv_per_token, bw, bw1, probe_bw);
         for (int i = 0; i < n_depths; i++)
             printf("%s{\"depth\": %d, \"mode\": \"dense\", \"synthetic_kv\": %s, \"tokens_per_s\": %.3f, "
@@ -511,7 +511,7 @@ int cmd_bench(int argc, char **argv) {
                gen, proj_s, roof_s, roof_s > 0 ? proj_s / roof_s : 0);
     } else {
         printf("model: %s (%s, %.1f M params)  isa: %s  threads: %d  kv: %s\n", model_path, info.arch,
-               info.n_params / 1e6, ellm_isa_name(), nt, kv_f32 ? "f32" : "f16");
+               info.n_params / 1e6, ellm_isa_name(), nt, arg_kv_type_name(kv_f32));
         printf("weights read per token: %.1f MB   KV per token of context: %.1f KB\n",
                info.decode_weight_bytes / 1e6, kv_per_token / 1e3);
         printf("memory read bandwidth: %.1f GB/s (1 thread), %.1f GB/s (%d threads)\n\n", bw1, bw, nt);

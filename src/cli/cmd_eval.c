@@ -72,6 +72,7 @@ typedef struct {
     const char *spec;     /* --spec: drafter lists, comma-separated */
     long draft_max, spec_every;
     int json, adapt;
+    int kv_type; /* ellm_kv_type of every mode's cache (--kv-type) */
     char compare[512];
     char budgets[256];
     const char *out;
@@ -113,7 +114,8 @@ static int parse_common(int argc, char **argv, eval_opts *o, int calibrate) {
                        "`ellm run` generates; with :prefill the window goes through in chunks of --batch\n"
                        "tokens (default 256, run's default), one selection per chunk, as `ellm run`\n"
                        "prefills a prompt. Recall is sampled every --sparse-recall-every decode steps\n"
-                       "(default 64, as ellm run --stats; it also paces :adapt).\n"
+                       "(default 64, as ellm run --stats; it also paces :adapt). --kv-type f16|f32|q8_0\n"
+                       "sets the KV cache type of every mode (compare two runs for KV fidelity).\n"
                        "With --spec LIST[,LIST...] [--draft-max K] [--spec-every S]: drafters instead of\n"
                        "modes, teacher-forced: every S positions from --score-from on, the full model's\n"
                        "greedy continuation from the true prefix is the target and a drafter's K\n"
@@ -123,6 +125,8 @@ static int parse_common(int argc, char **argv, eval_opts *o, int calibrate) {
         } else if (!strcmp(a, "--json")) o->json = 1;
         else if (arg_value(argc, argv, &i, "--model", "-m", &v, &bad)) o->model = v;
         else if (arg_value(argc, argv, &i, "--file", "-f", &v, &bad)) o->file = v;
+        else if (arg_value(argc, argv, &i, "--kv-type", NULL, &v, &bad))
+            bad = !v || !arg_kv_type(a, v, &o->kv_type);
         else if (arg_value(argc, argv, &i, "--output", "-o", &v, &bad)) o->out = v;
         else if (arg_value(argc, argv, &i, "--sparse-profile", NULL, &v, &bad)) o->profile = v;
         else if (arg_value(argc, argv, &i, "--compare", NULL, &v, &bad)) {
@@ -198,6 +202,7 @@ static int setup(const eval_opts *o, ellm_model **model, ellm_context **ctx, int
     ellm_context_params cp = ellm_context_default_params();
     cp.n_ctx = n_ctx;
     cp.n_batch = (int)o->batch;
+    cp.kv_type = (ellm_kv_type)o->kv_type;
     cp.sparse_window = (int)o->window_tokens;
     cp.sparse_sink_blocks = (int)o->sink;
     cp.sparse_dense_layers = (int)o->dense_layers;

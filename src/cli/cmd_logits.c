@@ -15,7 +15,7 @@ static void logits_usage(FILE *f) {
             "Feeds the whitespace-separated token ids of IDS_FILE in one batched pass and\n"
             "writes the logits after every token: n_ids rows of n_vocab little-endian float32.\n"
             "  -t, --threads N      compute threads\n"
-            "  --kv-type f16|f32    KV cache element type (default f16)\n"
+            "  --kv-type f16|f32|q8_0 KV cache element type (default f16)\n"
             "  -b, --batch-size N   tokens per pass (default: all ids in one pass)\n"
             "  --decode-from N      feed ids from index N on one per pass, as decode steps\n"
             "  --mpi                under mpirun: KV cache sharded over the ranks (rank 0 writes)\n"
@@ -122,7 +122,7 @@ int cmd_logits(int argc, char **argv) {
     ellm_context_params cp = ellm_context_default_params();
     cp.n_ctx = n;
     cp.n_batch = batch ? (int)batch : n;
-    cp.kv_type = kv_f32 ? ELLM_KV_F32 : ELLM_KV_F16;
+    cp.kv_type = (ellm_kv_type)kv_f32;
     cp.n_threads = (int)threads;
     cp.mpi = mpi;
     ellm_status cst = ellm_context_init(model, &cp, &ctx, &err);

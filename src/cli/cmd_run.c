@@ -30,7 +30,7 @@ static void run_usage(FILE *f) {
             "  -c, --ctx-size N       context size in tokens (default: prompt + n, at most\n"
             "                         the model's training length)\n"
             "  --kv-cache-gb G        size the KV cache to G gigabytes instead of -c\n"
-            "  --kv-type f16|f32      KV cache element type (default f16)\n"
+            "  --kv-type f16|f32|q8_0 KV cache element type (default f16)\n"
             "  -b, --batch-size N     tokens per prefill pass (default 256)\n"
             "  --temp T               temperature; 0 = greedy (default 0.8)\n"
             "  --top-k K              (default 40; 0 = off)\n"
@@ -55,6 +55,8 @@ static void run_usage(FILE *f) {
             "                         kept keys to their new positions, and go on. Without\n"
             "                         it a prompt + -n beyond the context is refused up front\n"
             "  --keep N               tokens kept at the start by a shift (default 4)\n"
+            "  --log-every N          every N generated tokens, a line on stderr: position,\n"
+            "                         tokens/s over the last N, resident memory, sparse recall\n"
             "resumable generation:\n"
             "  --save-state FILE      save the run to FILE every --save-every tokens (atomic\n"
             "                         replace) and on Ctrl-C\n"
@@ -112,6 +114,7 @@ typedef struct {
     const char *save_state, *resume;
     int overflow;               /* 0: refuse up front, 1: stop, 2: shift */
     long keep;
+    long log_every;
     long save_every;
     int n_given;                /* -n was given */
     const char *gen_flag;       /* the first flag that --resume refuses, or NULL */
@@ -138,7 +141,7 @@ static int parse(int argc, char **argv, run_opts *o) {
         const char *a = argv[i];
         /* Everything but these comes from the state file with --resume. */
         static const char *const resume_ok[] = {"--stats", "--save-state", "--save-every", "--resume", "--numa-aware",
-                                                "--numa", "--mlock",
+                                                "--numa", "--mlock", "--log-every",
                                                 "-n", "--n-predict", "-t", "--threads", NULL};
         int ok = 0;
         for (int k = 0; resume_ok[k]; k++) {
@@ -195,7 +198,9 @@ static int parse(int argc, char **argv, run_opts *o) {
                 fprintf(stderr, "error: --ctx-overflow expects stop or shift, got '%s'\n", v);
                 bad = 1;
             }
-        } else if (arg_value(argc, argv, &i, "--keep", NULL, &v, &bad))
+        } else if (arg_value(argc, argv, &i, "--log-every", NULL, &v, &bad))
+            bad = !v || !arg_int(a, v, 1, 1L << 30, &o->log_every);
+        else if (arg_value(argc, argv, &i, "--keep", NULL, &v, &bad))
             bad = !v || !arg_int(a, v, 0, 1L << 30, &o->keep);
         else if (arg_value(argc, argv, &i, "--resume", NULL, &v, &bad)) o->resume = v;
         else if (arg_value(argc, argv, &i, "--save-every", NULL, &v, &bad))
@@ -279,7 +284,7 @@ static int parse(int argc, char **argv, run_opts *o) {
  * kv_cache_gb unless --kv-cache-gb), for the caller to choose. */
 static ellm_context_params run_context_params(const run_opts *o) {
     ellm_context_params cp = ellm_context_default_params();
-    cp.kv_type = o->kv_f32 ? ELLM_KV_F32 : ELLM_KV_F16;
+    cp.kv_type = (ellm_kv_type)o->kv_f32;
     cp.n_threads = (int)o->threads;
     if (o->batch) cp.n_batch = (int)o->batch;
     cp.n_ctx = (int)o->ctx;
@@ -488,7 +493,36 @@ typedef struct {
     int keep;
     int n_shifts;
     ellm_spec *spec;    /* --spec: tokens come from speculative steps */
+    long log_every;
 } gen_run;
+
+/* Resident set size of this process in MB (0 if unknown). */
+static double rss_mb(void) {
+    FILE *f = fopen("/proc/self/statm", "r");
+    long pages = 0, rss = 0;
+    if (f) {
+        if (fscanf(f, "%ld %ld", &pages, &rss) != 2) rss = 0;
+        fclose(f);
+    }
+    return (double)rss * (double)sysconf(_SC_PAGESIZE) / 1e6;
+}
+
+/* One --log-every line: speed over the last interval, memory, and the sparse
+ * recall sampled over the interval (-1 if none was sampled). */
+static void log_line(gen_run *g, double *t_last, int *gen_last, int64_t *rs_last, double *rsum_last) {
+    double now = ellm_time_ms();
+    ellm_context_stats cs;
+    ellm_context_get_stats(g->ctx, &cs);
+    double rsum = cs.sparse_recall * (double)cs.recall_samples;
+    int64_t dn = cs.recall_samples - *rs_last;
+    fprintf(stderr, "log: generated=%d pos=%d tok_s=%.3f rss_mb=%.1f recall=%.4f\n", g->generated,
+            ellm_context_pos(g->ctx), (g->generated - *gen_last) / ((now - *t_last) / 1000.0), rss_mb(),
+            dn > 0 ? (rsum - *rsum_last) / (double)dn : -1.0);
+    *t_last = now;
+    *gen_last = g->generated;
+    *rs_last = cs.recall_samples;
+    *rsum_last = rsum;
+}
 
 /* Writes the state file; a failure is reported and generation goes on. */
 static void gen_save(gen_run *g) {
@@ -515,8 +549,9 @@ static int gen_loop(gen_run *g, long n_predict, ellm_detok *dt, double *t_gen_ms
     ellm_error err = {0};
     char text[2048]; /* longest vocabulary pieces are ~512 bytes */
     int tty = isatty(2), n_ctx = ellm_context_n_ctx(g->ctx), start = g->generated;
-    double t_gen0 = ellm_time_ms(), t_last_status = 0;
-    int rc = 0;
+    double t_gen0 = ellm_time_ms(), t_last_status = 0, t_log = t_gen0, rsum_log = 0;
+    int rc = 0, gen_log = g->generated;
+    int64_t rs_log = 0;
     signal(SIGINT, on_sigint);
     int eog = 0;
     while (g->generated < n_predict && !g_interrupted && !eog) {
@@ -571,6 +606,7 @@ static int gen_loop(gen_run *g, long n_predict, ellm_detok *dt, double *t_gen_ms
             break;
         }
         if (g->save_path && g->generated % g->save_every == 0) gen_save(g);
+        if (g->log_every && g->generated % g->log_every == 0) log_line(g, &t_log, &gen_log, &rs_log, &rsum_log);
         double now = ellm_time_ms();
         if (tty && now - t_last_status > 200) {
             status_line(g->generated, (int)n_predict, (g->generated - start) / ((now - t_gen0) / 1000.0),
@@ -606,7 +642,7 @@ static void print_stats(const run_opts *o, const ellm_model_info *info, const ch
             "decode: %d tokens in %.1f ms (%.2f tokens/s)\n"
             "seed: %llu\n",
             info->load_ms, model_path, info->arch, info->n_layer, info->n_embd, info->n_params / 1e6,
-            info->weight_bytes / 1e6, ellm_isa_name(), threads, n_ctx, kv_f32 ? "f32" : "f16", n_prompt, t_prompt,
+            info->weight_bytes / 1e6, ellm_isa_name(), threads, n_ctx, arg_kv_type_name(kv_f32), n_prompt, t_prompt,
             t_prompt > 0 ? n_prompt / (t_prompt / 1000.0) : 0, generated, t_gen, n_dec / (t_gen / 1000.0),
             (unsigned long long)seed);
     fprintf(stderr, "placement: %s\n", info->placement);
@@ -671,7 +707,7 @@ static int run_resume(const run_opts *o) {
     ellm_model_info info;
     ellm_model_get_info(g.model, &info);
     ellm_context_params cp = ellm_context_default_params();
-    cp.kv_type = rs->kv_f32 ? ELLM_KV_F32 : ELLM_KV_F16;
+    cp.kv_type = (ellm_kv_type)rs->kv_f32;
     cp.n_threads = (int)rs->threads;
     cp.n_batch = (int)rs->batch;
     cp.n_ctx = (int)rs->n_ctx;
@@ -722,6 +758,7 @@ static int run_resume(const run_opts *o) {
     g.save_path = o->save_state ? o->save_state : o->resume;
     g.save_every = o->save_every ? o->save_every : (long)rs->save_every;
     g.overflow = rs->overflow;
+    g.log_every = o->log_every;
     g.keep = (int)rs->keep;
     rs->n_predict = n_predict;
 
@@ -928,6 +965,7 @@ int cmd_run(int argc, char **argv) {
     g.n_hist = n_prompt;
     g.overflow = o.overflow;
     g.keep = (int)o.keep;
+    g.log_every = o.log_every;
     ellm_detok dt = {0};
     dt.n_emitted = 1; /* continuing the prompt: keep the leading space of the first piece */
     double t_gen = 0;

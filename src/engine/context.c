@@ -92,8 +92,13 @@ ellm_status engine_context_init(ellm_model *model, const ellm_context_params *pa
     if (!model) return ellm_fail(err, ELLM_ERR_ARG, "context: no model");
     ellm_context_params p = params ? *params : ellm_context_default_params();
     const model_config *c = &model->cfg;
-    int kv_type = p.kv_type == ELLM_KV_F32 ? QTYPE_F32 : QTYPE_F16;
-    size_t per_token = (size_t)2 * c->n_layer * c->n_head_kv * c->head_dim * (kv_type == QTYPE_F32 ? 4 : 2);
+    if (p.kv_type != ELLM_KV_F16 && p.kv_type != ELLM_KV_F32 && p.kv_type != ELLM_KV_Q8_0)
+        return ellm_fail(err, ELLM_ERR_ARG, "context: unknown KV type %d", (int)p.kv_type);
+    int kv_type = p.kv_type == ELLM_KV_F32 ? QTYPE_F32 : p.kv_type == ELLM_KV_Q8_0 ? QTYPE_Q8_0 : QTYPE_F16;
+    /* bytes of K and V per token over all layers (Q8_0: int8 and an F16 scale per 32) */
+    size_t per_elem2 = kv_type == QTYPE_F32 ? 8 : kv_type == QTYPE_F16 ? 4 : 0;
+    size_t per_token = (size_t)c->n_layer * c->n_head_kv *
+                       (per_elem2 ? per_elem2 * c->head_dim : 2 * ((size_t)c->head_dim + (size_t)c->head_dim / 16));
     int64_t n_ctx = p.n_ctx;
     if (n_ctx <= 0 && p.kv_cache_gb > 0) n_ctx = (int64_t)(p.kv_cache_gb * 1e9 / (double)per_token);
     if (n_ctx <= 0) n_ctx = c->n_ctx_train;
@@ -167,7 +172,8 @@ ellm_status engine_context_init(ellm_model *model, const ellm_context_params *pa
                                   .n_ctx = ctx->n_ctx,
                                   .block_tokens = KV_BLOCK_TOKENS,
                                   .superblock_blocks = 0,
-                                  .key_type = kv_type};
+                                  /* Q8_0: the index folds the dequantized keys as they are */
+                                  .key_type = kv_type == QTYPE_Q8_0 ? QTYPE_F32 : kv_type};
         if ((st = sparse_index_init(&sp, &ctx->sidx, err))) {
             ellm_context_free(ctx);
             return st;

@@ -163,6 +163,16 @@ static void matmul_multi(const engine_scratch *s, threadpool *pool, int n, const
     threadpool_run(pool, matmul_task, &job);
 }
 
+/* Stores n rows of K/V at pos and appends the keys to the sparse index. A
+ * quantized cache holds other keys than computed, so the index summarizes the
+ * stored ones (reloaded into k, which the caller no longer needs). */
+static void store_kv(struct ellm_context *ctx, int l, int pos, int n, float *k, const float *v) {
+    kv_cache_store(ctx->kv, l, pos, n, k, v);
+    if (!ctx->sidx) return;
+    if (kv_cache_get_params(ctx->kv)->type == QTYPE_Q8_0) kv_cache_load_keys(ctx->kv, l, pos, n, k);
+    sparse_index_append(ctx->sidx, l, pos, n, k);
+}
+
 /* Stores the layer's K/V of one sequence (rows already in ctx->s.q/k/v) and runs
  * its attention into ctx->s.att: sparse when its budget says so, else dense. */
 static void attend_seq(struct ellm_context *ctx, int l, int n, int pos) {
@@ -184,8 +194,7 @@ static void attend_seq(struct ellm_context *ctx, int l, int n, int pos) {
          * share one selection per tile. */
         const int64_t nq = (int64_t)c->n_head * c->head_dim, nkv = (int64_t)c->n_head_kv * c->head_dim;
         for (int t = 0; t < n; t++) {
-            kv_cache_store(ctx->kv, l, pos + t, 1, ctx->s.k + t * nkv, ctx->s.v + t * nkv);
-            sparse_index_append(ctx->sidx, l, pos + t, 1, ctx->s.k + t * nkv);
+            store_kv(ctx, l, pos + t, 1, ctx->s.k + t * nkv, ctx->s.v + t * nkv);
             attention_args at = aa;
             at.n_q = 1;
             at.q_pos0 = pos + t;
@@ -203,8 +212,7 @@ static void attend_seq(struct ellm_context *ctx, int l, int n, int pos) {
         dist_attention(ctx->dist, &aa, ctx->attn_ws, ctx->pool);
         return;
     }
-    kv_cache_store(ctx->kv, l, pos, n, ctx->s.k, ctx->s.v);
-    if (ctx->sidx) sparse_index_append(ctx->sidx, l, pos, n, ctx->s.k);
+    store_kv(ctx, l, pos, n, ctx->s.k, ctx->s.v);
     if (sparse_attention_layer(ctx, &aa, n, pos + n)) {
         ctx->step_sparse = 1;
         if (ctx->sample_recall) engine_sparse_sample_recall(ctx, l, pos + n);

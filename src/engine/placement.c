@@ -16,7 +16,8 @@
 static void head_span(const kv_cache *kv, int layer, int h, char **lo, char **hi) {
     const kv_cache_params *p = kv_cache_get_params(kv);
     int nb = kv_cache_n_blocks(kv);
-    size_t half = (size_t)p->block_tokens * (size_t)p->head_dim * (p->type == QTYPE_F32 ? 4 : 2);
+    size_t half = kv_cache_block_bytes(kv) / 2;
+    (void)p;
     *lo = (char *)kv_cache_block_k(kv, layer, h, 0);
     *hi = (char *)kv_cache_block_v(kv, layer, h, nb - 1) + half;
 }

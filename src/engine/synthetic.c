@@ -3,6 +3,7 @@
 #include "core/status.h"
 #include "engine/engine_impl.h"
 #include "kernels/kernels.h"
+#include "kernels/quant.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -48,7 +49,11 @@ ellm_status ellm_context_fill_synthetic(ellm_context *ctx, int n, uint64_t seed,
             }
             if (ctx->dist) dist_kv_store(ctx->dist, ctx->kv, l, p0, m, ctx->s.k, ctx->s.v); /* own parts only */
             else kv_cache_store(ctx->kv, l, p0, m, ctx->s.k, ctx->s.v);
-            if (ctx->sidx) sparse_index_append(ctx->sidx, l, p0, m, ctx->s.k);
+            if (ctx->sidx) {
+                /* a quantized cache stores other keys than computed: summarize those */
+                if (kv_cache_get_params(ctx->kv)->type == QTYPE_Q8_0) kv_cache_load_keys(ctx->kv, l, p0, m, ctx->s.k);
+                sparse_index_append(ctx->sidx, l, p0, m, ctx->s.k);
+            }
         }
     }
     free(mu);
