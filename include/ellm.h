@@ -413,7 +413,15 @@ typedef struct {
      *   "ngram"     continue a repeated n-gram of the history (no weights read)
      *   "sparse:N"  the same model attending to N KV tokens per head (needs a
      *               context that keeps the sparse index: sparse_topk >= 0)
-     * e.g. "ngram", "sparse:128", "ngram+sparse:128". Read at init only. */
+     *   "quant:TYPE" the same model through a copy of its weights at a
+     *               low-bit TYPE (q4_0, q4_K, q6_K, q8_0, int4_g128), made
+     *               on first use and cached on disk: beside the model file
+     *               when its folder is writable, else in $XDG_CACHE_HOME/ellm
+     *               or ~/.cache/ellm, else in memory; a cache file that does
+     *               not match the model file as it is now is rebuilt
+     *   "shallow:K" the first K layers, then the output norm and head
+     * quant and shallow take a KV budget too ("quant:q4_0:sparse:128").
+     * e.g. "ngram", "sparse:128", "ngram+quant:q4_0". Read at init only. */
     const char *drafters;
     int draft_max;      /* tokens drafted per verify pass, 1..31 (default 8) */
     int verify_sparse;  /* 0: verify densely (output = dense decoding); 1: with the
@@ -450,6 +458,10 @@ ellm_status ellm_spec_step(ellm_spec *spec, ellm_sampler *sampler, const int32_t
 /* Feeds a token the last step returned but left out of the context (see above). */
 ellm_status ellm_spec_sync(ellm_spec *spec, ellm_error *err);
 void ellm_spec_get_stats(const ellm_spec *spec, ellm_spec_stats *stats);
+/* How drafter i of the chain got its weights, e.g. "q4_0 copy of 43
+ * matrices (77.1 MB a step) loaded from /models/m.gguf.q4_0.ellm-draft";
+ * "" for drafters without weights of their own (ngram, sparse:N). */
+const char *ellm_spec_drafter_note(const ellm_spec *spec, int i);
 /* Teacher-forced drafter evaluation over tokens[0 .. n) (n <= the context
  * size; the context is reset): at positions score_from, score_from + every,
  * ..., the target is the full model's greedy continuation of draft_max + 1

@@ -3,18 +3,32 @@
  * to plain decoding over 1000+ tokens for every drafter and chain (dense and
  * sparse verification), and speculative sampling: a chi-square test that the
  * distribution of a verified token is the target's, which the same check must
- * reject when the acceptance step is broken on purpose. */
+ * reject when the acceptance step is broken on purpose; the quant drafter's
+ * cache of the low-bit copy (made, reused, stale or torn files rebuilt,
+ * unwritable folders falling back to the user cache folder and to memory). */
 #include "ellm.h"
 #include "harness.h"
 #include "engine/sampler.h"
+#include "spec/draft_model.h"
 #include "spec/spec.h"
 
+#include <fcntl.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #define EVALMODEL "models/evalmodel.gguf"
 
 static ellm_model *g_model;
 static int g_vocab;
+static char g_dir[256]; /* a temporary folder holding a copy of the model (its draft caches land beside it) */
+
+static int write_file(const char *path, const void *data, size_t n) {
+    FILE *f = fopen(path, "wb");
+    if (!f) return -1;
+    int ok = fwrite(data, 1, n, f) == n;
+    return fclose(f) == 0 && ok ? 0 : -1;
+}
 
 static int32_t *prompt_tokens(int *n) {
     char path[512];
@@ -48,7 +62,16 @@ static void test_parse(void) {
     CHECK(spec_parse_drafters("ngram+sparse:128", d, SPEC_MAX_DRAFTERS, &err) == 2 && d[1].kind == SPEC_DRAFT_SPARSE &&
               d[1].budget == 128,
           "chain");
-    const char *bad[] = {"", "sparse", "sparse:", "sparse:0", "sparse:12x", "ngram+", "+ngram", "foo", "ngram++sparse:4"};
+    CHECK(spec_parse_drafters("ngram+quant:q4_0:sparse:128", d, SPEC_MAX_DRAFTERS, &err) == 2 &&
+              d[1].kind == SPEC_DRAFT_QUANT && d[1].qtype == 2 && d[1].budget == 128,
+          "quant with a budget");
+    CHECK(spec_parse_drafters("quant:Q4_K+shallow:2:sparse:64", d, SPEC_MAX_DRAFTERS, &err) == 2 &&
+              d[0].kind == SPEC_DRAFT_QUANT && d[0].qtype == 12 && d[0].budget == 0 && d[1].kind == SPEC_DRAFT_SHALLOW &&
+              d[1].n_layer == 2 && d[1].budget == 64,
+          "quant:Q4_K, shallow with a budget");
+    const char *bad[] = {"", "sparse", "sparse:", "sparse:0", "sparse:12x", "ngram+", "+ngram", "foo", "ngram++sparse:4",
+                         "quant", "quant:", "quant:q9_9", "quant:q4_0:", "quant:q4_0:sparse", "quant:q4_0:sparse:0",
+                         "quant:q4_0:dense", "shallow", "shallow:", "shallow:0", "shallow:2x", "shallow:2:sparse:"};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
         CHECK(spec_parse_drafters(bad[i], d, SPEC_MAX_DRAFTERS, &err) == 0 && err.msg[0], "'%s' accepted", bad[i]);
     int32_t h[] = {5, 6, 7, 8, 9, 5, 6, 7}, out[8];
@@ -150,6 +173,11 @@ static void test_greedy_streams(const int32_t *prompt, int n_prompt) {
         {"sparse:48", 0, 0},
         {"ngram+sparse:48", 0, 0},
         {"sparse:48", 128, 1}, /* sparse verification: the output of sparse decoding */
+        {"quant:q4_0", -1, 0},
+        {"ngram+quant:q4_0", -1, 0},
+        {"quant:q8_0:sparse:48", 0, 0},
+        {"shallow:2", -1, 0},
+        {"quant:q4_0:sparse:48", 128, 1},
     };
     for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
         ellm_spec_stats st = {0};
@@ -162,7 +190,7 @@ static void test_greedy_streams(const int32_t *prompt, int n_prompt) {
               cases[c].drafters, cases[c].verify_sparse ? "sparse" : "dense", same);
         CHECK(st.verify_passes > 0 && st.verify_passes < n_gen, "%s: %lld verify passes for %d tokens",
               cases[c].drafters, (long long)st.verify_passes, n_gen);
-        printf("spec %-16s verify %-6s: %d tokens identical, acceptance %.3f, %.2f tokens per verify\n",
+        printf("spec %-22s verify %-6s: %d tokens identical, acceptance %.3f, %.2f tokens per verify\n",
                cases[c].drafters, cases[c].verify_sparse ? "sparse" : "dense", same, st.acceptance_rate,
                st.tokens_per_verify);
     }
@@ -309,6 +337,114 @@ static void test_eval(const int32_t *ids, int n) {
     ellm_context_free(ctx);
 }
 
+/* One quant:q4_0 copy of the model at `path`, loaded fresh; *info says where
+ * it came from and w0 gets its first requantized row (layer 0's wq). */
+static ellm_status quant_copy(const char *path, draft_quant_info *info, unsigned char *w0, size_t w0_cap) {
+    ellm_model *m = NULL;
+    const ellm_model *q = NULL;
+    ellm_error err;
+    ellm_status st = ellm_model_load(path, NULL, &m, &err);
+    CHECK(st == ELLM_OK, "load %s: %s", path, err.msg);
+    if (st != ELLM_OK) return st;
+    st = draft_model_quant(m, 2 /* q4_0 */, &q, info, &err);
+    CHECK(st == ELLM_OK, "quant copy of %s: %s", path, err.msg);
+    if (st == ELLM_OK) {
+        const model_matrix *w = &q->layers[0].wq;
+        CHECK(w->type == 2 && w->row_bytes < m->layers[0].wq.row_bytes && q->output.type == 2,
+              "the copy's matrices are q4_0 and smaller");
+        memcpy(w0, w->data, w->row_bytes < w0_cap ? w->row_bytes : w0_cap);
+        const ellm_model *again = NULL;
+        CHECK(draft_model_quant(m, 2, &again, NULL, &err) == ELLM_OK && again == q, "one copy per model and type");
+    }
+    ellm_model_free(m);
+    return st;
+}
+
+/* The low-bit copy's cache: made beside the model, reused, rebuilt when the
+ * model file changed or the cache is torn; beside an unwritable folder it goes
+ * to $XDG_CACHE_HOME/ellm, and with no writable place at all to memory. */
+static void test_quant_cache(void) {
+    char model[300], cache[340], xdg[300], file[300], w0[64], w1[64];
+    draft_quant_info info;
+    snprintf(model, sizeof model, "%s/cache-test.gguf", g_dir);
+    snprintf(cache, sizeof cache, "%s.q4_0.ellm-draft", model);
+    snprintf(xdg, sizeof xdg, "%s/xdg", g_dir);
+    size_t n = 0;
+    char *bytes = test_read_file(EVALMODEL, &n);
+    CHECK(bytes && write_file(model, bytes, n) == 0, "copy the model to %s", model);
+    if (!bytes) return;
+    setenv("XDG_CACHE_HOME", xdg, 1);
+    unlink(cache);
+    if (quant_copy(model, &info, (unsigned char *)w0, sizeof w0) != ELLM_OK) goto out;
+    struct stat st;
+    CHECK(info.state == DRAFT_CACHE_SAVED && !strcmp(info.path, cache) && stat(cache, &st) == 0 && st.st_size > 4096,
+          "first load saves the copy beside the model (state %d, %s)", info.state, info.path);
+    quant_copy(model, &info, (unsigned char *)w1, sizeof w1);
+    CHECK(info.state == DRAFT_CACHE_LOADED && !strcmp(info.path, cache) && !memcmp(w0, w1, sizeof w0),
+          "second load reuses the cache file (state %d)", info.state);
+
+    /* the model file changed (same bytes but a new file: new inode and time) */
+    unlink(model);
+    CHECK(write_file(model, bytes, n) == 0, "rewrite");
+    struct timespec ts[2] = {{.tv_sec = 1000000000}, {.tv_sec = 1000000000}};
+    utimensat(AT_FDCWD, model, ts, 0);
+    quant_copy(model, &info, (unsigned char *)w1, sizeof w1);
+    CHECK(info.state == DRAFT_CACHE_SAVED && strstr(info.rejected, "stale") && !memcmp(w0, w1, sizeof w0),
+          "a changed model file: the stale cache is rebuilt (state %d, '%s')", info.state, info.rejected);
+    /* a torn cache file (cut short) */
+    CHECK(truncate(cache, 8192) == 0, "truncate the cache");
+    quant_copy(model, &info, (unsigned char *)w1, sizeof w1);
+    CHECK(info.state == DRAFT_CACHE_SAVED && strstr(info.rejected, "torn"), "a torn cache is rebuilt ('%s')",
+          info.rejected);
+    quant_copy(model, &info, (unsigned char *)w1, sizeof w1);
+    CHECK(info.state == DRAFT_CACHE_LOADED, "... and then reused (state %d)", info.state);
+
+    /* an unwritable model folder: /proc/self/fd/N names the model, and no
+     * file can be made in /proc/self/fd, even by root */
+    int fd = open(model, O_RDONLY);
+    char via_fd[64];
+    snprintf(via_fd, sizeof via_fd, "/proc/self/fd/%d", fd);
+    struct stat pst;
+    if (fd < 0 || stat(via_fd, &pst) != 0) {
+        SKIP("no /proc/self/fd here: the unwritable-folder fallback is not tested");
+    } else {
+        quant_copy(via_fd, &info, (unsigned char *)w1, sizeof w1);
+        CHECK(info.state == DRAFT_CACHE_SAVED && !strncmp(info.path, xdg, strlen(xdg)) &&
+                  strstr(info.path, "/ellm/") && stat(info.path, &st) == 0,
+              "unwritable model folder: saved in $XDG_CACHE_HOME/ellm (state %d, %s)", info.state, info.path);
+        quant_copy(via_fd, &info, (unsigned char *)w1, sizeof w1);
+        CHECK(info.state == DRAFT_CACHE_LOADED && !strncmp(info.path, xdg, strlen(xdg)) && !memcmp(w0, w1, sizeof w0),
+              "... and reused from there (state %d)", info.state);
+        if (info.path[0]) unlink(info.path);
+        /* no writable place at all: $XDG_CACHE_HOME under a regular file */
+        snprintf(file, sizeof file, "%s/not-a-folder", g_dir);
+        write_file(file, "x", 1);
+        char bad_xdg[340];
+        snprintf(bad_xdg, sizeof bad_xdg, "%s/cache", file);
+        setenv("XDG_CACHE_HOME", bad_xdg, 1);
+        quant_copy(via_fd, &info, (unsigned char *)w1, sizeof w1);
+        CHECK(info.state == DRAFT_CACHE_MEMORY && !memcmp(w0, w1, sizeof w0), "no writable folder: kept in memory (state %d)",
+              info.state);
+        unlink(file);
+        setenv("XDG_CACHE_HOME", xdg, 1);
+    }
+    if (fd >= 0) close(fd);
+    {
+        ellm_error err;
+        ellm_model *m = NULL;
+        const ellm_model *q = NULL;
+        if (ellm_model_load(model, NULL, &m, &err) == ELLM_OK) {
+            CHECK(draft_model_quant(m, 0 /* f32: not smaller */, &q, NULL, &err) == ELLM_ERR_ARG, "quant:f32 refused");
+            CHECK(draft_model_quant(m, 3 /* q4_1: no quantizer */, &q, NULL, &err) == ELLM_ERR_ARG, "q4_1 refused");
+            ellm_model_free(m);
+        }
+    }
+out:
+    unlink(cache);
+    unlink(model);
+    free(bytes);
+}
+
 static void test_errors(void) {
     ellm_context *dense = make_ctx(64, -1);
     ellm_spec *spec = NULL;
@@ -336,8 +472,21 @@ static void test_errors(void) {
 
 int main(void) {
     ellm_error err;
-    if (ellm_model_load(EVALMODEL, NULL, &g_model, &err) != ELLM_OK) {
-        CHECK(0, "load %s: %s", EVALMODEL, err.msg);
+    /* the model is used from a temporary copy, so that the quant drafters'
+     * caches are made beside it and not in the source tree */
+    snprintf(g_dir, sizeof g_dir, "/tmp/ellm-test-spec-XXXXXX");
+    char model[300];
+    size_t n_bytes = 0;
+    char *bytes = test_read_file(EVALMODEL, &n_bytes);
+    CHECK(mkdtemp(g_dir) != NULL && bytes, "temporary folder and %s", EVALMODEL);
+    snprintf(model, sizeof model, "%s/evalmodel.gguf", g_dir);
+    CHECK(bytes && write_file(model, bytes, n_bytes) == 0, "copy the model");
+    free(bytes);
+    char xdg[300];
+    snprintf(xdg, sizeof xdg, "%s/xdg", g_dir);
+    setenv("XDG_CACHE_HOME", xdg, 1);
+    if (ellm_model_load(model, NULL, &g_model, &err) != ELLM_OK) {
+        CHECK(0, "load %s: %s", model, err.msg);
         return test_finish();
     }
     ellm_model_info info;
@@ -347,6 +496,7 @@ int main(void) {
     int32_t *prompt = prompt_tokens(&n_prompt);
     test_parse();
     test_errors();
+    test_quant_cache();
     if (prompt && n_prompt >= 200) {
         test_rollback(prompt, n_prompt);
         test_greedy_streams(prompt, 200);
@@ -355,5 +505,8 @@ int main(void) {
     }
     free(prompt);
     ellm_model_free(g_model);
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", g_dir);
     return test_finish();
 }

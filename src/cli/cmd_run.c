@@ -86,8 +86,10 @@ static void run_usage(FILE *f) {
             "                         64 with --stats or --sparse-adapt, else off)\n"
             "  --sparse-adapt         move budget between heads by sampled recall\n"
             "self-speculative decoding (same output as without, faster):\n"
-            "  --spec LIST            drafters: ngram, sparse:N; '+' chains them (the cheaper\n"
-            "                         proposes for the next), e.g. ngram+sparse:128\n"
+            "  --spec LIST            drafters: ngram, sparse:N, quant:TYPE (a low-bit copy of\n"
+            "                         the weights, cached beside the model), shallow:K (first K\n"
+            "                         layers); quant/shallow take :sparse:N; '+' chains them\n"
+            "                         (the cheaper proposes for the next), e.g. ngram+quant:q4_0\n"
             "  --draft-max K          tokens drafted per verify pass (default 8, at most 31)\n"
             "  --draft-p-min P        a model drafter stops below this top probability (default 0)\n"
             "  --spec-verify MODE     dense (exact dense output) or sparse (exact sparse output;\n"
@@ -986,6 +988,8 @@ int cmd_run(int argc, char **argv) {
                 o.spec, o.draft_max, o.spec_verify ? "sparse" : "dense", ss.acceptance_rate,
                 (long long)ss.accepted, (long long)ss.proposed, ss.tokens_per_verify,
                 (long long)ss.verify_passes, ss.draft_ms, ss.verify_ms, ss.rollback_ms);
+        for (int i = 0; i < 4; i++) /* at most 4 drafters in a chain */
+            if (*ellm_spec_drafter_note(spec, i)) fprintf(stderr, "spec_drafter %d: %s\n", i, ellm_spec_drafter_note(spec, i));
     }
     if (o.stats && mpi) {
         ellm_context_stats cs;

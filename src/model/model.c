@@ -253,7 +253,10 @@ ellm_status ellm_model_load(const char *path, const ellm_model_params *params, e
     gguf_file *f = NULL;
     ellm_status st = gguf_open(path, &f, err);
     if (st == ELLM_OK) st = model_load_gguf(f, params, out, err);
-    if (st == ELLM_OK) (*out)->load_ms = ellm_time_ms() - t0;
+    if (st == ELLM_OK) {
+        (*out)->load_ms = ellm_time_ms() - t0;
+        (*out)->path = strdup(path);
+    }
     return st;
 }
 
@@ -267,6 +270,7 @@ ellm_status model_load_gguf(gguf_file *f, const ellm_model_params *params, ellm_
         return ellm_fail(err, ELLM_ERR_NOMEM, "model: out of memory");
     }
     m->file = f;
+    pthread_mutex_init(&m->derived_lock, NULL);
     m->n_threads = params && params->n_threads > 0 ? params->n_threads : ellm_cpu_physical_cores();
     m->pin_threads = params ? params->pin_threads : 1;
     loader ld = {m, err};
@@ -288,6 +292,13 @@ ellm_status model_load_gguf(gguf_file *f, const ellm_model_params *params, ellm_
 
 void ellm_model_free(ellm_model *m) {
     if (!m) return;
+    for (model_derived *d = m->derived, *next; d; d = next) {
+        next = d->next;
+        d->free_fn(d->m);
+        free(d);
+    }
+    pthread_mutex_destroy(&m->derived_lock);
+    free(m->path);
     model_placement_free(m);
     for (int i = 0; i < m->n_owned; i++) free(m->owned[i]);
     free(m->owned);

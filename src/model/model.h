@@ -10,6 +10,7 @@
 #include "topology/plan.h"
 #include "tokenizer/tokenizer.h"
 
+#include <pthread.h>
 #include <stdint.h>
 
 typedef enum { MODEL_ARCH_LLAMA, MODEL_ARCH_QWEN2, MODEL_ARCH_QWEN3 } model_arch;
@@ -40,6 +41,17 @@ typedef struct {
     float rope_theta;
     float norm_eps;
 } model_config;
+
+/* A model derived from another for drafting (src/spec/draft_model.c): it
+ * borrows the base's tokenizer, vectors and unchanged matrices, is made once
+ * per kind and shared by every context, and is freed with the base by
+ * free_fn. */
+typedef struct model_derived {
+    struct model_derived *next;
+    char key[48];            /* what it is, e.g. "quant:q4_0" */
+    struct ellm_model *m;
+    void (*free_fn)(struct ellm_model *);
+} model_derived;
 
 typedef struct {
     const float *attn_norm;            /* (d) */
@@ -75,6 +87,13 @@ struct ellm_model {
     uint64_t n_params;
     uint64_t weight_bytes;
     double load_ms;
+    char *path;               /* the file it was loaded from, or NULL (memory) */
+    /* Shallow drafts (cfg.n_layer cut short): an optional (d, d) F32 map from
+     * the last kept layer's residual stream to the full model's, applied to
+     * the rows whose logits are wanted before the output norm; NULL: none. */
+    const float *draft_map;
+    model_derived *derived;   /* drafting copies made from this model */
+    pthread_mutex_t derived_lock;
 };
 
 /* ellm_model_load on a GGUF file already open (e.g. from memory, for the

@@ -1,12 +1,16 @@
 /* The speculative loop: draft, verify in one batched pass, accept, roll back.
  * See spec.h for the scheme and the drafters. */
 #include "spec/spec.h"
+#include "spec/draft_model.h"
+#include "kernels/quant.h"
 #include "core/status.h"
 #include "core/timer.h"
 #include "engine/engine_impl.h"
 #include "engine/sampler.h"
 
 #include <math.h>
+#include <stdio.h>
+#include <strings.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -15,6 +19,14 @@ struct ellm_spec {
     ellm_spec_params p;
     spec_drafter drafters[SPEC_MAX_DRAFTERS];
     int n_drafters;
+    /* model drafters with weights of their own (quant, shallow): the derived
+     * model (kept with the target model) and a scratch sized for it; the
+     * context runs on them while such a drafter drafts */
+    const ellm_model *dmodel[SPEC_MAX_DRAFTERS];
+    engine_scratch dscratch[SPEC_MAX_DRAFTERS];
+    char note[SPEC_MAX_DRAFTERS][1200];
+    ellm_model *target_model;
+    engine_scratch target_scratch;
     int target_topk; /* the context's sparse budget when the state was made (verify --spec-verify sparse) */
     int n_vocab;
     float *rows;      /* (SPEC_MAX_DRAFT + 1) x n_vocab: logits of a verify or draft batch */
@@ -32,6 +44,66 @@ ellm_spec_params ellm_spec_default_params(void) {
     p.drafters = "ngram";
     p.draft_max = 8;
     return p;
+}
+
+/* Parses ":sparse:N" (or "") after a model drafter's own argument at `rest`.
+ * Returns 0, or -1 with err. */
+static int parse_budget(const char *item, const char *rest, spec_drafter *d, ellm_error *err) {
+    char *end;
+    if (!*rest) return 0;
+    if (strncmp(rest, ":sparse:", 8)) {
+        ellm_fail(err, ELLM_ERR_ARG, "spec: '%s': expected nothing or ':sparse:N' after the drafter", item);
+        return -1;
+    }
+    long b = strtol(rest + 8, &end, 10);
+    if (end == rest + 8 || *end || b < 1 || b > (1L << 30)) {
+        ellm_fail(err, ELLM_ERR_ARG, "spec: '%s': expected sparse:N with N >= 1 KV tokens", item);
+        return -1;
+    }
+    d->budget = (int)b;
+    return 0;
+}
+
+/* Parses one drafter of a list. Returns 0, or -1 with err. */
+static int parse_item(const char *item, spec_drafter *d, ellm_error *err) {
+    char *end;
+    if (!strcmp(item, "ngram")) {
+        d->kind = SPEC_DRAFT_NGRAM;
+        return 0;
+    }
+    if (!strncmp(item, "sparse:", 7)) {
+        char rest[80];
+        snprintf(rest, sizeof rest, ":%s", item);
+        d->kind = SPEC_DRAFT_SPARSE;
+        return parse_budget(item, rest, d, err);
+    }
+    if (!strncmp(item, "quant:", 6)) {
+        const char *t = item + 6, *colon = strchr(t, ':');
+        size_t len = colon ? (size_t)(colon - t) : strlen(t);
+        d->kind = SPEC_DRAFT_QUANT;
+        d->qtype = -1;
+        for (int i = 0; i < QTYPE_COUNT && len; i++) {
+            const qtype_info *qi = qtype_get(i);
+            if (qi && qi->supported && strlen(qi->name) == len && !strncasecmp(qi->name, t, len)) d->qtype = i;
+        }
+        if (d->qtype < 0) {
+            ellm_fail(err, ELLM_ERR_ARG, "spec: '%s': unknown weight type (e.g. quant:q4_0, quant:q4_K)", item);
+            return -1;
+        }
+        return parse_budget(item, t + len, d, err);
+    }
+    if (!strncmp(item, "shallow:", 8)) {
+        long k = strtol(item + 8, &end, 10);
+        if (end == item + 8 || k < 1 || k > 4096) {
+            ellm_fail(err, ELLM_ERR_ARG, "spec: '%s': expected shallow:K with K >= 1 layers", item);
+            return -1;
+        }
+        d->kind = SPEC_DRAFT_SHALLOW;
+        d->n_layer = (int)k;
+        return parse_budget(item, end, d, err);
+    }
+    ellm_fail(err, ELLM_ERR_ARG, "spec: unknown drafter '%s' (known: ngram, sparse:N, quant:TYPE, shallow:K)", item);
+    return -1;
 }
 
 int spec_parse_drafters(const char *list, spec_drafter *out, int cap, ellm_error *err) {
@@ -56,21 +128,7 @@ int spec_parse_drafters(const char *list, spec_drafter *out, int cap, ellm_error
             return 0;
         }
         spec_drafter d = {0};
-        char *end;
-        if (!strcmp(item, "ngram")) {
-            d.kind = SPEC_DRAFT_NGRAM;
-        } else if (!strncmp(item, "sparse:", 7)) {
-            long b = strtol(item + 7, &end, 10);
-            if (end == item + 7 || *end || b < 1 || b > (1L << 30)) {
-                ellm_fail(err, ELLM_ERR_ARG, "spec: '%s': expected sparse:N with N >= 1 KV tokens", item);
-                return 0;
-            }
-            d.kind = SPEC_DRAFT_SPARSE;
-            d.budget = (int)b;
-        } else {
-            ellm_fail(err, ELLM_ERR_ARG, "spec: unknown drafter '%s' (known: ngram, sparse:N)", item);
-            return 0;
-        }
+        if (parse_item(item, &d, err)) return 0;
         out[n++] = d;
         s += len;
         if (*s == '+') {
@@ -103,10 +161,10 @@ ellm_status ellm_spec_init(ellm_context *ctx, const ellm_spec_params *params, el
         return err ? err->status : ELLM_ERR_ARG;
     }
     for (int i = 0; i < s->n_drafters; i++) {
-        if (s->drafters[i].kind == SPEC_DRAFT_SPARSE && !ctx->sidx) {
+        if (s->drafters[i].budget > 0 && !ctx->sidx) {
             free(s);
             return ellm_fail(err, ELLM_ERR_ARG,
-                             "spec: a sparse:N drafter needs a context that keeps the sparse index "
+                             "spec: a drafter with a sparse:N budget needs a context that keeps the sparse index "
                              "(sparse_topk >= 0 at init)");
         }
         if (s->drafters[i].kind == SPEC_DRAFT_NGRAM && i > 0) {
@@ -119,6 +177,34 @@ ellm_status ellm_spec_init(ellm_context *ctx, const ellm_spec_params *params, el
         return ellm_fail(err, ELLM_ERR_ARG, "spec: sparse verification needs a context with a sparse budget");
     }
     s->ctx = ctx;
+    s->target_model = ctx->model;
+    for (int i = 0; i < s->n_drafters; i++) {
+        const spec_drafter *d = &s->drafters[i];
+        ellm_status st = ELLM_OK;
+        if (d->kind == SPEC_DRAFT_QUANT) {
+            draft_quant_info qi;
+            st = draft_model_quant(ctx->model, d->qtype, &s->dmodel[i], &qi, err);
+            if (st == ELLM_OK) {
+                static const char *how[] = {"", "loaded from", "saved to", "kept in memory (no writable cache folder)"};
+                snprintf(s->note[i], sizeof s->note[i], "%s copy of %d matrices (%.1f MB a step) %s%s%.1000s%s%.150s",
+                         qtype_get(d->qtype)->name, qi.n_requantized, qi.draft_weight_bytes / 1e6, how[qi.state],
+                         qi.state != DRAFT_CACHE_MEMORY ? " " : "", qi.state != DRAFT_CACHE_MEMORY ? qi.path : "",
+                         qi.rejected[0] ? "; not used: " : "", qi.rejected);
+            }
+        } else if (d->kind == SPEC_DRAFT_SHALLOW) {
+            st = draft_model_shallow(ctx->model, d->n_layer, NULL, &s->dmodel[i], err);
+            if (st == ELLM_OK)
+                snprintf(s->note[i], sizeof s->note[i], "first %d of %d layers", d->n_layer, ctx->model->cfg.n_layer);
+        }
+        if (st == ELLM_OK && s->dmodel[i] && ctx->dist)
+            st = ellm_fail(err, ELLM_ERR_ARG, "spec: quant and shallow drafters do not run over MPI-sharded KV");
+        if (st == ELLM_OK && s->dmodel[i] && engine_scratch_init(s->dmodel[i], SPEC_MAX_DRAFT + 1, &s->dscratch[i]))
+            st = ellm_fail(err, ELLM_ERR_NOMEM, "spec: out of memory for a draft scratch");
+        if (st != ELLM_OK) {
+            ellm_spec_free(s);
+            return st;
+        }
+    }
     s->p = p;
     s->p.drafters = NULL; /* not kept: the caller's string */
     s->target_topk = ctx->sparse_topk;
@@ -136,6 +222,8 @@ ellm_status ellm_spec_init(ellm_context *ctx, const ellm_spec_params *params, el
 
 void ellm_spec_free(ellm_spec *s) {
     if (!s) return;
+    for (int i = 0; i < SPEC_MAX_DRAFTERS; i++)
+        if (s->dmodel[i]) engine_scratch_free(&s->dscratch[i]);
     free(s->rows);
     free(s->probs);
     free(s->hist);
@@ -171,6 +259,32 @@ static void set_budget(ellm_spec *s, int topk) {
     if (s->ctx->sidx) s->ctx->sparse_topk = topk;
 }
 
+/* Runs the context's passes as drafter `lvl` drafts: its budget, and its
+ * derived model with a scratch sized for it (or the target's own). */
+static void use_drafter(ellm_spec *s, int lvl) {
+    ellm_context *ctx = s->ctx;
+    set_budget(s, s->drafters[lvl].budget);
+    if (ctx->model != s->target_model) ctx->s = s->target_scratch; /* leave the last drafter's */
+    ctx->model = s->target_model;
+    if (s->dmodel[lvl]) {
+        s->target_scratch = ctx->s;
+        ctx->s = s->dscratch[lvl];
+        ctx->model = (ellm_model *)s->dmodel[lvl];
+    }
+}
+
+/* Back to the target model for verification, at sparse budget topk. */
+static void use_target(ellm_spec *s, int topk) {
+    ellm_context *ctx = s->ctx;
+    if (ctx->model != s->target_model) {
+        ctx->s = s->target_scratch;
+        ctx->model = s->target_model;
+    }
+    set_budget(s, topk);
+}
+
+const char *ellm_spec_drafter_note(const ellm_spec *s, int i) { return i >= 0 && i < s->n_drafters ? s->note[i] : ""; }
+
 /* Drafts up to `max` tokens after hist[0 .. n) with drafter chain level
  * `lvl` (and the cheaper ones before it as its proposers). The context holds
  * hist[0 .. n - 1) in its KV cache; hist[n - 1] is the token just chosen,
@@ -185,7 +299,7 @@ static int draft(ellm_spec *s, int lvl, int32_t *hist, int n, int max, int32_t *
      * proposal is checked in one batched pass first and its agreeing prefix
      * (plus this drafter's own next token) taken at once. */
     ellm_context *ctx = s->ctx;
-    set_budget(s, d->budget);
+    use_drafter(s, lvl);
     int got = 0;
     int32_t feed[SPEC_MAX_DRAFT + 1];
     while (got < max) {
@@ -193,7 +307,8 @@ static int draft(ellm_spec *s, int lvl, int32_t *hist, int n, int max, int32_t *
         int np = 0;
         if (lvl > 0) {
             np = draft(s, lvl - 1, hist, n + got, max - got, feed + 1, err);
-            set_budget(s, d->budget);
+            use_drafter(s, lvl);
+            if (np < 0) return -1;
         }
         if (base + 1 + np > ctx->n_ctx) np = ctx->n_ctx - base - 1;
         if (np < 0) break;
@@ -265,15 +380,15 @@ ellm_status ellm_spec_step(ellm_spec *s, ellm_sampler *smp, const int32_t *hist,
     if (k > 0) {
         nd = draft(s, s->n_drafters - 1, h, n_hist + 1, k, batch + 1, err);
         if (nd < 0) {
-            set_budget(s, s->target_topk);
+            use_target(s, s->target_topk);
             ellm_context_truncate(ctx, pos);
             return err ? err->status : ELLM_ERR_ARG;
         }
     }
     double t1 = ellm_time_ms();
+    use_target(s, s->p.verify_sparse ? s->target_topk : 0);
     if (ellm_context_pos(ctx) != pos) ellm_context_truncate(ctx, pos);
     double t2 = ellm_time_ms();
-    set_budget(s, s->p.verify_sparse ? s->target_topk : 0);
     ellm_status st = ellm_decode(ctx, batch, nd + 1, s->rows, err);
     set_budget(s, s->target_topk);
     if (st != ELLM_OK) {
@@ -352,7 +467,7 @@ void ellm_spec_get_stats(const ellm_spec *s, ellm_spec_stats *out) {
 
 int spec_draft(ellm_spec *s, int32_t *hist, int n, int max, int32_t *out, ellm_error *err) {
     int nd = draft(s, s->n_drafters - 1, hist, n, max, out, err);
-    set_budget(s, s->target_topk);
+    use_target(s, s->target_topk);
     return nd;
 }
 

@@ -17,6 +17,11 @@
  *   sparse:N   the same model attending to only N tokens per KV head (sink,
  *              window and best blocks of the sparse index). Its KV writes are
  *              provisional: the verify pass rewrites them.
+ *   quant:TYPE the same model through a low-bit copy of its weights
+ *              (draft_model.h: made at load, cached on disk), so a draft
+ *              step reads fewer weight bytes; ":sparse:N" adds a KV budget.
+ *   shallow:k  the first k layers, then the model's output norm and head;
+ *              ":sparse:N" adds a KV budget.
  * Model drafters draft greedily (the proposal is the drafter's argmax), so
  * with sampling the rejection test uses a one-hot proposal distribution:
  * accept d with probability p(d), else draw from p without d. */
@@ -29,15 +34,18 @@
 #define SPEC_MAX_DRAFTERS 4 /* drafters in a chain */
 #define SPEC_NGRAM_MAX 4    /* longest n-gram looked up */
 
-typedef enum { SPEC_DRAFT_NGRAM, SPEC_DRAFT_SPARSE } spec_drafter_kind;
+typedef enum { SPEC_DRAFT_NGRAM, SPEC_DRAFT_SPARSE, SPEC_DRAFT_QUANT, SPEC_DRAFT_SHALLOW } spec_drafter_kind;
 
 typedef struct {
     spec_drafter_kind kind;
-    int budget; /* SPEC_DRAFT_SPARSE: KV tokens per head */
+    int budget;   /* KV tokens per head the draft attends to (0: all); SPEC_DRAFT_SPARSE: >= 1 */
+    int qtype;    /* SPEC_DRAFT_QUANT: the low-bit type of the copy (kernels/quant.h) */
+    int n_layer;  /* SPEC_DRAFT_SHALLOW: layers kept */
 } spec_drafter;
 
-/* Parses a drafter list ("ngram", "sparse:128", "ngram+sparse:128"). Returns
- * the number of drafters (>= 1) written to out, or 0 with a message in err. */
+/* Parses a drafter list ("ngram", "sparse:128", "quant:q4_0:sparse:128",
+ * "shallow:2", "ngram+sparse:128"). Returns the number of drafters (>= 1)
+ * written to out, or 0 with a message in err. */
 int spec_parse_drafters(const char *list, spec_drafter *out, int cap, ellm_error *err);
 
 /* Up to `max` tokens continuing hist[0 .. n) by n-gram lookup: the longest
