@@ -104,6 +104,8 @@ struct ellm_context {
 enum { IM_ATTN_IN, IM_ATTN_OUT, IM_FFN_IN, IM_FFN_DOWN, IM_SLOTS };
 /* Adds nb input rows X (the slot's cols each) of `layer` to the sums. */
 void engine_imatrix_observe(ellm_imatrix *im, int layer, int slot, const float *X, int nb);
+/* Adds `calls` forward passes and `rows` tokens to the counts the means divide by. */
+void engine_imatrix_count(ellm_imatrix *im, int64_t calls, int64_t rows);
 
 /* ---- context.c ---- */
 

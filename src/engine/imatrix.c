@@ -57,19 +57,9 @@ void engine_imatrix_observe(ellm_imatrix *im, int layer, int slot, const float *
         for (int64_t c = 0; c < cols; c++) s[c] += (double)X[b * cols + c] * X[b * cols + c];
 }
 
-ellm_status ellm_imatrix_collect(ellm_context *ctx, ellm_imatrix *im, const int32_t *tokens, int n, ellm_error *err) {
-    if (!ctx || !im || n <= 0) return ellm_fail(err, ELLM_ERR_ARG, "imatrix: bad arguments");
-    ellm_context_truncate(ctx, 0);
-    ctx->imatrix = im;
-    ellm_status st = ELLM_OK;
-    for (int i = 0; i < n && st == ELLM_OK; i += ctx->n_batch) {
-        int k = n - i < ctx->n_batch ? n - i : ctx->n_batch;
-        st = ellm_decode(ctx, tokens + i, k, NULL, err);
-        im->n_calls++;
-    }
-    ctx->imatrix = NULL;
-    if (st == ELLM_OK) im->n_rows += n;
-    return st;
+void engine_imatrix_count(ellm_imatrix *im, int64_t calls, int64_t rows) {
+    im->n_calls += calls;
+    im->n_rows += rows;
 }
 
 /* llama.cpp's imatrix .dat layout (little-endian): i32 n_entries, then per
