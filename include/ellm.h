@@ -242,7 +242,8 @@ typedef struct {
      * ellm_mpi_init); NULL: one process. Every rank creates its context with
      * the same parameters and feeds the same tokens; each stores the keys and
      * values of its own positions and gets the same logits, bit for bit, as
-     * one process. Dense attention only (sparse_topk must be 0). */
+     * one process, dense or sparse (sparse without sparse_recall_every or
+     * sparse_adapt, which read every key). */
     ellm_mpi *mpi;
 } ellm_context_params;
 
@@ -312,6 +313,8 @@ typedef struct {
     double mpi_exchange_ms;    /* wall time in the collectives, waiting for slower ranks included */
     double mpi_merge_ms;       /* merging every rank's partials */
     double mpi_parts_ms;       /* computing this rank's partials (its share of attention) */
+    uint64_t sparse_digest;    /* FNV-1a of every selection's block list, in order: runs
+                                  with equal digests attended to the same blocks */
 } ellm_context_stats;
 
 void ellm_context_get_stats(const ellm_context *ctx, ellm_context_stats *stats);

@@ -7,8 +7,10 @@
  * Under mpirun (skipped, and counted, where mpirun is missing): `ellm logits
  * --mpi` with 1, 2 and 3 ranks writes the same bytes as one process, over a
  * context of three parts (1100 tokens; parts are 512), batched prefill and
- * decode steps that open a new part; each rank stores only its parts; sparse
- * attention is refused with a message; a rank that hangs or exits makes the
+ * decode steps that open a new part; each rank stores only its parts; the
+ * same for sparse attention, whose selections (a digest of every block list)
+ * also match one process's; what reads every key (--sparse-adapt) is refused
+ * with a message; a rank that hangs or exits makes the
  * job stop with an error instead of hanging. Runs $ELLM_BIN (default build/ellm). */
 #include "harness.h"
 
@@ -29,10 +31,26 @@ static float frand(void) {
     return (float)((rng >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f;
 }
 
+/* attention_select_fn handing out fixed lists. */
+typedef struct {
+    const int32_t *lists;
+    const int *n;
+    int max;
+} fixed_lists;
+
+static void select_fixed(void *arg, int kv_head, int thread, int32_t *blocks, int *n_blocks) {
+    const fixed_lists *fl = arg;
+    (void)thread;
+    *n_blocks = fl->n[kv_head];
+    memcpy(blocks, fl->lists + (size_t)kv_head * fl->max, (size_t)*n_blocks * sizeof *blocks);
+}
+
 /* One layer, n_kv KV heads, a cache of n tokens filled with random keys and
  * values; for query batches at several positions, parts merged equal
  * attention_forward bit for bit, whether computed all at once or in R
- * interleaved subsets (part c in subset c mod R), on 1 or 2 threads. */
+ * interleaved subsets (part c in subset c mod R), on 1 or 2 threads; and the
+ * same for sparse block lists against attention_forward_blocks and the
+ * selection job's attention. */
 static void test_parts_merge(void) {
     const int n_kv = 2, group = 3, n_head = n_kv * group, hd = 64, n_ctx = 1300, max_q = 40;
     ellm_error err;
@@ -51,6 +69,9 @@ static void test_parts_merge(void) {
     float *q = malloc((size_t)max_q * n_head * hd * sizeof(float));
     float *ref = malloc((size_t)max_q * n_head * hd * sizeof(float));
     float *got = malloc((size_t)max_q * n_head * hd * sizeof(float));
+    enum { max_list = 128 }; /* >= blocks of the cache (1300 / 16) */
+    int32_t lists[2 * max_list];
+    int n_list[2];
     for (size_t i = 0; i < (size_t)n_ctx * n_kv * hd; i++) {
         k[i] = frand() * 2.0f;
         v[i] = frand();
@@ -79,7 +100,7 @@ static void test_parts_merge(void) {
                             long i = attention_part_first(&a, t) + c;
                             sub[i] = c % R == r ? recs[i] : NULL;
                         }
-                    attention_forward_parts(&a, sub, ws, th ? pool : NULL);
+                    attention_forward_parts(&a, NULL, NULL, 0, sub, ws, th ? pool : NULL);
                 }
                 memset(got, 0xff, (size_t)n_q * n_head * hd * sizeof(float));
                 attention_args b = a;
@@ -92,6 +113,46 @@ static void test_parts_merge(void) {
         }
         CHECK(n_rec == (long)n_tiles * ((pos0 + n_q + 511) / 512) || n_tiles > 1,
               "one tile at %d+%d: %ld parts", pos0, n_q, n_rec);
+        /* sparse: ascending lists of about a third of the visible blocks
+         * (the last always), some heads missing whole parts; one process's
+         * attention_forward_blocks and, for a decode-sized batch, the
+         * selection job's attention are the references */
+        const int n_vis = (pos0 + n_q + 15) / 16;
+        for (int h = 0; h < n_kv; h++) {
+            int nb = 0;
+            for (int b = 0; b < n_vis; b++)
+                if (b == n_vis - 1 || (frand() > 0.35f && !(h == 1 && b / 32 == 1)))
+                    lists[h * max_list + nb++] = b;
+            n_list[h] = nb;
+        }
+        attention_forward_blocks(&a, lists, n_list, max_list, ws, pool);
+        if (n_q <= 16) {
+            attention_args b = a;
+            b.out = got;
+            int32_t sel[2 * 128];
+            int sel_n[2];
+            fixed_lists fl = {lists, n_list, max_list};
+            attention_forward_select(&b, select_fixed, &fl, sel, sel_n, max_list, ws, pool);
+            CHECK(!memcmp(got, ref, (size_t)n_q * n_head * hd * sizeof(float)),
+                  "n_q %d at %d: sparse selection job differs from attention_forward_blocks", n_q, pos0);
+        }
+        for (int R = 1; R <= 3; R++) {
+            for (int r = 0; r < R; r++) {
+                for (int t = 0; t < n_tiles; t++)
+                    for (int c = 0; c < attention_tile_parts(&a, t); c++) {
+                        long i = attention_part_first(&a, t) + c;
+                        sub[i] = c % R == r ? recs[i] : NULL;
+                    }
+                attention_forward_parts(&a, lists, n_list, max_list, sub, ws, r % 2 ? pool : NULL);
+            }
+            memset(got, 0xff, (size_t)n_q * n_head * hd * sizeof(float));
+            attention_args b = a;
+            b.out = got;
+            attention_merge_parts(&b, (const float *const *)recs, pool);
+            CHECK(!memcmp(got, ref, (size_t)n_q * n_head * hd * sizeof(float)),
+                  "n_q %d at %d: sparse parts of %d subsets merged differ from attention_forward_blocks", n_q, pos0,
+                  R);
+        }
         for (long i = 0; i < n_rec; i++) free(recs[i]);
         free(recs);
         free(sub);
@@ -178,11 +239,42 @@ static void test_mpi(void) {
     const char *bp = strstr(out, "\"bytes_per_step\": ");
     CHECK(bp && atof(bp + 18) > 0, "bench --mpi: no bytes per step in: %s", out);
 
-    /* sparse attention across ranks is refused with a message */
-    snprintf(cmd, sizeof cmd, MPIRUN " -np 2 %s run --mpi -m %s -p hello -n 4 -t 1 --sparse-topk 64", test_ellm_bin(), model);
+    /* sparse: each rank chooses from its copy of the index and attends to
+     * the chosen blocks it holds; the same blocks (digest of every list) and
+     * the same logits as one process, for batches of one selection each
+     * (100 tokens), batches run token by token (20) and decode steps */
+    const struct {
+        int np, batch, decode_from;
+    } sp[] = {{2, 100, 1000}, {3, 100, 1000}, {3, 20, 1040}};
+    char one_sp[160], digest[64] = "";
+    snprintf(one_sp, sizeof one_sp, "%s.sparse", one);
+    for (size_t i = 0; i < sizeof sp / sizeof sp[0]; i++) {
+        if (i == 0 || sp[i].batch != sp[i - 1].batch) { /* one process with the same batches: the reference */
+            snprintf(cmd, sizeof cmd, "%s logits -m %s --ids %s -o %s -t 1 -b %d --decode-from %d --sparse-topk 128",
+                     test_ellm_bin(), model, ids, one_sp, sp[i].batch, sp[i].decode_from);
+            rc = sh(cmd, out, sizeof out);
+            const char *d = strstr(out, "blocks digest ");
+            CHECK(rc == 0 && d && !strstr(out, " 0 selections"), "sparse, one process: exit %d: %s", rc, out);
+            snprintf(digest, sizeof digest, "%.30s", d ? d : "none");
+            CHECK(!same_file(one, one_sp), "sparse logits equal dense ones: sparse attention did not run");
+        }
+        remove(got);
+        snprintf(cmd, sizeof cmd,
+                 MPIRUN " -np %d %s logits --mpi -m %s --ids %s -o %s -t 1 -b %d --decode-from %d --sparse-topk 128",
+                 sp[i].np, test_ellm_bin(), model, ids, got, sp[i].batch, sp[i].decode_from);
+        rc = sh(cmd, out, sizeof out);
+        CHECK(rc == 0, "sparse, %d ranks: exit %d: %s", sp[i].np, rc, out);
+        CHECK(strstr(out, digest) != NULL, "sparse, %d ranks, batch %d: want '%s' (one process's) in: %s", sp[i].np,
+              sp[i].batch, digest, out);
+        CHECK(same_file(one_sp, got), "sparse, %d ranks, batch %d: logits differ from one process's", sp[i].np,
+              sp[i].batch);
+    }
+    remove(one_sp);
+    /* what reads every key cannot run on a shard: refused with a message */
+    snprintf(cmd, sizeof cmd, MPIRUN " -np 2 %s run --mpi -m %s -p hello -n 4 -t 1 --sparse-topk 64 --sparse-adapt",
+             test_ellm_bin(), model);
     rc = sh(cmd, out, sizeof out);
-    CHECK(rc != 0 && strstr(out, "not supported with the KV cache sharded"), "sparse with --mpi: exit %d: %s", rc,
-          out);
+    CHECK(rc != 0 && strstr(out, "read every key"), "sparse-adapt with --mpi: exit %d: %s", rc, out);
 
     /* a rank that stops answering: the others give up after --mpi-timeout */
     snprintf(cmd, sizeof cmd,

@@ -4,8 +4,11 @@
  * Work model. A segment is (KV head h, tile of up to ATTN_TILE_Q query tokens);
  * its rows are the tile's tokens times the group's query heads. A segment's
  * KV blocks (those its last token can see, or its sparse list) are cut into
- * parts of ATTN_PART_BLOCKS blocks at fixed places: part c holds blocks
- * [c * ATTN_PART_BLOCKS, (c + 1) * ATTN_PART_BLOCKS) of the list. Each part
+ * parts at fixed places of the cache: part c holds the segment's blocks among
+ * cache blocks [c * ATTN_PART_BLOCKS, (c + 1) * ATTN_PART_BLOCKS) -- all 32 of
+ * them for dense attention, the run of the (ascending) list that falls there
+ * for sparse, so a KV cache sharded by parts over processes has every part of
+ * a sparse call on one process, as it has for dense. Each part
  * starts from an empty online-softmax state, and a segment of several parts is
  * merged by a log-sum-exp reduction of its parts in part order. Where the parts
  * are cut depends only on block indices -- not on the number of query tokens in
@@ -63,15 +66,11 @@ struct attention_workspace {
     atomic_int next_unit; /* the next unit of work to take */
     atomic_int *sel_done; /* max_seg: generation of the call whose selection is done */
     int gen;              /* generation of the current call */
-    float *chunk_mem;     /* SELECT_CHUNKS partials of every head, see chunk_slot() */
+    float *chunk_mem;     /* max_parts partials of every head, see chunk_slot() */
+    int max_parts;        /* parts of a cache of max_ctx tokens: ceil(blocks / ATTN_PART_BLOCKS) */
+    int *sel_cut;         /* max_seg x (max_parts + 1): where each head's list changes part */
+    int *sel_chunks;      /* max_seg: parts of each head's list */
 };
-
-/* attention_forward_select cuts a head's block list into at most SELECT_CHUNKS
- * parts of at least SELECT_MIN_CHUNK blocks (parts are taken by whichever
- * thread is free, so they are small enough to balance the threads and large
- * enough for the prefetch to run ahead). */
-#define SELECT_CHUNKS 16
-#define SELECT_MIN_CHUNK 32
 
 static size_t round16(size_t n) { return (n + 15) & ~(size_t)15; }
 
@@ -112,6 +111,7 @@ ellm_status attention_workspace_init(int n_threads, int max_q, int n_head, int h
                        ATTN_PART_BLOCKS;
     size_t tile_part = (size_t)tile * (size_t)n_head * hdp + 2 * (size_t)n_head * ((size_t)tile + 16);
     ws->part_floats = tile_part * max_parts;
+    ws->max_parts = (int)max_parts;
     ws->max_units = (int)((size_t)n_head * max_parts) + ws->max_seg;
     void *mem = NULL;
     if (posix_memalign(&mem, 64, floats * sizeof(float)) != 0) mem = NULL;
@@ -128,12 +128,14 @@ ellm_status attention_workspace_init(int n_threads, int max_q, int n_head, int h
     ws->sel_done = calloc((size_t)ws->max_seg, sizeof *ws->sel_done);
     /* The rows of all heads of one tile are at most rows_pad; each head's
      * partial is padded by < 16 floats per m and l. */
-    size_t chunk_floats = SELECT_CHUNKS * (2 * rp + 32 * (size_t)n_head + rp * hdp);
+    size_t chunk_floats = max_parts * (2 * rp + 32 * (size_t)n_head + rp * hdp);
     void *cmem = NULL;
     if (posix_memalign(&cmem, 64, chunk_floats * sizeof(float)) != 0) cmem = NULL;
     ws->chunk_mem = cmem;
+    ws->sel_cut = malloc((size_t)ws->max_seg * (max_parts + 1) * sizeof *ws->sel_cut);
+    ws->sel_chunks = calloc((size_t)ws->max_seg, sizeof *ws->sel_chunks);
     if (!ws->mem || !ws->part_mem || !ws->seg_start || !ws->seg_slot || !ws->unit_block || !ws->arrived ||
-        !ws->sel_done || !ws->chunk_mem) {
+        !ws->sel_done || !ws->chunk_mem || !ws->sel_cut || !ws->sel_chunks) {
         attention_workspace_free(ws);
         return ellm_fail(err, ELLM_ERR_NOMEM, "attention workspace: cannot allocate %.1f MB",
                          (double)(floats + ws->part_floats) * sizeof(float) / 1e6);
@@ -154,6 +156,8 @@ void attention_workspace_free(attention_workspace *ws) {
     free(ws->arrived);
     free((void *)ws->sel_done);
     free(ws->chunk_mem);
+    free(ws->sel_cut);
+    free(ws->sel_chunks);
     free(ws);
 }
 
@@ -472,6 +476,27 @@ static long seg_blocks(const attn_job *J, int h, int t, const int *n_blocks) {
     return (last + J->bt - 1) / J->bt;
 }
 
+/* End (exclusive) of the part of a segment's list of nb blocks that starts at
+ * index kb: dense (list NULL) parts end every ATTN_PART_BLOCKS blocks, a
+ * sparse list's where its blocks leave cache part list[kb] / ATTN_PART_BLOCKS. */
+static long part_end(const int32_t *list, long kb, long nb) {
+    if (!list) return kb + ATTN_PART_BLOCKS < nb ? kb + ATTN_PART_BLOCKS : nb;
+    const int32_t c = list[kb] / ATTN_PART_BLOCKS;
+    long k = kb + 1;
+    while (k < nb && list[k] / ATTN_PART_BLOCKS == c) k++;
+    return k;
+}
+
+/* Parts of segment (h, tile t). */
+static long seg_parts(const attn_job *J, int h, int t, const int *n_blocks) {
+    const long nb = seg_blocks(J, h, t, n_blocks);
+    const int32_t *list = J->blocks ? J->blocks + (size_t)h * J->max_blocks : NULL;
+    if (!list) return (nb + ATTN_PART_BLOCKS - 1) / ATTN_PART_BLOCKS;
+    long n = 0;
+    for (long k = 0; k < nb; k = part_end(list, k, nb)) n++;
+    return n;
+}
+
 static void attention_run(const attention_args *a, const int32_t *blocks, const int *n_blocks,
                           int max_blocks, attention_workspace *ws, threadpool *pool) {
     attn_job J;
@@ -491,7 +516,7 @@ static void attention_run(const attention_args *a, const int32_t *blocks, const 
             size_t f = 0;
             long u = 0;
             for (int h = 0; h < J.n_kv; h++) {
-                long parts = (seg_blocks(&J, h, t, n_blocks) + ATTN_PART_BLOCKS - 1) / ATTN_PART_BLOCKS;
+                long parts = seg_parts(&J, h, t, n_blocks);
                 u += parts;
                 if (parts > 1) f += (size_t)parts * part_slot_floats(&J, nqt * J.group);
             }
@@ -508,13 +533,16 @@ static void attention_run(const attention_args *a, const int32_t *blocks, const 
         for (int s = 0; s < J.n_seg; s++) {
             const int h = s / nt, t = t0 + s % nt;
             const long nb = seg_blocks(&J, h, t, n_blocks);
-            const long parts = (nb + ATTN_PART_BLOCKS - 1) / ATTN_PART_BLOCKS;
+            const long parts = seg_parts(&J, h, t, n_blocks);
+            const int32_t *list = blocks ? blocks + (size_t)h * max_blocks : NULL;
             ws->seg_start[s] = unit;
             ws->seg_slot[s] = slot;
             if (parts > 1) slot += (size_t)parts * part_slot_floats(&J, seg_rows(&J, s));
-            for (long c = 0; c < parts; c++) {
+            for (long k = 0; k < nb;) {
+                const long e = part_end(list, k, nb);
                 ws->unit_block[unit++] = blk;
-                blk += nb - c * ATTN_PART_BLOCKS < ATTN_PART_BLOCKS ? nb - c * ATTN_PART_BLOCKS : ATTN_PART_BLOCKS;
+                blk += e - k;
+                k = e;
             }
             atomic_store_explicit(&ws->arrived[s], 0, memory_order_relaxed);
         }
@@ -550,12 +578,6 @@ void attention_forward_blocks(const attention_args *a, const int32_t *blocks, co
 
 /* ---- selection and attention in one job ---------------------------------- */
 
-/* Blocks per part of a head whose list holds n blocks. */
-static int chunk_blocks(int n) {
-    int c = (n + SELECT_CHUNKS - 1) / SELECT_CHUNKS;
-    return c > SELECT_MIN_CHUNK ? c : SELECT_MIN_CHUNK;
-}
-
 /* Partial of part c of head h: m[rp], l[rp], acc[rows][hdp], rp the head's rows
  * rounded up to 16 (one tile, so heads have equal rows). */
 static float *chunk_slot(const attn_job *J, int h, int c, size_t *rp) {
@@ -566,8 +588,8 @@ static float *chunk_slot(const attn_job *J, int h, int c, size_t *rp) {
 }
 
 /* Units, taken in order by whichever thread is free: first the selection of
- * each KV head, then SELECT_CHUNKS parts per head (those past the head's list
- * are empty). A part waits until its head's selection is published; selections
+ * each KV head, then max_parts parts per head (the runs of its list within
+ * one cache part, see part_end; those past the list's parts are empty). A part waits until its head's selection is published; selections
  * come first and never wait, so the wait always ends. The last part of a head
  * to finish merges the head's partials in part order, so the output does not
  * depend on the threads' timing. */
@@ -582,17 +604,22 @@ static void select_worker(void *arg, int ith, int nth) {
             int32_t *list = J->sel_blocks + (size_t)u * J->max_blocks;
             J->select(J->select_arg, u, ith, list, &J->sel_n[u]);
             check_blocks(list, J->sel_n[u], J->max_blocks, J->n_blocks_cache);
+            int *cut = ws->sel_cut + (size_t)u * (size_t)(ws->max_parts + 1), nc = 0;
+            for (long k = 0; k < J->sel_n[u]; k = part_end(list, k, J->sel_n[u])) cut[nc++] = (int)k;
+            cut[nc] = J->sel_n[u];
+            ws->sel_chunks[u] = nc;
             atomic_store_explicit(&ws->sel_done[u], ws->gen, memory_order_release);
             continue;
         }
         u -= J->n_kv;
-        if (u >= J->n_kv * SELECT_CHUNKS) return;
-        const int h = u / SELECT_CHUNKS, c = u % SELECT_CHUNKS;
+        if (u >= J->n_kv * ws->max_parts) return;
+        const int h = u / ws->max_parts, c = u % ws->max_parts;
         while (atomic_load_explicit(&ws->sel_done[h], memory_order_acquire) != ws->gen)
             __builtin_ia32_pause();
-        const int n = J->sel_n[h], cb = chunk_blocks(n), n_chunks = (n + cb - 1) / cb;
+        const int n_chunks = ws->sel_chunks[h];
         if (c >= n_chunks) continue;
-        const long kb = (long)c * cb, ke = kb + cb < n ? kb + cb : n;
+        const int *cut = ws->sel_cut + (size_t)h * (size_t)(ws->max_parts + 1);
+        const long kb = cut[c], ke = cut[c + 1];
         attn_state st = own;
         if (n_chunks == 1) {
             run_part(J, &st, h, kb, ke);
@@ -679,6 +706,7 @@ size_t attention_part_floats(const attention_args *a, int t) {
 typedef struct {
     attn_job J;
     float *const *out_parts;     /* attention_forward_parts */
+    const int *n_blocks;         /* attention_forward_parts with sparse lists, else NULL */
     const float *const *in_parts; /* attention_merge_parts */
     long n_rec;
 } parts_job;
@@ -691,10 +719,24 @@ static void rec_tile_part(const attention_args *a, long i, int *t, int *c) {
     *c = (int)i;
 }
 
+/* First index of an ascending list of n blocks whose block is >= b. */
+static long list_lower(const int32_t *list, long n, long b) {
+    long lo = 0, hi = n;
+    while (lo < hi) {
+        long mid = (lo + hi) / 2;
+        if (list[mid] < b) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+
 /* Units (record, KV head) of the records wanted, dealt round-robin over the
  * threads (a rank's records interleave with the others', so a contiguous
  * split would be as good; each unit starts from an empty state, so who
- * computes it changes nothing). */
+ * computes it changes nothing). With sparse lists, part c of head h is the
+ * run of h's list inside cache part c (part_end), as attention_run cuts it;
+ * a head with no block there gets rows of m = -inf, l = 0, acc = 0, which
+ * the merge skips as it skips such rows of a computed part. */
 static void parts_worker(void *arg, int ith, int nth) {
     const parts_job *P = arg;
     const attn_job *J = &P->J;
@@ -706,12 +748,29 @@ static void parts_worker(void *arg, int ith, int nth) {
     for (long i = 0; i < P->n_rec; i++) {
         if (!P->out_parts[i]) continue;
         rec_tile_part(a, i, &t, &c);
-        const long nb = seg_blocks(J, 0, t, NULL);
-        const long kb = (long)c * ATTN_PART_BLOCKS, ke = kb + ATTN_PART_BLOCKS < nb ? kb + ATTN_PART_BLOCKS : nb;
         for (int h = 0; h < J->n_kv; h++, k++) {
             if (k % nth != ith) continue;
+            long kb = (long)c * ATTN_PART_BLOCKS, ke;
+            if (J->blocks) {
+                const int32_t *list = J->blocks + (size_t)h * J->max_blocks;
+                const long n = P->n_blocks[h];
+                ke = list_lower(list, n, kb + ATTN_PART_BLOCKS);
+                kb = list_lower(list, n, kb);
+            } else {
+                const long nb = seg_blocks(J, 0, t, NULL);
+                ke = kb + ATTN_PART_BLOCKS < nb ? kb + ATTN_PART_BLOCKS : nb;
+            }
             attn_state st = own;
-            run_part(J, &st, h * J->nt + t, kb, ke);
+            if (kb < ke) {
+                run_part(J, &st, h * J->nt + t, kb, ke);
+            } else {
+                st.rows = seg_rows(J, h * J->nt + t);
+                for (int r = 0; r < st.rows; r++) {
+                    st.m[r] = -INFINITY;
+                    st.l[r] = 0.0f;
+                    memset(st.acc + (size_t)r * st.hdp, 0, (size_t)hd * sizeof(float));
+                }
+            }
             float *rec = P->out_parts[i] + (size_t)h * st.rows * (size_t)(hd + 2);
             for (int r = 0; r < st.rows; r++, rec += hd + 2) {
                 rec[0] = st.m[r];
@@ -722,10 +781,21 @@ static void parts_worker(void *arg, int ith, int nth) {
     }
 }
 
-void attention_forward_parts(const attention_args *a, float *const *parts, attention_workspace *ws,
-                             threadpool *pool) {
+void attention_forward_parts(const attention_args *a, const int32_t *blocks, const int *n_blocks, int max_blocks,
+                             float *const *parts, attention_workspace *ws, threadpool *pool) {
     parts_job P;
     job_init(&P.J, a, ws, pool);
+    if (blocks) {
+        const int n_kv = kv_cache_get_params(a->kv)->n_kv_head, nb = kv_cache_n_blocks(a->kv);
+        for (int h = 0; h < n_kv; h++) {
+            const int32_t *list = blocks + (size_t)h * max_blocks;
+            check_blocks(list, n_blocks[h], max_blocks, nb);
+            for (int i = 1; i < n_blocks[h]; i++) ELLM_ASSERT(list[i - 1] < list[i]);
+        }
+    }
+    P.J.blocks = blocks;
+    P.J.max_blocks = max_blocks;
+    P.n_blocks = n_blocks;
     P.out_parts = parts;
     P.in_parts = NULL;
     P.n_rec = attention_part_first(a, P.J.n_tiles);

@@ -41,7 +41,10 @@ void attention_forward(const attention_args *a, attention_workspace *ws, threadp
  * blocks[h * max_blocks + 0 .. n_blocks[h]), each a block index < kv_cache_n_blocks,
  * listed once, any order, 1 <= n_blocks[h] <= max_blocks; the causal mask still
  * applies. Same threading, workspace and output as attention_forward; a query row
- * that sees no key of its blocks gets zeros. */
+ * that sees no key of its blocks gets zeros. A list is cut into parts where
+ * its blocks move to another part of ATTENTION_PART_BLOCKS cache blocks (for
+ * an ascending list: one part per cache part it touches), merged in list
+ * order. */
 void attention_forward_blocks(const attention_args *a, const int32_t *blocks, const int *n_blocks,
                               int max_blocks, attention_workspace *ws, threadpool *pool);
 
@@ -94,9 +97,14 @@ long attention_part_first(const attention_args *a, int t);
 size_t attention_part_floats(const attention_args *a, int t);
 /* Computes every record whose parts[i] is not NULL into parts[i] (attention_part_first
  * numbering). Keys of the blocks of those parts must be stored; other blocks
- * are never read. */
-void attention_forward_parts(const attention_args *a, float *const *parts, attention_workspace *ws,
-                             threadpool *pool);
+ * are never read. blocks NULL: dense attention (attention_forward's parts).
+ * Else sparse, as attention_forward_blocks with the same lists, which must be
+ * ascending here: part c of KV head h is the run of h's list within cache
+ * blocks [c * ATTENTION_PART_BLOCKS, (c + 1) * ATTENTION_PART_BLOCKS), as
+ * attention_forward_blocks and attention_forward_select cut it, and a head
+ * with no block there gets rows m = -inf, l = 0, acc = 0. */
+void attention_forward_parts(const attention_args *a, const int32_t *blocks, const int *n_blocks, int max_blocks,
+                             float *const *parts, attention_workspace *ws, threadpool *pool);
 /* Merges all records (none NULL) into a->out in part order. */
 void attention_merge_parts(const attention_args *a, const float *const *parts, threadpool *pool);
 

@@ -18,6 +18,7 @@ static void logits_usage(FILE *f) {
             "  --kv-type f16|f32|q8_0 KV cache element type (default f16)\n"
             "  -b, --batch-size N   tokens per pass (default: all ids in one pass)\n"
             "  --decode-from N      feed ids from index N on one per pass, as decode steps\n"
+            "  --sparse-topk N      sparse attention: N KV tokens per head (default 0: dense)\n"
             "  --mpi                under mpirun: KV cache sharded over the ranks (rank 0 writes)\n"
             "  --mpi-timeout S      seconds to wait for the other ranks in one exchange (default 300)\n");
 }
@@ -56,7 +57,7 @@ static int32_t *parse_ids(const char *text, int *n_out) {
 
 int cmd_logits(int argc, char **argv) {
     const char *model_path = NULL, *ids_path = NULL, *out_path = NULL;
-    long threads = 0, batch = 0, decode_from = -1;
+    long threads = 0, batch = 0, decode_from = -1, sparse_topk = 0;
     int kv_f32 = 0, bad = 0, use_mpi = 0;
     double mpi_timeout = CLI_MPI_TIMEOUT_S;
     for (int i = 1; i < argc && !bad; i++) {
@@ -74,6 +75,8 @@ int cmd_logits(int argc, char **argv) {
         else if (!strcmp(a, "--mpi")) use_mpi = 1;
         else if (arg_value(argc, argv, &i, "--decode-from", NULL, &v, &bad))
             bad = !v || !arg_int(a, v, 0, 1L << 30, &decode_from);
+        else if (arg_value(argc, argv, &i, "--sparse-topk", NULL, &v, &bad))
+            bad = !v || !arg_int(a, v, 0, 1L << 30, &sparse_topk);
         else if (arg_value(argc, argv, &i, "--mpi-timeout", NULL, &v, &bad))
             bad = !v || !arg_double(a, v, 0.001, 1e6, &mpi_timeout);
         else if (arg_value(argc, argv, &i, "--kv-type", NULL, &v, &bad))
@@ -125,6 +128,7 @@ int cmd_logits(int argc, char **argv) {
     cp.kv_type = (ellm_kv_type)kv_f32;
     cp.n_threads = (int)threads;
     cp.mpi = mpi;
+    cp.sparse_topk = (int)sparse_topk;
     ellm_status cst = ellm_context_init(model, &cp, &ctx, &err);
     if (cst != ELLM_OK) fprintf(stderr, "error: %s\n", err.msg);
     if (mpi && !cli_mpi_setup_ok(mpi, cst == ELLM_OK)) {
@@ -152,6 +156,12 @@ int cmd_logits(int argc, char **argv) {
         ellm_context_get_stats(ctx, &cs);
         fprintf(stderr, "mpi: %d ranks, rank 0 stores %lld of %d positions, %lld exchanges, %.0f bytes sent\n",
                 cs.mpi_ranks, (long long)cs.mpi_local_tokens, n, (long long)cs.mpi_exchanges, cs.mpi_bytes_sent);
+    }
+    if (sparse_topk > 0) {
+        ellm_context_stats cs;
+        ellm_context_get_stats(ctx, &cs);
+        fprintf(stderr, "sparse: %lld selections, %.1f tokens attended per head, blocks digest %016llx\n",
+                (long long)cs.sparse_selections, cs.attended_tokens, (unsigned long long)cs.sparse_digest);
     }
     if (ellm_mpi_rank(mpi) != 0) { /* every rank has the logits; rank 0 writes them */
         rc = 0;

@@ -881,6 +881,7 @@ int cmd_run(int argc, char **argv) {
     long need = n_prompt + o.n_predict;
     ellm_context_params cp = run_context_params(&o);
     cp.mpi = mpi;
+    if (mpi && o.sparse_recall < 0) cp.sparse_recall_every = 0; /* a shard cannot scan every key */
     int ctx_auto = !o.ctx && !(o.kv_gb > 0);
     if (ctx_auto) {
         if (need > info.n_ctx_train && o.overflow) {

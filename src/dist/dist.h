@@ -56,10 +56,13 @@ int dist_local_tokens(const dist_shard *sh, int len);
  * kv_cache_store takes them, rows for all n tokens). */
 void dist_kv_store(dist_shard *sh, kv_cache *kv, int layer, int pos, int n, const float *k, const float *v);
 
-/* attention_forward across the ranks: every rank calls it with the same
- * arguments (its own cache) and gets the same a->out. On a failed exchange
+/* attention_forward (blocks NULL) or attention_forward_blocks (ascending
+ * lists, as sparse_index_select makes them) across the ranks: every rank
+ * calls it with the same arguments (its own cache, the same lists) and gets
+ * the same a->out, with the bits one process gets. On a failed exchange
  * a->out is zeros and dist_failed() says why. */
-void dist_attention(dist_shard *sh, const attention_args *a, attention_workspace *ws, threadpool *pool);
+void dist_attention(dist_shard *sh, const attention_args *a, const int32_t *blocks, const int *n_blocks,
+                    int max_blocks, attention_workspace *ws, threadpool *pool);
 
 /* NULL, or the message of the first failed exchange. */
 const char *dist_failed(const dist_shard *sh);

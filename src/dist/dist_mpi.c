@@ -243,7 +243,8 @@ static void zero_out(const attention_args *a) {
     memset(a->out, 0, (size_t)a->n_q * (size_t)a->n_head * hd * sizeof(float));
 }
 
-void dist_attention(dist_shard *sh, const attention_args *a, attention_workspace *ws, threadpool *pool) {
+void dist_attention(dist_shard *sh, const attention_args *a, const int32_t *blocks, const int *n_blocks,
+                    int max_blocks, attention_workspace *ws, threadpool *pool) {
     const ellm_mpi *mpi = sh->mpi;
     if (sh->failed[0]) { /* the job is stopping: do not wait for ranks again */
         zero_out(a);
@@ -302,7 +303,7 @@ void dist_attention(dist_shard *sh, const attention_args *a, attention_workspace
     }
 
     uint64_t t0 = ellm_time_ns();
-    attention_forward_parts(a, sh->own, ws, pool);
+    attention_forward_parts(a, blocks, n_blocks, max_blocks, sh->own, ws, pool);
     uint64_t t1 = ellm_time_ns();
     if (sh->fault_kind && me == sh->fault_rank && sh->stats.exchanges + 1 == sh->fault_at) {
         if (sh->fault_kind == 1) _exit(3);

@@ -13,6 +13,9 @@ ellm_status ellm_sparse_calibrate(ellm_context *ctx, const int32_t *tokens, int 
                                   int n_budgets, int sample_every, double *sum, int64_t *n_samples,
                                   ellm_error *err) {
     if (!ctx->sidx) return ellm_fail(err, ELLM_ERR_ARG, "calibrate: this context has no sparse index");
+    if (ctx->dist)
+        return ellm_fail(err, ELLM_ERR_UNSUPPORTED,
+                         "calibrate: reads every key; not supported with the KV cache sharded over MPI ranks");
     if (n_budgets < 1 || sample_every < 1) return ellm_fail(err, ELLM_ERR_ARG, "calibrate: no budgets or bad sampling");
     int saved_topk = ctx->sparse_topk;
     ctx->sparse_topk = 0; /* measure on dense attention */

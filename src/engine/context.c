@@ -120,14 +120,19 @@ ellm_status engine_context_init(ellm_model *model, const ellm_context_params *pa
     if (p.n_batch <= 0) p.n_batch = 256;
     if (p.n_batch > n_ctx) p.n_batch = (int)n_ctx;
     int n_threads = shared_pool ? threadpool_size(shared_pool) : p.n_threads > 0 ? p.n_threads : model->n_threads;
-    if (p.mpi) {
-        if (p.sparse_topk > 0)
-            return ellm_fail(err, ELLM_ERR_UNSUPPORTED,
-                             "context: sparse attention (budget %d) is not supported with the KV cache sharded "
-                             "over MPI ranks; run dense",
-                             p.sparse_topk);
-        p.sparse_topk = -1; /* dense only: no index, whose keys would be on other ranks */
-    }
+    /* Sharded over MPI ranks, a rank holds its own positions' keys and every
+     * position's summaries in the sparse index (it computes every key), so
+     * selections match one process's; what scans every key (recall samples,
+     * the budget adaptation they drive) cannot run on a shard. */
+    if (p.mpi && p.sparse_topk > 0 && (p.sparse_recall_every > 0 || p.sparse_adapt))
+        return ellm_fail(err, ELLM_ERR_UNSUPPORTED,
+                         "context: sparse recall sampling and --sparse-adapt read every key of the context, and "
+                         "with the KV cache sharded over MPI ranks each rank holds only its own; turn them off");
+    if (p.mpi && p.sparse_topk > 0 && p.kv_type == ELLM_KV_Q8_0)
+        return ellm_fail(err, ELLM_ERR_UNSUPPORTED,
+                         "context: sparse attention with a q8_0 KV cache sharded over MPI ranks is not supported "
+                         "(the index summarizes stored keys, which are on other ranks); use --kv-type f16");
+    if (p.mpi && p.sparse_topk == 0) p.sparse_topk = -1; /* dense: no index to keep */
 
     ellm_context *ctx = calloc(1, sizeof *ctx);
     if (!ctx) return ellm_fail(err, ELLM_ERR_NOMEM, "context: out of memory");
@@ -232,6 +237,9 @@ int ellm_context_pos(const ellm_context *ctx) { return kv_cache_len(ctx->kv); }
 
 ellm_status ellm_context_truncate(ellm_context *ctx, int n_keep) {
     if (n_keep < 0 || n_keep > kv_cache_len(ctx->kv)) return ELLM_ERR_ARG;
+    /* the index rebuilds a cut block from its keys, which a sharded cache
+     * may hold on another rank */
+    if (ctx->dist && ctx->sidx && n_keep % kv_cache_get_params(ctx->kv)->block_tokens) return ELLM_ERR_UNSUPPORTED;
     kv_cache_set_len(ctx->kv, n_keep);
     if (ctx->sidx) sparse_index_truncate(ctx->sidx, ctx->kv, n_keep);
     ctx->has_logits = 0;

@@ -44,9 +44,20 @@ static void select_head(void *arg, int h, int thread, int32_t *blocks, int *n_bl
     ctx->head_select_ns[h] = ellm_time_ns() - t0;
 }
 
+/* Every KV head's selection on the pool's threads (KV sharded over ranks:
+ * each rank chooses from its own copy of the index, which holds every
+ * position's summary, so all ranks choose the blocks one process does). */
+static void select_all_task(void *arg, int ith, int nth) {
+    select_job *j = arg;
+    struct ellm_context *ctx = j->ctx;
+    for (int h = ith; h < ctx->model->cfg.n_head_kv; h += nth)
+        select_head(j, h, ith, ctx->sel_blocks + (size_t)h * ctx->max_blocks, &ctx->sel_n[h]);
+}
+
 /* Sparse attention for `layer` if some KV head's budget is below the context:
  * blocks are chosen and attended in one parallel job (into ctx->sel_blocks /
- * sel_n). Returns 0, doing nothing, if the layer should run dense. */
+ * sel_n), or, with the KV cache sharded, chosen on every rank and attended
+ * across them. Returns 0, doing nothing, if the layer should run dense. */
 static int sparse_attention_layer(struct ellm_context *ctx, const attention_args *aa, int n, int len) {
     const model_config *c = &ctx->model->cfg;
     const int layer = aa->layer;
@@ -59,8 +70,13 @@ static int sparse_attention_layer(struct ellm_context *ctx, const attention_args
     if (!any_sparse && !ctx->sparse_force_select) return 0;
     select_job job = {ctx, aa->q, layer, n, len};
     memset(ctx->head_sel_stats, 0, (size_t)c->n_head_kv * sizeof *ctx->head_sel_stats);
-    attention_forward_select(aa, select_head, &job, ctx->sel_blocks, ctx->sel_n, ctx->max_blocks,
-                             ctx->attn_ws, ctx->pool);
+    if (ctx->dist) {
+        threadpool_run(ctx->pool, select_all_task, &job);
+        dist_attention(ctx->dist, aa, ctx->sel_blocks, ctx->sel_n, ctx->max_blocks, ctx->attn_ws, ctx->pool);
+    } else {
+        attention_forward_select(aa, select_head, &job, ctx->sel_blocks, ctx->sel_n, ctx->max_blocks,
+                                 ctx->attn_ws, ctx->pool);
+    }
     int bt = kv_cache_get_params(ctx->kv)->block_tokens;
     uint64_t select_ns = 0;
     for (int h = 0; h < c->n_head_kv; h++) {
@@ -73,6 +89,10 @@ static int sparse_attention_layer(struct ellm_context *ctx, const attention_args
         a->bytes_read += b->bytes_read;
         a->flat_bytes += b->flat_bytes;
         a->exact_calls += b->exact_calls;
+        const uint8_t *b8 = (const uint8_t *)(ctx->sel_blocks + (size_t)h * ctx->max_blocks);
+        uint64_t dg = ctx->stats.sparse_digest ? ctx->stats.sparse_digest : 0xcbf29ce484222325ull; /* FNV basis */
+        for (size_t i = 0; i < (size_t)ctx->sel_n[h] * sizeof *ctx->sel_blocks; i++) dg = (dg ^ b8[i]) * 0x100000001b3ull;
+        ctx->stats.sparse_digest = dg;
         int tokens = ctx->sel_n[h] * bt;
         ctx->attended_sum += tokens < len ? tokens : len;
         ctx->attended_share_sum += (tokens < len ? tokens : len) / (double)len;
@@ -163,14 +183,25 @@ static void matmul_multi(const engine_scratch *s, threadpool *pool, int n, const
     threadpool_run(pool, matmul_task, &job);
 }
 
-/* Stores n rows of K/V at pos and appends the keys to the sparse index. A
- * quantized cache holds other keys than computed, so the index summarizes the
- * stored ones (reloaded into k, which the caller no longer needs). */
+/* Stores the keys and values of positions [pos, pos + n) of layer l and
+ * appends the keys to the sparse index. With the KV cache sharded, the cache
+ * takes this rank's positions only and the index all of them. A quantized
+ * cache holds other keys than computed, so the index summarizes the stored
+ * ones (reloaded into k, which the caller no longer needs; context init
+ * refuses a quantized cache with a sharded sparse index, whose positions'
+ * stored keys would be on other ranks). */
 static void store_kv(struct ellm_context *ctx, int l, int pos, int n, float *k, const float *v) {
-    kv_cache_store(ctx->kv, l, pos, n, k, v);
+    if (ctx->dist) dist_kv_store(ctx->dist, ctx->kv, l, pos, n, k, v);
+    else kv_cache_store(ctx->kv, l, pos, n, k, v);
     if (!ctx->sidx) return;
     if (kv_cache_get_params(ctx->kv)->type == QTYPE_Q8_0) kv_cache_load_keys(ctx->kv, l, pos, n, k);
     sparse_index_append(ctx->sidx, l, pos, n, k);
+}
+
+/* Dense attention of aa, in this process or across the ranks. */
+static void attend_dense(struct ellm_context *ctx, const attention_args *aa) {
+    if (ctx->dist) dist_attention(ctx->dist, aa, NULL, NULL, 0, ctx->attn_ws, ctx->pool);
+    else attention_forward(aa, ctx->attn_ws, ctx->pool);
 }
 
 /* Stores the layer's K/V of one sequence (rows already in ctx->s.q/k/v) and runs
@@ -201,23 +232,20 @@ static void attend_seq(struct ellm_context *ctx, int l, int n, int pos) {
             at.q = ctx->s.q + t * nq;
             at.out = ctx->s.att + t * nq;
             if (sparse_attention_layer(ctx, &at, 1, pos + t + 1)) ctx->step_sparse = 1;
-            else attention_forward(&at, ctx->attn_ws, ctx->pool);
+            else attend_dense(ctx, &at);
         }
         return;
     }
-    if (ctx->dist) {
-        /* KV sharded over MPI ranks (dense only): each rank stores its own
-         * positions, attends over them, and the ranks' partials are merged */
-        dist_kv_store(ctx->dist, ctx->kv, l, pos, n, ctx->s.k, ctx->s.v);
-        dist_attention(ctx->dist, &aa, ctx->attn_ws, ctx->pool);
-        return;
-    }
+    /* With the KV cache sharded over MPI ranks (ctx->dist) each rank stores
+     * its own positions, attends over them, and the ranks' partials are
+     * merged; recall samples and calibration, which scan every key, are off
+     * there (context init refuses them). */
     store_kv(ctx, l, pos, n, ctx->s.k, ctx->s.v);
     if (sparse_attention_layer(ctx, &aa, n, pos + n)) {
         ctx->step_sparse = 1;
         if (ctx->sample_recall) engine_sparse_sample_recall(ctx, l, pos + n);
     } else {
-        attention_forward(&aa, ctx->attn_ws, ctx->pool);
+        attend_dense(ctx, &aa);
     }
     if (ctx->calib && n == 1 && ctx->stats.decode_steps % ctx->calib->sample_every == 0)
         engine_calibrate_layer(ctx, l, pos + n);

@@ -33,6 +33,10 @@ ellm_status ellm_context_shift(ellm_context *ctx, int n_keep, int n_discard, ell
     if (n_keep < 0 || n_discard < 1 || n_keep > pos || n_discard > pos - n_keep)
         return ellm_fail(err, ELLM_ERR_ARG, "context shift: cannot keep %d and discard %d of %d tokens", n_keep,
                          n_discard, pos);
+    if (ctx->dist)
+        return ellm_fail(err, ELLM_ERR_UNSUPPORTED,
+                         "context shift: not supported with the KV cache sharded over MPI ranks (positions would "
+                         "move between ranks)");
     const ellm_model *m = ctx->model;
     const model_config *c = &m->cfg;
     const int hd = c->head_dim, nkv = c->n_head_kv, chunk = ctx->n_batch;
