@@ -203,10 +203,13 @@ int ellm_mpi_size(const ellm_mpi *mpi); /* 1 for NULL */
 ellm_status ellm_mpi_bcast(ellm_mpi *mpi, void *buf, size_t bytes, ellm_error *err);
 /* *all_ok = 1 if every rank passed ok != 0, else 0 (so ranks fail together). */
 ellm_status ellm_mpi_agree(ellm_mpi *mpi, int ok, int *all_ok, ellm_error *err);
-/* Times an all-gather of `bytes` from every rank (the exchange of one layer's
- * attention partials, without the attention): the median over `reps` runs,
- * in microseconds, into *median_us. Every rank calls it alike. */
-ellm_status ellm_mpi_time_allgather(ellm_mpi *mpi, size_t bytes, int reps, double *median_us, ellm_error *err);
+/* Times the exchange of one layer's attention merge for `rows` query rows
+ * of head_dim (decode: rows = n_head) without the attention around it: an
+ * all-reduce (max) of 5 doubles per row, then one (sum) of head_dim + 1
+ * int64 per row. The median over `reps` runs, in microseconds, into
+ * *median_us. Every rank calls it alike. */
+ellm_status ellm_mpi_time_exchange(ellm_mpi *mpi, int rows, int head_dim, int reps, double *median_us,
+                                   ellm_error *err);
 /* Stops every rank of the job with exit status `code` (after a failure that
  * leaves the other ranks waiting). */
 void ellm_mpi_abort(ellm_mpi *mpi, int code);
@@ -307,9 +310,9 @@ typedef struct {
     /* With ellm_context_params.mpi: */
     int mpi_ranks;             /* ranks the KV cache is sharded over (0: not sharded) */
     int64_t mpi_local_tokens;  /* positions this rank stores */
-    int64_t mpi_exchanges;     /* collectives (one per layer per pass) */
-    double mpi_bytes_sent;     /* attention partials this rank sent */
-    double mpi_bytes_recv;     /* ... and received */
+    int64_t mpi_exchanges;     /* exchanges (one per layer per pass: two all-reduces) */
+    double mpi_bytes_sent;     /* bytes of merge bounds and sums this rank contributed */
+    double mpi_bytes_recv;     /* ... and received reduced */
     double mpi_exchange_ms;    /* wall time in the collectives, waiting for slower ranks included */
     double mpi_merge_ms;       /* merging every rank's partials */
     double mpi_parts_ms;       /* computing this rank's partials (its share of attention) */

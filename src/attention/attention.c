@@ -10,7 +10,8 @@
  * for sparse, so a KV cache sharded by parts over processes has every part of
  * a sparse call on one process, as it has for dense. Each part
  * starts from an empty online-softmax state, and a segment of several parts is
- * merged by a log-sum-exp reduction of its parts in part order. Where the parts
+ * merged by a log-sum-exp reduction summed in fixed point (attention_merge.c),
+ * whose bits do not depend on the order or grouping of the parts. Where the parts
  * are cut depends only on block indices -- not on the number of query tokens in
  * the call, nor on the number of threads -- and a row ignores the blocks it
  * cannot see, so every query row gets exactly the bits a single-token call at
@@ -353,32 +354,37 @@ static void write_out(const attn_job *J, const attn_state *st, int s) {
     }
 }
 
-/* Log-sum-exp merge of np partials of segment s, each m[rp], l[rp] then
+/* Merge of np >= 2 partials of segment s, each m[rp], l[rp] then
  * acc[rows][hdp], partial i at base + i * stride: out = sum_i e_i acc_i /
- * sum_i e_i l_i with e_i = exp(m_i - max m). Partials are visited in order, so
- * the result does not depend on who merges; a single partial gives exactly
- * write_out's acc / l. */
+ * sum_i e_i l_i with e_i = exp(m_i - max m), summed exactly (attention_lse_*),
+ * so the bits depend neither on who merges nor on how the parts would be
+ * grouped -- processes holding shards of the cache get them too. A row that
+ * saw keys of one partial only gets its acc / l, as write_out gives it. */
 static void merge_slots(const attn_job *J, int s, const float *base, size_t stride, int np, size_t rp) {
     const attention_workspace *ws = J->ws;
     const int rows = seg_rows(J, s), hd = J->hd;
+    int64_t sum[hd + 1];
     for (int r = 0; r < rows; r++) {
-        float mx = -INFINITY;
-        for (int i = 0; i < np; i++)
-            if (base[(size_t)i * stride + r] > mx) mx = base[(size_t)i * stride + r];
-        float *dst = out_row(J, s, r);
-        for (int d = 0; d < hd; d++) dst[d] = 0.0f;
-        if (mx == -INFINITY) continue; /* sparse: no key visible to this row */
-        float sum = 0.0f;
+        attention_lse_bound b;
+        attention_lse_bound_init(&b);
         for (int i = 0; i < np; i++) {
-            float m = base[(size_t)i * stride + r];
-            if (m == -INFINITY) continue;
-            float e = expf(m - mx);
-            sum += e * base[(size_t)i * stride + rp + r];
-            const float *acc = base + (size_t)i * stride + 2 * rp + (size_t)r * ws->hdp;
-            for (int d = 0; d < hd; d++) dst[d] += e * acc[d];
+            const float *p = base + (size_t)i * stride;
+            attention_lse_bound_add(&b, i, p[r], p[rp + r], p + 2 * rp + (size_t)r * ws->hdp, hd);
         }
-        float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-        for (int d = 0; d < hd; d++) dst[d] *= inv;
+        const int one = attention_lse_single(&b);
+        if (one >= 0) {
+            const float *p = base + (size_t)one * stride;
+            attention_lse_one(p[rp + r], p + 2 * rp + (size_t)r * ws->hdp, hd, out_row(J, s, r));
+            continue;
+        }
+        attention_lse_grid g;
+        attention_lse_grid_init(&g, &b);
+        memset(sum, 0, sizeof sum);
+        for (int i = 0; i < np; i++) {
+            const float *p = base + (size_t)i * stride;
+            attention_lse_sum(&g, p[r], p[rp + r], p + 2 * rp + (size_t)r * ws->hdp, hd, sum);
+        }
+        attention_lse_out(&g, sum, hd, out_row(J, s, r));
     }
 }
 
@@ -803,41 +809,40 @@ void attention_forward_parts(const attention_args *a, const int32_t *blocks, con
     else parts_worker(&P, 0, 1);
 }
 
-/* merge_slots' arithmetic over records: out = sum_i e_i acc_i / sum_i e_i l_i,
- * e_i = exp(m_i - max m), parts in order; one part gives write_out's bits. */
+/* attention_forward's arithmetic over records: merge_slots' per row (a
+ * segment of one part gives the same bits: its rows saw keys of that part
+ * only, or of none). */
 static void merge_worker(void *arg, int ith, int nth) {
     const parts_job *P = arg;
     const attn_job *J = &P->J;
     const attention_args *a = J->a;
     const int hd = J->hd;
     const long n_units = (long)J->n_tiles * J->n_kv;
+    int64_t sum[hd + 1];
     long u0, u1;
     threadpool_split(n_units, ith, nth, 1, &u0, &u1);
     for (long u = u0; u < u1; u++) {
         const int t = (int)(u / J->n_kv), h = (int)(u % J->n_kv);
         const int rows = seg_rows(J, h * J->nt + t);
-        const long first = attention_part_first(a, t);
+        const float *const *rec = P->in_parts + attention_part_first(a, t);
         const int np = attention_tile_parts(a, t);
         const size_t head_off = (size_t)h * rows * (size_t)(hd + 2);
         for (int r = 0; r < rows; r++) {
             const size_t off = head_off + (size_t)r * (size_t)(hd + 2);
-            float mx = -INFINITY;
-            for (int i = 0; i < np; i++)
-                if (P->in_parts[first + i][off] > mx) mx = P->in_parts[first + i][off];
             float *dst = out_row(J, h * J->nt + t, r);
-            for (int d = 0; d < hd; d++) dst[d] = 0.0f;
-            if (mx == -INFINITY) continue;
-            float sum = 0.0f;
-            for (int i = 0; i < np; i++) {
-                const float *rec = P->in_parts[first + i] + off;
-                float m = rec[0];
-                if (m == -INFINITY) continue;
-                float e = expf(m - mx);
-                sum += e * rec[1];
-                for (int d = 0; d < hd; d++) dst[d] += e * rec[2 + d];
+            attention_lse_bound b;
+            attention_lse_bound_init(&b);
+            for (int i = 0; i < np; i++) attention_lse_bound_add(&b, i, rec[i][off], rec[i][off + 1], rec[i] + off + 2, hd);
+            const int one = attention_lse_single(&b);
+            if (one >= 0) {
+                attention_lse_one(rec[one][off + 1], rec[one] + off + 2, hd, dst);
+                continue;
             }
-            float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-            for (int d = 0; d < hd; d++) dst[d] *= inv;
+            attention_lse_grid g;
+            attention_lse_grid_init(&g, &b);
+            memset(sum, 0, sizeof sum);
+            for (int i = 0; i < np; i++) attention_lse_sum(&g, rec[i][off], rec[i][off + 1], rec[i] + off + 2, hd, sum);
+            attention_lse_out(&g, sum, hd, dst);
         }
     }
 }

@@ -105,8 +105,52 @@ size_t attention_part_floats(const attention_args *a, int t);
  * with no block there gets rows m = -inf, l = 0, acc = 0. */
 void attention_forward_parts(const attention_args *a, const int32_t *blocks, const int *n_blocks, int max_blocks,
                              float *const *parts, attention_workspace *ws, threadpool *pool);
-/* Merges all records (none NULL) into a->out in part order. */
+/* Merges all records (none NULL) into a->out as attention_forward and
+ * attention_forward_blocks do (the exact merge below), so parts computed
+ * anywhere give their bits. */
 void attention_merge_parts(const attention_args *a, const float *const *parts, threadpool *pool);
+
+/* ---- exact merge of partial states (attention_merge.c) ------------------
+ *
+ * One query row's partials (m, l, acc[hd]) from several parts merge into
+ * out = sum_i e_i acc_i / sum_i e_i l_i, e_i = expf(m_i - max m), with both
+ * sums taken in fixed point (int64, one rounding per term on a grid chosen
+ * from bounds of all parts), so the result depends neither on the order nor
+ * on the grouping in which parts are added: threads, or processes holding
+ * shards of the KV cache, may each add up their own parts. Steps: fold every
+ * part into a bound (maxima: any order, any grouping); make the grid from the
+ * full bound; add every part into int64 sums (hd for acc, then one for l;
+ * zeroed first); divide. A part with m = -inf (the row saw none of its keys)
+ * is skipped. A row that saw keys of one part only is not merged: it gets
+ * that part's acc / l in float (attention_lse_one), as a segment of one part
+ * is written, so a row's bits do not depend on which other parts its tile
+ * holds. */
+typedef struct {
+    double m;         /* max of m_i */
+    double ua;        /* max of m_i log2(e) + log2(max_d |acc_i[d]|) */
+    double ul;        /* max of m_i log2(e) + log2(l_i) */
+    double last;      /* max part index i with finite m_i */
+    double neg_first; /* max of -i: minus the min part index with finite m_i */
+} attention_lse_bound;
+
+typedef struct {
+    int empty;      /* no part saw a key: out is zeros */
+    float m;        /* max m_i */
+    int ea, el;     /* grid exponents of the acc and l sums */
+    double sa, sl;  /* 2^-ea, 2^-el */
+} attention_lse_grid;
+
+void attention_lse_bound_init(attention_lse_bound *b);
+/* Folds part number `part` (any numbering, the same for every fold). */
+void attention_lse_bound_add(attention_lse_bound *b, int part, float m, float l, const float *acc, int hd);
+/* The number of the one part whose keys the row saw, or -1 (several or none). */
+int attention_lse_single(const attention_lse_bound *b);
+void attention_lse_grid_init(attention_lse_grid *g, const attention_lse_bound *b);
+/* sum: hd + 1 int64 (acc, then l). */
+void attention_lse_sum(const attention_lse_grid *g, float m, float l, const float *acc, int hd, int64_t *sum);
+void attention_lse_out(const attention_lse_grid *g, const int64_t *sum, int hd, float *out);
+/* out = acc / l of a single part, in float: (0 + acc) * (1 / l). */
+void attention_lse_one(float l, const float *acc, int hd, float *out);
 
 /* Naive reference: full score rows, softmax, PV (single thread; tests). */
 void attention_forward_ref(const attention_args *a);

@@ -1,7 +1,7 @@
 /* `ellm bench --mpi`: decode with the KV cache sharded over the MPI ranks --
- * step time against depth, and what the per-layer exchange of attention
- * partials costs (its latency per layer, bytes per step, its share of the
- * step), plus the bare all-gather of the same size for comparison. Rank 0
+ * step time against depth, and what the per-layer exchange of the attention
+ * merge costs (its latency per layer, bytes per step, its share of the
+ * step), plus the bare collectives of the same size for comparison. Rank 0
  * prints. Inputs of bench/dist_projection.py. */
 #include "cli/args.h"
 #include "cli/cli_mpi.h"
@@ -25,6 +25,7 @@ static void bench_mpi_usage(FILE *f) {
             "  --synthetic-kv          fill the KV cache with synthetic keys/values (each rank\n"
             "                          its own parts) instead of a real prefill\n"
             "  --kv-type f16|f32       KV cache element type (default f16)\n"
+            "  --sparse-topk K         sparse attention with a K-token budget per KV head\n"
             "  --mpi-timeout S         seconds to wait for the other ranks (default 300)\n"
             "  --json                  machine-readable output\n");
 }
@@ -36,13 +37,13 @@ typedef struct {
     double merge_ms;      /* per layer: merging the parts */
     double parts_ms;      /* per layer: this rank's parts of attention */
     double bytes_step;    /* sent + received by this rank per step */
-    double bare_us;       /* a bare all-gather of one layer's partials */
+    double bare_us;       /* the bare collectives of one layer's merge */
     double local_tokens;  /* positions rank 0 stores */
 } mpi_point;
 
 int cmd_bench_mpi(int argc, char **argv) {
     const char *model_path = NULL;
-    long threads = 0, n_tokens = 32;
+    long threads = 0, n_tokens = 32, sparse_topk = 0;
     int depths[MPI_MAX_POINTS] = {0, 4096, 16384}, n_depths = 3;
     int synthetic = 0, json = 0, kv_f32 = 0, bad = 0;
     double timeout = CLI_MPI_TIMEOUT_S;
@@ -63,6 +64,8 @@ int cmd_bench_mpi(int argc, char **argv) {
             bad = !v || (n_depths = arg_int_list(a, v, 0, 1L << 30, depths, MPI_MAX_POINTS)) <= 0;
         else if (arg_value(argc, argv, &i, "--kv-type", NULL, &v, &bad))
             bad = !v || !arg_kv_type(a, v, &kv_f32);
+        else if (arg_value(argc, argv, &i, "--sparse-topk", NULL, &v, &bad))
+            bad = !v || !arg_int(a, v, 0, 1L << 30, &sparse_topk);
         else if (arg_value(argc, argv, &i, "--mpi-timeout", NULL, &v, &bad))
             bad = !v || !arg_double(a, v, 0.001, 1e6, &timeout);
         else {
@@ -101,6 +104,7 @@ int cmd_bench_mpi(int argc, char **argv) {
     cp.kv_type = kv_f32 ? ELLM_KV_F32 : ELLM_KV_F16;
     cp.n_batch = 512;
     cp.mpi = mpi;
+    cp.sparse_topk = (int)sparse_topk;
     ellm_status cst = ellm_context_init(model, &cp, &ctx, &err);
     if (cst != ELLM_OK) fprintf(stderr, "error: %s\n", err.msg);
     if (!cli_mpi_setup_ok(mpi, cst == ELLM_OK)) {
@@ -156,31 +160,31 @@ int cmd_bench_mpi(int argc, char **argv) {
                             (double)n_tokens;
         }
         p->local_tokens = (double)s1.mpi_local_tokens;
-        /* the bare collective of one layer's partials: each rank's share of them */
-        double per_rank = (s1.mpi_bytes_sent - s0.mpi_bytes_sent + s1.mpi_bytes_recv - s0.mpi_bytes_recv) /
-                          (ex > 0 ? ex : 1) / ellm_mpi_size(mpi);
-        if (ellm_mpi_time_allgather(mpi, (size_t)(per_rank > 4 ? per_rank : 4), 64, &p->bare_us, &err) != ELLM_OK) {
+        /* the bare collectives of one layer's merge (a decode step: one row per query head) */
+        if (ellm_mpi_time_exchange(mpi, info.n_head, info.head_dim, 64, &p->bare_us, &err) != ELLM_OK) {
             fprintf(stderr, "error: %s\n", err.msg);
             goto done;
         }
     }
     if (json) {
         printf("{\"model\": \"%s\", \"n_layer\": %d, \"n_head\": %d, \"head_dim\": %d, \"ranks\": %d, "
-               "\"threads\": %ld, \"synthetic_kv\": %s, \"points\": [",
+               "\"threads\": %ld, \"synthetic_kv\": %s, \"sparse_topk\": %ld, \"points\": [",
                model_path, info.n_layer, info.n_head, info.head_dim, ellm_mpi_size(mpi), threads,
-               synthetic ? "true" : "false");
+               synthetic ? "true" : "false", sparse_topk);
         for (int i = 0; i < n_depths; i++)
             printf("%s{\"depth\": %d, \"step_ms\": %.4f, \"exchange_ms_per_layer\": %.5f, \"merge_ms_per_layer\": "
-                   "%.5f, \"parts_ms_per_layer\": %.5f, \"bytes_per_step\": %.0f, \"bare_allgather_us\": %.2f, "
+                   "%.5f, \"parts_ms_per_layer\": %.5f, \"bytes_per_step\": %.0f, \"bare_exchange_us\": %.2f, "
                    "\"rank0_tokens\": %.0f}",
                    i ? ", " : "", pts[i].depth, pts[i].step_ms, pts[i].exchange_ms, pts[i].merge_ms, pts[i].parts_ms,
                    pts[i].bytes_step, pts[i].bare_us, pts[i].local_tokens);
         printf("]}\n");
     } else {
-        printf("model: %s (%d layers, %d heads of %d), %d ranks, %s KV\n", model_path, info.n_layer, info.n_head,
-               info.head_dim, ellm_mpi_size(mpi), synthetic ? "synthetic" : "prefilled");
+        printf("model: %s (%d layers, %d heads of %d), %d ranks, %s KV, %s\n", model_path, info.n_layer, info.n_head,
+               info.head_dim, ellm_mpi_size(mpi), synthetic ? "synthetic" : "prefilled",
+               sparse_topk > 0 ? "sparse" : "dense");
+        if (sparse_topk > 0) printf("sparse budget %ld tokens per KV head\n", sparse_topk);
         printf("%8s %9s %10s %12s %11s %11s %12s %12s %10s\n", "depth", "ms/step", "rank0 KV", "exch ms/lay",
-               "merge ms/l", "parts ms/l", "KB/step", "bare AG us", "exch share");
+               "merge ms/l", "parts ms/l", "KB/step", "bare ex us", "exch share");
         for (int i = 0; i < n_depths; i++) {
             const mpi_point *p = &pts[i];
             printf("%8d %9.3f %10.0f %12.4f %11.4f %11.4f %12.1f %12.1f %9.1f%%\n", p->depth, p->step_ms,

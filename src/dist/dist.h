@@ -12,12 +12,18 @@
  *
  * Attention in each layer: every rank computes the partial states (per query
  * row: running max, sum of exponentials, weighted value sum) of the parts it
- * owns, one MPI_Iallgatherv gives every rank every part's partial, and each
- * rank merges them in part order with attention_merge_parts -- the same parts
- * and the same order a single process uses, so the output has a single
- * process's bits whatever R is. One collective per layer per pass; a decode
- * step of a model with n_head heads of head_dim sends n_head * (head_dim + 2)
- * floats per part.
+ * owns and adds them up itself, with the exact merge one process uses
+ * (attention_lse_*: fixed-point sums, which do not depend on how the parts
+ * are grouped). Two all-reduces per layer per pass: the bounds of the merge
+ * (max; 5 doubles per query row), then the int64 sums (head_dim + 1 per
+ * row) -- 5.0 KB for a decode step of 9 heads of 64, whatever the context
+ * and the number of ranks. A row that saw keys of one part only (one process
+ * writes acc / l for it) travels as those float bits from the rank holding
+ * the part. Sparse attention: every rank keeps the whole index (it
+ * computes every key), makes the same selection, and attends to the chosen
+ * blocks it holds; parts of a sparse list are cut at the same 32-block
+ * parts of the cache (attention.h), so every part is on one rank. Either
+ * way the output has a single process's bits whatever R is.
  *
  * Faults: the communicator returns errors instead of aborting, and every
  * exchange has a deadline; a rank that dies or stops answering makes the
@@ -68,9 +74,9 @@ void dist_attention(dist_shard *sh, const attention_args *a, const int32_t *bloc
 const char *dist_failed(const dist_shard *sh);
 
 typedef struct {
-    int64_t exchanges;   /* collectives run (one per layer per pass) */
-    double bytes_sent;   /* this rank's partials sent */
-    double bytes_recv;   /* partials received from the other ranks */
+    int64_t exchanges;   /* exchanges run (one per layer per pass, of two all-reduces) */
+    double bytes_sent;   /* bytes this rank put into the all-reduces */
+    double bytes_recv;   /* bytes of their results it received */
     double exchange_ms;  /* wall time inside the collectives (waiting for the slowest rank included) */
     double merge_ms;     /* time merging the parts */
     double compute_ms;   /* time computing this rank's parts */

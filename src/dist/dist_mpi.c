@@ -6,6 +6,7 @@
 #include "core/timer.h"
 
 #include <limits.h>
+#include <math.h>
 #include <mpi.h>
 #include <sched.h>
 #include <stdio.h>
@@ -21,15 +22,16 @@ struct ellm_mpi {
 
 struct dist_shard {
     ellm_mpi *mpi;
-    int block_tokens, part_tokens;
-    /* Every rank's partials, rank-major (MPI_Iallgatherv in place): rank r's
-     * records of a call, in record order, from displs[r]. */
-    float *recv;
-    size_t recv_cap; /* floats */
-    float **own;     /* (max_rec) this rank's records in recv, NULL for the others' */
-    const float **all; /* (max_rec) every record in recv */
+    int block_tokens, part_tokens, head_dim;
+    float *rec;      /* this rank's records of a call (attention_forward_parts) */
+    size_t rec_cap;  /* floats */
+    float **own;     /* (max_rec) this rank's records in rec, NULL for the others' */
     long max_rec;
-    int *counts, *displs, *fill; /* (size) floats per rank, their offsets, a cursor */
+    /* Per query row of a call (token-major, then query head; up to max_q x
+     * n_head rows): the merge's bounds, reduced by max over the ranks, then
+     * its int64 sums (hd for acc, one for l), reduced by sum. */
+    attention_lse_bound *bound;
+    int64_t *sum;
     char failed[600];
     /* Fault injection for tests (ELLM_MPI_FAULT=exit|hang,RANK,N): rank
      * fault_rank exits or hangs at its N-th exchange. */
@@ -116,40 +118,38 @@ ellm_status ellm_mpi_agree(ellm_mpi *mpi, int ok, int *all_ok, ellm_error *err) 
     return rc == MPI_SUCCESS ? ELLM_OK : collective_fail(mpi, rc, "agreement", err);
 }
 
-ellm_status ellm_mpi_time_allgather(ellm_mpi *mpi, size_t bytes, int reps, double *median_us, ellm_error *err) {
-    const size_t n = (bytes + 3) / 4 ? (bytes + 3) / 4 : 1;
-    if (reps < 1 || n * (size_t)mpi->size > INT_MAX)
-        return ellm_fail(err, ELLM_ERR_ARG, "MPI: all-gather of %zu bytes x %d ranks, %d runs: out of range", bytes,
-                         mpi->size, reps);
-    float *buf = calloc(n * (size_t)mpi->size, sizeof(float));
+ellm_status ellm_mpi_time_exchange(ellm_mpi *mpi, int rows, int head_dim, int reps, double *median_us,
+                                   ellm_error *err) {
+    if (reps < 1 || rows < 1 || head_dim < 1 || (size_t)rows * (size_t)(head_dim + 1) > INT_MAX)
+        return ellm_fail(err, ELLM_ERR_ARG, "MPI: exchange of %d rows of %d, %d runs: out of range", rows, head_dim,
+                         reps);
+    double *bound = calloc((size_t)rows * 5, sizeof *bound);
+    int64_t *sum = calloc((size_t)rows * (size_t)(head_dim + 1), sizeof *sum);
     double *us = malloc((size_t)reps * sizeof *us);
-    int *counts = malloc((size_t)mpi->size * sizeof(int)), *displs = malloc((size_t)mpi->size * sizeof(int));
     ellm_status st = ELLM_OK;
-    if (!buf || !us || !counts || !displs) {
+    if (!bound || !sum || !us) {
         st = ellm_fail(err, ELLM_ERR_NOMEM, "MPI: out of memory");
         goto out;
-    }
-    for (int r = 0; r < mpi->size; r++) {
-        counts[r] = (int)n;
-        displs[r] = (int)(n * (size_t)r);
     }
     for (int i = -1; i < reps; i++) { /* one untimed run first */
         uint64_t t0 = ellm_time_ns();
         MPI_Request req;
-        int rc = MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, counts, displs, MPI_FLOAT, mpi->comm, &req);
+        int rc = MPI_Iallreduce(MPI_IN_PLACE, bound, rows * 5, MPI_DOUBLE, MPI_MAX, mpi->comm, &req);
+        if (rc == MPI_SUCCESS) rc = wait_deadline(mpi, &req);
+        if (rc == MPI_SUCCESS)
+            rc = MPI_Iallreduce(MPI_IN_PLACE, sum, rows * (head_dim + 1), MPI_INT64_T, MPI_SUM, mpi->comm, &req);
         if (rc == MPI_SUCCESS) rc = wait_deadline(mpi, &req);
         if (rc != MPI_SUCCESS) {
-            st = collective_fail(mpi, rc, "timed all-gather", err);
+            st = collective_fail(mpi, rc, "timed exchange", err);
             goto out;
         }
         if (i >= 0) us[i] = (double)(ellm_time_ns() - t0) / 1e3;
     }
     *median_us = median_sort(us, reps);
 out:
-    free(buf);
+    free(bound);
+    free(sum);
     free(us);
-    free(counts);
-    free(displs);
     return st;
 }
 
@@ -176,14 +176,14 @@ ellm_status dist_shard_init(ellm_mpi *mpi, int max_q, int n_head, int head_dim, 
     sh->mpi = mpi;
     sh->block_tokens = block_tokens;
     sh->part_tokens = ATTENTION_PART_BLOCKS * block_tokens;
+    sh->head_dim = head_dim;
     const long tiles = (max_q + 15) / 16 + 1, parts = (max_ctx + sh->part_tokens - 1) / sh->part_tokens;
+    const size_t rows = (size_t)max_q * (size_t)n_head;
     sh->max_rec = tiles * parts;
     sh->own = calloc((size_t)sh->max_rec, sizeof *sh->own);
-    sh->all = calloc((size_t)sh->max_rec, sizeof *sh->all);
-    sh->counts = calloc((size_t)mpi->size, sizeof(int));
-    sh->displs = calloc((size_t)mpi->size, sizeof(int));
-    sh->fill = calloc((size_t)mpi->size, sizeof(int));
-    if (!sh->own || !sh->all || !sh->counts || !sh->displs || !sh->fill) {
+    sh->bound = malloc(rows * sizeof *sh->bound);
+    sh->sum = malloc(rows * (size_t)(head_dim + 1) * sizeof *sh->sum);
+    if (!sh->own || !sh->bound || !sh->sum) {
         dist_shard_free(sh);
         return ellm_fail(err, ELLM_ERR_NOMEM, "distributed KV: out of memory");
     }
@@ -197,12 +197,10 @@ ellm_status dist_shard_init(ellm_mpi *mpi, int max_q, int n_head, int head_dim, 
 
 void dist_shard_free(dist_shard *sh) {
     if (!sh) return;
-    free(sh->recv);
+    free(sh->rec);
     free(sh->own);
-    free((void *)sh->all);
-    free(sh->counts);
-    free(sh->displs);
-    free(sh->fill);
+    free(sh->bound);
+    free(sh->sum);
     free(sh);
 }
 
@@ -243,6 +241,83 @@ static void zero_out(const attention_args *a) {
     memset(a->out, 0, (size_t)a->n_q * (size_t)a->n_head * hd * sizeof(float));
 }
 
+/* Runs an in-place all-reduce of n elements and waits for it (at most the
+ * timeout). Returns MPI_SUCCESS, an MPI error code or -1 (timeout). */
+static int allreduce(const ellm_mpi *mpi, void *buf, size_t n, MPI_Datatype type, MPI_Op op) {
+    MPI_Request req;
+    int rc = MPI_Iallreduce(MPI_IN_PLACE, buf, (int)n, type, op, mpi->comm, &req);
+    return rc == MPI_SUCCESS ? wait_deadline(mpi, &req) : rc;
+}
+
+static void fail_exchange(dist_shard *sh, const attention_args *a, int rc) {
+    ellm_error e;
+    collective_fail(sh->mpi, rc, "exchange of attention partials", &e);
+    snprintf(sh->failed, sizeof sh->failed, "%s", e.msg);
+    zero_out(a);
+}
+
+enum { PASS_BOUND, PASS_SUM, PASS_OUT };
+
+/* One pass over every query row of a call: row q = token * n_head + query
+ * head (a->out's order), at offset off in its tile's records (KV head h,
+ * segment row r = token_in_tile * group + g); parts are numbered c as in
+ * the call (the same on every rank).
+ *   PASS_BOUND: bound[q] of this rank's parts;
+ *   PASS_SUM:   with the reduced bound, for a row that saw keys of one part
+ *               only, that part's acc / l bits if the part is this rank's;
+ *               else sum[q] of this rank's parts on the bound's grid;
+ *   PASS_OUT:   a->out from the reduced sums. */
+static void rows_pass(dist_shard *sh, const attention_args *a, int pass) {
+    const int hd = sh->head_dim, n_kv = kv_cache_get_params(a->kv)->n_kv_head, G = a->n_head / n_kv;
+    for (int t = 0; t < attention_n_tiles(a); t++) {
+        const int np = attention_tile_parts(a, t), i0 = t * 16, rows = (a->n_q - i0 < 16 ? a->n_q - i0 : 16) * G;
+        float *const *own = sh->own + attention_part_first(a, t);
+        for (int h = 0; h < n_kv; h++)
+            for (int r = 0; r < rows; r++) {
+                const size_t q = (size_t)(i0 + r / G) * a->n_head + (size_t)h * G + r % G;
+                const size_t off = ((size_t)h * rows + r) * (size_t)(hd + 2);
+                attention_lse_bound *b = &sh->bound[q];
+                int64_t *sum = sh->sum + q * (size_t)(hd + 1);
+                float *dst = a->out + q * (size_t)hd;
+                const int one = pass == PASS_BOUND ? -1 : attention_lse_single(b);
+                attention_lse_grid g;
+                if (pass == PASS_BOUND) {
+                    attention_lse_bound_init(b);
+                    for (int c = 0; c < np; c++)
+                        if (own[c]) attention_lse_bound_add(b, c, own[c][off], own[c][off + 1], own[c] + off + 2, hd);
+                } else if (pass == PASS_SUM && one >= 0) {
+                    if (!own[one]) continue;
+                    float o[hd];
+                    attention_lse_one(own[one][off + 1], own[one] + off + 2, hd, o);
+                    for (int d = 0; d < hd; d++) {
+                        uint32_t bits;
+                        memcpy(&bits, &o[d], sizeof bits);
+                        sum[d] = bits;
+                    }
+                } else if (pass == PASS_SUM) {
+                    attention_lse_grid_init(&g, b);
+                    for (int c = 0; c < np; c++)
+                        if (own[c]) attention_lse_sum(&g, own[c][off], own[c][off + 1], own[c] + off + 2, hd, sum);
+                } else if (one >= 0) {
+                    for (int d = 0; d < hd; d++) {
+                        const uint32_t bits = (uint32_t)sum[d];
+                        memcpy(&dst[d], &bits, sizeof bits);
+                    }
+                } else {
+                    attention_lse_grid_init(&g, b);
+                    attention_lse_out(&g, sum, hd, dst);
+                }
+            }
+    }
+}
+
+/* The exchange (see dist.h): rows are merged exactly (attention_lse_*): the
+ * ranks reduce the bounds of their parts by max, then the int64 sums of
+ * their parts on the grid the bounds give by sum; integer sums do not depend
+ * on how parts are grouped over ranks, so every R gives one process's bits.
+ * A row that saw keys of one part only gets acc / l of it, as one process
+ * writes it: the part's owner puts those float bits into the sums, the
+ * other ranks zeros. */
 void dist_attention(dist_shard *sh, const attention_args *a, const int32_t *blocks, const int *n_blocks,
                     int max_blocks, attention_workspace *ws, threadpool *pool) {
     const ellm_mpi *mpi = sh->mpi;
@@ -250,7 +325,7 @@ void dist_attention(dist_shard *sh, const attention_args *a, const int32_t *bloc
         zero_out(a);
         return;
     }
-    const int n_tiles = attention_n_tiles(a), R = mpi->size, me = mpi->rank;
+    const int n_tiles = attention_n_tiles(a), R = mpi->size, me = mpi->rank, hd = sh->head_dim;
     const long n_rec = attention_part_first(a, n_tiles);
     if (n_rec > sh->max_rec) {
         snprintf(sh->failed, sizeof sh->failed, "distributed attention: %ld parts exceed the %ld planned", n_rec,
@@ -258,47 +333,29 @@ void dist_attention(dist_shard *sh, const attention_args *a, const int32_t *bloc
         zero_out(a);
         return;
     }
-    /* Floats each rank sends: its parts of every tile, in record order. */
-    size_t per_rank[R];
-    memset(per_rank, 0, sizeof per_rank);
-    for (int t = 0; t < n_tiles; t++) {
-        const int np = attention_tile_parts(a, t);
-        const size_t f = attention_part_floats(a, t);
-        for (int c = 0; c < np; c++) per_rank[part_owner(sh, c)] += f;
-    }
-    size_t total = 0;
-    for (int r = 0; r < R; r++) {
-        if (per_rank[r] > INT_MAX || total > INT_MAX) {
-            snprintf(sh->failed, sizeof sh->failed, "distributed attention: a batch's partials exceed 2^31 floats");
-            zero_out(a);
-            return;
-        }
-        sh->counts[r] = (int)per_rank[r];
-        sh->displs[r] = (int)total;
-        sh->fill[r] = (int)total;
-        total += per_rank[r];
-    }
-    if (total > sh->recv_cap) {
-        float *nb = realloc(sh->recv, total * sizeof(float));
+    /* this rank's records: parts c of every tile with c mod R == rank */
+    size_t need = 0;
+    for (int t = 0; t < n_tiles; t++)
+        for (int c = 0; c < attention_tile_parts(a, t); c++)
+            if (part_owner(sh, c) == me) need += attention_part_floats(a, t);
+    if (need > sh->rec_cap) {
+        float *nb = realloc(sh->rec, need * sizeof(float));
         if (!nb) {
             snprintf(sh->failed, sizeof sh->failed, "distributed attention: out of memory for %zu partial floats",
-                     total);
+                     need);
             zero_out(a);
             return;
         }
-        sh->recv = nb;
-        sh->recv_cap = total;
+        sh->rec = nb;
+        sh->rec_cap = need;
     }
-    long i = 0;
+    size_t fill = 0;
     for (int t = 0; t < n_tiles; t++) {
         const int np = attention_tile_parts(a, t);
-        const size_t f = attention_part_floats(a, t);
-        for (int c = 0; c < np; c++, i++) {
-            const int r = part_owner(sh, c);
-            float *rec = sh->recv + sh->fill[r];
-            sh->fill[r] += (int)f;
-            sh->all[i] = rec;
-            sh->own[i] = r == me ? rec : NULL;
+        for (int c = 0; c < np; c++) {
+            float **own = &sh->own[attention_part_first(a, t) + c];
+            *own = part_owner(sh, c) == me ? sh->rec + fill : NULL;
+            if (*own) fill += attention_part_floats(a, t);
         }
     }
 
@@ -309,31 +366,37 @@ void dist_attention(dist_shard *sh, const attention_args *a, const int32_t *bloc
         if (sh->fault_kind == 1) _exit(3);
         for (;;) pause();
     }
+
+    const size_t n_rows = (size_t)a->n_q * (size_t)a->n_head;
+    rows_pass(sh, a, PASS_BOUND);
     int rc = MPI_SUCCESS;
-    if (R > 1) {
-        MPI_Request req;
-        rc = MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, sh->recv, sh->counts, sh->displs, MPI_FLOAT,
-                             mpi->comm, &req);
-        if (rc == MPI_SUCCESS) rc = wait_deadline(mpi, &req);
-    }
+    _Static_assert(sizeof(attention_lse_bound) == 5 * sizeof(double), "a bound is 5 doubles");
+    if (R > 1) rc = allreduce(mpi, sh->bound, 5 * n_rows, MPI_DOUBLE, MPI_MAX);
     uint64_t t2 = ellm_time_ns();
     if (rc != MPI_SUCCESS) {
-        ellm_error e;
-        collective_fail(mpi, rc, "exchange of attention partials", &e);
-        snprintf(sh->failed, sizeof sh->failed, "%s", e.msg);
-        zero_out(a);
+        fail_exchange(sh, a, rc);
         return;
     }
-    attention_merge_parts(a, sh->all, pool);
+    memset(sh->sum, 0, n_rows * (size_t)(hd + 1) * sizeof *sh->sum);
+    rows_pass(sh, a, PASS_SUM);
     uint64_t t3 = ellm_time_ns();
+    if (R > 1) rc = allreduce(mpi, sh->sum, (hd + 1) * n_rows, MPI_INT64_T, MPI_SUM);
+    uint64_t t4 = ellm_time_ns();
+    if (rc != MPI_SUCCESS) {
+        fail_exchange(sh, a, rc);
+        return;
+    }
+    rows_pass(sh, a, PASS_OUT);
+    uint64_t t5 = ellm_time_ns();
     sh->stats.exchanges++;
-    if (R > 1) { /* one rank sends nothing */
-        sh->stats.bytes_sent += (double)sh->counts[me] * sizeof(float);
-        sh->stats.bytes_recv += (double)(total - (size_t)sh->counts[me]) * sizeof(float);
+    if (R > 1) { /* an all-reduce: each rank contributes the whole vector and gets the result */
+        const double bytes = (double)n_rows * (sizeof(attention_lse_bound) + (size_t)(hd + 1) * sizeof(int64_t));
+        sh->stats.bytes_sent += bytes;
+        sh->stats.bytes_recv += bytes;
     }
     sh->stats.compute_ms += (double)(t1 - t0) / 1e6;
-    sh->stats.exchange_ms += (double)(t2 - t1) / 1e6;
-    sh->stats.merge_ms += (double)(t3 - t2) / 1e6;
+    sh->stats.exchange_ms += (double)(t2 - t1 + t4 - t3) / 1e6;
+    sh->stats.merge_ms += (double)(t3 - t2 + t5 - t4) / 1e6;
 }
 
 void dist_get_stats(const dist_shard *sh, dist_stats *st) { *st = sh->stats; }
