@@ -10,6 +10,9 @@ CC=${CC:-clang}
 SAN="-fsanitize=address,undefined -fno-sanitize-recover=undefined"
 CFLAGS="-g -O1 -std=c11 -D_GNU_SOURCE -Iinclude -Isrc -Ifuzz -fno-omit-frame-pointer $SAN"
 LIBS="-lpcre2-8 -lcjson -lutf8proc -lm -lpthread"
+# src/dist/ includes mpi.h; whatever links the whole library links libmpi.
+MPI_CFLAGS=$(mpicc --showme:compile 2>/dev/null || pkg-config --cflags ompi 2>/dev/null || true)
+MPI_LIBS=$(mpicc --showme:link 2>/dev/null || pkg-config --libs ompi 2>/dev/null || echo -lmpi)
 SRC="src/tokenizer/tokenizer.c src/tokenizer/spm.c src/tokenizer/bpe.c src/tokenizer/hf_json.c
      src/tokenizer/detok.c src/gguf/gguf.c src/kernels/quant.c src/core/status.c"
 CHAT_SRC="$(ls src/chat/*.c) src/gguf/gguf.c src/kernels/quant.c src/core/status.c"
@@ -30,11 +33,20 @@ for s in $(find src -name '*.c' -not -path 'src/cli/*' | sort); do
     *_avx2.c) $CC -O1 -std=c11 -D_GNU_SOURCE -Iinclude -Isrc $X86 -c "$s" -o "$o" ;;
     *_avx512.c) $CC -O1 -std=c11 -D_GNU_SOURCE -Iinclude -Isrc $X86 -mavx512f -mavx512bw -mavx512dq \
         -mavx512vl -mavx512vnni -mavx512bf16 -c "$s" -o "$o" ;;
-    *) $CC $CFLAGS -fsanitize=fuzzer-no-link -c "$s" -o "$o" ;;
+    *) $CC $CFLAGS $MPI_CFLAGS -fsanitize=fuzzer-no-link -c "$s" -o "$o" ;;
     esac
     OBJS="$OBJS $o"
 done
-$CC $CFLAGS -fsanitize=fuzzer $OBJS fuzz/fuzz_model_load.c -o "$OUT/fuzz_model_load" $LIBS -lhwloc -lnuma
+$CC $CFLAGS -fsanitize=fuzzer $OBJS fuzz/fuzz_model_load.c -o "$OUT/fuzz_model_load" $LIBS -lmicrohttpd -lhwloc -lnuma $MPI_LIBS
+# The converter's inputs (src/convert/): the safetensors reader, the whole
+# conversion of a checkpoint folder (config.json + model.safetensors), and the
+# tokenizer.json and tokenizer.model readers. They link the same objects as
+# the model loader; their seeds come from make_convert_seeds.
+for t in fuzz_safetensors fuzz_convert fuzz_convert_vocab_json fuzz_convert_sp_model; do
+    $CC $CFLAGS -fsanitize=fuzzer $OBJS "fuzz/$t.c" -o "$OUT/$t" $LIBS -lmicrohttpd -lhwloc -lnuma $MPI_LIBS
+done
+$CC $CFLAGS -Itests $OBJS fuzz/make_convert_seeds.c -o "$OUT/make_convert_seeds" $LIBS -lmicrohttpd -lhwloc -lnuma $MPI_LIBS
+"$OUT/make_convert_seeds" "$OUT/seeds" tests/data
 # The seed writer is an ordinary program.
 $CC $CFLAGS $SRC src/gguf/gguf_writer.c fuzz/make_seeds.c -o "$OUT/make_seeds" $LIBS
 "$OUT/make_seeds" "$OUT/seeds" tests/data

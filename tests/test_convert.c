@@ -747,6 +747,62 @@ static void vocab_case(const char *hf, const char *inp, const char *out, const c
     gguf_close(g);
 }
 
+/* ---- fuzz reproducers (tests/data/fuzz/README.md) ---- */
+
+/* Inputs the fuzz targets of fuzz/ once crashed on, replayed through the
+ * same entry points: each must now fail cleanly (or load) as stated. */
+static void test_fuzz_reproducers(void) {
+    size_t n = 0;
+    char *b = test_read_file(data_path("fuzz/safetensors-empty-header"), &n);
+    st_set *s = NULL;
+    ellm_error err = {0};
+    /* fuzz_safetensors: a header with no tensors ("{}") sorted and searched
+     * a NULL array (undefined behaviour); it is a valid, empty file. */
+    CHECK(b && st_open_memory(b, n, "empty.safetensors", &s, &err) == ELLM_OK && s && st_n_tensors(s) == 0 &&
+              st_find(s, "w") == NULL,
+          "empty safetensors header: %s", err.msg);
+    st_close(s);
+    free(b);
+    /* fuzz_convert: a tensor holding NaN (and values past F16's range)
+     * reached the quantizers (a NaN to int conversion). Input: type byte,
+     * config.json, NUL, model.safetensors. */
+    b = test_read_file(data_path("fuzz/convert-nan-weight"), &n);
+    const char *nul = b ? memchr(b + 1, 0, n - 1) : NULL;
+    CHECK(nul != NULL, "fuzz/convert-nan-weight");
+    if (!nul) {
+        free(b);
+        return;
+    }
+    const char *dir = new_dir("fuzz-nan");
+    char path[800], out[800];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = fopen(path, "wb");
+    fwrite(b + 1, 1, (size_t)(nul - b - 1), f);
+    fclose(f);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    f = fopen(path, "wb");
+    fwrite(nul + 1, 1, n - (size_t)(nul + 1 - b), f);
+    fclose(f);
+    hfw_copy_file(data_path("fuzz/tok16.model"), dir, "tokenizer.model");
+    int n_types;
+    const convert_type *types = convert_types(&n_types);
+    const char *type = types[(unsigned char)b[0] % n_types].name;
+    snprintf(out, sizeof out, "%s/out.gguf", dir);
+    convert_params p = {.type = type, .n_threads = 2};
+    ellm_status st = convert_hf_to_gguf(dir, out, &p, NULL, &err);
+    /* (The first bad value of the file is a huge one, before its NaN.) */
+    CHECK(st == ELLM_ERR_FORMAT && strstr(err.msg, "model.safetensors") && strstr(err.msg, " holds ") &&
+              strstr(err.msg, "column") && (strstr(err.msg, "NaN") || strstr(err.msg, "F16 range")),
+          "NaN weight (%s): status %d, '%s'", type, st, err.msg);
+    printf("fuzz reproducer (NaN weight, %s): %s\n", type, err.msg);
+    DIR *d = opendir(dir);
+    int left = 0;
+    for (struct dirent *e; d && (e = readdir(d));) left += !strncmp(e->d_name, "out.gguf", 8);
+    if (d) closedir(d);
+    CHECK(left == 0, "NaN weight: %d output files left", left);
+    free(b);
+}
+
 static void test_vocab(void) {
     vocab_case("hf/llama3", "vocab/ggml-vocab-llama-bpe.gguf.inp", "vocab/ggml-vocab-llama-bpe.gguf.out", "gpt2",
                "llama-bpe");
@@ -780,6 +836,7 @@ int main(void) {
     test_imatrix(evaldir);
     test_dtypes_and_shards();
     test_bad_input();
+    test_fuzz_reproducers();
     test_vocab();
     if (!getenv("ELLM_KEEP_TMP")) rm_tree(tmp_root);
     return test_finish();

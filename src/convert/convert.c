@@ -16,6 +16,7 @@
 #include "gguf/gguf_writer.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -124,7 +125,43 @@ typedef struct {
     cv_ctx *c;
     const cv_tensor *t;
     size_t out_row;
+    int64_t bad_row; /* first row holding a value the output type cannot take, or INT64_MAX */
 } cv_job;
+
+/* Largest magnitude a weight may have in a file of qtype `type`: every type
+ * but F32 and BF16 stores F16 values or F16 block scales, and a weight past
+ * F16's range would turn them infinite (and the quantizers' integer
+ * conversions undefined). NaN and infinities are refused for every type. */
+static float cv_weight_limit(int type) {
+    return type == QTYPE_F32 || type == QTYPE_BF16 ? 3.4028235e38f : 65504.0f;
+}
+
+/* Index of the first element of x[0, n) that is NaN or beyond `lim` in
+ * magnitude, or -1. */
+static int64_t cv_bad_value(const float *x, int64_t n, float lim) {
+    for (int64_t i = 0; i < n; i++)
+        if (!(fabsf(x[i]) <= lim)) return i;
+    return -1;
+}
+
+/* Row r of tensor t as floats: the source row (its Q/K permutation
+ * applied) converted into x (ne0 floats), or the generated data. */
+static const float *load_row(const cv_tensor *t, int64_t r, float *x) {
+    if (!t->src) return t->gen + r * t->ne0;
+    size_t esz = st_dtype_size(t->src->dtype);
+    int stype = t->src->dtype == ST_F32 ? QTYPE_F32 : t->src->dtype == ST_F16 ? QTYPE_F16 : QTYPE_BF16;
+    if (t->permute_heads && t->ne1 == 1) {
+        /* A 1-D bias of a permuted matrix: permute its elements. */
+        for (int64_t k = 0; k < t->ne0; k++) {
+            int64_t sk = permuted_row(k, t->ne0, t->permute_heads);
+            kern_dequantize(stype, (const uint8_t *)t->src->data + (size_t)sk * esz, x + k, 1);
+        }
+        return x;
+    }
+    int64_t sr = t->permute_heads ? permuted_row(r, t->ne1, t->permute_heads) : r;
+    kern_dequantize(stype, (const uint8_t *)t->src->data + (size_t)sr * (size_t)t->ne0 * esz, x, t->ne0);
+    return x;
+}
 
 /* Converts rows [chunk_row0, +chunk_rows) of a tensor: thread ith takes an
  * equal share. */
@@ -135,28 +172,37 @@ static void chunk_job(void *arg, int ith, int nth) {
     long b, e;
     threadpool_split((long)c->chunk_rows, ith, nth, 1, &b, &e);
     float *x = c->scratch + (size_t)ith * (size_t)c->max_ne0;
+    const float lim = cv_weight_limit(t->type);
     for (long i = b; i < e; i++) {
         int64_t r = c->chunk_row0 + i;
-        const float *row = x;
-        if (t->src) {
-            int64_t sr = t->permute_heads ? permuted_row(r, t->ne1, t->permute_heads) : r;
-            size_t esz = st_dtype_size(t->src->dtype);
-            const uint8_t *s = (const uint8_t *)t->src->data + (size_t)sr * (size_t)t->ne0 * esz;
-            int stype = t->src->dtype == ST_F32 ? QTYPE_F32 : t->src->dtype == ST_F16 ? QTYPE_F16 : QTYPE_BF16;
-            if (t->permute_heads && t->ne1 == 1) {
-                /* A 1-D bias of a permuted matrix: permute its elements. */
-                for (int64_t k = 0; k < t->ne0; k++) {
-                    int64_t sk = permuted_row(k, t->ne0, t->permute_heads);
-                    kern_dequantize(stype, (const uint8_t *)t->src->data + (size_t)sk * esz, x + k, 1);
-                }
-            } else {
-                kern_dequantize(stype, s, x, t->ne0);
+        const float *row = load_row(t, r, x);
+        if (cv_bad_value(row, t->ne0, lim) >= 0) {
+            /* Record the first bad row; cv_row reports it. */
+            int64_t cur = __atomic_load_n(&j->bad_row, __ATOMIC_RELAXED);
+            while (r < cur &&
+                   !__atomic_compare_exchange_n(&j->bad_row, &cur, r, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
             }
-        } else {
-            row = t->gen + r * t->ne0;
+            continue;
         }
         qtype_quantize_weighted(t->type, row, c->chunk + (size_t)i * j->out_row, t->ne0, t->imatrix, t->ne0);
     }
+}
+
+/* The error for row `r` of `t`, which cv_bad_value flagged: names the file,
+ * the tensor, the row, the column and the value. */
+static ellm_status bad_row_error(cv_ctx *c, const cv_tensor *t, int64_t r, ellm_error *err) {
+    const char *file = t->src ? st_file_name(c->st, t->src->file) : "(generated)";
+    const char *name = t->src ? t->src->name : t->name;
+    const float *row = load_row(t, r, c->scratch); /* the pool is idle: thread 0's row is free */
+    int64_t k = cv_bad_value(row, t->ne0, cv_weight_limit(t->type));
+    float v = k >= 0 ? row[k] : 0.0f;
+    if (isnan(v) || isinf(v))
+        return ellm_fail(err, ELLM_ERR_FORMAT, "'%s': tensor '%s' holds %s at row %lld, column %lld", file, name,
+                         isnan(v) ? "NaN" : "an infinity", (long long)r, (long long)k);
+    return ellm_fail(err, ELLM_ERR_FORMAT,
+                     "'%s': tensor '%s' holds %g at row %lld, column %lld, outside the F16 range (+-65504) in "
+                     "which %s stores its values or block scales",
+                     file, name, (double)v, (long long)r, (long long)k, qtype_get(t->type)->name);
 }
 
 static void report(cv_ctx *c, const cv_tensor *t, int64_t rows_done, int finished) {
@@ -202,11 +248,15 @@ static ellm_status cv_row(void *user, int64_t row, void *dst, size_t n_bytes, el
         c->chunk_tensor = t->index;
         c->chunk_row0 = row;
         c->chunk_rows = n;
-        cv_job j = {c, t, out_row};
+        cv_job j = {c, t, out_row, INT64_MAX};
         threadpool_run(c->pool, chunk_job, &j);
+        if (j.bad_row != INT64_MAX) return bad_row_error(c, t, j.bad_row, err);
         int64_t done = row + n;
         report(c, t, done, done == t->ne1);
         if (done == t->ne1) {
+            /* Done with the source: its mapped pages leave this process
+             * (resident memory ~ the largest tensor, not the checkpoint). */
+            st_release(c->st, t->src);
             c->src_before += t->src ? t->src->n_bytes : 0;
             c->out_before += (uint64_t)out_row * (uint64_t)t->ne1;
         }

@@ -624,6 +624,17 @@ ellm_status cv_vocab_from_json(const char *json, size_t len, const char *config,
     return st;
 }
 
+ellm_status cv_vocab_from_sp_memory(const void *data, size_t size, int64_t n_vocab, cv_vocab *v, ellm_error *err) {
+    vocab_reset(v);
+    sp_model sp;
+    ellm_status st = sp_model_parse(data, size, "tokenizer.model", &sp, err);
+    if (st != ELLM_OK) return st;
+    st = from_sp(v, &sp, n_vocab, "tokenizer.model", err);
+    sp_model_free(&sp);
+    if (st != ELLM_OK) cv_vocab_free(v);
+    return st;
+}
+
 ellm_status cv_vocab_write(const cv_vocab *v, gguf_writer *w, ellm_error *err) {
     gguf_writer_add_str(w, "tokenizer.ggml.model", v->model, err);
     gguf_writer_add_str(w, "tokenizer.ggml.pre", v->pre, err);

@@ -67,4 +67,8 @@ void cv_vocab_free(cv_vocab *v);
 ellm_status cv_vocab_from_json(const char *json, size_t len, const char *config, size_t config_len,
                                int64_t n_vocab, cv_vocab *v, ellm_error *err);
 
+/* Parses a tokenizer.model (SentencePiece protobuf) from memory into `v`
+ * (the pieces alone: no added tokens or special ids), for the fuzz harness. */
+ellm_status cv_vocab_from_sp_memory(const void *data, size_t size, int64_t n_vocab, cv_vocab *v, ellm_error *err);
+
 #endif

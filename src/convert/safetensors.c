@@ -67,6 +67,7 @@ static int cmp_name(const void *a, const void *b) {
 
 const st_tensor *st_find(const st_set *s, const char *name) {
     st_tensor key = {.name = name};
+    if (!s->n_tensors) return NULL; /* a header without tensors leaves s->tensors NULL */
     return bsearch(&key, s->tensors, (size_t)s->n_tensors, sizeof key, cmp_name);
 }
 
@@ -80,6 +81,15 @@ void st_close(st_set *s) {
     free(s->files);
     free(s->tensors);
     free(s);
+}
+
+void st_release(const st_set *s, const st_tensor *t) {
+    if (!t || t->file < 0 || t->file >= s->n_files || !s->files[t->file].mapped || !t->n_bytes) return;
+    /* Only whole pages inside the tensor: a neighbour may share the edges. */
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t b = ((uintptr_t)t->data + page - 1) & ~(page - 1);
+    uintptr_t e = ((uintptr_t)t->data + t->n_bytes) & ~(page - 1);
+    if (e > b) madvise((void *)b, e - b, MADV_DONTNEED);
 }
 
 /* ---- one file's header ---- */
@@ -258,6 +268,7 @@ done:
 /* Sorts by name and refuses a name held twice (two shards, or a JSON
  * object with a repeated key). */
 static ellm_status finish(st_set *s, ellm_error *err) {
+    if (!s->n_tensors) return ELLM_OK; /* qsort's array may not be NULL, even when empty */
     qsort(s->tensors, (size_t)s->n_tensors, sizeof *s->tensors, cmp_name);
     for (int64_t i = 1; i < s->n_tensors; i++)
         if (!strcmp(s->tensors[i].name, s->tensors[i - 1].name))

@@ -65,6 +65,11 @@ const st_tensor *st_tensor_at(const st_set *s, int64_t i);
 const st_tensor *st_find(const st_set *s, const char *name);
 /* Path (or `what`) of file i, for messages. */
 const char *st_file_name(const st_set *s, int file);
+/* Drops the process's pages of tensor t's data (a mapped file's pages stay
+ * in the page cache; a later read maps them again): after a tensor is
+ * converted, so resident memory stays near one tensor whatever the
+ * checkpoint's size. Nothing for a set opened from memory. */
+void st_release(const st_set *s, const st_tensor *t);
 /* Total bytes of tensor data. */
 uint64_t st_data_bytes(const st_set *s);
 
