@@ -65,7 +65,7 @@ $(BUILD)/tests/%: $(BUILD)/tests/%.o $(LIB)
 # Benchmarks (not tests): `make bench` builds them into $(BUILD)/bench/.
 $(BUILD)/bench/%: $(BUILD)/bench/%.o $(LIB)
 	$(CC) $(CFLAGS) $^ -o $@ $(LDFLAGS) $(LDLIBS)
-bench: $(addprefix $(BUILD)/bench/,bench_tokenizer bench_attention bench_sparse_attention bench_sparse bench_kernels)
+bench: $(addprefix $(BUILD)/bench/,bench_tokenizer bench_attention bench_sparse_attention bench_sparse bench_kernels convert_synth_hf)
 
 # End-to-end server tests (Node, run by tests/test_server.c): the pinned npm
 # packages of tests/server/package-lock.json, installed with npm ci when the
@@ -73,12 +73,19 @@ bench: $(addprefix $(BUILD)/bench/,bench_tokenizer bench_attention bench_sparse_
 tests/server/node_modules/.stamp: FORCE
 	@cmp -s tests/server/package-lock.json $@ 2>/dev/null || \
 	    { cd tests/server && npm ci --no-audit --no-fund && cp package-lock.json node_modules/.stamp; }
+# llama.cpp for tests/test_convert_llamacpp.c: node-llama-cpp and its linux-x64
+# prebuilt CPU library only (the optional GPU builds are left out), pinned in
+# tests/llamacpp/package-lock.json and installed the same way.
+tests/llamacpp/node_modules/.stamp: FORCE
+	@cmp -s tests/llamacpp/package-lock.json $@ 2>/dev/null || \
+	    { cd tests/llamacpp && npm ci --omit=optional --ignore-scripts --no-audit --no-fund && \
+	      cp package-lock.json node_modules/.stamp; }
 FORCE:
 
 run: deps all
 	$(BUILD)/ellm run -n 200 --stats
 
-test: deps all $(TEST_BIN) tests/server/node_modules/.stamp
+test: deps all $(TEST_BIN) tests/server/node_modules/.stamp tests/llamacpp/node_modules/.stamp
 	@sh tests/run_tests.sh $(BUILD)
 
 test-asan:
