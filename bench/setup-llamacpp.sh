@@ -1,8 +1,9 @@
 #!/bin/sh
 # Installs llama.cpp for side-by-side runs: the npm package node-llama-cpp@3.21.1,
 # which carries prebuilt llama.cpp CPU libraries for linux-x64 (newer versions may
-# not install here). Goes into bench/node_modules, next to llamacpp_decode.mjs, so
-# `node bench/llamacpp_decode.mjs ...` resolves it from any working directory.
+# not install here). Goes into bench/node_modules, next to llamacpp_tokenize.mjs, so
+# `node bench/llamacpp_tokenize.mjs ...` resolves it from any working directory.
+# Speed comparisons use llama-bench built natively instead (setup-llamacpp-native.sh).
 # Idempotent: does nothing when that exact version is already installed.
 set -eu
 VERSION=3.21.1

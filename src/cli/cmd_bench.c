@@ -27,11 +27,15 @@ typedef struct {
     double gbps;
     double bw_fraction;
     double vs_empty; /* sparse: tok/s over an empty context's, timed interleaved */
+    double *step_ms; /* every timed step, ascending (n_tokens of them) */
 } bench_point;
+
+#define MAX_PREFILL_REPS 64
 
 typedef struct {
     int tokens;
-    double tokens_per_s;
+    double tokens_per_s; /* median of the timed passes */
+    double samples[MAX_PREFILL_REPS];
 } prefill_point;
 
 static void bench_usage(FILE *f) {
@@ -45,6 +49,8 @@ static void bench_usage(FILE *f) {
             "                          --synthetic-kv, else none)\n"
             "  -n, --n-tokens N        decode steps timed per depth (default 32)\n"
             "  --prefill LIST          prompt lengths to time prefill at (default 512; 0 = none)\n"
+            "  --prefill-reps N        timed passes per prompt length, after one untimed warm-up\n"
+            "                          (default 1)\n"
             "  --gen N                 project the time of an N-token generation (default 50000)\n"
             "  --kv-type f16|f32|q8_0  KV cache element type (default f16)\n"
             "  --sparse-topk K         also time sparse attention with a K-token budget\n"
@@ -57,9 +63,13 @@ static void bench_usage(FILE *f) {
             "                          tokens/s = T(k) / (k x draft step + verify of k+1) at the best k\n"
             "  --spec-tokens-per-verify T  tokens per verify pass at --draft-max (from `ellm eval\n"
             "                          --spec` on real text; default 5); T(k) follows from it\n"
-            "  --json                  machine-readable output\n"
+            "  --json                  machine-readable output (every timed step of every point\n"
+            "                          in step_ms, every prefill pass in samples_tps)\n"
             "  --mpi                   under mpirun: KV sharded over the ranks, exchange costs\n"
-            "                          (ellm bench --mpi --help)\n");
+            "                          (ellm bench --mpi --help)\n"
+            "Decode: one untimed step, then -n timed single-token steps per depth; the median\n"
+            "step time gives tok/s. A dense context keeps no sparse index, as `ellm run`\n"
+            "without --sparse-topk.\n");
 }
 
 /* Step latency at depth d from the measured points: piecewise linear, extended
@@ -74,11 +84,13 @@ static double latency_at(const bench_point *p, int n, double d) {
     return y > 0 ? y : y0;
 }
 
-/* Median and minimum of n step times (sorted in place) into p. */
+/* Median and minimum of n step times (sorted in place) into p; the sorted
+ * times are kept in p->step_ms. */
 static void set_latency(bench_point *p, double *step_ms, int n) {
     p->ms_median = median_sort(step_ms, n);
     p->ms_min = step_ms[0];
     p->tokens_per_s = 1000.0 / p->ms_median;
+    if (p->step_ms) memcpy(p->step_ms, step_ms, (size_t)n * sizeof *step_ms);
 }
 
 static int time_steps(ellm_context *ctx, const int32_t *ids, int n_ctx, int d, int n, double *step_ms,
@@ -140,6 +152,13 @@ static int time_interleaved(ellm_context *ctx, ellm_context *ctx0, const int32_t
 fail:
     fprintf(stderr, "error: %s\n", err.msg);
     return 0;
+}
+
+/* `, "step_ms": [...]}`: the n sorted step times of a point, closing its JSON object. */
+static void print_steps(const double *ms, int n) {
+    printf(", \"step_ms\": [");
+    for (int i = 0; i < n; i++) printf("%s%.4f", i ? ", " : "", ms[i]);
+    printf("]}");
 }
 
 /* A progress line on stderr when it is a terminal: "<what><v>". */
@@ -230,7 +249,7 @@ static double time_draft_step(ellm_context *ctx, const int32_t *ids, int d) {
 
 int cmd_bench(int argc, char **argv) {
     const char *model_path = NULL;
-    long threads = 0, n_tokens = 32, gen = 50000, bw_mb = 1024, synth_from = -1;
+    long threads = 0, n_tokens = 32, gen = 50000, bw_mb = 1024, synth_from = -1, prefill_reps = 1;
     int depths[MAX_POINTS] = {0, 4096, 16384}, n_depths = 3;
     int prefills[16] = {512}, n_prefills = 1;
     int synthetic = 0, json = 0, kv_f32 = 0, bad = 0;
@@ -261,6 +280,8 @@ int cmd_bench(int argc, char **argv) {
             bad = !v || !arg_int(a, v, 1, 1L << 30, &gen);
         else if (arg_value(argc, argv, &i, "--bw-mb", NULL, &v, &bad))
             bad = !v || !arg_int(a, v, 16, 1 << 20, &bw_mb);
+        else if (arg_value(argc, argv, &i, "--prefill-reps", NULL, &v, &bad))
+            bad = !v || !arg_int(a, v, 1, MAX_PREFILL_REPS, &prefill_reps);
         else if (arg_value(argc, argv, &i, "--sparse-topk", NULL, &v, &bad))
             bad = !v || !arg_int(a, v, 0, 1L << 30, &sparse_topk);
         else if (arg_value(argc, argv, &i, "--spec", NULL, &v, &bad)) spec = v;
@@ -303,7 +324,7 @@ int cmd_bench(int argc, char **argv) {
     ellm_model *model = NULL;
     ellm_context *ctx = NULL, *ctx0 = NULL;
     int32_t *ids = NULL;
-    double *step_ms = NULL, *base_ms = NULL;
+    double *step_ms = NULL, *base_ms = NULL, *samples = NULL;
     int rc = 1;
     ellm_model_params mp = {.n_threads = (int)threads, .pin_threads = 1, .numa = (ellm_numa_mode)numa, .mlock = mlock};
     if (ellm_model_load(model_path, &mp, &model, &err) != ELLM_OK) {
@@ -357,7 +378,8 @@ int cmd_bench(int argc, char **argv) {
     ids = malloc((size_t)n_ctx * sizeof *ids);
     step_ms = malloc((size_t)n_tokens * sizeof *step_ms);
     base_ms = malloc((size_t)n_tokens * sizeof *base_ms);
-    if (!ids || !step_ms || !base_ms) {
+    samples = malloc((size_t)2 * n_depths * n_tokens * sizeof *samples); /* dense, then sparse points */
+    if (!ids || !step_ms || !base_ms || !samples) {
         fprintf(stderr, "error: out of memory\n");
         goto done;
     }
@@ -367,14 +389,22 @@ int cmd_bench(int argc, char **argv) {
     prefill_point pre[16];
     for (int i = 0; i < n_prefills; i++) {
         progress("prefill, tokens: ", prefills[i]);
-        ellm_context_truncate(ctx, 0);
-        double t0 = ellm_time_ms();
-        if (ellm_decode(ctx, ids, prefills[i], NULL, &err) != ELLM_OK) {
-            fprintf(stderr, "error: %s\n", err.msg);
-            goto done;
-        }
         pre[i].tokens = prefills[i];
-        pre[i].tokens_per_s = prefills[i] / ((ellm_time_ms() - t0) / 1000.0);
+        /* pass -1 is the untimed warm-up */
+        for (int r = -1; r < prefill_reps; r++) {
+            ellm_context_truncate(ctx, 0);
+            double t0 = ellm_time_ms();
+            if (ellm_decode(ctx, ids, prefills[i], NULL, &err) != ELLM_OK) {
+                fprintf(stderr, "error: %s\n", err.msg);
+                goto done;
+            }
+            if (r >= 0) pre[i].samples[r] = prefills[i] / ((ellm_time_ms() - t0) / 1000.0);
+        }
+        double sorted[MAX_PREFILL_REPS];
+        memcpy(sorted, pre[i].samples, (size_t)prefill_reps * sizeof *sorted);
+        qsort(sorted, (size_t)prefill_reps, sizeof *sorted, median_cmp_double);
+        pre[i].tokens_per_s = prefill_reps % 2 ? sorted[prefill_reps / 2]
+                                               : (sorted[prefill_reps / 2 - 1] + sorted[prefill_reps / 2]) / 2;
     }
 
     bench_point pts[MAX_POINTS], spts[MAX_POINTS];
@@ -384,6 +414,7 @@ int cmd_bench(int argc, char **argv) {
         int d = depths[i];
         bench_point *p = &pts[i];
         memset(p, 0, sizeof *p);
+        p->step_ms = samples + (size_t)i * n_tokens;
         p->depth = d;
         p->synthetic = d > 0 && d >= synth_from;
         progress(p->synthetic ? "synthetic KV fill, depth " : "prefill to depth ", d);
@@ -412,6 +443,7 @@ int cmd_bench(int argc, char **argv) {
         if (sparse_topk > 0) {
             bench_point *q = &spts[i];
             *q = *p;
+            q->step_ms = samples + (size_t)(n_depths + i) * n_tokens;
             progress("sparse decode at depth ", d);
             ellm_context_truncate(ctx, d);
             ellm_context_set_sparse(ctx, (int)sparse_topk, NULL);
@@ -473,22 +505,26 @@ int cmd_bench(int argc, char **argv) {
                "\"bandwidth_gbps\": %.3f, \"bandwidth_gbps_1t\": %.3f, \"probe_read_gbps\": %.3f, \"points\": [",
                model_path, info.arch, nt, ellm_isa_name(), arg_kv_type_name(kv_f32),
                (unsigned long long)info.decode_weight_bytes, kv_per_token, bw, bw1, probe_bw);
-        for (int i = 0; i < n_depths; i++)
+        for (int i = 0; i < n_depths; i++) {
             printf("%s{\"depth\": %d, \"mode\": \"dense\", \"synthetic_kv\": %s, \"tokens_per_s\": %.3f, "
                    "\"ms_per_token\": %.4f, \"bytes_per_token\": %.0f, \"gbps\": %.3f, \"bw_fraction\": %.4f, "
-                   "\"probe_fraction\": %.4f}",
+                   "\"probe_fraction\": %.4f",
                    i ? ", " : "", pts[i].depth, pts[i].synthetic ? "true" : "false", pts[i].tokens_per_s,
                    pts[i].ms_median, pts[i].bytes_per_token, pts[i].gbps, pts[i].bw_fraction,
                    probe_bw > 0 ? pts[i].gbps / probe_bw : 0);
-        for (int i = 0; i < n_depths && sparse_topk > 0; i++)
+            print_steps(pts[i].step_ms, (int)n_tokens);
+        }
+        for (int i = 0; i < n_depths && sparse_topk > 0; i++) {
             printf(", {\"depth\": %d, \"mode\": \"sparse\", \"sparse_topk\": %ld, \"synthetic_kv\": %s, "
                    "\"tokens_per_s\": %.3f, \"ms_per_token\": %.4f, \"bytes_per_token\": %.0f, \"gbps\": %.3f, "
                    "\"bw_fraction\": %.4f, \"select_fraction\": %.4f, \"index_bytes_ratio\": %.4f, "
-                   "\"speedup_vs_dense\": %.3f, \"vs_empty_context\": %.3f}",
+                   "\"speedup_vs_dense\": %.3f, \"vs_empty_context\": %.3f",
                    spts[i].depth, sparse_topk, spts[i].synthetic ? "true" : "false", spts[i].tokens_per_s,
                    spts[i].ms_median, spts[i].bytes_per_token, spts[i].gbps, spts[i].bw_fraction,
                    spts[i].select_fraction, spts[i].index_ratio, spts[i].tokens_per_s / pts[i].tokens_per_s,
                    spts[i].vs_empty);
+            print_steps(spts[i].step_ms, (int)n_tokens);
+        }
         for (int i = 0; i < n_depths && spec; i++) {
             printf(", {\"depth\": %d, \"mode\": \"spec:%s\", \"synthetic_kv\": %s, \"draft_step_ms\": %.4f, "
                    "\"verify_ms\": %.4f, \"draft_max\": %d, \"tokens_per_verify\": %.3f, \"tokens_per_s\": %.3f, "
@@ -504,8 +540,12 @@ int cmd_bench(int argc, char **argv) {
                        specs[i].tokens_per_s / spts[i].tokens_per_s);
         }
         printf("], \"prefill\": [");
-        for (int i = 0; i < n_prefills; i++)
-            printf("%s{\"tokens\": %d, \"tokens_per_s\": %.2f}", i ? ", " : "", pre[i].tokens, pre[i].tokens_per_s);
+        for (int i = 0; i < n_prefills; i++) {
+            printf("%s{\"tokens\": %d, \"tokens_per_s\": %.2f, \"samples_tps\": [", i ? ", " : "", pre[i].tokens,
+                   pre[i].tokens_per_s);
+            for (int r = 0; r < prefill_reps; r++) printf("%s%.2f", r ? ", " : "", pre[i].samples[r]);
+            printf("]}");
+        }
         printf("], \"projection\": {\"gen_tokens\": %ld, \"seconds\": %.2f, \"roofline_seconds\": %.2f, "
                "\"ratio_to_roofline\": %.3f}}\n",
                gen, proj_s, roof_s, roof_s > 0 ? proj_s / roof_s : 0);
@@ -554,6 +594,7 @@ done:
     free(ids);
     free(step_ms);
     free(base_ms);
+    free(samples);
     ellm_context_free(ctx0);
     ellm_context_free(ctx);
     ellm_model_free(model);
