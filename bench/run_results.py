@@ -324,8 +324,16 @@ def render(R):
             th = r["line"].split("threads=")[1].split()[0] if "threads=" in r["line"] else "—"
             w(f"| {r['model']} | {r['kv']} | {th} | {r['rel']:.1e} | {r['argmax']} |")
     w("")
-    w("Memory-locality measurements (`bench/numa_ab.py`, `bench/numa_projection.py`) have their own page: "
-      "[NUMA.md](NUMA.md).")
+    w("## Other pages")
+    w("")
+    w("Each made by its own script, named on the page:")
+    w("")
+    w("- [NUMA.md](NUMA.md): memory locality (`bench/numa_ab.py`, `bench/numa_projection.py`)")
+    w("- [SERVING.md](SERVING.md): `ellm serve` against llama-server")
+    w("- [SPEC.md](SPEC.md): self-speculative decoding")
+    w("- [DIST.md](DIST.md): KV cache sharded over MPI ranks")
+    w("- [KV.md](KV.md): quantized KV cache")
+    w("- [CONVERT.md](CONVERT.md): `ellm convert`, quantization quality")
     w("")
     w("## Reproduce")
     w("")
