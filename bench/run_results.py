@@ -328,12 +328,14 @@ def render(R):
     w("")
     w("Each made by its own script, named on the page:")
     w("")
-    w("- [NUMA.md](NUMA.md): memory locality (`bench/numa_ab.py`, `bench/numa_projection.py`)")
-    w("- [SERVING.md](SERVING.md): `ellm serve` against llama-server")
-    w("- [SPEC.md](SPEC.md): self-speculative decoding")
-    w("- [DIST.md](DIST.md): KV cache sharded over MPI ranks")
-    w("- [KV.md](KV.md): quantized KV cache")
-    w("- [CONVERT.md](CONVERT.md): `ellm convert`, quantization quality")
+    for page, what in (("NUMA.md", "memory locality (`bench/numa_ab.py`, `bench/numa_projection.py`)"),
+                       ("SERVING.md", "`ellm serve` against llama-server"),
+                       ("SPEC.md", "self-speculative decoding"),
+                       ("DIST.md", "KV cache sharded over MPI ranks"),
+                       ("KV.md", "quantized KV cache"),
+                       ("CONVERT.md", "`ellm convert`, quantization quality")):
+        if os.path.exists(os.path.join(HERE, page)):  # link only pages that exist
+            w(f"- [{page}]({page}): {what}")
     w("")
     w("## Reproduce")
     w("")
