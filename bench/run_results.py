@@ -40,8 +40,13 @@ def log(*a):
     print(time.strftime("%H:%M:%S"), *a, file=sys.stderr, flush=True)
 
 
+LOCK = None  # --lock FILE: exclusive flock held around each measuring command
+
+
 def run(cmd, **kw):
     log("$", " ".join(cmd))
+    if LOCK:
+        cmd = ["flock", "-x", LOCK] + cmd
     r = subprocess.run(cmd, capture_output=True, text=True, **kw)
     if r.returncode != 0:
         raise SystemExit(f"command failed ({r.returncode}): {' '.join(cmd)}\n{r.stderr[-2000:]}")
@@ -382,7 +387,12 @@ def main():
     ap.add_argument("--skip", default="", help="comma list of parts to skip: speed,deep,fidelity,logits")
     ap.add_argument("--from", dest="from_json", default=None, help="re-render RESULTS.md from a results JSON")
     ap.add_argument("--no-write", action="store_true", help="do not touch bench/RESULTS.md")
+    ap.add_argument("--lock", default=None,
+                    help="hold an exclusive flock on FILE around each measuring command (processes "
+                         "that take it shared, e.g. builds, wait while a measurement runs)")
     a = ap.parse_args()
+    global LOCK
+    LOCK = a.lock
     if a.from_json:
         with open(a.from_json) as f:
             R = json.load(f)
