@@ -28,7 +28,7 @@ sample, the commands) to bench/results/results-<UTC time>.json and regenerates
 bench/RESULTS.md from it (python3 bench/run_results.py --from FILE.json
 re-renders a committed run without measuring).
 """
-import argparse, json, os, platform, statistics, subprocess, sys, time
+import argparse, fcntl, json, os, platform, statistics, subprocess, sys, time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -43,11 +43,30 @@ def log(*a):
 LOCK = None  # --lock FILE: exclusive flock held around each measuring command
 
 
+def quiet_lock(path):
+    """Exclusive flock on `path` that new shared lockers cannot overtake: a
+    fresh file, locked first, is renamed over the path (later `flock -s path`
+    callers open it and wait), then the old file's exclusive lock waits only
+    for the shared holders already running. Returns the two open files;
+    closing them releases both."""
+    old = open(path, "a")
+    new = open(path + ".new", "w")
+    fcntl.flock(new, fcntl.LOCK_EX)
+    os.rename(path + ".new", path)
+    fcntl.flock(old, fcntl.LOCK_EX)
+    return old, new
+
+
 def run(cmd, **kw):
     log("$", " ".join(cmd))
+    held = quiet_lock(LOCK) if LOCK else ()
     if LOCK:
-        cmd = ["flock", "-x", LOCK] + cmd
-    r = subprocess.run(cmd, capture_output=True, text=True, **kw)
+        log("  lock held, load", loadavg())
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, **kw)
+    finally:
+        for f in held:
+            f.close()
     if r.returncode != 0:
         raise SystemExit(f"command failed ({r.returncode}): {' '.join(cmd)}\n{r.stderr[-2000:]}")
     return r.stdout
@@ -388,8 +407,8 @@ def main():
     ap.add_argument("--from", dest="from_json", default=None, help="re-render RESULTS.md from a results JSON")
     ap.add_argument("--no-write", action="store_true", help="do not touch bench/RESULTS.md")
     ap.add_argument("--lock", default=None,
-                    help="hold an exclusive flock on FILE around each measuring command (processes "
-                         "that take it shared, e.g. builds, wait while a measurement runs)")
+                    help="hold an exclusive flock on FILE around each measuring command; processes "
+                         "that take it shared (builds) wait while a measurement runs")
     a = ap.parse_args()
     global LOCK
     LOCK = a.lock
