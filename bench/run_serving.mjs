@@ -1,0 +1,292 @@
+// Serving figures of bench/SERVING.md from one run: `ellm serve` and llama.cpp's
+// llama-server on the same GGUF file, the same machine and the same load, one
+// after the other. Servers listen on 127.0.0.1 only; every phase is bounded in
+// requests and stops by itself.
+//
+//   node bench/run_serving.mjs --model /tmp/smollm2-135m-q8_0.gguf
+//       [--servers ellm,llama] [--ellm build/ellm]
+//       [--llama /tmp/llama.cpp/build/bin/llama-server] [--threads 2]
+//       [--levels 1,4,16] [--requests 2] [--prompt-tokens 32] [--max-tokens 64]
+//       [--long-prompt 512] [--background 8] [--no-write]
+//
+// Phases, per server:
+//   throughput    C clients at once (C in --levels), each sending --requests
+//                 streamed completions one after another (random token-id
+//                 prompts of --prompt-tokens, --max-tokens generated with
+//                 ignore_eos, greedy): aggregate generated tokens/s, time to
+//                 first token (TTFT) and inter-token latency (ITL) percentiles.
+//   interference  TTFT of a --long-prompt-token prompt alone (median of 3),
+//                 then again (3 times, one after another) while --background
+//                 streams generate; the background streams' ITL median and
+//                 p99 over the window in which those prompts arrive.
+// Writes bench/results/serving-<UTC time>.json (every sample, the commands, the
+// machine from `ellm probe --json`) and regenerates bench/SERVING.md from it
+// (`--from FILE.json` re-renders without measuring).
+import { spawn, execFileSync } from 'node:child_process';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+
+const HERE = path.dirname(new URL(import.meta.url).pathname);
+const ROOT = path.dirname(HERE);
+const args = Object.fromEntries(process.argv.slice(2).reduce((acc, a, i, all) => {
+  if (a.startsWith('--')) acc.push([a.slice(2), all[i + 1] && !all[i + 1].startsWith('--') ? all[i + 1] : '1']);
+  return acc;
+}, []));
+const num = (k, d) => Number(args[k] ?? d);
+const cfg = {
+  model: args.model,
+  servers: (args.servers || 'ellm,llama').split(','),
+  ellm: args.ellm || path.join(ROOT, 'build', 'ellm'),
+  llama: args.llama || '/tmp/llama.cpp/build/bin/llama-server',
+  threads: String(args.threads || '2'),
+  levels: (args.levels || '1,4,16').split(',').map(Number),
+  requests: num('requests', 2),
+  promptTokens: num('prompt-tokens', 32),
+  maxTokens: num('max-tokens', 64),
+  longPrompt: num('long-prompt', 512),
+  background: num('background', 8),
+  vocab: num('vocab', 2000),
+};
+const log = (...a) => console.error(new Date().toISOString().slice(11, 19), ...a);
+const loadavg = () => os.loadavg().map((x) => Math.round(x * 100) / 100);
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+const pct = (a, p) => {
+  if (!a.length) return null;
+  const s = [...a].sort((x, y) => x - y);
+  return s[Math.min(s.length - 1, Math.floor((p / 100) * s.length))];
+};
+const median = (a) => pct(a, 50);
+
+let seed = 12345;
+const rnd = () => (seed = (seed * 1103515245 + 12345) & 0x7fffffff);
+const randomPrompt = (n) => Array.from({ length: n }, () => 1 + (rnd() % (cfg.vocab - 1)));
+
+// Slots and context: every slot holds a long prompt plus a long generation.
+const slotCtx = cfg.longPrompt + 4 * cfg.maxTokens + 64;
+const nSlots = Math.max(...cfg.levels, cfg.background + 1);
+
+function serverCommand(kind) {
+  if (kind === 'ellm')
+    return [cfg.ellm, ['serve', '-m', cfg.model, '--port', '0', '-t', cfg.threads, '--parallel', String(nSlots),
+      '-c', String(slotCtx)]];
+  // llama-server splits -c over its slots; -cb: continuous batching
+  return [cfg.llama, ['-m', cfg.model, '--host', '127.0.0.1', '--port', String(18000 + (process.pid % 1000)),
+    '-t', cfg.threads, '-np', String(nSlots), '-c', String(slotCtx * nSlots), '-cb']];
+}
+
+function start(kind) {
+  const [bin, argv] = serverCommand(kind);
+  log('$', bin, argv.join(' '));
+  const proc = spawn(bin, argv, { stdio: ['ignore', 'pipe', 'pipe'] });
+  let out = '';
+  return new Promise((resolve, reject) => {
+    const timer = setTimeout(() => { proc.kill('SIGKILL'); reject(new Error('server did not start:\n' + out.slice(-2000))); }, 120000);
+    const onData = (d) => {
+      out += d;
+      const m = out.match(/listening on http:\/\/127\.0\.0\.1:(\d+)/);
+      if (m) { clearTimeout(timer); resolve({ proc, base: `http://127.0.0.1:${m[1]}`, cmd: [bin, ...argv] }); }
+    };
+    proc.stdout.on('data', onData);
+    proc.stderr.on('data', onData);
+    proc.on('exit', (c) => { clearTimeout(timer); reject(new Error(`server exited (${c}):\n${out.slice(-2000)}`)); });
+  });
+}
+
+async function waitHealthy(base) {
+  for (let i = 0; i < 1200; i++) {
+    try { if ((await fetch(base + '/health')).status === 200) return; } catch { /* starting */ }
+    await sleep(100);
+  }
+  throw new Error('server never became healthy');
+}
+
+// One streamed completion. Token arrival times are absolute (performance.now()).
+// With `signal`, an abort ends the stream early and returns what arrived;
+// onToken(n) is called with the running token count.
+async function complete(base, prompt, maxTokens, signal, onToken) {
+  const t0 = performance.now();
+  const res = await fetch(base + '/v1/completions', {
+    method: 'POST', headers: { 'Content-Type': 'application/json' }, signal,
+    body: JSON.stringify({ prompt, max_tokens: maxTokens, temperature: 0, ignore_eos: true, stream: true }),
+  });
+  if (!res.ok) throw new Error(`HTTP ${res.status}: ${await res.text()}`);
+  const dec = new TextDecoder();
+  let buf = '', usage = null;
+  const times = [];
+  try {
+    for await (const chunk of res.body) {
+      buf += dec.decode(chunk, { stream: true });
+      let i;
+      while ((i = buf.indexOf('\n\n')) >= 0) {
+        const ev = buf.slice(0, i); buf = buf.slice(i + 2);
+        if (!ev.startsWith('data: ') || ev === 'data: [DONE]') continue;
+        const j = JSON.parse(ev.slice(6));
+        if (j.usage?.completion_tokens) usage = j.usage.completion_tokens;
+        const c = j.choices?.[0];
+        // A chunk carrying text (a token's, or several tokens' when a UTF-8
+        // sequence spans them); the final chunk counts only if it has text.
+        if (!c || typeof c.text !== 'string' || (c.finish_reason && !c.text)) continue;
+        times.push(performance.now());
+        if (onToken) onToken(times.length);
+      }
+    }
+  } catch (e) {
+    if (!(signal && signal.aborted)) throw e;
+  }
+  return { t0, times, tokens: usage ?? times.length, ttft: times.length ? times[0] - t0 : null };
+}
+const gapsOf = (times) => times.slice(1).map((t, i) => t - times[i]);
+
+async function throughput(base) {
+  const rows = [];
+  for (const c of cfg.levels) {
+    const la = loadavg();
+    const t0 = performance.now();
+    const res = (await Promise.all(Array.from({ length: c }, async () => {
+      const out = [];
+      for (let r = 0; r < cfg.requests; r++) out.push(await complete(base, randomPrompt(cfg.promptTokens), cfg.maxTokens));
+      return out;
+    }))).flat();
+    const wall = (performance.now() - t0) / 1000;
+    const tokens = res.reduce((s, r) => s + r.tokens, 0);
+    const ttft = res.map((r) => r.ttft).filter((x) => x !== null), gaps = res.flatMap((r) => gapsOf(r.times));
+    rows.push({ streams: c, requests: res.length, tokens, wall_s: wall, tok_s: tokens / wall, loadavg_before: la,
+      ttft_ms: ttft, ttft_p50_ms: median(ttft), ttft_p99_ms: pct(ttft, 99),
+      itl_p50_ms: median(gaps), itl_p99_ms: pct(gaps, 99), itl_samples: gaps.length });
+    log(`  ${c} streams: ${(tokens / wall).toFixed(1)} tok/s`);
+  }
+  return rows;
+}
+
+async function interference(base) {
+  const alone = [];
+  for (let r = 0; r < 3; r++) alone.push((await complete(base, randomPrompt(cfg.longPrompt), 1)).ttft);
+  // Background streams generate long enough to outlast the arriving prompts;
+  // the window opens once every one of them is producing tokens.
+  const ctl = new AbortController();
+  const bgTokens = slotCtx - cfg.promptTokens - 8;
+  let producing = 0;
+  const bg = Array.from({ length: cfg.background }, () =>
+    complete(base, randomPrompt(cfg.promptTokens), bgTokens, ctl.signal, (n) => { if (n === 2) producing++; }));
+  for (let i = 0; i < 600 && producing < cfg.background; i++) await sleep(100);
+  const w0 = performance.now();
+  const loaded = [];
+  for (let r = 0; r < 3; r++) loaded.push((await complete(base, randomPrompt(cfg.longPrompt), 1)).ttft);
+  const w1 = performance.now();
+  await sleep(200);
+  ctl.abort();
+  const bgRes = await Promise.all(bg);
+  // background gaps that end inside the window of arriving prompts
+  const gaps = [];
+  let bgTokensSeen = 0;
+  for (const r of bgRes) {
+    bgTokensSeen += r.times.length;
+    for (let i = 1; i < r.times.length; i++) if (r.times[i] >= w0 && r.times[i] <= w1) gaps.push(r.times[i] - r.times[i - 1]);
+  }
+  return { ttft_alone_ms: alone, ttft_loaded_ms: loaded, ttft_ratio: median(loaded) / median(alone),
+    background_streams: cfg.background, background_producing_at_window: producing, window_ms: w1 - w0,
+    itl_in_window_ms_p50: median(gaps), itl_in_window_ms_p99: pct(gaps, 99), itl_in_window_samples: gaps.length,
+    itl_p99_over_p50: pct(gaps, 99) / median(gaps), background_tokens: bgTokensSeen };
+}
+
+async function measure(kind) {
+  const { proc, base, cmd } = await start(kind);
+  try {
+    await waitHealthy(base);
+    await complete(base, randomPrompt(cfg.promptTokens), 8); // warm-up
+    log(kind, 'throughput');
+    const tp = await throughput(base);
+    log(kind, 'interference');
+    const inter = await interference(base);
+    return { server: kind, cmd, throughput: tp, interference: inter };
+  } finally {
+    proc.kill('SIGTERM');
+    await sleep(500);
+  }
+}
+
+function render(R) {
+  const L = [];
+  const w = (s = '') => L.push(s);
+  const m = R.machine || {};
+  w('# Serving');
+  w();
+  w('`ellm serve` and llama.cpp\'s `llama-server` (native build, `bench/setup-llamacpp-native.sh`) on the same');
+  w(`GGUF file, the same machine and the same load, one after the other, from one run of`);
+  w('`node bench/run_serving.mjs` (raw results: `' + path.relative(HERE, R.json_path) + '`).');
+  w();
+  w(`- Model: \`${path.basename(R.config.model)}\`; ${R.config.threads} threads; ${R.n_slots} slots of ${R.slot_ctx} tokens on both servers.`);
+  const bw = (m.numa_nodes || []).map((n) => n.read_gbps).filter(Boolean);
+  w(`- Machine: ${m.physical_cores ?? '?'} cores, ${m.isa ?? '?'} kernels, read bandwidth ${bw.length ? bw.join(' + ') + ' GB/s' : 'not probed'} (\`ellm probe\`, start of the run); ` +
+    `load average ${R.loadavg_start.join(' / ')} at the start, ${R.loadavg_end.join(' / ')} at the end.`);
+  w(`- Load: random token-id prompts of ${R.config.promptTokens} tokens, ${R.config.maxTokens} tokens generated per request (ignore_eos, greedy), ${R.config.requests} requests per client one after another.`);
+  w();
+  w(`## Throughput at ${R.config.levels.join(', ')} concurrent streams`);
+  w();
+  w('| server | streams | tokens/s | × one stream | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms |');
+  w('|---|---:|---:|---:|---:|---:|---:|---:|');
+  for (const s of R.servers) {
+    const one = s.throughput.find((r) => r.streams === Math.min(...R.config.levels));
+    for (const r of s.throughput)
+      w(`| ${s.server === 'ellm' ? 'ellm serve' : 'llama-server'} | ${r.streams} | ${r.tok_s.toFixed(1)} | ${(r.tok_s / one.tok_s).toFixed(2)} | ` +
+        `${r.ttft_p50_ms.toFixed(1)} | ${r.ttft_p99_ms.toFixed(1)} | ${r.itl_p50_ms.toFixed(1)} | ${r.itl_p99_ms.toFixed(1)} |`);
+  }
+  const e = R.servers.find((s) => s.server === 'ellm'), l = R.servers.find((s) => s.server === 'llama');
+  if (e && l) {
+    w();
+    const ratios = e.throughput.map((r) => {
+      const lr = l.throughput.find((x) => x.streams === r.streams);
+      return lr ? `${r.streams} streams ${(r.tok_s / lr.tok_s).toFixed(2)}×` : null;
+    }).filter(Boolean);
+    w(`ellm serve ÷ llama-server, aggregate tokens/s: ${ratios.join(', ')}.`);
+  }
+  w();
+  w(`## A ${R.config.longPrompt}-token prompt arriving while ${R.config.background} streams generate`);
+  w();
+  w('TTFT of the long prompt alone and while the streams run (medians of 3), and the running streams\' inter-token');
+  w('latency over the window in which those prompts arrive:');
+  w();
+  w('| server | TTFT alone ms | TTFT loaded ms | loaded ÷ alone | running streams\' ITL p50 ms | ITL p99 ms | p99 ÷ p50 |');
+  w('|---|---:|---:|---:|---:|---:|---:|');
+  for (const s of R.servers) {
+    const i = s.interference;
+    w(`| ${s.server === 'ellm' ? 'ellm serve' : 'llama-server'} | ${median(i.ttft_alone_ms).toFixed(1)} | ${median(i.ttft_loaded_ms).toFixed(1)} | ` +
+      `${i.ttft_ratio.toFixed(2)} | ${i.itl_in_window_ms_p50?.toFixed(1) ?? '—'} | ${i.itl_in_window_ms_p99?.toFixed(1) ?? '—'} | ${i.itl_p99_over_p50?.toFixed(2) ?? '—'} |`);
+  }
+  w();
+  w('## Reproduce');
+  w();
+  w('```sh');
+  w('make && sh bench/setup-llamacpp-native.sh');
+  w('build/ellm synth --shape smollm2-135m --type q8_0 -o /tmp/smollm2-135m-q8_0.gguf');
+  w('node bench/run_serving.mjs --model /tmp/smollm2-135m-q8_0.gguf');
+  w('```');
+  w();
+  return L.join('\n');
+}
+
+async function main() {
+  if (args.from) {
+    const R = JSON.parse(fs.readFileSync(args.from, 'utf8'));
+    R.json_path = path.resolve(args.from);
+    fs.writeFileSync(path.join(HERE, 'SERVING.md'), render(R));
+    return;
+  }
+  if (!cfg.model) { console.error('--model FILE is required'); process.exit(2); }
+  let machine = null;
+  try { machine = JSON.parse(execFileSync(cfg.ellm, ['probe', '--json'], { encoding: 'utf8' })); } catch (e) { log('probe failed:', e.message); }
+  const R = { config: cfg, n_slots: nSlots, slot_ctx: slotCtx, machine, loadavg_start: loadavg(), servers: [] };
+  for (const kind of cfg.servers) R.servers.push(await measure(kind));
+  R.loadavg_end = loadavg();
+  fs.mkdirSync(path.join(HERE, 'results'), { recursive: true });
+  const stamp = new Date().toISOString().replace(/[-:]/g, '').slice(0, 13).replace('T', '-');
+  R.json_path = path.join(HERE, 'results', `serving-${stamp}.json`);
+  fs.writeFileSync(R.json_path, JSON.stringify(R, null, 1));
+  log('raw results:', R.json_path);
+  const text = render(R);
+  if (args['no-write']) console.log(text);
+  else { fs.writeFileSync(path.join(HERE, 'SERVING.md'), text); log('wrote bench/SERVING.md'); }
+}
+
+main().catch((e) => { console.error(e.stack || e.message); process.exit(1); });
