@@ -28,7 +28,9 @@ sample, the commands) to bench/results/results-<UTC time>.json and regenerates
 bench/RESULTS.md from it (python3 bench/run_results.py --from FILE.json
 re-renders a committed run without measuring).
 """
-import argparse, fcntl, json, os, platform, statistics, subprocess, sys, time
+import argparse, json, os, platform, statistics, subprocess, sys, time
+
+from quietly import quiet_lock  # bench/quietly.py
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -41,20 +43,6 @@ def log(*a):
 
 
 LOCK = None  # --lock FILE: exclusive flock held around each measuring command
-
-
-def quiet_lock(path):
-    """Exclusive flock on `path` that new shared lockers cannot overtake: a
-    fresh file, locked first, is renamed over the path (later `flock -s path`
-    callers open it and wait), then the old file's exclusive lock waits only
-    for the shared holders already running. Returns the two open files;
-    closing them releases both."""
-    old = open(path, "a")
-    new = open(path + ".new", "w")
-    fcntl.flock(new, fcntl.LOCK_EX)
-    os.rename(path + ".new", path)
-    fcntl.flock(old, fcntl.LOCK_EX)
-    return old, new
 
 
 def run(cmd, **kw):
@@ -357,6 +345,7 @@ def render(R):
                        ("SPEC.md", "self-speculative decoding"),
                        ("DIST.md", "KV cache sharded over MPI ranks"),
                        ("KV.md", "quantized KV cache"),
+                       ("LONGGEN.md", "one long generation: speed, memory and recall against position (`bench/longgen`)"),
                        ("CONVERT.md", "`ellm convert`, quantization quality")):
         if os.path.exists(os.path.join(HERE, page)):  # link only pages that exist
             w(f"- [{page}]({page}): {what}")
