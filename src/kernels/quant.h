@@ -58,10 +58,11 @@ size_t qtype_row_bytes(int type, int64_t n);
  * INT4_G128 (scale and offset fitted per group by least squares). */
 void qtype_dequantize_ref(int type, const void *src, float *dst, int64_t n);
 void qtype_quantize_ref(int type, const float *src, void *dst, int64_t n);
-/* Like qtype_quantize_ref, minimizing the squared error weighted per column:
- * element i of the row weighs imatrix[i % n_per_row] (an importance matrix:
- * the mean squared activation that meets each input column). Types without
- * a weighted quantizer (and imatrix NULL) quantize as qtype_quantize_ref. */
+/* Like qtype_quantize_ref for n / n_per_row rows, minimizing a weighted
+ * squared error: element i of a row weighs sqrt(imatrix[i]) * sqrt(sigma2 + x_i^2)
+ * (imatrix: the mean squared activation that meets each input column;
+ * sigma2: the row's mean square). Q4_0 and INT4_G128 have weighted
+ * quantizers; other types (and imatrix NULL) quantize as qtype_quantize_ref. */
 void qtype_quantize_weighted(int type, const float *src, void *dst, int64_t n, const float *imatrix,
                              int64_t n_per_row);
 
