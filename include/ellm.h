@@ -426,6 +426,7 @@ typedef struct {
      *               or ~/.cache/ellm, else in memory; a cache file that does
      *               not match the model file as it is now is rebuilt
      *   "shallow:K" the first K layers, then the output norm and head
+     *               (with draft_map: the map for K first)
      * quant and shallow take a KV budget too ("quant:q4_0:sparse:128").
      * e.g. "ngram", "sparse:128", "ngram+quant:q4_0". Read at init only. */
     const char *drafters;
@@ -434,6 +435,12 @@ typedef struct {
                            context's sparse budget (output = sparse decoding) */
     float draft_p_min;  /* a model drafter stops when its top probability is below
                            this (0: never) */
+    const char *draft_map; /* shallow:K drafters: a draft map file (ellm_draft_calib_*)
+                              holding the map for K, or NULL (no map). Read at init. */
+    int adapt;          /* 1: choose the draft length of each pass in [1, draft_max]
+                           from the running acceptance and the measured costs of a
+                           draft step and of verify passes (ellm_spec_best_draft_length);
+                           0: always draft_max */
 } ellm_spec_params;
 
 typedef struct {
@@ -444,6 +451,9 @@ typedef struct {
     double acceptance_rate;   /* accepted / proposed */
     double tokens_per_verify; /* mean over passes of accepted + 1 */
     double draft_ms, verify_ms, rollback_ms; /* time drafting, verifying, truncating */
+    double mean_draft_len;    /* mean draft length asked of the drafters per pass */
+    int draft_len;            /* the draft length the next pass will ask for */
+    double token_accept;      /* running per-token acceptance (adapt) */
 } ellm_spec_stats;
 
 ellm_spec_params ellm_spec_default_params(void);
@@ -461,6 +471,9 @@ void ellm_spec_free(ellm_spec *spec);
  * which the next step feeds; ellm_spec_sync feeds it now). */
 ellm_status ellm_spec_step(ellm_spec *spec, ellm_sampler *sampler, const int32_t *hist, int n_hist,
                            int max_tokens, int32_t *out, int *n_out, ellm_error *err);
+/* Forgets a token the last step returned but left unfed (see above): the
+ * context is about to hold another sequence (a server slot's next request). */
+void ellm_spec_reset(ellm_spec *spec);
 /* Feeds a token the last step returned but left out of the context (see above). */
 ellm_status ellm_spec_sync(ellm_spec *spec, ellm_error *err);
 void ellm_spec_get_stats(const ellm_spec *spec, ellm_spec_stats *stats);
@@ -468,6 +481,18 @@ void ellm_spec_get_stats(const ellm_spec *spec, ellm_spec_stats *stats);
  * matrices (77.1 MB a step) loaded from /models/m.gguf.q4_0.ellm-draft";
  * "" for drafters without weights of their own (ngram, sparse:N). */
 const char *ellm_spec_drafter_note(const ellm_spec *spec, int i);
+/* Tokens per verify pass when drafts of length k are accepted in order, each
+ * with probability a, until the first miss: (1 - a^(k+1)) / (1 - a). */
+double ellm_spec_tokens_per_verify(double a, int k);
+/* The per-token acceptance a that gives t tokens per verify at length k. */
+double ellm_spec_token_acceptance(double t, int k);
+/* The draft length k in [1, kmax] that makes the most tokens per second,
+ * tokens_per_verify(a, k) / (k x draft_ms + verify_ms[k]), where verify_ms[k]
+ * is the time of a verify pass of k + 1 tokens (verify_ms[1 .. kmax] read).
+ * *tokens_per_s (may be NULL) gets that rate. Used by ellm bench --spec and
+ * by the adaptive draft length. */
+int ellm_spec_best_draft_length(double a, double draft_ms, const double *verify_ms, int kmax, double *tokens_per_s);
+
 /* Teacher-forced drafter evaluation over tokens[0 .. n) (n <= the context
  * size; the context is reset): at positions score_from, score_from + every,
  * ..., the target is the full model's greedy continuation of draft_max + 1
@@ -478,6 +503,23 @@ const char *ellm_spec_drafter_note(const ellm_spec *spec, int i);
  * the target continuations; draft_ms: of the drafts). */
 ellm_status ellm_spec_eval(ellm_context *ctx, const ellm_spec_params *params, const int32_t *tokens, int n,
                            int score_from, int every, ellm_spec_stats *acc, ellm_error *err);
+
+/* Draft maps for shallow:K drafters: per K, a linear map from the residual
+ * stream after the first K layers to the stream after the last one, fitted
+ * by least squares over sample text, so a shallow draft sees an estimate of
+ * the full model's last hidden state (ellm calibrate --draft). Collect over
+ * any number of token windows, then write the maps (a small GGUF) once. */
+typedef struct ellm_draft_calib ellm_draft_calib;
+/* A fit for each K in layers[0 .. n_layers) (1 <= K < the model's layers). */
+ellm_status ellm_draft_calib_init(const ellm_model *m, const int *layers, int n_layers, ellm_draft_calib **out,
+                                  ellm_error *err);
+/* Runs tokens[0 .. n) through ctx (reset first; n <= its size) and adds every
+ * position's streams to the fit. */
+ellm_status ellm_draft_calib_collect(ellm_context *ctx, ellm_draft_calib *calib, const int32_t *tokens, int n,
+                                     ellm_error *err);
+/* Solves the fits and writes them to `path`; the sums are spent afterwards. */
+ellm_status ellm_draft_calib_write(ellm_draft_calib *calib, const char *path, ellm_error *err);
+void ellm_draft_calib_free(ellm_draft_calib *calib);
 
 /* The sampler's random-generator state: with the tokens so far (the
  * repetition history, which the caller keeps) it is all a sampler carries

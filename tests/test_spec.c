@@ -9,6 +9,7 @@
 #include "ellm.h"
 #include "harness.h"
 #include "engine/sampler.h"
+#include "spec/draft_map.h"
 #include "spec/draft_model.h"
 #include "spec/spec.h"
 
@@ -21,6 +22,7 @@
 
 static ellm_model *g_model;
 static int g_vocab;
+static const char *g_draft_map; /* generate(): the draft map of shallow drafters, or NULL */
 static char g_dir[256]; /* a temporary folder holding a copy of the model (its draft caches land beside it) */
 
 static int write_file(const char *path, const void *data, size_t n) {
@@ -131,6 +133,7 @@ static int generate(const int32_t *prompt, int n_prompt, int n_gen, int topk, co
         ellm_spec_params p = ellm_spec_default_params();
         p.drafters = drafters;
         p.verify_sparse = verify_sparse;
+        p.draft_map = g_draft_map;
         ellm_status st = ellm_spec_init(ctx, &p, &spec, &err);
         CHECK(st == ELLM_OK, "spec init %s: %s", drafters, err.msg);
         if (st != ELLM_OK) goto out;
@@ -159,7 +162,7 @@ out:
     return got;
 }
 
-static void test_greedy_streams(const int32_t *prompt, int n_prompt) {
+static void test_greedy_streams(const int32_t *prompt, int n_prompt, const char *map) {
     const int n_gen = 1000;
     int32_t *ref = malloc(n_gen * sizeof *ref), *got = malloc(n_gen * sizeof *got),
             *ref_sparse = malloc(n_gen * sizeof *ref);
@@ -178,11 +181,20 @@ static void test_greedy_streams(const int32_t *prompt, int n_prompt) {
         {"quant:q8_0:sparse:48", 0, 0},
         {"shallow:2", -1, 0},
         {"quant:q4_0:sparse:48", 128, 1},
+        {"shallow:2+map", -1, 0}, /* with the draft map of test_draft_map */
     };
     for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
         ellm_spec_stats st = {0};
         memset(got, 0xff, n_gen * sizeof *got);
-        int n = generate(prompt, n_prompt, n_gen, cases[c].topk, cases[c].drafters, cases[c].verify_sparse, got, &st);
+        const char *drafters = cases[c].drafters;
+        g_draft_map = NULL;
+        if (strstr(drafters, "+map")) {
+            if (!map || !*map) continue;
+            g_draft_map = map;
+            drafters = "shallow:2";
+        }
+        int n = generate(prompt, n_prompt, n_gen, cases[c].topk, drafters, cases[c].verify_sparse, got, &st);
+        g_draft_map = NULL;
         const int32_t *want = cases[c].verify_sparse ? ref_sparse : ref;
         int same = 0;
         while (same < n_gen && got[same] == want[same]) same++;
@@ -445,6 +457,92 @@ out:
     free(bytes);
 }
 
+/* The least-squares solve against a known answer; a singular system fails. */
+static void test_map_solve(void) {
+    enum { N = 7, C = 3 };
+    double M[N * N], A[N * N], X[N * C], B[N * C];
+    unsigned r = 12345;
+    for (int i = 0; i < N * N; i++) M[i] = (double)((r = r * 1103515245u + 12345u) >> 16 & 1023) / 512.0 - 1.0;
+    for (int i = 0; i < N * C; i++) X[i] = (double)((r = r * 1103515245u + 12345u) >> 16 & 1023) / 256.0 - 2.0;
+    for (int i = 0; i < N; i++) /* A = M M^T + I: positive definite */
+        for (int j = 0; j < N; j++) {
+            double v = i == j;
+            for (int k = 0; k < N; k++) v += M[i * N + k] * M[j * N + k];
+            A[i * N + j] = v;
+        }
+    for (int i = 0; i < N; i++)
+        for (int c = 0; c < C; c++) {
+            double v = 0;
+            for (int k = 0; k < N; k++) v += A[i * N + k] * X[k * C + c];
+            B[i * C + c] = v;
+        }
+    /* draft_map_solve takes square right-hand sides: pad to N columns */
+    double Bs[N * N] = {0};
+    for (int i = 0; i < N; i++)
+        for (int c = 0; c < C; c++) Bs[i * N + c] = B[i * C + c];
+    CHECK(draft_map_solve(A, Bs, N, 0) == 0, "solve");
+    double worst = 0;
+    for (int i = 0; i < N; i++)
+        for (int c = 0; c < C; c++) worst = fmax(worst, fabs(Bs[i * N + c] - X[i * C + c]));
+    CHECK(worst < 1e-9, "least-squares solve: error %g", worst);
+    double Z[4] = {1, 1, 1, 1}, Zb[4] = {1, 0, 0, 1};
+    CHECK(draft_map_solve(Z, Zb, 2, 0) == -1, "a singular system is refused");
+}
+
+/* A draft map fitted over the first windows of the text (layers 2 and 4):
+ * written, read back for shallow:2, refused for a K it lacks and for a file
+ * that is no map; greedy streams with it stay plain decoding's (in
+ * test_greedy_streams). Returns the map's path in `path`, or "" on failure. */
+static void test_draft_map(const int32_t *ids, int n, char *path, size_t cap) {
+    ellm_context *ctx = make_ctx(512, -1);
+    ellm_draft_calib *dc = NULL;
+    ellm_error err;
+    int layers[2] = {2, 4}, bad_layers[1] = {6};
+    snprintf(path, cap, "%s/draft-map.gguf", g_dir);
+    CHECK(ellm_draft_calib_init(g_model, bad_layers, 1, &dc, &err) == ELLM_ERR_ARG, "K = all layers refused");
+    CHECK(ellm_draft_calib_init(g_model, layers, 2, &dc, &err) == ELLM_OK, "calib init: %s", err.msg);
+    if (!ctx || !dc) goto out;
+    CHECK(ellm_draft_calib_write(dc, path, &err) == ELLM_ERR_ARG, "a fit of no tokens is refused");
+    for (int w = 0; w + 512 <= n && w < 1024; w += 512)
+        CHECK(ellm_draft_calib_collect(ctx, dc, ids + w, 512, &err) == ELLM_OK, "collect: %s", err.msg);
+    CHECK(ellm_draft_calib_write(dc, path, &err) == ELLM_OK, "write: %s", err.msg);
+    float *W = NULL;
+    CHECK(draft_map_load(path, 192, 6, 2, &W, &err) == ELLM_OK && W, "load the map for 2 layers: %s", err.msg);
+    int finite = W != NULL, nonzero = 0;
+    for (int i = 0; W && i < 192 * 192; i++) finite &= isfinite(W[i]), nonzero += W[i] != 0;
+    CHECK(finite && nonzero > 192, "the map is finite and not empty (%d nonzero)", nonzero);
+    free(W);
+    W = NULL;
+    CHECK(draft_map_load(path, 192, 6, 3, &W, &err) == ELLM_ERR_FORMAT && !W && strstr(err.msg, "no map for 3"),
+          "no map for 3 layers: %s", err.msg);
+    CHECK(draft_map_load(path, 256, 6, 2, &W, &err) == ELLM_ERR_FORMAT && !W, "another model's width refused");
+    char model[300];
+    snprintf(model, sizeof model, "%s/evalmodel.gguf", g_dir);
+    CHECK(draft_map_load(model, 192, 6, 2, &W, &err) == ELLM_ERR_FORMAT && !W, "a model file is no draft map");
+    ellm_spec_params p = ellm_spec_default_params();
+    ellm_spec *spec = NULL;
+    p.drafters = "shallow:3";
+    p.draft_map = path;
+    CHECK(ellm_spec_init(ctx, &p, &spec, &err) == ELLM_ERR_FORMAT && !spec, "shallow:3 with a map lacking 3 refused");
+    /* teacher-forced acceptance with and without the map (reported; the map
+     * was fitted on these very tokens, so this is no held-out figure) */
+    ellm_context *ectx = make_ctx(600, 0);
+    ellm_spec_stats with = {0}, without = {0};
+    p.drafters = "shallow:2";
+    p.draft_max = 4;
+    if (ectx && n >= 600) {
+        CHECK(ellm_spec_eval(ectx, &p, ids, 600, 256, 8, &with, &err) == ELLM_OK, "eval with map: %s", err.msg);
+        p.draft_map = NULL;
+        CHECK(ellm_spec_eval(ectx, &p, ids, 600, 256, 8, &without, &err) == ELLM_OK, "eval: %s", err.msg);
+        printf("shallow:2, K=4, on the fitted text: acceptance %.3f with the map, %.3f without\n", with.acceptance_rate,
+               without.acceptance_rate);
+    }
+    ellm_context_free(ectx);
+out:
+    ellm_draft_calib_free(dc);
+    ellm_context_free(ctx);
+}
+
 static void test_errors(void) {
     ellm_context *dense = make_ctx(64, -1);
     ellm_spec *spec = NULL;
@@ -499,7 +597,10 @@ int main(void) {
     test_quant_cache();
     if (prompt && n_prompt >= 200) {
         test_rollback(prompt, n_prompt);
-        test_greedy_streams(prompt, 200);
+        char map[320];
+        test_map_solve();
+        test_draft_map(prompt, n_prompt, map, sizeof map);
+        test_greedy_streams(prompt, 200, map);
         test_sampling(prompt, n_prompt);
         test_eval(prompt, n_prompt);
     }

@@ -177,25 +177,6 @@ typedef struct {
     double tokens_per_s;
 } spec_point;
 
-/* Tokens per verify pass at draft length k for a per-token acceptance a
- * (drafts accepted in order until the first miss): (1 - a^(k+1)) / (1 - a). */
-static double spec_tpv(double a, int k) {
-    if (a >= 1) return k + 1;
-    return (1 - pow(a, k + 1)) / (1 - a);
-}
-
-/* The per-token acceptance that gives t tokens per verify at draft length k. */
-static double spec_accept(double t, int k) {
-    if (t >= k + 1) return 1;
-    double lo = 0, hi = 1;
-    for (int i = 0; i < 60; i++) {
-        double mid = (lo + hi) / 2;
-        if (spec_tpv(mid, k) < t) lo = mid;
-        else hi = mid;
-    }
-    return lo;
-}
-
 /* Median time of `reps` batched passes of n tokens at depth d (truncated back each time). */
 static double time_batch(ellm_context *ctx, const int32_t *ids, int d, int n, int reps) {
     double t[16];
@@ -216,18 +197,12 @@ static double time_batch(ellm_context *ctx, const int32_t *ids, int d, int n, in
  * gives the most tokens/s for a draft step of p->draft_ms and a per-token
  * acceptance a. Returns 0, or -1 if a pass failed. */
 static int best_draft_length(ellm_context *ctx, const int32_t *ids, int d, int kmax, double a, spec_point *p) {
-    p->tokens_per_s = 0;
-    for (int k = 1; k <= kmax; k++) {
-        double v = time_batch(ctx, ids, d, k + 1, 3), tpv = spec_tpv(a, k);
-        if (v < 0) return -1;
-        double tps = tpv / ((k * p->draft_ms + v) / 1000.0);
-        if (tps > p->tokens_per_s) {
-            p->tokens_per_s = tps;
-            p->k = k;
-            p->tpv = tpv;
-            p->verify_ms = v;
-        }
-    }
+    double verify[32];
+    for (int k = 1; k <= kmax && k < 32; k++)
+        if ((verify[k] = time_batch(ctx, ids, d, k + 1, 3)) < 0) return -1;
+    p->k = ellm_spec_best_draft_length(a, p->draft_ms, verify, kmax, &p->tokens_per_s);
+    p->tpv = ellm_spec_tokens_per_verify(a, p->k);
+    p->verify_ms = verify[p->k];
     return 0;
 }
 
@@ -475,7 +450,7 @@ int cmd_bench(int argc, char **argv) {
             memset(&specd[i], 0, sizeof specd[i]);
             specd[i].draft_ms = draft_ms;
             /* re-pick k with the draft cost */
-            double a = spec_accept(spec_tpv_given, (int)spec_kmax);
+            double a = ellm_spec_token_acceptance(spec_tpv_given, (int)spec_kmax);
             if (best_draft_length(ctx, ids, d, (int)spec_kmax, a, &specd[i]) < 0) goto spec_fail;
             if (sparse_topk > 0) {
                 ellm_context_set_sparse(ctx, (int)sparse_topk, NULL);

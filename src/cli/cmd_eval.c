@@ -70,6 +70,7 @@ typedef struct {
     long ctx, score_from, windows, threads, window_tokens, sink, dense_layers, sample_every, target, n_dense;
     long recall_every, batch;
     const char *spec;     /* --spec: drafter lists, comma-separated */
+    const char *draft_map; /* --draft-map: maps for shallow:K drafters */
     long draft_max, spec_every;
     int json, adapt;
     int kv_type; /* ellm_kv_type of every mode's cache (--kv-type) */
@@ -116,8 +117,8 @@ static int parse_common(int argc, char **argv, eval_opts *o, int calibrate) {
                        "prefills a prompt. Recall is sampled every --sparse-recall-every decode steps\n"
                        "(default 64, as ellm run --stats; it also paces :adapt). --kv-type f16|f32|q8_0\n"
                        "sets the KV cache type of every mode (compare two runs for KV fidelity).\n"
-                       "With --spec LIST[,LIST...] [--draft-max K] [--spec-every S]: drafters instead of\n"
-                       "modes, teacher-forced: every S positions from --score-from on, the full model's\n"
+                       "With --spec LIST[,LIST...] [--draft-max K] [--spec-every S] [--draft-map DRAFT]:\n"
+                       "drafters instead of modes, teacher-forced: every S positions from --score-from on, the full model's\n"
                        "greedy continuation from the true prefix is the target and a drafter's K\n"
                        "proposals are accepted up to the first mismatch; reports acceptance_rate and\n"
                        "tokens_per_verify (accepted + 1) per drafter.\n");
@@ -152,6 +153,7 @@ static int parse_common(int argc, char **argv, eval_opts *o, int calibrate) {
         else if (arg_value(argc, argv, &i, "--batch", "-b", &v, &bad))
             bad = !v || !arg_int(a, v, 1, 1 << 20, &o->batch);
         else if (!calibrate && arg_value(argc, argv, &i, "--spec", NULL, &v, &bad)) o->spec = v;
+        else if (!calibrate && arg_value(argc, argv, &i, "--draft-map", NULL, &v, &bad)) o->draft_map = v;
         else if (!calibrate && arg_value(argc, argv, &i, "--draft-max", NULL, &v, &bad))
             bad = !v || !arg_int(a, v, 1, 31, &o->draft_max);
         else if (!calibrate && arg_value(argc, argv, &i, "--spec-every", NULL, &v, &bad))
@@ -244,6 +246,7 @@ static int eval_spec(const eval_opts *o) {
         ellm_spec_params sp = ellm_spec_default_params();
         sp.drafters = list;
         sp.draft_max = (int)o->draft_max;
+        sp.draft_map = o->draft_map;
         ellm_spec_stats st = {0};
         for (int w = 0; w < n_win; w++)
             if (ellm_spec_eval(ctx, &sp, ids + (size_t)w * T, T, (int)o->score_from, (int)o->spec_every, &st, &err) !=
@@ -458,6 +461,7 @@ done:
 int cmd_calibrate(int argc, char **argv) {
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "--imatrix")) return cmd_calibrate_imatrix(argc, argv);
+        else if (!strcmp(argv[i], "--draft")) return cmd_calibrate_draft(argc, argv);
     eval_opts o;
     if (!parse_common(argc, argv, &o, 1)) return 2;
     int budgets[32];

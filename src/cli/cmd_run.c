@@ -90,8 +90,12 @@ static void run_usage(FILE *f) {
             "                         the weights, cached beside the model), shallow:K (first K\n"
             "                         layers); quant/shallow take :sparse:N; '+' chains them\n"
             "                         (the cheaper proposes for the next), e.g. ngram+quant:q4_0\n"
-            "  --draft-max K          tokens drafted per verify pass (default 8, at most 31)\n"
+            "  --draft-max K          tokens drafted per verify pass at most (default 8, at most 31);\n"
+            "                         each pass drafts the length that the running acceptance and\n"
+            "                         the measured draft and verify costs make fastest\n"
+            "  --draft-fixed          always draft --draft-max tokens\n"
             "  --draft-p-min P        a model drafter stops below this top probability (default 0)\n"
+            "  --draft-map DRAFT      maps for shallow:K drafters (ellm calibrate --draft)\n"
             "  --spec-verify MODE     dense (exact dense output) or sparse (exact sparse output;\n"
             "                         default with --sparse-topk)\n");
 }
@@ -105,6 +109,8 @@ typedef struct {
     int seed_given, no_bos, no_echo, stats;
     long sparse_topk, sparse_window, sparse_sink, sparse_dense, sparse_recall;
     const char *spec;       /* --spec drafter list, or NULL */
+    const char *draft_map;  /* --draft-map: maps for shallow:K drafters, or NULL */
+    int draft_fixed;        /* --draft-fixed: no adaptive draft length */
     long draft_max;
     double draft_p_min;
     int spec_verify;        /* -1: default, 0: dense, 1: sparse */
@@ -179,6 +185,8 @@ static int parse(int argc, char **argv, run_opts *o) {
             bad = !v || !arg_int(a, v, 0, 1L << 30, &o->sparse_recall);
         else if (arg_value(argc, argv, &i, "--sparse-profile", NULL, &v, &bad)) o->sparse_profile = v;
         else if (arg_value(argc, argv, &i, "--spec", NULL, &v, &bad)) o->spec = v;
+        else if (arg_value(argc, argv, &i, "--draft-map", NULL, &v, &bad)) o->draft_map = v;
+        else if (!strcmp(a, "--draft-fixed")) o->draft_fixed = 1;
         else if (arg_value(argc, argv, &i, "--draft-max", "--n-draft", &v, &bad))
             bad = !v || !arg_int(a, v, 1, 31, &o->draft_max);
         else if (arg_value(argc, argv, &i, "--draft-p-min", NULL, &v, &bad))
@@ -946,6 +954,8 @@ int cmd_run(int argc, char **argv) {
     if (o.spec) {
         ellm_spec_params spp = ellm_spec_default_params();
         spp.drafters = o.spec;
+        spp.draft_map = o.draft_map;
+        spp.adapt = !o.draft_fixed;
         spp.draft_max = (int)o.draft_max;
         spp.draft_p_min = (float)o.draft_p_min;
         spp.verify_sparse = o.spec_verify;
@@ -989,6 +999,8 @@ int cmd_run(int argc, char **argv) {
                 o.spec, o.draft_max, o.spec_verify ? "sparse" : "dense", ss.acceptance_rate,
                 (long long)ss.accepted, (long long)ss.proposed, ss.tokens_per_verify,
                 (long long)ss.verify_passes, ss.draft_ms, ss.verify_ms, ss.rollback_ms);
+        fprintf(stderr, "draft_length: %s, mean %.2f per pass, next %d; per-token acceptance %.3f\n",
+                o.draft_fixed ? "fixed" : "adaptive", ss.mean_draft_len, ss.draft_len, ss.token_accept);
         for (int i = 0; i < 4; i++) /* at most 4 drafters in a chain */
             if (*ellm_spec_drafter_note(spec, i)) fprintf(stderr, "spec_drafter %d: %s\n", i, ellm_spec_drafter_note(spec, i));
     }

@@ -21,6 +21,12 @@ static void serve_usage(FILE *f) {
             "  --kv-cache-gb G        KV cache memory for all slots\n"
             "  --sparse-topk K        sparse attention: at most K tokens per KV head per step\n"
             "  --sparse-profile FILE  per-layer/per-head budgets from `ellm calibrate`\n"
+            "  --spec LIST            self-speculative decoding per slot (drafters as `ellm run\n"
+            "                         --spec`: ngram, sparse:N, quant:TYPE, shallow:K, '+' chains);\n"
+            "                         greedy output is the same as without\n"
+            "  --draft-max K          tokens drafted per verify pass at most (default 8; the\n"
+            "                         length adapts to acceptance and measured costs)\n"
+            "  --draft-map DRAFT      maps for shallow:K drafters (ellm calibrate --draft)\n"
             "  --chat-template NAME   built-in chat template instead of the model's (llama2, llama3,\n"
             "                         chatml, mistral, phi3, deepseek, gemma, zephyr, ...)\n"
             "  --api-key KEY          require `Authorization: Bearer KEY` on the API endpoints\n"
@@ -65,7 +71,11 @@ int cmd_serve(int argc, char **argv) {
         } else if (arg_value(argc, argv, &i, "--sparse-topk", NULL, &v, &bad)) {
             if (!(bad = !v || !arg_int(a, v, 0, 1L << 30, &n))) p.sparse_topk = (int)n;
         } else if (arg_value(argc, argv, &i, "--sparse-profile", NULL, &v, &bad)) p.sparse_profile = v;
-        else if (arg_value(argc, argv, &i, "--chat-template", NULL, &v, &bad)) p.chat_template = v;
+        else if (arg_value(argc, argv, &i, "--spec", NULL, &v, &bad)) p.spec = v;
+        else if (arg_value(argc, argv, &i, "--draft-map", NULL, &v, &bad)) p.draft_map = v;
+        else if (arg_value(argc, argv, &i, "--draft-max", "--n-draft", &v, &bad)) {
+            if (!(bad = !v || !arg_int(a, v, 1, 31, &n))) p.draft_max = (int)n;
+        } else if (arg_value(argc, argv, &i, "--chat-template", NULL, &v, &bad)) p.chat_template = v;
         else if (arg_value(argc, argv, &i, "--api-key", NULL, &v, &bad)) p.api_key = v;
         else if (arg_value(argc, argv, &i, "--alias", NULL, &v, &bad)) p.alias = v;
         else if (arg_value(argc, argv, &i, "--max-queue", NULL, &v, &bad)) {

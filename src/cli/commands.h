@@ -16,6 +16,8 @@ int cmd_probe(int argc, char **argv);
 int cmd_convert(int argc, char **argv);
 /* `ellm calibrate --imatrix` (cmd_imatrix.c). */
 int cmd_calibrate_imatrix(int argc, char **argv);
+/* `ellm calibrate --draft` (cmd_draft.c). */
+int cmd_calibrate_draft(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
 
 #endif

@@ -39,6 +39,10 @@ static size_t max_act_bytes(const ellm_model *m, int nb) {
             if (b > best) best = b;
         }
     }
+    if (m->draft_map.data) { /* a shallow draft's map (model.h) */
+        size_t b = kern_act_bytes(m->draft_map.type, m->draft_map.cols, nb);
+        if (b > best) best = b;
+    }
     for (int i = 0; i < 2; i++) {
         size_t b = kern_act_bytes(extra[i]->type, extra[i]->cols, nb);
         if (b > best) best = b;

@@ -95,6 +95,11 @@ struct ellm_context {
     struct engine_calib *calib;
     /* Importance-matrix hook (ellm_imatrix_collect): NULL outside it. */
     ellm_imatrix *imatrix;
+    /* Residual-stream hook (draft map calibration, src/spec/draft_map.c):
+     * called after each layer of a single-context pass with the n rows of the
+     * stream x (n x d); NULL outside it. */
+    void (*layer_hook)(void *arg, int layer, const float *x, int n);
+    void *layer_hook_arg;
 };
 
 /* ---- imatrix.c ---- */

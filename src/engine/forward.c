@@ -324,6 +324,7 @@ void engine_forward_seqs(const ellm_model *m, const engine_scratch *s, threadpoo
         if (imat) engine_imatrix_observe(imat, l, IM_FFN_DOWN, s->gate, n);
         matmul(s, pool, &L->w_down, s->gate, n, s->xn, d);
         kern_add(s->x, s->xn, (int64_t)n * d);
+        if (n_seq == 1 && seqs[0].ctx->layer_hook) seqs[0].ctx->layer_hook(seqs[0].ctx->layer_hook_arg, l, s->x, n);
     }
     for (int i = 0; i < n_seq; i++) {
         struct ellm_context *ctx = seqs[i].ctx;
@@ -337,9 +338,17 @@ void engine_forward_seqs(const ellm_model *m, const engine_scratch *s, threadpoo
      * xn, in one matmul (into the sequence's buffer when there is one). */
     int n_out = 0;
     for (int i = 0, r = 0; i < n_seq; r += seqs[i].n, i++)
-        for (int t = seqs[i].first_logit_row; t < seqs[i].n; t++, n_out++)
-            kern_rmsnorm(s->xn + n_out * d, s->x + (r + t) * d, m->output_norm, d, c->norm_eps);
+        for (int t = seqs[i].first_logit_row; t < seqs[i].n; t++, n_out++) {
+            if (!m->draft_map.data) kern_rmsnorm(s->xn + n_out * d, s->x + (r + t) * d, m->output_norm, d, c->norm_eps);
+            else if (n_out != r + t) memmove(s->x + n_out * d, s->x + (r + t) * d, (size_t)d * 4); /* n_out <= r + t */
+        }
     if (n_out <= 0) return;
+    if (m->draft_map.data) {
+        /* a shallow draft: the kept layers' stream mapped to the full
+         * model's (model.h), then normalized */
+        matmul(s, pool, &m->draft_map, s->x, n_out, s->xn, d);
+        for (int o = 0; o < n_out; o++) kern_rmsnorm(s->xn + o * d, s->xn + o * d, m->output_norm, d, c->norm_eps);
+    }
     float *out = n_seq == 1 ? seqs[0].logits : logits_tmp;
     matmul(s, pool, &m->output, s->xn, n_out, out, c->n_vocab);
     if (n_seq == 1) return;

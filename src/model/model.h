@@ -90,8 +90,9 @@ struct ellm_model {
     char *path;               /* the file it was loaded from, or NULL (memory) */
     /* Shallow drafts (cfg.n_layer cut short): an optional (d, d) F32 map from
      * the last kept layer's residual stream to the full model's, applied to
-     * the rows whose logits are wanted before the output norm; NULL: none. */
-    const float *draft_map;
+     * the rows whose logits are wanted before the output norm; data NULL:
+     * none. */
+    model_matrix draft_map;
     model_derived *derived;   /* drafting copies made from this model */
     pthread_mutex_t derived_lock;
 };

@@ -15,6 +15,8 @@ typedef struct {
     int n_tokens;
     job *job;        /* NULL: idle */
     uint64_t last_used;
+    ellm_spec *spec; /* --spec: the slot's speculative state, or NULL */
+    int n_hist;      /* --spec: tokens of the sequence so far (the last may not be fed yet) */
 } slot;
 
 struct sched {
@@ -155,11 +157,23 @@ ellm_status sched_init(ellm_model *model, const sched_params *params, server_met
     cp.n_batch = p.chunk;
     cp.sparse_topk = p.sparse_topk > 0 ? p.sparse_topk : -1; /* dense: no index kept */
     cp.sparse_recall_every = p.sparse_topk > 0 ? 64 : 0;
+    if (p.spec && p.sparse_topk <= 0 && strstr(p.spec, "sparse")) cp.sparse_topk = 0; /* the drafter's index */
+    if (p.spec && cp.n_batch < (p.draft_max > 0 ? p.draft_max : 8) + 1) cp.n_batch = (p.draft_max > 0 ? p.draft_max : 8) + 1;
     for (int i = 0; i < p.n_slots && st == ELLM_OK; i++) {
         st = ellm_batch_context_init(s->batch, &cp, &s->slots[i].ctx, err);
         if (st == ELLM_OK && p.sparse_profile)
             st = ellm_context_load_sparse_profile(s->slots[i].ctx, p.sparse_profile, err);
-        if (st == ELLM_OK && !(s->slots[i].tokens = malloc((size_t)s->n_ctx * sizeof(int32_t)))) st = ELLM_ERR_NOMEM;
+        /* room for a speculative step's tokens beyond a full context */
+        if (st == ELLM_OK && !(s->slots[i].tokens = malloc((size_t)(s->n_ctx + 64) * sizeof(int32_t)))) st = ELLM_ERR_NOMEM;
+        if (st == ELLM_OK && p.spec) {
+            ellm_spec_params spp = ellm_spec_default_params();
+            spp.drafters = p.spec;
+            if (p.draft_max > 0) spp.draft_max = p.draft_max;
+            spp.draft_map = p.draft_map;
+            spp.verify_sparse = p.sparse_topk > 0;
+            spp.adapt = 1;
+            st = ellm_spec_init(s->slots[i].ctx, &spp, &s->slots[i].spec, err);
+        }
     }
     if (st == ELLM_OK) s->kv_bytes_per_token = ellm_context_kv_bytes_per_token(s->slots[0].ctx);
     if (st == ELLM_OK) {
@@ -187,6 +201,7 @@ void sched_free(sched *s) {
         pthread_join(s->thread, NULL);
     }
     for (int i = 0; s->slots && i < s->p.n_slots; i++) {
+        ellm_spec_free(s->slots[i].spec);
         ellm_context_free(s->slots[i].ctx);
         free(s->slots[i].tokens);
     }
@@ -346,6 +361,7 @@ static void admit(sched *s) {
         ellm_context_truncate(sl->ctx, keep);
         sl->n_tokens = keep;
         sl->job = j;
+        if (sl->spec) ellm_spec_reset(sl->spec); /* a new sequence */
         j->slot = best;
         j->n_fed = keep;
         j->n_cached = keep;
@@ -397,6 +413,111 @@ static const char *on_token(sched *s, job *j, slot *sl, int32_t tok) {
     return NULL;
 }
 
+/* One speculative step of job j in its slot (engine thread, no lock): the
+ * tokens it returns go through on_token as if sampled one at a time, each
+ * judged against the KV length at its own position. Returns the finish
+ * reason or NULL; *n_emit gets the tokens emitted. */
+static const char *spec_step_job(sched *s, job *j, slot *sl, int *n_emit) {
+    ellm_context *ctx = sl->ctx;
+    ellm_error err = {0};
+    int32_t out[64];
+    int n_out = 0, pos = ellm_context_pos(ctx), base = sl->n_hist;
+    *n_emit = 0;
+    if (pos >= s->n_ctx) { /* full: one last token from the logits, never fed */
+        out[n_out++] = ellm_sampler_sample(j->sampler, ellm_context_logits(ctx), sl->tokens, base);
+    } else {
+        int left = j->p.max_tokens >= 0 ? j->p.max_tokens - j->n_gen : 1 << 30;
+        if (ellm_spec_step(sl->spec, j->sampler, sl->tokens, base, left > 0 ? left : 1, out, &n_out, &err) != ELLM_OK) {
+            j->failed = 1;
+            snprintf(j->errmsg, sizeof j->errmsg, "%s", err.msg);
+            return NULL;
+        }
+    }
+    const char *fin = NULL;
+    int i = 0;
+    while (i < n_out && !fin) {
+        sl->tokens[base + i] = out[i];
+        sl->n_tokens = base + i; /* what the KV held when this token was drawn */
+        fin = on_token(s, j, sl, out[i]);
+        i++;
+    }
+    *n_emit = i;
+    sl->n_hist = base + i;
+    j->last = out[i - 1];
+    /* an end-of-generation token the step left unfed, generation going on
+     * (ignore_eos): feed it, as plain decoding does */
+    if (!fin && ellm_context_pos(ctx) == sl->n_hist - 1 && ellm_token_is_eog(s->model, j->last) &&
+        ellm_decode(ctx, &j->last, 1, NULL, &err) != ELLM_OK) {
+        j->failed = 1;
+        snprintf(j->errmsg, sizeof j->errmsg, "%s", err.msg);
+    }
+    sl->n_tokens = ellm_context_pos(ctx); /* the KV (sl->tokens holds them) */
+    return fin;
+}
+
+/* Speculative steps for every generating slot (lock held on entry and exit,
+ * released while the engine runs), then their tokens published as the
+ * batch's are. */
+static void spec_steps(sched *s) {
+    for (int i = 0; i < s->p.n_slots; i++) {
+        slot *sl = &s->slots[i];
+        job *j = sl->job;
+        if (!j || !j->generating || j->cancelled || !sl->spec) continue;
+        pthread_mutex_unlock(&s->mu);
+        int n = 0;
+        const char *fin = spec_step_job(s, j, sl, &n);
+        if (fin) {
+            char tail[64];
+            int nb = ellm_detok_flush(&j->dt, tail, sizeof tail);
+            if (nb > 0) append(&j->gen, &j->gen_len, &j->gen_cap, tail, (size_t)nb);
+        }
+        pthread_mutex_lock(&s->mu);
+        if (j->failed) {
+            finish_job(s, j, NULL);
+            continue;
+        }
+        double now = now_s();
+        pthread_mutex_lock(&s->metrics->mu);
+        s->metrics->generated_tokens_total += (uint64_t)n;
+        for (int t = 0; t < n; t++) {
+            if (j->n_gen - n + t == 0) metrics_observe(&s->metrics->ttft, now - j->t_arrive);
+            else metrics_observe(&s->metrics->inter_token, (now - j->t_last_token) / n); /* tokens of one pass, evenly */
+        }
+        pthread_mutex_unlock(&s->metrics->mu);
+        j->t_last_token = now;
+        size_t show = fin ? j->gen_len : safe_len(j);
+        if (show > j->gen_emitted && append(&j->text, &j->text_len, &j->text_cap, j->gen + j->gen_emitted, show - j->gen_emitted))
+            j->gen_emitted = show;
+        if (fin) finish_job(s, j, fin);
+        else pthread_cond_broadcast(&j->cv);
+    }
+}
+
+/* ellm_spec_acceptance_rate (accepted over drafted tokens, all slots, since
+ * start) and ellm_sparse_recall (mean sampled recall of the slots that
+ * sampled any) for /metrics; engine thread, lock held. */
+static void update_quality_metrics(sched *s) {
+    int64_t acc = 0, prop = 0, n_recall = 0;
+    double recall = 0;
+    for (int i = 0; i < s->p.n_slots; i++) {
+        if (s->slots[i].spec) {
+            ellm_spec_stats st;
+            ellm_spec_get_stats(s->slots[i].spec, &st);
+            acc += st.accepted;
+            prop += st.proposed;
+        }
+        if (s->p.sparse_topk > 0) {
+            ellm_context_stats cs;
+            ellm_context_get_stats(s->slots[i].ctx, &cs);
+            if (cs.recall_samples > 0) recall += cs.sparse_recall, n_recall++;
+        }
+    }
+    pthread_mutex_lock(&s->metrics->mu);
+    s->metrics->spec_acceptance_rate = prop ? (double)acc / (double)prop : 0;
+    s->metrics->sparse_recall = n_recall ? recall / (double)n_recall : 0;
+    pthread_mutex_unlock(&s->metrics->mu);
+}
+
 static void *engine_main(void *arg) {
     sched *s = arg;
     const int n_vocab = ellm_tokenizer_n_vocab(ellm_model_tokenizer(s->model));
@@ -430,7 +551,7 @@ static void *engine_main(void *arg) {
         for (int k = 0; k < s->p.n_slots && ns < max_decode; k++) {
             int i = (s->rr + k) % s->p.n_slots;
             job *j = s->slots[i].job;
-            if (!j || !j->generating) continue;
+            if (!j || !j->generating || s->slots[i].spec) continue; /* speculative slots step on their own */
             s->step_ctx[ns] = s->slots[i].ctx;
             s->step_tok[ns] = &j->last;
             s->step_n[ns] = 1;
@@ -461,7 +582,7 @@ static void *engine_main(void *arg) {
 
         ellm_error err = {0};
         double t0 = now_s();
-        ellm_status st = ellm_decode_batch(s->batch, s->step_ctx, s->step_tok, s->step_n, ns, &err);
+        ellm_status st = ns ? ellm_decode_batch(s->batch, s->step_ctx, s->step_tok, s->step_n, ns, &err) : ELLM_OK;
         double t1 = now_s();
         /* bytes read: the weights once, each sequence's K/V once */
         s->bw_bytes += (double)s->weight_bytes;
@@ -487,6 +608,10 @@ static void *engine_main(void *arg) {
                 j->n_fed += s->step_n[k];
                 if (j->n_fed < j->n_prompt) continue;
                 j->generating = 1;
+                if (sl->spec) { /* its speculative steps draw the tokens from here on */
+                    sl->n_hist = sl->n_tokens;
+                    continue;
+                }
             }
             int32_t tok = ellm_sampler_sample(j->sampler, ellm_context_logits(sl->ctx), sl->tokens, sl->n_tokens);
             j->last = tok;
@@ -533,6 +658,8 @@ static void *engine_main(void *arg) {
             if (fin[k]) finish_job(s, j, fin[k]);
             else pthread_cond_broadcast(&j->cv);
         }
+        if (s->p.spec) spec_steps(s);
+        update_quality_metrics(s);
     }
     pthread_mutex_unlock(&s->mu);
     return NULL;

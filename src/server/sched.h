@@ -26,6 +26,12 @@ typedef struct {
     int max_queue;     /* jobs waiting for a slot before 503 */
     int sparse_topk;
     const char *sparse_profile;
+    /* Self-speculative decoding: each generating slot runs ellm_spec_step
+     * (draft, verify in one pass of its own) instead of joining the batch's
+     * one-token rows; greedy output is the same as without. */
+    const char *spec;  /* drafter list, or NULL: off */
+    int draft_max;     /* <= 0: the library's default */
+    const char *draft_map;
 } sched_params;
 
 typedef struct job job;

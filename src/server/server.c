@@ -712,7 +712,10 @@ int server_run(const server_params *params) {
                        .n_threads = params->n_threads,
                        .max_queue = params->max_queue,
                        .sparse_topk = params->sparse_topk,
-                       .sparse_profile = params->sparse_profile};
+                       .sparse_profile = params->sparse_profile,
+                       .spec = params->spec,
+                       .draft_max = params->draft_max,
+                       .draft_map = params->draft_map};
     if (sched_init(srv->model, &sp, &srv->metrics, &srv->sched, &err) != ELLM_OK) {
         fprintf(stderr, "error: %s\n", err.msg);
         goto out;

@@ -17,6 +17,9 @@ typedef struct {
     double kv_cache_gb;        /* 0: every slot's full context */
     int sparse_topk;
     const char *sparse_profile;
+    const char *spec;          /* --spec drafter list (self-speculative decoding per slot), or NULL */
+    int draft_max;             /* --draft-max: tokens drafted per verify pass at most */
+    const char *draft_map;     /* --draft-map: maps for shallow:K drafters, or NULL */
     const char *api_key;       /* NULL: no key needed */
     const char *chat_template; /* built-in template name, or NULL: the model's */
     const char *alias;         /* model id reported; NULL: the file name */

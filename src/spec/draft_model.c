@@ -1,6 +1,7 @@
 /* Drafting copies of a model: the low-bit copy and its on-disk cache, and the
  * shallow cut. See draft_model.h. */
 #include "spec/draft_model.h"
+#include "spec/draft_map.h"
 #include "core/crc32c.h"
 #include "core/file_atomic.h"
 #include "core/status.h"
@@ -81,7 +82,7 @@ static draft_copy *copy_init(const ellm_model *base) {
     c->m.split_by_matrix = 0;
     c->m.path = NULL;
     c->m.derived = NULL;
-    c->m.draft_map = NULL;
+    memset(&c->m.draft_map, 0, sizeof c->m.draft_map);
     memset(&c->m.derived_lock, 0, sizeof c->m.derived_lock);
     return c;
 }
@@ -410,10 +411,9 @@ ellm_status draft_model_shallow(ellm_model *base, int n_layer, const char *map_p
     if (n_layer < 1 || n_layer >= base->cfg.n_layer)
         return ellm_fail(err, ELLM_ERR_ARG, "shallow drafter: %d layers outside [1, %d) of this model", n_layer,
                          base->cfg.n_layer);
-    if (map_path)
-        return ellm_fail(err, ELLM_ERR_ARG, "shallow drafter: draft maps are not supported yet");
     char key[48];
-    snprintf(key, sizeof key, "shallow:%d", n_layer);
+    if (map_path) snprintf(key, sizeof key, "shallow:%d:map:%08x", n_layer, crc32c_update(0, map_path, strlen(map_path)));
+    else snprintf(key, sizeof key, "shallow:%d", n_layer);
     pthread_mutex_lock(&base->derived_lock);
     const ellm_model *have = find_derived(base, key);
     ellm_status st = ELLM_OK;
@@ -425,7 +425,19 @@ ellm_status draft_model_shallow(ellm_model *base, int n_layer, const char *map_p
             st = ellm_fail(err, ELLM_ERR_NOMEM, "shallow drafter: out of memory");
         } else {
             c->m.cfg.n_layer = n_layer;
-            st = add_derived(base, key, c, err);
+            const int d = base->cfg.n_embd;
+            if (map_path) st = draft_map_load(map_path, d, base->cfg.n_layer, n_layer, &c->draft_map, err);
+            if (st == ELLM_OK && c->draft_map)
+                c->m.draft_map = (model_matrix){.type = QTYPE_F32, .data = c->draft_map, .rows = d, .cols = d,
+                                                .row_bytes = (size_t)d * sizeof(float)};
+            uint64_t bytes = 0; /* what a draft step reads: the kept layers, the head, the map */
+            for (int i = 0; i < n_slots(&c->m); i++) {
+                const model_matrix *w = slot(&c->m, c->layers, i);
+                bytes += (uint64_t)w->rows * w->row_bytes;
+            }
+            c->m.weight_bytes = bytes + (c->draft_map ? (uint64_t)d * d * sizeof(float) : 0);
+            if (st == ELLM_OK) st = add_derived(base, key, c, err);
+            else draft_copy_free(&c->m);
             if (st == ELLM_OK) *out = &c->m;
         }
     }

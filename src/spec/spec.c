@@ -36,7 +36,109 @@ struct ellm_spec {
     int accept_all;   /* test hook: accept every draft (breaks exactness on purpose) */
     int32_t pending;  /* sampling: a token drawn on rejection, returned already and fed by the next step (-1: none) */
     ellm_spec_stats st;
+    /* Adaptive draft length: running (exponentially weighted) figures */
+    double acc_n, miss_n;  /* accepted drafts, and passes that ended on a rejected draft */
+    double draft_tok_ms;   /* one drafted token's cost */
+    int draft_seen;
+    double verify_ms[SPEC_MAX_DRAFT + 2]; /* [n]: a verify pass of n tokens (0: not measured) */
+    int k_next;            /* draft length of the next pass */
+    int64_t k_sum;         /* sum of draft lengths asked */
 };
+
+#define SPEC_EMA 0.9          /* weight of the past in the running figures (about 10 passes) */
+#define SPEC_EXPLORE_EVERY 32 /* passes between tries of a neighbouring draft length */
+
+double ellm_spec_tokens_per_verify(double a, int k) {
+    if (a >= 1) return k + 1;
+    if (a <= 0) return 1;
+    return (1 - pow(a, k + 1)) / (1 - a);
+}
+
+double ellm_spec_token_acceptance(double t, int k) {
+    if (t >= k + 1) return 1;
+    if (t <= 1) return 0;
+    double lo = 0, hi = 1;
+    for (int i = 0; i < 60; i++) {
+        double mid = (lo + hi) / 2;
+        if (ellm_spec_tokens_per_verify(mid, k) < t) lo = mid;
+        else hi = mid;
+    }
+    return lo;
+}
+
+int ellm_spec_best_draft_length(double a, double draft_ms, const double *verify_ms, int kmax, double *tokens_per_s) {
+    int best = 1;
+    double best_tps = -1;
+    for (int k = 1; k <= kmax; k++) {
+        double t = k * draft_ms + verify_ms[k];
+        double tps = t > 0 ? ellm_spec_tokens_per_verify(a, k) / (t / 1000.0) : 0;
+        if (tps > best_tps) best_tps = tps, best = k;
+    }
+    if (tokens_per_s) *tokens_per_s = best_tps > 0 ? best_tps : 0;
+    return best;
+}
+
+/* Verify time of n tokens from the measured sizes: the nearest measured
+ * sizes around n interpolated linearly, or extrapolated with the slope of the
+ * two largest (constant if only one size was measured). */
+static double verify_estimate(const ellm_spec *s, int n) {
+    if (s->verify_ms[n] > 0) return s->verify_ms[n];
+    int lo = 0, hi = 0, top = 0, top2 = 0;
+    for (int i = 1; i <= SPEC_MAX_DRAFT + 1; i++) {
+        if (s->verify_ms[i] <= 0) continue;
+        if (i < n) lo = i;
+        if (i > n && !hi) hi = i;
+        top2 = top, top = i;
+    }
+    if (lo && hi) return s->verify_ms[lo] + (s->verify_ms[hi] - s->verify_ms[lo]) * (n - lo) / (hi - lo);
+    if (!top) return 0;
+    if (!top2) return s->verify_ms[top];
+    if (hi) { /* n below every measured size: extrapolate down from the two smallest */
+        int a = 0, b = 0;
+        for (int i = 1; i <= SPEC_MAX_DRAFT + 1 && !b; i++)
+            if (s->verify_ms[i] > 0) {
+                if (!a) a = i;
+                else b = i;
+            }
+        double v = s->verify_ms[a] + (s->verify_ms[b] - s->verify_ms[a]) * (n - a) / (b - a);
+        return v > 0 ? v : s->verify_ms[a] * n / a;
+    }
+    double slope = (s->verify_ms[top] - s->verify_ms[top2]) / (top - top2);
+    return s->verify_ms[top] + (slope > 0 ? slope : 0) * (n - top);
+}
+
+/* After a pass that asked for k drafts, got nd, kept m and verified in
+ * verify_ms (nd + 1 tokens) after drafting for draft_ms: updates the running
+ * figures and chooses the next draft length. The first passes try draft_max,
+ * half of it and 1 so that the verify cost is known at several sizes; every
+ * SPEC_EXPLORE_EVERY passes a neighbour of the current length is tried. */
+static void adapt_update(ellm_spec *s, int nd, int m, double draft_ms, double verify_ms) {
+    const int K = s->p.draft_max;
+    s->acc_n = SPEC_EMA * s->acc_n + m;
+    s->miss_n = SPEC_EMA * s->miss_n + (m < nd);
+    if (nd > 0) {
+        double per = draft_ms / nd;
+        s->draft_tok_ms = s->draft_seen ? SPEC_EMA * s->draft_tok_ms + (1 - SPEC_EMA) * per : per;
+        s->draft_seen = 1;
+    }
+    double *v = &s->verify_ms[nd + 1];
+    *v = *v > 0 ? SPEC_EMA * *v + (1 - SPEC_EMA) * verify_ms : verify_ms;
+    if (!s->p.adapt) {
+        s->k_next = K;
+        return;
+    }
+    int64_t pass = s->st.verify_passes; /* passes done, this one included */
+    if (pass == 1 || pass == 2) {
+        s->k_next = pass == 1 ? (K / 2 > 1 ? K / 2 : 1) : 1;
+        return;
+    }
+    double a = s->acc_n + s->miss_n > 0 ? s->acc_n / (s->acc_n + s->miss_n) : 0;
+    double vm[SPEC_MAX_DRAFT + 1];
+    for (int k = 1; k <= K; k++) vm[k] = verify_estimate(s, k + 1);
+    int k = ellm_spec_best_draft_length(a, s->draft_tok_ms, vm, K, NULL);
+    if (pass % SPEC_EXPLORE_EVERY == 0) k += (pass / SPEC_EXPLORE_EVERY) % 2 ? 1 : -1;
+    s->k_next = k < 1 ? 1 : k > K ? K : k;
+}
 
 ellm_spec_params ellm_spec_default_params(void) {
     ellm_spec_params p;
@@ -192,9 +294,11 @@ ellm_status ellm_spec_init(ellm_context *ctx, const ellm_spec_params *params, el
                          qi.rejected[0] ? "; not used: " : "", qi.rejected);
             }
         } else if (d->kind == SPEC_DRAFT_SHALLOW) {
-            st = draft_model_shallow(ctx->model, d->n_layer, NULL, &s->dmodel[i], err);
+            st = draft_model_shallow(ctx->model, d->n_layer, p.draft_map, &s->dmodel[i], err);
             if (st == ELLM_OK)
-                snprintf(s->note[i], sizeof s->note[i], "first %d of %d layers", d->n_layer, ctx->model->cfg.n_layer);
+                snprintf(s->note[i], sizeof s->note[i], "first %d of %d layers (%.1f MB a step)%s%.1000s", d->n_layer,
+                         ctx->model->cfg.n_layer, s->dmodel[i]->weight_bytes / 1e6, p.draft_map ? ", map " : "",
+                         p.draft_map ? p.draft_map : "");
         }
         if (st == ELLM_OK && s->dmodel[i] && ctx->dist)
             st = ellm_fail(err, ELLM_ERR_ARG, "spec: quant and shallow drafters do not run over MPI-sharded KV");
@@ -206,9 +310,11 @@ ellm_status ellm_spec_init(ellm_context *ctx, const ellm_spec_params *params, el
         }
     }
     s->p = p;
-    s->p.drafters = NULL; /* not kept: the caller's string */
+    s->p.drafters = NULL; /* not kept: the caller's strings */
+    s->p.draft_map = NULL;
     s->target_topk = ctx->sparse_topk;
     s->pending = -1;
+    s->k_next = p.draft_max;
     s->n_vocab = ctx->model->cfg.n_vocab;
     s->rows = malloc((size_t)(SPEC_MAX_DRAFT + 1) * s->n_vocab * sizeof *s->rows);
     s->probs = malloc((size_t)s->n_vocab * sizeof *s->probs);
@@ -231,6 +337,8 @@ void ellm_spec_free(ellm_spec *s) {
 }
 
 void spec_set_accept_all(ellm_spec *s, int on) { s->accept_all = on; }
+
+void ellm_spec_reset(ellm_spec *s) { s->pending = -1; }
 
 ellm_status ellm_spec_sync(ellm_spec *s, ellm_error *err) {
     if (s->pending < 0) return ELLM_OK;
@@ -370,7 +478,7 @@ ellm_status ellm_spec_step(ellm_spec *s, ellm_sampler *smp, const int32_t *hist,
     h[n_hist] = x;
     if (max_tokens == n0 || ellm_token_is_eog(ctx->model, x)) return ELLM_OK;
 
-    int k = s->p.draft_max;
+    int k = s->k_next, k_asked = k;
     if (k > max_tokens - n0) k = max_tokens - n0;
     if (k > ctx->n_ctx - pos - 1) k = ctx->n_ctx - pos - 1;
     int32_t batch[SPEC_MAX_DRAFT + 1];
@@ -455,6 +563,8 @@ ellm_status ellm_spec_step(ellm_spec *s, ellm_sampler *smp, const int32_t *hist,
     s->st.draft_ms += t1 - t0;
     s->st.rollback_ms += (t2 - t1) + (t4 - t3);
     s->st.verify_ms += t3 - t2;
+    s->k_sum += k_asked;
+    if (k == k_asked) adapt_update(s, nd, m, t1 - t0, t3 - t2); /* a pass cut short by the end says little */
     return ELLM_OK;
 }
 
@@ -463,6 +573,9 @@ static void stats_rates(ellm_spec_stats *st);
 void ellm_spec_get_stats(const ellm_spec *s, ellm_spec_stats *out) {
     *out = s->st;
     stats_rates(out);
+    out->mean_draft_len = s->st.verify_passes ? (double)s->k_sum / (double)s->st.verify_passes : 0;
+    out->draft_len = s->k_next;
+    out->token_accept = s->acc_n + s->miss_n > 0 ? s->acc_n / (s->acc_n + s->miss_n) : 0;
 }
 
 int spec_draft(ellm_spec *s, int32_t *hist, int n, int max, int32_t *out, ellm_error *err) {

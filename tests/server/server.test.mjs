@@ -141,8 +141,70 @@ async function seedServer() {
   }
 }
 
+// --spec: speculative slots give the same greedy text as plain decoding
+// (ellm run without --spec), alone and four at once, and /metrics reports the
+// drafts' acceptance; with --sparse-topk the sampled recall too.
+async function specServer() {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'ellm-spec-serve-'));
+  const model = path.join(dir, 'evalmodel.gguf'); // the quant drafter's cache lands beside this copy
+  fs.copyFileSync(MODEL, model);
+  const greedy = (prompt, n, extra = []) => {
+    const out = execFileSync(BIN, ['run', '-m', model, '-p', prompt, '-n', String(n), '--temp', '0', '-t', THREADS,
+      '--no-display-prompt', ...extra], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore'], timeout: 60000 });
+    return out.endsWith('\n') ? out.slice(0, -1) : out;
+  };
+  let srv = null;
+  try {
+    stage = 'spec: dense';
+    srv = await startServer([], BIN, ['serve', '-m', model, '--port', '0', '-t', THREADS, '-c', '512', '--parallel', '4',
+      '--spec', 'ngram+quant:q4_0', '--draft-max', '6']);
+    let client = new OpenAI({ baseURL: srv.base + '/v1', apiKey: 'none', maxRetries: 0, timeout: 60000 });
+    const ps = PROMPTS.slice(0, 4), n = 96;
+    const refs = ps.map((p) => greedy(p, n));
+    const alone = [];
+    for (const p of ps) alone.push((await client.completions.create({ model: 'x', prompt: p, max_tokens: n, temperature: 0 })).choices[0].text);
+    const together = await Promise.all(ps.map((p) => streamText(client, 'completion', { model: 'x', prompt: p, max_tokens: n, temperature: 0 })));
+    let same = 0;
+    ps.forEach((p, i) => {
+      if (alone[i] === refs[i] && together[i].text === refs[i]) same++;
+      else console.error(`--spec prompt ${i}: alone ${JSON.stringify(alone[i])} together ${JSON.stringify(together[i].text)} run ${JSON.stringify(refs[i])}`);
+    });
+    check(same === ps.length, `--spec ngram+quant:q4_0: greedy text equals plain decoding, alone and 4 at once (${same}/${ps.length})`);
+    const short = await client.completions.create({ model: 'x', prompt: PROMPTS[5], max_tokens: 5, temperature: 0 });
+    check(short.usage.completion_tokens <= 5, `--spec keeps max_tokens (${short.usage.completion_tokens})`);
+    const ie = await client.completions.create({ model: 'x', prompt: PROMPTS[3], max_tokens: 120, temperature: 0, ignore_eos: true });
+    check(ie.usage.completion_tokens === 120 && ie.choices[0].finish_reason === 'length', '--spec with ignore_eos runs to max_tokens');
+    const sa = await client.completions.create({ model: 'x', prompt: PROMPTS[2], max_tokens: 40, temperature: 0.9, seed: 3 });
+    check(sa.usage.completion_tokens >= 1 && sa.usage.completion_tokens <= 40, '--spec with sampling');
+    let m = await metrics(srv.base);
+    const acc = m.get('ellm_spec_acceptance_rate');
+    check(acc > 0 && acc <= 1, `ellm_spec_acceptance_rate reports the drafts (${acc})`);
+    check(fs.existsSync(model + '.q4_0.ellm-draft'), 'the quant drafter cached its copy beside the model');
+    srv.proc.kill('SIGTERM');
+
+    stage = 'spec: sparse';
+    srv = await startServer([], BIN, ['serve', '-m', model, '--port', '0', '-t', THREADS, '-c', '512', '--parallel', '2',
+      '--sparse-topk', '64', '--spec', 'ngram']);
+    client = new OpenAI({ baseURL: srv.base + '/v1', apiKey: 'none', maxRetries: 0, timeout: 60000 });
+    const sp = 'def f(x):\n    return x\n'.repeat(12), ns = 200;
+    const sref = greedy(sp, ns, ['--sparse-topk', '64']);
+    const sgot = await client.completions.create({ model: 'x', prompt: sp, max_tokens: ns, temperature: 0 });
+    check(sgot.choices[0].text === sref, `--spec ngram with --sparse-topk 64: text equals plain sparse decoding: ${JSON.stringify(sgot.choices[0].text.slice(0, 80))} vs ${JSON.stringify(sref.slice(0, 80))}`);
+    m = await metrics(srv.base);
+    const rec = m.get('ellm_sparse_recall'), acc2 = m.get('ellm_spec_acceptance_rate');
+    check(rec > 0 && rec <= 1, `ellm_sparse_recall reports the sampled recall (${rec})`);
+    check(acc2 > 0 && acc2 <= 1, `ellm_spec_acceptance_rate with n-gram drafts (${acc2})`);
+  } catch (e) {
+    check(false, `unexpected exception at stage '${stage}': ${e.stack || e}`);
+  } finally {
+    if (srv && srv.proc.exitCode === null) srv.proc.kill('SIGKILL');
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+}
+
 async function main() {
   await seedServer();
+  await specServer();
   const srv = await startServer(['-c', '256', '--parallel', '16', '--n-batch', '16', '--api-key', KEY]);
   const { base } = srv;
   const client = new OpenAI({ baseURL: base + '/v1', apiKey: KEY, maxRetries: 0, timeout: 60000 });

@@ -1,0 +1,111 @@
+/* `ellm calibrate --draft`: draft maps for shallow:K drafters (a least-squares
+ * linear map from the residual stream after K layers to the last layer's),
+ * for `ellm run --spec shallow:K --draft-map FILE`. */
+#include "cli/args.h"
+#include "cli/commands.h"
+#include "ellm.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int cmd_calibrate_draft(int argc, char **argv) {
+    const char *model_path = NULL, *text_path = NULL, *out = NULL, *layers_arg = NULL;
+    long ctx_len = 1024, windows = 0;
+    int bad = 0;
+    for (int i = 1; i < argc && !bad; i++) {
+        const char *v = NULL, *a = argv[i];
+        if (!strcmp(a, "--draft")) continue;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            printf("usage: ellm calibrate --draft -f TEXT -o DRAFT [-m MODEL] [--draft-layers K,K,...]\n"
+                   "       [--ctx N] [--windows N]\n\n"
+                   "Runs the model over TEXT in windows of --ctx tokens (default 1024; at most\n"
+                   "--windows, default all) and fits, for each K of --draft-layers (default every K\n"
+                   "from 1 to the model's layers - 1), a linear map from the residual stream after\n"
+                   "the first K layers to the stream after the last one (least squares with a small\n"
+                   "ridge). DRAFT is a small GGUF for `--spec shallow:K --draft-map DRAFT`.\n");
+            return 0;
+        } else if (arg_value(argc, argv, &i, "--model", "-m", &v, &bad)) {
+            model_path = v;
+        } else if (arg_value(argc, argv, &i, "--file", "-f", &v, &bad)) {
+            text_path = v;
+        } else if (arg_value(argc, argv, &i, "--output", "-o", &v, &bad)) {
+            out = v;
+        } else if (arg_value(argc, argv, &i, "--draft-layers", NULL, &v, &bad)) {
+            layers_arg = v;
+        } else if (arg_value(argc, argv, &i, "--ctx", "-c", &v, &bad)) {
+            if (v && !arg_int("--ctx", v, 16, 1 << 20, &ctx_len)) bad = 1;
+        } else if (arg_value(argc, argv, &i, "--windows", NULL, &v, &bad)) {
+            if (v && !arg_int("--windows", v, 1, 1 << 20, &windows)) bad = 1;
+        } else {
+            fprintf(stderr, "error: unknown option '%s' (see ellm calibrate --draft --help)\n", a);
+            bad = 1;
+        }
+    }
+    if (bad) return 2;
+    if (!text_path || !out) {
+        fprintf(stderr, "error: -f TEXT and -o DRAFT are required\n");
+        return 2;
+    }
+    if (!model_path) model_path = cli_default_model();
+    size_t len = 0;
+    char *text = cli_read_file(text_path, &len);
+    if (!text) return 1;
+    ellm_error err = {0};
+    ellm_model *m = NULL;
+    ellm_context *ctx = NULL;
+    ellm_draft_calib *dc = NULL;
+    int32_t *ids = malloc((len + 16) * sizeof *ids);
+    int n_ids = 0, rc = 1, layers[256], n_layers = 0;
+    if (!ids || ellm_model_load(model_path, NULL, &m, &err) ||
+        ellm_tokenize(m, text, len, 1, 0, ids, (int)(len + 16), &n_ids, &err)) {
+        fprintf(stderr, "error: %s\n", ids ? err.msg : "out of memory");
+        goto done;
+    }
+    ellm_model_info info;
+    ellm_model_get_info(m, &info);
+    if (layers_arg) {
+        n_layers = arg_int_list("--draft-layers", layers_arg, 1, info.n_layer - 1, layers, 256);
+        if (n_layers < 1) {
+            rc = 2;
+            goto done;
+        }
+    } else {
+        for (int k = 1; k < info.n_layer && n_layers < 256; k++) layers[n_layers++] = k;
+    }
+    ellm_context_params cp = ellm_context_default_params();
+    cp.n_ctx = (int)ctx_len;
+    cp.sparse_topk = -1;
+    if (ellm_context_init(m, &cp, &ctx, &err) || ellm_draft_calib_init(m, layers, n_layers, &dc, &err)) {
+        fprintf(stderr, "error: %s\n", err.msg);
+        goto done;
+    }
+    long n_win = n_ids / ctx_len;
+    if (windows > 0 && n_win > windows) n_win = windows;
+    if (n_win < 1) {
+        fprintf(stderr, "error: %s has %d tokens, fewer than one --ctx window of %ld\n", text_path, n_ids, ctx_len);
+        goto done;
+    }
+    for (long w = 0; w < n_win; w++) {
+        if (ellm_draft_calib_collect(ctx, dc, ids + w * ctx_len, (int)ctx_len, &err)) {
+            fprintf(stderr, "error: %s\n", err.msg);
+            goto done;
+        }
+        fprintf(stderr, "\rdraft maps: %ld/%ld windows", w + 1, n_win);
+    }
+    fputc('\n', stderr);
+    if (ellm_draft_calib_write(dc, out, &err)) {
+        fprintf(stderr, "error: %s\n", err.msg);
+        goto done;
+    }
+    fprintf(stderr, "wrote %d draft maps (%d x %d) fitted on %ld tokens to %s\n", n_layers, info.n_embd, info.n_embd,
+            n_win * ctx_len, out);
+    rc = 0;
+done:
+    ellm_draft_calib_free(dc);
+    ellm_context_free(ctx);
+    ellm_model_free(m);
+    free(ids);
+    free(text);
+    return rc;
+}
