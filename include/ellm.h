@@ -510,9 +510,11 @@ ellm_status ellm_spec_eval(ellm_context *ctx, const ellm_spec_params *params, co
  * the full model's last hidden state (ellm calibrate --draft). Collect over
  * any number of token windows, then write the maps (a small GGUF) once. */
 typedef struct ellm_draft_calib ellm_draft_calib;
-/* A fit for each K in layers[0 .. n_layers) (1 <= K < the model's layers). */
-ellm_status ellm_draft_calib_init(const ellm_model *m, const int *layers, int n_layers, ellm_draft_calib **out,
-                                  ellm_error *err);
+/* A fit for each K in layers[0 .. n_layers) (1 <= K < the model's layers);
+ * normalize: fit (and later apply) the streams scaled to unit RMS, so every
+ * position weighs the same, as the head sees them after the output norm. */
+ellm_status ellm_draft_calib_init(const ellm_model *m, const int *layers, int n_layers, int normalize,
+                                  ellm_draft_calib **out, ellm_error *err);
 /* Runs tokens[0 .. n) through ctx (reset first; n <= its size) and adds every
  * position's streams to the fit. */
 ellm_status ellm_draft_calib_collect(ellm_context *ctx, ellm_draft_calib *calib, const int32_t *tokens, int n,

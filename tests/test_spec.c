@@ -499,26 +499,28 @@ static void test_draft_map(const int32_t *ids, int n, char *path, size_t cap) {
     ellm_error err;
     int layers[2] = {2, 4}, bad_layers[1] = {6};
     snprintf(path, cap, "%s/draft-map.gguf", g_dir);
-    CHECK(ellm_draft_calib_init(g_model, bad_layers, 1, &dc, &err) == ELLM_ERR_ARG, "K = all layers refused");
-    CHECK(ellm_draft_calib_init(g_model, layers, 2, &dc, &err) == ELLM_OK, "calib init: %s", err.msg);
+    CHECK(ellm_draft_calib_init(g_model, bad_layers, 1, 1, &dc, &err) == ELLM_ERR_ARG, "K = all layers refused");
+    CHECK(ellm_draft_calib_init(g_model, layers, 2, 1, &dc, &err) == ELLM_OK, "calib init: %s", err.msg);
     if (!ctx || !dc) goto out;
     CHECK(ellm_draft_calib_write(dc, path, &err) == ELLM_ERR_ARG, "a fit of no tokens is refused");
     for (int w = 0; w + 512 <= n && w < 1024; w += 512)
         CHECK(ellm_draft_calib_collect(ctx, dc, ids + w, 512, &err) == ELLM_OK, "collect: %s", err.msg);
     CHECK(ellm_draft_calib_write(dc, path, &err) == ELLM_OK, "write: %s", err.msg);
     float *W = NULL;
-    CHECK(draft_map_load(path, 192, 6, 2, &W, &err) == ELLM_OK && W, "load the map for 2 layers: %s", err.msg);
+    int norm = 0;
+    CHECK(draft_map_load(path, 192, 6, 2, &W, &norm, &err) == ELLM_OK && W && norm, "load the map for 2 layers: %s",
+          err.msg);
     int finite = W != NULL, nonzero = 0;
     for (int i = 0; W && i < 192 * 192; i++) finite &= isfinite(W[i]), nonzero += W[i] != 0;
     CHECK(finite && nonzero > 192, "the map is finite and not empty (%d nonzero)", nonzero);
     free(W);
     W = NULL;
-    CHECK(draft_map_load(path, 192, 6, 3, &W, &err) == ELLM_ERR_FORMAT && !W && strstr(err.msg, "no map for 3"),
+    CHECK(draft_map_load(path, 192, 6, 3, &W, &norm, &err) == ELLM_ERR_FORMAT && !W && strstr(err.msg, "no map for 3"),
           "no map for 3 layers: %s", err.msg);
-    CHECK(draft_map_load(path, 256, 6, 2, &W, &err) == ELLM_ERR_FORMAT && !W, "another model's width refused");
+    CHECK(draft_map_load(path, 256, 6, 2, &W, &norm, &err) == ELLM_ERR_FORMAT && !W, "another model's width refused");
     char model[300];
     snprintf(model, sizeof model, "%s/evalmodel.gguf", g_dir);
-    CHECK(draft_map_load(model, 192, 6, 2, &W, &err) == ELLM_ERR_FORMAT && !W, "a model file is no draft map");
+    CHECK(draft_map_load(model, 192, 6, 2, &W, &norm, &err) == ELLM_ERR_FORMAT && !W, "a model file is no draft map");
     ellm_spec_params p = ellm_spec_default_params();
     ellm_spec *spec = NULL;
     p.drafters = "shallow:3";

@@ -12,18 +12,24 @@
 int cmd_calibrate_draft(int argc, char **argv) {
     const char *model_path = NULL, *text_path = NULL, *out = NULL, *layers_arg = NULL;
     long ctx_len = 1024, windows = 0;
-    int bad = 0;
+    int bad = 0, raw = 0;
     for (int i = 1; i < argc && !bad; i++) {
         const char *v = NULL, *a = argv[i];
         if (!strcmp(a, "--draft")) continue;
+        if (!strcmp(a, "--draft-raw")) {
+            raw = 1;
+            continue;
+        }
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             printf("usage: ellm calibrate --draft -f TEXT -o DRAFT [-m MODEL] [--draft-layers K,K,...]\n"
-                   "       [--ctx N] [--windows N]\n\n"
+                   "       [--ctx N] [--windows N] [--draft-raw]\n\n"
                    "Runs the model over TEXT in windows of --ctx tokens (default 1024; at most\n"
                    "--windows, default all) and fits, for each K of --draft-layers (default every K\n"
                    "from 1 to the model's layers - 1), a linear map from the residual stream after\n"
                    "the first K layers to the stream after the last one (least squares with a small\n"
-                   "ridge). DRAFT is a small GGUF for `--spec shallow:K --draft-map DRAFT`.\n");
+                   "ridge), both streams scaled to unit RMS (as the head sees them after the output\n"
+                   "norm; --draft-raw: unscaled). DRAFT is a small GGUF for `--spec shallow:K\n"
+                   "--draft-map DRAFT`.\n");
             return 0;
         } else if (arg_value(argc, argv, &i, "--model", "-m", &v, &bad)) {
             model_path = v;
@@ -76,7 +82,7 @@ int cmd_calibrate_draft(int argc, char **argv) {
     ellm_context_params cp = ellm_context_default_params();
     cp.n_ctx = (int)ctx_len;
     cp.sparse_topk = -1;
-    if (ellm_context_init(m, &cp, &ctx, &err) || ellm_draft_calib_init(m, layers, n_layers, &dc, &err)) {
+    if (ellm_context_init(m, &cp, &ctx, &err) || ellm_draft_calib_init(m, layers, n_layers, !raw, &dc, &err)) {
         fprintf(stderr, "error: %s\n", err.msg);
         goto done;
     }

@@ -346,6 +346,13 @@ void engine_forward_seqs(const ellm_model *m, const engine_scratch *s, threadpoo
     if (m->draft_map.data) {
         /* a shallow draft: the kept layers' stream mapped to the full
          * model's (model.h), then normalized */
+        for (int o = 0; o < n_out && m->draft_map_norm; o++) {
+            float *xr = s->x + (size_t)o * d;
+            double ss = 0;
+            for (int64_t i = 0; i < d; i++) ss += (double)xr[i] * xr[i];
+            float inv = 1.0f / sqrtf((float)(ss / (double)d) + c->norm_eps);
+            for (int64_t i = 0; i < d; i++) xr[i] *= inv;
+        }
         matmul(s, pool, &m->draft_map, s->x, n_out, s->xn, d);
         for (int o = 0; o < n_out; o++) kern_rmsnorm(s->xn + o * d, s->xn + o * d, m->output_norm, d, c->norm_eps);
     }

@@ -93,6 +93,7 @@ struct ellm_model {
      * the rows whose logits are wanted before the output norm; data NULL:
      * none. */
     model_matrix draft_map;
+    int draft_map_norm;       /* 1: the map takes the stream scaled to unit RMS */
     model_derived *derived;   /* drafting copies made from this model */
     pthread_mutex_t derived_lock;
 };

@@ -433,10 +433,15 @@ static const char *spec_step_job(sched *s, job *j, slot *sl, int *n_emit) {
             return NULL;
         }
     }
+    /* all of them: the KV may hold tokens beyond a stop within this step */
+    memcpy(sl->tokens + base, out, (size_t)n_out * sizeof *out);
+    if (n_out == 0) { /* a pending token fed with no draft: nothing new yet */
+        sl->n_tokens = ellm_context_pos(ctx);
+        return NULL;
+    }
     const char *fin = NULL;
     int i = 0;
     while (i < n_out && !fin) {
-        sl->tokens[base + i] = out[i];
         sl->n_tokens = base + i; /* what the KV held when this token was drawn */
         fin = on_token(s, j, sl, out[i]);
         i++;

@@ -21,10 +21,11 @@ struct ellm_draft_calib {
     float *hk;       /* (n_maps, rows, d) the pass's streams after k layers */
     int rows;        /* rows hk holds per map (the context's batch) */
     int64_t tokens;
+    int normalize;   /* fit on streams scaled to unit RMS */
 };
 
-ellm_status ellm_draft_calib_init(const ellm_model *m, const int *layers, int n_layers, ellm_draft_calib **out,
-                                  ellm_error *err) {
+ellm_status ellm_draft_calib_init(const ellm_model *m, const int *layers, int n_layers, int normalize,
+                                  ellm_draft_calib **out, ellm_error *err) {
     *out = NULL;
     const int L = m->cfg.n_layer, d = m->cfg.n_embd;
     if (n_layers < 1 || !layers) return ellm_fail(err, ELLM_ERR_ARG, "draft calibration: no layer count given");
@@ -40,6 +41,7 @@ ellm_status ellm_draft_calib_init(const ellm_model *m, const int *layers, int n_
     c->d = d;
     c->n_layer = L;
     c->n_maps = n_layers;
+    c->normalize = normalize;
     c->layers = malloc((size_t)n_layers * sizeof *c->layers);
     c->A = calloc((size_t)n_layers * d * d, sizeof *c->A);
     c->B = calloc((size_t)n_layers * d * d, sizeof *c->B);
@@ -74,11 +76,18 @@ static void calib_hook(void *arg, int layer, const float *x, int n) {
         const float *H = c->hk + (size_t)i * c->rows * d;
         for (int t = 0; t < n; t++) {
             const float *h = H + (size_t)t * d, *y = x + (size_t)t * d;
+            double sh = 1, sy = 1; /* scales: 1, or to unit RMS */
+            if (c->normalize) {
+                double qh = 0, qy = 0;
+                for (int a = 0; a < d; a++) qh += (double)h[a] * h[a], qy += (double)y[a] * y[a];
+                sh = qh > 0 ? 1 / sqrt(qh / d) : 0;
+                sy = qy > 0 ? 1 / sqrt(qy / d) : 0;
+            }
             for (int a = 0; a < d; a++) {
-                const double ha = h[a];
+                const double ha = h[a] * sh;
                 double *Ar = A + (size_t)a * d, *Br = B + (size_t)a * d;
-                for (int b = a; b < d; b++) Ar[b] += ha * h[b];
-                for (int b = 0; b < d; b++) Br[b] += ha * y[b];
+                for (int b = a; b < d; b++) Ar[b] += ha * h[b] * sh;
+                for (int b = 0; b < d; b++) Br[b] += ha * y[b] * sy;
             }
         }
     }
@@ -157,6 +166,7 @@ ellm_status ellm_draft_calib_write(ellm_draft_calib *c, const char *path, ellm_e
     if (st == ELLM_OK) st = gguf_writer_add_u32(w, "ellm.draft_map.n_embd", (uint32_t)d, err);
     if (st == ELLM_OK) st = gguf_writer_add_u32(w, "ellm.draft_map.n_layer", (uint32_t)c->n_layer, err);
     if (st == ELLM_OK) st = gguf_writer_add_u64(w, "ellm.draft_map.tokens", (uint64_t)c->tokens, err);
+    if (st == ELLM_OK) st = gguf_writer_add_u32(w, "ellm.draft_map.normalized", (uint32_t)c->normalize, err);
     for (int i = 0; i < c->n_maps && st == ELLM_OK; i++) {
         double *A = c->A + (size_t)i * d * d, *B = c->B + (size_t)i * d * d, tr = 0;
         for (int a = 0; a < d; a++) /* mirror the upper triangle */
@@ -185,8 +195,10 @@ ellm_status ellm_draft_calib_write(ellm_draft_calib *c, const char *path, ellm_e
     return st;
 }
 
-ellm_status draft_map_load(const char *path, int d, int n_layer, int k, float **out, ellm_error *err) {
+ellm_status draft_map_load(const char *path, int d, int n_layer, int k, float **out, int *normalized,
+                           ellm_error *err) {
     *out = NULL;
+    *normalized = 0;
     gguf_file *f = NULL;
     ellm_status st = gguf_open(path, &f, err);
     if (st != ELLM_OK) return st;
@@ -214,7 +226,11 @@ ellm_status draft_map_load(const char *path, int d, int n_layer, int k, float **
             memcpy(w, t->data, t->n_bytes);
             for (size_t i = 0; i < (size_t)d * d && st == ELLM_OK; i++)
                 if (!isfinite(w[i])) st = ellm_fail(err, ELLM_ERR_FORMAT, "draft map %s: %s holds a non-finite value", path, name);
-            if (st == ELLM_OK) *out = w;
+            int64_t norm = 0;
+            if (st == ELLM_OK && gguf_find_key(f, "ellm.draft_map.normalized") >= 0 &&
+                gguf_get_i64(f, "ellm.draft_map.normalized", &norm, err) != ELLM_OK)
+                st = ellm_fail(err, ELLM_ERR_FORMAT, "draft map %s: ellm.draft_map.normalized is not an integer", path);
+            if (st == ELLM_OK) *out = w, *normalized = norm != 0;
             else free(w);
         }
     }

@@ -426,7 +426,8 @@ ellm_status draft_model_shallow(ellm_model *base, int n_layer, const char *map_p
         } else {
             c->m.cfg.n_layer = n_layer;
             const int d = base->cfg.n_embd;
-            if (map_path) st = draft_map_load(map_path, d, base->cfg.n_layer, n_layer, &c->draft_map, err);
+            if (map_path)
+                st = draft_map_load(map_path, d, base->cfg.n_layer, n_layer, &c->draft_map, &c->m.draft_map_norm, err);
             if (st == ELLM_OK && c->draft_map)
                 c->m.draft_map = (model_matrix){.type = QTYPE_F32, .data = c->draft_map, .rows = d, .cols = d,
                                                 .row_bytes = (size_t)d * sizeof(float)};
