@@ -191,9 +191,21 @@ async function specServer() {
     const sgot = await client.completions.create({ model: 'x', prompt: sp, max_tokens: ns, temperature: 0 });
     check(sgot.choices[0].text === sref, `--spec ngram with --sparse-topk 64: text equals plain sparse decoding: ${JSON.stringify(sgot.choices[0].text.slice(0, 80))} vs ${JSON.stringify(sref.slice(0, 80))}`);
     m = await metrics(srv.base);
-    const rec = m.get('ellm_sparse_recall'), acc2 = m.get('ellm_spec_acceptance_rate');
-    check(rec > 0 && rec <= 1, `ellm_sparse_recall reports the sampled recall (${rec})`);
+    const acc2 = m.get('ellm_spec_acceptance_rate');
     check(acc2 > 0 && acc2 <= 1, `ellm_spec_acceptance_rate with n-gram drafts (${acc2})`);
+    srv.proc.kill('SIGTERM');
+
+    // recall is sampled on single-token steps, which a plain sparse server makes
+    stage = 'sparse recall';
+    srv = await startServer([], BIN, ['serve', '-m', model, '--port', '0', '-t', THREADS, '-c', '512', '--parallel', '1',
+      '--sparse-topk', '64']);
+    client = new OpenAI({ baseURL: srv.base + '/v1', apiKey: 'none', maxRetries: 0, timeout: 60000 });
+    check(m.get('ellm_sparse_recall') >= 0, 'ellm_sparse_recall exported');
+    await client.completions.create({ model: 'x', prompt: sp, max_tokens: ns, temperature: 0, ignore_eos: true });
+    m = await metrics(srv.base);
+    const rec = m.get('ellm_sparse_recall');
+    check(rec > 0 && rec <= 1, `ellm_sparse_recall reports the sampled recall (${rec})`);
+    check(m.get('ellm_spec_acceptance_rate') === 0, 'ellm_spec_acceptance_rate is 0 without --spec');
   } catch (e) {
     check(false, `unexpected exception at stage '${stage}': ${e.stack || e}`);
   } finally {
