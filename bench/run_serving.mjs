@@ -112,7 +112,7 @@ async function complete(base, prompt, maxTokens, signal, onToken) {
   });
   if (!res.ok) throw new Error(`HTTP ${res.status}: ${await res.text()}`);
   const dec = new TextDecoder();
-  let buf = '', usage = null;
+  let buf = '', usage = null, first = null;
   const times = [];
   try {
     for await (const chunk of res.body) {
@@ -124,9 +124,13 @@ async function complete(base, prompt, maxTokens, signal, onToken) {
         const j = JSON.parse(ev.slice(6));
         if (j.usage?.completion_tokens) usage = j.usage.completion_tokens;
         const c = j.choices?.[0];
-        // A chunk carrying text (a token's, or several tokens' when a UTF-8
-        // sequence spans them); the final chunk counts only if it has text.
-        if (!c || typeof c.text !== 'string' || (c.finish_reason && !c.text)) continue;
+        if (!c) continue;
+        // The first chunk of any kind ends the wait for the first token (with
+        // max_tokens 1 it may be the final chunk). Gaps are taken between
+        // chunks that carry text: a server may send one chunk for several
+        // tokens, and none for a token whose text is empty.
+        if (first === null) first = performance.now();
+        if (typeof c.text !== 'string' || (c.finish_reason && !c.text)) continue;
         times.push(performance.now());
         if (onToken) onToken(times.length);
       }
@@ -134,7 +138,7 @@ async function complete(base, prompt, maxTokens, signal, onToken) {
   } catch (e) {
     if (!(signal && signal.aborted)) throw e;
   }
-  return { t0, times, tokens: usage ?? times.length, ttft: times.length ? times[0] - t0 : null };
+  return { t0, times, tokens: usage ?? times.length, ttft: first === null ? null : first - t0 };
 }
 const gapsOf = (times) => times.slice(1).map((t, i) => t - times[i]);
 
@@ -245,14 +249,19 @@ function render(R) {
   w(`## A ${R.config.longPrompt}-token prompt arriving while ${R.config.background} streams generate`);
   w();
   w('TTFT of the long prompt alone and while the streams run (medians of 3), and the running streams\' inter-token');
-  w('latency over the window in which those prompts arrive:');
+  w('latency over the window in which those prompts arrive. TTFT is the time to the first streamed chunk; ITL is');
+  w('the gap between chunks that carry text. `ellm serve` sends a chunk when new text exists (several tokens');
+  w('may share one; a token whose text is empty sends none), llama-server one per token, so on a random-weight');
+  w('model, whose tokens often decode to nothing, ellm\'s ITL columns measure chunks, not tokens. Tokens/s');
+  w('counts tokens from each response\'s `usage`.');
   w();
   w('| server | TTFT alone ms | TTFT loaded ms | loaded ÷ alone | running streams\' ITL p50 ms | ITL p99 ms | p99 ÷ p50 |');
   w('|---|---:|---:|---:|---:|---:|---:|');
   for (const s of R.servers) {
     const i = s.interference;
-    w(`| ${s.server === 'ellm' ? 'ellm serve' : 'llama-server'} | ${median(i.ttft_alone_ms).toFixed(1)} | ${median(i.ttft_loaded_ms).toFixed(1)} | ` +
-      `${i.ttft_ratio.toFixed(2)} | ${i.itl_in_window_ms_p50?.toFixed(1) ?? '—'} | ${i.itl_in_window_ms_p99?.toFixed(1) ?? '—'} | ${i.itl_p99_over_p50?.toFixed(2) ?? '—'} |`);
+    const f = (x, d = 1) => (x === null || x === undefined || Number.isNaN(x) ? '—' : x.toFixed(d));
+    w(`| ${s.server === 'ellm' ? 'ellm serve' : 'llama-server'} | ${f(median(i.ttft_alone_ms))} | ${f(median(i.ttft_loaded_ms))} | ` +
+      `${f(i.ttft_ratio, 2)} | ${i.itl_in_window_ms_p50?.toFixed(1) ?? '—'} | ${i.itl_in_window_ms_p99?.toFixed(1) ?? '—'} | ${i.itl_p99_over_p50?.toFixed(2) ?? '—'} |`);
   }
   w();
   w('## Reproduce');
