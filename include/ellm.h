@@ -222,12 +222,37 @@ void ellm_mpi_finalize(ellm_mpi *mpi);
  * (0.53x the bytes of F16 at head_dim 64), read by fused kernels. */
 typedef enum { ELLM_KV_F16 = 0, ELLM_KV_F32 = 1, ELLM_KV_Q8_0 = 2 } ellm_kv_type;
 
+/* KV memory shared by several contexts of one model and KV type (a server's
+ * slots): pages of ellm_kv_pool_stats.page_tokens tokens (of every layer and
+ * head) taken as a sequence grows and given back when it is truncated or
+ * freed. A context without a shared pool has a private one. Memory is
+ * committed only for the pages held. */
+typedef struct ellm_kv_pool ellm_kv_pool;
+typedef struct {
+    int64_t pages_used, pages_total;
+    int page_tokens;   /* tokens one page holds */
+    size_t page_bytes; /* bytes of one page */
+} ellm_kv_pool_stats;
+/* A pool of at most `gb` GB (1e9 bytes) of KV pages for contexts of `model`
+ * with KV type `type`; ELLM_ERR_ARG if that is less than one page. */
+ellm_status ellm_kv_pool_init(const ellm_model *model, ellm_kv_type type, double gb, ellm_kv_pool **out,
+                              ellm_error *err);
+/* Frees the pool; every context using it must be freed first. */
+void ellm_kv_pool_free(ellm_kv_pool *pool);
+void ellm_kv_pool_get_stats(const ellm_kv_pool *pool, ellm_kv_pool_stats *stats);
+/* Bytes of one page for `model` and `type`, and tokens per page: for sizing a pool. */
+size_t ellm_kv_pool_page_bytes(const ellm_model *model, ellm_kv_type type);
+int ellm_kv_pool_page_tokens(void);
+
 typedef struct {
     int n_ctx;         /* tokens of context; 0: the model's training length, capped at
                           its sliding attention window if it has one (a longer n_ctx
                           is then refused: sliding windows are not implemented) */
-    double kv_cache_gb; /* if > 0 and n_ctx == 0, size the KV cache to this */
+    double kv_cache_gb; /* if > 0: the ceiling of the KV memory (its pages are taken
+                           as the sequence grows); with n_ctx == 0 also the context size */
     ellm_kv_type kv_type;
+    ellm_kv_pool *kv_pool; /* KV pages from this shared pool (same model and kv_type;
+                              kv_cache_gb is then ignored); NULL: a private pool */
     int n_batch;       /* max tokens per forward pass (prefill chunk) */
     int n_threads;     /* <= 0: the model's thread count */
     /* Sparse attention (query-aware KV block selection). sparse_topk > 0 turns
@@ -262,6 +287,20 @@ ellm_status ellm_context_init(ellm_model *model, const ellm_context_params *para
 void ellm_context_free(ellm_context *ctx);
 
 int ellm_context_n_ctx(const ellm_context *ctx);
+/* Most tokens the context can hold: n_ctx, or less if its KV pool is smaller
+ * (kv_cache_gb). A generation reaching it stops or shifts. */
+int ellm_context_capacity(const ellm_context *ctx);
+/* Tokens that can be fed now: within n_ctx, the KV pages held and those the
+ * pool has free (a shared pool's other users may take them meanwhile). */
+int ellm_context_room(const ellm_context *ctx);
+/* Takes KV pages now for positions [0, n_tokens); ELLM_ERR_CONTEXT_FULL if
+ * the pool cannot give them (pages taken stay held). Decoding reserves by
+ * itself; a scheduler reserves ahead to admit a prompt only when it fits. */
+ellm_status ellm_context_reserve(ellm_context *ctx, int n_tokens, ellm_error *err);
+/* KV pages the context holds (ellm_kv_pool_stats.page_tokens tokens each). */
+int ellm_context_kv_pages(const ellm_context *ctx);
+/* The context's pool (its private one if none was shared), for its stats. */
+const ellm_kv_pool *ellm_context_kv_pool(const ellm_context *ctx);
 /* Tokens currently held in the KV cache. */
 int ellm_context_pos(const ellm_context *ctx);
 /* Forgets every token at position >= n_keep. O(1). */

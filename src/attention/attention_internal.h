@@ -85,6 +85,12 @@ void attn_q8_widen_v_scalar(float *dst, const int8_t *v, const uint16_t *vd, int
 void attn_q8_widen_v_avx2(float *dst, const int8_t *v, const uint16_t *vd, int n, int hd);
 void attn_q8_widen_v_avx512(float *dst, const int8_t *v, const uint16_t *vd, int n, int hd);
 
+/* Query rows of a part up to which the AVX-512 Q8_0 kernel reads int8 in
+ * registers (attn_block_q8_fused_avx512); above, widening once to F32 scratch
+ * is cheaper than converting every block once per 4 rows. */
+#define ATTN_Q8_FUSE_ROWS 8
+void attn_block_q8_fused_avx512(attn_state *st, const attn_block *b);
+
 /* The block kernels for a Q8_0 cache (b->k, b->v: the block's K and V halves). */
 void attn_block_q8_scalar(attn_state *st, const attn_block *b);
 void attn_block_q8_avx2(attn_state *st, const attn_block *b);

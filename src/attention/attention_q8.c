@@ -11,7 +11,10 @@
  *
  * Per block, the driver widens K and V to F32 in a thread's L1-resident
  * scratch (the block's bytes come from memory once, as int8) and runs the F32
- * block kernel of the same ISA on it, prefetching the next block itself. */
+ * block kernel of the same ISA on it, prefetching the next block itself. With
+ * AVX-512 and few query rows (decode) a fused kernel reads the int8 values in
+ * registers instead (attention_q8_avx512.c); the widening path, with the
+ * scalar F32 kernel, is the reference both are tested against. */
 #include "attention/attention_internal.h"
 #include "core/fp16.h"
 #include "core/prefetch.h"
@@ -76,5 +79,7 @@ void attn_block_q8_avx2(attn_state *st, const attn_block *b) {
     q8_block(st, b, attn_block_avx2, attn_q8_widen_k_avx2, attn_q8_widen_v_avx2);
 }
 void attn_block_q8_avx512(attn_state *st, const attn_block *b) {
-    q8_block(st, b, attn_block_avx512, attn_q8_widen_k_avx512, attn_q8_widen_v_avx512);
+    const int r0 = (b->vis0 >= 1 ? 0 : 1 - b->vis0) * st->group; /* first row that sees a key */
+    if (st->rows - r0 <= ATTN_Q8_FUSE_ROWS) attn_block_q8_fused_avx512(st, b);
+    else q8_block(st, b, attn_block_avx512, attn_q8_widen_k_avx512, attn_q8_widen_v_avx512);
 }

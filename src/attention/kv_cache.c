@@ -1,15 +1,20 @@
-/* KV cache: one preallocated, 64-byte aligned arena of fixed-size blocks.
+/* KV cache: fixed-size blocks in pages taken from a page pool as the
+ * sequence grows.
  *
- * Storage order is (layer, kv head, block): the blocks of one (layer, head)
- * are adjacent, so attention over a head streams memory sequentially and the
- * hardware prefetcher follows it. A block is
+ * A page holds KV_PAGE_BLOCKS consecutive blocks of every (layer, kv head):
+ * page j covers blocks [j * PB, (j + 1) * PB) and stores them ordered
+ * (layer, kv head, block), so attention over a head streams PB adjacent blocks
+ * before it moves to the next page (and prefetches across pages by pointer).
+ * A block is
  *     K[head_dim][block_tokens] (channel-major) then V[block_tokens][head_dim]
  * in the cache's element type, its size rounded up to 64 bytes so every block
- * starts on a cache line. The block table is the identity, computed rather
- * than stored: block b of (layer, head) lives at
- *     base + ((layer * n_kv_head + head) * n_blocks + b) * block_stride.
- * Positions never move, so truncation only changes `len`. */
+ * starts on a cache line. The page table maps page j to its memory:
+ *     block b of (layer, head) = pages[b / PB] + ((layer * n_kv_head + head) * PB + b % PB) * block_stride.
+ * Positions never move; pages are held for positions [0, len) (and one page
+ * beyond, so a sequence that shrinks and regrows across a page boundary, as
+ * speculative rollback does, does not give and take the same page each step). */
 #include "attention/kv_cache.h"
+#include "attention/kv_pool.h"
 #include "attention/attention_internal.h"
 #include "core/cpu.h"
 #include "core/fp16.h"
@@ -23,7 +28,6 @@
 #include <unistd.h>
 
 #define KV_ALIGN 64
-#define KV_HUGE_PAGE ((size_t)2 << 20)
 /* Sanity limits so every index product fits comfortably in size_t and int. */
 #define KV_MAX_HEAD_DIM 4096
 #define KV_MAX_BLOCK_TOKENS 4096
@@ -35,8 +39,13 @@ struct kv_cache {
     size_t elt;          /* bytes per element: 2 (F16) or 4 (F32) */
     size_t half_bytes;   /* bytes of K (or V) of one block: block_tokens * head_dim * elt */
     size_t block_stride; /* 2 * half_bytes rounded up to KV_ALIGN */
-    size_t bytes;        /* size of `base` */
-    char *base;
+    size_t bytes;        /* bytes of n_ctx tokens (all pages) */
+    kv_pool *pool;       /* where pages come from */
+    int owns_pool;       /* a private pool (params.pool was NULL) */
+    int page_shift;      /* log2(KV_PAGE_BLOCKS) */
+    int n_pages;         /* page table size: ceil(n_blocks / PB) */
+    int n_held;          /* pages[0, n_held) are held, the rest NULL */
+    char **pages;        /* (n_pages) */
 };
 
 static void f32_to_f16_scalar(const float *src, uint16_t *dst, int n) {
@@ -65,6 +74,11 @@ static double gib(size_t bytes) { return (double)bytes / (double)(1u << 30); }
  * store). Returns ELLM_ERR_ARG for bad shapes or type, ELLM_ERR_NOMEM with the
  * size in GB when the arena cannot be had. */
 ellm_status kv_cache_init(const kv_cache_params *p, kv_cache **out, ellm_error *err) {
+    return kv_cache_init_pooled(p, NULL, 0, out, err);
+}
+
+ellm_status kv_cache_init_pooled(const kv_cache_params *p, kv_pool *pool, int64_t max_pages, kv_cache **out,
+                                 ellm_error *err) {
     *out = NULL;
     if (p->n_layer <= 0 || p->n_kv_head <= 0 || p->head_dim <= 0 || p->n_ctx <= 0 ||
         p->block_tokens <= 0)
@@ -94,53 +108,118 @@ ellm_status kv_cache_init(const kv_cache_params *p, kv_cache **out, ellm_error *
     size_t half = p->type == QTYPE_Q8_0 ? attn_q8_half_bytes(p->head_dim, p->block_tokens)
                                         : (size_t)p->block_tokens * (size_t)p->head_dim * elt;
     size_t stride = (2 * half + KV_ALIGN - 1) & ~(size_t)(KV_ALIGN - 1);
-    size_t bytes;
-    if (__builtin_mul_overflow((size_t)p->n_layer, (size_t)p->n_kv_head, &bytes) ||
-        __builtin_mul_overflow(bytes, (size_t)n_blocks, &bytes) ||
-        __builtin_mul_overflow(bytes, stride, &bytes) || bytes > SIZE_MAX / 2)
+    int n_pages = (n_blocks + KV_PAGE_BLOCKS - 1) / KV_PAGE_BLOCKS;
+    size_t page_bytes, bytes;
+    if (__builtin_mul_overflow((size_t)p->n_layer, (size_t)p->n_kv_head, &page_bytes) ||
+        __builtin_mul_overflow(page_bytes, (size_t)KV_PAGE_BLOCKS * stride, &page_bytes) ||
+        __builtin_mul_overflow(page_bytes, (size_t)n_pages, &bytes) || bytes > SIZE_MAX / 2)
         return ellm_fail(err, ELLM_ERR_NOMEM,
                          "KV cache: %d layers x %d heads x %d tokens x %d dims does not fit in "
                          "the address space",
                          p->n_layer, p->n_kv_head, p->n_ctx, p->head_dim);
-    /* Refuse more than the machine has rather than let overcommit succeed now
-     * and the OOM killer strike mid-generation. */
+    if (pool && kv_pool_page_bytes(pool) < kv_cache_page_bytes(p))
+        return ellm_fail(err, ELLM_ERR_ARG, "KV cache: the shared pool's pages (%zu bytes) do not fit this cache's (%zu)",
+                         kv_pool_page_bytes(pool), kv_cache_page_bytes(p));
+    int64_t own_pages = pool ? 0 : max_pages > 0 ? max_pages : n_pages;
+    /* Refuse a ceiling above what the machine has rather than let the OOM
+     * killer strike mid-generation. */
     size_t phys = phys_mem_bytes();
-    if (phys && bytes > phys)
+    if (own_pages && phys && (double)own_pages * (double)page_bytes > (double)phys)
         return ellm_fail(err, ELLM_ERR_NOMEM,
                          "KV cache needs %.2f GB (%d tokens) but the machine has %.2f GB; "
                          "lower the context size",
-                         gib(bytes), p->n_ctx, gib(phys));
+                         gib((size_t)((double)own_pages * (double)page_bytes)), p->n_ctx, gib(phys));
 
     kv_cache *kv = calloc(1, sizeof *kv);
     if (!kv) return ellm_fail(err, ELLM_ERR_NOMEM, "KV cache: out of memory");
-    /* Huge-page alignment lets the kernel back the arena with 2 MB pages, which
-     * spares TLB misses when streaming gigabytes per token. */
-    size_t align = bytes >= KV_HUGE_PAGE ? KV_HUGE_PAGE : KV_ALIGN;
-    void *mem = NULL;
-    if (posix_memalign(&mem, align, bytes) != 0) {
+    kv->pages = calloc((size_t)n_pages, sizeof *kv->pages);
+    if (!kv->pages) {
         free(kv);
-        return ellm_fail(err, ELLM_ERR_NOMEM, "KV cache: cannot allocate %.2f GB (%d tokens)",
-                         gib(bytes), p->n_ctx);
+        return ellm_fail(err, ELLM_ERR_NOMEM, "KV cache: out of memory for a %d-page table", n_pages);
     }
-#ifdef MADV_HUGEPAGE
-    if (align == KV_HUGE_PAGE) madvise(mem, bytes & ~(KV_HUGE_PAGE - 1), MADV_HUGEPAGE);
-#endif
     kv->p = *p;
     kv->n_blocks = n_blocks;
     kv->elt = elt;
     kv->half_bytes = half;
     kv->block_stride = stride;
     kv->bytes = bytes;
-    kv->base = mem;
+    kv->n_pages = n_pages;
+    kv->page_shift = __builtin_ctz(KV_PAGE_BLOCKS);
+    kv->pool = pool;
+    if (!pool) {
+        ellm_status st = kv_pool_init(page_bytes, own_pages, &kv->pool, err);
+        if (st) {
+            free(kv->pages);
+            free(kv);
+            return st;
+        }
+        kv->owns_pool = 1;
+    }
     *out = kv;
     return ELLM_OK;
 }
 
+size_t kv_cache_page_bytes(const kv_cache_params *p) {
+    size_t elt = p->type == QTYPE_F16 ? 2 : p->type == QTYPE_F32 ? 4 : 1;
+    size_t half = p->type == QTYPE_Q8_0 ? attn_q8_half_bytes(p->head_dim, p->block_tokens)
+                                        : (size_t)p->block_tokens * (size_t)p->head_dim * elt;
+    size_t stride = (2 * half + KV_ALIGN - 1) & ~(size_t)(KV_ALIGN - 1);
+    return (size_t)p->n_layer * (size_t)p->n_kv_head * KV_PAGE_BLOCKS * stride;
+}
+
+/* Gives back pages [keep, n_held). */
+static void release_pages(kv_cache *kv, int keep) {
+    for (int j = kv->n_held - 1; j >= keep; j--) {
+        kv_pool_give(kv->pool, kv->pages[j]);
+        kv->pages[j] = NULL;
+    }
+    if (keep < kv->n_held) kv->n_held = keep;
+}
+
 void kv_cache_free(kv_cache *kv) {
     if (!kv) return;
-    free(kv->base);
+    release_pages(kv, 0);
+    if (kv->owns_pool) kv_pool_free(kv->pool);
+    free(kv->pages);
     free(kv);
 }
+
+static int page_tokens(const kv_cache *kv) { return KV_PAGE_BLOCKS * kv->p.block_tokens; }
+
+ellm_status kv_cache_reserve(kv_cache *kv, int n_tokens, ellm_error *err) {
+    if (n_tokens > kv->p.n_ctx)
+        return ellm_fail(err, ELLM_ERR_CONTEXT_FULL, "KV cache: %d tokens exceed the context size %d", n_tokens,
+                         kv->p.n_ctx);
+    const int need = (int)(((long)n_tokens + page_tokens(kv) - 1) / page_tokens(kv));
+    while (kv->n_held < need) {
+        char *page = kv_pool_take(kv->pool);
+        if (!page)
+            return ellm_fail(err, ELLM_ERR_CONTEXT_FULL,
+                             "KV cache: the memory pool is full (%lld pages of %d tokens, %.2f GB: --kv-cache-gb) "
+                             "at %d tokens",
+                             (long long)kv_pool_pages_total(kv->pool), page_tokens(kv),
+                             (double)kv_pool_pages_total(kv->pool) * (double)kv_pool_page_bytes(kv->pool) / 1e9,
+                             kv->n_held * page_tokens(kv));
+        kv->pages[kv->n_held++] = page;
+    }
+    return ELLM_OK;
+}
+
+int kv_cache_room(const kv_cache *kv) {
+    int64_t free_pages = kv_pool_pages_total(kv->pool) - kv_pool_pages_used(kv->pool);
+    int64_t room = ((int64_t)kv->n_held + free_pages) * page_tokens(kv);
+    if (room > kv->p.n_ctx) room = kv->p.n_ctx;
+    return (int)(room - kv->len);
+}
+
+int kv_cache_capacity(const kv_cache *kv) {
+    int64_t cap = kv_pool_pages_total(kv->pool) * page_tokens(kv);
+    return cap < kv->p.n_ctx ? (int)cap : kv->p.n_ctx;
+}
+
+int kv_cache_pages_held(const kv_cache *kv) { return kv->n_held; }
+int kv_cache_page_tokens(const kv_cache *kv) { return page_tokens(kv); }
+kv_pool *kv_cache_pool(const kv_cache *kv) { return kv->pool; }
 
 const kv_cache_params *kv_cache_get_params(const kv_cache *kv) { return &kv->p; }
 
@@ -156,15 +235,32 @@ int kv_cache_n_blocks(const kv_cache *kv) { return kv->n_blocks; }
 
 int kv_cache_len(const kv_cache *kv) { return kv->len; }
 
+/* Storage for [0, n) that must exist: the engine reserved it (and handled a
+ * full pool) before the pass; direct users of a private pool (tests, tools)
+ * get it here. */
+static void ensure_pages(kv_cache *kv, int n) {
+    if (n > kv->n_held * page_tokens(kv)) {
+        ellm_status st = kv_cache_reserve(kv, n, NULL);
+        ELLM_ASSERT(st == ELLM_OK);
+    }
+}
+
 void kv_cache_set_len(kv_cache *kv, int n) {
     ELLM_ASSERT(n >= 0 && n <= kv->p.n_ctx);
+    ensure_pages(kv, n);
+    if (n < kv->len) { /* keep the page holding position n and one more; none when empty */
+        int keep = n ? (int)(((long)n + page_tokens(kv) - 1) / page_tokens(kv)) + 1 : 0;
+        release_pages(kv, keep);
+    }
     kv->len = n;
 }
 
 static inline char *block_ptr(const kv_cache *kv, int layer, int head, int blk) {
-    size_t idx = ((size_t)layer * (size_t)kv->p.n_kv_head + (size_t)head) * (size_t)kv->n_blocks +
-                 (size_t)blk;
-    return kv->base + idx * kv->block_stride;
+    char *page = kv->pages[blk >> kv->page_shift];
+    ELLM_ASSERT(page != NULL); /* kv_cache_reserve first */
+    size_t idx = (((size_t)layer * (size_t)kv->p.n_kv_head + (size_t)head) << kv->page_shift) +
+                 (size_t)(blk & (KV_PAGE_BLOCKS - 1));
+    return page + idx * kv->block_stride;
 }
 
 /* Writes each token of every head into its block slot, converting to F16 when
@@ -178,6 +274,7 @@ void kv_cache_store(kv_cache *kv, int layer, int pos, int n, const float *k, con
     const size_t row_in = (size_t)p->n_kv_head * (size_t)hd; /* floats per input token */
     const size_t row_out = (size_t)hd * kv->elt;             /* bytes per stored V row */
     uint16_t k16[KV_MAX_HEAD_DIM];
+    ensure_pages(kv, pos + n);
     for (int t = 0; t < n; t++) {
         int tp = pos + t, blk = tp / bt, off = tp % bt;
         for (int h = 0; h < p->n_kv_head; h++) {
@@ -256,5 +353,7 @@ void kv_cache_load_keys(const kv_cache *kv, int layer, int pos, int n, float *ou
 }
 
 void *kv_cache_block_data(kv_cache *kv, int layer, int head, int blk) {
+    long end = ((long)blk + 1) * kv->p.block_tokens;
+    ensure_pages(kv, end < kv->p.n_ctx ? (int)end : kv->p.n_ctx);
     return (void *)kv_cache_block_k(kv, layer, head, blk);
 }

@@ -5,14 +5,19 @@
  * K[head_dim][block_tokens] (the block's values of one channel adjacent, so
  * that a SIMD register holds one channel of many keys and q.k needs no
  * horizontal sums), followed by the values token-major, V[block_tokens][head_dim],
- * in F16 (default) or F32. All blocks are
- * allocated up front (n_ctx tokens), so appending never allocates; a logical
- * block table maps (layer, head, block index) to storage so selection of blocks
- * (sparse attention) and truncation never move data. Truncation is O(1). */
+ * in F16 (default), F32 or Q8_0. Blocks live in pages of KV_PAGE_BLOCKS
+ * blocks (of every layer and head) taken from a page pool (kv_pool.h) as the
+ * sequence grows, with kv_cache_reserve before a pass stores past the pages
+ * held; a page table maps (layer, head, block index) to storage, so selection
+ * of blocks (sparse attention) and truncation never move data. Truncation
+ * gives pages back to the pool. The pool is the cache's own (ceiling: n_ctx
+ * tokens or max_pages) or shared by several caches of one shape (the server's
+ * slots). */
 #ifndef ELLM_ATTENTION_KV_CACHE_H
 #define ELLM_ATTENTION_KV_CACHE_H
 
 #include "ellm.h"
+#include "attention/kv_pool.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -26,13 +31,37 @@ typedef struct {
     int type;         /* QTYPE_F16, QTYPE_F32 or QTYPE_Q8_0 (layout in attention_q8.c) */
 } kv_cache_params;
 
+/* Blocks per page: 8 blocks of 16 tokens hold 128 tokens of every layer and head. */
+#define KV_PAGE_BLOCKS 8
+
 typedef struct kv_cache kv_cache;
 
+/* A cache with a private pool of n_ctx tokens. */
 ellm_status kv_cache_init(const kv_cache_params *p, kv_cache **out, ellm_error *err);
+/* A cache whose pages come from `pool` (shared with other caches of this
+ * shape and type; its pages at least kv_cache_page_bytes), or, if pool is
+ * NULL, from a private pool of max_pages pages (0: n_ctx tokens). */
+ellm_status kv_cache_init_pooled(const kv_cache_params *p, kv_pool *pool, int64_t max_pages, kv_cache **out,
+                                 ellm_error *err);
 void kv_cache_free(kv_cache *kv);
 
 const kv_cache_params *kv_cache_get_params(const kv_cache *kv);
-size_t kv_cache_bytes(const kv_cache *kv); /* bytes allocated */
+size_t kv_cache_bytes(const kv_cache *kv); /* bytes of n_ctx tokens (all pages held) */
+/* Bytes of one page of a cache with these parameters (what a shared pool's pages must be). */
+size_t kv_cache_page_bytes(const kv_cache_params *p);
+
+/* Takes pages from the pool until positions [0, n_tokens) have storage.
+ * ELLM_ERR_CONTEXT_FULL beyond n_ctx or when the pool is empty (pages taken
+ * before the failure stay held). */
+ellm_status kv_cache_reserve(kv_cache *kv, int n_tokens, ellm_error *err);
+/* Tokens that can still be appended: up to n_ctx, within the pages held and
+ * those the pool has free now. */
+int kv_cache_room(const kv_cache *kv);
+/* Most tokens this cache can ever hold: n_ctx, or less if its pool is smaller. */
+int kv_cache_capacity(const kv_cache *kv);
+int kv_cache_pages_held(const kv_cache *kv);
+int kv_cache_page_tokens(const kv_cache *kv); /* KV_PAGE_BLOCKS * block_tokens */
+kv_pool *kv_cache_pool(const kv_cache *kv);
 /* Bytes of K+V stored per token (all layers and heads). */
 size_t kv_cache_bytes_per_token(const kv_cache *kv);
 
@@ -41,13 +70,15 @@ int kv_cache_n_blocks(const kv_cache *kv);
 
 /* Tokens committed (positions [0, len)). */
 int kv_cache_len(const kv_cache *kv);
-/* Sets the committed length to n (n <= capacity). Shrinking is O(1):
- * truncation for rejected draft tokens. */
+/* Sets the committed length to n (n <= capacity, within the pages held).
+ * Shrinking is O(1) in the data (truncation for rejected draft tokens) and
+ * gives back the pages past the one holding position n and one more (all of
+ * them at 0). */
 void kv_cache_set_len(kv_cache *kv, int n);
 
 /* Writes K and V of n tokens at positions [pos, pos + n) of `layer`.
  * k and v are n rows of n_kv_head * head_dim floats (head-major inside a row).
- * Requires pos + n <= n_ctx. Does not change len: call kv_cache_set_len after
+ * Requires storage (kv_cache_reserve(pos + n)). Does not change len: call kv_cache_set_len after
  * all layers are written. */
 void kv_cache_store(kv_cache *kv, int layer, int pos, int n, const float *k, const float *v);
 

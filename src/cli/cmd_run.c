@@ -29,7 +29,8 @@ static void run_usage(FILE *f) {
             "  -t, --threads N        compute threads (default: one per physical core)\n"
             "  -c, --ctx-size N       context size in tokens (default: prompt + n, at most\n"
             "                         the model's training length)\n"
-            "  --kv-cache-gb G        size the KV cache to G gigabytes instead of -c\n"
+            "  --kv-cache-gb G        KV memory ceiling in gigabytes (the context size too without -c);\n"
+            "                         KV pages are taken as the sequence grows\n"
             "  --kv-type f16|f32|q8_0 KV cache element type (default f16)\n"
             "  -b, --batch-size N     tokens per prefill pass (default 256)\n"
             "  --temp T               temperature; 0 = greedy (default 0.8)\n"
@@ -253,10 +254,6 @@ static int parse(int argc, char **argv, run_opts *o) {
     }
     if (!bad && o->prompt && o->prompt_file) {
         fprintf(stderr, "error: give either -p or -f, not both\n");
-        bad = 1;
-    }
-    if (!bad && o->ctx && o->kv_gb > 0) {
-        fprintf(stderr, "error: give either -c or --kv-cache-gb, not both\n");
         bad = 1;
     }
     if (!bad && o->spec_verify == 1 && !o->sparse_topk) {
@@ -558,7 +555,8 @@ static void gen_save(gen_run *g) {
 static int gen_loop(gen_run *g, long n_predict, ellm_detok *dt, double *t_gen_ms) {
     ellm_error err = {0};
     char text[2048]; /* longest vocabulary pieces are ~512 bytes */
-    int tty = isatty(2), n_ctx = ellm_context_n_ctx(g->ctx), start = g->generated;
+    /* the end of the context: -c, or the KV memory ceiling (--kv-cache-gb) if lower */
+    int tty = isatty(2), n_ctx = ellm_context_capacity(g->ctx), start = g->generated;
     double t_gen0 = ellm_time_ms(), t_last_status = 0, t_log = t_gen0, rsum_log = 0;
     int rc = 0, gen_log = g->generated;
     int64_t rs_log = 0;
@@ -597,8 +595,12 @@ static int gen_loop(gen_run *g, long n_predict, ellm_detok *dt, double *t_gen_ms
         int32_t tok = toks[0];
         if (ellm_context_pos(g->ctx) == n_ctx) {
             if (g->overflow != 2) {
-                fprintf(stderr, "\ncontext full: %d tokens held, stopping after %d generated tokens "
-                        "(--ctx-overflow shift goes on past the context)\n", n_ctx, g->generated);
+                if (n_ctx < ellm_context_n_ctx(g->ctx))
+                    fprintf(stderr, "\nKV memory full (--kv-cache-gb): %d tokens held, stopping after %d generated "
+                            "tokens (--ctx-overflow shift goes on past it)\n", n_ctx, g->generated);
+                else
+                    fprintf(stderr, "\ncontext full: %d tokens held, stopping after %d generated tokens "
+                            "(--ctx-overflow shift goes on past the context)\n", n_ctx, g->generated);
                 break;
             }
             /* keep the sink tokens and the newer half of the rest */
@@ -909,7 +911,7 @@ int cmd_run(int argc, char **argv) {
         goto done;
     }
     if (!g.ctx) goto done;
-    int n_ctx = ellm_context_n_ctx(g.ctx);
+    int n_ctx = ellm_context_capacity(g.ctx); /* -c, or less under --kv-cache-gb */
     if (n_prompt > n_ctx || (need > n_ctx && !o.overflow)) {
         fprintf(stderr,
                 "error: the prompt (%d tokens) plus -n %ld is %ld tokens, more than the context "

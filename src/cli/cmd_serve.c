@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 static void serve_usage(FILE *f) {
     fprintf(f,
@@ -18,7 +19,9 @@ static void serve_usage(FILE *f) {
             "  -b, --batch-size N     prompt tokens per prefill pass (default 128)\n"
             "  -t, --threads N        compute threads (default: one per physical core)\n"
             "  -c, --ctx-size N       context per sequence in tokens (default: the model's training length)\n"
-            "  --kv-cache-gb G        KV cache memory for all slots\n"
+            "  --kv-cache-gb G        KV cache memory shared by all slots (a pool of pages taken as\n"
+            "                         sequences grow; default: every slot's full context, at most\n"
+            "                         80%% of the memory available at start)\n"
             "  --sparse-topk K        sparse attention: at most K tokens per KV head per step\n"
             "  --sparse-profile FILE  per-layer/per-head budgets from `ellm calibrate`\n"
             "  --spec LIST            self-speculative decoding per slot (drafters as `ellm run\n"
@@ -34,10 +37,12 @@ static void serve_usage(FILE *f) {
             "  --max-queue N          requests waiting beyond the slots before 503 (default 64)\n"
             "  --max-body-mb M        largest request body (default 4)\n"
             "  --timeout S            close connections idle for S seconds (default 30)\n"
+            "  --slot-save-path DIR   folder for POST /slots/{id}?action=save|restore {\"filename\": ...}\n"
             "  --numa-aware           weight rows on the NUMA node whose threads read them\n"
             "                         (as `ellm run --numa distribute`)\n"
             "endpoints: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health,\n"
-            "           GET /metrics, POST /tokenize, POST /detokenize, GET / (chat page)\n");
+            "           GET /metrics, POST /tokenize, POST /detokenize, GET / (chat page),\n"
+            "           POST /slots/{id}?action=save|restore (with --slot-save-path)\n");
 }
 
 int cmd_serve(int argc, char **argv) {
@@ -82,6 +87,8 @@ int cmd_serve(int argc, char **argv) {
             if (!(bad = !v || !arg_int(a, v, 0, 1 << 20, &n))) p.max_queue = (int)n;
         } else if (arg_value(argc, argv, &i, "--max-body-mb", NULL, &v, &bad)) {
             if (!(bad = !v || !arg_double(a, v, 0.001, 4096, &d))) p.max_body = (size_t)(d * (1 << 20));
+        } else if (arg_value(argc, argv, &i, "--slot-save-path", NULL, &v, &bad)) {
+            p.slot_save_path = v;
         } else if (arg_value(argc, argv, &i, "--timeout", NULL, &v, &bad)) {
             if (!(bad = !v || !arg_int(a, v, 1, 86400, &n))) p.timeout_s = (int)n;
         } else {
@@ -97,6 +104,13 @@ int cmd_serve(int argc, char **argv) {
     if (p.api_key && !*p.api_key) {
         fprintf(stderr, "error: --api-key is empty\n");
         return 2;
+    }
+    if (p.slot_save_path) {
+        struct stat st;
+        if (stat(p.slot_save_path, &st) != 0 || !S_ISDIR(st.st_mode)) {
+            fprintf(stderr, "error: --slot-save-path '%s' is not a folder\n", p.slot_save_path);
+            return 2;
+        }
     }
     if (!p.model_path) p.model_path = cli_default_model();
     return server_run(&p);

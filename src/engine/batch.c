@@ -99,6 +99,10 @@ ellm_status ellm_decode_batch(ellm_batch *b, ellm_context *const *ctxs, const in
                                  tokens[i][t], t, n_vocab);
         rows += n;
     }
+    for (int i = 0; i < n_seq; i++) { /* KV pages for the new rows (a failure leaves every cache as it was) */
+        ellm_status st = kv_cache_reserve(ctxs[i]->kv, kv_cache_len(ctxs[i]->kv) + n_tokens[i], err);
+        if (st) return st;
+    }
     if (rows > b->max_rows)
         return ellm_fail(err, ELLM_ERR_ARG, "decode batch: %ld rows exceed the batch's %d", rows, b->max_rows);
     engine_seq seqs[n_seq];

@@ -50,6 +50,66 @@ static size_t max_act_bytes(const ellm_model *m, int nb) {
     return best;
 }
 
+static int qtype_of(ellm_kv_type t) {
+    return t == ELLM_KV_F32 ? QTYPE_F32 : t == ELLM_KV_Q8_0 ? QTYPE_Q8_0 : QTYPE_F16;
+}
+
+static kv_cache_params kv_params_of(const model_config *c, int n_ctx, int kv_type) {
+    return (kv_cache_params){.n_layer = c->n_layer,
+                             .n_kv_head = c->n_head_kv,
+                             .head_dim = c->head_dim,
+                             .n_ctx = n_ctx,
+                             .block_tokens = KV_BLOCK_TOKENS,
+                             .type = kv_type};
+}
+
+ellm_status ellm_kv_pool_init(const ellm_model *model, ellm_kv_type type, double gb, ellm_kv_pool **out,
+                              ellm_error *err) {
+    *out = NULL;
+    if (!model) return ellm_fail(err, ELLM_ERR_ARG, "KV pool: no model");
+    if (type != ELLM_KV_F16 && type != ELLM_KV_F32 && type != ELLM_KV_Q8_0)
+        return ellm_fail(err, ELLM_ERR_ARG, "KV pool: unknown KV type %d", (int)type);
+    kv_cache_params kp = kv_params_of(&model->cfg, KV_BLOCK_TOKENS, qtype_of(type));
+    size_t page = kv_cache_page_bytes(&kp);
+    double pages = gb * 1e9 / (double)page;
+    if (!(pages >= 1))
+        return ellm_fail(err, ELLM_ERR_ARG, "KV pool: %g GB is less than one page of %d tokens (%.3f MB)", gb,
+                         KV_PAGE_BLOCKS * KV_BLOCK_TOKENS, (double)page / 1e6);
+    if (pages > 1e12) pages = 1e12;
+    ellm_kv_pool *p = calloc(1, sizeof *p);
+    if (!p) return ellm_fail(err, ELLM_ERR_NOMEM, "KV pool: out of memory");
+    ellm_status st = kv_pool_init(page, (int64_t)pages, &p->pages, err);
+    if (st) {
+        free(p);
+        return st;
+    }
+    p->kv_type = kp.type;
+    p->page_tokens = KV_PAGE_BLOCKS * KV_BLOCK_TOKENS;
+    p->owned = 1;
+    *out = p;
+    return ELLM_OK;
+}
+
+size_t ellm_kv_pool_page_bytes(const ellm_model *model, ellm_kv_type type) {
+    kv_cache_params kp = kv_params_of(&model->cfg, KV_BLOCK_TOKENS, qtype_of(type));
+    return kv_cache_page_bytes(&kp);
+}
+
+int ellm_kv_pool_page_tokens(void) { return KV_PAGE_BLOCKS * KV_BLOCK_TOKENS; }
+
+void ellm_kv_pool_free(ellm_kv_pool *p) {
+    if (!p || !p->owned) return;
+    kv_pool_free(p->pages);
+    free(p);
+}
+
+void ellm_kv_pool_get_stats(const ellm_kv_pool *p, ellm_kv_pool_stats *st) {
+    st->pages_used = kv_pool_pages_used(p->pages);
+    st->pages_total = kv_pool_pages_total(p->pages);
+    st->page_tokens = p->page_tokens;
+    st->page_bytes = kv_pool_page_bytes(p->pages);
+}
+
 int engine_scratch_init(const ellm_model *m, int rows, engine_scratch *s) {
     const model_config *c = &m->cfg;
     size_t B = (size_t)rows, d = (size_t)c->n_embd, hd = (size_t)c->head_dim;
@@ -98,13 +158,15 @@ ellm_status engine_context_init(ellm_model *model, const ellm_context_params *pa
     const model_config *c = &model->cfg;
     if (p.kv_type != ELLM_KV_F16 && p.kv_type != ELLM_KV_F32 && p.kv_type != ELLM_KV_Q8_0)
         return ellm_fail(err, ELLM_ERR_ARG, "context: unknown KV type %d", (int)p.kv_type);
-    int kv_type = p.kv_type == ELLM_KV_F32 ? QTYPE_F32 : p.kv_type == ELLM_KV_Q8_0 ? QTYPE_Q8_0 : QTYPE_F16;
+    int kv_type = qtype_of(p.kv_type);
+    if (p.kv_pool && p.kv_pool->kv_type != kv_type)
+        return ellm_fail(err, ELLM_ERR_ARG, "context: the shared KV pool holds another KV type");
     /* bytes of K and V per token over all layers (Q8_0: int8 and an F16 scale per 32) */
     size_t per_elem2 = kv_type == QTYPE_F32 ? 8 : kv_type == QTYPE_F16 ? 4 : 0;
     size_t per_token = (size_t)c->n_layer * c->n_head_kv *
                        (per_elem2 ? per_elem2 * c->head_dim : 2 * ((size_t)c->head_dim + (size_t)c->head_dim / 16));
     int64_t n_ctx = p.n_ctx;
-    if (n_ctx <= 0 && p.kv_cache_gb > 0) n_ctx = (int64_t)(p.kv_cache_gb * 1e9 / (double)per_token);
+    if (n_ctx <= 0 && p.kv_cache_gb > 0 && !p.kv_pool) n_ctx = (int64_t)(p.kv_cache_gb * 1e9 / (double)per_token);
     if (n_ctx <= 0) n_ctx = c->n_ctx_train;
     /* Sliding-window attention (Mistral's `sliding_window`) is not implemented.
      * In a context no longer than the window every query sees every earlier
@@ -145,15 +207,20 @@ ellm_status engine_context_init(ellm_model *model, const ellm_context_params *pa
     ctx->n_ctx = (int)n_ctx;
     ctx->n_batch = p.n_batch;
     ellm_status st;
-    kv_cache_params kp = {.n_layer = c->n_layer,
-                          .n_kv_head = c->n_head_kv,
-                          .head_dim = c->head_dim,
-                          .n_ctx = ctx->n_ctx,
-                          .block_tokens = KV_BLOCK_TOKENS,
-                          .type = kv_type};
+    kv_cache_params kp = kv_params_of(c, ctx->n_ctx, kv_type);
+    int64_t max_pages = 0; /* a private pool of n_ctx tokens */
+    if (!p.kv_pool && p.kv_cache_gb > 0) { /* the ceiling of a private pool, at least a page */
+        double pages = p.kv_cache_gb * 1e9 / (double)kv_cache_page_bytes(&kp);
+        int64_t all = ((int64_t)n_ctx + KV_PAGE_BLOCKS * KV_BLOCK_TOKENS - 1) / (KV_PAGE_BLOCKS * KV_BLOCK_TOKENS);
+        max_pages = pages < 1 ? 1 : pages < (double)all ? (int64_t)pages : all;
+    }
     ctx->pool = shared_pool;
     ctx->owns_pool = !shared_pool;
-    if ((st = kv_cache_init(&kp, &ctx->kv, err)) ||
+    if ((st = kv_cache_init_pooled(&kp, p.kv_pool ? p.kv_pool->pages : NULL, max_pages, &ctx->kv, err)) ||
+        ((ctx->kv_pool_view = (struct ellm_kv_pool){.pages = kv_cache_pool(ctx->kv),
+                                                     .kv_type = kv_type,
+                                                     .page_tokens = kv_cache_page_tokens(ctx->kv)}),
+         0) ||
         (!shared_pool && (st = engine_placement_init(ctx, n_threads, err))) ||
         (st = attention_workspace_init(n_threads, ctx->n_batch, c->n_head, c->head_dim, ctx->n_ctx,
                                        KV_BLOCK_TOKENS, &ctx->attn_ws, err)) ||
@@ -238,6 +305,14 @@ void ellm_context_free(ellm_context *ctx) {
 
 int ellm_context_n_ctx(const ellm_context *ctx) { return ctx->n_ctx; }
 int ellm_context_pos(const ellm_context *ctx) { return kv_cache_len(ctx->kv); }
+int ellm_context_capacity(const ellm_context *ctx) { return kv_cache_capacity(ctx->kv); }
+int ellm_context_room(const ellm_context *ctx) { return kv_cache_room(ctx->kv); }
+int ellm_context_kv_pages(const ellm_context *ctx) { return kv_cache_pages_held(ctx->kv); }
+const ellm_kv_pool *ellm_context_kv_pool(const ellm_context *ctx) { return &ctx->kv_pool_view; }
+
+ellm_status ellm_context_reserve(ellm_context *ctx, int n_tokens, ellm_error *err) {
+    return kv_cache_reserve(ctx->kv, n_tokens, err);
+}
 
 ellm_status ellm_context_truncate(ellm_context *ctx, int n_keep) {
     if (n_keep < 0 || n_keep > kv_cache_len(ctx->kv)) return ELLM_ERR_ARG;
@@ -373,6 +448,8 @@ ellm_status ellm_decode(ellm_context *ctx, const int32_t *tokens, int n, float *
         if (tokens[i] < 0 || tokens[i] >= n_vocab)
             return ellm_fail(err, ELLM_ERR_ARG, "decode: token id %d at index %d is outside the vocabulary [0, %d)",
                              tokens[i], i, n_vocab);
+    ellm_status st = kv_cache_reserve(ctx->kv, pos + n, err);
+    if (st) return st;
     for (int done = 0; done < n;) {
         int chunk = n - done < ctx->n_batch ? n - done : ctx->n_batch;
         int last = done + chunk == n;

@@ -46,12 +46,21 @@ typedef struct {
 int engine_scratch_init(const ellm_model *m, int rows, engine_scratch *s);
 void engine_scratch_free(engine_scratch *s);
 
+/* The public face of a KV page pool (kv_pool.h) and the KV type its pages are for. */
+struct ellm_kv_pool {
+    kv_pool *pages;
+    int kv_type; /* QTYPE_* */
+    int page_tokens;
+    int owned;   /* 1: ellm_kv_pool_init made it (0: a context's private pool) */
+};
+
 struct ellm_context {
     ellm_model *model;
     ellm_context_params params;
     int n_ctx;
     int n_batch;
     kv_cache *kv;
+    struct ellm_kv_pool kv_pool_view; /* its pool (shared or private), for stats */
     attention_workspace *attn_ws;
     dist_shard *dist; /* KV sharded over MPI ranks (params.mpi), or NULL */
     threadpool *pool;

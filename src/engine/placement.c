@@ -1,26 +1,15 @@
 /* The context's side of NUMA placement: threads pinned per the model's plan,
- * per-thread weight copies (replicate) and KV heads on their readers' node.
+ * per-thread weight copies (replicate) and, with interleave, the KV pool spread over the nodes.
  *
  * Attention cuts the (KV head, block) units of a layer into contiguous
  * per-thread ranges with heads outermost, and plan threads are numbered node
- * by node, so each node's threads read a contiguous run of KV heads at every
- * depth: the heads topo_plan_kv_head_node assigns to that node. */
+ * by node. */
 #include "engine/engine_impl.h"
 #include "core/status.h"
 #include "kernels/quant.h"
 #include "topology/place.h"
 
 #include <stdlib.h>
-
-/* [*lo, *hi): the storage of KV head `h` of `layer` (all its blocks). */
-static void head_span(const kv_cache *kv, int layer, int h, char **lo, char **hi) {
-    const kv_cache_params *p = kv_cache_get_params(kv);
-    int nb = kv_cache_n_blocks(kv);
-    size_t half = kv_cache_block_bytes(kv) / 2;
-    (void)p;
-    *lo = (char *)kv_cache_block_k(kv, layer, h, 0);
-    *hi = (char *)kv_cache_block_v(kv, layer, h, nb - 1) + half;
-}
 
 ellm_status engine_placement_init(struct ellm_context *ctx, int n_threads, ellm_error *err) {
     const ellm_model *m = ctx->model;
@@ -36,19 +25,14 @@ ellm_status engine_placement_init(struct ellm_context *ctx, int n_threads, ellm_
     }
     ctx->split_by_matrix = m->split_by_matrix;
     if (pl->n_nodes < 2 || !ctx->kv) return ELLM_OK;
-    const kv_cache_params *p = kv_cache_get_params(ctx->kv);
+    /* KV pages come from a pool as the sequence grows, so they cannot be
+     * placed per head up front: interleave spreads the pool's whole reserved
+     * range over the nodes; otherwise a page lands on the node of the thread
+     * that first writes it. */
     if (pl->mode == TOPO_NUMA_INTERLEAVE) {
-        char *lo, *hi, *lo2, *hi2;
-        head_span(ctx->kv, 0, 0, &lo, &hi);
-        head_span(ctx->kv, p->n_layer - 1, p->n_kv_head - 1, &lo2, &hi2);
-        place_interleave(lo, (size_t)(hi2 - lo), pl->node_os, pl->n_nodes, PLACE_MOVE);
-        return ELLM_OK;
+        size_t bytes;
+        void *base = kv_pool_base(kv_cache_pool(ctx->kv), &bytes);
+        place_interleave(base, bytes, pl->node_os, pl->n_nodes, PLACE_MOVE);
     }
-    for (int l = 0; l < p->n_layer; l++)
-        for (int h = 0; h < p->n_kv_head; h++) {
-            char *lo, *hi;
-            head_span(ctx->kv, l, h, &lo, &hi);
-            place_on_node(lo, (size_t)(hi - lo), pl->node_os[topo_plan_kv_head_node(pl, p->n_kv_head, h)], PLACE_MOVE);
-        }
     return ELLM_OK;
 }

@@ -530,6 +530,7 @@ ellm_status ellm_context_state_load(ellm_context *ctx, const char *path, ellm_er
         st = ellm_fail(err, ELLM_ERR_FORMAT, "state file '%s': the KV section does not match its context section", path);
         goto out;
     }
+    if ((st = kv_cache_reserve(ctx->kv, (int)pos, err))) goto out; /* KV pages for the blocks read */
     touched = 1;
     for (int l = 0; l < c->n_layer && !st; l++)
         for (int h = 0; h < c->n_head_kv && !st; h++)

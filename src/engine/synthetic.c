@@ -31,6 +31,11 @@ ellm_status ellm_context_fill_synthetic(ellm_context *ctx, int n, uint64_t seed,
     const int hd = c->head_dim, nkv = c->n_head_kv * hd, chunk = ctx->n_batch;
     float *mu = malloc((size_t)nkv * sizeof *mu);
     if (!mu) return ellm_fail(err, ELLM_ERR_NOMEM, "synthetic KV: out of memory");
+    ellm_status st = kv_cache_reserve(ctx->kv, n, err);
+    if (st) {
+        free(mu);
+        return st;
+    }
     uint64_t s = seed;
     if (ctx->sidx) sparse_index_truncate(ctx->sidx, ctx->kv, 0);
     for (int l = 0; l < c->n_layer; l++) {

@@ -7,13 +7,14 @@
 #include <string.h>
 #include <time.h>
 
-#define KV_BLOCK 16 /* tokens per KV cache block (the engine's) */
+#define KV_BLOCK 16 /* tokens per KV cache block (the engine's; the pool's pages hold several) */
 
 typedef struct {
     ellm_context *ctx;
     int32_t *tokens; /* (n_ctx) the tokens whose K/V the context holds */
     int n_tokens;
     job *job;        /* NULL: idle */
+    int io;          /* being saved or restored (POST /slots): neither admitted to nor evicted */
     uint64_t last_used;
     ellm_spec *spec; /* --spec: the slot's speculative state, or NULL */
     int n_hist;      /* --spec: tokens of the sequence so far (the last may not be fed yet) */
@@ -24,6 +25,7 @@ struct sched {
     sched_params p;
     server_metrics *metrics;
     ellm_batch *batch;
+    ellm_kv_pool *kv_pool; /* every slot's KV pages: taken as sequences grow */
     slot *slots;
     int n_ctx;
     double bw_gbps;        /* read bandwidth measured at start */
@@ -94,18 +96,31 @@ static void job_unref(job *j) {
     if (--j->refs == 0) job_free(j);
 }
 
-/* Gauges of the scheduler (lock held): KV blocks are counted in the cache's
- * 16-token blocks; a slot's blocks stay in use after its request (kept for
- * prefix reuse) until a cancellation or the next request drops them. */
+/* Gauges of the scheduler (lock held): KV blocks are the pool's, counted in
+ * the cache's 16-token blocks (a page holds page_tokens / 16 of them); a
+ * slot's pages stay in use after its request (kept for prefix reuse) until a
+ * cancellation, the next request or a pool that needs them drops them. */
 static void update_gauges(sched *s) {
-    int used = 0;
-    for (int i = 0; i < s->p.n_slots; i++) used += (s->slots[i].n_tokens + KV_BLOCK - 1) / KV_BLOCK;
+    ellm_kv_pool_stats ps;
+    ellm_kv_pool_get_stats(s->kv_pool, &ps);
+    const int per_page = ps.page_tokens / KV_BLOCK;
     pthread_mutex_lock(&s->metrics->mu);
     s->metrics->requests_running = s->n_running;
     s->metrics->requests_waiting = s->n_queued;
-    s->metrics->kv_blocks_used = used;
-    s->metrics->kv_blocks_total = s->p.n_slots * ((s->n_ctx + KV_BLOCK - 1) / KV_BLOCK);
+    s->metrics->kv_blocks_used = (int)(ps.pages_used * per_page);
+    s->metrics->kv_blocks_total = (int)(ps.pages_total * per_page);
     pthread_mutex_unlock(&s->metrics->mu);
+}
+
+/* Physical memory the OS could give now (MemAvailable), or 0 if unknown. */
+static double mem_available_bytes(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    char line[256];
+    double kb = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %lf kB", &kb) == 1) break;
+    if (f) fclose(f);
+    return kb * 1024.0;
 }
 
 static void *engine_main(void *arg);
@@ -127,16 +142,33 @@ ellm_status sched_init(ellm_model *model, const sched_params *params, server_met
     s->model = model;
     s->metrics = metrics;
     s->n_ctx = p.n_ctx > 0 ? p.n_ctx : info.n_ctx_train;
-    if (p.n_ctx <= 0 && p.kv_cache_gb > 0) {
-        /* --kv-cache-gb without -c: each slot gets an equal share (F16 K and V) */
-        double per_token = 2.0 * info.n_layer * info.n_head_kv * info.head_dim * 2;
-        double fit = p.kv_cache_gb * 1e9 / per_token / p.n_slots;
-        if (fit < 2) {
-            if (err) snprintf(err->msg, sizeof err->msg, "--kv-cache-gb %g holds fewer than 2 tokens per slot", p.kv_cache_gb);
+    /* One pool of KV pages for all slots (F16 K and V): --kv-cache-gb, else
+     * every slot's full context, capped at 80% of the memory available now.
+     * A sequence takes pages as it grows; a request is limited to what the
+     * whole pool holds. */
+    const size_t page_bytes = ellm_kv_pool_page_bytes(model, ELLM_KV_F16);
+    const int page_tokens = ellm_kv_pool_page_tokens();
+    double pool_bytes = p.kv_cache_gb > 0 ? p.kv_cache_gb * 1e9
+                                          : ((double)p.n_slots * ((s->n_ctx + page_tokens - 1) / page_tokens) + 0.5) *
+                                                (double)page_bytes;
+    double avail = mem_available_bytes();
+    if (p.kv_cache_gb <= 0 && avail > 0 && pool_bytes > 0.8 * avail) pool_bytes = 0.8 * avail;
+    ellm_status pst = ellm_kv_pool_init(model, ELLM_KV_F16, pool_bytes / 1e9, &s->kv_pool, err);
+    if (pst != ELLM_OK) {
+        free(s);
+        return pst;
+    }
+    {
+        ellm_kv_pool_stats ps;
+        ellm_kv_pool_get_stats(s->kv_pool, &ps);
+        double pool_tokens = (double)ps.pages_total * ps.page_tokens;
+        if (pool_tokens < 2) {
+            if (err) snprintf(err->msg, sizeof err->msg, "--kv-cache-gb %g holds fewer than 2 tokens", p.kv_cache_gb);
+            ellm_kv_pool_free(s->kv_pool);
             free(s);
             return ELLM_ERR_ARG;
         }
-        if (fit < s->n_ctx) s->n_ctx = (int)fit;
+        if (pool_tokens < s->n_ctx) s->n_ctx = (int)pool_tokens;
     }
     if (p.chunk > s->n_ctx) p.chunk = s->n_ctx;
     s->p = p;
@@ -155,6 +187,7 @@ ellm_status sched_init(ellm_model *model, const sched_params *params, server_met
     ellm_context_params cp = ellm_context_default_params();
     cp.n_ctx = s->n_ctx;
     cp.n_batch = p.chunk;
+    cp.kv_pool = s->kv_pool;
     cp.sparse_topk = p.sparse_topk > 0 ? p.sparse_topk : -1; /* dense: no index kept */
     cp.sparse_recall_every = p.sparse_topk > 0 ? 64 : 0;
     if (p.spec && p.sparse_topk <= 0 && strstr(p.spec, "sparse")) cp.sparse_topk = 0; /* the drafter's index */
@@ -212,6 +245,7 @@ void sched_free(sched *s) {
     free(s->step_n);
     free(s->step_job);
     ellm_batch_free(s->batch);
+    ellm_kv_pool_free(s->kv_pool);
     pthread_cond_destroy(&s->cv_engine);
     pthread_cond_destroy(&s->cv_idle);
     pthread_mutex_destroy(&s->mu);
@@ -278,6 +312,95 @@ void sched_drain(sched *s) {
     pthread_mutex_unlock(&s->mu);
 }
 
+/* ---- slot save / restore ------------------------------------------------------ */
+
+static int reserve_kv(sched *s, slot *sl, int n_tokens);
+
+/* Claims idle slot `id` for file I/O (lock taken and released here). */
+static slot_result claim_slot(sched *s, int id, ellm_error *err) {
+    if (id < 0 || id >= s->p.n_slots) {
+        snprintf(err->msg, sizeof err->msg, "slot %d does not exist (this server has slots 0 to %d)", id,
+                 s->p.n_slots - 1);
+        return SLOT_BAD_ID;
+    }
+    pthread_mutex_lock(&s->mu);
+    slot *sl = &s->slots[id];
+    slot_result r = SLOT_OK;
+    if (sl->job || sl->io) {
+        snprintf(err->msg, sizeof err->msg, "slot %d is processing a request; try again when it is idle", id);
+        r = SLOT_BUSY;
+    } else {
+        sl->io = 1;
+    }
+    pthread_mutex_unlock(&s->mu);
+    return r;
+}
+
+slot_result sched_slot_save(sched *s, int id, const char *path, int *n_tokens, ellm_error *err) {
+    slot_result r = claim_slot(s, id, err);
+    if (r != SLOT_OK) return r;
+    /* The engine thread leaves a claimed slot alone: no lock needed for its context. */
+    slot *sl = &s->slots[id];
+    *n_tokens = sl->n_tokens;
+    if (ellm_context_state_save(sl->ctx, path, sl->tokens, (size_t)sl->n_tokens * sizeof(int32_t), err) != ELLM_OK)
+        r = SLOT_FAILED;
+    pthread_mutex_lock(&s->mu);
+    sl->io = 0;
+    pthread_mutex_unlock(&s->mu);
+    return r;
+}
+
+slot_result sched_slot_restore(sched *s, int id, const char *path, int *n_tokens, ellm_error *err) {
+    void *app = NULL;
+    size_t app_len = 0;
+    if (id < 0 || id >= s->p.n_slots) return claim_slot(s, id, err);
+    if (ellm_state_read_app(path, &app, &app_len, err) != ELLM_OK) return SLOT_FAILED;
+    if (app_len % sizeof(int32_t) || app_len / sizeof(int32_t) > (size_t)s->n_ctx) {
+        snprintf(err->msg, sizeof err->msg, "state file '%s' does not hold a slot of this server (%zu token bytes)",
+                 path, app_len);
+        ellm_free(app);
+        return SLOT_FAILED;
+    }
+    const int n = (int)(app_len / sizeof(int32_t));
+    slot_result r = claim_slot(s, id, err);
+    if (r != SLOT_OK) {
+        ellm_free(app);
+        return r;
+    }
+    slot *sl = &s->slots[id];
+    pthread_mutex_lock(&s->mu);
+    int room = reserve_kv(s, sl, n); /* other idle slots give up their KV if the pool is short */
+    pthread_mutex_unlock(&s->mu);
+    if (!room) {
+        snprintf(err->msg, sizeof err->msg, "the KV pool cannot hold the %d tokens of '%s' now (requests are running)",
+                 n, path);
+        r = SLOT_BUSY;
+    } else if (ellm_context_state_load(sl->ctx, path, err) != ELLM_OK) {
+        r = SLOT_FAILED;
+    } else if (ellm_context_pos(sl->ctx) != n) {
+        snprintf(err->msg, sizeof err->msg, "state file '%s' holds %d positions for %d tokens", path,
+                 ellm_context_pos(sl->ctx), n);
+        ellm_context_truncate(sl->ctx, 0);
+        r = SLOT_FAILED;
+    } else {
+        memcpy(sl->tokens, app, app_len);
+    }
+    pthread_mutex_lock(&s->mu);
+    /* the tokens describe what the context holds (a failed load left it as it was or emptied it) */
+    if (r != SLOT_OK && ellm_context_pos(sl->ctx) != sl->n_tokens) {
+        ellm_context_truncate(sl->ctx, 0);
+        sl->n_tokens = 0;
+    }
+    if (r == SLOT_OK) sl->n_tokens = n;
+    sl->io = 0;
+    sl->last_used = ++s->use_clock;
+    update_gauges(s);
+    pthread_mutex_unlock(&s->mu);
+    *n_tokens = n;
+    ellm_free(app);
+    return r;
+}
+
 /* ---- engine thread ---------------------------------------------------------- */
 
 static int append(char **buf, size_t *len, size_t *cap, const char *src, size_t n) {
@@ -325,23 +448,44 @@ static int common_prefix(const int32_t *a, int na, const int32_t *b, int nb) {
     return i;
 }
 
-/* Moves queued jobs into idle slots (lock held). The slot whose cached tokens
+/* Takes KV pages for positions [0, n_tokens) of slot `sl` (lock held). When
+ * the pool is short, idle slots give up the KV they kept for prefix reuse,
+ * least recently used first. Returns 0 if the pool still cannot give them. */
+static int reserve_kv(sched *s, slot *sl, int n_tokens) {
+    while (ellm_context_reserve(sl->ctx, n_tokens, NULL) != ELLM_OK) {
+        slot *victim = NULL;
+        for (int i = 0; i < s->p.n_slots; i++) {
+            slot *o = &s->slots[i];
+            if (o != sl && !o->job && !o->io && ellm_context_kv_pages(o->ctx) > 0 && (!victim || o->last_used < victim->last_used))
+                victim = o;
+        }
+        if (!victim) return 0;
+        ellm_context_truncate(victim->ctx, 0); /* gives back all its pages */
+        victim->n_tokens = 0;
+    }
+    return 1;
+}
+
+/* Moves queued jobs into idle slots (lock held), oldest first. The slot whose cached tokens
  * share the longest prefix with the prompt wins (ties: the least recently
- * used) if that prefix is at least half the prompt. At least the prompt's last token is fed again, for its logits. */
+ * used) if that prefix is at least half the prompt. At least the prompt's last token is fed again, for its logits.
+ * A job is admitted only when the KV pool can hold its prompt and first
+ * generated token; otherwise it (and every job behind it) waits for
+ * running requests to end and give their pages back. */
 static void admit(sched *s) {
     while (s->queue_head && s->n_running < s->p.n_slots) {
         job *j = s->queue_head;
-        s->queue_head = j->next;
-        if (!s->queue_head) s->queue_tail = NULL;
-        s->n_queued--;
         if (j->cancelled) {
+            s->queue_head = j->next;
+            if (!s->queue_head) s->queue_tail = NULL;
+            s->n_queued--;
             finish_job(s, j, NULL);
             continue;
         }
         int best = -1, best_lcp = -1;
         for (int i = 0; i < s->p.n_slots; i++) {
             slot *sl = &s->slots[i];
-            if (sl->job) continue;
+            if (sl->job || sl->io) continue;
             int lcp = common_prefix(sl->tokens, sl->n_tokens, j->prompt, j->n_prompt);
             if (lcp > best_lcp || (lcp == best_lcp && sl->last_used < s->slots[best].last_used)) {
                 best = i;
@@ -351,15 +495,20 @@ static void admit(sched *s) {
         /* A short shared prefix (BOS, a template header) is not worth
          * evicting another conversation's cache: take the least recently
          * used idle slot instead (never-used slots first). */
+        if (best < 0) break; /* the free slots are being saved or restored */
         if (best_lcp * 2 < j->n_prompt) {
             for (int i = 0; i < s->p.n_slots; i++)
-                if (!s->slots[i].job && s->slots[i].last_used < s->slots[best].last_used) best = i;
+                if (!s->slots[i].job && !s->slots[i].io && s->slots[i].last_used < s->slots[best].last_used) best = i;
             best_lcp = common_prefix(s->slots[best].tokens, s->slots[best].n_tokens, j->prompt, j->n_prompt);
         }
         slot *sl = &s->slots[best];
         int keep = best_lcp < j->n_prompt - 1 ? best_lcp : j->n_prompt - 1;
         ellm_context_truncate(sl->ctx, keep);
         sl->n_tokens = keep;
+        if (!reserve_kv(s, sl, j->n_prompt + 1)) break; /* waits at the head of the queue */
+        s->queue_head = j->next;
+        if (!s->queue_head) s->queue_tail = NULL;
+        s->n_queued--;
         sl->job = j;
         if (sl->spec) ellm_spec_reset(sl->spec); /* a new sequence */
         j->slot = best;
@@ -557,6 +706,18 @@ static void *engine_main(void *arg) {
             int i = (s->rr + k) % s->p.n_slots;
             job *j = s->slots[i].job;
             if (!j || !j->generating || s->slots[i].spec) continue; /* speculative slots step on their own */
+            if (!reserve_kv(s, &s->slots[i], s->slots[i].n_tokens + 1)) {
+                /* the pool is full of running sequences: this one ends here,
+                 * with what the detokenizer and the stop check held back */
+                char tail[64];
+                int nb = ellm_detok_flush(&j->dt, tail, sizeof tail);
+                if (nb > 0) append(&j->gen, &j->gen_len, &j->gen_cap, tail, (size_t)nb);
+                if (j->gen_len > j->gen_emitted &&
+                    append(&j->text, &j->text_len, &j->text_cap, j->gen + j->gen_emitted, j->gen_len - j->gen_emitted))
+                    j->gen_emitted = j->gen_len;
+                finish_job(s, j, "length");
+                continue;
+            }
             s->step_ctx[ns] = s->slots[i].ctx;
             s->step_tok[ns] = &j->last;
             s->step_n[ns] = 1;

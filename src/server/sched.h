@@ -21,7 +21,7 @@ typedef struct {
     int n_batch;       /* sequences per step (--n-batch) */
     int chunk;         /* prompt tokens per prefill pass (-b) */
     int n_ctx;         /* tokens per sequence (-c); 0: the model's training context */
-    double kv_cache_gb; /* > 0 without n_ctx: KV memory of all slots together */
+    double kv_cache_gb; /* > 0: the KV pool of all slots together (else every slot's full context) */
     int n_threads;     /* <= 0: the model's */
     int max_queue;     /* jobs waiting for a slot before 503 */
     int sparse_topk;
@@ -82,6 +82,16 @@ submit_result sched_submit(sched *s, job *j, ellm_error *err);
 /* The HTTP side is done with the job: cancels it if still running (its
  * sequence stops and its KV is freed within one step) and drops the reference. */
 void sched_release(sched *s, job *j);
+/* POST /slots/{id}?action=save|restore: an idle slot's KV cache and tokens
+ * to or from a state file (ellm_context_state_save/load; the tokens are the
+ * file's caller section), so a conversation's prefix can be reused after a
+ * restart. SLOT_BUSY: the slot runs a request (or the KV pool cannot hold the
+ * restored tokens now); SLOT_FAILED: the file could not be written or read
+ * (err says why; a failed restore leaves the slot empty or as it was). */
+typedef enum { SLOT_OK, SLOT_BAD_ID, SLOT_BUSY, SLOT_FAILED } slot_result;
+slot_result sched_slot_save(sched *s, int id, const char *path, int *n_tokens, ellm_error *err);
+slot_result sched_slot_restore(sched *s, int id, const char *path, int *n_tokens, ellm_error *err);
+
 /* Waits (under the lock, which the caller holds) for news on the job, at most `ms`. */
 void sched_wait(sched *s, job *j, int ms);
 void sched_lock(sched *s);

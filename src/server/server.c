@@ -25,6 +25,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #define WAIT_SLICE_MS 100     /* how often a waiting handler checks its client */
@@ -43,7 +44,7 @@ typedef struct {
 } server;
 
 typedef enum { ROUTE_NONE, ROUTE_CHAT, ROUTE_COMPLETIONS, ROUTE_MODELS, ROUTE_HEALTH, ROUTE_METRICS, ROUTE_TOKENIZE,
-               ROUTE_DETOKENIZE, ROUTE_UI } route;
+               ROUTE_DETOKENIZE, ROUTE_UI, ROUTE_SLOT } route;
 
 /* Per-connection request state (MHD's con_cls). */
 typedef struct {
@@ -520,6 +521,78 @@ static enum MHD_Result handle_models(server *srv, struct MHD_Connection *c) {
     return send_json(c, 200, root);
 }
 
+/* ---- slot save / restore (llama.cpp's POST /slots/{id}?action=...) ------------------ */
+
+/* A file name inside --slot-save-path: no folders, no "..", no hidden or
+ * control characters, as llama.cpp's server validates it. */
+static int slot_filename_ok(const char *f) {
+    size_t n = strlen(f);
+    if (n == 0 || n > 255 || f[0] == '.') return 0;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char ch = (unsigned char)f[i];
+        if (ch < 0x20 || ch == 0x7f || ch == '/' || ch == '\\' || ch == ':') return 0;
+    }
+    return strstr(f, "..") == NULL;
+}
+
+static double mono_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+static enum MHD_Result handle_slot(server *srv, struct MHD_Connection *c, const char *url, conn_state *cs) {
+    const char *ids = url + strlen("/slots/");
+    char *end = NULL;
+    long id = strtol(ids, &end, 10);
+    if (!*ids || *end || id < 0 || id > 1000000)
+        return fail(srv, c, 400, "invalid_request_error", "invalid_slot", "the slot id must be a non-negative integer",
+                    REQ_STATUS_COUNT);
+    if (!srv->p.slot_save_path)
+        return fail(srv, c, 501, "not_supported_error", "not_supported",
+                    "slot save/restore is off: start the server with --slot-save-path DIR", REQ_STATUS_COUNT);
+    const char *action = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "action");
+    int save = action && !strcmp(action, "save"), restore = action && !strcmp(action, "restore");
+    if (!save && !restore)
+        return fail(srv, c, 400, "invalid_request_error", "invalid_action", "action must be save or restore",
+                    REQ_STATUS_COUNT);
+    cJSON *body = cs->body ? cJSON_ParseWithLength(cs->body, cs->len) : NULL;
+    const cJSON *fn = body ? cJSON_GetObjectItemCaseSensitive(body, "filename") : NULL;
+    if (!cJSON_IsString(fn) || !slot_filename_ok(fn->valuestring)) {
+        cJSON_Delete(body);
+        return fail(srv, c, 400, "invalid_request_error", "invalid_filename",
+                    "\"filename\" must be a plain file name inside the slot save folder (no '/', no '..')",
+                    REQ_STATUS_COUNT);
+    }
+    char path[4096], name[256];
+    snprintf(name, sizeof name, "%s", fn->valuestring);
+    cJSON_Delete(body);
+    if ((size_t)snprintf(path, sizeof path, "%s/%s", srv->p.slot_save_path, name) >= sizeof path)
+        return fail(srv, c, 400, "invalid_request_error", "invalid_filename", "the file path is too long",
+                    REQ_STATUS_COUNT);
+    ellm_error err = {0};
+    int n = 0;
+    double t0 = mono_ms();
+    slot_result r = save ? sched_slot_save(srv->sched, (int)id, path, &n, &err)
+                         : sched_slot_restore(srv->sched, (int)id, path, &n, &err);
+    double ms = mono_ms() - t0;
+    if (r == SLOT_BAD_ID) return fail(srv, c, 400, "invalid_request_error", "invalid_slot", err.msg, REQ_STATUS_COUNT);
+    if (r == SLOT_BUSY) return fail(srv, c, 409, "invalid_request_error", "slot_busy", err.msg, REQ_STATUS_COUNT);
+    if (r != SLOT_OK)
+        return fail(srv, c, save ? 500 : 400, save ? "server_error" : "invalid_request_error",
+                    save ? "save_failed" : "restore_failed", err.msg, REQ_STATUS_COUNT);
+    struct stat stt;
+    double bytes = stat(path, &stt) == 0 ? (double)stt.st_size : 0;
+    cJSON *root = cJSON_CreateObject();
+    cJSON_AddNumberToObject(root, "id_slot", (double)id);
+    cJSON_AddStringToObject(root, "filename", name);
+    cJSON_AddNumberToObject(root, save ? "n_saved" : "n_restored", n);
+    cJSON_AddNumberToObject(root, save ? "n_written" : "n_read", bytes);
+    cJSON *t = cJSON_AddObjectToObject(root, "timings");
+    cJSON_AddNumberToObject(t, save ? "save_ms" : "restore_ms", ms);
+    return send_json(c, 200, root);
+}
+
 /* ---- routing ---------------------------------------------------------------------- */
 
 static route route_of(const char *method, const char *url, int *method_ok) {
@@ -543,6 +616,10 @@ static route route_of(const char *method, const char *url, int *method_ok) {
             *method_ok = !strcmp(method, table[i].method) || (!strcmp(method, "HEAD") && !strcmp(table[i].method, "GET"));
             return table[i].r;
         }
+    if (!strncmp(url, "/slots/", 7)) {
+        *method_ok = !strcmp(method, "POST");
+        return ROUTE_SLOT;
+    }
     *method_ok = 0;
     return ROUTE_NONE;
 }
@@ -622,6 +699,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     case ROUTE_MODELS: return handle_models(srv, c);
     case ROUTE_TOKENIZE: return handle_tokenize(srv, c, cs);
     case ROUTE_DETOKENIZE: return handle_detokenize(srv, c, cs);
+    case ROUTE_SLOT: return handle_slot(srv, c, url, cs);
     default: return MHD_NO;
     }
 }

@@ -27,6 +27,7 @@ typedef struct {
     int max_queue;             /* requests waiting beyond the slots before 503 */
     size_t max_body;           /* bytes; larger bodies get 413 */
     int timeout_s;             /* idle connection timeout */
+    const char *slot_save_path; /* folder of POST /slots/{id}?action=save|restore files; NULL: off */
 } server_params;
 
 void server_default_params(server_params *p);

@@ -132,6 +132,8 @@ async function seedServer() {
     check(after.usage.completion_tokens === 4, 'served again once the slot is free');
     const m = await metrics(base);
     check(m.get('ellm_requests_total{status="overloaded"}') === 1, 'the 503 is counted as overloaded');
+    const noSlots = await rawPost(base, '/slots/0?action=save', JSON.stringify({ filename: 'a.bin' }));
+    check(noSlots.status === 501 && isOpenAIError(noSlots.json), `slot save without --slot-save-path: 501 (${noSlots.status})`);
     const tooLong = await rawPost(base, '/v1/completions', JSON.stringify({ prompt: 'def f(x):\n    return x\n'.repeat(150) }));
     check(tooLong.status === 400 && tooLong.json.error.code === 'context_length_exceeded', 'prompt beyond the slot context: 400');
   } catch (e) {
@@ -214,9 +216,122 @@ async function specServer() {
   }
 }
 
+// One KV pool shared by the slots (issue: KV memory on demand): 3 pages of
+// 128 tokens for 2 slots (--kv-cache-gb 0.0006 with the evaluation model's
+// 196,608-byte pages), and slot save/restore to files in --slot-save-path.
+async function poolServer() {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'ellm-slots-'));
+  let srv = await startServer(['-c', '512', '--parallel', '2', '--kv-cache-gb', '0.0006', '--slot-save-path', dir]);
+  const client = () => new OpenAI({ baseURL: srv.base + '/v1', apiKey: 'none', maxRetries: 0, timeout: 60000 });
+  try {
+    stage = 'pool: sizes';
+    let m = await metrics(srv.base);
+    check(m.get('ellm_kv_blocks_total') === 24 && m.get('ellm_kv_blocks_used') === 0,
+          `pool of 3 pages = 24 blocks, none used at start (${m.get('ellm_kv_blocks_total')}, ${m.get('ellm_kv_blocks_used')})`);
+    const models = await client().models.list();
+    check(models.data[0].meta.n_ctx === 384, `a request is limited to what the pool holds (${models.data[0].meta.n_ctx} tokens)`);
+    const tooLong = await rawPost(srv.base, '/v1/completions', JSON.stringify({ prompt: 'def f(x):\n    return x\n'.repeat(60) }));
+    check(tooLong.status === 400 && tooLong.json.error.code === 'context_length_exceeded',
+          `a prompt the whole pool cannot hold: 400 (${tooLong.status})`);
+
+    stage = 'pool: two requests share it';
+    const a = streamText(client(), 'completion', { model: 'x', prompt: PROMPTS[0], max_tokens: 200, temperature: 0, ignore_eos: true });
+    const b = streamText(client(), 'completion', { model: 'x', prompt: PROMPTS[1], max_tokens: 100, temperature: 0, ignore_eos: true });
+    let both = false;
+    for (let i = 0; i < 500 && !both; i++) {
+      m = await metrics(srv.base);
+      both = m.get('ellm_requests_running') === 2 && m.get('ellm_kv_blocks_used') >= 16;
+      if (!both) await sleep(5);
+    }
+    const [ra, rb] = await Promise.all([a, b]);
+    check(both, 'two running requests hold pages of the one pool at once');
+    check(ra.usage.completion_tokens === 200 && rb.usage.completion_tokens === 100, 'both completed in full');
+    check(ra.text === runGreedy(PROMPTS[0], 200, false), 'output from pool pages equals ellm run');
+
+    stage = 'pool: a request waits for pages';
+    // A long request takes the whole pool (3 pages past 256 tokens); a short
+    // one then waits in the queue and proceeds when the long one ends.
+    let aDone = 0, bDone = 0;
+    const long = streamText(client(), 'completion', { model: 'x', prompt: PROMPTS[2], max_tokens: 370, temperature: 0, ignore_eos: true })
+      .then((r) => { aDone = performance.now(); return r; });
+    let full = false;
+    for (let i = 0; i < 2000 && !full; i++) {
+      m = await metrics(srv.base);
+      full = m.get('ellm_kv_blocks_used') === 24 && m.get('ellm_requests_running') === 1;
+      if (!full) await sleep(2);
+    }
+    const short = client().completions.create({ model: 'x', prompt: PROMPTS[3], max_tokens: 8, temperature: 0 })
+      .then((r) => { bDone = performance.now(); return r; });
+    let waited = false;
+    for (let i = 0; i < 200 && !waited && !aDone; i++) {
+      m = await metrics(srv.base);
+      waited = m.get('ellm_requests_waiting') === 1;
+      if (!waited) await sleep(2);
+    }
+    const [rl, rs] = await Promise.all([long, short]);
+    check(full, 'the long request holds every page of the pool');
+    check(waited, 'a request that cannot get pages now waits (ellm_requests_waiting 1)');
+    check(rl.usage.completion_tokens === 370 && rs.usage.completion_tokens === 8 && bDone > aDone,
+          `the waiting request proceeds when the other ends (${rl.usage.completion_tokens}, ${rs.usage.completion_tokens})`);
+    m = await metrics(srv.base);
+    check(m.get('ellm_kv_blocks_used') <= 24 && m.get('ellm_requests_waiting') === 0, 'afterwards: nothing waits');
+
+    stage = 'slots: save';
+    const P = PROMPTS[6];
+    const first = await client().completions.create({ model: 'x', prompt: P, max_tokens: 8, temperature: 0 });
+    const saves = [];
+    for (const id of [0, 1]) {
+      const r = await rawPost(srv.base, `/slots/${id}?action=save`, JSON.stringify({ filename: `slot${id}.bin` }));
+      check(r.status === 200 && r.json.id_slot === id && r.json.n_written > 0 && fs.existsSync(path.join(dir, `slot${id}.bin`)),
+            `slot ${id} saved: ${r.status} ${JSON.stringify(r.json)}`);
+      saves.push(r.json ? r.json.n_saved : -1);
+    }
+    const fed = first.usage.prompt_tokens + 7; // the 8th token is sampled, not fed
+    const k = saves.indexOf(fed);
+    check(k >= 0, `one slot holds the last request's ${fed} tokens (${saves})`);
+    for (const bad of ['../escape.bin', 'a/b.bin', '.hidden', '']) {
+      const r = await rawPost(srv.base, '/slots/0?action=save', JSON.stringify({ filename: bad }));
+      check(r.status === 400 && isOpenAIError(r.json) && !fs.existsSync(path.join(dir, '..', 'escape.bin')),
+            `filename ${JSON.stringify(bad)} refused (${r.status})`);
+    }
+    let r = await rawPost(srv.base, '/slots/7?action=save', JSON.stringify({ filename: 'x.bin' }));
+    check(r.status === 400 && isOpenAIError(r.json), `no slot 7: 400 (${r.status})`);
+    r = await rawPost(srv.base, '/slots/0?action=erase', JSON.stringify({ filename: 'x.bin' }));
+    check(r.status === 400 && isOpenAIError(r.json), `unknown action: 400 (${r.status})`);
+
+    stage = 'slots: restore in a new server';
+    const exited = new Promise((res) => srv.proc.on('exit', res));
+    srv.proc.kill('SIGTERM');
+    await exited;
+    srv = await startServer(['-c', '512', '--parallel', '2', '--kv-cache-gb', '0.0006', '--slot-save-path', dir]);
+    r = await rawPost(srv.base, '/slots/1?action=restore', JSON.stringify({ filename: `slot${k}.bin` }));
+    check(r.status === 200 && r.json.n_restored === fed, `restored into slot 1: ${r.status} ${JSON.stringify(r.json)}`);
+    m = await metrics(srv.base);
+    check(m.get('ellm_kv_blocks_used') === 8 * Math.ceil(fed / 128), `the restored KV holds pool pages (${m.get('ellm_kv_blocks_used')})`);
+    const again = await client().completions.create({ model: 'x', prompt: P, max_tokens: 8, temperature: 0 });
+    check(again.choices[0].text === first.choices[0].text &&
+          again.usage.prompt_tokens_details && again.usage.prompt_tokens_details.cached_tokens === first.usage.prompt_tokens - 1,
+          `the restored slot's KV is reused and gives the same text (cached ${again.usage.prompt_tokens_details && again.usage.prompt_tokens_details.cached_tokens})`);
+    fs.writeFileSync(path.join(dir, 'garbage.bin'), 'not a state file at all');
+    r = await rawPost(srv.base, '/slots/0?action=restore', JSON.stringify({ filename: 'garbage.bin' }));
+    check(r.status === 400 && isOpenAIError(r.json) && /state file/.test(r.json.error.message),
+          `a file that is not a state file: 400 naming it (${r.status} ${r.json && r.json.error.message})`);
+    r = await rawPost(srv.base, '/slots/0?action=restore', JSON.stringify({ filename: 'missing.bin' }));
+    check(r.status === 400 && isOpenAIError(r.json), `a missing file: 400 (${r.status})`);
+    const still = await client().completions.create({ model: 'x', prompt: P, max_tokens: 8, temperature: 0 });
+    check(still.choices[0].text === first.choices[0].text, 'the server still serves after failed restores');
+  } catch (e) {
+    check(false, `unexpected exception at stage '${stage}': ${e.stack || e}`);
+  } finally {
+    srv.proc.kill('SIGTERM');
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+}
+
 async function main() {
   await seedServer();
   await specServer();
+  await poolServer();
   const srv = await startServer(['-c', '256', '--parallel', '16', '--n-batch', '16', '--api-key', KEY]);
   const { base } = srv;
   const client = new OpenAI({ baseURL: base + '/v1', apiKey: KEY, maxRetries: 0, timeout: 60000 });
