@@ -249,10 +249,12 @@ async function poolServer() {
     check(ra.text === runGreedy(PROMPTS[0], 200, false), 'output from pool pages equals ellm run');
 
     stage = 'pool: a request waits for pages';
-    // A long request takes the whole pool (3 pages past 256 tokens); a short
-    // one then waits in the queue and proceeds when the long one ends.
+    // A 260-token prompt takes the whole pool from its admission on (3 pages for
+    // 261 tokens); a short request then waits in the queue and proceeds when the
+    // long one ends.
+    const ids = Array.from({ length: 260 }, (_, i) => 100 + (i % 50));
     let aDone = 0, bDone = 0;
-    const long = streamText(client(), 'completion', { model: 'x', prompt: PROMPTS[2], max_tokens: 370, temperature: 0, ignore_eos: true })
+    const long = streamText(client(), 'completion', { model: 'x', prompt: ids, max_tokens: 120, temperature: 0, ignore_eos: true })
       .then((r) => { aDone = performance.now(); return r; });
     let full = false;
     for (let i = 0; i < 2000 && !full; i++) {
@@ -263,15 +265,15 @@ async function poolServer() {
     const short = client().completions.create({ model: 'x', prompt: PROMPTS[3], max_tokens: 8, temperature: 0 })
       .then((r) => { bDone = performance.now(); return r; });
     let waited = false;
-    for (let i = 0; i < 200 && !waited && !aDone; i++) {
+    for (let i = 0; i < 500 && !waited && !aDone; i++) {
       m = await metrics(srv.base);
-      waited = m.get('ellm_requests_waiting') === 1;
+      waited = m.get('ellm_requests_waiting') === 1 && m.get('ellm_requests_running') === 1;
       if (!waited) await sleep(2);
     }
     const [rl, rs] = await Promise.all([long, short]);
     check(full, 'the long request holds every page of the pool');
     check(waited, 'a request that cannot get pages now waits (ellm_requests_waiting 1)');
-    check(rl.usage.completion_tokens === 370 && rs.usage.completion_tokens === 8 && bDone > 0,
+    check(rl.usage.completion_tokens === 120 && rs.usage.completion_tokens === 8 && bDone > 0,
           `the waiting request proceeds when the other ends (${rl.usage.completion_tokens}, ${rs.usage.completion_tokens})`);
     m = await metrics(srv.base);
     check(m.get('ellm_kv_blocks_used') <= 24 && m.get('ellm_requests_waiting') === 0, 'afterwards: nothing waits');
