@@ -86,14 +86,14 @@ static void test_store(void) {
     /* storing dequantized values again gives the same bytes (context shift moves them so) */
     const void *b0 = kv_cache_block_v(kv, 0, 1, 2);
     unsigned char before[2048];
-    memcpy(before, b0, attn_q8_half_bytes(hd, bt));
+    memcpy(before, b0, kv_q8_half_bytes(hd, bt));
     float kk[2 * 64], vv[2 * 64];
     for (int h = 0; h < 2; h++) {
         kv_cache_key(kv, 0, h, 37, kk + h * hd);
         kv_cache_value(kv, 0, h, 37, vv + h * hd);
     }
     kv_cache_store(kv, 0, 37, 1, kk, vv);
-    CHECK(!memcmp(before, b0, attn_q8_half_bytes(hd, bt)), "re-storing dequantized values changes the bytes");
+    CHECK(!memcmp(before, b0, kv_q8_half_bytes(hd, bt)), "re-storing dequantized values changes the bytes");
     CHECK(kv_cache_bytes_per_token(kv) == (size_t)2 * 2 * (64 + 4), "bytes per token %zu", kv_cache_bytes_per_token(kv));
     free(k);
     free(v);

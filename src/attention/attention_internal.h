@@ -7,6 +7,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "attention/kv_q8.h"
+
 /* Query tokens per work item. A decode or verification batch (n_q <= 16) is a
  * single tile, so each KV block is read once per call for all its rows. */
 #define ATTN_TILE_Q 16
@@ -58,21 +60,7 @@ void attn_block_scalar(attn_state *st, const attn_block *b);
 void attn_block_avx2(attn_state *st, const attn_block *b);
 void attn_block_avx512(attn_state *st, const attn_block *b);
 
-/* ---- Q8_0 KV cache (attention_q8.c) ---- */
-
-/* Largest head_dim x block_tokens of a Q8_0 cache (per-thread F32 scratch). */
-#define ATTN_Q8_MAX_ELEMS 8192
-
-/* Bytes of a Q8_0 block's K (or V): int8 values, then an F16 scale per token
- * and 32 dims. */
-static inline size_t attn_q8_half_bytes(int hd, int bt) {
-    return (size_t)hd * (size_t)bt + (size_t)(hd / 32) * (size_t)bt * 2;
-}
-
-/* Quantizes n floats (n a multiple of 32) as GGUF's q8_0 does a row: per group
- * of 32, d = max|x| / 127, q = round(x / d), d kept as F16. q[i * stride_q]
- * and d[g * stride_d] receive them. */
-void attn_q8_quantize_ref(const float *x, int n, int8_t *q, uint16_t *d, int stride_q, int stride_d);
+/* ---- Q8_0 KV cache (attention_q8.c; block format in kv_q8.h) ---- */
 
 /* K of a block (k[hd][bt] int8, kd[hd / 32][bt] F16) to F32 dst[hd][bt]. */
 typedef void (*attn_q8_widen_k_fn)(float *dst, const int8_t *k, const uint16_t *kd, int hd, int bt);

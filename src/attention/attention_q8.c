@@ -23,19 +23,6 @@
 #include <math.h>
 #include <string.h>
 
-void attn_q8_quantize_ref(const float *x, int n, int8_t *q, uint16_t *d, int stride_q, int stride_d) {
-    for (int g = 0; g < n / 32; g++) {
-        float amax = 0.0f;
-        for (int i = 0; i < 32; i++) {
-            float a = fabsf(x[g * 32 + i]);
-            amax = a > amax ? a : amax;
-        }
-        const float dd = amax / 127.0f, id = dd != 0.0f ? 1.0f / dd : 0.0f;
-        for (int i = 0; i < 32; i++) q[(size_t)(g * 32 + i) * stride_q] = (int8_t)roundf(x[g * 32 + i] * id);
-        d[(size_t)g * stride_d] = ellm_f32_to_f16(dd);
-    }
-}
-
 void attn_q8_widen_k_scalar(float *dst, const int8_t *k, const uint16_t *kd, int hd, int bt) {
     for (int c = 0; c < hd; c++)
         for (int j = 0; j < bt; j++)
@@ -51,13 +38,13 @@ void attn_q8_widen_v_scalar(float *dst, const int8_t *v, const uint16_t *vd, int
 
 /* F32 copies of the current block, per thread: K channel-major (hd x bt),
  * V token-major (bt x hd). */
-static _Thread_local float q8_kbuf[ATTN_Q8_MAX_ELEMS] __attribute__((aligned(64)));
-static _Thread_local float q8_vbuf[ATTN_Q8_MAX_ELEMS] __attribute__((aligned(64)));
+static _Thread_local float q8_kbuf[KV_Q8_MAX_ELEMS] __attribute__((aligned(64)));
+static _Thread_local float q8_vbuf[KV_Q8_MAX_ELEMS] __attribute__((aligned(64)));
 
 static void q8_block(attn_state *st, const attn_block *b, attn_block_fn f32_fn, attn_q8_widen_k_fn wk,
                      attn_q8_widen_v_fn wv) {
     const int hd = st->head_dim, bt = st->block_tokens;
-    const size_t half = attn_q8_half_bytes(hd, bt);
+    const size_t half = kv_q8_half_bytes(hd, bt);
     /* the next block (dense walk) into L1, a block further ahead (sparse) towards L2 */
     if (b->next_k) prefetch_range_l1(b->next_k, 2 * half);
     if (b->ahead_k) prefetch_range_l2(b->ahead_k, 2 * half);

@@ -178,7 +178,7 @@ static Q8_ALWAYS_INLINE void q8_fused_step(attn_state *st, const attn_block *b, 
     int nk = b->vis0 + (R - 1) / G; /* keys the last row sees */
     if (nk > b->n_valid) nk = b->n_valid;
     const int bt = st->block_tokens;
-    const size_t half = attn_q8_half_bytes(hd, bt);
+    const size_t half = kv_q8_half_bytes(hd, bt);
     const int8_t *k = b->k, *v = b->v;
     const uint16_t *kd = (const uint16_t *)(k + (size_t)hd * bt), *vd = (const uint16_t *)(v + (size_t)hd * bt);
     /* the block ahead spread over this one's work; else the next one at once */

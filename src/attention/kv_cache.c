@@ -15,7 +15,8 @@
  * speculative rollback does, does not give and take the same page each step). */
 #include "attention/kv_cache.h"
 #include "attention/kv_pool.h"
-#include "attention/attention_internal.h"
+#include "attention/attention_internal.h" /* attn_f32_to_f16_* */
+#include "attention/kv_q8.h"
 #include "core/cpu.h"
 #include "core/fp16.h"
 #include "core/status.h"
@@ -97,15 +98,15 @@ ellm_status kv_cache_init_pooled(const kv_cache_params *p, kv_pool *pool, int64_
         return ellm_fail(err, ELLM_ERR_UNSUPPORTED,
                          "KV cache: element type %d unsupported (F16=%d, F32=%d or Q8_0=%d)", p->type,
                          QTYPE_F16, QTYPE_F32, QTYPE_Q8_0);
-    if (p->type == QTYPE_Q8_0 && (p->head_dim % 32 || (long)p->head_dim * p->block_tokens > ATTN_Q8_MAX_ELEMS))
+    if (p->type == QTYPE_Q8_0 && (p->head_dim % 32 || (long)p->head_dim * p->block_tokens > KV_Q8_MAX_ELEMS))
         return ellm_fail(err, ELLM_ERR_UNSUPPORTED,
                          "KV cache: Q8_0 needs head_dim a multiple of 32 and head_dim x block_tokens <= %d "
                          "(head_dim %d, block_tokens %d)",
-                         ATTN_Q8_MAX_ELEMS, p->head_dim, p->block_tokens);
+                         KV_Q8_MAX_ELEMS, p->head_dim, p->block_tokens);
 
     size_t elt = p->type == QTYPE_F16 ? 2 : p->type == QTYPE_F32 ? 4 : 1;
     int n_blocks = (int)(((long)p->n_ctx + p->block_tokens - 1) / p->block_tokens);
-    size_t half = p->type == QTYPE_Q8_0 ? attn_q8_half_bytes(p->head_dim, p->block_tokens)
+    size_t half = p->type == QTYPE_Q8_0 ? kv_q8_half_bytes(p->head_dim, p->block_tokens)
                                         : (size_t)p->block_tokens * (size_t)p->head_dim * elt;
     size_t stride = (2 * half + KV_ALIGN - 1) & ~(size_t)(KV_ALIGN - 1);
     int n_pages = (n_blocks + KV_PAGE_BLOCKS - 1) / KV_PAGE_BLOCKS;
@@ -161,7 +162,7 @@ ellm_status kv_cache_init_pooled(const kv_cache_params *p, kv_pool *pool, int64_
 
 size_t kv_cache_page_bytes(const kv_cache_params *p) {
     size_t elt = p->type == QTYPE_F16 ? 2 : p->type == QTYPE_F32 ? 4 : 1;
-    size_t half = p->type == QTYPE_Q8_0 ? attn_q8_half_bytes(p->head_dim, p->block_tokens)
+    size_t half = p->type == QTYPE_Q8_0 ? kv_q8_half_bytes(p->head_dim, p->block_tokens)
                                         : (size_t)p->block_tokens * (size_t)p->head_dim * elt;
     size_t stride = (2 * half + KV_ALIGN - 1) & ~(size_t)(KV_ALIGN - 1);
     return (size_t)p->n_layer * (size_t)p->n_kv_head * KV_PAGE_BLOCKS * stride;
@@ -284,9 +285,9 @@ void kv_cache_store(kv_cache *kv, int layer, int pos, int n, const float *k, con
             const float *vs = v + (size_t)t * row_in + (size_t)h * hd;
             if (p->type == QTYPE_Q8_0) {
                 /* key: column off of k[hd][bt], scales kd[hd / 32][bt]; value: row off */
-                attn_q8_quantize_ref(ks, hd, (int8_t *)kd + off, (uint16_t *)(kd + (size_t)hd * bt) + off, bt, bt);
+                kv_q8_quantize_ref(ks, hd, (int8_t *)kd + off, (uint16_t *)(kd + (size_t)hd * bt) + off, bt, bt);
                 char *vb = kd + kv->half_bytes;
-                attn_q8_quantize_ref(vs, hd, (int8_t *)vb + (size_t)off * hd,
+                kv_q8_quantize_ref(vs, hd, (int8_t *)vb + (size_t)off * hd,
                                      (uint16_t *)(vb + (size_t)hd * bt) + (size_t)off * (hd / 32), 1, 1);
             } else if (p->type == QTYPE_F16) {
                 f32_to_f16(ks, k16, hd);
