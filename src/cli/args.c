@@ -141,6 +141,22 @@ char *cli_read_file(const char *path, size_t *size) {
     return buf;
 }
 
+int32_t *cli_tokenize_file(ellm_model *m, const char *path, int add_bos, int *n_ids) {
+    size_t len = 0;
+    char *text = cli_read_file(path, &len);
+    if (!text) return NULL;
+    int cap = (int)(len + 16); /* at most one token per byte, plus BOS */
+    int32_t *ids = malloc((size_t)cap * sizeof *ids);
+    ellm_error err = {0};
+    if (!ids || ellm_tokenize(m, text, len, add_bos, 0, ids, cap, n_ids, &err) != ELLM_OK) {
+        fprintf(stderr, "error: cannot tokenize '%s': %s\n", path, ids ? err.msg : "out of memory");
+        free(ids);
+        ids = NULL;
+    }
+    free(text);
+    return ids;
+}
+
 const char *cli_default_model(void) {
     static char path[PATH_MAX + 32];
     const char *env = getenv("ELLM_MODEL");

@@ -6,6 +6,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "ellm.h"
+
 /* Returns 1 if argv[*i] is `flag` (or `alt`, may be NULL) and stores the value
  * (the next argument) in *val, advancing *i; prints an error and sets *bad if
  * the value is missing. */
@@ -30,6 +32,11 @@ int arg_numa(const char *flag, const char *s, int *mode);
 
 /* Reads a whole file (NUL-terminated); returns NULL and prints why on error. */
 char *cli_read_file(const char *path, size_t *size);
+
+/* Reads the text file at path and tokenizes it with m's tokenizer (a BOS first
+ * if add_bos); returns the malloc'ed ids (*n_ids of them), or NULL after
+ * printing why. */
+int32_t *cli_tokenize_file(ellm_model *m, const char *path, int add_bos, int *n_ids);
 
 /* Path of the embedded default model: $ELLM_MODEL, else models/evalmodel.gguf
  * next to the executable's parent directory, else ./models/evalmodel.gguf. */

@@ -54,20 +54,17 @@ int cmd_calibrate_draft(int argc, char **argv) {
         return 2;
     }
     if (!model_path) model_path = cli_default_model();
-    size_t len = 0;
-    char *text = cli_read_file(text_path, &len);
-    if (!text) return 1;
     ellm_error err = {0};
     ellm_model *m = NULL;
     ellm_context *ctx = NULL;
     ellm_draft_calib *dc = NULL;
-    int32_t *ids = malloc((len + 16) * sizeof *ids);
+    int32_t *ids = NULL;
     int n_ids = 0, rc = 1, layers[256], n_layers = 0;
-    if (!ids || ellm_model_load(model_path, NULL, &m, &err) ||
-        ellm_tokenize(m, text, len, 1, 0, ids, (int)(len + 16), &n_ids, &err)) {
-        fprintf(stderr, "error: %s\n", ids ? err.msg : "out of memory");
+    if (ellm_model_load(model_path, NULL, &m, &err)) {
+        fprintf(stderr, "error: %s\n", err.msg);
         goto done;
     }
+    if (!(ids = cli_tokenize_file(m, text_path, 1, &n_ids))) goto done;
     ellm_model_info info;
     ellm_model_get_info(m, &info);
     if (layers_arg) {
@@ -112,6 +109,5 @@ done:
     ellm_context_free(ctx);
     ellm_model_free(m);
     free(ids);
-    free(text);
     return rc;
 }

@@ -190,17 +190,7 @@ static int setup(const eval_opts *o, ellm_model **model, ellm_context **ctx, int
         fprintf(stderr, "error: %s\n", err.msg);
         return 0;
     }
-    size_t len;
-    char *text = cli_read_file(o->file, &len);
-    if (!text) return 0;
-    int cap = (int)(len + 16);
-    *ids = malloc((size_t)cap * sizeof **ids);
-    if (!*ids || ellm_tokenize(*model, text, len, 0, 0, *ids, cap, n_ids, &err) != ELLM_OK) {
-        fprintf(stderr, "error: cannot tokenize '%s': %s\n", o->file, *ids ? err.msg : "out of memory");
-        free(text);
-        return 0;
-    }
-    free(text);
+    if (!(*ids = cli_tokenize_file(*model, o->file, 0, n_ids))) return 0;
     ellm_context_params cp = ellm_context_default_params();
     cp.n_ctx = n_ctx;
     cp.n_batch = (int)o->batch;

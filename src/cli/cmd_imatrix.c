@@ -44,20 +44,17 @@ int cmd_calibrate_imatrix(int argc, char **argv) {
         return 2;
     }
     if (!model_path) model_path = cli_default_model();
-    size_t len = 0;
-    char *text = cli_read_file(text_path, &len);
-    if (!text) return 1;
     ellm_error err = {0};
     ellm_model *m = NULL;
     ellm_context *ctx = NULL;
     ellm_imatrix *im = NULL;
-    int32_t *ids = malloc((len + 16) * sizeof *ids);
+    int32_t *ids = NULL;
     int n_ids = 0, rc = 1;
-    if (!ids || ellm_model_load(model_path, NULL, &m, &err) ||
-        ellm_tokenize(m, text, len, 0, 0, ids, (int)(len + 16), &n_ids, &err)) {
-        fprintf(stderr, "error: %s\n", ids ? err.msg : "out of memory");
+    if (ellm_model_load(model_path, NULL, &m, &err)) {
+        fprintf(stderr, "error: %s\n", err.msg);
         goto done;
     }
+    if (!(ids = cli_tokenize_file(m, text_path, 0, &n_ids))) goto done;
     ellm_context_params cp = ellm_context_default_params();
     cp.n_ctx = (int)ctx_len;
     if (ellm_context_init(m, &cp, &ctx, &err) || ellm_imatrix_init(m, &im, &err)) {
@@ -89,6 +86,5 @@ done:
     ellm_context_free(ctx);
     ellm_model_free(m);
     free(ids);
-    free(text);
     return rc;
 }
