@@ -17,7 +17,7 @@
 #include "core/prefetch.h"
 #include "kernels/quant.h"
 
-#include "kernels/vec_exp.h"
+#include "attention/softmax_avx512.h"
 
 #include <immintrin.h>
 #include <math.h>
@@ -241,41 +241,6 @@ static ALWAYS_INLINE void pv_all(float *acc, int hdp, const float *p, int lds, c
     }
 }
 
-/* Online-softmax step for one row: s[0, nv) scores become probabilities
- * exp(s - m_new), s[nv, nk) become 0 (keys this row must not see); returns
- * the factor exp(m_old - m_new) that rescales the row's old acc and l. */
-static ALWAYS_INLINE float softmax_row(float *s, int nv, int nk, float *m, float *l) {
-    __m512 vm = _mm512_set1_ps(-INFINITY);
-    int j = 0;
-    for (; j + 16 <= nv; j += 16) vm = _mm512_max_ps(vm, _mm512_loadu_ps(s + j));
-    const __mmask16 tm = tail_mask(nv - j);
-    if (j < nv) vm = _mm512_mask_max_ps(vm, tm, vm, _mm512_maskz_loadu_ps(tm, s + j));
-    /* The running max rarely grows after the first blocks: test that with a
-     * vector compare and reduce only when it does. */
-    float m_new = *m, alpha = 1.0f;
-    if (_mm512_cmp_ps_mask(vm, _mm512_set1_ps(*m), _CMP_GT_OQ)) {
-        m_new = _mm512_reduce_max_ps(vm);
-        alpha = expf(*m - m_new);
-    }
-    const __m512 mn = _mm512_set1_ps(m_new);
-    __m512 vs = _mm512_setzero_ps();
-    for (j = 0; j + 16 <= nv; j += 16) {
-        __m512 e = exp512(_mm512_sub_ps(_mm512_loadu_ps(s + j), mn));
-        _mm512_storeu_ps(s + j, e);
-        vs = _mm512_add_ps(vs, e);
-    }
-    if (j < nv) {
-        __m512 x = _mm512_sub_ps(_mm512_maskz_loadu_ps(tm, s + j), mn);
-        __m512 e = _mm512_maskz_mov_ps(tm, exp512(x));
-        _mm512_mask_storeu_ps(s + j, tm, e);
-        vs = _mm512_add_ps(vs, e);
-    }
-    for (j = nv; j < nk; j++) s[j] = 0.0f;
-    *m = m_new;
-    *l = *l * alpha + _mm512_reduce_add_ps(vs);
-    return alpha;
-}
-
 static void prefetch_block(const char *k, const char *v, size_t bytes) {
     prefetch_range_l1(k, bytes);
     prefetch_range_l1(v, bytes);
@@ -319,17 +284,7 @@ static ALWAYS_INLINE void block_step(attn_state *st, const attn_block *b, const 
         load_kT(st->kbuf, lds, b->k, b->type, nk, hd, bt, b->next_k);
         qk_all(st->q, hdp, st->kbuf, lds, hd, st->s, lds, r0, R, nk, 0, b->ahead_k, pf_k);
     }
-    for (int r = r0; r < R; r++) {
-        int nv = b->vis0 + r / G;
-        if (nv > nk) nv = nk;
-        float alpha = softmax_row(st->s + (size_t)r * lds, nv, nk, &st->m[r], &st->l[r]);
-        if (alpha != 1.0f) {
-            float *acc = st->acc + (size_t)r * hdp;
-            const __m512 va = _mm512_set1_ps(alpha);
-            for (int d = 0; d < hdp; d += 16)
-                _mm512_storeu_ps(acc + d, _mm512_mul_ps(va, _mm512_loadu_ps(acc + d)));
-        }
-    }
+    attn_softmax_block_avx512(st, b, r0, nk);
     if (in_place) {
         if (f16) pv_all(st->acc, hdp, st->s, lds, b->v, hd, hd, r0, R, nk, 1, b->ahead_v, pf_v);
         else pv_all(st->acc, hdp, st->s, lds, b->v, hd, hd, r0, R, nk, 0, b->ahead_v, pf_v);

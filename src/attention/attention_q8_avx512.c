@@ -46,7 +46,7 @@ void attn_q8_widen_v_avx512(float *dst, const int8_t *v, const uint16_t *vd, int
  * computation (one or more lines per channel pair, then per key), as the F16
  * kernel does. Same arithmetic as the scalar reference up to the order of the
  * sums: tested within float rounding of it. */
-#include "kernels/vec_exp.h"
+#include "attention/softmax_avx512.h"
 
 #include <math.h>
 
@@ -140,37 +140,6 @@ static Q8_ALWAYS_INLINE void q8_pv_rows(float *acc, int hdp, const float *p, int
     if (d < hd) q8_pv_tile(acc, hdp, p, lds, v, vd, hd, d, nk, NR, 2, pf, pf_lines); /* hd % 64 == 32 */
 }
 
-/* Online softmax of one row (as the F16 kernel's): s[0, nv) become
- * exp(s - m_new), s[nv, nk) become 0; returns exp(m_old - m_new). */
-static float q8_softmax_row(float *s, int nv, int nk, float *m, float *l) {
-    __m512 vm = _mm512_set1_ps(-INFINITY);
-    int j = 0;
-    for (; j + 16 <= nv; j += 16) vm = _mm512_max_ps(vm, _mm512_loadu_ps(s + j));
-    const __mmask16 tm = q8_tail(nv - j);
-    if (j < nv) vm = _mm512_mask_max_ps(vm, tm, vm, _mm512_maskz_loadu_ps(tm, s + j));
-    float m_new = *m, alpha = 1.0f;
-    if (_mm512_cmp_ps_mask(vm, _mm512_set1_ps(*m), _CMP_GT_OQ)) {
-        m_new = _mm512_reduce_max_ps(vm);
-        alpha = expf(*m - m_new);
-    }
-    const __m512 mn = _mm512_set1_ps(m_new);
-    __m512 vs = _mm512_setzero_ps();
-    for (j = 0; j + 16 <= nv; j += 16) {
-        __m512 e = exp512(_mm512_sub_ps(_mm512_loadu_ps(s + j), mn));
-        _mm512_storeu_ps(s + j, e);
-        vs = _mm512_add_ps(vs, e);
-    }
-    if (j < nv) {
-        __m512 e = _mm512_maskz_mov_ps(tm, exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(tm, s + j), mn)));
-        _mm512_mask_storeu_ps(s + j, tm, e);
-        vs = _mm512_add_ps(vs, e);
-    }
-    for (j = nv; j < nk; j++) s[j] = 0.0f;
-    *m = m_new;
-    *l = *l * alpha + _mm512_reduce_add_ps(vs);
-    return alpha;
-}
-
 static Q8_ALWAYS_INLINE void q8_fused_step(attn_state *st, const attn_block *b, const int HD) {
     const int G = st->group, R = st->rows, hd = HD ? HD : st->head_dim, hdp = st->hdp, lds = st->lds;
     const int r0 = (b->vis0 >= 1 ? 0 : 1 - b->vis0) * G; /* first row that sees a key */
@@ -200,16 +169,7 @@ static Q8_ALWAYS_INLINE void q8_fused_step(attn_state *st, const attn_block *b, 
     case 1: q8_qk_rows(st->q + (size_t)r * hdp, hdp, k, kd, bt, hd, nk, st->s + (size_t)r * lds, lds, 1, &pfk, pf_k); break;
     default: break;
     }
-    for (r = r0; r < R; r++) {
-        int nv = b->vis0 + r / G;
-        if (nv > nk) nv = nk;
-        float alpha = q8_softmax_row(st->s + (size_t)r * lds, nv, nk, &st->m[r], &st->l[r]);
-        if (alpha != 1.0f) {
-            float *acc = st->acc + (size_t)r * hdp;
-            const __m512 va = _mm512_set1_ps(alpha);
-            for (int d = 0; d < hdp; d += 16) _mm512_storeu_ps(acc + d, _mm512_mul_ps(va, _mm512_loadu_ps(acc + d)));
-        }
-    }
+    attn_softmax_block_avx512(st, b, r0, nk);
     for (r = r0; r + 4 <= R; r += 4)
         q8_pv_rows(st->acc + (size_t)r * hdp, hdp, st->s + (size_t)r * lds, lds, v, vd, hd, nk, 4, &pfv, pf_v);
     switch (R - r) {

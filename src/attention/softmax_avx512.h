@@ -1,0 +1,65 @@
+/* The online-softmax step of the AVX-512 block kernels (F16/F32 in
+ * attention_avx512.c, Q8_0 in attention_q8_avx512.c): included only by files
+ * compiled with the AVX-512 flags. */
+#ifndef ELLM_ATTENTION_SOFTMAX_AVX512_H
+#define ELLM_ATTENTION_SOFTMAX_AVX512_H
+
+#include "attention/attention_internal.h"
+#include "kernels/vec_exp.h"
+
+#include <immintrin.h>
+#include <math.h>
+
+/* One row: s[0, nv) scores become probabilities exp(s - m_new), s[nv, nk)
+ * become 0 (keys this row must not see); returns the factor exp(m_old -
+ * m_new) that rescales the row's old acc and l. */
+static inline __attribute__((always_inline)) float attn_softmax_row_avx512(float *s, int nv, int nk, float *m,
+                                                                           float *l) {
+    __m512 vm = _mm512_set1_ps(-INFINITY);
+    int j = 0;
+    for (; j + 16 <= nv; j += 16) vm = _mm512_max_ps(vm, _mm512_loadu_ps(s + j));
+    const __mmask16 tm = (__mmask16)((1u << (nv - j)) - 1);
+    if (j < nv) vm = _mm512_mask_max_ps(vm, tm, vm, _mm512_maskz_loadu_ps(tm, s + j));
+    /* The running max rarely grows after the first blocks: test that with a
+     * vector compare and reduce only when it does. */
+    float m_new = *m, alpha = 1.0f;
+    if (_mm512_cmp_ps_mask(vm, _mm512_set1_ps(*m), _CMP_GT_OQ)) {
+        m_new = _mm512_reduce_max_ps(vm);
+        alpha = expf(*m - m_new);
+    }
+    const __m512 mn = _mm512_set1_ps(m_new);
+    __m512 vs = _mm512_setzero_ps();
+    for (j = 0; j + 16 <= nv; j += 16) {
+        __m512 e = exp512(_mm512_sub_ps(_mm512_loadu_ps(s + j), mn));
+        _mm512_storeu_ps(s + j, e);
+        vs = _mm512_add_ps(vs, e);
+    }
+    if (j < nv) {
+        __m512 e = _mm512_maskz_mov_ps(tm, exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(tm, s + j), mn)));
+        _mm512_mask_storeu_ps(s + j, tm, e);
+        vs = _mm512_add_ps(vs, e);
+    }
+    for (j = nv; j < nk; j++) s[j] = 0.0f;
+    *m = m_new;
+    *l = *l * alpha + _mm512_reduce_add_ps(vs);
+    return alpha;
+}
+
+/* The block's rows [r0, st->rows) over its nk keys: scores in st->s become
+ * probabilities, and each row's acc is rescaled where its max grew. */
+static inline __attribute__((always_inline)) void attn_softmax_block_avx512(attn_state *st, const attn_block *b,
+                                                                            int r0, int nk) {
+    for (int r = r0; r < st->rows; r++) {
+        int nv = b->vis0 + r / st->group;
+        if (nv > nk) nv = nk;
+        float alpha = attn_softmax_row_avx512(st->s + (size_t)r * st->lds, nv, nk, &st->m[r], &st->l[r]);
+        if (alpha != 1.0f) {
+            float *acc = st->acc + (size_t)r * st->hdp;
+            const __m512 va = _mm512_set1_ps(alpha);
+            for (int d = 0; d < st->hdp; d += 16)
+                _mm512_storeu_ps(acc + d, _mm512_mul_ps(va, _mm512_loadu_ps(acc + d)));
+        }
+    }
+}
+
+#endif
