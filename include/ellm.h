@@ -355,7 +355,7 @@ typedef struct {
     double mpi_exchange_ms;    /* wall time in the collectives, waiting for slower ranks included */
     double mpi_merge_ms;       /* merging every rank's partials */
     double mpi_parts_ms;       /* computing this rank's partials (its share of attention) */
-    uint64_t sparse_digest;    /* FNV-1a of every selection's block list, in order: runs
+    uint64_t sparse_digest;    /* FNV-1a over every selection's block indices, in order: runs
                                   with equal digests attended to the same blocks */
 } ellm_context_stats;
 

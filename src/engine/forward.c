@@ -89,9 +89,11 @@ static int sparse_attention_layer(struct ellm_context *ctx, const attention_args
         a->bytes_read += b->bytes_read;
         a->flat_bytes += b->flat_bytes;
         a->exact_calls += b->exact_calls;
-        const uint8_t *b8 = (const uint8_t *)(ctx->sel_blocks + (size_t)h * ctx->max_blocks);
-        uint64_t dg = ctx->stats.sparse_digest ? ctx->stats.sparse_digest : 0xcbf29ce484222325ull; /* FNV basis */
-        for (size_t i = 0; i < (size_t)ctx->sel_n[h] * sizeof *ctx->sel_blocks; i++) dg = (dg ^ b8[i]) * 0x100000001b3ull;
+        /* FNV-1a over the block indices, one step per block (not per byte:
+         * this runs for every head and layer of every sparse step) */
+        const int32_t *blk = ctx->sel_blocks + (size_t)h * ctx->max_blocks;
+        uint64_t dg = ctx->stats.sparse_digest ? ctx->stats.sparse_digest : 0xcbf29ce484222325ull;
+        for (int i = 0; i < ctx->sel_n[h]; i++) dg = (dg ^ (uint32_t)blk[i]) * 0x100000001b3ull;
         ctx->stats.sparse_digest = dg;
         int tokens = ctx->sel_n[h] * bt;
         ctx->attended_sum += tokens < len ? tokens : len;
