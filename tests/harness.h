@@ -6,10 +6,14 @@
 #ifndef ELLM_TESTS_HARNESS_H
 #define ELLM_TESTS_HARNESS_H
 
+#include <dirent.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 static int t_passed, t_failed;
 
@@ -44,6 +48,69 @@ static inline const char *test_data_dir(void) {
 static inline int test_finish(void) {
     printf("%d passed, %d failed\n", t_passed, t_failed);
     return t_failed ? 1 : 0;
+}
+
+/* tests/data/<rel> in one of 8 rotating static buffers. */
+static inline const char *test_data_path(const char *rel) {
+    static char buf[8][1024];
+    static int k;
+    char *p = buf[k++ % 8];
+    snprintf(p, sizeof buf[0], "%s/%s", test_data_dir(), rel);
+    return p;
+}
+
+/* Removes dir and everything below it (links are removed, not followed). */
+static inline void test_rm_tree(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *e;
+    char p[1024];
+    while ((e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        if (snprintf(p, sizeof p, "%s/%s", dir, e->d_name) >= (int)sizeof p) continue; /* not ours: too long */
+        struct stat sb;
+        if (lstat(p, &sb) == 0 && S_ISDIR(sb.st_mode))
+            test_rm_tree(p);
+        else
+            unlink(p);
+    }
+    closedir(d);
+    rmdir(dir);
+}
+
+static inline char *test_tmp_root(void) {
+    static char root[512];
+    return root;
+}
+
+static inline void test_tmp_cleanup(void) {
+    if (!getenv("ELLM_KEEP_TMP")) test_rm_tree(test_tmp_root());
+}
+
+/* This test program's own folder for temporary files, $TMPDIR (or /tmp)
+ * /ellm-test-XXXXXX, made on first use and removed at exit unless
+ * ELLM_KEEP_TMP is set: two test runs on one machine never share a path. */
+static inline const char *test_tmp_dir(void) {
+    char *root = test_tmp_root();
+    if (!root[0]) {
+        const char *tmp = getenv("TMPDIR");
+        snprintf(root, 512, "%s/ellm-test-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+        if (!mkdtemp(root)) {
+            perror("mkdtemp");
+            exit(1);
+        }
+        atexit(test_tmp_cleanup);
+    }
+    return root;
+}
+
+/* test_tmp_dir()/name in one of 8 rotating static buffers. */
+static inline const char *test_tmp_path(const char *name) {
+    static char buf[8][640];
+    static int k;
+    char *p = buf[k++ % 8];
+    snprintf(p, sizeof buf[0], "%s/%s", test_tmp_dir(), name);
+    return p;
 }
 
 /* Reads a whole file into a malloc'ed buffer (NUL-terminated); NULL on error. */

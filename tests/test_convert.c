@@ -18,39 +18,19 @@
 #include "tokenizer/tokenizer.h"
 #include "vocab_vectors.h"
 
-#include <dirent.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-static char tmp_root[512];
 
-/* A fresh empty folder under tmp_root. */
+/* A fresh empty folder under test_tmp_dir(). */
 static const char *new_dir(const char *name) {
     static char buf[8][640];
     static int k;
     char *p = buf[k++ % 8];
-    snprintf(p, 640, "%s/%s", tmp_root, name);
+    snprintf(p, 640, "%s/%s", test_tmp_dir(), name);
     mkdir(p, 0755);
     return p;
-}
-
-static void rm_tree(const char *dir) {
-    DIR *d = opendir(dir);
-    if (!d) return;
-    struct dirent *e;
-    char p[1024];
-    while ((e = readdir(d))) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-        struct stat sb;
-        if (lstat(p, &sb) == 0 && S_ISDIR(sb.st_mode))
-            rm_tree(p);
-        else
-            unlink(p);
-    }
-    closedir(d);
-    rmdir(dir);
 }
 
 static ellm_status convert(const char *dir, const char *out, const char *type, ellm_error *err) {
@@ -136,7 +116,7 @@ static void test_safetensors(void) {
 
 static void test_sp_model(void) {
     size_t len;
-    char *buf = test_read_file(data_path("tok2k.model"), &len);
+    char *buf = test_read_file(test_data_path("tok2k.model"), &len);
     CHECK(buf != NULL, "tok2k.model");
     if (!buf) return;
     sp_model sp;
@@ -310,7 +290,7 @@ static int32_t test_ids[96];
 static int n_test_ids;
 
 static void load_test_ids(void) {
-    char *t = test_read_file(data_path("models/llama-gqa.tokens.txt"), NULL);
+    char *t = test_read_file(test_data_path("models/llama-gqa.tokens.txt"), NULL);
     n_test_ids = 0;
     for (char *p = t ? strtok(t, " \n") : NULL; p && n_test_ids < 96; p = strtok(NULL, " \n"))
         test_ids[n_test_ids++] = atoi(p);
@@ -322,7 +302,7 @@ static void load_test_ids(void) {
 static void roundtrip(const char *gguf, const char *arch_name, const char *label, const char *rope_scaling) {
     const char *dir = new_dir(label);
     char tok[512], out[700];
-    snprintf(tok, sizeof tok, "%s", data_path("tok2k.model"));
+    snprintf(tok, sizeof tok, "%s", test_data_path("tok2k.model"));
     hfw_options o = {.hf_arch = arch_name, .dtype = HFW_F32, .tokenizer_model = tok, .rope_scaling_json = rope_scaling};
     CHECK(hfw_from_gguf(gguf, dir, &o) == 0, "%s: writing the HF folder", label);
     snprintf(out, sizeof out, "%s.gguf", dir);
@@ -382,7 +362,7 @@ static void test_types(const char *dir) {
     const convert_type *types = convert_types(&n);
     for (int i = 0; i < n && ref; i++) {
         char out[700];
-        snprintf(out, sizeof out, "%s/out-%s.gguf", tmp_root, types[i].name);
+        snprintf(out, sizeof out, "%s/out-%s.gguf", test_tmp_dir(), types[i].name);
         ellm_status st = convert(dir, out, types[i].name, &err);
         CHECK(st == ELLM_OK, "%s: %s", types[i].name, err.msg);
         gguf_file *g = NULL;
@@ -424,7 +404,7 @@ static void test_4bit_types(const char *dir) {
     static const char *const types[] = {"int4-g128", "q4_0", "q4_k_m"};
     for (int i = 0; i < 3; i++) {
         char out[700];
-        snprintf(out, sizeof out, "%s/gqa-%s.gguf", tmp_root, types[i]);
+        snprintf(out, sizeof out, "%s/gqa-%s.gguf", test_tmp_dir(), types[i]);
         ellm_error err = {0};
         ellm_status st = convert(dir, out, types[i], &err);
         CHECK(st == ELLM_OK, "%s: %s", types[i], err.msg);
@@ -450,7 +430,7 @@ static void test_4bit_types(const char *dir) {
  * rounded to that type; sharding changes nothing. */
 static void test_dtypes_and_shards(void) {
     char tok[512];
-    snprintf(tok, sizeof tok, "%s", data_path("tok2k.model"));
+    snprintf(tok, sizeof tok, "%s", test_data_path("tok2k.model"));
     const char *d1 = new_dir("bf16");
     hfw_options o = {.hf_arch = "LlamaForCausalLM", .dtype = HFW_BF16, .tokenizer_model = tok};
     CHECK(hfw_from_gguf("models/evalmodel.gguf", d1, &o) == 0, "bf16 folder");
@@ -495,7 +475,7 @@ static void test_imatrix(const char *hf_dir) {
     ellm_imatrix *im = NULL;
     ellm_error err = {0};
     char path[700], out1[700], out2[700];
-    snprintf(path, sizeof path, "%s/gqa.imatrix", tmp_root);
+    snprintf(path, sizeof path, "%s/gqa.imatrix", test_tmp_dir());
     ellm_model_params mp = {.n_threads = 2, .pin_threads = 0};
     ellm_context_params cp = ellm_context_default_params();
     cp.n_ctx = n_test_ids;
@@ -529,8 +509,8 @@ static void test_imatrix(const char *hf_dir) {
     free(buf);
     for (int k = 0; k < 2; k++) {
         const char *ty = k ? "q4_0" : "int4-g128";
-        snprintf(out1, sizeof out1, "%s/im-%s.gguf", tmp_root, ty);
-        snprintf(out2, sizeof out2, "%s/noim-%s.gguf", tmp_root, ty);
+        snprintf(out1, sizeof out1, "%s/im-%s.gguf", test_tmp_dir(), ty);
+        snprintf(out2, sizeof out2, "%s/noim-%s.gguf", test_tmp_dir(), ty);
         convert_params p = {.type = ty, .n_threads = 2, .imatrix = path};
         st = convert_hf_to_gguf(hf_dir, out1, &p, NULL, &err);
         CHECK(st == ELLM_OK, "%s with imatrix: %s", ty, err.msg);
@@ -599,7 +579,7 @@ static void patch_file(const char *dir, const char *name, const char *from, cons
 
 static void test_bad_input(void) {
     char tok[512];
-    snprintf(tok, sizeof tok, "%s", data_path("tok2k.model"));
+    snprintf(tok, sizeof tok, "%s", test_data_path("tok2k.model"));
     hfw_options o = {.hf_arch = "LlamaForCausalLM", .dtype = HFW_BF16, .tokenizer_model = tok};
     const char *src = "tests/data/models/llama-gqa.gguf";
 
@@ -690,7 +670,7 @@ static void vocab_case(const char *hf, const char *inp, const char *out, const c
     cv_vocab v;
     ellm_error err = {0};
     char dir[512];
-    snprintf(dir, sizeof dir, "%s", data_path(hf));
+    snprintf(dir, sizeof dir, "%s", test_data_path(hf));
     ellm_status st = cv_vocab_load(dir, 0, &v, &err);
     CHECK(st == ELLM_OK, "%s: %s", hf, err.msg);
     if (st) return;
@@ -698,7 +678,7 @@ static void vocab_case(const char *hf, const char *inp, const char *out, const c
           v.pre, want_model, want_pre);
     gguf_writer *w = NULL;
     char path[700];
-    snprintf(path, sizeof path, "%s/vocab-%s.gguf", tmp_root, want_pre);
+    snprintf(path, sizeof path, "%s/vocab-%s.gguf", test_tmp_dir(), want_pre);
     gguf_writer_init(&w, &err);
     gguf_writer_add_str(w, "general.architecture", "llama", &err);
     st = cv_vocab_write(&v, w, &err);
@@ -714,8 +694,8 @@ static void vocab_case(const char *hf, const char *inp, const char *out, const c
         return;
     }
     char ipath[700], opath[700];
-    snprintf(ipath, sizeof ipath, "%s", data_path(inp));
-    snprintf(opath, sizeof opath, "%s", data_path(out));
+    snprintf(ipath, sizeof ipath, "%s", test_data_path(inp));
+    snprintf(opath, sizeof opath, "%s", test_data_path(out));
     char *in = test_read_file(ipath, NULL), *ex = test_read_file(opath, NULL);
     CHECK(in && ex, "%s / %s", ipath, opath);
     int n_ok = 0, n_all = 0;
@@ -753,7 +733,7 @@ static void vocab_case(const char *hf, const char *inp, const char *out, const c
  * same entry points: each must now fail cleanly (or load) as stated. */
 static void test_fuzz_reproducers(void) {
     size_t n = 0;
-    char *b = test_read_file(data_path("fuzz/safetensors-empty-header"), &n);
+    char *b = test_read_file(test_data_path("fuzz/safetensors-empty-header"), &n);
     st_set *s = NULL;
     ellm_error err = {0};
     /* fuzz_safetensors: a header with no tensors ("{}") sorted and searched
@@ -766,7 +746,7 @@ static void test_fuzz_reproducers(void) {
     /* fuzz_convert: a tensor holding NaN (and values past F16's range)
      * reached the quantizers (a NaN to int conversion). Input: type byte,
      * config.json, NUL, model.safetensors. */
-    b = test_read_file(data_path("fuzz/convert-nan-weight"), &n);
+    b = test_read_file(test_data_path("fuzz/convert-nan-weight"), &n);
     const char *nul = b ? memchr(b + 1, 0, n - 1) : NULL;
     CHECK(nul != NULL, "fuzz/convert-nan-weight");
     if (!nul) {
@@ -783,7 +763,7 @@ static void test_fuzz_reproducers(void) {
     f = fopen(path, "wb");
     fwrite(nul + 1, 1, n - (size_t)(nul + 1 - b), f);
     fclose(f);
-    hfw_copy_file(data_path("fuzz/tok16.model"), dir, "tokenizer.model");
+    hfw_copy_file(test_data_path("fuzz/tok16.model"), dir, "tokenizer.model");
     int n_types;
     const convert_type *types = convert_types(&n_types);
     const char *type = types[(unsigned char)b[0] % n_types].name;
@@ -811,12 +791,6 @@ static void test_vocab(void) {
 }
 
 int main(void) {
-    const char *tmp = getenv("TMPDIR");
-    snprintf(tmp_root, sizeof tmp_root, "%s/ellm-test-convert-XXXXXX", tmp && *tmp ? tmp : "/tmp");
-    if (!mkdtemp(tmp_root)) {
-        perror("mkdtemp");
-        return 1;
-    }
     load_test_ids();
     test_safetensors();
     test_sp_model();
@@ -829,15 +803,14 @@ int main(void) {
               "{\"rope_type\": \"llama3\", \"factor\": 8.0, \"low_freq_factor\": 1.0, \"high_freq_factor\": 4.0, "
               "\"original_max_position_embeddings\": 8192}");
     char evaldir[700];
-    snprintf(evaldir, sizeof evaldir, "%s/evalmodel", tmp_root);
+    snprintf(evaldir, sizeof evaldir, "%s/evalmodel", test_tmp_dir());
     test_types(evaldir);
-    snprintf(evaldir, sizeof evaldir, "%s/llama-gqa", tmp_root);
+    snprintf(evaldir, sizeof evaldir, "%s/llama-gqa", test_tmp_dir());
     test_4bit_types(evaldir);
     test_imatrix(evaldir);
     test_dtypes_and_shards();
     test_bad_input();
     test_fuzz_reproducers();
     test_vocab();
-    if (!getenv("ELLM_KEEP_TMP")) rm_tree(tmp_root);
     return test_finish();
 }

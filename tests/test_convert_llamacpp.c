@@ -13,37 +13,10 @@
 #include "harness.h"
 #include "hf_writer.h"
 
-#include <dirent.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-static char tmp_root[512];
-
-/* tests/data/<rel> (a static buffer: valid until the next call). */
-static const char *data_path(const char *rel) {
-    static char buf[1024];
-    snprintf(buf, sizeof buf, "%s/%s", test_data_dir(), rel);
-    return buf;
-}
-
-static void rm_tree(const char *dir) {
-    DIR *d = opendir(dir);
-    if (!d) return;
-    struct dirent *e;
-    char p[1024];
-    while ((e = readdir(d))) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-        struct stat sb;
-        if (lstat(p, &sb) == 0 && S_ISDIR(sb.st_mode))
-            rm_tree(p);
-        else
-            unlink(p);
-    }
-    closedir(d);
-    rmdir(dir);
-}
 
 #define MAX_IDS 64
 
@@ -110,13 +83,13 @@ typedef struct {
 
 static void run_case(const lc_case *cs, int32_t *ids, int n, const char *ids_file) {
     char dir[700], out[800], log[800];
-    snprintf(dir, sizeof dir, "%s/%s", tmp_root, cs->label);
+    snprintf(dir, sizeof dir, "%s/%s", test_tmp_dir(), cs->label);
     struct stat sb;
     if (stat(dir, &sb) != 0) {
         mkdir(dir, 0755);
         hfw_options o = {.hf_arch = cs->hf_arch,
                          .dtype = HFW_F32,
-                         .tokenizer_model = data_path("tok2k.model"),
+                         .tokenizer_model = test_data_path("tok2k.model"),
                          .rope_scaling_json = cs->rope_scaling};
         CHECK(hfw_from_gguf(cs->gguf, dir, &o) == 0, "%s: writing the HF folder", cs->label);
     }
@@ -168,21 +141,15 @@ int main(void) {
         printf("0 passed, 0 failed\n");
         return 0;
     }
-    const char *tmp = getenv("TMPDIR");
-    snprintf(tmp_root, sizeof tmp_root, "%s/ellm-test-llamacpp-XXXXXX", tmp && *tmp ? tmp : "/tmp");
-    if (!mkdtemp(tmp_root)) {
-        perror("mkdtemp");
-        return 1;
-    }
     /* The evaluation model's fixture tokens (a Python source text). */
-    char *t = test_read_file(data_path("evalmodel.tokens.txt"), NULL);
+    char *t = test_read_file(test_data_path("evalmodel.tokens.txt"), NULL);
     int32_t ids[MAX_IDS];
     int n = 0;
     for (char *q = t ? strtok(t, " \n") : NULL; q && n < MAX_IDS; q = strtok(NULL, " \n")) ids[n++] = atoi(q);
     free(t);
     CHECK(n == MAX_IDS, "%d fixture ids", n);
     char ids_file[700];
-    snprintf(ids_file, sizeof ids_file, "%s/ids.txt", tmp_root);
+    snprintf(ids_file, sizeof ids_file, "%s/ids.txt", test_tmp_dir());
     FILE *f = fopen(ids_file, "w");
     for (int i = 0; f && i < n; i++) fprintf(f, "%d ", ids[i]);
     if (f) fclose(f);
@@ -208,6 +175,5 @@ int main(void) {
          "\"original_max_position_embeddings\": 8192}"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&cases[i], ids, n, ids_file);
-    if (!getenv("ELLM_KEEP_TMP")) rm_tree(tmp_root);
     return test_finish();
 }

@@ -268,9 +268,10 @@ static void test_model(void) {
             }
     CHECK(bounded, "sparse summaries do not bound the stored Q8_0 keys");
     /* save, restore, continue: same logits */
-    CHECK(ellm_context_state_save(a, "/tmp/ellm_test_q8.state", NULL, 0, &err) == ELLM_OK, "%s", err.msg);
-    CHECK(ellm_context_state_load(b, "/tmp/ellm_test_q8.state", &err) == ELLM_OK, "%s", err.msg);
-    remove("/tmp/ellm_test_q8.state");
+    const char *state = test_tmp_path("q8.state");
+    CHECK(ellm_context_state_save(a, state, NULL, 0, &err) == ELLM_OK, "%s", err.msg);
+    CHECK(ellm_context_state_load(b, state, &err) == ELLM_OK, "%s", err.msg);
+    remove(state);
     int same = 1;
     for (int i = 0; i < 40 && same; i++) {
         int32_t t = toks[i % n];

@@ -116,8 +116,8 @@ out:
 static void test_shift_models(void) {
     const char *shapes[] = {"tiny-1layer", "tiny-qwen2-1layer"};
     for (int i = 0; i < 2; i++) {
-        char cmd[1024], out[4096], path[256];
-        snprintf(path, sizeof path, "/tmp/ellm_test_shift_%s.gguf", shapes[i]);
+        char cmd[1024], out[4096], path[640];
+        snprintf(path, sizeof path, "%s/shift_%s.gguf", test_tmp_dir(), shapes[i]);
         snprintf(cmd, sizeof cmd, "%s synth --shape %s --type f16 --seed 3 -o %s", test_ellm_bin(), shapes[i], path);
         int rc = sh(cmd, out, sizeof out);
         CHECK(rc == 0, "synth %s: %s", shapes[i], out);
@@ -197,13 +197,13 @@ static void test_cli(void) {
     snprintf(cmd, sizeof cmd, "%s run -c 96 -n 300 --seed 9 -t 2 -p 'def f(x):' --ctx-overflow shift 2>/dev/null", test_ellm_bin());
     rc = sh(cmd, want, sizeof want);
     snprintf(cmd, sizeof cmd,
-             "%s run -c 96 -n 300 --seed 9 -t 2 -p 'def f(x):' --ctx-overflow shift --save-state /tmp/ellm_test_shift.state "
-             "--save-every 170 >/dev/null 2>&1 && %s run --resume /tmp/ellm_test_shift.state 2>/dev/null",
-             test_ellm_bin(), test_ellm_bin());
+             "%s run -c 96 -n 300 --seed 9 -t 2 -p 'def f(x):' --ctx-overflow shift --save-state %s "
+             "--save-every 170 >/dev/null 2>&1 && %s run --resume %s 2>/dev/null",
+             test_ellm_bin(), test_tmp_path("shift.state"), test_ellm_bin(), test_tmp_path("shift.state"));
     int rc2 = sh(cmd, got, sizeof got);
     CHECK(rc == 0 && rc2 == 0 && !strcmp(want, got), "resume after shifts differs (%d %d)\n%s\n---\n%s", rc, rc2, want,
           got);
-    remove("/tmp/ellm_test_shift.state");
+    remove(test_tmp_path("shift.state"));
 }
 
 int main(void) {

@@ -82,7 +82,10 @@ static void test_engine(void) {
     CHECK(ellm_tokenize(m, text, strlen(text), 1, 0, prompt, 64, &n, &err) == ELLM_OK, "%s", err.msg);
     CHECK(ellm_decode(a, prompt, n, NULL, &err) == ELLM_OK, "%s", err.msg);
     CHECK(greedy(a, 150 - n, ta), "decode");
-    const char *path = "/tmp/ellm_test_state.bin";
+    char path[640], model_copy[640], cut[640];
+    snprintf(path, sizeof path, "%s", test_tmp_path("state.bin"));
+    snprintf(model_copy, sizeof model_copy, "%s", test_tmp_path("state_model.gguf"));
+    snprintf(cut, sizeof cut, "%s", test_tmp_path("state_cut.bin"));
     const char app[] = "caller bytes";
     CHECK(ellm_context_state_save(a, path, app, sizeof app, &err) == ELLM_OK, "save: %s", err.msg);
     void *got = NULL;
@@ -157,7 +160,7 @@ static void test_engine(void) {
             if (s < data0) data0 = s;
         }
         mbytes[data0] ^= 0x01;
-        FILE *f = fopen("/tmp/ellm_test_state_model.gguf", "wb");
+        FILE *f = fopen(model_copy, "wb");
         if (f) {
             fwrite(mbytes, 1, msize, f);
             fclose(f);
@@ -165,7 +168,7 @@ static void test_engine(void) {
         free(mbytes);
         ellm_model *twin = NULL;
         ellm_context *tc = NULL;
-        if (ellm_model_load("/tmp/ellm_test_state_model.gguf", NULL, &twin, &err) == ELLM_OK &&
+        if (ellm_model_load(model_copy, NULL, &twin, &err) == ELLM_OK &&
             ellm_context_init(twin, &cp, &tc, &err) == ELLM_OK) {
             ellm_status st = ellm_context_state_load(tc, path, &err);
             CHECK(st == ELLM_ERR_ARG && strstr(err.msg, "another model file"), "same-shape model: %d %s", st, err.msg);
@@ -174,7 +177,7 @@ static void test_engine(void) {
         }
         ellm_context_free(tc);
         ellm_model_free(twin);
-        remove("/tmp/ellm_test_state_model.gguf");
+        remove(model_copy);
     }
 
     /* truncated at several lengths, corrupted bytes at several places */
@@ -183,8 +186,8 @@ static void test_engine(void) {
     size_t full = (size_t)sb.st_size;
     const size_t cuts[] = {0, 10, 32, 40, 200, full / 2, full - 1};
     for (size_t i = 0; i < sizeof cuts / sizeof *cuts; i++) {
-        file_copy(path, "/tmp/ellm_test_state_cut.bin", cuts[i]);
-        ellm_status st = ellm_context_state_load(b, "/tmp/ellm_test_state_cut.bin", &err);
+        file_copy(path, cut, cuts[i]);
+        ellm_status st = ellm_context_state_load(b, cut, &err);
         CHECK(st == ELLM_ERR_FORMAT && (strstr(err.msg, "truncated") || strstr(err.msg, "not an eLLM state")),
               "cut at %zu: %d %s", cuts[i], st, err.msg);
     }
@@ -193,11 +196,11 @@ static void test_engine(void) {
     const size_t flips[] = {3, 20, 40, 60, 400, full / 2, full - 5, full - 1};
     for (size_t i = 0; all && i < sizeof flips / sizeof *flips; i++) {
         all[flips[i]] ^= 0x20;
-        FILE *f = fopen("/tmp/ellm_test_state_cut.bin", "wb");
+        FILE *f = fopen(cut, "wb");
         fwrite(all, 1, n_all, f);
         fclose(f);
         all[flips[i]] ^= 0x20;
-        ellm_status st = ellm_context_state_load(b, "/tmp/ellm_test_state_cut.bin", &err);
+        ellm_status st = ellm_context_state_load(b, cut, &err);
         CHECK(st != ELLM_OK && (strstr(err.msg, "corrupted") || strstr(err.msg, "not an eLLM state") ||
                                 strstr(err.msg, "truncated") || strstr(err.msg, "longer")),
               "byte %zu flipped: %d %s", flips[i], st, err.msg);
@@ -206,15 +209,15 @@ static void test_engine(void) {
     }
     free(all);
     /* not a state file at all */
-    FILE *f = fopen("/tmp/ellm_test_state_cut.bin", "wb");
+    FILE *f = fopen(cut, "wb");
     fputs("this is plainly some text and not a state file, but it is long enough", f);
     fclose(f);
-    CHECK(ellm_context_state_load(b, "/tmp/ellm_test_state_cut.bin", &err) == ELLM_ERR_FORMAT &&
+    CHECK(ellm_context_state_load(b, cut, &err) == ELLM_ERR_FORMAT &&
               strstr(err.msg, "not an eLLM state file"),
           "text file: %s", err.msg);
     CHECK(ellm_context_state_load(b, "/nonexistent/state", &err) == ELLM_ERR_IO && strstr(err.msg, "/nonexistent/state"),
           "missing file: %s", err.msg);
-    remove("/tmp/ellm_test_state_cut.bin");
+    remove(cut);
     remove(path);
     ellm_context_free(a);
     ellm_context_free(b);
@@ -261,7 +264,9 @@ static void test_kill_resume(void) {
         "-n 250 --seed 11 --repeat-penalty 1.1 -t 2 -p 'class Node:' --save-every 17",
         "-n 250 --seed 5 --sparse-topk 96 -t 2 -p 'import json' --save-every 19",
     };
-    const char *state = "/tmp/ellm_test_run.state";
+    char state[640], run_model[640];
+    snprintf(state, sizeof state, "%s", test_tmp_path("run.state"));
+    snprintf(run_model, sizeof run_model, "%s", test_tmp_path("run_model.gguf"));
     unsigned seed = (unsigned)time(NULL);
     printf("kill/resume trials, random seed %u\n", seed);
     int trials = 0, identical = 0, killed = 0;
@@ -292,14 +297,14 @@ static void test_kill_resume(void) {
     CHECK(sh(cmd, out, sizeof out, 1) != 0 && strstr(out, "--top-k cannot be given with --resume"), "%s", out);
     snprintf(cmd, sizeof cmd, "%s run --resume %s -n 1", test_ellm_bin(), state);
     CHECK(sh(cmd, out, sizeof out, 1) != 0 && strstr(out, "already generated"), "%s", out);
-    CHECK(file_copy("models/evalmodel.gguf", "/tmp/ellm_test_run_model.gguf", (size_t)-1), "copy model");
-    snprintf(cmd, sizeof cmd, "%s run -m /tmp/ellm_test_run_model.gguf -n 40 --temp 0 -t 2 -p 'x' --save-state %s --save-every 8",
-             test_ellm_bin(), state);
+    CHECK(file_copy("models/evalmodel.gguf", run_model, (size_t)-1), "copy model");
+    snprintf(cmd, sizeof cmd, "%s run -m %s -n 40 --temp 0 -t 2 -p 'x' --save-state %s --save-every 8",
+             test_ellm_bin(), run_model, state);
     CHECK(sh(cmd, out, sizeof out, 0) == 0, "run with a copied model");
-    CHECK(file_copy("tests/data/models/llama-gqa.gguf", "/tmp/ellm_test_run_model.gguf", (size_t)-1), "replace model");
+    CHECK(file_copy("tests/data/models/llama-gqa.gguf", run_model, (size_t)-1), "replace model");
     snprintf(cmd, sizeof cmd, "%s run --resume %s", test_ellm_bin(), state);
     CHECK(sh(cmd, out, sizeof out, 1) != 0 && strstr(out, "another model"), "resume on another model: %s", out);
-    remove("/tmp/ellm_test_run_model.gguf");
+    remove(run_model);
     remove(state);
     snprintf(cmd, sizeof cmd, "%s.ref", state);
     remove(cmd);

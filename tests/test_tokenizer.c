@@ -66,13 +66,13 @@ static char *detok_all(const tokenizer *t, const int32_t *ids, int n, size_t *le
 static void test_vocab_vectors(const char *name) {
     char rel[256];
     snprintf(rel, sizeof(rel), "vocab/ggml-vocab-%s.gguf", name);
-    tokenizer *t = open_tokenizer(data_path(rel));
+    tokenizer *t = open_tokenizer(test_data_path(rel));
     if (!t) return;
     snprintf(rel, sizeof(rel), "vocab/ggml-vocab-%s.gguf.inp", name);
     size_t inp_len = 0, out_len = 0;
-    char *inp = test_read_file(data_path(rel), &inp_len);
+    char *inp = test_read_file(test_data_path(rel), &inp_len);
     snprintf(rel, sizeof(rel), "vocab/ggml-vocab-%s.gguf.out", name);
-    char *out = test_read_file(data_path(rel), &out_len);
+    char *out = test_read_file(test_data_path(rel), &out_len);
     CHECK(inp && out, "reading %s vectors", name);
     if (!inp || !out) {
         free(inp);
@@ -137,7 +137,7 @@ static void test_prompt_roundtrip(const char *model_path, const char *tokens_rel
     tokenizer *t = open_tokenizer(model_path);
     if (!t) return;
     size_t n_file;
-    char *file = test_read_file(data_path(tokens_rel), &n_file);
+    char *file = test_read_file(test_data_path(tokens_rel), &n_file);
     CHECK(file != NULL, "reading %s", tokens_rel);
     if (!file) {
         tokenizer_free(t);
@@ -175,8 +175,8 @@ static void test_prompt_roundtrip(const char *model_path, const char *tokens_rel
 
 static void test_prompt64_file(void) {
     size_t n1, n2;
-    char *a = test_read_file(data_path("models/prompt64.txt"), &n1);
-    char *b = test_read_file(data_path("models/llama-gqa.tokens.txt"), &n2);
+    char *a = test_read_file(test_data_path("models/prompt64.txt"), &n1);
+    char *b = test_read_file(test_data_path("models/llama-gqa.tokens.txt"), &n2);
     CHECK(a && b, "reading prompt64.txt / llama-gqa.tokens.txt");
     if (a && b) {
         int na, nb;
@@ -356,7 +356,7 @@ static void test_specials_llama(const tokenizer *t) {
 }
 
 static void test_specials_phi3(void) {
-    tokenizer *t = open_tokenizer(data_path("vocab/ggml-vocab-phi-3.gguf"));
+    tokenizer *t = open_tokenizer(test_data_path("vocab/ggml-vocab-phi-3.gguf"));
     if (!t) return;
     /* Phi-3 special tokens eat the whitespace after them (llama.cpp's rule for
      * this model family), and each fragment after one gets the space prefix. */
@@ -835,7 +835,7 @@ static void test_reference(const char *model_path, const char *name) {
 
     /* Chunks of real text (Python source), cut at arbitrary characters. */
     size_t n;
-    char *sample = test_read_file(data_path("heldout-sample.txt"), &n);
+    char *sample = test_read_file(test_data_path("heldout-sample.txt"), &n);
     if (sample) {
         size_t pos = 0;
         for (int i = 0; i < 12 && pos < n; i++) {
@@ -1026,13 +1026,13 @@ static frag *ref_partition(const char *text, size_t len, const ref_special *sp, 
 }
 
 static void test_partition_reference(void) {
-    tokenizer *t = open_tokenizer(data_path("vocab/ggml-vocab-phi-3.gguf"));
+    tokenizer *t = open_tokenizer(test_data_path("vocab/ggml-vocab-phi-3.gguf"));
     if (!t) return;
     /* Phi-3's special tokens: GGUF types unknown/control/user-defined; all
      * strip whitespace on their right except <unk>, <s> and <|endoftext|>. */
     gguf_file *f;
     ellm_error err;
-    gguf_open(data_path("vocab/ggml-vocab-phi-3.gguf"), &f, &err);
+    gguf_open(test_data_path("vocab/ggml-vocab-phi-3.gguf"), &f, &err);
     gguf_value_type et;
     uint64_t nt;
     const void *types;
@@ -1290,7 +1290,7 @@ static void bench(const char *name, const tokenizer *t, const char *text, size_t
 
 static void test_speed(const tokenizer *llama) {
     size_t n;
-    char *sample = test_read_file(data_path("heldout-sample.txt"), &n);
+    char *sample = test_read_file(test_data_path("heldout-sample.txt"), &n);
     CHECK(sample != NULL, "reading heldout-sample.txt");
     if (!sample) return;
     int reps = 10;
@@ -1317,13 +1317,13 @@ int main(void) {
     test_vocab_vectors("phi-3");
     test_prompt64_file();
     char gqa[1024];
-    snprintf(gqa, sizeof(gqa), "%s", data_path("models/llama-gqa.gguf"));
+    snprintf(gqa, sizeof(gqa), "%s", test_data_path("models/llama-gqa.gguf"));
     test_prompt_roundtrip(gqa, "models/llama-gqa.tokens.txt");
     test_prompt_roundtrip(eval_model_path(), "evalmodel.tokens.txt");
-    test_reference(data_path("vocab/ggml-vocab-llama-spm.gguf"), "llama-spm");
+    test_reference(test_data_path("vocab/ggml-vocab-llama-spm.gguf"), "llama-spm");
     test_reference(eval_model_path(), "evalmodel");
 
-    tokenizer *llama = open_tokenizer(data_path("vocab/ggml-vocab-llama-spm.gguf"));
+    tokenizer *llama = open_tokenizer(test_data_path("vocab/ggml-vocab-llama-spm.gguf"));
     if (llama) {
         test_detok_streaming(llama);
         test_specials_llama(llama);

@@ -42,7 +42,7 @@ static tokenizer *open_gguf(const char *path) {
 static tokenizer *open_hf(const char *rel) {
     tokenizer *t = NULL;
     ellm_error err = {0};
-    ellm_status st = tokenizer_init_hf_json(data_path(rel), &t, &err);
+    ellm_status st = tokenizer_init_hf_json(test_data_path(rel), &t, &err);
     CHECK(st == ELLM_OK, "tokenizer_init_hf_json %s: %s", rel, err.msg);
     return st == ELLM_OK ? t : NULL;
 }
@@ -59,8 +59,8 @@ static tokenizer *open_hf(const char *rel) {
 static int check_vectors(const tokenizer *t, const char *inp_rel, const char *out_rel,
                          const char *via, int add_bos, int parse_special, int *n_total) {
     size_t inp_len = 0, out_len = 0;
-    char *inp = test_read_file(data_path(inp_rel), &inp_len);
-    char *out = test_read_file(data_path(out_rel), &out_len);
+    char *inp = test_read_file(test_data_path(inp_rel), &inp_len);
+    char *out = test_read_file(test_data_path(out_rel), &out_len);
     CHECK(inp && out, "reading %s / %s", inp_rel, out_rel);
     int n_tests = 0, n_match = 0;
     char *p = inp, *o = out;
@@ -107,7 +107,7 @@ static void test_gguf_vectors(void) {
         char rel[256];
         snprintf(rel, sizeof(rel), "vocab/ggml-vocab-%s.gguf", vocabs[i]);
         double t0 = now_s();
-        tokenizer *t = open_gguf(data_path(rel));
+        tokenizer *t = open_gguf(test_data_path(rel));
         double t1 = now_s();
         if (!t) continue;
         int n_total = 0;
@@ -176,7 +176,7 @@ static int whole_utf8(const char *s, size_t n) {
  * push writing whole characters only. */
 static void check_roundtrips(const tokenizer *t, const char *inp_rel, const char *via) {
     size_t inp_len = 0;
-    char *inp = test_read_file(data_path(inp_rel), &inp_len);
+    char *inp = test_read_file(test_data_path(inp_rel), &inp_len);
     CHECK(inp != NULL, "reading %s", inp_rel);
     int n_tests = 0, n_ok = 0, all_whole = 1;
     size_t step = tokenizer_max_token_bytes(t) + 8;
@@ -220,7 +220,7 @@ static void test_roundtrips(void) {
         char rel[256], inp[256];
         snprintf(rel, sizeof(rel), "vocab/ggml-vocab-%s.gguf", bpe[i]);
         snprintf(inp, sizeof(inp), "vocab/ggml-vocab-%s.gguf.inp", bpe[i]);
-        tokenizer *t = open_gguf(data_path(rel));
+        tokenizer *t = open_gguf(test_data_path(rel));
         if (!t) continue;
         check_roundtrips(t, inp, bpe[i]);
         tokenizer_free(t);
@@ -254,7 +254,7 @@ static int32_t byte_token(const tokenizer *t, unsigned char b) {
  * only once the character is whole; a flush turns a cut one into U+FFFD; a
  * stray continuation byte becomes U+FFFD at once. */
 static void test_detok_bytes(void) {
-    tokenizer *t = open_gguf(data_path("vocab/ggml-vocab-qwen2.gguf"));
+    tokenizer *t = open_gguf(test_data_path("vocab/ggml-vocab-qwen2.gguf"));
     if (!t) return;
     const unsigned char emoji[4] = {0xF0, 0x9F, 0x98, 0x80}; /* U+1F600 */
     ellm_detok d = {0};
@@ -295,7 +295,7 @@ static void test_detok_bytes(void) {
 
 /* BOS follows the file: llama-bpe asks for it, qwen2 does not. */
 static void test_bos(void) {
-    tokenizer *t = open_gguf(data_path("vocab/ggml-vocab-llama-bpe.gguf"));
+    tokenizer *t = open_gguf(test_data_path("vocab/ggml-vocab-llama-bpe.gguf"));
     if (t) {
         int32_t ids[8];
         int n = 0;
@@ -309,7 +309,7 @@ static void test_bos(void) {
               "llama-bpe: no BOS when not asked");
         tokenizer_free(t);
     }
-    t = open_gguf(data_path("vocab/ggml-vocab-qwen2.gguf"));
+    t = open_gguf(test_data_path("vocab/ggml-vocab-qwen2.gguf"));
     if (t) {
         int32_t ids[8];
         int n = 0;
@@ -330,7 +330,7 @@ static void test_invalid_utf8(void) {
     for (size_t i = 0; i < sizeof(files) / sizeof(files[0]); i++) {
         ellm_tokenizer *tok = NULL;
         ellm_error err = {0};
-        if (ellm_tokenizer_load(data_path(files[i]), &tok, &err) != ELLM_OK) {
+        if (ellm_tokenizer_load(test_data_path(files[i]), &tok, &err) != ELLM_OK) {
             CHECK(0, "loading %s: %s", files[i], err.msg);
             continue;
         }
@@ -352,11 +352,11 @@ static void test_invalid_utf8(void) {
 static void test_public_api(void) {
     ellm_tokenizer *a = NULL, *b = NULL, *c = NULL;
     ellm_error err = {0};
-    CHECK(ellm_tokenizer_load(data_path("vocab/ggml-vocab-qwen2.gguf"), &a, &err) == ELLM_OK,
+    CHECK(ellm_tokenizer_load(test_data_path("vocab/ggml-vocab-qwen2.gguf"), &a, &err) == ELLM_OK,
           "load gguf: %s", err.msg);
-    CHECK(ellm_tokenizer_load(data_path("hf/qwen3/tokenizer.json"), &b, &err) == ELLM_OK,
+    CHECK(ellm_tokenizer_load(test_data_path("hf/qwen3/tokenizer.json"), &b, &err) == ELLM_OK,
           "load json: %s", err.msg);
-    CHECK(ellm_tokenizer_load(data_path("hf/qwen3"), &c, &err) == ELLM_OK, "load folder: %s",
+    CHECK(ellm_tokenizer_load(test_data_path("hf/qwen3"), &c, &err) == ELLM_OK, "load folder: %s",
           err.msg);
     if (a && b && c) {
         const char *text = "Hello, world! <|im_start|>assistant\n";
@@ -399,7 +399,7 @@ static void test_public_api(void) {
           "missing file: %s", err.msg);
 
     ellm_model *m = NULL;
-    if (ellm_model_load(data_path("models/qwen2-bias.gguf"), NULL, &m, &err) == ELLM_OK) {
+    if (ellm_model_load(test_data_path("models/qwen2-bias.gguf"), NULL, &m, &err) == ELLM_OK) {
         const ellm_tokenizer *mt = ellm_model_tokenizer(m);
         int32_t ids[16];
         int n = 0, n2 = 0;
@@ -572,7 +572,7 @@ static void test_long_runs(void) {
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
         char rel[256];
         snprintf(rel, sizeof(rel), "vocab/ggml-vocab-%s.gguf", names[i]);
-        tokenizer *t = open_gguf(data_path(rel));
+        tokenizer *t = open_gguf(test_data_path(rel));
         if (!t) continue;
         int cnt = 0;
         ellm_error err = {0};

@@ -11,14 +11,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-static char path_buf[1024];
-
-/* tests/data/<rel> (a static buffer: valid until the next call). */
-static const char *data_path(const char *rel) {
-    snprintf(path_buf, sizeof(path_buf), "%s/%s", test_data_dir(), rel);
-    return path_buf;
-}
-
 /* Encodes into a malloc'ed array (*n ids); NULL on error (status in
  * *st_out). A size query with no room must fail whenever there are ids. */
 static int32_t *encode(const tokenizer *t, const char *s, size_t len, int bos, int special, int *n,
