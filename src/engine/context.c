@@ -10,6 +10,7 @@
 #include <string.h>
 
 #define KV_BLOCK_TOKENS 16 /* finer blocks select better: see bench/RESULTS.md */
+#define KV_PAGE_TOKENS (KV_PAGE_BLOCKS * KV_BLOCK_TOKENS) /* tokens per page of the KV pool */
 
 ellm_context_params ellm_context_default_params(void) {
     ellm_context_params p;
@@ -74,7 +75,7 @@ ellm_status ellm_kv_pool_init(const ellm_model *model, ellm_kv_type type, double
     double pages = gb * 1e9 / (double)page;
     if (!(pages >= 1))
         return ellm_fail(err, ELLM_ERR_ARG, "KV pool: %g GB is less than one page of %d tokens (%.3f MB)", gb,
-                         KV_PAGE_BLOCKS * KV_BLOCK_TOKENS, (double)page / 1e6);
+                         KV_PAGE_TOKENS, (double)page / 1e6);
     if (pages > 1e12) pages = 1e12;
     ellm_kv_pool *p = calloc(1, sizeof *p);
     if (!p) return ellm_fail(err, ELLM_ERR_NOMEM, "KV pool: out of memory");
@@ -84,7 +85,6 @@ ellm_status ellm_kv_pool_init(const ellm_model *model, ellm_kv_type type, double
         return st;
     }
     p->kv_type = kp.type;
-    p->page_tokens = KV_PAGE_BLOCKS * KV_BLOCK_TOKENS;
     p->owned = 1;
     *out = p;
     return ELLM_OK;
@@ -95,7 +95,7 @@ size_t ellm_kv_pool_page_bytes(const ellm_model *model, ellm_kv_type type) {
     return kv_cache_page_bytes(&kp);
 }
 
-int ellm_kv_pool_page_tokens(void) { return KV_PAGE_BLOCKS * KV_BLOCK_TOKENS; }
+int ellm_kv_pool_page_tokens(void) { return KV_PAGE_TOKENS; }
 
 void ellm_kv_pool_free(ellm_kv_pool *p) {
     if (!p || !p->owned) return;
@@ -106,7 +106,7 @@ void ellm_kv_pool_free(ellm_kv_pool *p) {
 void ellm_kv_pool_get_stats(const ellm_kv_pool *p, ellm_kv_pool_stats *st) {
     st->pages_used = kv_pool_pages_used(p->pages);
     st->pages_total = kv_pool_pages_total(p->pages);
-    st->page_tokens = p->page_tokens;
+    st->page_tokens = KV_PAGE_TOKENS;
     st->page_bytes = kv_pool_page_bytes(p->pages);
 }
 
@@ -211,15 +211,14 @@ ellm_status engine_context_init(ellm_model *model, const ellm_context_params *pa
     int64_t max_pages = 0; /* a private pool of n_ctx tokens */
     if (!p.kv_pool && p.kv_cache_gb > 0) { /* the ceiling of a private pool, at least a page */
         double pages = p.kv_cache_gb * 1e9 / (double)kv_cache_page_bytes(&kp);
-        int64_t all = ((int64_t)n_ctx + KV_PAGE_BLOCKS * KV_BLOCK_TOKENS - 1) / (KV_PAGE_BLOCKS * KV_BLOCK_TOKENS);
+        int64_t all = ((int64_t)n_ctx + KV_PAGE_TOKENS - 1) / KV_PAGE_TOKENS;
         max_pages = pages < 1 ? 1 : pages < (double)all ? (int64_t)pages : all;
     }
     ctx->pool = shared_pool;
     ctx->owns_pool = !shared_pool;
     if ((st = kv_cache_init_pooled(&kp, p.kv_pool ? p.kv_pool->pages : NULL, max_pages, &ctx->kv, err)) ||
         ((ctx->kv_pool_view = (struct ellm_kv_pool){.pages = kv_cache_pool(ctx->kv),
-                                                     .kv_type = kv_type,
-                                                     .page_tokens = kv_cache_page_tokens(ctx->kv)}),
+                                                     .kv_type = kv_type}),
          0) ||
         (!shared_pool && (st = engine_placement_init(ctx, n_threads, err))) ||
         (st = attention_workspace_init(n_threads, ctx->n_batch, c->n_head, c->head_dim, ctx->n_ctx,

@@ -50,7 +50,6 @@ void engine_scratch_free(engine_scratch *s);
 struct ellm_kv_pool {
     kv_pool *pages;
     int kv_type; /* QTYPE_* */
-    int page_tokens;
     int owned;   /* 1: ellm_kv_pool_init made it (0: a context's private pool) */
 };
 
