@@ -134,6 +134,7 @@ ellm_status sched_init(ellm_model *model, const sched_params *params, server_met
                ELLM_ERR_ARG;
     if (p.n_batch < 1) p.n_batch = p.n_slots;
     if (p.chunk < 1) p.chunk = 128;
+    if (p.draft_max <= 0) p.draft_max = ellm_spec_default_params().draft_max;
     if (p.max_queue < 0) p.max_queue = 0;
     ellm_model_info info;
     ellm_model_get_info(model, &info);
@@ -191,7 +192,7 @@ ellm_status sched_init(ellm_model *model, const sched_params *params, server_met
     cp.sparse_topk = p.sparse_topk > 0 ? p.sparse_topk : -1; /* dense: no index kept */
     cp.sparse_recall_every = p.sparse_topk > 0 ? 64 : 0;
     if (p.spec && p.sparse_topk <= 0 && strstr(p.spec, "sparse")) cp.sparse_topk = 0; /* the drafter's index */
-    if (p.spec && cp.n_batch < (p.draft_max > 0 ? p.draft_max : 8) + 1) cp.n_batch = (p.draft_max > 0 ? p.draft_max : 8) + 1;
+    if (p.spec && cp.n_batch < p.draft_max + 1) cp.n_batch = p.draft_max + 1;
     for (int i = 0; i < p.n_slots && st == ELLM_OK; i++) {
         st = ellm_batch_context_init(s->batch, &cp, &s->slots[i].ctx, err);
         if (st == ELLM_OK && p.sparse_profile)
@@ -201,7 +202,7 @@ ellm_status sched_init(ellm_model *model, const sched_params *params, server_met
         if (st == ELLM_OK && p.spec) {
             ellm_spec_params spp = ellm_spec_default_params();
             spp.drafters = p.spec;
-            if (p.draft_max > 0) spp.draft_max = p.draft_max;
+            spp.draft_max = p.draft_max;
             spp.draft_map = p.draft_map;
             spp.verify_sparse = p.sparse_topk > 0;
             spp.adapt = 1;
@@ -466,6 +467,18 @@ static int reserve_kv(sched *s, slot *sl, int n_tokens) {
     return 1;
 }
 
+/* Ends job j because the pool is full of running sequences (lock held), with
+ * what the detokenizer and the stop check held back. */
+static void finish_pool_full(sched *s, job *j) {
+    char tail[64];
+    int nb = ellm_detok_flush(&j->dt, tail, sizeof tail);
+    if (nb > 0) append(&j->gen, &j->gen_len, &j->gen_cap, tail, (size_t)nb);
+    if (j->gen_len > j->gen_emitted &&
+        append(&j->text, &j->text_len, &j->text_cap, j->gen + j->gen_emitted, j->gen_len - j->gen_emitted))
+        j->gen_emitted = j->gen_len;
+    finish_job(s, j, "length");
+}
+
 /* Moves queued jobs into idle slots (lock held), oldest first. The slot whose cached tokens
  * share the longest prefix with the prompt wins (ties: the least recently
  * used) if that prefix is at least half the prompt. At least the prompt's last token is fed again, for its logits.
@@ -617,6 +630,13 @@ static void spec_steps(sched *s) {
         slot *sl = &s->slots[i];
         job *j = sl->job;
         if (!j || !j->generating || j->cancelled || !sl->spec) continue;
+        /* a step writes up to draft_max + 1 tokens: their pages come from the
+         * pool as plain decoding's do (idle slots' kept KV first) */
+        int need = sl->n_tokens + s->p.draft_max + 1;
+        if (!reserve_kv(s, sl, need < s->n_ctx ? need : s->n_ctx)) {
+            finish_pool_full(s, j);
+            continue;
+        }
         pthread_mutex_unlock(&s->mu);
         int n = 0;
         const char *fin = spec_step_job(s, j, sl, &n);
@@ -707,15 +727,7 @@ static void *engine_main(void *arg) {
             job *j = s->slots[i].job;
             if (!j || !j->generating || s->slots[i].spec) continue; /* speculative slots step on their own */
             if (!reserve_kv(s, &s->slots[i], s->slots[i].n_tokens + 1)) {
-                /* the pool is full of running sequences: this one ends here,
-                 * with what the detokenizer and the stop check held back */
-                char tail[64];
-                int nb = ellm_detok_flush(&j->dt, tail, sizeof tail);
-                if (nb > 0) append(&j->gen, &j->gen_len, &j->gen_cap, tail, (size_t)nb);
-                if (j->gen_len > j->gen_emitted &&
-                    append(&j->text, &j->text_len, &j->text_cap, j->gen + j->gen_emitted, j->gen_len - j->gen_emitted))
-                    j->gen_emitted = j->gen_len;
-                finish_job(s, j, "length");
+                finish_pool_full(s, j);
                 continue;
             }
             s->step_ctx[ns] = s->slots[i].ctx;

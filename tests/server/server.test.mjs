@@ -197,6 +197,19 @@ async function specServer() {
     check(acc2 > 0 && acc2 <= 1, `ellm_spec_acceptance_rate with n-gram drafts (${acc2})`);
     srv.proc.kill('SIGTERM');
 
+    // speculative slots take their pages from the shared pool as plain slots
+    // do: two that outgrow a 384-token pool end with "length", not an error
+    stage = 'spec: pool full';
+    srv = await startServer([], BIN, ['serve', '-m', model, '--port', '0', '-t', THREADS, '-c', '512', '--parallel', '2',
+      '--kv-cache-gb', '0.0006', '--spec', 'ngram']);
+    client = new OpenAI({ baseURL: srv.base + '/v1', apiKey: 'none', maxRetries: 0, timeout: 60000 });
+    const grow = await Promise.all([0, 1].map((i) => client.completions.create({ model: 'x', prompt: PROMPTS[i],
+      max_tokens: 300, temperature: 0, ignore_eos: true })));
+    check(grow.every((r) => r.choices[0].finish_reason === 'length' && r.usage.completion_tokens >= 1) &&
+          grow.some((r) => r.usage.completion_tokens < 300),
+          `--spec slots that outgrow the pool end with "length" (${grow.map((r) => r.usage.completion_tokens)})`);
+    srv.proc.kill('SIGTERM');
+
     // recall is sampled on single-token steps, which a plain sparse server makes
     stage = 'sparse recall';
     srv = await startServer([], BIN, ['serve', '-m', model, '--port', '0', '-t', THREADS, '-c', '512', '--parallel', '1',
