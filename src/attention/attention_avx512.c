@@ -284,7 +284,7 @@ static ALWAYS_INLINE void block_step(attn_state *st, const attn_block *b, const 
         load_kT(st->kbuf, lds, b->k, b->type, nk, hd, bt, b->next_k);
         qk_all(st->q, hdp, st->kbuf, lds, hd, st->s, lds, r0, R, nk, 0, b->ahead_k, pf_k);
     }
-    attn_softmax_block_avx512(st, b, r0, nk);
+    attn_softmax_block_avx512(st, b, r0, nk, hdp);
     if (in_place) {
         if (f16) pv_all(st->acc, hdp, st->s, lds, b->v, hd, hd, r0, R, nk, 1, b->ahead_v, pf_v);
         else pv_all(st->acc, hdp, st->s, lds, b->v, hd, hd, r0, R, nk, 0, b->ahead_v, pf_v);

@@ -46,17 +46,18 @@ static inline __attribute__((always_inline)) float attn_softmax_row_avx512(float
 }
 
 /* The block's rows [r0, st->rows) over its nk keys: scores in st->s become
- * probabilities, and each row's acc is rescaled where its max grew. */
+ * probabilities, and each row's acc (hdp floats, a constant where the caller
+ * specialises on head_dim) is rescaled where its max grew. */
 static inline __attribute__((always_inline)) void attn_softmax_block_avx512(attn_state *st, const attn_block *b,
-                                                                            int r0, int nk) {
+                                                                            int r0, int nk, const int hdp) {
     for (int r = r0; r < st->rows; r++) {
         int nv = b->vis0 + r / st->group;
         if (nv > nk) nv = nk;
         float alpha = attn_softmax_row_avx512(st->s + (size_t)r * st->lds, nv, nk, &st->m[r], &st->l[r]);
         if (alpha != 1.0f) {
-            float *acc = st->acc + (size_t)r * st->hdp;
+            float *acc = st->acc + (size_t)r * hdp;
             const __m512 va = _mm512_set1_ps(alpha);
-            for (int d = 0; d < st->hdp; d += 16)
+            for (int d = 0; d < hdp; d += 16)
                 _mm512_storeu_ps(acc + d, _mm512_mul_ps(va, _mm512_loadu_ps(acc + d)));
         }
     }
