@@ -7,7 +7,7 @@
 //       [--servers ellm,llama] [--ellm build/ellm]
 //       [--llama /tmp/llama.cpp/build/bin/llama-server] [--threads 2]
 //       [--levels 1,4,16] [--requests 2] [--prompt-tokens 32] [--max-tokens 64]
-//       [--long-prompt 512] [--background 8] [--no-write]
+//       [--long-prompt 512] [--background 8] [--no-write: print, write nothing]
 //
 // Phases, per server:
 //   throughput    C clients at once (C in --levels), each sending --requests
@@ -125,10 +125,12 @@ async function complete(base, prompt, maxTokens, signal, onToken) {
         if (j.usage?.completion_tokens) usage = j.usage.completion_tokens;
         const c = j.choices?.[0];
         if (!c) continue;
-        // The first chunk of any kind ends the wait for the first token (with
-        // max_tokens 1 it may be the final chunk). Gaps are taken between
-        // chunks that carry text: a server may send one chunk for several
-        // tokens, and none for a token whose text is empty.
+        // The first chunk with a choice ends the wait for the first token
+        // (with max_tokens 1 it may be the final chunk). Token times are the
+        // arrivals of the chunks that stand for a token: every chunk but a
+        // final one with no text (both servers send one chunk per token, its
+        // text possibly empty); tokens ÷ such chunks is reported, so a server
+        // that merged tokens into chunks would show it.
         if (first === null) first = performance.now();
         if (typeof c.text !== 'string' || (c.finish_reason && !c.text)) continue;
         times.push(performance.now());
@@ -155,7 +157,8 @@ async function throughput(base) {
     const wall = (performance.now() - t0) / 1000;
     const tokens = res.reduce((s, r) => s + r.tokens, 0);
     const ttft = res.map((r) => r.ttft).filter((x) => x !== null), gaps = res.flatMap((r) => gapsOf(r.times));
-    rows.push({ streams: c, requests: res.length, tokens, wall_s: wall, tok_s: tokens / wall, loadavg_before: la,
+    const chunks = res.reduce((s, r) => s + r.times.length, 0);
+    rows.push({ streams: c, requests: res.length, tokens, chunks, tokens_per_chunk: tokens / chunks, wall_s: wall, tok_s: tokens / wall, loadavg_before: la,
       ttft_ms: ttft, ttft_p50_ms: median(ttft), ttft_p99_ms: pct(ttft, 99),
       itl_p50_ms: median(gaps), itl_p99_ms: pct(gaps, 99), itl_samples: gaps.length });
     log(`  ${c} streams: ${(tokens / wall).toFixed(1)} tok/s`);
@@ -228,13 +231,14 @@ function render(R) {
   w();
   w(`## Throughput at ${R.config.levels.join(', ')} concurrent streams`);
   w();
-  w('| server | streams | tokens/s | × one stream | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms |');
-  w('|---|---:|---:|---:|---:|---:|---:|---:|');
+  w('| server | streams | tokens/s | × one stream | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms | tokens per chunk |');
+  w('|---|---:|---:|---:|---:|---:|---:|---:|---:|');
   for (const s of R.servers) {
     const one = s.throughput.find((r) => r.streams === Math.min(...R.config.levels));
     for (const r of s.throughput)
       w(`| ${s.server === 'ellm' ? 'ellm serve' : 'llama-server'} | ${r.streams} | ${r.tok_s.toFixed(1)} | ${(r.tok_s / one.tok_s).toFixed(2)} | ` +
-        `${r.ttft_p50_ms.toFixed(1)} | ${r.ttft_p99_ms.toFixed(1)} | ${r.itl_p50_ms.toFixed(1)} | ${r.itl_p99_ms.toFixed(1)} |`);
+        `${r.ttft_p50_ms.toFixed(1)} | ${r.ttft_p99_ms.toFixed(1)} | ${r.itl_p50_ms.toFixed(1)} | ${r.itl_p99_ms.toFixed(1)} | ` +
+        `${r.tokens_per_chunk ? r.tokens_per_chunk.toFixed(2) : '—'} |`);
   }
   const e = R.servers.find((s) => s.server === 'ellm'), l = R.servers.find((s) => s.server === 'llama');
   if (e && l) {
@@ -250,10 +254,10 @@ function render(R) {
   w();
   w('TTFT of the long prompt alone and while the streams run (medians of 3), and the running streams\' inter-token');
   w('latency over the window in which those prompts arrive. TTFT is the time to the first streamed chunk; ITL is');
-  w('the gap between chunks that carry text. `ellm serve` sends a chunk when new text exists (several tokens');
-  w('may share one; a token whose text is empty sends none), llama-server one per token, so on a random-weight');
-  w('model, whose tokens often decode to nothing, ellm\'s ITL columns measure chunks, not tokens. Tokens/s');
-  w('counts tokens from each response\'s `usage`.');
+  w('the gap between consecutive token chunks. Both servers send one chunk per generated token (its text may');
+  w('be empty: a random-weight model often picks tokens with no text), so ITL is per token; the throughput');
+  w('table\'s last column (tokens from `usage` ÷ token chunks) shows it. Tokens/s counts tokens from each');
+  w('response\'s `usage`.');
   w();
   w('| server | TTFT alone ms | TTFT loaded ms | loaded ÷ alone | running streams\' ITL p50 ms | ITL p99 ms | p99 ÷ p50 |');
   w('|---|---:|---:|---:|---:|---:|---:|');
@@ -288,14 +292,14 @@ async function main() {
   const R = { config: cfg, n_slots: nSlots, slot_ctx: slotCtx, machine, loadavg_start: loadavg(), servers: [] };
   for (const kind of cfg.servers) R.servers.push(await measure(kind));
   R.loadavg_end = loadavg();
-  fs.mkdirSync(path.join(HERE, 'results'), { recursive: true });
   const stamp = new Date().toISOString().replace(/[-:]/g, '').slice(0, 13).replace('T', '-');
   R.json_path = path.join(HERE, 'results', `serving-${stamp}.json`);
+  if (args['no-write']) { console.log(render(R)); return; } // a trial: nothing written
+  fs.mkdirSync(path.join(HERE, 'results'), { recursive: true });
   fs.writeFileSync(R.json_path, JSON.stringify(R, null, 1));
   log('raw results:', R.json_path);
-  const text = render(R);
-  if (args['no-write']) console.log(text);
-  else { fs.writeFileSync(path.join(HERE, 'SERVING.md'), text); log('wrote bench/SERVING.md'); }
+  fs.writeFileSync(path.join(HERE, 'SERVING.md'), render(R));
+  log('wrote bench/SERVING.md');
 }
 
 main().catch((e) => { console.error(e.stack || e.message); process.exit(1); });

@@ -81,7 +81,9 @@ char *resp_chunk(const resp_meta *m, int role, const char *text, size_t len, con
     if (chat) {
         cJSON *delta = cJSON_AddObjectToObject(c, "delta");
         if (role) cJSON_AddStringToObject(delta, "role", "assistant");
-        if (role || len) cJSON_AddItemToObject(delta, "content", str_n(text, len));
+        /* a token's chunk always has content ("" for a token with no text
+         * yet); the final chunk's delta is empty, as OpenAI's is */
+        if (role || len || !finish) cJSON_AddItemToObject(delta, "content", str_n(text, len));
     } else {
         cJSON_AddItemToObject(c, "text", str_n(text, len));
     }

@@ -87,6 +87,7 @@ static void job_free(job *j) {
     pthread_cond_destroy(&j->cv);
     free(j->prompt);
     free(j->text);
+    free(j->tok_end);
     free(j->gen);
     free(j);
 }
@@ -550,6 +551,34 @@ static size_t safe_len(const job *j) {
     return safe;
 }
 
+/* Shows one more generated token to the HTTP side (lock held): gen[gen_emitted,
+ * show) joins the job's text and the token gets its own entry in tok_end, so
+ * its stream sends a chunk for it now, with whatever text it completed (maybe
+ * none). Out of memory, the text still joins and goes out with a later chunk. */
+static void publish_token(job *j, size_t show) {
+    if (show > j->gen_emitted && append(&j->text, &j->text_len, &j->text_cap, j->gen + j->gen_emitted, show - j->gen_emitted))
+        j->gen_emitted = show;
+    if (j->n_tok == j->tok_cap) {
+        int cap = j->tok_cap ? 2 * j->tok_cap : 64;
+        size_t *t = realloc(j->tok_end, (size_t)cap * sizeof *t);
+        if (!t) return;
+        j->tok_end = t;
+        j->tok_cap = cap;
+    }
+    j->tok_end[j->n_tok++] = j->text_len;
+}
+
+/* Text of gen that may be shown after a token: all of it once the job ends
+ * (what the detokenizer held back flushed first), else up to a possible
+ * stop-string prefix (engine thread, no lock). */
+static size_t shown_after(job *j, const char *fin) {
+    if (!fin) return safe_len(j);
+    char tail[64];
+    int nb = ellm_detok_flush(&j->dt, tail, sizeof tail);
+    if (nb > 0) append(&j->gen, &j->gen_len, &j->gen_cap, tail, (size_t)nb);
+    return j->gen_len;
+}
+
 /* Handles the token sampled for job j after a pass (engine thread, no lock).
  * Returns the finish reason, or NULL to continue. */
 static const char *on_token(sched *s, job *j, slot *sl, int32_t tok) {
@@ -578,8 +607,9 @@ static const char *on_token(sched *s, job *j, slot *sl, int32_t tok) {
 /* One speculative step of job j in its slot (engine thread, no lock): the
  * tokens it returns go through on_token as if sampled one at a time, each
  * judged against the KV length at its own position. Returns the finish
- * reason or NULL; *n_emit gets the tokens emitted. */
-static const char *spec_step_job(sched *s, job *j, slot *sl, int *n_emit) {
+ * reason or NULL; *n_emit gets the tokens emitted and shows[i] the length of
+ * gen that may be shown after token i (shows: room for 64). */
+static const char *spec_step_job(sched *s, job *j, slot *sl, int *n_emit, size_t *shows) {
     ellm_context *ctx = sl->ctx;
     ellm_error err = {0};
     int32_t out[64];
@@ -606,6 +636,7 @@ static const char *spec_step_job(sched *s, job *j, slot *sl, int *n_emit) {
     while (i < n_out && !fin) {
         sl->n_tokens = base + i; /* what the KV held when this token was drawn */
         fin = on_token(s, j, sl, out[i]);
+        shows[i] = shown_after(j, fin);
         i++;
     }
     *n_emit = i;
@@ -639,12 +670,8 @@ static void spec_steps(sched *s) {
         }
         pthread_mutex_unlock(&s->mu);
         int n = 0;
-        const char *fin = spec_step_job(s, j, sl, &n);
-        if (fin) {
-            char tail[64];
-            int nb = ellm_detok_flush(&j->dt, tail, sizeof tail);
-            if (nb > 0) append(&j->gen, &j->gen_len, &j->gen_cap, tail, (size_t)nb);
-        }
+        size_t shows[64];
+        const char *fin = spec_step_job(s, j, sl, &n, shows);
         pthread_mutex_lock(&s->mu);
         if (j->failed) {
             finish_job(s, j, NULL);
@@ -659,9 +686,7 @@ static void spec_steps(sched *s) {
         }
         pthread_mutex_unlock(&s->metrics->mu);
         j->t_last_token = now;
-        size_t show = fin ? j->gen_len : safe_len(j);
-        if (show > j->gen_emitted && append(&j->text, &j->text_len, &j->text_cap, j->gen + j->gen_emitted, show - j->gen_emitted))
-            j->gen_emitted = show;
+        for (int t = 0; t < n; t++) publish_token(j, shows[t]);
         if (fin) finish_job(s, j, fin);
         else pthread_cond_broadcast(&j->cv);
     }
@@ -770,6 +795,7 @@ static void *engine_main(void *arg) {
         /* results, outside the lock: only this thread touches these fields */
         const char *fin[ns];
         int emit[ns];
+        size_t show[ns];
         for (int k = 0; k < ns; k++) {
             job *j = s->step_job[k];
             slot *sl = &s->slots[j->slot];
@@ -795,11 +821,7 @@ static void *engine_main(void *arg) {
             j->last = tok;
             emit[k] = 1;
             fin[k] = on_token(s, j, sl, tok);
-            if (fin[k]) { /* show what the detokenizer held back */
-                char tail[64];
-                int nb = ellm_detok_flush(&j->dt, tail, sizeof tail);
-                if (nb > 0) append(&j->gen, &j->gen_len, &j->gen_cap, tail, (size_t)nb);
-            }
+            show[k] = shown_after(j, fin[k]);
         }
 
         pthread_mutex_lock(&s->mu);
@@ -828,11 +850,7 @@ static void *engine_main(void *arg) {
                 continue;
             }
             if (!emit[k]) continue;
-            size_t show = fin[k] ? j->gen_len : safe_len(j);
-            if (show > j->gen_emitted) {
-                if (append(&j->text, &j->text_len, &j->text_cap, j->gen + j->gen_emitted, show - j->gen_emitted))
-                    j->gen_emitted = show;
-            }
+            publish_token(j, show[k]);
             if (fin[k]) finish_job(s, j, fin[k]);
             else pthread_cond_broadcast(&j->cv);
         }

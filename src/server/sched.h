@@ -45,6 +45,13 @@ struct job {
     /* Under the scheduler lock. */
     char *text;      /* emitted text: complete UTF-8, stop strings held back */
     size_t text_len, text_cap;
+    /* One entry per generated token the stream may send, in order: the
+     * length of `text` once that token is shown (a token that adds no text,
+     * e.g. half a UTF-8 character or a possible stop-string prefix, repeats
+     * the previous length), so a stream sends one chunk per token. Text past
+     * the last entry (a flush at the end) goes with the final chunk. */
+    size_t *tok_end;
+    int n_tok, tok_cap;
     int n_gen;       /* completion tokens */
     int n_cached;    /* prompt tokens reused from the slot's KV cache */
     int done;

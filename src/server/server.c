@@ -212,6 +212,7 @@ typedef struct {
     resp_meta meta;
     char id[48];
     size_t taken;  /* bytes of job->text already sent */
+    int sent_tok;  /* generated tokens whose chunk was sent (job->tok_end entries) */
     int started, finished;
     char *out;     /* pending bytes of SSE events */
     size_t out_len, out_off, out_cap;
@@ -239,8 +240,12 @@ static void fill_usage(stream *st) {
     st->meta.cached_tokens = st->job->n_cached;
 }
 
-/* MHD content reader: SSE events as the job produces text. Blocks (this is
- * the connection's own thread) until there is something to send. */
+/* MHD content reader: SSE events as the job produces tokens, one chunk per
+ * generated token (its text may be empty: half a UTF-8 character or a
+ * possible stop-string prefix waits for a later token), as llama-server
+ * streams, so a client sees each token when it exists. A chat stream's role
+ * chunk goes out with the first token. Blocks (this is the connection's own
+ * thread) until there is something to send. */
 static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
     stream *st = cls;
     (void)pos;
@@ -250,23 +255,15 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
         sched *s = st->srv->sched;
         job *j = st->job;
         sched_lock(s);
-        if (!st->started) {
-            st->started = 1;
-            if (st->meta.kind == REQ_CHAT) {
-                char *c = resp_chunk(&st->meta, 1, "", 0, NULL);
-                out_event(st, c);
-                free(c);
-            }
-        }
         int waited = 0;
-        while (!st->out_len && j->text_len == st->taken && !j->done) {
+        while (!st->out_len && j->n_tok == st->sent_tok && !j->done) {
             if (client_gone(st->conn)) {
                 sched_unlock(s);
                 return MHD_CONTENT_READER_END_WITH_ERROR; /* the free callback cancels the job */
             }
             sched_wait(s, j, WAIT_SLICE_MS);
             waited += WAIT_SLICE_MS;
-            if (waited >= KEEPALIVE_MS && j->text_len == st->taken && !j->done) {
+            if (waited >= KEEPALIVE_MS && j->n_tok == st->sent_tok && !j->done) {
                 static const char ka[] = ": keep-alive\n\n";
                 if (st->out_cap < sizeof ka) {
                     char *b = realloc(st->out, 64);
@@ -276,7 +273,22 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
                 break;
             }
         }
-        if (j->text_len > st->taken) {
+        if (!st->started && (j->n_tok > st->sent_tok || j->done)) {
+            st->started = 1;
+            if (st->meta.kind == REQ_CHAT && (j->n_tok > 0 || j->finish)) {
+                char *c = resp_chunk(&st->meta, 1, "", 0, NULL);
+                out_event(st, c);
+                free(c);
+            }
+        }
+        for (; st->sent_tok < j->n_tok; st->sent_tok++) {
+            size_t end = j->tok_end[st->sent_tok];
+            char *c = resp_chunk(&st->meta, 0, j->text + st->taken, end - st->taken, NULL);
+            out_event(st, c);
+            free(c);
+            st->taken = end;
+        }
+        if (j->done && j->text_len > st->taken) { /* text no token carried (flushed at the end) */
             char *c = resp_chunk(&st->meta, 0, j->text + st->taken, j->text_len - st->taken, NULL);
             out_event(st, c);
             free(c);

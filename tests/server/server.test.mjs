@@ -85,16 +85,20 @@ async function streamText(client, kind, params) {
   const s = kind === 'chat'
     ? await client.chat.completions.create({ ...params, stream: true, stream_options: { include_usage: true } })
     : await client.completions.create({ ...params, stream: true, stream_options: { include_usage: true } });
-  let text = '', finish = null, usage = null, chunks = 0;
+  // tokenChunks: chunks that stand for one generated token each (not the chat
+  // role chunk, not the final chunk that only carries finish_reason)
+  let text = '', finish = null, usage = null, chunks = 0, tokenChunks = 0;
   for await (const c of s) {
     chunks++;
     if (c.usage) usage = c.usage;
     const ch = c.choices && c.choices[0];
     if (!ch) continue;
+    const piece = kind === 'chat' ? ch.delta && ch.delta.content : ch.text;
+    if (typeof piece === 'string' && !(kind === 'chat' && ch.delta.role) && !(ch.finish_reason && piece === '')) tokenChunks++;
     text += kind === 'chat' ? (ch.delta && ch.delta.content) || '' : ch.text || '';
     if (ch.finish_reason) finish = ch.finish_reason;
   }
-  return { text, finish, usage, chunks };
+  return { text, finish, usage, chunks, tokenChunks };
 }
 
 const PROMPTS = [
@@ -172,6 +176,8 @@ async function specServer() {
       else console.error(`--spec prompt ${i}: alone ${JSON.stringify(alone[i])} together ${JSON.stringify(together[i].text)} run ${JSON.stringify(refs[i])}`);
     });
     check(same === ps.length, `--spec ngram+quant:q4_0: greedy text equals plain decoding, alone and 4 at once (${same}/${ps.length})`);
+    check(together.every((r) => r.usage && r.tokenChunks === r.usage.completion_tokens),
+          `--spec streams: one chunk per token, several tokens of a step included (${together.map((r) => r.tokenChunks).join(',')})`);
     const short = await client.completions.create({ model: 'x', prompt: PROMPTS[5], max_tokens: 5, temperature: 0 });
     check(short.usage.completion_tokens <= 5, `--spec keeps max_tokens (${short.usage.completion_tokens})`);
     const ie = await client.completions.create({ model: 'x', prompt: PROMPTS[3], max_tokens: 120, temperature: 0, ignore_eos: true });
@@ -368,6 +374,7 @@ async function main() {
     check(s0.text === c0.choices[0].text, 'streamed completion deltas concatenate to the whole text');
     check(s0.finish === 'length' && s0.usage && s0.usage.completion_tokens === 24 && s0.chunks > 2,
           'streamed completion: finish, usage, several chunks');
+    check(s0.tokenChunks === 24, `streamed completion: one chunk per generated token (${s0.tokenChunks} for 24)`);
 
     stage = 'prompt as token ids';
     // prompt as token ids gives the same text
@@ -388,6 +395,8 @@ async function main() {
     check(ch.usage && ch.usage.completion_tokens > 0, 'chat usage');
     const chs = await streamText(client, 'chat', { model: 'x', messages: [{ role: 'user', content: q }], max_tokens: 16, temperature: 0 });
     check(chs.text === ch.choices[0].message.content && chs.finish === ch.choices[0].finish_reason, 'streamed chat equals chat');
+    check(chs.usage && chs.tokenChunks === chs.usage.completion_tokens,
+          `streamed chat: one chunk per generated token (${chs.tokenChunks} for ${chs.usage && chs.usage.completion_tokens})`);
     const ch2 = await client.chat.completions.create({ model: 'x', messages: [{ role: 'system', content: 'Be brief.' }, { role: 'user', content: [{ type: 'text', text: 'class A:' }] }], max_completion_tokens: 8, temperature: 0 });
     check(typeof ch2.choices[0].message.content === 'string' && ch2.usage.completion_tokens <= 8, 'chat with system message and content parts');
 
@@ -401,6 +410,8 @@ async function main() {
     check(st.choices[0].text === t.slice(0, stopAt) && st.choices[0].finish_reason === 'stop', `stop string ${JSON.stringify(stop)}: ${JSON.stringify(st.choices[0].text)}`);
     const sst = await streamText(client, 'completion', { model: 'x', prompt: PROMPTS[1], max_tokens: 32, temperature: 0, stop });
     check(sst.text === t.slice(0, stopAt) && sst.finish === 'stop', 'streamed stop string');
+    check(sst.usage && sst.tokenChunks === sst.usage.completion_tokens,
+          `streamed stop string: a chunk for every token, held-back text included (${sst.tokenChunks} for ${sst.usage && sst.usage.completion_tokens})`);
 
     stage = 'seeded sampling';
     // seeded sampling is reproducible; different seeds usually differ
