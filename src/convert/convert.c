@@ -138,11 +138,7 @@ static float cv_weight_limit(int type) {
 
 /* Index of the first element of x[0, n) that is NaN or beyond `lim` in
  * magnitude, or -1. */
-static int64_t cv_bad_value(const float *x, int64_t n, float lim) {
-    for (int64_t i = 0; i < n; i++)
-        if (!(fabsf(x[i]) <= lim)) return i;
-    return -1;
-}
+static int64_t cv_bad_value(const float *x, int64_t n, float lim) { return kern_first_out_of_range(x, n, lim); }
 
 /* Row r of tensor t as floats: the source row (its Q/K permutation
  * applied) converted into x (ne0 floats), or the generated data. */
@@ -184,7 +180,11 @@ static void chunk_job(void *arg, int ith, int nth) {
             }
             continue;
         }
-        qtype_quantize_weighted(t->type, row, c->chunk + (size_t)i * j->out_row, t->ne0, t->imatrix, t->ne0);
+        uint8_t *out = c->chunk + (size_t)i * j->out_row;
+        if (t->imatrix)
+            qtype_quantize_weighted(t->type, row, out, t->ne0, t->imatrix, t->ne0);
+        else
+            kern_quantize(t->type, row, out, t->ne0);
     }
 }
 

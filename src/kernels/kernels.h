@@ -33,6 +33,13 @@ void kern_matmul_ref(int wtype, const void *W, int64_t cols, int64_t r0, int64_t
 
 /* Dequantizes n elements (a multiple of the block size) of type `type`. */
 void kern_dequantize(int type, const void *src, float *dst, int64_t n);
+/* Quantizes n floats (a multiple of the block size) to `type`: exactly what
+ * qtype_quantize_ref writes, through SIMD code where the type has it. */
+void kern_quantize(int type, const float *src, void *dst, int64_t n);
+/* Index of the first of x[0, n) that is NaN or beyond lim in magnitude, or
+ * -1 (a quantizer's input check). */
+int64_t kern_first_out_of_range(const float *x, int64_t n, float lim);
+int64_t kern_first_out_of_range_ref(const float *x, int64_t n, float lim);
 
 /* ---- element-wise and row kernels ---- */
 
