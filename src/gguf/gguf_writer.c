@@ -3,6 +3,7 @@
  * and their data is streamed at write time. */
 #include "gguf/gguf_writer.h"
 
+#include "core/async_writer.h"
 #include "core/status.h"
 #include "kernels/quant.h"
 
@@ -374,12 +375,21 @@ uint64_t gguf_writer_file_size(const gguf_writer *w) {
 typedef struct {
     gguf_writer *w;
     FILE *fp;
+    async_writer *aw; /* background writes to fp, or NULL: fwrite here */
     const char *what;
     uint64_t done, total, last_report;
 } gw_out;
 
+/* Output buffers of the background writer (two of them). */
+#define GGUF_WRITER_ASYNC_BYTES ((size_t)8 << 20)
+
 static ellm_status out_write(gw_out *o, const void *p, size_t n, ellm_error *err) {
-    if (n && fwrite(p, 1, n, o->fp) != n) {
+    if (o->aw && n) {
+        int e = async_writer_put(o->aw, p, n);
+        if (e)
+            return gw_fail(o->w, err, ELLM_ERR_IO, "writing '%s' before byte %llu: %s", o->what,
+                           (unsigned long long)(o->done + n), strerror(e));
+    } else if (n && fwrite(p, 1, n, o->fp) != n) {
         int e = errno;
         return gw_fail(o->w, err, ELLM_ERR_IO, "writing '%s' at byte %llu: %s", o->what,
                        (unsigned long long)o->done, e ? strerror(e) : "write error");
@@ -436,7 +446,7 @@ static ellm_status write_tensor_data(gw_out *o, const gguf_writer_tensor *t, uns
 /* Writes to `fp`; the failure of one write is not remembered by the writer,
  * which may be written again (to another file). */
 static ellm_status write_fp(gguf_writer *w, FILE *fp, const char *what, ellm_error *err) {
-    gw_out o = {w, fp, what, 0, gguf_writer_file_size(w), 0};
+    gw_out o = {w, fp, NULL, what, 0, gguf_writer_file_size(w), 0};
     ellm_status st;
     size_t max_row = 0;
     for (int64_t i = 0; i < w->n_tensors; i++)
@@ -445,6 +455,9 @@ static ellm_status write_fp(gguf_writer *w, FILE *fp, const char *what, ellm_err
     if (max_row && !(row = malloc(max_row)))
         return gw_fail(w, err, ELLM_ERR_NOMEM, "writing '%s': out of memory for a %zu-byte row", what, max_row);
 
+    /* Rows are produced (converted, quantized) while the previous 8 MB go
+     * to the kernel; small files are written directly. */
+    if (o.total >= 2 * GGUF_WRITER_ASYNC_BYTES) o.aw = async_writer_open(fp, GGUF_WRITER_ASYNC_BYTES);
     errno = 0;
     if ((st = out_write(&o, "GGUF", 4, err)) || (st = out_u32(&o, GGUF_WRITER_VERSION, err)) ||
         (st = out_u64(&o, (uint64_t)w->n_tensors, err)) || (st = out_u64(&o, (uint64_t)w->n_kv, err)) ||
@@ -472,6 +485,14 @@ static ellm_status write_fp(gguf_writer *w, FILE *fp, const char *what, ellm_err
             w->progress(w->progress_user, o.done, o.total);
         }
     }
+    if (o.aw) {
+        int e = async_writer_close(o.aw);
+        o.aw = NULL;
+        if (e) {
+            st = gw_fail(w, err, ELLM_ERR_IO, "writing '%s': %s", what, strerror(e));
+            goto done;
+        }
+    }
     if (fflush(fp) != 0 || ferror(fp)) {
         int e = errno;
         st = gw_fail(w, err, ELLM_ERR_IO, "writing '%s': %s", what, e ? strerror(e) : "write error");
@@ -481,6 +502,7 @@ static ellm_status write_fp(gguf_writer *w, FILE *fp, const char *what, ellm_err
     if (w->progress && o.last_report != o.done) w->progress(w->progress_user, o.done, o.total);
     st = ELLM_OK;
 done:
+    if (o.aw) async_writer_close(o.aw); /* after a failure: stop the thread, the error is st's */
     free(row);
     return st;
 }
