@@ -210,6 +210,12 @@ ellm_status ellm_mpi_agree(ellm_mpi *mpi, int ok, int *all_ok, ellm_error *err);
  * *median_us. Every rank calls it alike. */
 ellm_status ellm_mpi_time_exchange(ellm_mpi *mpi, int rows, int head_dim, int reps, double *median_us,
                                    ellm_error *err);
+/* NULL, or the message of the first collective of this handle that failed
+ * (a rank died, hung or fell out of step). After one, every collective of
+ * the handle fails at once instead of waiting again, and
+ * ellm_mpi_finalize does not wait for the lost rank. Read it from the
+ * thread that runs the collectives. */
+const char *ellm_mpi_failed(const ellm_mpi *mpi);
 /* Stops every rank of the job with exit status `code` (after a failure that
  * leaves the other ranks waiting). */
 void ellm_mpi_abort(ellm_mpi *mpi, int code);

@@ -3,7 +3,7 @@
 
 #include <stdio.h>
 
-ellm_mpi *cli_mpi_start(double timeout_s) {
+ellm_mpi *cli_mpi_start(double timeout_s, int keep_stderr) {
     ellm_error err = {0};
     ellm_mpi *mpi = NULL;
     if (ellm_mpi_init(NULL, NULL, timeout_s, &mpi, &err) != ELLM_OK) {
@@ -12,7 +12,7 @@ ellm_mpi *cli_mpi_start(double timeout_s) {
     }
     /* Every rank runs the same command; only rank 0 speaks. */
     if (ellm_mpi_rank(mpi) != 0) {
-        if (!freopen("/dev/null", "w", stdout) || !freopen("/dev/null", "w", stderr)) {
+        if (!freopen("/dev/null", "w", stdout) || (!keep_stderr && !freopen("/dev/null", "w", stderr))) {
             ellm_mpi_abort(mpi, 1);
             return NULL;
         }

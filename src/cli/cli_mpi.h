@@ -1,4 +1,4 @@
-/* `--mpi` for the commands that take it (run, logits, bench). */
+/* `--mpi` for the commands that take it (run, logits, bench, serve). */
 #ifndef ELLM_CLI_CLI_MPI_H
 #define ELLM_CLI_CLI_MPI_H
 
@@ -9,8 +9,9 @@
 #define CLI_MPI_TIMEOUT_S 300.0
 
 /* Starts MPI (the command runs under mpirun); on ranks other than 0 stdout
- * and stderr go to /dev/null. Returns NULL after printing why. */
-ellm_mpi *cli_mpi_start(double timeout_s);
+ * and (unless keep_stderr: a server's followers say why they stop) stderr go
+ * to /dev/null. Returns NULL after printing why. */
+ellm_mpi *cli_mpi_start(double timeout_s, int keep_stderr);
 /* Every rank says whether its setup (model, context) succeeded; returns 1 if
  * all did. Ranks that agree on a failure end with cli_mpi_end(mpi, rc, 1),
  * which finalizes instead of stopping the job, so rank 0's message is kept. */

@@ -81,7 +81,7 @@ int cmd_bench_mpi(int argc, char **argv) {
             depths[j - 1] = t;
         }
     if (!model_path) model_path = cli_default_model();
-    ellm_mpi *mpi = cli_mpi_start(timeout);
+    ellm_mpi *mpi = cli_mpi_start(timeout, 0);
     if (!mpi) return 1;
 
     int rc = 1, agreed = 0;

@@ -106,7 +106,7 @@ int cmd_logits(int argc, char **argv) {
     int rc = 1;
     ellm_mpi *mpi = NULL;
     int mpi_agreed = 0; /* every rank knows of the failure */
-    if (use_mpi && !(mpi = cli_mpi_start(mpi_timeout))) {
+    if (use_mpi && !(mpi = cli_mpi_start(mpi_timeout, 0))) {
         free(ids);
         return 1;
     }

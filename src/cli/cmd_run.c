@@ -813,7 +813,7 @@ int cmd_run(int argc, char **argv) {
             fprintf(stderr, "error: --mpi does not take --chat (stdin reaches rank 0 only); use -p or -f\n");
             return 2;
         }
-        if (!(mpi = cli_mpi_start(o.mpi_timeout))) return 1;
+        if (!(mpi = cli_mpi_start(o.mpi_timeout, 0))) return 1;
         /* every rank samples the same tokens from the same logits: one seed */
         ellm_error e = {0};
         if (ellm_mpi_bcast(mpi, &o.sp.seed, sizeof o.sp.seed, &e) != ELLM_OK) {

@@ -1,12 +1,18 @@
 /* `ellm serve` (and build/ellm_server): the OpenAI-compatible HTTP server. */
 #include "cli/args.h"
+#include "cli/cli_mpi.h"
 #include "cli/commands.h"
+#include "server/sched_mpi.h"
 #include "server/server.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
+
+/* Default --mpi-timeout of a server: a lost rank shows on /health within it. */
+#define SERVE_MPI_TIMEOUT_S 30.0
 
 static void serve_usage(FILE *f) {
     fprintf(f,
@@ -40,6 +46,15 @@ static void serve_usage(FILE *f) {
             "  --slot-save-path DIR   folder for POST /slots/{id}?action=save|restore {\"filename\": ...}\n"
             "  --numa-aware           weight rows on the NUMA node whose threads read them\n"
             "                         (as `ellm run --numa distribute`)\n"
+            "beyond one machine (mpirun -np R ellm serve --mpi ...):\n"
+            "  --mpi                  every slot's KV cache sharded over the MPI ranks, attention\n"
+            "                         merged exactly (greedy text as without); rank 0 serves HTTP\n"
+            "                         and schedules, the others run its passes. Not with --spec or\n"
+            "                         --slot-save-path. A lost rank makes /health and requests\n"
+            "                         answer 503; for rank 0 to outlive a rank that dies, launch\n"
+            "                         with `mpirun --mca orte_abort_on_non_zero_status 0`\n"
+            "  --mpi-timeout S        seconds to wait for the other ranks in one exchange before\n"
+            "                         the server reports a rank lost (default 30)\n"
             "endpoints: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health,\n"
             "           GET /metrics, POST /tokenize, POST /detokenize, GET / (chat page),\n"
             "           POST /slots/{id}?action=save|restore (with --slot-save-path)\n");
@@ -48,15 +63,17 @@ static void serve_usage(FILE *f) {
 int cmd_serve(int argc, char **argv) {
     server_params p;
     server_default_params(&p);
-    int bad = 0;
+    int bad = 0, use_mpi = 0;
     long n;
-    double d;
+    double d, mpi_timeout = SERVE_MPI_TIMEOUT_S;
     for (int i = 1; i < argc && !bad; i++) {
         const char *a = argv[i], *v = NULL;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             serve_usage(stdout);
             return 0;
         } else if (!strcmp(a, "--numa-aware")) p.numa_aware = 1;
+        else if (!strcmp(a, "--mpi")) use_mpi = 1;
+        else if (arg_value(argc, argv, &i, "--mpi-timeout", NULL, &v, &bad)) bad = !v || !arg_double(a, v, 0.001, 1e6, &mpi_timeout);
         else if (arg_value(argc, argv, &i, "--model", "-m", &v, &bad)) p.model_path = v;
         else if (arg_value(argc, argv, &i, "--host", NULL, &v, &bad)) p.host = v;
         else if (arg_value(argc, argv, &i, "--port", NULL, &v, &bad)) {
@@ -112,6 +129,26 @@ int cmd_serve(int argc, char **argv) {
             return 2;
         }
     }
+    if (use_mpi && (p.spec || p.slot_save_path)) {
+        fprintf(stderr, "error: --mpi does not support %s (a slot's KV is spread over the ranks)\n",
+                p.spec ? "--spec" : "--slot-save-path");
+        return 2;
+    }
     if (!p.model_path) p.model_path = cli_default_model();
-    return server_run(&p);
+    if (!use_mpi) return server_run(&p);
+    ellm_mpi *mpi = cli_mpi_start(mpi_timeout, 1);
+    if (!mpi) return 1;
+    if (ellm_mpi_rank(mpi) != 0) {
+        int rc = sched_mpi_follow(mpi, &p);
+        /* a follower that stops alone leaves MPI as it is: finalizing would
+         * wait for the others, and aborting would take rank 0 (which reports
+         * the loss on /health) down with it */
+        if (rc != 0) {
+            fflush(stderr);
+            _exit(rc);
+        }
+        return cli_mpi_end(mpi, rc, 1);
+    }
+    p.mpi = mpi;
+    return cli_mpi_end(mpi, server_run(&p), 0);
 }

@@ -12,12 +12,18 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 struct ellm_mpi {
     MPI_Comm comm;    /* a duplicate of MPI_COMM_WORLD that returns errors */
     int rank, size;
     double timeout_s; /* longest wait for the other ranks in one collective */
+    /* The first failed collective of any user of the handle (every context's
+     * shard, the commands' broadcasts): after it no collective waits again,
+     * since a request of the failed one is left pending and the ranks no
+     * longer run in step. Written by the thread that talks to MPI. */
+    char failed[600];
 };
 
 struct dist_shard {
@@ -50,37 +56,64 @@ static const char *mpi_msg(int code, char *buf) {
 /* Waits for `req` at most the handle's timeout. Returns MPI_SUCCESS, an MPI
  * error code, or -1 on timeout (the request is then left pending: the job is
  * about to be stopped). Yields while waiting, since on an oversubscribed
- * machine the ranks being waited for may need this core. */
-static int wait_deadline(const ellm_mpi *mpi, MPI_Request *req) {
-    const uint64_t deadline = ellm_time_ns() + (uint64_t)(mpi->timeout_s * 1e9);
+ * machine the ranks being waited for may need this core. A control message
+ * (`idle`: a broadcast or agreement that may come only after a long pause,
+ * as a server's next step does) is polled every 200 us after the first
+ * millisecond instead, so a rank waiting for work does not hold a core. */
+static int wait_deadline_idle(const ellm_mpi *mpi, MPI_Request *req, int idle) {
+    const uint64_t start = ellm_time_ns(), deadline = start + (uint64_t)(mpi->timeout_s * 1e9);
     for (;;) {
         int done = 0;
         int rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
         if (rc != MPI_SUCCESS) return rc;
         if (done) return MPI_SUCCESS;
-        if (ellm_time_ns() > deadline) return -1;
-        sched_yield();
+        uint64_t now = ellm_time_ns();
+        if (now > deadline) return -1;
+        if (idle && now - start > 1000000) {
+            struct timespec ts = {0, 200000};
+            nanosleep(&ts, NULL);
+        } else {
+            sched_yield();
+        }
     }
 }
 
-/* An error message for a failed collective `what`. */
-static ellm_status collective_fail(const ellm_mpi *mpi, int rc, const char *what, ellm_error *err) {
+static int wait_deadline(const ellm_mpi *mpi, MPI_Request *req) { return wait_deadline_idle(mpi, req, 0); }
+
+/* An error message for a failed collective `what`, kept as the handle's
+ * first failure. */
+static ellm_status collective_fail(ellm_mpi *mpi, int rc, const char *what, ellm_error *err) {
     char buf[MPI_MAX_ERROR_STRING];
+    ellm_error e;
+    if (!err) err = &e;
+    ellm_status st;
     if (rc == -1)
-        return ellm_fail(err, ELLM_ERR_IO,
-                         "MPI rank %d of %d: %s: no answer from the other ranks within %.0f s "
-                         "(a rank died, hangs or runs different inputs)",
-                         mpi->rank, mpi->size, what, mpi->timeout_s);
-    return ellm_fail(err, ELLM_ERR_IO, "MPI rank %d of %d: %s failed: %s", mpi->rank, mpi->size, what,
-                     mpi_msg(rc, buf));
+        st = ellm_fail(err, ELLM_ERR_IO,
+                       "MPI rank %d of %d: %s: no answer from the other ranks within %.0f s "
+                       "(a rank died, hangs or runs different inputs)",
+                       mpi->rank, mpi->size, what, mpi->timeout_s);
+    else
+        st = ellm_fail(err, ELLM_ERR_IO, "MPI rank %d of %d: %s failed: %s", mpi->rank, mpi->size, what,
+                       mpi_msg(rc, buf));
+    if (!mpi->failed[0]) snprintf(mpi->failed, sizeof mpi->failed, "%s", err->msg);
+    return st;
 }
+
+/* A collective after a failed one: refused at once (see ellm_mpi.failed). */
+static ellm_status refuse_after_failure(const ellm_mpi *mpi, ellm_error *err) {
+    return ellm_fail(err, ELLM_ERR_IO, "%s", mpi->failed);
+}
+
+const char *ellm_mpi_failed(const ellm_mpi *mpi) { return mpi && mpi->failed[0] ? mpi->failed : NULL; }
 
 ellm_status ellm_mpi_init(int *argc, char ***argv, double timeout_s, ellm_mpi **out, ellm_error *err) {
     *out = NULL;
     int inited = 0, provided = 0;
     MPI_Initialized(&inited);
-    /* Only the calling thread talks to MPI; the thread pool never does. */
-    if (!inited && MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS)
+    /* One thread at a time talks to MPI (the thread pool never does); it need
+     * not be the one that started it: a server's engine thread runs the
+     * collectives, its main thread sets up and ends. */
+    if (!inited && MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided) != MPI_SUCCESS)
         return ellm_fail(err, ELLM_ERR_IO, "MPI: MPI_Init_thread failed (is this run under mpirun?)");
     ellm_mpi *mpi = calloc(1, sizeof *mpi);
     if (!mpi) return ellm_fail(err, ELLM_ERR_NOMEM, "MPI: out of memory");
@@ -103,18 +136,20 @@ int ellm_mpi_size(const ellm_mpi *mpi) { return mpi ? mpi->size : 1; }
 
 ellm_status ellm_mpi_bcast(ellm_mpi *mpi, void *buf, size_t bytes, ellm_error *err) {
     if (bytes > INT_MAX) return ellm_fail(err, ELLM_ERR_ARG, "MPI: broadcast of %zu bytes is too large", bytes);
+    if (mpi->failed[0]) return refuse_after_failure(mpi, err);
     MPI_Request req;
     int rc = MPI_Ibcast(buf, (int)bytes, MPI_BYTE, 0, mpi->comm, &req);
-    if (rc == MPI_SUCCESS) rc = wait_deadline(mpi, &req);
-    return rc == MPI_SUCCESS ? ELLM_OK : collective_fail(mpi, rc, "broadcast", err);
+    if (rc == MPI_SUCCESS) rc = wait_deadline_idle(mpi, &req, 1);
+    return rc == MPI_SUCCESS ? ELLM_OK : collective_fail(mpi, rc, mpi->rank ? "waiting for rank 0's broadcast" : "broadcast", err);
 }
 
 ellm_status ellm_mpi_agree(ellm_mpi *mpi, int ok, int *all_ok, ellm_error *err) {
+    *all_ok = 0;
+    if (mpi->failed[0]) return refuse_after_failure(mpi, err);
     MPI_Request req;
     int in = ok != 0;
-    *all_ok = 0;
     int rc = MPI_Iallreduce(&in, all_ok, 1, MPI_INT, MPI_MIN, mpi->comm, &req);
-    if (rc == MPI_SUCCESS) rc = wait_deadline(mpi, &req);
+    if (rc == MPI_SUCCESS) rc = wait_deadline_idle(mpi, &req, 1);
     return rc == MPI_SUCCESS ? ELLM_OK : collective_fail(mpi, rc, "agreement", err);
 }
 
@@ -157,8 +192,12 @@ void ellm_mpi_abort(ellm_mpi *mpi, int code) { MPI_Abort(mpi ? mpi->comm : MPI_C
 
 void ellm_mpi_finalize(ellm_mpi *mpi) {
     if (!mpi) return;
-    MPI_Comm_free(&mpi->comm);
+    /* After a failed collective a rank is gone or out of step: MPI_Finalize
+     * would wait for it (and for the pending request) forever. */
+    const int failed = mpi->failed[0] != 0;
+    if (!failed) MPI_Comm_free(&mpi->comm);
     free(mpi);
+    if (failed) return;
     int fin = 0;
     MPI_Finalized(&fin);
     if (!fin) MPI_Finalize();
@@ -234,7 +273,9 @@ void dist_kv_store(dist_shard *sh, kv_cache *kv, int layer, int pos, int n, cons
     }
 }
 
-const char *dist_failed(const dist_shard *sh) { return sh->failed[0] ? sh->failed : NULL; }
+const char *dist_failed(const dist_shard *sh) {
+    return sh->failed[0] ? sh->failed : sh->mpi->failed[0] ? sh->mpi->failed : NULL;
+}
 
 static void zero_out(const attention_args *a) {
     const size_t hd = (size_t)kv_cache_get_params(a->kv)->head_dim;
@@ -320,8 +361,8 @@ static void rows_pass(dist_shard *sh, const attention_args *a, int pass) {
  * other ranks zeros. */
 void dist_attention(dist_shard *sh, const attention_args *a, const int32_t *blocks, const int *n_blocks,
                     int max_blocks, attention_workspace *ws, threadpool *pool) {
-    const ellm_mpi *mpi = sh->mpi;
-    if (sh->failed[0]) { /* the job is stopping: do not wait for ranks again */
+    ellm_mpi *mpi = sh->mpi;
+    if (sh->failed[0] || mpi->failed[0]) { /* the job is stopping: do not wait for ranks again */
         zero_out(a);
         return;
     }

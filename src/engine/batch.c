@@ -115,6 +115,12 @@ ellm_status ellm_decode_batch(ellm_batch *b, ellm_context *const *ctxs, const in
                                .logits = ctxs[i]->logits};
     }
     engine_forward_seqs(b->model, &b->s, b->pool, b->logits, seqs, n_seq);
+    /* KV sharded over MPI ranks: a failed exchange left zeros for attention */
+    for (int i = 0; i < n_seq; i++)
+        if (ctxs[i]->dist && dist_failed(ctxs[i]->dist)) {
+            for (int k = 0; k < n_seq; k++) ctxs[k]->has_logits = 0;
+            return ellm_fail(err, ELLM_ERR_IO, "decode batch: %s", dist_failed(ctxs[i]->dist));
+        }
     for (int i = 0; i < n_seq; i++) ctxs[i]->has_logits = 1;
     return ELLM_OK;
 }

@@ -1,5 +1,6 @@
 /* Scheduler and engine thread (see sched.h). */
 #include "server/sched.h"
+#include "server/sched_mpi.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -40,6 +41,8 @@ struct sched {
     int n_outstanding; /* submitted jobs the HTTP side has not released */
     int draining, stop;
     uint64_t use_clock;
+    sched_mpi *mpi;  /* --mpi: the passes run on every rank (sched_mpi.h), or NULL */
+    char lost[480];  /* --mpi: why the server lost a rank (lock held), or "" */
     pthread_t thread;
     int thread_started;
 
@@ -191,7 +194,8 @@ ellm_status sched_init(ellm_model *model, const sched_params *params, server_met
     cp.n_batch = p.chunk;
     cp.kv_pool = s->kv_pool;
     cp.sparse_topk = p.sparse_topk > 0 ? p.sparse_topk : -1; /* dense: no index kept */
-    cp.sparse_recall_every = p.sparse_topk > 0 ? 64 : 0;
+    cp.sparse_recall_every = p.sparse_topk > 0 && !p.mpi ? 64 : 0; /* a shard does not hold every key */
+    cp.mpi = p.mpi;
     if (p.spec && p.sparse_topk <= 0 && strstr(p.spec, "sparse")) cp.sparse_topk = 0; /* the drafter's index */
     if (p.spec && cp.n_batch < p.draft_max + 1) cp.n_batch = p.draft_max + 1;
     for (int i = 0; i < p.n_slots && st == ELLM_OK; i++) {
@@ -211,6 +215,13 @@ ellm_status sched_init(ellm_model *model, const sched_params *params, server_met
         }
     }
     if (st == ELLM_OK) s->kv_bytes_per_token = ellm_context_kv_bytes_per_token(s->slots[0].ctx);
+    if (st == ELLM_OK && p.mpi) {
+        ellm_context *ctxs[p.n_slots];
+        for (int i = 0; i < p.n_slots; i++) ctxs[i] = s->slots[i].ctx;
+        sched_mpi_setup su = {.n_slots = p.n_slots, .max_rows = max_rows, .n_ctx = s->n_ctx, .ctx_batch = cp.n_batch,
+                              .sparse_topk = cp.sparse_topk, .pool_gb = pool_bytes / 1e9};
+        st = sched_mpi_leader_init(p.mpi, &su, ctxs, &s->mpi, err);
+    }
     if (st == ELLM_OK) {
         /* The bandwidth ellm_mem_bandwidth_util divides by. */
         s->bw_gbps = ellm_measure_read_gbps(p.n_threads > 0 ? p.n_threads : ellm_default_threads(), (size_t)64 << 20, 2);
@@ -235,6 +246,7 @@ void sched_free(sched *s) {
         pthread_mutex_unlock(&s->mu);
         pthread_join(s->thread, NULL);
     }
+    sched_mpi_free(s->mpi); /* the followers stop with the engine thread */
     for (int i = 0; s->slots && i < s->p.n_slots; i++) {
         ellm_spec_free(s->slots[i].spec);
         ellm_context_free(s->slots[i].ctx);
@@ -265,7 +277,10 @@ submit_result sched_submit(sched *s, job *j, ellm_error *err) {
     pthread_mutex_lock(&s->mu);
     submit_result r = SUBMIT_OK;
     int free_slots = s->p.n_slots - s->n_running;
-    if (s->draining) r = SUBMIT_DRAINING;
+    if (s->lost[0]) {
+        snprintf(err->msg, sizeof err->msg, "%s", s->lost);
+        r = SUBMIT_UNAVAILABLE;
+    } else if (s->draining) r = SUBMIT_DRAINING;
     else if (s->n_queued >= s->p.max_queue + (free_slots > 0 ? free_slots : 0)) r = SUBMIT_QUEUE_FULL;
     if (r == SUBMIT_OK) {
         j->refs++; /* the scheduler's */
@@ -517,6 +532,8 @@ static void admit(sched *s) {
         }
         slot *sl = &s->slots[best];
         int keep = best_lcp < j->n_prompt - 1 ? best_lcp : j->n_prompt - 1;
+        /* a sharded sparse index is cut at whole blocks only (ellm_context_truncate) */
+        if (s->p.mpi && s->p.sparse_topk > 0) keep -= keep % KV_BLOCK;
         ellm_context_truncate(sl->ctx, keep);
         sl->n_tokens = keep;
         if (!reserve_kv(s, sl, j->n_prompt + 1)) break; /* waits at the head of the queue */
@@ -717,6 +734,50 @@ static void update_quality_metrics(sched *s) {
     pthread_mutex_unlock(&s->metrics->mu);
 }
 
+int sched_unavailable(sched *s, char *msg, size_t cap) {
+    pthread_mutex_lock(&s->mu);
+    int lost = s->lost[0] != 0;
+    if (lost && cap) snprintf(msg, cap, "%s", s->lost);
+    pthread_mutex_unlock(&s->mu);
+    return lost;
+}
+
+/* --mpi (engine thread, lock held): once a rank is lost no pass can run;
+ * every queued and running job fails with the reason (503) and the engine
+ * thread only waits to be stopped. Returns 1 if lost. */
+static int mpi_lost(sched *s) {
+    const char *why = sched_mpi_lost(s->mpi);
+    if (!why) return 0;
+    if (!s->lost[0]) {
+        snprintf(s->lost, sizeof s->lost, "the server lost an MPI rank: %.440s", why);
+        fprintf(stderr, "ellm serve: %s\n", s->lost);
+    }
+    for (int i = 0; i < s->p.n_slots; i++) {
+        job *j = s->slots[i].job;
+        if (!j) continue;
+        j->failed = j->unavailable = 1;
+        snprintf(j->errmsg, sizeof j->errmsg, "%s", s->lost);
+        finish_job(s, j, NULL);
+    }
+    while (s->queue_head) {
+        job *j = s->queue_head;
+        s->queue_head = j->next;
+        s->n_queued--;
+        j->failed = j->unavailable = 1;
+        snprintf(j->errmsg, sizeof j->errmsg, "%s", s->lost);
+        finish_job(s, j, NULL);
+    }
+    s->queue_tail = NULL;
+    update_gauges(s);
+    if (!s->stop) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_sec += 1;
+        pthread_cond_timedwait(&s->cv_engine, &s->mu, &ts);
+    }
+    return 1;
+}
+
 static void *engine_main(void *arg) {
     sched *s = arg;
     const int n_vocab = ellm_tokenizer_n_vocab(ellm_model_tokenizer(s->model));
@@ -727,9 +788,11 @@ static void *engine_main(void *arg) {
         /* cancellations first: their slots and KV are free for this step */
         for (int i = 0; i < s->p.n_slots; i++)
             if (s->slots[i].job && s->slots[i].job->cancelled) finish_job(s, s->slots[i].job, NULL);
+        if (s->mpi && mpi_lost(s)) continue;
         admit(s);
         update_gauges(s);
         if (!s->n_running) {
+            sched_mpi_ping(s->mpi, 1.0); /* a lost rank shows on /health without traffic */
             struct timespec ts;
             clock_gettime(CLOCK_REALTIME, &ts);
             ts.tv_sec += 1;
@@ -785,7 +848,8 @@ static void *engine_main(void *arg) {
 
         ellm_error err = {0};
         double t0 = now_s();
-        ellm_status st = ns ? ellm_decode_batch(s->batch, s->step_ctx, s->step_tok, s->step_n, ns, &err) : ELLM_OK;
+        ellm_status st = ns ? sched_mpi_decode_batch(s->mpi, s->batch, s->step_ctx, s->step_tok, s->step_n, ns, &err)
+                            : ELLM_OK;
         double t1 = now_s();
         /* bytes read: the weights once, each sequence's K/V once */
         s->bw_bytes += (double)s->weight_bytes;
@@ -803,6 +867,7 @@ static void *engine_main(void *arg) {
             emit[k] = 0;
             if (st != ELLM_OK) {
                 j->failed = 1;
+                j->unavailable = sched_mpi_lost(s->mpi) != NULL; /* --mpi: a rank was lost (503) */
                 snprintf(j->errmsg, sizeof j->errmsg, "%s", err.msg);
                 continue;
             }

@@ -32,6 +32,9 @@ typedef struct {
     const char *spec;  /* drafter list, or NULL: off */
     int draft_max;     /* <= 0: the library's default */
     const char *draft_map;
+    /* KV sharded over the ranks of an MPI job (`--mpi`; this is rank 0, the
+     * others follow its passes: sched_mpi.h), or NULL. */
+    ellm_mpi *mpi;
 } sched_params;
 
 typedef struct job job;
@@ -57,6 +60,7 @@ struct job {
     int done;
     const char *finish; /* "stop" or "length" when done; NULL if cancelled or failed */
     int failed;
+    int unavailable; /* failed because the server lost an MPI rank (503, not 500) */
     char errmsg[512];
     int cancelled;
     int refs;        /* the HTTP side and the scheduler */
@@ -83,8 +87,10 @@ int sched_n_ctx(const sched *s);
  * tokens (copied); NULL if out of memory. */
 job *job_new(req_params *p, const int32_t *prompt, int n_prompt);
 
-typedef enum { SUBMIT_OK, SUBMIT_QUEUE_FULL, SUBMIT_DRAINING, SUBMIT_BAD } submit_result;
-/* Queues the job; on failure the caller still owns it (job_release frees it). */
+typedef enum { SUBMIT_OK, SUBMIT_QUEUE_FULL, SUBMIT_DRAINING, SUBMIT_BAD, SUBMIT_UNAVAILABLE } submit_result;
+/* Queues the job; on failure the caller still owns it (job_release frees it).
+ * SUBMIT_UNAVAILABLE: the server cannot generate any more (err says why: an
+ * MPI rank was lost). */
 submit_result sched_submit(sched *s, job *j, ellm_error *err);
 /* The HTTP side is done with the job: cancels it if still running (its
  * sequence stops and its KV is freed within one step) and drops the reference. */
@@ -103,6 +109,10 @@ slot_result sched_slot_restore(sched *s, int id, const char *path, int *n_tokens
 void sched_wait(sched *s, job *j, int ms);
 void sched_lock(sched *s);
 void sched_unlock(sched *s);
+
+/* 1 and why in msg if the server can no longer generate (an MPI rank was
+ * lost: /health answers 503), else 0. */
+int sched_unavailable(sched *s, char *msg, size_t cap);
 
 /* Refuses new jobs and waits until every queued and running one has finished. */
 void sched_drain(sched *s);

@@ -381,6 +381,7 @@ static enum MHD_Result handle_generate(server *srv, struct MHD_Connection *c, re
     if (r != SUBMIT_OK) {
         sched_release(srv->sched, j);
         if (r == SUBMIT_BAD) return fail(srv, c, 400, "invalid_request_error", "context_length_exceeded", err.msg, REQ_STATUS_REJECTED);
+        if (r == SUBMIT_UNAVAILABLE) return fail(srv, c, 503, "unavailable_error", "mpi_rank_lost", err.msg, REQ_STATUS_ERROR);
         return fail(srv, c, 503, "unavailable_error", r == SUBMIT_DRAINING ? "shutting_down" : "queue_full",
                     r == SUBMIT_DRAINING ? "the server is shutting down"
                                          : "every slot is busy and the wait queue is full; retry later",
@@ -434,7 +435,8 @@ static enum MHD_Result handle_generate(server *srv, struct MHD_Connection *c, re
         ret = send_body(c, 200, "application/json", resp_final(&meta, j->text ? j->text : "", j->text_len, j->finish), 0);
     } else {
         req_error fe;
-        req_fail(&fe, 500, "server_error", "generation_failed", NULL, "generation failed: %s", j->errmsg);
+        if (j->unavailable) req_fail(&fe, 503, "unavailable_error", "mpi_rank_lost", NULL, "generation failed: %s", j->errmsg);
+        else req_fail(&fe, 500, "server_error", "generation_failed", NULL, "generation failed: %s", j->errmsg);
         ret = send_error(srv, c, &fe, REQ_STATUS_COUNT);
     }
     sched_release(s, j);
@@ -695,6 +697,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     if (r == ROUTE_HEALTH) {
         if (!atomic_load(&srv->ready))
             return fail(srv, c, 503, "unavailable_error", "loading", "Loading model", REQ_STATUS_COUNT);
+        char why[700];
+        if (sched_unavailable(srv->sched, why, sizeof why)) /* --mpi: a rank was lost */
+            return fail(srv, c, 503, "unavailable_error", "mpi_rank_lost", why, REQ_STATUS_COUNT);
         cJSON *ok = cJSON_CreateObject();
         cJSON_AddStringToObject(ok, "status", "ok");
         return send_json(c, 200, ok);
@@ -805,7 +810,8 @@ int server_run(const server_params *params) {
                        .sparse_profile = params->sparse_profile,
                        .spec = params->spec,
                        .draft_max = params->draft_max,
-                       .draft_map = params->draft_map};
+                       .draft_map = params->draft_map,
+                       .mpi = params->mpi};
     if (sched_init(srv->model, &sp, &srv->metrics, &srv->sched, &err) != ELLM_OK) {
         fprintf(stderr, "error: %s\n", err.msg);
         goto out;

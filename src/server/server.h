@@ -28,6 +28,7 @@ typedef struct {
     size_t max_body;           /* bytes; larger bodies get 413 */
     int timeout_s;             /* idle connection timeout */
     const char *slot_save_path; /* folder of POST /slots/{id}?action=save|restore files; NULL: off */
+    struct ellm_mpi *mpi;      /* --mpi on rank 0: KV sharded over the job's ranks (sched_mpi.h); NULL: off */
 } server_params;
 
 void server_default_params(server_params *p);
