@@ -2,6 +2,8 @@
 #include "ellm.h"
 #include "harness.h"
 
+#include <math.h>
+#include <stdint.h>
 #include <string.h>
 
 #define V 1000
@@ -24,6 +26,39 @@ int main(void) {
     p.temperature = 0;
     ellm_sampler *s = make(p);
     CHECK(ellm_sampler_sample(s, logits, NULL, 0) == best, "greedy picks the argmax");
+    {
+        /* with a history but no penalty, and on ties: the first largest logit */
+        const int32_t hist[3] = {best, 1, 2};
+        CHECK(ellm_sampler_sample(s, logits, hist, 3) == best, "greedy with a history and penalty 1 picks the argmax");
+        float tie[8] = {0, 3, 1, 3, -1, 2, 3, 0};
+        ellm_sampler *s8 = NULL;
+        ellm_error err;
+        CHECK(ellm_sampler_init(&p, 8, &s8, &err) == ELLM_OK, "sampler over 8 tokens");
+        if (s8) CHECK(ellm_sampler_sample(s8, tie, hist, 3) == 1, "greedy ties go to the first largest logit");
+        ellm_sampler_free(s8);
+        /* the blocked scan against a plain one: ties across and inside blocks of 64, the tail, NaNs */
+        enum { N = 1000 };
+        static float big[N];
+        int ok = 1;
+        ellm_sampler *sn = NULL;
+        CHECK(ellm_sampler_init(&p, N, &sn, &err) == ELLM_OK, "sampler over 1000 tokens");
+        for (int t = 0; t < 200 && sn; t++) {
+            uint32_t r = 0x9E3779B9u * (uint32_t)(t + 1);
+            for (int i = 0; i < N; i++) {
+                r = r * 1664525u + 1013904223u;
+                big[i] = (float)((r >> 8) % 50); /* many equal values */
+                if (t % 7 == 3 && (r >> 4) % 97 == 0) big[i] = NAN;
+            }
+            if (t % 5 == 1) big[N - 1 - t % 40] = 60; /* the maximum in the tail */
+            if (t % 11 == 2) big[0] = NAN;
+            int ref = 0;
+            for (int i = 1; i < N; i++)
+                if (big[i] > big[ref]) ref = i;
+            ok &= ellm_sampler_sample(sn, big, NULL, 0) == ref;
+        }
+        CHECK(ok, "greedy equals a plain first-largest scan on 200 arrays with ties, NaNs and tails");
+        ellm_sampler_free(sn);
+    }
     ellm_sampler_free(s);
 
     /* top-k 1 at any temperature is greedy */

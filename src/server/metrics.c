@@ -12,6 +12,7 @@ static const double bounds[METRICS_N_BUCKETS] = {0.001, 0.0025, 0.005, 0.01, 0.0
                                                  0.25,  0.5,    1,     2.5,  5,     10,  60};
 
 static const char *status_names[REQ_STATUS_COUNT] = {"ok", "cancelled", "rejected", "overloaded", "error"};
+static const char *phase_names[STEP_PHASE_COUNT] = {"schedule", "forward", "sample", "publish", "spec"};
 
 void metrics_init(server_metrics *m) {
     memset(m, 0, sizeof *m);
@@ -104,6 +105,14 @@ char *metrics_render(server_metrics *m) {
     gauge(&b, "ellm_requests_waiting", "Requests queued for a slot or KV memory.", m->requests_waiting);
     gauge(&b, "ellm_kv_blocks_used", "KV cache blocks in use (held by sequences).", m->kv_blocks_used);
     gauge(&b, "ellm_kv_blocks_total", "KV cache blocks in the pool.", m->kv_blocks_total);
+    counter(&b, "ellm_engine_steps_total", "Engine steps (batched forward passes of running sequences).",
+            (double)m->engine_steps_total);
+    counter(&b, "ellm_engine_rows_total", "Token rows those passes computed: one per decoding sequence plus prompt tokens.",
+            (double)m->engine_rows_total);
+    put(&b, "# HELP ellm_engine_step_seconds_total Engine thread time in steps, by phase.\n"
+            "# TYPE ellm_engine_step_seconds_total counter\n");
+    for (int i = 0; i < STEP_PHASE_COUNT; i++)
+        put(&b, "ellm_engine_step_seconds_total{phase=\"%s\"} %.9g\n", phase_names[i], m->step_seconds[i]);
     histogram(&b, "ellm_time_to_first_token_seconds", "Time from a request's arrival to its first generated token.",
               &m->ttft);
     histogram(&b, "ellm_inter_token_latency_seconds", "Time between consecutive generated tokens of a request.",

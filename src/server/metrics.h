@@ -26,6 +26,17 @@ typedef enum {
     REQ_STATUS_COUNT
 } req_status;
 
+/* Where the engine thread's time goes, per step (one batched forward pass and
+ * what surrounds it), in ellm_engine_step_seconds_total{phase=...}. */
+typedef enum {
+    STEP_PHASE_SCHEDULE, /* cancellations, admission, KV pages, choosing the rows (lock held) */
+    STEP_PHASE_FORWARD,  /* the batched forward pass */
+    STEP_PHASE_SAMPLE,   /* sampling, detokenizing, stop strings (no lock) */
+    STEP_PHASE_PUBLISH,  /* taking the lock, metrics, handing tokens to the streams */
+    STEP_PHASE_SPEC,     /* speculative slots' draft and verify passes */
+    STEP_PHASE_COUNT
+} step_phase;
+
 typedef struct {
     pthread_mutex_t mu;
     double model_load_ms;
@@ -39,6 +50,9 @@ typedef struct {
     int requests_waiting;
     int kv_blocks_used;
     int kv_blocks_total;
+    uint64_t engine_steps_total;    /* steps that ran a forward pass */
+    uint64_t engine_rows_total;     /* token rows those passes computed (decode and prompt) */
+    double step_seconds[STEP_PHASE_COUNT];
     metrics_histogram ttft;        /* seconds */
     metrics_histogram inter_token; /* seconds */
 } server_metrics;

@@ -1,6 +1,7 @@
 /* Scheduler and engine thread (see sched.h). */
 #include "server/sched.h"
 #include "server/sched_mpi.h"
+#include "server/step_cost.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -9,6 +10,13 @@
 #include <time.h>
 
 #define KV_BLOCK 16 /* tokens per KV cache block (the engine's; the pool's pages hold several) */
+/* While sequences generate, a step takes prompt rows only up to this many
+ * times the time of its decode rows alone (step_cost.h): their inter-token
+ * gap stays within 2.5x of a plain step while a prompt's time to first token
+ * grows by about 2.5 / 1.5 = 1.7x over a prefill alone. */
+#define STEP_PREFILL_RATIO 2.5
+/* ...but at least this many prompt rows, so a prompt always moves on. */
+#define STEP_PREFILL_MIN_ROWS 16
 
 typedef struct {
     ellm_context *ctx;
@@ -53,6 +61,7 @@ struct sched {
     job **step_job;
     int rr; /* round-robin start among generating slots */
     double bw_t0, bw_bytes;
+    step_cost cost; /* pass time against rows, for the prefill budget */
 };
 
 static double now_s(void) {
@@ -785,6 +794,7 @@ static void *engine_main(void *arg) {
     pthread_mutex_lock(&s->mu);
     s->bw_t0 = now_s();
     while (!s->stop) {
+        double t_sched = now_s();
         /* cancellations first: their slots and KV are free for this step */
         for (int i = 0; i < s->p.n_slots; i++)
             if (s->slots[i].job && s->slots[i].job->cancelled) finish_job(s, s->slots[i].job, NULL);
@@ -805,7 +815,8 @@ static void *engine_main(void *arg) {
             continue;
         }
         /* One step: a token for each generating sequence (round robin when
-         * more than n_batch), then whole prefill chunks while rows remain. */
+         * more than n_batch), then prompt rows, oldest prompt first, up to
+         * the budget that keeps the step short while sequences generate. */
         int ns = 0, rows = 0, n_prefilling = 0;
         for (int i = 0; i < s->p.n_slots; i++)
             if (s->slots[i].job && !s->slots[i].job->generating) n_prefilling++;
@@ -825,8 +836,8 @@ static void *engine_main(void *arg) {
             rows++;
         }
         s->rr = (s->rr + 1) % s->p.n_slots;
-        /* prefill: oldest admitted first (lowest arrival time) */
-        while (ns < s->p.n_batch) {
+        int prompt_rows = step_cost_prefill_budget(&s->cost, rows, STEP_PREFILL_RATIO, STEP_PREFILL_MIN_ROWS, s->p.chunk);
+        while (ns < s->p.n_batch && prompt_rows > 0) {
             job *pick = NULL;
             for (int i = 0; i < s->p.n_slots; i++) {
                 job *j = s->slots[i].job;
@@ -836,8 +847,8 @@ static void *engine_main(void *arg) {
                 if (!taken && (!pick || j->t_arrive < pick->t_arrive)) pick = j;
             }
             if (!pick) break;
-            int c = pick->n_prompt - pick->n_fed < s->p.chunk ? pick->n_prompt - pick->n_fed : s->p.chunk;
-            if (rows + c > s->p.n_batch + s->p.chunk) break;
+            int c = pick->n_prompt - pick->n_fed < prompt_rows ? pick->n_prompt - pick->n_fed : prompt_rows;
+            prompt_rows -= c;
             s->step_ctx[ns] = s->slots[pick->slot].ctx;
             s->step_tok[ns] = pick->prompt + pick->n_fed;
             s->step_n[ns] = c;
@@ -851,6 +862,7 @@ static void *engine_main(void *arg) {
         ellm_status st = ns ? sched_mpi_decode_batch(s->mpi, s->batch, s->step_ctx, s->step_tok, s->step_n, ns, &err)
                             : ELLM_OK;
         double t1 = now_s();
+        if (ns && st == ELLM_OK) step_cost_add(&s->cost, rows, t1 - t0);
         /* bytes read: the weights once, each sequence's K/V once */
         s->bw_bytes += (double)s->weight_bytes;
         for (int k = 0; k < ns; k++)
@@ -889,9 +901,17 @@ static void *engine_main(void *arg) {
             show[k] = shown_after(j, fin[k]);
         }
 
+        double t2 = now_s();
         pthread_mutex_lock(&s->mu);
         double now = now_s();
         pthread_mutex_lock(&s->metrics->mu);
+        if (ns) {
+            s->metrics->engine_steps_total++;
+            s->metrics->engine_rows_total += (uint64_t)rows;
+        }
+        s->metrics->step_seconds[STEP_PHASE_SCHEDULE] += t0 - t_sched;
+        s->metrics->step_seconds[STEP_PHASE_FORWARD] += t1 - t0;
+        s->metrics->step_seconds[STEP_PHASE_SAMPLE] += t2 - t1;
         if (now - s->bw_t0 >= 1.0) {
             s->metrics->mem_bandwidth_util = s->bw_gbps > 0 ? s->bw_bytes / (now - s->bw_t0) / (s->bw_gbps * 1e9) : 0;
             s->bw_t0 = now;
@@ -906,8 +926,6 @@ static void *engine_main(void *arg) {
             j->t_last_token = now;
         }
         pthread_mutex_unlock(&s->metrics->mu);
-        (void)t0;
-        (void)t1;
         for (int k = 0; k < ns; k++) {
             job *j = s->step_job[k];
             if (st != ELLM_OK) {
@@ -919,8 +937,14 @@ static void *engine_main(void *arg) {
             if (fin[k]) finish_job(s, j, fin[k]);
             else pthread_cond_broadcast(&j->cv);
         }
+        double t3 = now_s();
         if (s->p.spec) spec_steps(s);
+        double t4 = now_s();
         update_quality_metrics(s);
+        pthread_mutex_lock(&s->metrics->mu);
+        s->metrics->step_seconds[STEP_PHASE_PUBLISH] += t3 - t2;
+        s->metrics->step_seconds[STEP_PHASE_SPEC] += t4 - t3;
+        pthread_mutex_unlock(&s->metrics->mu);
     }
     pthread_mutex_unlock(&s->mu);
     return NULL;

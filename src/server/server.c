@@ -216,7 +216,28 @@ typedef struct {
     int started, finished;
     char *out;     /* pending bytes of SSE events */
     size_t out_len, out_off, out_cap;
+    /* a running job's new token ends and text, copied under the lock */
+    size_t *snap_ends;
+    char *snap_text;
+    size_t snap_ends_cap, snap_text_cap;
 } stream;
+
+/* Room in the stream's snapshot for n token ends and len text bytes. */
+static int snap_reserve(stream *st, size_t n, size_t len) {
+    if (n > st->snap_ends_cap) {
+        size_t *e = realloc(st->snap_ends, 2 * n * sizeof *e);
+        if (!e) return 0;
+        st->snap_ends = e;
+        st->snap_ends_cap = 2 * n;
+    }
+    if (len + 1 > st->snap_text_cap) {
+        char *t = realloc(st->snap_text, 2 * len + 64);
+        if (!t) return 0;
+        st->snap_text = t;
+        st->snap_text_cap = 2 * len + 64;
+    }
+    return 1;
+}
 
 static void out_event(stream *st, const char *json) {
     if (!json) return;
@@ -273,28 +294,48 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
                 break;
             }
         }
-        if (!st->started && (j->n_tok > st->sent_tok || j->done)) {
-            st->started = 1;
-            if (st->meta.kind == REQ_CHAT && (j->n_tok > 0 || j->finish)) {
-                char *c = resp_chunk(&st->meta, 1, "", 0, NULL);
-                out_event(st, c);
-                free(c);
+        /* What to send is taken under the lock and the JSON built after it,
+         * so the engine never waits for streams to format their chunks. A
+         * running job's token ends and text may grow (and move) meanwhile:
+         * they are copied; a finished job changes no more and is read as is. */
+        const int done = j->done, n_new = j->n_tok - st->sent_tok;
+        const int role = !st->started && (n_new > 0 || done) && st->meta.kind == REQ_CHAT && (j->n_tok > 0 || j->finish);
+        if (n_new > 0 || done) st->started = 1;
+        const size_t *ends = j->tok_end + st->sent_tok;
+        const char *text = j->text;
+        size_t base = 0; /* offset in the job's text of text[0] */
+        if (!done && n_new > 0) {
+            size_t to = j->tok_end[j->n_tok - 1];
+            if (!snap_reserve(st, (size_t)n_new, to - st->taken)) {
+                sched_unlock(s);
+                return MHD_CONTENT_READER_END_WITH_ERROR; /* out of memory: close; the free callback cancels */
             }
+            memcpy(st->snap_ends, ends, (size_t)n_new * sizeof *ends);
+            memcpy(st->snap_text, j->text + st->taken, to - st->taken);
+            ends = st->snap_ends;
+            text = st->snap_text;
+            base = st->taken;
         }
-        for (; st->sent_tok < j->n_tok; st->sent_tok++) {
-            size_t end = j->tok_end[st->sent_tok];
-            char *c = resp_chunk(&st->meta, 0, j->text + st->taken, end - st->taken, NULL);
+        sched_unlock(s);
+        if (role) {
+            char *c = resp_chunk(&st->meta, 1, "", 0, NULL);
             out_event(st, c);
             free(c);
-            st->taken = end;
         }
-        if (j->done && j->text_len > st->taken) { /* text no token carried (flushed at the end) */
+        for (int k = 0; k < n_new; k++) {
+            char *c = resp_chunk(&st->meta, 0, text + (st->taken - base), ends[k] - st->taken, NULL);
+            out_event(st, c);
+            free(c);
+            st->taken = ends[k];
+        }
+        st->sent_tok += n_new;
+        if (done && j->text_len > st->taken) { /* text no token carried (flushed at the end) */
             char *c = resp_chunk(&st->meta, 0, j->text + st->taken, j->text_len - st->taken, NULL);
             out_event(st, c);
             free(c);
             st->taken = j->text_len;
         }
-        if (j->done) {
+        if (done) {
             fill_usage(st);
             if (j->finish) {
                 char *c = resp_chunk(&st->meta, 0, "", 0, j->finish);
@@ -313,19 +354,18 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
                 out_event(st, c);
                 free(c);
             }
-            static const char done[] = "data: [DONE]\n\n";
-            size_t need = st->out_len + sizeof done;
+            static const char dmark[] = "data: [DONE]\n\n";
+            size_t need = st->out_len + sizeof dmark;
             if (need > st->out_cap) {
                 char *b = realloc(st->out, need);
                 if (b) st->out = b, st->out_cap = need;
             }
             if (need <= st->out_cap) {
-                memcpy(st->out + st->out_len, done, sizeof done - 1);
-                st->out_len += sizeof done - 1;
+                memcpy(st->out + st->out_len, dmark, sizeof dmark - 1);
+                st->out_len += sizeof dmark - 1;
             }
             st->finished = 1;
         }
-        sched_unlock(s);
         if (!st->out_len) return st->finished ? MHD_CONTENT_READER_END_OF_STREAM : MHD_CONTENT_READER_END_WITH_ERROR;
     }
     size_t n = st->out_len - st->out_off < max ? st->out_len - st->out_off : max;
@@ -338,6 +378,8 @@ static void stream_free(void *cls) {
     stream *st = cls;
     sched_release(st->srv->sched, st->job); /* cancels it if the client left early */
     free(st->out);
+    free(st->snap_ends);
+    free(st->snap_text);
     free(st);
 }
 
