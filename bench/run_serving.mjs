@@ -144,10 +144,32 @@ async function complete(base, prompt, maxTokens, signal, onToken) {
 }
 const gapsOf = (times) => times.slice(1).map((t, i) => t - times[i]);
 
+// ellm serve's engine counters (/metrics): steps, rows and seconds by phase.
+// null for a server without them.
+const PHASES = ['schedule', 'forward', 'sample', 'publish', 'spec'];
+async function engineCounters(base) {
+  try {
+    const text = await (await fetch(base + '/metrics')).text();
+    const v = (name) => { const m = text.match(new RegExp('^' + name.replace(/[{}"]/g, (c) => '\\' + c) + ' ([0-9.e+-]+)$', 'm')); return m ? Number(m[1]) : null; };
+    const steps = v('ellm_engine_steps_total');
+    if (steps === null) return null;
+    return { steps, rows: v('ellm_engine_rows_total'),
+      phase_s: Object.fromEntries(PHASES.map((p) => [p, v(`ellm_engine_step_seconds_total{phase="${p}"}`)])) };
+  } catch { return null; }
+}
+// Per step between two counter readings: rows and milliseconds by phase.
+function stepBreakdown(a, b) {
+  if (!a || !b || b.steps <= a.steps) return null;
+  const n = b.steps - a.steps;
+  return { steps: n, rows_per_step: (b.rows - a.rows) / n,
+    ms_per_step: Object.fromEntries(PHASES.map((p) => [p, ((b.phase_s[p] - a.phase_s[p]) / n) * 1000])) };
+}
+
 async function throughput(base) {
   const rows = [];
   for (const c of cfg.levels) {
     const la = loadavg();
+    const e0 = await engineCounters(base);
     const t0 = performance.now();
     const res = (await Promise.all(Array.from({ length: c }, async () => {
       const out = [];
@@ -155,12 +177,13 @@ async function throughput(base) {
       return out;
     }))).flat();
     const wall = (performance.now() - t0) / 1000;
+    const engine = stepBreakdown(e0, await engineCounters(base));
     const tokens = res.reduce((s, r) => s + r.tokens, 0);
     const ttft = res.map((r) => r.ttft).filter((x) => x !== null), gaps = res.flatMap((r) => gapsOf(r.times));
     const chunks = res.reduce((s, r) => s + r.times.length, 0);
     rows.push({ streams: c, requests: res.length, tokens, chunks, tokens_per_chunk: tokens / chunks, wall_s: wall, tok_s: tokens / wall, loadavg_before: la,
       ttft_ms: ttft, ttft_p50_ms: median(ttft), ttft_p99_ms: pct(ttft, 99),
-      itl_p50_ms: median(gaps), itl_p99_ms: pct(gaps, 99), itl_samples: gaps.length });
+      itl_p50_ms: median(gaps), itl_p99_ms: pct(gaps, 99), itl_samples: gaps.length, engine_steps: engine });
     log(`  ${c} streams: ${(tokens / wall).toFixed(1)} tok/s`);
   }
   return rows;
@@ -177,6 +200,7 @@ async function interference(base) {
   const bg = Array.from({ length: cfg.background }, () =>
     complete(base, randomPrompt(cfg.promptTokens), bgTokens, ctl.signal, (n) => { if (n === 2) producing++; }));
   for (let i = 0; i < 600 && producing < cfg.background; i++) await sleep(100);
+  await sleep(2000); // gaps of the streams alone, before any prompt arrives
   const w0 = performance.now();
   const loaded = [];
   for (let r = 0; r < 3; r++) loaded.push((await complete(base, randomPrompt(cfg.longPrompt), 1)).ttft);
@@ -184,17 +208,23 @@ async function interference(base) {
   await sleep(200);
   ctl.abort();
   const bgRes = await Promise.all(bg);
-  // background gaps that end inside the window of arriving prompts
-  const gaps = [];
+  // background gaps that end inside the window of arriving prompts, and
+  // those of the 2 s before it (the streams alone: their plain median)
+  const gaps = [], before = [];
   let bgTokensSeen = 0;
   for (const r of bgRes) {
     bgTokensSeen += r.times.length;
-    for (let i = 1; i < r.times.length; i++) if (r.times[i] >= w0 && r.times[i] <= w1) gaps.push(r.times[i] - r.times[i - 1]);
+    for (let i = 1; i < r.times.length; i++) {
+      if (r.times[i] >= w0 && r.times[i] <= w1) gaps.push(r.times[i] - r.times[i - 1]);
+      else if (r.times[i] >= w0 - 2000 && r.times[i] < w0) before.push(r.times[i] - r.times[i - 1]);
+    }
   }
   return { ttft_alone_ms: alone, ttft_loaded_ms: loaded, ttft_ratio: median(loaded) / median(alone),
     background_streams: cfg.background, background_producing_at_window: producing, window_ms: w1 - w0,
     itl_in_window_ms_p50: median(gaps), itl_in_window_ms_p99: pct(gaps, 99), itl_in_window_samples: gaps.length,
-    itl_p99_over_p50: pct(gaps, 99) / median(gaps), background_tokens: bgTokensSeen };
+    itl_p99_over_p50: pct(gaps, 99) / median(gaps), background_tokens: bgTokensSeen,
+    itl_before_ms_p50: median(before), itl_before_samples: before.length,
+    itl_p99_over_before_p50: pct(gaps, 99) / median(before) };
 }
 
 async function measure(kind) {
@@ -259,13 +289,38 @@ function render(R) {
   w('table\'s last column (tokens from `usage` ÷ token chunks) shows it. Tokens/s counts tokens from each');
   w('response\'s `usage`.');
   w();
-  w('| server | TTFT alone ms | TTFT loaded ms | loaded ÷ alone | running streams\' ITL p50 ms | ITL p99 ms | p99 ÷ p50 |');
-  w('|---|---:|---:|---:|---:|---:|---:|');
+  w('The last two columns compare the window\'s p99 with the streams\' median over the 2 s before the first');
+  w('prompt arrives (the streams alone), and with the window\'s own median.');
+  w();
+  w('| server | TTFT alone ms | TTFT loaded ms | loaded ÷ alone | streams\' ITL p50 before ms | ITL p50 in window ms | ITL p99 in window ms | p99 ÷ p50 before | p99 ÷ p50 in window |');
+  w('|---|---:|---:|---:|---:|---:|---:|---:|---:|');
   for (const s of R.servers) {
     const i = s.interference;
     const f = (x, d = 1) => (x === null || x === undefined || Number.isNaN(x) ? '—' : x.toFixed(d));
     w(`| ${s.server === 'ellm' ? 'ellm serve' : 'llama-server'} | ${f(median(i.ttft_alone_ms))} | ${f(median(i.ttft_loaded_ms))} | ` +
-      `${f(i.ttft_ratio, 2)} | ${i.itl_in_window_ms_p50?.toFixed(1) ?? '—'} | ${i.itl_in_window_ms_p99?.toFixed(1) ?? '—'} | ${i.itl_p99_over_p50?.toFixed(2) ?? '—'} |`);
+      `${f(i.ttft_ratio, 2)} | ${f(i.itl_before_ms_p50)} | ${f(i.itl_in_window_ms_p50)} | ${f(i.itl_in_window_ms_p99)} | ` +
+      `${f(i.itl_p99_over_before_p50, 2)} | ${f(i.itl_p99_over_p50, 2)} |`);
+  }
+  const es = R.servers.find((x) => x.server === 'ellm');
+  if (es && es.throughput.some((r) => r.engine_steps)) {
+    w();
+    w('## Where an engine step\'s time goes (ellm serve)');
+    w();
+    w('From the server\'s own counters (`/metrics` `ellm_engine_step_seconds_total{phase}`, read before and after');
+    w('each load level of the throughput table): milliseconds per step. `forward` is the batched forward pass;');
+    w('`schedule` (cancellations, admission, KV pages, choosing rows), `sample` (sampling, detokenizing, stop');
+    w('strings) and `publish` (lock, metrics, handing tokens to the streams) are the engine thread\'s work around');
+    w('it. HTTP threads format and send the chunks on their own threads, outside these phases.');
+    w();
+    w('| streams | steps | rows per step | schedule ms | forward ms | sample ms | publish ms | outside forward |');
+    w('|---:|---:|---:|---:|---:|---:|---:|---:|');
+    for (const r of es.throughput) {
+      const e = r.engine_steps;
+      if (!e) continue;
+      const m = e.ms_per_step, out = m.schedule + m.sample + m.publish + m.spec;
+      w(`| ${r.streams} | ${e.steps} | ${e.rows_per_step.toFixed(1)} | ${m.schedule.toFixed(3)} | ${m.forward.toFixed(2)} | ` +
+        `${m.sample.toFixed(3)} | ${m.publish.toFixed(3)} | ${((100 * out) / (out + m.forward)).toFixed(1)}% |`);
+    }
   }
   w();
   w('## Reproduce');
