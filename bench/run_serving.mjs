@@ -48,6 +48,7 @@ const cfg = {
   background: num('background', 8),
   vocab: num('vocab', 2000),
 };
+const REQUEST_TIMEOUT_MS = 180000;
 const log = (...a) => console.error(new Date().toISOString().slice(11, 19), ...a);
 const loadavg = () => os.loadavg().map((x) => Math.round(x * 100) / 100);
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
@@ -106,8 +107,10 @@ async function waitHealthy(base) {
 // onToken(n) is called with the running token count.
 async function complete(base, prompt, maxTokens, signal, onToken) {
   const t0 = performance.now();
+  // every request ends within REQUEST_TIMEOUT_MS, whatever the server does
+  const limit = AbortSignal.timeout(REQUEST_TIMEOUT_MS);
   const res = await fetch(base + '/v1/completions', {
-    method: 'POST', headers: { 'Content-Type': 'application/json' }, signal,
+    method: 'POST', headers: { 'Content-Type': 'application/json' }, signal: signal ? AbortSignal.any([signal, limit]) : limit,
     body: JSON.stringify({ prompt, max_tokens: maxTokens, temperature: 0, ignore_eos: true, stream: true }),
   });
   if (!res.ok) throw new Error(`HTTP ${res.status}: ${await res.text()}`);
@@ -138,6 +141,7 @@ async function complete(base, prompt, maxTokens, signal, onToken) {
       }
     }
   } catch (e) {
+    if (limit.aborted) throw new Error(`a request took over ${REQUEST_TIMEOUT_MS / 1000} s`);
     if (!(signal && signal.aborted)) throw e;
   }
   return { t0, times, tokens: usage ?? times.length, ttft: first === null ? null : first - t0 };

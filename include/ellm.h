@@ -424,6 +424,11 @@ ellm_status ellm_batch_context_init(ellm_batch *batch, const ellm_context_params
  * total is at most max_rows. Afterwards ellm_context_logits(ctxs[i]) holds the
  * logits after its last token. Checks every count and token id first and feeds
  * nothing on error. */
+/* As ellm_decode_batch; where row_logits[i] is not NULL, the logits of every
+ * row of sequence i (n_tokens[i] x n_vocab floats) go there instead of the
+ * last row's to the context (a speculative verify pass). row_logits may be NULL. */
+ellm_status ellm_decode_batch_rows(ellm_batch *batch, ellm_context *const *ctxs, const int32_t *const *tokens,
+                                   const int *n_tokens, int n_seq, float *const *row_logits, ellm_error *err);
 ellm_status ellm_decode_batch(ellm_batch *batch, ellm_context *const *ctxs, const int32_t *const *tokens,
                               const int *n_tokens, int n_seq, ellm_error *err);
 
@@ -516,6 +521,25 @@ void ellm_spec_free(ellm_spec *spec);
  * which the next step feeds; ellm_spec_sync feeds it now). */
 ellm_status ellm_spec_step(ellm_spec *spec, ellm_sampler *sampler, const int32_t *hist, int n_hist,
                            int max_tokens, int32_t *out, int *n_out, ellm_error *err);
+/* ellm_spec_step in two halves, so that the verify pass can be a part of a
+ * batched pass with other sequences (ellm_decode_batch_rows; a batched row
+ * equals a single-token step bit for bit, so the tokens are the same).
+ * ellm_spec_draft_step draws the step's first token and drafts after it: the
+ * tokens so far go to out (*n_out); if *n_feed is 0 the step is complete,
+ * else the context must be fed feed[0 .. *n_feed) in one pass that writes
+ * every row's logits (*n_feed x n_vocab floats) to *rows, and then
+ * ellm_spec_verify_step accepts drafts and writes the step's tokens to out
+ * (*n_out, from the start again) as ellm_spec_step does. verify_ms is what
+ * the verify pass cost this sequence (for the adaptive draft length), or < 0
+ * for the time since ellm_spec_draft_step returned. If the pass fails or will
+ * not run, ellm_spec_cancel_step takes the context back to before the step.
+ * feed and rows belong to the spec state and stay valid until its next step. */
+ellm_status ellm_spec_draft_step(ellm_spec *spec, ellm_sampler *sampler, const int32_t *hist, int n_hist,
+                                 int max_tokens, int32_t *out, int *n_out, const int32_t **feed, int *n_feed,
+                                 float **rows, ellm_error *err);
+ellm_status ellm_spec_verify_step(ellm_spec *spec, ellm_sampler *sampler, double verify_ms, int32_t *out,
+                                  int *n_out, ellm_error *err);
+void ellm_spec_cancel_step(ellm_spec *spec);
 /* Forgets a token the last step returned but left unfed (see above): the
  * context is about to hold another sequence (a server slot's next request). */
 void ellm_spec_reset(ellm_spec *spec);

@@ -74,6 +74,11 @@ ellm_status ellm_batch_context_init(ellm_batch *batch, const ellm_context_params
 
 ellm_status ellm_decode_batch(ellm_batch *b, ellm_context *const *ctxs, const int32_t *const *tokens,
                               const int *n_tokens, int n_seq, ellm_error *err) {
+    return ellm_decode_batch_rows(b, ctxs, tokens, n_tokens, n_seq, NULL, err);
+}
+
+ellm_status ellm_decode_batch_rows(ellm_batch *b, ellm_context *const *ctxs, const int32_t *const *tokens,
+                                   const int *n_tokens, int n_seq, float *const *row_logits, ellm_error *err) {
     if (n_seq < 1 || n_seq > b->max_rows)
         return ellm_fail(err, ELLM_ERR_ARG, "decode batch: %d sequences (1 to %d)", n_seq, b->max_rows);
     const int n_vocab = b->model->cfg.n_vocab;
@@ -107,12 +112,13 @@ ellm_status ellm_decode_batch(ellm_batch *b, ellm_context *const *ctxs, const in
         return ellm_fail(err, ELLM_ERR_ARG, "decode batch: %ld rows exceed the batch's %d", rows, b->max_rows);
     engine_seq seqs[n_seq];
     for (int i = 0; i < n_seq; i++) {
+        const int all = row_logits && row_logits[i];
         seqs[i] = (engine_seq){.ctx = ctxs[i],
                                .tokens = tokens[i],
                                .n = n_tokens[i],
                                .pos = kv_cache_len(ctxs[i]->kv),
-                               .first_logit_row = n_tokens[i] - 1,
-                               .logits = ctxs[i]->logits};
+                               .first_logit_row = all ? 0 : n_tokens[i] - 1,
+                               .logits = all ? row_logits[i] : ctxs[i]->logits};
     }
     engine_forward_seqs(b->model, &b->s, b->pool, b->logits, seqs, n_seq);
     /* KV sharded over MPI ranks: a failed exchange left zeros for attention */

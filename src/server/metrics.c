@@ -109,6 +109,8 @@ char *metrics_render(server_metrics *m) {
             (double)m->engine_steps_total);
     counter(&b, "ellm_engine_rows_total", "Token rows those passes computed: one per decoding sequence plus prompt tokens.",
             (double)m->engine_rows_total);
+    counter(&b, "ellm_engine_sequences_total", "Sequences those passes fed (each pass feeds every running one).",
+            (double)m->engine_seqs_total);
     put(&b, "# HELP ellm_engine_step_seconds_total Engine thread time in steps, by phase.\n"
             "# TYPE ellm_engine_step_seconds_total counter\n");
     for (int i = 0; i < STEP_PHASE_COUNT; i++)

@@ -52,6 +52,7 @@ typedef struct {
     int kv_blocks_total;
     uint64_t engine_steps_total;    /* steps that ran a forward pass */
     uint64_t engine_rows_total;     /* token rows those passes computed (decode and prompt) */
+    uint64_t engine_seqs_total;     /* sequences those passes fed (a pass feeds several) */
     double step_seconds[STEP_PHASE_COUNT];
     metrics_histogram ttft;        /* seconds */
     metrics_histogram inter_token; /* seconds */

@@ -17,6 +17,9 @@
 #define STEP_PREFILL_RATIO 2.5
 /* ...but at least this many prompt rows, so a prompt always moves on. */
 #define STEP_PREFILL_MIN_ROWS 16
+/* Tokens one step can give a job: a speculative step's draft_max (<= 31)
+ * drafts, its first token and one drawn on a rejection. */
+#define STEP_TOKENS_MAX 64
 
 typedef struct {
     ellm_context *ctx;
@@ -27,6 +30,13 @@ typedef struct {
     uint64_t last_used;
     ellm_spec *spec; /* --spec: the slot's speculative state, or NULL */
     int n_hist;      /* --spec: tokens of the sequence so far (the last may not be fed yet) */
+    /* This step's outcome for the slot's job (engine thread): the tokens a
+     * speculative step drew, how many of them the job emits, the length of
+     * its text that may be shown after each, and its finish reason. */
+    int32_t step_out[STEP_TOKENS_MAX];
+    int n_out, n_emit;
+    size_t shows[STEP_TOKENS_MAX];
+    const char *fin;
 } slot;
 
 struct sched {
@@ -59,6 +69,9 @@ struct sched {
     const int32_t **step_tok;
     int *step_n;
     job **step_job;
+    float **step_rows;  /* a speculative verify's logits of every row, or NULL */
+    int *step_spec;     /* speculative slots of this step */
+    job **step_extra;   /* jobs of this step outside the pass (a speculative step complete before it) */
     int rr; /* round-robin start among generating slots */
     double bw_t0, bw_bytes;
     step_cost cost; /* pass time against rows, for the prefill budget */
@@ -190,14 +203,21 @@ ellm_status sched_init(ellm_model *model, const sched_params *params, server_met
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv_engine, NULL);
     pthread_cond_init(&s->cv_idle, NULL);
-    int max_rows = p.n_batch + p.chunk;
+    /* rows of a pass: a token per decoding sequence (a speculative one's
+     * verify takes up to draft_max + 1) and the prompt rows */
+    int max_rows = p.n_batch * (p.spec ? p.draft_max + 1 : 1) + p.chunk;
     ellm_status st = ellm_batch_init(model, p.n_threads, max_rows, &s->batch, err);
     s->slots = calloc((size_t)p.n_slots, sizeof *s->slots);
     s->step_ctx = calloc((size_t)p.n_slots, sizeof *s->step_ctx);
     s->step_tok = calloc((size_t)p.n_slots, sizeof *s->step_tok);
     s->step_n = calloc((size_t)p.n_slots, sizeof *s->step_n);
     s->step_job = calloc((size_t)p.n_slots, sizeof *s->step_job);
-    if (st == ELLM_OK && (!s->slots || !s->step_ctx || !s->step_tok || !s->step_n || !s->step_job)) st = ELLM_ERR_NOMEM;
+    s->step_rows = calloc((size_t)p.n_slots, sizeof *s->step_rows);
+    s->step_spec = calloc((size_t)p.n_slots, sizeof *s->step_spec);
+    s->step_extra = calloc((size_t)p.n_slots, sizeof *s->step_extra);
+    if (st == ELLM_OK && (!s->slots || !s->step_ctx || !s->step_tok || !s->step_n || !s->step_job || !s->step_rows ||
+                          !s->step_spec || !s->step_extra))
+        st = ELLM_ERR_NOMEM;
     ellm_context_params cp = ellm_context_default_params();
     cp.n_ctx = s->n_ctx;
     cp.n_batch = p.chunk;
@@ -267,6 +287,9 @@ void sched_free(sched *s) {
     free(s->step_tok);
     free(s->step_n);
     free(s->step_job);
+    free(s->step_rows);
+    free(s->step_spec);
+    free(s->step_extra);
     ellm_batch_free(s->batch);
     ellm_kv_pool_free(s->kv_pool);
     pthread_cond_destroy(&s->cv_engine);
@@ -630,29 +653,41 @@ static const char *on_token(sched *s, job *j, slot *sl, int32_t tok) {
     return NULL;
 }
 
-/* One speculative step of job j in its slot (engine thread, no lock): the
- * tokens it returns go through on_token as if sampled one at a time, each
- * judged against the KV length at its own position. Returns the finish
- * reason or NULL; *n_emit gets the tokens emitted and shows[i] the length of
- * gen that may be shown after token i (shows: room for 64). */
-static const char *spec_step_job(sched *s, job *j, slot *sl, int *n_emit, size_t *shows) {
+/* The first half of a speculative step of job j (engine thread, no lock):
+ * its first token and drafts (ellm_spec_draft_step) into sl->step_out. Returns
+ * the number of tokens its verify must feed in this step's pass (*feed, with
+ * the logits of every row to *rows), 0 if the step is complete without one,
+ * or -1 if it failed (j->failed). */
+static int spec_draft_job(sched *s, job *j, slot *sl, const int32_t **feed, float **rows) {
+    ellm_error err = {0};
+    int n_feed = 0;
+    sl->n_out = 0;
+    if (ellm_context_pos(sl->ctx) >= s->n_ctx) { /* full: one last token from the logits, never fed */
+        sl->step_out[sl->n_out++] =
+            ellm_sampler_sample(j->sampler, ellm_context_logits(sl->ctx), sl->tokens, sl->n_hist);
+        return 0;
+    }
+    int left = j->p.max_tokens >= 0 ? j->p.max_tokens - j->n_gen : 1 << 30;
+    if (ellm_spec_draft_step(sl->spec, j->sampler, sl->tokens, sl->n_hist, left > 0 ? left : 1, sl->step_out, &sl->n_out,
+                             feed, &n_feed, rows, &err) != ELLM_OK) {
+        j->failed = 1;
+        snprintf(j->errmsg, sizeof j->errmsg, "%s", err.msg);
+        return -1;
+    }
+    return n_feed;
+}
+
+/* The end of a speculative step of job j (engine thread, no lock): the
+ * tokens in sl->step_out go through on_token as if sampled one at a time,
+ * each judged against the KV length at its own position; sl->n_emit and
+ * sl->shows say what the job emits. Returns the finish reason or NULL. */
+static const char *spec_finish_job(sched *s, job *j, slot *sl) {
     ellm_context *ctx = sl->ctx;
     ellm_error err = {0};
-    int32_t out[64];
-    int n_out = 0, pos = ellm_context_pos(ctx), base = sl->n_hist;
-    *n_emit = 0;
-    if (pos >= s->n_ctx) { /* full: one last token from the logits, never fed */
-        out[n_out++] = ellm_sampler_sample(j->sampler, ellm_context_logits(ctx), sl->tokens, base);
-    } else {
-        int left = j->p.max_tokens >= 0 ? j->p.max_tokens - j->n_gen : 1 << 30;
-        if (ellm_spec_step(sl->spec, j->sampler, sl->tokens, base, left > 0 ? left : 1, out, &n_out, &err) != ELLM_OK) {
-            j->failed = 1;
-            snprintf(j->errmsg, sizeof j->errmsg, "%s", err.msg);
-            return NULL;
-        }
-    }
+    const int base = sl->n_hist, n_out = sl->n_out;
+    sl->n_emit = 0;
     /* all of them: the KV may hold tokens beyond a stop within this step */
-    memcpy(sl->tokens + base, out, (size_t)n_out * sizeof *out);
+    memcpy(sl->tokens + base, sl->step_out, (size_t)n_out * sizeof *sl->step_out);
     if (n_out == 0) { /* a pending token fed with no draft: nothing new yet */
         sl->n_tokens = ellm_context_pos(ctx);
         return NULL;
@@ -661,13 +696,13 @@ static const char *spec_step_job(sched *s, job *j, slot *sl, int *n_emit, size_t
     int i = 0;
     while (i < n_out && !fin) {
         sl->n_tokens = base + i; /* what the KV held when this token was drawn */
-        fin = on_token(s, j, sl, out[i]);
-        shows[i] = shown_after(j, fin);
+        fin = on_token(s, j, sl, sl->step_out[i]);
+        sl->shows[i] = shown_after(j, fin);
         i++;
     }
-    *n_emit = i;
+    sl->n_emit = i;
     sl->n_hist = base + i;
-    j->last = out[i - 1];
+    j->last = sl->step_out[i - 1];
     /* an end-of-generation token the step left unfed, generation going on
      * (ignore_eos): feed it, as plain decoding does */
     if (!fin && ellm_context_pos(ctx) == sl->n_hist - 1 && ellm_token_is_eog(s->model, j->last) &&
@@ -677,45 +712,6 @@ static const char *spec_step_job(sched *s, job *j, slot *sl, int *n_emit, size_t
     }
     sl->n_tokens = ellm_context_pos(ctx); /* the KV (sl->tokens holds them) */
     return fin;
-}
-
-/* Speculative steps for every generating slot (lock held on entry and exit,
- * released while the engine runs), then their tokens published as the
- * batch's are. */
-static void spec_steps(sched *s) {
-    for (int i = 0; i < s->p.n_slots; i++) {
-        slot *sl = &s->slots[i];
-        job *j = sl->job;
-        if (!j || !j->generating || j->cancelled || !sl->spec) continue;
-        /* a step writes up to draft_max + 1 tokens: their pages come from the
-         * pool as plain decoding's do (idle slots' kept KV first) */
-        int need = sl->n_tokens + s->p.draft_max + 1;
-        if (!reserve_kv(s, sl, need < s->n_ctx ? need : s->n_ctx)) {
-            finish_pool_full(s, j);
-            continue;
-        }
-        pthread_mutex_unlock(&s->mu);
-        int n = 0;
-        size_t shows[64];
-        const char *fin = spec_step_job(s, j, sl, &n, shows);
-        pthread_mutex_lock(&s->mu);
-        if (j->failed) {
-            finish_job(s, j, NULL);
-            continue;
-        }
-        double now = now_s();
-        pthread_mutex_lock(&s->metrics->mu);
-        s->metrics->generated_tokens_total += (uint64_t)n;
-        for (int t = 0; t < n; t++) {
-            if (j->n_gen - n + t == 0) metrics_observe(&s->metrics->ttft, now - j->t_arrive);
-            else metrics_observe(&s->metrics->inter_token, (now - j->t_last_token) / n); /* tokens of one pass, evenly */
-        }
-        pthread_mutex_unlock(&s->metrics->mu);
-        j->t_last_token = now;
-        for (int t = 0; t < n; t++) publish_token(j, shows[t]);
-        if (fin) finish_job(s, j, fin);
-        else pthread_cond_broadcast(&j->cv);
-    }
 }
 
 /* ellm_spec_acceptance_rate (accepted over drafted tokens, all slots, since
@@ -815,28 +811,39 @@ static void *engine_main(void *arg) {
             continue;
         }
         /* One step: a token for each generating sequence (round robin when
-         * more than n_batch), then prompt rows, oldest prompt first, up to
-         * the budget that keeps the step short while sequences generate. */
-        int ns = 0, rows = 0, n_prefilling = 0;
+         * more than n_batch; a speculative one verifies its drafts), then
+         * prompt rows, oldest prompt first, up to the budget that keeps the
+         * step short while sequences generate. */
+        int ns = 0, rows = 0, n_prefilling = 0, n_spec = 0, n_extra = 0;
         for (int i = 0; i < s->p.n_slots; i++)
             if (s->slots[i].job && !s->slots[i].job->generating) n_prefilling++;
         int max_decode = s->p.n_batch - (n_prefilling > 0 && s->p.n_batch > 1 ? 1 : 0);
-        for (int k = 0; k < s->p.n_slots && ns < max_decode; k++) {
+        for (int k = 0; k < s->p.n_slots && ns + n_spec < max_decode; k++) {
             int i = (s->rr + k) % s->p.n_slots;
-            job *j = s->slots[i].job;
-            if (!j || !j->generating || s->slots[i].spec) continue; /* speculative slots step on their own */
-            if (!reserve_kv(s, &s->slots[i], s->slots[i].n_tokens + 1)) {
+            slot *sl = &s->slots[i];
+            job *j = sl->job;
+            if (!j || !j->generating) continue;
+            /* a speculative step writes up to draft_max + 1 tokens: their
+             * pages come from the pool as plain decoding's do */
+            int need = sl->spec ? sl->n_tokens + s->p.draft_max + 1 : sl->n_tokens + 1;
+            if (!reserve_kv(s, sl, need < s->n_ctx ? need : s->n_ctx)) {
                 finish_pool_full(s, j);
                 continue;
             }
-            s->step_ctx[ns] = s->slots[i].ctx;
+            if (sl->spec) {
+                s->step_spec[n_spec++] = i; /* drafts after the lock is released */
+                continue;
+            }
+            s->step_ctx[ns] = sl->ctx;
             s->step_tok[ns] = &j->last;
             s->step_n[ns] = 1;
+            s->step_rows[ns] = NULL;
             s->step_job[ns++] = j;
             rows++;
         }
         s->rr = (s->rr + 1) % s->p.n_slots;
-        int prompt_rows = step_cost_prefill_budget(&s->cost, rows, STEP_PREFILL_RATIO, STEP_PREFILL_MIN_ROWS, s->p.chunk);
+        int prompt_rows = step_cost_prefill_budget(&s->cost, rows + n_spec, STEP_PREFILL_RATIO, STEP_PREFILL_MIN_ROWS,
+                                                   s->p.chunk);
         while (ns < s->p.n_batch && prompt_rows > 0) {
             job *pick = NULL;
             for (int i = 0; i < s->p.n_slots; i++) {
@@ -852,15 +859,45 @@ static void *engine_main(void *arg) {
             s->step_ctx[ns] = s->slots[pick->slot].ctx;
             s->step_tok[ns] = pick->prompt + pick->n_fed;
             s->step_n[ns] = c;
+            s->step_rows[ns] = NULL;
             s->step_job[ns++] = pick;
             rows += c;
         }
         pthread_mutex_unlock(&s->mu);
 
+        /* speculative slots draft, and join the pass with their verify rows
+         * (their logits equal a verify pass of their own, bit for bit) */
+        double t_draft = now_s();
+        int spec_rows = 0;
+        for (int q = 0; q < n_spec; q++) {
+            slot *sl = &s->slots[s->step_spec[q]];
+            job *j = sl->job;
+            const int32_t *feed = NULL;
+            float *vrows = NULL;
+            int n_feed = spec_draft_job(s, j, sl, &feed, &vrows);
+            sl->fin = NULL;
+            sl->n_emit = 0;
+            if (n_feed > 0) {
+                s->step_ctx[ns] = sl->ctx;
+                s->step_tok[ns] = feed;
+                s->step_n[ns] = n_feed;
+                s->step_rows[ns] = vrows;
+                s->step_job[ns++] = j;
+                rows += n_feed;
+                spec_rows = 1;
+                continue;
+            }
+            if (n_feed == 0) sl->fin = spec_finish_job(s, j, sl);
+            s->step_extra[n_extra++] = j;
+        }
+
         ellm_error err = {0};
         double t0 = now_s();
-        ellm_status st = ns ? sched_mpi_decode_batch(s->mpi, s->batch, s->step_ctx, s->step_tok, s->step_n, ns, &err)
-                            : ELLM_OK;
+        ellm_status st = ELLM_OK;
+        if (ns && spec_rows) /* no speculation under --mpi */
+            st = ellm_decode_batch_rows(s->batch, s->step_ctx, s->step_tok, s->step_n, ns, s->step_rows, &err);
+        else if (ns)
+            st = sched_mpi_decode_batch(s->mpi, s->batch, s->step_ctx, s->step_tok, s->step_n, ns, &err);
         double t1 = now_s();
         if (ns && st == ELLM_OK) step_cost_add(&s->cost, rows, t1 - t0);
         /* bytes read: the weights once, each sequence's K/V once */
@@ -869,18 +906,29 @@ static void *engine_main(void *arg) {
             s->bw_bytes += (double)ellm_context_pos(s->step_ctx[k]) * (double)s->kv_bytes_per_token;
 
         /* results, outside the lock: only this thread touches these fields */
-        const char *fin[ns];
-        int emit[ns];
-        size_t show[ns];
         for (int k = 0; k < ns; k++) {
             job *j = s->step_job[k];
             slot *sl = &s->slots[j->slot];
-            fin[k] = NULL;
-            emit[k] = 0;
+            sl->fin = NULL;
+            sl->n_emit = 0;
             if (st != ELLM_OK) {
+                if (s->step_rows[k]) ellm_spec_cancel_step(sl->spec);
                 j->failed = 1;
                 j->unavailable = sched_mpi_lost(s->mpi) != NULL; /* --mpi: a rank was lost (503) */
                 snprintf(j->errmsg, sizeof j->errmsg, "%s", err.msg);
+                continue;
+            }
+            if (s->step_rows[k]) {
+                /* what the verify cost this sequence: its rows, and its share of reading the weights */
+                double ms = s->cost.row_s > 0 ? 1e3 * (s->cost.fixed_s / ns + s->cost.row_s * s->step_n[k])
+                                              : 1e3 * (t1 - t0) * s->step_n[k] / rows;
+                ellm_error verr = {0};
+                if (ellm_spec_verify_step(sl->spec, j->sampler, ms, sl->step_out, &sl->n_out, &verr) != ELLM_OK) {
+                    j->failed = 1;
+                    snprintf(j->errmsg, sizeof j->errmsg, "%s", verr.msg);
+                    continue;
+                }
+                sl->fin = spec_finish_job(s, j, sl);
                 continue;
             }
             memcpy(sl->tokens + sl->n_tokens, s->step_tok[k], (size_t)s->step_n[k] * sizeof(int32_t));
@@ -896,10 +944,11 @@ static void *engine_main(void *arg) {
             }
             int32_t tok = ellm_sampler_sample(j->sampler, ellm_context_logits(sl->ctx), sl->tokens, sl->n_tokens);
             j->last = tok;
-            emit[k] = 1;
-            fin[k] = on_token(s, j, sl, tok);
-            show[k] = shown_after(j, fin[k]);
+            sl->n_emit = 1;
+            sl->fin = on_token(s, j, sl, tok);
+            sl->shows[0] = shown_after(j, sl->fin);
         }
+        for (int q = 0; q < n_extra; q++) s->step_job[ns + q] = s->step_extra[q]; /* published alike */
 
         double t2 = now_s();
         pthread_mutex_lock(&s->mu);
@@ -908,8 +957,10 @@ static void *engine_main(void *arg) {
         if (ns) {
             s->metrics->engine_steps_total++;
             s->metrics->engine_rows_total += (uint64_t)rows;
+            s->metrics->engine_seqs_total += (uint64_t)ns;
         }
-        s->metrics->step_seconds[STEP_PHASE_SCHEDULE] += t0 - t_sched;
+        s->metrics->step_seconds[STEP_PHASE_SCHEDULE] += t_draft - t_sched;
+        s->metrics->step_seconds[STEP_PHASE_SPEC] += t0 - t_draft;
         s->metrics->step_seconds[STEP_PHASE_FORWARD] += t1 - t0;
         s->metrics->step_seconds[STEP_PHASE_SAMPLE] += t2 - t1;
         if (now - s->bw_t0 >= 1.0) {
@@ -917,33 +968,33 @@ static void *engine_main(void *arg) {
             s->bw_t0 = now;
             s->bw_bytes = 0;
         }
-        for (int k = 0; k < ns; k++) {
+        for (int k = 0; k < ns + n_extra; k++) {
             job *j = s->step_job[k];
-            if (!emit[k]) continue;
-            s->metrics->generated_tokens_total++;
-            if (j->n_gen == 1) metrics_observe(&s->metrics->ttft, now - j->t_arrive);
-            else metrics_observe(&s->metrics->inter_token, now - j->t_last_token);
+            const int n = s->slots[j->slot].n_emit;
+            if (j->failed || (k < ns && st != ELLM_OK) || n == 0) continue;
+            s->metrics->generated_tokens_total += (uint64_t)n;
+            for (int t = 0; t < n; t++) {
+                if (j->n_gen - n + t == 0) metrics_observe(&s->metrics->ttft, now - j->t_arrive);
+                else metrics_observe(&s->metrics->inter_token, (now - j->t_last_token) / n); /* a step's tokens, evenly */
+            }
             j->t_last_token = now;
         }
         pthread_mutex_unlock(&s->metrics->mu);
-        for (int k = 0; k < ns; k++) {
+        for (int k = 0; k < ns + n_extra; k++) {
             job *j = s->step_job[k];
-            if (st != ELLM_OK) {
+            slot *sl = &s->slots[j->slot];
+            if (j->failed || (k < ns && st != ELLM_OK)) {
                 finish_job(s, j, NULL);
                 continue;
             }
-            if (!emit[k]) continue;
-            publish_token(j, show[k]);
-            if (fin[k]) finish_job(s, j, fin[k]);
+            if (!sl->n_emit) continue;
+            for (int t = 0; t < sl->n_emit; t++) publish_token(j, sl->shows[t]);
+            if (sl->fin) finish_job(s, j, sl->fin);
             else pthread_cond_broadcast(&j->cv);
         }
-        double t3 = now_s();
-        if (s->p.spec) spec_steps(s);
-        double t4 = now_s();
         update_quality_metrics(s);
         pthread_mutex_lock(&s->metrics->mu);
-        s->metrics->step_seconds[STEP_PHASE_PUBLISH] += t3 - t2;
-        s->metrics->step_seconds[STEP_PHASE_SPEC] += t4 - t3;
+        s->metrics->step_seconds[STEP_PHASE_PUBLISH] += now_s() - t2;
         pthread_mutex_unlock(&s->metrics->mu);
     }
     pthread_mutex_unlock(&s->mu);

@@ -43,6 +43,12 @@ struct ellm_spec {
     double verify_ms[SPEC_MAX_DRAFT + 2]; /* [n]: a verify pass of n tokens (0: not measured) */
     int k_next;            /* draft length of the next pass */
     int64_t k_sum;         /* sum of draft lengths asked */
+    /* A step between ellm_spec_draft_step and ellm_spec_verify_step: the
+     * verify batch (x, then nd drafts) and what the acceptance needs. */
+    int v_open;
+    int v_pos, v_n_hist, v_n0, v_nd, v_k, v_k_asked, v_max;
+    int32_t v_batch[SPEC_MAX_DRAFT + 1];
+    double v_t0, v_t1, v_t2;
 };
 
 #define SPEC_EMA 0.9          /* weight of the past in the running figures (about 10 passes) */
@@ -448,15 +454,20 @@ static int hist_reserve(ellm_spec *s, int n) {
     return 1;
 }
 
-ellm_status ellm_spec_step(ellm_spec *s, ellm_sampler *smp, const int32_t *hist, int n_hist, int max_tokens,
-                           int32_t *out, int *n_out, ellm_error *err) {
+ellm_status ellm_spec_draft_step(ellm_spec *s, ellm_sampler *smp, const int32_t *hist, int n_hist, int max_tokens,
+                                 int32_t *out, int *n_out, const int32_t **feed, int *n_feed, float **rows,
+                                 ellm_error *err) {
     ellm_context *ctx = s->ctx;
     *n_out = 0;
+    *n_feed = 0;
+    *feed = NULL;
+    *rows = NULL;
+    s->v_open = 0;
     const float *logits = ellm_context_logits(ctx);
     if (!logits) return ellm_fail(err, ELLM_ERR_ARG, "spec: the context has no logits (decode the prompt first)");
     if (max_tokens < 1) return ellm_fail(err, ELLM_ERR_ARG, "spec: max_tokens %d < 1", max_tokens);
     if (n_hist < 1 || !hist) return ellm_fail(err, ELLM_ERR_ARG, "spec: empty history");
-    const int V = s->n_vocab, pos = ellm_context_pos(ctx);
+    const int pos = ellm_context_pos(ctx);
     if (s->pending >= 0 && n_hist < 2) s->pending = -1;
     if (!hist_reserve(s, n_hist + SPEC_MAX_DRAFT + 2)) return ellm_fail(err, ELLM_ERR_NOMEM, "spec: out of memory");
     memcpy(s->hist, hist, (size_t)n_hist * sizeof *hist);
@@ -481,7 +492,7 @@ ellm_status ellm_spec_step(ellm_spec *s, ellm_sampler *smp, const int32_t *hist,
     int k = s->k_next, k_asked = k;
     if (k > max_tokens - n0) k = max_tokens - n0;
     if (k > ctx->n_ctx - pos - 1) k = ctx->n_ctx - pos - 1;
-    int32_t batch[SPEC_MAX_DRAFT + 1];
+    int32_t *batch = s->v_batch;
     batch[0] = x;
     int nd = 0;
     double t0 = ellm_time_ms();
@@ -496,14 +507,40 @@ ellm_status ellm_spec_step(ellm_spec *s, ellm_sampler *smp, const int32_t *hist,
     double t1 = ellm_time_ms();
     use_target(s, s->p.verify_sparse ? s->target_topk : 0);
     if (ellm_context_pos(ctx) != pos) ellm_context_truncate(ctx, pos);
-    double t2 = ellm_time_ms();
-    ellm_status st = ellm_decode(ctx, batch, nd + 1, s->rows, err);
+    s->v_open = 1;
+    s->v_pos = pos;
+    s->v_n_hist = n_hist;
+    s->v_n0 = n0;
+    s->v_nd = nd;
+    s->v_k = k;
+    s->v_k_asked = k_asked;
+    s->v_max = max_tokens;
+    s->v_t0 = t0;
+    s->v_t1 = t1;
+    s->v_t2 = ellm_time_ms();
+    *feed = batch;
+    *n_feed = nd + 1;
+    *rows = s->rows;
+    return ELLM_OK;
+}
+
+void ellm_spec_cancel_step(ellm_spec *s) {
+    if (!s->v_open) return;
+    s->v_open = 0;
     set_budget(s, s->target_topk);
-    if (st != ELLM_OK) {
-        ellm_context_truncate(ctx, pos);
-        return st;
-    }
-    double t3 = ellm_time_ms();
+    ellm_context_truncate(s->ctx, s->v_pos);
+}
+
+ellm_status ellm_spec_verify_step(ellm_spec *s, ellm_sampler *smp, double verify_ms, int32_t *out, int *n_out,
+                                  ellm_error *err) {
+    if (!s->v_open) return ellm_fail(err, ELLM_ERR_ARG, "spec: no drafted step waits for its verify pass");
+    s->v_open = 0;
+    ellm_context *ctx = s->ctx;
+    set_budget(s, s->target_topk);
+    const double t3 = ellm_time_ms();
+    const int V = s->n_vocab, pos = s->v_pos, n_hist = s->v_n_hist, n0 = s->v_n0, nd = s->v_nd;
+    const int32_t *batch = s->v_batch;
+    int32_t *h = s->hist;
 
     /* Accept drafts in order: greedy keeps those equal to the target's pick;
      * sampling accepts d with probability p(d) (the proposal is one-hot) and
@@ -549,23 +586,39 @@ ellm_status ellm_spec_step(ellm_spec *s, ellm_sampler *smp, const int32_t *hist,
     ellm_context_truncate(ctx, pos + 1 + m);
     memcpy(ctx->logits, s->rows + (size_t)m * V, (size_t)V * sizeof(float));
     ctx->has_logits = 1;
-    if (fix >= 0 && *n_out < max_tokens) {
+    if (fix >= 0 && *n_out < s->v_max) {
         /* The target's draw at the next position: returned now, fed as the
          * next step's x (so it costs no pass of its own). */
         out[(*n_out)++] = fix;
         if (!ellm_token_is_eog(ctx->model, fix)) s->pending = fix;
     }
     double t4 = ellm_time_ms();
+    if (verify_ms < 0) verify_ms = t3 - s->v_t2;
     s->st.verify_passes++;
     s->st.proposed += nd;
     s->st.accepted += m;
     s->st.tokens += *n_out;
-    s->st.draft_ms += t1 - t0;
-    s->st.rollback_ms += (t2 - t1) + (t4 - t3);
-    s->st.verify_ms += t3 - t2;
-    s->k_sum += k_asked;
-    if (k == k_asked) adapt_update(s, nd, m, t1 - t0, t3 - t2); /* a pass cut short by the end says little */
+    s->st.draft_ms += s->v_t1 - s->v_t0;
+    s->st.rollback_ms += (s->v_t2 - s->v_t1) + (t4 - t3);
+    s->st.verify_ms += verify_ms;
+    s->k_sum += s->v_k_asked;
+    if (s->v_k == s->v_k_asked) adapt_update(s, nd, m, s->v_t1 - s->v_t0, verify_ms); /* a pass cut short by the end says little */
     return ELLM_OK;
+}
+
+ellm_status ellm_spec_step(ellm_spec *s, ellm_sampler *smp, const int32_t *hist, int n_hist, int max_tokens,
+                           int32_t *out, int *n_out, ellm_error *err) {
+    const int32_t *feed;
+    int n_feed;
+    float *rows;
+    ellm_status st = ellm_spec_draft_step(s, smp, hist, n_hist, max_tokens, out, n_out, &feed, &n_feed, &rows, err);
+    if (st != ELLM_OK || n_feed == 0) return st;
+    st = ellm_decode(s->ctx, feed, n_feed, rows, err);
+    if (st != ELLM_OK) {
+        ellm_spec_cancel_step(s);
+        return st;
+    }
+    return ellm_spec_verify_step(s, smp, -1, out, n_out, err);
 }
 
 static void stats_rates(ellm_spec_stats *st);

@@ -169,7 +169,17 @@ async function specServer() {
     const refs = ps.map((p) => greedy(p, n));
     const alone = [];
     for (const p of ps) alone.push((await client.completions.create({ model: 'x', prompt: p, max_tokens: n, temperature: 0 })).choices[0].text);
+    const m0 = await metrics(srv.base);
     const together = await Promise.all(ps.map((p) => streamText(client, 'completion', { model: 'x', prompt: p, max_tokens: n, temperature: 0 })));
+    const m1 = await metrics(srv.base);
+    // the four speculative slots verify in the engine's batched steps (each
+    // verify pass of up to draft_max + 1 = 7 rows is a sequence of a step and
+    // gives at most 8 tokens), several in one step
+    const seqs = m1.get('ellm_engine_sequences_total') - m0.get('ellm_engine_sequences_total');
+    const steps = m1.get('ellm_engine_steps_total') - m0.get('ellm_engine_steps_total');
+    const gen = m1.get('ellm_generated_tokens_total') - m0.get('ellm_generated_tokens_total');
+    check(seqs >= gen / 8 && seqs / steps > 1.5,
+          `--spec slots join the batched step (${seqs} sequences in ${steps} steps for ${gen} tokens)`);
     let same = 0;
     ps.forEach((p, i) => {
       if (alone[i] === refs[i] && together[i].text === refs[i]) same++;
