@@ -8,13 +8,14 @@ in bench/DIST.md):
           + kv_s_per_token * ctx / N            attention over the node's own share of the KV
           + merge_s_per_float * floats(ctx) / N adding up the node's own parts' partials (exact merge)
                                                 (taken out of the fitted per-token cost, which includes it)
-          + layers * (finish + exchange(N))     per layer: two all-reduces, then the division
+          + layers * (finish + exchange(N))     per layer: one all-reduce, then the division
 
 t0 and the per-token attention cost come from measured decode steps of a
 Llama-3-8B-shaped model at several depths on one node (linear fit); the merge
 cost per partial float and the per-layer finish from `ellm bench --mpi`. The
-exchange of a layer does not grow with the context: an all-reduce (max) of 5
-doubles per query head, then one (sum) of head_dim + 1 int64 per query head.
+exchange of a layer does not grow with the context: one all-reduce of a
+record per query head, 5 + 2 (head_dim + 1) + ceil(head_dim / 2) int64 (the
+merge's bound, its binned sums, the bits of a one-part row).
 An all-reduce of B bytes over N nodes costs the cheaper of a ring,
 2 (N - 1) hops of latency + 2 (N - 1) / N * B at the link's bandwidth, and
 recursive doubling, ceil(log2 N) * (one hop + B at the link's bandwidth).
@@ -61,17 +62,15 @@ def main():
     merge_ms_per_token = a.merge_ns_per_float * 1e-6 * rec_floats * a.layers / a.part_tokens
     kv_ms_per_token = slope - merge_ms_per_token  # reading and scoring the KV (the fit includes the merge)
     kv_bytes_per_token = 2 * a.layers * a.kv_heads * a.head_dim * 2
-    bound_bytes = a.heads * 5 * 8
-    sum_bytes = a.heads * (a.head_dim + 1) * 8
+    rec_bytes = a.heads * (5 + 2 * (a.head_dim + 1) + (a.head_dim + 1) // 2) * 8
     print(f"fit of the one-node steps: t0 = {t0:.1f} ms, {slope * 1e3:.2f} us per token of context; "
           f"merge {merge_ms_per_token * 1e3:.3f} us per token of the node's share")
-    print(f"exchange per layer: all-reduce of {bound_bytes} B (max), then of {sum_bytes} B (sum), "
-          f"whatever the context")
+    print(f"exchange per layer: one all-reduce of {rec_bytes} B, whatever the context")
     print()
     links = [tuple(float(x) for x in l.split(":")) for l in a.links.split(",")]
 
     def step_ms(N, ctx, gbps, lat_us):
-        ex = a.layers * (allreduce_ms(N, bound_bytes, gbps, lat_us) + allreduce_ms(N, sum_bytes, gbps, lat_us))
+        ex = a.layers * allreduce_ms(N, rec_bytes, gbps, lat_us)
         merge = merge_ms_per_token * ctx / N + (a.layers * a.finish_us * 1e-3 if N > 1 else 0.0)
         return t0 + kv_ms_per_token * ctx / N + merge + ex, ex, merge
 

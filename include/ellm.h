@@ -204,10 +204,10 @@ ellm_status ellm_mpi_bcast(ellm_mpi *mpi, void *buf, size_t bytes, ellm_error *e
 /* *all_ok = 1 if every rank passed ok != 0, else 0 (so ranks fail together). */
 ellm_status ellm_mpi_agree(ellm_mpi *mpi, int ok, int *all_ok, ellm_error *err);
 /* Times the exchange of one layer's attention merge for `rows` query rows
- * of head_dim (decode: rows = n_head) without the attention around it: an
- * all-reduce (max) of 5 doubles per row, then one (sum) of head_dim + 1
- * int64 per row. The median over `reps` runs, in microseconds, into
- * *median_us. Every rank calls it alike. */
+ * of head_dim (decode: rows = n_head) without the attention around it: one
+ * all-reduce of a record per row (5 + 2 (head_dim + 1) + ceil(head_dim / 2)
+ * int64) with the merge's operation. The median over `reps` runs, in
+ * microseconds, into *median_us. Every rank calls it alike. */
 ellm_status ellm_mpi_time_exchange(ellm_mpi *mpi, int rows, int head_dim, int reps, double *median_us,
                                    ellm_error *err);
 /* NULL, or the message of the first collective of this handle that failed
@@ -355,7 +355,7 @@ typedef struct {
     /* With ellm_context_params.mpi: */
     int mpi_ranks;             /* ranks the KV cache is sharded over (0: not sharded) */
     int64_t mpi_local_tokens;  /* positions this rank stores */
-    int64_t mpi_exchanges;     /* exchanges (one per layer per pass: two all-reduces) */
+    int64_t mpi_exchanges;     /* exchanges (one all-reduce per layer per pass) */
     double mpi_bytes_sent;     /* bytes of merge bounds and sums this rank contributed */
     double mpi_bytes_recv;     /* ... and received reduced */
     double mpi_exchange_ms;    /* wall time in the collectives, waiting for slower ranks included */

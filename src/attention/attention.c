@@ -356,14 +356,14 @@ static void write_out(const attn_job *J, const attn_state *st, int s) {
 
 /* Merge of np >= 2 partials of segment s, each m[rp], l[rp] then
  * acc[rows][hdp], partial i at base + i * stride: out = sum_i e_i acc_i /
- * sum_i e_i l_i with e_i = exp(m_i - max m), summed exactly (attention_lse_*),
+ * sum_i e_i l_i with e_i = exp(m_i) (to a common factor), summed exactly (attention_lse_*),
  * so the bits depend neither on who merges nor on how the parts would be
  * grouped -- processes holding shards of the cache get them too. A row that
  * saw keys of one partial only gets its acc / l, as write_out gives it. */
 static void merge_slots(const attn_job *J, int s, const float *base, size_t stride, int np, size_t rp) {
     const attention_workspace *ws = J->ws;
     const int rows = seg_rows(J, s), hd = J->hd;
-    int64_t sum[hd + 1];
+    int64_t sum[ATTENTION_LSE_SUMS(hd)];
     for (int r = 0; r < rows; r++) {
         attention_lse_bound b;
         attention_lse_bound_init(&b);
@@ -818,7 +818,7 @@ static void merge_worker(void *arg, int ith, int nth) {
     const attention_args *a = J->a;
     const int hd = J->hd;
     const long n_units = (long)J->n_tiles * J->n_kv;
-    int64_t sum[hd + 1];
+    int64_t sum[ATTENTION_LSE_SUMS(hd)];
     long u0, u1;
     threadpool_split(n_units, ith, nth, 1, &u0, &u1);
     for (long u = u0; u < u1; u++) {

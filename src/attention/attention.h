@@ -10,6 +10,7 @@
 #define ELLM_ATTENTION_ATTENTION_H
 
 #include "attention/kv_cache.h"
+#include <stdint.h>
 #include "core/threadpool.h"
 
 typedef struct {
@@ -113,41 +114,51 @@ void attention_merge_parts(const attention_args *a, const float *const *parts, t
 /* ---- exact merge of partial states (attention_merge.c) ------------------
  *
  * One query row's partials (m, l, acc[hd]) from several parts merge into
- * out = sum_i e_i acc_i / sum_i e_i l_i, e_i = expf(m_i - max m), with both
- * sums taken in fixed point (int64, one rounding per term on a grid chosen
- * from bounds of all parts), so the result depends neither on the order nor
- * on the grouping in which parts are added: threads, or processes holding
- * shards of the KV cache, may each add up their own parts. Steps: fold every
- * part into a bound (maxima: any order, any grouping); make the grid from the
- * full bound; add every part into int64 sums (hd for acc, then one for l;
- * zeroed first); divide. A part with m = -inf (the row saw none of its keys)
- * is skipped. A row that saw keys of one part only is not merged: it gets
- * that part's acc / l in float (attention_lse_one), as a segment of one part
- * is written, so a row's bits do not depend on which other parts its tile
- * holds. */
+ * out = sum_i e_i acc_i / sum_i e_i l_i, e_i = exp(m_i) up to a common
+ * factor, with both sums taken in binned fixed point: each term is an exact
+ * binary number of its own part, and its digits in the two 40-bit bins
+ * below the largest term of the row (acc and l apart) are summed in int64
+ * (attention_merge.c says why), so the result depends neither on the order
+ * nor on the grouping in which parts are added: threads, or processes
+ * holding shards of the KV cache, may each add up their own parts, on the
+ * bins of their own largest term, and the sums of groups merge exactly
+ * (attention_lse_bound_merge, attention_lse_rebase, then add). Steps: fold
+ * every part into a bound (maxima: any order, any grouping); make the grid
+ * from the bound; add every part into the int64 sums (zeroed first); divide.
+ * A part with m = -inf (the row saw none of its keys) is skipped. A row that
+ * saw keys of one part only is not merged: it gets that part's acc / l in
+ * float (attention_lse_one), as a segment of one part is written, so a
+ * row's bits do not depend on which other parts its tile holds. */
+#define ATTENTION_LSE_BIN_BITS 40
+#define ATTENTION_LSE_NONE INT64_MIN /* no bin: no nonzero term */
 typedef struct {
-    double m;         /* max of m_i */
-    double ua;        /* max of m_i log2(e) + log2(max_d |acc_i[d]|) */
-    double ul;        /* max of m_i log2(e) + log2(l_i) */
-    double last;      /* max part index i with finite m_i */
-    double neg_first; /* max of -i: minus the min part index with finite m_i */
+    int64_t ta;        /* bin of the largest acc term (ATTENTION_LSE_NONE: none) */
+    int64_t tl;        /* bin of the largest l term */
+    int64_t last;      /* max part index i with finite m_i (INT64_MIN: none) */
+    int64_t neg_first; /* max of -i: minus the min part index with finite m_i */
 } attention_lse_bound;
 
 typedef struct {
     int empty;      /* no part saw a key: out is zeros */
-    float m;        /* max m_i */
-    int ea, el;     /* grid exponents of the acc and l sums */
-    double sa, sl;  /* 2^-ea, 2^-el */
+    int64_t ta, tl; /* the top bins the sums are kept in */
 } attention_lse_grid;
+
+/* int64 per row of sums: two bins for each of acc[0..hd) and l. */
+#define ATTENTION_LSE_SUMS(hd) (2 * ((hd) + 1))
 
 void attention_lse_bound_init(attention_lse_bound *b);
 /* Folds part number `part` (any numbering, the same for every fold). */
 void attention_lse_bound_add(attention_lse_bound *b, int part, float m, float l, const float *acc, int hd);
+/* b = the bound of b's and o's parts together. */
+void attention_lse_bound_merge(attention_lse_bound *b, const attention_lse_bound *o);
 /* The number of the one part whose keys the row saw, or -1 (several or none). */
 int attention_lse_single(const attention_lse_bound *b);
 void attention_lse_grid_init(attention_lse_grid *g, const attention_lse_bound *b);
-/* sum: hd + 1 int64 (acc, then l). */
+/* sum: ATTENTION_LSE_SUMS(hd) int64 (acc, then l). */
 void attention_lse_sum(const attention_lse_grid *g, float m, float l, const float *acc, int hd, int64_t *sum);
+/* Sums added on grid `from` re-expressed on grid `to`, whose bound includes
+ * from's (its bins are the same or higher); then sums of both add up. */
+void attention_lse_rebase(const attention_lse_grid *from, const attention_lse_grid *to, int64_t *sum, int hd);
 void attention_lse_out(const attention_lse_grid *g, const int64_t *sum, int hd, float *out);
 /* out = acc / l of a single part, in float: (0 + acc) * (1 / l). */
 void attention_lse_one(float l, const float *acc, int hd, float *out);

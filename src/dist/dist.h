@@ -14,12 +14,14 @@
  * row: running max, sum of exponentials, weighted value sum) of the parts it
  * owns and adds them up itself, with the exact merge one process uses
  * (attention_lse_*: fixed-point sums, which do not depend on how the parts
- * are grouped). Two all-reduces per layer per pass: the bounds of the merge
- * (max; 5 doubles per query row), then the int64 sums (head_dim + 1 per
- * row) -- 5.0 KB for a decode step of 9 heads of 64, whatever the context
- * and the number of ranks. A row that saw keys of one part only (one process
- * writes acc / l for it) travels as those float bits from the rank holding
- * the part. Sparse attention: every rank keeps the whole index (it
+ * are grouped). One all-reduce per layer per pass, of a record per query
+ * row: the merge's bound, its binned int64 sums on the bins of the rank's
+ * own largest terms (2 (head_dim + 1)), and acc / l float bits of a rank's
+ * only part, merged by a user-defined MPI operation that moves sums to the
+ * bins of the larger terms and adds them (exact in any grouping) -- 12.0 KB
+ * for a decode step of 9 heads of 64, whatever the context and the number
+ * of ranks. A row that saw keys of one part only (one process writes acc / l
+ * for it) takes those float bits from the rank holding the part. Sparse attention: every rank keeps the whole index (it
  * computes every key), makes the same selection, and attends to the chosen
  * blocks it holds; parts of a sparse list are cut at the same 32-block
  * parts of the cache (attention.h), so every part is on one rank. Either
@@ -74,7 +76,7 @@ void dist_attention(dist_shard *sh, const attention_args *a, const int32_t *bloc
 const char *dist_failed(const dist_shard *sh);
 
 typedef struct {
-    int64_t exchanges;   /* exchanges run (one per layer per pass, of two all-reduces) */
+    int64_t exchanges;   /* exchanges run (one all-reduce per layer per pass) */
     double bytes_sent;   /* bytes this rank put into the all-reduces */
     double bytes_recv;   /* bytes of their results it received */
     double exchange_ms;  /* wall time inside the collectives (waiting for the slowest rank included) */

@@ -34,10 +34,12 @@ struct dist_shard {
     float **own;     /* (max_rec) this rank's records in rec, NULL for the others' */
     long max_rec;
     /* Per query row of a call (token-major, then query head; up to max_q x
-     * n_head rows): the merge's bounds, reduced by max over the ranks, then
-     * its int64 sums (hd for acc, one for l), reduced by sum. */
-    attention_lse_bound *bound;
-    int64_t *sum;
+     * n_head rows): one record of rec_len int64 (rec_* below), reduced over
+     * the ranks by lse_op in one all-reduce. */
+    int64_t *rec_rows;
+    MPI_Datatype rec_type; /* one record: rec_len int64 */
+    MPI_Op lse_op;
+    int types_made;
     char failed[600];
     /* Fault injection for tests (ELLM_MPI_FAULT=exit|hang,RANK,N): rank
      * fault_rank exits or hangs at its N-th exchange. */
@@ -153,37 +155,105 @@ ellm_status ellm_mpi_agree(ellm_mpi *mpi, int ok, int *all_ok, ellm_error *err) 
     return rc == MPI_SUCCESS ? ELLM_OK : collective_fail(mpi, rc, "agreement", err);
 }
 
+/* ---- a query row's record in the exchange ----------------------------------
+ *
+ * int64: [0] head_dim, [1..4] the merge's bound (attention_lse_bound: top
+ * bins of acc and l, last and minus first part with keys), then the binned
+ * sums (ATTENTION_LSE_SUMS(hd), on the bins of the bound), then the float
+ * bits of acc / l of the rank's one part with keys for the row, two to an
+ * int64 (used only if the whole row saw one part; zeros elsewhere). The
+ * ranks' records merge in one all-reduce with lse_op: bounds by max, sums
+ * moved to the higher bins and added (exact, any grouping), bits added. */
+enum { REC_HD, REC_BOUND, REC_SUMS = REC_BOUND + 4 };
+static size_t rec_len(int hd) { return REC_SUMS + ATTENTION_LSE_SUMS(hd) + (size_t)(hd + 1) / 2; }
+static int64_t *rec_one(int64_t *rec, int hd) { return rec + REC_SUMS + ATTENTION_LSE_SUMS(hd); }
+
+static void rec_bound(const int64_t *rec, attention_lse_bound *b) { memcpy(b, rec + REC_BOUND, sizeof *b); }
+_Static_assert(sizeof(attention_lse_bound) == 4 * sizeof(int64_t), "a bound is 4 int64");
+
+/* A record of no part (the neutral element of lse_op). */
+static void rec_empty(int64_t *rec, int hd) {
+    memset(rec, 0, rec_len(hd) * sizeof *rec);
+    rec[REC_HD] = hd;
+    attention_lse_bound b;
+    attention_lse_bound_init(&b);
+    memcpy(rec + REC_BOUND, &b, sizeof b);
+}
+
+/* inout = in (+) inout, record by record (MPI_User_function). */
+static void lse_combine(void *in, void *inout, int *len, MPI_Datatype *type) {
+    int bytes = 0;
+    MPI_Type_size(*type, &bytes);
+    const size_t n = (size_t)bytes / sizeof(int64_t);
+    const int64_t *a = in;
+    int64_t *b = inout;
+    for (int r = 0; r < *len; r++, a += n, b += n) {
+        const int hd = (int)b[REC_HD];
+        attention_lse_bound ba, bb, both;
+        rec_bound(a, &ba);
+        rec_bound(b, &bb);
+        both = bb;
+        attention_lse_bound_merge(&both, &ba);
+        attention_lse_grid ga, gb, g;
+        attention_lse_grid_init(&ga, &ba);
+        attention_lse_grid_init(&gb, &bb);
+        attention_lse_grid_init(&g, &both);
+        int64_t sa[ATTENTION_LSE_SUMS(hd)]; /* in is read-only */
+        memcpy(sa, a + REC_SUMS, sizeof sa);
+        attention_lse_rebase(&ga, &g, sa, hd);
+        attention_lse_rebase(&gb, &g, b + REC_SUMS, hd);
+        for (int i = 0; i < ATTENTION_LSE_SUMS(hd); i++) b[REC_SUMS + i] += sa[i];
+        memcpy(b + REC_BOUND, &both, sizeof both);
+        const uint64_t *oa = (const uint64_t *)(a + REC_SUMS + ATTENTION_LSE_SUMS(hd));
+        uint64_t *ob = (uint64_t *)rec_one(b, hd);
+        for (int i = 0; i < (hd + 1) / 2; i++) ob[i] += oa[i]; /* wraps: garbage only where unused */
+    }
+}
+
+/* The record type and lse_op for head_dim hd. */
+static int make_rec_types(int hd, MPI_Datatype *type, MPI_Op *op) {
+    int rc = MPI_Type_contiguous((int)rec_len(hd), MPI_INT64_T, type);
+    if (rc == MPI_SUCCESS) rc = MPI_Type_commit(type);
+    if (rc == MPI_SUCCESS) rc = MPI_Op_create(lse_combine, 1, op);
+    return rc;
+}
+
 ellm_status ellm_mpi_time_exchange(ellm_mpi *mpi, int rows, int head_dim, int reps, double *median_us,
                                    ellm_error *err) {
-    if (reps < 1 || rows < 1 || head_dim < 1 || (size_t)rows * (size_t)(head_dim + 1) > INT_MAX)
+    if (reps < 1 || rows < 1 || head_dim < 1 || head_dim > 4096 || (size_t)rows * rec_len(head_dim) > INT_MAX)
         return ellm_fail(err, ELLM_ERR_ARG, "MPI: exchange of %d rows of %d, %d runs: out of range", rows, head_dim,
                          reps);
-    double *bound = calloc((size_t)rows * 5, sizeof *bound);
-    int64_t *sum = calloc((size_t)rows * (size_t)(head_dim + 1), sizeof *sum);
+    if (mpi->failed[0]) return refuse_after_failure(mpi, err);
+    const size_t n = rec_len(head_dim);
+    int64_t *rec = malloc((size_t)rows * n * sizeof *rec);
     double *us = malloc((size_t)reps * sizeof *us);
+    MPI_Datatype type;
+    MPI_Op op;
     ellm_status st = ELLM_OK;
-    if (!bound || !sum || !us) {
+    if (!rec || !us) {
         st = ellm_fail(err, ELLM_ERR_NOMEM, "MPI: out of memory");
         goto out;
     }
-    for (int i = -1; i < reps; i++) { /* one untimed run first */
+    char buf[MPI_MAX_ERROR_STRING];
+    int rc = make_rec_types(head_dim, &type, &op);
+    if (rc != MPI_SUCCESS) {
+        st = ellm_fail(err, ELLM_ERR_IO, "MPI: cannot make the exchange's types: %s", mpi_msg(rc, buf));
+        goto out;
+    }
+    for (int i = -1; i < reps && st == ELLM_OK; i++) { /* one untimed run first */
+        for (int r = 0; r < rows; r++) rec_empty(rec + (size_t)r * n, head_dim);
         uint64_t t0 = ellm_time_ns();
         MPI_Request req;
-        int rc = MPI_Iallreduce(MPI_IN_PLACE, bound, rows * 5, MPI_DOUBLE, MPI_MAX, mpi->comm, &req);
+        rc = MPI_Iallreduce(MPI_IN_PLACE, rec, rows, type, op, mpi->comm, &req);
         if (rc == MPI_SUCCESS) rc = wait_deadline(mpi, &req);
-        if (rc == MPI_SUCCESS)
-            rc = MPI_Iallreduce(MPI_IN_PLACE, sum, rows * (head_dim + 1), MPI_INT64_T, MPI_SUM, mpi->comm, &req);
-        if (rc == MPI_SUCCESS) rc = wait_deadline(mpi, &req);
-        if (rc != MPI_SUCCESS) {
-            st = collective_fail(mpi, rc, "timed exchange", err);
-            goto out;
-        }
-        if (i >= 0) us[i] = (double)(ellm_time_ns() - t0) / 1e3;
+        if (rc != MPI_SUCCESS) st = collective_fail(mpi, rc, "timed exchange", err);
+        else if (i >= 0) us[i] = (double)(ellm_time_ns() - t0) / 1e3;
     }
-    *median_us = median_sort(us, reps);
+    MPI_Op_free(&op);
+    MPI_Type_free(&type);
+    if (st == ELLM_OK) *median_us = median_sort(us, reps);
 out:
-    free(bound);
-    free(sum);
+    free(rec);
     free(us);
     return st;
 }
@@ -220,12 +290,18 @@ ellm_status dist_shard_init(ellm_mpi *mpi, int max_q, int n_head, int head_dim, 
     const size_t rows = (size_t)max_q * (size_t)n_head;
     sh->max_rec = tiles * parts;
     sh->own = calloc((size_t)sh->max_rec, sizeof *sh->own);
-    sh->bound = malloc(rows * sizeof *sh->bound);
-    sh->sum = malloc(rows * (size_t)(head_dim + 1) * sizeof *sh->sum);
-    if (!sh->own || !sh->bound || !sh->sum) {
+    sh->rec_rows = malloc(rows * rec_len(head_dim) * sizeof *sh->rec_rows);
+    if (!sh->own || !sh->rec_rows) {
         dist_shard_free(sh);
         return ellm_fail(err, ELLM_ERR_NOMEM, "distributed KV: out of memory");
     }
+    int rc = make_rec_types(head_dim, &sh->rec_type, &sh->lse_op);
+    if (rc != MPI_SUCCESS) {
+        char buf[MPI_MAX_ERROR_STRING];
+        dist_shard_free(sh);
+        return ellm_fail(err, ELLM_ERR_IO, "distributed KV: cannot make the exchange's MPI types: %s", mpi_msg(rc, buf));
+    }
+    sh->types_made = 1;
     const char *f = getenv("ELLM_MPI_FAULT");
     char kind[8];
     if (f && sscanf(f, "%7[a-z],%d,%ld", kind, &sh->fault_rank, &sh->fault_at) == 3)
@@ -238,8 +314,11 @@ void dist_shard_free(dist_shard *sh) {
     if (!sh) return;
     free(sh->rec);
     free(sh->own);
-    free(sh->bound);
-    free(sh->sum);
+    free(sh->rec_rows);
+    if (sh->types_made) {
+        MPI_Op_free(&sh->lse_op);
+        MPI_Type_free(&sh->rec_type);
+    }
     free(sh);
 }
 
@@ -297,19 +376,20 @@ static void fail_exchange(dist_shard *sh, const attention_args *a, int rc) {
     zero_out(a);
 }
 
-enum { PASS_BOUND, PASS_SUM, PASS_OUT };
+enum { PASS_LOCAL, PASS_OUT };
 
 /* One pass over every query row of a call: row q = token * n_head + query
  * head (a->out's order), at offset off in its tile's records (KV head h,
  * segment row r = token_in_tile * group + g); parts are numbered c as in
  * the call (the same on every rank).
- *   PASS_BOUND: bound[q] of this rank's parts;
- *   PASS_SUM:   with the reduced bound, for a row that saw keys of one part
- *               only, that part's acc / l bits if the part is this rank's;
- *               else sum[q] of this rank's parts on the bound's grid;
- *   PASS_OUT:   a->out from the reduced sums. */
+ *   PASS_LOCAL: record q of this rank's parts: their bound, their binned
+ *               sums on its bins, and acc / l bits if it holds exactly one
+ *               part with keys for the row;
+ *   PASS_OUT:   a->out from the reduced records: the one part's bits if the
+ *               whole row saw one part, else the merged sums. */
 static void rows_pass(dist_shard *sh, const attention_args *a, int pass) {
     const int hd = sh->head_dim, n_kv = kv_cache_get_params(a->kv)->n_kv_head, G = a->n_head / n_kv;
+    const size_t n_rec = rec_len(hd);
     for (int t = 0; t < attention_n_tiles(a); t++) {
         const int np = attention_tile_parts(a, t), i0 = t * 16, rows = (a->n_q - i0 < 16 ? a->n_q - i0 : 16) * G;
         float *const *own = sh->own + attention_part_first(a, t);
@@ -317,48 +397,48 @@ static void rows_pass(dist_shard *sh, const attention_args *a, int pass) {
             for (int r = 0; r < rows; r++) {
                 const size_t q = (size_t)(i0 + r / G) * a->n_head + (size_t)h * G + r % G;
                 const size_t off = ((size_t)h * rows + r) * (size_t)(hd + 2);
-                attention_lse_bound *b = &sh->bound[q];
-                int64_t *sum = sh->sum + q * (size_t)(hd + 1);
+                int64_t *rec = sh->rec_rows + q * n_rec;
+                uint32_t *bits = (uint32_t *)rec_one(rec, hd);
                 float *dst = a->out + q * (size_t)hd;
-                const int one = pass == PASS_BOUND ? -1 : attention_lse_single(b);
+                attention_lse_bound b;
                 attention_lse_grid g;
-                if (pass == PASS_BOUND) {
-                    attention_lse_bound_init(b);
+                if (pass == PASS_LOCAL) {
+                    rec_empty(rec, hd);
+                    attention_lse_bound_init(&b);
                     for (int c = 0; c < np; c++)
-                        if (own[c]) attention_lse_bound_add(b, c, own[c][off], own[c][off + 1], own[c] + off + 2, hd);
-                } else if (pass == PASS_SUM && one >= 0) {
-                    if (!own[one]) continue;
-                    float o[hd];
-                    attention_lse_one(own[one][off + 1], own[one] + off + 2, hd, o);
-                    for (int d = 0; d < hd; d++) {
-                        uint32_t bits;
-                        memcpy(&bits, &o[d], sizeof bits);
-                        sum[d] = bits;
+                        if (own[c]) attention_lse_bound_add(&b, c, own[c][off], own[c][off + 1], own[c] + off + 2, hd);
+                    memcpy(rec + REC_BOUND, &b, sizeof b);
+                    const int one = attention_lse_single(&b);
+                    if (one >= 0) { /* this rank's only part for the row: maybe the row's only one */
+                        float o[hd];
+                        attention_lse_one(own[one][off + 1], own[one] + off + 2, hd, o);
+                        memcpy(bits, o, sizeof o);
                     }
-                } else if (pass == PASS_SUM) {
-                    attention_lse_grid_init(&g, b);
+                    attention_lse_grid_init(&g, &b);
                     for (int c = 0; c < np; c++)
-                        if (own[c]) attention_lse_sum(&g, own[c][off], own[c][off + 1], own[c] + off + 2, hd, sum);
-                } else if (one >= 0) {
-                    for (int d = 0; d < hd; d++) {
-                        const uint32_t bits = (uint32_t)sum[d];
-                        memcpy(&dst[d], &bits, sizeof bits);
-                    }
+                        if (own[c])
+                            attention_lse_sum(&g, own[c][off], own[c][off + 1], own[c] + off + 2, hd, rec + REC_SUMS);
                 } else {
-                    attention_lse_grid_init(&g, b);
-                    attention_lse_out(&g, sum, hd, dst);
+                    rec_bound(rec, &b);
+                    if (attention_lse_single(&b) >= 0) {
+                        memcpy(dst, bits, (size_t)hd * sizeof *dst);
+                    } else {
+                        attention_lse_grid_init(&g, &b);
+                        attention_lse_out(&g, rec + REC_SUMS, hd, dst);
+                    }
                 }
             }
     }
 }
 
-/* The exchange (see dist.h): rows are merged exactly (attention_lse_*): the
- * ranks reduce the bounds of their parts by max, then the int64 sums of
- * their parts on the grid the bounds give by sum; integer sums do not depend
- * on how parts are grouped over ranks, so every R gives one process's bits.
- * A row that saw keys of one part only gets acc / l of it, as one process
- * writes it: the part's owner puts those float bits into the sums, the
- * other ranks zeros. */
+/* The exchange (see dist.h): rows are merged exactly (attention_lse_*):
+ * every rank adds up its own parts into one record per row on the bins of
+ * its own largest terms, and one all-reduce with lse_op merges the records
+ * (sums moved to the bins of the overall largest terms and added); integer
+ * sums do not depend on how parts are grouped over ranks, so every R gives
+ * one process's bits. A row that saw keys of one part only gets acc / l of
+ * it, as one process writes it: the part's owner sends those float bits,
+ * the other ranks zeros. */
 void dist_attention(dist_shard *sh, const attention_args *a, const int32_t *blocks, const int *n_blocks,
                     int max_blocks, attention_workspace *ws, threadpool *pool) {
     ellm_mpi *mpi = sh->mpi;
@@ -409,35 +489,26 @@ void dist_attention(dist_shard *sh, const attention_args *a, const int32_t *bloc
     }
 
     const size_t n_rows = (size_t)a->n_q * (size_t)a->n_head;
-    rows_pass(sh, a, PASS_BOUND);
-    int rc = MPI_SUCCESS;
-    _Static_assert(sizeof(attention_lse_bound) == 5 * sizeof(double), "a bound is 5 doubles");
-    if (R > 1) rc = allreduce(mpi, sh->bound, 5 * n_rows, MPI_DOUBLE, MPI_MAX);
+    rows_pass(sh, a, PASS_LOCAL);
     uint64_t t2 = ellm_time_ns();
-    if (rc != MPI_SUCCESS) {
-        fail_exchange(sh, a, rc);
-        return;
-    }
-    memset(sh->sum, 0, n_rows * (size_t)(hd + 1) * sizeof *sh->sum);
-    rows_pass(sh, a, PASS_SUM);
+    int rc = MPI_SUCCESS;
+    if (R > 1) rc = allreduce(mpi, sh->rec_rows, n_rows, sh->rec_type, sh->lse_op);
     uint64_t t3 = ellm_time_ns();
-    if (R > 1) rc = allreduce(mpi, sh->sum, (hd + 1) * n_rows, MPI_INT64_T, MPI_SUM);
-    uint64_t t4 = ellm_time_ns();
     if (rc != MPI_SUCCESS) {
         fail_exchange(sh, a, rc);
         return;
     }
     rows_pass(sh, a, PASS_OUT);
-    uint64_t t5 = ellm_time_ns();
+    uint64_t t4 = ellm_time_ns();
     sh->stats.exchanges++;
     if (R > 1) { /* an all-reduce: each rank contributes the whole vector and gets the result */
-        const double bytes = (double)n_rows * (sizeof(attention_lse_bound) + (size_t)(hd + 1) * sizeof(int64_t));
+        const double bytes = (double)n_rows * (double)(rec_len(hd) * sizeof(int64_t));
         sh->stats.bytes_sent += bytes;
         sh->stats.bytes_recv += bytes;
     }
     sh->stats.compute_ms += (double)(t1 - t0) / 1e6;
-    sh->stats.exchange_ms += (double)(t2 - t1 + t4 - t3) / 1e6;
-    sh->stats.merge_ms += (double)(t3 - t2 + t5 - t4) / 1e6;
+    sh->stats.exchange_ms += (double)(t3 - t2) / 1e6;
+    sh->stats.merge_ms += (double)(t2 - t1 + t4 - t3) / 1e6;
 }
 
 void dist_get_stats(const dist_shard *sh, dist_stats *st) { *st = sh->stats; }
