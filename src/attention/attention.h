@@ -143,7 +143,8 @@ typedef struct {
     int64_t ta, tl; /* the top bins the sums are kept in */
 } attention_lse_grid;
 
-/* int64 per row of sums: two bins for each of acc[0..hd) and l. */
+/* int64 per row of sums: the upper bin of acc[0..hd) and of l, then the
+ * lower bin of each. */
 #define ATTENTION_LSE_SUMS(hd) (2 * ((hd) + 1))
 
 void attention_lse_bound_init(attention_lse_bound *b);

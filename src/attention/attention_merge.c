@@ -23,7 +23,9 @@
  * every grouping of the same parts gives the same integers (the reproducible
  * "binned" summation of Demmel and Nguyen). */
 #include "attention/attention.h"
+#include "core/cpu.h"
 
+#include <immintrin.h>
 #include <limits.h>
 #include <math.h>
 #include <string.h>
@@ -34,17 +36,38 @@
 #define INV_TWO_W (1.0 / 1099511627776.0) /* 2^-W */
 _Static_assert(W == 40, "TWO_W is 2^40");
 
-/* k_i and s_i of a part's m (the same bits wherever it is computed). */
-static void split_m(float m, int64_t *k, float *s) {
-    const double c = (double)m * LOG2E, f = floor(c);
-    *k = (int64_t)f;
-    *s = (float)exp2(c - f);
+/* k_i and s_i of a part's m (the same bits wherever it is computed; m is
+ * finite). */
+static inline void split_m(float m, int64_t *k, float *s) {
+    double c = (double)m * LOG2E;
+    c = c > 1e17 ? 1e17 : c < -1e17 ? -1e17 : c; /* keeps the int64 conversion defined */
+    int64_t f = (int64_t)c;
+    f -= (double)f > c; /* floor */
+    *k = f;
+    *s = exp2f((float)(c - (double)f));
 }
 
-static int64_t floor_div(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
+static inline int64_t floor_div(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
+
+/* The binary exponent of v > 0 (ilogb, read from the bits when normal). */
+static inline int exponent_of(double v) {
+    uint64_t u;
+    memcpy(&u, &v, sizeof u);
+    const int e = (int)((u >> 52) & 0x7ff);
+    return e ? e - 1023 : ilogb(v);
+}
+
+/* 2^e as a double, e within [-1074, 1023]. */
+static inline double pow2(int e) {
+    if (e < -1022) return ldexp(1.0, e);
+    const uint64_t u = (uint64_t)(e + 1023) << 52;
+    double v;
+    memcpy(&v, &u, sizeof v);
+    return v;
+}
 
 /* The bin of the leading bit of v * 2^k (v > 0). */
-static int64_t bin_of(double v, int64_t k) { return floor_div(k + ilogb(v), W); }
+static inline int64_t bin_of(double v, int64_t k) { return floor_div(k + exponent_of(v), W); }
 
 void attention_lse_bound_init(attention_lse_bound *b) {
     b->ta = b->tl = ATTENTION_LSE_NONE;
@@ -56,8 +79,14 @@ void attention_lse_bound_add(attention_lse_bound *b, int part, float m, float l,
     int64_t k;
     float s;
     split_m(m, &k, &s);
+    /* max |acc|: 8 independent chains (one is latency-bound); any order gives the same max */
+    float m8[8] = {0};
+    int d = 0;
+    for (; d + 8 <= hd; d += 8)
+        for (int j = 0; j < 8; j++) m8[j] = fabsf(acc[d + j]) > m8[j] ? fabsf(acc[d + j]) : m8[j];
+    for (; d < hd; d++) m8[0] = fabsf(acc[d]) > m8[0] ? fabsf(acc[d]) : m8[0];
     float mx = 0.0f;
-    for (int d = 0; d < hd; d++) mx = fabsf(acc[d]) > mx ? fabsf(acc[d]) : mx;
+    for (int j = 0; j < 8; j++) mx = m8[j] > mx ? m8[j] : mx;
     if (mx > 0.0f) {
         int64_t t = bin_of((double)s * (double)mx, k);
         if (t > b->ta) b->ta = t;
@@ -94,14 +123,35 @@ void attention_lse_grid_init(attention_lse_grid *g, const attention_lse_bound *b
 static double bin_scale(int64_t k, int64_t top) {
     if (top == ATTENTION_LSE_NONE) return 0.0;
     int64_t e = k - (top - 1) * W;
-    return e < -1100 ? 0.0 : ldexp(1.0, e > 1000 ? 1000 : (int)e);
+    return e < -1074 ? 0.0 : pow2(e > 1000 ? 1000 : (int)e);
 }
 
-/* Adds the digits of y (< 2^2W in magnitude) in its two bins. */
-static inline void deposit(double y, int64_t *two) {
-    const int64_t hi = (int64_t)(y * INV_TWO_W);
-    two[0] += hi;
-    two[1] += (int64_t)(y - (double)hi * TWO_W);
+/* Adds the digits of y = x * sc (< 2^2W in magnitude) in its two bins, hi
+ * and lo. Every step is exact (x * sc: 24-bit values a power of two apart;
+ * hi 2^W: 40 bits), so any ISA gives the same integers. */
+static inline void deposit(double y, int64_t *hi, int64_t *lo) {
+    const int64_t h = (int64_t)(y * INV_TWO_W);
+    *hi += h;
+    *lo += (int64_t)(y - (double)h * TWO_W);
+}
+
+static void deposit_row_scalar(const float *x, double sc, int n, int64_t *hi, int64_t *lo) {
+    for (int d = 0; d < n; d++) deposit((double)x[d] * sc, &hi[d], &lo[d]);
+}
+
+/* The same, 8 values at a time (AVX-512 F + DQ: double <-> int64). */
+__attribute__((target("avx512f,avx512dq"))) static void deposit_row_avx512(const float *x, double sc, int n,
+                                                                           int64_t *hi, int64_t *lo) {
+    const __m512d vs = _mm512_set1_pd(sc), inv = _mm512_set1_pd(INV_TWO_W), tw = _mm512_set1_pd(TWO_W);
+    int d = 0;
+    for (; d + 8 <= n; d += 8) {
+        const __m512d y = _mm512_mul_pd(_mm512_cvtps_pd(_mm256_loadu_ps(x + d)), vs);
+        const __m512i h = _mm512_cvttpd_epi64(_mm512_mul_pd(y, inv));
+        const __m512i l = _mm512_cvttpd_epi64(_mm512_sub_pd(y, _mm512_mul_pd(_mm512_cvtepi64_pd(h), tw)));
+        _mm512_storeu_si512(hi + d, _mm512_add_epi64(_mm512_loadu_si512(hi + d), h));
+        _mm512_storeu_si512(lo + d, _mm512_add_epi64(_mm512_loadu_si512(lo + d), l));
+    }
+    deposit_row_scalar(x + d, sc, n - d, hi + d, lo + d);
 }
 
 void attention_lse_sum(const attention_lse_grid *g, float m, float l, const float *acc, int hd, int64_t *sum) {
@@ -109,38 +159,42 @@ void attention_lse_sum(const attention_lse_grid *g, float m, float l, const floa
     int64_t k;
     float s;
     split_m(m, &k, &s);
+    int64_t *hi = sum, *lo = sum + hd + 1; /* planar: hi digits of acc then l, then lo digits */
     const double sa = (double)s * bin_scale(k, g->ta); /* s * 2^..: exact, a power of two apart */
-    if (sa != 0.0)
-        for (int d = 0; d < hd; d++) deposit((double)acc[d] * sa, sum + 2 * d);
-    deposit((double)l * ((double)s * bin_scale(k, g->tl)), sum + 2 * hd);
+    if (sa != 0.0) {
+        if (ellm_cpu_isa() == ELLM_ISA_AVX512) deposit_row_avx512(acc, sa, hd, hi, lo);
+        else deposit_row_scalar(acc, sa, hd, hi, lo);
+    }
+    deposit((double)l * ((double)s * bin_scale(k, g->tl)), &hi[hd], &lo[hd]);
 }
 
-/* Sums of bins top, top - 1 moved to bins top + by, top + by - 1. */
-static void rebase_pairs(int64_t *two, int n, int64_t by) {
+/* Sums of bins top, top - 1 (hi[i], lo[i]) moved to bins top + by and
+ * top + by - 1. */
+static void rebase_bins(int64_t *hi, int64_t *lo, int n, int64_t by) {
     if (by <= 0) return;
     for (int i = 0; i < n; i++) {
-        two[2 * i + 1] = by == 1 ? two[2 * i] : 0;
-        two[2 * i] = 0;
+        lo[i] = by == 1 ? hi[i] : 0;
+        hi[i] = 0;
     }
 }
 
 void attention_lse_rebase(const attention_lse_grid *from, const attention_lse_grid *to, int64_t *sum, int hd) {
-    if (from->ta != ATTENTION_LSE_NONE) rebase_pairs(sum, hd, to->ta - from->ta);
-    if (from->tl != ATTENTION_LSE_NONE) rebase_pairs(sum + 2 * hd, 1, to->tl - from->tl);
+    if (from->ta != ATTENTION_LSE_NONE) rebase_bins(sum, sum + hd + 1, hd, to->ta - from->ta);
+    if (from->tl != ATTENTION_LSE_NONE) rebase_bins(sum + hd, sum + 2 * hd + 1, 1, to->tl - from->tl);
 }
 
-/* hi 2^W + lo, rounded once to double. */
-static double pair_value(const int64_t *two) { return (double)((__int128)two[0] * (1LL << W) + two[1]); }
+/* hi 2^W + lo as a double (the same bits for the same integers). */
+static inline double bins_value(int64_t hi, int64_t lo) { return (double)hi * TWO_W + (double)lo; }
 
 void attention_lse_out(const attention_lse_grid *g, const int64_t *sum, int hd, float *out) {
-    const double L = g->empty ? 0.0 : pair_value(sum + 2 * hd);
+    const double L = g->empty ? 0.0 : bins_value(sum[hd], sum[2 * hd + 1]);
     if (!(L > 0.0) || g->ta == ATTENTION_LSE_NONE) { /* no key seen, or every value zero */
         memset(out, 0, (size_t)hd * sizeof *out);
         return;
     }
     const int64_t de = (g->ta - g->tl) * W;
     const double k = ldexp(1.0 / L, de < -2000 ? -2000 : de > 2000 ? 2000 : (int)de);
-    for (int d = 0; d < hd; d++) out[d] = (float)(pair_value(sum + 2 * d) * k);
+    for (int d = 0; d < hd; d++) out[d] = (float)(bins_value(sum[d], sum[hd + 1 + d]) * k);
 }
 
 void attention_lse_one(float l, const float *acc, int hd, float *out) {
