@@ -14,7 +14,7 @@ W=${2:-16}
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
 TMPDIR=$T ELLM_KEEP_TMP=1 "$B/tests/test_convert" >/dev/null 2>&1 || true
-HF=$(ls -d "$T"/ellm-test-convert-*/evalmodel)
+HF=$(ls -d "$T"/ellm-test-*/evalmodel)
 CAL=$T/calib.txt
 cat $(ls /usr/lib/python3*/[a-m]*.py | head -40) > "$CAL"
 "$B/ellm" calibrate --imatrix -m models/evalmodel.gguf -f "$CAL" -o "$T/ev.imatrix" --ctx 512 --chunks 32 \

@@ -271,62 +271,75 @@ static void quant_q6_K(const float *x, void *dst, int64_t n) {
     }
 }
 
-/* Weighted least-squares fit of x ~= d * q + m over one group for fixed q
- * (weights w): the 2x2 normal equations. Returns 0 if they are singular
- * (all q equal). */
-static int fit_scale_offset(const float *x, const float *w, const uint8_t *q, int n, float *d, float *m) {
-    double sw = 0, sx = 0, sq = 0, sqq = 0, sxq = 0;
-    for (int i = 0; i < n; i++) {
-        sw += w[i];
-        sx += (double)w[i] * x[i];
-        sq += (double)w[i] * q[i];
-        sqq += (double)w[i] * q[i] * q[i];
-        sxq += (double)w[i] * q[i] * x[i];
+/* Weighted sums over one group for an assignment q: with sw = sum w,
+ * sx = sum w x, swxx = sum w x^2 (fixed per group) and these three, the
+ * weighted least-squares fit of x ~= d q + m and its error need no further
+ * pass over the group. */
+typedef struct {
+    double sq, sqq, sxq; /* sum w q, sum w q^2, sum w q x */
+} g128_sums;
+
+/* Rounds q_i = clamp(round((x_i - m) / d), 0, 15) into q and sums; returns
+ * whether any q_i changed. */
+static int g128_assign(const float *x, const float *w, float d, float m, uint8_t *q, g128_sums *S) {
+    float id = 1.0f / d;
+    double sq = 0, sqq = 0, sxq = 0;
+    int changed = 0;
+    for (int i = 0; i < QK_G128; i++) {
+        int v = clampi((int)lrintf((x[i] - m) * id), 0, 15);
+        changed |= v != q[i];
+        q[i] = (uint8_t)v;
+        double wv = (double)w[i] * v;
+        sq += wv;
+        sqq += wv * v;
+        sxq += wv * x[i];
     }
-    double det = sw * sqq - sq * sq;
-    if (!(det > 1e-30 * sw * sqq)) return 0;
-    *d = (float)((sw * sxq - sx * sq) / det);
-    *m = (float)((sqq * sx - sq * sxq) / det);
-    return 1;
+    S->sq = sq;
+    S->sqq = sqq;
+    S->sxq = sxq;
+    return changed;
 }
 
-static double weighted_err(const float *x, const float *w, const uint8_t *q, int n, float d, float m) {
-    double e = 0;
-    for (int i = 0; i < n; i++) {
-        double r = (double)d * q[i] + m - x[i];
-        e += w[i] * r * r;
-    }
-    return e;
-}
-
-/* One INT4_G128 group: try a few scales around (max - min) / 15, assign the
- * nearest q for each, refit d and m by weighted least squares, and keep the
- * fit with the smallest weighted error; then round d and m to F16 and
- * re-assign q against the rounded values (what the file holds). */
+/* One INT4_G128 group, x ~= d * q + m with q in [0, 15]: candidate grids
+ * with 15 + 0.25 k steps (k = -4..4) over [min, max] give starting q; each
+ * is refined by alternating a weighted least-squares fit of (d, m) for fixed
+ * q (rounded to F16, what the file holds) with re-rounding q against it, up
+ * to three times; the (d, m) of smallest weighted error wins. A refinement
+ * that leaves q as it was would only repeat its fit, and ends the candidate. */
 static void quant_int4_g128_group(const float *x, const float *w, block_int4_g128 *b) {
     enum { N = QK_G128 };
     float lo = x[0], hi = x[0];
-    for (int i = 1; i < N; i++) {
+    double sw = 0, sx = 0, swxx = 0;
+    for (int i = 0; i < N; i++) {
         lo = fminf(lo, x[i]);
         hi = fmaxf(hi, x[i]);
+        sw += w[i];
+        sx += (double)w[i] * x[i];
+        swxx += (double)w[i] * x[i] * x[i];
     }
     float best_d = 0, best_m = lo;
     if (hi > lo) {
         uint8_t q[N];
+        g128_sums S;
         double best = INFINITY;
         for (int step = -4; step <= 4; step++) {
             float iscale = (15.0f + 0.25f * (float)step) / (hi - lo);
-            for (int i = 0; i < N; i++) q[i] = (uint8_t)clampi((int)lrintf(iscale * (x[i] - lo)), 0, 15);
-            float d = 1.0f / iscale, m = lo;
-            fit_scale_offset(x, w, q, N, &d, &m);
-            /* re-assign q against the fit once: rounding to the fitted grid */
-            if (d > 0)
-                for (int i = 0; i < N; i++) q[i] = (uint8_t)clampi((int)lrintf((x[i] - m) / d), 0, 15);
-            double e = weighted_err(x, w, q, N, d, m);
-            if (e < best && d > 0) {
-                best = e;
-                best_d = d;
-                best_m = m;
+            g128_assign(x, w, 1.0f / iscale, lo, q, &S);
+            for (int iter = 0; iter < 3; iter++) {
+                double det = sw * S.sqq - S.sq * S.sq;
+                if (!(det > 1e-30 * sw * S.sqq)) break;
+                float d = ellm_f16_to_f32(ellm_f32_to_f16((float)((sw * S.sxq - sx * S.sq) / det)));
+                float m = ellm_f16_to_f32(ellm_f32_to_f16((float)((S.sqq * sx - S.sq * S.sxq) / det)));
+                if (!(d > 0)) break;
+                int changed = g128_assign(x, w, d, m, q, &S);
+                double e = swxx + (double)d * d * S.sqq + 2.0 * d * m * S.sq + (double)m * m * sw -
+                           2.0 * d * S.sxq - 2.0 * m * sx;
+                if (e < best) {
+                    best = e;
+                    best_d = d;
+                    best_m = m;
+                }
+                if (!changed) break;
             }
         }
     }
