@@ -5,8 +5,10 @@
  * async_writer_put appends bytes to the current buffer; a full buffer goes to
  * the thread, which fwrite()s it while the other one fills. A write failure is
  * remembered and returned by the next put or by close, as an errno value.
- * Bytes reach `fp` in the order they were put; `fp` itself is neither flushed
- * nor closed. */
+ * Bytes reach `fp` in the order they were put. `fp` is flushed at open; a
+ * regular file is then written through its descriptor (with O_DIRECT where
+ * the file system allows it), so its FILE must not be written until close;
+ * it is not closed here. */
 #ifndef ELLM_CORE_ASYNC_WRITER_H
 #define ELLM_CORE_ASYNC_WRITER_H
 
