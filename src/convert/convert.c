@@ -229,7 +229,11 @@ static ellm_status cv_row(void *user, int64_t row, void *dst, size_t n_bytes, el
     cv_ctx *c = t->ctx;
     if (c->p->cancel && *c->p->cancel) return ellm_fail(err, ELLM_ERR_IO, "interrupted");
     if (c->chunk_tensor != t->index || row < c->chunk_row0 || row >= c->chunk_row0 + c->chunk_rows) {
-        if (c->chunk_tensor != t->index && row == 0) report(c, t, 0, 0);
+        if (c->chunk_tensor != t->index && row == 0) {
+            report(c, t, 0, 0);
+            if (t->index == 0) st_prefetch(c->st, t->src);
+            if (t->index + 1 < c->n_t) st_prefetch(c->st, c->t[t->index + 1].src);
+        }
         size_t out_row = n_bytes;
         size_t src_row = t->src ? st_dtype_size(t->src->dtype) * (size_t)t->ne0 : out_row;
         size_t per = out_row > src_row ? out_row : src_row;

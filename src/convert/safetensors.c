@@ -92,6 +92,13 @@ void st_release(const st_set *s, const st_tensor *t) {
     if (e > b) madvise((void *)b, e - b, MADV_DONTNEED);
 }
 
+void st_prefetch(const st_set *s, const st_tensor *t) {
+    if (!t || t->file < 0 || t->file >= s->n_files || !s->files[t->file].mapped || !t->n_bytes) return;
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t b = (uintptr_t)t->data & ~(page - 1);
+    madvise((void *)b, (uintptr_t)t->data + t->n_bytes - b, MADV_WILLNEED);
+}
+
 /* ---- one file's header ---- */
 
 typedef struct {

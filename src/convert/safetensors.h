@@ -70,6 +70,10 @@ const char *st_file_name(const st_set *s, int file);
  * converted, so resident memory stays near one tensor whatever the
  * checkpoint's size. Nothing for a set opened from memory. */
 void st_release(const st_set *s, const st_tensor *t);
+/* Asks the kernel to start reading tensor t's bytes from disk now (the
+ * converter calls it for the next tensor while it converts one), so a cold
+ * read overlaps the work instead of waiting on page faults. */
+void st_prefetch(const st_set *s, const st_tensor *t);
 /* Total bytes of tensor data. */
 uint64_t st_data_bytes(const st_set *s);
 
