@@ -1,18 +1,20 @@
 /* Decode attention throughput against context depth (not a test).
  *
  * Shape of SmolLM2-135M: 30 layers, 9 query heads, 3 KV heads, head_dim 64,
- * F16 cache in blocks of 32 tokens. One "step" runs attention for every layer,
- * so the KV read per step (depth x bytes_per_token) is far larger than the L3
- * and comes from DRAM, as in a real decode step. Reports ms per step and GB/s
- * of KV read, next to a plain streaming-read bandwidth for comparison.
+ * cache in blocks of 16 tokens (the engine's). One "step" runs attention for
+ * every layer, so the KV read per step (depth x bytes_per_token) is far larger
+ * than the L3 and comes from DRAM, as in a real decode step. Reports the
+ * median ms per step and GB/s of KV read, next to a plain streaming-read
+ * bandwidth measured in the same run, for F16 and Q8_0 caches at each depth.
  *
- *   make bench && build/bench/bench_attention [n_q] [--no-pin]
- *     n_q: query tokens per step (default 1) */
+ *   make bench && build/bench/bench_attention [n_q] [--no-pin] [-t N] [--kv f16|q8_0|both]
+ *     n_q: query tokens per step (default 1); -t: threads (default 1 and 2) */
 #include "attention/attention.h"
 #include "attention/kv_cache.h"
 #include "core/cpu.h"
 #include "ellm.h"
 #include "core/threadpool.h"
+#include "core/median.h"
 #include "core/timer.h"
 #include "kernels/quant.h"
 
@@ -24,25 +26,19 @@
 #define N_HEAD 9
 #define N_KV 3
 #define HEAD_DIM 64
-#define BLOCK 32
+#define BLOCK 16
+#define MAX_STEPS 15
 
-int main(int argc, char **argv) {
-    int n_q = 1, pin = 1;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--no-pin")) pin = 0;
-        else n_q = atoi(argv[i]);
-    }
-    if (n_q < 1 || n_q > 512) n_q = 1;
-    const int depths[] = {4096, 16384, 32768};
-    const int max_depth = depths[2] + n_q;
-    kv_cache_params kp = {N_LAYER, N_KV, HEAD_DIM, max_depth, BLOCK, QTYPE_F16};
+/* A cache of depth_max tokens of pseudo-random K/V for every layer, written
+ * in chunks as a prefill would. */
+static kv_cache *make_cache(int type, int max_depth) {
+    kv_cache_params kp = {N_LAYER, N_KV, HEAD_DIM, max_depth, BLOCK, type};
     kv_cache *kv;
     ellm_error err;
     if (kv_cache_init(&kp, &kv, &err) != ELLM_OK) {
         fprintf(stderr, "%s\n", err.msg);
-        return 1;
+        return NULL;
     }
-    /* Random K/V for every layer, written in chunks like a prefill would. */
     const int chunk = 512;
     size_t row = (size_t)N_KV * HEAD_DIM;
     float *k = malloc(chunk * row * sizeof(float)), *v = malloc(chunk * row * sizeof(float));
@@ -58,16 +54,40 @@ int main(int argc, char **argv) {
             kv_cache_store(kv, l, pos, n, k, v);
         }
     kv_cache_set_len(kv, max_depth);
+    free(k);
+    free(v);
+    return kv;
+}
+
+int main(int argc, char **argv) {
+    int n_q = 1, pin = 1, t_lo = 1, t_hi = 2, kv_f16 = 1, kv_q8 = 1;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--no-pin")) pin = 0;
+        else if (!strcmp(argv[i], "-t") && i + 1 < argc) t_lo = t_hi = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--kv") && i + 1 < argc) {
+            i++;
+            kv_f16 = !strcmp(argv[i], "f16") || !strcmp(argv[i], "both");
+            kv_q8 = !strcmp(argv[i], "q8_0") || !strcmp(argv[i], "both");
+        } else n_q = atoi(argv[i]);
+    }
+    if (n_q < 1 || n_q > 512) n_q = 1;
+    if (t_lo < 1 || t_lo > 64) t_lo = t_hi = 1;
+    const int depths[] = {4096, 16384, 32768};
+    const int max_depth = depths[2] + n_q;
+    kv_cache *kvs[2] = {kv_f16 ? make_cache(QTYPE_F16, max_depth) : NULL,
+                        kv_q8 ? make_cache(QTYPE_Q8_0, max_depth) : NULL};
+    const char *names[2] = {"F16 ", "Q8_0"};
+    if ((kv_f16 && !kvs[0]) || (kv_q8 && !kvs[1])) return 1;
 
     float *q = malloc((size_t)n_q * N_HEAD * HEAD_DIM * sizeof(float));
     float *out = malloc((size_t)n_q * N_HEAD * HEAD_DIM * sizeof(float));
     for (int i = 0; i < n_q * N_HEAD * HEAD_DIM; i++) q[i] = (float)(i % 7) * 0.1f - 0.3f;
     printf("attention decode bench: %s, SmolLM2-135M shape (%d layers, %d/%d heads, hd %d), "
-           "F16 KV, n_q=%d, %.1f KB KV per token\n",
-           ellm_isa_str(ellm_cpu_isa()), N_LAYER, N_HEAD, N_KV, HEAD_DIM, n_q,
-           (double)kv_cache_bytes_per_token(kv) / 1024);
+           "blocks of %d tokens, n_q=%d\n",
+           ellm_isa_str(ellm_cpu_isa()), N_LAYER, N_HEAD, N_KV, HEAD_DIM, BLOCK, n_q);
 
-    for (int nt = 1; nt <= 2; nt++) {
+    ellm_error err;
+    for (int nt = t_lo; nt <= t_hi; nt++) {
         threadpool *pool;
         if (threadpool_init(nt, pin, &pool, &err) != ELLM_OK) {
             fprintf(stderr, "%s\n", err.msg);
@@ -83,29 +103,34 @@ int main(int argc, char **argv) {
                ellm_measure_read_gbps(nt, (size_t)1 << 30, 3));
         for (int di = 0; di < 3; di++) {
             int depth = depths[di];
-            attention_args a = {kv, 0, n_q, depth, N_HEAD, q, out, 0.125f};
-            double best = 1e30;
-            int steps = depth <= 4096 ? 20 : 6;
-            for (int s = 0; s < steps; s++) {
-                double t0 = ellm_time_ms();
-                for (int l = 0; l < N_LAYER; l++) {
-                    a.layer = l;
-                    attention_forward(&a, ws, pool);
+            double ms_f16 = 0;
+            for (int c = 0; c < 2; c++) {
+                if (!kvs[c]) continue;
+                attention_args a = {kvs[c], 0, n_q, depth, N_HEAD, q, out, 0.125f};
+                double ms[MAX_STEPS];
+                int steps = depth <= 4096 ? MAX_STEPS : 7;
+                for (int s = -1; s < steps; s++) {
+                    double t0 = ellm_time_ms();
+                    for (int l = 0; l < N_LAYER; l++) {
+                        a.layer = l;
+                        attention_forward(&a, ws, pool);
+                    }
+                    if (s >= 0) ms[s] = ellm_time_ms() - t0; /* step -1 warms up */
                 }
-                double ms = ellm_time_ms() - t0;
-                if (ms < best) best = ms;
+                double med = median_sort(ms, steps);
+                double bytes = (double)(depth + n_q) * (double)kv_cache_bytes_per_token(kvs[c]);
+                printf("  %s depth %5d: %7.3f ms/step (median of %d)  %6.1f GB/s KV read  (%.0f MB)", names[c],
+                       depth, med, steps, bytes / (med * 1e6), bytes / 1e6);
+                if (c == 0) ms_f16 = med;
+                if (c == 1 && ms_f16 > 0) printf("  %.2fx F16", ms_f16 / med);
+                printf("\n");
             }
-            double bytes = (double)(depth + n_q) * (double)kv_cache_bytes_per_token(kv);
-            printf("  depth %5d: %7.3f ms/step  %6.1f GB/s KV read  (%.0f MB)\n", depth, best,
-                   bytes / (best * 1e6), bytes / 1e6);
         }
         attention_workspace_free(ws);
         threadpool_free(pool);
     }
     free(q);
     free(out);
-    free(k);
-    free(v);
-    kv_cache_free(kv);
+    for (int c = 0; c < 2; c++) kv_cache_free(kvs[c]);
     return 0;
 }

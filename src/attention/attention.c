@@ -102,8 +102,8 @@ ellm_status attention_workspace_init(int n_threads, int max_q, int n_head, int h
     ws->rows_pad = (int)round16((size_t)tile * (size_t)n_head);
     ws->max_seg = n_head * ((max_q + ATTN_TILE_Q - 1) / ATTN_TILE_Q);
     size_t rp = (size_t)ws->rows_pad, hdp = (size_t)ws->hdp, lds = (size_t)ws->lds;
-    /* q, acc: rows x hdp; m, l: rows; s: rows x lds; kbuf, vbuf: lds x hdp */
-    ws->thread_floats = 2 * rp * hdp + 2 * rp + round16(rp * lds) + 2 * round16(lds * hdp);
+    /* q, acc: rows x hdp; m, l: rows; s: rows x lds; kbuf, vbuf: lds x hdp; lv: rows x 16 */
+    ws->thread_floats = 2 * rp * hdp + 2 * rp + round16(rp * lds) + 2 * round16(lds * hdp) + 16 * rp;
     size_t floats = (size_t)n_threads * ws->thread_floats;
     /* Part slots: every part of one tile at the deepest position (all heads:
      * rows sum to tile * n_head, each head's m and l padded by < 16), and
@@ -181,6 +181,7 @@ typedef struct {
     int32_t *sel_blocks;
     int *sel_n;
     int n_blocks_cache; /* kv_cache_n_blocks */
+    int lanes;          /* the kernels keep lane sums of l (attn_state.lanes) */
 } attn_job;
 
 /* Scratch of thread ith: m, l and acc are its own for whole segments. */
@@ -202,6 +203,8 @@ static attn_state thread_state(const attn_job *J, int ith) {
     st.s = st.l + rp;
     st.kbuf = st.s + round16(rp * lds);
     st.vbuf = st.kbuf + round16(lds * hdp);
+    st.lv = st.vbuf + round16(lds * hdp);
+    st.lanes = J->lanes;
     return st;
 }
 
@@ -278,6 +281,7 @@ static void run_part(const attn_job *J, attn_state *st, int s, long kb, long ke)
         st->l[r] = 0.0f;
     }
     memset(st->acc, 0, (size_t)st->rows * hdp * sizeof(float));
+    if (st->lanes) memset(st->lv, 0, (size_t)st->rows * 16 * sizeof(float));
 
     const int end_pos = a->q_pos0 + i0 + nqt; /* keys the tile's last token sees */
     const int32_t *list = J->blocks ? J->blocks + (size_t)h * J->max_blocks : NULL;
@@ -326,6 +330,13 @@ static void run_part(const attn_job *J, attn_state *st, int s, long kb, long ke)
         }
         J->fn(st, &b);
     }
+    if (st->lanes)
+        for (int r = 0; r < st->rows; r++) {
+            /* lane order, whatever the ISA of the sum */
+            float l = 0.0f;
+            for (int i = 0; i < 16; i++) l += st->lv[16 * r + i];
+            st->l[r] = l;
+        }
 }
 
 /* Output row of segment s's row r. */
@@ -459,6 +470,7 @@ static void job_init(attn_job *J, const attention_args *a, attention_workspace *
     J->a = a;
     J->ws = ws;
     J->fn = p->type == QTYPE_Q8_0 ? q8_block_fns[ellm_cpu_isa()] : block_fns[ellm_cpu_isa()];
+    J->lanes = ellm_cpu_isa() == ELLM_ISA_AVX512; /* its softmax keeps lane sums */
     J->hd = p->head_dim;
     J->bt = p->block_tokens;
     J->type = p->type;

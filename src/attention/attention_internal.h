@@ -32,6 +32,8 @@ typedef struct {
     const float *q;   /* (rows rounded up to 4) x hdp: query * scale, zero padding */
     float *m;         /* rows: running max of the scores */
     float *l;         /* rows: running sum of exp(score - m) */
+    float *lv;        /* rows x 16: that sum as lane sums, for kernels that keep it so */
+    int lanes;        /* 1: the kernel keeps lv, st->l is their sum at the part's end */
     float *acc;       /* rows x hdp: running sum of exp(score - m) * v */
     float *s;         /* (rows rounded up to 4) x lds: scores, then probabilities */
     float *kbuf;      /* lds x hdp: the block's keys as F32 */

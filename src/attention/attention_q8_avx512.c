@@ -169,7 +169,7 @@ static Q8_ALWAYS_INLINE void q8_fused_step(attn_state *st, const attn_block *b, 
     case 1: q8_qk_rows(st->q + (size_t)r * hdp, hdp, k, kd, bt, hd, nk, st->s + (size_t)r * lds, lds, 1, &pfk, pf_k); break;
     default: break;
     }
-    attn_softmax_block_avx512(st, b, r0, nk, hdp);
+    attn_softmax_block_avx512(st, b, r0, nk, hdp, 0);
     for (r = r0; r + 4 <= R; r += 4)
         q8_pv_rows(st->acc + (size_t)r * hdp, hdp, st->s + (size_t)r * lds, lds, v, vd, hd, nk, 4, &pfv, pf_v);
     switch (R - r) {

@@ -1,6 +1,11 @@
 /* The online-softmax step of the AVX-512 block kernels (F16/F32 in
  * attention_avx512.c, Q8_0 in attention_q8_avx512.c): included only by files
- * compiled with the AVX-512 flags. */
+ * compiled with the AVX-512 flags.
+ *
+ * The running sum of a row is kept as 16 lane sums (st->lv; the driver adds
+ * the lanes, in lane order, into st->l when the part ends), so a block costs
+ * no horizontal add per row: lane i sums exp(s[j] - m) over the keys j = i
+ * mod 16, each rescaled by alpha when the max grows. */
 #ifndef ELLM_ATTENTION_SOFTMAX_AVX512_H
 #define ELLM_ATTENTION_SOFTMAX_AVX512_H
 
@@ -11,10 +16,12 @@
 #include <math.h>
 
 /* One row: s[0, nv) scores become probabilities exp(s - m_new), s[nv, nk)
- * become 0 (keys this row must not see); returns the factor exp(m_old -
- * m_new) that rescales the row's old acc and l. */
+ * become 0 (keys this row must not see); lv (16 lane sums) is rescaled and
+ * adds them; returns the factor exp(m_old - m_new) that rescales the row's
+ * old acc. Callers pass constants for nv and nk where they know them: the
+ * arithmetic is the same. */
 static inline __attribute__((always_inline)) float attn_softmax_row_avx512(float *s, int nv, int nk, float *m,
-                                                                           float *l) {
+                                                                           float *lv) {
     __m512 vm = _mm512_set1_ps(-INFINITY);
     int j = 0;
     for (; j + 16 <= nv; j += 16) vm = _mm512_max_ps(vm, _mm512_loadu_ps(s + j));
@@ -23,12 +30,13 @@ static inline __attribute__((always_inline)) float attn_softmax_row_avx512(float
     /* The running max rarely grows after the first blocks: test that with a
      * vector compare and reduce only when it does. */
     float m_new = *m, alpha = 1.0f;
+    __m512 vs = _mm512_loadu_ps(lv);
     if (_mm512_cmp_ps_mask(vm, _mm512_set1_ps(*m), _CMP_GT_OQ)) {
         m_new = _mm512_reduce_max_ps(vm);
         alpha = expf(*m - m_new);
+        vs = _mm512_mul_ps(vs, _mm512_set1_ps(alpha));
     }
     const __m512 mn = _mm512_set1_ps(m_new);
-    __m512 vs = _mm512_setzero_ps();
     for (j = 0; j + 16 <= nv; j += 16) {
         __m512 e = exp512(_mm512_sub_ps(_mm512_loadu_ps(s + j), mn));
         _mm512_storeu_ps(s + j, e);
@@ -41,24 +49,32 @@ static inline __attribute__((always_inline)) float attn_softmax_row_avx512(float
     }
     for (j = nv; j < nk; j++) s[j] = 0.0f;
     *m = m_new;
-    *l = *l * alpha + _mm512_reduce_add_ps(vs);
+    _mm512_storeu_ps(lv, vs);
     return alpha;
 }
 
 /* The block's rows [r0, st->rows) over its nk keys: scores in st->s become
  * probabilities, and each row's acc (hdp floats, a constant where the caller
- * specialises on head_dim) is rescaled where its max grew. */
+ * specialises on head_dim) is rescaled where its max grew. NK: nk when every
+ * row sees all nk keys (a constant, 16), else 0. */
 static inline __attribute__((always_inline)) void attn_softmax_block_avx512(attn_state *st, const attn_block *b,
-                                                                            int r0, int nk, const int hdp) {
+                                                                            int r0, int nk, const int hdp,
+                                                                            const int NK) {
+    const int G = st->group;
+    int nv = b->vis0 + r0 / G, g = r0 % G; /* keys row r sees, its query head in the group */
     for (int r = r0; r < st->rows; r++) {
-        int nv = b->vis0 + r / st->group;
-        if (nv > nk) nv = nk;
-        float alpha = attn_softmax_row_avx512(st->s + (size_t)r * st->lds, nv, nk, &st->m[r], &st->l[r]);
+        float alpha = NK ? attn_softmax_row_avx512(st->s + (size_t)r * st->lds, NK, NK, &st->m[r], st->lv + 16 * r)
+                         : attn_softmax_row_avx512(st->s + (size_t)r * st->lds, nv < nk ? nv : nk, nk, &st->m[r],
+                                                   st->lv + 16 * r);
         if (alpha != 1.0f) {
             float *acc = st->acc + (size_t)r * hdp;
             const __m512 va = _mm512_set1_ps(alpha);
             for (int d = 0; d < hdp; d += 16)
                 _mm512_storeu_ps(acc + d, _mm512_mul_ps(va, _mm512_loadu_ps(acc + d)));
+        }
+        if (++g == G) {
+            g = 0;
+            nv++;
         }
     }
 }
