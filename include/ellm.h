@@ -199,6 +199,9 @@ void ellm_free(void *p);
 ellm_status ellm_mpi_init(int *argc, char ***argv, double timeout_s, ellm_mpi **out, ellm_error *err);
 int ellm_mpi_rank(const ellm_mpi *mpi); /* 0 for NULL */
 int ellm_mpi_size(const ellm_mpi *mpi); /* 1 for NULL */
+/* Ranks of the job on the calling rank's machine (1 for NULL): above 1,
+ * threads are better left unpinned (each rank would pin to the same cores). */
+int ellm_mpi_local_size(const ellm_mpi *mpi);
 /* Copies `bytes` of rank 0's buf into every rank's buf (a seed, a prompt). */
 ellm_status ellm_mpi_bcast(ellm_mpi *mpi, void *buf, size_t bytes, ellm_error *err);
 /* *all_ok = 1 if every rank passed ok != 0, else 0 (so ranks fail together). */

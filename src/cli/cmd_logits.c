@@ -115,7 +115,8 @@ int cmd_logits(int argc, char **argv) {
     ellm_context *ctx = NULL;
     float *logits = NULL;
     FILE *out = NULL;
-    ellm_model_params mp = {.n_threads = (int)threads, .pin_threads = 1};
+    /* ranks sharing a machine would pin their threads to the same cores */
+    ellm_model_params mp = {.n_threads = (int)threads, .pin_threads = ellm_mpi_local_size(mpi) <= 1};
     if (ellm_model_load(model_path, &mp, &model, &err) != ELLM_OK) {
         fprintf(stderr, "error: %s\n", err.msg);
         goto done;

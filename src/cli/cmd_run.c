@@ -838,7 +838,9 @@ int cmd_run(int argc, char **argv) {
     memset(&g, 0, sizeof g);
     ellm_spec *spec = NULL;
     int rc = 1;
-    ellm_model_params mp = {.n_threads = (int)o.threads, .pin_threads = 1, .numa = (ellm_numa_mode)o.numa,
+    /* ranks sharing a machine would pin their threads to the same cores */
+    ellm_model_params mp = {.n_threads = (int)o.threads, .pin_threads = ellm_mpi_local_size(mpi) <= 1,
+                            .numa = (ellm_numa_mode)o.numa,
                             .mlock = o.mlock};
     if (ellm_model_load(o.model, &mp, &g.model, &err) != ELLM_OK) {
         fprintf(stderr, "error: %s\n", err.msg);

@@ -18,6 +18,7 @@
 struct ellm_mpi {
     MPI_Comm comm;    /* a duplicate of MPI_COMM_WORLD that returns errors */
     int rank, size;
+    int local_size;   /* ranks of the job on this rank's machine (shared memory) */
     double timeout_s; /* longest wait for the other ranks in one collective */
     /* The first failed collective of any user of the handle (every context's
      * shard, the commands' broadcasts): after it no collective waits again,
@@ -125,6 +126,12 @@ ellm_status ellm_mpi_init(int *argc, char ***argv, double timeout_s, ellm_mpi **
     if (rc == MPI_SUCCESS) rc = MPI_Comm_set_errhandler(mpi->comm, MPI_ERRORS_RETURN);
     if (rc == MPI_SUCCESS) rc = MPI_Comm_rank(mpi->comm, &mpi->rank);
     if (rc == MPI_SUCCESS) rc = MPI_Comm_size(mpi->comm, &mpi->size);
+    MPI_Comm local;
+    if (rc == MPI_SUCCESS) rc = MPI_Comm_split_type(mpi->comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local);
+    if (rc == MPI_SUCCESS) {
+        rc = MPI_Comm_size(local, &mpi->local_size);
+        MPI_Comm_free(&local);
+    }
     if (rc != MPI_SUCCESS) {
         free(mpi);
         return ellm_fail(err, ELLM_ERR_IO, "MPI: cannot set up the communicator: %s", mpi_msg(rc, buf));
@@ -135,6 +142,7 @@ ellm_status ellm_mpi_init(int *argc, char ***argv, double timeout_s, ellm_mpi **
 
 int ellm_mpi_rank(const ellm_mpi *mpi) { return mpi ? mpi->rank : 0; }
 int ellm_mpi_size(const ellm_mpi *mpi) { return mpi ? mpi->size : 1; }
+int ellm_mpi_local_size(const ellm_mpi *mpi) { return mpi ? mpi->local_size : 1; }
 
 ellm_status ellm_mpi_bcast(ellm_mpi *mpi, void *buf, size_t bytes, ellm_error *err) {
     if (bytes > INT_MAX) return ellm_fail(err, ELLM_ERR_ARG, "MPI: broadcast of %zu bytes is too large", bytes);

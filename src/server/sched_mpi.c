@@ -214,7 +214,7 @@ int sched_mpi_follow(ellm_mpi *mpi, const server_params *p) {
     ellm_error err = {0};
     follower f = {0};
     sched_mpi m = {.mpi = mpi};
-    ellm_model_params mp = {.n_threads = p->n_threads, .pin_threads = 1,
+    ellm_model_params mp = {.n_threads = p->n_threads, .pin_threads = ellm_mpi_local_size(mpi) <= 1,
                             .numa = p->numa_aware ? ELLM_NUMA_DISTRIBUTE : ELLM_NUMA_OFF};
     ellm_status st = ellm_model_load(p->model_path, &mp, &f.model, &err);
     if (st != ELLM_OK) {
