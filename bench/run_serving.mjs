@@ -83,14 +83,15 @@ function start(kind) {
   let out = '';
   return new Promise((resolve, reject) => {
     const timer = setTimeout(() => { proc.kill('SIGKILL'); reject(new Error('server did not start:\n' + out.slice(-2000))); }, 120000);
+    let up = false;
     const onData = (d) => {
-      out += d;
-      const m = out.match(/listening on http:\/\/127\.0\.0\.1:(\d+)/);
-      if (m) { clearTimeout(timer); resolve({ proc, base: `http://127.0.0.1:${m[1]}`, cmd: [bin, ...argv] }); }
+      out = (out + d).slice(-20000); // the server's last words, for a failure report
+      const m = !up && out.match(/listening on http:\/\/127\.0\.0\.1:(\d+)/);
+      if (m) { up = true; clearTimeout(timer); resolve({ proc, base: `http://127.0.0.1:${m[1]}`, cmd: [bin, ...argv], tail: () => out.slice(-3000) }); }
     };
     proc.stdout.on('data', onData);
     proc.stderr.on('data', onData);
-    proc.on('exit', (c) => { clearTimeout(timer); reject(new Error(`server exited (${c}):\n${out.slice(-2000)}`)); });
+    proc.on('exit', (c) => { clearTimeout(timer); if (!up) reject(new Error(`server exited (${c}):\n${out.slice(-2000)}`)); else log(kind, `exited (${c})`); });
   });
 }
 
@@ -232,7 +233,7 @@ async function interference(base) {
 }
 
 async function measure(kind) {
-  const { proc, base, cmd } = await start(kind);
+  const { proc, base, cmd, tail } = await start(kind);
   try {
     await waitHealthy(base);
     await complete(base, randomPrompt(cfg.promptTokens), 8); // warm-up
@@ -241,6 +242,9 @@ async function measure(kind) {
     log(kind, 'interference');
     const inter = await interference(base);
     return { server: kind, cmd, throughput: tp, interference: inter };
+  } catch (e) {
+    log(kind, 'failed:', e.message, e.cause ? String(e.cause) : '', '\n--- server log tail ---\n' + tail());
+    throw e;
   } finally {
     proc.kill('SIGTERM');
     await sleep(500);
