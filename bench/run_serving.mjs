@@ -49,6 +49,7 @@ const cfg = {
   vocab: num('vocab', 2000),
 };
 const REQUEST_TIMEOUT_MS = 180000;
+let resent = 0; // requests sent again after a closed kept-alive connection (complete())
 const log = (...a) => console.error(new Date().toISOString().slice(11, 19), ...a);
 const loadavg = () => os.loadavg().map((x) => Math.round(x * 100) / 100);
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
@@ -107,13 +108,25 @@ async function waitHealthy(base) {
 // With `signal`, an abort ends the stream early and returns what arrived;
 // onToken(n) is called with the running token count.
 async function complete(base, prompt, maxTokens, signal, onToken) {
-  const t0 = performance.now();
+  let t0 = performance.now();
   // every request ends within REQUEST_TIMEOUT_MS, whatever the server does
   const limit = AbortSignal.timeout(REQUEST_TIMEOUT_MS);
-  const res = await fetch(base + '/v1/completions', {
+  const post = () => fetch(base + '/v1/completions', {
     method: 'POST', headers: { 'Content-Type': 'application/json' }, signal: signal ? AbortSignal.any([signal, limit]) : limit,
     body: JSON.stringify({ prompt, max_tokens: maxTokens, temperature: 0, ignore_eos: true, stream: true }),
   });
+  let res;
+  try {
+    res = await post();
+  } catch (e) {
+    // a kept-alive connection the server had closed (llama-server closes idle
+    // ones): the request never arrived; sent again once on a new connection,
+    // its clock restarted, and counted
+    if (!(e.cause && /closed|reset/i.test(String(e.cause))) || limit.aborted || (signal && signal.aborted)) throw e;
+    resent++;
+    t0 = performance.now();
+    res = await post();
+  }
   if (!res.ok) throw new Error(`HTTP ${res.status}: ${await res.text()}`);
   const dec = new TextDecoder();
   let buf = '', usage = null, first = null;
@@ -233,6 +246,7 @@ async function interference(base) {
 }
 
 async function measure(kind) {
+  resent = 0;
   const { proc, base, cmd, tail } = await start(kind);
   try {
     await waitHealthy(base);
@@ -241,7 +255,7 @@ async function measure(kind) {
     const tp = await throughput(base);
     log(kind, 'interference');
     const inter = await interference(base);
-    return { server: kind, cmd, throughput: tp, interference: inter };
+    return { server: kind, cmd, throughput: tp, interference: inter, resent_after_closed_connection: resent };
   } catch (e) {
     log(kind, 'failed:', e.message, e.cause ? String(e.cause) : '', '\n--- server log tail ---\n' + tail());
     throw e;
@@ -265,6 +279,8 @@ function render(R) {
   const bw = (m.numa_nodes || []).map((n) => n.read_gbps).filter(Boolean);
   w(`- Machine: ${m.physical_cores ?? '?'} cores, ${m.isa ?? '?'} kernels, read bandwidth ${bw.length ? bw.join(' + ') + ' GB/s' : 'not probed'} (\`ellm probe\`, start of the run); ` +
     `load average ${R.loadavg_start.join(' / ')} at the start, ${R.loadavg_end.join(' / ')} at the end.`);
+  const resent = R.servers.map((x) => `${x.server === 'ellm' ? 'ellm serve' : 'llama-server'} ${x.resent_after_closed_connection ?? 0}`);
+  w(`- Requests sent again because the server had closed the kept-alive connection they were sent on: ${resent.join(', ')}.`);
   w(`- Load: random token-id prompts of ${R.config.promptTokens} tokens, ${R.config.maxTokens} tokens generated per request (ignore_eos, greedy), ${R.config.requests} requests per client one after another.`);
   w();
   w(`## Throughput at ${R.config.levels.join(', ')} concurrent streams`);
