@@ -7,7 +7,7 @@
 //       [--servers ellm,llama] [--ellm build/ellm]
 //       [--llama /tmp/llama.cpp/build/bin/llama-server] [--threads 2]
 //       [--levels 1,4,16] [--requests 2] [--prompt-tokens 32] [--max-tokens 64]
-//       [--long-prompt 512] [--background 8] [--no-write: print, write nothing]
+//       [--long-prompt 512] [--background 8] [--rounds 3] [--no-write: print, write nothing]
 //
 // Phases, per server:
 //   throughput    C clients at once (C in --levels), each sending --requests
@@ -19,6 +19,8 @@
 //                 then again (3 times, one after another) while --background
 //                 streams generate; the background streams' ITL median and
 //                 p99 over the window in which those prompts arrive.
+// Rounds: both phases for every server, the servers taking turns, --rounds
+// times; the tables give medians over the rounds.
 // Writes bench/results/serving-<UTC time>.json (every sample, the commands, the
 // machine from `ellm probe --json`) and regenerates bench/SERVING.md from it
 // (`--from FILE.json` re-renders without measuring).
@@ -47,6 +49,7 @@ const cfg = {
   longPrompt: num('long-prompt', 512),
   background: num('background', 8),
   vocab: num('vocab', 2000),
+  rounds: num('rounds', 3),
 };
 const REQUEST_TIMEOUT_MS = 180000;
 let resent = 0; // requests sent again after a closed kept-alive connection (complete())
@@ -265,6 +268,28 @@ async function measure(kind) {
   }
 }
 
+// One server's figures over several rounds: the median of each, the
+// interference TTFT samples of every round pooled.
+function mergeRounds(runs) {
+  const med = (xs) => median(xs.filter((x) => x !== null && x !== undefined && !Number.isNaN(x)));
+  const pick = (objs, keys) => Object.fromEntries(keys.map((k) => [k, med(objs.map((o) => o[k]))]));
+  const tp = runs[0].throughput.map((row, li) => {
+    const rs = runs.map((x) => x.throughput[li]);
+    const m = pick(rs, ['tok_s', 'ttft_p50_ms', 'ttft_p99_ms', 'itl_p50_ms', 'itl_p99_ms', 'tokens_per_chunk', 'wall_s']);
+    const es = rs.map((x) => x.engine_steps).filter(Boolean);
+    const engine = es.length ? { steps: med(es.map((e) => e.steps)), rows_per_step: med(es.map((e) => e.rows_per_step)),
+      ms_per_step: Object.fromEntries(PHASES.map((p) => [p, med(es.map((e) => e.ms_per_step[p]))])) } : null;
+    return { streams: row.streams, ...m, tok_s_rounds: rs.map((x) => x.tok_s), engine_steps: engine };
+  });
+  const ins = runs.map((x) => x.interference);
+  const alone = ins.flatMap((i) => i.ttft_alone_ms), loaded = ins.flatMap((i) => i.ttft_loaded_ms);
+  const inter = { ttft_alone_ms: alone, ttft_loaded_ms: loaded, ttft_ratio: median(loaded) / median(alone),
+    ...pick(ins, ['itl_before_ms_p50', 'itl_in_window_ms_p50', 'itl_in_window_ms_p99', 'itl_p99_over_before_p50', 'itl_p99_over_p50']),
+    ttft_ratio_rounds: ins.map((i) => i.ttft_ratio), itl_p99_over_before_p50_rounds: ins.map((i) => i.itl_p99_over_before_p50) };
+  return { server: runs[0].server, cmd: runs[0].cmd, throughput: tp, interference: inter,
+    resent_after_closed_connection: runs.reduce((a, x) => a + (x.resent_after_closed_connection || 0), 0) };
+}
+
 function render(R) {
   const L = [];
   const w = (s = '') => L.push(s);
@@ -273,7 +298,8 @@ function render(R) {
   w();
   w('`ellm serve` and llama.cpp\'s `llama-server` (native build, `bench/setup-llamacpp-native.sh`) on the same');
   w(`GGUF file, the same machine and the same load, one after the other, from one run of`);
-  w('`node bench/run_serving.mjs` (raw results: `' + path.relative(HERE, R.json_path) + '`).');
+  w('`node bench/run_serving.mjs` (raw results: `' + path.relative(HERE, R.json_path) + '`): ' +
+    `${R.config.rounds} rounds, the servers taking turns in each; every figure below is the median over the rounds.`);
   w();
   w(`- Model: \`${path.basename(R.config.model)}\`; ${R.config.threads} threads; ${R.n_slots} slots of ${R.slot_ctx} tokens on both servers.`);
   const bw = (m.numa_nodes || []).map((n) => n.read_gbps).filter(Boolean);
@@ -285,12 +311,13 @@ function render(R) {
   w();
   w(`## Throughput at ${R.config.levels.join(', ')} concurrent streams`);
   w();
-  w('| server | streams | tokens/s | × one stream | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms | tokens per chunk |');
-  w('|---|---:|---:|---:|---:|---:|---:|---:|---:|');
+  w('| server | streams | tokens/s | tokens/s of each round | × one stream | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms | tokens per chunk |');
+  w('|---|---:|---:|---|---:|---:|---:|---:|---:|---:|');
   for (const s of R.servers) {
     const one = s.throughput.find((r) => r.streams === Math.min(...R.config.levels));
     for (const r of s.throughput)
-      w(`| ${s.server === 'ellm' ? 'ellm serve' : 'llama-server'} | ${r.streams} | ${r.tok_s.toFixed(1)} | ${(r.tok_s / one.tok_s).toFixed(2)} | ` +
+      w(`| ${s.server === 'ellm' ? 'ellm serve' : 'llama-server'} | ${r.streams} | ${r.tok_s.toFixed(1)} | ` +
+        `${(r.tok_s_rounds || [r.tok_s]).map((x) => x.toFixed(0)).join(', ')} | ${(r.tok_s / one.tok_s).toFixed(2)} | ` +
         `${r.ttft_p50_ms.toFixed(1)} | ${r.ttft_p99_ms.toFixed(1)} | ${r.itl_p50_ms.toFixed(1)} | ${r.itl_p99_ms.toFixed(1)} | ` +
         `${r.tokens_per_chunk ? r.tokens_per_chunk.toFixed(2) : '—'} |`);
   }
@@ -306,7 +333,7 @@ function render(R) {
   w();
   w(`## A ${R.config.longPrompt}-token prompt arriving while ${R.config.background} streams generate`);
   w();
-  w('TTFT of the long prompt alone and while the streams run (medians of 3), and the running streams\' inter-token');
+  w('TTFT of the long prompt alone and while the streams run (3 of each per round, the median of all), and the running streams\' inter-token');
   w('latency over the window in which those prompts arrive. TTFT is the time to the first streamed chunk; ITL is');
   w('the gap between consecutive token chunks. Both servers send one chunk per generated token (its text may');
   w('be empty: a random-weight model often picks tokens with no text), so ITL is per token; the throughput');
@@ -368,8 +395,16 @@ async function main() {
   if (!cfg.model) { console.error('--model FILE is required'); process.exit(2); }
   let machine = null;
   try { machine = JSON.parse(execFileSync(cfg.ellm, ['probe', '--json'], { encoding: 'utf8' })); } catch (e) { log('probe failed:', e.message); }
-  const R = { config: cfg, n_slots: nSlots, slot_ctx: slotCtx, machine, loadavg_start: loadavg(), servers: [] };
-  for (const kind of cfg.servers) R.servers.push(await measure(kind));
+  const R = { config: cfg, n_slots: nSlots, slot_ctx: slotCtx, machine, loadavg_start: loadavg(), rounds: [] };
+  // the servers take turns, round after round, so a change in the machine's
+  // background load falls on both; the tables give each figure's median
+  for (let r = 0; r < cfg.rounds; r++) {
+    log(`round ${r + 1} of ${cfg.rounds}`);
+    const round = [];
+    for (const kind of cfg.servers) round.push(await measure(kind));
+    R.rounds.push(round);
+  }
+  R.servers = cfg.servers.map((kind) => mergeRounds(R.rounds.map((round) => round.find((x) => x.server === kind))));
   R.loadavg_end = loadavg();
   const stamp = new Date().toISOString().replace(/[-:]/g, '').slice(0, 13).replace('T', '-');
   R.json_path = path.join(HERE, 'results', `serving-${stamp}.json`);
