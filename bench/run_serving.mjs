@@ -26,6 +26,7 @@
 // (`--from FILE.json` re-renders without measuring).
 import { spawn, execFileSync } from 'node:child_process';
 import fs from 'node:fs';
+import http from 'node:http';
 import os from 'node:os';
 import path from 'node:path';
 
@@ -52,7 +53,6 @@ const cfg = {
   rounds: num('rounds', 3),
 };
 const REQUEST_TIMEOUT_MS = 180000;
-let resent = 0; // requests sent again after a closed kept-alive connection (complete())
 const log = (...a) => console.error(new Date().toISOString().slice(11, 19), ...a);
 const loadavg = () => os.loadavg().map((x) => Math.round(x * 100) / 100);
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
@@ -110,32 +110,36 @@ async function waitHealthy(base) {
 // One streamed completion. Token arrival times are absolute (performance.now()).
 // With `signal`, an abort ends the stream early and returns what arrived;
 // onToken(n) is called with the running token count.
+// POST of a JSON body on a connection of its own (no keep-alive: llama-server
+// closes idle kept-alive connections, which a pooled client finds out only
+// when its next request fails); resolves with the response stream.
+function postStream(base, pathname, body, signal) {
+  return new Promise((resolve, reject) => {
+    const u = new URL(pathname, base);
+    const req = http.request({ hostname: u.hostname, port: u.port, path: u.pathname, method: 'POST', agent: false, signal,
+      headers: { 'Content-Type': 'application/json', 'Content-Length': Buffer.byteLength(body), Connection: 'close' } }, resolve);
+    req.on('error', reject);
+    req.end(body);
+  });
+}
+
 async function complete(base, prompt, maxTokens, signal, onToken) {
-  let t0 = performance.now();
+  const t0 = performance.now();
   // every request ends within REQUEST_TIMEOUT_MS, whatever the server does
   const limit = AbortSignal.timeout(REQUEST_TIMEOUT_MS);
-  const post = () => fetch(base + '/v1/completions', {
-    method: 'POST', headers: { 'Content-Type': 'application/json' }, signal: signal ? AbortSignal.any([signal, limit]) : limit,
-    body: JSON.stringify({ prompt, max_tokens: maxTokens, temperature: 0, ignore_eos: true, stream: true }),
-  });
-  let res;
-  try {
-    res = await post();
-  } catch (e) {
-    // a kept-alive connection the server had closed (llama-server closes idle
-    // ones): the request never arrived; sent again once on a new connection,
-    // its clock restarted, and counted
-    if (!(e.cause && /closed|reset/i.test(String(e.cause))) || limit.aborted || (signal && signal.aborted)) throw e;
-    resent++;
-    t0 = performance.now();
-    res = await post();
+  const res = await postStream(base, '/v1/completions',
+    JSON.stringify({ prompt, max_tokens: maxTokens, temperature: 0, ignore_eos: true, stream: true }),
+    signal ? AbortSignal.any([signal, limit]) : limit);
+  if (res.statusCode !== 200) {
+    let text = '';
+    for await (const c of res) text += c;
+    throw new Error(`HTTP ${res.statusCode}: ${text}`);
   }
-  if (!res.ok) throw new Error(`HTTP ${res.status}: ${await res.text()}`);
   const dec = new TextDecoder();
   let buf = '', usage = null, first = null;
   const times = [];
   try {
-    for await (const chunk of res.body) {
+    for await (const chunk of res) {
       buf += dec.decode(chunk, { stream: true });
       let i;
       while ((i = buf.indexOf('\n\n')) >= 0) {
@@ -249,7 +253,6 @@ async function interference(base) {
 }
 
 async function measure(kind) {
-  resent = 0;
   const { proc, base, cmd, tail } = await start(kind);
   try {
     await waitHealthy(base);
@@ -258,7 +261,7 @@ async function measure(kind) {
     const tp = await throughput(base);
     log(kind, 'interference');
     const inter = await interference(base);
-    return { server: kind, cmd, throughput: tp, interference: inter, resent_after_closed_connection: resent };
+    return { server: kind, cmd, throughput: tp, interference: inter };
   } catch (e) {
     log(kind, 'failed:', e.message, e.cause ? String(e.cause) : '', '\n--- server log tail ---\n' + tail());
     throw e;
@@ -286,8 +289,7 @@ function mergeRounds(runs) {
   const inter = { ttft_alone_ms: alone, ttft_loaded_ms: loaded, ttft_ratio: median(loaded) / median(alone),
     ...pick(ins, ['itl_before_ms_p50', 'itl_in_window_ms_p50', 'itl_in_window_ms_p99', 'itl_p99_over_before_p50', 'itl_p99_over_p50']),
     ttft_ratio_rounds: ins.map((i) => i.ttft_ratio), itl_p99_over_before_p50_rounds: ins.map((i) => i.itl_p99_over_before_p50) };
-  return { server: runs[0].server, cmd: runs[0].cmd, throughput: tp, interference: inter,
-    resent_after_closed_connection: runs.reduce((a, x) => a + (x.resent_after_closed_connection || 0), 0) };
+  return { server: runs[0].server, cmd: runs[0].cmd, throughput: tp, interference: inter };
 }
 
 function render(R) {
@@ -305,8 +307,7 @@ function render(R) {
   const bw = (m.numa_nodes || []).map((n) => n.read_gbps).filter(Boolean);
   w(`- Machine: ${m.physical_cores ?? '?'} cores, ${m.isa ?? '?'} kernels, read bandwidth ${bw.length ? bw.join(' + ') + ' GB/s' : 'not probed'} (\`ellm probe\`, start of the run); ` +
     `load average ${R.loadavg_start.join(' / ')} at the start, ${R.loadavg_end.join(' / ')} at the end.`);
-  const resent = R.servers.map((x) => `${x.server === 'ellm' ? 'ellm serve' : 'llama-server'} ${x.resent_after_closed_connection ?? 0}`);
-  w(`- Requests sent again because the server had closed the kept-alive connection they were sent on: ${resent.join(', ')}.`);
+  w('- Client: Node on the same machine, each request on a new loopback connection.');
   w(`- Load: random token-id prompts of ${R.config.promptTokens} tokens, ${R.config.maxTokens} tokens generated per request (ignore_eos, greedy), ${R.config.requests} requests per client one after another.`);
   w();
   w(`## Throughput at ${R.config.levels.join(', ')} concurrent streams`);
