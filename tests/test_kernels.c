@@ -375,7 +375,7 @@ static void test_act_prepare(ellm_isa isa) {
     for (size_t t = 0; t < sizeof types / sizeof types[0]; t++)
         for (size_t c = 0; c < sizeof cols_list / sizeof cols_list[0]; c++) {
             test_act_prepare_case(isa, types[t], cols_list[c], 3);
-            test_act_prepare_case(isa, types[t], cols_list[c], 29); /* batch tiles, the last padded */
+            test_act_prepare_case(isa, types[t], cols_list[c], 29); /* batch quads, the last padded */
         }
 }
 
@@ -467,9 +467,11 @@ static void test_matmul(ellm_isa isa) {
     }
     /* SmolLM2-135M rows (18 and 48 blocks) with row ranges that are not
      * multiples of anything, at decode, verification and prefill batch sizes
-     * (per-row kernels, a padded batch tile, full tiles plus leftovers) */
+     * (per-row kernels for 1-3 rows, quads from 4, the last one padded, more
+     * than one pass of 16 rows; weight rows in groups of 16, 8 and 4 and
+     * 0-3 left over) */
     static const int q8_types[] = {QTYPE_Q8_0, QTYPE_Q4_0};
-    static const int q8_nbs[] = {1, 5, 7, 14, 16, 28, 37};
+    static const int q8_nbs[] = {1, 2, 3, 4, 5, 7, 8, 9, 14, 16, 17, 28, 37};
     for (int t = 0; t < 2; t++)
         for (size_t n = 0; n < sizeof q8_nbs / sizeof q8_nbs[0]; n++) {
             test_matmul_case(isa, q8_types[t], 37, 576, q8_nbs[n], 3, 36);
@@ -489,7 +491,7 @@ static void test_matmul(ellm_isa isa) {
  * exactly the logits single-token decode would. Compared bit for bit. */
 static void test_matmul_batch_invariance_case(ellm_isa isa, int type, int64_t cols, int nb) {
     {
-        int64_t rows = 14;
+        int64_t rows = 40;
         size_t rb = qtype_row_bytes(type, cols);
         void *W = xmalloc(rb * (size_t)rows);
         make_weights(type, W, rows, cols);
@@ -499,7 +501,7 @@ static void test_matmul_batch_invariance_case(ellm_isa isa, int type, int64_t co
         void *act3 = xmalloc(kern_act_bytes(type, cols, 3));
         kern_act_prepare(type, X, cols, nb, act);
         float *Y = xmalloc((size_t)(rows * nb) * sizeof(float)), *Ys = xmalloc((size_t)(rows * nb) * sizeof(float));
-        float y1[14];
+        float y1[40];
         kern_matmul(type, W, cols, 1, rows, act, nb, Y, rows);
         /* the same rows in three calls of uneven size */
         kern_matmul(type, W, cols, 1, 4, act, nb, Ys, rows);
@@ -513,11 +515,13 @@ static void test_matmul_batch_invariance_case(ellm_isa isa, int type, int64_t co
             kern_matmul(type, W, cols, 1, rows, act1, 1, y1, 0);
             for (int64_t r = 1; r < rows; r++) diff_single += memcmp(&Y[b * rows + r], &y1[r], 4) != 0;
         }
-        /* rows 2..4 of the batch as a batch of their own */
-        kern_act_prepare(type, X + 2 * cols, cols, 3, act3);
-        kern_matmul(type, W, cols, 1, rows, act3, 3, Ys, rows);
-        for (int b = 0; b < 3; b++)
-            for (int64_t r = 1; r < rows; r++) diff_sub += memcmp(&Y[(b + 2) * rows + r], &Ys[b * rows + r], 4) != 0;
+        /* rows 2..4 of the batch as a batch of their own (of a batch of 2-4:
+         * all rows but the last) */
+        int s0 = nb >= 5 ? 2 : 0, ns = nb >= 5 ? 3 : nb - 1;
+        kern_act_prepare(type, X + s0 * cols, cols, ns, act3);
+        kern_matmul(type, W, cols, 1, rows, act3, ns, Ys, rows);
+        for (int b = 0; b < ns; b++)
+            for (int64_t r = 1; r < rows; r++) diff_sub += memcmp(&Y[(b + s0) * rows + r], &Ys[b * rows + r], 4) != 0;
         CHECK(diff_split == 0 && diff_single == 0 && diff_sub == 0,
               "[%s] matmul %s cols=%lld nb=%d not batch-invariant: %d differ by row split, %d vs nb=1, %d vs "
               "sub-batch",
@@ -533,7 +537,7 @@ static void test_matmul_batch_invariance_case(ellm_isa isa, int type, int64_t co
 }
 
 /* Batch invariance for every type, with a batch below and one above the
- * 16-row tiles of the Q8_0 / Q4_0 batch kernels, and SmolLM2-sized rows of
+ * 16 rows of a Q8_0 / Q4_0 quad kernel pass, and SmolLM2-sized rows of
  * 18 and 48 blocks (a short last chunk, and whole chunks only). */
 static void test_matmul_batch_invariance(ellm_isa isa) {
     for (int t = 0; t < N_TYPES; t++) {
@@ -543,11 +547,11 @@ static void test_matmul_batch_invariance(ellm_isa isa) {
         test_matmul_batch_invariance_case(isa, type, cols, 11);
         test_matmul_batch_invariance_case(isa, type, cols, 37);
     }
-    /* Q8_0 / Q4_0: per-row kernels only (5), a padded tile in ymm (7) and in
-     * zmm (14), a full tile and per-row rows (19), a full and a padded tile
-     * (28) */
+    /* Q8_0 / Q4_0: per-row kernels only (2, 3), quads (4, 8, 16), a padded
+     * quad (5, 9, the verification size of 8 drafts), two passes of quads
+     * (19, 28); 39 weight rows split into calls of 3, 5 and 31 rows */
     static const int64_t q8_cols[] = {576, 1536, 32 * 5, 32 * 31};
-    static const int q8_nbs[] = {5, 7, 14, 19, 28};
+    static const int q8_nbs[] = {2, 3, 4, 5, 8, 9, 16, 19, 28};
     for (size_t c = 0; c < sizeof q8_cols / sizeof q8_cols[0]; c++)
         for (size_t n = 0; n < sizeof q8_nbs / sizeof q8_nbs[0]; n++) {
             test_matmul_batch_invariance_case(isa, QTYPE_Q8_0, q8_cols[c], q8_nbs[n]);
@@ -614,7 +618,7 @@ static void test_matmul_isa_agree(void) {
     }
     static const int types[] = {QTYPE_Q8_0, QTYPE_Q4_0};
     static const int64_t cols_list[] = {96, 576, 672, 1536};
-    static const int nbs[] = {1, 5, 7, 14, 19};
+    static const int nbs[] = {1, 4, 5, 7, 9, 14, 16, 19};
     ellm_isa saved = ellm_cpu_isa();
     for (int t = 0; t < 2; t++)
         for (size_t c = 0; c < sizeof cols_list / sizeof cols_list[0]; c++)

@@ -398,26 +398,26 @@ size_t kern_act_bytes(int wtype, int64_t cols, int nb) {
     const qtype_info *t = qtype_get(wtype);
     if (cols % t->block_elems) return 0;
     act_kind kind = act_kind_of(wtype);
-    size_t tiles = kind == ACT_Q8 ? (size_t)act_q8_ntiles(nb) * (size_t)(cols / 32) * ACT_Q8_TILE_BLOCK : 0;
-    return (size_t)nb * act_row_bytes(kind, cols) + tiles;
+    size_t quads = kind == ACT_Q8 ? (size_t)act_q8_nquads(nb) * (size_t)(cols / 32) * ACT_Q8_QUAD_BLOCK : 0;
+    return (size_t)nb * act_row_bytes(kind, cols) + quads;
 }
 
-/* Writes the ACT_Q8 batch tiles of nb prepared rows (see kernels_impl.h). */
-static void act_q8_fill_tiles(void *act, int64_t cols, int nb) {
+/* Writes the ACT_Q8 quads of nb prepared rows (see kernels_impl.h). */
+static void act_q8_fill_quads(void *act, int64_t cols, int nb) {
     int64_t nblk = cols / 32;
-    for (int t = 0; t < act_q8_ntiles(nb); t++) {
-        act_row a[ACT_Q8_TILE];
-        int n = nb - ACT_Q8_TILE * t < ACT_Q8_TILE ? nb - ACT_Q8_TILE * t : ACT_Q8_TILE;
-        for (int i = 0; i < n; i++) a[i] = act_get_row(ACT_Q8, act, cols, ACT_Q8_TILE * t + i);
+    for (int q = 0; q < act_q8_nquads(nb); q++) {
+        act_row a[ACT_Q8_QUAD];
+        int n = nb - ACT_Q8_QUAD * q < ACT_Q8_QUAD ? nb - ACT_Q8_QUAD * q : ACT_Q8_QUAD;
+        for (int i = 0; i < n; i++) a[i] = act_get_row(ACT_Q8, act, cols, ACT_Q8_QUAD * q + i);
         for (int64_t k = 0; k < nblk; k++) {
-            int8_t *q = (int8_t *)act_q8_tile(act, cols, nb, t, k);
-            float *d = (float *)(q + 8 * 64);
-            int32_t *sa = (int32_t *)(q + 9 * 64);
-            memset(q, 0, ACT_Q8_TILE_BLOCK);
+            int8_t *p = (int8_t *)act_q8_quad(act, cols, nb, q, k);
+            float *d = (float *)(p + 8 * 16);
+            int32_t *nsa = (int32_t *)(p + 8 * 16 + 16);
+            memset(p, 0, ACT_Q8_QUAD_BLOCK);
             for (int i = 0; i < n; i++) {
-                for (int j = 0; j < 8; j++) memcpy(q + 64 * j + 4 * i, a[i].qs + act_q8_qs(k, 4 * j), 4);
+                for (int j = 0; j < 8; j++) memcpy(p + 16 * j + 4 * i, a[i].qs + act_q8_qs(k, 4 * j), 4);
                 d[i] = a[i].d[act_q8_slot(k)];
-                sa[i] = a[i].sa[act_q8_slot(k)];
+                nsa[i] = -a[i].sa[act_q8_slot(k)];
             }
         }
     }
@@ -435,7 +435,7 @@ void kern_act_prepare(int wtype, const float *X, int64_t cols, int nb, void *act
         if (kind == ACT_F32) memcpy(row, X + (int64_t)b * cols, (size_t)cols * sizeof(float));
         else fn(X + (int64_t)b * cols, cols, act_q8_off(wtype), row);
     }
-    if (kind == ACT_Q8) act_q8_fill_tiles(act, cols, nb);
+    if (kind == ACT_Q8) act_q8_fill_quads(act, cols, nb);
 }
 
 /* Computes rows [r0, r1) of Y = W * X^T with the active ISA. */

@@ -18,7 +18,7 @@
  * Y row b starts at Y + b * ldy; only columns [r0, r1) are written.
  * `act` must be what kern_act_prepare wrote for the same wtype, cols and nb:
  * for batches the layout holds more than the rows (Q8_0 / Q4_0 add a copy
- * interleaved by 16 rows for the batch kernels), so a slice of a prepared
+ * interleaved by 4 rows for the batch kernels), so a slice of a prepared
  * batch is not a prepared smaller batch. Results do not depend on nb, on a
  * row's place in the batch or on how [r0, r1) is split between calls. */
 

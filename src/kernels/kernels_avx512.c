@@ -6,8 +6,9 @@
  *
  * Matmul shape: weights are decoded once into registers and applied to a
  * tile of activation rows (Q8_0 / Q4_0: a chunk of 16 blocks against up to
- * Q8_NB rows, or for batches each weight dword against 16 rows at once;
- * others: a block against up to MM_NB rows); further tiles re-read the
+ * Q8_NB rows, or for batches of 4 or more rows 4 weight rows against 4
+ * activation rows per instruction, q8_quads_avx512.c; others: a block
+ * against up to MM_NB rows); further tiles re-read the
  * weights from L1 or L2, so DRAM sees every weight once per call, and the
  * stream is prefetched a page ahead (kern_pf_pages). Each output's
  * arithmetic is independent of nb and of the tiling, so results are
@@ -389,179 +390,19 @@ INLINE void mm_q8_rows(int wtype, const char *W, int64_t nblk, int64_t r0, int64
     }
 }
 
-/* ---- batches: 16 activation rows per weight dword ----
- * For 16 rows at a time (the ACT_Q8 tiles) the same arithmetic runs with
- * rows in the lanes instead of blocks: each weight dword is broadcast and
- * one vpdpbusd takes it against that dword of 16 rows, so a block's 16 dots
- * need no reduction; slot s of the per-row kernels becomes register acc[s]
- * (one lane per row), the 16-lane sum becomes the same tree over registers,
- * and every row gets exactly the bits of the per-row kernels. Per block and
- * 16 rows this costs 8 vpdpbusd and 8 loads of 64 bytes, against 8 of each
- * plus a reduction tree per row in the per-row kernels. */
-
-/* Dots of one weight block (at w) with the 16 rows of tile block T, as
- * int32 per row; the weights' offset is removed with the tile's sa. The
- * block's bytes are broadcast to every 128-bit lane once and each dword is
- * then spread by an in-lane vpshufd (which does not compete with vpdpbusd
- * on Zen 4), so the weights take 1-2 loads per block next to the 8
- * activation loads. */
-INLINE __m512i q8_tile_dot(int wtype, const char *w, const int8_t *T) {
-    __m512i x0, x1; /* the unsigned weight bytes of elements 0-15 and 16-31, in every 128-bit lane */
-    if (wtype == QTYPE_Q8_0) {
-        const __m512i flip = _mm512_set1_epi8((char)0x80);
-        x0 = _mm512_xor_si512(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(w + 2))), flip);
-        x1 = _mm512_xor_si512(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(w + 18))), flip);
-    } else {
-        /* nibble byte i holds element i (low) and 16 + i (high) */
-        const __m512i m4 = _mm512_set1_epi8(0x0F);
-        __m512i x = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(w + 2)));
-        x0 = _mm512_and_si512(x, m4);
-        x1 = _mm512_and_si512(_mm512_srli_epi16(x, 4), m4);
-    }
-    /* dword j of x0 (elements 4j .. 4j+3) against quad j of the 16 rows, dword
-     * j of x1 against quad j + 4 (immediates spelled out: they must be
-     * constants at every optimisation level) */
-#define Q8_ACT(j) _mm512_loadu_si512((const void *)(T + 64 * (j)))
-    __m512i s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_shuffle_epi32(x0, _MM_PERM_AAAA), Q8_ACT(0));
-    __m512i s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_shuffle_epi32(x0, _MM_PERM_BBBB), Q8_ACT(1));
-    __m512i s2 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_shuffle_epi32(x0, _MM_PERM_CCCC), Q8_ACT(2));
-    __m512i s3 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_shuffle_epi32(x0, _MM_PERM_DDDD), Q8_ACT(3));
-    s0 = _mm512_dpbusd_epi32(s0, _mm512_shuffle_epi32(x1, _MM_PERM_AAAA), Q8_ACT(4));
-    s1 = _mm512_dpbusd_epi32(s1, _mm512_shuffle_epi32(x1, _MM_PERM_BBBB), Q8_ACT(5));
-    s2 = _mm512_dpbusd_epi32(s2, _mm512_shuffle_epi32(x1, _MM_PERM_CCCC), Q8_ACT(6));
-    s3 = _mm512_dpbusd_epi32(s3, _mm512_shuffle_epi32(x1, _MM_PERM_DDDD), Q8_ACT(7));
-#undef Q8_ACT
-    __m512i sum = _mm512_add_epi32(_mm512_add_epi32(s0, s1), _mm512_add_epi32(s2, s3));
-    return _mm512_sub_epi32(sum, _mm512_loadu_si512((const void *)(T + 9 * 64)));
-}
-
-/* acc[slot of block 16 ci + j] += this block's 16 row products, as
- * q8_apply does lane by lane. */
-INLINE void q8_tile_block(int wtype, const char *w, const int8_t *T, __m512 *acc) {
-    __m512i dot = q8_tile_dot(wtype, w, T);
-    ellm_f16 dwh;
-    memcpy(&dwh, w, 2);
-    __m512 sc = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_set1_epi16((short)dwh)), _mm512_loadu_ps((const float *)(T + 8 * 64)));
-    *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), sc, *acc);
-}
-
-/* q8_tile_dot for 8 rows: half h of the tile block (T offset by 32 h). On
- * Zen 4 a ymm vpdpbusd does half the work of a zmm one at 1.5 times the
- * rate, so a tile that is at most half full runs in ymm (~60% of a full
- * tile's time; the lanes give the same bits as the zmm ones). */
-INLINE __m256i q8_tile_dot8(int wtype, const char *w, const int8_t *T) {
-    __m256i x0, x1;
-    if (wtype == QTYPE_Q8_0) {
-        const __m256i flip = _mm256_set1_epi8((char)0x80);
-        x0 = _mm256_xor_si256(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(w + 2))), flip);
-        x1 = _mm256_xor_si256(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(w + 18))), flip);
-    } else {
-        const __m256i m4 = _mm256_set1_epi8(0x0F);
-        __m256i x = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(w + 2)));
-        x0 = _mm256_and_si256(x, m4);
-        x1 = _mm256_and_si256(_mm256_srli_epi16(x, 4), m4);
-    }
-#define Q8_ACT8(j) _mm256_loadu_si256((const __m256i *)(T + 64 * (j)))
-    __m256i s0 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_shuffle_epi32(x0, 0x00), Q8_ACT8(0));
-    __m256i s1 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_shuffle_epi32(x0, 0x55), Q8_ACT8(1));
-    __m256i s2 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_shuffle_epi32(x0, 0xAA), Q8_ACT8(2));
-    __m256i s3 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_shuffle_epi32(x0, 0xFF), Q8_ACT8(3));
-    s0 = _mm256_dpbusd_epi32(s0, _mm256_shuffle_epi32(x1, 0x00), Q8_ACT8(4));
-    s1 = _mm256_dpbusd_epi32(s1, _mm256_shuffle_epi32(x1, 0x55), Q8_ACT8(5));
-    s2 = _mm256_dpbusd_epi32(s2, _mm256_shuffle_epi32(x1, 0xAA), Q8_ACT8(6));
-    s3 = _mm256_dpbusd_epi32(s3, _mm256_shuffle_epi32(x1, 0xFF), Q8_ACT8(7));
-#undef Q8_ACT8
-    __m256i sum = _mm256_add_epi32(_mm256_add_epi32(s0, s1), _mm256_add_epi32(s2, s3));
-    return _mm256_sub_epi32(sum, _mm256_loadu_si256((const __m256i *)(T + 9 * 64)));
-}
-
-INLINE void q8_tile_block8(int wtype, const char *w, const int8_t *T, __m256 *acc) {
-    __m256i dot = q8_tile_dot8(wtype, w, T);
-    ellm_f16 dwh;
-    memcpy(&dwh, w, 2);
-    __m256 sc = _mm256_mul_ps(_mm256_cvtph_ps(_mm_set1_epi16((short)dwh)), _mm256_loadu_ps((const float *)(T + 8 * 64)));
-    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), sc, *acc);
-}
-
-/* Weight row p (nblk blocks of bsz bytes) against the 16 rows of tile T
- * (zmm, H < 0) or its rows 8H .. 8H+7 (ymm); out gets one result per row. */
-INLINE void q8_tile_row(int wtype, const char *p, int64_t nblk, const int8_t *T, float *out, const int H) {
-    const int bsz = wtype == QTYPE_Q8_0 ? (int)sizeof(block_q8_0) : (int)sizeof(block_q4_0);
-    const int64_t nfull = nblk / 16, tail = nblk % 16;
-    int64_t k = 0;
-    if (H < 0) {
-        __m512 acc[16];
-#pragma GCC unroll 16
-        for (int s = 0; s < 16; s++) acc[s] = _mm512_setzero_ps();
-        for (int64_t ci = 0; ci < nfull; ci++)
-#pragma GCC unroll 16
-            for (int j = 0; j < 16; j++, k++)
-                q8_tile_block(wtype, p + k * bsz, T + k * ACT_Q8_TILE_BLOCK, &acc[4 * (j & 3) + (j >> 2)]);
-#pragma GCC unroll 16
-        for (int j = 0; j < 16; j++)
-            if (j < tail) q8_tile_block(wtype, p + (k + j) * bsz, T + (k + j) * ACT_Q8_TILE_BLOCK, &acc[4 * (j & 3) + (j >> 2)]);
-        /* q8_reduce16's tree, lanes now registers */
-#pragma GCC unroll 8
-        for (int s = 0; s < 8; s++) acc[s] = _mm512_add_ps(acc[s], acc[s + 8]);
-#pragma GCC unroll 4
-        for (int s = 0; s < 4; s++) acc[s] = _mm512_add_ps(acc[s], acc[s + 4]);
-        acc[0] = _mm512_add_ps(acc[0], acc[2]);
-        acc[1] = _mm512_add_ps(acc[1], acc[3]);
-        _mm512_storeu_ps(out, _mm512_add_ps(acc[0], acc[1]));
-    } else {
-        const int8_t *Th = T + 32 * H;
-        __m256 acc[16];
-#pragma GCC unroll 16
-        for (int s = 0; s < 16; s++) acc[s] = _mm256_setzero_ps();
-        for (int64_t ci = 0; ci < nfull; ci++)
-#pragma GCC unroll 16
-            for (int j = 0; j < 16; j++, k++)
-                q8_tile_block8(wtype, p + k * bsz, Th + k * ACT_Q8_TILE_BLOCK, &acc[4 * (j & 3) + (j >> 2)]);
-#pragma GCC unroll 16
-        for (int j = 0; j < 16; j++)
-            if (j < tail) q8_tile_block8(wtype, p + (k + j) * bsz, Th + (k + j) * ACT_Q8_TILE_BLOCK, &acc[4 * (j & 3) + (j >> 2)]);
-#pragma GCC unroll 8
-        for (int s = 0; s < 8; s++) acc[s] = _mm256_add_ps(acc[s], acc[s + 8]);
-#pragma GCC unroll 4
-        for (int s = 0; s < 4; s++) acc[s] = _mm256_add_ps(acc[s], acc[s + 4]);
-        acc[0] = _mm256_add_ps(acc[0], acc[2]);
-        acc[1] = _mm256_add_ps(acc[1], acc[3]);
-        _mm256_storeu_ps(out, _mm256_add_ps(acc[0], acc[1]));
-    }
-}
-
-/* Rows [r0, r1) against the tiles of act (activation rows below
- * 16 * act_q8_ntiles(nb), the last tile maybe padded). */
-INLINE void mm_q8_tiles(int wtype, const char *W, int64_t cols, int64_t r0, int64_t r1, const void *act, int nb,
-                        float *Y, int64_t ldy) {
-    const int bsz = wtype == QTYPE_Q8_0 ? (int)sizeof(block_q8_0) : (int)sizeof(block_q4_0);
-    const int64_t nblk = cols / 32;
-    const size_t wrow = (size_t)nblk * (size_t)bsz;
-    kern_pf_start(W + (size_t)r0 * wrow);
-    for (int64_t r = r0; r < r1; r++) {
-        const char *p = W + (size_t)r * wrow;
-        kern_pf_pages(p, wrow);
-        for (int t = 0; t < act_q8_ntiles(nb); t++) {
-            const int8_t *T = act_q8_tile(act, cols, nb, t, 0);
-            int n = nb - ACT_Q8_TILE * t < ACT_Q8_TILE ? nb - ACT_Q8_TILE * t : ACT_Q8_TILE;
-            float out[16];
-            /* a full tile in zmm (two ymm halves would cost ~15% more) */
-            if (n > 8) q8_tile_row(wtype, p, nblk, T, out, -1);
-            else q8_tile_row(wtype, p, nblk, T, out, 0);
-            for (int i = 0; i < n; i++) Y[(int64_t)(ACT_Q8_TILE * t + i) * ldy + r] = out[i];
-        }
-    }
-}
-
-/* Rows [r0, r1): activation rows in tiles by mm_q8_tiles, the rest (fewer
- * than ACT_Q8_TILE_MIN) by the per-row kernels. */
+/* Rows [r0, r1): batches of ACT_Q8_QUAD_MIN rows or more by the quad kernel
+ * (q8_quads_avx512.c) in groups of 4 weight rows, the last 0-3 weight rows
+ * and smaller batches by the per-row kernels (same arithmetic). */
 INLINE void mm_q8(int wtype, const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act, int nb,
                   float *Y, int64_t ldy) {
     int64_t nblk = cols / 32;
-    int tiled = ACT_Q8_TILE * act_q8_ntiles(nb);
-    if (tiled) mm_q8_tiles(wtype, W, cols, r0, r1, act, nb, Y, ldy);
-    if (tiled > nb) tiled = nb; /* a padded last tile */
-    for (int b0 = tiled; b0 < nb; b0 += Q8_NB) {
+    if (act_q8_nquads(nb)) {
+        int64_t n4 = (r1 - r0) / 4;
+        if (n4) kern_matmul_q8_quads_avx512(wtype, W, cols, r0, n4, act, nb, Y, ldy);
+        r0 += 4 * n4;
+        if (r0 == r1) return;
+    }
+    for (int b0 = 0; b0 < nb; b0 += Q8_NB) {
         act_row a[Q8_NB];
         int n = nb - b0 < Q8_NB ? nb - b0 : Q8_NB;
         for (int b = 0; b < n; b++) a[b] = act_get_row(ACT_Q8, act, cols, b0 + b);

@@ -139,27 +139,29 @@ static inline act_row act_get_row(act_kind kind, const void *act, int64_t cols, 
     return act_sections(kind, cols, (char *)act + (size_t)b * act_row_bytes(kind, cols));
 }
 
-/* ACT_Q8 batch tiles. The nb rows are followed by act_q8_ntiles(nb) tiles
- * of 16 rows each: one per full 16 rows, and one more, padded with zero
- * rows, when at least ACT_Q8_TILE_MIN rows remain (fewer are left to the
- * per-row kernels, faster for up to 5 rows on Zen 4; the batch kernel takes
- * 6-8 rows in ymm, 9-16 in zmm). In tile t, block k takes ACT_Q8_TILE_BLOCK
+/* ACT_Q8 quads, the batch layout. For nb >= ACT_Q8_QUAD_MIN the nb rows
+ * are followed by act_q8_nquads(nb) quads of 4 rows each, the last padded
+ * with zero rows (fewer rows are left to the per-row kernels, faster for
+ * 1-3 rows). In quad q, block k takes ACT_Q8_QUAD_BLOCK
  * bytes:
- *   int8 q[8][16][4]: q[j][i] = elements 4j .. 4j+3 of block k of row 16t + i
- *   float d[16], int32 sa[16]: that row's d and sa of block k
- * so one 64-byte load meets a weight dword broadcast to 16 rows (the
- * AVX-512 batch kernel). Tiles repeat what the rows hold; the rows stay
- * complete for kernels that do not use tiles. */
-enum { ACT_Q8_TILE = 16, ACT_Q8_TILE_MIN = 6, ACT_Q8_TILE_BLOCK = 8 * 64 + 2 * 64 };
+ *   int8 q[8][4][4]: q[j][b] = elements 4j .. 4j+3 of block k of row 4q + b
+ *   float d[4]: row 4q + b's d of block k
+ *   int32 nsa[4]: minus row 4q + b's sa of block k
+ * so one 16-byte load, broadcast to the four 128-bit lanes, meets dword j of
+ * 4 weight rows (one per lane) for 4 activation rows at once: a vpdpbusd
+ * then makes 16 (weight row, activation row) dots and each of them collects
+ * a whole block in one lane, with no reduction across lanes (the AVX-512
+ * quad kernel, q8_quads_avx512.c). Quads repeat what the rows hold; the
+ * rows stay complete for kernels that do not use quads. */
+enum { ACT_Q8_QUAD = 4, ACT_Q8_QUAD_MIN = 4, ACT_Q8_QUAD_BLOCK = 8 * 16 + 16 + 16 };
 
-static inline int act_q8_ntiles(int nb) {
-    return nb / ACT_Q8_TILE + (nb % ACT_Q8_TILE >= ACT_Q8_TILE_MIN);
-}
+static inline int act_q8_nquads(int nb) { return nb >= ACT_Q8_QUAD_MIN ? (nb + ACT_Q8_QUAD - 1) / ACT_Q8_QUAD : 0; }
 
-/* Block k of tile t of ACT_Q8 activations `act` prepared for nb rows. */
-static inline const int8_t *act_q8_tile(const void *act, int64_t cols, int nb, int t, int64_t k) {
+/* Block k of quad q of ACT_Q8 activations `act` prepared for nb rows. */
+static inline const int8_t *act_q8_quad(const void *act, int64_t cols, int nb, int q, int64_t k) {
+    size_t nblk = (size_t)(cols / 32);
     size_t rows = (size_t)nb * act_row_bytes(ACT_Q8, cols);
-    return (const int8_t *)act + rows + ((size_t)t * (size_t)(cols / 32) + (size_t)k) * ACT_Q8_TILE_BLOCK;
+    return (const int8_t *)act + rows + ((size_t)q * nblk + (size_t)k) * ACT_Q8_QUAD_BLOCK;
 }
 
 /* ---- per-ISA table ----------------------------------------------------------
@@ -195,6 +197,11 @@ extern const kern_table kern_table_avx512;
 void kern_act_q8_row_ref(const float *x, int64_t cols, int off, void *row);
 void kern_act_q8k_row_ref(const float *x, int64_t cols, int off, void *row);
 void kern_act_q8g_row_ref(const float *x, int64_t cols, int off, void *row);
+
+/* Q8_0 / Q4_0 rows [r0, r0 + 4 * n4) against all nb rows of ACT_Q8
+ * activations prepared with quads (q8_quads_avx512.c). */
+void kern_matmul_q8_quads_avx512(int wtype, const void *W, int64_t cols, int64_t r0, int64_t n4, const void *act,
+                                 int nb, float *Y, int64_t ldy);
 
 /* INT4_G128 matmuls (int4_g128_avx2.c, int4_g128_avx512.c). */
 void kern_matmul_int4_g128_avx2(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act, int nb,
