@@ -362,6 +362,7 @@ const kern_table kern_table_scalar = {
     .act_q8 = kern_act_q8_row_ref,
     .act_q8k = kern_act_q8k_row_ref,
     .act_q8g = kern_act_q8g_row_ref,
+    .act_q8_quads = kern_act_q8_quads_ref,
     .rmsnorm = kern_rmsnorm_ref,
     .rope = kern_rope_ref,
     .swiglu = kern_swiglu_ref,
@@ -403,7 +404,7 @@ size_t kern_act_bytes(int wtype, int64_t cols, int nb) {
 }
 
 /* Writes the ACT_Q8 quads of nb prepared rows (see kernels_impl.h). */
-static void act_q8_fill_quads(void *act, int64_t cols, int nb) {
+void kern_act_q8_quads_ref(void *act, int64_t cols, int nb) {
     int64_t nblk = cols / 32;
     for (int q = 0; q < act_q8_nquads(nb); q++) {
         act_row a[ACT_Q8_QUAD];
@@ -435,7 +436,7 @@ void kern_act_prepare(int wtype, const float *X, int64_t cols, int nb, void *act
         if (kind == ACT_F32) memcpy(row, X + (int64_t)b * cols, (size_t)cols * sizeof(float));
         else fn(X + (int64_t)b * cols, cols, act_q8_off(wtype), row);
     }
-    if (kind == ACT_Q8) act_q8_fill_quads(act, cols, nb);
+    if (kind == ACT_Q8 && act_q8_nquads(nb)) KERN_PICK(act_q8_quads)(act, cols, nb);
 }
 
 /* Computes rows [r0, r1) of Y = W * X^T with the active ISA. */

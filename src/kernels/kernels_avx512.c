@@ -806,6 +806,7 @@ const kern_table kern_table_avx512 = {
     .matmul_int_needs_vnni = 1,
     .act_q8 = act_q8_row_avx512,
     .act_q8k = act_q8k_row_avx512,
+    .act_q8_quads = kern_act_q8_quads_avx512,
     .rmsnorm = rmsnorm_avx512,
     .rope = rope_avx512,
     .swiglu = swiglu_avx512,

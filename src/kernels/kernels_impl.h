@@ -179,6 +179,8 @@ typedef struct {
     kern_convert_fn dequantize[QTYPE_COUNT];
     int matmul_int_needs_vnni; /* integer matmuls use AVX-512 VNNI */
     kern_act_row_fn act_q8, act_q8k, act_q8g;
+    /* Writes the ACT_Q8 quads of nb prepared rows (kern_act_q8_quads_ref). */
+    void (*act_q8_quads)(void *act, int64_t cols, int nb);
     void (*rmsnorm)(float *out, const float *x, const float *w, int64_t n, float eps);
     void (*rope)(float *x, int n_heads, int head_dim, int n_rot, const float *cos_sin, int neox);
     void (*swiglu)(float *out, const float *gate, const float *up, int64_t n);
@@ -197,6 +199,8 @@ extern const kern_table kern_table_avx512;
 void kern_act_q8_row_ref(const float *x, int64_t cols, int off, void *row);
 void kern_act_q8k_row_ref(const float *x, int64_t cols, int off, void *row);
 void kern_act_q8g_row_ref(const float *x, int64_t cols, int off, void *row);
+void kern_act_q8_quads_ref(void *act, int64_t cols, int nb);
+void kern_act_q8_quads_avx512(void *act, int64_t cols, int nb);
 
 /* Q8_0 / Q4_0 rows [r0, r0 + 4 * n4) against all nb rows of ACT_Q8
  * activations prepared with quads (q8_quads_avx512.c). */

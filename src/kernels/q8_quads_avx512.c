@@ -229,3 +229,39 @@ void kern_matmul_q8_quads_avx512(int wtype, const void *W, int64_t cols, int64_t
         ng = ng_next;
     }
 }
+
+/* kern_act_q8_quads_ref with one dword transpose per half block: the 16-byte
+ * halves of a block's 4 rows side by side (lane b = row b, dword j), then
+ * vpermd puts dword j of row b at 4j + b. */
+void kern_act_q8_quads_avx512(void *act, int64_t cols, int nb) {
+    const int64_t nblk = cols / 32;
+    const __m512i tr = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
+    for (int q = 0; q < act_q8_nquads(nb); q++) {
+        act_row a[ACT_Q8_QUAD];
+        int n = nb - ACT_Q8_QUAD * q < ACT_Q8_QUAD ? nb - ACT_Q8_QUAD * q : ACT_Q8_QUAD;
+        for (int i = 0; i < n; i++) a[i] = act_get_row(ACT_Q8, act, cols, ACT_Q8_QUAD * q + i);
+        for (int64_t k = 0; k < nblk; k++) {
+            int8_t *p = (int8_t *)act_q8_quad(act, cols, nb, q, k);
+            __m512i lo = _mm512_setzero_si512(), hi = _mm512_setzero_si512();
+            __m128 d = _mm_setzero_ps();
+            __m128i nsa = _mm_setzero_si128();
+            int64_t slot = act_q8_slot(k);
+            for (int i = 0; i < n; i++) {
+                lo = _mm512_mask_broadcast_i32x4(lo, (__mmask16)(0xF << (4 * i)),
+                                                 _mm_loadu_si128((const __m128i *)(a[i].qs + act_q8_qs(k, 0))));
+                hi = _mm512_mask_broadcast_i32x4(hi, (__mmask16)(0xF << (4 * i)),
+                                                 _mm_loadu_si128((const __m128i *)(a[i].qs + act_q8_qs(k, 16))));
+            }
+            for (int i = 0; i < n; i++) {
+                float di = a[i].d[slot];
+                int32_t si = -a[i].sa[slot];
+                memcpy((char *)&d + 4 * i, &di, 4);
+                memcpy((char *)&nsa + 4 * i, &si, 4);
+            }
+            _mm512_storeu_si512((void *)p, _mm512_permutexvar_epi32(tr, lo));
+            _mm512_storeu_si512((void *)(p + 64), _mm512_permutexvar_epi32(tr, hi));
+            _mm_storeu_ps((float *)(p + 8 * 16), d);
+            _mm_storeu_si128((__m128i *)(p + 8 * 16 + 16), nsa);
+        }
+    }
+}
