@@ -37,6 +37,15 @@ int main(void) {
     }
     CHECK(fabs(c.row_s - 0.0036) < 1e-5 && fabs(c.fixed_s - 0.024) < 1e-4, "fit follows a slower machine: %.6f + %.6f x rows", c.fixed_s, c.row_s);
 
+    /* a fit whose fixed part is many rows' worth (noisy passes) is capped at
+     * 16 rows: 8 decode rows at 2.5x take at most 1.5 x (16 + 8) = 36 prompt rows */
+    step_cost cn;
+    step_cost_init(&cn);
+    for (int i = 0; i < 100; i++) step_cost_add(&cn, i % 2 ? 8 : 40, 0.060 + 0.0005 * (i % 2 ? 8 : 40));
+    CHECK(cn.fixed_s / cn.row_s > 100, "a fit with a large fixed part: %.4f + %.5f x rows", cn.fixed_s, cn.row_s);
+    k = step_cost_prefill_budget(&cn, 8, 2.5, 16, 128);
+    CHECK(k == 36, "budget with the fixed part capped at 16 rows: %d", k);
+
     /* nonsense samples are ignored */
     step_cost cz;
     step_cost_init(&cz);

@@ -21,9 +21,9 @@ void step_cost_init(step_cost *c);
 /* Adds a pass of `rows` rows that took `seconds`. */
 void step_cost_add(step_cost *c, int rows, double seconds);
 /* Prompt rows to add to a step of `decode_rows` generating sequences so that
- * it takes at most `ratio` (> 1) times the decode rows alone, within
- * [min_rows, max_rows]; max_rows when nothing generates or the fit is not
- * known yet. */
+ * it takes at most `ratio` (> 1) times the decode rows alone (the fixed part
+ * taken as at most 16 rows' worth), within [min_rows, max_rows]; max_rows
+ * when nothing generates or the fit is not known yet. */
 int step_cost_prefill_budget(const step_cost *c, int decode_rows, double ratio, int min_rows, int max_rows);
 
 #endif
