@@ -4,7 +4,10 @@
  * two at once (one batched pass over both slots) and one reusing a cut
  * prefix of a slot's KV; a follower that dies makes /health answer 503
  * naming the lost rank and requests fail with 503; a follower that hangs
- * during a request makes that request fail with 503 within the timeout.
+ * during a request makes that request fail with 503 within the timeout;
+ * sparse attention (--sparse-topk) through the sharded server equals
+ * `ellm run --sparse-topk` with the server's prefill chunks; --spec and
+ * --slot-save-path are refused.
  * Skipped, and counted, where mpirun or curl is missing. */
 #include "harness.h"
 
@@ -158,10 +161,10 @@ static const char *error_code(const char *path) {
 
 /* `ellm run --temp 0` of the prompt file: the reference text (run ends its
  * output with a newline, which is not part of the text). */
-static char *run_greedy(const char *prompt) {
+static char *run_greedy(const char *prompt, const char *extra) {
     char cmd[1024];
-    snprintf(cmd, sizeof cmd, "%s run -m " MODEL " -f %s -n %d --temp 0 -t 1 --no-display-prompt 2>/dev/null",
-             test_ellm_bin(), prompt, N_GEN);
+    snprintf(cmd, sizeof cmd, "%s run -m " MODEL " -f %s -n %d --temp 0 -t 1 --no-display-prompt %s 2>/dev/null",
+             test_ellm_bin(), prompt, N_GEN, extra);
     char *out = malloc(1 << 16);
     if (!out) return NULL;
     if (test_shell(cmd, out, 1 << 16) != 0) {
@@ -212,7 +215,7 @@ static void test_greedy(void) {
     const char *resp[3] = {path[6], path[7], path[8]};
     char *ref[3];
     for (int i = 0; i < 3; i++) {
-        ref[i] = run_greedy(prompts[i]);
+        ref[i] = run_greedy(prompts[i], "");
         CHECK(ref[i] && *ref[i], "ellm run --temp 0 of prompt %d failed", i);
         CHECK(write_body(prompts[i], body[i], N_GEN), "cannot write request %d", i);
     }
@@ -264,8 +267,40 @@ static void test_greedy(void) {
         free(raw);
     }
     server_stop(&s);
+
+    /* sparse attention: every rank selects from its copy of the index. A
+     * batch's selection depends on where the prompt's batches start (one
+     * process too), so the reference prefills in the server's 128-token
+     * chunks and the request runs alone in a fresh slot (with other
+     * sequences generating, the scheduler may shorten a chunk). */
+    char *sref = run_greedy(prompts[0], "-b 128 --sparse-topk 64");
+    CHECK(sref && strcmp(sref, ref[0]), "ellm run --sparse-topk 64 failed or equals dense: %s", sref ? sref : "");
+    snprintf(cmd, sizeof cmd, MPIRUN "%s serve --mpi -m " MODEL " --port 0 -t 1 -c 1024 --parallel 2 --sparse-topk 64",
+             test_ellm_bin());
+    up = sref && server_start(&s, cmd, "sparse.log");
+    CHECK(up, "serve --mpi --sparse-topk did not start");
+    if (up) {
+        int code = 0;
+        post_all(&s, 1, body, resp, &code);
+        char *t = completion_text(resp[0]);
+        CHECK(code == 200 && t && !strcmp(t, sref), "serve --mpi --sparse-topk 64: %d '%s', want '%s'", code,
+              t ? t : "(none)", sref);
+        free(t);
+    }
+    server_stop(&s);
+    free(sref);
 out:
     for (int i = 0; i < 3; i++) free(ref[i]);
+}
+
+/* What a sharded slot cannot do is refused before MPI starts. */
+static void test_refused(void) {
+    char out[1024];
+    int rc = test_ellm("serve --mpi --spec ngram", out, sizeof out);
+    CHECK(rc == 2 && strstr(out, "--mpi does not support --spec"), "serve --mpi --spec: exit %d: %s", rc, out);
+    rc = test_ellm("serve --mpi --slot-save-path .", out, sizeof out);
+    CHECK(rc == 2 && strstr(out, "--mpi does not support --slot-save-path"), "serve --mpi --slot-save-path: exit %d: %s",
+          rc, out);
 }
 
 static void test_lost_rank(void) {
@@ -336,6 +371,7 @@ int main(void) {
         SKIP("curl not found: serve --mpi tests not run");
         return test_finish();
     }
+    test_refused();
     test_greedy();
     test_lost_rank();
     return test_finish();
