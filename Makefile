@@ -18,7 +18,7 @@ LDLIBS  += $(MPI_LIBS)
 # the binary picks at run time, so no -march=native is ever needed.
 AVX2_FLAGS   := -mavx2 -mfma -mf16c
 AVX512_FLAGS := -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512dq -mavx512vl \
-                -mavx512vnni -mavx512bf16
+                -mavx512vnni -mavx512bf16 -mavx512vbmi
 
 LIB_SRC  := $(sort $(shell find src -name '*.c' -not -path 'src/cli/*'))
 CLI_SRC  := $(sort $(wildcard src/cli/*.c))

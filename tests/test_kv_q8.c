@@ -1,7 +1,9 @@
 /* Q8_0 KV cache: quantization as GGUF's q8_0, the stored keys and values
- * within half a step of the originals, fused attention at every ISA level
- * against the naive reference on the same cache (dense, sparse block lists,
- * decode and batches, GQA, head sizes 64 and 128, several thread counts), the
+ * within half a step of the originals, the query quantizer and score formula,
+ * fused attention at every ISA level against the naive reference on the same
+ * cache (dense, sparse block lists, decode and batches, GQA, head sizes 64 and
+ * 128, several thread counts), batched rows equal to single-token calls bit
+ * for bit, the
  * sparse index built from the stored keys, and a whole model: logits close to
  * an F16 cache, save/restore and context shift with a Q8_0 cache. */
 #include "attention/attention.h"
@@ -106,31 +108,88 @@ static void test_store(void) {
           err.msg);
 }
 
-/* The widening kernels equal the scalar reference bit for bit. */
-static void test_widen(ellm_isa best) {
-    const int hd = 128, bt = 16;
-    int8_t q[128 * 16];
-    uint16_t d[4 * 16];
-    for (int i = 0; i < hd * bt; i++) q[i] = (int8_t)(frand() * 127);
-    for (int i = 0; i < 4 * bt; i++) d[i] = ellm_f32_to_f16(fabsf(frand()) * 0.05f);
-    float ref[128 * 16], got[128 * 16];
-    attn_q8_widen_k_scalar(ref, q, d, hd, bt);
-    if (best >= ELLM_ISA_AVX2) {
-        attn_q8_widen_k_avx2(got, q, d, hd, bt);
-        CHECK(!memcmp(ref, got, sizeof ref), "avx2 K widening differs");
+/* The query quantizer: per 32 channels within half a step of the input (a
+ * group of zeros gets scale 0), the sums the VNNI kernel subtracts; the score
+ * of a key is the grouped integer formula of attention_q8.c. */
+static void test_query(void) {
+    enum { HD = 96, BT = 16 };
+    float x[HD], d[HD / 32];
+    int8_t q[HD], k[HD * BT];
+    int32_t qs[HD / 32];
+    uint16_t kd[HD / 32 * BT];
+    for (int i = 0; i < HD; i++) x[i] = i < 32 ? frand() * 0.01f : i < 64 ? frand() * 3.0f : 0.0f;
+    x[40] = -5.0f;
+    attn_q8_quantize_query(x, HD, q, d, qs);
+    for (int g = 0; g < HD / 32; g++) {
+        int32_t sum = 0;
+        for (int i = 32 * g; i < 32 * g + 32; i++) {
+            CHECK(fabsf(x[i] - q[i] * d[g]) <= 0.5f * d[g] * 1.0001f, "query %d: %g vs %d x %g", i, x[i], q[i], d[g]);
+            sum += q[i];
+        }
+        CHECK(qs[g] == 128 * sum, "group %d: qsum %d, 128 x sum %d", g, qs[g], 128 * sum);
     }
-    if (best >= ELLM_ISA_AVX512) {
-        attn_q8_widen_k_avx512(got, q, d, hd, bt);
-        CHECK(!memcmp(ref, got, sizeof ref), "avx512 K widening differs");
+    CHECK(q[40] == -127 && d[2] == 0.0f && q[80] == 0, "extremes: q[40] %d, zero group scale %g", q[40], d[2]);
+    for (int i = 0; i < HD * BT; i++) k[i] = (int8_t)(frand() * 127);
+    for (int i = 0; i < HD / 32 * BT; i++) kd[i] = ellm_f32_to_f16(fabsf(frand()) * 0.05f);
+    for (int j = 0; j < BT; j++) {
+        double want = 0;
+        for (int g = 0; g < HD / 32; g++) {
+            long dot = 0;
+            for (int c = 32 * g; c < 32 * g + 32; c++) dot += (long)q[c] * k[c * BT + j];
+            want += (double)d[g] * ellm_f16_to_f32(kd[g * BT + j]) * (double)dot;
+        }
+        float got = attn_q8_score_ref(q, d, k, kd, HD, BT, j);
+        CHECK(fabs(got - want) <= 1e-5 * (fabs(want) + 1e-3), "score of key %d: %g, want %g", j, got, want);
     }
-    attn_q8_widen_v_scalar(ref, q, d, 11, hd);
-    if (best >= ELLM_ISA_AVX2) {
-        attn_q8_widen_v_avx2(got, q, d, 11, hd);
-        CHECK(!memcmp(ref, got, 11 * hd * 4), "avx2 V widening differs");
-    }
-    if (best >= ELLM_ISA_AVX512) {
-        attn_q8_widen_v_avx512(got, q, d, 11, hd);
-        CHECK(!memcmp(ref, got, 11 * hd * 4), "avx512 V widening differs");
+}
+
+/* Every row of a batched call (prefill, speculative verification) equals a
+ * single-token call at its position bit for bit, at every ISA and thread
+ * count: the Q8_0 kernels' arithmetic per row does not depend on the rows
+ * sharing the call (blocks seen whole, partly, by some rows only). */
+static void test_rows_exact(ellm_isa best) {
+    const int hd = 64, nkv = 2, bt = 16;
+    const int shapes[][3] = {/* group, n_q, len */ {3, 13, 1000}, {8, 5, 77}, {1, 20, 40}};
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        const int G = shapes[s][0], n_q = shapes[s][1], len = shapes[s][2], nh = nkv * G;
+        kv_cache *kv = make_cache(nkv, hd, 1024, bt, QTYPE_Q8_0);
+        if (!kv) return;
+        const size_t row = (size_t)nkv * hd, qrow = (size_t)nh * hd;
+        float *k = malloc((size_t)len * row * 4), *v = malloc((size_t)len * row * 4), *q = malloc(n_q * qrow * 4),
+              *out = malloc(n_q * qrow * 4), *one = malloc(qrow * 4);
+        for (size_t i = 0; i < (size_t)len * row; i++) {
+            k[i] = frand() * 2;
+            v[i] = frand();
+        }
+        for (size_t i = 0; i < n_q * qrow; i++) q[i] = frand() * 2;
+        kv_cache_store(kv, 0, 0, len, k, v);
+        kv_cache_set_len(kv, len);
+        attention_workspace *ws = NULL;
+        ellm_error err;
+        CHECK(attention_workspace_init(3, 32, nh, hd, 1024, bt, &ws, &err) == ELLM_OK, "%s", err.msg);
+        for (ellm_isa isa = ELLM_ISA_SCALAR; isa <= best && ws; isa++) {
+            ellm_cpu_set_isa(isa);
+            for (int nt = 1; nt <= 3; nt += 2) {
+                attention_args a = {kv, 0, n_q, len - n_q, nh, q, out, 0.125f};
+                attention_forward(&a, ws, nt > 1 ? pool_of(nt) : NULL);
+                int same = 1;
+                for (int i = 0; i < n_q; i++) {
+                    attention_args a1 = {kv, 0, 1, len - n_q + i, nh, q + i * qrow, one, 0.125f};
+                    attention_forward(&a1, ws, nt > 1 ? pool_of(nt) : NULL);
+                    same &= !memcmp(one, out + i * qrow, qrow * 4);
+                }
+                CHECK(same, "q8 batch rows vs single tokens: G %d n_q %d len %d isa %s threads %d", G, n_q, len,
+                      ellm_isa_str(isa), nt);
+            }
+        }
+        ellm_cpu_set_isa(best);
+        attention_workspace_free(ws);
+        free(k);
+        free(v);
+        free(q);
+        free(out);
+        free(one);
+        kv_cache_free(kv);
     }
 }
 
@@ -295,8 +354,9 @@ out:
 int main(void) {
     ellm_isa best = ellm_cpu_isa();
     test_store();
-    test_widen(best);
+    test_query();
     test_attention(best);
+    test_rows_exact(best);
     test_model();
     return test_finish();
 }

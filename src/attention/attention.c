@@ -102,8 +102,10 @@ ellm_status attention_workspace_init(int n_threads, int max_q, int n_head, int h
     ws->rows_pad = (int)round16((size_t)tile * (size_t)n_head);
     ws->max_seg = n_head * ((max_q + ATTN_TILE_Q - 1) / ATTN_TILE_Q);
     size_t rp = (size_t)ws->rows_pad, hdp = (size_t)ws->hdp, lds = (size_t)ws->lds;
-    /* q, acc: rows x hdp; m, l: rows; s: rows x lds; kbuf, vbuf: lds x hdp; lv: rows x 16 */
-    ws->thread_floats = 2 * rp * hdp + 2 * rp + round16(rp * lds) + 2 * round16(lds * hdp) + 16 * rp;
+    /* q, acc: rows x hdp; m, l: rows; s: rows x lds; kbuf, vbuf: lds x hdp; lv: rows x 16;
+     * q8: rows x hdp bytes, qd, qsum: rows x (hdp / 32 + 1) */
+    ws->thread_floats = 2 * rp * hdp + 2 * rp + round16(rp * lds) + 2 * round16(lds * hdp) + 16 * rp +
+                        round16(rp * hdp / 4) + 2 * round16(rp * (hdp / 32 + 1));
     size_t floats = (size_t)n_threads * ws->thread_floats;
     /* Part slots: every part of one tile at the deepest position (all heads:
      * rows sum to tile * n_head, each head's m and l padded by < 16), and
@@ -205,6 +207,9 @@ static attn_state thread_state(const attn_job *J, int ith) {
     st.vbuf = st.kbuf + round16(lds * hdp);
     st.lv = st.vbuf + round16(lds * hdp);
     st.lanes = J->lanes;
+    st.q8 = (int8_t *)(st.lv + 16 * rp);
+    st.qd = st.lv + 16 * rp + round16(rp * hdp / 4);
+    st.qsum = (int32_t *)(st.qd + round16(rp * (hdp / 32 + 1)));
     return st;
 }
 
@@ -282,6 +287,10 @@ static void run_part(const attn_job *J, attn_state *st, int s, long kb, long ke)
     }
     memset(st->acc, 0, (size_t)st->rows * hdp * sizeof(float));
     if (st->lanes) memset(st->lv, 0, (size_t)st->rows * 16 * sizeof(float));
+    if (J->type == QTYPE_Q8_0) /* the int8 query of the Q8_0 kernels */
+        for (int r = 0; r < st->rows; r++)
+            attn_q8_quantize_query(q + (size_t)r * hdp, hd, st->q8 + (size_t)r * hdp, st->qd + (size_t)r * (hdp / 32),
+                                   st->qsum + (size_t)r * (hdp / 32));
 
     const int end_pos = a->q_pos0 + i0 + nqt; /* keys the tile's last token sees */
     const int32_t *list = J->blocks ? J->blocks + (size_t)h * J->max_blocks : NULL;
@@ -470,7 +479,10 @@ static void job_init(attn_job *J, const attention_args *a, attention_workspace *
     J->a = a;
     J->ws = ws;
     J->fn = p->type == QTYPE_Q8_0 ? q8_block_fns[ellm_cpu_isa()] : block_fns[ellm_cpu_isa()];
-    J->lanes = ellm_cpu_isa() == ELLM_ISA_AVX512; /* its softmax keeps lane sums */
+    if (J->fn == attn_block_q8_avx512 && !(ellm_cpu()->avx512vnni && ellm_cpu()->avx512vbmi))
+        J->fn = attn_block_q8_avx2; /* its int8 instructions are missing */
+    /* the AVX-512 kernels' softmax keeps lane sums */
+    J->lanes = J->fn == attn_block_avx512 || J->fn == attn_block_q8_avx512;
     J->hd = p->head_dim;
     J->bt = p->block_tokens;
     J->type = p->type;
@@ -947,6 +959,17 @@ void attn_block_scalar(attn_state *st, const attn_block *b) {
 
 static float ref_score(const attention_args *a, const float *q, int h, int pos) {
     const kv_cache_params *p = kv_cache_get_params(a->kv);
+    if (p->type == QTYPE_Q8_0) {
+        /* the kernels' score: the scaled query quantized, integer dot products (attention_q8.c) */
+        const int hd = p->head_dim, bt = p->block_tokens;
+        float x[4096], qd[128];
+        int8_t q8[4096];
+        int32_t qsum[128];
+        for (int d = 0; d < hd; d++) x[d] = q[d] * a->scale;
+        attn_q8_quantize_query(x, hd, q8, qd, qsum);
+        const int8_t *k = kv_cache_block_k(a->kv, a->layer, h, pos / bt);
+        return attn_q8_score_ref(q8, qd, k, (const uint16_t *)(k + (size_t)hd * bt), hd, bt, pos % bt);
+    }
     float k[4096]; /* head_dim <= 4096 (kv_cache_init) */
     kv_cache_key(a->kv, a->layer, h, pos, k);
     float dot = 0.0f;

@@ -9,7 +9,7 @@
 #include "core/fp16.h"
 #include "kernels/quant.h"
 
-#include "kernels/vec_exp.h"
+#include "attention/softmax_avx2.h"
 
 #include <immintrin.h>
 #include <math.h>
@@ -223,52 +223,6 @@ static ALWAYS_INLINE void pv_all(float *acc, int hdp, const float *p, int lds, c
                 pf_lines);
 }
 
-static ALWAYS_INLINE float hmax(__m256 v) {
-    __m128 x = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    x = _mm_max_ps(x, _mm_movehl_ps(x, x));
-    x = _mm_max_ss(x, _mm_movehdup_ps(x));
-    return _mm_cvtss_f32(x);
-}
-
-static ALWAYS_INLINE float hadd(__m256 v) {
-    __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
-    x = _mm_add_ss(x, _mm_movehdup_ps(x));
-    return _mm_cvtss_f32(x);
-}
-
-/* Online-softmax step for one row: s[0, nv) become exp(s - m_new), s[nv, nk)
- * become 0; returns exp(m_old - m_new), the rescale of the old acc and l. */
-static ALWAYS_INLINE float softmax_row(float *s, int nv, int nk, float *m, float *l) {
-    __m256 vm = _mm256_set1_ps(-INFINITY);
-    int j = 0;
-    for (; j + 8 <= nv; j += 8) vm = _mm256_max_ps(vm, _mm256_loadu_ps(s + j));
-    float mx = hmax(vm);
-    for (; j < nv; j++) mx = s[j] > mx ? s[j] : mx;
-    float m_new = mx > *m ? mx : *m;
-    float alpha = m_new == *m ? 1.0f : expf(*m - m_new);
-    const __m256 mn = _mm256_set1_ps(m_new);
-    __m256 vs = _mm256_setzero_ps();
-    for (j = 0; j + 8 <= nv; j += 8) {
-        __m256 e = exp_ps(_mm256_sub_ps(_mm256_loadu_ps(s + j), mn));
-        _mm256_storeu_ps(s + j, e);
-        vs = _mm256_add_ps(vs, e);
-    }
-    if (j < nv) {
-        float t[8] = {0};
-        memcpy(t, s + j, (size_t)(nv - j) * sizeof(float));
-        __m256 e = exp_ps(_mm256_sub_ps(_mm256_loadu_ps(t), mn));
-        _mm256_storeu_ps(t, e);
-        for (int i = nv - j; i < 8; i++) t[i] = 0.0f;
-        memcpy(s + j, t, (size_t)(nv - j) * sizeof(float));
-        vs = _mm256_add_ps(vs, _mm256_loadu_ps(t));
-    }
-    for (j = nv; j < nk; j++) s[j] = 0.0f;
-    *m = m_new;
-    *l = *l * alpha + hadd(vs);
-    return alpha;
-}
-
 static void prefetch_block(const char *k, const char *v, size_t bytes) {
     prefetch_range_l1(k, bytes);
     prefetch_range_l1(v, bytes);
@@ -311,7 +265,7 @@ static ALWAYS_INLINE void block_step(attn_state *st, const attn_block *b, const 
     for (int r = r0; r < R; r++) {
         int nv = b->vis0 + r / G;
         if (nv > nk) nv = nk;
-        float alpha = softmax_row(st->s + (size_t)r * lds, nv, nk, &st->m[r], &st->l[r]);
+        float alpha = attn_softmax_row_avx2(st->s + (size_t)r * lds, nv, nk, &st->m[r], &st->l[r]);
         if (alpha != 1.0f) {
             float *acc = st->acc + (size_t)r * hdp;
             const __m256 va = _mm256_set1_ps(alpha);

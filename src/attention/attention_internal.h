@@ -38,6 +38,10 @@ typedef struct {
     float *s;         /* (rows rounded up to 4) x lds: scores, then probabilities */
     float *kbuf;      /* lds x hdp: the block's keys as F32 */
     float *vbuf;      /* lds x hdp: the block's values as F32 */
+    /* Q8_0 caches: each row's query * scale quantized per 32 channels (attention_q8.c) */
+    int8_t *q8;       /* rows x hdp */
+    float *qd;        /* rows x (hdp / 32): their scales */
+    int32_t *qsum;    /* rows x (hdp / 32): 128 x the sum of each group's q8 */
 } attn_state;
 
 /* One KV block as seen by a part. Keys [0, n_valid) of the block exist; row r
@@ -64,24 +68,17 @@ void attn_block_avx512(attn_state *st, const attn_block *b);
 
 /* ---- Q8_0 KV cache (attention_q8.c; block format in kv_q8.h) ---- */
 
-/* K of a block (k[hd][bt] int8, kd[hd / 32][bt] F16) to F32 dst[hd][bt]. */
-typedef void (*attn_q8_widen_k_fn)(float *dst, const int8_t *k, const uint16_t *kd, int hd, int bt);
-/* V rows [0, n) (v[bt][hd] int8, vd[bt][hd / 32] F16) to F32 dst[n][hd]. */
-typedef void (*attn_q8_widen_v_fn)(float *dst, const int8_t *v, const uint16_t *vd, int n, int hd);
-void attn_q8_widen_k_scalar(float *dst, const int8_t *k, const uint16_t *kd, int hd, int bt);
-void attn_q8_widen_k_avx2(float *dst, const int8_t *k, const uint16_t *kd, int hd, int bt);
-void attn_q8_widen_k_avx512(float *dst, const int8_t *k, const uint16_t *kd, int hd, int bt);
-void attn_q8_widen_v_scalar(float *dst, const int8_t *v, const uint16_t *vd, int n, int hd);
-void attn_q8_widen_v_avx2(float *dst, const int8_t *v, const uint16_t *vd, int n, int hd);
-void attn_q8_widen_v_avx512(float *dst, const int8_t *v, const uint16_t *vd, int n, int hd);
+/* x (hd floats, hd a multiple of 32) quantized per 32 channels as q8_0 does:
+ * d[g] = max|x| / 127, q = x / d rounded to nearest even (d kept in F32); qsum[g] = 128 x the
+ * group's sum of q. */
+void attn_q8_quantize_query(const float *x, int hd, int8_t *q, float *d, int32_t *qsum);
+/* The score of key j of a Q8_0 block (k[hd][bt], kd[hd / 32][bt]) for a
+ * quantized query: sum over groups of (float)dot * (d * kd), in group order. */
+float attn_q8_score_ref(const int8_t *q8, const float *qd, const int8_t *k, const uint16_t *kd, int hd, int bt,
+                        int j);
 
-/* Query rows of a part up to which the AVX-512 Q8_0 kernel reads int8 in
- * registers (attn_block_q8_fused_avx512); above, widening once to F32 scratch
- * is cheaper than converting every block once per 4 rows. */
-#define ATTN_Q8_FUSE_ROWS 8
-void attn_block_q8_fused_avx512(attn_state *st, const attn_block *b);
-
-/* The block kernels for a Q8_0 cache (b->k, b->v: the block's K and V halves). */
+/* The block kernels for a Q8_0 cache (b->k, b->v: the block's K and V halves;
+ * st->q8, qd, qsum filled). The AVX-512 one needs VNNI and VBMI. */
 void attn_block_q8_scalar(attn_state *st, const attn_block *b);
 void attn_block_q8_avx2(attn_state *st, const attn_block *b);
 void attn_block_q8_avx512(attn_state *st, const attn_block *b);

@@ -1,5 +1,5 @@
-/* Attention over a Q8_0 KV cache: the block layout's scalar references and
- * the per-block driver shared by every ISA.
+/* Attention over a Q8_0 KV cache: the arithmetic every ISA computes, its
+ * scalar reference kernel and the query quantizer.
  *
  * A Q8_0 block of block_tokens (bt) tokens and head_dim (hd) dims, hd a
  * multiple of 32, keeps the channel-major key layout of the F16 cache, with
@@ -9,64 +9,98 @@
  *     V: int8 v[bt][hd], then F16 vd[bt][hd / 32]
  * 68 bytes per token and head for K (and for V) at hd 64, against 128 in F16.
  *
- * Per block, the driver widens K and V to F32 in a thread's L1-resident
- * scratch (the block's bytes come from memory once, as int8) and runs the F32
- * block kernel of the same ISA on it, prefetching the next block itself. With
- * AVX-512 and few query rows (decode) a fused kernel reads the int8 values in
- * registers instead (attention_q8_avx512.c); the widening path, with the
- * scalar F32 kernel, is the reference both are tested against. */
+ * The query row (times the softmax scale) is quantized the same way, per 32
+ * channels (ties to even), into q8 with a float scale qd (attn_q8_quantize_query), so a
+ * score is integer dot products, which SIMD does with int8 instructions:
+ *     s[j] = sum over groups g in order of  (float)I_g[j] * (qd[g] * kd[g][j])
+ *     I_g[j] = sum over the group's channels c of q8[c] * k[c][j]   (exact)
+ * (each term added with one rounding: a fused multiply-add in the SIMD
+ * kernels). The value's scale goes with the probability:
+ *     acc[d] += (p[j] * vd[j][d / 32]) * (float)v[j][d]   for keys j in order.
+ * The integer sums are exact in any order, so a row's scores have the same
+ * bits on every ISA and in every grouping of rows; llama.cpp quantizes the
+ * query to q8_0 for a q8_0 K cache likewise. */
 #include "attention/attention_internal.h"
 #include "core/fp16.h"
 #include "core/prefetch.h"
-#include "kernels/quant.h"
 
 #include <math.h>
 #include <string.h>
 
-void attn_q8_widen_k_scalar(float *dst, const int8_t *k, const uint16_t *kd, int hd, int bt) {
-    for (int c = 0; c < hd; c++)
-        for (int j = 0; j < bt; j++)
-            dst[(size_t)c * bt + j] = ellm_f16_to_f32(kd[(size_t)(c / 32) * bt + j]) * (float)k[(size_t)c * bt + j];
+void attn_q8_quantize_query(const float *x, int hd, int8_t *q, float *d, int32_t *qsum) {
+    for (int g = 0; g < hd / 32; g++) {
+        const float *xg = x + 32 * g;
+        /* 8 running maxima: no branch, no dependency chain */
+        float m8[8] = {0};
+        for (int i = 0; i < 32; i += 8)
+            for (int l = 0; l < 8; l++) {
+                const float a = fabsf(xg[i + l]);
+                m8[l] = a > m8[l] ? a : m8[l];
+            }
+        float amax = 0.0f;
+        for (int l = 0; l < 8; l++) amax = m8[l] > amax ? m8[l] : amax;
+        const float dd = amax / 127.0f, id = dd != 0.0f ? 1.0f / dd : 0.0f;
+        int32_t sum = 0;
+        for (int i = 0; i < 32; i++) {
+            /* nearest, ties to even (one instruction, where roundf is a call:
+             * this runs for every row of every part) */
+            long iv = lrintf(xg[i] * id);
+            iv = iv > 127 ? 127 : iv < -127 ? -127 : iv;
+            q[32 * g + i] = (int8_t)iv;
+            sum += (int32_t)iv;
+        }
+        d[g] = dd;
+        qsum[g] = 128 * sum;
+    }
 }
 
-void attn_q8_widen_v_scalar(float *dst, const int8_t *v, const uint16_t *vd, int n, int hd) {
-    const int G = hd / 32;
-    for (int j = 0; j < n; j++)
-        for (int c = 0; c < hd; c++)
-            dst[(size_t)j * hd + c] = ellm_f16_to_f32(vd[(size_t)j * G + c / 32]) * (float)v[(size_t)j * hd + c];
+float attn_q8_score_ref(const int8_t *q8, const float *qd, const int8_t *k, const uint16_t *kd, int hd, int bt,
+                        int j) {
+    float s = 0.0f;
+    for (int g = 0; g < hd / 32; g++) {
+        int32_t dot = 0;
+        for (int c = 32 * g; c < 32 * g + 32; c++) dot += (int32_t)q8[c] * k[(size_t)c * bt + j];
+        s += (float)dot * (qd[g] * ellm_f16_to_f32(kd[(size_t)g * bt + j]));
+    }
+    return s;
 }
 
-/* F32 copies of the current block, per thread: K channel-major (hd x bt),
- * V token-major (bt x hd). */
-static _Thread_local float q8_kbuf[KV_Q8_MAX_ELEMS] __attribute__((aligned(64)));
-static _Thread_local float q8_vbuf[KV_Q8_MAX_ELEMS] __attribute__((aligned(64)));
-
-static void q8_block(attn_state *st, const attn_block *b, attn_block_fn f32_fn, attn_q8_widen_k_fn wk,
-                     attn_q8_widen_v_fn wv) {
-    const int hd = st->head_dim, bt = st->block_tokens;
-    const size_t half = kv_q8_half_bytes(hd, bt);
-    /* the next block (dense walk) into L1, a block further ahead (sparse) towards L2 */
-    if (b->next_k) prefetch_range_l1(b->next_k, 2 * half);
-    if (b->ahead_k) prefetch_range_l2(b->ahead_k, 2 * half);
-    const int8_t *k = b->k, *v = b->v;
-    wk(q8_kbuf, k, (const uint16_t *)(k + (size_t)hd * bt), hd, bt);
-    wv(q8_vbuf, v, (const uint16_t *)(v + (size_t)hd * bt), b->n_valid, hd);
-    attn_block f = *b;
-    f.k = q8_kbuf;
-    f.v = q8_vbuf;
-    f.type = QTYPE_F32;
-    f.next_k = f.next_v = f.ahead_k = f.ahead_v = NULL;
-    f32_fn(st, &f);
-}
-
+/* Row by row: scores of the visible keys, online-softmax update, then P*V,
+ * as attn_block_scalar does for an F16 cache. */
 void attn_block_q8_scalar(attn_state *st, const attn_block *b) {
-    q8_block(st, b, attn_block_scalar, attn_q8_widen_k_scalar, attn_q8_widen_v_scalar);
-}
-void attn_block_q8_avx2(attn_state *st, const attn_block *b) {
-    q8_block(st, b, attn_block_avx2, attn_q8_widen_k_avx2, attn_q8_widen_v_avx2);
-}
-void attn_block_q8_avx512(attn_state *st, const attn_block *b) {
-    const int r0 = (b->vis0 >= 1 ? 0 : 1 - b->vis0) * st->group; /* first row that sees a key */
-    if (st->rows - r0 <= ATTN_Q8_FUSE_ROWS) attn_block_q8_fused_avx512(st, b);
-    else q8_block(st, b, attn_block_avx512, attn_q8_widen_k_avx512, attn_q8_widen_v_avx512);
+    const int G = st->group, R = st->rows, hd = st->head_dim, hdp = st->hdp, bt = st->block_tokens, ng = hd / 32;
+    const int r0 = (b->vis0 >= 1 ? 0 : 1 - b->vis0) * G; /* first row that sees a key */
+    if (r0 >= R) return;
+    int nk = b->vis0 + (R - 1) / G; /* keys the last row sees */
+    if (nk > b->n_valid) nk = b->n_valid;
+    const int8_t *k = b->k, *v = b->v;
+    const uint16_t *kd = (const uint16_t *)(k + (size_t)hd * bt), *vd = (const uint16_t *)(v + (size_t)hd * bt);
+    if (b->next_k) prefetch_range_l1(b->next_k, 2 * kv_q8_half_bytes(hd, bt));
+    for (int r = r0; r < R; r++) {
+        int nv = b->vis0 + r / G;
+        if (nv > nk) nv = nk;
+        float *s = st->s + (size_t)r * st->lds;
+        float mx = -INFINITY;
+        for (int j = 0; j < nv; j++) {
+            s[j] = attn_q8_score_ref(st->q8 + (size_t)r * hdp, st->qd + (size_t)r * ng, k, kd, hd, bt, j);
+            if (s[j] > mx) mx = s[j];
+        }
+        float m_new = mx > st->m[r] ? mx : st->m[r];
+        float alpha = expf(st->m[r] - m_new);
+        float sum = 0.0f;
+        for (int j = 0; j < nv; j++) {
+            s[j] = expf(s[j] - m_new);
+            sum += s[j];
+        }
+        st->m[r] = m_new;
+        st->l[r] = st->l[r] * alpha + sum;
+        float *acc = st->acc + (size_t)r * hdp;
+        if (alpha != 1.0f)
+            for (int d = 0; d < hd; d++) acc[d] *= alpha;
+        for (int j = 0; j < nv; j++)
+            for (int g = 0; g < ng; g++) {
+                const float w = s[j] * ellm_f16_to_f32(vd[(size_t)j * ng + g]);
+                for (int d = 32 * g; d < 32 * g + 32; d++) acc[d] += w * (float)v[(size_t)j * hd + d];
+            }
+    }
 }

@@ -78,6 +78,7 @@ static void detect(void) {
     g_cpu.avx512dq = __builtin_cpu_supports("avx512dq");
     g_cpu.avx512vl = __builtin_cpu_supports("avx512vl");
     g_cpu.avx512vnni = __builtin_cpu_supports("avx512vnni");
+    g_cpu.avx512vbmi = __builtin_cpu_supports("avx512vbmi");
     g_cpu.best = ELLM_ISA_SCALAR;
     if (g_cpu.avx2 && g_cpu.fma && g_cpu.f16c) g_cpu.best = ELLM_ISA_AVX2;
     if (g_cpu.best == ELLM_ISA_AVX2 && g_cpu.avx512f && g_cpu.avx512bw && g_cpu.avx512dq &&
