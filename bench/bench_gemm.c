@@ -99,12 +99,18 @@ static void peak_task(void *arg, int ith, int nth) {
     (void)nth;
 }
 
+/* The best of 3 runs: on a shared machine a run can lose its core for a
+ * while, and the peak is a property of the machine. */
 static double peak(threadpool *pool, int fma) {
-    peak_job j = {.fma = fma};
-    threadpool_run(pool, peak_task, &j);
-    double s = 0;
-    for (int i = 0; i < threadpool_size(pool); i++) s += j.gops[i];
-    return s;
+    double best = 0;
+    for (int run = 0; run < 3; run++) {
+        peak_job j = {.fma = fma};
+        threadpool_run(pool, peak_task, &j);
+        double s = 0;
+        for (int i = 0; i < threadpool_size(pool); i++) s += j.gops[i];
+        if (s > best) best = s;
+    }
+    return best;
 }
 
 /* ---- layer matmuls ---- */
@@ -299,12 +305,13 @@ int main(int argc, char **argv) {
         int type = -1;
         for (int t = 0; t < QTYPE_COUNT; t++)
             if (qtype_get(t) && !strcmp(qtype_get(t)->name, types[i])) type = t;
-        if (type < 0 || kern_act_bytes(type, 576, 1) == 0) {
+        if (type < 0 || kern_act_bytes(type, 2048, 1) == 0) {
             fprintf(stderr, "unknown or unsupported type %s\n", types[i]);
             continue;
         }
         for (size_t m = 0; m < sizeof SHAPES / sizeof SHAPES[0]; m++)
-            if (strstr(models, SHAPES[m].name) && (qtype_get(type)->block_elems < 256 || SHAPES[m].d % 256 == 0))
+            if (strstr(models, SHAPES[m].name) && kern_act_bytes(type, SHAPES[m].d, 1) &&
+                kern_act_bytes(type, SHAPES[m].ffn, 1)) /* int4_g128 needs 128 | d: not the 135m shape */
                 bench_layer(type, &SHAPES[m], nbs, n_nbs, ths, n_ths, pools, peaks);
     }
     for (int ti = 0; ti < n_ths; ti++) threadpool_free(pools[ti]);
