@@ -4,9 +4,9 @@
  *
  * A vpdpbusd works on 16 (weight row, activation row) pairs at once: the
  * 128-bit lane i holds weight row i of a group of 4 (its dword j repeated 4
- * times, an in-lane vpshufd of the rows' 16-byte halves) and the dword b of
- * a lane activation row b of a quad (one 16-byte load broadcast to the 4
- * lanes). The 8 vpdpbusd of a 32-element block leave each pair's whole block
+ * times, an in-lane vpshufd of the rows' 16-byte halves) against, in dword b
+ * of every lane, dword j of activation row b of a quad (one 16-byte load
+ * broadcast to the 4 lanes). The 8 vpdpbusd of a 32-element block leave each pair's whole block
  * dot in its own lane, so nothing is reduced across lanes, and each weight
  * vector feeds every quad of the batch while each activation load feeds
  * every weight group. Per block and pair the arithmetic is the per-row
@@ -17,7 +17,8 @@
  *
  * and the 16 slot accumulators meet by q8_reduce16's tree, so every output
  * equals the single-row result bit for bit. The slot accumulators live in a
- * small stack buffer (8 KB), one load and store per pair and block.
+ * stack buffer (16 pairs x 16 slots x 64 bytes = 16 KB), one load and store
+ * per pair and block.
  *
  * Per block and group of 4 weight rows the weights cost 4 loads and 6
  * shuffles (+ the f16 scales), shared by all quads; per quad and block the
@@ -26,7 +27,7 @@
  * 8. Up to 4 groups x 4 quads (16 weight rows x 16 activation rows) share a
  * pass. On a 2-core Ice Lake VM (bench/bench_gemm) this runs 1-26% faster
  * than the 16-row tile kernel it replaced for 4-16 rows, and 1-3 rows stay
- * with the per-row kernels, which stream a single row faster. * */
+ * with the per-row kernels, which stream a single row faster. */
 #include "kernels/kernels_impl.h"
 #include "kernels/kernels_x86.h"
 
