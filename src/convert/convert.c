@@ -8,6 +8,7 @@
 #include "convert/imatrix.h"
 #include "convert/safetensors.h"
 #include "core/cpu.h"
+#include "core/file_atomic.h"
 #include "core/status.h"
 #include "core/threadpool.h"
 #include "core/timer.h"
@@ -136,9 +137,7 @@ static float cv_weight_limit(int type) {
     return type == QTYPE_F32 || type == QTYPE_BF16 ? 3.4028235e38f : 65504.0f;
 }
 
-/* Index of the first element of x[0, n) that is NaN or beyond `lim` in
- * magnitude, or -1. */
-static int64_t cv_bad_value(const float *x, int64_t n, float lim) { return kern_first_out_of_range(x, n, lim); }
+
 
 /* Row r of tensor t as floats: the source row (its Q/K permutation
  * applied) converted into x (ne0 floats), or the generated data. */
@@ -172,7 +171,7 @@ static void chunk_job(void *arg, int ith, int nth) {
     for (long i = b; i < e; i++) {
         int64_t r = c->chunk_row0 + i;
         const float *row = load_row(t, r, x);
-        if (cv_bad_value(row, t->ne0, lim) >= 0) {
+        if (kern_first_out_of_range(row, t->ne0, lim) >= 0) {
             /* Record the first bad row; cv_row reports it. */
             int64_t cur = __atomic_load_n(&j->bad_row, __ATOMIC_RELAXED);
             while (r < cur &&
@@ -188,13 +187,13 @@ static void chunk_job(void *arg, int ith, int nth) {
     }
 }
 
-/* The error for row `r` of `t`, which cv_bad_value flagged: names the file,
+/* The error for row `r` of `t`, which kern_first_out_of_range flagged: names the file,
  * the tensor, the row, the column and the value. */
 static ellm_status bad_row_error(cv_ctx *c, const cv_tensor *t, int64_t r, ellm_error *err) {
     const char *file = t->src ? st_file_name(c->st, t->src->file) : "(generated)";
     const char *name = t->src ? t->src->name : t->name;
     const float *row = load_row(t, r, c->scratch); /* the pool is idle: thread 0's row is free */
-    int64_t k = cv_bad_value(row, t->ne0, cv_weight_limit(t->type));
+    int64_t k = kern_first_out_of_range(row, t->ne0, cv_weight_limit(t->type));
     float v = k >= 0 ? row[k] : 0.0f;
     if (isnan(v) || isinf(v))
         return ellm_fail(err, ELLM_ERR_FORMAT, "'%s': tensor '%s' holds %s at row %lld, column %lld", file, name,
@@ -468,33 +467,17 @@ static ellm_status write_metadata(cv_ctx *c, const convert_type *ty, const char 
 
 /* ---- writing ---- */
 
-/* Writes the GGUF to a temporary file next to `out_path`, syncs it and
- * renames it into place. */
+/* Writes the GGUF under a temporary name next to `out_path`, syncs it and
+ * renames it into place (core/file_atomic). */
 static ellm_status write_atomically(cv_ctx *c, const char *out_path, ellm_error *err) {
-    size_t n = strlen(out_path);
-    char *tmp = malloc(n + 16);
-    if (!tmp) return ellm_fail(err, ELLM_ERR_NOMEM, "out of memory");
-    snprintf(tmp, n + 16, "%s.tmp-XXXXXX", out_path);
-    int fd = mkstemp(tmp);
-    if (fd < 0) {
-        ellm_status st = ellm_fail(err, ELLM_ERR_IO, "cannot create a temporary file '%s': %s", tmp, strerror(errno));
-        free(tmp);
+    file_atomic af;
+    ellm_status st = file_atomic_open(out_path, &af, err);
+    if (st != ELLM_OK) return st;
+    if ((st = gguf_writer_write_fp(c->w, af.f, out_path, err)) != ELLM_OK) {
+        file_atomic_abort(&af);
         return st;
     }
-    fchmod(fd, 0644);
-    FILE *fp = fdopen(fd, "wb");
-    ellm_status st = fp ? gguf_writer_write_fp(c->w, fp, out_path, err)
-                        : ellm_fail(err, ELLM_ERR_IO, "cannot open '%s': %s", tmp, strerror(errno));
-    if (st == ELLM_OK && fsync(fileno(fp)) != 0)
-        st = ellm_fail(err, ELLM_ERR_IO, "syncing '%s': %s", tmp, strerror(errno));
-    if (fp ? fclose(fp) != 0 : close(fd) != 0) {
-        if (st == ELLM_OK) st = ellm_fail(err, ELLM_ERR_IO, "closing '%s': %s", tmp, strerror(errno));
-    }
-    if (st == ELLM_OK && rename(tmp, out_path) != 0)
-        st = ellm_fail(err, ELLM_ERR_IO, "renaming '%s' to '%s': %s", tmp, out_path, strerror(errno));
-    if (st != ELLM_OK) unlink(tmp);
-    free(tmp);
-    return st;
+    return file_atomic_commit(&af, err);
 }
 
 /* The folder's last path component, for general.name. */

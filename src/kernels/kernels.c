@@ -336,7 +336,14 @@ static void dequant_ref_int4_g128(const void *src, float *dst, int64_t n) {
     qtype_dequantize_ref(QTYPE_INT4_G128, src, dst, n);
 }
 
+int64_t kern_first_out_of_range_ref(const float *x, int64_t n, float lim) {
+    for (int64_t i = 0; i < n; i++)
+        if (!(fabsf(x[i]) <= lim)) return i;
+    return -1;
+}
+
 const kern_table kern_table_scalar = {
+    .first_out_of_range = kern_first_out_of_range_ref,
     .matmul =
         {
             [QTYPE_F32] = matmul_f32_ref,
@@ -465,6 +472,19 @@ void kern_dequantize(int type, const void *src, float *dst, int64_t n) {
     if (type < 0 || type >= QTYPE_COUNT) return;
     kern_convert_fn fn = KERN_PICK(dequantize[type]);
     if (fn) fn(src, dst, n);
+}
+
+void kern_quantize(int type, const float *src, void *dst, int64_t n) {
+    if (type < 0 || type >= QTYPE_COUNT) return;
+    kern_quantize_fn fn = kern_active()->quantize[type];
+    if (fn)
+        fn(src, dst, n);
+    else
+        qtype_quantize_ref(type, src, dst, n);
+}
+
+int64_t kern_first_out_of_range(const float *x, int64_t n, float lim) {
+    return KERN_PICK(first_out_of_range)(x, n, lim);
 }
 
 /* The row kernels below run the active ISA's version of their `_ref`. */

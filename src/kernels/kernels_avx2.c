@@ -641,7 +641,11 @@ static void f32_to_f16_avx2(const float *src, uint16_t *dst, int64_t n) {
 
 static void f16_to_f32_avx2(const uint16_t *src, float *dst, int64_t n) { dequant_f16_avx2(src, dst, n); }
 
+/* F16 output through the row converter (see quantize_f16_avx512). */
+static void quantize_f16_avx2(const float *x, void *dst, int64_t n) { f32_to_f16_avx2(x, dst, n); }
+
 const kern_table kern_table_avx2 = {
+    .quantize = {[QTYPE_F16] = quantize_f16_avx2},
     .matmul =
         {
             [QTYPE_F32] = matmul_f32_avx2,

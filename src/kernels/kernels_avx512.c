@@ -782,7 +782,20 @@ static void f32_to_f16_avx512(const float *src, uint16_t *dst, int64_t n) {
 
 static void f16_to_f32_avx512(const uint16_t *src, float *dst, int64_t n) { dequant_f16_avx512(src, dst, n); }
 
+/* F16 output through the row converter: the reference's bits for every
+ * value but NaN, which a quantizer's caller refuses. */
+static void quantize_f16_avx512(const float *x, void *dst, int64_t n) { f32_to_f16_avx512(x, dst, n); }
+
 const kern_table kern_table_avx512 = {
+    .quantize =
+        {
+            [QTYPE_F16] = quantize_f16_avx512,
+            [QTYPE_BF16] = kern_quantize_bf16_avx512,
+            [QTYPE_Q8_0] = kern_quantize_q8_0_avx512,
+            [QTYPE_Q4_0] = kern_quantize_q4_0_avx512,
+            [QTYPE_Q6_K] = kern_quantize_q6_K_avx512,
+        },
+    .first_out_of_range = kern_first_out_of_range_avx512,
     .matmul =
         {
             [QTYPE_F32] = matmul_f32_avx512,

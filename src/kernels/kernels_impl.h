@@ -173,10 +173,14 @@ typedef void (*kern_convert_fn)(const void *src, float *dst, int64_t n);
 /* Prepares one activation row of `cols` floats into `row` (act_kind layout);
  * `off` is act_q8_off of the weight type (ACT_Q8 only). */
 typedef void (*kern_act_row_fn)(const float *x, int64_t cols, int off, void *row);
+/* Quantizes n floats to one type, writing what qtype_quantize_ref writes. */
+typedef void (*kern_quantize_fn)(const float *src, void *dst, int64_t n);
 
 typedef struct {
     kern_matmul_fn matmul[QTYPE_COUNT];
     kern_convert_fn dequantize[QTYPE_COUNT];
+    kern_quantize_fn quantize[QTYPE_COUNT]; /* NULL: qtype_quantize_ref */
+    int64_t (*first_out_of_range)(const float *x, int64_t n, float lim);
     int matmul_int_needs_vnni; /* integer matmuls use AVX-512 VNNI */
     kern_act_row_fn act_q8, act_q8k, act_q8g;
     /* Writes the ACT_Q8 quads of nb prepared rows (kern_act_q8_quads_ref). */
@@ -200,6 +204,13 @@ void kern_act_q8_row_ref(const float *x, int64_t cols, int off, void *row);
 void kern_act_q8k_row_ref(const float *x, int64_t cols, int off, void *row);
 void kern_act_q8g_row_ref(const float *x, int64_t cols, int off, void *row);
 void kern_act_q8_quads_ref(void *act, int64_t cols, int nb);
+
+/* AVX-512 quantizers (quantize_avx512.c), bit-identical to quant.c's. */
+void kern_quantize_q8_0_avx512(const float *x, void *dst, int64_t n);
+void kern_quantize_q4_0_avx512(const float *x, void *dst, int64_t n);
+void kern_quantize_bf16_avx512(const float *x, void *dst, int64_t n);
+void kern_quantize_q6_K_avx512(const float *x, void *dst, int64_t n);
+int64_t kern_first_out_of_range_avx512(const float *x, int64_t n, float lim);
 void kern_act_q8_quads_avx512(void *act, int64_t cols, int nb);
 
 /* Q8_0 / Q4_0 rows [r0, r0 + 4 * n4) against all nb rows of ACT_Q8

@@ -10,7 +10,7 @@
  * largest magnitude is below 1e-30 takes the reference path: there 1 / d can
  * overflow, and the references' conversion of an infinite product differs
  * from the vector one. */
-#include "kernels/quantize_impl.h"
+#include "kernels/kernels_impl.h"
 
 #include "core/fp16.h"
 #include "kernels/quant.h"
