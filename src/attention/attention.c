@@ -936,18 +936,7 @@ void attn_block_scalar(attn_state *st, const attn_block *b) {
             s[j] = dot;
             if (dot > mx) mx = dot;
         }
-        float m_new = mx > st->m[r] ? mx : st->m[r];
-        float alpha = expf(st->m[r] - m_new);
-        float sum = 0.0f;
-        for (int j = 0; j < nv; j++) {
-            s[j] = expf(s[j] - m_new);
-            sum += s[j];
-        }
-        st->m[r] = m_new;
-        st->l[r] = st->l[r] * alpha + sum;
-        float *acc = st->acc + (size_t)r * hdp;
-        if (alpha != 1.0f)
-            for (int d = 0; d < hd; d++) acc[d] *= alpha;
+        float *acc = attn_softmax_step_ref(st, r, s, nv, mx);
         for (int j = 0; j < nv; j++) {
             const float *v = V + (size_t)j * ldv;
             for (int d = 0; d < hd; d++) acc[d] += s[j] * v[d];

@@ -5,6 +5,7 @@
 #define ELLM_ATTENTION_INTERNAL_H
 
 #include <stddef.h>
+#include <math.h>
 #include <stdint.h>
 
 #include "attention/kv_q8.h"
@@ -86,5 +87,25 @@ void attn_block_q8_avx512(attn_state *st, const attn_block *b);
 /* Converts n floats to IEEE half, rounding to nearest even (same bits on every ISA). */
 void attn_f32_to_f16_avx2(const float *src, uint16_t *dst, int n);
 void attn_f32_to_f16_avx512(const float *src, uint16_t *dst, int n);
+
+/* The scalar references' online-softmax step for row r over one block's
+ * scores s[0, nv) whose largest is mx: s becomes exp(s - m_new), the row's
+ * m and l are updated and its accumulator rescaled; returns the accumulator,
+ * to which the caller adds the block's P * V. */
+static inline float *attn_softmax_step_ref(attn_state *st, int r, float *s, int nv, float mx) {
+    float m_new = mx > st->m[r] ? mx : st->m[r];
+    float alpha = expf(st->m[r] - m_new);
+    float sum = 0.0f;
+    for (int j = 0; j < nv; j++) {
+        s[j] = expf(s[j] - m_new);
+        sum += s[j];
+    }
+    st->m[r] = m_new;
+    st->l[r] = st->l[r] * alpha + sum;
+    float *acc = st->acc + (size_t)r * st->hdp;
+    if (alpha != 1.0f)
+        for (int d = 0; d < st->head_dim; d++) acc[d] *= alpha;
+    return acc;
+}
 
 #endif

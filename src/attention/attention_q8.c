@@ -85,18 +85,7 @@ void attn_block_q8_scalar(attn_state *st, const attn_block *b) {
             s[j] = attn_q8_score_ref(st->q8 + (size_t)r * hdp, st->qd + (size_t)r * ng, k, kd, hd, bt, j);
             if (s[j] > mx) mx = s[j];
         }
-        float m_new = mx > st->m[r] ? mx : st->m[r];
-        float alpha = expf(st->m[r] - m_new);
-        float sum = 0.0f;
-        for (int j = 0; j < nv; j++) {
-            s[j] = expf(s[j] - m_new);
-            sum += s[j];
-        }
-        st->m[r] = m_new;
-        st->l[r] = st->l[r] * alpha + sum;
-        float *acc = st->acc + (size_t)r * hdp;
-        if (alpha != 1.0f)
-            for (int d = 0; d < hd; d++) acc[d] *= alpha;
+        float *acc = attn_softmax_step_ref(st, r, s, nv, mx);
         for (int j = 0; j < nv; j++)
             for (int g = 0; g < ng; g++) {
                 const float w = s[j] * ellm_f16_to_f32(vd[(size_t)j * ng + g]);
