@@ -7,7 +7,7 @@
  * sparse index built from the stored keys, and a whole model: logits close to
  * an F16 cache, save/restore and context shift with a Q8_0 cache. */
 #include "attention/attention.h"
-#include "attention/attention_internal.h"
+#include "attention/attention_kernel.h"
 #include "attention/sparse_index_internal.h"
 #include "core/cpu.h"
 #include "core/fp16.h"

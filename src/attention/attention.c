@@ -31,7 +31,7 @@
  * units from a shared counter -- each head's selection, then parts of each
  * head's list -- and a head's parts are merged by whichever finishes last. */
 #include "attention/attention.h"
-#include "attention/attention_internal.h"
+#include "attention/attention_kernel.h"
 #include "core/cpu.h"
 #include "core/fp16.h"
 #include "core/prefetch.h"

@@ -4,7 +4,7 @@
  * channel-major keys for up to 4 rows x 8 keys, P*V tiles of up to 2 rows x 32
  * dims; K and V read in place when head_dim is a multiple of 8 and rows are
  * few, else through F32 scratch. */
-#include "attention/attention_internal.h"
+#include "attention/attention_kernel.h"
 #include "core/prefetch.h"
 #include "core/fp16.h"
 #include "kernels/quant.h"

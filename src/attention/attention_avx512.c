@@ -13,7 +13,7 @@
  * the block once and nothing is written back; with many rows they are first
  * converted once into F32 scratch that stays in L1. The next block is
  * prefetched while this one is computed. */
-#include "attention/attention_internal.h"
+#include "attention/attention_kernel.h"
 #include "core/prefetch.h"
 #include "kernels/quant.h"
 

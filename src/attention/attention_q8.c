@@ -20,7 +20,7 @@
  * The integer sums are exact in any order, so a row's scores have the same
  * bits on every ISA and in every grouping of rows; llama.cpp quantizes the
  * query to q8_0 for a q8_0 K cache likewise. */
-#include "attention/attention_internal.h"
+#include "attention/attention_kernel.h"
 #include "core/fp16.h"
 #include "core/prefetch.h"
 

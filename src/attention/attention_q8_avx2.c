@@ -5,7 +5,7 @@
  * value as the int32 dot product of the AVX-512 kernel -- then scaled into
  * the scores; the value's scale folded into each probability for P*V.
  * Blocks of fewer than 8 tokens go to the scalar kernel. */
-#include "attention/attention_internal.h"
+#include "attention/attention_kernel.h"
 #include "core/fp16.h"
 #include "core/prefetch.h"
 

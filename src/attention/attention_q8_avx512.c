@@ -19,7 +19,7 @@
  * A row's arithmetic does not depend on which rows share its call, so a
  * batched pass gives each row the bits of a single-token one. The block ahead
  * is prefetched spread over the computation, as the F16 kernel does. */
-#include "attention/attention_internal.h"
+#include "attention/attention_kernel.h"
 #include "core/prefetch.h"
 
 #include "attention/softmax_avx512.h"

@@ -15,7 +15,7 @@
  * speculative rollback does, does not give and take the same page each step). */
 #include "attention/kv_cache.h"
 #include "attention/kv_pool.h"
-#include "attention/attention_internal.h" /* attn_f32_to_f16_* */
+#include "attention/attention_kernel.h" /* attn_f32_to_f16_* */
 #include "attention/kv_q8.h"
 #include "core/cpu.h"
 #include "core/fp16.h"

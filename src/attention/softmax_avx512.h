@@ -9,7 +9,7 @@
 #ifndef ELLM_ATTENTION_SOFTMAX_AVX512_H
 #define ELLM_ATTENTION_SOFTMAX_AVX512_H
 
-#include "attention/attention_internal.h"
+#include "attention/attention_kernel.h"
 #include "kernels/vec_exp.h"
 
 #include <immintrin.h>

@@ -1,8 +1,10 @@
-/* Private interface between the attention driver (attention.c, kv_cache.c) and
- * its per-ISA kernels (attention_avx2.c, attention_avx512.c). Not for use
+/* The kernel contract of src/attention: what the attention driver (attention.c,
+ * kv_cache.c) hands its per-ISA block kernels (attention_avx2.c, attention_avx512.c,
+ * attention_q8*.c) and their scalar references. Kept apart from attention.c so that
+ * kernels depend on this header, not on the driver that calls them. Not for use
  * outside src/attention. */
-#ifndef ELLM_ATTENTION_INTERNAL_H
-#define ELLM_ATTENTION_INTERNAL_H
+#ifndef ELLM_ATTENTION_KERNEL_H
+#define ELLM_ATTENTION_KERNEL_H
 
 #include <stddef.h>
 #include <math.h>
