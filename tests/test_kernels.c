@@ -607,6 +607,42 @@ static void test_matmul_exact(ellm_isa isa) {
     }
 }
 
+/* INT4_G128: the reference defines the float arithmetic exactly (group dots
+ * into lane g % 16, two multiply-adds per group, one fixed 16-lane sum), so
+ * every ISA's kernel must return its bits: whole chunks of 16 groups, a short
+ * last chunk (3, 10, 17, 33 groups), 1-19 activation rows (passes of 8),
+ * row ranges that start and end inside the matrix. */
+static void test_matmul_int4_bits(ellm_isa isa) {
+    static const int64_t ng_list[] = {1, 3, 10, 16, 17, 33, 64};
+    static const int nbs[] = {1, 2, 3, 7, 8, 9, 19};
+    const int type = QTYPE_INT4_G128;
+    for (size_t c = 0; c < sizeof ng_list / sizeof ng_list[0]; c++)
+        for (size_t n = 0; n < sizeof nbs / sizeof nbs[0]; n++) {
+            int64_t cols = QK_G128 * ng_list[c], rows = 11, r0 = 1, r1 = 10;
+            int nb = nbs[n];
+            void *W = xmalloc(qtype_row_bytes(type, cols) * (size_t)rows);
+            make_weights(type, W, rows, cols);
+            float *X = xmalloc((size_t)(cols * nb) * sizeof(float));
+            fill_gauss(X, cols * nb, 1.0f);
+            void *act = xmalloc(kern_act_bytes(type, cols, nb));
+            kern_act_prepare(type, X, cols, nb, act);
+            int64_t ldy = rows + 2;
+            float *Y = xmalloc((size_t)(ldy * nb) * sizeof(float)), *Yr = xmalloc((size_t)(ldy * nb) * sizeof(float));
+            for (int64_t i = 0; i < ldy * nb; i++) Y[i] = Yr[i] = NAN;
+            kern_matmul_ref(type, W, cols, r0, r1, act, nb, Yr, ldy);
+            kern_matmul(type, W, cols, r0, r1, act, nb, Y, ldy);
+            int diff = 0;
+            for (int64_t i = 0; i < ldy * nb; i++) diff += memcmp(&Y[i], &Yr[i], 4) != 0;
+            CHECK(diff == 0, "[%s] matmul int4_g128 cols=%lld nb=%d: %d results differ from the reference's bits",
+                  ellm_isa_str(isa), (long long)cols, nb, diff);
+            free(W);
+            free(X);
+            free(act);
+            free(Y);
+            free(Yr);
+        }
+}
+
 /* Q8_0 / Q4_0 follow one arithmetic on AVX2 and AVX-512 (exact block dots,
  * one multiply-add per block into 16 slots, one fixed sum), so the two ISAs
  * must agree bit for bit, batch kernels included. */
@@ -804,6 +840,7 @@ int main(void) {
         ellm_cpu_set_isa((ellm_isa)isa);
         test_matmul((ellm_isa)isa);
         test_matmul_exact((ellm_isa)isa);
+        test_matmul_int4_bits((ellm_isa)isa);
         test_matmul_batch_invariance((ellm_isa)isa);
         test_rowwise((ellm_isa)isa);
     }

@@ -1,56 +1,118 @@
-/* INT4_G128 matmul, AVX2: per group two 32-byte weight loads unpacked into
- * four nibble vectors (elements 0-31, 32-63, 64-95, 96-127) reused for every
- * activation row of the batch; maddubs (unsigned 4-bit x signed 8-bit, no
- * saturation: 2 * 15 * 127 < 2^15) summed in 16 bits (4 * 3810 < 2^15),
- * widened by madd, reduced exactly, then the reference's float arithmetic
- * per group, so results equal the scalar reference bit for bit. */
+/* INT4_G128 matmul, AVX2, with the arithmetic of matmul_int4_g128_ref
+ * (kernels.c): exact integer group dots, then per group two multiply-adds
+ * into lane g % 16 of 16 float accumulators (here two vectors of 8: groups
+ * 16c + 0..7 and 16c + 8..15), one 16-lane sum per output.
+ *
+ * Per group two 32-byte weight loads unpacked into four nibble vectors
+ * (elements 0-31, 32-63, 64-95, 96-127); maddubs (unsigned 4-bit x signed
+ * 8-bit, no saturation: 2 * 15 * 127 < 2^15) summed in 16 bits
+ * (4 * 3810 < 2^15), widened by madd to 8 int32 partial sums. The partial
+ * sums of 8 groups meet by a hadd tree in 8 lanes (group order), exactly,
+ * and the float work is two vector multiply-adds per 8 groups. A group's
+ * nibbles are decoded once per pass and applied to up to I4_ROWS
+ * activation rows. */
 #include "kernels/kernels_impl.h"
+#include "kernels/kernels_x86.h"
 
 #include <immintrin.h>
 
-enum { I4_ROWS = 8 };
+enum { I4_ROWS = 8, I4_OCT = 8 };
 
-static inline int hsum_epi32(__m256i v) {
-    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
-    return _mm_cvtsi128_si32(s);
+/* Lane j = sum of the 8 lanes of v[j]. */
+INLINE __m256i i4_hsum8(const __m256i v[8]) {
+    __m256i h01 = _mm256_hadd_epi32(v[0], v[1]), h23 = _mm256_hadd_epi32(v[2], v[3]);
+    __m256i h45 = _mm256_hadd_epi32(v[4], v[5]), h67 = _mm256_hadd_epi32(v[6], v[7]);
+    __m256i a = _mm256_hadd_epi32(h01, h23), b = _mm256_hadd_epi32(h45, h67);
+    /* a: groups 0-3 of the low 128-bit halves, then of the high ones; b: 4-7 */
+    return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
+}
+
+/* One group's 8 int32 partial dots with activation bytes q. */
+INLINE __m256i i4_dot(const __m256i w[4], const int8_t *q) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i p = _mm256_maddubs_epi16(w[0], _mm256_loadu_si256((const __m256i *)q));
+    p = _mm256_add_epi16(p, _mm256_maddubs_epi16(w[1], _mm256_loadu_si256((const __m256i *)(q + 32))));
+    p = _mm256_add_epi16(p, _mm256_maddubs_epi16(w[2], _mm256_loadu_si256((const __m256i *)(q + 64))));
+    p = _mm256_add_epi16(p, _mm256_maddubs_epi16(w[3], _mm256_loadu_si256((const __m256i *)(q + 96))));
+    return _mm256_madd_epi16(p, ones);
+}
+
+/* Rows [r0, r1) against activation rows a[0 .. nb) (nb <= I4_ROWS). */
+INLINE void i4_rows(const void *W, int64_t ng, int64_t r0, int64_t r1, const act_row *a, int nb, float *Y,
+                    int64_t ldy, const int NB1) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    const size_t wrow = (size_t)ng * sizeof(block_int4_g128);
+    if (NB1) nb = 1;
+    kern_pf_start((const char *)W + (size_t)r0 * wrow);
+    for (int64_t r = r0; r < r1; r++) {
+        const block_int4_g128 *w = (const block_int4_g128 *)W + r * ng;
+        __m256 acc[I4_ROWS][2];
+        for (int b = 0; b < nb; b++) acc[b][0] = acc[b][1] = _mm256_setzero_ps();
+        for (int64_t g0 = 0; g0 < ng; g0 += I4_OCT) {
+            const int n = ng - g0 < I4_OCT ? (int)(ng - g0) : I4_OCT;
+            const int half = (int)((g0 / I4_OCT) & 1); /* lanes 0-7 or 8-15 of the reference's 16 */
+            kern_pf_pages(w + g0, (size_t)n * sizeof(block_int4_g128));
+            __m256i dots[I4_ROWS][I4_OCT];
+            uint16_t dh[I4_OCT] = {0}, mh[I4_OCT] = {0};
+            for (int j = 0; j < I4_OCT; j++) {
+                if (j >= n) {
+                    for (int b = 0; b < nb; b++) dots[b][j] = _mm256_setzero_si256();
+                    continue;
+                }
+                const block_int4_g128 *blk = w + g0 + j;
+                dh[j] = blk->d;
+                mh[j] = blk->m;
+                __m256i r0v = _mm256_loadu_si256((const __m256i *)blk->qs);
+                __m256i r1v = _mm256_loadu_si256((const __m256i *)(blk->qs + 32));
+                __m256i wv[4] = {_mm256_and_si256(r0v, m4), _mm256_and_si256(r1v, m4),
+                                 _mm256_and_si256(_mm256_srli_epi16(r0v, 4), m4),
+                                 _mm256_and_si256(_mm256_srli_epi16(r1v, 4), m4)};
+                for (int b = 0; b < nb; b++) dots[b][j] = i4_dot(wv, a[b].qs + QK_G128 * (g0 + j));
+            }
+            const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)dh));
+            const __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)mh));
+            const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+            const __m256 keep = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(n), lanes));
+            for (int b = 0; b < nb; b++) {
+                __m256 da, sa;
+                if (n == I4_OCT) {
+                    da = _mm256_loadu_ps(a[b].d + g0);
+                    sa = _mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)(a[b].sa + g0)));
+                } else {
+                    float dtmp[I4_OCT] = {0};
+                    int32_t stmp[I4_OCT] = {0};
+                    for (int j = 0; j < n; j++) {
+                        dtmp[j] = a[b].d[g0 + j];
+                        stmp[j] = a[b].sa[g0 + j];
+                    }
+                    da = _mm256_loadu_ps(dtmp);
+                    sa = _mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)stmp));
+                }
+                __m256 s = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i4_hsum8(dots[b])), _mm256_mul_ps(dw, da), acc[b][half]);
+                s = _mm256_fmadd_ps(sa, _mm256_mul_ps(mw, da), s);
+                /* lanes without a group keep their value, as in the reference */
+                acc[b][half] = n == I4_OCT ? s : _mm256_blendv_ps(acc[b][half], s, keep);
+            }
+        }
+        for (int b = 0; b < nb; b++) {
+            /* the reference's tree: (j, j+8), (j, j+4), (j, j+2), (0, 1) */
+            __m256 v = _mm256_add_ps(acc[b][0], acc[b][1]);
+            __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+            x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+            x = _mm_add_ss(x, _mm_movehdup_ps(x));
+            Y[(int64_t)b * ldy + r] = _mm_cvtss_f32(x);
+        }
+    }
 }
 
 void kern_matmul_int4_g128_avx2(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act, int nb,
                                 float *Y, int64_t ldy) {
     const int64_t ng = cols / QK_G128;
-    const __m256i m4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
-    for (int64_t r = r0; r < r1; r++) {
-        const block_int4_g128 *w = (const block_int4_g128 *)W + r * ng;
-        for (int b0 = 0; b0 < nb; b0 += I4_ROWS) {
-            int bn = nb - b0 < I4_ROWS ? nb - b0 : I4_ROWS;
-            act_row a[I4_ROWS];
-            float s[I4_ROWS];
-            for (int i = 0; i < bn; i++) {
-                a[i] = act_get_row(ACT_Q8G, act, cols, b0 + i);
-                s[i] = 0;
-            }
-            for (int64_t g = 0; g < ng; g++) {
-                __m256i r0v = _mm256_loadu_si256((const __m256i *)w[g].qs);
-                __m256i r1v = _mm256_loadu_si256((const __m256i *)(w[g].qs + 32));
-                __m256i w0 = _mm256_and_si256(r0v, m4), w1 = _mm256_and_si256(r1v, m4);
-                __m256i w2 = _mm256_and_si256(_mm256_srli_epi16(r0v, 4), m4);
-                __m256i w3 = _mm256_and_si256(_mm256_srli_epi16(r1v, 4), m4);
-                const float dw = ellm_f16_to_f32(w[g].d), mw = ellm_f16_to_f32(w[g].m);
-                for (int i = 0; i < bn; i++) {
-                    const int8_t *q = a[i].qs + QK_G128 * g;
-                    __m256i p = _mm256_maddubs_epi16(w0, _mm256_loadu_si256((const __m256i *)q));
-                    p = _mm256_add_epi16(p, _mm256_maddubs_epi16(w1, _mm256_loadu_si256((const __m256i *)(q + 32))));
-                    p = _mm256_add_epi16(p, _mm256_maddubs_epi16(w2, _mm256_loadu_si256((const __m256i *)(q + 64))));
-                    p = _mm256_add_epi16(p, _mm256_maddubs_epi16(w3, _mm256_loadu_si256((const __m256i *)(q + 96))));
-                    int dot = hsum_epi32(_mm256_madd_epi16(p, ones));
-                    float da = a[i].d[g];
-                    s[i] += (dw * da) * (float)dot;
-                    s[i] += (mw * da) * (float)a[i].sa[g];
-                }
-            }
-            for (int i = 0; i < bn; i++) Y[(int64_t)(b0 + i) * ldy + r] = s[i];
-        }
+    for (int b0 = 0; b0 < nb; b0 += I4_ROWS) {
+        int bn = nb - b0 < I4_ROWS ? nb - b0 : I4_ROWS;
+        act_row a[I4_ROWS];
+        for (int i = 0; i < bn; i++) a[i] = act_get_row(ACT_Q8G, act, cols, b0 + i);
+        if (bn == 1) i4_rows(W, ng, r0, r1, a, 1, Y + (int64_t)b0 * ldy, ldy, 1);
+        else i4_rows(W, ng, r0, r1, a, bn, Y + (int64_t)b0 * ldy, ldy, 0);
     }
 }

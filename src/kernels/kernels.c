@@ -215,11 +215,25 @@ static void matmul_q6_K_ref(const void *W, int64_t cols, int64_t r0, int64_t r1,
     }
 }
 
-/* INT4_G128: per group, the exact integer dot of the 4-bit values with the
- * 8-bit activations scaled by d * da, then the offset m times the group's
- * activation sum scaled by da; groups added in order, two float adds each.
- * The SIMD kernels keep exactly this float arithmetic (only the integer dot
- * is vectorized), so every ISA and batch size gives the same bits. */
+/* INT4_G128: per group g, the exact integer dot of the 4-bit values with the
+ * 8-bit activations; then, in lane g % 16 of 16 float accumulators,
+ *
+ *   acc = fma((float)dot, d * da, acc);   acc = fma((float)sa, m * da, acc)
+ *
+ * (d, m the group's scale and offset, da its activation scale, sa its
+ * activation sum), and one sum of the 16 lanes by the fixed tree (j, j+8),
+ * (j, j+4), (j, j+2), (0, 1). The SIMD kernels (int4_g128_avx512.c: one
+ * 16-lane accumulator, int4_g128_avx2.c: two of 8) follow exactly these
+ * steps, so every ISA and batch size gives the same bits, and they reduce
+ * once per output rather than once per group. */
+static float int4_g128_sum16_ref(const float acc[16]) {
+    float t[8];
+    for (int j = 0; j < 8; j++) t[j] = acc[j] + acc[j + 8];
+    for (int j = 0; j < 4; j++) t[j] = t[j] + t[j + 4];
+    for (int j = 0; j < 2; j++) t[j] = t[j] + t[j + 2];
+    return t[0] + t[1];
+}
+
 static void matmul_int4_g128_ref(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act, int nb,
                                  float *Y, int64_t ldy) {
     int64_t ng = cols / QK_G128;
@@ -227,16 +241,17 @@ static void matmul_int4_g128_ref(const void *W, int64_t cols, int64_t r0, int64_
         const block_int4_g128 *w = (const block_int4_g128 *)W + r * ng;
         for (int b = 0; b < nb; b++) {
             act_row a = act_get_row(ACT_Q8G, act, cols, b);
-            float s = 0;
+            float acc[16] = {0};
             for (int64_t g = 0; g < ng; g++) {
                 const int8_t *q = a.qs + QK_G128 * g;
                 int dot = 0;
                 for (int l = 0; l < QK_G128 / 2; l++) dot += (w[g].qs[l] & 0xF) * q[l] + (w[g].qs[l] >> 4) * q[l + 64];
                 float da = a.d[g];
-                s += (ellm_f16_to_f32(w[g].d) * da) * (float)dot;
-                s += (ellm_f16_to_f32(w[g].m) * da) * (float)a.sa[g];
+                float *s = &acc[g % 16];
+                *s = fmaf((float)dot, ellm_f16_to_f32(w[g].d) * da, *s);
+                *s = fmaf((float)a.sa[g], ellm_f16_to_f32(w[g].m) * da, *s);
             }
-            Y[b * ldy + r] = s;
+            Y[b * ldy + r] = int4_g128_sum16_ref(acc);
         }
     }
 }
