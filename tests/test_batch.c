@@ -138,6 +138,76 @@ static void check_model(const char *path) {
     ellm_model_free(m);
 }
 
+/* Sequences deeper than one attention part (512 positions) decoding together:
+ * each one's attention then runs on one thread of the pass (the others taking
+ * other sequences) and merges several parts there; the logits must still be
+ * those of the sequence alone. */
+#define DEEP_SEQ 3
+#define DEEP_GEN 3
+static void check_deep(const char *path) {
+    ellm_error err = {0};
+    ellm_model *m = NULL;
+    ellm_model_params mp = {.n_threads = THREADS, .pin_threads = 0};
+    if (ellm_model_load(path, &mp, &m, &err) != ELLM_OK) {
+        CHECK(0, "load %s: %s", path, err.msg);
+        return;
+    }
+    ellm_model_info info;
+    ellm_model_get_info(m, &info);
+    const int V = info.n_vocab, n_prompt[DEEP_SEQ] = {530, 1100, 610};
+    int32_t *prompt = malloc(sizeof(int32_t) * DEEP_SEQ * 1100);
+    for (int i = 0; i < DEEP_SEQ * 1100; i++) prompt[i] = (int32_t)(rnd() % (uint32_t)V);
+    ellm_context_params cp = ellm_context_default_params();
+    cp.n_ctx = 1200;
+    cp.n_batch = 64;
+    cp.n_threads = THREADS;
+    cp.sparse_topk = -1;
+    float *solo = malloc((size_t)DEEP_SEQ * DEEP_GEN * V * sizeof *solo);
+    int32_t gen[DEEP_SEQ][DEEP_GEN];
+    for (int i = 0; i < DEEP_SEQ; i++) {
+        ellm_context *ctx = NULL;
+        CHECK(ellm_context_init(m, &cp, &ctx, &err) == ELLM_OK, "%s", err.msg);
+        if (!ctx) continue;
+        CHECK(ellm_decode(ctx, prompt + i * 1100, n_prompt[i], NULL, &err) == ELLM_OK, "%s", err.msg);
+        for (int g = 0; g < DEEP_GEN; g++) {
+            memcpy(solo + ((size_t)i * DEEP_GEN + g) * V, ellm_context_logits(ctx), (size_t)V * 4);
+            gen[i][g] = argmax(ellm_context_logits(ctx), V);
+            ellm_decode(ctx, &gen[i][g], 1, NULL, &err);
+        }
+        ellm_context_free(ctx);
+    }
+    ellm_batch *b = NULL;
+    CHECK(ellm_batch_init(m, THREADS, DEEP_SEQ * 64, &b, &err) == ELLM_OK, "%s", err.msg);
+    ellm_context *ctx[DEEP_SEQ] = {0};
+    int mismatches = 0, ok = b != NULL;
+    for (int i = 0; ok && i < DEEP_SEQ; i++) {
+        ok = ellm_batch_context_init(b, &cp, &ctx[i], &err) == ELLM_OK;
+        for (int f = 0; ok && f < n_prompt[i]; f += 64) { /* each prompt alone, in chunks */
+            const int32_t *tp = prompt + i * 1100 + f;
+            int n = n_prompt[i] - f < 64 ? n_prompt[i] - f : 64;
+            ok = ellm_decode_batch(b, &ctx[i], &tp, &n, 1, &err) == ELLM_OK;
+        }
+    }
+    for (int g = 0; ok && g < DEEP_GEN; g++) {
+        for (int i = 0; i < DEEP_SEQ; i++)
+            if (memcmp(ellm_context_logits(ctx[i]), solo + ((size_t)i * DEEP_GEN + g) * V, (size_t)V * 4)) mismatches++;
+        const int32_t *tok[DEEP_SEQ];
+        int one[DEEP_SEQ];
+        for (int i = 0; i < DEEP_SEQ; i++) {
+            tok[i] = &gen[i][g];
+            one[i] = 1;
+        }
+        if (g + 1 < DEEP_GEN) ok = ellm_decode_batch(b, ctx, tok, one, DEEP_SEQ, &err) == ELLM_OK;
+    }
+    CHECK(ok, "%s: deep batched decode ran: %s", path, err.msg);
+    CHECK(mismatches == 0, "%s: %d logit rows of sequences at 530-1100 positions differ from alone", path, mismatches);
+    for (int i = 0; i < DEEP_SEQ; i++) ellm_context_free(ctx[i]);
+    ellm_batch_free(b);
+    free(solo);
+    free(prompt);
+    ellm_model_free(m);
+}
+
 int main(void) {
     char path[512];
     const char *models[] = {"llama-gqa.gguf", "llama-gqa-Q8_0.gguf", "llama-gqa-Q4_K_M.gguf", "qwen3-qknorm.gguf"};
@@ -146,5 +216,8 @@ int main(void) {
         check_model(path);
     }
     check_model("models/evalmodel.gguf");
+    snprintf(path, sizeof path, "%s/models/llama-gqa-Q8_0.gguf", test_data_dir());
+    check_deep(path);
+    check_deep("models/evalmodel.gguf");
     return test_finish();
 }

@@ -11,7 +11,73 @@
 #include "attention/kv_pool.h"
 #include "ellm.h"
 
+#include <pthread.h>
 #include <string.h>
+#include <unistd.h>
+
+/* Waits (up to 10 s: a liveness bound, not a timing check) for the helper
+ * to make `want` pages warm. */
+static int64_t wait_warm(kv_pool *p, int64_t want) {
+    for (int i = 0; i < 1000 && kv_pool_pages_warm(p) < want; i++) usleep(10000);
+    return kv_pool_pages_warm(p);
+}
+
+/* A warm reserve: the helper commits free pages ahead, takers get them first,
+ * given-back pages stay committed while the reserve is short, and the counts
+ * of used pages are unchanged by it. */
+static void test_warm(void) {
+    kv_pool *p = NULL;
+    ellm_error err = {0};
+    CHECK(kv_pool_init(10000, 8, &p, &err) == ELLM_OK, "%s", err.msg);
+    if (!p) return;
+    const size_t pb = kv_pool_page_bytes(p);
+    CHECK(kv_pool_keep_warm(p, 3 * pb + pb / 2, &err) == ELLM_OK, "%s", err.msg);
+    CHECK(wait_warm(p, 3) == 3, "the helper makes 3 pages warm (%lld)", (long long)kv_pool_pages_warm(p));
+    CHECK(kv_pool_pages_used(p) == 0, "warm pages are free (used %lld)", (long long)kv_pool_pages_used(p));
+    void *pg[9] = {0};
+    int distinct = 1, all = 1;
+    for (int i = 0; i < 8; i++) {
+        pg[i] = kv_pool_take(p);
+        all &= pg[i] != NULL;
+        for (int j = 0; j < i; j++) distinct &= pg[i] != pg[j];
+        if (pg[i]) memset(pg[i], 0x40 + i, pb);
+    }
+    CHECK(all && distinct, "8 distinct pages from a pool of 8 with a warm reserve");
+    CHECK(kv_pool_take(p) == NULL, "a ninth is refused");
+    CHECK(kv_pool_pages_used(p) == 8 && kv_pool_pages_warm(p) == 0, "used %lld warm %lld",
+          (long long)kv_pool_pages_used(p), (long long)kv_pool_pages_warm(p));
+    /* a page given back while the reserve is short stays committed: taken
+     * again, it still holds what was written */
+    kv_pool_give(p, pg[5]);
+    CHECK(kv_pool_pages_used(p) == 7 && kv_pool_pages_warm(p) == 1, "given back into the reserve");
+    void *again = kv_pool_take(p);
+    int kept = again == pg[5];
+    for (size_t o = 0; kept && o < pb; o += 4096) kept = ((unsigned char *)again)[o] == 0x45;
+    CHECK(kept, "the warm page comes back with its contents");
+    /* beyond the reserve, pages go back to the OS */
+    for (int i = 0; i < 8; i++) kv_pool_give(p, pg[i]);
+    CHECK(kv_pool_pages_used(p) == 0, "all given back (%lld)", (long long)kv_pool_pages_used(p));
+    CHECK(kv_pool_pages_warm(p) == 3, "the reserve holds 3 of them (%lld)", (long long)kv_pool_pages_warm(p));
+    kv_pool_free(p); /* stops the helper */
+
+    /* a reserve as large as the pool: every take still succeeds while the
+     * helper holds pages */
+    CHECK(kv_pool_init(10000, 4, &p, &err) == ELLM_OK, "%s", err.msg);
+    if (!p) return;
+    CHECK(kv_pool_keep_warm(p, 100 * pb, &err) == ELLM_OK, "%s", err.msg);
+    int ok = 1;
+    for (int r = 0; r < 200; r++) {
+        void *a = kv_pool_take(p), *b = kv_pool_take(p), *c = kv_pool_take(p), *d = kv_pool_take(p);
+        ok &= a && b && c && d && kv_pool_take(p) == NULL;
+        kv_pool_give(p, a);
+        kv_pool_give(p, b);
+        kv_pool_give(p, c);
+        kv_pool_give(p, d);
+    }
+    CHECK(ok, "4 takes of 4 pages succeed and a fifth fails, 200 times, with the helper at work");
+    CHECK(kv_pool_pages_used(p) == 0, "nothing held at the end");
+    kv_pool_free(p);
+}
 
 static void test_pool(void) {
     kv_pool *p = NULL;
@@ -176,6 +242,7 @@ static void test_cli(ellm_model *m) {
 
 int main(void) {
     test_pool();
+    test_warm();
     ellm_model *m = NULL;
     ellm_error err = {0};
     if (ellm_model_load("models/evalmodel.gguf", NULL, &m, &err) != ELLM_OK) {

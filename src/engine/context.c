@@ -84,6 +84,16 @@ ellm_status ellm_kv_pool_init(const ellm_model *model, ellm_kv_type type, double
         free(p);
         return st;
     }
+    /* A shared pool serves a server's sequences: keep a reserve of pages
+     * committed (up to 64 MB, a quarter of the pool) so a step that needs a
+     * new page does not wait for the kernel to fault its memory in. */
+    size_t warm = (size_t)((double)page * (double)(int64_t)pages / 4);
+    if (warm > ((size_t)64 << 20)) warm = (size_t)64 << 20;
+    if ((st = kv_pool_keep_warm(p->pages, warm, err))) {
+        kv_pool_free(p->pages);
+        free(p);
+        return st;
+    }
     p->kv_type = kp.type;
     p->owned = 1;
     *out = p;

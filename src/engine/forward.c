@@ -10,6 +10,7 @@
 #include "kernels/quant.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <string.h>
 
 /* Sparse batches of at most this many tokens run attention token by token
@@ -118,10 +119,18 @@ typedef struct {
     int nb;
     const ptrdiff_t *delta; /* (nth) offset to thread i's node's copy of the weights, or NULL */
     int by_matrix;          /* split each matrix on its own (rows placed per node) */
+    atomic_long next;       /* the next 16-row unit of the concatenated rows to take */
 } matmul_job;
 
+/* Rows of the concatenated matrices are taken in chunks from a shared
+ * counter, about MATMUL_CHUNKS_PER_THREAD per thread: a thread that starts
+ * late or is preempted (the machine's other processes, an HTTP thread of the
+ * server) leaves its share to the others instead of holding them at the end
+ * of the launch. Which thread computes a row does not change its bits. */
+#define MATMUL_CHUNKS_PER_THREAD 16
+
 static void matmul_task(void *arg, int ith, int nth) {
-    const matmul_job *job = arg;
+    matmul_job *job = arg;
     const ptrdiff_t delta = job->delta ? job->delta[ith] : 0;
     if (job->by_matrix) {
         /* the rows topo_plan_node_rows placed on this thread's node */
@@ -137,18 +146,22 @@ static void matmul_task(void *arg, int ith, int nth) {
     }
     int64_t total = 0;
     for (int i = 0; i < job->n; i++) total += job->w[i]->rows;
-    long b, e;
-    threadpool_split((long)total, ith, nth, 16, &b, &e);
-    int64_t base = 0;
-    for (int i = 0; i < job->n; i++) {
-        const model_matrix *w = job->w[i];
-        int64_t r0 = b - base, r1 = e - base;
-        if (r0 < 0) r0 = 0;
-        if (r1 > w->rows) r1 = w->rows;
-        if (r0 < r1)
-            kern_matmul(w->type, (const char *)w->data + delta, w->cols, r0, r1, job->act[i], job->nb, job->y[i],
-                        job->ldy[i]);
-        base += w->rows;
+    const long units = (long)((total + 15) / 16);
+    long chunk = units / ((long)nth * MATMUL_CHUNKS_PER_THREAD);
+    if (chunk < 1) chunk = 1;
+    for (long u; (u = atomic_fetch_add_explicit(&job->next, chunk, memory_order_relaxed)) < units;) {
+        const int64_t b = (int64_t)u * 16, e = (u + chunk) * 16 < total ? (int64_t)(u + chunk) * 16 : total;
+        int64_t base = 0;
+        for (int i = 0; i < job->n; i++) {
+            const model_matrix *w = job->w[i];
+            int64_t r0 = b - base, r1 = e - base;
+            if (r0 < 0) r0 = 0;
+            if (r1 > w->rows) r1 = w->rows;
+            if (r0 < r1)
+                kern_matmul(w->type, (const char *)w->data + delta, w->cols, r0, r1, job->act[i], job->nb, job->y[i],
+                            job->ldy[i]);
+            base += w->rows;
+        }
     }
 }
 
@@ -253,6 +266,54 @@ static void attend_seq(struct ellm_context *ctx, int l, int n, int pos) {
         engine_calibrate_layer(ctx, l, pos + n);
 }
 
+/* Batched decode: many sequences with a few rows each. Launching the pool for
+ * each one's attention costs a barrier per sequence and layer (16 sequences x
+ * 30 layers = 480 per pass), each for a few microseconds of work; instead
+ * the threads take whole sequences from a shared counter in one launch per
+ * layer, each attending on its own thread (attention_forward with no pool:
+ * the same bits as on the pool's threads, see attention.c). A sequence takes
+ * this path when its attention is plain dense attention over its own cache
+ * (no sparse index to select from or append to, no MPI shards, no
+ * calibration) and it feeds few rows; the others keep their own launches. */
+#define ENGINE_SEQ_ATTN_ROWS 16
+
+static int attend_on_one_thread(const struct ellm_context *ctx, int n) {
+    return n <= ENGINE_SEQ_ATTN_ROWS && !ctx->dist && !ctx->sidx && !ctx->calib;
+}
+
+typedef struct {
+    const engine_seq *seqs;
+    const engine_scratch *s;
+    const int *seq;  /* (n) the sequences of the launch */
+    const int *row;  /* (n) their first row in s */
+    int n, layer;
+    float scale;
+    atomic_int next; /* the next entry of seq to take */
+} seq_attn_job;
+
+static void seq_attn_task(void *arg, int ith, int nth) {
+    seq_attn_job *j = arg;
+    (void)ith;
+    (void)nth;
+    for (int e; (e = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed)) < j->n;) {
+        const engine_seq *sq = &j->seqs[j->seq[e]];
+        struct ellm_context *ctx = sq->ctx;
+        const model_config *c = &ctx->model->cfg;
+        const int64_t nq = (int64_t)c->n_head * c->head_dim, nkv = (int64_t)c->n_head_kv * c->head_dim;
+        const int r = j->row[e];
+        store_kv(ctx, j->layer, sq->pos, sq->n, j->s->k + r * nkv, j->s->v + r * nkv);
+        attention_args aa = {.kv = ctx->kv,
+                             .layer = j->layer,
+                             .n_q = sq->n,
+                             .q_pos0 = sq->pos,
+                             .n_head = c->n_head,
+                             .q = j->s->q + r * nq,
+                             .out = j->s->att + r * nq,
+                             .scale = j->scale};
+        attention_forward(&aa, ctx->attn_ws, NULL);
+    }
+}
+
 void engine_forward_seqs(const ellm_model *m, const engine_scratch *s, threadpool *pool, float *logits_tmp,
                          const engine_seq *seqs, int n_seq) {
     const model_config *c = &m->cfg;
@@ -272,6 +333,14 @@ void engine_forward_seqs(const ellm_model *m, const engine_scratch *s, threadpoo
             model_rope_cos_sin(m, seqs[i].pos + t, s->rope_cs + (size_t)n * c->n_rot);
         }
     }
+
+    /* sequences whose attention runs on one thread each (needs 2 or more) */
+    int one_seq[n_seq], one_row[n_seq], n_one = 0;
+    for (int i = 0, r = 0; i < n_seq; r += seqs[i].n, i++)
+        if (!own && attend_on_one_thread(seqs[i].ctx, seqs[i].n)) {
+            one_seq[n_one] = i;
+            one_row[n_one++] = r;
+        }
 
     ellm_imatrix *imat = n_seq == 1 ? seqs[0].ctx->imatrix : NULL;
     for (int l = 0; l < c->n_layer; l++) {
@@ -299,10 +368,18 @@ void engine_forward_seqs(const ellm_model *m, const engine_scratch *s, threadpoo
             kern_rope(q, c->n_head, (int)hd, c->n_rot, cs, c->rope_neox);
             kern_rope(k, c->n_head_kv, (int)hd, c->n_rot, cs, c->rope_neox);
         }
-        /* Attention reads each sequence's own KV: per sequence, on its rows. */
+        /* Attention reads each sequence's own KV: per sequence, on its rows;
+         * those of one_seq[] in a single launch. */
+        if (n_one > 1) {
+            seq_attn_job job = {.seqs = seqs, .s = s, .seq = one_seq, .row = one_row, .n = n_one, .layer = l,
+                                .scale = 1.0f / sqrtf((float)c->head_dim)};
+            atomic_init(&job.next, 0);
+            threadpool_run(pool, seq_attn_task, &job);
+        }
         for (int i = 0, r = 0; i < n_seq; r += seqs[i].n, i++) {
             struct ellm_context *ctx = seqs[i].ctx;
             const int ni = seqs[i].n;
+            if (n_one > 1 && attend_on_one_thread(ctx, ni)) continue;
             if (!own) {
                 memcpy(ctx->s.q, s->q + r * nq, (size_t)ni * nq * 4);
                 memcpy(ctx->s.k, s->k + r * nkv, (size_t)ni * nkv * 4);
