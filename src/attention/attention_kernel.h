@@ -80,6 +80,14 @@ void attn_q8_quantize_query(const float *x, int hd, int8_t *q, float *d, int32_t
 float attn_q8_score_ref(const int8_t *q8, const float *qd, const int8_t *k, const uint16_t *kd, int hd, int bt,
                         int j);
 
+/* acc[0, hd) += P*V of one row over keys [0, nv) of a Q8_0 block (values v,
+ * scales vd) with probabilities p[0, nv), by the integer definition of
+ * attention_q8_impl.h (the scalar reference). */
+void attn_q8_pv_ref(float *acc, const float *p, int nv, const int8_t *v, const uint16_t *vd, int hd);
+/* The same with the AVX-512 kernel's helpers (VNNI + VBMI; hd <= 4096), for
+ * tests: the same bits. */
+void attn_q8_pv_avx512(float *acc, const float *p, int nv, const int8_t *v, const uint16_t *vd, int hd);
+
 /* The block kernels for a Q8_0 cache (b->k, b->v: the block's K and V halves;
  * st->q8, qd, qsum filled). The AVX-512 one needs VNNI and VBMI. */
 void attn_block_q8_scalar(attn_state *st, const attn_block *b);

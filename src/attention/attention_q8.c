@@ -15,12 +15,17 @@
  *     s[j] = sum over groups g in order of  (float)I_g[j] * (qd[g] * kd[g][j])
  *     I_g[j] = sum over the group's channels c of q8[c] * k[c][j]   (exact)
  * (each term added with one rounding: a fused multiply-add in the SIMD
- * kernels). The value's scale goes with the probability:
- *     acc[d] += (p[j] * vd[j][d / 32]) * (float)v[j][d]   for keys j in order.
- * The integer sums are exact in any order, so a row's scores have the same
- * bits on every ISA and in every grouping of rows; llama.cpp quantizes the
- * query to q8_0 for a q8_0 K cache likewise. */
+ * kernels). P*V is integer too: per tile of 16 keys and 32-dim group the
+ * weights p[j] * vd[j][g] (the value's scale folded into the probability)
+ * are quantized to u8 against the tile's largest, I[d] = sum_j q[j] * v[j][d]
+ * is exact, and acc[d] = fma(2^(e - 7), (float)I[d], acc[d])
+ * (attention_q8_impl.h has the details and the helpers SIMD kernels share).
+ * The integer sums are exact in any order, so a row's scores and P*V have
+ * the same bits on every ISA and in every grouping of rows (only the
+ * softmax's exp differs between ISAs); llama.cpp quantizes the query to
+ * q8_0 for a q8_0 K cache likewise. */
 #include "attention/attention_kernel.h"
+#include "attention/attention_q8_impl.h"
 #include "core/fp16.h"
 #include "core/prefetch.h"
 
@@ -86,10 +91,24 @@ void attn_block_q8_scalar(attn_state *st, const attn_block *b) {
             if (s[j] > mx) mx = s[j];
         }
         float *acc = attn_softmax_step_ref(st, r, s, nv, mx);
-        for (int j = 0; j < nv; j++)
-            for (int g = 0; g < ng; g++) {
-                const float w = s[j] * ellm_f16_to_f32(vd[(size_t)j * ng + g]);
-                for (int d = 32 * g; d < 32 * g + 32; d++) acc[d] += w * (float)v[(size_t)j * hd + d];
+        attn_q8_pv_ref(acc, s, nv, v, vd, hd);
+    }
+}
+
+void attn_q8_pv_ref(float *acc, const float *p, int nv, const int8_t *v, const uint16_t *vd, int hd) {
+    const int ng = hd / 32;
+    for (int j0 = 0; j0 < nv; j0 += ATTN_Q8_PV_TILE) {
+        const int n = nv - j0 < ATTN_Q8_PV_TILE ? nv - j0 : ATTN_Q8_PV_TILE;
+        for (int g = 0; g < ng; g++) {
+            float w[ATTN_Q8_PV_TILE];
+            uint8_t q[ATTN_Q8_PV_TILE];
+            for (int j = 0; j < n; j++) w[j] = p[j0 + j] * ellm_f16_to_f32(vd[(size_t)(j0 + j) * ng + g]);
+            const float sc = attn_q8_pv_quant_ref(w, n, q);
+            for (int d = 32 * g; d < 32 * g + 32; d++) {
+                int32_t sum = 0;
+                for (int j = 0; j < n; j++) sum += (int32_t)q[j] * v[(size_t)(j0 + j) * hd + d];
+                acc[d] = fmaf(sc, (float)sum, acc[d]);
             }
+        }
     }
 }

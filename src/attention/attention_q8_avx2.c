@@ -3,9 +3,10 @@
  * int8 query times the int8 keys (converted in registers) summed in F32 --
  * exact, the products being integers and the sums below 2^24, so the same
  * value as the int32 dot product of the AVX-512 kernel -- then scaled into
- * the scores; the value's scale folded into each probability for P*V.
+ * the scores; P*V by the integer definition of attention_q8_impl.h.
  * Blocks of fewer than 8 tokens go to the scalar kernel. */
 #include "attention/attention_kernel.h"
+#include "attention/attention_q8_impl.h"
 #include "core/fp16.h"
 #include "core/prefetch.h"
 
@@ -63,21 +64,33 @@ void attn_block_q8_avx2(attn_state *st, const attn_block *b) {
             const __m256 va = _mm256_set1_ps(alpha);
             for (int d = 0; d < hd; d += 8) _mm256_storeu_ps(acc + d, _mm256_mul_ps(va, _mm256_loadu_ps(acc + d)));
         }
-        for (int g = 0; g < ng; g++) {
-            __m256 a0 = _mm256_loadu_ps(acc + 32 * g), a1 = _mm256_loadu_ps(acc + 32 * g + 8),
-                   a2 = _mm256_loadu_ps(acc + 32 * g + 16), a3 = _mm256_loadu_ps(acc + 32 * g + 24);
-            for (int j = 0; j < nv; j++) {
-                const __m256 w = _mm256_set1_ps(s[j] * ellm_f16_to_f32(vd[(size_t)j * ng + g]));
-                const int8_t *vr = v + (size_t)j * hd + 32 * g;
-                a0 = _mm256_fmadd_ps(w, q8_cvt8(vr), a0);
-                a1 = _mm256_fmadd_ps(w, q8_cvt8(vr + 8), a1);
-                a2 = _mm256_fmadd_ps(w, q8_cvt8(vr + 16), a2);
-                a3 = _mm256_fmadd_ps(w, q8_cvt8(vr + 24), a3);
+        /* integer P*V (attention_q8_impl.h): per tile of 16 keys and group,
+         * the u8 weights times the values summed in F32 -- exact, the
+         * products being integers and the sums below 2^24 -- then scaled */
+        for (int j0 = 0; j0 < nv; j0 += ATTN_Q8_PV_TILE) {
+            const int n = nv - j0 < ATTN_Q8_PV_TILE ? nv - j0 : ATTN_Q8_PV_TILE;
+            for (int g = 0; g < ng; g++) {
+                float w[ATTN_Q8_PV_TILE];
+                uint8_t q[ATTN_Q8_PV_TILE];
+                for (int j = 0; j < n; j++) w[j] = s[j0 + j] * ellm_f16_to_f32(vd[(size_t)(j0 + j) * ng + g]);
+                const float sc = attn_q8_pv_quant_ref(w, n, q);
+                if (sc == 0.0f) continue; /* fma(0, 0, acc) = acc: acc is never -0 */
+                __m256 i0 = _mm256_setzero_ps(), i1 = i0, i2 = i0, i3 = i0;
+                for (int j = 0; j < n; j++) {
+                    const __m256 qj = _mm256_set1_ps((float)q[j]);
+                    const int8_t *vr = v + (size_t)(j0 + j) * hd + 32 * g;
+                    i0 = _mm256_fmadd_ps(qj, q8_cvt8(vr), i0);
+                    i1 = _mm256_fmadd_ps(qj, q8_cvt8(vr + 8), i1);
+                    i2 = _mm256_fmadd_ps(qj, q8_cvt8(vr + 16), i2);
+                    i3 = _mm256_fmadd_ps(qj, q8_cvt8(vr + 24), i3);
+                }
+                const __m256 vs = _mm256_set1_ps(sc);
+                float *a = acc + 32 * g;
+                _mm256_storeu_ps(a, _mm256_fmadd_ps(vs, i0, _mm256_loadu_ps(a)));
+                _mm256_storeu_ps(a + 8, _mm256_fmadd_ps(vs, i1, _mm256_loadu_ps(a + 8)));
+                _mm256_storeu_ps(a + 16, _mm256_fmadd_ps(vs, i2, _mm256_loadu_ps(a + 16)));
+                _mm256_storeu_ps(a + 24, _mm256_fmadd_ps(vs, i3, _mm256_loadu_ps(a + 24)));
             }
-            _mm256_storeu_ps(acc + 32 * g, a0);
-            _mm256_storeu_ps(acc + 32 * g + 8, a1);
-            _mm256_storeu_ps(acc + 32 * g + 16, a2);
-            _mm256_storeu_ps(acc + 32 * g + 24, a3);
         }
     }
 }

@@ -12,14 +12,15 @@
  *         exact dot product of the int8 vectors; it is converted and scaled by
  *         (query scale x the keys' scales) into the scores, group by group.
  *   softmax  online, as the F16 kernel (softmax_avx512.h).
- *   P*V   the value's scale is folded into the probability: per row, 32-dim
- *         group and key a weight p x vd, 16 keys at a time; the int8 values
- *         are converted in registers 16 dims at a time (each once per 4 rows)
- *         and multiplied into the rows' sums by the broadcast weights.
+ *   P*V   integer (attention_q8_impl.h): per row, tile and 32-dim group the
+ *         weights p x vd quantized to u8; the int8 values of each quad of
+ *         keys interleaved by vpermt2b into one dword per dim (once for all
+ *         rows), and vpdpbusd adds 4 keys' products per dim and row.
  * A row's arithmetic does not depend on which rows share its call, so a
  * batched pass gives each row the bits of a single-token one. The block ahead
  * is prefetched spread over the computation, as the F16 kernel does. */
 #include "attention/attention_kernel.h"
+#include "attention/attention_q8_impl.h"
 #include "core/prefetch.h"
 
 #include "attention/softmax_avx512.h"
@@ -91,53 +92,44 @@ Q8_INLINE void q8_qk_tile(const attn_state *st, int r0, const int8_t *k, const u
     for (int r = 0; r < NR; r++) _mm512_mask_storeu_ps(st->s + (size_t)(r0 + r) * st->lds + j0, m, sc[r]);
 }
 
-/* acc[r][d0 .. d0 + 16 NV) += w[r][g][j] * v[j][d] over keys j of [j0, j0 + nk)
- * of the tile, g = d / 32; w holds per row ng x 16 weights (its tile's keys). */
-Q8_INLINE void q8_pv_tile(float *acc, int hdp, const float *w, int ng, const int8_t *v, int hd, int d0, int j0,
-                          int nk, const int NR, const int NV, const char **pf, int pf_lines) {
-    __m512 c[4][4];
+/* Integer P*V (attention_q8_impl.h) of NR rows from r0 over the dims
+ * [d0, d0 + 16 NV) for the tile's keys [j0, j0 + n): the values of each
+ * quad of keys interleaved once for all rows, one vpdpbusd per row and 16
+ * dims, the int32 sums scaled into acc at the end of the tile. */
+Q8_INLINE void q8pv_chunk(attn_state *st, int r0, const uint8_t *wq, const float *wsc, const int8_t *vt, int hd,
+                          int d0, int n, const int NR, const int NV, const char **pf, int pf_lines) {
+    const int ng = hd / 32;
+    __m512i ia[4][4];
 #pragma GCC unroll 4
     for (int r = 0; r < NR; r++)
 #pragma GCC unroll 4
-        for (int i = 0; i < NV; i++) c[r][i] = _mm512_loadu_ps(acc + (size_t)r * hdp + d0 + 16 * i);
-    for (int j = 0; j < nk; j++) {
+        for (int i = 0; i < NV; i++) ia[r][i] = _mm512_setzero_si512();
+    for (int qi = 0; 4 * qi < n; qi++) {
         if (*pf)
-            for (int i = 0; i < pf_lines; i++, *pf += 64) _mm_prefetch(*pf, _MM_HINT_T1);
-        __m512 x[4];
+            for (int i = 0; i < 4 * pf_lines; i++, *pf += 64) _mm_prefetch(*pf, _MM_HINT_T1);
+        __m512i x[4];
+        q8pv_quad_avx512(vt + (size_t)4 * qi * hd, hd, d0, n - 4 * qi, x, NV);
 #pragma GCC unroll 4
-        for (int i = 0; i < NV; i++)
-            x[i] = _mm512_cvtepi32_ps(
-                _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(v + (size_t)(j0 + j) * hd + d0 + 16 * i))));
-#pragma GCC unroll 4
-        for (int r = 0; r < NR; r++)
-#pragma GCC unroll 4
-            for (int i = 0; i < NV; i++) {
-                const int g = (d0 + 16 * i) / 32;
-                c[r][i] = _mm512_fmadd_ps(_mm512_set1_ps(w[((size_t)r * ng + g) * 16 + j]), x[i], c[r][i]);
-            }
+        for (int r = 0; r < NR; r++) q8pv_dot_avx512(ia[r], wq + (size_t)r * ng * 16, d0, qi, x, NV);
     }
 #pragma GCC unroll 4
-    for (int r = 0; r < NR; r++)
-#pragma GCC unroll 4
-        for (int i = 0; i < NV; i++) _mm512_storeu_ps(acc + (size_t)r * hdp + d0 + 16 * i, c[r][i]);
+    for (int r = 0; r < NR; r++) q8pv_finish_avx512(st->acc + (size_t)(r0 + r) * st->hdp, ia[r], wsc + (size_t)r * ng, d0, NV);
 }
 
-/* NR rows from r0, keys [j0, j0 + nk) of the tile: weights p x vd into w (a
- * scratch of NR x ng x 16), then P*V over all dims. vdt: ng x 16 value
- * scales of the tile's keys as F32. */
-Q8_INLINE void q8_pv_rows(attn_state *st, int r0, const float *vdt, float *w, const int8_t *v, int hd, int j0,
-                          int nk, const int NR, const char **pf, int pf_lines) {
-    const int ng = hd / 32, hdp = st->hdp;
+/* NR rows from r0, keys [j0, j0 + n) of the tile (mask m): each row's
+ * weights quantized (q8pv_weights_avx512 into wq, wsc: NR x ng), then P*V
+ * over all dims. vdt: ng x 16 value scales of the tile's keys as F32. */
+Q8_INLINE void q8pv_rows(attn_state *st, int r0, const float *vdt, uint8_t *wq, float *wsc, const int8_t *v, int hd,
+                         int j0, int n, __mmask16 m, const int NR, const char **pf, int pf_lines) {
+    const int ng = hd / 32;
 #pragma GCC unroll 4
-    for (int r = 0; r < NR; r++) {
-        const __m512 p = _mm512_loadu_ps(st->s + (size_t)(r0 + r) * st->lds + j0);
-        for (int g = 0; g < ng; g++)
-            _mm512_storeu_ps(w + ((size_t)r * ng + g) * 16, _mm512_mul_ps(p, _mm512_loadu_ps(vdt + (size_t)g * 16)));
-    }
-    float *acc = st->acc + (size_t)r0 * hdp;
+    for (int r = 0; r < NR; r++)
+        q8pv_weights_avx512(st->s + (size_t)(r0 + r) * st->lds + j0, m, vdt, ng, wq + (size_t)r * ng * 16,
+                            wsc + (size_t)r * ng);
+    const int8_t *vt = v + (size_t)j0 * hd;
     int d = 0;
-    for (; d + 64 <= hd; d += 64) q8_pv_tile(acc, hdp, w, ng, v, hd, d, j0, nk, NR, 4, pf, pf_lines);
-    if (d < hd) q8_pv_tile(acc, hdp, w, ng, v, hd, d, j0, nk, NR, 2, pf, pf_lines); /* hd % 64 == 32 */
+    for (; d + 64 <= hd; d += 64) q8pv_chunk(st, r0, wq, wsc, vt, hd, d, n, NR, 4, pf, pf_lines);
+    if (d < hd) q8pv_chunk(st, r0, wq, wsc, vt, hd, d, n, NR, 2, pf, pf_lines); /* hd % 64 == 32 */
 }
 
 Q8_INLINE void q8_step(attn_state *st, const attn_block *b, const int HD, const int NK) {
@@ -174,8 +166,10 @@ Q8_INLINE void q8_step(attn_state *st, const attn_block *b, const int HD, const 
     }
     attn_softmax_block_avx512(st, b, r0, nk, hdp, NK);
     /* scratch: the tile's value scales transposed (vdt, ng x 16) and as
-     * stored (vdf, 16 x ng) in kbuf, the weights of 4 rows in vbuf */
-    float *vdt = st->kbuf, *vdf = st->kbuf + 16 * ng, *w = st->vbuf;
+     * stored (vdf, 16 x ng) in kbuf, the u8 weights (4 x ng x 16) and their
+     * scales (4 x ng) of 4 rows in vbuf */
+    float *vdt = st->kbuf, *vdf = st->kbuf + 16 * ng, *wsc = st->vbuf;
+    uint8_t *wq = (uint8_t *)(st->vbuf + 4 * ng);
     for (int j0 = 0; j0 < nk; j0 += 16) {
         const int n = nk - j0 < 16 ? nk - j0 : 16;
         const __mmask16 m = q8_tail(n);
@@ -202,11 +196,11 @@ Q8_INLINE void q8_step(attn_state *st, const attn_block *b, const int HD, const 
                                                           _mm512_add_epi32(idx, _mm512_set1_epi32(g)), vdf, 4));
         }
         int r = r0;
-        for (; r + 4 <= R; r += 4, pfv = NULL) q8_pv_rows(st, r, vdt, w, v, hd, j0, n, 4, &pfv, pf_v);
+        for (; r + 4 <= R; r += 4, pfv = NULL) q8pv_rows(st, r, vdt, wq, wsc, v, hd, j0, n, m, 4, &pfv, pf_v);
         switch (R - r) {
-        case 3: q8_pv_rows(st, r, vdt, w, v, hd, j0, n, 3, &pfv, pf_v); break;
-        case 2: q8_pv_rows(st, r, vdt, w, v, hd, j0, n, 2, &pfv, pf_v); break;
-        case 1: q8_pv_rows(st, r, vdt, w, v, hd, j0, n, 1, &pfv, pf_v); break;
+        case 3: q8pv_rows(st, r, vdt, wq, wsc, v, hd, j0, n, m, 3, &pfv, pf_v); break;
+        case 2: q8pv_rows(st, r, vdt, wq, wsc, v, hd, j0, n, m, 2, &pfv, pf_v); break;
+        case 1: q8pv_rows(st, r, vdt, wq, wsc, v, hd, j0, n, m, 1, &pfv, pf_v); break;
         default: break;
         }
     }
@@ -225,5 +219,40 @@ void attn_block_q8_avx512(attn_state *st, const attn_block *b) {
         else q8_step(st, b, 128, 0);
         break;
     default: q8_step(st, b, 0, 0); break;
+    }
+}
+
+void attn_q8_pv_avx512(float *acc, const float *p, int nv, const int8_t *v, const uint16_t *vd, int hd) {
+    const int ng = hd / 32;
+    float vdt[16 * 128], sc[128];
+    uint8_t q[16 * 128];
+    for (int j0 = 0; j0 < nv; j0 += ATTN_Q8_PV_TILE) {
+        const int n = nv - j0 < ATTN_Q8_PV_TILE ? nv - j0 : ATTN_Q8_PV_TILE;
+        for (int g = 0; g < ng; g++)
+            for (int j = 0; j < 16; j++)
+                vdt[g * 16 + j] = j < n ? _cvtsh_ss(vd[(size_t)(j0 + j) * ng + g]) : 0.0f;
+        q8pv_weights_avx512(p + j0, q8_tail(n), vdt, ng, q, sc);
+        const int8_t *vt = v + (size_t)j0 * hd;
+        int d = 0;
+        for (; d + 64 <= hd; d += 64) {
+            __m512i ia[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(),
+                             _mm512_setzero_si512()};
+            for (int qi = 0; 4 * qi < n; qi++) {
+                __m512i x[4];
+                q8pv_quad_avx512(vt + (size_t)4 * qi * hd, hd, d, n - 4 * qi, x, 4);
+                q8pv_dot_avx512(ia, q, d, qi, x, 4);
+            }
+            q8pv_finish_avx512(acc, ia, sc, d, 4);
+        }
+        if (d < hd) {
+            __m512i ia[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(),
+                             _mm512_setzero_si512()};
+            for (int qi = 0; 4 * qi < n; qi++) {
+                __m512i x[4];
+                q8pv_quad_avx512(vt + (size_t)4 * qi * hd, hd, d, n - 4 * qi, x, 2);
+                q8pv_dot_avx512(ia, q, d, qi, x, 2);
+            }
+            q8pv_finish_avx512(acc, ia, sc, d, 2);
+        }
     }
 }

@@ -1,0 +1,180 @@
+/* The Q8_0 cache's integer P*V, per row and per tile of 16 keys of a block,
+ * as inline helpers any Q8_0 kernel can call for its rows (the block kernels
+ * of attention_q8*.c; kernels over several query rows of other shapes). Not
+ * for use outside src/attention.
+ *
+ * Definition (attention_q8.c states the whole kernel). Keys of a block are
+ * taken in tiles of 16 ([0, 16), [16, 32), ...). For a query row, a tile and a
+ * 32-dim group g, with p[j] the row's probabilities (0 for keys it does not
+ * see) and vd[j][g] the values' scales:
+ *     w[j]  = p[j] * vd[j][g]                       (F32 product)
+ *     mx    = max over the tile's keys of w[j]
+ *     e     = floor(log2(mx))                       (mx >= 2^-100; else the
+ *                                                    tile adds nothing: q = 0, sc = 0)
+ *     q[j]  = min(255, round_even(w[j] * 2^(7 - e)))  in [0, 255], u8
+ *     sc    = 2^(e - 7)
+ *     I[d]  = sum over the tile's keys of q[j] * v[j][d]   (exact integer)
+ *     acc[d] = fma(sc, (float)I[d], acc[d])          for d in group g
+ * Every step is exact or one IEEE rounding of operands that do not depend on
+ * the ISA, on the order of the keys or on the rows sharing the call, so the
+ * result has the same bits in the scalar reference, in SIMD kernels, and for
+ * a row of a batched pass and a single-token call (a tile a row does not see
+ * has mx = 0 and leaves acc as it is). The largest weight keeps 8 bits
+ * (q in [128, 255]); the weight error is at most half a step, 2^-8 of the
+ * tile's largest weight (the values themselves are 8-bit numbers). |I| <=
+ * 16 * 255 * 127 < 2^24, so (float)I is exact. */
+#ifndef ELLM_ATTENTION_Q8_IMPL_H
+#define ELLM_ATTENTION_Q8_IMPL_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+/* Keys per P*V tile (the quantization unit of the weights). */
+#define ATTN_Q8_PV_TILE 16
+/* Smallest tile maximum that is quantized (below, the tile adds nothing). */
+#define ATTN_Q8_PV_MIN 0x1p-100f
+
+/* One row's weights of one tile and group: w[0, n) (n <= 16, >= 0) into
+ * q[0, n) and the tile's scale (returned; 0 when the tile adds nothing). */
+static inline float attn_q8_pv_quant_ref(const float *w, int n, uint8_t *q) {
+    float mx = 0.0f;
+    for (int j = 0; j < n; j++) mx = w[j] > mx ? w[j] : mx;
+    if (!(mx >= ATTN_Q8_PV_MIN)) {
+        memset(q, 0, (size_t)n);
+        return 0.0f;
+    }
+    const int e = ilogbf(mx);
+    const float up = ldexpf(1.0f, 7 - e);
+    for (int j = 0; j < n; j++) {
+        const long v = lrintf(w[j] * up);
+        q[j] = (uint8_t)(v > 255 ? 255 : v);
+    }
+    return ldexpf(1.0f, e - 7);
+}
+
+#if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512VBMI__)
+#include <immintrin.h>
+
+#define Q8PV_INLINE static inline __attribute__((always_inline))
+
+/* vpermt2b indices. Level 1: two token rows a, b (64 dims each) to pairs
+ * a[i] b[i] of dims [0, 32) (lo) or [32, 64) (hi). Level 2: two such pair
+ * vectors ab, cd to dwords a[i] b[i] c[i] d[i] of their dims [0, 16) (lo) or
+ * [16, 32) (hi) of the pairs. */
+static const uint8_t q8pv_perm[4][64] __attribute__((aligned(64))) = {
+#define L1(i, o) (uint8_t)((o) + (i) / 2 + ((i) % 2) * 64)
+#define L1ROW(o, b)                                                                                                   \
+    L1(b + 0, o), L1(b + 1, o), L1(b + 2, o), L1(b + 3, o), L1(b + 4, o), L1(b + 5, o), L1(b + 6, o), L1(b + 7, o)
+    {L1ROW(0, 0), L1ROW(0, 8), L1ROW(0, 16), L1ROW(0, 24), L1ROW(0, 32), L1ROW(0, 40), L1ROW(0, 48), L1ROW(0, 56)},
+    {L1ROW(32, 0), L1ROW(32, 8), L1ROW(32, 16), L1ROW(32, 24), L1ROW(32, 32), L1ROW(32, 40), L1ROW(32, 48),
+     L1ROW(32, 56)},
+#undef L1ROW
+#undef L1
+/* byte 4i + t: pair vector ab (t < 2) or cd (t >= 2), byte 2 (o + i) + t % 2 */
+#define L2(i, o) (uint8_t)(2 * ((o) + (i) / 4) + (i) % 2 + ((i) % 4 >= 2 ? 64 : 0))
+#define L2ROW(o, b)                                                                                                   \
+    L2(b + 0, o), L2(b + 1, o), L2(b + 2, o), L2(b + 3, o), L2(b + 4, o), L2(b + 5, o), L2(b + 6, o), L2(b + 7, o)
+    {L2ROW(0, 0), L2ROW(0, 8), L2ROW(0, 16), L2ROW(0, 24), L2ROW(0, 32), L2ROW(0, 40), L2ROW(0, 48), L2ROW(0, 56)},
+    {L2ROW(16, 0), L2ROW(16, 8), L2ROW(16, 16), L2ROW(16, 24), L2ROW(16, 32), L2ROW(16, 40), L2ROW(16, 48),
+     L2ROW(16, 56)},
+#undef L2ROW
+#undef L2
+};
+
+/* Lanes 0-7: the max of a's 16 lanes; lanes 8-15: of b's. */
+Q8PV_INLINE __m512 q8pv_max2(__m512 a, __m512 b) {
+    __m512 t = _mm512_max_ps(_mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(3, 2, 3, 2)));
+    t = _mm512_max_ps(t, _mm512_shuffle_f32x4(t, t, _MM_SHUFFLE(2, 3, 0, 1)));
+    t = _mm512_max_ps(t, _mm512_permute_ps(t, _MM_SHUFFLE(1, 0, 3, 2)));
+    return _mm512_max_ps(t, _mm512_permute_ps(t, _MM_SHUFFLE(2, 3, 0, 1)));
+}
+
+/* Groups g0 (lanes 0-7 of mx) and g0 + 1 (lanes 8-15) of one row: weights
+ * w0, w1 (16 keys each) to u8 in q[16 g0 ..] and scales in sc[g0], sc[g0 + 1]. */
+Q8PV_INLINE void q8pv_quant2(__m512 w0, __m512 w1, __m512 mx, uint8_t *q, float *sc, int g0) {
+    const __mmask16 ok = _mm512_cmp_ps_mask(mx, _mm512_set1_ps(ATTN_Q8_PV_MIN), _CMP_GE_OQ);
+    const __m512 e = _mm512_getexp_ps(mx), one = _mm512_set1_ps(1.0f), seven = _mm512_set1_ps(7.0f);
+    const __m512 up = _mm512_scalef_ps(one, _mm512_sub_ps(seven, e));
+    const __m512 s = _mm512_maskz_scalef_ps(ok, one, _mm512_sub_ps(e, seven));
+    const __m512 u0 = _mm512_shuffle_f32x4(up, up, 0x00), u1 = _mm512_shuffle_f32x4(up, up, 0xff);
+    const __mmask16 ok0 = (__mmask16)((ok & 1) ? 0xffff : 0), ok1 = (__mmask16)((ok & 0x100) ? 0xffff : 0);
+    _mm_storeu_si128((__m128i *)(q + 16 * g0),
+                     _mm512_cvtusepi32_epi8(_mm512_maskz_cvtps_epi32(ok0, _mm512_mul_ps(w0, u0))));
+    _mm_storeu_si128((__m128i *)(q + 16 * (g0 + 1)),
+                     _mm512_cvtusepi32_epi8(_mm512_maskz_cvtps_epi32(ok1, _mm512_mul_ps(w1, u1))));
+    sc[g0] = _mm_cvtss_f32(_mm512_castps512_ps128(s));
+    sc[g0 + 1] = _mm_cvtss_f32(_mm512_castps512_ps128(_mm512_shuffle_f32x4(s, s, 0xff)));
+}
+
+/* One row's quantized weights of a tile: p (its 16 probabilities; lanes
+ * outside m are not read), vdt (ng x 16 value scales of the tile's keys, by
+ * group) into q (ng x 16 u8, by group) and sc (ng scales). */
+Q8PV_INLINE void q8pv_weights_avx512(const float *p, __mmask16 m, const float *vdt, int ng, uint8_t *q, float *sc) {
+    const __m512 pv = _mm512_maskz_loadu_ps(m, p);
+    int g = 0;
+    for (; g + 2 <= ng; g += 2) {
+        const __m512 w0 = _mm512_mul_ps(pv, _mm512_loadu_ps(vdt + (size_t)g * 16));
+        const __m512 w1 = _mm512_mul_ps(pv, _mm512_loadu_ps(vdt + (size_t)(g + 1) * 16));
+        q8pv_quant2(w0, w1, q8pv_max2(w0, w1), q, sc, g);
+    }
+    if (g < ng) { /* an odd group: paired with itself, the copy's results overwritten */
+        uint8_t qq[32];
+        float ss[2];
+        const __m512 w0 = _mm512_mul_ps(pv, _mm512_loadu_ps(vdt + (size_t)g * 16));
+        q8pv_quant2(w0, w0, q8pv_max2(w0, w0), qq, ss, 0);
+        memcpy(q + 16 * g, qq, 16);
+        sc[g] = ss[0];
+    }
+}
+
+/* Values of keys t0 .. t0 + 3 (row t at v + t * hd; rows >= nv are taken as
+ * zero), dims [d0, d0 + 16 NV) (NV 4: a 64-dim chunk, 2: the last 32 dims),
+ * as x[i]: dims d0 + 16 i .. + 16, one dword per dim holding the 4 keys'
+ * bytes (the u8 x s8 operand of vpdpbusd). */
+Q8PV_INLINE void q8pv_quad_avx512(const int8_t *v, int hd, int d0, int nv, __m512i x[4], const int NV) {
+    __m512i r[4];
+#pragma GCC unroll 4
+    for (int t = 0; t < 4; t++) {
+        const int8_t *p = v + (size_t)t * hd + d0;
+        if (t >= nv) r[t] = _mm512_setzero_si512();
+        else if (NV == 4) r[t] = _mm512_loadu_si512((const void *)p);
+        else r[t] = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)p));
+    }
+    const __m512i p1lo = _mm512_load_si512((const void *)q8pv_perm[0]), p2lo = _mm512_load_si512((const void *)q8pv_perm[2]),
+                  p2hi = _mm512_load_si512((const void *)q8pv_perm[3]);
+    const __m512i ab = _mm512_permutex2var_epi8(r[0], p1lo, r[1]), cd = _mm512_permutex2var_epi8(r[2], p1lo, r[3]);
+    x[0] = _mm512_permutex2var_epi8(ab, p2lo, cd);
+    x[1] = _mm512_permutex2var_epi8(ab, p2hi, cd);
+    if (NV == 4) {
+        const __m512i p1hi = _mm512_load_si512((const void *)q8pv_perm[1]);
+        const __m512i ab1 = _mm512_permutex2var_epi8(r[0], p1hi, r[1]), cd1 = _mm512_permutex2var_epi8(r[2], p1hi, r[3]);
+        x[2] = _mm512_permutex2var_epi8(ab1, p2lo, cd1);
+        x[3] = _mm512_permutex2var_epi8(ab1, p2hi, cd1);
+    }
+}
+
+/* ia[i] += the row's weights of keys 4 qi .. 4 qi + 3 (group of dims d0 + 16 i)
+ * times x[i]; q: the row's ng x 16 weights (q8pv_weights_avx512). */
+Q8PV_INLINE void q8pv_dot_avx512(__m512i ia[4], const uint8_t *q, int d0, int qi, const __m512i x[4], const int NV) {
+#pragma GCC unroll 4
+    for (int i = 0; i < NV; i++) {
+        int32_t w;
+        memcpy(&w, q + 16 * ((d0 + 16 * i) / 32) + 4 * qi, 4);
+        ia[i] = _mm512_dpbusd_epi32(ia[i], _mm512_set1_epi32(w), x[i]);
+    }
+}
+
+/* acc[d0 .. d0 + 16 NV) = fma(sc of the dim's group, (float)ia, acc). */
+Q8PV_INLINE void q8pv_finish_avx512(float *acc, const __m512i ia[4], const float *sc, int d0, const int NV) {
+#pragma GCC unroll 4
+    for (int i = 0; i < NV; i++) {
+        float *a = acc + d0 + 16 * i;
+        _mm512_storeu_ps(a, _mm512_fmadd_ps(_mm512_set1_ps(sc[(d0 + 16 * i) / 32]), _mm512_cvtepi32_ps(ia[i]),
+                                            _mm512_loadu_ps(a)));
+    }
+}
+#endif
+
+#endif
