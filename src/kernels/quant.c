@@ -300,12 +300,32 @@ static int g128_assign(const float *x, const float *w, float d, float m, uint8_t
     return changed;
 }
 
+/* The factor that makes a block's weighted projection on its quantized
+ * values xq equal its weighted square: a = sum w x^2 / sum w x xq. A least-
+ * squares fit leaves the residual orthogonal to xq, so sum w x xq = sum w xq^2
+ * < sum w x^2: the fitted block is shrunk, and so is every output it feeds,
+ * by the same sign in every block of every matrix. Scaling the block's scale
+ * (and offset) by a removes that bias at a second-order cost in squared
+ * error. On the evaluation model it lowered the KL divergence from F32 and
+ * the perplexity of every weighting measured (bench/CONVERT.md). Returns 1
+ * when there is nothing to correct. */
+static float gain_factor(const float *x, const float *xq, const float *w, int n) {
+    double sxx = 0, sxq = 0;
+    for (int i = 0; i < n; i++) {
+        sxx += (double)w[i] * x[i] * x[i];
+        sxq += (double)w[i] * x[i] * xq[i];
+    }
+    return sxq > 0 && sxx > 0 ? (float)(sxx / sxq) : 1.0f;
+}
+
 /* One INT4_G128 group, x ~= d * q + m with q in [0, 15]: candidate grids
  * with 15 + 0.25 k steps (k = -4..4) over [min, max] give starting q; each
  * is refined by alternating a weighted least-squares fit of (d, m) for fixed
  * q (rounded to F16, what the file holds) with re-rounding q against it, up
  * to three times; the (d, m) of smallest weighted error wins. A refinement
- * that leaves q as it was would only repeat its fit, and ends the candidate. */
+ * that leaves q as it was would only repeat its fit, and ends the candidate.
+ * The levels are then assigned against the winner and (d, m) scaled by the
+ * gain correction (gain_factor). */
 static void quant_int4_g128_group(const float *x, const float *w, block_int4_g128 *b) {
     enum { N = QK_G128 };
     float lo = x[0], hi = x[0];
@@ -346,10 +366,20 @@ static void quant_int4_g128_group(const float *x, const float *w, block_int4_g12
     b->d = ellm_f32_to_f16(best_d);
     b->m = ellm_f32_to_f16(best_m);
     float d = ellm_f16_to_f32(b->d), m = ellm_f16_to_f32(b->m), id = d > 0 ? 1.0f / d : 0.0f;
+    float xq[N];
     for (int l = 0; l < N / 2; l++) {
         int q0 = id > 0 ? clampi((int)lrintf((x[l] - m) * id), 0, 15) : 0;
         int q1 = id > 0 ? clampi((int)lrintf((x[l + 64] - m) * id), 0, 15) : 0;
         b->qs[l] = (uint8_t)(q0 | (q1 << 4));
+        xq[l] = d * (float)q0 + m;
+        xq[l + 64] = d * (float)q1 + m;
+    }
+    /* the levels stay; scale and offset take the gain correction */
+    float a = gain_factor(x, xq, w, N);
+    ellm_f16 d2 = ellm_f32_to_f16(a * d), m2 = ellm_f32_to_f16(a * m);
+    if (isfinite(ellm_f16_to_f32(d2)) && isfinite(ellm_f16_to_f32(m2))) { /* not past the F16 range */
+        b->d = d2;
+        b->m = m2;
     }
 }
 
@@ -363,7 +393,8 @@ static void quant_int4_g128(const float *x, void *dst, int64_t n, const float *w
 /* Q4_0 with per-element weights w (n of them): scales around the one that
  * maps the largest magnitude to -8 are tried; for each, q is rounded, the
  * scale refitted by weighted least squares and rounded to F16, q re-rounded
- * against it, and the scale with the smallest weighted error is kept. */
+ * against it, and the scale with the smallest weighted error is kept, then
+ * scaled by the gain correction (gain_factor) with the levels unchanged. */
 static void quant_q4_0_weighted(const float *x, void *dst, int64_t n, const float *w_all) {
     block_q4_0 *b = dst;
     for (int64_t k = 0; k < n / QK4_0; k++, x += QK4_0) {
@@ -398,12 +429,16 @@ static void quant_q4_0_weighted(const float *x, void *dst, int64_t n, const floa
             }
         }
         b[k].d = ellm_f32_to_f16(best_d);
-        float d = ellm_f16_to_f32(b[k].d), id = d != 0 ? 1.0f / d : 0.0f;
+        float d = ellm_f16_to_f32(b[k].d), id = d != 0 ? 1.0f / d : 0.0f, xq[QK4_0];
         for (int i = 0; i < QK4_0 / 2; i++) {
             int q0 = clampi((int)lrintf(x[i] * id) + 8, 0, 15);
             int q1 = clampi((int)lrintf(x[i + 16] * id) + 8, 0, 15);
             b[k].qs[i] = (uint8_t)(q0 | (q1 << 4));
+            xq[i] = d * (float)(q0 - 8);
+            xq[i + 16] = d * (float)(q1 - 8);
         }
+        ellm_f16 d2 = ellm_f32_to_f16(gain_factor(x, xq, w, QK4_0) * d);
+        if (isfinite(ellm_f16_to_f32(d2))) b[k].d = d2;
     }
 }
 

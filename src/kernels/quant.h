@@ -62,7 +62,9 @@ void qtype_quantize_ref(int type, const float *src, void *dst, int64_t n);
  * squared error: element i of a row weighs sqrt(imatrix[i]) * sqrt(sigma2 + x_i^2)
  * (imatrix: the mean squared activation that meets each input column;
  * sigma2: the row's mean square). Q4_0 and INT4_G128 have weighted
- * quantizers; other types (and imatrix NULL) quantize as qtype_quantize_ref. */
+ * quantizers, whose block scales end with a gain correction (sum w x xq =
+ * sum w x^2 per block); other types (and imatrix NULL) quantize as
+ * qtype_quantize_ref. */
 void qtype_quantize_weighted(int type, const float *src, void *dst, int64_t n, const float *imatrix,
                              int64_t n_per_row);
 
