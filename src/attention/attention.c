@@ -32,6 +32,7 @@
  * head's list -- and a head's parts are merged by whichever finishes last. */
 #include "attention/attention.h"
 #include "attention/attention_kernel.h"
+#include "attention/attention_rows.h"
 #include "core/cpu.h"
 #include "core/fp16.h"
 #include "core/prefetch.h"
@@ -170,6 +171,7 @@ typedef struct {
     const attention_args *a;
     attention_workspace *ws;
     attn_block_fn fn;
+    attn_block_fn rows_fn; /* for parts of ATTN_ROWS_MIN rows or more, or NULL (attention_rows.h) */
     const int32_t *blocks; /* sparse block lists, or NULL for all visible blocks */
     int max_blocks;
     int hd, bt, type;
@@ -267,6 +269,7 @@ static void run_part(const attn_job *J, attn_state *st, int s, long kb, long ke)
     const int nqt = a->n_q - i0 < ATTN_TILE_Q ? a->n_q - i0 : ATTN_TILE_Q;
     const int G = J->group, hd = J->hd, hdp = st->hdp, bt = J->bt;
     st->rows = nqt * G;
+    const attn_block_fn fn = J->rows_fn && st->rows >= ATTN_ROWS_MIN ? J->rows_fn : J->fn;
     const int rows_pad = (st->rows + 3) & ~3;
 
     /* Queries of the tile, pre-multiplied by the scale; pad lanes and rows zero. */
@@ -337,7 +340,7 @@ static void run_part(const attn_job *J, attn_state *st, int s, long kb, long ke)
                 b.ahead_v = kv_cache_block_v(a->kv, a->layer, h, (int)k + DENSE_PREFETCH_BLOCKS);
             }
         }
-        J->fn(st, &b);
+        fn(st, &b);
     }
     if (st->lanes)
         for (int r = 0; r < st->rows; r++) {
@@ -481,6 +484,7 @@ static void job_init(attn_job *J, const attention_args *a, attention_workspace *
     J->fn = p->type == QTYPE_Q8_0 ? q8_block_fns[ellm_cpu_isa()] : block_fns[ellm_cpu_isa()];
     if (J->fn == attn_block_q8_avx512 && !(ellm_cpu()->avx512vnni && ellm_cpu()->avx512vbmi))
         J->fn = attn_block_q8_avx2; /* its int8 instructions are missing */
+    J->rows_fn = attn_rows_kernel(p->type); /* keeps lane sums too */
     /* the AVX-512 kernels' softmax keeps lane sums */
     J->lanes = J->fn == attn_block_avx512 || J->fn == attn_block_q8_avx512;
     J->hd = p->head_dim;

@@ -58,7 +58,9 @@ static void bench_usage(FILE *f) {
             "  --numa-aware, --numa MODE  NUMA placement as for ellm run (off, distribute,\n"
             "                          replicate, interleave); --mlock locks the weights\n"
             "  --spec DRAFTER          also time speculative decoding: a draft step of DRAFTER\n"
-            "                          (ngram, sparse:N, ngram+sparse:N) and a verify pass of k+1\n"
+            "                          (any ellm run --spec list: ngram, sparse:N, quant:TYPE,\n"
+            "                          quant:TYPE:sparse:N, shallow:K, chains with +; the cost per\n"
+            "                          token of drafting --draft-max tokens) and a verify pass of k+1\n"
             "                          tokens for k = 1 .. --draft-max (default 8) at each depth;\n"
             "                          tokens/s = T(k) / (k x draft step + verify of k+1) at the best k\n"
             "  --spec-tokens-per-verify T  tokens per verify pass at --draft-max (from `ellm eval\n"
@@ -206,20 +208,41 @@ static int best_draft_length(ellm_context *ctx, const int32_t *ids, int d, int k
     return 0;
 }
 
-/* Median time of 8 single-token steps at depth d with the context's current
- * sparse budget (a model drafter's draft step); the cache is truncated back. */
-static double time_draft_step(ellm_context *ctx, const int32_t *ids, int d) {
-    double t[8];
+/* A draft step's cost at depth d: the median over reps of (time of
+ * ellm_spec_draft_step drafting the spec state's draft length) / (tokens
+ * drafted), each from a context holding d + 1 tokens and the logits after
+ * them; the cache is truncated back to d. Counts what a real pass counts:
+ * the drafter's model and KV budget swapped in, its single-token passes, the
+ * argmax of each row, the truncation of the provisional KV. Returns -1 if a
+ * pass failed, 0 if nothing was drafted (an n-gram drafter on text that does
+ * not repeat). */
+static double time_draft_step(ellm_context *ctx, ellm_spec *spec, ellm_sampler *smp, const int32_t *ids, int n_ids,
+                              int d) {
+    enum { REPS = 5 };
+    double t[REPS];
+    int n = 0;
     ellm_error err;
-    ellm_context_truncate(ctx, d);
-    for (int s = 0; s < 8; s++) {
-        int32_t tok = ids[s];
-        double t0 = ellm_time_ms();
+    for (int r = 0; r < REPS; r++) {
+        ellm_context_truncate(ctx, d);
+        int32_t tok = ids[(d + r) % n_ids];
         if (ellm_decode(ctx, &tok, 1, NULL, &err) != ELLM_OK) return -1;
-        t[s] = ellm_time_ms() - t0;
+        int32_t out[40];
+        int n_out = 0, n_feed = 0;
+        const int32_t *feed;
+        float *rows;
+        const int n_hist = d + 1 < n_ids ? d + 1 : n_ids;
+        double t0 = ellm_time_ms();
+        if (ellm_spec_draft_step(spec, smp, ids, n_hist, 1 << 20, out, &n_out, &feed, &n_feed, &rows, &err) !=
+            ELLM_OK) {
+            fprintf(stderr, "error: %s\n", err.msg);
+            return -1;
+        }
+        double dt = ellm_time_ms() - t0;
+        ellm_spec_cancel_step(spec);
+        if (n_feed > 1) t[n++] = dt / (n_feed - 1);
     }
     ellm_context_truncate(ctx, d);
-    return median_sort(t, 8);
+    return n ? median_sort(t, n) : 0;
 }
 
 int cmd_bench(int argc, char **argv) {
@@ -277,14 +300,9 @@ int cmd_bench(int argc, char **argv) {
             bad = 1;
         }
     }
-    if (!bad && spec) {
-        const char *sp = strstr(spec, "sparse:");
-        if (sp) spec_budget = atol(sp + 7);
-        if ((sp && spec_budget < 1) || (!sp && strcmp(spec, "ngram"))) {
-            fprintf(stderr, "error: --spec: expected ngram, sparse:N or ngram+sparse:N, got '%s'\n", spec);
-            bad = 1;
-        }
-    }
+    /* Drafters keep the sparse index when one of them has a budget; the
+     * list itself is checked by ellm_spec_init once the context exists. */
+    if (!bad && spec) spec_budget = strstr(spec, "sparse:") != NULL;
     if (bad) return 2;
     if (n_prefills == 1 && prefills[0] == 0) n_prefills = 0;
     if (synth_from < 0) synth_from = synthetic ? 0 : (1L << 30) + 1;
@@ -298,6 +316,8 @@ int cmd_bench(int argc, char **argv) {
     ellm_error err = {0};
     ellm_model *model = NULL;
     ellm_context *ctx = NULL, *ctx0 = NULL;
+    ellm_spec *spec_state = NULL;
+    ellm_sampler *spec_smp = NULL;
     int32_t *ids = NULL;
     double *step_ms = NULL, *base_ms = NULL, *samples = NULL;
     int rc = 1;
@@ -346,6 +366,21 @@ int cmd_bench(int argc, char **argv) {
         cp0.sparse_topk = -1;
         if (ellm_context_init(model, &cp0, &ctx0, &err) != ELLM_OK) {
             fprintf(stderr, "error: %s\n", err.msg);
+            goto done;
+        }
+    }
+    if (spec) {
+        /* The drafter chain as ellm run --spec makes it (a quant: copy is
+         * made or loaded here), drafting --draft-max tokens a pass, greedy. */
+        ellm_spec_params sp = ellm_spec_default_params();
+        sp.drafters = spec;
+        sp.draft_max = (int)spec_kmax;
+        sp.adapt = 0;
+        ellm_sampler_params smp_p = ellm_sampler_default_params();
+        smp_p.temperature = 0;
+        if (ellm_spec_init(ctx, &sp, &spec_state, &err) != ELLM_OK ||
+            ellm_sampler_init(&smp_p, info.n_vocab, &spec_smp, &err) != ELLM_OK) {
+            fprintf(stderr, "error: --spec: %s\n", err.msg);
             goto done;
         }
     }
@@ -443,9 +478,8 @@ int cmd_bench(int argc, char **argv) {
         if (spec) {
             progress("speculative draft and verify at depth ", d);
             ellm_context_truncate(ctx, d);
-            if (spec_budget > 0) ellm_context_set_sparse(ctx, (int)spec_budget, NULL);
-            double draft_ms = 0;
-            if (spec_budget > 0 && (draft_ms = time_draft_step(ctx, ids, d)) < 0) goto spec_fail;
+            double draft_ms = time_draft_step(ctx, spec_state, spec_smp, ids, n_ctx, d);
+            if (draft_ms < 0) goto spec_fail;
             ellm_context_set_sparse(ctx, 0, NULL);
             memset(&specd[i], 0, sizeof specd[i]);
             specd[i].draft_ms = draft_ms;
@@ -570,6 +604,8 @@ done:
     free(step_ms);
     free(base_ms);
     free(samples);
+    ellm_spec_free(spec_state);
+    ellm_sampler_free(spec_smp);
     ellm_context_free(ctx0);
     ellm_context_free(ctx);
     ellm_model_free(model);

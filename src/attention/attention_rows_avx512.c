@@ -1,0 +1,162 @@
+/* AVX-512 multi-row block kernel for F16/F32 caches (compiled with the
+ * AVX-512 flags; chosen by the driver for parts of ATTN_ROWS_MIN rows or
+ * more, see attention_rows.h).
+ *
+ * A block that every row sees whole (all blocks of a verify pass but the
+ * diagonal one), of 16 keys (block_tokens 16) and head_dim 64 or 128:
+ *   K    converted once to F32 channel rows (kbuf, 16 keys a channel);
+ *   QK   6 rows per pass over the channels: per channel pair, two key
+ *        registers feed 12 FMAs, each row keeping the single-row kernel's
+ *        two chains (even and odd channels, summed at the end);
+ *   softmax  the single-row kernel's step (softmax_avx512.h), unchanged;
+ *   V    converted once to F32 rows (vbuf);
+ *   PV   6 rows x 64 dims per pass over the keys (24 accumulators), keys in
+ *        order, one FMA per key and element as the single-row kernel does.
+ * Per row this is exactly the single-row kernel's arithmetic (attention_avx512.c),
+ * so the bits are the same; what changes is that one load of a key or value
+ * register now feeds 6 rows' FMAs instead of up to 4, and nothing is
+ * converted twice. Any other block goes to attn_block_avx512. */
+#include "attention/attention_rows.h"
+#include "kernels/quant.h"
+
+#include "attention/softmax_avx512.h"
+
+#include <immintrin.h>
+
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+
+/* Rows per register pass. */
+#define NRQ 6
+
+/* s[r][0..16) = q[r] . k[0..16) for NR rows: kT holds channel c of the 16
+ * keys at kT + 16 c (F32). c0 sums the even channels, c1 the odd ones, in
+ * channel order, then s = c0 + c1 (attention_avx512.c's qk_pairs/qk_rows). */
+static ALWAYS_INLINE void qk16(const float *q, int hdp, const float *kT, float *s, int lds, const int HD,
+                               const int NR) {
+    __m512 c0[NRQ], c1[NRQ];
+#pragma GCC unroll 6
+    for (int r = 0; r < NR; r++) c0[r] = c1[r] = _mm512_setzero_ps();
+#pragma GCC unroll 4
+    for (int d = 0; d < HD; d += 2) {
+        const __m512 x0 = _mm512_load_ps(kT + 16 * d);
+        const __m512 x1 = _mm512_load_ps(kT + 16 * (d + 1));
+#pragma GCC unroll 6
+        for (int r = 0; r < NR; r++) {
+            const float *qr = q + (size_t)r * hdp + d;
+            c0[r] = _mm512_fmadd_ps(_mm512_set1_ps(qr[0]), x0, c0[r]);
+            c1[r] = _mm512_fmadd_ps(_mm512_set1_ps(qr[1]), x1, c1[r]);
+        }
+    }
+#pragma GCC unroll 6
+    for (int r = 0; r < NR; r++) _mm512_storeu_ps(s + (size_t)r * lds, _mm512_add_ps(c0[r], c1[r]));
+}
+
+/* acc[r][d0 .. d0 + 64) += p[r][j] * v[j][d0 ..] over the 16 keys in order,
+ * for NR rows; v is F32 rows of stride hdp. */
+static ALWAYS_INLINE void pv16(float *acc, int hdp, const float *p, int lds, const float *v, int d0, const int NR) {
+    __m512 c[NRQ][4];
+#pragma GCC unroll 6
+    for (int r = 0; r < NR; r++)
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++) c[r][i] = _mm512_loadu_ps(acc + (size_t)r * hdp + d0 + 16 * i);
+#pragma GCC unroll 2
+    for (int j = 0; j < 16; j++) {
+        __m512 x[4];
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++) x[i] = _mm512_load_ps(v + (size_t)j * hdp + d0 + 16 * i);
+#pragma GCC unroll 6
+        for (int r = 0; r < NR; r++) {
+            const __m512 pb = _mm512_set1_ps(p[(size_t)r * lds + j]);
+#pragma GCC unroll 4
+            for (int i = 0; i < 4; i++) c[r][i] = _mm512_fmadd_ps(pb, x[i], c[r][i]);
+        }
+    }
+#pragma GCC unroll 6
+    for (int r = 0; r < NR; r++)
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++) _mm512_storeu_ps(acc + (size_t)r * hdp + d0 + 16 * i, c[r][i]);
+}
+
+/* All rows [0, R) in passes of NRQ, the last pass taking what is left. */
+static ALWAYS_INLINE void qk_all(const attn_state *st, const float *kT, const int HD) {
+    const int R = st->rows, hdp = HD, lds = st->lds;
+    int r = 0;
+    for (; r + NRQ <= R; r += NRQ) qk16(st->q + (size_t)r * hdp, hdp, kT, st->s + (size_t)r * lds, lds, HD, NRQ);
+    const float *q = st->q + (size_t)r * hdp;
+    float *s = st->s + (size_t)r * lds;
+    switch (R - r) {
+    case 5: qk16(q, hdp, kT, s, lds, HD, 5); break;
+    case 4: qk16(q, hdp, kT, s, lds, HD, 4); break;
+    case 3: qk16(q, hdp, kT, s, lds, HD, 3); break;
+    case 2: qk16(q, hdp, kT, s, lds, HD, 2); break;
+    case 1: qk16(q, hdp, kT, s, lds, HD, 1); break;
+    default: break;
+    }
+}
+
+static ALWAYS_INLINE void pv_all(attn_state *st, const float *v, const int HD) {
+    const int R = st->rows, hdp = HD, lds = st->lds;
+    for (int d0 = 0; d0 < HD; d0 += 64) {
+        int r = 0;
+        for (; r + NRQ <= R; r += NRQ)
+            pv16(st->acc + (size_t)r * hdp, hdp, st->s + (size_t)r * lds, lds, v, d0, NRQ);
+        float *acc = st->acc + (size_t)r * hdp;
+        const float *p = st->s + (size_t)r * lds;
+        switch (R - r) {
+        case 5: pv16(acc, hdp, p, lds, v, d0, 5); break;
+        case 4: pv16(acc, hdp, p, lds, v, d0, 4); break;
+        case 3: pv16(acc, hdp, p, lds, v, d0, 3); break;
+        case 2: pv16(acc, hdp, p, lds, v, d0, 2); break;
+        case 1: pv16(acc, hdp, p, lds, v, d0, 1); break;
+        default: break;
+        }
+    }
+}
+
+/* Lines of `pf` (the block DENSE/SPARSE ahead's K or V half, `lines` of them)
+ * prefetched towards L2 as channel or key i of `n` is converted. */
+static ALWAYS_INLINE void pf_spread(const char *pf, int i, int n, int lines) {
+    if (!pf) return;
+    for (int l = i * lines / n; l < (i + 1) * lines / n; l++) _mm_prefetch(pf + (size_t)l * 64, _MM_HINT_T1);
+}
+
+/* A full block of 16 keys, head_dim HD (64 or 128), F16 or F32 (F16 const). */
+static ALWAYS_INLINE void block_full(attn_state *st, const attn_block *b, const int HD, const int F16) {
+    float *kT = st->kbuf, *vb = st->vbuf;
+    const int lines = (16 * HD * (F16 ? 2 : 4) + 63) / 64;
+    /* K: channel-major in the cache (HD rows of 16 keys) -> kbuf, 16 floats a channel */
+    for (int c = 0; c < HD; c++) {
+        const __m512 x = F16 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)b->k + 16 * c)))
+                             : _mm512_loadu_ps((const float *)b->k + 16 * c);
+        _mm512_store_ps(kT + 16 * c, x);
+        pf_spread(b->ahead_k, c, HD, lines);
+    }
+    qk_all(st, kT, HD);
+    attn_softmax_block_avx512(st, b, 0, 16, HD, 16);
+    /* V: token-major (16 rows of HD) -> vbuf rows of stride HD */
+    for (int j = 0; j < 16; j++) {
+        for (int d = 0; d < HD; d += 16) {
+            const __m512 x = F16 ? _mm512_cvtph_ps(
+                                       _mm256_loadu_si256((const __m256i *)((const uint16_t *)b->v + (size_t)j * HD + d)))
+                                 : _mm512_loadu_ps((const float *)b->v + (size_t)j * HD + d);
+            _mm512_store_ps(vb + (size_t)j * HD + d, x);
+        }
+        pf_spread(b->ahead_v, j, 16, lines);
+    }
+    pv_all(st, vb, HD);
+}
+
+void attn_block_rows_avx512(attn_state *st, const attn_block *b) {
+    /* every row sees all 16 keys: a block before the first row's position */
+    const int full = st->block_tokens == 16 && b->n_valid == 16 && b->vis0 >= 16;
+    /* kbuf and vbuf are 64-byte aligned with rows of hdp floats (a multiple of 16) */
+    if (full && st->head_dim == 64 && st->hdp == 64) {
+        if (b->type == QTYPE_F16) block_full(st, b, 64, 1);
+        else block_full(st, b, 64, 0);
+    } else if (full && st->head_dim == 128 && st->hdp == 128) {
+        if (b->type == QTYPE_F16) block_full(st, b, 128, 1);
+        else block_full(st, b, 128, 0);
+    } else {
+        attn_block_avx512(st, b);
+    }
+}

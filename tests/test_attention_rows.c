@@ -1,0 +1,248 @@
+/* The multi-row attention kernel (attention_rows*.c): every row of a call
+ * that takes it equals, bit for bit, the same call with the single-row
+ * kernel and a single-token call at that row's position; results agree with
+ * the naive reference; the block kernel itself leaves the same state (m,
+ * lane sums, acc) as the single-row block kernel on full blocks (including a
+ * block whose scores raise the running max) and on the diagonal block. */
+#include "attention/attention.h"
+#include "attention/attention_kernel.h"
+#include "attention/attention_rows.h"
+#include "attention/kv_cache.h"
+#include "core/cpu.h"
+#include "core/fp16.h"
+#include "core/threadpool.h"
+#include "harness.h"
+#include "kernels/quant.h"
+
+#include <stdint.h>
+#include <string.h>
+
+static threadpool *g_pool;
+
+static threadpool *pool_of(int n) {
+    if (g_pool && threadpool_size(g_pool) == n) return g_pool;
+    threadpool_free(g_pool);
+    g_pool = NULL;
+    ellm_error err;
+    if (threadpool_init(n, 0, &g_pool, &err) != ELLM_OK) {
+        fprintf(stderr, "threadpool_init(%d): %s\n", n, err.msg);
+        exit(1);
+    }
+    return g_pool;
+}
+
+static uint64_t g_rng = 0x2545f4914f6cdd1dull;
+static float frand(void) { /* uniform in [-1, 1) */
+    g_rng ^= g_rng << 13;
+    g_rng ^= g_rng >> 7;
+    g_rng ^= g_rng << 17;
+    return (float)((g_rng >> 40) & 0xffffff) / (float)(1 << 23) - 1.0f;
+}
+
+static kv_cache *make_filled(int n_kv, int hd, int len, int bt, int type) {
+    kv_cache_params p = {1, n_kv, hd, len, bt, type};
+    kv_cache *kv = NULL;
+    ellm_error err;
+    ellm_status st = kv_cache_init(&p, &kv, &err);
+    CHECK(st == ELLM_OK, "kv_cache_init: %s", st == ELLM_OK ? "" : err.msg);
+    if (!kv) return NULL;
+    size_t n = (size_t)len * n_kv * hd;
+    float *k = malloc(n * sizeof(float)), *v = malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) {
+        k[i] = frand();
+        v[i] = frand();
+    }
+    kv_cache_store(kv, 0, 0, len, k, v);
+    kv_cache_set_len(kv, len);
+    free(k);
+    free(v);
+    return kv;
+}
+
+static float max_abs_diff(const float *a, const float *b, size_t n) {
+    float m = 0;
+    for (size_t i = 0; i < n; i++) {
+        float d = fabsf(a[i] - b[i]);
+        if (!(d <= m)) m = d; /* NaN counts */
+    }
+    return m;
+}
+
+/* One shape: a batch of n_q rows at the end of a cache of len tokens. */
+static void check_shape(int type, int hd, int G, int n_q, int len, int bt) {
+    const int n_kv = 3, n_head = n_kv * G;
+    kv_cache *kv = make_filled(n_kv, hd, len, bt, type);
+    if (!kv) return;
+    const size_t row = (size_t)n_head * hd, nout = (size_t)n_q * row;
+    float *q = malloc(nout * sizeof(float)), *rows = malloc(nout * sizeof(float)), *old = malloc(nout * sizeof(float));
+    float *one = malloc(nout * sizeof(float)), *ref = malloc(nout * sizeof(float));
+    for (size_t i = 0; i < nout; i++) q[i] = 3.0f * frand();
+    attention_workspace *ws = NULL;
+    ellm_error err;
+    CHECK(attention_workspace_init(2, n_q, n_head, hd, len, bt, &ws, &err) == ELLM_OK, "workspace: %s", err.msg);
+    const float scale = 1.0f / sqrtf((float)hd);
+    attention_args a = {kv, 0, n_q, len - n_q, n_head, q, ref, scale};
+    attention_forward_ref(&a);
+    for (int nt = 1; ws && nt <= 2; nt++) {
+        attention_rows_enable(1);
+        a.out = rows;
+        attention_forward(&a, ws, pool_of(nt));
+        attention_rows_enable(0);
+        a.out = old;
+        attention_forward(&a, ws, pool_of(nt));
+        attention_rows_enable(1);
+        for (int i = 0; i < n_q; i++) {
+            attention_args a1 = {kv, 0, 1, len - n_q + i, n_head, q + i * row, one + i * row, scale};
+            attention_forward(&a1, ws, pool_of(1 + i % 2));
+        }
+        int bad_old = 0, bad_one = 0;
+        for (int i = 0; i < n_q; i++) {
+            bad_old += memcmp(rows + i * row, old + i * row, row * sizeof(float)) != 0;
+            bad_one += memcmp(rows + i * row, one + i * row, row * sizeof(float)) != 0;
+        }
+        const char *tn = type == QTYPE_F16 ? "f16" : "f32";
+        CHECK(bad_old == 0, "%s hd=%d G=%d n_q=%d len=%d bt=%d threads=%d: %d rows differ from the single-row kernel",
+              tn, hd, G, n_q, len, bt, nt, bad_old);
+        CHECK(bad_one == 0, "%s hd=%d G=%d n_q=%d len=%d bt=%d threads=%d: %d rows differ from single-token calls", tn,
+              hd, G, n_q, len, bt, nt, bad_one);
+        float e = max_abs_diff(rows, ref, nout);
+        CHECK(e < 2e-5f, "%s hd=%d G=%d n_q=%d: max |rows - reference| = %g", tn, hd, G, n_q, e);
+    }
+    attention_workspace_free(ws);
+    free(q);
+    free(rows);
+    free(old);
+    free(one);
+    free(ref);
+    kv_cache_free(kv);
+}
+
+/* An attn_state over aligned scratch for R rows of head_dim hd (bt 16). */
+typedef struct {
+    attn_state st;
+    float *mem;
+} state_buf;
+
+static void state_init(state_buf *sb, int R, int G, int hd, const float *q) {
+    const int hdp = (hd + 15) & ~15, lds = 16, rp = (R + 15) & ~15;
+    size_t floats = 2 * (size_t)rp * hdp + 2 * (size_t)rp + (size_t)rp * lds + 2 * (size_t)lds * hdp + 16 * (size_t)rp;
+    void *m = NULL;
+    if (posix_memalign(&m, 64, floats * sizeof(float))) m = NULL;
+    sb->mem = m;
+    memset(&sb->st, 0, sizeof sb->st);
+    if (!m) return;
+    memset(m, 0, floats * sizeof(float));
+    attn_state *st = &sb->st;
+    float *p = m;
+    st->head_dim = hd;
+    st->hdp = hdp;
+    st->rows = R;
+    st->group = G;
+    st->block_tokens = 16;
+    st->lds = lds;
+    st->lanes = 1;
+    st->q = p;
+    memcpy(p, q, (size_t)R * hdp * sizeof(float));
+    p += (size_t)rp * hdp;
+    st->acc = p, p += (size_t)rp * hdp;
+    st->m = p, p += rp;
+    st->l = p, p += rp;
+    st->s = p, p += (size_t)rp * lds;
+    st->kbuf = p, p += (size_t)lds * hdp;
+    st->vbuf = p, p += (size_t)lds * hdp;
+    st->lv = p;
+    for (int r = 0; r < R; r++) st->m[r] = -INFINITY;
+}
+
+/* Block kernel against block kernel: a sequence of blocks (the third with
+ * keys 4x larger, so every row's max grows there; the last the diagonal
+ * block, which the rows of a batch see partly). */
+static void check_block_kernel(int type, int hd, int G, int n_tok) {
+    const int R = G * n_tok, hdp = (hd + 15) & ~15, n_blk = 5;
+    const size_t elt = type == QTYPE_F16 ? 2 : 4, half = (size_t)16 * hd * elt;
+    float *q = malloc((size_t)R * hdp * sizeof(float));
+    for (int r = 0; r < R; r++)
+        for (int d = 0; d < hdp; d++) q[(size_t)r * hdp + d] = d < hd ? 0.3f * frand() : 0.0f;
+    char *kv = aligned_alloc(64, 2 * half * n_blk);
+    for (int b = 0; b < n_blk; b++)
+        for (size_t i = 0; i < 16 * (size_t)hd; i++) {
+            float mul = b == 2 ? 4.0f : 1.0f;
+            float k = mul * frand(), v = frand();
+            if (type == QTYPE_F16) {
+                ((uint16_t *)(kv + 2 * half * b))[i] = ellm_f32_to_f16(k);
+                ((uint16_t *)(kv + 2 * half * b + half))[i] = ellm_f32_to_f16(v);
+            } else {
+                ((float *)(kv + 2 * half * b))[i] = k;
+                ((float *)(kv + 2 * half * b + half))[i] = v;
+            }
+        }
+    state_buf a, o;
+    state_init(&a, R, G, hd, q);
+    state_init(&o, R, G, hd, q);
+    if (a.mem && o.mem) {
+        for (int b = 0; b < n_blk; b++) {
+            attn_block blk = {0};
+            blk.k = kv + 2 * half * b;
+            blk.v = kv + 2 * half * b + half;
+            blk.type = type;
+            blk.n_valid = b == n_blk - 1 ? 1 + n_tok - 1 : 16; /* the diagonal block: keys up to the last row */
+            blk.vis0 = b == n_blk - 1 ? 1 : 1000;
+            if (b + 1 < n_blk) {
+                blk.next_k = kv + 2 * half * (b + 1);
+                blk.next_v = blk.next_k + half;
+            }
+            attn_block_rows_avx512(&a.st, &blk);
+            attn_block_avx512(&o.st, &blk);
+        }
+        int bad = memcmp(a.st.m, o.st.m, R * sizeof(float)) != 0;
+        bad += memcmp(a.st.lv, o.st.lv, 16 * (size_t)R * sizeof(float)) != 0;
+        for (int r = 0; r < R; r++)
+            bad += memcmp(a.st.acc + (size_t)r * hdp, o.st.acc + (size_t)r * hdp, hd * sizeof(float)) != 0;
+        CHECK(bad == 0, "block kernel %s hd=%d G=%d tokens=%d: state differs from attn_block_avx512 (%d)",
+              type == QTYPE_F16 ? "f16" : "f32", hd, G, n_tok, bad);
+        float l0 = 0;
+        for (int i = 0; i < 16; i++) l0 += a.st.lv[i];
+        CHECK(l0 > 0 && isfinite(a.st.acc[0]), "block kernel: row 0 accumulated nothing (l = %g)", l0);
+    }
+    free(a.mem);
+    free(o.mem);
+    free(q);
+    free(kv);
+}
+
+int main(void) {
+    if (ellm_cpu()->best < ELLM_ISA_AVX512) {
+        SKIP("multi-row attention kernel: AVX-512 only, this CPU has %s", ellm_isa_str(ellm_cpu()->best));
+        return test_finish();
+    }
+    ellm_cpu_set_isa(ELLM_ISA_AVX512);
+    CHECK(attn_rows_kernel(QTYPE_F16) == attn_block_rows_avx512, "F16 cache: the multi-row kernel is chosen");
+    CHECK(attn_rows_kernel(QTYPE_Q8_0) == NULL, "Q8_0 cache: no multi-row kernel");
+    ellm_cpu_set_isa(ELLM_ISA_AVX2);
+    CHECK(attn_rows_kernel(QTYPE_F16) == NULL, "AVX2: no multi-row kernel");
+    ellm_cpu_set_isa(ELLM_ISA_AVX512);
+
+    /* verify-pass shapes (GQA 3: 9..27 rows), MHA and wide heads, F16 and F32,
+     * depths of several parts (32 blocks each), blocks of 16 and 32 tokens */
+    check_shape(QTYPE_F16, 64, 3, 3, 1100, 16);
+    check_shape(QTYPE_F16, 64, 3, 9, 1500, 16);
+    check_shape(QTYPE_F16, 64, 3, 5, 77, 16);
+    check_shape(QTYPE_F16, 64, 1, 16, 600, 16);
+    check_shape(QTYPE_F16, 64, 4, 17, 700, 16); /* two tiles */
+    check_shape(QTYPE_F16, 128, 2, 8, 900, 16);
+    check_shape(QTYPE_F32, 64, 3, 4, 800, 16);
+    check_shape(QTYPE_F32, 128, 3, 6, 530, 16);
+    check_shape(QTYPE_F16, 64, 3, 6, 700, 32); /* blocks the multi-row kernel hands on */
+    check_shape(QTYPE_F16, 40, 3, 6, 300, 16);
+
+    for (int t = 0; t < 2; t++) {
+        const int type = t ? QTYPE_F32 : QTYPE_F16;
+        check_block_kernel(type, 64, 3, 3);
+        check_block_kernel(type, 64, 3, 9);
+        check_block_kernel(type, 64, 1, 13);
+        check_block_kernel(type, 128, 3, 4);
+    }
+    ellm_cpu_set_isa(ellm_cpu()->best);
+    threadpool_free(g_pool);
+    return test_finish();
+}
