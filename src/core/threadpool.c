@@ -13,6 +13,13 @@
  * gaps between the many small launches of a decode step, short enough not to
  * burn a core another process needs. */
 #define SPIN_NS 200000ull
+/* While spinning (a worker between launches, the caller waiting for the
+ * workers), yield the CPU every this many pauses (about 10 us): a thread that
+ * waits to run on this CPU (a server's HTTP threads, a client on the same
+ * machine) then runs while this one has nothing to do, instead of
+ * preempting it in the middle of its share of a launch, which the others
+ * would wait for. With nothing else runnable, sched_yield returns at once. */
+#define YIELD_SPINS 256u
 
 struct threadpool;
 
@@ -59,7 +66,10 @@ static void *worker_main(void *p) {
             }
             uint64_t now = ellm_time_ns();
             if (!spin_start) spin_start = now;
-            if (now - spin_start < SPIN_NS) continue;
+            if (now - spin_start < SPIN_NS) {
+                if ((spins & (YIELD_SPINS - 1)) == 0) sched_yield();
+                continue;
+            }
             pthread_mutex_lock(&pool->mutex);
             atomic_fetch_add(&pool->n_sleeping, 1);
             while (atomic_load(&pool->generation) == seen && !atomic_load(&pool->stop))
@@ -132,11 +142,10 @@ void threadpool_run(threadpool *pool, threadpool_fn fn, void *arg) {
         pthread_mutex_unlock(&pool->mutex);
     }
     fn(arg, 0, pool->n_threads);
-    /* Wait for the workers; yield now and then in case one was preempted (an
-     * oversubscribed or busy machine), so it can finish instead of us spinning. */
+    /* Wait for the workers, yielding now and then (see YIELD_SPINS). */
     for (unsigned spins = 1; atomic_load_explicit(&pool->n_done, memory_order_acquire) < pool->n_threads - 1;
          spins++) {
-        if (spins % 4096 == 0) sched_yield();
+        if (spins % YIELD_SPINS == 0) sched_yield();
         else __builtin_ia32_pause();
     }
 }
