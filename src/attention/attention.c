@@ -57,6 +57,8 @@ struct attention_workspace {
     int max_seg;      /* n_head * ceil(max_q / ATTN_TILE_Q): bound on segments */
     int max_units;    /* parts one wave may hold */
     size_t thread_floats; /* per-thread scratch, see thread_state() */
+    unsigned calls;       /* waves run so far (attn_job.call) */
+    uint64_t *q_tag;      /* n_threads: (call, segment) whose query rows the thread's scratch holds */
     float *mem;           /* n_threads x thread_floats, 64-byte aligned */
     float *part_mem;      /* part_floats: the partials of the segments of a wave */
     size_t part_floats;
@@ -129,6 +131,7 @@ ellm_status attention_workspace_init(int n_threads, int max_q, int n_head, int h
     ws->seg_slot = calloc((size_t)ws->max_seg, sizeof *ws->seg_slot);
     ws->unit_block = calloc((size_t)ws->max_units + 1, sizeof *ws->unit_block);
     ws->arrived = calloc((size_t)ws->max_seg, sizeof *ws->arrived);
+    ws->q_tag = calloc((size_t)n_threads, sizeof *ws->q_tag);
     ws->sel_done = calloc((size_t)ws->max_seg, sizeof *ws->sel_done);
     /* The rows of all heads of one tile are at most rows_pad; each head's
      * partial is padded by < 16 floats per m and l. */
@@ -138,7 +141,7 @@ ellm_status attention_workspace_init(int n_threads, int max_q, int n_head, int h
     ws->chunk_mem = cmem;
     ws->sel_cut = malloc((size_t)ws->max_seg * (max_parts + 1) * sizeof *ws->sel_cut);
     ws->sel_chunks = calloc((size_t)ws->max_seg, sizeof *ws->sel_chunks);
-    if (!ws->mem || !ws->part_mem || !ws->seg_start || !ws->seg_slot || !ws->unit_block || !ws->arrived ||
+    if (!ws->mem || !ws->q_tag || !ws->part_mem || !ws->seg_start || !ws->seg_slot || !ws->unit_block || !ws->arrived ||
         !ws->sel_done || !ws->chunk_mem || !ws->sel_cut || !ws->sel_chunks) {
         attention_workspace_free(ws);
         return ellm_fail(err, ELLM_ERR_NOMEM, "attention workspace: cannot allocate %.1f MB",
@@ -158,6 +161,7 @@ void attention_workspace_free(attention_workspace *ws) {
     free(ws->seg_slot);
     free(ws->unit_block);
     free(ws->arrived);
+    free(ws->q_tag);
     free((void *)ws->sel_done);
     free(ws->chunk_mem);
     free(ws->sel_cut);
@@ -186,6 +190,7 @@ typedef struct {
     int *sel_n;
     int n_blocks_cache; /* kv_cache_n_blocks */
     int lanes;          /* the kernels keep lane sums of l (attn_state.lanes) */
+    unsigned call;      /* this wave's number (never 0), for attention_workspace.q_tag */
 } attn_job;
 
 /* Scratch of thread ith: m, l and acc are its own for whole segments. */
@@ -262,7 +267,7 @@ static long unit_at(const attn_job *J, long w) {
 
 /* Runs blocks [kb, ke) of segment s's block list into st (whose m, l, acc are
  * where the partial goes), starting from an empty state. */
-static void run_part(const attn_job *J, attn_state *st, int s, long kb, long ke) {
+static void run_part(const attn_job *J, attn_state *st, int s, long kb, long ke, uint64_t *qtag) {
     const attention_args *a = J->a;
     const int h = s / J->nt, t = J->t0 + s % J->nt;
     const int i0 = t * ATTN_TILE_Q;
@@ -272,17 +277,28 @@ static void run_part(const attn_job *J, attn_state *st, int s, long kb, long ke)
     const attn_block_fn fn = J->rows_fn && st->rows >= ATTN_ROWS_MIN ? J->rows_fn : J->fn;
     const int rows_pad = (st->rows + 3) & ~3;
 
-    /* Queries of the tile, pre-multiplied by the scale; pad lanes and rows zero. */
+    /* Queries of the tile, pre-multiplied by the scale; pad lanes and rows
+     * zero; for a Q8_0 cache quantized too. Once per thread and segment: the
+     * thread's next part is usually of the same segment (a deep dense call
+     * or a sparse list has dozens of parts per segment), and quantizing
+     * every part's rows afresh cost ~6% of a Q8_0 call. */
     float *q = (float *)st->q;
-    for (int r = 0; r < rows_pad; r++) {
-        float *dst = q + (size_t)r * hdp;
-        int d = 0;
-        if (r < st->rows) {
-            const float *src =
-                a->q + ((size_t)(i0 + r / G) * a->n_head + (size_t)h * G + r % G) * hd;
-            for (; d < hd; d++) dst[d] = src[d] * a->scale;
+    const uint64_t tag = (uint64_t)J->call << 32 | (uint32_t)s;
+    if (*qtag != tag) {
+        for (int r = 0; r < rows_pad; r++) {
+            float *dst = q + (size_t)r * hdp;
+            int d = 0;
+            if (r < st->rows) {
+                const float *src = a->q + ((size_t)(i0 + r / G) * a->n_head + (size_t)h * G + r % G) * hd;
+                for (; d < hd; d++) dst[d] = src[d] * a->scale;
+            }
+            for (; d < hdp; d++) dst[d] = 0.0f;
         }
-        for (; d < hdp; d++) dst[d] = 0.0f;
+        if (J->type == QTYPE_Q8_0) /* the int8 query of the Q8_0 kernels */
+            for (int r = 0; r < st->rows; r++)
+                attn_q8_quantize_query(q + (size_t)r * hdp, hd, st->q8 + (size_t)r * hdp,
+                                       st->qd + (size_t)r * (hdp / 32), st->qsum + (size_t)r * (hdp / 32));
+        *qtag = tag;
     }
     for (int r = 0; r < st->rows; r++) {
         st->m[r] = -INFINITY;
@@ -290,14 +306,19 @@ static void run_part(const attn_job *J, attn_state *st, int s, long kb, long ke)
     }
     memset(st->acc, 0, (size_t)st->rows * hdp * sizeof(float));
     if (st->lanes) memset(st->lv, 0, (size_t)st->rows * 16 * sizeof(float));
-    if (J->type == QTYPE_Q8_0) /* the int8 query of the Q8_0 kernels */
-        for (int r = 0; r < st->rows; r++)
-            attn_q8_quantize_query(q + (size_t)r * hdp, hd, st->q8 + (size_t)r * hdp, st->qd + (size_t)r * (hdp / 32),
-                                   st->qsum + (size_t)r * (hdp / 32));
 
     const int end_pos = a->q_pos0 + i0 + nqt; /* keys the tile's last token sees */
     const int32_t *list = J->blocks ? J->blocks + (size_t)h * J->max_blocks : NULL;
+    /* Blocks k .. k + A of the list (a block's V half follows its K half),
+     * each looked up once: ring[z % 8] holds block z. */
+    const int A = list ? SPARSE_PREFETCH_BLOCKS : DENSE_PREFETCH_BLOCKS;
+    _Static_assert(SPARSE_PREFETCH_BLOCKS < 8 && DENSE_PREFETCH_BLOCKS < 8, "the ring holds 8 blocks");
+    const char *ring[8];
+    for (long z = kb; z < ke && z <= kb + A; z++)
+        ring[z & 7] = kv_cache_block_k(a->kv, a->layer, h, list ? list[z] : (int)z);
     for (long k = kb; k < ke; k++) {
+        if (k > kb && k + A < ke)
+            ring[(k + A) & 7] = kv_cache_block_k(a->kv, a->layer, h, list ? list[k + A] : (int)(k + A));
         int blk = list ? list[k] : (int)k;
         int pos0 = blk * bt;
         attn_block b;
@@ -305,40 +326,24 @@ static void run_part(const attn_job *J, attn_state *st, int s, long kb, long ke)
         if (b.n_valid <= 0) continue; /* sparse: a block after the tile's last token */
         b.vis0 = a->q_pos0 + i0 + 1 - pos0;
         b.type = J->type;
-        b.k = kv_cache_block_k(a->kv, a->layer, h, blk);
-        b.v = kv_cache_block_v(a->kv, a->layer, h, blk);
+        b.k = ring[k & 7];
+        b.v = ring[k & 7] + J->half_bytes;
         b.next_k = b.next_v = NULL;
         b.ahead_k = b.ahead_v = NULL;
-        if (list) {
-            /* Scattered blocks: SPARSE_PREFETCH_BLOCKS in flight towards L2
-             * (see the constant); the part's first ones at once, then the
-             * kernel asks for the block that far ahead while it computes. */
-            if (k == kb)
-                for (long z = k + 1; z < k + SPARSE_PREFETCH_BLOCKS && z < ke; z++) {
-                    prefetch_range_l2(kv_cache_block_k(a->kv, a->layer, h, list[z]), J->half_bytes);
-                    prefetch_range_l2(kv_cache_block_v(a->kv, a->layer, h, list[z]), J->half_bytes);
-                }
-            if (k + SPARSE_PREFETCH_BLOCKS < ke) {
-                b.ahead_k = kv_cache_block_k(a->kv, a->layer, h, list[k + SPARSE_PREFETCH_BLOCKS]);
-                b.ahead_v = kv_cache_block_v(a->kv, a->layer, h, list[k + SPARSE_PREFETCH_BLOCKS]);
-            }
-        } else {
-            /* Contiguous blocks: the next one for kernels that convert it into
-             * scratch (many rows), and the one DENSE_PREFETCH_BLOCKS ahead
-             * spread over the computation (see the constant). */
-            if (k == kb)
-                for (long z = k + 1; z < k + DENSE_PREFETCH_BLOCKS && z < ke; z++) {
-                    prefetch_range_l2(kv_cache_block_k(a->kv, a->layer, h, (int)z), J->half_bytes);
-                    prefetch_range_l2(kv_cache_block_v(a->kv, a->layer, h, (int)z), J->half_bytes);
-                }
-            if (k + 1 < ke) {
-                b.next_k = kv_cache_block_k(a->kv, a->layer, h, (int)k + 1);
-                b.next_v = kv_cache_block_v(a->kv, a->layer, h, (int)k + 1);
-            }
-            if (k + DENSE_PREFETCH_BLOCKS < ke) {
-                b.ahead_k = kv_cache_block_k(a->kv, a->layer, h, (int)k + DENSE_PREFETCH_BLOCKS);
-                b.ahead_v = kv_cache_block_v(a->kv, a->layer, h, (int)k + DENSE_PREFETCH_BLOCKS);
-            }
+        /* Scattered blocks: SPARSE_PREFETCH_BLOCKS in flight towards L2 (see
+         * the constant); the part's first ones at once, then the kernel asks
+         * for the block that far ahead while it computes. Contiguous blocks:
+         * the same DENSE_PREFETCH_BLOCKS ahead, and the next one for kernels
+         * that convert it into scratch (many rows). */
+        if (k == kb)
+            for (long z = k + 1; z < k + A && z < ke; z++) prefetch_range_l2(ring[z & 7], 2 * J->half_bytes);
+        if (!list && k + 1 < ke) {
+            b.next_k = ring[(k + 1) & 7];
+            b.next_v = ring[(k + 1) & 7] + J->half_bytes;
+        }
+        if (k + A < ke) {
+            b.ahead_k = ring[(k + A) & 7];
+            b.ahead_v = ring[(k + A) & 7] + J->half_bytes;
         }
         fn(st, &b);
     }
@@ -438,7 +443,7 @@ static void attn_worker(void *arg, int ith, int nth) {
         const long sb = ws->unit_block[ws->seg_start[s]];
         attn_state st = own;
         if (n_parts == 1) {
-            run_part(J, &st, s, 0, ws->unit_block[u + 1] - sb);
+            run_part(J, &st, s, 0, ws->unit_block[u + 1] - sb, &ws->q_tag[ith]);
             write_out(J, &st, s);
             continue;
         }
@@ -448,7 +453,7 @@ static void attn_worker(void *arg, int ith, int nth) {
         st.m = slot;
         st.l = slot + rp;
         st.acc = slot + 2 * rp;
-        run_part(J, &st, s, ws->unit_block[u] - sb, ws->unit_block[u + 1] - sb);
+        run_part(J, &st, s, ws->unit_block[u] - sb, ws->unit_block[u + 1] - sb, &ws->q_tag[ith]);
         /* acq_rel: the last arrival sees every other part's partial. */
         if (atomic_fetch_add_explicit(&ws->arrived[s], 1, memory_order_acq_rel) + 1 == n_parts) {
             merge_slots(J, s, part_slot(J, s, 0), part_slot_floats(J, rows), n_parts, rp);
@@ -467,6 +472,12 @@ static const attn_block_fn q8_block_fns[] = {
     [ELLM_ISA_AVX2] = attn_block_q8_avx2,
     [ELLM_ISA_AVX512] = attn_block_q8_avx512,
 };
+
+/* A new wave number (never 0, which q_tag starts as). */
+static unsigned next_call(attention_workspace *ws) {
+    if (++ws->calls == 0) ws->calls = 1;
+    return ws->calls;
+}
 
 /* Checks the call against the workspace and fills the job's shapes. */
 static void job_init(attn_job *J, const attention_args *a, attention_workspace *ws, threadpool *pool) {
@@ -498,6 +509,7 @@ static void job_init(attn_job *J, const attention_args *a, attention_workspace *
     J->t0 = 0;
     J->nt = J->n_tiles;
     J->n_blocks_cache = kv_cache_n_blocks(a->kv);
+    J->call = next_call(ws);
     ELLM_ASSERT(J->n_seg <= ws->max_seg);
 }
 
@@ -562,6 +574,7 @@ static void attention_run(const attention_args *a, const int32_t *blocks, const 
         J.t0 = t0;
         J.nt = nt;
         J.n_seg = J.n_kv * nt;
+        if (t0 > 0) J.call = next_call(ws); /* segments are numbered per wave */
         long unit = 0, blk = 0;
         size_t slot = 0;
         for (int s = 0; s < J.n_seg; s++) {
@@ -656,7 +669,7 @@ static void select_worker(void *arg, int ith, int nth) {
         const long kb = cut[c], ke = cut[c + 1];
         attn_state st = own;
         if (n_chunks == 1) {
-            run_part(J, &st, h, kb, ke);
+            run_part(J, &st, h, kb, ke, &ws->q_tag[ith]);
             write_out(J, &st, h);
             continue;
         }
@@ -665,7 +678,7 @@ static void select_worker(void *arg, int ith, int nth) {
         st.m = slot;
         st.l = slot + rp;
         st.acc = slot + 2 * rp;
-        run_part(J, &st, h, kb, ke);
+        run_part(J, &st, h, kb, ke, &ws->q_tag[ith]);
         /* acq_rel: the last arrival sees every other part's partial. */
         if (atomic_fetch_add_explicit(&ws->arrived[h], 1, memory_order_acq_rel) + 1 == n_chunks) {
             size_t rp1;
@@ -796,7 +809,7 @@ static void parts_worker(void *arg, int ith, int nth) {
             }
             attn_state st = own;
             if (kb < ke) {
-                run_part(J, &st, h * J->nt + t, kb, ke);
+                run_part(J, &st, h * J->nt + t, kb, ke, &J->ws->q_tag[ith]);
             } else {
                 st.rows = seg_rows(J, h * J->nt + t);
                 for (int r = 0; r < st.rows; r++) {
