@@ -272,6 +272,45 @@ static void test_bench(void) {
     expect_error("bench -m /nonexistent-bench.gguf", "/nonexistent-bench.gguf");
 }
 
+/* ellm bench --spec with a model drafter: a quant:q4_0 copy with a KV
+ * budget is made (beside a temporary copy of the evaluation model, so no
+ * cache lands in the source tree), its draft step and the verify passes are
+ * timed, and the JSON has the speculative point; an unknown drafter is
+ * refused by name. */
+static void test_bench_spec(void) {
+    char dir[256], model[512], args[1536], out[16384];
+    tmp_path(dir, sizeof dir, "bench_spec");
+    snprintf(model, sizeof model, "%s/m.gguf", dir);
+    snprintf(args, sizeof args, "mkdir -p %s && cp models/evalmodel.gguf %s", dir, model);
+    CHECK(system(args) == 0, "copy of the evaluation model into %s", dir);
+    snprintf(args, sizeof args,
+             "bench -m %s --depths 96 -n 2 --prefill 0 --bw-mb 16 -t 1 --spec quant:q4_0:sparse:32 --draft-max 3 "
+             "--spec-tokens-per-verify 2.5 --json",
+             model);
+    int rc = run_stdout(args, out, sizeof out);
+    CHECK(rc == 0, "bench --spec quant exit %d: %s", rc, out);
+    cJSON *j = cJSON_Parse(out);
+    CHECK(j != NULL, "bench --spec --json is not JSON: %s", out);
+    const cJSON *pts = j ? cJSON_GetObjectItemCaseSensitive(j, "points") : NULL, *p;
+    int n_spec = 0;
+    cJSON_ArrayForEach(p, pts) {
+        if (strcmp(jstr(p, "mode"), "spec:quant:q4_0:sparse:32")) continue;
+        n_spec++;
+        CHECK(jnum(p, "depth") == 96 && jnum(p, "draft_step_ms") > 0 && jnum(p, "verify_ms") > 0 &&
+                  jnum(p, "draft_max") >= 1 && jnum(p, "draft_max") <= 3 && jnum(p, "tokens_per_verify") > 1 &&
+                  jnum(p, "tokens_per_s") > 0,
+              "bench --spec point: %s", out);
+    }
+    CHECK(n_spec == 1, "bench --spec: %d speculative points: %s", n_spec, out);
+    cJSON_Delete(j);
+    snprintf(args, sizeof args, "%s.q4_0.ellm-draft", model);
+    CHECK(access(args, F_OK) == 0, "the q4_0 copy was cached beside the model (%s)", args);
+    snprintf(args, sizeof args, "bench -m %s --depths 16 -n 2 --prefill 0 --bw-mb 16 -t 1 --spec bogus:3", model);
+    expect_error(args, "bogus");
+    snprintf(args, sizeof args, "rm -rf %s", dir);
+    CHECK(system(args) == 0, "removing %s", dir);
+}
+
 /* run's sparse flags: a sparse run reports its budget and recall; bad values
  * and bad profiles are refused by name. */
 static void test_run_sparse(void) {
@@ -313,5 +352,6 @@ int main(void) {
     test_eval();
     test_calibrate();
     test_bench();
+    test_bench_spec();
     return test_finish();
 }
