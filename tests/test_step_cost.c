@@ -1,6 +1,7 @@
 /* The server's pass-time model (src/server/step_cost.c): the fit recovers a
  * known fixed + per-row cost from passes of mixed sizes, keeps its slope while
- * every pass has the same size, and turns it into a prompt-row budget. */
+ * every pass has the same size, and turns it into a prompt-row budget (the
+ * whole chunk for a burst of prompts). */
 #include "server/step_cost.h"
 #include "harness.h"
 
@@ -25,6 +26,13 @@ int main(void) {
     CHECK(step_cost_prefill_budget(&c, 0, 2.5, 16, 128) == 128, "nothing generating: the whole chunk");
     CHECK(step_cost_prefill_budget(&c, 1, 1.5, 16, 128) == 16, "never below min_rows");
     CHECK(step_cost_prefill_budget(&c, 16, 50, 16, 128) == 128, "never above max_rows");
+    /* one prompt among 8 generating sequences: the budget; more prompts than
+     * generating sequences: the whole chunk */
+    CHECK(step_cost_prefill_rows(&c, 8, 8, 1, 2.5, 16, 128) == k, "one prompt among 8 streams gets the budget");
+    CHECK(step_cost_prefill_rows(&c, 8, 8, 8, 2.5, 16, 128) == k, "as many prompts as streams: the budget");
+    CHECK(step_cost_prefill_rows(&c, 2, 2, 14, 2.5, 16, 128) == 128, "14 prompts, 2 streams: the whole chunk");
+    CHECK(step_cost_prefill_rows(&c, 2, 10, 3, 2.5, 16, 128) == 128,
+          "3 prompts, 2 speculative streams of 5 rows: the whole chunk");
 
     /* steady decode of 8 rows only: the slope stays */
     for (int i = 0; i < 400; i++) step_cost_add(&c, 8, 0.012 + 0.0018 * 8);

@@ -842,8 +842,10 @@ static void *engine_main(void *arg) {
             rows++;
         }
         s->rr = (s->rr + 1) % s->p.n_slots;
-        int prompt_rows = step_cost_prefill_budget(&s->cost, rows + n_spec, STEP_PREFILL_RATIO, STEP_PREFILL_MIN_ROWS,
-                                                   s->p.chunk);
+        /* one prompt arriving among running streams gets the budget; a burst
+         * of prompts (more than the sequences generating) a full chunk */
+        int prompt_rows = step_cost_prefill_rows(&s->cost, ns + n_spec, rows + n_spec, n_prefilling, STEP_PREFILL_RATIO,
+                                                 STEP_PREFILL_MIN_ROWS, s->p.chunk);
         while (ns < s->p.n_batch && prompt_rows > 0) {
             job *pick = NULL;
             for (int i = 0; i < s->p.n_slots; i++) {

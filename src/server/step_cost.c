@@ -42,3 +42,9 @@ int step_cost_prefill_budget(const step_cost *c, int decode_rows, double ratio, 
     if (rows < min_rows) rows = min_rows;
     return rows < max_rows ? rows : max_rows;
 }
+
+int step_cost_prefill_rows(const step_cost *c, int decode_seqs, int decode_rows, int n_prefilling, double ratio,
+                           int min_rows, int max_rows) {
+    if (n_prefilling > decode_seqs) return max_rows;
+    return step_cost_prefill_budget(c, decode_rows, ratio, min_rows, max_rows);
+}

@@ -25,5 +25,12 @@ void step_cost_add(step_cost *c, int rows, double seconds);
  * taken as at most 16 rows' worth), within [min_rows, max_rows]; max_rows
  * when nothing generates or the fit is not known yet. */
 int step_cost_prefill_budget(const step_cost *c, int decode_rows, double ratio, int min_rows, int max_rows);
+/* The prompt rows a step takes: max_rows when more prompts are being
+ * prefilled than sequences generate (a burst of new requests, or most
+ * streams just ended: the first tokens of the many weigh more than the next
+ * tokens of the few, and prompt rows go fastest in large passes), else
+ * step_cost_prefill_budget. */
+int step_cost_prefill_rows(const step_cost *c, int decode_seqs, int decode_rows, int n_prefilling, double ratio,
+                           int min_rows, int max_rows);
 
 #endif
