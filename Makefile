@@ -65,7 +65,7 @@ $(BUILD)/tests/%: $(BUILD)/tests/%.o $(LIB)
 # Benchmarks (not tests): `make bench` builds them into $(BUILD)/bench/.
 $(BUILD)/bench/%: $(BUILD)/bench/%.o $(LIB)
 	$(CC) $(CFLAGS) $^ -o $@ $(LDFLAGS) $(LDLIBS)
-bench: $(addprefix $(BUILD)/bench/,bench_tokenizer bench_attention bench_attention_rows bench_sparse_attention bench_sparse bench_kernels bench_gemm bench_batch convert_synth_hf)
+bench: $(addprefix $(BUILD)/bench/,bench_tokenizer bench_attention bench_attention_rows bench_sparse_attention bench_sparse bench_kernels bench_gemm bench_batch convert_synth_hf quant_kl)
 
 # End-to-end server tests (Node, run by tests/test_server.c): the pinned npm
 # packages of tests/server/package-lock.json, installed with npm ci when the
