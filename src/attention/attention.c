@@ -177,6 +177,7 @@ typedef struct {
     attn_block_fn fn;
     attn_block_fn rows_fn; /* for parts of ATTN_ROWS_MIN rows or more, or NULL (attention_rows.h) */
     const int32_t *blocks; /* sparse block lists, or NULL for all visible blocks */
+    const int *list_n;     /* their lengths (a head's read only once its list is complete) */
     int max_blocks;
     int hd, bt, type;
     size_t half_bytes; /* bytes of a block's K (or V) */
@@ -310,14 +311,19 @@ static void run_part(const attn_job *J, attn_state *st, int s, long kb, long ke,
     const int end_pos = a->q_pos0 + i0 + nqt; /* keys the tile's last token sees */
     const int32_t *list = J->blocks ? J->blocks + (size_t)h * J->max_blocks : NULL;
     /* Blocks k .. k + A of the list (a block's V half follows its K half),
-     * each looked up once: ring[z % 8] holds block z. */
+     * each looked up once: ring[z % 8] holds block z. A sparse list's part
+     * holds a few blocks only (2-3 of a 2048-token budget at 32K), so its
+     * look-ahead runs on into the list's next part, whose first blocks would
+     * otherwise start cold (the next part is usually this thread's, or the
+     * other core's through the shared cache). */
     const int A = list ? SPARSE_PREFETCH_BLOCKS : DENSE_PREFETCH_BLOCKS;
+    const long lim = list && J->list_n ? J->list_n[h] : ke;
     _Static_assert(SPARSE_PREFETCH_BLOCKS < 8 && DENSE_PREFETCH_BLOCKS < 8, "the ring holds 8 blocks");
     const char *ring[8];
-    for (long z = kb; z < ke && z <= kb + A; z++)
+    for (long z = kb; z < lim && z <= kb + A; z++)
         ring[z & 7] = kv_cache_block_k(a->kv, a->layer, h, list ? list[z] : (int)z);
     for (long k = kb; k < ke; k++) {
-        if (k > kb && k + A < ke)
+        if (k > kb && k + A < lim)
             ring[(k + A) & 7] = kv_cache_block_k(a->kv, a->layer, h, list ? list[k + A] : (int)(k + A));
         int blk = list ? list[k] : (int)k;
         int pos0 = blk * bt;
@@ -336,12 +342,12 @@ static void run_part(const attn_job *J, attn_state *st, int s, long kb, long ke,
          * the same DENSE_PREFETCH_BLOCKS ahead, and the next one for kernels
          * that convert it into scratch (many rows). */
         if (k == kb)
-            for (long z = k + 1; z < k + A && z < ke; z++) prefetch_range_l2(ring[z & 7], 2 * J->half_bytes);
+            for (long z = k + 1; z < k + A && z < lim; z++) prefetch_range_l2(ring[z & 7], 2 * J->half_bytes);
         if (!list && k + 1 < ke) {
             b.next_k = ring[(k + 1) & 7];
             b.next_v = ring[(k + 1) & 7] + J->half_bytes;
         }
-        if (k + A < ke) {
+        if (k + A < lim) {
             b.ahead_k = ring[(k + A) & 7];
             b.ahead_v = ring[(k + A) & 7] + J->half_bytes;
         }
@@ -548,6 +554,7 @@ static void attention_run(const attention_args *a, const int32_t *blocks, const 
     attn_job J;
     job_init(&J, a, ws, pool);
     J.blocks = blocks;
+    J.list_n = n_blocks;
     J.max_blocks = max_blocks;
 
     /* Waves of consecutive tiles whose parts fit the workspace's slots (one
@@ -709,6 +716,7 @@ void attention_forward_select(const attention_args *a, attention_select_fn selec
     J.sel_blocks = blocks;
     J.sel_n = n_blocks;
     J.blocks = blocks;
+    J.list_n = n_blocks;
     J.max_blocks = max_blocks;
     if (J.n_tiles > 1) {
         if (pool) threadpool_run(pool, select_all_task, &J);
@@ -841,6 +849,7 @@ void attention_forward_parts(const attention_args *a, const int32_t *blocks, con
         }
     }
     P.J.blocks = blocks;
+    P.J.list_n = n_blocks;
     P.J.max_blocks = max_blocks;
     P.n_blocks = n_blocks;
     P.out_parts = parts;
