@@ -3,7 +3,8 @@
  * kernel and a single-token call at that row's position; results agree with
  * the naive reference; the block kernel itself leaves the same state (m,
  * lane sums, acc) as the single-row block kernel on full blocks (including a
- * block whose scores raise the running max) and on the diagonal block. */
+ * block whose scores raise the running max) and on the diagonal block, and
+ * so does the pair kernel taking two blocks at once. */
 #include "attention/attention.h"
 #include "attention/attention_kernel.h"
 #include "attention/attention_rows.h"
@@ -176,36 +177,51 @@ static void check_block_kernel(int type, int hd, int G, int n_tok) {
                 ((float *)(kv + 2 * half * b + half))[i] = v;
             }
         }
-    state_buf a, o;
+    state_buf a, o, pr;
     state_init(&a, R, G, hd, q);
     state_init(&o, R, G, hd, q);
-    if (a.mem && o.mem) {
+    state_init(&pr, R, G, hd, q);
+    if (a.mem && o.mem && pr.mem) {
+        /* q8 scratch of the pair kernel: rows x 16 floats (hd / 4 per row >= 16) */
+        pr.st.q8 = (int8_t *)aligned_alloc(64, (size_t)((R + 15) & ~15) * hdp);
+        attn_block blk[8];
         for (int b = 0; b < n_blk; b++) {
-            attn_block blk = {0};
-            blk.k = kv + 2 * half * b;
-            blk.v = kv + 2 * half * b + half;
-            blk.type = type;
-            blk.n_valid = b == n_blk - 1 ? 1 + n_tok - 1 : 16; /* the diagonal block: keys up to the last row */
-            blk.vis0 = b == n_blk - 1 ? 1 : 1000;
+            memset(&blk[b], 0, sizeof blk[b]);
+            blk[b].k = kv + 2 * half * b;
+            blk[b].v = kv + 2 * half * b + half;
+            blk[b].type = type;
+            blk[b].n_valid = b == n_blk - 1 ? 1 + n_tok - 1 : 16; /* the diagonal block: keys up to the last row */
+            blk[b].vis0 = b == n_blk - 1 ? 1 : 1000;
             if (b + 1 < n_blk) {
-                blk.next_k = kv + 2 * half * (b + 1);
-                blk.next_v = blk.next_k + half;
+                blk[b].next_k = kv + 2 * half * (b + 1);
+                blk[b].next_v = blk[b].next_k + half;
             }
-            attn_block_rows_avx512(&a.st, &blk);
-            attn_block_avx512(&o.st, &blk);
+            attn_block_rows_avx512(&a.st, &blk[b]);
+            attn_block_avx512(&o.st, &blk[b]);
         }
+        /* in pairs: (0, 1), (2, 3) full, then (4, diagonal) handed on block by block */
+        for (int b = 0; b + 1 < n_blk; b += 2) attn_block2_rows_avx512(&pr.st, &blk[b], &blk[b + 1]);
+        if (n_blk % 2) attn_block_rows_avx512(&pr.st, &blk[n_blk - 1]);
         int bad = memcmp(a.st.m, o.st.m, R * sizeof(float)) != 0;
         bad += memcmp(a.st.lv, o.st.lv, 16 * (size_t)R * sizeof(float)) != 0;
         for (int r = 0; r < R; r++)
             bad += memcmp(a.st.acc + (size_t)r * hdp, o.st.acc + (size_t)r * hdp, hd * sizeof(float)) != 0;
         CHECK(bad == 0, "block kernel %s hd=%d G=%d tokens=%d: state differs from attn_block_avx512 (%d)",
               type == QTYPE_F16 ? "f16" : "f32", hd, G, n_tok, bad);
+        int bad2 = memcmp(pr.st.m, o.st.m, R * sizeof(float)) != 0;
+        bad2 += memcmp(pr.st.lv, o.st.lv, 16 * (size_t)R * sizeof(float)) != 0;
+        for (int r = 0; r < R; r++)
+            bad2 += memcmp(pr.st.acc + (size_t)r * hdp, o.st.acc + (size_t)r * hdp, hd * sizeof(float)) != 0;
+        CHECK(bad2 == 0, "pair kernel %s hd=%d G=%d tokens=%d: state differs from attn_block_avx512 (%d)",
+              type == QTYPE_F16 ? "f16" : "f32", hd, G, n_tok, bad2);
+        free(pr.st.q8);
         float l0 = 0;
         for (int i = 0; i < 16; i++) l0 += a.st.lv[i];
         CHECK(l0 > 0 && isfinite(a.st.acc[0]), "block kernel: row 0 accumulated nothing (l = %g)", l0);
     }
     free(a.mem);
     free(o.mem);
+    free(pr.mem);
     free(q);
     free(kv);
 }
@@ -218,6 +234,7 @@ int main(void) {
     ellm_cpu_set_isa(ELLM_ISA_AVX512);
     CHECK(attn_rows_kernel(QTYPE_F16) == attn_block_rows_avx512, "F16 cache: the multi-row kernel is chosen");
     CHECK(attn_rows_kernel(QTYPE_Q8_0) == NULL, "Q8_0 cache: no multi-row kernel");
+    CHECK(attn_rows_pair_kernel(QTYPE_F32) == attn_block2_rows_avx512, "F32 cache: the pair kernel is chosen");
     ellm_cpu_set_isa(ELLM_ISA_AVX2);
     CHECK(attn_rows_kernel(QTYPE_F16) == NULL, "AVX2: no multi-row kernel");
     ellm_cpu_set_isa(ELLM_ISA_AVX512);

@@ -176,6 +176,7 @@ typedef struct {
     attention_workspace *ws;
     attn_block_fn fn;
     attn_block_fn rows_fn; /* for parts of ATTN_ROWS_MIN rows or more, or NULL (attention_rows.h) */
+    attn_block2_fn rows2_fn; /* rows_fn's pair kernel, or NULL */
     const int32_t *blocks; /* sparse block lists, or NULL for all visible blocks */
     const int *list_n;     /* their lengths (a head's read only once its list is complete) */
     int max_blocks;
@@ -276,6 +277,10 @@ static void run_part(const attn_job *J, attn_state *st, int s, long kb, long ke,
     const int G = J->group, hd = J->hd, hdp = st->hdp, bt = J->bt;
     st->rows = nqt * G;
     const attn_block_fn fn = J->rows_fn && st->rows >= ATTN_ROWS_MIN ? J->rows_fn : J->fn;
+    /* dense parts on the multi-row kernel take adjacent full blocks in pairs */
+    const attn_block2_fn pair_fn = fn == J->rows_fn && !J->blocks ? J->rows2_fn : NULL;
+    attn_block held; /* a full block waiting for the next one (pair_fn) */
+    int have = 0;
     const int rows_pad = (st->rows + 3) & ~3;
 
     /* Queries of the tile, pre-multiplied by the scale; pad lanes and rows
@@ -351,8 +356,24 @@ static void run_part(const attn_job *J, attn_state *st, int s, long kb, long ke,
             b.ahead_k = ring[(k + A) & 7];
             b.ahead_v = ring[(k + A) & 7] + J->half_bytes;
         }
+        if (pair_fn) {
+            const int full = b.n_valid == bt && b.vis0 >= bt;
+            if (have) {
+                have = 0;
+                if (full) {
+                    pair_fn(st, &held, &b);
+                    continue;
+                }
+                fn(st, &held);
+            } else if (full && k + 1 < ke) {
+                held = b;
+                have = 1;
+                continue;
+            }
+        }
         fn(st, &b);
     }
+    if (have) fn(st, &held);
     if (st->lanes)
         for (int r = 0; r < st->rows; r++) {
             /* lane order, whatever the ISA of the sum */
@@ -502,6 +523,7 @@ static void job_init(attn_job *J, const attention_args *a, attention_workspace *
     if (J->fn == attn_block_q8_avx512 && !(ellm_cpu()->avx512vnni && ellm_cpu()->avx512vbmi))
         J->fn = attn_block_q8_avx2; /* its int8 instructions are missing */
     J->rows_fn = attn_rows_kernel(p->type); /* keeps lane sums too */
+    J->rows2_fn = attn_rows_pair_kernel(p->type);
     /* the AVX-512 kernels' softmax keeps lane sums */
     J->lanes = J->fn == attn_block_avx512 || J->fn == attn_block_q8_avx512;
     J->hd = p->head_dim;

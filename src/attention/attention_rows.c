@@ -15,3 +15,7 @@ attn_block_fn attn_rows_kernel(int type) {
     if (ellm_cpu_isa() == ELLM_ISA_AVX512) return attn_block_rows_avx512;
     return NULL;
 }
+
+attn_block2_fn attn_rows_pair_kernel(int type) {
+    return attn_rows_kernel(type) == attn_block_rows_avx512 ? attn_block2_rows_avx512 : NULL;
+}

@@ -26,6 +26,15 @@
  * as attn_block_fn, and the same bits per row as attn_block_avx512. */
 void attn_block_rows_avx512(attn_state *st, const attn_block *b);
 
+/* Two adjacent blocks of a dense part, b0 then b1: the same state as
+ * attn_block_rows_avx512(b0) then (b1), with the scores of both blocks
+ * computed in one pass over the channels when every row sees both whole
+ * (each broadcast query value then feeds two FMAs). */
+typedef void (*attn_block2_fn)(attn_state *st, const attn_block *b0, const attn_block *b1);
+void attn_block2_rows_avx512(attn_state *st, const attn_block *b0, const attn_block *b1);
+/* The pair kernel going with attn_rows_kernel(type), or NULL. */
+attn_block2_fn attn_rows_pair_kernel(int type);
+
 /* The multi-row kernel for the current ISA and a cache of `type`, or NULL
  * when there is none (the single-row kernel then serves every part). */
 attn_block_fn attn_rows_kernel(int type);

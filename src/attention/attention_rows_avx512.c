@@ -146,6 +146,117 @@ static ALWAYS_INLINE void block_full(attn_state *st, const attn_block *b, const 
     pv_all(st, vb, HD);
 }
 
+/* The scores of two blocks in one pass over the channels: s0[r][0..16) for
+ * the keys of kT0, s1[r][0..16) for those of kT1, NR rows; each broadcast
+ * query value feeds one FMA per block. Per score the same chains as qk16. */
+static ALWAYS_INLINE void qk32(const float *q, int hdp, const float *kT0, const float *kT1, float *s0, float *s1,
+                               int lds, const int HD, const int NR) {
+    __m512 a0[NRQ], a1[NRQ], b0[NRQ], b1[NRQ];
+#pragma GCC unroll 6
+    for (int r = 0; r < NR; r++) a0[r] = a1[r] = b0[r] = b1[r] = _mm512_setzero_ps();
+#pragma GCC unroll 2
+    for (int d = 0; d < HD; d += 2) {
+        const __m512 x0 = _mm512_load_ps(kT0 + 16 * d), x1 = _mm512_load_ps(kT0 + 16 * (d + 1));
+        const __m512 y0 = _mm512_load_ps(kT1 + 16 * d), y1 = _mm512_load_ps(kT1 + 16 * (d + 1));
+#pragma GCC unroll 6
+        for (int r = 0; r < NR; r++) {
+            const float *qr = q + (size_t)r * hdp + d;
+            const __m512 e = _mm512_set1_ps(qr[0]), o = _mm512_set1_ps(qr[1]);
+            a0[r] = _mm512_fmadd_ps(e, x0, a0[r]);
+            b0[r] = _mm512_fmadd_ps(e, y0, b0[r]);
+            a1[r] = _mm512_fmadd_ps(o, x1, a1[r]);
+            b1[r] = _mm512_fmadd_ps(o, y1, b1[r]);
+        }
+    }
+#pragma GCC unroll 6
+    for (int r = 0; r < NR; r++) {
+        _mm512_storeu_ps(s0 + (size_t)r * lds, _mm512_add_ps(a0[r], a1[r]));
+        _mm512_storeu_ps(s1 + (size_t)r * lds, _mm512_add_ps(b0[r], b1[r]));
+    }
+}
+
+/* NRQ = 6 rows need 24 accumulators and 4 key registers: 4 rows a pass here
+ * keep the compiler clear of spills (16 + 4 + 2 broadcasts). */
+#define NRP 4
+
+static ALWAYS_INLINE void qk32_all(const attn_state *st, const float *kT0, const float *kT1, float *s1, const int HD) {
+    const int R = st->rows, hdp = HD, lds = st->lds;
+    int r = 0;
+    for (; r + NRP <= R; r += NRP)
+        qk32(st->q + (size_t)r * hdp, hdp, kT0, kT1, st->s + (size_t)r * lds, s1 + (size_t)r * lds, lds, HD, NRP);
+    const float *q = st->q + (size_t)r * hdp;
+    switch (R - r) {
+    case 3: qk32(q, hdp, kT0, kT1, st->s + (size_t)r * lds, s1 + (size_t)r * lds, lds, HD, 3); break;
+    case 2: qk32(q, hdp, kT0, kT1, st->s + (size_t)r * lds, s1 + (size_t)r * lds, lds, HD, 2); break;
+    case 1: qk32(q, hdp, kT0, kT1, st->s + (size_t)r * lds, s1 + (size_t)r * lds, lds, HD, 1); break;
+    default: break;
+    }
+}
+
+static ALWAYS_INLINE void load_k(float *kT, const attn_block *b, const int HD, const int F16) {
+    const int lines = (16 * HD * (F16 ? 2 : 4) + 63) / 64;
+    for (int c = 0; c < HD; c++) {
+        const __m512 x = F16 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)b->k + 16 * c)))
+                             : _mm512_loadu_ps((const float *)b->k + 16 * c);
+        _mm512_store_ps(kT + 16 * c, x);
+        pf_spread(b->ahead_k, c, HD, lines);
+    }
+}
+
+static ALWAYS_INLINE void load_v(float *vb, const attn_block *b, const int HD, const int F16) {
+    const int lines = (16 * HD * (F16 ? 2 : 4) + 63) / 64;
+    for (int j = 0; j < 16; j++) {
+        for (int d = 0; d < HD; d += 16) {
+            const __m512 x = F16 ? _mm512_cvtph_ps(
+                                       _mm256_loadu_si256((const __m256i *)((const uint16_t *)b->v + (size_t)j * HD + d)))
+                                 : _mm512_loadu_ps((const float *)b->v + (size_t)j * HD + d);
+            _mm512_store_ps(vb + (size_t)j * HD + d, x);
+        }
+        pf_spread(b->ahead_v, j, 16, lines);
+    }
+}
+
+/* Two full blocks: K of b0 into kbuf and of b1 into vbuf, the scores of both
+ * (b1's into the q8 scratch, which F16/F32 caches do not use: rows_pad x
+ * hdp / 4 >= rows x 16 floats for hdp >= 64), then softmax and P*V of b0,
+ * then of b1 -- the order of two single-block steps. */
+static ALWAYS_INLINE void pair_full(attn_state *st, const attn_block *b0, const attn_block *b1, const int HD,
+                                    const int F16) {
+    float *s1 = (float *)st->q8, *s0 = st->s;
+    load_k(st->kbuf, b0, HD, F16);
+    load_k(st->vbuf, b1, HD, F16);
+    qk32_all(st, st->kbuf, st->vbuf, s1, HD);
+    attn_softmax_block_avx512(st, b0, 0, 16, HD, 16);
+    load_v(st->kbuf, b0, HD, F16);
+    pv_all(st, st->kbuf, HD);
+    st->s = s1;
+    attn_softmax_block_avx512(st, b1, 0, 16, HD, 16);
+    load_v(st->vbuf, b1, HD, F16);
+    pv_all(st, st->vbuf, HD);
+    st->s = s0;
+}
+
+static int is_full(const attn_state *st, const attn_block *b) {
+    return st->block_tokens == 16 && b->n_valid == 16 && b->vis0 >= 16;
+}
+
+void attn_block2_rows_avx512(attn_state *st, const attn_block *b0, const attn_block *b1) {
+    if (is_full(st, b0) && is_full(st, b1) && b0->type == b1->type && st->head_dim == st->hdp &&
+        (st->head_dim == 64 || st->head_dim == 128)) {
+        const int f16 = b0->type == QTYPE_F16;
+        if (st->head_dim == 64) {
+            if (f16) pair_full(st, b0, b1, 64, 1);
+            else pair_full(st, b0, b1, 64, 0);
+        } else {
+            if (f16) pair_full(st, b0, b1, 128, 1);
+            else pair_full(st, b0, b1, 128, 0);
+        }
+        return;
+    }
+    attn_block_rows_avx512(st, b0);
+    attn_block_rows_avx512(st, b1);
+}
+
 void attn_block_rows_avx512(attn_state *st, const attn_block *b) {
     /* every row sees all 16 keys: a block before the first row's position */
     const int full = st->block_tokens == 16 && b->n_valid == 16 && b->vis0 >= 16;
