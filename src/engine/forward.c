@@ -128,6 +128,23 @@ typedef struct {
  * server) leaves its share to the others instead of holding them at the end
  * of the launch. Which thread computes a row does not change its bits. */
 #define MATMUL_CHUNKS_PER_THREAD 16
+/* Below this many activation rows each thread takes one fixed range. */
+#define MATMUL_SHARED_MIN_ROWS 4
+
+/* Rows [b, e) of the job's concatenated matrices. */
+static void matmul_rows(const matmul_job *job, ptrdiff_t delta, int64_t b, int64_t e) {
+    int64_t base = 0;
+    for (int i = 0; i < job->n; i++) {
+        const model_matrix *w = job->w[i];
+        int64_t r0 = b - base, r1 = e - base;
+        if (r0 < 0) r0 = 0;
+        if (r1 > w->rows) r1 = w->rows;
+        if (r0 < r1)
+            kern_matmul(w->type, (const char *)w->data + delta, w->cols, r0, r1, job->act[i], job->nb, job->y[i],
+                        job->ldy[i]);
+        base += w->rows;
+    }
+}
 
 static void matmul_task(void *arg, int ith, int nth) {
     matmul_job *job = arg;
@@ -147,21 +164,19 @@ static void matmul_task(void *arg, int ith, int nth) {
     int64_t total = 0;
     for (int i = 0; i < job->n; i++) total += job->w[i]->rows;
     const long units = (long)((total + 15) / 16);
+    if (job->nb < MATMUL_SHARED_MIN_ROWS) {
+        /* few activation rows: the launch streams the weights from memory;
+         * one contiguous range per thread streams them fastest */
+        long b, e;
+        threadpool_split(units, ith, nth, 1, &b, &e);
+        matmul_rows(job, delta, (int64_t)b * 16, e * 16 < total ? (int64_t)e * 16 : total);
+        return;
+    }
     long chunk = units / ((long)nth * MATMUL_CHUNKS_PER_THREAD);
     if (chunk < 1) chunk = 1;
     for (long u; (u = atomic_fetch_add_explicit(&job->next, chunk, memory_order_relaxed)) < units;) {
         const int64_t b = (int64_t)u * 16, e = (u + chunk) * 16 < total ? (int64_t)(u + chunk) * 16 : total;
-        int64_t base = 0;
-        for (int i = 0; i < job->n; i++) {
-            const model_matrix *w = job->w[i];
-            int64_t r0 = b - base, r1 = e - base;
-            if (r0 < 0) r0 = 0;
-            if (r1 > w->rows) r1 = w->rows;
-            if (r0 < r1)
-                kern_matmul(w->type, (const char *)w->data + delta, w->cols, r0, r1, job->act[i], job->nb, job->y[i],
-                            job->ldy[i]);
-            base += w->rows;
-        }
+        matmul_rows(job, delta, b, e);
     }
 }
 
