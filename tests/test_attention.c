@@ -8,6 +8,7 @@
 #include "core/fp16.h"
 #include "core/threadpool.h"
 #include "harness.h"
+#include "test_pool.h"
 #include "kernels/quant.h"
 
 #include <stdatomic.h>
@@ -18,28 +19,6 @@
 #define MAX_THREADS 3
 #endif
 
-/* One pool alive at a time: idle pools' spinning workers would steal the
- * cores from the pool in use. */
-static threadpool *g_pool;
-
-/* Ends the pool so no worker spins while the reference runs single-threaded. */
-static void pool_release(void) {
-    threadpool_free(g_pool);
-    g_pool = NULL;
-}
-
-/* A pool of n unpinned threads (replacing the previous one if its size differs). */
-static threadpool *pool_of(int n) {
-    if (g_pool && threadpool_size(g_pool) == n) return g_pool;
-    threadpool_free(g_pool);
-    g_pool = NULL;
-    ellm_error err;
-    if (threadpool_init(n, 0, &g_pool, &err) != ELLM_OK) {
-        fprintf(stderr, "threadpool_init(%d): %s\n", n, err.msg);
-        exit(1);
-    }
-    return g_pool;
-}
 static ellm_isa g_best;
 
 static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
@@ -720,6 +699,6 @@ int main(void) {
     test_single_head_split();
     test_batch_rows_exact();
     test_attention_matrix();
-    threadpool_free(g_pool);
+    pool_release();
     return test_finish();
 }

@@ -13,24 +13,12 @@
 #include "core/fp16.h"
 #include "core/threadpool.h"
 #include "harness.h"
+#include "test_pool.h"
 #include "kernels/quant.h"
 
 #include <stdint.h>
 #include <string.h>
 
-static threadpool *g_pool;
-
-static threadpool *pool_of(int n) {
-    if (g_pool && threadpool_size(g_pool) == n) return g_pool;
-    threadpool_free(g_pool);
-    g_pool = NULL;
-    ellm_error err;
-    if (threadpool_init(n, 0, &g_pool, &err) != ELLM_OK) {
-        fprintf(stderr, "threadpool_init(%d): %s\n", n, err.msg);
-        exit(1);
-    }
-    return g_pool;
-}
 
 static uint64_t g_rng = 0x2545f4914f6cdd1dull;
 static float frand(void) { /* uniform in [-1, 1) */
@@ -260,6 +248,6 @@ int main(void) {
         check_block_kernel(type, 128, 3, 4);
     }
     ellm_cpu_set_isa(ellm_cpu()->best);
-    threadpool_free(g_pool);
+    pool_release();
     return test_finish();
 }

@@ -16,6 +16,7 @@
 #include "core/threadpool.h"
 #include "engine/engine_impl.h"
 #include "harness.h"
+#include "test_pool.h"
 #include "kernels/quant.h"
 
 #include <string.h>
@@ -28,15 +29,6 @@ static float frand(void) { /* uniform in [-1, 1) */
     return (float)((g_rng >> 40) & 0xffffff) / (float)(1 << 23) - 1.0f;
 }
 
-static threadpool *g_pool;
-static threadpool *pool_of(int n) {
-    if (g_pool && threadpool_size(g_pool) == n) return g_pool;
-    threadpool_free(g_pool);
-    g_pool = NULL;
-    ellm_error err;
-    if (threadpool_init(n, 0, &g_pool, &err) != ELLM_OK) exit(1);
-    return g_pool;
-}
 
 static kv_cache *make_cache(int n_kv, int hd, int n_ctx, int bt, int type) {
     kv_cache_params p = {1, n_kv, hd, n_ctx, bt, type};
@@ -362,8 +354,7 @@ static void test_attention(ellm_isa best) {
            "the quantization moves the output by %.2g (relative to the largest) against an F16 cache\n",
            worst_isa, worst, worst_f16);
     CHECK(worst_f16 < 0.05, "q8_0 vs F16 cache: %g", worst_f16);
-    threadpool_free(g_pool);
-    g_pool = NULL;
+    pool_release();
 }
 
 /* A whole model: logits near an F16 cache's, the index bounds the stored keys,
