@@ -11,6 +11,7 @@
  *     n_q: query tokens per step (default 1); -t: threads (default 1 and 2) */
 #include "attention/attention.h"
 #include "attention/kv_cache.h"
+#include "bench_kv.h"
 #include "core/cpu.h"
 #include "ellm.h"
 #include "core/threadpool.h"
@@ -29,35 +30,6 @@
 #define BLOCK 16
 #define MAX_STEPS 15
 
-/* A cache of depth_max tokens of pseudo-random K/V for every layer, written
- * in chunks as a prefill would. */
-static kv_cache *make_cache(int type, int max_depth) {
-    kv_cache_params kp = {N_LAYER, N_KV, HEAD_DIM, max_depth, BLOCK, type};
-    kv_cache *kv;
-    ellm_error err;
-    if (kv_cache_init(&kp, &kv, &err) != ELLM_OK) {
-        fprintf(stderr, "%s\n", err.msg);
-        return NULL;
-    }
-    const int chunk = 512;
-    size_t row = (size_t)N_KV * HEAD_DIM;
-    float *k = malloc(chunk * row * sizeof(float)), *v = malloc(chunk * row * sizeof(float));
-    unsigned seed = 1;
-    for (size_t i = 0; i < chunk * row; i++) {
-        seed = seed * 1103515245u + 12345u;
-        k[i] = (float)((seed >> 9) & 0xffff) / 32768.0f - 1.0f;
-        v[i] = -k[i] * 0.5f;
-    }
-    for (int l = 0; l < N_LAYER; l++)
-        for (int pos = 0; pos < max_depth; pos += chunk) {
-            int n = max_depth - pos < chunk ? max_depth - pos : chunk;
-            kv_cache_store(kv, l, pos, n, k, v);
-        }
-    kv_cache_set_len(kv, max_depth);
-    free(k);
-    free(v);
-    return kv;
-}
 
 int main(int argc, char **argv) {
     int n_q = 1, pin = 1, t_lo = 1, t_hi = 2, kv_f16 = 1, kv_q8 = 1;
@@ -74,8 +46,8 @@ int main(int argc, char **argv) {
     if (t_lo < 1 || t_lo > 64) t_lo = t_hi = 1;
     const int depths[] = {4096, 16384, 32768};
     const int max_depth = depths[2] + n_q;
-    kv_cache *kvs[2] = {kv_f16 ? make_cache(QTYPE_F16, max_depth) : NULL,
-                        kv_q8 ? make_cache(QTYPE_Q8_0, max_depth) : NULL};
+    kv_cache *kvs[2] = {kv_f16 ? bench_kv_filled(QTYPE_F16, N_LAYER, N_KV, HEAD_DIM, BLOCK, max_depth) : NULL,
+                        kv_q8 ? bench_kv_filled(QTYPE_Q8_0, N_LAYER, N_KV, HEAD_DIM, BLOCK, max_depth) : NULL};
     const char *names[2] = {"F16 ", "Q8_0"};
     if ((kv_f16 && !kvs[0]) || (kv_q8 && !kvs[1])) return 1;
 

@@ -17,6 +17,7 @@
 #include "attention/attention.h"
 #include "attention/attention_rows.h"
 #include "attention/kv_cache.h"
+#include "bench_kv.h"
 #include "core/cpu.h"
 #include "core/median.h"
 #include "core/threadpool.h"
@@ -33,33 +34,6 @@
 #define HEAD_DIM 64
 #define BLOCK 16
 
-static kv_cache *make_cache(int type, int n_layer, int depth) {
-    kv_cache_params kp = {n_layer, N_KV, HEAD_DIM, depth, BLOCK, type};
-    kv_cache *kv;
-    ellm_error err;
-    if (kv_cache_init(&kp, &kv, &err) != ELLM_OK) {
-        fprintf(stderr, "%s\n", err.msg);
-        return NULL;
-    }
-    const int chunk = 512;
-    size_t row = (size_t)N_KV * HEAD_DIM;
-    float *k = malloc(chunk * row * sizeof(float)), *v = malloc(chunk * row * sizeof(float));
-    unsigned seed = 1;
-    for (size_t i = 0; i < chunk * row; i++) {
-        seed = seed * 1103515245u + 12345u;
-        k[i] = (float)((seed >> 9) & 0xffff) / 32768.0f - 1.0f;
-        v[i] = -k[i] * 0.5f;
-    }
-    for (int l = 0; l < n_layer; l++)
-        for (int pos = 0; pos < depth; pos += chunk) {
-            int n = depth - pos < chunk ? depth - pos : chunk;
-            kv_cache_store(kv, l, pos, n, k, v);
-        }
-    kv_cache_set_len(kv, depth);
-    free(k);
-    free(v);
-    return kv;
-}
 
 static int parse_list(const char *s, int *out, int cap) {
     int n = 0;
@@ -129,7 +103,7 @@ int main(int argc, char **argv) {
     const int k0 = mode == 1 ? 1 : 0, k1 = mode == 0 ? 0 : 1;
     static const char *kname[] = {"old ", "rows"};
 
-    kv_cache *kv = make_cache(type, 1, small);
+    kv_cache *kv = bench_kv_filled(type, 1, N_KV, HEAD_DIM, BLOCK, small);
     if (!kv) return 1;
     const int calls = 200;
     printf("cache-resident, 1 layer, depth %d (%d calls a step):\n", small, calls);
@@ -144,7 +118,7 @@ int main(int argc, char **argv) {
     kv_cache_free(kv);
 
     for (int di = 0; di < n_depths; di++) {
-        kv = make_cache(type, 30, depths[di]);
+        kv = bench_kv_filled(type, 30, N_KV, HEAD_DIM, BLOCK, depths[di]);
         if (!kv) return 1;
         printf("DRAM, 30 layers, depth %d:\n", depths[di]);
         double base[2] = {0, 0};
