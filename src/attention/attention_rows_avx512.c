@@ -120,20 +120,20 @@ static ALWAYS_INLINE void pf_spread(const char *pf, int i, int n, int lines) {
     for (int l = i * lines / n; l < (i + 1) * lines / n; l++) _mm_prefetch(pf + (size_t)l * 64, _MM_HINT_T1);
 }
 
-/* A full block of 16 keys, head_dim HD (64 or 128), F16 or F32 (F16 const). */
-static ALWAYS_INLINE void block_full(attn_state *st, const attn_block *b, const int HD, const int F16) {
-    float *kT = st->kbuf, *vb = st->vbuf;
+/* A block's K (channel-major in the cache: HD rows of 16 keys) into kT, 16
+ * floats a channel, and its V (token-major: 16 rows of HD) into vb. */
+static ALWAYS_INLINE void load_k(float *kT, const attn_block *b, const int HD, const int F16) {
     const int lines = (16 * HD * (F16 ? 2 : 4) + 63) / 64;
-    /* K: channel-major in the cache (HD rows of 16 keys) -> kbuf, 16 floats a channel */
     for (int c = 0; c < HD; c++) {
         const __m512 x = F16 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)b->k + 16 * c)))
                              : _mm512_loadu_ps((const float *)b->k + 16 * c);
         _mm512_store_ps(kT + 16 * c, x);
         pf_spread(b->ahead_k, c, HD, lines);
     }
-    qk_all(st, kT, HD);
-    attn_softmax_block_avx512(st, b, 0, 16, HD, 16);
-    /* V: token-major (16 rows of HD) -> vbuf rows of stride HD */
+}
+
+static ALWAYS_INLINE void load_v(float *vb, const attn_block *b, const int HD, const int F16) {
+    const int lines = (16 * HD * (F16 ? 2 : 4) + 63) / 64;
     for (int j = 0; j < 16; j++) {
         for (int d = 0; d < HD; d += 16) {
             const __m512 x = F16 ? _mm512_cvtph_ps(
@@ -143,7 +143,15 @@ static ALWAYS_INLINE void block_full(attn_state *st, const attn_block *b, const 
         }
         pf_spread(b->ahead_v, j, 16, lines);
     }
-    pv_all(st, vb, HD);
+}
+
+/* A full block of 16 keys, head_dim HD (64 or 128), F16 or F32 (F16 const). */
+static ALWAYS_INLINE void block_full(attn_state *st, const attn_block *b, const int HD, const int F16) {
+    load_k(st->kbuf, b, HD, F16);
+    qk_all(st, st->kbuf, HD);
+    attn_softmax_block_avx512(st, b, 0, 16, HD, 16);
+    load_v(st->vbuf, b, HD, F16);
+    pv_all(st, st->vbuf, HD);
 }
 
 /* The scores of two blocks in one pass over the channels: s0[r][0..16) for
@@ -193,28 +201,6 @@ static ALWAYS_INLINE void qk32_all(const attn_state *st, const float *kT0, const
     }
 }
 
-static ALWAYS_INLINE void load_k(float *kT, const attn_block *b, const int HD, const int F16) {
-    const int lines = (16 * HD * (F16 ? 2 : 4) + 63) / 64;
-    for (int c = 0; c < HD; c++) {
-        const __m512 x = F16 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)b->k + 16 * c)))
-                             : _mm512_loadu_ps((const float *)b->k + 16 * c);
-        _mm512_store_ps(kT + 16 * c, x);
-        pf_spread(b->ahead_k, c, HD, lines);
-    }
-}
-
-static ALWAYS_INLINE void load_v(float *vb, const attn_block *b, const int HD, const int F16) {
-    const int lines = (16 * HD * (F16 ? 2 : 4) + 63) / 64;
-    for (int j = 0; j < 16; j++) {
-        for (int d = 0; d < HD; d += 16) {
-            const __m512 x = F16 ? _mm512_cvtph_ps(
-                                       _mm256_loadu_si256((const __m256i *)((const uint16_t *)b->v + (size_t)j * HD + d)))
-                                 : _mm512_loadu_ps((const float *)b->v + (size_t)j * HD + d);
-            _mm512_store_ps(vb + (size_t)j * HD + d, x);
-        }
-        pf_spread(b->ahead_v, j, 16, lines);
-    }
-}
 
 /* Two full blocks: K of b0 into kbuf and of b1 into vbuf, the scores of both
  * (b1's into the q8 scratch, which F16/F32 caches do not use: rows_pad x
