@@ -4,7 +4,8 @@
  * the naive reference; the block kernel itself leaves the same state (m,
  * lane sums, acc) as the single-row block kernel on full blocks (including a
  * block whose scores raise the running max) and on the diagonal block, and
- * so does the pair kernel taking two blocks at once. */
+ * so does the pair kernel taking two blocks at once. The same for Q8_0
+ * caches (attention_rows_q8_avx512.c against attention_q8_avx512.c). */
 #include "attention/attention.h"
 #include "attention/attention_kernel.h"
 #include "attention/attention_rows.h"
@@ -28,7 +29,9 @@ static float frand(void) { /* uniform in [-1, 1) */
     return (float)((g_rng >> 40) & 0xffffff) / (float)(1 << 23) - 1.0f;
 }
 
-static kv_cache *make_filled(int n_kv, int hd, int len, int bt, int type) {
+/* Keys of tokens [hot0, hot1) are 4x larger, so every row's running max
+ * grows when a part reaches them (hot0 = hot1: none). */
+static kv_cache *make_filled_hot(int n_kv, int hd, int len, int bt, int type, int hot0, int hot1) {
     kv_cache_params p = {1, n_kv, hd, len, bt, type};
     kv_cache *kv = NULL;
     ellm_error err;
@@ -38,7 +41,8 @@ static kv_cache *make_filled(int n_kv, int hd, int len, int bt, int type) {
     size_t n = (size_t)len * n_kv * hd;
     float *k = malloc(n * sizeof(float)), *v = malloc(n * sizeof(float));
     for (size_t i = 0; i < n; i++) {
-        k[i] = frand();
+        const int pos = (int)(i / ((size_t)n_kv * hd));
+        k[i] = (pos >= hot0 && pos < hot1 ? 4.0f : 1.0f) * frand();
         v[i] = frand();
     }
     kv_cache_store(kv, 0, 0, len, k, v);
@@ -46,6 +50,14 @@ static kv_cache *make_filled(int n_kv, int hd, int len, int bt, int type) {
     free(k);
     free(v);
     return kv;
+}
+
+static const char *type_name(int type) { return type == QTYPE_F16 ? "f16" : type == QTYPE_F32 ? "f32" : "q8_0"; }
+
+static float max_abs(const float *a, size_t n) {
+    float m = 0;
+    for (size_t i = 0; i < n; i++) m = fabsf(a[i]) > m ? fabsf(a[i]) : m;
+    return m;
 }
 
 static float max_abs_diff(const float *a, const float *b, size_t n) {
@@ -60,7 +72,9 @@ static float max_abs_diff(const float *a, const float *b, size_t n) {
 /* One shape: a batch of n_q rows at the end of a cache of len tokens. */
 static void check_shape(int type, int hd, int G, int n_q, int len, int bt) {
     const int n_kv = 3, n_head = n_kv * G;
-    kv_cache *kv = make_filled(n_kv, hd, len, bt, type);
+    /* one block of larger keys halfway: the running max grows inside a part */
+    const int hot = len / 2 / bt * bt;
+    kv_cache *kv = make_filled_hot(n_kv, hd, len, bt, type, hot, hot + bt);
     if (!kv) return;
     const size_t row = (size_t)n_head * hd, nout = (size_t)n_q * row;
     float *q = malloc(nout * sizeof(float)), *rows = malloc(nout * sizeof(float)), *old = malloc(nout * sizeof(float));
@@ -89,13 +103,17 @@ static void check_shape(int type, int hd, int G, int n_q, int len, int bt) {
             bad_old += memcmp(rows + i * row, old + i * row, row * sizeof(float)) != 0;
             bad_one += memcmp(rows + i * row, one + i * row, row * sizeof(float)) != 0;
         }
-        const char *tn = type == QTYPE_F16 ? "f16" : "f32";
+        const char *tn = type_name(type);
         CHECK(bad_old == 0, "%s hd=%d G=%d n_q=%d len=%d bt=%d threads=%d: %d rows differ from the single-row kernel",
               tn, hd, G, n_q, len, bt, nt, bad_old);
         CHECK(bad_one == 0, "%s hd=%d G=%d n_q=%d len=%d bt=%d threads=%d: %d rows differ from single-token calls", tn,
               hd, G, n_q, len, bt, nt, bad_one);
+        /* Q8_0: the reference takes F32 weights times the dequantized
+         * values, the kernels 8-bit weights (attention_q8_impl.h; test_kv_q8
+         * bounds that error) */
+        const float tol = type == QTYPE_Q8_0 ? 0.02f * max_abs(ref, nout) : 2e-5f;
         float e = max_abs_diff(rows, ref, nout);
-        CHECK(e < 2e-5f, "%s hd=%d G=%d n_q=%d: max |rows - reference| = %g", tn, hd, G, n_q, e);
+        CHECK(e < tol, "%s hd=%d G=%d n_q=%d: max |rows - reference| = %g (tolerance %g)", tn, hd, G, n_q, e, tol);
     }
     attention_workspace_free(ws);
     free(q);
@@ -141,6 +159,31 @@ static void state_init(state_buf *sb, int R, int G, int hd, const float *q) {
     st->vbuf = p, p += (size_t)lds * hdp;
     st->lv = p;
     for (int r = 0; r < R; r++) st->m[r] = -INFINITY;
+    /* the query rows quantized, for Q8_0 blocks (freed by state_free) */
+    const int ng = hdp / 32 + 1;
+    st->q8 = aligned_alloc(64, (size_t)rp * hdp);
+    st->qd = malloc((size_t)rp * ng * sizeof(float));
+    st->qsum = malloc((size_t)rp * ng * sizeof(int32_t));
+    if (st->q8 && st->qd && st->qsum && hd % 32 == 0)
+        for (int r = 0; r < R; r++)
+            attn_q8_quantize_query(q + (size_t)r * hdp, hd, st->q8 + (size_t)r * hdp, st->qd + (size_t)r * (hdp / 32),
+                                   st->qsum + (size_t)r * (hdp / 32));
+}
+
+static void state_free(state_buf *sb) {
+    free(sb->mem);
+    free(sb->st.q8);
+    free(sb->st.qd);
+    free(sb->st.qsum);
+}
+
+/* Whether two states hold the same m, lane sums and acc bits (count of differences). */
+static int state_diff(const attn_state *a, const attn_state *b, int R, int hd) {
+    int bad = memcmp(a->m, b->m, R * sizeof(float)) != 0;
+    bad += memcmp(a->lv, b->lv, 16 * (size_t)R * sizeof(float)) != 0;
+    for (int r = 0; r < R; r++)
+        bad += memcmp(a->acc + (size_t)r * a->hdp, b->acc + (size_t)r * b->hdp, hd * sizeof(float)) != 0;
+    return bad;
 }
 
 /* Block kernel against block kernel: a sequence of blocks (the third with
@@ -170,8 +213,7 @@ static void check_block_kernel(int type, int hd, int G, int n_tok) {
     state_init(&o, R, G, hd, q);
     state_init(&pr, R, G, hd, q);
     if (a.mem && o.mem && pr.mem) {
-        /* q8 scratch of the pair kernel: rows x 16 floats (hd / 4 per row >= 16) */
-        pr.st.q8 = (int8_t *)aligned_alloc(64, (size_t)((R + 15) & ~15) * hdp);
+        /* the pair kernel uses the q8 scratch: rows x 16 floats (hd / 4 per row >= 16) */
         attn_block blk[8];
         for (int b = 0; b < n_blk; b++) {
             memset(&blk[b], 0, sizeof blk[b]);
@@ -202,16 +244,60 @@ static void check_block_kernel(int type, int hd, int G, int n_tok) {
             bad2 += memcmp(pr.st.acc + (size_t)r * hdp, o.st.acc + (size_t)r * hdp, hd * sizeof(float)) != 0;
         CHECK(bad2 == 0, "pair kernel %s hd=%d G=%d tokens=%d: state differs from attn_block_avx512 (%d)",
               type == QTYPE_F16 ? "f16" : "f32", hd, G, n_tok, bad2);
-        free(pr.st.q8);
         float l0 = 0;
         for (int i = 0; i < 16; i++) l0 += a.st.lv[i];
         CHECK(l0 > 0 && isfinite(a.st.acc[0]), "block kernel: row 0 accumulated nothing (l = %g)", l0);
     }
-    free(a.mem);
-    free(o.mem);
-    free(pr.mem);
+    state_free(&a);
+    state_free(&o);
+    state_free(&pr);
     free(q);
     free(kv);
+}
+
+/* The Q8_0 block kernel against the single-row one: blocks of a cache (the
+ * third with keys 4x larger, so every row's max grows there), then the
+ * diagonal block, then a full block again. */
+static void check_block_kernel_q8(int hd, int G, int n_tok) {
+    const int R = G * n_tok, hdp = (hd + 15) & ~15, n_blk = 6;
+    kv_cache *kv = make_filled_hot(1, hd, 16 * n_blk, 16, QTYPE_Q8_0, 32, 48);
+    if (!kv) return;
+    float *q = malloc((size_t)R * hdp * sizeof(float));
+    for (int r = 0; r < R; r++)
+        for (int d = 0; d < hdp; d++) q[(size_t)r * hdp + d] = d < hd ? 0.4f * frand() : 0.0f;
+    state_buf a, o;
+    state_init(&a, R, G, hd, q);
+    state_init(&o, R, G, hd, q);
+    if (a.mem && o.mem && a.st.q8 && o.st.q8) {
+        const int order[7] = {0, 1, 2, 3, 4, 5, 3};
+        for (int i = 0; i < 7; i++) {
+            const int blk = order[i];
+            attn_block b;
+            memset(&b, 0, sizeof b);
+            b.k = kv_cache_block_k(kv, 0, 0, blk);
+            b.v = kv_cache_block_v(kv, 0, 0, blk);
+            b.type = QTYPE_Q8_0;
+            b.n_valid = i == 5 ? n_tok : 16; /* block 5 as the diagonal one */
+            b.vis0 = i == 5 ? 1 : 1000;
+            if (i + 1 < 7) {
+                b.next_k = kv_cache_block_k(kv, 0, 0, order[i + 1]);
+                b.next_v = kv_cache_block_v(kv, 0, 0, order[i + 1]);
+            }
+            attn_block_rows_q8_avx512(&a.st, &b);
+            attn_block_q8_avx512(&o.st, &b);
+        }
+        const int bad = state_diff(&a.st, &o.st, R, hd);
+        CHECK(bad == 0, "q8_0 block kernel hd=%d G=%d tokens=%d: state differs from attn_block_q8_avx512 (%d)", hd, G,
+              n_tok, bad);
+        float l0 = 0;
+        for (int i = 0; i < 16; i++) l0 += a.st.lv[16 * (R - 1) + i];
+        CHECK(l0 > 0 && isfinite(a.st.acc[(size_t)(R - 1) * hdp]) && a.st.acc[(size_t)(R - 1) * hdp] != 0.0f,
+              "q8_0 block kernel: the last row accumulated nothing (l = %g)", l0);
+    }
+    state_free(&a);
+    state_free(&o);
+    free(q);
+    kv_cache_free(kv);
 }
 
 int main(void) {
@@ -221,7 +307,10 @@ int main(void) {
     }
     ellm_cpu_set_isa(ELLM_ISA_AVX512);
     CHECK(attn_rows_kernel(QTYPE_F16) == attn_block_rows_avx512, "F16 cache: the multi-row kernel is chosen");
-    CHECK(attn_rows_kernel(QTYPE_Q8_0) == NULL, "Q8_0 cache: no multi-row kernel");
+    const int q8_ok = ellm_cpu()->avx512vnni && ellm_cpu()->avx512vbmi;
+    CHECK(attn_rows_kernel(QTYPE_Q8_0) == (q8_ok ? attn_block_rows_q8_avx512 : NULL),
+          "Q8_0 cache: the multi-row kernel is chosen with VNNI and VBMI");
+    CHECK(attn_rows_pair_kernel(QTYPE_Q8_0) == NULL, "Q8_0 cache: no pair kernel");
     CHECK(attn_rows_pair_kernel(QTYPE_F32) == attn_block2_rows_avx512, "F32 cache: the pair kernel is chosen");
     ellm_cpu_set_isa(ELLM_ISA_AVX2);
     CHECK(attn_rows_kernel(QTYPE_F16) == NULL, "AVX2: no multi-row kernel");
@@ -246,6 +335,34 @@ int main(void) {
         check_block_kernel(type, 64, 3, 9);
         check_block_kernel(type, 64, 1, 13);
         check_block_kernel(type, 128, 3, 4);
+    }
+
+    if (!q8_ok) {
+        SKIP("multi-row Q8_0 kernel: this CPU lacks AVX-512 VNNI or VBMI");
+    } else {
+        /* Q8_0: rows 9..19 of one tile (GQA 1-4), two tiles, head_dim 64 and
+         * 128 (96 falls back), depths of one to five parts, a partial last
+         * block, blocks of 32 tokens (handed on) */
+        check_shape(QTYPE_Q8_0, 64, 3, 3, 1100, 16);  /* 9 rows */
+        check_shape(QTYPE_Q8_0, 128, 2, 5, 900, 16);  /* 10 */
+        check_shape(QTYPE_Q8_0, 64, 1, 11, 650, 16);  /* 11 */
+        check_shape(QTYPE_Q8_0, 64, 3, 4, 2100, 16);  /* 12, 5 parts */
+        check_shape(QTYPE_Q8_0, 64, 1, 13, 333, 16);  /* 13 */
+        check_shape(QTYPE_Q8_0, 128, 2, 7, 530, 16);  /* 14 */
+        check_shape(QTYPE_Q8_0, 64, 3, 5, 77, 16);    /* 15 */
+        check_shape(QTYPE_Q8_0, 64, 4, 4, 1500, 16);  /* 16 */
+        check_shape(QTYPE_Q8_0, 64, 1, 17, 700, 16);  /* 16 + 1, two tiles */
+        check_shape(QTYPE_Q8_0, 128, 3, 6, 1030, 16); /* 18 */
+        check_shape(QTYPE_Q8_0, 64, 1, 19, 600, 16);  /* 16 + 3 */
+        check_shape(QTYPE_Q8_0, 64, 3, 9, 1500, 16);  /* 27: a 9-token verify */
+        check_shape(QTYPE_Q8_0, 64, 4, 17, 700, 16);  /* 64 + 4 */
+        check_shape(QTYPE_Q8_0, 64, 3, 6, 700, 32);
+        check_shape(QTYPE_Q8_0, 96, 3, 4, 300, 16);
+        check_block_kernel_q8(64, 3, 3);
+        check_block_kernel_q8(64, 3, 9);
+        check_block_kernel_q8(64, 1, 13);
+        check_block_kernel_q8(128, 3, 4);
+        check_block_kernel_q8(128, 2, 7);
     }
     ellm_cpu_set_isa(ellm_cpu()->best);
     pool_release();

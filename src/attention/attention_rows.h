@@ -26,6 +26,11 @@
  * as attn_block_fn, and the same bits per row as attn_block_avx512. */
 void attn_block_rows_avx512(attn_state *st, const attn_block *b);
 
+/* The multi-row block kernel of AVX-512 (with VNNI and VBMI) for Q8_0
+ * caches (attention_rows_q8_avx512.c): same contract as attn_block_fn, and
+ * the same bits per row as attn_block_q8_avx512. */
+void attn_block_rows_q8_avx512(attn_state *st, const attn_block *b);
+
 /* Two adjacent blocks of a dense part, b0 then b1: the same state as
  * attn_block_rows_avx512(b0) then (b1), with the scores of both blocks
  * computed in one pass over the channels when every row sees both whole
