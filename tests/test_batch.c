@@ -10,7 +10,11 @@
 
 #define N_SEQ 5
 #define N_GEN 10
+/* Prompt chunk sizes: up to 16 rows a sequence's attention runs on one
+ * thread of the pass; longer chunks run theirs on the whole pool, reading
+ * the rows in the batch's scratch. */
 #define CHUNK 16
+#define CHUNK_WIDE 40
 #define THREADS 2
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
@@ -28,7 +32,7 @@ static int argmax(const float *x, int n) {
     return b;
 }
 
-static void check_model(const char *path) {
+static void check_model(const char *path, int chunk) {
     ellm_error err = {0};
     ellm_model *m = NULL;
     ellm_model_params mp = {.n_threads = THREADS, .pin_threads = 0};
@@ -46,10 +50,10 @@ static void check_model(const char *path) {
 
     ellm_context_params cp = ellm_context_default_params();
     cp.n_ctx = 128;
-    cp.n_batch = CHUNK;
+    cp.n_batch = chunk;
     cp.n_threads = THREADS;
     cp.sparse_topk = -1;
-    /* alone: prefill in CHUNK-token passes, then greedy decode */
+    /* alone: prefill in chunk-token passes, then greedy decode */
     float *solo = malloc((size_t)N_SEQ * N_GEN * V * sizeof *solo);
     int32_t gen[N_SEQ][N_GEN];
     for (int i = 0; i < N_SEQ; i++) {
@@ -69,7 +73,7 @@ static void check_model(const char *path) {
     /* together: sequence i joins at step 2 i, so prefill chunks share passes
      * with decode rows of the others */
     ellm_batch *b = NULL;
-    CHECK(ellm_batch_init(m, THREADS, N_SEQ * CHUNK, &b, &err) == ELLM_OK, "%s", err.msg);
+    CHECK(ellm_batch_init(m, THREADS, N_SEQ * chunk, &b, &err) == ELLM_OK, "%s", err.msg);
     ellm_context *ctx[N_SEQ] = {0};
     for (int i = 0; i < N_SEQ && b; i++)
         CHECK(ellm_batch_context_init(b, &cp, &ctx[i], &err) == ELLM_OK, "%s", err.msg);
@@ -82,7 +86,7 @@ static void check_model(const char *path) {
             if (!ctx[i] || step < 2 * i || n_gen[i] >= N_GEN) continue;
             run[ns] = ctx[i];
             if (fed[i] < n_prompt[i]) {
-                int c = n_prompt[i] - fed[i] < CHUNK ? n_prompt[i] - fed[i] : CHUNK;
+                int c = n_prompt[i] - fed[i] < chunk ? n_prompt[i] - fed[i] : chunk;
                 tok[ns] = prompt[i] + fed[i];
                 n[ns] = c;
             } else {
@@ -112,7 +116,7 @@ static void check_model(const char *path) {
     for (int i = 0; i < N_SEQ; i++) done &= n_gen[i] == N_GEN;
     CHECK(done, "%s: every sequence generated %d tokens", path, N_GEN);
     CHECK(mismatches == 0, "%s: %d logit rows differ from the sequence alone", path, mismatches);
-    CHECK(max_rows_seen > CHUNK, "%s: passes mixed prefill and decode rows (max %d rows)", path, max_rows_seen);
+    CHECK(max_rows_seen > chunk, "%s: passes mixed prefill and decode rows (max %d rows)", path, max_rows_seen);
 
     /* bad input is refused without feeding anything */
     if (b && ctx[0]) {
@@ -123,7 +127,7 @@ static void check_model(const char *path) {
         ellm_context *twice[2] = {ctx[0], ctx[0]};
         CHECK(ellm_decode_batch(b, ctx, tp, one, 1, &err) == ELLM_ERR_ARG, "token out of vocabulary refused");
         CHECK(ellm_decode_batch(b, twice, tp, one, 2, &err) == ELLM_ERR_ARG, "context listed twice refused");
-        int too_many = CHUNK + 1;
+        int too_many = chunk + 1;
         CHECK(ellm_decode_batch(b, ctx, tp, &too_many, 1, &err) == ELLM_ERR_ARG, "more than n_batch refused");
         CHECK(ellm_context_pos(ctx[0]) == pos, "nothing fed on error");
         ellm_context *own = NULL;
@@ -213,9 +217,13 @@ int main(void) {
     const char *models[] = {"llama-gqa.gguf", "llama-gqa-Q8_0.gguf", "llama-gqa-Q4_K_M.gguf", "qwen3-qknorm.gguf"};
     for (size_t i = 0; i < sizeof models / sizeof *models; i++) {
         snprintf(path, sizeof path, "%s/models/%s", test_data_dir(), models[i]);
-        check_model(path);
+        check_model(path, CHUNK);
     }
-    check_model("models/evalmodel.gguf");
+    check_model("models/evalmodel.gguf", CHUNK);
+    snprintf(path, sizeof path, "%s/models/llama-gqa-Q8_0.gguf", test_data_dir());
+    check_model(path, CHUNK_WIDE);
+    snprintf(path, sizeof path, "%s/models/qwen3-qknorm.gguf", test_data_dir());
+    check_model(path, CHUNK_WIDE);
     snprintf(path, sizeof path, "%s/models/llama-gqa-Q8_0.gguf", test_data_dir());
     check_deep(path);
     check_deep("models/evalmodel.gguf");

@@ -292,8 +292,33 @@ static void attend_seq(struct ellm_context *ctx, int l, int n, int pos) {
  * calibration) and it feeds few rows; the others keep their own launches. */
 #define ENGINE_SEQ_ATTN_ROWS 16
 
+/* Plain dense attention over the sequence's own cache: nothing reads the
+ * context's scratch (a sparse selection, its recall samples and calibration
+ * do), so its rows are attended where they are in the batch scratch. A
+ * server slot's scratch then is never touched, and its first step does not
+ * wait for the kernel to fault those pages in. */
+static int plain_dense(const struct ellm_context *ctx) { return !ctx->dist && !ctx->sidx && !ctx->calib; }
+
 static int attend_on_one_thread(const struct ellm_context *ctx, int n) {
-    return n <= ENGINE_SEQ_ATTN_ROWS && !ctx->dist && !ctx->sidx && !ctx->calib;
+    return n <= ENGINE_SEQ_ATTN_ROWS && plain_dense(ctx);
+}
+
+/* Stores a plain dense sequence's n rows of K/V (k, v: n x nkv) at its
+ * positions [pos, pos + n) of layer l and attends its queries q (n x nq)
+ * into att, on the pool (NULL: on this thread, the same bits). */
+static void attend_plain(struct ellm_context *ctx, int l, int n, int pos, const float *q, float *k, const float *v,
+                         float *att, threadpool *pool) {
+    const model_config *c = &ctx->model->cfg;
+    store_kv(ctx, l, pos, n, k, v);
+    attention_args aa = {.kv = ctx->kv,
+                         .layer = l,
+                         .n_q = n,
+                         .q_pos0 = pos,
+                         .n_head = c->n_head,
+                         .q = q,
+                         .out = att,
+                         .scale = 1.0f / sqrtf((float)c->head_dim)};
+    attention_forward(&aa, ctx->attn_ws, pool);
 }
 
 typedef struct {
@@ -302,7 +327,6 @@ typedef struct {
     const int *seq;  /* (n) the sequences of the launch */
     const int *row;  /* (n) their first row in s */
     int n, layer;
-    float scale;
     atomic_int next; /* the next entry of seq to take */
 } seq_attn_job;
 
@@ -316,16 +340,8 @@ static void seq_attn_task(void *arg, int ith, int nth) {
         const model_config *c = &ctx->model->cfg;
         const int64_t nq = (int64_t)c->n_head * c->head_dim, nkv = (int64_t)c->n_head_kv * c->head_dim;
         const int r = j->row[e];
-        store_kv(ctx, j->layer, sq->pos, sq->n, j->s->k + r * nkv, j->s->v + r * nkv);
-        attention_args aa = {.kv = ctx->kv,
-                             .layer = j->layer,
-                             .n_q = sq->n,
-                             .q_pos0 = sq->pos,
-                             .n_head = c->n_head,
-                             .q = j->s->q + r * nq,
-                             .out = j->s->att + r * nq,
-                             .scale = j->scale};
-        attention_forward(&aa, ctx->attn_ws, NULL);
+        attend_plain(ctx, j->layer, sq->n, sq->pos, j->s->q + r * nq, j->s->k + r * nkv, j->s->v + r * nkv,
+                     j->s->att + r * nq, NULL);
     }
 }
 
@@ -386,8 +402,7 @@ void engine_forward_seqs(const ellm_model *m, const engine_scratch *s, threadpoo
         /* Attention reads each sequence's own KV: per sequence, on its rows;
          * those of one_seq[] in a single launch. */
         if (n_one > 1) {
-            seq_attn_job job = {.seqs = seqs, .s = s, .seq = one_seq, .row = one_row, .n = n_one, .layer = l,
-                                .scale = 1.0f / sqrtf((float)c->head_dim)};
+            seq_attn_job job = {.seqs = seqs, .s = s, .seq = one_seq, .row = one_row, .n = n_one, .layer = l};
             atomic_init(&job.next, 0);
             threadpool_run(pool, seq_attn_task, &job);
         }
@@ -395,6 +410,11 @@ void engine_forward_seqs(const ellm_model *m, const engine_scratch *s, threadpoo
             struct ellm_context *ctx = seqs[i].ctx;
             const int ni = seqs[i].n;
             if (n_one > 1 && attend_on_one_thread(ctx, ni)) continue;
+            if (!own && plain_dense(ctx)) {
+                attend_plain(ctx, l, ni, seqs[i].pos, s->q + r * nq, s->k + r * nkv, s->v + r * nkv, s->att + r * nq,
+                             pool);
+                continue;
+            }
             if (!own) {
                 memcpy(ctx->s.q, s->q + r * nq, (size_t)ni * nq * 4);
                 memcpy(ctx->s.k, s->k + r * nkv, (size_t)ni * nkv * 4);
