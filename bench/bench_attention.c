@@ -8,7 +8,12 @@
  * bandwidth measured in the same run, for F16 and Q8_0 caches at each depth.
  *
  *   make bench && build/bench/bench_attention [n_q] [--no-pin] [-t N] [--kv f16|q8_0|both]
- *     n_q: query tokens per step (default 1); -t: threads (default 1 and 2) */
+ *                                             [--depths LIST] [--ab-pairs]
+ *     n_q: query tokens per step (default 1); -t: threads (default 1 and 2);
+ *     --ab-pairs: each point also without pair steps (attention_pairs_enable),
+ *     alternating the two per step;
+ *     --depths: comma list (default 4096,16384,32768); a depth whose cache fits in
+ *     L3 (e.g. 1024: 24 MB) shows the kernel's rate with little DRAM traffic */
 #include "attention/attention.h"
 #include "attention/kv_cache.h"
 #include "bench_kv.h"
@@ -29,23 +34,36 @@
 #define HEAD_DIM 64
 #define BLOCK 16
 #define MAX_STEPS 15
+#define MAX_DEPTHS 8
 
 
 int main(int argc, char **argv) {
-    int n_q = 1, pin = 1, t_lo = 1, t_hi = 2, kv_f16 = 1, kv_q8 = 1;
+    int n_q = 1, pin = 1, t_lo = 1, t_hi = 2, kv_f16 = 1, kv_q8 = 1, ab = 0;
+    int depths[MAX_DEPTHS] = {4096, 16384, 32768}, n_depths = 3;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--no-pin")) pin = 0;
+        else if (!strcmp(argv[i], "--ab-pairs")) ab = 1;
         else if (!strcmp(argv[i], "-t") && i + 1 < argc) t_lo = t_hi = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--kv") && i + 1 < argc) {
             i++;
             kv_f16 = !strcmp(argv[i], "f16") || !strcmp(argv[i], "both");
             kv_q8 = !strcmp(argv[i], "q8_0") || !strcmp(argv[i], "both");
+        } else if (!strcmp(argv[i], "--depths") && i + 1 < argc) {
+            n_depths = 0;
+            for (char *t = strtok(argv[++i], ","); t && n_depths < MAX_DEPTHS; t = strtok(NULL, ","))
+                if (atoi(t) > 0 && atoi(t) <= (1 << 20)) depths[n_depths++] = atoi(t);
+            if (!n_depths) {
+                fprintf(stderr, "--depths: expected a comma list of depths in 1..1048576\n");
+                return 2;
+            }
         } else n_q = atoi(argv[i]);
     }
     if (n_q < 1 || n_q > 512) n_q = 1;
     if (t_lo < 1 || t_lo > 64) t_lo = t_hi = 1;
-    const int depths[] = {4096, 16384, 32768};
-    const int max_depth = depths[2] + n_q;
+    int max_depth = 0;
+    for (int i = 0; i < n_depths; i++)
+        if (depths[i] > max_depth) max_depth = depths[i];
+    max_depth += n_q;
     kv_cache *kvs[2] = {kv_f16 ? bench_kv_filled(QTYPE_F16, N_LAYER, N_KV, HEAD_DIM, BLOCK, max_depth) : NULL,
                         kv_q8 ? bench_kv_filled(QTYPE_Q8_0, N_LAYER, N_KV, HEAD_DIM, BLOCK, max_depth) : NULL};
     const char *names[2] = {"F16 ", "Q8_0"};
@@ -73,26 +91,34 @@ int main(int argc, char **argv) {
         }
         printf("threads %d: streaming read %.1f GB/s\n", nt,
                ellm_measure_read_gbps(nt, (size_t)1 << 30, 3));
-        for (int di = 0; di < 3; di++) {
+        for (int di = 0; di < n_depths; di++) {
             int depth = depths[di];
             double ms_f16 = 0;
             for (int c = 0; c < 2; c++) {
                 if (!kvs[c]) continue;
                 attention_args a = {kvs[c], 0, n_q, depth, N_HEAD, q, out, 0.125f};
-                double ms[MAX_STEPS];
+                double ms[2][MAX_STEPS];
                 int steps = depth <= 4096 ? MAX_STEPS : 7;
                 for (int s = -1; s < steps; s++) {
-                    double t0 = ellm_time_ms();
-                    for (int l = 0; l < N_LAYER; l++) {
-                        a.layer = l;
-                        attention_forward(&a, ws, pool);
+                    for (int v = 0; v <= ab; v++) { /* v = 1: pair steps off */
+                        attention_pairs_enable(v == 0);
+                        double t0 = ellm_time_ms();
+                        for (int l = 0; l < N_LAYER; l++) {
+                            a.layer = l;
+                            attention_forward(&a, ws, pool);
+                        }
+                        if (s >= 0) ms[v][s] = ellm_time_ms() - t0; /* step -1 warms up */
                     }
-                    if (s >= 0) ms[s] = ellm_time_ms() - t0; /* step -1 warms up */
                 }
-                double med = median_sort(ms, steps);
+                attention_pairs_enable(1);
+                double med = median_sort(ms[0], steps);
                 double bytes = (double)(depth + n_q) * (double)kv_cache_bytes_per_token(kvs[c]);
                 printf("  %s depth %5d: %7.3f ms/step (median of %d)  %6.1f GB/s KV read  (%.0f MB)", names[c],
                        depth, med, steps, bytes / (med * 1e6), bytes / 1e6);
+                if (ab) {
+                    double off = median_sort(ms[1], steps);
+                    printf("  no pairs %7.3f ms (%.1f GB/s), pairs %.3fx", off, bytes / (off * 1e6), off / med);
+                }
                 if (c == 0) ms_f16 = med;
                 if (c == 1 && ms_f16 > 0) printf("  %.2fx F16", ms_f16 / med);
                 printf("\n");

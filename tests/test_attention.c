@@ -683,6 +683,68 @@ static void test_batch_rows_exact(void) {
     check_rows_exact(QTYPE_F16, 128, 2, 5, 600, 32);
 }
 
+/* Pair steps (attention_pairs_enable): the AVX-512 single-row kernel takes
+ * two whole blocks of a part at once; the outputs must keep their bits,
+ * dense and over sparse lists of scattered blocks, at any thread count. */
+static void check_pairs(int type, int hd, int G, int n_q, int len, int bt) {
+    const int n_kv = 3, n_head = n_kv * G;
+    kv_cache *kv = make_cache(1, n_kv, hd, len, bt, type);
+    if (!kv) return;
+    fill_cache(kv, len);
+    const size_t nout = (size_t)n_q * n_head * hd;
+    float *q = malloc(nout * sizeof(float)), *on = malloc(nout * sizeof(float)), *off = malloc(nout * sizeof(float));
+    fill(q, nout, 4.0f);
+    const int nb = (len + bt - 1) / bt, max_blocks = nb;
+    int32_t *blocks = malloc((size_t)n_kv * max_blocks * sizeof(int32_t));
+    int n_blocks[3];
+    for (int h = 0; h < n_kv; h++) { /* every other block, then the last (diagonal) one; h = 1 all of them */
+        int n = 0;
+        for (int i = 0; i < nb - 1; i++)
+            if (h == 1 || i % 2 == 0 || i % 7 == 3) blocks[h * max_blocks + n++] = i;
+        blocks[h * max_blocks + n++] = nb - 1;
+        n_blocks[h] = n;
+    }
+    attention_workspace *ws = NULL;
+    ellm_error err;
+    CHECK(attention_workspace_init(MAX_THREADS, n_q, n_head, hd, len, bt, &ws, &err) == ELLM_OK, "workspace: %s",
+          err.msg);
+    for (int nt = 1; ws && nt <= MAX_THREADS; nt++)
+        for (int sparse = 0; sparse <= 1; sparse++) {
+            float *outs[2] = {on, off};
+            for (int v = 0; v < 2; v++) {
+                attention_pairs_enable(v == 0);
+                attention_args a = {kv, 0, n_q, len - n_q, n_head, q, outs[v], 1.0f / sqrtf((float)hd)};
+                if (sparse) attention_forward_blocks(&a, blocks, n_blocks, max_blocks, ws, pool_of(nt));
+                else attention_forward(&a, ws, pool_of(nt));
+            }
+            attention_pairs_enable(1);
+            CHECK(memcmp(on, off, nout * sizeof(float)) == 0,
+                  "pair steps %s hd=%d G=%d n_q=%d len=%d bt=%d threads=%d %s: outputs differ without them",
+                  type == QTYPE_F16 ? "f16" : "f32", hd, G, n_q, len, bt, nt, sparse ? "sparse" : "dense");
+        }
+    attention_workspace_free(ws);
+    free(blocks);
+    free(q);
+    free(on);
+    free(off);
+    kv_cache_free(kv);
+}
+
+static void test_pair_steps(void) {
+    if (g_best < ELLM_ISA_AVX512) {
+        SKIP("pair steps: the AVX-512 kernel is not supported by this CPU");
+        return;
+    }
+    check_pairs(QTYPE_F16, 64, 3, 1, 1500, 16);  /* decode, GQA 3: 94 blocks over 3 parts */
+    check_pairs(QTYPE_F16, 64, 3, 2, 1037, 16);  /* 6 rows, a partial last block */
+    check_pairs(QTYPE_F16, 128, 1, 1, 700, 16);
+    check_pairs(QTYPE_F16, 128, 4, 2, 530, 16);  /* 8 rows: the most the in-place path takes */
+    check_pairs(QTYPE_F16, 64, 3, 3, 800, 16);   /* 9 rows: the multi-row kernel instead */
+    check_pairs(QTYPE_F32, 64, 2, 4, 900, 16);   /* F32 in place for any rows */
+    check_pairs(QTYPE_F16, 40, 3, 1, 600, 16);   /* head_dim without a pair path: single steps */
+    check_pairs(QTYPE_F16, 64, 3, 1, 900, 32);   /* 32-token blocks: single steps */
+}
+
 int main(void) {
     g_best = ellm_cpu()->best;
     printf("attention tests: ISA levels scalar..%s\n", ellm_isa_str(g_best));
@@ -698,6 +760,7 @@ int main(void) {
     test_select();
     test_single_head_split();
     test_batch_rows_exact();
+    test_pair_steps();
     test_attention_matrix();
     pool_release();
     return test_finish();

@@ -169,6 +169,10 @@ void attention_workspace_free(attention_workspace *ws) {
     free(ws);
 }
 
+static int g_pairs_on = 1;
+
+void attention_pairs_enable(int on) { g_pairs_on = on != 0; }
+
 /* ---- one call ----------------------------------------------------------- */
 
 typedef struct {
@@ -277,8 +281,10 @@ static void run_part(const attn_job *J, attn_state *st, int s, long kb, long ke,
     const int G = J->group, hd = J->hd, hdp = st->hdp, bt = J->bt;
     st->rows = nqt * G;
     const attn_block_fn fn = J->rows_fn && st->rows >= ATTN_ROWS_MIN ? J->rows_fn : J->fn;
-    /* dense parts on the multi-row kernel take adjacent full blocks in pairs */
-    const attn_block2_fn pair_fn = fn == J->rows_fn && !J->blocks ? J->rows2_fn : NULL;
+    /* dense parts on the multi-row kernel take adjacent full blocks in pairs;
+     * the single-row AVX-512 kernel takes any two full blocks of a part */
+    const attn_block2_fn pair_fn = fn == J->rows_fn ? (!J->blocks ? J->rows2_fn : NULL)
+                                                    : fn == attn_block_avx512 && g_pairs_on ? attn_block2_avx512 : NULL;
     attn_block held; /* a full block waiting for the next one (pair_fn) */
     int have = 0;
     const int rows_pad = (st->rows + 3) & ~3;

@@ -300,6 +300,115 @@ static ALWAYS_INLINE void block_step(attn_state *st, const attn_block *b, const 
     }
 }
 
+/* Scores of NR rows against two whole 16-key blocks at once, K read in
+ * place (F16 converted in registers). Per block and row the accumulators
+ * and their order are qk_pairs' (even channels, odd channels, then their
+ * sum), so every score has the bits of qk_rows on that block alone; the
+ * second block only doubles the independent FMA chains (a single block's
+ * 2 x NR chains leave the FMA units waiting on latency). pf0/pf1 (or
+ * NULL): the blocks ahead of b0/b1, pf_lines lines of each per channel pair. */
+static ALWAYS_INLINE void qk_rows2(const float *q, int hdp, const void *k0, const void *k1, int hd,
+                                   float *s0, float *s1, int lds, const int NR, const int F16,
+                                   const char *pf0, const char *pf1, int pf_lines) {
+    const size_t step = (size_t)16 * (F16 ? 2 : 4); /* bytes per channel of a 16-key block */
+    const __mmask16 m = (__mmask16)0xffff;
+    __m512 a0[4], a1[4], c0[4], c1[4];
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; r++) a0[r] = a1[r] = c0[r] = c1[r] = _mm512_setzero_ps();
+    const char *p0 = k0, *p1 = k1;
+    int d = 0;
+#pragma GCC unroll 2
+    for (; d + 2 <= hd; d += 2, p0 += 2 * step, p1 += 2 * step) {
+        if (pf0)
+            for (int i = 0; i < pf_lines; i++, pf0 += 64) _mm_prefetch(pf0, _MM_HINT_T1);
+        if (pf1)
+            for (int i = 0; i < pf_lines; i++, pf1 += 64) _mm_prefetch(pf1, _MM_HINT_T1);
+        const __m512 x0 = load16(p0, 0, m, F16), x1 = load16(p0 + step, 0, m, F16);
+        const __m512 y0 = load16(p1, 0, m, F16), y1 = load16(p1 + step, 0, m, F16);
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; r++) {
+            const float *qr = q + (size_t)r * hdp + d;
+            const __m512 q0 = _mm512_set1_ps(qr[0]), q1 = _mm512_set1_ps(qr[1]);
+            a0[r] = _mm512_fmadd_ps(q0, x0, a0[r]);
+            a1[r] = _mm512_fmadd_ps(q1, x1, a1[r]);
+            c0[r] = _mm512_fmadd_ps(q0, y0, c0[r]);
+            c1[r] = _mm512_fmadd_ps(q1, y1, c1[r]);
+        }
+    }
+    if (d < hd) {
+        const __m512 x0 = load16(p0, 0, m, F16), y0 = load16(p1, 0, m, F16);
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; r++) {
+            const __m512 q0 = _mm512_set1_ps(q[(size_t)r * hdp + d]);
+            a0[r] = _mm512_fmadd_ps(q0, x0, a0[r]);
+            c0[r] = _mm512_fmadd_ps(q0, y0, c0[r]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; r++) {
+        _mm512_storeu_ps(s0 + (size_t)r * lds, _mm512_add_ps(a0[r], a1[r]));
+        _mm512_storeu_ps(s1 + (size_t)r * lds, _mm512_add_ps(c0[r], c1[r]));
+    }
+}
+
+/* Two whole 16-key blocks, every row seeing all their keys, K and V read in
+ * place: both blocks' scores in one pass (qk_rows2), then softmax and P*V
+ * of b0, then of b1 -- the operations of block_step(b0), block_step(b1) in
+ * the same order, so the state ends with the same bits. The scores of b1
+ * wait in kbuf, which the in-place path does not use. */
+static ALWAYS_INLINE void pair_step(attn_state *st, const attn_block *b0, const attn_block *b1, const int HD,
+                                    const int F16) {
+    const int R = st->rows, hdp = HD, lds = st->lds;
+    const size_t elt = F16 ? 2 : 4;
+    const int half_lines = (int)((16 * (size_t)HD * elt + 63) / 64);
+    const int k_steps = HD / 2;
+    const int pf_k = (half_lines + k_steps - 1) / k_steps, pf_v = (half_lines + 15) / 16;
+    if (b1->next_k && !b1->ahead_k) prefetch_block(b1->next_k, b1->next_v, 16 * (size_t)HD * elt);
+    float *s0 = st->s, *s1 = st->kbuf;
+    const char *pa = b0->ahead_k, *pb = b1->ahead_k;
+    int r = 0;
+    for (; r + 4 <= R; r += 4, pa = pb = NULL)
+        qk_rows2(st->q + (size_t)r * hdp, hdp, b0->k, b1->k, HD, s0 + (size_t)r * lds, s1 + (size_t)r * lds, lds,
+                 4, F16, pa, pb, pf_k);
+    const float *qr = st->q + (size_t)r * hdp;
+    float *t0 = s0 + (size_t)r * lds, *t1 = s1 + (size_t)r * lds;
+    switch (R - r) {
+    case 3: qk_rows2(qr, hdp, b0->k, b1->k, HD, t0, t1, lds, 3, F16, pa, pb, pf_k); break;
+    case 2: qk_rows2(qr, hdp, b0->k, b1->k, HD, t0, t1, lds, 2, F16, pa, pb, pf_k); break;
+    case 1: qk_rows2(qr, hdp, b0->k, b1->k, HD, t0, t1, lds, 1, F16, pa, pb, pf_k); break;
+    default: break;
+    }
+    attn_softmax_block_avx512(st, b0, 0, 16, hdp, 16);
+    pv_all(st->acc, hdp, s0, lds, b0->v, HD, HD, 0, R, 16, F16, b0->ahead_v, pf_v);
+    st->s = s1;
+    attn_softmax_block_avx512(st, b1, 0, 16, hdp, 16);
+    st->s = s0;
+    pv_all(st->acc, hdp, s1, lds, b1->v, HD, HD, 0, R, 16, F16, b1->ahead_v, pf_v);
+}
+
+static int whole_block(const attn_state *st, const attn_block *b) {
+    return st->block_tokens == 16 && b->n_valid == 16 && b->vis0 >= 16;
+}
+
+void attn_block2_avx512(attn_state *st, const attn_block *b0, const attn_block *b1) {
+    const int f16 = b0->type == QTYPE_F16;
+    if (whole_block(st, b0) && whole_block(st, b1) && b0->type == b1->type && st->hdp == st->head_dim &&
+        (!f16 || st->rows <= FUSE_ROWS) && st->rows * st->lds <= 16 * st->hdp) {
+        if (st->head_dim == 64) {
+            if (f16) pair_step(st, b0, b1, 64, 1);
+            else pair_step(st, b0, b1, 64, 0);
+            return;
+        }
+        if (st->head_dim == 128) {
+            if (f16) pair_step(st, b0, b1, 128, 1);
+            else pair_step(st, b0, b1, 128, 0);
+            return;
+        }
+    }
+    attn_block_avx512(st, b0);
+    attn_block_avx512(st, b1);
+}
+
 void attn_block_avx512(attn_state *st, const attn_block *b) {
     /* every row sees all 16 keys: a block before the first row's position */
     const int full = st->block_tokens == 16 && b->n_valid == 16 && b->vis0 >= 16;

@@ -69,6 +69,15 @@ void attn_block_scalar(attn_state *st, const attn_block *b);
 void attn_block_avx2(attn_state *st, const attn_block *b);
 void attn_block_avx512(attn_state *st, const attn_block *b);
 
+/* Two blocks of a part, b0 then b1: the same state, to the bit, as
+ * fn(b0) then fn(b1) for the single-block kernel fn it goes with. Pair
+ * kernels exist to do more work per pass (both blocks' scores at once). */
+typedef void (*attn_block2_fn)(attn_state *st, const attn_block *b0, const attn_block *b1);
+/* attn_block_avx512's: two whole 16-key blocks (every row sees all keys)
+ * with K and V read in place are computed as a pair, anything else as two
+ * single steps. */
+void attn_block2_avx512(attn_state *st, const attn_block *b0, const attn_block *b1);
+
 /* ---- Q8_0 KV cache (attention_q8.c; block format in kv_q8.h) ---- */
 
 /* x (hd floats, hd a multiple of 32) quantized per 32 channels as q8_0 does:

@@ -35,7 +35,6 @@ void attn_block_rows_q8_avx512(attn_state *st, const attn_block *b);
  * attn_block_rows_avx512(b0) then (b1), with the scores of both blocks
  * computed in one pass over the channels when every row sees both whole
  * (each broadcast query value then feeds two FMAs). */
-typedef void (*attn_block2_fn)(attn_state *st, const attn_block *b0, const attn_block *b1);
 void attn_block2_rows_avx512(attn_state *st, const attn_block *b0, const attn_block *b1);
 /* The pair kernel going with attn_rows_kernel(type), or NULL. */
 attn_block2_fn attn_rows_pair_kernel(int type);
