@@ -364,6 +364,17 @@ static void test_act_prepare_case(ellm_isa isa, int type, int64_t cols, int nb) 
     kern_act_prepare(type, X, cols, nb, b);
     CHECK(memcmp(a, b, bytes) == 0, "[%s] act_prepare %s cols=%lld nb=%d differs from scalar", in,
           qtype_get(type)->name, (long long)cols, nb);
+    /* the same bytes prepared in row ranges (as threads of a pass split
+     * them), the last range first */
+    const int cuts[] = {0, 4, 12, 20};
+    int n_cut = 0, at[6];
+    for (size_t i = 0; i < sizeof cuts / sizeof *cuts; i++)
+        if (cuts[i] < nb) at[n_cut++] = cuts[i];
+    at[n_cut] = nb;
+    memset(a, 0, bytes);
+    for (int i = n_cut - 1; i >= 0; i--) kern_act_prepare_rows(type, X, cols, nb, at[i], at[i + 1], a);
+    CHECK(memcmp(a, b, bytes) == 0, "[%s] act_prepare_rows %s cols=%lld nb=%d in %d ranges differs from one call", in,
+          qtype_get(type)->name, (long long)cols, nb, n_cut);
     free(X);
     free(a);
     free(b);

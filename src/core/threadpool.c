@@ -150,6 +150,15 @@ void threadpool_run(threadpool *pool, threadpool_fn fn, void *arg) {
     }
 }
 
+void threadpool_barrier(atomic_int *arrived, int nth, int k) {
+    if (nth <= 1) return;
+    atomic_fetch_add_explicit(arrived, 1, memory_order_acq_rel);
+    for (unsigned spins = 1; atomic_load_explicit(arrived, memory_order_acquire) < nth * k; spins++) {
+        if (spins % YIELD_SPINS == 0) sched_yield();
+        else __builtin_ia32_pause();
+    }
+}
+
 int threadpool_size(const threadpool *pool) { return pool->n_threads; }
 
 void threadpool_free(threadpool *pool) {

@@ -9,6 +9,8 @@
 
 #include "ellm.h"
 
+#include <stdatomic.h>
+
 typedef struct threadpool threadpool;
 typedef void (*threadpool_fn)(void *arg, int ith, int nth);
 
@@ -21,6 +23,11 @@ ellm_status threadpool_init_cpus(int n_threads, const int *cpus, threadpool **ou
 void threadpool_free(threadpool *pool);
 int threadpool_size(const threadpool *pool);
 void threadpool_run(threadpool *pool, threadpool_fn fn, void *arg);
+/* A barrier inside a run: returns once all nth threads of the run have
+ * called it for the k-th time (k = 1, 2, ... within the run). `arrived` is a
+ * counter of the run's job, zero when the run starts. What a thread wrote
+ * before the barrier is visible to every thread after it. */
+void threadpool_barrier(atomic_int *arrived, int nth, int k);
 
 /* Splits [0, n) into nth nearly equal parts, rounded to multiples of `align`;
  * writes part ith to [*begin, *end). */

@@ -2,8 +2,11 @@
  *
  * Each weight matrix is multiplied against all tokens of the batch in one
  * kern_matmul call per thread, so prefill and speculative verification read
- * each weight once per pass. Element-wise work (norms, RoPE, SwiGLU) is cheap
- * next to the matmuls and runs on the calling thread. */
+ * each weight once per pass. The element-wise work between two matmuls
+ * (norms, residual adds, RoPE, SwiGLU, preparing the activations) is done on
+ * rows, and from ELEMENTWISE_PAR_ROWS rows the threads of the matmul's launch
+ * split those rows, meeting at a barrier inside the launch; a row's values do
+ * not depend on which thread computes them. */
 #include "core/timer.h"
 #include "engine/engine_impl.h"
 #include "kernels/kernels.h"
@@ -189,28 +192,164 @@ static void matmul(const engine_scratch *s, threadpool *pool, const model_matrix
     threadpool_run(pool, matmul_task, &job);
 }
 
-/* Several matrices with the same input X (same cols). Activations are prepared
- * once per distinct weight type. */
-static void matmul_multi(const engine_scratch *s, threadpool *pool, int n, const model_matrix **w, const float *X,
-                         int nb, float **Y) {
-    matmul_job job = {.n = n, .nb = nb, .delta = s->w_delta, .by_matrix = s->by_matrix};
-    char *act = s->act;
+/* Passes of at least this many rows split their element-wise work over the
+ * threads; fewer rows are done on the calling thread (a barrier would cost
+ * more than the work). */
+#define ELEMENTWISE_PAR_ROWS 4
+
+/* Where the prepared activations of the matrices w[0..n) (one input, same
+ * cols) go in s->act: one buffer per distinct weight type, in order of first
+ * use. */
+static void act_slots(const engine_scratch *s, int n, const model_matrix *const *w, int nb, const void **act) {
+    char *p = s->act;
     for (int i = 0; i < n; i++) {
-        job.w[i] = w[i];
-        job.y[i] = Y[i];
-        job.ldy[i] = w[i]->rows;
         int j;
         for (j = 0; j < i; j++)
             if (w[j]->type == w[i]->type) break;
         if (j < i) {
-            job.act[i] = job.act[j];
+            act[i] = act[j];
         } else {
-            kern_act_prepare(w[i]->type, X, w[i]->cols, nb, act);
-            job.act[i] = act;
-            act += (kern_act_bytes(w[i]->type, w[i]->cols, nb) + 63) & ~(size_t)63;
+            act[i] = p;
+            p += (kern_act_bytes(w[i]->type, w[i]->cols, nb) + 63) & ~(size_t)63;
         }
     }
-    threadpool_run(pool, matmul_task, &job);
+}
+
+/* Rows [t0, t1) of the nb rows X prepared for the matrices w (act_slots). */
+static void act_rows(const engine_scratch *s, int n, const model_matrix *const *w, const float *X, int nb, int t0,
+                     int t1) {
+    const void *act[3];
+    act_slots(s, n, w, nb, act);
+    for (int i = 0; i < n; i++) {
+        int j = 0;
+        while (j < i && act[j] != act[i]) j++;
+        if (j == i) kern_act_prepare_rows(w[i]->type, X, w[i]->cols, nb, t0, t1, (void *)act[i]);
+    }
+}
+
+/* One pass's rows and where the layer loop keeps them (engine_scratch). */
+typedef struct {
+    const ellm_model *m;
+    const engine_scratch *s;
+    int n;    /* rows of the pass */
+    int fuse; /* ROWS_DOWN_OUT also does the next layer's ROWS_ATTN_IN */
+} fwd_pass;
+
+/* The element-wise steps of a layer, each on rows [t0, t1). */
+enum {
+    ROWS_NONE,
+    ROWS_ATTN_IN,  /* xn = rmsnorm(x); xn prepared for Q/K/V */
+    ROWS_QKV_OUT,  /* biases, Q/K norms, RoPE on q and k */
+    ROWS_ATT_ACT,  /* att prepared for the output projection */
+    ROWS_FFN_IN,   /* x += xn (attention's projection); xn = rmsnorm(x); xn prepared for gate/up */
+    ROWS_FFN_ACT,  /* gate = swiglu(gate, up), prepared for down */
+    ROWS_DOWN_OUT, /* x += xn (the FFN's output); with fuse, the next layer's ROWS_ATTN_IN */
+};
+
+static void rows_work(const fwd_pass *f, int op, int l, int t0, int t1) {
+    const model_config *c = &f->m->cfg;
+    const engine_scratch *s = f->s;
+    const model_layer *L = &f->m->layers[l];
+    const int64_t d = c->n_embd, hd = c->head_dim, nq = (int64_t)c->n_head * hd,
+                  nkv = (int64_t)c->n_head_kv * hd, ff = c->n_ff;
+    if (t0 >= t1) return;
+    switch (op) {
+    case ROWS_ATTN_IN: {
+        for (int t = t0; t < t1; t++) kern_rmsnorm(s->xn + t * d, s->x + t * d, L->attn_norm, d, c->norm_eps);
+        const model_matrix *w[3] = {&L->wq, &L->wk, &L->wv};
+        act_rows(s, 3, w, s->xn, f->n, t0, t1);
+        break;
+    }
+    case ROWS_QKV_OUT:
+        for (int t = t0; t < t1; t++) {
+            float *q = s->q + t * nq, *k = s->k + t * nkv, *v = s->v + t * nkv;
+            if (L->bq) {
+                kern_add(q, L->bq, nq);
+                kern_add(k, L->bk, nkv);
+                kern_add(v, L->bv, nkv);
+            }
+            if (L->q_norm) {
+                for (int h = 0; h < c->n_head; h++)
+                    kern_rmsnorm(q + h * hd, q + h * hd, L->q_norm, hd, c->norm_eps);
+                for (int h = 0; h < c->n_head_kv; h++)
+                    kern_rmsnorm(k + h * hd, k + h * hd, L->k_norm, hd, c->norm_eps);
+            }
+            const float *cs = s->rope_cs + (size_t)t * c->n_rot;
+            kern_rope(q, c->n_head, (int)hd, c->n_rot, cs, c->rope_neox);
+            kern_rope(k, c->n_head_kv, (int)hd, c->n_rot, cs, c->rope_neox);
+        }
+        break;
+    case ROWS_ATT_ACT: {
+        const model_matrix *w[1] = {&L->wo};
+        act_rows(s, 1, w, s->att, f->n, t0, t1);
+        break;
+    }
+    case ROWS_FFN_IN: {
+        kern_add(s->x + t0 * d, s->xn + t0 * d, (int64_t)(t1 - t0) * d);
+        for (int t = t0; t < t1; t++) kern_rmsnorm(s->xn + t * d, s->x + t * d, L->ffn_norm, d, c->norm_eps);
+        const model_matrix *w[2] = {&L->w_gate, &L->w_up};
+        act_rows(s, 2, w, s->xn, f->n, t0, t1);
+        break;
+    }
+    case ROWS_FFN_ACT: {
+        /* row by row: a row's elements meet the same vector lanes as alone */
+        for (int t = t0; t < t1; t++) kern_swiglu(s->gate + t * ff, s->gate + t * ff, s->up + t * ff, ff);
+        const model_matrix *w[1] = {&L->w_down};
+        act_rows(s, 1, w, s->gate, f->n, t0, t1);
+        break;
+    }
+    case ROWS_DOWN_OUT:
+        kern_add(s->x + t0 * d, s->xn + t0 * d, (int64_t)(t1 - t0) * d);
+        if (f->fuse && l + 1 < c->n_layer) rows_work(f, ROWS_ATTN_IN, l + 1, t0, t1);
+        break;
+    }
+}
+
+/* A matmul launch of the layer loop with its element-wise work: `pre` on
+ * the rows before the matmul (which reads what it prepares), `post` after
+ * it (on what it wrote). */
+typedef struct {
+    matmul_job mm;
+    const fwd_pass *f;
+    int layer, pre, post;
+    atomic_int arrived; /* threadpool_barrier's counter */
+} layer_job;
+
+static void layer_task(void *arg, int ith, int nth) {
+    layer_job *j = arg;
+    long b, e; /* this thread's rows: whole groups of 4 (kern_act_prepare_rows) */
+    threadpool_split(j->f->n, ith, nth, 4, &b, &e);
+    int k = 0;
+    if (j->pre) {
+        rows_work(j->f, j->pre, j->layer, (int)b, (int)e);
+        threadpool_barrier(&j->arrived, nth, ++k);
+    }
+    matmul_task(&j->mm, ith, nth);
+    if (j->post) {
+        threadpool_barrier(&j->arrived, nth, ++k);
+        rows_work(j->f, j->post, j->layer, (int)b, (int)e);
+    }
+}
+
+/* Y[i] (f->n rows of w[i]->rows) = X * w[i]^T for up to 3 matrices of one
+ * input X, whose activations `pre` or an earlier step prepared (act_slots);
+ * `pre` and `post` on the pool's threads with par, else on this one. */
+static void layer_matmul(const fwd_pass *f, threadpool *pool, int par, int l, int n_w, const model_matrix *const *w,
+                         float *const *Y, int pre, int post) {
+    layer_job job = {.mm = {.n = n_w, .nb = f->n, .delta = f->s->w_delta, .by_matrix = f->s->by_matrix},
+                     .f = f,
+                     .layer = l,
+                     .pre = par ? pre : ROWS_NONE,
+                     .post = par ? post : ROWS_NONE};
+    act_slots(f->s, n_w, w, f->n, job.mm.act);
+    for (int i = 0; i < n_w; i++) {
+        job.mm.w[i] = w[i];
+        job.mm.y[i] = Y[i];
+        job.mm.ldy[i] = w[i]->rows;
+    }
+    if (!par) rows_work(f, pre, l, 0, f->n);
+    threadpool_run(pool, layer_task, &job);
+    if (!par) rows_work(f, post, l, 0, f->n);
 }
 
 /* Stores the keys and values of positions [pos, pos + n) of layer l and
@@ -324,6 +463,7 @@ static void attend_plain(struct ellm_context *ctx, int l, int n, int pos, const 
 typedef struct {
     const engine_seq *seqs;
     const engine_scratch *s;
+    const fwd_pass *f; /* the pass, whose ROWS_QKV_OUT a thread does on the rows of the sequences it takes */
     const int *seq;  /* (n) the sequences of the launch */
     const int *row;  /* (n) their first row in s */
     int n, layer;
@@ -340,6 +480,7 @@ static void seq_attn_task(void *arg, int ith, int nth) {
         const model_config *c = &ctx->model->cfg;
         const int64_t nq = (int64_t)c->n_head * c->head_dim, nkv = (int64_t)c->n_head_kv * c->head_dim;
         const int r = j->row[e];
+        rows_work(j->f, ROWS_QKV_OUT, j->layer, r, r + sq->n);
         attend_plain(ctx, j->layer, sq->n, sq->pos, j->s->q + r * nq, j->s->k + r * nkv, j->s->v + r * nkv,
                      j->s->att + r * nq, NULL);
     }
@@ -349,7 +490,7 @@ void engine_forward_seqs(const ellm_model *m, const engine_scratch *s, threadpoo
                          const engine_seq *seqs, int n_seq) {
     const model_config *c = &m->cfg;
     const int64_t d = c->n_embd, hd = c->head_dim, nq = (int64_t)c->n_head * hd,
-                  nkv = (int64_t)c->n_head_kv * hd, ff = c->n_ff;
+                  nkv = (int64_t)c->n_head_kv * hd;
     /* One sequence in its own context's scratch needs no copies. */
     const int own = n_seq == 1 && s->q == seqs[0].ctx->s.q;
     int n = 0;
@@ -374,35 +515,29 @@ void engine_forward_seqs(const ellm_model *m, const engine_scratch *s, threadpoo
         }
 
     ellm_imatrix *imat = n_seq == 1 ? seqs[0].ctx->imatrix : NULL;
+    /* A layer hook may change x after a layer: the next layer's norm then
+     * waits for it instead of following the FFN's add. */
+    const int hook = n_seq == 1 && seqs[0].ctx->layer_hook;
+    const fwd_pass f = {.m = m, .s = s, .n = n, .fuse = !hook};
+    const int par = n >= ELEMENTWISE_PAR_ROWS;
     for (int l = 0; l < c->n_layer; l++) {
         const model_layer *L = &m->layers[l];
-        for (int t = 0; t < n; t++)
-            kern_rmsnorm(s->xn + t * d, s->x + t * d, L->attn_norm, d, c->norm_eps);
-        const model_matrix *wqkv[3] = {&L->wq, &L->wk, &L->wv};
-        float *yqkv[3] = {s->q, s->k, s->v};
-        if (imat) engine_imatrix_observe(imat, l, IM_ATTN_IN, s->xn, n);
-        matmul_multi(s, pool, 3, wqkv, s->xn, n, yqkv);
-        for (int t = 0; t < n; t++) {
-            float *q = s->q + t * nq, *k = s->k + t * nkv, *v = s->v + t * nkv;
-            if (L->bq) {
-                kern_add(q, L->bq, nq);
-                kern_add(k, L->bk, nkv);
-                kern_add(v, L->bv, nkv);
-            }
-            if (L->q_norm) {
-                for (int h = 0; h < c->n_head; h++)
-                    kern_rmsnorm(q + h * hd, q + h * hd, L->q_norm, hd, c->norm_eps);
-                for (int h = 0; h < c->n_head_kv; h++)
-                    kern_rmsnorm(k + h * hd, k + h * hd, L->k_norm, hd, c->norm_eps);
-            }
-            const float *cs = s->rope_cs + (size_t)t * c->n_rot;
-            kern_rope(q, c->n_head, (int)hd, c->n_rot, cs, c->rope_neox);
-            kern_rope(k, c->n_head_kv, (int)hd, c->n_rot, cs, c->rope_neox);
+        int pre = l == 0 || !f.fuse ? ROWS_ATTN_IN : ROWS_NONE;
+        if (imat) { /* observes the normalized input before the matmul */
+            rows_work(&f, pre, l, 0, n);
+            pre = ROWS_NONE;
+            engine_imatrix_observe(imat, l, IM_ATTN_IN, s->xn, n);
         }
+        const model_matrix *wqkv[3] = {&L->wq, &L->wk, &L->wv};
+        float *const yqkv[3] = {s->q, s->k, s->v};
+        /* With sequences attended one per thread, each thread finishes the
+         * q and k rows of those it takes (no barrier); the others' rows are
+         * finished here before their attention. */
+        layer_matmul(&f, pool, par, l, 3, wqkv, yqkv, pre, n_one > 1 ? ROWS_NONE : ROWS_QKV_OUT);
         /* Attention reads each sequence's own KV: per sequence, on its rows;
          * those of one_seq[] in a single launch. */
         if (n_one > 1) {
-            seq_attn_job job = {.seqs = seqs, .s = s, .seq = one_seq, .row = one_row, .n = n_one, .layer = l};
+            seq_attn_job job = {.seqs = seqs, .s = s, .f = &f, .seq = one_seq, .row = one_row, .n = n_one, .layer = l};
             atomic_init(&job.next, 0);
             threadpool_run(pool, seq_attn_task, &job);
         }
@@ -410,6 +545,7 @@ void engine_forward_seqs(const ellm_model *m, const engine_scratch *s, threadpoo
             struct ellm_context *ctx = seqs[i].ctx;
             const int ni = seqs[i].n;
             if (n_one > 1 && attend_on_one_thread(ctx, ni)) continue;
+            if (n_one > 1) rows_work(&f, ROWS_QKV_OUT, l, r, r + ni);
             if (!own && plain_dense(ctx)) {
                 attend_plain(ctx, l, ni, seqs[i].pos, s->q + r * nq, s->k + r * nkv, s->v + r * nkv, s->att + r * nq,
                              pool);
@@ -423,22 +559,20 @@ void engine_forward_seqs(const ellm_model *m, const engine_scratch *s, threadpoo
             attend_seq(ctx, l, ni, seqs[i].pos);
             if (!own) memcpy(s->att + r * nq, ctx->s.att, (size_t)ni * nq * 4);
         }
-        /* x += Wo att  (xn reused as the projection output) */
+        /* x += Wo att  (xn holds the projection output until ROWS_FFN_IN adds it) */
         if (imat) engine_imatrix_observe(imat, l, IM_ATTN_OUT, s->att, n);
-        matmul(s, pool, &L->wo, s->att, n, s->xn, d);
-        kern_add(s->x, s->xn, (int64_t)n * d);
-
-        for (int t = 0; t < n; t++)
-            kern_rmsnorm(s->xn + t * d, s->x + t * d, L->ffn_norm, d, c->norm_eps);
-        const model_matrix *wgu[2] = {&L->w_gate, &L->w_up};
-        float *ygu[2] = {s->gate, s->up};
+        const model_matrix *wo[1] = {&L->wo};
+        float *const ywo[1] = {s->xn};
+        layer_matmul(&f, pool, par, l, 1, wo, ywo, ROWS_ATT_ACT, ROWS_FFN_IN);
         if (imat) engine_imatrix_observe(imat, l, IM_FFN_IN, s->xn, n);
-        matmul_multi(s, pool, 2, wgu, s->xn, n, ygu);
-        kern_swiglu(s->gate, s->gate, s->up, (int64_t)n * ff);
+        const model_matrix *wgu[2] = {&L->w_gate, &L->w_up};
+        float *const ygu[2] = {s->gate, s->up};
+        layer_matmul(&f, pool, par, l, 2, wgu, ygu, ROWS_NONE, ROWS_FFN_ACT);
         if (imat) engine_imatrix_observe(imat, l, IM_FFN_DOWN, s->gate, n);
-        matmul(s, pool, &L->w_down, s->gate, n, s->xn, d);
-        kern_add(s->x, s->xn, (int64_t)n * d);
-        if (n_seq == 1 && seqs[0].ctx->layer_hook) seqs[0].ctx->layer_hook(seqs[0].ctx->layer_hook_arg, l, s->x, n);
+        const model_matrix *wd[1] = {&L->w_down};
+        float *const yd[1] = {s->xn};
+        layer_matmul(&f, pool, par, l, 1, wd, yd, ROWS_NONE, ROWS_DOWN_OUT);
+        if (hook) seqs[0].ctx->layer_hook(seqs[0].ctx->layer_hook_arg, l, s->x, n);
     }
     for (int i = 0; i < n_seq; i++) {
         struct ellm_context *ctx = seqs[i].ctx;

@@ -425,10 +425,11 @@ size_t kern_act_bytes(int wtype, int64_t cols, int nb) {
     return (size_t)nb * act_row_bytes(kind, cols) + quads;
 }
 
-/* Writes the ACT_Q8 quads of nb prepared rows (see kernels_impl.h). */
-void kern_act_q8_quads_ref(void *act, int64_t cols, int nb) {
+/* Writes quads [q0, q1) of the ACT_Q8 quads of nb prepared rows (see
+ * kernels_impl.h); each quad reads its own 4 rows only. */
+void kern_act_q8_quads_ref(void *act, int64_t cols, int nb, int q0, int q1) {
     int64_t nblk = cols / 32;
-    for (int q = 0; q < act_q8_nquads(nb); q++) {
+    for (int q = q0; q < q1; q++) {
         act_row a[ACT_Q8_QUAD];
         int n = nb - ACT_Q8_QUAD * q < ACT_Q8_QUAD ? nb - ACT_Q8_QUAD * q : ACT_Q8_QUAD;
         for (int i = 0; i < n; i++) a[i] = act_get_row(ACT_Q8, act, cols, ACT_Q8_QUAD * q + i);
@@ -448,17 +449,24 @@ void kern_act_q8_quads_ref(void *act, int64_t cols, int nb) {
 
 /* Fills `act` (kern_act_bytes(wtype, cols, nb) bytes) from nb rows of X. */
 void kern_act_prepare(int wtype, const float *X, int64_t cols, int nb, void *act) {
+    kern_act_prepare_rows(wtype, X, cols, nb, 0, nb, act);
+}
+
+void kern_act_prepare_rows(int wtype, const float *X, int64_t cols, int nb, int r0, int r1, void *act) {
     assert(kern_act_bytes(wtype, cols, 1) > 0);
-    if (kern_act_bytes(wtype, cols, 1) == 0) return;
+    if (kern_act_bytes(wtype, cols, 1) == 0 || r0 >= r1) return;
+    assert(r0 >= 0 && r0 % ACT_Q8_QUAD == 0 && r1 <= nb && (r1 % ACT_Q8_QUAD == 0 || r1 == nb));
     act_kind kind = act_kind_of(wtype);
     size_t row_bytes = act_row_bytes(kind, cols);
     kern_act_row_fn fn = kind == ACT_Q8 ? KERN_PICK(act_q8) : kind == ACT_Q8G ? KERN_PICK(act_q8g) : KERN_PICK(act_q8k);
-    for (int b = 0; b < nb; b++) {
+    for (int b = r0; b < r1; b++) {
         char *row = (char *)act + (size_t)b * row_bytes;
         if (kind == ACT_F32) memcpy(row, X + (int64_t)b * cols, (size_t)cols * sizeof(float));
         else fn(X + (int64_t)b * cols, cols, act_q8_off(wtype), row);
     }
-    if (kind == ACT_Q8 && act_q8_nquads(nb)) KERN_PICK(act_q8_quads)(act, cols, nb);
+    /* the quads of rows [r0, r1): quad q holds rows 4q .. 4q + 3 */
+    if (kind == ACT_Q8 && act_q8_nquads(nb))
+        KERN_PICK(act_q8_quads)(act, cols, nb, r0 / ACT_Q8_QUAD, (r1 + ACT_Q8_QUAD - 1) / ACT_Q8_QUAD);
 }
 
 /* Computes rows [r0, r1) of Y = W * X^T with the active ISA. */

@@ -26,6 +26,11 @@
 size_t kern_act_bytes(int wtype, int64_t cols, int nb);
 /* Converts nb rows X (row b at X + b * cols) into `act`. */
 void kern_act_prepare(int wtype, const float *X, int64_t cols, int nb, void *act);
+/* The part of kern_act_prepare(wtype, X, cols, nb, act) that rows [r0, r1)
+ * determine, the same bytes: threads preparing disjoint ranges that cover
+ * [0, nb) together write what one call does. r0 must be a multiple of 4,
+ * r1 one too or nb (rows are interleaved in groups of 4). */
+void kern_act_prepare_rows(int wtype, const float *X, int64_t cols, int nb, int r0, int r1, void *act);
 void kern_matmul(int wtype, const void *W, int64_t cols, int64_t r0, int64_t r1,
                  const void *act, int nb, float *Y, int64_t ldy);
 void kern_matmul_ref(int wtype, const void *W, int64_t cols, int64_t r0, int64_t r1,

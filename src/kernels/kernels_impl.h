@@ -183,8 +183,8 @@ typedef struct {
     int64_t (*first_out_of_range)(const float *x, int64_t n, float lim);
     int matmul_int_needs_vnni; /* integer matmuls use AVX-512 VNNI */
     kern_act_row_fn act_q8, act_q8k, act_q8g;
-    /* Writes the ACT_Q8 quads of nb prepared rows (kern_act_q8_quads_ref). */
-    void (*act_q8_quads)(void *act, int64_t cols, int nb);
+    /* Writes quads [q0, q1) of the ACT_Q8 quads of nb prepared rows (kern_act_q8_quads_ref). */
+    void (*act_q8_quads)(void *act, int64_t cols, int nb, int q0, int q1);
     void (*rmsnorm)(float *out, const float *x, const float *w, int64_t n, float eps);
     void (*rope)(float *x, int n_heads, int head_dim, int n_rot, const float *cos_sin, int neox);
     void (*swiglu)(float *out, const float *gate, const float *up, int64_t n);
@@ -203,7 +203,7 @@ extern const kern_table kern_table_avx512;
 void kern_act_q8_row_ref(const float *x, int64_t cols, int off, void *row);
 void kern_act_q8k_row_ref(const float *x, int64_t cols, int off, void *row);
 void kern_act_q8g_row_ref(const float *x, int64_t cols, int off, void *row);
-void kern_act_q8_quads_ref(void *act, int64_t cols, int nb);
+void kern_act_q8_quads_ref(void *act, int64_t cols, int nb, int q0, int q1);
 
 /* AVX-512 quantizers (quantize_avx512.c), bit-identical to quant.c's. */
 void kern_quantize_q8_0_avx512(const float *x, void *dst, int64_t n);
@@ -211,7 +211,7 @@ void kern_quantize_q4_0_avx512(const float *x, void *dst, int64_t n);
 void kern_quantize_bf16_avx512(const float *x, void *dst, int64_t n);
 void kern_quantize_q6_K_avx512(const float *x, void *dst, int64_t n);
 int64_t kern_first_out_of_range_avx512(const float *x, int64_t n, float lim);
-void kern_act_q8_quads_avx512(void *act, int64_t cols, int nb);
+void kern_act_q8_quads_avx512(void *act, int64_t cols, int nb, int q0, int q1);
 
 /* Q8_0 / Q4_0 rows [r0, r0 + 4 * n4) against all nb rows of ACT_Q8
  * activations prepared with quads (q8_quads_avx512.c). */

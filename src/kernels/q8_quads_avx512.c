@@ -234,10 +234,10 @@ void kern_matmul_q8_quads_avx512(int wtype, const void *W, int64_t cols, int64_t
 /* kern_act_q8_quads_ref with one dword transpose per half block: the 16-byte
  * halves of a block's 4 rows side by side (lane b = row b, dword j), then
  * vpermd puts dword j of row b at 4j + b. */
-void kern_act_q8_quads_avx512(void *act, int64_t cols, int nb) {
+void kern_act_q8_quads_avx512(void *act, int64_t cols, int nb, int q0, int q1) {
     const int64_t nblk = cols / 32;
     const __m512i tr = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
-    for (int q = 0; q < act_q8_nquads(nb); q++) {
+    for (int q = q0; q < q1; q++) {
         act_row a[ACT_Q8_QUAD];
         int n = nb - ACT_Q8_QUAD * q < ACT_Q8_QUAD ? nb - ACT_Q8_QUAD * q : ACT_Q8_QUAD;
         for (int i = 0; i < n; i++) a[i] = act_get_row(ACT_Q8, act, cols, ACT_Q8_QUAD * q + i);
