@@ -78,12 +78,14 @@ static ALWAYS_INLINE void qk_rows(attn_state *st, int r0, const __m512i *kq, con
     __m512 sc[NRK];
 #pragma GCC unroll 8
     for (int r = 0; r < NR; r++) sc[r] = _mm512_setzero_ps();
+#pragma GCC unroll 4
     for (int g = 0; g < ng; g++) {
         __m512i ia[NRK];
 #pragma GCC unroll 8
         for (int r = 0; r < NR; r++) ia[r] = _mm512_set1_epi32(-st->qsum[(size_t)(r0 + r) * ng + g]);
 #pragma GCC unroll 8
-        for (int i = 8 * g; i < 8 * g + 8; i++) {
+        for (int c = 0; c < 8; c++) {
+            const int i = 8 * g + c;
             const __m512i x = _mm512_load_si512((const void *)(kq + i));
 #pragma GCC unroll 8
             for (int r = 0; r < NR; r++) {
@@ -163,6 +165,7 @@ static ALWAYS_INLINE void pv_rows(attn_state *st, int r0, const __m512i *vq, con
     for (int r = 0; r < NR; r++)
         q8pv_weights_avx512(st->s + (size_t)(r0 + r) * st->lds, (__mmask16)0xffff, vdt, ng, wq + (size_t)r * ng * 16,
                             wsc + (size_t)r * ng);
+#pragma GCC unroll 4
     for (int g = 0; g < ng; g++) {
         __m512i ia[NRV][2];
 #pragma GCC unroll 8
