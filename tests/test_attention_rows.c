@@ -340,9 +340,14 @@ int main(void) {
     if (!q8_ok) {
         SKIP("multi-row Q8_0 kernel: this CPU lacks AVX-512 VNNI or VBMI");
     } else {
-        /* Q8_0: rows 9..19 of one tile (GQA 1-4), two tiles, head_dim 64 and
+        /* Q8_0: rows 3..19 of one tile (GQA 1-4; the multi-row kernel from 6), two tiles, head_dim 64 and
          * 128 (96 falls back), depths of one to five parts, a partial last
          * block, blocks of 32 tokens (handed on) */
+        CHECK(attn_rows_min(QTYPE_Q8_0) == 6 && attn_rows_min(QTYPE_F16) == 9, "row thresholds");
+        check_shape(QTYPE_Q8_0, 64, 3, 1, 1100, 16);  /* 3 rows: the single-row kernel */
+        check_shape(QTYPE_Q8_0, 64, 3, 2, 1100, 16);  /* 6 rows: a 2-token verify */
+        check_shape(QTYPE_Q8_0, 128, 1, 7, 900, 16);  /* 7 */
+        check_shape(QTYPE_Q8_0, 64, 2, 4, 1300, 16);  /* 8 */
         check_shape(QTYPE_Q8_0, 64, 3, 3, 1100, 16);  /* 9 rows */
         check_shape(QTYPE_Q8_0, 128, 2, 5, 900, 16);  /* 10 */
         check_shape(QTYPE_Q8_0, 64, 1, 11, 650, 16);  /* 11 */

@@ -179,7 +179,7 @@ typedef struct {
     const attention_args *a;
     attention_workspace *ws;
     attn_block_fn fn;
-    attn_block_fn rows_fn; /* for parts of ATTN_ROWS_MIN rows or more, or NULL (attention_rows.h) */
+    attn_block_fn rows_fn; /* for parts of attn_rows_min(type) rows or more, or NULL (attention_rows.h) */
     attn_block2_fn rows2_fn; /* rows_fn's pair kernel, or NULL */
     const int32_t *blocks; /* sparse block lists, or NULL for all visible blocks */
     const int *list_n;     /* their lengths (a head's read only once its list is complete) */
@@ -280,7 +280,7 @@ static void run_part(const attn_job *J, attn_state *st, int s, long kb, long ke,
     const int nqt = a->n_q - i0 < ATTN_TILE_Q ? a->n_q - i0 : ATTN_TILE_Q;
     const int G = J->group, hd = J->hd, hdp = st->hdp, bt = J->bt;
     st->rows = nqt * G;
-    const attn_block_fn fn = J->rows_fn && st->rows >= ATTN_ROWS_MIN ? J->rows_fn : J->fn;
+    const attn_block_fn fn = J->rows_fn && st->rows >= attn_rows_min(J->type) ? J->rows_fn : J->fn;
     /* dense parts on the multi-row kernel take adjacent full blocks in pairs;
      * the single-row AVX-512 kernel takes any two full blocks of a part */
     const attn_block2_fn pair_fn = fn == J->rows_fn ? (!J->blocks ? J->rows2_fn : NULL)

@@ -20,6 +20,8 @@ attn_block_fn attn_rows_kernel(int type) {
     return NULL;
 }
 
+int attn_rows_min(int type) { return type == QTYPE_Q8_0 ? ATTN_ROWS_MIN_Q8 : ATTN_ROWS_MIN; }
+
 attn_block2_fn attn_rows_pair_kernel(int type) {
     return attn_rows_kernel(type) == attn_block_rows_avx512 ? attn_block2_rows_avx512 : NULL;
 }

@@ -21,6 +21,14 @@
  * (converting F16 in registers for each group of 4 rows), which measured
  * faster for 6 rows (a GQA-3 verify of 2 tokens) and slower from 9 on. */
 #define ATTN_ROWS_MIN 9
+/* The same for Q8_0 caches. Their single-row kernel regroups K and
+ * interleaves V again for every 4 rows, and the multi-row kernel measured
+ * faster from 4 rows on (one L1-resident block, one thread); 6 rows is a
+ * 2-token verify with GQA 3, where a single-token step (3 rows) stays. */
+#define ATTN_ROWS_MIN_Q8 6
+
+/* ATTN_ROWS_MIN or ATTN_ROWS_MIN_Q8, for a cache of `type`. */
+int attn_rows_min(int type);
 
 /* The multi-row block kernel of AVX-512 for F16/F32 caches; same contract
  * as attn_block_fn, and the same bits per row as attn_block_avx512. */

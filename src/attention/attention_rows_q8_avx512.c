@@ -1,6 +1,6 @@
 /* AVX-512 multi-row block kernel for Q8_0 caches (compiled with the AVX-512
  * flags; needs VNNI and VBMI; chosen by the driver for parts of
- * ATTN_ROWS_MIN rows or more, see attention_rows.h).
+ * ATTN_ROWS_MIN_Q8 rows or more, see attention_rows.h).
  *
  * A block that every row sees whole (all blocks of a verify pass but the
  * diagonal one), of 16 keys (block_tokens 16) and head_dim 64 or 128, is
