@@ -549,6 +549,7 @@ static void test_select(void) {
     float *out = malloc((size_t)max_q * n_head * hd * sizeof(float));
     float *first = malloc((size_t)max_q * n_head * hd * sizeof(float));
     float *ref = malloc((size_t)max_q * n_head * hd * sizeof(float));
+    float *blk = malloc((size_t)max_q * n_head * hd * sizeof(float));
     fill(q, (size_t)max_q * n_head * hd, 4.0f);
     int32_t *lists = malloc((size_t)n_kv * max_blocks * sizeof *lists);
     int32_t *got = malloc((size_t)n_kv * max_blocks * sizeof *got);
@@ -591,6 +592,17 @@ static void test_select(void) {
                 CHECK(e < 1e-5, "select n_q %d %s threads %d: error %g", n_q, ellm_isa_str(isa), nt, e);
                 /* One tile: parts merge in a fixed order, the same bits whatever
                  * the threads (two tiles split statically, by thread count). */
+                /* One tile: each thread adds up its own parts and the threads'
+                 * sums merge, with the bits of merging every part at once as
+                 * attention_forward_blocks does. */
+                if (n_q <= 16) {
+                    a.out = blk;
+                    attention_forward_blocks(&a, lists, n_list, max_blocks, ws, pool_of(nt));
+                    a.out = out;
+                    CHECK(!memcmp(blk, out, (size_t)n_q * n_head * hd * sizeof(float)),
+                          "select n_q %d %s threads %d: bits differ from attention_forward_blocks", n_q,
+                          ellm_isa_str(isa), nt);
+                }
                 if (nt == 1) memcpy(first, out, (size_t)n_q * n_head * hd * sizeof(float));
                 else if (n_q <= 16)
                     CHECK(!memcmp(first, out, (size_t)n_q * n_head * hd * sizeof(float)),
@@ -604,6 +616,7 @@ static void test_select(void) {
     free(out);
     free(first);
     free(ref);
+    free(blk);
     free(lists);
     free(got);
     kv_cache_free(kv);

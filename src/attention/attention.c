@@ -74,7 +74,15 @@ struct attention_workspace {
     int max_parts;        /* parts of a cache of max_ctx tokens: ceil(blocks / ATTN_PART_BLOCKS) */
     int *sel_cut;         /* max_seg x (max_parts + 1): where each head's list changes part */
     int *sel_chunks;      /* max_seg: parts of each head's list */
+    int64_t *lse_mem;     /* n_threads x lse_rows rows of lse_row_words: each thread's running merge */
+    int *lse_gen;         /* n_threads x max_seg: generation whose parts a thread's head sums hold */
+    int lse_rows;         /* rows of one tile over all heads: tile x n_head */
 };
+
+/* int64 words of one row of a thread's running merge (lse_acc). */
+static size_t lse_row_words(int head_dim) {
+    return 2 * sizeof(attention_lse_bound) / sizeof(int64_t) + ATTENTION_LSE_SUMS((size_t)head_dim);
+}
 
 static size_t round16(size_t n) { return (n + 15) & ~(size_t)15; }
 
@@ -141,7 +149,10 @@ ellm_status attention_workspace_init(int n_threads, int max_q, int n_head, int h
     ws->chunk_mem = cmem;
     ws->sel_cut = malloc((size_t)ws->max_seg * (max_parts + 1) * sizeof *ws->sel_cut);
     ws->sel_chunks = calloc((size_t)ws->max_seg, sizeof *ws->sel_chunks);
-    if (!ws->mem || !ws->q_tag || !ws->part_mem || !ws->seg_start || !ws->seg_slot || !ws->unit_block || !ws->arrived ||
+    ws->lse_rows = tile * n_head;
+    ws->lse_mem = malloc((size_t)n_threads * (size_t)ws->lse_rows * lse_row_words(head_dim) * sizeof(int64_t));
+    ws->lse_gen = calloc((size_t)n_threads * (size_t)ws->max_seg, sizeof *ws->lse_gen);
+    if (!ws->lse_mem || !ws->lse_gen || !ws->mem || !ws->q_tag || !ws->part_mem || !ws->seg_start || !ws->seg_slot || !ws->unit_block || !ws->arrived ||
         !ws->sel_done || !ws->chunk_mem || !ws->sel_cut || !ws->sel_chunks) {
         attention_workspace_free(ws);
         return ellm_fail(err, ELLM_ERR_NOMEM, "attention workspace: cannot allocate %.1f MB",
@@ -166,6 +177,8 @@ void attention_workspace_free(attention_workspace *ws) {
     free(ws->chunk_mem);
     free(ws->sel_cut);
     free(ws->sel_chunks);
+    free(ws->lse_mem);
+    free(ws->lse_gen);
     free(ws);
 }
 
@@ -669,17 +682,108 @@ static float *chunk_slot(const attn_job *J, int h, int c, size_t *rp) {
     return J->ws->chunk_mem + ((size_t)c * (size_t)J->n_kv + (size_t)h) * per;
 }
 
+/* Parts of a head's list one unit of attention_forward_select holds: a run
+ * of consecutive parts stays on one thread, so the look-ahead of its blocks
+ * (SPARSE_PREFETCH_BLOCKS) prefetches for the thread that reads them, and
+ * the threads take fewer units from the shared counter. At a 2048-token
+ * budget and 32K a part holds 2-3 blocks and a head ~50 parts; claimed one
+ * at a time, the claims and the waits for a selection took ~5% of the
+ * sparse attention's time on 2 threads. */
+#define SELECT_UNIT_PARTS 4
+
+/* Row r of head h of thread ith's running merge of the head's parts: the
+ * bound of the parts added, the grid of that bound, then the binned sums
+ * (attention_lse_*) kept on that grid. */
+static int64_t *lse_acc(const attn_job *J, int ith, int h, int r) {
+    const attention_workspace *ws = J->ws;
+    const size_t row = (size_t)ith * (size_t)ws->lse_rows + (size_t)h * (size_t)seg_rows(J, h) + (size_t)r;
+    return ws->lse_mem + row * lse_row_words(J->hd);
+}
+
+/* Adds part c of head h (its partial in st) to thread ith's running merge
+ * of the head, started afresh in each call. Each part is added by the thread
+ * that computed it, while its partial is in cache and the other threads
+ * still compute; the merge of the head is then a merge of the threads'
+ * sums, as processes holding shards of the cache merge theirs (attention.h:
+ * the binned sums do not depend on the grouping, so the bits are those of
+ * merging every part at once). */
+static void lse_add_part(const attn_job *J, int ith, int h, int c, const attn_state *st) {
+    attention_workspace *ws = J->ws;
+    int *gen = &ws->lse_gen[(size_t)ith * (size_t)ws->max_seg + (size_t)h];
+    const int fresh = *gen != ws->gen;
+    *gen = ws->gen;
+    for (int r = 0; r < st->rows; r++) {
+        int64_t *w = lse_acc(J, ith, h, r);
+        attention_lse_bound *b = (attention_lse_bound *)w;
+        attention_lse_grid *g = (attention_lse_grid *)(b + 1);
+        int64_t *sum = (int64_t *)(g + 1);
+        _Static_assert(sizeof(attention_lse_grid) <= sizeof(attention_lse_bound), "lse_row_words");
+        if (fresh) {
+            attention_lse_bound_init(b);
+            attention_lse_grid_init(g, b);
+            memset(sum, 0, ATTENTION_LSE_SUMS((size_t)J->hd) * sizeof *sum);
+        }
+        const float m = st->m[r], l = st->l[r], *acc = st->acc + (size_t)r * st->hdp;
+        if (m == -INFINITY) {
+            attention_lse_bound_add(b, c, m, l, acc, J->hd); /* adds nothing, as the merge skips it */
+            continue;
+        }
+        attention_lse_grid was = *g;
+        attention_lse_bound_add(b, c, m, l, acc, J->hd);
+        attention_lse_grid_init(g, b);
+        attention_lse_rebase(&was, g, sum, J->hd);
+        attention_lse_sum(g, m, l, acc, J->hd, sum);
+    }
+}
+
+/* Output of head h from the threads' running merges of its parts: merge_slots'
+ * bits. A row that saw keys of one part only gets that part's acc / l. */
+static void lse_finish(const attn_job *J, int h, int n_threads) {
+    attention_workspace *ws = J->ws;
+    const int rows = seg_rows(J, h), hd = J->hd;
+    int64_t sum[ATTENTION_LSE_SUMS(hd)], part[ATTENTION_LSE_SUMS(hd)];
+    for (int r = 0; r < rows; r++) {
+        attention_lse_bound b;
+        attention_lse_bound_init(&b);
+        for (int t = 0; t < n_threads; t++)
+            if (ws->lse_gen[(size_t)t * (size_t)ws->max_seg + (size_t)h] == ws->gen)
+                attention_lse_bound_merge(&b, (const attention_lse_bound *)lse_acc(J, t, h, r));
+        const int one = attention_lse_single(&b);
+        if (one >= 0) {
+            size_t rp;
+            const float *p = chunk_slot(J, h, one, &rp);
+            attention_lse_one(p[rp + r], p + 2 * rp + (size_t)r * ws->hdp, hd, out_row(J, h, r));
+            continue;
+        }
+        attention_lse_grid g;
+        attention_lse_grid_init(&g, &b);
+        memset(sum, 0, sizeof sum);
+        for (int t = 0; t < n_threads; t++) {
+            if (ws->lse_gen[(size_t)t * (size_t)ws->max_seg + (size_t)h] != ws->gen) continue;
+            const attention_lse_bound *tb = (const attention_lse_bound *)lse_acc(J, t, h, r);
+            const attention_lse_grid *tg = (const attention_lse_grid *)(tb + 1);
+            memcpy(part, tg + 1, sizeof part);
+            attention_lse_rebase(tg, &g, part, hd);
+            for (size_t i = 0; i < ATTENTION_LSE_SUMS((size_t)hd); i++) sum[i] += part[i];
+        }
+        attention_lse_out(&g, sum, hd, out_row(J, h, r));
+    }
+}
+
 /* Units, taken in order by whichever thread is free: first the selection of
- * each KV head, then max_parts parts per head (the runs of its list within
- * one cache part, see part_end; those past the list's parts are empty). A part waits until its head's selection is published; selections
- * come first and never wait, so the wait always ends. The last part of a head
- * to finish merges the head's partials in part order, so the output does not
- * depend on the threads' timing. */
+ * each KV head, then for each head runs of SELECT_UNIT_PARTS of its max_parts
+ * parts (a part: the run of its list within one cache part, see part_end;
+ * those past the list's parts are empty). A unit waits until its head's
+ * selection is published; selections come first and never wait, so the wait
+ * always ends. Each thread adds the parts it computes to its own running
+ * merge of the head (lse_add_part), and the last part of a head to finish
+ * merges those (lse_finish), so the output does not depend on the threads'
+ * timing. */
 static void select_worker(void *arg, int ith, int nth) {
     attn_job *J = arg;
     attention_workspace *ws = J->ws;
     const attn_state own = thread_state(J, ith);
-    (void)nth;
+    const int units = (ws->max_parts + SELECT_UNIT_PARTS - 1) / SELECT_UNIT_PARTS; /* per head */
     for (;;) {
         int u = atomic_fetch_add_explicit(&ws->next_unit, 1, memory_order_relaxed);
         if (u < J->n_kv) {
@@ -694,31 +798,29 @@ static void select_worker(void *arg, int ith, int nth) {
             continue;
         }
         u -= J->n_kv;
-        if (u >= J->n_kv * ws->max_parts) return;
-        const int h = u / ws->max_parts, c = u % ws->max_parts;
+        if (u >= J->n_kv * units) return;
+        const int h = u / units, c0 = u % units * SELECT_UNIT_PARTS;
         while (atomic_load_explicit(&ws->sel_done[h], memory_order_acquire) != ws->gen)
             __builtin_ia32_pause();
         const int n_chunks = ws->sel_chunks[h];
-        if (c >= n_chunks) continue;
         const int *cut = ws->sel_cut + (size_t)h * (size_t)(ws->max_parts + 1);
-        const long kb = cut[c], ke = cut[c + 1];
-        attn_state st = own;
-        if (n_chunks == 1) {
-            run_part(J, &st, h, kb, ke, &ws->q_tag[ith]);
-            write_out(J, &st, h);
-            continue;
-        }
-        size_t rp;
-        float *slot = chunk_slot(J, h, c, &rp);
-        st.m = slot;
-        st.l = slot + rp;
-        st.acc = slot + 2 * rp;
-        run_part(J, &st, h, kb, ke, &ws->q_tag[ith]);
-        /* acq_rel: the last arrival sees every other part's partial. */
-        if (atomic_fetch_add_explicit(&ws->arrived[h], 1, memory_order_acq_rel) + 1 == n_chunks) {
-            size_t rp1;
-            const float *c0 = chunk_slot(J, h, 0, &rp), *c1 = chunk_slot(J, h, 1, &rp1);
-            merge_slots(J, h, c0, (size_t)(c1 - c0), n_chunks, rp);
+        for (int c = c0; c < c0 + SELECT_UNIT_PARTS && c < n_chunks; c++) {
+            attn_state st = own;
+            if (n_chunks == 1) {
+                run_part(J, &st, h, cut[c], cut[c + 1], &ws->q_tag[ith]);
+                write_out(J, &st, h);
+                continue;
+            }
+            size_t rp;
+            float *slot = chunk_slot(J, h, c, &rp);
+            st.m = slot;
+            st.l = slot + rp;
+            st.acc = slot + 2 * rp;
+            run_part(J, &st, h, cut[c], cut[c + 1], &ws->q_tag[ith]);
+            lse_add_part(J, ith, h, c, &st);
+            /* acq_rel: the last arrival sees every other thread's sums. */
+            if (atomic_fetch_add_explicit(&ws->arrived[h], 1, memory_order_acq_rel) + 1 == n_chunks)
+                lse_finish(J, h, nth);
         }
     }
 }
