@@ -386,11 +386,25 @@ function render(R) {
   return L.join('\n');
 }
 
+// Everything from this line on in bench/SERVING.md (dated notes on runs of
+// other tools, such as bench_batch) is kept when the tables are regenerated.
+const KEEP = '<!-- Sections below are kept when run_serving.mjs regenerates this file. -->';
+function writeServing(text) {
+  const file = path.join(HERE, 'SERVING.md');
+  let kept = '';
+  try {
+    const old = fs.readFileSync(file, 'utf8');
+    const at = old.indexOf(KEEP);
+    if (at >= 0) kept = old.slice(at);
+  } catch (e) { /* no file yet */ }
+  fs.writeFileSync(file, kept ? text.replace(/\n*$/, '\n\n') + kept : text);
+}
+
 async function main() {
   if (args.from) {
     const R = JSON.parse(fs.readFileSync(args.from, 'utf8'));
     R.json_path = path.resolve(args.from);
-    fs.writeFileSync(path.join(HERE, 'SERVING.md'), render(R));
+    writeServing(render(R));
     return;
   }
   if (!cfg.model) { console.error('--model FILE is required'); process.exit(2); }
@@ -413,7 +427,7 @@ async function main() {
   fs.mkdirSync(path.join(HERE, 'results'), { recursive: true });
   fs.writeFileSync(R.json_path, JSON.stringify(R, null, 1));
   log('raw results:', R.json_path);
-  fs.writeFileSync(path.join(HERE, 'SERVING.md'), render(R));
+  writeServing(render(R));
   log('wrote bench/SERVING.md');
 }
 

@@ -194,8 +194,9 @@ static void matmul(const engine_scratch *s, threadpool *pool, const model_matrix
 
 /* Passes of at least this many rows split their element-wise work over the
  * threads; fewer rows are done on the calling thread (a barrier would cost
- * more than the work). */
-#define ELEMENTWISE_PAR_ROWS 4
+ * more than the work). Rows go to threads in groups of 4, so below 8 rows
+ * one thread would get them all. */
+#define ELEMENTWISE_PAR_ROWS 8
 
 /* Where the prepared activations of the matrices w[0..n) (one input, same
  * cols) go in s->act: one buffer per distinct weight type, in order of first
