@@ -13,7 +13,8 @@
  *   V    each quad of keys interleaved into one dword per dim (vpermt2b,
  *        q8pv_quad_avx512), 16 x HD bytes kept in vbuf; the value scales
  *        transposed to one row of 16 keys per 32-dim group;
- *   PV   each row's weights quantized (q8pv_weights_avx512), then NRV rows
+ *   PV   each row's weights quantized (q8pv_weights_avx512's arithmetic,
+ *        four (row, group) vectors sharing shuffles and one pack), then NRV rows
  *        per pass over a group's 32 dims: one load of an interleaved value
  *        register feeds NRV vpdpbusd; q8pv_finish_avx512's fma per element.
  * The single-row kernel (attention_q8_avx512.c) redoes the K regrouping and
@@ -154,6 +155,80 @@ static ALWAYS_INLINE void load_v(__m512i *vq, float *vdt, const attn_block *b, c
     }
 }
 
+/* Four (row, group) weight vectors of a tile -- w[0..3], each the 16 keys'
+ * p x vd -- quantized as q8pv_weights_avx512 does one row's, into q[0, 64)
+ * (16 u8 per vector, in order) and sc[0..3]. The same operations per
+ * element: the maximum over the vector's lanes (exact in any order), its
+ * exponent (getexp), the powers of two 2^(7 - e) and 2^(e - 7) (scalef), the
+ * product w x 2^(7 - e), rounded to an integer by the current (nearest-even)
+ * mode and clamped to 255 as an unsigned number, and q = 0, sc = 0 for a
+ * vector whose maximum is below ATTN_Q8_PV_MIN. What changes is how the
+ * lanes travel: four vectors share the reduction's shuffles, one exponent
+ * computation and one pack (vpackusdw, vpackuswb, vpermd) into a 64-byte store,
+ * where the helper takes two vpmovusdb per row and group. */
+static ALWAYS_INLINE void quant4(const __m512 w[4], uint8_t *q, float *sc) {
+    /* 128-bit lane i of u: the four maxima of 4 lanes of w[i]'s, then its maximum in all 4 lanes */
+    const __m512 ab = _mm512_max_ps(_mm512_shuffle_f32x4(w[0], w[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                    _mm512_shuffle_f32x4(w[0], w[1], _MM_SHUFFLE(3, 2, 3, 2)));
+    const __m512 cd = _mm512_max_ps(_mm512_shuffle_f32x4(w[2], w[3], _MM_SHUFFLE(1, 0, 1, 0)),
+                                    _mm512_shuffle_f32x4(w[2], w[3], _MM_SHUFFLE(3, 2, 3, 2)));
+    __m512 u = _mm512_max_ps(_mm512_shuffle_f32x4(ab, cd, _MM_SHUFFLE(2, 0, 2, 0)),
+                             _mm512_shuffle_f32x4(ab, cd, _MM_SHUFFLE(3, 1, 3, 1)));
+    u = _mm512_max_ps(u, _mm512_permute_ps(u, _MM_SHUFFLE(1, 0, 3, 2)));
+    u = _mm512_max_ps(u, _mm512_permute_ps(u, _MM_SHUFFLE(2, 3, 0, 1)));
+    const __mmask16 ok = _mm512_cmp_ps_mask(u, _mm512_set1_ps(ATTN_Q8_PV_MIN), _CMP_GE_OQ);
+    const __m512 e = _mm512_getexp_ps(u), one = _mm512_set1_ps(1.0f), seven = _mm512_set1_ps(7.0f);
+    /* 0 for a vector that adds nothing: its products are then 0, as the helper's masked conversion gives */
+    const __m512 up = _mm512_maskz_scalef_ps(ok, one, _mm512_sub_ps(seven, e));
+    const __m512 sv = _mm512_maskz_scalef_ps(ok, one, _mm512_sub_ps(e, seven));
+    const __m512i cap = _mm512_set1_epi32(255);
+    __m512i c[4];
+    c[0] = _mm512_min_epu32(_mm512_cvtps_epi32(_mm512_mul_ps(w[0], _mm512_shuffle_f32x4(up, up, 0x00))), cap);
+    c[1] = _mm512_min_epu32(_mm512_cvtps_epi32(_mm512_mul_ps(w[1], _mm512_shuffle_f32x4(up, up, 0x55))), cap);
+    c[2] = _mm512_min_epu32(_mm512_cvtps_epi32(_mm512_mul_ps(w[2], _mm512_shuffle_f32x4(up, up, 0xaa))), cap);
+    c[3] = _mm512_min_epu32(_mm512_cvtps_epi32(_mm512_mul_ps(w[3], _mm512_shuffle_f32x4(up, up, 0xff))), cap);
+    /* per 128-bit lane l: dword v holds w[v]'s lanes 4l .. 4l + 3 as bytes; dword 4v + l of the result is dword 4l + v */
+    const __m512i b = _mm512_packus_epi16(_mm512_packus_epi32(c[0], c[1]), _mm512_packus_epi32(c[2], c[3]));
+    const __m512i idx = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
+    _mm512_storeu_si512((void *)q, _mm512_permutexvar_epi32(idx, b));
+    _mm_storeu_ps(sc, _mm512_castps512_ps128(_mm512_permutexvar_ps(_mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 12, 8, 4, 0), sv)));
+}
+
+/* The weights of NR rows from r0 (q8pv_weights_avx512's for each row) into
+ * wq (NR x ng x 16 u8) and wsc (NR x ng); with head_dim 64 two rows make
+ * four vectors, an odd last row is paired with zeros (written past the NR
+ * rows' part of wq and wsc, which have room for NRV rows). */
+static ALWAYS_INLINE void weights_rows(const attn_state *st, int r0, const float *vdt, uint8_t *wq, float *wsc,
+                                       const int HD, const int NR) {
+    if (HD == 64) {
+        const __m512 v0 = _mm512_load_ps(vdt), v1 = _mm512_load_ps(vdt + 16);
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; r += 2) {
+            __m512 w[4];
+            const __m512 p0 = _mm512_loadu_ps(st->s + (size_t)(r0 + r) * st->lds);
+            w[0] = _mm512_mul_ps(p0, v0);
+            w[1] = _mm512_mul_ps(p0, v1);
+            if (r + 1 < NR) {
+                const __m512 p1 = _mm512_loadu_ps(st->s + (size_t)(r0 + r + 1) * st->lds);
+                w[2] = _mm512_mul_ps(p1, v0);
+                w[3] = _mm512_mul_ps(p1, v1);
+            } else {
+                w[2] = w[3] = _mm512_setzero_ps();
+            }
+            quant4(w, wq + (size_t)r * 32, wsc + (size_t)r * 2);
+        }
+    } else {
+#pragma GCC unroll 8
+        for (int r = 0; r < NR; r++) {
+            __m512 w[4];
+            const __m512 p = _mm512_loadu_ps(st->s + (size_t)(r0 + r) * st->lds);
+#pragma GCC unroll 4
+            for (int g = 0; g < 4; g++) w[g] = _mm512_mul_ps(p, _mm512_load_ps(vdt + 16 * g));
+            quant4(w, wq + (size_t)r * 64, wsc + (size_t)r * 4);
+        }
+    }
+}
+
 /* P*V of NR rows from r0 over the block's 16 keys (one tile): each row's
  * weights quantized into wq (NR x ng x 16 u8) and wsc (NR x ng), then per
  * 32-dim group the integer sums of all rows, and acc = fma(sc, (float)sum,
@@ -161,10 +236,7 @@ static ALWAYS_INLINE void load_v(__m512i *vq, float *vdt, const attn_block *b, c
 static ALWAYS_INLINE void pv_rows(attn_state *st, int r0, const __m512i *vq, const float *vdt, uint8_t *wq,
                                   float *wsc, const int HD, const int NR) {
     const int ng = HD / 32;
-#pragma GCC unroll 8
-    for (int r = 0; r < NR; r++)
-        q8pv_weights_avx512(st->s + (size_t)(r0 + r) * st->lds, (__mmask16)0xffff, vdt, ng, wq + (size_t)r * ng * 16,
-                            wsc + (size_t)r * ng);
+    weights_rows(st, r0, vdt, wq, wsc, HD, NR);
 #pragma GCC unroll 4
     for (int g = 0; g < ng; g++) {
         __m512i ia[NRV][2];
