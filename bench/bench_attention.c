@@ -8,8 +8,10 @@
  * bandwidth measured in the same run, for F16 and Q8_0 caches at each depth.
  *
  *   make bench && build/bench/bench_attention [n_q] [--no-pin] [-t N] [--kv f16|q8_0|both]
- *                                             [--depths LIST] [--ab-pairs]
+ *                                             [--depths LIST] [--ab-pairs] [--steps N]
  *     n_q: query tokens per step (default 1); -t: threads (default 1 and 2);
+ *     --steps: timed steps per point (default 15 up to depth 4096, else 7; at
+ *     most 1000: long runs for a profiler);
  *     --ab-pairs: each point also without pair steps (attention_pairs_enable),
  *     alternating the two per step;
  *     --depths: comma list (default 4096,16384,32768); a depth whose cache fits in
@@ -33,16 +35,23 @@
 #define N_KV 3
 #define HEAD_DIM 64
 #define BLOCK 16
-#define MAX_STEPS 15
+#define MAX_STEPS 1000
 #define MAX_DEPTHS 8
 
 
 int main(int argc, char **argv) {
     int n_q = 1, pin = 1, t_lo = 1, t_hi = 2, kv_f16 = 1, kv_q8 = 1, ab = 0;
-    int depths[MAX_DEPTHS] = {4096, 16384, 32768}, n_depths = 3;
+    int depths[MAX_DEPTHS] = {4096, 16384, 32768}, n_depths = 3, steps_arg = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--no-pin")) pin = 0;
         else if (!strcmp(argv[i], "--ab-pairs")) ab = 1;
+        else if (!strcmp(argv[i], "--steps") && i + 1 < argc) {
+            steps_arg = atoi(argv[++i]);
+            if (steps_arg < 1 || steps_arg > MAX_STEPS) {
+                fprintf(stderr, "--steps: expected 1..%d\n", MAX_STEPS);
+                return 2;
+            }
+        }
         else if (!strcmp(argv[i], "-t") && i + 1 < argc) t_lo = t_hi = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--kv") && i + 1 < argc) {
             i++;
@@ -97,8 +106,8 @@ int main(int argc, char **argv) {
             for (int c = 0; c < 2; c++) {
                 if (!kvs[c]) continue;
                 attention_args a = {kvs[c], 0, n_q, depth, N_HEAD, q, out, 0.125f};
-                double ms[2][MAX_STEPS];
-                int steps = depth <= 4096 ? MAX_STEPS : 7;
+                static double ms[2][MAX_STEPS];
+                int steps = steps_arg ? steps_arg : depth <= 4096 ? 15 : 7;
                 for (int s = -1; s < steps; s++) {
                     for (int v = 0; v <= ab; v++) { /* v = 1: pair steps off */
                         attention_pairs_enable(v == 0);
