@@ -622,6 +622,56 @@ static void test_select(void) {
     kv_cache_free(kv);
 }
 
+/* attention_forward_select merges a head's parts as running sums per thread
+ * that move to higher bins when a part with a much larger score arrives
+ * (attention_lse_rebase): keys of one block aligned with the query make its
+ * part's terms ~2^90 times the others', placed early (no move) or late in
+ * the list (the sums move up two bins). The output must keep the bits of
+ * merging every part at once (attention_forward_blocks). */
+static void test_select_rebase(void) {
+    const int hd = 64, bt = 16, n_head = 3, len = bt * ATTENTION_PART_BLOCKS * 12, nb = len / bt;
+    const int max_blocks = 64;
+    kv_cache *kv = make_cache(1, 1, hd, len, bt, QTYPE_F32);
+    if (!kv) return;
+    float *k = malloc((size_t)len * hd * sizeof(float)), *v = malloc((size_t)len * hd * sizeof(float));
+    float q[3 * 64], out[3 * 64], blk[3 * 64];
+    fill(q, 3 * 64, 1.0f);
+    int32_t list[64];
+    int n = 0;
+    for (int c = 0; c < 12; c++)
+        for (int j = 0; j < 3; j++) list[n++] = c * ATTENTION_PART_BLOCKS + 7 * j + c % 5;
+    list[n++] = nb - 1;
+    attention_workspace *ws = NULL;
+    ellm_error err;
+    CHECK(attention_workspace_init(MAX_THREADS, 1, n_head, hd, len, bt, &ws, &err) == ELLM_OK, "workspace: %s",
+          err.msg);
+    const int big_blocks[2] = {list[1], list[n - 5]}; /* in part 0, in part 10 */
+    for (int w = 0; ws && w < 2; w++) {
+        fill(k, (size_t)len * hd, 0.1f);
+        fill(v, (size_t)len * hd, 1.0f);
+        for (int j = 0; j < bt; j++)
+            for (int d = 0; d < hd; d++) k[(size_t)(big_blocks[w] * bt + j) * hd + d] = 25.0f * q[d];
+        kv_cache_store(kv, 0, 0, len, k, v);
+        kv_cache_set_len(kv, len);
+        attention_args a = {kv, 0, 1, len - 1, n_head, q, blk, 0.125f};
+        for (int nt = 1; nt <= MAX_THREADS; nt++) {
+            int n_list[1] = {n}, got_n[1] = {0};
+            int32_t got[64];
+            select_fixture f = {list, n_list, max_blocks, nt, {0}, 0};
+            a.out = blk;
+            attention_forward_blocks(&a, list, n_list, max_blocks, ws, pool_of(nt));
+            a.out = out;
+            attention_forward_select(&a, fixture_select, &f, got, got_n, max_blocks, ws, pool_of(nt));
+            CHECK(!memcmp(out, blk, sizeof out), "select, large scores in part %d, %d threads: bits differ from "
+                  "attention_forward_blocks", w ? 10 : 0, nt);
+        }
+    }
+    attention_workspace_free(ws);
+    free(k);
+    free(v);
+    kv_cache_free(kv);
+}
+
 /* Decode at depth with a single KV head: with 2 and 3 threads the one segment
  * is cut between threads and merged, and must match 1 thread. */
 static void test_single_head_split(void) {
@@ -771,6 +821,7 @@ int main(void) {
     test_truncation();
     test_sparse();
     test_select();
+    test_select_rebase();
     test_single_head_split();
     test_batch_rows_exact();
     test_pair_steps();
