@@ -386,13 +386,9 @@ static ALWAYS_INLINE void pair_step(attn_state *st, const attn_block *b0, const 
     pv_all(st->acc, hdp, s1, lds, b1->v, HD, HD, 0, R, 16, F16, b1->ahead_v, pf_v);
 }
 
-static int whole_block(const attn_state *st, const attn_block *b) {
-    return st->block_tokens == 16 && b->n_valid == 16 && b->vis0 >= 16;
-}
-
 void attn_block2_avx512(attn_state *st, const attn_block *b0, const attn_block *b1) {
     const int f16 = b0->type == QTYPE_F16;
-    if (whole_block(st, b0) && whole_block(st, b1) && b0->type == b1->type && st->hdp == st->head_dim &&
+    if (attn_block_whole16(st, b0) && attn_block_whole16(st, b1) && b0->type == b1->type && st->hdp == st->head_dim &&
         (!f16 || st->rows <= FUSE_ROWS) && st->rows * st->lds <= 16 * st->hdp) {
         if (st->head_dim == 64) {
             if (f16) pair_step(st, b0, b1, 64, 1);
@@ -410,8 +406,7 @@ void attn_block2_avx512(attn_state *st, const attn_block *b0, const attn_block *
 }
 
 void attn_block_avx512(attn_state *st, const attn_block *b) {
-    /* every row sees all 16 keys: a block before the first row's position */
-    const int full = st->block_tokens == 16 && b->n_valid == 16 && b->vis0 >= 16;
+    const int full = attn_block_whole16(st, b);
     switch (st->head_dim) {
     case 64:
         if (full) block_step(st, b, 64, 16);

@@ -61,6 +61,13 @@ typedef struct {
     int vis0;
 } attn_block;
 
+/* Whether every row of the part sees all keys of block b and the block is
+ * one of 16 keys: the blocks the AVX-512 kernels specialise (constant trip
+ * counts, full masks, pairs). Any block before the first row's position. */
+static inline int attn_block_whole16(const attn_state *st, const attn_block *b) {
+    return st->block_tokens == 16 && b->n_valid == 16 && b->vis0 >= 16;
+}
+
 /* Folds one block into the running state of every row that sees any of it:
  * scores, online softmax (rescaling acc and l when the max grows) and P*V.
  * Rows that see none of the block are left untouched. */

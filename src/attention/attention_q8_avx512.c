@@ -207,8 +207,7 @@ Q8_INLINE void q8_step(attn_state *st, const attn_block *b, const int HD, const 
 }
 
 void attn_block_q8_avx512(attn_state *st, const attn_block *b) {
-    /* every row sees all 16 keys: a block before the first row's position */
-    const int full = st->block_tokens == 16 && b->n_valid == 16 && b->vis0 >= 16;
+    const int full = attn_block_whole16(st, b);
     switch (st->head_dim) {
     case 64:
         if (full) q8_step(st, b, 64, 16);

@@ -222,12 +222,8 @@ static ALWAYS_INLINE void pair_full(attn_state *st, const attn_block *b0, const 
     st->s = s0;
 }
 
-static int is_full(const attn_state *st, const attn_block *b) {
-    return st->block_tokens == 16 && b->n_valid == 16 && b->vis0 >= 16;
-}
-
 void attn_block2_rows_avx512(attn_state *st, const attn_block *b0, const attn_block *b1) {
-    if (is_full(st, b0) && is_full(st, b1) && b0->type == b1->type && st->head_dim == st->hdp &&
+    if (attn_block_whole16(st, b0) && attn_block_whole16(st, b1) && b0->type == b1->type && st->head_dim == st->hdp &&
         (st->head_dim == 64 || st->head_dim == 128)) {
         const int f16 = b0->type == QTYPE_F16;
         if (st->head_dim == 64) {
@@ -244,8 +240,7 @@ void attn_block2_rows_avx512(attn_state *st, const attn_block *b0, const attn_bl
 }
 
 void attn_block_rows_avx512(attn_state *st, const attn_block *b) {
-    /* every row sees all 16 keys: a block before the first row's position */
-    const int full = st->block_tokens == 16 && b->n_valid == 16 && b->vis0 >= 16;
+    const int full = attn_block_whole16(st, b);
     /* kbuf and vbuf are 64-byte aligned with rows of hdp floats (a multiple of 16) */
     if (full && st->head_dim == 64 && st->hdp == 64) {
         if (b->type == QTYPE_F16) block_full(st, b, 64, 1);

@@ -304,8 +304,7 @@ static ALWAYS_INLINE void block_full(attn_state *st, const attn_block *b, const 
 }
 
 void attn_block_rows_q8_avx512(attn_state *st, const attn_block *b) {
-    /* every row sees all 16 keys: a block before the first row's position */
-    const int full = st->block_tokens == 16 && b->n_valid == 16 && b->vis0 >= 16;
+    const int full = attn_block_whole16(st, b);
     if (full && st->head_dim == 64 && st->hdp == 64) block_full(st, b, 64);
     else if (full && st->head_dim == 128 && st->hdp == 128) block_full(st, b, 128);
     else attn_block_q8_avx512(st, b);
