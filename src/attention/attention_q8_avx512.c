@@ -31,13 +31,6 @@
 
 Q8_INLINE __mmask16 q8_tail(int n) { return (__mmask16)((1u << n) - 1); }
 
-/* vpermb indices: byte 4j + i of the result is byte 16i + j of the source
- * (channel i of key j, the source holding 4 rows of 16 keys). */
-static const int8_t q8_quad_perm[64] __attribute__((aligned(64))) = {
-    0, 16, 32, 48, 1, 17, 33, 49, 2, 18, 34, 50, 3, 19, 35, 51, 4, 20, 36, 52, 5, 21,
-    37, 53, 6, 22, 38, 54, 7, 23, 39, 55, 8, 24, 40, 56, 9, 25, 41, 57, 10, 26, 42, 58,
-    11, 27, 43, 59, 12, 28, 44, 60, 13, 29, 45, 61, 14, 30, 46, 62, 15, 31, 47, 63};
-
 /* Channels c .. c + 3 of keys j0 .. j0 + 16 as one dword per key, each byte
  * + 128 (unsigned). BT16: blocks of 16 keys, the 4 channels adjacent. Keys
  * outside m read nothing (other block sizes) or the block's own bytes past
@@ -60,7 +53,7 @@ Q8_INLINE __m512i q8_quad(const int8_t *k, int bt, int j0, int c, __mmask16 m, _
 Q8_INLINE void q8_qk_tile(const attn_state *st, int r0, const int8_t *k, const uint16_t *kd, int bt, int hd,
                           int j0, __mmask16 m, const int NR, const int BT16, const char **pf, int pf_lines) {
     const int ng = hd / 32, hdp = st->hdp;
-    const __m512i perm = _mm512_load_si512((const void *)q8_quad_perm);
+    const __m512i perm = _mm512_load_si512((const void *)q8k_quad_perm);
     __m512 sc[4];
 #pragma GCC unroll 4
     for (int r = 0; r < NR; r++) sc[r] = _mm512_setzero_ps();

@@ -82,6 +82,14 @@ static const uint8_t q8pv_perm[4][64] __attribute__((aligned(64))) = {
 #undef L2
 };
 
+/* vpermb indices of the Q.K operand: byte 4j + i of the result is byte
+ * 16i + j of the source (channel i of key j, the source holding 4 channels
+ * of 16 keys), one dword of 4 channels per key. */
+static const int8_t q8k_quad_perm[64] __attribute__((aligned(64))) = {
+    0, 16, 32, 48, 1, 17, 33, 49, 2, 18, 34, 50, 3, 19, 35, 51, 4, 20, 36, 52, 5, 21,
+    37, 53, 6, 22, 38, 54, 7, 23, 39, 55, 8, 24, 40, 56, 9, 25, 41, 57, 10, 26, 42, 58,
+    11, 27, 43, 59, 12, 28, 44, 60, 13, 29, 45, 61, 14, 30, 46, 62, 15, 31, 47, 63};
+
 /* Lanes 0-7: the max of a's 16 lanes; lanes 8-15: of b's. */
 Q8PV_INLINE __m512 q8pv_max2(__m512 a, __m512 b) {
     __m512 t = _mm512_max_ps(_mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(1, 0, 1, 0)),

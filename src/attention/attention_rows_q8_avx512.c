@@ -39,14 +39,6 @@
 #define NRK 8
 #define NRV 8
 
-/* vpermb indices: byte 4j + i of the result is byte 16i + j of the source
- * (channel i of key j, the source holding 4 channels of 16 keys), as the
- * single-row kernel regroups them. */
-static const int8_t quad_perm[64] __attribute__((aligned(64))) = {
-    0, 16, 32, 48, 1, 17, 33, 49, 2, 18, 34, 50, 3, 19, 35, 51, 4, 20, 36, 52, 5, 21,
-    37, 53, 6, 22, 38, 54, 7, 23, 39, 55, 8, 24, 40, 56, 9, 25, 41, 57, 10, 26, 42, 58,
-    11, 27, 43, 59, 12, 28, 44, 60, 13, 29, 45, 61, 14, 30, 46, 62, 15, 31, 47, 63};
-
 /* Lines of `pf` (a block ahead's K or V half, `lines` of them) prefetched
  * towards L2 as step i of n is done. */
 static ALWAYS_INLINE void pf_spread(const char *pf, int i, int n, int lines) {
@@ -60,7 +52,7 @@ static ALWAYS_INLINE void pf_spread(const char *pf, int i, int n, int lines) {
 static ALWAYS_INLINE void load_k(__m512i *kq, float *kdf, const attn_block *b, const int HD) {
     const int8_t *k = b->k;
     const uint16_t *kd = (const uint16_t *)(k + (size_t)HD * 16);
-    const __m512i perm = _mm512_load_si512((const void *)quad_perm), flip = _mm512_set1_epi8((char)0x80);
+    const __m512i perm = _mm512_load_si512((const void *)q8k_quad_perm), flip = _mm512_set1_epi8((char)0x80);
     const int lines = (int)((kv_q8_half_bytes(HD, 16) + 63) / 64);
     for (int i = 0; i < HD / 4; i++) {
         const __m512i x = _mm512_loadu_si512((const void *)(k + (size_t)i * 64));
