@@ -127,6 +127,15 @@ static ellm_status pool_init(int n_threads, int pin, const int *cpus, threadpool
     return ELLM_OK;
 }
 
+/* Spins until *c >= target (acquire), yielding now and then (see
+ * YIELD_SPINS). */
+static void spin_until(atomic_int *c, int target) {
+    for (unsigned spins = 1; atomic_load_explicit(c, memory_order_acquire) < target; spins++) {
+        if (spins % YIELD_SPINS == 0) sched_yield();
+        else __builtin_ia32_pause();
+    }
+}
+
 void threadpool_run(threadpool *pool, threadpool_fn fn, void *arg) {
     if (pool->n_threads == 1) {
         fn(arg, 0, 1);
@@ -142,21 +151,13 @@ void threadpool_run(threadpool *pool, threadpool_fn fn, void *arg) {
         pthread_mutex_unlock(&pool->mutex);
     }
     fn(arg, 0, pool->n_threads);
-    /* Wait for the workers, yielding now and then (see YIELD_SPINS). */
-    for (unsigned spins = 1; atomic_load_explicit(&pool->n_done, memory_order_acquire) < pool->n_threads - 1;
-         spins++) {
-        if (spins % YIELD_SPINS == 0) sched_yield();
-        else __builtin_ia32_pause();
-    }
+    spin_until(&pool->n_done, pool->n_threads - 1); /* the workers */
 }
 
 void threadpool_barrier(atomic_int *arrived, int nth, int k) {
     if (nth <= 1) return;
     atomic_fetch_add_explicit(arrived, 1, memory_order_acq_rel);
-    for (unsigned spins = 1; atomic_load_explicit(arrived, memory_order_acquire) < nth * k; spins++) {
-        if (spins % YIELD_SPINS == 0) sched_yield();
-        else __builtin_ia32_pause();
-    }
+    spin_until(arrived, nth * k);
 }
 
 int threadpool_size(const threadpool *pool) { return pool->n_threads; }
