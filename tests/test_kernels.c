@@ -589,7 +589,8 @@ static void test_matmul_exact(ellm_isa isa) {
             int v = (int)(rng_next() % 17) - 8;
             X[i] = (float)v;
         }
-        for (int64_t k = 0; k < cols * nb / be; k++) X[k * be + (k * 7) % be] = (k & 1) ? 127.0f : -127.0f;
+        int ab = type == QTYPE_INT4_G128 ? 32 : be; /* activation block: INT4_G128 scales per 32 */
+        for (int64_t k = 0; k < cols * nb / ab; k++) X[k * ab + (k * 7) % ab] = (k & 1) ? 127.0f : -127.0f;
         void *act = xmalloc(kern_act_bytes(type, cols, nb));
         kern_act_prepare(type, X, cols, nb, act);
         float Y[9 * 5], Yr[9 * 5];
@@ -662,8 +663,9 @@ static void test_quant_gain(void) {
     free(q);
 }
 
-/* INT4_G128: the reference defines the float arithmetic exactly (group dots
- * into lane g % 16, two multiply-adds per group, one fixed 16-lane sum), so
+/* INT4_G128: the reference defines the float arithmetic exactly (sub-block
+ * dots weighted by their activation scales into one float per group, two
+ * multiply-adds per group into lane g % 16, one fixed 16-lane sum), so
  * every ISA's kernel must return its bits: whole chunks of 16 groups, a short
  * last chunk (3, 10, 17, 33 groups), 1-19 activation rows (passes of 8),
  * row ranges that start and end inside the matrix. */

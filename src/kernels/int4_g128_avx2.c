@@ -1,14 +1,15 @@
 /* INT4_G128 matmul, AVX2, with the arithmetic of matmul_int4_g128_ref
- * (kernels.c): exact integer group dots, then per group two multiply-adds
- * into lane g % 16 of 16 float accumulators (here two vectors of 8: groups
- * 16c + 0..7 and 16c + 8..15), one 16-lane sum per output.
+ * (kernels.c): exact integer dots per sub-block of 32, weighted by their
+ * activation scales into one float per group, then two multiply-adds per
+ * group into lane g % 16 of 16 float accumulators (here two vectors of 8:
+ * groups 16c + 0..7 and 16c + 8..15), one 16-lane sum per output.
  *
- * Per group two 32-byte weight loads unpacked into four nibble vectors
- * (elements 0-31, 32-63, 64-95, 96-127); maddubs (unsigned 4-bit x signed
- * 8-bit, no saturation: 2 * 15 * 127 < 2^15) summed in 16 bits
- * (4 * 3810 < 2^15), widened by madd to 8 int32 partial sums. The partial
- * sums of 8 groups meet by a hadd tree in 8 lanes (group order), exactly,
- * and the float work is two vector multiply-adds per 8 groups. A group's
+ * Per group two 32-byte weight loads unpacked into four nibble vectors, one
+ * per sub-block (elements 0-31, 32-63, 64-95, 96-127); maddubs (unsigned
+ * 4-bit x signed 8-bit, no saturation: 2 * 15 * 127 < 2^15) and madd widen
+ * each to 8 int32 partial sums. The partial sums of a sub-block over 8
+ * groups meet by a hadd tree in 8 lanes (group order), exactly, and the
+ * float work is one multiply and five multiply-adds per 8 groups. A group's
  * nibbles are decoded once per pass and applied to up to I4_ROWS
  * activation rows. */
 #include "kernels/kernels_impl.h"
@@ -27,14 +28,9 @@ INLINE __m256i i4_hsum8(const __m256i v[8]) {
     return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
 }
 
-/* One group's 8 int32 partial dots with activation bytes q. */
-INLINE __m256i i4_dot(const __m256i w[4], const int8_t *q) {
-    const __m256i ones = _mm256_set1_epi16(1);
-    __m256i p = _mm256_maddubs_epi16(w[0], _mm256_loadu_si256((const __m256i *)q));
-    p = _mm256_add_epi16(p, _mm256_maddubs_epi16(w[1], _mm256_loadu_si256((const __m256i *)(q + 32))));
-    p = _mm256_add_epi16(p, _mm256_maddubs_epi16(w[2], _mm256_loadu_si256((const __m256i *)(q + 64))));
-    p = _mm256_add_epi16(p, _mm256_maddubs_epi16(w[3], _mm256_loadu_si256((const __m256i *)(q + 96))));
-    return _mm256_madd_epi16(p, ones);
+/* One sub-block's 8 int32 partial dots of nibbles w with activation bytes q. */
+INLINE __m256i i4_dot(__m256i w, const int8_t *q) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(w, _mm256_loadu_si256((const __m256i *)q)), _mm256_set1_epi16(1));
 }
 
 /* Rows [r0, r1) against activation rows a[0 .. nb) (nb <= I4_ROWS). */
@@ -52,11 +48,12 @@ INLINE void i4_rows(const void *W, int64_t ng, int64_t r0, int64_t r1, const act
             const int n = ng - g0 < I4_OCT ? (int)(ng - g0) : I4_OCT;
             const int half = (int)((g0 / I4_OCT) & 1); /* lanes 0-7 or 8-15 of the reference's 16 */
             kern_pf_pages(w + g0, (size_t)n * sizeof(block_int4_g128));
-            __m256i dots[I4_ROWS][I4_OCT];
+            __m256i dots[I4_ROWS][4][I4_OCT];
             uint16_t dh[I4_OCT] = {0}, mh[I4_OCT] = {0};
             for (int j = 0; j < I4_OCT; j++) {
                 if (j >= n) {
-                    for (int b = 0; b < nb; b++) dots[b][j] = _mm256_setzero_si256();
+                    for (int b = 0; b < nb; b++)
+                        for (int k = 0; k < 4; k++) dots[b][k][j] = _mm256_setzero_si256();
                     continue;
                 }
                 const block_int4_g128 *blk = w + g0 + j;
@@ -67,31 +64,25 @@ INLINE void i4_rows(const void *W, int64_t ng, int64_t r0, int64_t r1, const act
                 __m256i wv[4] = {_mm256_and_si256(r0v, m4), _mm256_and_si256(r1v, m4),
                                  _mm256_and_si256(_mm256_srli_epi16(r0v, 4), m4),
                                  _mm256_and_si256(_mm256_srli_epi16(r1v, 4), m4)};
-                for (int b = 0; b < nb; b++) dots[b][j] = i4_dot(wv, a[b].qs + QK_G128 * (g0 + j));
+                for (int b = 0; b < nb; b++) {
+                    const int8_t *q = a[b].qs + QK_G128 * (g0 + j);
+                    for (int k = 0; k < 4; k++) dots[b][k][j] = i4_dot(wv[k], q + 32 * k);
+                }
             }
             const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)dh));
             const __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)mh));
             const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
             const __m256 keep = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(n), lanes));
             for (int b = 0; b < nb; b++) {
-                __m256 da, sa;
-                if (n == I4_OCT) {
-                    da = _mm256_loadu_ps(a[b].d + g0);
-                    sa = _mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)(a[b].sa + g0)));
-                } else {
-                    float dtmp[I4_OCT] = {0};
-                    int32_t stmp[I4_OCT] = {0};
-                    for (int j = 0; j < n; j++) {
-                        dtmp[j] = a[b].d[g0 + j];
-                        stmp[j] = a[b].sa[g0 + j];
-                    }
-                    da = _mm256_loadu_ps(dtmp);
-                    sa = _mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)stmp));
-                }
-                __m256 s = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i4_hsum8(dots[b])), _mm256_mul_ps(dw, da), acc[b][half]);
-                s = _mm256_fmadd_ps(sa, _mm256_mul_ps(mw, da), s);
+                /* sub-block k's scales of these 8 groups; zero past the last group */
+                const float *da = a[b].d + 64 * (g0 / 16) + 8 * half;
+                __m256 s = _mm256_mul_ps(_mm256_cvtepi32_ps(i4_hsum8(dots[b][0])), _mm256_loadu_ps(da));
+                for (int k = 1; k < 4; k++)
+                    s = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i4_hsum8(dots[b][k])), _mm256_loadu_ps(da + 16 * k), s);
+                __m256 t = _mm256_fmadd_ps(s, dw, acc[b][half]);
+                t = _mm256_fmadd_ps(_mm256_loadu_ps(a[b].gs + 16 * (g0 / 16) + 8 * half), mw, t);
                 /* lanes without a group keep their value, as in the reference */
-                acc[b][half] = n == I4_OCT ? s : _mm256_blendv_ps(acc[b][half], s, keep);
+                acc[b][half] = n == I4_OCT ? t : _mm256_blendv_ps(acc[b][half], t, keep);
             }
         }
         for (int b = 0; b < nb; b++) {

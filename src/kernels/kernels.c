@@ -61,14 +61,24 @@ void kern_act_q8k_row_ref(const float *x, int64_t cols, int off, void *row) {
     }
 }
 
-/* Prepares one ACT_Q8G row (groups of 128 with their sums) from `cols` floats. */
+/* Prepares one ACT_Q8G row (groups of 128 in sub-blocks of 32, scales by
+ * chunk slot, dequantized group sums) from `cols` floats; pads with zeros. */
 void kern_act_q8g_row_ref(const float *x, int64_t cols, int off, void *row) {
     act_row a = act_sections(ACT_Q8G, cols, row);
-    for (int64_t g = 0; g < cols / QK_G128; g++) {
-        a.d[g] = act_quantize_block(x + QK_G128 * g, QK_G128, a.qs + QK_G128 * g);
-        int s = 0;
-        for (int i = 0; i < QK_G128; i++) s += a.qs[QK_G128 * g + i];
-        a.sa[g] = s;
+    int64_t ng = cols / QK_G128;
+    size_t nslot = act_q8g_nslot(cols);
+    memset(a.d, 0, nslot * 4 * sizeof(float));
+    memset(a.gs, 0, nslot * sizeof(float));
+    for (int64_t g = 0; g < ng; g++) {
+        float *d = a.d + 64 * (g / 16) + g % 16, s = 0;
+        for (int k = 0; k < 4; k++) {
+            int8_t *q = a.qs + QK_G128 * g + 32 * k;
+            d[16 * k] = act_quantize_block(x + QK_G128 * g + 32 * k, 32, q);
+            int sum = 0;
+            for (int i = 0; i < 32; i++) sum += q[i];
+            s = k ? fmaf(d[16 * k], (float)sum, s) : d[0] * (float)sum;
+        }
+        a.gs[g] = s;
     }
 }
 
@@ -215,17 +225,22 @@ static void matmul_q6_K_ref(const void *W, int64_t cols, int64_t r0, int64_t r1,
     }
 }
 
-/* INT4_G128: per group g, the exact integer dot of the 4-bit values with the
- * 8-bit activations; then, in lane g % 16 of 16 float accumulators,
+/* INT4_G128: per group g, the exact integer dots p_k of the 4-bit values
+ * with the 8-bit activations of sub-block k (elements 32k .. 32k + 31), each
+ * with its activation scale a_k, into the group's activation-weighted dot
  *
- *   acc = fma((float)dot, d * da, acc);   acc = fma((float)sa, m * da, acc)
+ *   s = p_0 * a_0;  s = fma(p_k, a_k, s) for k = 1, 2, 3
  *
- * (d, m the group's scale and offset, da its activation scale, sa its
- * activation sum), and one sum of the 16 lanes by the fixed tree (j, j+8),
- * (j, j+4), (j, j+2), (0, 1). The SIMD kernels (int4_g128_avx512.c: one
- * 16-lane accumulator, int4_g128_avx2.c: two of 8) follow exactly these
- * steps, so every ISA and batch size gives the same bits, and they reduce
- * once per output rather than once per group. */
+ * then, in lane g % 16 of 16 float accumulators,
+ *
+ *   acc = fma(s, d, acc);   acc = fma(gs, m, acc)
+ *
+ * (d, m the group's scale and offset, gs the group's dequantized activation
+ * sum), and one sum of the 16 lanes by the fixed tree (j, j+8), (j, j+4),
+ * (j, j+2), (0, 1). The SIMD kernels (int4_g128_avx512.c: 16 lanes at once,
+ * int4_g128_avx2.c: two vectors of 8) follow exactly these steps, so every
+ * ISA and batch size gives the same bits, and they reduce once per output
+ * rather than once per group. */
 static float int4_g128_sum16_ref(const float acc[16]) {
     float t[8];
     for (int j = 0; j < 8; j++) t[j] = acc[j] + acc[j + 8];
@@ -244,12 +259,19 @@ static void matmul_int4_g128_ref(const void *W, int64_t cols, int64_t r0, int64_
             float acc[16] = {0};
             for (int64_t g = 0; g < ng; g++) {
                 const int8_t *q = a.qs + QK_G128 * g;
-                int dot = 0;
-                for (int l = 0; l < QK_G128 / 2; l++) dot += (w[g].qs[l] & 0xF) * q[l] + (w[g].qs[l] >> 4) * q[l + 64];
-                float da = a.d[g];
-                float *s = &acc[g % 16];
-                *s = fmaf((float)dot, ellm_f16_to_f32(w[g].d) * da, *s);
-                *s = fmaf((float)a.sa[g], ellm_f16_to_f32(w[g].m) * da, *s);
+                const float *da = a.d + 64 * (g / 16) + g % 16;
+                float s = 0;
+                for (int k = 0; k < 4; k++) {
+                    int dot = 0; /* sub-blocks 0, 1 in the low nibbles, 2, 3 in the high ones */
+                    for (int i = 0; i < 32; i++) {
+                        int l = 32 * (k & 1) + i;
+                        dot += (k < 2 ? w[g].qs[l] & 0xF : w[g].qs[l] >> 4) * q[32 * k + i];
+                    }
+                    s = k ? fmaf((float)dot, da[16 * k], s) : (float)dot * da[0];
+                }
+                float *acc_g = &acc[g % 16];
+                *acc_g = fmaf(s, ellm_f16_to_f32(w[g].d), *acc_g);
+                *acc_g = fmaf(a.gs[g], ellm_f16_to_f32(w[g].m), *acc_g);
             }
             Y[b * ldy + r] = int4_g128_sum16_ref(acc);
         }

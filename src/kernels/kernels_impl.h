@@ -35,10 +35,19 @@
  *   ACT_Q8K (Q4_K, Q6_K weights):     float d[cols/256]; int16 bsums[cols/16];
  *       int8 qs[cols]. Same rounding over blocks of 256; bsums[j] is the sum
  *       of qs[16j .. 16j + 15] (for the mins / the -32 offset).
- *   ACT_Q8G (INT4_G128 weights), ng = cols/128 groups:
- *       float d[ng]; int32 sa[ng]; int8 qs[cols]. Same rounding over groups
- *       of 128 (d = max|x| / 127 per group); sa[g] is the sum of the group's
- *       q, which meets the weight offset m.
+ *   ACT_Q8G (INT4_G128 weights), ng = cols/128 groups of 4 sub-blocks of
+ *       32, nchunk = ceil(ng / 16):
+ *       float d[64 * nchunk]; float gs[16 * nchunk]; int8 qs[cols].
+ *       Same rounding over sub-blocks of 32 (as ACT_Q8: a weight group of
+ *       128 shares one scale, but SwiGLU outputs are heavy-tailed, and one
+ *       activation scale per 128 lost precision the weights cannot recover);
+ *       qs in natural column order. d[64c + 16k + j] is the scale of
+ *       sub-block k (elements 32k .. 32k + 31) of group 16c + j, so the 16
+ *       groups of a chunk have each sub-block's scales in one vector.
+ *       gs[g] is the group's dequantized sum, which meets the weight offset
+ *       m: with n_k the sum of sub-block k's q and d_k its scale, gs = d_0
+ *       n_0, then gs = fma(d_k, n_k, gs) for k = 1..3. Slots past the last
+ *       group are zero.
  *
  * The ACT_Q8 order serves the AVX-512 dot products (kernels_avx512.c):
  *   - qs in groups of 4 blocks (128 bytes): the first 16 elements of the
@@ -78,6 +87,9 @@ static inline act_kind act_kind_of(int wtype) {
 
 static inline size_t act_pad64(size_t n) { return (n + 63) & ~(size_t)63; }
 
+/* ACT_Q8G: group slots, the groups rounded up to whole chunks of 16. */
+static inline size_t act_q8g_nslot(int64_t cols) { return ((size_t)(cols / QK_G128) + 15) / 16 * 16; }
+
 /* Bytes of one prepared row; 0 if cols does not fit the kind's block size. */
 static inline size_t act_row_bytes(act_kind kind, int64_t cols) {
     size_t n = (size_t)cols;
@@ -94,7 +106,7 @@ static inline size_t act_row_bytes(act_kind kind, int64_t cols) {
                act_pad64(n);
     case ACT_Q8G:
         if (cols % QK_G128) return 0;
-        return 2 * act_pad64(n / QK_G128 * 4) + act_pad64(n);
+        return act_pad64(act_q8g_nslot(cols) * 16) + act_pad64(act_q8g_nslot(cols) * 4) + act_pad64(n);
     default: return 0;
     }
 }
@@ -102,10 +114,11 @@ static inline size_t act_row_bytes(act_kind kind, int64_t cols) {
 /* The sections of one prepared row; pointers a kind does not have are NULL. */
 typedef struct {
     float *x;       /* ACT_F32: cols */
-    float *d;       /* ACT_Q8: 16 * nchunk block scales, by slot; ACT_Q8K: cols/256; ACT_Q8G: cols/128 */
-    int32_t *sa;    /* ACT_Q8: 16 * nchunk offset block sums, by slot; ACT_Q8G: group sums */
+    float *d;       /* ACT_Q8: 16 * nchunk block scales, by slot; ACT_Q8K: cols/256; ACT_Q8G: 64 * nchunk */
+    int32_t *sa;    /* ACT_Q8: 16 * nchunk offset block sums, by slot */
+    float *gs;      /* ACT_Q8G: 16 * nchunk dequantized group sums */
     int16_t *bsums; /* ACT_Q8K: cols/16 */
-    int8_t *qs;     /* ACT_Q8: 128 * ngroup (grouped, see above); ACT_Q8K: cols */
+    int8_t *qs;     /* ACT_Q8: 128 * ngroup (grouped, see above); ACT_Q8K, ACT_Q8G: cols */
 } act_row;
 
 /* Splits the prepared row at `row` into its sections. */
@@ -126,10 +139,10 @@ static inline act_row act_sections(act_kind kind, int64_t cols, void *row) {
         r.bsums = (int16_t *)(p + off);
         r.qs = (int8_t *)(p + off + act_pad64(n / 16 * sizeof(int16_t)));
     } else if (kind == ACT_Q8G) {
-        size_t fb = act_pad64(n / QK_G128 * 4);
+        size_t db = act_pad64(act_q8g_nslot(cols) * 16);
         r.d = (float *)p;
-        r.sa = (int32_t *)(p + fb);
-        r.qs = (int8_t *)(p + 2 * fb);
+        r.gs = (float *)(p + db);
+        r.qs = (int8_t *)(p + db + act_pad64(act_q8g_nslot(cols) * 4));
     }
     return r;
 }
