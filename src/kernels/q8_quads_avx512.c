@@ -17,17 +17,18 @@
  *
  * and the 16 slot accumulators meet by q8_reduce16's tree, so every output
  * equals the single-row result bit for bit. The slot accumulators live in a
- * stack buffer (16 pairs x 16 slots x 64 bytes = 16 KB), one load and store
- * per pair and block.
+ * stack buffer (16 slots x up to 16 pairs x 64 bytes = 16 KB, slot-major),
+ * one load and store per pair and block.
  *
  * Per block and group of 4 weight rows the weights cost 4 loads and 6
- * shuffles (+ the f16 scales), shared by all quads; per quad and block the
- * activations cost 8 broadcast loads, shared by all groups; each pair pays
- * one vpshufd per 4 vpdpbusd (16 pairs) and a convert, multiply and FMA per
- * 8. Up to 4 groups x 4 quads (16 weight rows x 16 activation rows) share a
- * pass. On a 2-core Ice Lake VM (bench/bench_gemm) this runs 1-26% faster
- * than the 16-row tile kernel it replaced for 4-16 rows, and 1-3 rows stay
- * with the per-row kernels, which stream a single row faster. */
+ * shuffles, the f16 scales 4 scalar loads, shared by all quads; per quad and
+ * block the activations cost 8 broadcast loads, shared by both groups; each
+ * pair pays one vpshufd per 8 quads' vpdpbusd and a convert, multiply and
+ * FMA per 8 vpdpbusd. A pass is 2 groups x up to 8 quads (8 weight rows x
+ * 32 activation rows): on a 2-core Ice Lake VM this measured faster than 4
+ * groups x 4 quads (fewer registers live) and than 1 group x 8 quads, and
+ * a batch of 17-32 rows is one pass instead of two. 1-3 rows stay with the
+ * per-row kernels, which stream a single row faster. */
 #include "kernels/kernels_impl.h"
 #include "kernels/kernels_x86.h"
 
@@ -35,8 +36,9 @@
 #include <string.h>
 
 enum {
-    QD_MAX_Q = 4, /* quads (16 activation rows) per pass */
-    QD_MAX_G = 4, /* groups of 4 weight rows per pass */
+    QD_MAX_Q = 8,  /* quads (32 activation rows) per pass */
+    QD_MAX_G = 2,  /* groups of 4 weight rows per pass */
+    QD_MAX_P = 16, /* (group, quad) pairs per pass: accumulators in registers */
 };
 
 /* Weight rows p[0 .. 3] (each at one block) as unsigned bytes: lo lane i =
@@ -65,19 +67,23 @@ INLINE void qd_weights(int wtype, const char *p0, size_t wrow, __m512i *lo, __m5
     }
 }
 
-/* The f16 block scales of rows p[0 .. 3] as floats, lane 4i + b = row i's
- * (gathered in a general register: four 2-byte stores read back as one
- * 8-byte load would stall store forwarding). */
-INLINE __m512 qd_scales(const char *p0, size_t wrow) {
-    uint64_t v = 0;
-    for (int i = 0; i < 4; i++) {
-        uint16_t d;
-        memcpy(&d, p0 + (size_t)i * wrow, 2);
-        v |= (uint64_t)d << (16 * i);
-    }
-    __m128 f = _mm_cvtph_ps(_mm_cvtsi64_si128((long long)v));
-    const __m512i idx = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
-    return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(f));
+/* The f16 block scales of the pass's 4 * NG weight rows at one block, as
+ * floats in element 4g + i (row i of group g). Each group's four are packed
+ * in a general register (four 2-byte stores read back as one load would
+ * stall store forwarding; a vpgatherdd measured slower). */
+INLINE uint64_t qd_d4(const char *p, size_t wrow) {
+    uint16_t d0, d1, d2, d3;
+    memcpy(&d0, p, 2);
+    memcpy(&d1, p + wrow, 2);
+    memcpy(&d2, p + 2 * wrow, 2);
+    memcpy(&d3, p + 3 * wrow, 2);
+    return (uint64_t)d0 | (uint64_t)d1 << 16 | (uint64_t)d2 << 32 | (uint64_t)d3 << 48;
+}
+INLINE __m512 qd_scales(const char *p, size_t wrow, const int NG) {
+    __m128i lo = _mm_cvtsi64_si128((long long)qd_d4(p, wrow));
+    if (NG == 1) return _mm512_castps128_ps512(_mm_cvtph_ps(lo));
+    lo = _mm_insert_epi64(lo, (long long)qd_d4(p + 4 * wrow, wrow), 1);
+    return _mm512_castps256_ps512(_mm256_cvtph_ps(lo));
 }
 
 /* Dword j of each lane's row, repeated over the lane (immediates spelled
@@ -92,102 +98,121 @@ INLINE __m512 qd_scales(const char *p0, size_t wrow) {
      : (j) == 6 ? _mm512_shuffle_epi32(hi, _MM_PERM_CCCC)                                                  \
                 : _mm512_shuffle_epi32(hi, _MM_PERM_DDDD))
 
-/* NG groups of 4 weight rows from row pointer `w` (block 0) against NQ
- * quads from `A` (quad 0, block 0; quads qstride bytes apart); writes the
- * sums to out[g][q] (lane 4i + b: weight row 4g + i, activation row 4q + b).
- * NC (1 or 2) chains per block dot: with few (group, quad) pairs, two
- * chains halve the vpdpbusd latency each block waits for (the integer sum
- * is exact either way). */
-INLINE void qd_pass(int wtype, const char *w, size_t wrow, int64_t nblk, const int8_t *A, size_t qstride,
-                    const char *pf, size_t pf_step, __m512 out[QD_MAX_G][QD_MAX_Q], const int NG, const int NQ,
-                    const int NC) {
-    const int bsz = wtype == QTYPE_Q8_0 ? (int)sizeof(block_q8_0) : (int)sizeof(block_q4_0);
-    __m512 S[QD_MAX_G][QD_MAX_Q][16];
-    /* a slot starts at its first block (k < 16); slots without any stay zero */
-    if (nblk < 16)
-        for (int g = 0; g < NG; g++)
-            for (int q = 0; q < NQ; q++)
-                for (int s = 0; s < 16; s++) S[g][q][s] = _mm512_setzero_ps();
-    for (int64_t k = 0; k < nblk; k++, pf += pf_step) {
-        const char *p = w + k * bsz;
-        for (size_t o = 0; o < pf_step; o += 64) _mm_prefetch(pf + o, _MM_HINT_T0);
-        const int8_t *a = A + k * ACT_Q8_QUAD_BLOCK;
-        const int s = (int)(4 * (k & 3) + ((k & 15) >> 2));
-        __m512i lo[QD_MAX_G], hi[QD_MAX_G], acc[2][QD_MAX_G][QD_MAX_Q];
+/* One block k of a pass (see qd_pass); FIRST: k < 16, the slot starts. */
+INLINE void qd_block(int wtype, const char *p, size_t wrow, const int8_t *a, size_t qstride, __m512 *S, const int NG, const int NQ, const int NC, const int FIRST) {
+    __m512i lo[QD_MAX_G], hi[QD_MAX_G], acc[2][QD_MAX_P];
 #pragma GCC unroll 4
-        for (int g = 0; g < NG; g++) qd_weights(wtype, p + (size_t)(4 * g) * wrow, wrow, &lo[g], &hi[g]);
-#pragma GCC unroll 4
-        for (int q = 0; q < NQ; q++) {
-            __m512i nsa = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(a + q * qstride + 8 * 16 + 16)));
-#pragma GCC unroll 4
-            for (int g = 0; g < NG; g++) {
-                acc[0][g][q] = nsa;
-                if (NC > 1) acc[1][g][q] = _mm512_setzero_si512();
-            }
-        }
+    for (int g = 0; g < NG; g++) qd_weights(wtype, p + (size_t)(4 * g) * wrow, wrow, &lo[g], &hi[g]);
 #pragma GCC unroll 8
-        for (int j = 0; j < 8; j++) {
-            const int c = NC > 1 ? (j & 1) : 0;
-            __m512i wj[QD_MAX_G];
-#pragma GCC unroll 4
-            for (int g = 0; g < NG; g++) wj[g] = QD_W(lo[g], hi[g], j);
-#pragma GCC unroll 4
-            for (int q = 0; q < NQ; q++) {
-                __m512i x = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(a + q * qstride + 16 * j)));
-#pragma GCC unroll 4
-                for (int g = 0; g < NG; g++) acc[c][g][q] = _mm512_dpbusd_epi32(acc[c][g][q], wj[g], x);
-            }
-        }
+    for (int q = 0; q < NQ; q++) {
+        __m512i nsa = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(a + q * qstride + 8 * 16 + 16)));
 #pragma GCC unroll 4
         for (int g = 0; g < NG; g++) {
-            __m512 dw = qd_scales(p + (size_t)(4 * g) * wrow, wrow);
-#pragma GCC unroll 4
-            for (int q = 0; q < NQ; q++) {
-                __m512 da = _mm512_broadcast_f32x4(_mm_loadu_ps((const float *)(a + q * qstride + 8 * 16)));
-                __m512i dot = NC > 1 ? _mm512_add_epi32(acc[0][g][q], acc[1][g][q]) : acc[0][g][q];
-                __m512 prev = k < 16 ? _mm512_setzero_ps() : S[g][q][s];
-                S[g][q][s] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dw, da), prev);
-            }
+            acc[0][g * NQ + q] = nsa;
+            if (NC > 1) acc[1][g * NQ + q] = _mm512_setzero_si512();
         }
     }
-    /* q8_reduce16's tree, lanes now slots */
-    for (int g = 0; g < NG; g++)
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; j++) {
+        const int c = NC > 1 ? (j & 1) : 0;
+        __m512i wj[QD_MAX_G];
+#pragma GCC unroll 4
+        for (int g = 0; g < NG; g++) wj[g] = QD_W(lo[g], hi[g], j);
+#pragma GCC unroll 8
         for (int q = 0; q < NQ; q++) {
-            __m512 *v = S[g][q];
-            for (int t = 0; t < 8; t++) v[t] = _mm512_add_ps(v[t], v[t + 8]);
-            for (int t = 0; t < 4; t++) v[t] = _mm512_add_ps(v[t], v[t + 4]);
-            v[0] = _mm512_add_ps(v[0], v[2]);
-            v[1] = _mm512_add_ps(v[1], v[3]);
-            out[g][q] = _mm512_add_ps(v[0], v[1]);
+            __m512i x = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(a + q * qstride + 16 * j)));
+#pragma GCC unroll 4
+            for (int g = 0; g < NG; g++) acc[c][g * NQ + q] = _mm512_dpbusd_epi32(acc[c][g * NQ + q], wj[g], x);
         }
+    }
+    __m512 dws = qd_scales(p, wrow, NG);
+#pragma GCC unroll 4
+    for (int g = 0; g < NG; g++) {
+        const __m512i rep = _mm512_set_epi32(4 * g + 3, 4 * g + 3, 4 * g + 3, 4 * g + 3, 4 * g + 2, 4 * g + 2,
+                                             4 * g + 2, 4 * g + 2, 4 * g + 1, 4 * g + 1, 4 * g + 1, 4 * g + 1,
+                                             4 * g, 4 * g, 4 * g, 4 * g);
+        __m512 dw = _mm512_permutexvar_ps(rep, dws);
+#pragma GCC unroll 8
+        for (int q = 0; q < NQ; q++) {
+            __m512 da = _mm512_broadcast_f32x4(_mm_loadu_ps((const float *)(a + q * qstride + 8 * 16)));
+            __m512i dot = NC > 1 ? _mm512_add_epi32(acc[0][g * NQ + q], acc[1][g * NQ + q]) : acc[0][g * NQ + q];
+            __m512 prev = FIRST ? _mm512_setzero_ps() : S[g * NQ + q];
+            S[g * NQ + q] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dw, da), prev);
+        }
+    }
+}
+
+/* NG groups of 4 weight rows from row pointer `w` (block 0) against NQ
+ * quads from `A` (quad 0, block 0; quads qstride bytes apart); writes the
+ * sums to out[g * NQ + q] (lane 4i + b: weight row 4g + i, activation row
+ * 4q + b). NC (1 or 2) chains per block dot: with few (group, quad) pairs,
+ * two chains halve the vpdpbusd latency each block waits for (the integer
+ * sum is exact either way). The slot accumulators are kept slot-major, a
+ * slot's pairs side by side (pairs 1 KB apart would alias 4 KB apart). */
+INLINE void qd_pass(int wtype, const char *w, size_t wrow, int64_t nblk, const int8_t *A, size_t qstride,
+                    const char *pf, size_t pf_step, __m512 *out, const int NG, const int NQ, const int NC) {
+    const int bsz = wtype == QTYPE_Q8_0 ? (int)sizeof(block_q8_0) : (int)sizeof(block_q4_0);
+    __m512 S[16][QD_MAX_P];
+    /* a slot starts at its first block (k < 16); slots without any stay zero */
+    if (nblk < 16)
+        for (int s = 0; s < 16; s++)
+            for (int i = 0; i < NG * NQ; i++) S[s][i] = _mm512_setzero_ps();
+    int64_t k = 0;
+    for (; k < nblk && k < 16; k++, pf += pf_step) {
+        for (size_t o = 0; o < pf_step; o += 64) _mm_prefetch(pf + o, _MM_HINT_T0);
+        qd_block(wtype, w + k * bsz, wrow, A + k * ACT_Q8_QUAD_BLOCK, qstride,
+                 S[4 * (k & 3) + ((k & 15) >> 2)], NG, NQ, NC, 1);
+    }
+    for (; k < nblk; k++, pf += pf_step) {
+        for (size_t o = 0; o < pf_step; o += 64) _mm_prefetch(pf + o, _MM_HINT_T0);
+        qd_block(wtype, w + k * bsz, wrow, A + k * ACT_Q8_QUAD_BLOCK, qstride,
+                 S[4 * (k & 3) + ((k & 15) >> 2)], NG, NQ, NC, 0);
+    }
+    /* q8_reduce16's tree, lanes now slots */
+    for (int i = 0; i < NG * NQ; i++) {
+        __m512 v[8];
+        for (int t = 0; t < 8; t++) v[t] = _mm512_add_ps(S[t][i], S[t + 8][i]);
+        for (int t = 0; t < 4; t++) v[t] = _mm512_add_ps(v[t], v[t + 4]);
+        v[0] = _mm512_add_ps(v[0], v[2]);
+        v[1] = _mm512_add_ps(v[1], v[3]);
+        out[i] = _mm512_add_ps(v[0], v[1]);
+    }
 }
 
 /* One pass: NG groups from weight row r against quads q0 .. q0 + NQ. */
 INLINE void qd_run(int wtype, const char *W, size_t wrow, int64_t nblk, int64_t r, const void *act, int64_t cols,
                    int nb, int q0, const char *pf, size_t pf_step, float *Y, int64_t ldy, const int NG, const int NQ) {
-    __m512 out[QD_MAX_G][QD_MAX_Q];
+    __m512 out[QD_MAX_P];
     const int8_t *A = act_q8_quad(act, cols, nb, q0, 0);
     size_t qstride = (size_t)nblk * ACT_Q8_QUAD_BLOCK;
     qd_pass(wtype, W + (size_t)r * wrow, wrow, nblk, A, qstride, pf, pf_step, out, NG, NQ, NG * NQ <= 8 ? 2 : 1);
+    /* lane 4i + b (weight row i, activation row b) to 4b + i: each
+     * activation row's 4 outputs side by side */
+    const __m512i tr = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
     for (int g = 0; g < NG; g++)
         for (int q = 0; q < NQ; q++) {
-            float v[16];
-            _mm512_storeu_ps(v, out[g][q]);
-            for (int b = 0; b < 4; b++) {
-                int row = 4 * (q0 + q) + b;
-                if (row >= nb) break;
-                for (int i = 0; i < 4; i++) Y[(int64_t)row * ldy + r + 4 * g + i] = v[4 * i + b];
-            }
+            __m512 t = _mm512_permutexvar_ps(tr, out[g * NQ + q]);
+            float *y = Y + (int64_t)(4 * (q0 + q)) * ldy + r + 4 * g;
+            int n = nb - 4 * (q0 + q);
+            _mm_storeu_ps(y, _mm512_castps512_ps128(t));
+            if (n > 1) _mm_storeu_ps(y + ldy, _mm512_extractf32x4_ps(t, 1));
+            if (n > 2) _mm_storeu_ps(y + 2 * ldy, _mm512_extractf32x4_ps(t, 2));
+            if (n > 3) _mm_storeu_ps(y + 3 * ldy, _mm512_extractf32x4_ps(t, 3));
         }
 }
 
-/* The (groups, quads) shapes: about 8 accumulators per block in flight. */
-#define QD_CASES(NG_)                                                                                      \
+/* The (groups, quads) shapes: at most QD_MAX_P pairs. */
+#define QD_RUN(NG_, NQ_) qd_run(wtype, W, wrow, nblk, r, act, cols, nb, q0, pf, pf_step, Y, ldy, NG_, NQ_)
+#define QD_CASES8(NG_)                                                                                     \
     switch (nq) {                                                                                          \
-    case 1: qd_run(wtype, W, wrow, nblk, r, act, cols, nb, q0, pf, pf_step, Y, ldy, NG_, 1); break;                     \
-    case 2: qd_run(wtype, W, wrow, nblk, r, act, cols, nb, q0, pf, pf_step, Y, ldy, NG_, 2); break;                     \
-    case 3: qd_run(wtype, W, wrow, nblk, r, act, cols, nb, q0, pf, pf_step, Y, ldy, NG_, 3); break;                     \
-    default: qd_run(wtype, W, wrow, nblk, r, act, cols, nb, q0, pf, pf_step, Y, ldy, NG_, 4); break;                    \
+    case 1: QD_RUN(NG_, 1); break;                                                                         \
+    case 2: QD_RUN(NG_, 2); break;                                                                         \
+    case 3: QD_RUN(NG_, 3); break;                                                                         \
+    case 4: QD_RUN(NG_, 4); break;                                                                         \
+    case 5: QD_RUN(NG_, 5); break;                                                                         \
+    case 6: QD_RUN(NG_, 6); break;                                                                         \
+    case 7: QD_RUN(NG_, 7); break;                                                                         \
+    default: QD_RUN(NG_, 8); break;                                                                        \
     }
 
 static void qd_rows(int wtype, const char *W, size_t wrow, int64_t nblk, int64_t r, int ng, const void *act,
@@ -198,12 +223,10 @@ static void qd_rows(int wtype, const char *W, size_t wrow, int64_t nblk, int64_t
         const char *pf = q0 || !pf_next ? W : pf_next;
         size_t pf_step = q0 || !pf_next ? 0 : (pf_bytes / (size_t)nblk + 64) & ~(size_t)63;
         int nq = nquads - q0 < QD_MAX_Q ? nquads - q0 : QD_MAX_Q;
-        if (ng == 4) {
-            QD_CASES(4)
-        } else if (ng == 2) {
-            QD_CASES(2)
+        if (ng == QD_MAX_G) {
+            QD_CASES8(2)
         } else {
-            QD_CASES(1)
+            QD_CASES8(1)
         }
     }
 }
@@ -218,12 +241,12 @@ void kern_matmul_q8_quads_avx512(int wtype, const void *W, int64_t cols, int64_t
     const int64_t nblk = cols / 32;
     const size_t wrow = (size_t)nblk * (size_t)bsz;
     const char *w = W;
-    int ng = n4 >= QD_MAX_G ? QD_MAX_G : n4 >= 2 ? 2 : 1;
+    int ng = n4 >= QD_MAX_G ? QD_MAX_G : 1;
     for (size_t o = 0; o < (size_t)(4 * ng) * wrow; o += 64) _mm_prefetch(w + (size_t)r0 * wrow + o, _MM_HINT_T0);
     for (int64_t g = 0; g < n4;) {
         int64_t r = r0 + 4 * g;
         int64_t left = n4 - g - ng;
-        int ng_next = left >= QD_MAX_G ? QD_MAX_G : left >= 2 ? 2 : (int)left;
+        int ng_next = left >= QD_MAX_G ? QD_MAX_G : (int)left;
         qd_rows(wtype, w, wrow, nblk, r, ng, act, cols, nb, ng_next ? w + (size_t)(r + 4 * ng) * wrow : NULL,
                 (size_t)(4 * ng_next) * wrow, Y, ldy);
         g += ng;
