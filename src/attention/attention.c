@@ -283,6 +283,13 @@ static long unit_at(const attn_job *J, long w) {
  * same bytes, CPU time, interleaved A/B); three ahead measured the same. */
 #define DENSE_PREFETCH_BLOCKS 2
 
+/* Dense blocks of the Q8_0 kernel's multi-block steps (ATTN_Q8_STEP_BLOCKS
+ * at a time): a step's blocks prefetch those this far ahead, the next
+ * step's. */
+#ifndef Q8_STEP_PREFETCH_BLOCKS
+#define Q8_STEP_PREFETCH_BLOCKS 4
+#endif
+
 
 /* Runs blocks [kb, ke) of segment s's block list into st (whose m, l, acc are
  * where the partial goes), starting from an empty state. */
@@ -300,6 +307,10 @@ static void run_part(const attn_job *J, attn_state *st, int s, long kb, long ke,
                                                     : fn == attn_block_avx512 && g_pairs_on ? attn_block2_avx512 : NULL;
     attn_block held; /* a full block waiting for the next one (pair_fn) */
     int have = 0;
+    /* the Q8_0 AVX-512 kernel takes runs of whole blocks in multi-block steps */
+    const int qn = fn == attn_block_q8_avx512 && g_pairs_on && attn_blocks_q8_fits(st) ? ATTN_Q8_STEP_BLOCKS : 0;
+    attn_block run[ATTN_Q8_STEP_BLOCKS];
+    int n_run = 0;
     const int rows_pad = (st->rows + 3) & ~3;
 
     /* Queries of the tile, pre-multiplied by the scale; pad lanes and rows
@@ -340,9 +351,10 @@ static void run_part(const attn_job *J, attn_state *st, int s, long kb, long ke,
      * look-ahead runs on into the list's next part, whose first blocks would
      * otherwise start cold (the next part is usually this thread's, or the
      * other core's through the shared cache). */
-    const int A = list ? SPARSE_PREFETCH_BLOCKS : DENSE_PREFETCH_BLOCKS;
+    const int A = list ? SPARSE_PREFETCH_BLOCKS : qn ? Q8_STEP_PREFETCH_BLOCKS : DENSE_PREFETCH_BLOCKS;
     const long lim = list && J->list_n ? J->list_n[h] : ke;
-    _Static_assert(SPARSE_PREFETCH_BLOCKS < 8 && DENSE_PREFETCH_BLOCKS < 8, "the ring holds 8 blocks");
+    _Static_assert(SPARSE_PREFETCH_BLOCKS < 8 && DENSE_PREFETCH_BLOCKS < 8 && Q8_STEP_PREFETCH_BLOCKS < 8,
+                   "the ring holds 8 blocks");
     const char *ring[8];
     for (long z = kb; z < lim && z <= kb + A; z++)
         ring[z & 7] = kv_cache_block_k(a->kv, a->layer, h, list ? list[z] : (int)z);
@@ -375,6 +387,18 @@ static void run_part(const attn_job *J, attn_state *st, int s, long kb, long ke,
             b.ahead_k = ring[(k + A) & 7];
             b.ahead_v = ring[(k + A) & 7] + J->half_bytes;
         }
+        if (qn) {
+            if (b.n_valid == bt && b.vis0 >= bt) {
+                run[n_run++] = b;
+                if (n_run == qn) {
+                    attn_blocks_q8_avx512(st, run, n_run);
+                    n_run = 0;
+                }
+                continue;
+            }
+            if (n_run) attn_blocks_q8_avx512(st, run, n_run);
+            n_run = 0;
+        }
         if (pair_fn) {
             const int full = b.n_valid == bt && b.vis0 >= bt;
             if (have) {
@@ -393,6 +417,7 @@ static void run_part(const attn_job *J, attn_state *st, int s, long kb, long ke,
         fn(st, &b);
     }
     if (have) fn(st, &held);
+    if (n_run) attn_blocks_q8_avx512(st, run, n_run);
     if (st->lanes)
         for (int r = 0; r < st->rows; r++) {
             /* lane order, whatever the ISA of the sum */

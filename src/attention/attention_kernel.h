@@ -110,6 +110,20 @@ void attn_block_q8_scalar(attn_state *st, const attn_block *b);
 void attn_block_q8_avx2(attn_state *st, const attn_block *b);
 void attn_block_q8_avx512(attn_state *st, const attn_block *b);
 
+/* Whole blocks the Q8_0 kernel takes in one multi-block step at most. */
+#define ATTN_Q8_STEP_BLOCKS 4
+/* Whether attn_blocks_q8_avx512 takes the part's state: 1-4 rows (a decode
+ * step's query heads of a KV head), 16-key blocks, head_dim 64 or 128. */
+static inline int attn_blocks_q8_fits(const attn_state *st) {
+    return st->rows >= 1 && st->rows <= 4 && st->block_tokens == 16 && st->hdp == st->head_dim &&
+           (st->head_dim == 64 || st->head_dim == 128);
+}
+/* b[0], .., b[n - 1] (1 <= n <= ATTN_Q8_STEP_BLOCKS), each whole to every
+ * row (attn_block_whole16), in that order: the same state, to the bit, as
+ * n calls of attn_block_q8_avx512, with the blocks' work overlapped (VNNI +
+ * VBMI; kbuf and vbuf are scratch). */
+void attn_blocks_q8_avx512(attn_state *st, const attn_block *b, int n);
+
 /* Converts n floats to IEEE half, rounding to nearest even (same bits on every ISA). */
 void attn_f32_to_f16_avx2(const float *src, uint16_t *dst, int n);
 void attn_f32_to_f16_avx512(const float *src, uint16_t *dst, int n);

@@ -214,6 +214,229 @@ void attn_block_q8_avx512(attn_state *st, const attn_block *b) {
     }
 }
 
+/* ---- several whole blocks per step (decode: a few rows, 16-key blocks) ----
+ *
+ * A block's chain of dependent steps -- scores, softmax, the weights'
+ * per-tile maximum and rounding, then their integer P*V -- is longer than the
+ * out-of-order window reaches past, so block after block ran at its latency.
+ * attn_blocks_q8_avx512 runs each phase for all n blocks before the next one
+ * (scores of every block, then the softmax block by block, then every
+ * block's weights, then P*V), so the blocks' chains overlap. Per row each
+ * float operation takes the same operands in the same order as n calls of
+ * attn_block_q8_avx512 (the acc rescale of block b's max growth comes right
+ * before block b's P*V; an integer sum is exact in any order), so the state
+ * has the same bits. The weights of four (row, group) vectors share one
+ * reduction and one pack, as the multi-row kernel's quant4; the packed bytes
+ * are read where the pack leaves them (dword 4 qi + v: vector v's keys
+ * 4 qi .. 4 qi + 3), without a permute. */
+
+#define QN_INLINE static inline __attribute__((always_inline))
+
+/* Lines of `pf` (a block ahead's K or V half, `lines` of them) prefetched
+ * towards L2 as step i of n is done. */
+QN_INLINE void qn_pf(const char *pf, int i, int n, int lines) {
+    if (!pf) return;
+    for (int l = i * lines / n; l < (i + 1) * lines / n; l++) _mm_prefetch(pf + (size_t)l * 64, _MM_HINT_T1);
+}
+
+/* Scores of NR rows over a whole block (q8_qk_tile's arithmetic) into s
+ * (NR x 16); the K half of the block ahead prefetched along. */
+QN_INLINE void qn_qk(const attn_state *st, const attn_block *b, float *s, const int HD, const int NR) {
+    const int ng = HD / 32, lines = (int)((kv_q8_half_bytes(HD, 16) + 63) / 64);
+    const int8_t *k = b->k;
+    const uint16_t *kd = (const uint16_t *)(k + (size_t)HD * 16);
+    const __m512i perm = _mm512_load_si512((const void *)q8k_quad_perm), flip = _mm512_set1_epi8((char)0x80);
+    __m512 sc[4];
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; r++) sc[r] = _mm512_setzero_ps();
+#pragma GCC unroll 4
+    for (int g = 0; g < ng; g++) {
+        __m512i ia[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; r++) ia[r] = _mm512_set1_epi32(-st->qsum[(size_t)r * ng + g]);
+#pragma GCC unroll 8
+        for (int c = 0; c < 8; c++) {
+            const int i = 8 * g + c;
+            qn_pf(b->ahead_k, i, HD / 4, lines);
+            const __m512i x = _mm512_xor_si512(
+                _mm512_permutexvar_epi8(perm, _mm512_loadu_si512((const void *)(k + (size_t)i * 64))), flip);
+#pragma GCC unroll 4
+            for (int r = 0; r < NR; r++) {
+                int32_t qw;
+                __builtin_memcpy(&qw, st->q8 + (size_t)r * HD + 4 * i, 4);
+                ia[r] = _mm512_dpbusd_epi32(ia[r], x, _mm512_set1_epi32(qw));
+            }
+        }
+        const __m512 kdv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(kd + (size_t)g * 16)));
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; r++) {
+            const __m512 scale = _mm512_mul_ps(kdv, _mm512_set1_ps(st->qd[(size_t)r * ng + g]));
+            sc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[r]), scale, sc[r]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; r++) _mm512_storeu_ps(s + 16 * r, sc[r]);
+}
+
+/* Four weight vectors (16 keys' p x vd each) quantized as
+ * q8pv_weights_avx512 quantizes one (the same operations per element; see
+ * quant4 in attention_rows_q8_avx512.c): 64 bytes into q (dword 4 qi + v:
+ * vector v's keys 4 qi .. 4 qi + 3) and the scales into sv (lane 4 v). */
+QN_INLINE void qn_quant4(__m512 w0, __m512 w1, __m512 w2, __m512 w3, uint8_t *q, float *sv) {
+    /* 128-bit lane v of u: the maxima of w_v's lanes, reduced to its maximum in all 4 lanes */
+    const __m512 ab = _mm512_max_ps(_mm512_shuffle_f32x4(w0, w1, _MM_SHUFFLE(1, 0, 1, 0)),
+                                    _mm512_shuffle_f32x4(w0, w1, _MM_SHUFFLE(3, 2, 3, 2)));
+    const __m512 cd = _mm512_max_ps(_mm512_shuffle_f32x4(w2, w3, _MM_SHUFFLE(1, 0, 1, 0)),
+                                    _mm512_shuffle_f32x4(w2, w3, _MM_SHUFFLE(3, 2, 3, 2)));
+    __m512 u = _mm512_max_ps(_mm512_shuffle_f32x4(ab, cd, _MM_SHUFFLE(2, 0, 2, 0)),
+                             _mm512_shuffle_f32x4(ab, cd, _MM_SHUFFLE(3, 1, 3, 1)));
+    u = _mm512_max_ps(u, _mm512_permute_ps(u, _MM_SHUFFLE(1, 0, 3, 2)));
+    u = _mm512_max_ps(u, _mm512_permute_ps(u, _MM_SHUFFLE(2, 3, 0, 1)));
+    const __mmask16 ok = _mm512_cmp_ps_mask(u, _mm512_set1_ps(ATTN_Q8_PV_MIN), _CMP_GE_OQ);
+    const __m512 e = _mm512_getexp_ps(u), one = _mm512_set1_ps(1.0f), seven = _mm512_set1_ps(7.0f);
+    /* 0 for a vector that adds nothing: its products are then 0, as the helper's masked conversion gives */
+    const __m512 up = _mm512_maskz_scalef_ps(ok, one, _mm512_sub_ps(seven, e));
+    _mm512_storeu_ps(sv, _mm512_maskz_scalef_ps(ok, one, _mm512_sub_ps(e, seven)));
+    /* clamped as vpmovusdb clamps (an unsigned 255 at most), then packed: in 128-bit lane qi, dword v
+     * holds w_v's lanes 4 qi .. 4 qi + 3 */
+    const __m512i cap = _mm512_set1_epi32(255);
+    const __m512i c0 = _mm512_min_epu32(_mm512_cvtps_epi32(_mm512_mul_ps(w0, _mm512_shuffle_f32x4(up, up, 0x00))), cap);
+    const __m512i c1 = _mm512_min_epu32(_mm512_cvtps_epi32(_mm512_mul_ps(w1, _mm512_shuffle_f32x4(up, up, 0x55))), cap);
+    const __m512i c2 = _mm512_min_epu32(_mm512_cvtps_epi32(_mm512_mul_ps(w2, _mm512_shuffle_f32x4(up, up, 0xaa))), cap);
+    const __m512i c3 = _mm512_min_epu32(_mm512_cvtps_epi32(_mm512_mul_ps(w3, _mm512_shuffle_f32x4(up, up, 0xff))), cap);
+    _mm512_storeu_si512((void *)q, _mm512_packus_epi16(_mm512_packus_epi32(c0, c1), _mm512_packus_epi32(c2, c3)));
+}
+
+/* One block's weights from its probabilities s (NR x 16): vector v = r ng + g
+ * is row r's p x the values' scales of group g, quantized four at a time
+ * into wq (16 bytes per vector) and wsv (4 floats per vector). */
+QN_INLINE void qn_weights(const float *s, const attn_block *b, uint8_t *wq, float *wsv, const int HD, const int NR) {
+    const int ng = HD / 32, nvec = NR * ng;
+    const uint16_t *vd = (const uint16_t *)((const int8_t *)b->v + (size_t)HD * 16); /* 16 x ng words */
+    __m512 vdt[4]; /* vdt[g] lane j: vd[j][g] */
+    if (HD == 64) {
+        const __m512i idx = _mm512_set_epi16(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1, 30, 28, 26,
+                                             24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+        const __m512i t = _mm512_permutexvar_epi16(idx, _mm512_loadu_si512((const void *)vd));
+        vdt[0] = _mm512_cvtph_ps(_mm512_castsi512_si256(t));
+        vdt[1] = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(t, 1));
+    } else { /* word 4 j + g */
+        const __m512i i01 = _mm512_set_epi16(61, 57, 53, 49, 45, 41, 37, 33, 29, 25, 21, 17, 13, 9, 5, 1, 60, 56, 52,
+                                             48, 44, 40, 36, 32, 28, 24, 20, 16, 12, 8, 4, 0);
+        const __m512i i23 = _mm512_add_epi16(i01, _mm512_set1_epi16(2));
+        const __m512i lo = _mm512_loadu_si512((const void *)vd), hi = _mm512_loadu_si512((const void *)(vd + 32));
+        const __m512i t01 = _mm512_permutex2var_epi16(lo, i01, hi), t23 = _mm512_permutex2var_epi16(lo, i23, hi);
+        vdt[0] = _mm512_cvtph_ps(_mm512_castsi512_si256(t01));
+        vdt[1] = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(t01, 1));
+        vdt[2] = _mm512_cvtph_ps(_mm512_castsi512_si256(t23));
+        vdt[3] = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(t23, 1));
+    }
+    __m512 w[16];
+#pragma GCC unroll 16
+    for (int v = 0; v < nvec; v++) w[v] = _mm512_mul_ps(_mm512_loadu_ps(s + 16 * (v / ng)), vdt[v % ng]);
+#pragma GCC unroll 4
+    for (int v = nvec; v % 4; v++) w[v] = _mm512_setzero_ps();
+#pragma GCC unroll 4
+    for (int v = 0; v < nvec; v += 4) qn_quant4(w[v], w[v + 1], w[v + 2], w[v + 3], wq + 16 * v, wsv + 4 * v);
+}
+
+/* One block's P*V over dims [d0, d0 + 64) into the NR rows' accumulators
+ * (registers): the block's integer sums, then per row acc *= alpha when
+ * its max grew at this block (the softmax step's rescale), and
+ * acc = fma(scale, (float)sum, acc) (q8pv_finish_avx512). The V half of
+ * the block ahead is prefetched along. */
+QN_INLINE void qn_pv(__m512 acc[4][4], const attn_block *b, const uint8_t *wq, const float *wsv, const float *alpha,
+                     int d0, const int HD, const int NR) {
+    const int ng = HD / 32, lines = (int)((kv_q8_half_bytes(HD, 16) + 63) / 64);
+    const int8_t *v = b->v;
+    __m512i ia[4][4];
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; r++)
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++) ia[r][i] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+    for (int qi = 0; qi < 4; qi++) {
+        qn_pf(b->ahead_v, d0 / 16 + qi, HD / 16, lines);
+        __m512i x[4];
+        q8pv_quad_avx512(v + (size_t)4 * qi * HD, HD, d0, 4, x, 4);
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; r++)
+#pragma GCC unroll 4
+            for (int i = 0; i < 4; i++) {
+                const int vv = r * ng + (d0 + 16 * i) / 32;
+                int32_t wd;
+                __builtin_memcpy(&wd, wq + 16 * (vv & ~3) + 16 * qi + 4 * (vv & 3), 4);
+                ia[r][i] = _mm512_dpbusd_epi32(ia[r][i], _mm512_set1_epi32(wd), x[i]);
+            }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; r++) {
+        if (alpha[r] != 1.0f) {
+            const __m512 va = _mm512_set1_ps(alpha[r]);
+#pragma GCC unroll 4
+            for (int i = 0; i < 4; i++) acc[r][i] = _mm512_mul_ps(va, acc[r][i]);
+        }
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++) {
+            const int vv = r * ng + (d0 + 16 * i) / 32;
+            acc[r][i] = _mm512_fmadd_ps(_mm512_set1_ps(wsv[4 * vv]), _mm512_cvtepi32_ps(ia[r][i]), acc[r][i]);
+        }
+    }
+}
+
+/* n whole blocks, NR rows, head_dim HD (64 or 128). Scratch: kbuf holds the
+ * scores (n x NR x 16 floats); vbuf the max-growth factors (n x 4), then the
+ * weights' scales (n x 16 x 4 floats) and the weights (n x 16 x 16 bytes). */
+QN_INLINE void qn_run(attn_state *st, const attn_block *bs, int n, const int HD, const int NR) {
+    const int nvp = (NR * HD / 32 + 3) & ~3; /* vectors per block, padded to fours */
+    float *S = st->kbuf, *alpha = st->vbuf, *wsv = alpha + 4 * ATTN_Q8_STEP_BLOCKS;
+    uint8_t *wq = (uint8_t *)(wsv + 64 * ATTN_Q8_STEP_BLOCKS);
+    const attn_block *last = &bs[n - 1];
+    if (last->next_k && !last->ahead_k) {
+        prefetch_range_l1(last->next_k, kv_q8_half_bytes(HD, 16));
+        prefetch_range_l1(last->next_v, kv_q8_half_bytes(HD, 16));
+    }
+    for (int b = 0; b < n; b++) qn_qk(st, &bs[b], S + (size_t)b * NR * 16, HD, NR);
+    for (int b = 0; b < n; b++)
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; r++)
+            alpha[4 * b + r] =
+                attn_softmax_row_avx512(S + (size_t)(b * NR + r) * 16, 16, 16, &st->m[r], st->lv + 16 * r);
+    for (int b = 0; b < n; b++)
+        qn_weights(S + (size_t)b * NR * 16, &bs[b], wq + (size_t)b * nvp * 16, wsv + (size_t)b * nvp * 4, HD, NR);
+    for (int d0 = 0; d0 < HD; d0 += 64) {
+        __m512 acc[4][4];
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; r++)
+#pragma GCC unroll 4
+            for (int i = 0; i < 4; i++) acc[r][i] = _mm512_loadu_ps(st->acc + (size_t)r * HD + d0 + 16 * i);
+        for (int b = 0; b < n; b++)
+            qn_pv(acc, &bs[b], wq + (size_t)b * nvp * 16, wsv + (size_t)b * nvp * 4, alpha + 4 * b, d0, HD, NR);
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; r++)
+#pragma GCC unroll 4
+            for (int i = 0; i < 4; i++) _mm512_storeu_ps(st->acc + (size_t)r * HD + d0 + 16 * i, acc[r][i]);
+    }
+}
+
+void attn_blocks_q8_avx512(attn_state *st, const attn_block *b, int n) {
+    if (st->head_dim == 64) {
+        switch (st->rows) {
+        case 1: qn_run(st, b, n, 64, 1); break;
+        case 2: qn_run(st, b, n, 64, 2); break;
+        case 3: qn_run(st, b, n, 64, 3); break;
+        default: qn_run(st, b, n, 64, 4); break;
+        }
+    } else {
+        switch (st->rows) {
+        case 1: qn_run(st, b, n, 128, 1); break;
+        case 2: qn_run(st, b, n, 128, 2); break;
+        case 3: qn_run(st, b, n, 128, 3); break;
+        default: qn_run(st, b, n, 128, 4); break;
+        }
+    }
+}
+
 void attn_q8_pv_avx512(float *acc, const float *p, int nv, const int8_t *v, const uint16_t *vd, int hd) {
     const int ng = hd / 32;
     float vdt[16 * 128], sc[128];
