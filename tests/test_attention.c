@@ -747,7 +747,8 @@ static void test_batch_rows_exact(void) {
 }
 
 /* Pair steps (attention_pairs_enable): the AVX-512 single-row kernel takes
- * two whole blocks of a part at once; the outputs must keep their bits,
+ * two whole blocks of a part at once (Q8_0: up to ATTN_Q8_STEP_BLOCKS in a
+ * multi-block step); the outputs must keep their bits,
  * dense and over sparse lists of scattered blocks, at any thread count. */
 static void check_pairs(int type, int hd, int G, int n_q, int len, int bt) {
     const int n_kv = 3, n_head = n_kv * G;
@@ -783,7 +784,7 @@ static void check_pairs(int type, int hd, int G, int n_q, int len, int bt) {
             attention_pairs_enable(1);
             CHECK(memcmp(on, off, nout * sizeof(float)) == 0,
                   "pair steps %s hd=%d G=%d n_q=%d len=%d bt=%d threads=%d %s: outputs differ without them",
-                  type == QTYPE_F16 ? "f16" : "f32", hd, G, n_q, len, bt, nt, sparse ? "sparse" : "dense");
+                  type == QTYPE_F16 ? "f16" : type == QTYPE_F32 ? "f32" : "q8_0", hd, G, n_q, len, bt, nt, sparse ? "sparse" : "dense");
         }
     attention_workspace_free(ws);
     free(blocks);
@@ -806,6 +807,11 @@ static void test_pair_steps(void) {
     check_pairs(QTYPE_F32, 64, 2, 4, 900, 16);   /* F32 in place for any rows */
     check_pairs(QTYPE_F16, 40, 3, 1, 600, 16);   /* head_dim without a pair path: single steps */
     check_pairs(QTYPE_F16, 64, 3, 1, 900, 32);   /* 32-token blocks: single steps */
+    /* Q8_0: the same switch turns the kernel's multi-block steps on and off */
+    check_pairs(QTYPE_Q8_0, 64, 3, 1, 1500, 16); /* decode, GQA 3 */
+    check_pairs(QTYPE_Q8_0, 64, 1, 2, 1037, 16); /* 2 rows, a partial last block */
+    check_pairs(QTYPE_Q8_0, 128, 4, 1, 700, 16);
+    check_pairs(QTYPE_Q8_0, 64, 5, 1, 600, 16);  /* 5 rows: single steps */
 }
 
 int main(void) {

@@ -1,7 +1,8 @@
 /* Q8_0 KV cache: quantization as GGUF's q8_0, the stored keys and values
  * within half a step of the originals, the query quantizer and score formula,
  * integer P*V (SIMD helpers bit-identical to the scalar reference, within the
- * weights' quantization bound), fused attention at every ISA level against the
+ * weights' quantization bound), the AVX-512 kernel's multi-block steps equal
+ * to block-by-block ones bit for bit, fused attention at every ISA level against the
  * scalar kernel and the naive reference on the same cache (dense, sparse block
  * lists, decode and batches, GQA, head sizes 64 and 128, several thread
  * counts), batched rows equal to single-token calls bit
@@ -423,11 +424,127 @@ out:
     ellm_model_free(m);
 }
 
+/* A part's state for R rows of head_dim hd (hdp = hd) with query rows q
+ * (R x hd), quantized; mem holds it (free it). */
+static attn_state block_state(int R, int hd, const float *q, float **mem) {
+    const int rp = (R + 3) & ~3, ng = hd / 32;
+    const size_t floats = 2 * (size_t)rp * hd + 2 * (size_t)rp + (size_t)rp * 16 + 2 * (size_t)16 * hd +
+                          16 * (size_t)rp + (size_t)rp * hd / 4 + 2 * (size_t)rp * ng;
+    float *p = aligned_alloc(64, (floats * sizeof(float) + 63) & ~(size_t)63);
+    attn_state st;
+    memset(&st, 0, sizeof st);
+    *mem = p;
+    if (!p) return st;
+    memset(p, 0, floats * sizeof(float));
+    st.head_dim = st.hdp = hd;
+    st.rows = R;
+    st.group = R;
+    st.block_tokens = 16;
+    st.lds = 16;
+    st.lanes = 1;
+    st.q = q;
+    st.acc = p, p += (size_t)rp * hd;
+    st.m = p, p += rp;
+    st.l = p, p += rp;
+    st.s = p, p += (size_t)rp * 16;
+    st.kbuf = p, p += (size_t)16 * hd;
+    st.vbuf = p, p += (size_t)16 * hd;
+    st.lv = p, p += 16 * (size_t)rp;
+    st.q8 = (int8_t *)p, p += (size_t)rp * hd / 4;
+    st.qd = p, p += (size_t)rp * ng;
+    st.qsum = (int32_t *)p;
+    for (int r = 0; r < R; r++) {
+        st.m[r] = -INFINITY;
+        attn_q8_quantize_query(q + (size_t)r * hd, hd, st.q8 + (size_t)r * hd, st.qd + (size_t)r * ng,
+                               st.qsum + (size_t)r * ng);
+    }
+    return st;
+}
+
+/* The multi-block step (attn_blocks_q8_avx512) against block-by-block steps
+ * of attn_block_q8_avx512: m, the lane sums and acc keep their bits for 1-4
+ * rows, head_dim 64 and 128, steps of 1-4 blocks. Block 2's keys are large,
+ * so every row's max grows inside a step, and with a large query the other
+ * blocks' weights fall below 2^-100 (tiles that add nothing) or their acc
+ * is rescaled to almost nothing; a token with zero values has a zero scale. */
+static void test_multi_block(void) {
+    if (!(ellm_cpu()->avx512vnni && ellm_cpu()->avx512vbmi && ellm_cpu()->best >= ELLM_ISA_AVX512)) {
+        SKIP("q8_0 multi-block steps: the CPU lacks AVX-512 VNNI or VBMI");
+        return;
+    }
+    const int nblk = 11, hds[] = {64, 128};
+    int bad = 0, cases = 0;
+    /* its own random numbers: the later tests' data stay as they were (test_attention's ISA
+     * tolerance assumes no weight of its data lands next to a rounding boundary) */
+    const uint64_t rng_saved = g_rng;
+    g_rng = 0x9e3779b97f4a7c15ull;
+    for (int h = 0; h < 2; h++)
+        for (int big = 0; big < 2; big++) {
+            const int hd = hds[h];
+            kv_cache *kv = make_cache(1, hd, 16 * nblk, 16, QTYPE_Q8_0);
+            if (!kv) return;
+            float *k = malloc((size_t)16 * nblk * hd * 4), *v = malloc((size_t)16 * nblk * hd * 4);
+            for (int i = 0; i < 16 * nblk * hd; i++) {
+                const int tok = i / hd;
+                k[i] = (tok / 16 == 2 ? 4.0f : 1.0f) * frand();
+                v[i] = tok == 37 ? 0.0f : frand();
+            }
+            kv_cache_store(kv, 0, 0, 16 * nblk, k, v);
+            kv_cache_set_len(kv, 16 * nblk);
+            attn_block b[16];
+            for (int i = 0; i < nblk; i++) {
+                memset(&b[i], 0, sizeof b[i]);
+                b[i].k = kv_cache_block_k(kv, 0, 0, i);
+                b[i].v = kv_cache_block_v(kv, 0, 0, i);
+                b[i].type = QTYPE_Q8_0;
+                b[i].n_valid = 16;
+                b[i].vis0 = 1000;
+                if (i + 1 < nblk) {
+                    b[i].next_k = kv_cache_block_k(kv, 0, 0, i + 1);
+                    b[i].next_v = kv_cache_block_v(kv, 0, 0, i + 1);
+                }
+                if (i + 4 < nblk) {
+                    b[i].ahead_k = kv_cache_block_k(kv, 0, 0, i + 4);
+                    b[i].ahead_v = kv_cache_block_v(kv, 0, 0, i + 4);
+                }
+            }
+            for (int R = 1; R <= 4; R++)
+                for (int step = 1; step <= ATTN_Q8_STEP_BLOCKS; step++) {
+                    float *q = malloc((size_t)R * hd * 4), *ma, *mb;
+                    for (int i = 0; i < R * hd; i++) q[i] = frand() * (big ? 40.0f : 0.4f);
+                    attn_state one = block_state(R, hd, q, &ma), many = block_state(R, hd, q, &mb);
+                    if (ma && mb) {
+                        CHECK(attn_blocks_q8_fits(&many), "multi-block steps take %d rows, hd %d", R, hd);
+                        for (int i = 0; i < nblk; i++) attn_block_q8_avx512(&one, &b[i]);
+                        for (int i = 0; i < nblk; i += step)
+                            attn_blocks_q8_avx512(&many, &b[i], nblk - i < step ? nblk - i : step);
+                        int d = memcmp(one.m, many.m, (size_t)R * 4) != 0;
+                        d += memcmp(one.lv, many.lv, (size_t)R * 16 * 4) != 0;
+                        d += memcmp(one.acc, many.acc, (size_t)R * hd * 4) != 0;
+                        CHECK(d == 0, "q8_0 multi-block steps of %d, rows %d, hd %d, query x%s: state differs", step,
+                              R, hd, big ? "40" : "0.4");
+                        CHECK(one.acc[0] != 0.0f && isfinite(one.acc[0]), "q8_0 blocks: row 0 accumulated nothing");
+                        bad += d != 0;
+                        cases++;
+                    }
+                    free(ma);
+                    free(mb);
+                    free(q);
+                }
+            free(k);
+            free(v);
+            kv_cache_free(kv);
+        }
+    g_rng = rng_saved;
+    printf("q8_0 multi-block steps: %d cases, %d differ from block-by-block steps\n", cases, bad);
+}
+
 int main(void) {
     ellm_isa best = ellm_cpu_isa();
     test_store();
     test_query();
     test_pv();
+    test_multi_block();
     test_attention(best);
     test_rows_exact(best);
     test_model();

@@ -286,9 +286,7 @@ static long unit_at(const attn_job *J, long w) {
 /* Dense blocks of the Q8_0 kernel's multi-block steps (ATTN_Q8_STEP_BLOCKS
  * at a time): a step's blocks prefetch those this far ahead, the next
  * step's. */
-#ifndef Q8_STEP_PREFETCH_BLOCKS
 #define Q8_STEP_PREFETCH_BLOCKS 4
-#endif
 
 
 /* Runs blocks [kb, ke) of segment s's block list into st (whose m, l, acc are

@@ -165,8 +165,10 @@ void attention_lse_out(const attention_lse_grid *g, const int64_t *sum, int hd, 
 void attention_lse_one(float l, const float *acc, int hd, float *out);
 
 /* Turns pair steps of the single-row AVX-512 kernel (two whole blocks'
- * scores in one pass; the same bits) on (default) or off, for benchmarks
- * and tests comparing them; not thread-safe against running calls. */
+ * scores in one pass; the same bits), and the Q8_0 kernel's multi-block
+ * steps (up to 4 whole blocks, each phase for all of them; the same bits),
+ * on (default) or off, for benchmarks and tests comparing them; not
+ * thread-safe against running calls. */
 void attention_pairs_enable(int on);
 
 /* Naive reference: full score rows, softmax, PV (single thread; tests). */

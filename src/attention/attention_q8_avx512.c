@@ -18,7 +18,9 @@
  *         rows), and vpdpbusd adds 4 keys' products per dim and row.
  * A row's arithmetic does not depend on which rows share its call, so a
  * batched pass gives each row the bits of a single-token one. The block ahead
- * is prefetched spread over the computation, as the F16 kernel does. */
+ * is prefetched spread over the computation, as the F16 kernel does.
+ * attn_blocks_q8_avx512 (below) takes a decode step's runs of whole blocks
+ * several at a time, with the same bits. */
 #include "attention/attention_kernel.h"
 #include "attention/attention_q8_impl.h"
 #include "core/prefetch.h"
