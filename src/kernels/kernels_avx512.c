@@ -346,7 +346,8 @@ INLINE __m512 q8_apply(const q8_chunk *c, const act_row *a, int64_t ci, const in
 }
 
 /* Rows [r0, r1) against activation rows a[0 .. nb) (nb <= Q8_NB); writes
- * y[b * ldy + r]. NB1: nb is 1 (decode), known at compile time. */
+ * y[b * ldy + r]. NB1: nb is 1 (decode), known at compile time; it also
+ * prefetches every line ahead (kern_pf_lines). */
 INLINE void mm_q8_rows(int wtype, const char *W, int64_t nblk, int64_t r0, int64_t r1, const act_row *a, int nb,
                        float *y, int64_t ldy, const int NB1) {
     const int bsz = wtype == QTYPE_Q8_0 ? (int)sizeof(block_q8_0) : (int)sizeof(block_q4_0);
@@ -364,6 +365,7 @@ INLINE void mm_q8_rows(int wtype, const char *W, int64_t nblk, int64_t r0, int64
             for (int b = 0; b < nb; b++) acc[b] = _mm512_setzero_ps();
         for (int64_t ci = 0; ci < nfull; ci++, p += 16 * bsz) {
             kern_pf_pages(p, 16 * (size_t)bsz);
+            if (NB1) kern_pf_lines(p, 16 * (size_t)bsz);
             q8_chunk c = q8_decode(wtype, p, 4, 1, &full_mask);
             if (NB1) acc1 = q8_apply(&c, &a[0], ci, 4, acc1);
             else
@@ -371,6 +373,7 @@ INLINE void mm_q8_rows(int wtype, const char *W, int64_t nblk, int64_t r0, int64
         }
         if (tail) {
             kern_pf_pages(p, (size_t)(tail * bsz));
+            if (NB1) kern_pf_lines(p, (size_t)(tail * bsz));
 #define Q8_TAIL(NG_)                                                                                  \
     case NG_: {                                                                                       \
         q8_chunk c = q8_decode(wtype, p, NG_, 0, &tail_mask);                                         \
