@@ -155,8 +155,9 @@ static inline act_row act_get_row(act_kind kind, const void *act, int64_t cols, 
 /* ACT_Q8 quads, the batch layout. For nb >= ACT_Q8_QUAD_MIN the nb rows
  * are followed by act_q8_nquads(nb) quads of 4 rows each, the last padded
  * with zero rows (fewer rows are left to the per-row kernels, faster for
- * 1-3 rows). In quad q, block k takes ACT_Q8_QUAD_BLOCK
- * bytes:
+ * 1-3 rows). Block k of quad q takes ACT_Q8_QUAD_BLOCK bytes at
+ * (k * nquads + q) * ACT_Q8_QUAD_BLOCK (a block's quads side by side, so
+ * the quad kernel reaches them at fixed offsets from one pointer):
  *   int8 q[8][4][4]: q[j][b] = elements 4j .. 4j+3 of block k of row 4q + b
  *   float d[4]: row 4q + b's d of block k
  *   int32 nsa[4]: minus row 4q + b's sa of block k
@@ -172,9 +173,8 @@ static inline int act_q8_nquads(int nb) { return nb >= ACT_Q8_QUAD_MIN ? (nb + A
 
 /* Block k of quad q of ACT_Q8 activations `act` prepared for nb rows. */
 static inline const int8_t *act_q8_quad(const void *act, int64_t cols, int nb, int q, int64_t k) {
-    size_t nblk = (size_t)(cols / 32);
     size_t rows = (size_t)nb * act_row_bytes(ACT_Q8, cols);
-    return (const int8_t *)act + rows + ((size_t)q * nblk + (size_t)k) * ACT_Q8_QUAD_BLOCK;
+    return (const int8_t *)act + rows + ((size_t)k * (size_t)act_q8_nquads(nb) + (size_t)q) * ACT_Q8_QUAD_BLOCK;
 }
 
 /* ---- per-ISA table ----------------------------------------------------------

@@ -99,13 +99,13 @@ INLINE __m512 qd_scales(const char *p, size_t wrow, const int NG) {
                 : _mm512_shuffle_epi32(hi, _MM_PERM_DDDD))
 
 /* One block k of a pass (see qd_pass); FIRST: k < 16, the slot starts. */
-INLINE void qd_block(int wtype, const char *p, size_t wrow, const int8_t *a, size_t qstride, __m512 *S, const int NG, const int NQ, const int NC, const int FIRST) {
+INLINE void qd_block(int wtype, const char *p, size_t wrow, const int8_t *a, __m512 *S, const int NG, const int NQ, const int NC, const int FIRST) {
     __m512i lo[QD_MAX_G], hi[QD_MAX_G], acc[2][QD_MAX_P];
 #pragma GCC unroll 4
     for (int g = 0; g < NG; g++) qd_weights(wtype, p + (size_t)(4 * g) * wrow, wrow, &lo[g], &hi[g]);
 #pragma GCC unroll 8
     for (int q = 0; q < NQ; q++) {
-        __m512i nsa = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(a + q * qstride + 8 * 16 + 16)));
+        __m512i nsa = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(a + q * ACT_Q8_QUAD_BLOCK + 8 * 16 + 16)));
 #pragma GCC unroll 4
         for (int g = 0; g < NG; g++) {
             acc[0][g * NQ + q] = nsa;
@@ -120,7 +120,7 @@ INLINE void qd_block(int wtype, const char *p, size_t wrow, const int8_t *a, siz
         for (int g = 0; g < NG; g++) wj[g] = QD_W(lo[g], hi[g], j);
 #pragma GCC unroll 8
         for (int q = 0; q < NQ; q++) {
-            __m512i x = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(a + q * qstride + 16 * j)));
+            __m512i x = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(a + q * ACT_Q8_QUAD_BLOCK + 16 * j)));
 #pragma GCC unroll 4
             for (int g = 0; g < NG; g++) acc[c][g * NQ + q] = _mm512_dpbusd_epi32(acc[c][g * NQ + q], wj[g], x);
         }
@@ -134,7 +134,7 @@ INLINE void qd_block(int wtype, const char *p, size_t wrow, const int8_t *a, siz
         __m512 dw = _mm512_permutexvar_ps(rep, dws);
 #pragma GCC unroll 8
         for (int q = 0; q < NQ; q++) {
-            __m512 da = _mm512_broadcast_f32x4(_mm_loadu_ps((const float *)(a + q * qstride + 8 * 16)));
+            __m512 da = _mm512_broadcast_f32x4(_mm_loadu_ps((const float *)(a + q * ACT_Q8_QUAD_BLOCK + 8 * 16)));
             __m512i dot = NC > 1 ? _mm512_add_epi32(acc[0][g * NQ + q], acc[1][g * NQ + q]) : acc[0][g * NQ + q];
             __m512 prev = FIRST ? _mm512_setzero_ps() : S[g * NQ + q];
             S[g * NQ + q] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dw, da), prev);
@@ -143,13 +143,13 @@ INLINE void qd_block(int wtype, const char *p, size_t wrow, const int8_t *a, siz
 }
 
 /* NG groups of 4 weight rows from row pointer `w` (block 0) against NQ
- * quads from `A` (quad 0, block 0; quads qstride bytes apart); writes the
+ * quads from `A` (quad 0, block 0; blocks kstride bytes apart); writes the
  * sums to out[g * NQ + q] (lane 4i + b: weight row 4g + i, activation row
  * 4q + b). NC (1 or 2) chains per block dot: with few (group, quad) pairs,
  * two chains halve the vpdpbusd latency each block waits for (the integer
  * sum is exact either way). The slot accumulators are kept slot-major, a
  * slot's pairs side by side (pairs 1 KB apart would alias 4 KB apart). */
-INLINE void qd_pass(int wtype, const char *w, size_t wrow, int64_t nblk, const int8_t *A, size_t qstride,
+INLINE void qd_pass(int wtype, const char *w, size_t wrow, int64_t nblk, const int8_t *A, size_t kstride,
                     const char *pf, size_t pf_step, __m512 *out, const int NG, const int NQ, const int NC) {
     const int bsz = wtype == QTYPE_Q8_0 ? (int)sizeof(block_q8_0) : (int)sizeof(block_q4_0);
     __m512 S[16][QD_MAX_P];
@@ -160,12 +160,12 @@ INLINE void qd_pass(int wtype, const char *w, size_t wrow, int64_t nblk, const i
     int64_t k = 0;
     for (; k < nblk && k < 16; k++, pf += pf_step) {
         for (size_t o = 0; o < pf_step; o += 64) _mm_prefetch(pf + o, _MM_HINT_T0);
-        qd_block(wtype, w + k * bsz, wrow, A + k * ACT_Q8_QUAD_BLOCK, qstride,
+        qd_block(wtype, w + k * bsz, wrow, A + k * kstride,
                  S[4 * (k & 3) + ((k & 15) >> 2)], NG, NQ, NC, 1);
     }
     for (; k < nblk; k++, pf += pf_step) {
         for (size_t o = 0; o < pf_step; o += 64) _mm_prefetch(pf + o, _MM_HINT_T0);
-        qd_block(wtype, w + k * bsz, wrow, A + k * ACT_Q8_QUAD_BLOCK, qstride,
+        qd_block(wtype, w + k * bsz, wrow, A + k * kstride,
                  S[4 * (k & 3) + ((k & 15) >> 2)], NG, NQ, NC, 0);
     }
     /* q8_reduce16's tree, lanes now slots */
@@ -184,8 +184,8 @@ INLINE void qd_run(int wtype, const char *W, size_t wrow, int64_t nblk, int64_t 
                    int nb, int q0, const char *pf, size_t pf_step, float *Y, int64_t ldy, const int NG, const int NQ) {
     __m512 out[QD_MAX_P];
     const int8_t *A = act_q8_quad(act, cols, nb, q0, 0);
-    size_t qstride = (size_t)nblk * ACT_Q8_QUAD_BLOCK;
-    qd_pass(wtype, W + (size_t)r * wrow, wrow, nblk, A, qstride, pf, pf_step, out, NG, NQ, NG * NQ <= 8 ? 2 : 1);
+    size_t kstride = (size_t)act_q8_nquads(nb) * ACT_Q8_QUAD_BLOCK;
+    qd_pass(wtype, W + (size_t)r * wrow, wrow, nblk, A, kstride, pf, pf_step, out, NG, NQ, NG * NQ <= 4 ? 2 : 1);
     /* lane 4i + b (weight row i, activation row b) to 4b + i: each
      * activation row's 4 outputs side by side */
     const __m512i tr = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
