@@ -283,11 +283,6 @@ static long unit_at(const attn_job *J, long w) {
  * same bytes, CPU time, interleaved A/B); three ahead measured the same. */
 #define DENSE_PREFETCH_BLOCKS 2
 
-/* Dense blocks of the Q8_0 kernel's multi-block steps (ATTN_Q8_STEP_BLOCKS
- * at a time): a step's blocks prefetch those this far ahead, the next
- * step's. */
-#define Q8_STEP_PREFETCH_BLOCKS 4
-
 
 /* Runs blocks [kb, ke) of segment s's block list into st (whose m, l, acc are
  * where the partial goes), starting from an empty state. */
@@ -349,10 +344,9 @@ static void run_part(const attn_job *J, attn_state *st, int s, long kb, long ke,
      * look-ahead runs on into the list's next part, whose first blocks would
      * otherwise start cold (the next part is usually this thread's, or the
      * other core's through the shared cache). */
-    const int A = list ? SPARSE_PREFETCH_BLOCKS : qn ? Q8_STEP_PREFETCH_BLOCKS : DENSE_PREFETCH_BLOCKS;
+    const int A = list ? SPARSE_PREFETCH_BLOCKS : DENSE_PREFETCH_BLOCKS;
     const long lim = list && J->list_n ? J->list_n[h] : ke;
-    _Static_assert(SPARSE_PREFETCH_BLOCKS < 8 && DENSE_PREFETCH_BLOCKS < 8 && Q8_STEP_PREFETCH_BLOCKS < 8,
-                   "the ring holds 8 blocks");
+    _Static_assert(SPARSE_PREFETCH_BLOCKS < 8 && DENSE_PREFETCH_BLOCKS < 8, "the ring holds 8 blocks");
     const char *ring[8];
     for (long z = kb; z < lim && z <= kb + A; z++)
         ring[z & 7] = kv_cache_block_k(a->kv, a->layer, h, list ? list[z] : (int)z);

@@ -166,7 +166,7 @@ void attention_lse_one(float l, const float *acc, int hd, float *out);
 
 /* Turns pair steps of the single-row AVX-512 kernel (two whole blocks'
  * scores in one pass; the same bits), and the Q8_0 kernel's multi-block
- * steps (up to 4 whole blocks, each phase for all of them; the same bits),
+ * steps (2 whole blocks, each phase for both; the same bits),
  * on (default) or off, for benchmarks and tests comparing them; not
  * thread-safe against running calls. */
 void attention_pairs_enable(int on);
