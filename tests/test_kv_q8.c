@@ -523,7 +523,9 @@ static void test_multi_block(void) {
                         d += memcmp(one.acc, many.acc, (size_t)R * hd * 4) != 0;
                         CHECK(d == 0, "q8_0 multi-block steps of %d, rows %d, hd %d, query x%s: state differs", step,
                               R, hd, big ? "40" : "0.4");
-                        CHECK(one.acc[0] != 0.0f && isfinite(one.acc[0]), "q8_0 blocks: row 0 accumulated nothing");
+                        int nz = 0;
+                        for (int i = 0; i < R * hd; i++) nz += one.acc[i] != 0.0f && isfinite(one.acc[i]);
+                        CHECK(nz > 0, "q8_0 blocks: the rows accumulated nothing");
                         bad += d != 0;
                         cases++;
                     }
