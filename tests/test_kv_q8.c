@@ -487,7 +487,7 @@ static void test_multi_block(void) {
             for (int i = 0; i < 16 * nblk * hd; i++) {
                 const int tok = i / hd;
                 k[i] = (tok / 16 == 2 ? 4.0f : 1.0f) * frand();
-                v[i] = tok == 37 ? 0.0f : frand();
+                v[i] = tok == 70 ? 0.0f : frand();
             }
             kv_cache_store(kv, 0, 0, 16 * nblk, k, v);
             kv_cache_set_len(kv, 16 * nblk);
