@@ -111,6 +111,10 @@ static int sparse_attention_layer(struct ellm_context *ctx, const attention_args
     return 1;
 }
 
+/* Launches of up to this many threads balance a decode matmul's ranges
+ * (matmul_task); more threads keep fixed ranges. */
+#define MATMUL_PARTS 8
+
 /* Up to 3 matmuls sharing one launch (Q/K/V, gate/up): threads split the
  * concatenated rows so the launch overhead is paid once. */
 typedef struct {
@@ -123,6 +127,12 @@ typedef struct {
     const ptrdiff_t *delta; /* (nth) offset to thread i's node's copy of the weights, or NULL */
     int by_matrix;          /* split each matrix on its own (rows placed per node) */
     atomic_long next;       /* the next 16-row unit of the concatenated rows to take */
+    /* Few activation rows: units taken so far from the front of each
+     * thread's own range (matmul_task), a cache line each. */
+    struct {
+        atomic_long taken;
+        char pad[64 - sizeof(atomic_long)];
+    } part[MATMUL_PARTS];
 } matmul_job;
 
 /* Rows of the concatenated matrices are taken in chunks from a shared
@@ -149,6 +159,21 @@ static void matmul_rows(const matmul_job *job, ptrdiff_t delta, int64_t b, int64
     }
 }
 
+/* Units of a decode piece when `left` units of a range are not yet taken:
+ * a quarter of them, so a range goes in a few large pieces (each a kernel
+ * call that starts its own prefetch) and ends in pieces of 2 units. */
+static long matmul_piece(long left) { return left / 4 > 2 ? left / 4 : 2; }
+
+/* Takes the next piece of a range of n units whose first *taken are gone;
+ * returns its first unit (>= n: nothing left). */
+static long matmul_take(atomic_long *taken, long n) {
+    long u = atomic_load_explicit(taken, memory_order_relaxed);
+    while (u < n && !atomic_compare_exchange_weak_explicit(taken, &u, u + matmul_piece(n - u), memory_order_relaxed,
+                                                           memory_order_relaxed)) {
+    }
+    return u;
+}
+
 static void matmul_task(void *arg, int ith, int nth) {
     matmul_job *job = arg;
     const ptrdiff_t delta = job->delta ? job->delta[ith] : 0;
@@ -170,9 +195,28 @@ static void matmul_task(void *arg, int ith, int nth) {
     if (job->nb < MATMUL_SHARED_MIN_ROWS) {
         /* few activation rows: the launch streams the weights from memory;
          * one contiguous range per thread streams them fastest */
-        long b, e;
-        threadpool_split(units, ith, nth, 1, &b, &e);
-        matmul_rows(job, delta, (int64_t)b * 16, e * 16 < total ? (int64_t)e * 16 : total);
+        if (nth > MATMUL_PARTS) {
+            long b, e;
+            threadpool_split(units, ith, nth, 1, &b, &e);
+            matmul_rows(job, delta, (int64_t)b * 16, e * 16 < total ? (int64_t)e * 16 : total);
+            return;
+        }
+        /* The ranges are not fixed, though: with fixed halves, one thread
+         * (slowed by another process on its core, interrupts, its pages)
+         * kept the other waiting at the end of the launches for 7% and 14%
+         * of a SmolLM2-135M decode step in two timed runs. Each thread
+         * takes pieces from the front of its own range, then from the
+         * others' fronts; which thread computes a row does not change it. */
+        for (int k = 0; k < nth; k++) {
+            const int part = (ith + k) % nth;
+            long b, e;
+            threadpool_split(units, part, nth, 1, &b, &e);
+            for (long u0, u1; (u0 = matmul_take(&job->part[part].taken, e - b)) < e - b;) {
+                u1 = u0 + matmul_piece(e - b - u0);
+                if (u1 > e - b) u1 = e - b;
+                matmul_rows(job, delta, (int64_t)(b + u0) * 16, (b + u1) * 16 < total ? (int64_t)(b + u1) * 16 : total);
+            }
+        }
         return;
     }
     long chunk = units / ((long)nth * MATMUL_CHUNKS_PER_THREAD);
