@@ -4,7 +4,7 @@
  * Not a test.
  *
  *   make bench && build/bench/bench_gemm [-m 135m,1b] [-n 1,2,4,8,9,16,128]
- *        [-t 1,2] [-r reps] [-i avx2|avx512] [-H] [type ...]   (default q8_0 q4_0 int4_g128)
+ *        [-t 1,2] [-r reps] [-i avx2|avx512] [-H] [-s] [type ...]   (default q8_0 q4_0 int4_g128)
  *
  * peak   a tight loop of independent vpdpbusd (zmm, registers only) on each
  *        thread: 2 x 64 int8 ops per instruction. Also the F32 FMA peak.
@@ -18,6 +18,8 @@
  *        the GOP/s. GOP = 2 * weights * rows / 1e9. -H: one copy of the layer
  *        multiplied again and again (from cache for the 135m shape: the
  *        kernels' compute ceiling).
+ * -s     each matrix shape alone instead of the layer (cols x rows: d x d,
+ *        d x kv, d x ffn, ffn x d and the output matrix d x vocab).
  * Each line gives the median wall time of `reps` passes (GOP/s of the
  * median and of the best pass) and GOP/s over the calling thread's CPU time
  * (time preempted does not count; the whole work only with -t 1). The
@@ -117,10 +119,11 @@ static double peak(threadpool *pool, int fma) {
 
 typedef struct {
     const char *name;
-    int64_t d, kv, ffn;
+    int64_t d, kv, ffn, vocab;
 } model_shape;
 
-static const model_shape SHAPES[] = {{"135m", 576, 192, 1536}, {"1b", 2048, 512, 8192}};
+static const model_shape SHAPES[] = {{"135m", 576, 192, 1536, 49152}, {"1b", 2048, 512, 8192, 128256}};
+static int g_each = 0; /* -s: each matrix shape alone, the output matrix too */
 
 /* One launch: up to 3 matrices with the same input, rows split as one. */
 typedef struct {
@@ -246,6 +249,64 @@ static void bench_layer(int type, const model_shape *s, const int *nbs, int n_nb
     free(W);
 }
 
+/* -s: each distinct matrix shape of the model alone (rows x cols: d x d,
+ * kv x d, ffn x d, d x ffn, vocab x d), its rows split over the threads as
+ * the engine splits one matrix. Weights: copies laid end to end to >= 96 MB
+ * (from DRAM), or one copy with -H. */
+static void bench_each(int type, const model_shape *s, const int *nbs, int n_nbs, const int *ths, int n_ths,
+                       threadpool **pools, const double *peaks) {
+    const int64_t mr[5] = {s->d, s->kv, s->ffn, s->d, s->vocab};
+    const int64_t mc[5] = {s->d, s->d, s->d, s->ffn, s->d};
+    int max_nb = 0;
+    for (int k = 0; k < n_nbs; k++)
+        if (nbs[k] > max_nb) max_nb = nbs[k];
+    for (int mi = 0; mi < 5; mi++) {
+        size_t mb = (qtype_row_bytes(type, mc[mi]) * (size_t)mr[mi] + 63) & ~(size_t)63;
+        int copies = (int)((TARGET_BYTES + mb - 1) / mb);
+        if (copies < 1 || g_hot) copies = 1;
+        if (copies > MAX_COPIES) copies = MAX_COPIES;
+        uint8_t *W = aligned_alloc(64, mb * (size_t)copies);
+        float *X = malloc(sizeof(float) * (size_t)(mc[mi] * max_nb));
+        float *Y = malloc(sizeof(float) * (size_t)(mr[mi] * max_nb));
+        void *act = aligned_alloc(64, (kern_act_bytes(type, mc[mi], max_nb) + 63) & ~(size_t)63);
+        if (!W || !X || !Y || !act) {
+            free(W), free(X), free(Y), free(act);
+            return;
+        }
+        fill_weights(type, W, mb * (size_t)copies);
+        for (int64_t i = 0; i < mc[mi] * max_nb; i++) X[i] = (float)(next() % 2001) / 1000.0f - 1.0f;
+        for (int ti = 0; ti < n_ths; ti++)
+            for (int k = 0; k < n_nbs; k++) {
+                int nb = nbs[k];
+                kern_act_prepare(type, X, mc[mi], nb, act);
+                int reps = g_reps < 64 ? g_reps : 64;
+                double t[64] = {0};
+                for (int rep = -1; rep < reps; rep++) {
+                    double t0 = ellm_time_ms();
+                    for (int c = 0; c < copies; c++) {
+                        launch l = {.n = 1, .nb = nb, .type = type, .act = act, .cols = mc[mi]};
+                        l.rows[0] = mr[mi];
+                        l.w[0] = W + (size_t)c * mb;
+                        l.y[0] = Y;
+                        threadpool_run(pools[ti], launch_task, &l);
+                    }
+                    if (rep >= 0) t[rep] = (ellm_time_ms() - t0) / copies;
+                }
+                double best = t[0];
+                for (int r = 1; r < reps; r++)
+                    if (t[r] < best) best = t[r];
+                double med = median(t, reps), gop = 2.0 * (double)mr[mi] * (double)mc[mi] * nb / 1e9;
+                printf("%-9s %-4s %-6s %5lldx%-6lld nb=%-4d t=%d  %8.3f ms  %7.1f GOP/s (best %7.1f)  %5.1f%% of VNNI "
+                       "peak\n",
+                       qtype_get(type)->name, s->name, ellm_isa_str(ellm_cpu_isa()), (long long)mc[mi],
+                       (long long)mr[mi], nb, ths[ti], med, gop / (med / 1e3), gop / (best / 1e3),
+                       100.0 * gop / (med / 1e3) / peaks[ti]);
+                fflush(stdout);
+            }
+        free(W), free(X), free(Y), free(act);
+    }
+}
+
 static int parse_list(const char *s, int *out, int max, int lo, int hi) {
     int n = 0;
     for (const char *p = s; *p && n < max;) {
@@ -269,6 +330,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "-t") && i + 1 < argc) n_ths = parse_list(argv[++i], ths, 4, 1, 8);
         else if (!strcmp(argv[i], "-m") && i + 1 < argc) models = argv[++i];
         else if (!strcmp(argv[i], "-H")) g_hot = 1;
+        else if (!strcmp(argv[i], "-s")) g_each = 1;
         else if (!strcmp(argv[i], "-r") && i + 1 < argc) g_reps = atoi(argv[++i]) < 1 ? 1 : atoi(argv[i]);
         else if (!strcmp(argv[i], "-i") && i + 1 < argc) {
             const char *v = argv[++i];
@@ -312,7 +374,7 @@ int main(int argc, char **argv) {
         for (size_t m = 0; m < sizeof SHAPES / sizeof SHAPES[0]; m++)
             if (strstr(models, SHAPES[m].name) && kern_act_bytes(type, SHAPES[m].d, 1) &&
                 kern_act_bytes(type, SHAPES[m].ffn, 1)) /* int4_g128 needs 128 | d: not the 135m shape */
-                bench_layer(type, &SHAPES[m], nbs, n_nbs, ths, n_ths, pools, peaks);
+                (g_each ? bench_each : bench_layer)(type, &SHAPES[m], nbs, n_nbs, ths, n_ths, pools, peaks);
     }
     for (int ti = 0; ti < n_ths; ti++) threadpool_free(pools[ti]);
     return 0;
