@@ -280,33 +280,14 @@ QN_INLINE void qn_qk(const attn_state *st, const attn_block *b, float *s, const 
     for (int r = 0; r < NR; r++) _mm512_storeu_ps(s + 16 * r, sc[r]);
 }
 
-/* Four weight vectors (16 keys' p x vd each) quantized as
- * q8pv_weights_avx512 quantizes one (the same operations per element; see
- * quant4 in attention_rows_q8_avx512.c): 64 bytes into q (dword 4 qi + v:
- * vector v's keys 4 qi .. 4 qi + 3) and the scales into sv (lane 4 v). */
+/* Four weight vectors (16 keys' p x vd each) quantized by q8pv_quant4: 64
+ * bytes into q (dword 4 qi + v: vector v's keys 4 qi .. 4 qi + 3) and the
+ * scales into sv (lane 4 v). */
 QN_INLINE void qn_quant4(__m512 w0, __m512 w1, __m512 w2, __m512 w3, uint8_t *q, float *sv) {
-    /* 128-bit lane v of u: the maxima of w_v's lanes, reduced to its maximum in all 4 lanes */
-    const __m512 ab = _mm512_max_ps(_mm512_shuffle_f32x4(w0, w1, _MM_SHUFFLE(1, 0, 1, 0)),
-                                    _mm512_shuffle_f32x4(w0, w1, _MM_SHUFFLE(3, 2, 3, 2)));
-    const __m512 cd = _mm512_max_ps(_mm512_shuffle_f32x4(w2, w3, _MM_SHUFFLE(1, 0, 1, 0)),
-                                    _mm512_shuffle_f32x4(w2, w3, _MM_SHUFFLE(3, 2, 3, 2)));
-    __m512 u = _mm512_max_ps(_mm512_shuffle_f32x4(ab, cd, _MM_SHUFFLE(2, 0, 2, 0)),
-                             _mm512_shuffle_f32x4(ab, cd, _MM_SHUFFLE(3, 1, 3, 1)));
-    u = _mm512_max_ps(u, _mm512_permute_ps(u, _MM_SHUFFLE(1, 0, 3, 2)));
-    u = _mm512_max_ps(u, _mm512_permute_ps(u, _MM_SHUFFLE(2, 3, 0, 1)));
-    const __mmask16 ok = _mm512_cmp_ps_mask(u, _mm512_set1_ps(ATTN_Q8_PV_MIN), _CMP_GE_OQ);
-    const __m512 e = _mm512_getexp_ps(u), one = _mm512_set1_ps(1.0f), seven = _mm512_set1_ps(7.0f);
-    /* 0 for a vector that adds nothing: its products are then 0, as the helper's masked conversion gives */
-    const __m512 up = _mm512_maskz_scalef_ps(ok, one, _mm512_sub_ps(seven, e));
-    _mm512_storeu_ps(sv, _mm512_maskz_scalef_ps(ok, one, _mm512_sub_ps(e, seven)));
-    /* clamped as vpmovusdb clamps (an unsigned 255 at most), then packed: in 128-bit lane qi, dword v
-     * holds w_v's lanes 4 qi .. 4 qi + 3 */
-    const __m512i cap = _mm512_set1_epi32(255);
-    const __m512i c0 = _mm512_min_epu32(_mm512_cvtps_epi32(_mm512_mul_ps(w0, _mm512_shuffle_f32x4(up, up, 0x00))), cap);
-    const __m512i c1 = _mm512_min_epu32(_mm512_cvtps_epi32(_mm512_mul_ps(w1, _mm512_shuffle_f32x4(up, up, 0x55))), cap);
-    const __m512i c2 = _mm512_min_epu32(_mm512_cvtps_epi32(_mm512_mul_ps(w2, _mm512_shuffle_f32x4(up, up, 0xaa))), cap);
-    const __m512i c3 = _mm512_min_epu32(_mm512_cvtps_epi32(_mm512_mul_ps(w3, _mm512_shuffle_f32x4(up, up, 0xff))), cap);
-    _mm512_storeu_si512((void *)q, _mm512_packus_epi16(_mm512_packus_epi32(c0, c1), _mm512_packus_epi32(c2, c3)));
+    const __m512 w[4] = {w0, w1, w2, w3};
+    __m512 s;
+    _mm512_storeu_si512((void *)q, q8pv_quant4(w, &s));
+    _mm512_storeu_ps(sv, s);
 }
 
 /* One block's weights from its probabilities s (NR x 16): vector v = r ng + g

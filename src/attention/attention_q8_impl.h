@@ -116,6 +116,35 @@ Q8PV_INLINE void q8pv_quant2(__m512 w0, __m512 w1, __m512 mx, uint8_t *q, float 
     sc[g0 + 1] = _mm_cvtss_f32(_mm512_castps512_ps128(_mm512_shuffle_f32x4(s, s, 0xff)));
 }
 
+/* Four weight vectors w[0..3] (16 keys each) quantized together: one max
+ * reduction, exponent and pack for all four. Returns the u8 weights with, in
+ * 128-bit lane l, dword v = w[v]'s keys 4 l .. 4 l + 3; *sv gets vector v's
+ * scale in lanes 4 v .. 4 v + 3. A vector whose maximum is below
+ * ATTN_Q8_PV_MIN gets weights and scale 0 (its products then add nothing, as
+ * q8pv_quant2's masked conversion gives). Same values as q8pv_quant2. */
+Q8PV_INLINE __m512i q8pv_quant4(const __m512 w[4], __m512 *sv) {
+    /* 128-bit lane v of u: the maxima of w[v]'s lanes, reduced to its maximum in all 4 lanes */
+    const __m512 ab = _mm512_max_ps(_mm512_shuffle_f32x4(w[0], w[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                    _mm512_shuffle_f32x4(w[0], w[1], _MM_SHUFFLE(3, 2, 3, 2)));
+    const __m512 cd = _mm512_max_ps(_mm512_shuffle_f32x4(w[2], w[3], _MM_SHUFFLE(1, 0, 1, 0)),
+                                    _mm512_shuffle_f32x4(w[2], w[3], _MM_SHUFFLE(3, 2, 3, 2)));
+    __m512 u = _mm512_max_ps(_mm512_shuffle_f32x4(ab, cd, _MM_SHUFFLE(2, 0, 2, 0)),
+                             _mm512_shuffle_f32x4(ab, cd, _MM_SHUFFLE(3, 1, 3, 1)));
+    u = _mm512_max_ps(u, _mm512_permute_ps(u, _MM_SHUFFLE(1, 0, 3, 2)));
+    u = _mm512_max_ps(u, _mm512_permute_ps(u, _MM_SHUFFLE(2, 3, 0, 1)));
+    const __mmask16 ok = _mm512_cmp_ps_mask(u, _mm512_set1_ps(ATTN_Q8_PV_MIN), _CMP_GE_OQ);
+    const __m512 e = _mm512_getexp_ps(u), one = _mm512_set1_ps(1.0f), seven = _mm512_set1_ps(7.0f);
+    const __m512 up = _mm512_maskz_scalef_ps(ok, one, _mm512_sub_ps(seven, e));
+    *sv = _mm512_maskz_scalef_ps(ok, one, _mm512_sub_ps(e, seven));
+    /* clamped as vpmovusdb clamps (an unsigned 255 at most) */
+    const __m512i cap = _mm512_set1_epi32(255);
+    const __m512i c0 = _mm512_min_epu32(_mm512_cvtps_epi32(_mm512_mul_ps(w[0], _mm512_shuffle_f32x4(up, up, 0x00))), cap);
+    const __m512i c1 = _mm512_min_epu32(_mm512_cvtps_epi32(_mm512_mul_ps(w[1], _mm512_shuffle_f32x4(up, up, 0x55))), cap);
+    const __m512i c2 = _mm512_min_epu32(_mm512_cvtps_epi32(_mm512_mul_ps(w[2], _mm512_shuffle_f32x4(up, up, 0xaa))), cap);
+    const __m512i c3 = _mm512_min_epu32(_mm512_cvtps_epi32(_mm512_mul_ps(w[3], _mm512_shuffle_f32x4(up, up, 0xff))), cap);
+    return _mm512_packus_epi16(_mm512_packus_epi32(c0, c1), _mm512_packus_epi32(c2, c3));
+}
+
 /* One row's quantized weights of a tile: p (its 16 probabilities; lanes
  * outside m are not read), vdt (ng x 16 value scales of the tile's keys, by
  * group) into q (ng x 16 u8, by group) and sc (ng scales). */

@@ -155,32 +155,14 @@ static ALWAYS_INLINE void load_v(__m512i *vq, float *vdt, const attn_block *b, c
  * product w x 2^(7 - e), rounded to an integer by the current (nearest-even)
  * mode and clamped to 255 as an unsigned number, and q = 0, sc = 0 for a
  * vector whose maximum is below ATTN_Q8_PV_MIN. What changes is how the
- * lanes travel: four vectors share the reduction's shuffles, one exponent
- * computation and one pack (vpackusdw, vpackuswb, vpermd) into a 64-byte store,
- * where the helper takes two vpmovusdb per row and group. */
+ * lanes travel: q8pv_quant4 (attention_q8_impl.h) shares the reduction's
+ * shuffles, one exponent computation and one pack among the four vectors,
+ * and a vpermd puts them in order for one 64-byte store, where the helper
+ * takes two vpmovusdb per row and group. */
 static ALWAYS_INLINE void quant4(const __m512 w[4], uint8_t *q, float *sc) {
-    /* 128-bit lane i of u: the four maxima of 4 lanes of w[i]'s, then its maximum in all 4 lanes */
-    const __m512 ab = _mm512_max_ps(_mm512_shuffle_f32x4(w[0], w[1], _MM_SHUFFLE(1, 0, 1, 0)),
-                                    _mm512_shuffle_f32x4(w[0], w[1], _MM_SHUFFLE(3, 2, 3, 2)));
-    const __m512 cd = _mm512_max_ps(_mm512_shuffle_f32x4(w[2], w[3], _MM_SHUFFLE(1, 0, 1, 0)),
-                                    _mm512_shuffle_f32x4(w[2], w[3], _MM_SHUFFLE(3, 2, 3, 2)));
-    __m512 u = _mm512_max_ps(_mm512_shuffle_f32x4(ab, cd, _MM_SHUFFLE(2, 0, 2, 0)),
-                             _mm512_shuffle_f32x4(ab, cd, _MM_SHUFFLE(3, 1, 3, 1)));
-    u = _mm512_max_ps(u, _mm512_permute_ps(u, _MM_SHUFFLE(1, 0, 3, 2)));
-    u = _mm512_max_ps(u, _mm512_permute_ps(u, _MM_SHUFFLE(2, 3, 0, 1)));
-    const __mmask16 ok = _mm512_cmp_ps_mask(u, _mm512_set1_ps(ATTN_Q8_PV_MIN), _CMP_GE_OQ);
-    const __m512 e = _mm512_getexp_ps(u), one = _mm512_set1_ps(1.0f), seven = _mm512_set1_ps(7.0f);
-    /* 0 for a vector that adds nothing: its products are then 0, as the helper's masked conversion gives */
-    const __m512 up = _mm512_maskz_scalef_ps(ok, one, _mm512_sub_ps(seven, e));
-    const __m512 sv = _mm512_maskz_scalef_ps(ok, one, _mm512_sub_ps(e, seven));
-    const __m512i cap = _mm512_set1_epi32(255);
-    __m512i c[4];
-    c[0] = _mm512_min_epu32(_mm512_cvtps_epi32(_mm512_mul_ps(w[0], _mm512_shuffle_f32x4(up, up, 0x00))), cap);
-    c[1] = _mm512_min_epu32(_mm512_cvtps_epi32(_mm512_mul_ps(w[1], _mm512_shuffle_f32x4(up, up, 0x55))), cap);
-    c[2] = _mm512_min_epu32(_mm512_cvtps_epi32(_mm512_mul_ps(w[2], _mm512_shuffle_f32x4(up, up, 0xaa))), cap);
-    c[3] = _mm512_min_epu32(_mm512_cvtps_epi32(_mm512_mul_ps(w[3], _mm512_shuffle_f32x4(up, up, 0xff))), cap);
+    __m512 sv;
+    const __m512i b = q8pv_quant4(w, &sv);
     /* per 128-bit lane l: dword v holds w[v]'s lanes 4l .. 4l + 3 as bytes; dword 4v + l of the result is dword 4l + v */
-    const __m512i b = _mm512_packus_epi16(_mm512_packus_epi32(c[0], c[1]), _mm512_packus_epi32(c[2], c[3]));
     const __m512i idx = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
     _mm512_storeu_si512((void *)q, _mm512_permutexvar_epi32(idx, b));
     _mm_storeu_ps(sc, _mm512_castps512_ps128(_mm512_permutexvar_ps(_mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 12, 8, 4, 0), sv)));
