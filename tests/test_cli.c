@@ -6,6 +6,7 @@
 #include "harness.h"
 
 #include <cjson/cJSON.h>
+#include <math.h>
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -270,6 +271,29 @@ static void test_bench(void) {
     expect_error("bench --kv-type q9", "q9");
     expect_error("bench --bw-mb 8", "--bw-mb");
     expect_error("bench -m /nonexistent-bench.gguf", "/nonexistent-bench.gguf");
+    expect_error("bench --kv-compare q9", "q9");
+}
+
+/* ellm bench --kv-compare: every dense point carries both caches' medians from
+ * the alternating rounds, and the speed-up is their ratio. */
+static void test_bench_kv_compare(void) {
+    char out[16384];
+    int rc = run_stdout("bench --depths 0,64 -n 3 --prefill 0 --bw-mb 16 -t 1 --kv-type q8_0 --kv-compare f16 --json",
+                        out, sizeof out);
+    CHECK(rc == 0, "bench --kv-compare exit %d: %s", rc, out);
+    cJSON *j = cJSON_Parse(out);
+    CHECK(j != NULL, "bench --kv-compare is not JSON: %s", out);
+    CHECK(j && !strcmp(jstr(j, "kv_type"), "q8_0"), "bench --kv-compare header: %s", out);
+    const cJSON *pts = j ? cJSON_GetObjectItemCaseSensitive(j, "points") : NULL, *p;
+    int n = 0, bad = 0;
+    cJSON_ArrayForEach(p, pts) {
+        double a = jnum(p, "interleaved_ms_per_token"), b = jnum(p, "kv_compare_ms_per_token");
+        double r = jnum(p, "speedup_vs_kv_compare");
+        n++;
+        bad += strcmp(jstr(p, "kv_compare"), "f16") != 0 || !(a > 0) || !(b > 0) || !(fabs(r - b / a) < 0.002 * r);
+    }
+    CHECK(n == 2 && bad == 0, "bench --kv-compare points: %d, %d bad: %s", n, bad, out);
+    cJSON_Delete(j);
 }
 
 /* ellm bench --spec with a model drafter: a quant:q4_0 copy with a KV
@@ -352,6 +376,7 @@ int main(void) {
     test_eval();
     test_calibrate();
     test_bench();
+    test_bench_kv_compare();
     test_bench_spec();
     return test_finish();
 }

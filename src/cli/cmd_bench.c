@@ -27,6 +27,7 @@ typedef struct {
     double gbps;
     double bw_fraction;
     double vs_empty; /* sparse: tok/s over an empty context's, timed interleaved */
+    double cmp_ms, ab_ms; /* --kv-compare: medians of the other and this KV type, timed interleaved */
     double *step_ms; /* every timed step, ascending (n_tokens of them) */
 } bench_point;
 
@@ -53,6 +54,9 @@ static void bench_usage(FILE *f) {
             "                          (default 1)\n"
             "  --gen N                 project the time of an N-token generation (default 50000)\n"
             "  --kv-type f16|f32|q8_0  KV cache element type (default f16)\n"
+            "  --kv-compare TYPE       also time dense decode with a second cache of KV type TYPE\n"
+            "                          at each depth, in rounds alternating with this --kv-type's\n"
+            "                          steps (same machine state for both): speedup_vs_kv_compare\n"
             "  --sparse-topk K         also time sparse attention with a K-token budget\n"
             "  --bw-mb MB              bandwidth self-test buffer (default 1024)\n"
             "  --numa-aware, --numa MODE  NUMA placement as for ellm run (off, distribute,\n"
@@ -156,6 +160,41 @@ fail:
     return 0;
 }
 
+/* Times n dense decode steps of ctx and of cmp (another KV type, both
+ * holding d tokens) in alternating rounds of ROUND_STEPS - 1 timed steps
+ * (each round's first step untimed, as the other context's pool may still be
+ * spinning down), both advancing from depth d: the ratio of their medians
+ * compares the two caches under the same machine state, which separate
+ * commands on a noisy machine do not. Leaves ctx at depth d. */
+static int time_kv_ab(ellm_context *ctx, ellm_context *cmp, const int32_t *ids, int n_ctx, int d, int n,
+                      double *a_ms, double *b_ms, bench_point *p) {
+    ellm_error err = {0};
+    int done = 0, pos = d;
+    ellm_context_truncate(ctx, d);
+    while (done < n) {
+        int k = n - done < ROUND_STEPS - 1 ? n - done : ROUND_STEPS - 1;
+        for (int c = 0; c < 2; c++) {
+            ellm_context *x = c ? cmp : ctx;
+            double *ms = c ? b_ms : a_ms;
+            for (int s = -1; s < k; s++) {
+                int32_t tok = ids[(pos + 1 + s) % n_ctx];
+                double t0 = ellm_time_ms();
+                if (ellm_decode(x, &tok, 1, NULL, &err) != ELLM_OK) goto fail;
+                if (s >= 0) ms[done + s] = ellm_time_ms() - t0;
+            }
+        }
+        pos += k + 1;
+        done += k;
+    }
+    p->ab_ms = median_sort(a_ms, n);
+    p->cmp_ms = median_sort(b_ms, n);
+    ellm_context_truncate(ctx, d);
+    return 1;
+fail:
+    fprintf(stderr, "error: %s\n", err.msg);
+    return 0;
+}
+
 /* `, "step_ms": [...]}`: the n sorted step times of a point, closing its JSON object. */
 static void print_steps(const double *ms, int n) {
     printf(", \"step_ms\": [");
@@ -250,7 +289,7 @@ int cmd_bench(int argc, char **argv) {
     long threads = 0, n_tokens = 32, gen = 50000, bw_mb = 1024, synth_from = -1, prefill_reps = 1;
     int depths[MAX_POINTS] = {0, 4096, 16384}, n_depths = 3;
     int prefills[16] = {512}, n_prefills = 1;
-    int synthetic = 0, json = 0, kv_f32 = 0, bad = 0;
+    int synthetic = 0, json = 0, kv_f32 = 0, kv_cmp = -1, bad = 0;
     long sparse_topk = 0;
     int numa = 0, mlock = 0;
     const char *spec = NULL;
@@ -295,6 +334,8 @@ int cmd_bench(int argc, char **argv) {
             bad = !v || (n_prefills = arg_int_list(a, v, 0, 1L << 30, prefills, 16)) < 0;
         else if (arg_value(argc, argv, &i, "--kv-type", NULL, &v, &bad))
             bad = !v || !arg_kv_type(a, v, &kv_f32);
+        else if (arg_value(argc, argv, &i, "--kv-compare", NULL, &v, &bad))
+            bad = !v || !arg_kv_type(a, v, &kv_cmp);
         else {
             fprintf(stderr, "error: unknown option '%s' (see ellm bench --help)\n", a);
             bad = 1;
@@ -315,7 +356,7 @@ int cmd_bench(int argc, char **argv) {
 
     ellm_error err = {0};
     ellm_model *model = NULL;
-    ellm_context *ctx = NULL, *ctx0 = NULL;
+    ellm_context *ctx = NULL, *ctx0 = NULL, *ctx_cmp = NULL;
     ellm_spec *spec_state = NULL;
     ellm_sampler *spec_smp = NULL;
     int32_t *ids = NULL;
@@ -366,6 +407,16 @@ int cmd_bench(int argc, char **argv) {
         cp0.sparse_topk = -1;
         if (ellm_context_init(model, &cp0, &ctx0, &err) != ELLM_OK) {
             fprintf(stderr, "error: %s\n", err.msg);
+            goto done;
+        }
+    }
+    if (kv_cmp >= 0) {
+        /* The second cache of --kv-compare: dense, same size. */
+        ellm_context_params cpc = cp;
+        cpc.kv_type = (ellm_kv_type)kv_cmp;
+        cpc.sparse_topk = -1;
+        if (ellm_context_init(model, &cpc, &ctx_cmp, &err) != ELLM_OK) {
+            fprintf(stderr, "error: --kv-compare: %s\n", err.msg);
             goto done;
         }
     }
@@ -450,6 +501,17 @@ int cmd_bench(int argc, char **argv) {
         p->bytes_per_token = (double)info.decode_weight_bytes + (double)kv_per_token * (d + 1 + n_tokens / 2.0);
         p->gbps = p->bytes_per_token / (p->ms_median / 1000.0) / 1e9;
         p->bw_fraction = bw > 0 ? p->gbps / bw : 0;
+        if (ctx_cmp) {
+            progress("decode at depth, alternating with the --kv-compare cache: ", d);
+            ellm_context_truncate(ctx_cmp, 0);
+            int fill = p->synthetic ? ellm_context_fill_synthetic(ctx_cmp, d, 1234 + (uint64_t)d, &err)
+                                    : (d > 0 ? ellm_decode(ctx_cmp, ids, d, NULL, &err) : ELLM_OK);
+            if (fill != ELLM_OK) {
+                fprintf(stderr, "error: --kv-compare: %s\n", err.msg);
+                goto done;
+            }
+            if (!time_kv_ab(ctx, ctx_cmp, ids, n_ctx, d, (int)n_tokens, step_ms, base_ms, p)) goto done;
+        }
         if (sparse_topk > 0) {
             bench_point *q = &spts[i];
             *q = *p;
@@ -521,6 +583,10 @@ int cmd_bench(int argc, char **argv) {
                    i ? ", " : "", pts[i].depth, pts[i].synthetic ? "true" : "false", pts[i].tokens_per_s,
                    pts[i].ms_median, pts[i].bytes_per_token, pts[i].gbps, pts[i].bw_fraction,
                    probe_bw > 0 ? pts[i].gbps / probe_bw : 0);
+            if (ctx_cmp)
+                printf(", \"kv_compare\": \"%s\", \"interleaved_ms_per_token\": %.4f, "
+                       "\"kv_compare_ms_per_token\": %.4f, \"speedup_vs_kv_compare\": %.3f",
+                       arg_kv_type_name(kv_cmp), pts[i].ab_ms, pts[i].cmp_ms, pts[i].cmp_ms / pts[i].ab_ms);
             print_steps(pts[i].step_ms, (int)n_tokens);
         }
         for (int i = 0; i < n_depths && sparse_topk > 0; i++) {
@@ -570,6 +636,10 @@ int cmd_bench(int argc, char **argv) {
             printf("%8d  %-6s %9.2f %10.3f %11.2f %9.2f %7.0f%%%s\n", pts[i].depth, "dense",
                    pts[i].tokens_per_s, pts[i].ms_median, pts[i].bytes_per_token / 1e6, pts[i].gbps,
                    100 * pts[i].bw_fraction, pts[i].synthetic ? "  (synthetic KV)" : "");
+        for (int i = 0; i < n_depths && ctx_cmp; i++)
+            printf("%8d  %-6s %9.2f %10.3f   alternating with a %s cache: %.3f ms against %.3f ms, x%.2f\n",
+                   pts[i].depth, "kv-ab", 1000.0 / pts[i].ab_ms, pts[i].ab_ms, arg_kv_type_name(kv_cmp),
+                   pts[i].ab_ms, pts[i].cmp_ms, pts[i].cmp_ms / pts[i].ab_ms);
         for (int i = 0; i < n_depths && sparse_topk > 0; i++)
             printf("%8d  %-6s %9.2f %10.3f %11.2f %9.2f %7.0f%%  x%.2f vs dense, x%.2f vs empty context, "
                    "selection %.1f%% of step, index bytes %.0f%% of flat%s\n",
@@ -607,6 +677,7 @@ done:
     ellm_spec_free(spec_state);
     ellm_sampler_free(spec_smp);
     ellm_context_free(ctx0);
+    ellm_context_free(ctx_cmp);
     ellm_context_free(ctx);
     ellm_model_free(model);
     return rc;
