@@ -154,10 +154,12 @@ INLINE void i4_rows(const void *W, int64_t ng, int64_t r0, int64_t r1, const act
         for (int b = 0; b < (NB1 ? 1 : nb); b++) acc[b] = _mm512_setzero_ps();
         for (int64_t c = 0; c < nfull; c++) {
             kern_pf_pages(w + I4_CHUNK * c, I4_CHUNK * sizeof(block_int4_g128));
+            if (NB1) kern_pf_lines(w + I4_CHUNK * c, I4_CHUNK * sizeof(block_int4_g128));
             i4_chunk(w, c, I4_CHUNK, a, nb, acc, NB1);
         }
         if (tail) {
             kern_pf_pages(w + I4_CHUNK * nfull, (size_t)tail * sizeof(block_int4_g128));
+            if (NB1) kern_pf_lines(w + I4_CHUNK * nfull, (size_t)tail * sizeof(block_int4_g128));
             i4_chunk(w, nfull, tail, a, nb, acc, NB1);
         }
         for (int b = 0; b < (NB1 ? 1 : nb); b++) Y[(int64_t)b * ldy + r] = i4_sum16(acc[b]);
