@@ -234,13 +234,6 @@ void attn_block_q8_avx512(attn_state *st, const attn_block *b) {
 
 #define QN_INLINE static inline __attribute__((always_inline))
 
-/* Lines of `pf` (a block ahead's K or V half, `lines` of them) prefetched
- * towards L2 as step i of n is done. */
-QN_INLINE void qn_pf(const char *pf, int i, int n, int lines) {
-    if (!pf) return;
-    for (int l = i * lines / n; l < (i + 1) * lines / n; l++) _mm_prefetch(pf + (size_t)l * 64, _MM_HINT_T1);
-}
-
 /* Scores of NR rows over a whole block (q8_qk_tile's arithmetic) into s
  * (NR x 16); the K half of the block ahead prefetched along. */
 QN_INLINE void qn_qk(const attn_state *st, const attn_block *b, float *s, const int HD, const int NR) {
@@ -259,7 +252,7 @@ QN_INLINE void qn_qk(const attn_state *st, const attn_block *b, float *s, const 
 #pragma GCC unroll 8
         for (int c = 0; c < 8; c++) {
             const int i = 8 * g + c;
-            qn_pf(b->ahead_k, i, HD / 4, lines);
+            q8_pf_spread(b->ahead_k, i, HD / 4, lines);
             const __m512i x = _mm512_xor_si512(
                 _mm512_permutexvar_epi8(perm, _mm512_loadu_si512((const void *)(k + (size_t)i * 64))), flip);
 #pragma GCC unroll 4
@@ -297,23 +290,7 @@ QN_INLINE void qn_weights(const float *s, const attn_block *b, uint8_t *wq, floa
     const int ng = HD / 32, nvec = NR * ng;
     const uint16_t *vd = (const uint16_t *)((const int8_t *)b->v + (size_t)HD * 16); /* 16 x ng words */
     __m512 vdt[4]; /* vdt[g] lane j: vd[j][g] */
-    if (HD == 64) {
-        const __m512i idx = _mm512_set_epi16(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1, 30, 28, 26,
-                                             24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
-        const __m512i t = _mm512_permutexvar_epi16(idx, _mm512_loadu_si512((const void *)vd));
-        vdt[0] = _mm512_cvtph_ps(_mm512_castsi512_si256(t));
-        vdt[1] = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(t, 1));
-    } else { /* word 4 j + g */
-        const __m512i i01 = _mm512_set_epi16(61, 57, 53, 49, 45, 41, 37, 33, 29, 25, 21, 17, 13, 9, 5, 1, 60, 56, 52,
-                                             48, 44, 40, 36, 32, 28, 24, 20, 16, 12, 8, 4, 0);
-        const __m512i i23 = _mm512_add_epi16(i01, _mm512_set1_epi16(2));
-        const __m512i lo = _mm512_loadu_si512((const void *)vd), hi = _mm512_loadu_si512((const void *)(vd + 32));
-        const __m512i t01 = _mm512_permutex2var_epi16(lo, i01, hi), t23 = _mm512_permutex2var_epi16(lo, i23, hi);
-        vdt[0] = _mm512_cvtph_ps(_mm512_castsi512_si256(t01));
-        vdt[1] = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(t01, 1));
-        vdt[2] = _mm512_cvtph_ps(_mm512_castsi512_si256(t23));
-        vdt[3] = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(t23, 1));
-    }
+    q8pv_value_scales(vd, HD, vdt);
     __m512 w[16];
 #pragma GCC unroll 16
     for (int v = 0; v < nvec; v++) w[v] = _mm512_mul_ps(_mm512_loadu_ps(s + 16 * (v / ng)), vdt[v % ng]);
@@ -339,7 +316,7 @@ QN_INLINE void qn_pv(__m512 acc[4][4], const attn_block *b, const uint8_t *wq, c
         for (int i = 0; i < 4; i++) ia[r][i] = _mm512_setzero_si512();
 #pragma GCC unroll 4
     for (int qi = 0; qi < 4; qi++) {
-        qn_pf(b->ahead_v, d0 / 16 + qi, HD / 16, lines);
+        q8_pf_spread(b->ahead_v, d0 / 16 + qi, HD / 16, lines);
         __m512i x[4];
         q8pv_quad_avx512(v + (size_t)4 * qi * HD, HD, d0, 4, x, 4);
 #pragma GCC unroll 4

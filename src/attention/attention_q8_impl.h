@@ -116,6 +116,37 @@ Q8PV_INLINE void q8pv_quant2(__m512 w0, __m512 w1, __m512 mx, uint8_t *q, float 
     sc[g0 + 1] = _mm_cvtss_f32(_mm512_castps512_ps128(_mm512_shuffle_f32x4(s, s, 0xff)));
 }
 
+/* Lines of pf (a block ahead's K or V half, `lines` of them), part i of n:
+ * a kernel calls it at each of n steps of its block so the block ahead's
+ * prefetches (towards L2) spread over the computation. */
+Q8PV_INLINE void q8_pf_spread(const char *pf, int i, int n, int lines) {
+    if (!pf) return;
+    for (int l = i * lines / n; l < (i + 1) * lines / n; l++) _mm_prefetch(pf + (size_t)l * 64, _MM_HINT_T1);
+}
+
+/* A block's value scales vd (16 keys x HD / 32 groups of F16, key-major) as
+ * F32 by group: vdt[g] lane j = vd[j][g] (HD 64 or 128; the conversion is
+ * exact). */
+Q8PV_INLINE void q8pv_value_scales(const uint16_t *vd, const int HD, __m512 vdt[4]) {
+    if (HD == 64) {
+        const __m512i idx = _mm512_set_epi16(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1, 30, 28, 26,
+                                             24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+        const __m512i t = _mm512_permutexvar_epi16(idx, _mm512_loadu_si512((const void *)vd));
+        vdt[0] = _mm512_cvtph_ps(_mm512_castsi512_si256(t));
+        vdt[1] = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(t, 1));
+    } else { /* word 4 j + g */
+        const __m512i i01 = _mm512_set_epi16(61, 57, 53, 49, 45, 41, 37, 33, 29, 25, 21, 17, 13, 9, 5, 1, 60, 56, 52,
+                                             48, 44, 40, 36, 32, 28, 24, 20, 16, 12, 8, 4, 0);
+        const __m512i i23 = _mm512_add_epi16(i01, _mm512_set1_epi16(2));
+        const __m512i lo = _mm512_loadu_si512((const void *)vd), hi = _mm512_loadu_si512((const void *)(vd + 32));
+        const __m512i t01 = _mm512_permutex2var_epi16(lo, i01, hi), t23 = _mm512_permutex2var_epi16(lo, i23, hi);
+        vdt[0] = _mm512_cvtph_ps(_mm512_castsi512_si256(t01));
+        vdt[1] = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(t01, 1));
+        vdt[2] = _mm512_cvtph_ps(_mm512_castsi512_si256(t23));
+        vdt[3] = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(t23, 1));
+    }
+}
+
 /* Four weight vectors w[0..3] (16 keys each) quantized together: one max
  * reduction, exponent and pack for all four. Returns the u8 weights with, in
  * 128-bit lane l, dword v = w[v]'s keys 4 l .. 4 l + 3; *sv gets vector v's

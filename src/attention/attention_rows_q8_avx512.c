@@ -39,13 +39,6 @@
 #define NRK 8
 #define NRV 8
 
-/* Lines of `pf` (a block ahead's K or V half, `lines` of them) prefetched
- * towards L2 as step i of n is done. */
-static ALWAYS_INLINE void pf_spread(const char *pf, int i, int n, int lines) {
-    if (!pf) return;
-    for (int l = i * lines / n; l < (i + 1) * lines / n; l++) _mm_prefetch(pf + (size_t)l * 64, _MM_HINT_T1);
-}
-
 /* The block's keys (int8 k[HD][16], then F16 kd[HD / 32][16]) into kq
  * (HD / 4 registers: channels 4i .. 4i + 3 of the 16 keys, one dword per
  * key, each byte + 128) and kdf (HD / 32 rows of 16 F32 scales). */
@@ -57,7 +50,7 @@ static ALWAYS_INLINE void load_k(__m512i *kq, float *kdf, const attn_block *b, c
     for (int i = 0; i < HD / 4; i++) {
         const __m512i x = _mm512_loadu_si512((const void *)(k + (size_t)i * 64));
         _mm512_store_si512((void *)(kq + i), _mm512_xor_si512(_mm512_permutexvar_epi8(perm, x), flip));
-        pf_spread(b->ahead_k, i, HD / 4, lines);
+        q8_pf_spread(b->ahead_k, i, HD / 4, lines);
     }
     for (int g = 0; g < HD / 32; g++)
         _mm512_store_ps(kdf + 16 * g, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(kd + 16 * g))));
@@ -132,19 +125,12 @@ static ALWAYS_INLINE void load_v(__m512i *vq, float *vdt, const attn_block *b, c
                 _mm512_store_si512((void *)(vq + (4 * g + qi) * 2 + i % 2), x[i]);
             }
         }
-        pf_spread(b->ahead_v, qi, 4, lines);
+        q8_pf_spread(b->ahead_v, qi, 4, lines);
     }
     /* vd is 16 x ng words, key-major: word j * ng + g goes to g * 16 + j */
-    if (HD == 64) {
-        const __m512i idx = _mm512_set_epi16(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1, 30, 28, 26,
-                                             24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
-        const __m512i t = _mm512_permutexvar_epi16(idx, _mm512_loadu_si512((const void *)vd));
-        _mm512_store_ps(vdt, _mm512_cvtph_ps(_mm512_castsi512_si256(t)));
-        _mm512_store_ps(vdt + 16, _mm512_cvtph_ps(_mm512_extracti64x4_epi64(t, 1)));
-    } else {
-        for (int g = 0; g < HD / 32; g++)
-            for (int j = 0; j < 16; j++) vdt[16 * g + j] = _cvtsh_ss(vd[j * (HD / 32) + g]);
-    }
+    __m512 t[4];
+    q8pv_value_scales(vd, HD, t);
+    for (int g = 0; g < HD / 32; g++) _mm512_store_ps(vdt + 16 * g, t[g]);
 }
 
 /* Four (row, group) weight vectors of a tile -- w[0..3], each the 16 keys'
