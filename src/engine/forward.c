@@ -164,14 +164,18 @@ static void matmul_rows(const matmul_job *job, ptrdiff_t delta, int64_t b, int64
  * call that starts its own prefetch) and ends in pieces of 2 units. */
 static long matmul_piece(long left) { return left / 4 > 2 ? left / 4 : 2; }
 
-/* Takes the next piece of a range of n units whose first *taken are gone;
- * returns its first unit (>= n: nothing left). */
-static long matmul_take(atomic_long *taken, long n) {
-    long u = atomic_load_explicit(taken, memory_order_relaxed);
-    while (u < n && !atomic_compare_exchange_weak_explicit(taken, &u, u + matmul_piece(n - u), memory_order_relaxed,
-                                                           memory_order_relaxed)) {
-    }
-    return u;
+/* Takes the next piece [*u0, *u1) of a range of n units whose first *taken
+ * are gone; 0 when nothing is left. */
+static int matmul_take(atomic_long *taken, long n, long *u0, long *u1) {
+    long u = atomic_load_explicit(taken, memory_order_relaxed), e;
+    do {
+        if (u >= n) return 0;
+        e = u + matmul_piece(n - u);
+        if (e > n) e = n;
+    } while (!atomic_compare_exchange_weak_explicit(taken, &u, e, memory_order_relaxed, memory_order_relaxed));
+    *u0 = u;
+    *u1 = e;
+    return 1;
 }
 
 static void matmul_task(void *arg, int ith, int nth) {
@@ -211,11 +215,8 @@ static void matmul_task(void *arg, int ith, int nth) {
             const int part = (ith + k) % nth;
             long b, e;
             threadpool_split(units, part, nth, 1, &b, &e);
-            for (long u0, u1; (u0 = matmul_take(&job->part[part].taken, e - b)) < e - b;) {
-                u1 = u0 + matmul_piece(e - b - u0);
-                if (u1 > e - b) u1 = e - b;
+            for (long u0, u1; matmul_take(&job->part[part].taken, e - b, &u0, &u1);)
                 matmul_rows(job, delta, (int64_t)(b + u0) * 16, (b + u1) * 16 < total ? (int64_t)(b + u1) * 16 : total);
-            }
         }
         return;
     }
