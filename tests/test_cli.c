@@ -26,6 +26,16 @@ static int run(const char *args, char *out, size_t cap) { return run_redir(args,
 /* stdout only (stderr dropped), for --json output. */
 static int run_stdout(const char *args, char *out, size_t cap) { return run_redir(args, "2>/dev/null", out, cap); }
 
+/* `ellm ARGS` that must exit 0 and print JSON (both checked): the parsed
+ * document, or NULL; out keeps the text for messages. */
+static cJSON *run_json(const char *args, char *out, size_t cap) {
+    int rc = run_stdout(args, out, cap);
+    CHECK(rc == 0, "`ellm %s`: exit %d: %s", args, rc, out);
+    cJSON *j = cJSON_Parse(out);
+    CHECK(j != NULL, "`ellm %s`: not JSON: %s", args, out);
+    return j;
+}
+
 /* A path under /tmp unique to this process: name is "<tag>.<pid>". */
 static const char *tmp_path(char *buf, size_t cap, const char *tag) {
     snprintf(buf, cap, "/tmp/ellm_test_%s.%d", tag, (int)getpid());
@@ -240,11 +250,8 @@ static void test_calibrate(void) {
  * and mode, and the prefill entries. */
 static void test_bench(void) {
     char out[16384];
-    int rc = run_stdout("bench --depths 0,256 -n 2 --prefill 64 --bw-mb 16 --gen 1000 --sparse-topk 128 -t 1 --json",
+    cJSON *j = run_json("bench --depths 0,256 -n 2 --prefill 64 --bw-mb 16 --gen 1000 --sparse-topk 128 -t 1 --json",
                         out, sizeof out);
-    CHECK(rc == 0, "bench --json exit %d: %s", rc, out);
-    cJSON *j = cJSON_Parse(out);
-    CHECK(j != NULL, "bench --json is not JSON: %s", out);
     CHECK(!strcmp(jstr(j, "engine"), "ellm") && jnum(j, "threads") == 1 && jnum(j, "bandwidth_gbps") > 0 &&
               jnum(j, "weight_bytes_per_token") > 0 && jnum(j, "kv_bytes_per_token") > 0,
           "bench header: %s", out);
@@ -278,11 +285,8 @@ static void test_bench(void) {
  * the alternating rounds, and the speed-up is their ratio. */
 static void test_bench_kv_compare(void) {
     char out[16384];
-    int rc = run_stdout("bench --depths 0,64 -n 3 --prefill 0 --bw-mb 16 -t 1 --kv-type q8_0 --kv-compare f16 --json",
+    cJSON *j = run_json("bench --depths 0,64 -n 3 --prefill 0 --bw-mb 16 -t 1 --kv-type q8_0 --kv-compare f16 --json",
                         out, sizeof out);
-    CHECK(rc == 0, "bench --kv-compare exit %d: %s", rc, out);
-    cJSON *j = cJSON_Parse(out);
-    CHECK(j != NULL, "bench --kv-compare is not JSON: %s", out);
     CHECK(j && !strcmp(jstr(j, "kv_type"), "q8_0"), "bench --kv-compare header: %s", out);
     const cJSON *pts = j ? cJSON_GetObjectItemCaseSensitive(j, "points") : NULL, *p;
     int n = 0, bad = 0;
@@ -311,10 +315,7 @@ static void test_bench_spec(void) {
              "bench -m %s --depths 96 -n 2 --prefill 0 --bw-mb 16 -t 1 --spec quant:q4_0:sparse:32 --draft-max 3 "
              "--spec-tokens-per-verify 2.5 --json",
              model);
-    int rc = run_stdout(args, out, sizeof out);
-    CHECK(rc == 0, "bench --spec quant exit %d: %s", rc, out);
-    cJSON *j = cJSON_Parse(out);
-    CHECK(j != NULL, "bench --spec --json is not JSON: %s", out);
+    cJSON *j = run_json(args, out, sizeof out);
     const cJSON *pts = j ? cJSON_GetObjectItemCaseSensitive(j, "points") : NULL, *p;
     int n_spec = 0;
     cJSON_ArrayForEach(p, pts) {
