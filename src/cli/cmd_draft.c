@@ -2,6 +2,7 @@
  * linear map from the residual stream after K layers to the last layer's),
  * for `ellm run --spec shallow:K --draft-map FILE`. */
 #include "cli/args.h"
+#include "cli/calib.h"
 #include "cli/commands.h"
 #include "ellm.h"
 
@@ -9,13 +10,18 @@
 #include <stdlib.h>
 #include <string.h>
 
+static ellm_status collect(ellm_context *ctx, void *dc, const int32_t *tokens, int n, ellm_error *err) {
+    return ellm_draft_calib_collect(ctx, dc, tokens, n, err);
+}
+
 int cmd_calibrate_draft(int argc, char **argv) {
-    const char *model_path = NULL, *text_path = NULL, *out = NULL, *layers_arg = NULL;
-    long ctx_len = 1024, windows = 0;
+    calib_opts o = {.ctx_len = 1024};
+    const char *layers_arg = NULL;
+    long windows = 0;
     int bad = 0, raw = 0;
     for (int i = 1; i < argc && !bad; i++) {
         const char *v = NULL, *a = argv[i];
-        if (!strcmp(a, "--draft")) continue;
+        if (!strcmp(a, "--draft") || calib_arg(argc, argv, &i, &o, &bad)) continue;
         if (!strcmp(a, "--draft-raw")) {
             raw = 1;
             continue;
@@ -31,16 +37,8 @@ int cmd_calibrate_draft(int argc, char **argv) {
                    "norm; --draft-raw: unscaled). DRAFT is a small GGUF for `--spec shallow:K\n"
                    "--draft-map DRAFT`.\n");
             return 0;
-        } else if (arg_value(argc, argv, &i, "--model", "-m", &v, &bad)) {
-            model_path = v;
-        } else if (arg_value(argc, argv, &i, "--file", "-f", &v, &bad)) {
-            text_path = v;
-        } else if (arg_value(argc, argv, &i, "--output", "-o", &v, &bad)) {
-            out = v;
         } else if (arg_value(argc, argv, &i, "--draft-layers", NULL, &v, &bad)) {
             layers_arg = v;
-        } else if (arg_value(argc, argv, &i, "--ctx", "-c", &v, &bad)) {
-            if (v && !arg_int("--ctx", v, 16, 1 << 20, &ctx_len)) bad = 1;
         } else if (arg_value(argc, argv, &i, "--windows", NULL, &v, &bad)) {
             if (v && !arg_int("--windows", v, 1, 1 << 20, &windows)) bad = 1;
         } else {
@@ -49,22 +47,22 @@ int cmd_calibrate_draft(int argc, char **argv) {
         }
     }
     if (bad) return 2;
-    if (!text_path || !out) {
+    if (!o.text_path || !o.out) {
         fprintf(stderr, "error: -f TEXT and -o DRAFT are required\n");
         return 2;
     }
-    if (!model_path) model_path = cli_default_model();
+    if (!o.model_path) o.model_path = cli_default_model();
     ellm_error err = {0};
     ellm_model *m = NULL;
     ellm_context *ctx = NULL;
     ellm_draft_calib *dc = NULL;
     int32_t *ids = NULL;
     int n_ids = 0, rc = 1, layers[256], n_layers = 0;
-    if (ellm_model_load(model_path, NULL, &m, &err)) {
+    if (ellm_model_load(o.model_path, NULL, &m, &err)) {
         fprintf(stderr, "error: %s\n", err.msg);
         goto done;
     }
-    if (!(ids = cli_tokenize_file(m, text_path, 1, &n_ids))) goto done;
+    if (!(ids = cli_tokenize_file(m, o.text_path, 1, &n_ids))) goto done;
     ellm_model_info info;
     ellm_model_get_info(m, &info);
     if (layers_arg) {
@@ -77,32 +75,20 @@ int cmd_calibrate_draft(int argc, char **argv) {
         for (int k = 1; k < info.n_layer && n_layers < 256; k++) layers[n_layers++] = k;
     }
     ellm_context_params cp = ellm_context_default_params();
-    cp.n_ctx = (int)ctx_len;
+    cp.n_ctx = (int)o.ctx_len;
     cp.sparse_topk = -1;
     if (ellm_context_init(m, &cp, &ctx, &err) || ellm_draft_calib_init(m, layers, n_layers, !raw, &dc, &err)) {
         fprintf(stderr, "error: %s\n", err.msg);
         goto done;
     }
-    long n_win = n_ids / ctx_len;
-    if (windows > 0 && n_win > windows) n_win = windows;
-    if (n_win < 1) {
-        fprintf(stderr, "error: %s has %d tokens, fewer than one --ctx window of %ld\n", text_path, n_ids, ctx_len);
-        goto done;
-    }
-    for (long w = 0; w < n_win; w++) {
-        if (ellm_draft_calib_collect(ctx, dc, ids + w * ctx_len, (int)ctx_len, &err)) {
-            fprintf(stderr, "error: %s\n", err.msg);
-            goto done;
-        }
-        fprintf(stderr, "\rdraft maps: %ld/%ld windows", w + 1, n_win);
-    }
-    fputc('\n', stderr);
-    if (ellm_draft_calib_write(dc, out, &err)) {
+    long n_win = calib_windows(ctx, &o, ids, n_ids, windows, "draft maps", collect, dc);
+    if (!n_win) goto done;
+    if (ellm_draft_calib_write(dc, o.out, &err)) {
         fprintf(stderr, "error: %s\n", err.msg);
         goto done;
     }
     fprintf(stderr, "wrote %d draft maps (%d x %d) fitted on %ld tokens to %s\n", n_layers, info.n_embd, info.n_embd,
-            n_win * ctx_len, out);
+            n_win * o.ctx_len, o.out);
     rc = 0;
 done:
     ellm_draft_calib_free(dc);

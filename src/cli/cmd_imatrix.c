@@ -2,6 +2,7 @@
  * text (per input column of every layer matrix, the mean squared
  * activation), for `ellm convert --imatrix`. */
 #include "cli/args.h"
+#include "cli/calib.h"
 #include "cli/commands.h"
 #include "ellm.h"
 
@@ -9,13 +10,17 @@
 #include <stdlib.h>
 #include <string.h>
 
+static ellm_status collect(ellm_context *ctx, void *im, const int32_t *tokens, int n, ellm_error *err) {
+    return ellm_imatrix_collect(ctx, im, tokens, n, err);
+}
+
 int cmd_calibrate_imatrix(int argc, char **argv) {
-    const char *model_path = NULL, *text_path = NULL, *out = NULL;
-    long ctx_len = 512, chunks = 0;
+    calib_opts o = {.ctx_len = 512};
+    long chunks = 0;
     int bad = 0;
     for (int i = 1; i < argc && !bad; i++) {
         const char *v = NULL, *a = argv[i];
-        if (!strcmp(a, "--imatrix")) continue;
+        if (!strcmp(a, "--imatrix") || calib_arg(argc, argv, &i, &o, &bad)) continue;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             printf("usage: ellm calibrate --imatrix -f TEXT -o FILE [-m MODEL] [--ctx N] [--chunks N]\n\n"
                    "Runs the model over TEXT in windows of --ctx tokens (default 512; at most --chunks\n"
@@ -23,14 +28,6 @@ int cmd_calibrate_imatrix(int argc, char **argv) {
                    "mean squared activation (llama.cpp's imatrix .dat layout) for\n"
                    "`ellm convert --imatrix FILE`. The model should be the F32/F16 one.\n");
             return 0;
-        } else if (arg_value(argc, argv, &i, "--model", "-m", &v, &bad)) {
-            model_path = v;
-        } else if (arg_value(argc, argv, &i, "--file", "-f", &v, &bad)) {
-            text_path = v;
-        } else if (arg_value(argc, argv, &i, "--output", "-o", &v, &bad)) {
-            out = v;
-        } else if (arg_value(argc, argv, &i, "--ctx", "-c", &v, &bad)) {
-            if (v && !arg_int("--ctx", v, 16, 1 << 20, &ctx_len)) bad = 1;
         } else if (arg_value(argc, argv, &i, "--chunks", NULL, &v, &bad)) {
             if (v && !arg_int("--chunks", v, 1, 1 << 20, &chunks)) bad = 1;
         } else {
@@ -39,47 +36,35 @@ int cmd_calibrate_imatrix(int argc, char **argv) {
         }
     }
     if (bad) return 2;
-    if (!text_path || !out) {
+    if (!o.text_path || !o.out) {
         fprintf(stderr, "error: -f TEXT and -o FILE are required\n");
         return 2;
     }
-    if (!model_path) model_path = cli_default_model();
+    if (!o.model_path) o.model_path = cli_default_model();
     ellm_error err = {0};
     ellm_model *m = NULL;
     ellm_context *ctx = NULL;
     ellm_imatrix *im = NULL;
     int32_t *ids = NULL;
     int n_ids = 0, rc = 1;
-    if (ellm_model_load(model_path, NULL, &m, &err)) {
+    if (ellm_model_load(o.model_path, NULL, &m, &err)) {
         fprintf(stderr, "error: %s\n", err.msg);
         goto done;
     }
-    if (!(ids = cli_tokenize_file(m, text_path, 0, &n_ids))) goto done;
+    if (!(ids = cli_tokenize_file(m, o.text_path, 0, &n_ids))) goto done;
     ellm_context_params cp = ellm_context_default_params();
-    cp.n_ctx = (int)ctx_len;
+    cp.n_ctx = (int)o.ctx_len;
     if (ellm_context_init(m, &cp, &ctx, &err) || ellm_imatrix_init(m, &im, &err)) {
         fprintf(stderr, "error: %s\n", err.msg);
         goto done;
     }
-    long n_win = n_ids / ctx_len;
-    if (chunks > 0 && n_win > chunks) n_win = chunks;
-    if (n_win < 1) {
-        fprintf(stderr, "error: %s has %d tokens, fewer than one --ctx window of %ld\n", text_path, n_ids, ctx_len);
-        goto done;
-    }
-    for (long w = 0; w < n_win; w++) {
-        if (ellm_imatrix_collect(ctx, im, ids + w * ctx_len, (int)ctx_len, &err)) {
-            fprintf(stderr, "error: %s\n", err.msg);
-            goto done;
-        }
-        fprintf(stderr, "\rimatrix: %ld/%ld windows", w + 1, n_win);
-    }
-    fputc('\n', stderr);
-    if (ellm_imatrix_write(im, out, text_path, &err)) {
+    long n_win = calib_windows(ctx, &o, ids, n_ids, chunks, "imatrix", collect, im);
+    if (!n_win) goto done;
+    if (ellm_imatrix_write(im, o.out, o.text_path, &err)) {
         fprintf(stderr, "error: %s\n", err.msg);
         goto done;
     }
-    fprintf(stderr, "imatrix: wrote %s from %ld tokens of %s\n", out, n_win * ctx_len, text_path);
+    fprintf(stderr, "imatrix: wrote %s from %ld tokens of %s\n", o.out, n_win * o.ctx_len, o.text_path);
     rc = 0;
 done:
     ellm_imatrix_free(im);
