@@ -6,8 +6,11 @@
 #ifndef ELLM_TESTS_HARNESS_H
 #define ELLM_TESTS_HARNESS_H
 
+#include "ellm.h"
+
 #include <dirent.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -50,14 +53,18 @@ static inline int test_finish(void) {
     return t_failed ? 1 : 0;
 }
 
-/* tests/data/<rel> in one of 8 rotating static buffers. */
-static inline const char *test_data_path(const char *rel) {
+/* dir/name in one of 8 rotating static buffers, so a call can use a few of
+ * these paths at once. */
+static inline const char *test_path_in(const char *dir, const char *name) {
     static char buf[8][1024];
     static int k;
     char *p = buf[k++ % 8];
-    snprintf(p, sizeof buf[0], "%s/%s", test_data_dir(), rel);
+    snprintf(p, sizeof buf[0], "%s/%s", dir, name);
     return p;
 }
+
+/* tests/data/<rel>, as test_path_in. */
+static inline const char *test_data_path(const char *rel) { return test_path_in(test_data_dir(), rel); }
 
 /* Removes dir and everything below it (links are removed, not followed). */
 static inline void test_rm_tree(const char *dir) {
@@ -104,14 +111,8 @@ static inline const char *test_tmp_dir(void) {
     return root;
 }
 
-/* test_tmp_dir()/name in one of 8 rotating static buffers. */
-static inline const char *test_tmp_path(const char *name) {
-    static char buf[8][640];
-    static int k;
-    char *p = buf[k++ % 8];
-    snprintf(p, sizeof buf[0], "%s/%s", test_tmp_dir(), name);
-    return p;
-}
+/* test_tmp_dir()/name, as test_path_in. */
+static inline const char *test_tmp_path(const char *name) { return test_path_in(test_tmp_dir(), name); }
 
 /* Reads a whole file into a malloc'ed buffer (NUL-terminated); NULL on error. */
 static inline char *test_read_file(const char *path, size_t *size) {
@@ -131,6 +132,54 @@ static inline char *test_read_file(const char *path, size_t *size) {
         if (size) *size = (size_t)n;
     }
     return buf;
+}
+
+/* xorshift64 (13, 7, 17): advances *state (nonzero) and returns it. Each test
+ * keeps its own state, so its data does not depend on other tests. */
+static inline uint64_t test_xorshift64(uint64_t *state) {
+    uint64_t x = *state;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return *state = x;
+}
+
+/* Uniform in [-1, 1) from 24 bits of the next xorshift64 state. */
+static inline float test_frand(uint64_t *state) {
+    return (float)((test_xorshift64(state) >> 40) & 0xffffff) / (float)(1 << 23) - 1.0f;
+}
+
+/* Index of the largest of x[0, n) (the first on ties). */
+static inline int test_argmax(const float *x, int n) {
+    int b = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[b]) b = i;
+    return b;
+}
+
+/* Loads the model at path (mp NULL: default parameters); on failure counts a
+ * failed check naming the path and returns NULL. */
+static inline ellm_model *test_load_model(const char *path, const ellm_model_params *mp) {
+    ellm_model *m = NULL;
+    ellm_error err = {0};
+    if (ellm_model_load(path, mp, &m, &err) != ELLM_OK) {
+        CHECK(0, "load %s: %s", path, err.msg);
+        return NULL;
+    }
+    return m;
+}
+
+/* For the tests that drive Node packages (installed by `make test` with npm
+ * ci): whether dir/node_modules/probe exists; if not, says so and prints the
+ * summary line of one failed test, for main to return 1. */
+static inline int test_have_node_modules(const char *dir, const char *probe) {
+    char p[1024];
+    struct stat sb;
+    snprintf(p, sizeof p, "%s/node_modules/%s", dir, probe);
+    if (stat(p, &sb) == 0) return 1;
+    printf("%s/node_modules is missing: run 'make test' (it runs npm ci there)\n", dir);
+    printf("0 passed, 1 failed\n");
+    return 0;
 }
 
 /* The ellm binary under test: $ELLM_BIN, default build/ellm. */

@@ -22,12 +22,7 @@
 static ellm_isa g_best;
 
 static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
-static float frand(void) { /* uniform in [-1, 1) */
-    g_rng ^= g_rng << 13;
-    g_rng ^= g_rng >> 7;
-    g_rng ^= g_rng << 17;
-    return (float)((g_rng >> 40) & 0xffffff) / (float)(1 << 23) - 1.0f;
-}
+static float frand(void) { return test_frand(&g_rng); }
 
 static void fill(float *x, size_t n, float scale) {
     for (size_t i = 0; i < n; i++) x[i] = frand() * scale;

@@ -22,12 +22,7 @@
 
 
 static uint64_t g_rng = 0x2545f4914f6cdd1dull;
-static float frand(void) { /* uniform in [-1, 1) */
-    g_rng ^= g_rng << 13;
-    g_rng ^= g_rng >> 7;
-    g_rng ^= g_rng << 17;
-    return (float)((g_rng >> 40) & 0xffffff) / (float)(1 << 23) - 1.0f;
-}
+static float frand(void) { return test_frand(&g_rng); }
 
 /* Keys of tokens [hot0, hot1) are 4x larger, so every row's running max
  * grows when a part reaches them (hot0 = hot1: none). */
@@ -232,16 +227,10 @@ static void check_block_kernel(int type, int hd, int G, int n_tok) {
         /* in pairs: (0, 1), (2, 3) full, then (4, diagonal) handed on block by block */
         for (int b = 0; b + 1 < n_blk; b += 2) attn_block2_rows_avx512(&pr.st, &blk[b], &blk[b + 1]);
         if (n_blk % 2) attn_block_rows_avx512(&pr.st, &blk[n_blk - 1]);
-        int bad = memcmp(a.st.m, o.st.m, R * sizeof(float)) != 0;
-        bad += memcmp(a.st.lv, o.st.lv, 16 * (size_t)R * sizeof(float)) != 0;
-        for (int r = 0; r < R; r++)
-            bad += memcmp(a.st.acc + (size_t)r * hdp, o.st.acc + (size_t)r * hdp, hd * sizeof(float)) != 0;
+        const int bad = state_diff(&a.st, &o.st, R, hd);
         CHECK(bad == 0, "block kernel %s hd=%d G=%d tokens=%d: state differs from attn_block_avx512 (%d)",
               type == QTYPE_F16 ? "f16" : "f32", hd, G, n_tok, bad);
-        int bad2 = memcmp(pr.st.m, o.st.m, R * sizeof(float)) != 0;
-        bad2 += memcmp(pr.st.lv, o.st.lv, 16 * (size_t)R * sizeof(float)) != 0;
-        for (int r = 0; r < R; r++)
-            bad2 += memcmp(pr.st.acc + (size_t)r * hdp, o.st.acc + (size_t)r * hdp, hd * sizeof(float)) != 0;
+        const int bad2 = state_diff(&pr.st, &o.st, R, hd);
         CHECK(bad2 == 0, "pair kernel %s hd=%d G=%d tokens=%d: state differs from attn_block_avx512 (%d)",
               type == QTYPE_F16 ? "f16" : "f32", hd, G, n_tok, bad2);
         float l0 = 0;

@@ -18,28 +18,13 @@
 #define THREADS 2
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
-static uint32_t rnd(void) {
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (uint32_t)(rng_state >> 11);
-}
-
-static int argmax(const float *x, int n) {
-    int b = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[b]) b = i;
-    return b;
-}
+static uint32_t rnd(void) { return (uint32_t)(test_xorshift64(&rng_state) >> 11); }
 
 static void check_model(const char *path, int chunk) {
     ellm_error err = {0};
-    ellm_model *m = NULL;
     ellm_model_params mp = {.n_threads = THREADS, .pin_threads = 0};
-    if (ellm_model_load(path, &mp, &m, &err) != ELLM_OK) {
-        CHECK(0, "load %s: %s", path, err.msg);
-        return;
-    }
+    ellm_model *m = test_load_model(path, &mp);
+    if (!m) return;
     ellm_model_info info;
     ellm_model_get_info(m, &info);
     const int V = info.n_vocab;
@@ -64,7 +49,7 @@ static void check_model(const char *path, int chunk) {
         for (int g = 0; g < N_GEN; g++) {
             const float *lg = ellm_context_logits(ctx);
             memcpy(solo + ((size_t)i * N_GEN + g) * V, lg, (size_t)V * sizeof *lg);
-            gen[i][g] = argmax(lg, V);
+            gen[i][g] = test_argmax(lg, V);
             ellm_decode(ctx, &gen[i][g], 1, NULL, &err);
         }
         ellm_context_free(ctx);
@@ -150,12 +135,9 @@ static void check_model(const char *path, int chunk) {
 #define DEEP_GEN 3
 static void check_deep(const char *path) {
     ellm_error err = {0};
-    ellm_model *m = NULL;
     ellm_model_params mp = {.n_threads = THREADS, .pin_threads = 0};
-    if (ellm_model_load(path, &mp, &m, &err) != ELLM_OK) {
-        CHECK(0, "load %s: %s", path, err.msg);
-        return;
-    }
+    ellm_model *m = test_load_model(path, &mp);
+    if (!m) return;
     ellm_model_info info;
     ellm_model_get_info(m, &info);
     const int V = info.n_vocab, n_prompt[DEEP_SEQ] = {530, 1100, 610};
@@ -175,7 +157,7 @@ static void check_deep(const char *path) {
         CHECK(ellm_decode(ctx, prompt + i * 1100, n_prompt[i], NULL, &err) == ELLM_OK, "%s", err.msg);
         for (int g = 0; g < DEEP_GEN; g++) {
             memcpy(solo + ((size_t)i * DEEP_GEN + g) * V, ellm_context_logits(ctx), (size_t)V * 4);
-            gen[i][g] = argmax(ellm_context_logits(ctx), V);
+            gen[i][g] = test_argmax(ellm_context_logits(ctx), V);
             ellm_decode(ctx, &gen[i][g], 1, NULL, &err);
         }
         ellm_context_free(ctx);

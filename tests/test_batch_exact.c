@@ -17,12 +17,7 @@ static const char *FIXTURES[] = {
 };
 
 static uint64_t g_rng = 0x2545F4914F6CDD1Dull;
-static uint32_t rnd(void) {
-    g_rng ^= g_rng << 13;
-    g_rng ^= g_rng >> 7;
-    g_rng ^= g_rng << 17;
-    return (uint32_t)(g_rng >> 32);
-}
+static uint32_t rnd(void) { return (uint32_t)(test_xorshift64(&g_rng) >> 32); }
 
 /* Logits of `n` tokens fed `chunk` at a time (1: token by token) into a fresh
  * context with `threads` threads and sparse budget `topk` (0: dense). */
@@ -63,13 +58,9 @@ static int rows_differ(const float *a, const float *b, int n, int n_vocab) {
 /* Single-token decodes (1 thread) against a whole batch and a chunked one
  * (2 threads; the attention tests vary threads further), dense and sparse. */
 static void check_model(const char *name, const char *path, int n, int topk, int all_isas) {
-    ellm_model *m = NULL;
-    ellm_error err;
     ellm_model_params mp = {.n_threads = 2, .pin_threads = 0};
-    if (ellm_model_load(path, &mp, &m, &err) != ELLM_OK) {
-        CHECK(0, "load %s: %s", path, err.msg);
-        return;
-    }
+    ellm_model *m = test_load_model(path, &mp);
+    if (!m) return;
     ellm_model_info info;
     ellm_model_get_info(m, &info);
     int32_t *toks = malloc((size_t)n * sizeof *toks);

@@ -130,12 +130,7 @@ static void run_case(const lc_case *cs, int32_t *ids, int n, const char *ids_fil
 }
 
 int main(void) {
-    struct stat sb;
-    if (stat("tests/llamacpp/node_modules/node-llama-cpp/package.json", &sb) != 0) {
-        printf("tests/llamacpp/node_modules is missing: run 'make test' (it runs npm ci there)\n");
-        printf("0 passed, 1 failed\n");
-        return 1;
-    }
+    if (!test_have_node_modules("tests/llamacpp", "node-llama-cpp/package.json")) return 1;
     if (system("node --version >/dev/null 2>&1") != 0) {
         printf("SKIP: node is not installed (llama.cpp runs through node-llama-cpp)\n");
         printf("0 passed, 0 failed\n");

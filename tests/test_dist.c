@@ -28,11 +28,8 @@
 #include <unistd.h>
 
 static uint64_t rng = 88172645463325252ull;
-static float frand(void) {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (float)((rng >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f;
+static float frand(void) { /* uniform in [-1, 1) from 53 bits */
+    return (float)((test_xorshift64(&rng) >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f;
 }
 
 /* attention_select_fn handing out fixed lists. */

@@ -243,12 +243,8 @@ static void test_cli(ellm_model *m) {
 int main(void) {
     test_pool();
     test_warm();
-    ellm_model *m = NULL;
-    ellm_error err = {0};
-    if (ellm_model_load("models/evalmodel.gguf", NULL, &m, &err) != ELLM_OK) {
-        CHECK(0, "evaluation model: %s", err.msg);
-        return test_finish();
-    }
+    ellm_model *m = test_load_model("models/evalmodel.gguf", NULL);
+    if (!m) return test_finish();
     test_contexts(m);
     test_cli(m);
     ellm_model_free(m);

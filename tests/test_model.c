@@ -49,13 +49,6 @@ static int read_tokens(const char *path, int32_t *prompt, int *n_prompt, int32_t
     return 1;
 }
 
-static int argmax(const float *x, int n) {
-    int b = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[b]) b = i;
-    return b;
-}
-
 /* Compares `n` rows of logits; returns max |d| / max |ref| and counts argmax matches. */
 static double compare(const float *got, const float *ref, int n, int n_vocab, int *argmax_ok) {
     double maxref = 0, maxd = 0;
@@ -67,7 +60,7 @@ static double compare(const float *got, const float *ref, int n, int n_vocab, in
             double d = fabs((double)g[i] - f[i]);
             if (!(d <= maxd)) maxd = d; /* NaN propagates as a failure */
         }
-        *argmax_ok += argmax(g, n_vocab) == argmax(f, n_vocab);
+        *argmax_ok += test_argmax(g, n_vocab) == test_argmax(f, n_vocab);
     }
     return maxd / maxref;
 }
@@ -122,7 +115,7 @@ static void test_case(const model_case *mc, int n_threads) {
         st = ellm_decode(ctx, prompt, n_prompt, NULL, &err);
         int same = 0;
         for (int i = 0; i < n_gen && st == ELLM_OK; i++) {
-            int32_t t = argmax(ellm_context_logits(ctx), info.n_vocab);
+            int32_t t = test_argmax(ellm_context_logits(ctx), info.n_vocab);
             same += t == gen[i];
             if (t != gen[i]) break;
             st = ellm_decode(ctx, &t, 1, NULL, &err);

@@ -148,12 +148,9 @@ static void test_shift_models(void) {
 
 static void test_bad_args(void) {
     ellm_error err = {0};
-    ellm_model *m = NULL;
     ellm_context *ctx = NULL;
-    if (ellm_model_load("models/evalmodel.gguf", NULL, &m, &err) != ELLM_OK) {
-        CHECK(0, "%s", err.msg);
-        return;
-    }
+    ellm_model *m = test_load_model("models/evalmodel.gguf", NULL);
+    if (!m) return;
     ellm_context_params cp = ellm_context_default_params();
     cp.n_ctx = 64;
     CHECK(ellm_context_init(m, &cp, &ctx, &err) == ELLM_OK, "%s", err.msg);

@@ -9,13 +9,6 @@
 
 #define T 640
 
-static int argmax(const float *x, int n) {
-    int b = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[b]) b = i;
-    return b;
-}
-
 int main(void) {
     ellm_model *m = NULL;
     ellm_error err = {0};
@@ -101,7 +94,7 @@ int main(void) {
                 if (fabs(a[j]) > mr) mr = fabs(a[j]);
             }
             if (!(md / mr <= max_rel)) max_rel = md / mr;
-            top1 += argmax(a, V) == argmax(b, V);
+            top1 += test_argmax(a, V) == test_argmax(b, V);
         }
         CHECK(first_diff < 0 || first_diff >= 512, "%s: forced selection differs from dense at position %d",
               batched ? "batched" : "token by token", first_diff);
@@ -134,7 +127,7 @@ int main(void) {
           "recall %.3f (%lld samples)", st1.sparse_recall, (long long)st1.recall_samples);
     int agree = 0, scored = 0, differs = 0;
     for (int i = 300; i < T; i++) {
-        agree += argmax(sp + (size_t)i * V, V) == argmax(dense + (size_t)i * V, V);
+        agree += test_argmax(sp + (size_t)i * V, V) == test_argmax(dense + (size_t)i * V, V);
         differs |= memcmp(sp + (size_t)i * V, dense + (size_t)i * V, (size_t)V * 4) != 0;
         scored++;
     }

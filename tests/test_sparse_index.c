@@ -23,12 +23,7 @@
 static ellm_isa g_best;
 
 static uint64_t g_rng = 0x2545f4914f6cdd1dull;
-static uint64_t rnd(void) {
-    g_rng ^= g_rng << 13;
-    g_rng ^= g_rng >> 7;
-    g_rng ^= g_rng << 17;
-    return g_rng;
-}
+static uint64_t rnd(void) { return test_xorshift64(&g_rng); }
 static int irand(int n) { return (int)(rnd() % (uint64_t)n); } /* [0, n) */
 static float frand(void) { /* uniform in [-1, 1) */
     return (float)((rnd() >> 40) & 0xffffff) / (float)(1 << 23) - 1.0f;

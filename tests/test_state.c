@@ -62,11 +62,9 @@ static int file_copy(const char *from, const char *to, size_t n_bytes) {
 
 static void test_engine(void) {
     ellm_error err = {0};
-    ellm_model *m = NULL, *other = NULL;
-    if (ellm_model_load("models/evalmodel.gguf", NULL, &m, &err) != ELLM_OK) {
-        CHECK(0, "load: %s", err.msg);
-        return;
-    }
+    ellm_model *other = NULL;
+    ellm_model *m = test_load_model("models/evalmodel.gguf", NULL);
+    if (!m) return;
     ellm_context_params cp = ellm_context_default_params();
     cp.n_ctx = 512;
     cp.n_threads = 2;
