@@ -126,23 +126,36 @@ typedef struct {
     int nb;
     const ptrdiff_t *delta; /* (nth) offset to thread i's node's copy of the weights, or NULL */
     int by_matrix;          /* split each matrix on its own (rows placed per node) */
-    atomic_long next;       /* the next 16-row unit of the concatenated rows to take */
-    /* Few activation rows: units taken so far from the front of each
-     * thread's own range (matmul_task), a cache line each. */
+    /* Matrix 0's output row a is also copied to scatter[a] (n columns), each
+     * piece as soon as it is computed, while it is in the thread's cache;
+     * NULL: no copy. */
+    float *const *scatter;
+    atomic_long next;       /* more threads than parts: the next 16-row unit of the concatenated rows to take */
+    /* Units taken so far from the front of each thread's own range
+     * (matmul_task), a cache line each. */
     struct {
         atomic_long taken;
         char pad[64 - sizeof(atomic_long)];
     } part[MATMUL_PARTS];
 } matmul_job;
 
-/* Rows of the concatenated matrices are taken in chunks from a shared
- * counter, about MATMUL_CHUNKS_PER_THREAD per thread: a thread that starts
+/* Rows of the concatenated matrices are taken in chunks, about
+ * MATMUL_CHUNKS_PER_THREAD per thread: a thread that starts
  * late or is preempted (the machine's other processes, an HTTP thread of the
  * server) leaves its share to the others instead of holding them at the end
  * of the launch. Which thread computes a row does not change its bits. */
 #define MATMUL_CHUNKS_PER_THREAD 16
 /* Below this many activation rows each thread takes one fixed range. */
 #define MATMUL_SHARED_MIN_ROWS 4
+
+/* Rows [r0, r1) of matrix i of the job (and their copies, job->scatter). */
+static void matmul_piece_of(const matmul_job *job, int i, ptrdiff_t delta, int64_t r0, int64_t r1) {
+    const model_matrix *w = job->w[i];
+    kern_matmul(w->type, (const char *)w->data + delta, w->cols, r0, r1, job->act[i], job->nb, job->y[i], job->ldy[i]);
+    if (i == 0 && job->scatter)
+        for (int a = 0; a < job->nb; a++)
+            memcpy(job->scatter[a] + r0, job->y[0] + (int64_t)a * job->ldy[0] + r0, (size_t)(r1 - r0) * 4);
+}
 
 /* Rows [b, e) of the job's concatenated matrices. */
 static void matmul_rows(const matmul_job *job, ptrdiff_t delta, int64_t b, int64_t e) {
@@ -152,25 +165,29 @@ static void matmul_rows(const matmul_job *job, ptrdiff_t delta, int64_t b, int64
         int64_t r0 = b - base, r1 = e - base;
         if (r0 < 0) r0 = 0;
         if (r1 > w->rows) r1 = w->rows;
-        if (r0 < r1)
-            kern_matmul(w->type, (const char *)w->data + delta, w->cols, r0, r1, job->act[i], job->nb, job->y[i],
-                        job->ldy[i]);
+        if (r0 < r1) matmul_piece_of(job, i, delta, r0, r1);
         base += w->rows;
     }
 }
 
-/* Units of a decode piece when `left` units of a range are not yet taken:
- * a quarter of them, so a range goes in a few large pieces (each a kernel
- * call that starts its own prefetch) and ends in pieces of 2 units. */
-static long matmul_piece(long left) { return left / 4 > 2 ? left / 4 : 2; }
+/* Units of a piece when `left` units of a range are not yet taken. Few
+ * activation rows (chunk 0): a quarter of them, so a range goes in a few
+ * large pieces (each a kernel call that starts its own prefetch) and ends in
+ * pieces of 2 units. More rows (compute-bound): `chunk` units, small enough
+ * that a preempted thread holds little; the batched kernel prefetches the
+ * rows after its piece, the next piece of the same range. */
+static long matmul_piece(long left, long chunk) {
+    if (chunk > 0) return chunk;
+    return left / 4 > 2 ? left / 4 : 2;
+}
 
 /* Takes the next piece [*u0, *u1) of a range of n units whose first *taken
  * are gone; 0 when nothing is left. */
-static int matmul_take(atomic_long *taken, long n, long *u0, long *u1) {
+static int matmul_take(atomic_long *taken, long n, long chunk, long *u0, long *u1) {
     long u = atomic_load_explicit(taken, memory_order_relaxed), e;
     do {
         if (u >= n) return 0;
-        e = u + matmul_piece(n - u);
+        e = u + matmul_piece(n - u, chunk);
         if (e > n) e = n;
     } while (!atomic_compare_exchange_weak_explicit(taken, &u, e, memory_order_relaxed, memory_order_relaxed));
     *u0 = u;
@@ -187,54 +204,62 @@ static void matmul_task(void *arg, int ith, int nth) {
             const model_matrix *w = job->w[i];
             long b, e;
             threadpool_split((long)w->rows, ith, nth, 16, &b, &e);
-            if (b < e)
-                kern_matmul(w->type, (const char *)w->data + delta, w->cols, b, e, job->act[i], job->nb, job->y[i],
-                            job->ldy[i]);
+            if (b < e) matmul_piece_of(job, i, delta, b, e);
         }
         return;
     }
     int64_t total = 0;
     for (int i = 0; i < job->n; i++) total += job->w[i]->rows;
     const long units = (long)((total + 15) / 16);
-    if (job->nb < MATMUL_SHARED_MIN_ROWS) {
-        /* few activation rows: the launch streams the weights from memory;
-         * one contiguous range per thread streams them fastest */
-        if (nth > MATMUL_PARTS) {
-            long b, e;
-            threadpool_split(units, ith, nth, 1, &b, &e);
-            matmul_rows(job, delta, (int64_t)b * 16, e * 16 < total ? (int64_t)e * 16 : total);
-            return;
-        }
-        /* The ranges are not fixed, though: with fixed halves, one thread
+    long chunk = units / ((long)nth * MATMUL_CHUNKS_PER_THREAD);
+    if (chunk < 1) chunk = 1;
+    if (nth <= MATMUL_PARTS) {
+        /* Few activation rows: the launch streams the weights from memory;
+         * one contiguous range per thread streams them fastest. More rows:
+         * a thread's consecutive pieces are consecutive rows, so the kernel's
+         * prefetch of the rows after a piece serves the thread's next one
+         * (pieces taken from one shared counter alternate between threads).
+         * The ranges are not fixed, though: with fixed halves, one thread
          * (slowed by another process on its core, interrupts, its pages)
          * kept the other waiting at the end of the launches for 7% and 14%
          * of a SmolLM2-135M decode step in two timed runs. Each thread
          * takes pieces from the front of its own range, then from the
          * others' fronts; which thread computes a row does not change it. */
+        const long piece = job->nb < MATMUL_SHARED_MIN_ROWS ? 0 : chunk;
         for (int k = 0; k < nth; k++) {
             const int part = (ith + k) % nth;
             long b, e;
             threadpool_split(units, part, nth, 1, &b, &e);
-            for (long u0, u1; matmul_take(&job->part[part].taken, e - b, &u0, &u1);)
+            for (long u0, u1; matmul_take(&job->part[part].taken, e - b, piece, &u0, &u1);)
                 matmul_rows(job, delta, (int64_t)(b + u0) * 16, (b + u1) * 16 < total ? (int64_t)(b + u1) * 16 : total);
         }
         return;
     }
-    long chunk = units / ((long)nth * MATMUL_CHUNKS_PER_THREAD);
-    if (chunk < 1) chunk = 1;
+    if (job->nb < MATMUL_SHARED_MIN_ROWS) {
+        long b, e;
+        threadpool_split(units, ith, nth, 1, &b, &e);
+        matmul_rows(job, delta, (int64_t)b * 16, e * 16 < total ? (int64_t)e * 16 : total);
+        return;
+    }
     for (long u; (u = atomic_fetch_add_explicit(&job->next, chunk, memory_order_relaxed)) < units;) {
         const int64_t b = (int64_t)u * 16, e = (u + chunk) * 16 < total ? (int64_t)(u + chunk) * 16 : total;
         matmul_rows(job, delta, b, e);
     }
 }
 
-/* Y (nb rows of w->rows, stride ldy) = X (nb rows of w->cols) * W^T. */
-static void matmul(const engine_scratch *s, threadpool *pool, const model_matrix *w, const float *X, int nb,
-                   float *Y, int64_t ldy) {
+/* Y (nb rows of w->rows, stride ldy) = X (nb rows of w->cols) * W^T; with
+ * scatter, Y row a is also copied to scatter[a]. */
+static void matmul_to(const engine_scratch *s, threadpool *pool, const model_matrix *w, const float *X, int nb,
+                      float *Y, int64_t ldy, float *const *scatter) {
     kern_act_prepare(w->type, X, w->cols, nb, s->act);
     matmul_job job = {.n = 1, .w = {w}, .act = {s->act}, .y = {Y}, .ldy = {ldy}, .nb = nb,
-                      .delta = s->w_delta, .by_matrix = s->by_matrix};
+                      .delta = s->w_delta, .by_matrix = s->by_matrix, .scatter = scatter};
     threadpool_run(pool, matmul_task, &job);
+}
+
+static void matmul(const engine_scratch *s, threadpool *pool, const model_matrix *w, const float *X, int nb,
+                   float *Y, int64_t ldy) {
+    matmul_to(s, pool, w, X, nb, Y, ldy, NULL);
 }
 
 /* Passes of at least this many rows split their element-wise work over the
@@ -650,15 +675,17 @@ void engine_forward_seqs(const ellm_model *m, const engine_scratch *s, threadpoo
         matmul(s, pool, &m->draft_map, s->x, n_out, s->xn, d);
         for (int o = 0; o < n_out; o++) kern_rmsnorm(s->xn + o * d, s->xn + o * d, m->output_norm, d, c->norm_eps);
     }
-    float *out = n_seq == 1 ? seqs[0].logits : logits_tmp;
-    matmul(s, pool, &m->output, s->xn, n_out, out, c->n_vocab);
-    if (n_seq == 1) return;
-    for (int i = 0, o = 0; i < n_seq; i++) {
-        int rows = seqs[i].n - seqs[i].first_logit_row;
-        if (rows <= 0) continue;
-        memcpy(seqs[i].logits, out + (size_t)o * c->n_vocab, (size_t)rows * c->n_vocab * 4);
-        o += rows;
+    if (n_seq == 1) {
+        matmul(s, pool, &m->output, s->xn, n_out, seqs[0].logits, c->n_vocab);
+        return;
     }
+    /* several sequences: rows side by side in logits_tmp, each piece copied
+     * to its sequence's buffer by the thread that computed it */
+    float *dst[n_out];
+    for (int i = 0, o = 0; i < n_seq; i++)
+        for (int t = seqs[i].first_logit_row; t < seqs[i].n; t++, o++)
+            dst[o] = seqs[i].logits + (size_t)(t - seqs[i].first_logit_row) * c->n_vocab;
+    matmul_to(s, pool, &m->output, s->xn, n_out, logits_tmp, c->n_vocab, dst);
 }
 
 void engine_forward(struct ellm_context *ctx, const int32_t *tokens, int n, int pos,

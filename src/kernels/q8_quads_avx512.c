@@ -234,7 +234,12 @@ static void qd_rows(int wtype, const char *W, size_t wrow, int64_t nblk, int64_t
 /* A group reads its 4-16 rows block by block, as many short streams that
  * the hardware prefetchers follow poorly; the group's rows are contiguous,
  * so while one group computes, the next one's bytes are prefetched as one
- * stream, a few lines per block. */
+ * stream, a few lines per block. The last group prefetches the 8 rows that
+ * follow the call's range: a caller that walks a matrix in consecutive
+ * pieces (the engine's matmul launches) then finds its next piece's first
+ * group on the way instead of waiting for it at the call's start. A
+ * prefetch never faults, so rows past the matrix's end cost only the
+ * lines. */
 void kern_matmul_q8_quads_avx512(int wtype, const void *W, int64_t cols, int64_t r0, int64_t n4, const void *act,
                                  int nb, float *Y, int64_t ldy) {
     const int bsz = wtype == QTYPE_Q8_0 ? (int)sizeof(block_q8_0) : (int)sizeof(block_q4_0);
@@ -247,8 +252,8 @@ void kern_matmul_q8_quads_avx512(int wtype, const void *W, int64_t cols, int64_t
         int64_t r = r0 + 4 * g;
         int64_t left = n4 - g - ng;
         int ng_next = left >= QD_MAX_G ? QD_MAX_G : (int)left;
-        qd_rows(wtype, w, wrow, nblk, r, ng, act, cols, nb, ng_next ? w + (size_t)(r + 4 * ng) * wrow : NULL,
-                (size_t)(4 * ng_next) * wrow, Y, ldy);
+        qd_rows(wtype, w, wrow, nblk, r, ng, act, cols, nb, w + (size_t)(r + 4 * ng) * wrow,
+                (size_t)(4 * (ng_next ? ng_next : QD_MAX_G)) * wrow, Y, ldy);
         g += ng;
         ng = ng_next;
     }
