@@ -11,6 +11,7 @@
 #include "gguf/gguf.h"
 #include "tokenizer/tokenizer.h"
 
+#include <cjson/cJSON.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -563,6 +564,32 @@ static void test_malformed_json(void) {
 }
 
 /* Long runs that make naive regexes quadratic stay fast. */
+/* The chat template of a tokenizer_config.json, which the tokenizer and the
+ * converter both take: a string, or from a list the one named "default",
+ * else the first. */
+static void test_config_chat_template(void) {
+    static const char *const cases[][2] = {
+        {"{\"chat_template\": \"S\"}", "S"},
+        {"{\"chat_template\": [{\"name\": \"tool_use\", \"template\": \"T\"},"
+         " {\"name\": \"default\", \"template\": \"D\"}]}",
+         "D"},
+        {"{\"chat_template\": [{\"name\": \"a\", \"template\": \"A\"}, {\"name\": \"b\", \"template\": \"B\"}]}",
+         "A"},
+        {"{\"chat_template\": [{\"name\": \"default\"}, {\"template\": 3}]}", NULL},
+        {"{\"chat_template\": 7}", NULL},
+        {"{}", NULL},
+        {"[]", NULL},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        cJSON *cfg = cJSON_Parse(cases[i][0]);
+        const char *got = tokenizer_hf_chat_template(cfg);
+        const char *want = cases[i][1];
+        CHECK(cfg && (want ? got && !strcmp(got, want) : !got), "%s: got %s", cases[i][0], got ? got : "NULL");
+        cJSON_Delete(cfg);
+    }
+    CHECK(tokenizer_hf_chat_template(NULL) == NULL, "no config: no template");
+}
+
 static void test_long_runs(void) {
     static const char *const names[] = {"deepseek-llm", "llama-bpe", "gpt-2", "deepseek-coder"};
     size_t n = 200000;
@@ -595,6 +622,7 @@ int main(void) {
     test_invalid_utf8();
     test_public_api();
     test_malformed_json();
+    test_config_chat_template();
     test_long_runs();
     return test_finish();
 }

@@ -487,15 +487,10 @@ static ellm_status read_specials(cv_vocab *v, const vsrc *s, ellm_error *err) {
     return ELLM_OK;
 }
 
-/* The chat template: tokenizer_config.json's (a string, or a list of
- * {name, template}: "default", else the first), else chat_template.jinja. */
+/* The chat template: tokenizer_config.json's (as the tokenizer picks it from
+ * there), else chat_template.jinja. */
 static ellm_status read_chat_template(cv_vocab *v, const vsrc *s, ellm_error *err) {
-    const cJSON *ct = get(s->tok_cfg, "chat_template");
-    const char *tmpl = cJSON_IsString(ct) ? ct->valuestring : NULL;
-    for (const cJSON *c = cJSON_IsArray(ct) ? ct->child : NULL; c; c = c->next) {
-        const char *name = get_str(c, "name"), *body = get_str(c, "template");
-        if (body && (!tmpl || (name && !strcmp(name, "default")))) tmpl = body;
-    }
+    const char *tmpl = tokenizer_hf_chat_template(s->tok_cfg);
     if (tmpl) {
         v->chat_template = strdup(tmpl);
         return v->chat_template ? ELLM_OK : ellm_fail(err, ELLM_ERR_NOMEM, "out of memory");

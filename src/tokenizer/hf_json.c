@@ -528,17 +528,22 @@ static ellm_status read_specials(tokenizer *t, const cJSON *root, const cJSON *c
     }
     t->eot = t->eom = -1;
 
-    const cJSON *ct = get(cfg, "chat_template");
-    const char *tmpl = cJSON_IsString(ct) ? ct->valuestring : NULL;
-    for (const cJSON *c = cJSON_IsArray(ct) ? ct->child : NULL; c; c = c->next) {
-        const char *name = get_str(c, "name"), *body = get_str(c, "template");
-        if (body && (!tmpl || (name && !strcmp(name, "default")))) tmpl = body;
-    }
+    const char *tmpl = tokenizer_hf_chat_template(cfg);
     if (tmpl) {
         t->chat_template = strdup(tmpl);
         if (!t->chat_template) return ellm_fail(err, ELLM_ERR_NOMEM, "tokenizer: out of memory");
     }
     return ELLM_OK;
+}
+
+const char *tokenizer_hf_chat_template(const cJSON *tok_cfg) {
+    const cJSON *ct = get(tok_cfg, "chat_template");
+    const char *tmpl = cJSON_IsString(ct) ? ct->valuestring : NULL;
+    for (const cJSON *c = cJSON_IsArray(ct) ? ct->child : NULL; c; c = c->next) {
+        const char *name = get_str(c, "name"), *body = get_str(c, "template");
+        if (body && (!tmpl || (name && !strcmp(name, "default")))) tmpl = body;
+    }
+    return tmpl;
 }
 
 /* Builds `t` from the parsed tokenizer.json and config (may be NULL). */

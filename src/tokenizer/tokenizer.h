@@ -35,6 +35,11 @@ ellm_status tokenizer_init_gguf(const gguf_file *f, tokenizer **out, ellm_error 
 ellm_status tokenizer_init_hf_json(const char *path_to_tokenizer_json, tokenizer **out,
                                    ellm_error *err);
 void tokenizer_free(tokenizer *t);
+/* The chat template a parsed tokenizer_config.json names: its
+ * "chat_template" string, or from a list of {name, template} the one named
+ * "default", else the first; NULL if none. Points into tok_cfg. */
+struct cJSON;
+const char *tokenizer_hf_chat_template(const struct cJSON *tok_cfg);
 
 int tokenizer_n_vocab(const tokenizer *t);
 int32_t tokenizer_bos(const tokenizer *t); /* -1 if none */
