@@ -399,22 +399,49 @@ static double abs_dot(const float *w, const float *x, int64_t n) {
     return s;
 }
 
+/* One matmul run through the current ISA's kernel and the reference: rows x
+ * cols random weights W of type, nb Gaussian activation rows X, outputs for
+ * rows [r0, r1) in Y (kernel) and Yr (reference), ldy = rows + 3 apart, NaN
+ * everywhere else. */
+typedef struct {
+    void *W, *act;
+    float *X, *Y, *Yr;
+    int64_t ldy;
+} matmul_run;
+
+static void matmul_run_both(matmul_run *m, int type, int64_t rows, int64_t cols, int nb, int64_t r0, int64_t r1) {
+    m->W = xmalloc(qtype_row_bytes(type, cols) * (size_t)rows);
+    make_weights(type, m->W, rows, cols);
+    m->X = xmalloc((size_t)(cols * nb) * sizeof(float));
+    fill_gauss(m->X, cols * nb, 1.0f);
+    m->act = xmalloc(kern_act_bytes(type, cols, nb));
+    kern_act_prepare(type, m->X, cols, nb, m->act);
+    m->ldy = rows + 3;
+    m->Y = xmalloc((size_t)(m->ldy * nb) * sizeof(float));
+    m->Yr = xmalloc((size_t)(m->ldy * nb) * sizeof(float));
+    for (int64_t i = 0; i < m->ldy * nb; i++) m->Y[i] = m->Yr[i] = NAN;
+    kern_matmul_ref(type, m->W, cols, r0, r1, m->act, nb, m->Yr, m->ldy);
+    kern_matmul(type, m->W, cols, r0, r1, m->act, nb, m->Y, m->ldy);
+}
+
+static void matmul_run_free(matmul_run *m) {
+    free(m->W);
+    free(m->X);
+    free(m->act);
+    free(m->Y);
+    free(m->Yr);
+}
+
 static void test_matmul_case(ellm_isa isa, int type, int64_t rows, int64_t cols, int nb, int64_t r0,
                              int64_t r1) {
     const char *in = ellm_isa_str(isa);
     const char *tn = qtype_get(type)->name;
     size_t rb = qtype_row_bytes(type, cols);
-    void *W = xmalloc(rb * (size_t)rows);
-    make_weights(type, W, rows, cols);
-    float *X = xmalloc((size_t)(cols * nb) * sizeof(float));
-    fill_gauss(X, cols * nb, 1.0f);
-    void *act = xmalloc(kern_act_bytes(type, cols, nb));
-    kern_act_prepare(type, X, cols, nb, act);
-    int64_t ldy = rows + 3;
-    float *Y = xmalloc((size_t)(ldy * nb) * sizeof(float)), *Yr = xmalloc((size_t)(ldy * nb) * sizeof(float));
-    for (int64_t i = 0; i < ldy * nb; i++) Y[i] = Yr[i] = NAN;
-    kern_matmul_ref(type, W, cols, r0, r1, act, nb, Yr, ldy);
-    kern_matmul(type, W, cols, r0, r1, act, nb, Y, ldy);
+    matmul_run m;
+    matmul_run_both(&m, type, rows, cols, nb, r0, r1);
+    const void *W = m.W;
+    const float *X = m.X, *Y = m.Y, *Yr = m.Yr;
+    const int64_t ldy = m.ldy;
 
     float *wf = xmalloc((size_t)cols * sizeof(float));
     int bad = 0, untouched = 1;
@@ -426,7 +453,7 @@ static void test_matmul_case(ellm_isa isa, int type, int64_t rows, int64_t cols,
                 untouched &= isnan(got) != 0;
                 continue;
             }
-            qtype_dequantize_ref(type, (char *)W + r * rb, wf, cols);
+            qtype_dequantize_ref(type, (const char *)W + r * rb, wf, cols);
             double tol = 2e-6 * abs_dot(wf, xf, cols) + 1e-7;
             double err = fabs((double)got - want);
             if (!(err <= tol)) {
@@ -440,11 +467,7 @@ static void test_matmul_case(ellm_isa isa, int type, int64_t rows, int64_t cols,
     CHECK(bad == 0, "[%s] matmul %s cols=%lld nb=%d rows [%lld,%lld): %d mismatches", in, tn,
           (long long)cols, nb, (long long)r0, (long long)r1, bad);
     CHECK(untouched, "[%s] matmul %s wrote outside rows [%lld,%lld)", in, tn, (long long)r0, (long long)r1);
-    free(W);
-    free(X);
-    free(act);
-    free(Y);
-    free(Yr);
+    matmul_run_free(&m);
     free(wf);
 }
 
@@ -600,7 +623,7 @@ static void test_matmul_exact(ellm_isa isa) {
         float *wf = xmalloc((size_t)cols * sizeof(float));
         int bad = 0, bad_direct = 0;
         for (int64_t r = 0; r < rows; r++) {
-            qtype_dequantize_ref(type, (char *)W + r * rb, wf, cols);
+            qtype_dequantize_ref(type, (const char *)W + r * rb, wf, cols);
             for (int b = 0; b < nb; b++) {
                 double direct = 0;
                 for (int64_t c = 0; c < cols; c++) direct += (double)wf[c] * X[b * cols + c];
@@ -677,26 +700,13 @@ static void test_matmul_int4_bits(ellm_isa isa) {
         for (size_t n = 0; n < sizeof nbs / sizeof nbs[0]; n++) {
             int64_t cols = QK_G128 * ng_list[c], rows = 11, r0 = 1, r1 = 10;
             int nb = nbs[n];
-            void *W = xmalloc(qtype_row_bytes(type, cols) * (size_t)rows);
-            make_weights(type, W, rows, cols);
-            float *X = xmalloc((size_t)(cols * nb) * sizeof(float));
-            fill_gauss(X, cols * nb, 1.0f);
-            void *act = xmalloc(kern_act_bytes(type, cols, nb));
-            kern_act_prepare(type, X, cols, nb, act);
-            int64_t ldy = rows + 2;
-            float *Y = xmalloc((size_t)(ldy * nb) * sizeof(float)), *Yr = xmalloc((size_t)(ldy * nb) * sizeof(float));
-            for (int64_t i = 0; i < ldy * nb; i++) Y[i] = Yr[i] = NAN;
-            kern_matmul_ref(type, W, cols, r0, r1, act, nb, Yr, ldy);
-            kern_matmul(type, W, cols, r0, r1, act, nb, Y, ldy);
+            matmul_run m;
+            matmul_run_both(&m, type, rows, cols, nb, r0, r1);
             int diff = 0;
-            for (int64_t i = 0; i < ldy * nb; i++) diff += memcmp(&Y[i], &Yr[i], 4) != 0;
+            for (int64_t i = 0; i < m.ldy * nb; i++) diff += memcmp(&m.Y[i], &m.Yr[i], 4) != 0;
             CHECK(diff == 0, "[%s] matmul int4_g128 cols=%lld nb=%d: %d results differ from the reference's bits",
                   ellm_isa_str(isa), (long long)cols, nb, diff);
-            free(W);
-            free(X);
-            free(act);
-            free(Y);
-            free(Yr);
+            matmul_run_free(&m);
         }
 }
 
