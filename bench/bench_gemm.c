@@ -25,6 +25,7 @@
  * (time preempted does not count; the whole work only with -t 1). The
  * machine may be shared, so compare builds in one run, not across
  * sessions. */
+#include "bench_util.h"
 #include "core/cpu.h"
 #include "core/threadpool.h"
 #include "core/timer.h"
@@ -40,31 +41,6 @@ enum { MAX_LIST = 16, TARGET_BYTES = 96 << 20, MAX_COPIES = 64 };
 
 static int g_reps = 5;
 static int g_hot = 0; /* -H: one copy of the layer, reused (cache-resident for small shapes) */
-
-static uint64_t rng = 88172645463325252ull;
-static uint64_t next(void) {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return rng;
-}
-
-/* CPU time of this thread in ms (time preempted does not count). */
-static double thread_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
-static double median(double *v, int n) {
-    for (int i = 1; i < n; i++)
-        for (int j = i; j > 0 && v[j] < v[j - 1]; j--) {
-            double t = v[j];
-            v[j] = v[j - 1];
-            v[j - 1] = t;
-        }
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 /* ---- peak ---- */
 
@@ -154,7 +130,7 @@ static void launch_task(void *arg, int ith, int nth) {
 /* Random weights with small f16 scales (every block's fields set). */
 static void fill_weights(int type, uint8_t *w, size_t bytes) {
     for (size_t i = 0; i + 8 <= bytes; i += 8) {
-        uint64_t v = next();
+        uint64_t v = bench_rand();
         memcpy(w + i, &v, 8);
     }
     const qtype_info *t = qtype_get(type);
@@ -191,7 +167,7 @@ static void bench_layer(int type, const model_shape *s, const int *nbs, int n_nb
     float *Y = malloc(sizeof(float) * (size_t)(s->ffn * max_nb) * 2 + 64);
     size_t act_max = kern_act_bytes(type, s->ffn, max_nb) + kern_act_bytes(type, s->d, max_nb);
     void *act = aligned_alloc(64, (act_max + 63) & ~(size_t)63);
-    for (int64_t i = 0; i < s->ffn * max_nb; i++) X[i] = (float)(next() % 2001) / 1000.0f - 1.0f;
+    for (int64_t i = 0; i < s->ffn * max_nb; i++) X[i] = (float)(bench_rand() % 2001) / 1000.0f - 1.0f;
     for (int ti = 0; ti < n_ths; ti++) {
         threadpool *pool = pools[ti];
         for (int k = 0; k < n_nbs; k++) {
@@ -203,7 +179,7 @@ static void bench_layer(int type, const model_shape *s, const int *nbs, int n_nb
             int reps = g_reps < 64 ? g_reps : 64;
             for (int rep = -1; rep < reps; rep++) {
                 if (rep >= reps) break;
-                double prep = 0, t0 = ellm_time_ms(), c0 = thread_ms();
+                double prep = 0, t0 = ellm_time_ms(), c0 = bench_thread_ms();
                 for (int c = 0; c < nc; c++) {
                     const uint8_t *base = W + (size_t)(g_hot ? 0 : c) * layer_bytes;
                     const uint8_t *m[7];
@@ -229,12 +205,12 @@ static void bench_layer(int type, const model_shape *s, const int *nbs, int n_nb
                         threadpool_run(pool, launch_task, &l);
                     }
                 }
-                if (rep >= 0) t[rep] = ellm_time_ms() - t0, tp[rep] = prep, tc[rep] = thread_ms() - c0;
+                if (rep >= 0) t[rep] = ellm_time_ms() - t0, tp[rep] = prep, tc[rep] = bench_thread_ms() - c0;
             }
-            double med = median(t, reps), medp = median(tp, reps), best = t[0];
+            double med = bench_median(t, reps), medp = bench_median(tp, reps), best = t[0];
             double gop = 2.0 * layer_w * nc * nb / 1e9;
             double gops = gop / (med / 1e3), gops_best = gop / (best / 1e3);
-            double gops_cpu = gop / (median(tc, reps) / 1e3);
+            double gops_cpu = gop / (bench_median(tc, reps) / 1e3);
             printf("%-9s %-4s %-6s nb=%-4d t=%d  %8.3f ms/layer  prep %5.1f%%  %7.1f GOP/s (best %7.1f)  %5.1f%% of VNNI "
                    "peak  %6.2f GB/s weights  cpu %7.1f GOP/s (thread 0)\n",
                    qtype_get(type)->name, s->name, ellm_isa_str(ellm_cpu_isa()), nb, ths[ti], med / nc,
@@ -274,7 +250,7 @@ static void bench_each(int type, const model_shape *s, const int *nbs, int n_nbs
             return;
         }
         fill_weights(type, W, mb * (size_t)copies);
-        for (int64_t i = 0; i < mc[mi] * max_nb; i++) X[i] = (float)(next() % 2001) / 1000.0f - 1.0f;
+        for (int64_t i = 0; i < mc[mi] * max_nb; i++) X[i] = (float)(bench_rand() % 2001) / 1000.0f - 1.0f;
         for (int ti = 0; ti < n_ths; ti++)
             for (int k = 0; k < n_nbs; k++) {
                 int nb = nbs[k];
@@ -295,7 +271,7 @@ static void bench_each(int type, const model_shape *s, const int *nbs, int n_nbs
                 double best = t[0];
                 for (int r = 1; r < reps; r++)
                     if (t[r] < best) best = t[r];
-                double med = median(t, reps), gop = 2.0 * (double)mr[mi] * (double)mc[mi] * nb / 1e9;
+                double med = bench_median(t, reps), gop = 2.0 * (double)mr[mi] * (double)mc[mi] * nb / 1e9;
                 printf("%-9s %-4s %-6s %5lldx%-6lld nb=%-4d t=%d  %8.3f ms  %7.1f GOP/s (best %7.1f)  %5.1f%% of VNNI "
                        "peak\n",
                        qtype_get(type)->name, s->name, ellm_isa_str(ellm_cpu_isa()), (long long)mc[mi],

@@ -22,6 +22,7 @@
  * Each line gives GB/s over the median wall time, the median thread CPU time
  * and the best CPU time of `reps` runs (the machine may be shared: compare
  * builds in alternating runs, not across sessions). */
+#include "bench_util.h"
 #include "core/cpu.h"
 #include "core/timer.h"
 #include "kernels/kernels.h"
@@ -37,32 +38,16 @@ enum { TARGET_BYTES = 140 << 20, MAX_MATS = 8192, MAX_NB = 256 };
 
 static int g_reps = 7;
 
-/* CPU time of this thread in ms: on a shared machine it tracks the kernel's
- * own work better than wall time does (time preempted does not count). */
-static double thread_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
-static uint64_t rng = 88172645463325252ull;
-static uint64_t next(void) {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return rng;
-}
-
 /* Random bytes with every block's f16 scale fields set to a small value. */
 static void fill_weights(int type, uint8_t *w, size_t bytes) {
     for (size_t i = 0; i + 8 <= bytes; i += 8) {
-        uint64_t v = next();
+        uint64_t v = bench_rand();
         memcpy(w + i, &v, 8);
     }
     const qtype_info *t = qtype_get(type);
     if (t->block_elems == 1) { /* floats: keep them finite, about +-1 */
         if (type == QTYPE_F32)
-            for (size_t i = 0; i < bytes / 4; i++) ((float *)w)[i] = (float)(next() % 2001) / 1000.0f - 1.0f;
+            for (size_t i = 0; i < bytes / 4; i++) ((float *)w)[i] = (float)(bench_rand() % 2001) / 1000.0f - 1.0f;
         else
             for (size_t i = 0; i < bytes / 2; i++) ((uint16_t *)w)[i] &= type == QTYPE_F16 ? 0xBBFF : 0xBF7F;
         return;
@@ -101,16 +86,6 @@ static model_shape shape_for(int type) {
     return (model_shape){576, 192, 1536, 49152}; /* SmolLM2-135M */
 }
 
-static double median(double *v, int n) {
-    for (int i = 1; i < n; i++)
-        for (int j = i; j > 0 && v[j] < v[j - 1]; j--) {
-            double t = v[j];
-            v[j] = v[j - 1];
-            v[j - 1] = t;
-        }
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 /* Multiplies every matrix of `l` at nb and prints GB/s of weights. */
 static void run_list(const char *label, int type, const mat_list *l, int nb) {
     uint8_t *W = malloc(l->bytes);
@@ -132,7 +107,7 @@ static void run_list(const char *label, int type, const mat_list *l, int nb) {
         if (j < n_act || n_act == 4) continue;
         act_cols[n_act] = l->cols[i];
         float *X = malloc(sizeof(float) * (size_t)(l->cols[i] * nb));
-        for (int64_t c = 0; c < l->cols[i] * nb; c++) X[c] = (float)(next() % 2001) / 1000.0f - 1.0f;
+        for (int64_t c = 0; c < l->cols[i] * nb; c++) X[c] = (float)(bench_rand() % 2001) / 1000.0f - 1.0f;
         act[n_act] = aligned_alloc(64, (kern_act_bytes(type, l->cols[i], nb) + 63) & ~(size_t)63); /* as the engine's */
         kern_act_prepare(type, X, l->cols[i], nb, act[n_act]);
         free(X);
@@ -142,19 +117,19 @@ static void run_list(const char *label, int type, const mat_list *l, int nb) {
     double t[64] = {0}, c[64] = {0};
     int reps = g_reps < 64 ? g_reps : 64;
     for (int rep = 0; rep < reps; rep++) {
-        double t0 = ellm_time_ms(), c0 = thread_ms();
+        double t0 = ellm_time_ms(), c0 = bench_thread_ms();
         for (int i = 0; i < l->n; i++) {
             int j = 0;
             while (act_cols[j] != l->cols[i]) j++;
             kern_matmul(type, W + l->off[i], l->cols[i], 0, l->rows[i], act[j], nb, Y, l->rows[i]);
         }
         t[rep] = ellm_time_ms() - t0;
-        c[rep] = thread_ms() - c0;
+        c[rep] = bench_thread_ms() - c0;
     }
     double best_cpu = c[0];
     for (int rep = 1; rep < reps; rep++)
         if (c[rep] < best_cpu) best_cpu = c[rep];
-    double med = median(t, reps), med_cpu = median(c, reps);
+    double med = bench_median(t, reps), med_cpu = bench_median(c, reps);
     double gb = 0;
     for (int i = 0; i < l->n; i++) gb += (double)qtype_row_bytes(type, l->cols[i]) * (double)l->rows[i];
     gb /= 1e9;
@@ -260,7 +235,7 @@ static void bench_read(void) {
         s += ellm_cpu()->avx512f ? read_avx512(buf, bytes) : (uint64_t)buf[rep];
         t[rep] = ellm_time_ms() - t0;
     }
-    double med = median(t, reps);
+    double med = bench_median(t, reps);
     printf("read  avx512 xor                          %8.2f ms  %6.2f GB/s median  (checksum %llu)\n", med,
            bytes / 1e9 / (med / 1e3), (unsigned long long)(s & 0xff));
     free(buf);

@@ -11,6 +11,7 @@
  * the append of one token to all layers (the index's share of a decode step).
  *
  *   make bench && build/bench/bench_sparse [steps] [expand]      (default 20 steps, expand 2; ELLM_ISA=avx2|scalar to force) */
+#include "bench_util.h"
 #include "attention/sparse_index.h"
 #include "core/cpu.h"
 #include "core/timer.h"
@@ -36,23 +37,6 @@ static float frand(void) { /* uniform in [-1, 1) */
     g_rng ^= g_rng >> 7;
     g_rng ^= g_rng << 17;
     return (float)((g_rng >> 40) & 0xffffff) / (float)(1 << 23) - 1.0f;
-}
-
-/* CPU time of this thread in ms: on a shared machine it tracks our own work. */
-static double thread_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 static volatile unsigned char g_sink;
@@ -92,7 +76,7 @@ static void run(int n_ctx, int steps, float expand, const float *pool, const uns
             for (int l = 0; l < N_LAYER; l++)
                 for (int i = 0; i < GROUP * N_KV * HEAD_DIM; i++) q[l][i] = frand();
             if (mode) evict(ebuf);
-            double a = thread_ms();
+            double a = bench_thread_ms();
             for (int l = 0; l < N_LAYER; l++) {
                 for (int h = 0; h < N_KV; h++) {
                     int n;
@@ -100,18 +84,18 @@ static void run(int n_ctx, int steps, float expand, const float *pool, const uns
                                         mode ? NULL : &st);
                 }
             }
-            t_step[mode][s] = thread_ms() - a;
+            t_step[mode][s] = bench_thread_ms() - a;
         }
     /* Medians: the machine may be shared, and a median ignores the steps
      * another process interrupted. */
-    double hot = median(t_step[0], steps) * steps, cold = median(t_step[1], steps) * steps;
+    double hot = bench_median(t_step[0], steps) * steps, cold = bench_median(t_step[1], steps) * steps;
     /* Appending one decode token to every layer (positions n_ctx, n_ctx + 1, ...). */
     const int n_app = steps < 64 ? steps : 64;
-    double a = thread_ms();
+    double a = bench_thread_ms();
     for (int s = 0; s < n_app; s++)
         for (int l = 0; l < N_LAYER; l++)
             sparse_index_append(idx, l, n_ctx + s, 1, pool + (size_t)row * (s * N_LAYER + l));
-    double app = (thread_ms() - a) / n_app;
+    double app = (bench_thread_ms() - a) / n_app;
     const double per_sel = (double)st.bytes_read / (double)st.calls;
     printf("depth %6d: select %.3f ms/step hot, %.3f ms/step cold (medians; %d selections, %.2f us each cold)\n",
            n_ctx, hot / steps, cold / steps, N_LAYER * N_KV, 1e3 * cold / steps / (N_LAYER * N_KV));

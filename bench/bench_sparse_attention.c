@@ -14,6 +14,7 @@
  * The sparse/contiguous ratio is the cost of reading scattered blocks.
  *
  *   bench_sparse_attention [threads] [depth] [budget] [reps] */
+#include "bench_util.h"
 #include "attention/attention.h"
 #include "attention/kv_cache.h"
 #include "core/cpu.h"
@@ -41,11 +42,6 @@ static void flush_caches(const uint64_t *buf) {
     sink += s;
 }
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 static int cmp_i32(const void *a, const void *b) {
     int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
     return x < y ? -1 : x > y;
@@ -65,14 +61,6 @@ static void give_list(void *arg, int h, int thread, int32_t *blocks, int *n_bloc
     *n_blocks = g->n[h];
 }
 
-static uint64_t rng = 88172645463325252ull;
-static uint64_t next_rand(void) {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return rng;
-}
-
 /* Sink block 0, the last `window` blocks, then distinct random blocks up to
  * `want`, ascending (as sparse_index_select returns them). */
 static int choose(int32_t *out, int n_blocks, int want, int window) {
@@ -83,7 +71,7 @@ static int choose(int32_t *out, int n_blocks, int want, int window) {
     for (int b = n_blocks - window; b < n_blocks; b++)
         if (b > 0 && !taken[b]) taken[b] = 1, out[n++] = b;
     while (n < want) {
-        int b = (int)(next_rand() % (uint64_t)n_blocks);
+        int b = (int)(bench_rand() % (uint64_t)n_blocks);
         if (!taken[b]) taken[b] = 1, out[n++] = b;
     }
     free(taken);
@@ -111,7 +99,7 @@ int main(int argc, char **argv) {
     size_t row = (size_t)N_KV * HEAD_DIM;
     float *k = malloc(chunk * row * sizeof(float)), *v = malloc(chunk * row * sizeof(float));
     for (size_t i = 0; i < chunk * row; i++) {
-        k[i] = (float)(next_rand() % 65536) / 32768.0f - 1.0f;
+        k[i] = (float)(bench_rand() % 65536) / 32768.0f - 1.0f;
         v[i] = -k[i] * 0.5f;
     }
     for (int l = 0; l < N_LAYER; l++)
@@ -166,8 +154,7 @@ int main(int argc, char **argv) {
     printf("sparse attention read: %s, %d threads, depth %d, budget %d tokens (%d blocks of %d)\n",
            ellm_isa_str(ellm_cpu_isa()), nt, depth, budget, want, BLOCK);
     for (int m = 0; m < 4; m++) {
-        qsort(ms[m], (size_t)reps, sizeof(double), cmp_double);
-        med[m] = ms[m][reps / 2];
+        med[m] = median_sort(ms[m], reps);
         double tokens = m == 2 ? depth + 1 : budget;
         double bytes = tokens * (double)kv_cache_bytes_per_token(kv);
         printf("  %-10s %8.3f ms/step (median of %d)  %6.1f GB/s  (%.0f MB)\n", names[m], med[m], reps,
