@@ -60,15 +60,7 @@ static int gen(void *user, const hfw_tensor *t, FILE *fp) {
 }
 
 static void add(hfw_tensor *t, int *n, const char *name, int dtype, int64_t rows, int64_t cols) {
-    hfw_tensor *x = &t[(*n)++];
-    memset(x, 0, sizeof *x);
-    snprintf(x->name, sizeof x->name, "%s", name);
-    x->dtype = dtype;
-    x->n_dims = cols ? 2 : 1;
-    x->shape[0] = rows;
-    x->shape[1] = cols;
-    x->n_bytes = (size_t)(rows * (cols ? cols : 1)) * hfw_dtype_size[dtype];
-    x->gen = gen;
+    hfw_add(t, n, name, dtype, rows, cols)->gen = gen;
 }
 
 int main(int argc, char **argv) {

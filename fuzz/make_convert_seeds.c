@@ -10,6 +10,8 @@
 #include "hf_writer.h"
 #include "sp_writer.h"
 
+#include "convert/fileio.h"
+
 #include <errno.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -28,20 +30,11 @@ static void put(const char *sub, const char *name, const void *p, size_t n) {
     }
 }
 
+/* The whole file at path (malloc'ed, *n bytes), or NULL. */
 static uint8_t *slurp(const char *path, size_t *n) {
-    FILE *fp = fopen(path, "rb");
-    if (!fp) return NULL;
-    fseek(fp, 0, SEEK_END);
-    long sz = ftell(fp);
-    fseek(fp, 0, SEEK_SET);
-    uint8_t *b = malloc((size_t)sz + 1);
-    if (b && fread(b, 1, (size_t)sz, fp) != (size_t)sz) {
-        free(b);
-        b = NULL;
-    }
-    fclose(fp);
-    *n = (size_t)sz;
-    return b;
+    char *b = NULL;
+    ellm_error err;
+    return cv_read_file(path, SIZE_MAX, &b, n, &err) == ELLM_OK ? (uint8_t *)b : NULL;
 }
 
 static uint32_t g_rng = 12345;
@@ -52,15 +45,8 @@ static float frand(void) {
 
 /* Fills a tensor of `rows` x `cols` (cols 0: 1-D) with small random values. */
 static void add(hfw_tensor *t, int *n, const char *name, int dtype, int64_t rows, int64_t cols) {
-    hfw_tensor *x = &t[(*n)++];
-    memset(x, 0, sizeof *x);
-    snprintf(x->name, sizeof x->name, "%s", name);
-    x->dtype = dtype;
-    x->n_dims = cols ? 2 : 1;
-    x->shape[0] = rows;
-    x->shape[1] = cols;
+    hfw_tensor *x = hfw_add(t, n, name, dtype, rows, cols);
     int64_t count = rows * (cols ? cols : 1);
-    x->n_bytes = (size_t)count * hfw_dtype_size[dtype];
     x->data = malloc(x->n_bytes);
     for (int64_t i = 0; i < count; i++) {
         float v = frand();

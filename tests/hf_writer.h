@@ -40,6 +40,20 @@ struct hfw_tensor {
     int shard;         /* for hfw_write_sharded */
 };
 
+/* Appends an entry to t (at t[*n], counting it): tensor `name` of dtype,
+ * rows x cols (cols 0: a 1-D tensor of rows), with no data or generator yet. */
+static inline hfw_tensor *hfw_add(hfw_tensor *t, int *n, const char *name, int dtype, int64_t rows, int64_t cols) {
+    hfw_tensor *x = &t[(*n)++];
+    memset(x, 0, sizeof *x);
+    snprintf(x->name, sizeof x->name, "%s", name);
+    x->dtype = dtype;
+    x->n_dims = cols ? 2 : 1;
+    x->shape[0] = rows;
+    x->shape[1] = cols;
+    x->n_bytes = (size_t)(rows * (cols ? cols : 1)) * hfw_dtype_size[dtype];
+    return x;
+}
+
 /* Writes tensors t[0..n) to `path` (one safetensors file) in the order given.
  * The header is padded with spaces to a multiple of 8 bytes. 0 on success. */
 static int hfw_write_safetensors(const char *path, hfw_tensor *t, int n) {
