@@ -6,6 +6,7 @@
 
 #include "tokenizer/tokenizer.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +20,18 @@
             abort();                                                                               \
         }                                                                                          \
     } while (0)
+
+/* Splits an input at its first NUL byte, for targets that read two texts
+ * (tokenizer.json, then tokenizer_config.json): returns the first's length
+ * and sets *second / *second_len to what follows the NUL (NULL, 0 without
+ * one). */
+static inline size_t fuzz_split_nul(const uint8_t *data, size_t size, const char **second, size_t *second_len) {
+    const uint8_t *nul = memchr(data, 0, size);
+    size_t len = nul ? (size_t)(nul - data) : size;
+    *second = nul ? (const char *)nul + 1 : NULL;
+    *second_len = nul ? size - len - 1 : 0;
+    return len;
+}
 
 /* Whether s[0, n) is UTF-8 made of whole characters only. */
 static inline int fuzz_whole_utf8(const char *s, size_t n) {

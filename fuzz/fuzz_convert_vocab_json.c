@@ -11,11 +11,8 @@
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    const char *json = (const char *)data;
-    const char *nul = memchr(data, 0, size);
-    size_t len = nul ? (size_t)(nul - json) : size;
-    const char *cfg = nul ? nul + 1 : NULL;
-    size_t cfg_len = nul ? size - len - 1 : 0;
+    const char *json = (const char *)data, *cfg;
+    size_t cfg_len, len = fuzz_split_nul(data, size, &cfg, &cfg_len);
     cv_vocab v;
     ellm_error err = {0};
     /* n_vocab 0: the tokenizer's own size (config.json absent). */

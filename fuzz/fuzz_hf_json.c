@@ -10,11 +10,8 @@
 #include <stdint.h>
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    const char *json = (const char *)data;
-    const char *nul = memchr(data, 0, size);
-    size_t len = nul ? (size_t)(nul - json) : size;
-    const char *cfg = nul ? nul + 1 : NULL;
-    size_t cfg_len = nul ? size - len - 1 : 0;
+    const char *json = (const char *)data, *cfg;
+    size_t cfg_len, len = fuzz_split_nul(data, size, &cfg, &cfg_len);
     tokenizer *t = NULL;
     ellm_error err = {0};
     ellm_status st = tok_hf_init_memory(json, len, cfg, cfg_len, &t, &err);
