@@ -5,8 +5,14 @@
 // to idle: no running or waiting requests, no KV blocks beyond the slots'
 // kept prefixes, resident memory near where it started.
 //
+// Idle values are read twice: after loading, and after a warm-up (one plain
+// request per client, then idle): the warm-up faults in what every server
+// holds once it has served (the KV pool's warm reserve, each slot's first
+// pages, thread stacks), so "back to idle" compares the end with the
+// warm-up. RSS is sampled every 30 s during the run.
+//
 //   node bench/serve_soak.mjs [--model models/evalmodel.gguf] [--clients 16]
-//       [--seconds 600] [--threads 2] [--bin build/ellm]
+//       [--seconds 600] [--threads 2] [--bin build/ellm] [--rss-slack-kb 16384]
 import { spawn } from 'node:child_process';
 import fs from 'node:fs';
 
@@ -46,6 +52,20 @@ async function main() {
   });
   while ((await fetch(base + '/health').catch(() => ({ status: 0 }))).status !== 200) await sleep(100);
   const rss0 = rss(proc.pid);
+  const kv0 = (await metrics(base)).kv;
+  // warm-up: one plain request per client at once, then idle
+  await Promise.all(Array.from({ length: clients }, (_, c) => fetch(base + '/v1/completions', {
+    method: 'POST', headers: { 'Content-Type': 'application/json' },
+    body: JSON.stringify({ prompt: `def warm${c}(x):\n`, max_tokens: 32, temperature: 0 }) }).then((r) => r.text())));
+  await sleep(1500);
+  const rssWarm = rss(proc.pid), kvWarm = (await metrics(base)).kv;
+  console.log(`idle after loading: RSS ${rss0} kB, kv blocks ${kv0}; idle after warm-up: RSS ${rssWarm} kB, kv blocks ${kvWarm}`);
+  const t0 = Date.now(), samples = [];
+  const sampler = setInterval(() => {
+    const r = rss(proc.pid);
+    samples.push(r);
+    console.log(`  ${Math.round((Date.now() - t0) / 1000)} s: RSS ${r} kB`);
+  }, 30000);
   const end = Date.now() + seconds * 1000;
   let sent = 0, failed = 0, aborted = 0;
   await Promise.all(Array.from({ length: clients }, async (_, c) => {
@@ -70,14 +90,19 @@ async function main() {
       }
     }
   }));
-  await sleep(500);
+  clearInterval(sampler);
+  await sleep(1500);
   const m = await metrics(base);
   const rss1 = rss(proc.pid);
+  const slack = Number(args['rss-slack-kb'] || 16384);
   console.log(`requests ${sent}, failed ${failed}, walked away ${aborted}; server: ok ${m.ok}, cancelled ${m.cancelled}, ` +
     `errors ${m.errors}, overloaded ${m.overloaded}; after: running ${m.running}, waiting ${m.waiting}, ` +
-    `kv blocks ${m.kv} (at most ${clients * 32} kept for prefixes); RSS ${rss0} kB -> ${rss1} kB`);
+    `kv blocks ${m.kv} (at most ${clients * 32} kept for prefixes); RSS ${rss0} kB loaded, ${rssWarm} kB after ` +
+    `warm-up, ${samples.length ? Math.max(...samples) : NaN} kB highest sample, ${rss1} kB at the end ` +
+    `(allowed: warm-up + ${slack} kB)`);
   proc.kill('SIGTERM');
-  const ok = failed === 0 && m.errors === 0 && m.running === 0 && m.waiting === 0 && m.kv <= clients * 32;
+  const ok = failed === 0 && m.errors === 0 && m.running === 0 && m.waiting === 0 && m.kv <= clients * 32 &&
+    rss1 <= rssWarm + slack;
   console.log(ok ? 'soak: PASS' : 'soak: FAIL');
   process.exit(ok ? 0 : 1);
 }
