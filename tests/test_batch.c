@@ -20,6 +20,29 @@
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 static uint32_t rnd(void) { return (uint32_t)(test_xorshift64(&rng_state) >> 11); }
 
+/* Each of n_seq sequences alone in its own context: its prompt (n_prompt[i]
+ * ids at prompt + i * stride) prefilled, then n_gen greedy tokens. The logits
+ * (V) before generated token g of sequence i go to solo[(i * n_gen + g) * V],
+ * the token to gen[i * n_gen + g]. */
+static void run_alone(ellm_model *m, const ellm_context_params *cp, int n_seq, const int32_t *prompt, int stride,
+                      const int *n_prompt, int n_gen, int V, float *solo, int32_t *gen) {
+    ellm_error err = {0};
+    for (int i = 0; i < n_seq; i++) {
+        ellm_context *ctx = NULL;
+        CHECK(ellm_context_init(m, cp, &ctx, &err) == ELLM_OK, "%s", err.msg);
+        if (!ctx) continue;
+        CHECK(ellm_decode(ctx, prompt + (size_t)i * stride, n_prompt[i], NULL, &err) == ELLM_OK, "%s", err.msg);
+        for (int g = 0; g < n_gen; g++) {
+            const float *lg = ellm_context_logits(ctx);
+            int32_t *tok = &gen[i * n_gen + g];
+            memcpy(solo + ((size_t)i * n_gen + g) * V, lg, (size_t)V * sizeof *lg);
+            *tok = test_argmax(lg, V);
+            ellm_decode(ctx, tok, 1, NULL, &err);
+        }
+        ellm_context_free(ctx);
+    }
+}
+
 static void check_model(const char *path, int chunk) {
     ellm_error err = {0};
     ellm_model_params mp = {.n_threads = THREADS, .pin_threads = 0};
@@ -41,19 +64,7 @@ static void check_model(const char *path, int chunk) {
     /* alone: prefill in chunk-token passes, then greedy decode */
     float *solo = malloc((size_t)N_SEQ * N_GEN * V * sizeof *solo);
     int32_t gen[N_SEQ][N_GEN];
-    for (int i = 0; i < N_SEQ; i++) {
-        ellm_context *ctx = NULL;
-        CHECK(ellm_context_init(m, &cp, &ctx, &err) == ELLM_OK, "%s", err.msg);
-        if (!ctx) continue;
-        CHECK(ellm_decode(ctx, prompt[i], n_prompt[i], NULL, &err) == ELLM_OK, "%s", err.msg);
-        for (int g = 0; g < N_GEN; g++) {
-            const float *lg = ellm_context_logits(ctx);
-            memcpy(solo + ((size_t)i * N_GEN + g) * V, lg, (size_t)V * sizeof *lg);
-            gen[i][g] = test_argmax(lg, V);
-            ellm_decode(ctx, &gen[i][g], 1, NULL, &err);
-        }
-        ellm_context_free(ctx);
-    }
+    run_alone(m, &cp, N_SEQ, prompt[0], 64, n_prompt, N_GEN, V, solo, gen[0]);
 
     /* together: sequence i joins at step 2 i, so prefill chunks share passes
      * with decode rows of the others */
@@ -150,18 +161,7 @@ static void check_deep(const char *path) {
     cp.sparse_topk = -1;
     float *solo = malloc((size_t)DEEP_SEQ * DEEP_GEN * V * sizeof *solo);
     int32_t gen[DEEP_SEQ][DEEP_GEN];
-    for (int i = 0; i < DEEP_SEQ; i++) {
-        ellm_context *ctx = NULL;
-        CHECK(ellm_context_init(m, &cp, &ctx, &err) == ELLM_OK, "%s", err.msg);
-        if (!ctx) continue;
-        CHECK(ellm_decode(ctx, prompt + i * 1100, n_prompt[i], NULL, &err) == ELLM_OK, "%s", err.msg);
-        for (int g = 0; g < DEEP_GEN; g++) {
-            memcpy(solo + ((size_t)i * DEEP_GEN + g) * V, ellm_context_logits(ctx), (size_t)V * 4);
-            gen[i][g] = test_argmax(ellm_context_logits(ctx), V);
-            ellm_decode(ctx, &gen[i][g], 1, NULL, &err);
-        }
-        ellm_context_free(ctx);
-    }
+    run_alone(m, &cp, DEEP_SEQ, prompt, 1100, n_prompt, DEEP_GEN, V, solo, gen[0]);
     ellm_batch *b = NULL;
     CHECK(ellm_batch_init(m, THREADS, DEEP_SEQ * 64, &b, &err) == ELLM_OK, "%s", err.msg);
     ellm_context *ctx[DEEP_SEQ] = {0};
