@@ -43,14 +43,24 @@ static void run_alone(ellm_model *m, const ellm_context_params *cp, int n_seq, c
     }
 }
 
-static void check_model(const char *path, int chunk) {
-    ellm_error err = {0};
+/* The model at path with THREADS threads and its vocabulary size; NULL after
+ * a failed check. */
+static ellm_model *load(const char *path, int *n_vocab) {
     ellm_model_params mp = {.n_threads = THREADS, .pin_threads = 0};
     ellm_model *m = test_load_model(path, &mp);
+    if (m) {
+        ellm_model_info info;
+        ellm_model_get_info(m, &info);
+        *n_vocab = info.n_vocab;
+    }
+    return m;
+}
+
+static void check_model(const char *path, int chunk) {
+    ellm_error err = {0};
+    int V;
+    ellm_model *m = load(path, &V);
     if (!m) return;
-    ellm_model_info info;
-    ellm_model_get_info(m, &info);
-    const int V = info.n_vocab;
     int n_prompt[N_SEQ] = {1, 7, 16, 33, 50};
     int32_t prompt[N_SEQ][64];
     for (int i = 0; i < N_SEQ; i++)
@@ -146,12 +156,10 @@ static void check_model(const char *path, int chunk) {
 #define DEEP_GEN 3
 static void check_deep(const char *path) {
     ellm_error err = {0};
-    ellm_model_params mp = {.n_threads = THREADS, .pin_threads = 0};
-    ellm_model *m = test_load_model(path, &mp);
+    int V;
+    ellm_model *m = load(path, &V);
     if (!m) return;
-    ellm_model_info info;
-    ellm_model_get_info(m, &info);
-    const int V = info.n_vocab, n_prompt[DEEP_SEQ] = {530, 1100, 610};
+    const int n_prompt[DEEP_SEQ] = {530, 1100, 610};
     int32_t *prompt = malloc(sizeof(int32_t) * DEEP_SEQ * 1100);
     for (int i = 0; i < DEEP_SEQ * 1100; i++) prompt[i] = (int32_t)(rnd() % (uint32_t)V);
     ellm_context_params cp = ellm_context_default_params();
