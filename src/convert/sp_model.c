@@ -37,26 +37,35 @@ static ellm_status pb_varint(pb *b, uint64_t *v) {
     return pb_fail(b, "varint longer than 10 bytes");
 }
 
-/* Reads one field: its number, wire type and value (varint/fixed in *v,
- * length-delimited as [*sub, *sub + *sub_len)). */
-static ellm_status pb_field(pb *b, int *field, int *wt, uint64_t *v, const uint8_t **sub, size_t *sub_len) {
+/* One field of a message. */
+typedef struct {
+    int field, wt;       /* field number, wire type */
+    uint64_t v;          /* varint and fixed values (wire types 0, 1, 5) */
+    const uint8_t *sub;  /* length-delimited (wire type 2): [sub, sub + n) */
+    size_t n;
+} pb_item;
+
+/* Reads the next field into *it (the members its wire type does not use are
+ * zero / NULL). */
+static ellm_status pb_field(pb *b, pb_item *it) {
+    memset(it, 0, sizeof *it);
     uint64_t key;
     ellm_status st = pb_varint(b, &key);
     if (st) return st;
-    *field = (int)(key >> 3);
-    *wt = (int)(key & 7);
-    switch (*wt) {
-    case 0: return pb_varint(b, v);
+    it->field = (int)(key >> 3);
+    it->wt = (int)(key & 7);
+    switch (it->wt) {
+    case 0: return pb_varint(b, &it->v);
     case 1:
         if (b->end - b->p < 8) return pb_fail(b, "fixed64 runs past the end");
-        memcpy(v, b->p, 8);
+        memcpy(&it->v, b->p, 8);
         b->p += 8;
         return ELLM_OK;
     case 5: {
         if (b->end - b->p < 4) return pb_fail(b, "fixed32 runs past the end");
         uint32_t u;
         memcpy(&u, b->p, 4);
-        *v = u;
+        it->v = u;
         b->p += 4;
         return ELLM_OK;
     }
@@ -64,8 +73,8 @@ static ellm_status pb_field(pb *b, int *field, int *wt, uint64_t *v, const uint8
         uint64_t n;
         if ((st = pb_varint(b, &n))) return st;
         if (n > (uint64_t)(b->end - b->p)) return pb_fail(b, "length-delimited field runs past the end");
-        *sub = b->p;
-        *sub_len = (size_t)n;
+        it->sub = b->p;
+        it->n = (size_t)n;
         b->p += n;
         return ELLM_OK;
     }
@@ -80,21 +89,18 @@ static ellm_status parse_piece(pb *outer, const uint8_t *data, size_t len, sp_pi
     pc->score = 0;
     pc->type = SP_NORMAL;
     while (b.p < b.end) {
-        int f, wt;
-        uint64_t v = 0;
-        const uint8_t *sub = NULL;
-        size_t n = 0;
-        ellm_status st = pb_field(&b, &f, &wt, &v, &sub, &n);
+        pb_item it;
+        ellm_status st = pb_field(&b, &it);
         if (st) return st;
-        if (f == 1 && wt == 2) {
-            pc->piece = (const char *)sub;
-            pc->len = n;
-        } else if (f == 2 && wt == 5) {
-            uint32_t u = (uint32_t)v;
+        if (it.field == 1 && it.wt == 2) {
+            pc->piece = (const char *)it.sub;
+            pc->len = it.n;
+        } else if (it.field == 2 && it.wt == 5) {
+            uint32_t u = (uint32_t)it.v;
             memcpy(&pc->score, &u, 4);
-        } else if (f == 3 && wt == 0) {
-            if (v < SP_NORMAL || v > SP_BYTE) return pb_fail(&b, "piece type out of range 1..6");
-            pc->type = (int)v;
+        } else if (it.field == 3 && it.wt == 0) {
+            if (it.v < SP_NORMAL || it.v > SP_BYTE) return pb_fail(&b, "piece type out of range 1..6");
+            pc->type = (int)it.v;
         }
     }
     return ELLM_OK;
@@ -107,12 +113,9 @@ ellm_status sp_model_parse(const void *data, size_t size, const char *what, sp_m
     int64_t cap = 0;
     ellm_status st = ELLM_OK;
     while (b.p < b.end && st == ELLM_OK) {
-        int f, wt;
-        uint64_t v = 0;
-        const uint8_t *sub = NULL;
-        size_t n = 0;
-        if ((st = pb_field(&b, &f, &wt, &v, &sub, &n))) break;
-        if (f == 1 && wt == 2) {
+        pb_item it;
+        if ((st = pb_field(&b, &it))) break;
+        if (it.field == 1 && it.wt == 2) {
             if (m->n_pieces == cap) {
                 if (cap >= (1 << 24)) {
                     st = ellm_fail(err, ELLM_ERR_FORMAT, "'%s': more than %d pieces", what, 1 << 24);
@@ -126,17 +129,14 @@ ellm_status sp_model_parse(const void *data, size_t size, const char *what, sp_m
                 }
                 m->pieces = p;
             }
-            st = parse_piece(&b, sub, n, &m->pieces[m->n_pieces]);
+            st = parse_piece(&b, it.sub, it.n, &m->pieces[m->n_pieces]);
             if (st == ELLM_OK) m->n_pieces++;
-        } else if (f == 3 && wt == 2) {
-            pb nb = {sub, sub + n, b.base, what, err};
+        } else if (it.field == 3 && it.wt == 2) { /* normalizer_spec */
+            pb nb = {it.sub, it.sub + it.n, b.base, what, err};
             while (nb.p < nb.end && st == ELLM_OK) {
-                int f2, wt2;
-                uint64_t v2 = 0;
-                const uint8_t *s2 = NULL;
-                size_t n2 = 0;
-                if ((st = pb_field(&nb, &f2, &wt2, &v2, &s2, &n2))) break;
-                if (f2 == 3 && wt2 == 0) m->add_dummy_prefix = v2 != 0;
+                pb_item ns;
+                if ((st = pb_field(&nb, &ns))) break;
+                if (ns.field == 3 && ns.wt == 0) m->add_dummy_prefix = ns.v != 0;
             }
         }
     }
