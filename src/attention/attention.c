@@ -740,16 +740,8 @@ static void lse_add_part(const attn_job *J, int ith, int h, int c, const attn_st
             attention_lse_grid_init(g, b);
             memset(sum, 0, ATTENTION_LSE_SUMS((size_t)J->hd) * sizeof *sum);
         }
-        const float m = st->m[r], l = st->l[r], *acc = st->acc + (size_t)r * st->hdp;
-        if (m == -INFINITY) {
-            attention_lse_bound_add(b, c, m, l, acc, J->hd); /* adds nothing, as the merge skips it */
-            continue;
-        }
-        attention_lse_grid was = *g;
-        attention_lse_bound_add(b, c, m, l, acc, J->hd);
-        attention_lse_grid_init(g, b);
-        attention_lse_rebase(&was, g, sum, J->hd);
-        attention_lse_sum(g, m, l, acc, J->hd, sum);
+        /* a row with m = -inf adds nothing, as the merge skips it */
+        attention_lse_accumulate(b, g, sum, c, st->m[r], st->l[r], st->acc + (size_t)r * st->hdp, J->hd);
     }
 }
 

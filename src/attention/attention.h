@@ -160,6 +160,11 @@ void attention_lse_sum(const attention_lse_grid *g, float m, float l, const floa
 /* Sums added on grid `from` re-expressed on grid `to`, whose bound includes
  * from's (its bins are the same or higher); then sums of both add up. */
 void attention_lse_rebase(const attention_lse_grid *from, const attention_lse_grid *to, int64_t *sum, int hd);
+/* A running merge of parts added one at a time: bound_add into b, the grid
+ * g of the new bound, rebase of sum from the old grid onto it, then sum (the
+ * same integers as those steps, with m split once). */
+void attention_lse_accumulate(attention_lse_bound *b, attention_lse_grid *g, int64_t *sum, int part, float m, float l,
+                              const float *acc, int hd);
 void attention_lse_out(const attention_lse_grid *g, const int64_t *sum, int hd, float *out);
 /* out = acc / l of a single part, in float: (0 + acc) * (1 / l). */
 void attention_lse_one(float l, const float *acc, int hd, float *out);

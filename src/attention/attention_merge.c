@@ -74,11 +74,8 @@ void attention_lse_bound_init(attention_lse_bound *b) {
     b->last = b->neg_first = INT64_MIN;
 }
 
-void attention_lse_bound_add(attention_lse_bound *b, int part, float m, float l, const float *acc, int hd) {
-    if (m == -INFINITY) return; /* the row saw no key of this part */
-    int64_t k;
-    float s;
-    split_m(m, &k, &s);
+/* Folds a part whose split of m is (k, s) into b. */
+static void bound_add_split(attention_lse_bound *b, int part, int64_t k, float s, float l, const float *acc, int hd) {
     /* max |acc|: 8 independent chains (one is latency-bound); any order gives the same max */
     float m8[8] = {0};
     int d = 0;
@@ -97,6 +94,14 @@ void attention_lse_bound_add(attention_lse_bound *b, int part, float m, float l,
     }
     if (part > b->last) b->last = part;
     if (-(int64_t)part > b->neg_first) b->neg_first = -(int64_t)part;
+}
+
+void attention_lse_bound_add(attention_lse_bound *b, int part, float m, float l, const float *acc, int hd) {
+    if (m == -INFINITY) return; /* the row saw no key of this part */
+    int64_t k;
+    float s;
+    split_m(m, &k, &s);
+    bound_add_split(b, part, k, s, l, acc, hd);
 }
 
 void attention_lse_bound_merge(attention_lse_bound *b, const attention_lse_bound *o) {
@@ -154,11 +159,9 @@ __attribute__((target("avx512f,avx512dq"))) static void deposit_row_avx512(const
     deposit_row_scalar(x + d, sc, n - d, hi + d, lo + d);
 }
 
-void attention_lse_sum(const attention_lse_grid *g, float m, float l, const float *acc, int hd, int64_t *sum) {
-    if (g->empty || m == -INFINITY) return;
-    int64_t k;
-    float s;
-    split_m(m, &k, &s);
+/* Adds a part whose split of m is (k, s) into sum on grid g (not empty). */
+static void sum_split(const attention_lse_grid *g, int64_t k, float s, float l, const float *acc, int hd,
+                      int64_t *sum) {
     int64_t *hi = sum, *lo = sum + hd + 1; /* planar: hi digits of acc then l, then lo digits */
     const double sa = (double)s * bin_scale(k, g->ta); /* s * 2^..: exact, a power of two apart */
     if (sa != 0.0) {
@@ -166,6 +169,14 @@ void attention_lse_sum(const attention_lse_grid *g, float m, float l, const floa
         else deposit_row_scalar(acc, sa, hd, hi, lo);
     }
     deposit((double)l * ((double)s * bin_scale(k, g->tl)), &hi[hd], &lo[hd]);
+}
+
+void attention_lse_sum(const attention_lse_grid *g, float m, float l, const float *acc, int hd, int64_t *sum) {
+    if (g->empty || m == -INFINITY) return;
+    int64_t k;
+    float s;
+    split_m(m, &k, &s);
+    sum_split(g, k, s, l, acc, hd, sum);
 }
 
 /* Sums of bins top, top - 1 (hi[i], lo[i]) moved to bins top + by and
@@ -181,6 +192,19 @@ static void rebase_bins(int64_t *hi, int64_t *lo, int n, int64_t by) {
 void attention_lse_rebase(const attention_lse_grid *from, const attention_lse_grid *to, int64_t *sum, int hd) {
     if (from->ta != ATTENTION_LSE_NONE) rebase_bins(sum, sum + hd + 1, hd, to->ta - from->ta);
     if (from->tl != ATTENTION_LSE_NONE) rebase_bins(sum + hd, sum + 2 * hd + 1, 1, to->tl - from->tl);
+}
+
+void attention_lse_accumulate(attention_lse_bound *b, attention_lse_grid *g, int64_t *sum, int part, float m, float l,
+                              const float *acc, int hd) {
+    if (m == -INFINITY) return;
+    int64_t k;
+    float s;
+    split_m(m, &k, &s); /* once for the bound and the sum */
+    const attention_lse_grid was = *g;
+    bound_add_split(b, part, k, s, l, acc, hd);
+    attention_lse_grid_init(g, b);
+    attention_lse_rebase(&was, g, sum, hd);
+    if (!g->empty) sum_split(g, k, s, l, acc, hd, sum);
 }
 
 /* hi 2^W + lo as a double (the same bits for the same integers). */
