@@ -284,9 +284,32 @@ static long unit_at(const attn_job *J, long w) {
 #define DENSE_PREFETCH_BLOCKS 2
 
 
+/* Where the look-ahead of a part goes past the blocks it computes
+ * (attention_forward_select): list positions >= at stand for positions
+ * [b, e) of KV head h's list, the run of parts the thread computes next. So
+ * the blocks it prefetches are those it reads next, not the first blocks of
+ * a run that the other thread may take; b == e stops the look-ahead at `at`. */
+typedef struct {
+    long at;
+    int h;
+    const int32_t *list;
+    long b, e;
+} attn_ahead;
+
+/* K of list position z of segment s's head h, or of the continuation. */
+static inline const char *ahead_block(const attn_job *J, int h, const int32_t *list, long z, const attn_ahead *nx) {
+    if (nx && z >= nx->at) return kv_cache_block_k(J->a->kv, J->a->layer, nx->h, nx->list[nx->b + (z - nx->at)]);
+    return kv_cache_block_k(J->a->kv, J->a->layer, h, list ? list[z] : (int)z);
+}
+
 /* Runs blocks [kb, ke) of segment s's block list into st (whose m, l, acc are
- * where the partial goes), starting from an empty state. */
-static void run_part(const attn_job *J, attn_state *st, int s, long kb, long ke, uint64_t *qtag) {
+ * where the partial goes), starting from an empty state. nx (may be NULL:
+ * the look-ahead runs on to the end of the list) continues the look-ahead
+ * elsewhere. The part's first blocks are asked for at once from list
+ * position pf_from on (those before it the thread's previous part already
+ * asked for). */
+static void run_part_ahead(const attn_job *J, attn_state *st, int s, long kb, long ke, uint64_t *qtag,
+                           const attn_ahead *nx, long pf_from) {
     const attention_args *a = J->a;
     const int h = s / J->nt, t = J->t0 + s % J->nt;
     const int i0 = t * ATTN_TILE_Q;
@@ -345,14 +368,12 @@ static void run_part(const attn_job *J, attn_state *st, int s, long kb, long ke,
      * otherwise start cold (the next part is usually this thread's, or the
      * other core's through the shared cache). */
     const int A = list ? SPARSE_PREFETCH_BLOCKS : DENSE_PREFETCH_BLOCKS;
-    const long lim = list && J->list_n ? J->list_n[h] : ke;
+    const long lim = nx ? nx->at + (nx->e - nx->b) : list && J->list_n ? J->list_n[h] : ke;
     _Static_assert(SPARSE_PREFETCH_BLOCKS < 8 && DENSE_PREFETCH_BLOCKS < 8, "the ring holds 8 blocks");
     const char *ring[8];
-    for (long z = kb; z < lim && z <= kb + A; z++)
-        ring[z & 7] = kv_cache_block_k(a->kv, a->layer, h, list ? list[z] : (int)z);
+    for (long z = kb; z < lim && z <= kb + A; z++) ring[z & 7] = ahead_block(J, h, list, z, nx);
     for (long k = kb; k < ke; k++) {
-        if (k > kb && k + A < lim)
-            ring[(k + A) & 7] = kv_cache_block_k(a->kv, a->layer, h, list ? list[k + A] : (int)(k + A));
+        if (k > kb && k + A < lim) ring[(k + A) & 7] = ahead_block(J, h, list, k + A, nx);
         int blk = list ? list[k] : (int)k;
         int pos0 = blk * bt;
         attn_block b;
@@ -370,7 +391,8 @@ static void run_part(const attn_job *J, attn_state *st, int s, long kb, long ke,
          * the same DENSE_PREFETCH_BLOCKS ahead, and the next one for kernels
          * that convert it into scratch (many rows). */
         if (k == kb)
-            for (long z = k + 1; z < k + A && z < lim; z++) prefetch_range_l2(ring[z & 7], 2 * J->half_bytes);
+            for (long z = pf_from > k + 1 ? pf_from : k + 1; z < k + A && z < lim; z++)
+                prefetch_range_l2(ring[z & 7], 2 * J->half_bytes);
         if (!list && k + 1 < ke) {
             b.next_k = ring[(k + 1) & 7];
             b.next_v = ring[(k + 1) & 7] + J->half_bytes;
@@ -417,6 +439,10 @@ static void run_part(const attn_job *J, attn_state *st, int s, long kb, long ke,
             for (int i = 0; i < 16; i++) l += st->lv[16 * r + i];
             st->l[r] = l;
         }
+}
+
+static void run_part(const attn_job *J, attn_state *st, int s, long kb, long ke, uint64_t *qtag) {
+    run_part_ahead(J, st, s, kb, ke, qtag, NULL, 0);
 }
 
 /* Output row of segment s's row r. */
@@ -779,22 +805,50 @@ static void lse_finish(const attn_job *J, int h, int n_threads) {
     }
 }
 
+/* The look-ahead continuation into unit u (the value the counter gave):
+ * its first parts' blocks if it is a run of parts whose selection is
+ * published, else nothing past `at`. */
+static const attn_ahead *unit_ahead(const attn_job *J, int u, long at, attn_ahead *ax) {
+    const attention_workspace *ws = J->ws;
+    const int units = (ws->max_parts + SELECT_UNIT_PARTS - 1) / SELECT_UNIT_PARTS;
+    ax->at = at;
+    ax->h = 0;
+    ax->list = NULL;
+    ax->b = ax->e = 0;
+    u -= J->n_kv;
+    if (u < 0 || u >= J->n_kv * units) return ax;
+    const int h = u / units, c0 = u % units * SELECT_UNIT_PARTS;
+    if (atomic_load_explicit(&ws->sel_done[h], memory_order_acquire) != ws->gen) return ax;
+    const int n_chunks = ws->sel_chunks[h];
+    if (c0 >= n_chunks) return ax;
+    const int *cut = ws->sel_cut + (size_t)h * (size_t)(ws->max_parts + 1);
+    const int c1 = c0 + SELECT_UNIT_PARTS < n_chunks ? c0 + SELECT_UNIT_PARTS : n_chunks;
+    ax->h = h;
+    ax->list = J->sel_blocks + (size_t)h * J->max_blocks;
+    ax->b = cut[c0];
+    ax->e = cut[c1];
+    return ax;
+}
+
 /* Units, taken in order by whichever thread is free: first the selection of
  * each KV head, then for each head runs of SELECT_UNIT_PARTS of its max_parts
  * parts (a part: the run of its list within one cache part, see part_end;
  * those past the list's parts are empty). A unit waits until its head's
  * selection is published; selections come first and never wait, so the wait
- * always ends. Each thread adds the parts it computes to its own running
- * merge of the head (lse_add_part), and the last part of a head to finish
- * merges those (lse_finish), so the output does not depend on the threads'
- * timing. */
+ * always ends. A thread takes its next unit when it starts the last part of
+ * the one it holds, so that part's look-ahead prefetches the blocks this
+ * thread reads next (unit_ahead). Each thread adds the parts it computes to
+ * its own running merge of the head (lse_add_part), and the last part of a
+ * head to finish merges those (lse_finish), so the output does not depend on
+ * the threads' timing. */
 static void select_worker(void *arg, int ith, int nth) {
     attn_job *J = arg;
     attention_workspace *ws = J->ws;
     const attn_state own = thread_state(J, ith);
     const int units = (ws->max_parts + SELECT_UNIT_PARTS - 1) / SELECT_UNIT_PARTS; /* per head */
+    int u = atomic_fetch_add_explicit(&ws->next_unit, 1, memory_order_relaxed);
+    long warm_to = 0; /* pf_from of the unit's first part */
     for (;;) {
-        int u = atomic_fetch_add_explicit(&ws->next_unit, 1, memory_order_relaxed);
         if (u < J->n_kv) {
             int32_t *list = J->sel_blocks + (size_t)u * J->max_blocks;
             J->select(J->select_arg, u, ith, list, &J->sel_n[u]);
@@ -804,19 +858,35 @@ static void select_worker(void *arg, int ith, int nth) {
             cut[nc] = J->sel_n[u];
             ws->sel_chunks[u] = nc;
             atomic_store_explicit(&ws->sel_done[u], ws->gen, memory_order_release);
+            u = atomic_fetch_add_explicit(&ws->next_unit, 1, memory_order_relaxed);
             continue;
         }
-        u -= J->n_kv;
-        if (u >= J->n_kv * units) return;
-        const int h = u / units, c0 = u % units * SELECT_UNIT_PARTS;
+        if (u - J->n_kv >= J->n_kv * units) return;
+        const int h = (u - J->n_kv) / units, c0 = (u - J->n_kv) % units * SELECT_UNIT_PARTS;
         while (atomic_load_explicit(&ws->sel_done[h], memory_order_acquire) != ws->gen)
             __builtin_ia32_pause();
         const int n_chunks = ws->sel_chunks[h];
         const int *cut = ws->sel_cut + (size_t)h * (size_t)(ws->max_parts + 1);
-        for (int c = c0; c < c0 + SELECT_UNIT_PARTS && c < n_chunks; c++) {
+        const int c1 = c0 + SELECT_UNIT_PARTS < n_chunks ? c0 + SELECT_UNIT_PARTS : n_chunks;
+        int next = -1;
+        long next_warm = 0; /* list position of the next unit's head up to which its blocks were asked for */
+        for (int c = c0; c < c1; c++) {
+            attn_ahead ax;
+            const attn_ahead *nx;
+            /* the unit's first part's first blocks: asked for by this thread's
+             * previous part if it looked ahead into this unit */
+            long pf_from = c > c0 ? cut[c1] : warm_to;
+            if (c == c1 - 1) {
+                next = atomic_fetch_add_explicit(&ws->next_unit, 1, memory_order_relaxed);
+                nx = unit_ahead(J, next, cut[c1], &ax);
+                /* the look-ahead reaches SPARSE_PREFETCH_BLOCKS past the last block */
+                next_warm = ax.e > ax.b ? ax.b + SPARSE_PREFETCH_BLOCKS : 0;
+            } else {
+                nx = unit_ahead(J, -1, cut[c1], &ax); /* within this unit only */
+            }
             attn_state st = own;
             if (n_chunks == 1) {
-                run_part(J, &st, h, cut[c], cut[c + 1], &ws->q_tag[ith]);
+                run_part_ahead(J, &st, h, cut[c], cut[c + 1], &ws->q_tag[ith], nx, pf_from);
                 write_out(J, &st, h);
                 continue;
             }
@@ -825,12 +895,14 @@ static void select_worker(void *arg, int ith, int nth) {
             st.m = slot;
             st.l = slot + rp;
             st.acc = slot + 2 * rp;
-            run_part(J, &st, h, cut[c], cut[c + 1], &ws->q_tag[ith]);
+            run_part_ahead(J, &st, h, cut[c], cut[c + 1], &ws->q_tag[ith], nx, pf_from);
             lse_add_part(J, ith, h, c, &st);
             /* acq_rel: the last arrival sees every other thread's sums. */
             if (atomic_fetch_add_explicit(&ws->arrived[h], 1, memory_order_acq_rel) + 1 == n_chunks)
                 lse_finish(J, h, nth);
         }
+        warm_to = next >= 0 ? next_warm : 0;
+        u = next >= 0 ? next : atomic_fetch_add_explicit(&ws->next_unit, 1, memory_order_relaxed);
     }
 }
 
