@@ -246,6 +246,58 @@ static void test_calibrate(void) {
     expect_error(args, "/nonexistent-dir/p.txt");
 }
 
+/* ellm calibrate --imatrix and --draft: a short pass writes its file (an
+ * imatrix in llama.cpp's layout, which starts with its entry count: 7
+ * matrices per layer of the 6-layer model; a draft map GGUF), and missing
+ * options, bad values and a text shorter than one window are refused by name. */
+static void test_calibrate_fits(void) {
+    const char *d = test_data_dir();
+    const char *im = test_tmp_path("calib.imatrix"), *dm = test_tmp_path("calib.draft");
+    const char *tiny = test_tmp_path("calib-tiny.txt");
+    char args[1024], out[8192];
+    snprintf(args, sizeof args, "calibrate --imatrix -f %s/heldout-sample.txt -o %s --ctx 64 --chunks 2", d, im);
+    int rc = run(args, out, sizeof out);
+    CHECK(rc == 0 && strstr(out, "imatrix: 2/2 windows") && strstr(out, "from 128 tokens"), "imatrix exit %d: %s",
+          rc, out);
+    size_t n = 0;
+    char *b = test_read_file(im, &n);
+    int32_t entries = 0;
+    if (b && n >= 4) memcpy(&entries, b, 4);
+    CHECK(entries == 42, "imatrix file: %zu bytes, %d entries", n, entries);
+    free(b);
+    snprintf(args, sizeof args, "calibrate --draft -f %s/heldout-sample.txt -o %s --ctx 64 --windows 4 --draft-layers 1",
+             d, dm);
+    rc = run(args, out, sizeof out);
+    CHECK(rc == 0 && strstr(out, "draft maps: 4/4 windows") && strstr(out, "wrote 1 draft maps") &&
+              strstr(out, "fitted on 256 tokens"),
+          "draft exit %d: %s", rc, out);
+    b = test_read_file(dm, &n);
+    CHECK(b && n > 4 && !memcmp(b, "GGUF", 4), "draft map file: %zu bytes", n);
+    free(b);
+
+    FILE *f = fopen(tiny, "w");
+    if (f) {
+        fputs("def f(x):\n    return x\n", f);
+        fclose(f);
+    }
+    snprintf(args, sizeof args, "calibrate --imatrix -f %s -o %s --ctx 64", tiny, im);
+    expect_error(args, "fewer than one --ctx window of 64");
+    snprintf(args, sizeof args, "calibrate --draft -f %s -o %s --ctx 64", tiny, dm);
+    expect_error(args, "fewer than one --ctx window of 64");
+    snprintf(args, sizeof args, "calibrate --imatrix -f %s/heldout-sample.txt", d);
+    expect_error(args, "-f TEXT and -o FILE are required");
+    snprintf(args, sizeof args, "calibrate --draft -o %s", dm);
+    expect_error(args, "-f TEXT and -o DRAFT are required");
+    snprintf(args, sizeof args, "calibrate --imatrix -f %s -o %s --ctx 3", tiny, im);
+    expect_error(args, "--ctx expects an integer in [16,");
+    snprintf(args, sizeof args, "calibrate --draft -f %s -o %s --ctx", tiny, dm);
+    expect_error(args, "--ctx needs a value");
+    snprintf(args, sizeof args, "calibrate --imatrix -f /nonexistent-imatrix.txt -o %s", im);
+    expect_error(args, "/nonexistent-imatrix.txt");
+    expect_error("calibrate --draft --bogus", "unknown option '--bogus' (see ellm calibrate --draft --help)");
+    expect_error("calibrate --imatrix --chunks 0", "--chunks");
+}
+
 /* ellm bench at tiny depths: the JSON has the machine, one point per depth
  * and mode, and the prefill entries. */
 static void test_bench(void) {
@@ -376,6 +428,7 @@ int main(void) {
     test_run_sparse();
     test_eval();
     test_calibrate();
+    test_calibrate_fits();
     test_bench();
     test_bench_kv_compare();
     test_bench_spec();
