@@ -7,6 +7,7 @@
 
 #include <cjson/cJSON.h>
 #include <math.h>
+#include <stdarg.h>
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -58,6 +59,16 @@ static void expect_error(const char *args, const char *want) {
     char out[8192];
     int rc = run(args, out, sizeof out);
     CHECK(rc > 0 && strstr(out, want), "`ellm %s`: exit %d, want '%s' in: %s", args, rc, want, out);
+}
+
+/* expect_error with the arguments formatted from fmt as printf does. */
+static void expect_errorf(const char *want, const char *fmt, ...) {
+    char args[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(args, sizeof args, fmt, ap);
+    va_end(ap);
+    expect_error(args, want);
 }
 
 static void test_logits(void) {
@@ -265,8 +276,8 @@ static void test_calibrate_fits(void) {
     if (b && n >= 4) memcpy(&entries, b, 4);
     CHECK(entries == 42, "imatrix file: %zu bytes, %d entries", n, entries);
     free(b);
-    snprintf(args, sizeof args, "calibrate --draft -f %s/heldout-sample.txt -o %s --ctx 64 --windows 4 --draft-layers 1",
-             d, dm);
+    snprintf(args, sizeof args,
+             "calibrate --draft -f %s/heldout-sample.txt -o %s --ctx 64 --windows 4 --draft-layers 1", d, dm);
     rc = run(args, out, sizeof out);
     CHECK(rc == 0 && strstr(out, "draft maps: 4/4 windows") && strstr(out, "wrote 1 draft maps") &&
               strstr(out, "fitted on 256 tokens"),
@@ -280,20 +291,13 @@ static void test_calibrate_fits(void) {
         fputs("def f(x):\n    return x\n", f);
         fclose(f);
     }
-    snprintf(args, sizeof args, "calibrate --imatrix -f %s -o %s --ctx 64", tiny, im);
-    expect_error(args, "fewer than one --ctx window of 64");
-    snprintf(args, sizeof args, "calibrate --draft -f %s -o %s --ctx 64", tiny, dm);
-    expect_error(args, "fewer than one --ctx window of 64");
-    snprintf(args, sizeof args, "calibrate --imatrix -f %s/heldout-sample.txt", d);
-    expect_error(args, "-f TEXT and -o FILE are required");
-    snprintf(args, sizeof args, "calibrate --draft -o %s", dm);
-    expect_error(args, "-f TEXT and -o DRAFT are required");
-    snprintf(args, sizeof args, "calibrate --imatrix -f %s -o %s --ctx 3", tiny, im);
-    expect_error(args, "--ctx expects an integer in [16,");
-    snprintf(args, sizeof args, "calibrate --draft -f %s -o %s --ctx", tiny, dm);
-    expect_error(args, "--ctx needs a value");
-    snprintf(args, sizeof args, "calibrate --imatrix -f /nonexistent-imatrix.txt -o %s", im);
-    expect_error(args, "/nonexistent-imatrix.txt");
+    expect_errorf("fewer than one --ctx window of 64", "calibrate --imatrix -f %s -o %s --ctx 64", tiny, im);
+    expect_errorf("fewer than one --ctx window of 64", "calibrate --draft -f %s -o %s --ctx 64", tiny, dm);
+    expect_errorf("-f TEXT and -o FILE are required", "calibrate --imatrix -f %s/heldout-sample.txt", d);
+    expect_errorf("-f TEXT and -o DRAFT are required", "calibrate --draft -o %s", dm);
+    expect_errorf("--ctx expects an integer in [16,", "calibrate --imatrix -f %s -o %s --ctx 3", tiny, im);
+    expect_errorf("--ctx needs a value", "calibrate --draft -f %s -o %s --ctx", tiny, dm);
+    expect_errorf("/nonexistent-imatrix.txt", "calibrate --imatrix -f /nonexistent-imatrix.txt -o %s", im);
     expect_error("calibrate --draft --bogus", "unknown option '--bogus' (see ellm calibrate --draft --help)");
     expect_error("calibrate --imatrix --chunks 0", "--chunks");
 }
