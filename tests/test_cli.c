@@ -317,7 +317,8 @@ static void test_bench(void) {
     cJSON_ArrayForEach(p, pts) {
         double depth = jnum(p, "depth");
         n_dense += !strcmp(jstr(p, "mode"), "dense");
-        n_sparse += !strcmp(jstr(p, "mode"), "sparse") && jnum(p, "sparse_topk") == 128;
+        n_sparse += !strcmp(jstr(p, "mode"), "sparse") && jnum(p, "sparse_topk") == 128 &&
+                    jnum(p, "vs_empty_context") > 0;
         bad += !(depth == 0 || depth == 256) || !(jnum(p, "tokens_per_s") > 0) || !(jnum(p, "ms_per_token") > 0) ||
                !(jnum(p, "bytes_per_token") > 0);
     }

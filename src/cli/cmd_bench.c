@@ -122,77 +122,42 @@ static int time_steps(ellm_context *ctx, const int32_t *ids, int n_ctx, int d, i
     return 1;
 }
 
-/* Steps per round of time_interleaved: the first of each is not timed (the
+/* Steps per round of time_alternating: the first of each is not timed (the
  * other context's pool may still be spinning down). */
 #define ROUND_STEPS 8
 
-/* Times n decode steps of ctx from depth d (as time_steps) in rounds that
- * alternate with rounds of single steps of ctx0 at an empty context, so both
- * see the same machine: the ratio of their medians is the flatness of decode
- * speed with depth, robust to the load of a shared machine drifting during
- * the run. ctx needs room for d + 1 + n + n / (ROUND_STEPS - 1) + 1 tokens. */
-static int time_interleaved(ellm_context *ctx, ellm_context *ctx0, const int32_t *ids, int n_ctx, int d,
-                            int n, double *step_ms, double *base_ms, bench_point *p) {
+/* Times n decode steps of a, from depth d, and n of b in rounds that
+ * alternate between the two (ROUND_STEPS - 1 timed steps each), so both see
+ * the same machine state: the ratio of their medians is robust to the load
+ * of a shared machine drifting during the run, which separate commands are
+ * not. b steps on from its own depth, or (b_empty) is emptied before each
+ * of its steps: decode speed at an empty context. Fills a_ms and b_ms, n
+ * each, in step order. a (and b, unless b_empty) needs room for
+ * d + n + n / (ROUND_STEPS - 1) + 1 tokens. */
+static int time_alternating(ellm_context *a, ellm_context *b, int b_empty, const int32_t *ids, int n_ctx, int d,
+                            int n, double *a_ms, double *b_ms) {
     ellm_error err = {0};
     int done = 0, pos = d;
-    while (done < n) {
-        int k = n - done < ROUND_STEPS - 1 ? n - done : ROUND_STEPS - 1;
-        for (int s = -1; s < k; s++) {
-            int32_t tok = ids[pos++ % n_ctx];
-            double t0 = ellm_time_ms();
-            if (ellm_decode(ctx, &tok, 1, NULL, &err) != ELLM_OK) goto fail;
-            if (s >= 0) step_ms[done + s] = ellm_time_ms() - t0;
-        }
-        for (int s = -1; s < k; s++) {
-            int32_t tok = ids[(done + s + 1) % n_ctx];
-            ellm_context_truncate(ctx0, 0);
-            double t0 = ellm_time_ms();
-            if (ellm_decode(ctx0, &tok, 1, NULL, &err) != ELLM_OK) goto fail;
-            if (s >= 0) base_ms[done + s] = ellm_time_ms() - t0;
-        }
-        done += k;
-    }
-    set_latency(p, step_ms, n);
-    p->vs_empty = median_sort(base_ms, n) / p->ms_median;
-    return 1;
-fail:
-    fprintf(stderr, "error: %s\n", err.msg);
-    return 0;
-}
-
-/* Times n dense decode steps of ctx and of cmp (another KV type, both
- * holding d tokens) in alternating rounds of ROUND_STEPS - 1 timed steps
- * (each round's first step untimed, as the other context's pool may still be
- * spinning down), both advancing from depth d: the ratio of their medians
- * compares the two caches under the same machine state, which separate
- * commands on a noisy machine do not. Leaves ctx at depth d. */
-static int time_kv_ab(ellm_context *ctx, ellm_context *cmp, const int32_t *ids, int n_ctx, int d, int n,
-                      double *a_ms, double *b_ms, bench_point *p) {
-    ellm_error err = {0};
-    int done = 0, pos = d;
-    ellm_context_truncate(ctx, d);
     while (done < n) {
         int k = n - done < ROUND_STEPS - 1 ? n - done : ROUND_STEPS - 1;
         for (int c = 0; c < 2; c++) {
-            ellm_context *x = c ? cmp : ctx;
+            ellm_context *x = c ? b : a;
             double *ms = c ? b_ms : a_ms;
             for (int s = -1; s < k; s++) {
                 int32_t tok = ids[(pos + 1 + s) % n_ctx];
+                if (c && b_empty) ellm_context_truncate(b, 0);
                 double t0 = ellm_time_ms();
-                if (ellm_decode(x, &tok, 1, NULL, &err) != ELLM_OK) goto fail;
+                if (ellm_decode(x, &tok, 1, NULL, &err) != ELLM_OK) {
+                    fprintf(stderr, "error: %s\n", err.msg);
+                    return 0;
+                }
                 if (s >= 0) ms[done + s] = ellm_time_ms() - t0;
             }
         }
         pos += k + 1;
         done += k;
     }
-    p->ab_ms = median_sort(a_ms, n);
-    p->cmp_ms = median_sort(b_ms, n);
-    ellm_context_truncate(ctx, d);
     return 1;
-fail:
-    fprintf(stderr, "error: %s\n", err.msg);
-    return 0;
 }
 
 /* `, "step_ms": [...]}`: the n sorted step times of a point, closing its JSON object. */
@@ -510,7 +475,10 @@ int cmd_bench(int argc, char **argv) {
                 fprintf(stderr, "error: --kv-compare: %s\n", err.msg);
                 goto done;
             }
-            if (!time_kv_ab(ctx, ctx_cmp, ids, n_ctx, d, (int)n_tokens, step_ms, base_ms, p)) goto done;
+            ellm_context_truncate(ctx, d);
+            if (!time_alternating(ctx, ctx_cmp, 0, ids, n_ctx, d, (int)n_tokens, step_ms, base_ms)) goto done;
+            p->ab_ms = median_sort(step_ms, (int)n_tokens);
+            p->cmp_ms = median_sort(base_ms, (int)n_tokens);
         }
         if (sparse_topk > 0) {
             bench_point *q = &spts[i];
@@ -522,8 +490,10 @@ int cmd_bench(int argc, char **argv) {
             ellm_context_stats s0, s1;
             ellm_context_get_stats(ctx, &s0);
             double t0 = ellm_time_ms();
-            if (!time_interleaved(ctx, ctx0, ids, n_ctx, d, (int)n_tokens, step_ms, base_ms, q)) goto done;
+            if (!time_alternating(ctx, ctx0, 1, ids, n_ctx, d, (int)n_tokens, step_ms, base_ms)) goto done;
             double total = ellm_time_ms() - t0;
+            set_latency(q, step_ms, (int)n_tokens);
+            q->vs_empty = median_sort(base_ms, (int)n_tokens) / q->ms_median;
             ellm_context_get_stats(ctx, &s1);
             ellm_context_set_sparse(ctx, 0, NULL);
             q->select_fraction = total > 0 ? (s1.select_ms - s0.select_ms) / total : 0;
