@@ -283,7 +283,6 @@ static long unit_at(const attn_job *J, long w) {
  * same bytes, CPU time, interleaved A/B); three ahead measured the same. */
 #define DENSE_PREFETCH_BLOCKS 2
 
-
 /* Where the look-ahead of a part goes past the blocks it computes
  * (attention_forward_select): list positions >= at stand for positions
  * [b, e) of KV head h's list, the run of parts the thread computes next. So
@@ -364,9 +363,9 @@ static void run_part_ahead(const attn_job *J, attn_state *st, int s, long kb, lo
     /* Blocks k .. k + A of the list (a block's V half follows its K half),
      * each looked up once: ring[z % 8] holds block z. A sparse list's part
      * holds a few blocks only (2-3 of a 2048-token budget at 32K), so its
-     * look-ahead runs on into the list's next part, whose first blocks would
-     * otherwise start cold (the next part is usually this thread's, or the
-     * other core's through the shared cache). */
+     * look-ahead runs on into the next part this thread computes (nx; the
+     * list's next part when nx is NULL), whose first blocks would otherwise
+     * start cold. */
     const int A = list ? SPARSE_PREFETCH_BLOCKS : DENSE_PREFETCH_BLOCKS;
     const long lim = nx ? nx->at + (nx->e - nx->b) : list && J->list_n ? J->list_n[h] : ke;
     _Static_assert(SPARSE_PREFETCH_BLOCKS < 8 && DENSE_PREFETCH_BLOCKS < 8, "the ring holds 8 blocks");
@@ -805,29 +804,37 @@ static void lse_finish(const attn_job *J, int h, int n_threads) {
     }
 }
 
-/* The look-ahead continuation into unit u (the value the counter gave):
- * its first parts' blocks if it is a run of parts whose selection is
- * published, else nothing past `at`. */
-static const attn_ahead *unit_ahead(const attn_job *J, int u, long at, attn_ahead *ax) {
-    const attention_workspace *ws = J->ws;
-    const int units = (ws->max_parts + SELECT_UNIT_PARTS - 1) / SELECT_UNIT_PARTS;
-    ax->at = at;
-    ax->h = 0;
-    ax->list = NULL;
-    ax->b = ax->e = 0;
+/* Unit u (a value of the unit counter) as the run of KV head *h's parts
+ * from part *c0; 0 if u is a selection unit or past the last unit. */
+static int part_unit(const attn_job *J, int u, int *h, int *c0) {
+    const int units = (J->ws->max_parts + SELECT_UNIT_PARTS - 1) / SELECT_UNIT_PARTS; /* per head */
     u -= J->n_kv;
-    if (u < 0 || u >= J->n_kv * units) return ax;
-    const int h = u / units, c0 = u % units * SELECT_UNIT_PARTS;
-    if (atomic_load_explicit(&ws->sel_done[h], memory_order_acquire) != ws->gen) return ax;
+    if (u < 0 || u >= J->n_kv * units) return 0;
+    *h = u / units;
+    *c0 = u % units * SELECT_UNIT_PARTS;
+    return 1;
+}
+
+/* One past the last part of the unit from part c0 of a head with n_chunks. */
+static inline int unit_end(int c0, int n_chunks) {
+    return c0 + SELECT_UNIT_PARTS < n_chunks ? c0 + SELECT_UNIT_PARTS : n_chunks;
+}
+
+/* Points the look-ahead continuation ax (its `at` set, the rest empty) at
+ * unit u's blocks if u is a run of parts whose selection is published;
+ * else leaves it empty (the look-ahead stops at `at`). */
+static void unit_ahead(const attn_job *J, int u, attn_ahead *ax) {
+    const attention_workspace *ws = J->ws;
+    int h, c0;
+    if (!part_unit(J, u, &h, &c0) || atomic_load_explicit(&ws->sel_done[h], memory_order_acquire) != ws->gen)
+        return;
     const int n_chunks = ws->sel_chunks[h];
-    if (c0 >= n_chunks) return ax;
+    if (c0 >= n_chunks) return;
     const int *cut = ws->sel_cut + (size_t)h * (size_t)(ws->max_parts + 1);
-    const int c1 = c0 + SELECT_UNIT_PARTS < n_chunks ? c0 + SELECT_UNIT_PARTS : n_chunks;
     ax->h = h;
     ax->list = J->sel_blocks + (size_t)h * J->max_blocks;
     ax->b = cut[c0];
-    ax->e = cut[c1];
-    return ax;
+    ax->e = cut[unit_end(c0, n_chunks)];
 }
 
 /* Units, taken in order by whichever thread is free: first the selection of
@@ -845,7 +852,6 @@ static void select_worker(void *arg, int ith, int nth) {
     attn_job *J = arg;
     attention_workspace *ws = J->ws;
     const attn_state own = thread_state(J, ith);
-    const int units = (ws->max_parts + SELECT_UNIT_PARTS - 1) / SELECT_UNIT_PARTS; /* per head */
     int u = atomic_fetch_add_explicit(&ws->next_unit, 1, memory_order_relaxed);
     long warm_to = 0; /* pf_from of the unit's first part */
     for (;;) {
@@ -861,32 +867,29 @@ static void select_worker(void *arg, int ith, int nth) {
             u = atomic_fetch_add_explicit(&ws->next_unit, 1, memory_order_relaxed);
             continue;
         }
-        if (u - J->n_kv >= J->n_kv * units) return;
-        const int h = (u - J->n_kv) / units, c0 = (u - J->n_kv) % units * SELECT_UNIT_PARTS;
+        int h, c0;
+        if (!part_unit(J, u, &h, &c0)) return;
         while (atomic_load_explicit(&ws->sel_done[h], memory_order_acquire) != ws->gen)
             __builtin_ia32_pause();
         const int n_chunks = ws->sel_chunks[h];
         const int *cut = ws->sel_cut + (size_t)h * (size_t)(ws->max_parts + 1);
-        const int c1 = c0 + SELECT_UNIT_PARTS < n_chunks ? c0 + SELECT_UNIT_PARTS : n_chunks;
+        const int c1 = unit_end(c0, n_chunks);
         int next = -1;
         long next_warm = 0; /* list position of the next unit's head up to which its blocks were asked for */
         for (int c = c0; c < c1; c++) {
-            attn_ahead ax;
-            const attn_ahead *nx;
+            attn_ahead ax = {.at = cut[c1]}; /* the look-ahead stays within this unit... */
             /* the unit's first part's first blocks: asked for by this thread's
              * previous part if it looked ahead into this unit */
             long pf_from = c > c0 ? cut[c1] : warm_to;
-            if (c == c1 - 1) {
+            if (c == c1 - 1) { /* ...but for its last part, which runs on into the next */
                 next = atomic_fetch_add_explicit(&ws->next_unit, 1, memory_order_relaxed);
-                nx = unit_ahead(J, next, cut[c1], &ax);
+                unit_ahead(J, next, &ax);
                 /* the look-ahead reaches SPARSE_PREFETCH_BLOCKS past the last block */
                 next_warm = ax.e > ax.b ? ax.b + SPARSE_PREFETCH_BLOCKS : 0;
-            } else {
-                nx = unit_ahead(J, -1, cut[c1], &ax); /* within this unit only */
             }
             attn_state st = own;
             if (n_chunks == 1) {
-                run_part_ahead(J, &st, h, cut[c], cut[c + 1], &ws->q_tag[ith], nx, pf_from);
+                run_part_ahead(J, &st, h, cut[c], cut[c + 1], &ws->q_tag[ith], &ax, pf_from);
                 write_out(J, &st, h);
                 continue;
             }
@@ -895,7 +898,7 @@ static void select_worker(void *arg, int ith, int nth) {
             st.m = slot;
             st.l = slot + rp;
             st.acc = slot + 2 * rp;
-            run_part_ahead(J, &st, h, cut[c], cut[c + 1], &ws->q_tag[ith], nx, pf_from);
+            run_part_ahead(J, &st, h, cut[c], cut[c + 1], &ws->q_tag[ith], &ax, pf_from);
             lse_add_part(J, ith, h, c, &st);
             /* acq_rel: the last arrival sees every other thread's sums. */
             if (atomic_fetch_add_explicit(&ws->arrived[h], 1, memory_order_acq_rel) + 1 == n_chunks)
