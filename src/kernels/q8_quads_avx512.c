@@ -17,7 +17,7 @@
  *
  * and the 16 slot accumulators meet by q8_reduce16's tree, so every output
  * equals the single-row result bit for bit. The slot accumulators live in a
- * stack buffer (16 slots x up to 16 pairs x 64 bytes = 16 KB, slot-major),
+ * stack buffer (16 slots x up to 16 pairs x 64 bytes = 16 KB, a slot's pairs side by side),
  * one load and store per pair and block.
  *
  * Per block and group of 4 weight rows the weights cost 4 loads and 6
@@ -98,6 +98,16 @@ INLINE __m512 qd_scales(const char *p, size_t wrow, const int NG) {
      : (j) == 6 ? _mm512_shuffle_epi32(hi, _MM_PERM_CCCC)                                                  \
                 : _mm512_shuffle_epi32(hi, _MM_PERM_DDDD))
 
+/* Where the accumulators of slot t (q8_reduce16's lane t: the blocks k with
+ * 4 (k & 3) + ((k & 15) >> 2) = t) are kept in a pass's S. With 4 or more
+ * quads, block k's at row k & 15, so consecutive blocks load and store
+ * consecutive rows of S: storing slot by slot (rows 4 apart, 4 KB) made a
+ * pass of 4-7 quads up to 1.8x slower on Ice Lake. With 1-3 quads, row t:
+ * there the slot-by-slot order measured ~8% faster. The slots and their sums
+ * are the same either way. */
+INLINE int qd_row_of_block(int64_t k, const int NQ) { return NQ >= 4 ? (int)(k & 15) : 4 * (int)(k & 3) + (int)((k & 15) >> 2); }
+INLINE int qd_row_of_slot(int t, const int NQ) { return NQ >= 4 ? 4 * (t & 3) + (t >> 2) : t; }
+
 /* One block k of a pass (see qd_pass); FIRST: k < 16, the slot starts. */
 INLINE void qd_block(int wtype, const char *p, size_t wrow, const int8_t *a, __m512 *S, const int NG, const int NQ, const int NC, const int FIRST) {
     __m512i lo[QD_MAX_G], hi[QD_MAX_G], acc[2][QD_MAX_P];
@@ -147,8 +157,9 @@ INLINE void qd_block(int wtype, const char *p, size_t wrow, const int8_t *a, __m
  * sums to out[g * NQ + q] (lane 4i + b: weight row 4g + i, activation row
  * 4q + b). NC (1 or 2) chains per block dot: with few (group, quad) pairs,
  * two chains halve the vpdpbusd latency each block waits for (the integer
- * sum is exact either way). The slot accumulators are kept slot-major, a
- * slot's pairs side by side (pairs 1 KB apart would alias 4 KB apart). */
+ * sum is exact either way). The slot accumulators are kept row-major, a
+ * row's pairs side by side (pairs 1 KB apart would alias 4 KB apart); which
+ * row holds which slot: qd_row_of_block. */
 INLINE void qd_pass(int wtype, const char *w, size_t wrow, int64_t nblk, const int8_t *A, size_t kstride,
                     const char *pf, size_t pf_step, __m512 *out, const int NG, const int NQ, const int NC) {
     const int bsz = wtype == QTYPE_Q8_0 ? (int)sizeof(block_q8_0) : (int)sizeof(block_q4_0);
@@ -161,17 +172,17 @@ INLINE void qd_pass(int wtype, const char *w, size_t wrow, int64_t nblk, const i
     for (; k < nblk && k < 16; k++, pf += pf_step) {
         for (size_t o = 0; o < pf_step; o += 64) _mm_prefetch(pf + o, _MM_HINT_T0);
         qd_block(wtype, w + k * bsz, wrow, A + k * kstride,
-                 S[4 * (k & 3) + ((k & 15) >> 2)], NG, NQ, NC, 1);
+                 S[qd_row_of_block(k, NQ)], NG, NQ, NC, 1);
     }
     for (; k < nblk; k++, pf += pf_step) {
         for (size_t o = 0; o < pf_step; o += 64) _mm_prefetch(pf + o, _MM_HINT_T0);
         qd_block(wtype, w + k * bsz, wrow, A + k * kstride,
-                 S[4 * (k & 3) + ((k & 15) >> 2)], NG, NQ, NC, 0);
+                 S[qd_row_of_block(k, NQ)], NG, NQ, NC, 0);
     }
     /* q8_reduce16's tree, lanes now slots */
     for (int i = 0; i < NG * NQ; i++) {
         __m512 v[8];
-        for (int t = 0; t < 8; t++) v[t] = _mm512_add_ps(S[t][i], S[t + 8][i]);
+        for (int t = 0; t < 8; t++) v[t] = _mm512_add_ps(S[qd_row_of_slot(t, NQ)][i], S[qd_row_of_slot(t + 8, NQ)][i]);
         for (int t = 0; t < 4; t++) v[t] = _mm512_add_ps(v[t], v[t + 4]);
         v[0] = _mm512_add_ps(v[0], v[2]);
         v[1] = _mm512_add_ps(v[1], v[3]);
