@@ -11,9 +11,32 @@
 #include "attention/kv_pool.h"
 #include "ellm.h"
 
+#include <dirent.h>
+#include <errno.h>
 #include <pthread.h>
+#include <sched.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
+
+/* Threads of this process at idle priority (SCHED_IDLE, or nice 19 where
+ * that policy is refused): the pool's helper must be one, so that it never
+ * takes a core from the threads running engine steps. */
+static int idle_threads(void) {
+    DIR *d = opendir("/proc/self/task");
+    if (!d) return -1;
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));) {
+        if (e->d_name[0] == '.') continue;
+        pid_t tid = (pid_t)atoi(e->d_name);
+        errno = 0;
+        int nice = getpriority(PRIO_PROCESS, (id_t)tid);
+        n += sched_getscheduler(tid) == SCHED_IDLE || (errno == 0 && nice == 19);
+    }
+    closedir(d);
+    return n;
+}
 
 /* Waits (up to 10 s: a liveness bound, not a timing check) for the helper
  * to make `want` pages warm. */
@@ -31,8 +54,10 @@ static void test_warm(void) {
     CHECK(kv_pool_init(10000, 8, &p, &err) == ELLM_OK, "%s", err.msg);
     if (!p) return;
     const size_t pb = kv_pool_page_bytes(p);
+    CHECK(idle_threads() == 0, "no thread at idle priority before the helper starts (%d)", idle_threads());
     CHECK(kv_pool_keep_warm(p, 3 * pb + pb / 2, &err) == ELLM_OK, "%s", err.msg);
     CHECK(wait_warm(p, 3) == 3, "the helper makes 3 pages warm (%lld)", (long long)kv_pool_pages_warm(p));
+    CHECK(idle_threads() == 1, "the helper runs at idle priority (%d threads at idle priority)", idle_threads());
     CHECK(kv_pool_pages_used(p) == 0, "warm pages are free (used %lld)", (long long)kv_pool_pages_used(p));
     void *pg[9] = {0};
     int distinct = 1, all = 1;
