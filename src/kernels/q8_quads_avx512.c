@@ -17,7 +17,7 @@
  *
  * and the 16 slot accumulators meet by q8_reduce16's tree, so every output
  * equals the single-row result bit for bit. The slot accumulators live in a
- * stack buffer (16 slots x up to 16 pairs x 64 bytes = 16 KB, a slot's pairs side by side),
+ * stack buffer (16 rows, one per slot, x up to 16 pairs x 64 bytes = 16 KB),
  * one load and store per pair and block.
  *
  * Per block and group of 4 weight rows the weights cost 4 loads and 6
@@ -39,6 +39,7 @@ enum {
     QD_MAX_Q = 8,  /* quads (32 activation rows) per pass */
     QD_MAX_G = 2,  /* groups of 4 weight rows per pass */
     QD_MAX_P = 16, /* (group, quad) pairs per pass: accumulators in registers */
+    QD_SEQ_Q = 4,  /* from this many quads a pass keeps its slot accumulators in block order (qd_row_of_block) */
 };
 
 /* Weight rows p[0 .. 3] (each at one block) as unsigned bytes: lo lane i =
@@ -99,14 +100,17 @@ INLINE __m512 qd_scales(const char *p, size_t wrow, const int NG) {
                 : _mm512_shuffle_epi32(hi, _MM_PERM_DDDD))
 
 /* Where the accumulators of slot t (q8_reduce16's lane t: the blocks k with
- * 4 (k & 3) + ((k & 15) >> 2) = t) are kept in a pass's S. With 4 or more
+ * 4 (k & 3) + ((k & 15) >> 2) = t) are kept in a pass's S. From QD_SEQ_Q
  * quads, block k's at row k & 15, so consecutive blocks load and store
- * consecutive rows of S: storing slot by slot (rows 4 apart, 4 KB) made a
- * pass of 4-7 quads up to 1.8x slower on Ice Lake. With 1-3 quads, row t:
- * there the slot-by-slot order measured ~8% faster. The slots and their sums
- * are the same either way. */
-INLINE int qd_row_of_block(int64_t k, const int NQ) { return NQ >= 4 ? (int)(k & 15) : 4 * (int)(k & 3) + (int)((k & 15) >> 2); }
-INLINE int qd_row_of_slot(int t, const int NQ) { return NQ >= 4 ? 4 * (t & 3) + (t >> 2) : t; }
+ * consecutive rows of S. In slot order (consecutive blocks 4 rows apart) a
+ * pass of 4-7 quads of Q8_0 weights ran up to 1.8x slower on a Zen 5 guest;
+ * padding the rows to break 4 KB strides did not help, the order did. With
+ * 1-3 quads, row t: there slot order measured ~8% faster. The slots and
+ * their sums are the same either way. */
+INLINE int qd_row_of_block(int64_t k, const int NQ) {
+    return NQ >= QD_SEQ_Q ? (int)(k & 15) : 4 * (int)(k & 3) + (int)((k & 15) >> 2);
+}
+INLINE int qd_row_of_slot(int t, const int NQ) { return NQ >= QD_SEQ_Q ? 4 * (t & 3) + (t >> 2) : t; }
 
 /* One block k of a pass (see qd_pass); FIRST: k < 16, the slot starts. */
 INLINE void qd_block(int wtype, const char *p, size_t wrow, const int8_t *a, __m512 *S, const int NG, const int NQ, const int NC, const int FIRST) {
