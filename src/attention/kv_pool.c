@@ -17,9 +17,9 @@
 
 #include <pthread.h>
 #include <sched.h>
-#include <sys/resource.h>
 #include <stdlib.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #define KV_POOL_HUGE ((size_t)2 << 20)
