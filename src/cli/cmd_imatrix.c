@@ -10,6 +10,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Covariance blocks: one int4-g128 group, four q4_0 blocks. */
+#define IM_COV_BLOCK 128
+
 static ellm_status collect(ellm_context *ctx, void *im, const int32_t *tokens, int n, ellm_error *err) {
     return ellm_imatrix_collect(ctx, im, tokens, n, err);
 }
@@ -17,16 +20,24 @@ static ellm_status collect(ellm_context *ctx, void *im, const int32_t *tokens, i
 int cmd_calibrate_imatrix(int argc, char **argv) {
     calib_opts o = {.ctx_len = 512};
     long chunks = 0;
-    int bad = 0;
+    int bad = 0, covariance = 0;
     for (int i = 1; i < argc && !bad; i++) {
         const char *v = NULL, *a = argv[i];
         if (!strcmp(a, "--imatrix") || calib_arg(argc, argv, &i, &o, &bad)) continue;
+        if (!strcmp(a, "--covariance")) {
+            covariance = 1;
+            continue;
+        }
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            printf("usage: ellm calibrate --imatrix -f TEXT -o FILE [-m MODEL] [--ctx N] [--chunks N]\n\n"
+            printf("usage: ellm calibrate --imatrix -f TEXT -o FILE [-m MODEL] [--ctx N] [--chunks N] [--covariance]\n\n"
                    "Runs the model over TEXT in windows of --ctx tokens (default 512; at most --chunks\n"
                    "windows, default all) and writes, per input column of every layer matrix, the\n"
                    "mean squared activation (llama.cpp's imatrix .dat layout) for\n"
-                   "`ellm convert --imatrix FILE`. The model should be the F32/F16 one.\n");
+                   "`ellm convert --imatrix FILE`. The model should be the F32/F16 one.\n"
+                   "--covariance also writes each matrix's input covariance within blocks of %d\n"
+                   "columns (entries \"<name>.cov\", which llama-quantize ignores): `ellm convert`\n"
+                   "then rounds q4_0 and int4-g128 with error feedback (GPTQ-style) instead of\n"
+                   "element by element.\n", IM_COV_BLOCK);
             return 0;
         } else if (arg_value(argc, argv, &i, "--chunks", NULL, &v, &bad)) {
             if (v && !arg_int("--chunks", v, 1, 1 << 20, &chunks)) bad = 1;
@@ -54,7 +65,8 @@ int cmd_calibrate_imatrix(int argc, char **argv) {
     if (!(ids = cli_tokenize_file(m, o.text_path, 0, &n_ids))) goto done;
     ellm_context_params cp = ellm_context_default_params();
     cp.n_ctx = (int)o.ctx_len;
-    if (ellm_context_init(m, &cp, &ctx, &err) || ellm_imatrix_init(m, &im, &err)) {
+    if (ellm_context_init(m, &cp, &ctx, &err) || ellm_imatrix_init(m, &im, &err) ||
+        (covariance && ellm_imatrix_set_covariance(im, IM_COV_BLOCK, &err))) {
         fprintf(stderr, "error: %s\n", err.msg);
         goto done;
     }

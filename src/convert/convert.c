@@ -82,6 +82,8 @@ typedef struct {
     int n_dims;
     int permute_heads;      /* > 0: llama Q/K row permutation over this many heads */
     const float *imatrix;   /* (ne0) column importances, or NULL */
+    const float *cov;       /* (ne0 x cov_block) input covariance blocks, or NULL */
+    int cov_block;
     cv_ctx *ctx;
     int index;
 } cv_tensor;
@@ -104,6 +106,12 @@ struct cv_ctx {
     int chunk_tensor;
     int64_t chunk_row0, chunk_rows;
     float *scratch;         /* n_threads x max_ne0 floats */
+    /* Error-feedback rounding of the tensor being converted (gptq_tensor):
+     * the damped covariance blocks and the Cholesky factors of their
+     * inverses (qtype_gptq_prepare), ne0 x cov_block each. */
+    int gptq_tensor;
+    float *gptq_H, *gptq_U;
+    size_t gptq_cap;
     int64_t max_ne0;
     /* progress */
     uint64_t src_total, src_before, out_total, out_before;
@@ -180,7 +188,9 @@ static void chunk_job(void *arg, int ith, int nth) {
             continue;
         }
         uint8_t *out = c->chunk + (size_t)i * j->out_row;
-        if (t->imatrix)
+        if (c->gptq_tensor == t->index)
+            qtype_quantize_gptq(t->type, row, out, t->ne0, t->imatrix, c->gptq_H, c->gptq_U, t->cov_block);
+        else if (t->imatrix)
             qtype_quantize_weighted(t->type, row, out, t->ne0, t->imatrix, t->ne0);
         else
             kern_quantize(t->type, row, out, t->ne0);
@@ -222,6 +232,27 @@ static void report(cv_ctx *c, const cv_tensor *t, int64_t rows_done, int finishe
     c->p->progress(c->p->progress_user, &pr);
 }
 
+/* Damping of the covariance before inversion, as a share of its mean
+ * diagonal (GPTQ's default). */
+#define CV_GPTQ_DAMP 0.01
+
+/* Readies error-feedback rounding for tensor t; a covariance that is not
+ * positive definite even damped leaves it to the element-wise rounding. */
+static ellm_status gptq_prepare(cv_ctx *c, const cv_tensor *t, ellm_error *err) {
+    size_t need = (size_t)t->ne0 * (size_t)t->cov_block;
+    if (need > c->gptq_cap) {
+        free(c->gptq_H);
+        free(c->gptq_U);
+        c->gptq_H = malloc(need * sizeof(float));
+        c->gptq_U = malloc(need * sizeof(float));
+        c->gptq_cap = c->gptq_H && c->gptq_U ? need : 0;
+        if (!c->gptq_cap) return ellm_fail(err, ELLM_ERR_NOMEM, "out of memory for the covariance of '%s'", t->name);
+    }
+    c->gptq_tensor = qtype_gptq_prepare(t->cov, t->ne0, t->cov_block, CV_GPTQ_DAMP, c->gptq_H, c->gptq_U)
+                         ? t->index : -1;
+    return ELLM_OK;
+}
+
 /* gguf_writer row callback. */
 static ellm_status cv_row(void *user, int64_t row, void *dst, size_t n_bytes, ellm_error *err) {
     cv_tensor *t = user;
@@ -230,6 +261,10 @@ static ellm_status cv_row(void *user, int64_t row, void *dst, size_t n_bytes, el
     if (c->chunk_tensor != t->index || row < c->chunk_row0 || row >= c->chunk_row0 + c->chunk_rows) {
         if (c->chunk_tensor != t->index && row == 0) {
             report(c, t, 0, 0);
+            if (t->cov && t->imatrix) {
+                ellm_status st = gptq_prepare(c, t, err);
+                if (st) return st;
+            }
             if (t->index == 0) st_prefetch(c->st, t->src);
             if (t->index + 1 < c->n_t) st_prefetch(c->st, c->t[t->index + 1].src);
         }
@@ -494,7 +529,7 @@ ellm_status convert_hf_to_gguf(const char *hf_dir, const char *out_path, const c
     if (!hf_dir || !out_path || !p) return ellm_fail(err, ELLM_ERR_ARG, "convert: NULL argument");
     const convert_type *ty = convert_type_find(p->type);
     if (!ty) return ellm_fail(err, ELLM_ERR_ARG, "unknown output type '%s'", p->type ? p->type : "(null)");
-    cv_ctx c = {.p = p, .chunk_tensor = -1, .t0_ms = ellm_time_ms()};
+    cv_ctx c = {.p = p, .chunk_tensor = -1, .gptq_tensor = -1, .t0_ms = ellm_time_ms()};
     ellm_status st = hf_config_load(hf_dir, &c.cfg, err);
     if (st == ELLM_OK) st = st_open_dir(hf_dir, &c.st, err);
     if (st == ELLM_OK) st = plan(&c, ty, err);
@@ -502,7 +537,10 @@ ellm_status convert_hf_to_gguf(const char *hf_dir, const char *out_path, const c
     if (st == ELLM_OK && p->imatrix) {
         st = cv_imatrix_load(p->imatrix, &c.imatrix, err);
         for (int i = 0; i < c.n_t && st == ELLM_OK; i++)
-            if (c.t[i].n_dims == 2) c.t[i].imatrix = cv_imatrix_find(&c.imatrix, c.t[i].name, c.t[i].ne0);
+            if (c.t[i].n_dims == 2) {
+                c.t[i].imatrix = cv_imatrix_find(&c.imatrix, c.t[i].name, c.t[i].ne0);
+                c.t[i].cov = cv_imatrix_find_cov(&c.imatrix, c.t[i].name, c.t[i].ne0, &c.t[i].cov_block);
+            }
     }
     if (st == ELLM_OK) st = gguf_writer_init(&c.w, err);
     char name[256];
@@ -540,5 +578,7 @@ ellm_status convert_hf_to_gguf(const char *hf_dir, const char *out_path, const c
     free(c.rope_freqs);
     free(c.chunk);
     free(c.scratch);
+    free(c.gptq_H);
+    free(c.gptq_U);
     return st;
 }

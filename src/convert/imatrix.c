@@ -8,6 +8,7 @@
 #include "core/status.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -60,6 +61,8 @@ ellm_status cv_imatrix_parse(const void *data, size_t size, const char *what, cv
             return st;
         }
         e->n = nval;
+        const size_t nl = strlen(e->name);
+        const int is_cov = nl > 4 && !strcmp(e->name + nl - 4, ".cov"); /* covariances may be negative */
         e->values = malloc((size_t)nval * sizeof(float));
         if (!e->values) {
             cv_imatrix_free(im);
@@ -69,9 +72,9 @@ ellm_status cv_imatrix_parse(const void *data, size_t size, const char *what, cv
         p += (size_t)nval * 4;
         for (int32_t k = 0; k < nval; k++) {
             float v = e->values[k] / (float)ncall;
-            if (!(v >= 0) || !isfinite(v)) {
-                ellm_status st = ellm_fail(err, ELLM_ERR_FORMAT, "'%s': entry '%.100s': value %d is not a finite "
-                                           "non-negative number", what, e->name, k);
+            if (!isfinite(v) || (!(v >= 0) && !is_cov)) {
+                ellm_status st = ellm_fail(err, ELLM_ERR_FORMAT, "'%s': entry '%.100s': value %d is not a finite%s "
+                                           "number", what, e->name, k, is_cov ? "" : " non-negative");
                 cv_imatrix_free(im);
                 return st;
             }
@@ -94,5 +97,18 @@ ellm_status cv_imatrix_load(const char *path, cv_imatrix *im, ellm_error *err) {
 const float *cv_imatrix_find(const cv_imatrix *im, const char *name, int64_t n) {
     for (int i = 0; im && i < im->n; i++)
         if (!strcmp(im->e[i].name, name)) return im->e[i].n == n ? im->e[i].values : NULL;
+    return NULL;
+}
+
+const float *cv_imatrix_find_cov(const cv_imatrix *im, const char *name, int64_t n, int *block) {
+    char cname[1100];
+    snprintf(cname, sizeof cname, "%s.cov", name);
+    for (int i = 0; im && n > 0 && i < im->n; i++)
+        if (!strcmp(im->e[i].name, cname)) {
+            const int64_t B = im->e[i].n / n;
+            if (im->e[i].n % n || B < 32 || B % 32 || B > 1024) return NULL;
+            *block = (int)B;
+            return im->e[i].values;
+        }
     return NULL;
 }

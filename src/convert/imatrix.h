@@ -27,6 +27,10 @@ ellm_status cv_imatrix_parse(const void *data, size_t size, const char *what, cv
 ellm_status cv_imatrix_load(const char *path, cv_imatrix *im, ellm_error *err);
 /* The values for tensor `name` with `n` input columns, or NULL (absent). */
 const float *cv_imatrix_find(const cv_imatrix *im, const char *name, int64_t n);
+/* The covariance entry of tensor `name` with `n` input columns ("<name>.cov",
+ * n x B values) and its block width B through *block, or NULL (absent, or
+ * not n x B values with B a multiple of 32). */
+const float *cv_imatrix_find_cov(const cv_imatrix *im, const char *name, int64_t n, int *block);
 void cv_imatrix_free(cv_imatrix *im);
 
 #endif

@@ -19,6 +19,9 @@ struct ellm_imatrix {
     int n_layer;
     int64_t cols[IM_SLOTS];
     double *sum[IM_SLOTS]; /* (n_layer * cols) sums of x^2 */
+    int cov_block;         /* 0, or B: covariances within blocks of B columns */
+    double *cov[IM_SLOTS]; /* (n_layer * cols * B): column c's products with
+                            * the B columns of its block (past its end: 0) */
     int64_t n_rows;        /* activation rows (tokens) seen per matrix */
     int64_t n_calls;       /* forward passes */
 };
@@ -46,8 +49,24 @@ ellm_status ellm_imatrix_init(const ellm_model *m, ellm_imatrix **out, ellm_erro
 
 void ellm_imatrix_free(ellm_imatrix *im) {
     if (!im) return;
-    for (int s = 0; s < IM_SLOTS; s++) free(im->sum[s]);
+    for (int s = 0; s < IM_SLOTS; s++) {
+        free(im->sum[s]);
+        free(im->cov[s]);
+    }
     free(im);
+}
+
+ellm_status ellm_imatrix_set_covariance(ellm_imatrix *im, int block, ellm_error *err) {
+    if (!im || im->n_rows > 0 || im->cov_block)
+        return ellm_fail(err, ELLM_ERR_ARG, "imatrix: covariance must be enabled once, before collecting");
+    if (block < 8 || block > 1024)
+        return ellm_fail(err, ELLM_ERR_ARG, "imatrix: covariance block %d outside 8..1024", block);
+    for (int s = 0; s < IM_SLOTS; s++) {
+        im->cov[s] = calloc((size_t)(im->n_layer * im->cols[s]) * (size_t)block, sizeof(double));
+        if (!im->cov[s]) return ellm_fail(err, ELLM_ERR_NOMEM, "imatrix: out of memory for the covariance");
+    }
+    im->cov_block = block;
+    return ELLM_OK;
 }
 
 void engine_imatrix_observe(ellm_imatrix *im, int layer, int slot, const float *X, int nb) {
@@ -55,11 +74,48 @@ void engine_imatrix_observe(ellm_imatrix *im, int layer, int slot, const float *
     double *s = im->sum[slot] + (size_t)layer * (size_t)cols;
     for (int b = 0; b < nb; b++)
         for (int64_t c = 0; c < cols; c++) s[c] += (double)X[b * cols + c] * X[b * cols + c];
+    const int B = im->cov_block;
+    if (!B) return;
+    double *cv = im->cov[slot] + (size_t)layer * (size_t)cols * (size_t)B;
+    for (int b = 0; b < nb; b++) {
+        const float *x = X + (size_t)b * (size_t)cols;
+        for (int64_t c = 0; c < cols; c++) {
+            const int64_t c0 = c / B * B, n = cols - c0 < B ? cols - c0 : B;
+            const double xc = x[c];
+            double *row = cv + (size_t)c * (size_t)B;
+            for (int64_t k = c - c0; k < n; k++) row[k] += xc * x[c0 + k]; /* upper triangle */
+        }
+    }
 }
 
 void engine_imatrix_count(ellm_imatrix *im, int64_t calls, int64_t rows) {
     im->n_calls += calls;
     im->n_rows += rows;
+}
+
+/* The covariance entry of one matrix, "<name>.cov": nval = cols * B values,
+ * row c the mean products of column c with the B columns of its block (the
+ * block starting at c / B * B; past the matrix's last column: 0), both
+ * triangles filled, times ncall as the main entry's values. */
+static int write_cov(FILE *f, const ellm_imatrix *im, int l, int s, const char *name, int32_t ncall, float *vals) {
+    const int B = im->cov_block;
+    const int64_t cols = im->cols[s];
+    const double *cv = im->cov[s] + (size_t)l * (size_t)cols * (size_t)B;
+    const double k = (double)ncall / (double)im->n_rows;
+    for (int64_t c = 0; c < cols; c++) {
+        const int64_t c0 = c / B * B;
+        for (int64_t j = 0; j < B; j++) {
+            const int64_t cj = c0 + j;
+            double v = 0;
+            if (cj < cols) v = cj >= c ? cv[(size_t)c * B + (size_t)j] : cv[(size_t)cj * B + (size_t)(c - c0)];
+            vals[(size_t)c * B + (size_t)j] = (float)(v * k);
+        }
+    }
+    char cname[128];
+    int32_t len = snprintf(cname, sizeof cname, "%s.cov", name), nval = (int32_t)(cols * B);
+    return fwrite(&len, 4, 1, f) == 1 && fwrite(cname, 1, (size_t)len, f) == (size_t)len &&
+           fwrite(&ncall, 4, 1, f) == 1 && fwrite(&nval, 4, 1, f) == 1 &&
+           fwrite(vals, 4, (size_t)nval, f) == (size_t)nval;
 }
 
 /* llama.cpp's imatrix .dat layout (little-endian): i32 n_entries, then per
@@ -76,12 +132,13 @@ ellm_status ellm_imatrix_write(const ellm_imatrix *im, const char *path, const c
     if (!f) return ellm_fail(err, ELLM_ERR_IO, "cannot create '%s': %s", tmp, strerror(errno));
     int32_t n_entries = 0;
     for (int s = 0; s < IM_SLOTS; s++)
-        for (int k = 0; k < 3; k++) n_entries += names[s][k] ? im->n_layer : 0;
+        for (int k = 0; k < 3; k++) n_entries += names[s][k] ? im->n_layer * (im->cov_block ? 2 : 1) : 0;
     int ok = fwrite(&n_entries, 4, 1, f) == 1;
     int32_t ncall = (int32_t)(im->n_calls > 0 ? im->n_calls : 1);
     int64_t max_cols = 1;
     for (int s = 0; s < IM_SLOTS; s++)
-        if (im->cols[s] > max_cols) max_cols = im->cols[s];
+        if (im->cols[s] * (im->cov_block ? im->cov_block : 1) > max_cols)
+            max_cols = im->cols[s] * (im->cov_block ? im->cov_block : 1);
     float *vals = malloc((size_t)max_cols * sizeof(float));
     ok = ok && vals;
     for (int l = 0; l < im->n_layer && ok; l++)
@@ -95,6 +152,7 @@ ellm_status ellm_imatrix_write(const ellm_imatrix *im, const char *path, const c
                 ok = fwrite(&len, 4, 1, f) == 1 && fwrite(name, 1, (size_t)len, f) == (size_t)len &&
                      fwrite(&ncall, 4, 1, f) == 1 && fwrite(&nval, 4, 1, f) == 1 &&
                      fwrite(vals, 4, (size_t)nval, f) == (size_t)nval;
+                if (ok && im->cov_block) ok = write_cov(f, im, l, s, name, ncall, vals);
             }
     int32_t last_chunk = ncall, dlen = (int32_t)strlen(dataset ? dataset : "");
     ok = ok && fwrite(&last_chunk, 4, 1, f) == 1 && fwrite(&dlen, 4, 1, f) == 1 &&

@@ -68,6 +68,19 @@ void qtype_quantize_ref(int type, const float *src, void *dst, int64_t n);
 void qtype_quantize_weighted(int type, const float *src, void *dst, int64_t n, const float *imatrix,
                              int64_t n_per_row);
 
+/* Error-feedback (GPTQ) rounding of one row of n columns from the input
+ * covariance H within blocks of B columns (H and U: n x B, row c holding
+ * column c's block row, as the imatrix ".cov" entries): qtype_gptq_prepare
+ * damps H (damp x its mean diagonal) into H and writes U, the upper Cholesky
+ * factor of H^-1 (returns 0 if a block is not positive definite). Then
+ * qtype_quantize_gptq rounds each column in order with the rounding errors
+ * of the columns before it in its block fed forward through U, and refits
+ * the block's scales to the smallest e^T H e. Q4_0 and INT4_G128 (n a
+ * multiple of B for INT4_G128); other types as qtype_quantize_weighted. */
+int qtype_gptq_prepare(const float *cov, int64_t cols, int B, double damp, float *H, float *U);
+void qtype_quantize_gptq(int type, const float *src, void *dst, int64_t n, const float *imatrix, const float *H,
+                         const float *U, int B);
+
 /* ---- ggml block layouts (little-endian, packed by construction) ---------- */
 
 #define QK4_0 32
