@@ -276,6 +276,16 @@ static void test_calibrate_fits(void) {
     if (b && n >= 4) memcpy(&entries, b, 4);
     CHECK(entries == 42, "imatrix file: %zu bytes, %d entries", n, entries);
     free(b);
+    /* --covariance: a ".cov" entry per matrix, columns x --cov-block floats */
+    snprintf(args, sizeof args,
+             "calibrate --imatrix -f %s/heldout-sample.txt -o %s --ctx 64 --chunks 2 --covariance --cov-block 128", d, im);
+    rc = run(args, out, sizeof out);
+    b = test_read_file(im, &n);
+    entries = 0;
+    if (b && n >= 4) memcpy(&entries, b, 4);
+    CHECK(rc == 0 && entries == 84 && b && memmem(b, n, "blk.5.ffn_down.weight.cov", 25),
+          "imatrix --covariance exit %d: %d entries, %s", rc, entries, out);
+    free(b);
     snprintf(args, sizeof args,
              "calibrate --draft -f %s/heldout-sample.txt -o %s --ctx 64 --windows 4 --draft-layers 1", d, dm);
     rc = run(args, out, sizeof out);
@@ -300,6 +310,8 @@ static void test_calibrate_fits(void) {
     expect_errorf("/nonexistent-imatrix.txt", "calibrate --imatrix -f /nonexistent-imatrix.txt -o %s", im);
     expect_error("calibrate --draft --bogus", "unknown option '--bogus' (see ellm calibrate --draft --help)");
     expect_error("calibrate --imatrix --chunks 0", "--chunks");
+    expect_error("calibrate --imatrix --cov-block 200", "--cov-block must be a multiple of 128");
+    expect_error("calibrate --imatrix --cov-block 2048", "--cov-block expects an integer in [128, 1024]");
 }
 
 /* ellm bench at tiny depths: the JSON has the machine, one point per depth

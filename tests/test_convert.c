@@ -5,6 +5,7 @@
  * BF16 and sharded input, tokenizer.json vocabularies against llama.cpp's
  * vectors, and bad input. */
 #include "convert/convert.h"
+#include "convert/gptq.h"
 #include "convert/hf_config.h"
 #include "convert/hf_vocab.h"
 #include "convert/imatrix.h"
@@ -15,9 +16,12 @@
 #include "hf_writer.h"
 #include "gguf/gguf.h"
 #include "gguf/gguf_writer.h"
+#include "kernels/quant.h"
 #include "tokenizer/tokenizer.h"
 #include "vocab_vectors.h"
 
+#include <math.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -465,6 +469,224 @@ static void test_dtypes_and_shards(void) {
     CHECK(rel < 0.1 && am >= n_test_ids * 9 / 10, "bf16 logits rel diff %.3g argmax %d", rel, am);
 }
 
+/* Error-feedback rounding (gptq_prepare, gptq_quantize_row): U is
+ * the upper Cholesky factor of the damped H's inverse (U^T U H = I), and on
+ * correlated inputs the output error sum over rows of e^T H e (the squared
+ * error of W x over the samples x that gave H) is well below the
+ * element-wise weighted rounding's, for Q4_0 and INT4_G128; a block that is
+ * not positive definite is refused, and so are other types. */
+static void test_gptq(void) {
+    enum { N = 512, B = 256, T = 1024, F = 6, ROWS = 8 };
+    float *X = malloc((size_t)T * N * sizeof(float)), *L = malloc(N * F * sizeof(float));
+    float *cov = malloc((size_t)N * B * sizeof(float)), *H = malloc((size_t)N * B * sizeof(float));
+    float *U = malloc((size_t)N * B * sizeof(float)), *im = malloc(N * sizeof(float));
+    float *W = malloc(N * ROWS * sizeof(float)), *xq = malloc(N * sizeof(float));
+    void *q = malloc(qtype_row_bytes(QTYPE_Q4_0, N) * ROWS);
+    uint64_t rs = 0x2545F4914F6CDD1Dull;
+    CHECK(X && L && cov && H && U && im && W && xq && q, "gptq test: out of memory");
+    if (!(X && L && cov && H && U && im && W && xq && q)) return;
+    /* activations: F shared factors plus noise, columns of unequal scale */
+    for (int i = 0; i < N * F; i++) L[i] = test_frand(&rs);
+    for (int t = 0; t < T; t++) {
+        float u[F];
+        for (int f = 0; f < F; f++) u[f] = test_frand(&rs);
+        for (int c = 0; c < N; c++) {
+            float v = 0.4f * test_frand(&rs);
+            for (int f = 0; f < F; f++) v += L[c * F + f] * u[f];
+            X[(size_t)t * N + c] = v * (0.5f + (float)(c % 7) * 0.25f);
+        }
+    }
+    for (int c = 0; c < N; c++) {
+        const int c0 = c / B * B;
+        for (int j = 0; j < B; j++) {
+            double s = 0;
+            for (int t = 0; t < T; t++) s += (double)X[(size_t)t * N + c] * X[(size_t)t * N + c0 + j];
+            cov[(size_t)c * B + j] = (float)(s / T);
+        }
+        im[c] = cov[(size_t)c * B + c - c0];
+    }
+    const double damp = 0.01;
+    CHECK(gptq_prepare(cov, N, B, damp, H, U), "gptq: a covariance was refused as not positive definite");
+    /* U upper triangular and U^T U H = I per block (H as damped) */
+    double worst = 0, lower = 0, *utu = malloc((size_t)B * B * sizeof(double));
+    for (int c0 = 0; c0 < N; c0 += B) {
+        for (int i = 0; i < B; i++)
+            for (int k = 0; k < B; k++) {
+                if (k < i) lower = fmax(lower, fabs(U[(size_t)(c0 + i) * B + k]));
+                double v = 0;
+                for (int l = 0; l <= (i < k ? i : k); l++)
+                    v += (double)U[(size_t)(c0 + l) * B + i] * U[(size_t)(c0 + l) * B + k];
+                utu[(size_t)i * B + k] = v;
+            }
+        for (int i = 0; i < B; i++)
+            for (int j = 0; j < B; j++) {
+                double s = 0;
+                for (int k = 0; k < B; k++) s += utu[(size_t)i * B + k] * H[(size_t)(c0 + k) * B + j];
+                worst = fmax(worst, fabs(s - (i == j)));
+            }
+    }
+    free(utu);
+    CHECK(lower == 0 && worst < 1e-3, "gptq: U^T U H is off the identity by %.3g (lower triangle %.3g)", worst, lower);
+    for (int i = 0; i < N * ROWS; i++) W[i] = 0.02f * test_frand(&rs);
+    for (int i = 0; i < N * ROWS; i += 89) W[i] *= 6.0f; /* outliers */
+    static const int types[] = {QTYPE_Q4_0, QTYPE_INT4_G128};
+    for (int k = 0; k < 2; k++) {
+        const int type = types[k];
+        const size_t rb = qtype_row_bytes(type, N);
+        double E[2] = {0, 0};
+        for (int method = 0; method < 2; method++) {
+            for (int r = 0; r < ROWS; r++) {
+                if (method)
+                    CHECK(gptq_quantize_row(type, W + r * N, (char *)q + r * rb, N, im, H, U, B),
+                          "gptq %s: row refused", qtype_get(type)->name);
+                else
+                    qtype_quantize_weighted(type, W + r * N, (char *)q + r * rb, N, im, N);
+                qtype_dequantize_ref(type, (char *)q + r * rb, xq, N);
+                for (int c = 0; c < N; c++) { /* e^T cov e, undamped */
+                    const int c0 = c / B * B;
+                    double s = 0;
+                    for (int j = 0; j < B; j++)
+                        s += (double)cov[(size_t)c * B + j] * (W[r * N + c0 + j] - xq[c0 + j]);
+                    E[method] += (W[r * N + c] - xq[c]) * s;
+                }
+            }
+        }
+        printf("gptq %s: output error %.4g against %.4g element-wise (ratio %.3f)\n", qtype_get(type)->name, E[1], E[0],
+               E[1] / E[0]);
+        CHECK(E[1] < 0.2 * E[0], "gptq %s: output error %.4g not well below the element-wise %.4g",
+              qtype_get(type)->name, E[1], E[0]);
+    }
+    /* not positive definite: refused */
+    float bad[2 * 32] = {0}, bh[2 * 32], bu[2 * 32];
+    bad[0] = bad[33] = 1.0f;
+    bad[1] = bad[32] = 2.0f;
+    CHECK(!gptq_prepare(bad, 2, 32, 0.0, bh, bu), "gptq: an indefinite covariance was accepted");
+    /* another type, or a block the type's groups do not divide: refused */
+    char q8[N * 2];
+    CHECK(!gptq_quantize_row(QTYPE_Q8_0, W, q8, N, im, H, U, B) &&
+              !gptq_quantize_row(QTYPE_INT4_G128, W, q, N, im, H, U, 64),
+          "gptq: q8_0 or an int4-g128 block of 64 was taken");
+    free(X);
+    free(L);
+    free(cov);
+    free(H);
+    free(U);
+    free(im);
+    free(W);
+    free(xq);
+    free(q);
+}
+
+/* With --covariance: one more entry per matrix ("<name>.cov", columns x
+ * 128), symmetric within its block, whose diagonal is the main entry's mean
+ * squares and whose products obey Cauchy-Schwarz; the converter's
+ * error-feedback rounding from it changes the rows and lowers the logits'
+ * error against F32 below the element-wise rounding's (`diag`, the file
+ * without covariances). Negative values pass only in ".cov" entries. */
+static void test_imatrix_covariance(const char *hf_dir, const char *diag) {
+    enum { B = 128 };
+    ellm_model *m = NULL;
+    ellm_context *ctx = NULL;
+    ellm_imatrix *im = NULL;
+    ellm_error err = {0};
+    char path[700], out[700], out_d[700];
+    snprintf(path, sizeof path, "%s/gqa-cov.imatrix", test_tmp_dir());
+    ellm_model_params mp = {.n_threads = 2, .pin_threads = 0};
+    ellm_context_params cp = ellm_context_default_params();
+    cp.n_ctx = n_test_ids;
+    ellm_status st = ellm_model_load("tests/data/models/llama-gqa.gguf", &mp, &m, &err);
+    if (st == ELLM_OK) st = ellm_context_init(m, &cp, &ctx, &err);
+    if (st == ELLM_OK) st = ellm_imatrix_init(m, &im, &err);
+    if (st == ELLM_OK) st = ellm_imatrix_set_covariance(im, B, &err);
+    if (st == ELLM_OK) {
+        ellm_error e2 = {0};
+        CHECK(ellm_imatrix_set_covariance(im, B, &e2) == ELLM_ERR_ARG, "covariance enabled twice");
+    }
+    if (st == ELLM_OK) st = ellm_imatrix_collect(ctx, im, test_ids, n_test_ids, &err);
+    if (st == ELLM_OK) st = ellm_imatrix_write(im, path, "test", &err);
+    CHECK(st == ELLM_OK, "imatrix with covariance: %s", err.msg);
+    ellm_imatrix_free(im);
+    ellm_context_free(ctx);
+    ellm_model_free(m);
+    cv_imatrix cv;
+    st = cv_imatrix_load(path, &cv, &err);
+    CHECK(st == ELLM_OK && cv.n == 2 * 2 * 7, "imatrix with covariance read: %s (%d entries)", err.msg,
+          st ? 0 : cv.n);
+    if (st != ELLM_OK) return;
+    static const struct {
+        const char *name;
+        int cols;
+    } mats[] = {{"blk.1.attn_q.weight", 256}, {"blk.0.attn_output.weight", 256}, {"blk.0.ffn_down.weight", 512}};
+    for (int k = 0; k < 3; k++) {
+        int blk = 0, n = mats[k].cols;
+        const float *d = cv_imatrix_find(&cv, mats[k].name, n), *c = cv_imatrix_find_cov(&cv, mats[k].name, n, &blk);
+        CHECK(d && c && blk == B, "%s: covariance entry missing or block %d", mats[k].name, blk);
+        if (!d || !c || blk != B) continue;
+        double diag_err = 0, asym = 0, cs = 0, offdiag = 0;
+        for (int i = 0; i < n; i++) {
+            const int i0 = i / B * B;
+            diag_err = fmax(diag_err, fabs(c[(size_t)i * B + i - i0] - d[i]) / fmax(d[i], 1e-30));
+            for (int j = 0; j < B; j++) {
+                const double v = c[(size_t)i * B + j], t = c[(size_t)(i0 + j) * B + i - i0];
+                asym = fmax(asym, fabs(v - t));
+                cs = fmax(cs, v * v / fmax((double)d[i] * d[i0 + j], 1e-30));
+                if (j != i - i0) offdiag = fmax(offdiag, fabs(v));
+            }
+        }
+        CHECK(diag_err < 1e-5 && asym == 0 && cs <= 1.0 + 1e-4 && offdiag > 0,
+              "%s: covariance diagonal off the mean squares by %.3g, asymmetry %.3g, Cauchy-Schwarz %.6f, "
+              "largest off-diagonal %.3g",
+              mats[k].name, diag_err, asym, cs, offdiag);
+    }
+    int blk = 0;
+    CHECK(!cv_imatrix_find_cov(&cv, "blk.1.attn_q.weight", 100, &blk), "a covariance of the wrong width was found");
+    cv_imatrix_free(&cv);
+    for (int k = 0; k < 2; k++) {
+        const char *ty = k ? "q4_0" : "int4-g128";
+        snprintf(out, sizeof out, "%s/cov-%s.gguf", test_tmp_dir(), ty);
+        snprintf(out_d, sizeof out_d, "%s/covd-%s.gguf", test_tmp_dir(), ty);
+        convert_params p = {.type = ty, .n_threads = 2, .imatrix = path};
+        CHECK(convert_hf_to_gguf(hf_dir, out, &p, NULL, &err) == ELLM_OK, "%s with covariance: %s", ty, err.msg);
+        p.imatrix = diag;
+        CHECK(convert_hf_to_gguf(hf_dir, out_d, &p, NULL, &err) == ELLM_OK, "%s", err.msg);
+        gguf_file *a = NULL, *b = NULL;
+        gguf_open(out, &a, &err);
+        gguf_open(out_d, &b, &err);
+        const gguf_tensor *ta = a ? gguf_find_tensor(a, "blk.0.ffn_down.weight") : NULL;
+        const gguf_tensor *tb = b ? gguf_find_tensor(b, "blk.0.ffn_down.weight") : NULL;
+        CHECK(ta && tb && ta->type == tb->type && memcmp(ta->data, tb->data, ta->n_bytes) != 0,
+              "%s: the covariance changed nothing", ty);
+        gguf_close(a);
+        gguf_close(b);
+        int am, am_d;
+        double rel = logits_diff(out, "tests/data/models/llama-gqa.gguf", test_ids, n_test_ids, &am);
+        double rel_d = logits_diff(out_d, "tests/data/models/llama-gqa.gguf", test_ids, n_test_ids, &am_d);
+        printf("llama-gqa -> %-9s with covariance: logits max rel diff vs F32 %.2e (element-wise %.2e), "
+               "argmax %d/%d (%d)\n", ty, rel, rel_d, am, n_test_ids, am_d);
+        CHECK(rel < 0.7 * rel_d, "%s: error-feedback rounding's logits error %.3g not below the element-wise %.3g",
+              ty, rel, rel_d);
+    }
+    /* negative values: refused in a mean-square entry, taken in a covariance */
+    for (int k = 0; k < 2; k++) {
+        const char *name = k ? "blk.0.ffn_up.weight.cov" : "blk.0.ffn_up.weight";
+        int32_t len = (int32_t)strlen(name), hdr[3];
+        uint8_t buf[128];
+        size_t o = 0;
+        hdr[0] = 1;
+        memcpy(buf + o, hdr, 4), o += 4;
+        memcpy(buf + o, &len, 4), o += 4;
+        memcpy(buf + o, name, (size_t)len), o += (size_t)len;
+        hdr[1] = 1, hdr[2] = 2;
+        memcpy(buf + o, hdr + 1, 8), o += 8;
+        const float v[2] = {0.5f, -0.25f};
+        memcpy(buf + o, v, 8), o += 8;
+        st = cv_imatrix_parse(buf, o, "neg.imatrix", &cv, &err);
+        CHECK(k ? st == ELLM_OK : st == ELLM_ERR_FORMAT && strstr(err.msg, "non-negative"),
+              "a negative value in '%s': status %d '%s'", name, st, st ? err.msg : "");
+        if (st == ELLM_OK) cv_imatrix_free(&cv);
+    }
+}
+
 /* Importance matrix: collected by the engine over text, written in
  * llama.cpp's layout, read back with the right shapes, and used by the
  * converter (q4_0 and int4-g128 rows change, the file runs; a malformed
@@ -532,6 +754,7 @@ static void test_imatrix(const char *hf_dir) {
         printf("llama-gqa -> %-9s with imatrix: logits max rel diff vs F32 %.2e, argmax %d/%d\n", ty, rel, am,
                n_test_ids);
     }
+    test_imatrix_covariance(hf_dir, path);
     convert_params p = {.type = "q4_0", .n_threads = 2, .imatrix = "/nonexistent.imatrix"};
     CHECK(convert_hf_to_gguf(hf_dir, out1, &p, NULL, &err) == ELLM_ERR_IO && strstr(err.msg, "/nonexistent.imatrix"),
           "missing imatrix: '%s'", err.msg);
@@ -807,6 +1030,7 @@ int main(void) {
     test_types(evaldir);
     snprintf(evaldir, sizeof evaldir, "%s/llama-gqa", test_tmp_dir());
     test_4bit_types(evaldir);
+    test_gptq();
     test_imatrix(evaldir);
     test_dtypes_and_shards();
     test_bad_input();

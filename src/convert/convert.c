@@ -5,6 +5,7 @@
 
 #include "convert/hf_config.h"
 #include "convert/hf_vocab.h"
+#include "convert/gptq.h"
 #include "convert/imatrix.h"
 #include "convert/safetensors.h"
 #include "core/cpu.h"
@@ -188,9 +189,10 @@ static void chunk_job(void *arg, int ith, int nth) {
             continue;
         }
         uint8_t *out = c->chunk + (size_t)i * j->out_row;
-        if (c->gptq_tensor == t->index)
-            qtype_quantize_gptq(t->type, row, out, t->ne0, t->imatrix, c->gptq_H, c->gptq_U, t->cov_block);
-        else if (t->imatrix)
+        if (c->gptq_tensor == t->index &&
+            gptq_quantize_row(t->type, row, out, t->ne0, t->imatrix, c->gptq_H, c->gptq_U, t->cov_block))
+            continue;
+        if (t->imatrix)
             qtype_quantize_weighted(t->type, row, out, t->ne0, t->imatrix, t->ne0);
         else
             kern_quantize(t->type, row, out, t->ne0);
@@ -238,7 +240,7 @@ static void report(cv_ctx *c, const cv_tensor *t, int64_t rows_done, int finishe
 
 /* Readies error-feedback rounding for tensor t; a covariance that is not
  * positive definite even damped leaves it to the element-wise rounding. */
-static ellm_status gptq_prepare(cv_ctx *c, const cv_tensor *t, ellm_error *err) {
+static ellm_status cv_gptq_begin(cv_ctx *c, const cv_tensor *t, ellm_error *err) {
     size_t need = (size_t)t->ne0 * (size_t)t->cov_block;
     if (need > c->gptq_cap) {
         free(c->gptq_H);
@@ -248,7 +250,7 @@ static ellm_status gptq_prepare(cv_ctx *c, const cv_tensor *t, ellm_error *err) 
         c->gptq_cap = c->gptq_H && c->gptq_U ? need : 0;
         if (!c->gptq_cap) return ellm_fail(err, ELLM_ERR_NOMEM, "out of memory for the covariance of '%s'", t->name);
     }
-    c->gptq_tensor = qtype_gptq_prepare(t->cov, t->ne0, t->cov_block, CV_GPTQ_DAMP, c->gptq_H, c->gptq_U)
+    c->gptq_tensor = gptq_prepare(t->cov, t->ne0, t->cov_block, CV_GPTQ_DAMP, c->gptq_H, c->gptq_U)
                          ? t->index : -1;
     return ELLM_OK;
 }
@@ -262,7 +264,7 @@ static ellm_status cv_row(void *user, int64_t row, void *dst, size_t n_bytes, el
         if (c->chunk_tensor != t->index && row == 0) {
             report(c, t, 0, 0);
             if (t->cov && t->imatrix) {
-                ellm_status st = gptq_prepare(c, t, err);
+                ellm_status st = cv_gptq_begin(c, t, err);
                 if (st) return st;
             }
             if (t->index == 0) st_prefetch(c->st, t->src);

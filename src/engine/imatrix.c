@@ -5,6 +5,7 @@
  * same file format. */
 #include "core/status.h"
 #include "engine/engine_impl.h"
+#include "kernels/kernels.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -22,6 +23,9 @@ struct ellm_imatrix {
     int cov_block;         /* 0, or B: covariances within blocks of B columns */
     double *cov[IM_SLOTS]; /* (n_layer * cols * B): column c's products with
                             * the B columns of its block (past its end: 0) */
+    float *xt;             /* one batch's inputs, column by column */
+    size_t xt_cap;
+    int cov_failed;        /* out of memory for xt: the covariance is incomplete */
     int64_t n_rows;        /* activation rows (tokens) seen per matrix */
     int64_t n_calls;       /* forward passes */
 };
@@ -53,6 +57,7 @@ void ellm_imatrix_free(ellm_imatrix *im) {
         free(im->sum[s]);
         free(im->cov[s]);
     }
+    free(im->xt);
     free(im);
 }
 
@@ -75,16 +80,27 @@ void engine_imatrix_observe(ellm_imatrix *im, int layer, int slot, const float *
     for (int b = 0; b < nb; b++)
         for (int64_t c = 0; c < cols; c++) s[c] += (double)X[b * cols + c] * X[b * cols + c];
     const int B = im->cov_block;
-    if (!B) return;
-    double *cv = im->cov[slot] + (size_t)layer * (size_t)cols * (size_t)B;
-    for (int b = 0; b < nb; b++) {
-        const float *x = X + (size_t)b * (size_t)cols;
-        for (int64_t c = 0; c < cols; c++) {
-            const int64_t c0 = c / B * B, n = cols - c0 < B ? cols - c0 : B;
-            const double xc = x[c];
-            double *row = cv + (size_t)c * (size_t)B;
-            for (int64_t k = c - c0; k < n; k++) row[k] += xc * x[c0 + k]; /* upper triangle */
+    if (!B || nb <= 0) return;
+    /* columns of X contiguous, so each product is one dot over the batch's
+     * rows and the covariance is walked once per batch, not once per row */
+    const size_t need = (size_t)cols * (size_t)nb;
+    if (need > im->xt_cap) {
+        free(im->xt);
+        im->xt = malloc(need * sizeof *im->xt);
+        im->xt_cap = im->xt ? need : 0;
+        if (!im->xt) {
+            im->cov_failed = 1;
+            return;
         }
+    }
+    for (int b = 0; b < nb; b++)
+        for (int64_t c = 0; c < cols; c++) im->xt[(size_t)c * nb + b] = X[(size_t)b * cols + c];
+    double *cv = im->cov[slot] + (size_t)layer * (size_t)cols * (size_t)B;
+    for (int64_t c = 0; c < cols; c++) {
+        const int64_t c0 = c / B * B, n = cols - c0 < B ? cols - c0 : B;
+        const float *xc = im->xt + (size_t)c * nb;
+        double *row = cv + (size_t)c * (size_t)B;
+        for (int64_t k = c - c0; k < n; k++) row[k] += kern_dot_f32(xc, im->xt + (size_t)(c0 + k) * nb, nb);
     }
 }
 
@@ -124,6 +140,7 @@ static int write_cov(FILE *f, const ellm_imatrix *im, int l, int s, const char *
  * and the dataset name. */
 ellm_status ellm_imatrix_write(const ellm_imatrix *im, const char *path, const char *dataset, ellm_error *err) {
     if (im->n_rows <= 0) return ellm_fail(err, ELLM_ERR_ARG, "imatrix: no tokens were collected");
+    if (im->cov_failed) return ellm_fail(err, ELLM_ERR_NOMEM, "imatrix: out of memory while collecting the covariance");
     static const char *const names[IM_SLOTS][3] = {
         {"attn_q", "attn_k", "attn_v"}, {"attn_output", NULL, NULL}, {"ffn_gate", "ffn_up", NULL}, {"ffn_down", NULL, NULL}};
     char tmp[4096];

@@ -326,7 +326,7 @@ static float gain_factor(const float *x, const float *xq, const float *w, int n)
  * refinement that leaves q as it was would only repeat its fit, and ends the
  * candidate. The levels are then assigned against the winner and (d, m)
  * scaled by the gain correction (gain_factor). */
-static void quant_int4_g128_group(const float *x, const float *w, int max_iter, block_int4_g128 *b) {
+void qtype_fit_int4_g128_group(const float *x, const float *w, int max_iter, block_int4_g128 *b) {
     enum { N = QK_G128 };
     float lo = x[0], hi = x[0];
     double sw = 0, sx = 0, swxx = 0;
@@ -393,7 +393,7 @@ static void quant_int4_g128(const float *x, void *dst, int64_t n, const float *w
     float ones[QK_G128];
     for (int i = 0; i < QK_G128; i++) ones[i] = 1.0f;
     for (int64_t k = 0; k < n / QK_G128; k++, x += QK_G128)
-        quant_int4_g128_group(x, w ? w + k * QK_G128 : ones, w ? 10 : 3, &b[k]);
+        qtype_fit_int4_g128_group(x, w ? w + k * QK_G128 : ones, w ? 10 : 3, &b[k]);
 }
 
 /* Q4_0 with per-element weights w (n of them): scales around the one that
@@ -401,7 +401,7 @@ static void quant_int4_g128(const float *x, void *dst, int64_t n, const float *w
  * scale refitted by weighted least squares and rounded to F16, q re-rounded
  * against it, and the scale with the smallest weighted error is kept, then
  * scaled by the gain correction (gain_factor) with the levels unchanged. */
-static void quant_q4_0_weighted(const float *x, void *dst, int64_t n, const float *w_all) {
+void qtype_fit_q4_0_weighted(const float *x, void *dst, int64_t n, const float *w_all) {
     block_q4_0 *b = dst;
     for (int64_t k = 0; k < n / QK4_0; k++, x += QK4_0) {
         const float *w = w_all + k * QK4_0;
@@ -457,7 +457,7 @@ static void quant_q4_0_weighted(const float *x, void *dst, int64_t n, const floa
  * independent and overstates how much one column matters against another;
  * on the evaluation model the raw weighting raised perplexity and its
  * square root lowered it (bench/CONVERT.md). */
-static void importance_weights(const float *x, const float *imatrix, int64_t n, float *w) {
+void qtype_importance_weights(const float *x, const float *imatrix, int64_t n, float *w) {
     double s2 = 0;
     for (int64_t i = 0; i < n; i++) s2 += (double)x[i] * x[i];
     float sigma2 = (float)(s2 / (double)n);
@@ -478,9 +478,9 @@ void qtype_quantize_weighted(int type, const float *src, void *dst, int64_t n, c
     for (int64_t r = 0; r < n / n_per_row; r++) {
         const float *x = src + r * n_per_row;
         uint8_t *out = (uint8_t *)dst + (size_t)r * row_bytes;
-        importance_weights(x, imatrix, n_per_row, w);
+        qtype_importance_weights(x, imatrix, n_per_row, w);
         if (type == QTYPE_Q4_0)
-            quant_q4_0_weighted(x, out, n_per_row, w);
+            qtype_fit_q4_0_weighted(x, out, n_per_row, w);
         else
             quant_int4_g128(x, out, n_per_row, w);
     }
@@ -504,272 +504,4 @@ void qtype_quantize_ref(int type, const float *src, void *dst, int64_t n) {
     case QTYPE_INT4_G128: quant_int4_g128(src, dst, n, NULL); break;
     default: break;
     }
-}
-
-/* ---- error-feedback (GPTQ) rounding -------------------------------------- */
-
-/* In-place Cholesky factor of the n x n symmetric matrix a (row stride n):
- * a = L L^T with L in the lower triangle; returns 0 if a is not positive
- * definite. */
-static int chol_lower(double *a, int n) {
-    for (int j = 0; j < n; j++) {
-        double s = a[(size_t)j * n + j];
-        for (int k = 0; k < j; k++) s -= a[(size_t)j * n + k] * a[(size_t)j * n + k];
-        if (!(s > 0)) return 0;
-        const double l = sqrt(s);
-        a[(size_t)j * n + j] = l;
-        for (int i = j + 1; i < n; i++) {
-            double t = a[(size_t)i * n + j];
-            for (int k = 0; k < j; k++) t -= a[(size_t)i * n + k] * a[(size_t)j * n + k];
-            a[(size_t)i * n + j] = t / l;
-        }
-        for (int i = 0; i < j; i++) a[(size_t)i * n + j] = 0;
-    }
-    return 1;
-}
-
-int qtype_gptq_prepare(const float *cov, int64_t cols, int B, double damp, float *H, float *U) {
-    double *a = malloc((size_t)B * B * sizeof *a), *li = malloc((size_t)B * B * sizeof *li);
-    int ok = a && li;
-    for (int64_t c0 = 0; c0 < cols && ok; c0 += B) {
-        const int n = cols - c0 < B ? (int)(cols - c0) : B;
-        double mean = 0;
-        for (int i = 0; i < n; i++) mean += cov[(size_t)(c0 + i) * B + i];
-        mean /= n;
-        if (!(mean > 0)) mean = 1;
-        for (int i = 0; i < n; i++)
-            for (int j = 0; j < n; j++) {
-                double v = cov[(size_t)(c0 + i) * B + j];
-                if (i == j) v += damp * mean + (v > 0 ? 0 : mean); /* a column never seen gets weight */
-                a[(size_t)i * n + j] = v;
-                H[(size_t)(c0 + i) * B + j] = (float)v;
-            }
-        for (int i = 0; i < n; i++)
-            for (int j = n; j < B; j++) H[(size_t)(c0 + i) * B + j] = 0;
-        if (!chol_lower(a, n)) {
-            ok = 0;
-            break;
-        }
-        /* li = L^-1 (lower), then H^-1 = li^T li */
-        for (int i = 0; i < n; i++)
-            for (int j = 0; j <= i; j++) {
-                double s = i == j ? 1.0 : 0.0;
-                for (int k = j; k < i; k++) s -= a[(size_t)i * n + k] * li[(size_t)k * n + j];
-                li[(size_t)i * n + j] = s / a[(size_t)i * n + i];
-            }
-        for (int i = 0; i < n; i++)
-            for (int j = 0; j <= i; j++) {
-                double s = 0;
-                for (int k = i; k < n; k++) s += li[(size_t)k * n + i] * li[(size_t)k * n + j];
-                a[(size_t)i * n + j] = a[(size_t)j * n + i] = s;
-            }
-        /* H^-1 = M M^T; U = M^T (upper) is what the rounding walks */
-        if (!chol_lower(a, n)) {
-            ok = 0;
-            break;
-        }
-        for (int i = 0; i < n; i++)
-            for (int j = 0; j < B; j++) U[(size_t)(c0 + i) * B + j] = j >= i && j < n ? (float)a[(size_t)j * n + i] : 0;
-    }
-    free(a);
-    free(li);
-    return ok;
-}
-
-/* e^T H e over one block of n columns (H rows of stride B). */
-static double gptq_err(const float *x, const float *xq, const float *H, int n, int B) {
-    double e[QK_G128 * 8], E = 0;
-    for (int i = 0; i < n; i++) e[i] = (double)x[i] - xq[i];
-    for (int i = 0; i < n; i++) {
-        double s = 0;
-        for (int j = 0; j < n; j++) s += (double)H[(size_t)i * B + j] * e[j];
-        E += e[i] * s;
-    }
-    return E;
-}
-
-/* Rounds w[0, n) in order, each element by round(v), v the element after the
- * errors of the ones before it were fed forward through U; returns levels via
- * `level` and the dequantized values in xq. */
-typedef struct {
-    int type;
-    float d[QK_G128 * 8 / QK4_0]; /* q4_0: per group of 32; int4: d[0] */
-    float m;                      /* int4 offset */
-} gptq_grid;
-
-static void gptq_pass(const float *x, const float *wimp, int n, const float *U, int B, gptq_grid *g, int choose,
-                      int *lev, float *xq) {
-    float w[QK_G128 * 8];
-    memcpy(w, x, (size_t)n * sizeof *w);
-    for (int i = 0; i < n; i++) {
-        int q;
-        if (g->type == QTYPE_Q4_0) {
-            if (choose && i % QK4_0 == 0) {
-                block_q4_0 tmp;
-                quant_q4_0_weighted(w + i, &tmp, QK4_0, wimp + i);
-                g->d[i / QK4_0] = ellm_f16_to_f32(tmp.d);
-            }
-            const float d = g->d[i / QK4_0];
-            q = d != 0 ? clampi((int)lrintf(w[i] / d), -8, 7) : 0;
-            xq[i] = d * (float)q;
-        } else {
-            const float d = g->d[0];
-            q = d > 0 ? clampi((int)lrintf((w[i] - g->m) / d), 0, 15) : 0;
-            xq[i] = d * (float)q + g->m;
-        }
-        lev[i] = q;
-        const float e = (w[i] - xq[i]) / U[(size_t)i * B + i];
-        for (int j = i + 1; j < n; j++) w[j] -= e * U[(size_t)i * B + j];
-    }
-}
-
-/* Least-squares refit of the grid for fixed levels against e^T H e (x the
- * original values): q4_0 the n / 32 scales together, int4 (d, m). Rounded
- * to F16. Returns 0 if the system is singular. */
-static int gptq_refit(const float *x, const int *lev, const float *H, int n, int B, gptq_grid *g) {
-    enum { MAXP = QK_G128 * 8 / QK4_0 };
-    int np;
-    double col[MAXP][QK_G128 * 8];
-    if (g->type == QTYPE_Q4_0) {
-        np = n / QK4_0;
-        for (int p = 0; p < np; p++)
-            for (int i = 0; i < n; i++) col[p][i] = i / QK4_0 == p ? lev[i] : 0;
-    } else {
-        np = 2;
-        for (int i = 0; i < n; i++) {
-            col[0][i] = lev[i];
-            col[1][i] = 1;
-        }
-    }
-    double hc[MAXP][QK_G128 * 8], A[MAXP * MAXP], b[MAXP];
-    for (int p = 0; p < np; p++)
-        for (int i = 0; i < n; i++) {
-            double s = 0;
-            for (int j = 0; j < n; j++) s += (double)H[(size_t)i * B + j] * col[p][j];
-            hc[p][i] = s;
-        }
-    for (int p = 0; p < np; p++) {
-        b[p] = 0;
-        for (int i = 0; i < n; i++) b[p] += hc[p][i] * x[i];
-        for (int r = 0; r < np; r++) {
-            double s = 0;
-            for (int i = 0; i < n; i++) s += hc[p][i] * col[r][i];
-            A[p * np + r] = s;
-        }
-    }
-    /* A is symmetric positive semi-definite: Cholesky, then two solves */
-    if (!chol_lower(A, np)) return 0;
-    double y[MAXP];
-    for (int i = 0; i < np; i++) {
-        double s = b[i];
-        for (int k = 0; k < i; k++) s -= A[i * np + k] * y[k];
-        y[i] = s / A[i * np + i];
-    }
-    for (int i = np - 1; i >= 0; i--) {
-        double s = y[i];
-        for (int k = i + 1; k < np; k++) s -= A[k * np + i] * y[k];
-        y[i] = s / A[i * np + i];
-    }
-    if (g->type == QTYPE_Q4_0) {
-        for (int p = 0; p < np; p++) g->d[p] = ellm_f16_to_f32(ellm_f32_to_f16((float)y[p]));
-    } else {
-        if (!(y[0] > 0)) return 0;
-        g->d[0] = ellm_f16_to_f32(ellm_f32_to_f16((float)y[0]));
-        g->m = ellm_f16_to_f32(ellm_f32_to_f16((float)y[1]));
-    }
-    for (int p = 0; p < np; p++)
-        if (!isfinite(g->d[p])) return 0;
-    return isfinite(g->m);
-}
-
-static void gptq_dequant(const int *lev, int n, const gptq_grid *g, float *xq) {
-    for (int i = 0; i < n; i++)
-        xq[i] = g->type == QTYPE_Q4_0 ? g->d[i / QK4_0] * (float)lev[i] : g->d[0] * (float)lev[i] + g->m;
-}
-
-#ifndef GPTQ_PASSES
-#define GPTQ_PASSES 3
-#endif
-
-/* One block of n columns of a row: the plain weighted quantizer's result and
- * GPTQ_PASSES error-feedback passes, each followed by a refit; the candidate
- * of smallest e^T H e is written. */
-static void gptq_block(int type, const float *x, const float *wimp, int n, const float *H, const float *U, int B,
-                       uint8_t *out) {
-    int lev[QK_G128 * 8], best_lev[QK_G128 * 8];
-    float xq[QK_G128 * 8];
-    gptq_grid g = {.type = type}, best;
-    /* the plain weighted quantizer's blocks as the first candidate */
-    if (type == QTYPE_Q4_0) {
-        block_q4_0 tmp;
-        for (int k = 0; k < n / QK4_0; k++) {
-            quant_q4_0_weighted(x + k * QK4_0, &tmp, QK4_0, wimp + k * QK4_0);
-            g.d[k] = ellm_f16_to_f32(tmp.d);
-            for (int i = 0; i < QK4_0 / 2; i++) {
-                lev[k * QK4_0 + i] = (tmp.qs[i] & 0xF) - 8;
-                lev[k * QK4_0 + i + 16] = (tmp.qs[i] >> 4) - 8;
-            }
-        }
-    } else {
-        block_int4_g128 tmp;
-        quant_int4_g128_group(x, wimp, 10, &tmp);
-        g.d[0] = ellm_f16_to_f32(tmp.d);
-        g.m = ellm_f16_to_f32(tmp.m);
-        for (int i = 0; i < QK_G128 / 2; i++) {
-            lev[i] = tmp.qs[i] & 0xF;
-            lev[i + 64] = tmp.qs[i] >> 4;
-        }
-    }
-    gptq_dequant(lev, n, &g, xq);
-    double bestE = gptq_err(x, xq, H, n, B);
-    best = g;
-    memcpy(best_lev, lev, (size_t)n * sizeof *lev);
-    for (int pass = 0; pass < GPTQ_PASSES; pass++) {
-        gptq_pass(x, wimp, n, U, B, &g, type == QTYPE_Q4_0 && pass == 0, lev, xq);
-        double E = gptq_err(x, xq, H, n, B);
-        if (E < bestE) {
-            bestE = E;
-            best = g;
-            memcpy(best_lev, lev, (size_t)n * sizeof *lev);
-        }
-        if (!gptq_refit(x, lev, H, n, B, &g)) break;
-        gptq_dequant(lev, n, &g, xq);
-        E = gptq_err(x, xq, H, n, B);
-        if (E < bestE) {
-            bestE = E;
-            best = g;
-            memcpy(best_lev, lev, (size_t)n * sizeof *lev);
-        }
-    }
-    if (type == QTYPE_Q4_0) {
-        block_q4_0 *b = (block_q4_0 *)out;
-        for (int k = 0; k < n / QK4_0; k++) {
-            b[k].d = ellm_f32_to_f16(best.d[k]);
-            for (int i = 0; i < QK4_0 / 2; i++)
-                b[k].qs[i] = (uint8_t)((best_lev[k * QK4_0 + i] + 8) | ((best_lev[k * QK4_0 + i + 16] + 8) << 4));
-        }
-    } else {
-        block_int4_g128 *b = (block_int4_g128 *)out;
-        b->d = ellm_f32_to_f16(best.d[0]);
-        b->m = ellm_f32_to_f16(best.m);
-        for (int i = 0; i < QK_G128 / 2; i++) b->qs[i] = (uint8_t)(best_lev[i] | (best_lev[i + 64] << 4));
-    }
-}
-
-void qtype_quantize_gptq(int type, const float *x, void *dst, int64_t n, const float *imatrix, const float *H,
-                         const float *U, int B) {
-    float *w = malloc((size_t)n * sizeof *w);
-    if (!w || (type != QTYPE_Q4_0 && type != QTYPE_INT4_G128) || B > QK_G128 * 8 || B % QK_G128) {
-        free(w);
-        qtype_quantize_weighted(type, x, dst, n, imatrix, n);
-        return;
-    }
-    importance_weights(x, imatrix, n, w);
-    const size_t blk = type == QTYPE_Q4_0 ? sizeof(block_q4_0) : sizeof(block_int4_g128);
-    const int per = type == QTYPE_Q4_0 ? QK4_0 : QK_G128;
-    for (int64_t c0 = 0; c0 < n; c0 += B) {
-        const int nb = n - c0 < B ? (int)(n - c0) : B;
-        gptq_block(type, x + c0, w + c0, nb, H + c0 * B, U + c0 * B, B, (uint8_t *)dst + (size_t)(c0 / per) * blk);
-    }
-    free(w);
 }

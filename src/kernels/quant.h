@@ -68,18 +68,12 @@ void qtype_quantize_ref(int type, const float *src, void *dst, int64_t n);
 void qtype_quantize_weighted(int type, const float *src, void *dst, int64_t n, const float *imatrix,
                              int64_t n_per_row);
 
-/* Error-feedback (GPTQ) rounding of one row of n columns from the input
- * covariance H within blocks of B columns (H and U: n x B, row c holding
- * column c's block row, as the imatrix ".cov" entries): qtype_gptq_prepare
- * damps H (damp x its mean diagonal) into H and writes U, the upper Cholesky
- * factor of H^-1 (returns 0 if a block is not positive definite). Then
- * qtype_quantize_gptq rounds each column in order with the rounding errors
- * of the columns before it in its block fed forward through U, and refits
- * the block's scales to the smallest e^T H e. Q4_0 and INT4_G128 (n a
- * multiple of B for INT4_G128); other types as qtype_quantize_weighted. */
-int qtype_gptq_prepare(const float *cov, int64_t cols, int B, double damp, float *H, float *U);
-void qtype_quantize_gptq(int type, const float *src, void *dst, int64_t n, const float *imatrix, const float *H,
-                         const float *U, int B);
+/* The weighted quantizers' parts, for rounding schemes built on them
+ * (src/convert/gptq.c): the weight of each element of a row in the rounding
+ * error (qtype_quantize_weighted's weighting), Q4_0 blocks of a row with
+ * those weights, and one INT4_G128 group (refined up to max_iter times). */
+void qtype_importance_weights(const float *x, const float *imatrix, int64_t n, float *w);
+void qtype_fit_q4_0_weighted(const float *x, void *dst, int64_t n, const float *w);
 
 /* ---- ggml block layouts (little-endian, packed by construction) ---------- */
 
@@ -147,6 +141,11 @@ static_assert(sizeof(block_q4_K) == 144, "block_q4_K size");
 static_assert(sizeof(block_q6_K) == 210, "block_q6_K size");
 static_assert(sizeof(block_q8_K) == 292, "block_q8_K size");
 static_assert(sizeof(block_int4_g128) == 68, "block_int4_g128 size");
+
+/* One INT4_G128 group of x with element weights w, refined up to max_iter
+ * times (qtype_quantize_weighted's group quantizer; src/convert/gptq.c
+ * builds on it). */
+void qtype_fit_int4_g128_group(const float *x, const float *w, int max_iter, block_int4_g128 *b);
 
 /* Decodes sub-block j's 6-bit scale and min from a Q4_K `scales` array: bytes
  * 0..3 hold sc[0..3] (low 6 bits) and the top 2 bits of sc[4..7]; bytes 4..7
