@@ -1,7 +1,8 @@
 #!/bin/sh
 # Perplexity and KL divergence from F32 of the evaluation model converted to
-# every `ellm convert` type, with and without an importance matrix
-# (bench/CONVERT.md). The HF folder is written from models/evalmodel.gguf by
+# every `ellm convert` type, with and without an importance matrix, and for
+# q4_0 and int4-g128 with an importance matrix that holds input covariances
+# (error-feedback rounding; bench/CONVERT.md). The HF folder is written from models/evalmodel.gguf by
 # the converter tests' writer (ELLM_KEEP_TMP keeps it); the imatrix is
 # calibrated on Python standard-library source (training-like text), never
 # on the held-out text that is scored.
@@ -21,6 +22,8 @@ CAL=$T/calib.txt
 cat $(ls /usr/lib/python3*/[a-m]*.py | head -40) > "$CAL"
 "$B/ellm" calibrate --imatrix -m models/evalmodel.gguf -f "$CAL" -o "$T/ev.imatrix" --ctx 512 --chunks 32 \
     > "$T/calib.log" 2>&1
+"$B/ellm" calibrate --imatrix --covariance -m models/evalmodel.gguf -f "$CAL" -o "$T/cov.imatrix" --ctx 512 \
+    --chunks 32 > "$T/calib-cov.log" 2>&1
 ppl() { # MODEL TYPE IMATRIX -> the dense perplexity; the JSON goes to $T/raw
     j=$("$B/ellm" eval -m "$1" -f tests/data/heldout-sample.txt --ctx 2048 --compare dense --windows "$W" --json \
         2>/dev/null)
@@ -42,13 +45,18 @@ for ty in $TYPES; do
         KLFILES="$KLFILES $T/$ty-im.gguf"
     fi
     [ "$ty" = f32 ] || KLFILES="$KLFILES $T/$ty.gguf"
+    if [ "$ty" = q4_0 ] || [ "$ty" = int4-g128 ]; then
+        "$B/ellm" convert "$HF" -o "$T/$ty-cov.gguf" --type "$ty" --imatrix "$T/cov.imatrix" >/dev/null 2>&1
+        ppl "$T/$ty-cov.gguf" "$ty" covariance > "$T/$ty-cov.ppl"
+        KLFILES="$KLFILES $T/$ty-cov.gguf"
+    fi
 done
 # KL(F32 || type) over the same windows, one run against the F32 file
 "$B/bench/quant_kl" "$T/f32.gguf" tests/data/heldout-sample.txt "$W" $KLFILES > "$T/kl"
 kl() { grep "\"model\": \"$1\"" "$T/kl" | grep -o '"kl": *[0-9.]*' | grep -o '[0-9.]*$'; }
 F32=$(cat "$T/f32.ppl")
-printf '| type | bits/weight (whole file) | ppl | vs F32 | KL from F32 | ppl with imatrix | vs F32 | KL from F32 |\n'
-printf '|---|---|---|---|---|---|---|---|\n'
+printf '| type | bits/weight (whole file) | ppl | vs F32 | KL from F32 | ppl with imatrix | vs F32 | KL from F32 | ppl with covariance | vs F32 | KL from F32 |\n'
+printf '|---|---|---|---|---|---|---|---|---|---|---|\n'
 for ty in $TYPES; do
     p=$(cat "$T/$ty.ppl")
     size=$(stat -c %s "$T/$ty.gguf")
@@ -63,7 +71,15 @@ for ty in $TYPES; do
         ki=$k
     fi
     ri=$(awk -v a="${pi%% *}" -v b="$F32" 'BEGIN{printf "%+.2f%%", (a/b-1)*100}')
-    printf '| %s | %s | %s | %s | %s | %s | %s | %s |\n' "$ty" "$bpw" "$p" "$r" "$k" "$pi" "$ri" "$ki"
+    if [ -f "$T/$ty-cov.ppl" ]; then
+        pc=$(cat "$T/$ty-cov.ppl")
+        rc=$(awk -v a="$pc" -v b="$F32" 'BEGIN{printf "%+.2f%%", (a/b-1)*100}')
+        kc=$(kl "$T/$ty-cov.gguf")
+    else
+        pc=-; rc=-; kc=-
+    fi
+    printf '| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n' "$ty" "$bpw" "$p" "$r" "$k" "$pi" "$ri" "$ki" \
+        "$pc" "$rc" "$kc"
 done
 echo
 tail -1 "$T/calib.log"

@@ -577,6 +577,33 @@ static void test_gptq(void) {
     free(q);
 }
 
+/* Collects llama-gqa's importance matrix over the test ids (with input
+ * covariances in blocks of cov_block columns when > 0) and writes it to
+ * path; returns the status (err says why). */
+static ellm_status write_test_imatrix(const char *path, int cov_block, ellm_error *err) {
+    ellm_model *m = NULL;
+    ellm_context *ctx = NULL;
+    ellm_imatrix *im = NULL;
+    ellm_model_params mp = {.n_threads = 2, .pin_threads = 0};
+    ellm_context_params cp = ellm_context_default_params();
+    cp.n_ctx = n_test_ids;
+    ellm_status st = ellm_model_load("tests/data/models/llama-gqa.gguf", &mp, &m, err);
+    if (st == ELLM_OK) st = ellm_context_init(m, &cp, &ctx, err);
+    if (st == ELLM_OK) st = ellm_imatrix_init(m, &im, err);
+    if (st == ELLM_OK && cov_block > 0) {
+        st = ellm_imatrix_set_covariance(im, cov_block, err);
+        ellm_error e2 = {0};
+        if (st == ELLM_OK)
+            CHECK(ellm_imatrix_set_covariance(im, cov_block, &e2) == ELLM_ERR_ARG, "covariance enabled twice");
+    }
+    if (st == ELLM_OK) st = ellm_imatrix_collect(ctx, im, test_ids, n_test_ids, err);
+    if (st == ELLM_OK) st = ellm_imatrix_write(im, path, "test", err);
+    ellm_imatrix_free(im);
+    ellm_context_free(ctx);
+    ellm_model_free(m);
+    return st;
+}
+
 /* With --covariance: one more entry per matrix ("<name>.cov", columns x
  * 128), symmetric within its block, whose diagonal is the main entry's mean
  * squares and whose products obey Cauchy-Schwarz; the converter's
@@ -585,29 +612,11 @@ static void test_gptq(void) {
  * without covariances). Negative values pass only in ".cov" entries. */
 static void test_imatrix_covariance(const char *hf_dir, const char *diag) {
     enum { B = 128 };
-    ellm_model *m = NULL;
-    ellm_context *ctx = NULL;
-    ellm_imatrix *im = NULL;
     ellm_error err = {0};
     char path[700], out[700], out_d[700];
     snprintf(path, sizeof path, "%s/gqa-cov.imatrix", test_tmp_dir());
-    ellm_model_params mp = {.n_threads = 2, .pin_threads = 0};
-    ellm_context_params cp = ellm_context_default_params();
-    cp.n_ctx = n_test_ids;
-    ellm_status st = ellm_model_load("tests/data/models/llama-gqa.gguf", &mp, &m, &err);
-    if (st == ELLM_OK) st = ellm_context_init(m, &cp, &ctx, &err);
-    if (st == ELLM_OK) st = ellm_imatrix_init(m, &im, &err);
-    if (st == ELLM_OK) st = ellm_imatrix_set_covariance(im, B, &err);
-    if (st == ELLM_OK) {
-        ellm_error e2 = {0};
-        CHECK(ellm_imatrix_set_covariance(im, B, &e2) == ELLM_ERR_ARG, "covariance enabled twice");
-    }
-    if (st == ELLM_OK) st = ellm_imatrix_collect(ctx, im, test_ids, n_test_ids, &err);
-    if (st == ELLM_OK) st = ellm_imatrix_write(im, path, "test", &err);
+    ellm_status st = write_test_imatrix(path, B, &err);
     CHECK(st == ELLM_OK, "imatrix with covariance: %s", err.msg);
-    ellm_imatrix_free(im);
-    ellm_context_free(ctx);
-    ellm_model_free(m);
     cv_imatrix cv;
     st = cv_imatrix_load(path, &cv, &err);
     CHECK(st == ELLM_OK && cv.n == 2 * 2 * 7, "imatrix with covariance read: %s (%d entries)", err.msg,
@@ -692,24 +701,11 @@ static void test_imatrix_covariance(const char *hf_dir, const char *diag) {
  * converter (q4_0 and int4-g128 rows change, the file runs; a malformed
  * file is refused naming it). */
 static void test_imatrix(const char *hf_dir) {
-    ellm_model *m = NULL;
-    ellm_context *ctx = NULL;
-    ellm_imatrix *im = NULL;
     ellm_error err = {0};
     char path[700], out1[700], out2[700];
     snprintf(path, sizeof path, "%s/gqa.imatrix", test_tmp_dir());
-    ellm_model_params mp = {.n_threads = 2, .pin_threads = 0};
-    ellm_context_params cp = ellm_context_default_params();
-    cp.n_ctx = n_test_ids;
-    ellm_status st = ellm_model_load("tests/data/models/llama-gqa.gguf", &mp, &m, &err);
-    if (st == ELLM_OK) st = ellm_context_init(m, &cp, &ctx, &err);
-    if (st == ELLM_OK) st = ellm_imatrix_init(m, &im, &err);
-    if (st == ELLM_OK) st = ellm_imatrix_collect(ctx, im, test_ids, n_test_ids, &err);
-    if (st == ELLM_OK) st = ellm_imatrix_write(im, path, "test", &err);
+    ellm_status st = write_test_imatrix(path, 0, &err);
     CHECK(st == ELLM_OK, "imatrix: %s", err.msg);
-    ellm_imatrix_free(im);
-    ellm_context_free(ctx);
-    ellm_model_free(m);
     cv_imatrix cv;
     st = cv_imatrix_load(path, &cv, &err);
     CHECK(st == ELLM_OK && cv.n == 2 * 7, "imatrix read: %s (%d entries)", err.msg, st ? 0 : cv.n);

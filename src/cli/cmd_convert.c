@@ -75,7 +75,9 @@ static void convert_usage(FILE *f) {
             "  --type TYPE     output type (below); norms and biases stay F32\n"
             "  --threads N     quantization threads (default: one per physical core)\n"
             "  --imatrix FILE  importance matrix (ellm calibrate --imatrix): q4_0 and int4-g128\n"
-            "                  rows minimize the rounding error weighted by it\n"
+            "                  rows minimize the rounding error weighted by it; a file made with\n"
+            "                  --covariance rounds them with error feedback (GPTQ-style), which\n"
+            "                  minimizes the error of the matrix's outputs instead\n"
             "\n"
             "types:\n");
     for (int i = 0; i < n; i++)
