@@ -109,7 +109,7 @@ struct cv_ctx {
     float *scratch;         /* n_threads x max_ne0 floats */
     /* Error-feedback rounding of the tensor being converted (gptq_tensor):
      * the damped covariance blocks and the Cholesky factors of their
-     * inverses (qtype_gptq_prepare), ne0 x cov_block each. */
+     * inverses (gptq_prepare), ne0 x cov_block each. */
     int gptq_tensor;
     float *gptq_H, *gptq_U;
     size_t gptq_cap;
