@@ -402,8 +402,10 @@ ellm_status ellm_imatrix_collect(ellm_context *ctx, ellm_imatrix *im, const int3
                                  ellm_error *err);
 /* Also collects each matrix's input covariance within blocks of `block`
  * columns (call before collecting); the file then holds one more entry per
- * matrix, "<name>.cov" (imatrix.c has the layout), which `ellm convert`
- * uses for error-feedback rounding and llama-quantize ignores. */
+ * distinct input, "<name>.cov" under the first matrix that reads it
+ * (attn_q, attn_output, ffn_gate, ffn_down; imatrix.c has the layout),
+ * which `ellm convert` uses for error-feedback rounding and llama-quantize
+ * ignores. */
 ellm_status ellm_imatrix_set_covariance(ellm_imatrix *im, int block, ellm_error *err);
 ellm_status ellm_imatrix_write(const ellm_imatrix *im, const char *path, const char *dataset, ellm_error *err);
 void ellm_imatrix_free(ellm_imatrix *im);

@@ -276,14 +276,16 @@ static void test_calibrate_fits(void) {
     if (b && n >= 4) memcpy(&entries, b, 4);
     CHECK(entries == 42, "imatrix file: %zu bytes, %d entries", n, entries);
     free(b);
-    /* --covariance: a ".cov" entry per matrix, columns x --cov-block floats */
+    /* --covariance: a ".cov" entry per distinct input (4 per layer), columns x
+     * --cov-block floats */
     snprintf(args, sizeof args,
              "calibrate --imatrix -f %s/heldout-sample.txt -o %s --ctx 64 --chunks 2 --covariance --cov-block 128", d, im);
     rc = run(args, out, sizeof out);
     b = test_read_file(im, &n);
     entries = 0;
     if (b && n >= 4) memcpy(&entries, b, 4);
-    CHECK(rc == 0 && entries == 84 && b && memmem(b, n, "blk.5.ffn_down.weight.cov", 25),
+    CHECK(rc == 0 && entries == 42 + 24 && b && memmem(b, n, "blk.5.ffn_down.weight.cov", 25) &&
+              !memmem(b, n, "attn_k.weight.cov", 17),
           "imatrix --covariance exit %d: %d entries, %s", rc, entries, out);
     free(b);
     snprintf(args, sizeof args,

@@ -604,8 +604,8 @@ static ellm_status write_test_imatrix(const char *path, int cov_block, ellm_erro
     return st;
 }
 
-/* With --covariance: one more entry per matrix ("<name>.cov", columns x
- * 128), symmetric within its block, whose diagonal is the main entry's mean
+/* With --covariance: one more entry per distinct input ("<name>.cov",
+ * columns x 128, under attn_q, attn_output, ffn_gate and ffn_down), symmetric within its block, whose diagonal is the main entry's mean
  * squares and whose products obey Cauchy-Schwarz; the converter's
  * error-feedback rounding from it changes the rows and lowers the logits'
  * error against F32 below the element-wise rounding's (`diag`, the file
@@ -619,7 +619,7 @@ static void test_imatrix_covariance(const char *hf_dir, const char *diag) {
     CHECK(st == ELLM_OK, "imatrix with covariance: %s", err.msg);
     cv_imatrix cv;
     st = cv_imatrix_load(path, &cv, &err);
-    CHECK(st == ELLM_OK && cv.n == 2 * 2 * 7, "imatrix with covariance read: %s (%d entries)", err.msg,
+    CHECK(st == ELLM_OK && cv.n == 2 * (7 + 4), "imatrix with covariance read: %s (%d entries)", err.msg,
           st ? 0 : cv.n);
     if (st != ELLM_OK) return;
     static const struct {
@@ -647,8 +647,16 @@ static void test_imatrix_covariance(const char *hf_dir, const char *diag) {
               "largest off-diagonal %.3g",
               mats[k].name, diag_err, asym, cs, offdiag);
     }
-    int blk = 0;
+    int blk = 0, bk = 0, bu = 0;
     CHECK(!cv_imatrix_find_cov(&cv, "blk.1.attn_q.weight", 100, &blk), "a covariance of the wrong width was found");
+    /* one covariance per input: K and V read Q's, up reads gate's */
+    const float *cq = cv_imatrix_find_cov(&cv, "blk.1.attn_q.weight", 256, &blk);
+    const float *cg = cv_imatrix_find_cov(&cv, "blk.0.ffn_gate.weight", 256, &blk);
+    CHECK(cq && cg && cv_imatrix_find_cov(&cv, "blk.1.attn_k.weight", 256, &bk) == cq &&
+              cv_imatrix_find_cov(&cv, "blk.1.attn_v.weight", 256, &bk) == cq &&
+              cv_imatrix_find_cov(&cv, "blk.0.ffn_up.weight", 256, &bu) == cg && bk == B && bu == B &&
+              !cv_imatrix_find(&cv, "blk.1.attn_k.weight.cov", 256 * B),
+          "shared inputs: K/V or up do not find the one covariance of their input");
     cv_imatrix_free(&cv);
     for (int k = 0; k < 2; k++) {
         const char *ty = k ? "q4_0" : "int4-g128";

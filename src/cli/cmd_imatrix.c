@@ -38,9 +38,10 @@ int cmd_calibrate_imatrix(int argc, char **argv) {
                    "windows, default all) and writes, per input column of every layer matrix, the\n"
                    "mean squared activation (llama.cpp's imatrix .dat layout) for\n"
                    "`ellm convert --imatrix FILE`. The model should be the F32/F16 one.\n"
-                   "--covariance also writes each matrix's input covariance within blocks of\n"
+                   "--covariance also writes the covariance of each matrix input within blocks of\n"
                    "--cov-block columns (a multiple of 128 up to 1024; default %d) as entries\n"
-                   "\"<name>.cov\" (columns x block floats each): `ellm convert --imatrix` then\n"
+                   "\"<name>.cov\" (columns x block floats each; Q, K and V share attn_q's, gate\n"
+                   "and up ffn_gate's): `ellm convert --imatrix` then\n"
                    "rounds q4_0 and int4-g128 with error feedback (GPTQ-style) instead of value\n"
                    "by value. Larger blocks measure better and make larger files.\n", IM_COV_BLOCK);
             return 0;

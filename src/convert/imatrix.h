@@ -27,9 +27,10 @@ ellm_status cv_imatrix_parse(const void *data, size_t size, const char *what, cv
 ellm_status cv_imatrix_load(const char *path, cv_imatrix *im, ellm_error *err);
 /* The values for tensor `name` with `n` input columns, or NULL (absent). */
 const float *cv_imatrix_find(const cv_imatrix *im, const char *name, int64_t n);
-/* The covariance entry of tensor `name` with `n` input columns ("<name>.cov",
- * n x B values) and its block width B through *block, or NULL (absent, or
- * not n x B values with B a multiple of 32). */
+/* The covariance entry of tensor `name`'s input, with `n` input columns
+ * ("<name>.cov", n x B values; attn_k and attn_v find attn_q's, ffn_up
+ * ffn_gate's, which share their input), and its block width B through
+ * *block, or NULL (absent, or not n x B values with B a multiple of 32). */
 const float *cv_imatrix_find_cov(const cv_imatrix *im, const char *name, int64_t n, int *block);
 void cv_imatrix_free(cv_imatrix *im);
 

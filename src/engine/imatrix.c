@@ -109,7 +109,9 @@ void engine_imatrix_count(ellm_imatrix *im, int64_t calls, int64_t rows) {
     im->n_rows += rows;
 }
 
-/* The covariance entry of one matrix, "<name>.cov": nval = cols * B values,
+/* The covariance entry of one input, "<name>.cov" under the first matrix
+ * that reads it (attn_q for attn_k and attn_v too, ffn_gate for ffn_up):
+ * nval = cols * B values,
  * row c the mean products of column c with the B columns of its block (the
  * block starting at c / B * B; past the matrix's last column: 0), both
  * triangles filled, times ncall as the main entry's values. */
@@ -149,7 +151,7 @@ ellm_status ellm_imatrix_write(const ellm_imatrix *im, const char *path, const c
     if (!f) return ellm_fail(err, ELLM_ERR_IO, "cannot create '%s': %s", tmp, strerror(errno));
     int32_t n_entries = 0;
     for (int s = 0; s < IM_SLOTS; s++)
-        for (int k = 0; k < 3; k++) n_entries += names[s][k] ? im->n_layer * (im->cov_block ? 2 : 1) : 0;
+        for (int k = 0; k < 3; k++) n_entries += names[s][k] ? im->n_layer * (im->cov_block && !k ? 2 : 1) : 0;
     int ok = fwrite(&n_entries, 4, 1, f) == 1;
     int32_t ncall = (int32_t)(im->n_calls > 0 ? im->n_calls : 1);
     int64_t max_cols = 1;
@@ -169,7 +171,8 @@ ellm_status ellm_imatrix_write(const ellm_imatrix *im, const char *path, const c
                 ok = fwrite(&len, 4, 1, f) == 1 && fwrite(name, 1, (size_t)len, f) == (size_t)len &&
                      fwrite(&ncall, 4, 1, f) == 1 && fwrite(&nval, 4, 1, f) == 1 &&
                      fwrite(vals, 4, (size_t)nval, f) == (size_t)nval;
-                if (ok && im->cov_block) ok = write_cov(f, im, l, s, name, ncall, vals);
+                /* one covariance per input: under the first matrix that reads it */
+                if (ok && im->cov_block && k == 0) ok = write_cov(f, im, l, s, name, ncall, vals);
             }
     int32_t last_chunk = ncall, dlen = (int32_t)strlen(dataset ? dataset : "");
     ok = ok && fwrite(&last_chunk, 4, 1, f) == 1 && fwrite(&dlen, 4, 1, f) == 1 &&
