@@ -13,7 +13,7 @@
 /* Default covariance block (--cov-block): on the evaluation model, blocks
  * of 128, 256 and 512 columns gave int4-g128 KL divergences from F32 of
  * 0.00234, 0.00210 and 0.00195 (bench/CONVERT.md); the file grows with the
- * block (per matrix, columns x block floats). */
+ * block (per matrix input, columns x block floats). */
 #define IM_COV_BLOCK 256
 
 static ellm_status collect(ellm_context *ctx, void *im, const int32_t *tokens, int n, ellm_error *err) {
