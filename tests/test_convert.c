@@ -577,6 +577,22 @@ static void test_gptq(void) {
     free(q);
 }
 
+/* Whether tensor `name` has the same type but different bytes in the GGUF
+ * files at a and b (0 if either is missing). */
+static int tensor_differs(const char *a, const char *b, const char *name) {
+    ellm_error err = {0};
+    gguf_file *fa = NULL, *fb = NULL;
+    gguf_open(a, &fa, &err);
+    gguf_open(b, &fb, &err);
+    const gguf_tensor *ta = fa ? gguf_find_tensor(fa, name) : NULL;
+    const gguf_tensor *tb = fb ? gguf_find_tensor(fb, name) : NULL;
+    int differs = ta && tb && ta->type == tb->type && ta->n_bytes == tb->n_bytes &&
+                  memcmp(ta->data, tb->data, ta->n_bytes) != 0;
+    gguf_close(fa);
+    gguf_close(fb);
+    return differs;
+}
+
 /* Collects llama-gqa's importance matrix over the test ids (with input
  * covariances in blocks of cov_block columns when > 0) and writes it to
  * path; returns the status (err says why). */
@@ -666,15 +682,7 @@ static void test_imatrix_covariance(const char *hf_dir, const char *diag) {
         CHECK(convert_hf_to_gguf(hf_dir, out, &p, NULL, &err) == ELLM_OK, "%s with covariance: %s", ty, err.msg);
         p.imatrix = diag;
         CHECK(convert_hf_to_gguf(hf_dir, out_d, &p, NULL, &err) == ELLM_OK, "%s", err.msg);
-        gguf_file *a = NULL, *b = NULL;
-        gguf_open(out, &a, &err);
-        gguf_open(out_d, &b, &err);
-        const gguf_tensor *ta = a ? gguf_find_tensor(a, "blk.0.ffn_down.weight") : NULL;
-        const gguf_tensor *tb = b ? gguf_find_tensor(b, "blk.0.ffn_down.weight") : NULL;
-        CHECK(ta && tb && ta->type == tb->type && memcmp(ta->data, tb->data, ta->n_bytes) != 0,
-              "%s: the covariance changed nothing", ty);
-        gguf_close(a);
-        gguf_close(b);
+        CHECK(tensor_differs(out, out_d, "blk.0.ffn_down.weight"), "%s: the covariance changed nothing", ty);
         int am, am_d;
         double rel = logits_diff(out, "tests/data/models/llama-gqa.gguf", test_ids, n_test_ids, &am);
         double rel_d = logits_diff(out_d, "tests/data/models/llama-gqa.gguf", test_ids, n_test_ids, &am_d);
@@ -742,15 +750,7 @@ static void test_imatrix(const char *hf_dir) {
         CHECK(st == ELLM_OK, "%s with imatrix: %s", ty, err.msg);
         p.imatrix = NULL;
         CHECK(convert_hf_to_gguf(hf_dir, out2, &p, NULL, &err) == ELLM_OK, "%s", err.msg);
-        gguf_file *a = NULL, *b = NULL;
-        gguf_open(out1, &a, &err);
-        gguf_open(out2, &b, &err);
-        const gguf_tensor *ta = a ? gguf_find_tensor(a, "blk.0.ffn_up.weight") : NULL;
-        const gguf_tensor *tb = b ? gguf_find_tensor(b, "blk.0.ffn_up.weight") : NULL;
-        CHECK(ta && tb && ta->type == tb->type && memcmp(ta->data, tb->data, ta->n_bytes) != 0,
-              "%s: the imatrix changed nothing", ty);
-        gguf_close(a);
-        gguf_close(b);
+        CHECK(tensor_differs(out1, out2, "blk.0.ffn_up.weight"), "%s: the imatrix changed nothing", ty);
         int am;
         double rel = logits_diff(out1, "tests/data/models/llama-gqa.gguf", test_ids, n_test_ids, &am);
         CHECK(rel < 0.6 && am >= n_test_ids * 85 / 96, "%s with imatrix: logits rel diff %.3g, argmax %d", ty, rel,
