@@ -2,35 +2,17 @@
  * this file's -O3 (Makefile) vectorizes. */
 #include "convert/gptq.h"
 #include "core/fp16.h"
+#include "core/linalg.h"
 #include "kernels/quant.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* In-place Cholesky factor of the n x n symmetric matrix a (row stride n):
- * a = L L^T with L in the lower triangle; returns 0 if a is not positive
- * definite. */
-static int chol_lower(double *a, int n) {
-    for (int j = 0; j < n; j++) {
-        double s = a[(size_t)j * n + j];
-        for (int k = 0; k < j; k++) s -= a[(size_t)j * n + k] * a[(size_t)j * n + k];
-        if (!(s > 0)) return 0;
-        const double l = sqrt(s);
-        a[(size_t)j * n + j] = l;
-        for (int i = j + 1; i < n; i++) {
-            double t = a[(size_t)i * n + j];
-            for (int k = 0; k < j; k++) t -= a[(size_t)i * n + k] * a[(size_t)j * n + k];
-            a[(size_t)i * n + j] = t / l;
-        }
-        for (int i = 0; i < j; i++) a[(size_t)i * n + j] = 0;
-    }
-    return 1;
-}
-
 int gptq_prepare(const float *cov, int64_t cols, int B, double damp, float *H, float *U) {
-    double *a = malloc((size_t)B * B * sizeof *a), *li = malloc((size_t)B * B * sizeof *li);
-    int ok = a && li;
+    double *a = malloc((size_t)B * B * sizeof *a), *inv = malloc((size_t)B * B * sizeof *inv),
+           *w = malloc((size_t)B * B * sizeof *w);
+    int ok = a && inv && w;
     for (int64_t c0 = 0; c0 < cols && ok; c0 += B) {
         const int n = cols - c0 < B ? (int)(cols - c0) : B;
         double mean = 0;
@@ -46,33 +28,17 @@ int gptq_prepare(const float *cov, int64_t cols, int B, double damp, float *H, f
             }
         for (int i = 0; i < n; i++)
             for (int j = n; j < B; j++) H[(size_t)(c0 + i) * B + j] = 0;
-        if (!chol_lower(a, n)) {
-            ok = 0;
-            break;
-        }
-        /* li = L^-1 (lower), then H^-1 = li^T li */
-        for (int i = 0; i < n; i++)
-            for (int j = 0; j <= i; j++) {
-                double s = i == j ? 1.0 : 0.0;
-                for (int k = j; k < i; k++) s -= a[(size_t)i * n + k] * li[(size_t)k * n + j];
-                li[(size_t)i * n + j] = s / a[(size_t)i * n + i];
-            }
-        for (int i = 0; i < n; i++)
-            for (int j = 0; j <= i; j++) {
-                double s = 0;
-                for (int k = i; k < n; k++) s += li[(size_t)k * n + i] * li[(size_t)k * n + j];
-                a[(size_t)i * n + j] = a[(size_t)j * n + i] = s;
-            }
-        /* H^-1 = M M^T; U = M^T (upper) is what the rounding walks */
-        if (!chol_lower(a, n)) {
-            ok = 0;
-            break;
-        }
-        for (int i = 0; i < n; i++)
-            for (int j = 0; j < B; j++) U[(size_t)(c0 + i) * B + j] = j >= i && j < n ? (float)a[(size_t)j * n + i] : 0;
+        /* H^-1 = M M^T (M lower); U = M^T (upper) is what the rounding walks */
+        ok = !linalg_cholesky(a, n, 0);
+        if (ok) linalg_cholesky_inverse(a, inv, w, n);
+        ok = ok && !linalg_cholesky(inv, n, 0);
+        for (int i = 0; i < n && ok; i++)
+            for (int j = 0; j < B; j++)
+                U[(size_t)(c0 + i) * B + j] = j >= i && j < n ? (float)inv[(size_t)j * n + i] : 0;
     }
     free(a);
-    free(li);
+    free(inv);
+    free(w);
     return ok;
 }
 
@@ -219,17 +185,9 @@ static double refit(const float *x, double xhx, const float *H, int n, int B, gp
     for (int p = 0; p < np; p++)
         for (int r = 0; r < p; r++) A[p * np + r] = A[r * np + p] = 0.5 * (A[p * np + r] + A[r * np + p]);
     memcpy(A0, A, (size_t)np * np * sizeof *A);
-    if (!chol_lower(A, np)) return -1;
-    for (int i = 0; i < np; i++) {
-        double s = b[i];
-        for (int k = 0; k < i; k++) s -= A[i * np + k] * y[k];
-        y[i] = s / A[i * np + i];
-    }
-    for (int i = np - 1; i >= 0; i--) {
-        double s = y[i];
-        for (int k = i + 1; k < np; k++) s -= A[k * np + i] * y[k];
-        y[i] = s / A[i * np + i];
-    }
+    if (linalg_cholesky(A, np, 0)) return -1;
+    memcpy(y, b, (size_t)np * sizeof *y);
+    linalg_cholesky_solve(A, y, np, 1);
     gptq_grid t = *g;
     for (int k = 0; k < ng; k++) {
         t.d[k] = ellm_f16_to_f32(ellm_f32_to_f16((float)y[k * per]));

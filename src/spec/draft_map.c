@@ -1,6 +1,7 @@
 /* Fitting, writing and reading draft maps for shallow:k drafters (see
  * draft_map.h and ellm_draft_calib_* in include/ellm.h). */
 #include "spec/draft_map.h"
+#include "core/linalg.h"
 #include "core/status.h"
 #include "engine/engine_impl.h"
 #include "gguf/gguf.h"
@@ -116,40 +117,8 @@ ellm_status ellm_draft_calib_collect(ellm_context *ctx, ellm_draft_calib *c, con
 }
 
 int draft_map_solve(double *A, double *B, int n, double lambda) {
-    /* Cholesky A + lambda I = L L^T (L in the lower triangle of A) */
-    for (int j = 0; j < n; j++) {
-        double s = A[(size_t)j * n + j] + lambda;
-        for (int k = 0; k < j; k++) s -= A[(size_t)j * n + k] * A[(size_t)j * n + k];
-        if (!(s > 0)) return -1;
-        double ljj = sqrt(s);
-        A[(size_t)j * n + j] = ljj;
-        for (int i = j + 1; i < n; i++) {
-            double v = A[(size_t)i * n + j];
-            for (int k = 0; k < j; k++) v -= A[(size_t)i * n + k] * A[(size_t)j * n + k];
-            A[(size_t)i * n + j] = v / ljj;
-        }
-    }
-    /* forward (L Y = B) then back (L^T X = Y) substitution, all columns at once */
-    for (int i = 0; i < n; i++) {
-        double *bi = B + (size_t)i * n;
-        for (int k = 0; k < i; k++) {
-            double l = A[(size_t)i * n + k];
-            const double *bk = B + (size_t)k * n;
-            for (int c = 0; c < n; c++) bi[c] -= l * bk[c];
-        }
-        double inv = 1.0 / A[(size_t)i * n + i];
-        for (int c = 0; c < n; c++) bi[c] *= inv;
-    }
-    for (int i = n - 1; i >= 0; i--) {
-        double *bi = B + (size_t)i * n;
-        for (int k = i + 1; k < n; k++) {
-            double l = A[(size_t)k * n + i];
-            const double *bk = B + (size_t)k * n;
-            for (int c = 0; c < n; c++) bi[c] -= l * bk[c];
-        }
-        double inv = 1.0 / A[(size_t)i * n + i];
-        for (int c = 0; c < n; c++) bi[c] *= inv;
-    }
+    if (linalg_cholesky(A, n, lambda)) return -1;
+    linalg_cholesky_solve(A, B, n, n);
     return 0;
 }
 
