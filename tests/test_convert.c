@@ -474,7 +474,8 @@ static void test_dtypes_and_shards(void) {
  * correlated inputs the output error sum over rows of e^T H e (the squared
  * error of W x over the samples x that gave H) is well below the
  * element-wise weighted rounding's, for Q4_0 and INT4_G128; a block that is
- * not positive definite is refused, and so are other types. */
+ * not positive definite is refused, and so are other types and rows longer
+ * than the scratch. */
 static void test_gptq(void) {
     enum { N = 512, B = 256, T = 1024, F = 6, ROWS = 8 };
     float *X = malloc((size_t)T * N * sizeof(float)), *L = malloc(N * F * sizeof(float));
@@ -483,8 +484,9 @@ static void test_gptq(void) {
     float *W = malloc(N * ROWS * sizeof(float)), *xq = malloc(N * sizeof(float));
     void *q = malloc(qtype_row_bytes(QTYPE_Q4_0, N) * ROWS);
     uint64_t rs = 0x2545F4914F6CDD1Dull;
-    CHECK(X && L && cov && H && U && im && W && xq && q, "gptq test: out of memory");
-    if (!(X && L && cov && H && U && im && W && xq && q)) return;
+    gptq_scratch *S = gptq_scratch_new(N);
+    CHECK(X && L && cov && H && U && im && W && xq && q && S, "gptq test: out of memory");
+    if (!(X && L && cov && H && U && im && W && xq && q && S)) return;
     /* activations: F shared factors plus noise, columns of unequal scale */
     for (int i = 0; i < N * F; i++) L[i] = test_frand(&rs);
     for (int t = 0; t < T; t++) {
@@ -537,7 +539,7 @@ static void test_gptq(void) {
         for (int method = 0; method < 2; method++) {
             for (int r = 0; r < ROWS; r++) {
                 if (method)
-                    CHECK(gptq_quantize_row(type, W + r * N, (char *)q + r * rb, N, im, H, U, B),
+                    CHECK(gptq_quantize_row(type, W + r * N, (char *)q + r * rb, N, im, H, U, B, S),
                           "gptq %s: row refused", qtype_get(type)->name);
                 else
                     qtype_quantize_weighted(type, W + r * N, (char *)q + r * rb, N, im, N);
@@ -563,9 +565,13 @@ static void test_gptq(void) {
     CHECK(!gptq_prepare(bad, 2, 32, 0.0, bh, bu), "gptq: an indefinite covariance was accepted");
     /* another type, or a block the type's groups do not divide: refused */
     char q8[N * 2];
-    CHECK(!gptq_quantize_row(QTYPE_Q8_0, W, q8, N, im, H, U, B) &&
-              !gptq_quantize_row(QTYPE_INT4_G128, W, q, N, im, H, U, 64),
-          "gptq: q8_0 or an int4-g128 block of 64 was taken");
+    gptq_scratch *small = gptq_scratch_new(N / 2);
+    CHECK(small && !gptq_quantize_row(QTYPE_Q8_0, W, q8, N, im, H, U, B, S) &&
+              !gptq_quantize_row(QTYPE_INT4_G128, W, q, N, im, H, U, 64, S) &&
+              !gptq_quantize_row(QTYPE_Q4_0, W, q, N, im, H, U, B, small),
+          "gptq: q8_0, an int4-g128 block of 64 or a row longer than the scratch was taken");
+    gptq_scratch_free(small);
+    gptq_scratch_free(S);
     free(X);
     free(L);
     free(cov);

@@ -113,6 +113,8 @@ struct cv_ctx {
     int gptq_tensor;
     float *gptq_H, *gptq_U;
     size_t gptq_cap;
+    gptq_scratch **gptq_scratch; /* n_threads of them, for rows of max_ne0 */
+    int n_threads;
     int64_t max_ne0;
     /* progress */
     uint64_t src_total, src_before, out_total, out_before;
@@ -190,7 +192,8 @@ static void chunk_job(void *arg, int ith, int nth) {
         }
         uint8_t *out = c->chunk + (size_t)i * j->out_row;
         if (c->gptq_tensor == t->index &&
-            gptq_quantize_row(t->type, row, out, t->ne0, t->imatrix, c->gptq_H, c->gptq_U, t->cov_block))
+            gptq_quantize_row(t->type, row, out, t->ne0, t->imatrix, c->gptq_H, c->gptq_U, t->cov_block,
+                              c->gptq_scratch[ith]))
             continue;
         if (t->imatrix)
             qtype_quantize_weighted(t->type, row, out, t->ne0, t->imatrix, t->ne0);
@@ -241,6 +244,13 @@ static void report(cv_ctx *c, const cv_tensor *t, int64_t rows_done, int finishe
 /* Readies error-feedback rounding for tensor t; a covariance that is not
  * positive definite even damped leaves it to the element-wise rounding. */
 static ellm_status cv_gptq_begin(cv_ctx *c, const cv_tensor *t, ellm_error *err) {
+    if (!c->gptq_scratch) {
+        c->gptq_scratch = calloc((size_t)c->n_threads, sizeof *c->gptq_scratch);
+        for (int i = 0; c->gptq_scratch && i < c->n_threads; i++)
+            if (!(c->gptq_scratch[i] = gptq_scratch_new(c->max_ne0)))
+                return ellm_fail(err, ELLM_ERR_NOMEM, "out of memory for error-feedback rounding");
+        if (!c->gptq_scratch) return ellm_fail(err, ELLM_ERR_NOMEM, "out of memory for error-feedback rounding");
+    }
     size_t need = (size_t)t->ne0 * (size_t)t->cov_block;
     if (need > c->gptq_cap) {
         free(c->gptq_H);
@@ -556,6 +566,7 @@ ellm_status convert_hf_to_gguf(const char *hf_dir, const char *out_path, const c
         c.out_total += qtype_row_bytes(t->type, t->ne0) * (uint64_t)t->ne1;
     }
     int n_threads = p->n_threads > 0 ? p->n_threads : ellm_cpu_physical_cores();
+    c.n_threads = n_threads;
     if (st == ELLM_OK) st = threadpool_init(n_threads, 0, &c.pool, err);
     if (st == ELLM_OK) {
         c.scratch = malloc((size_t)n_threads * (size_t)c.max_ne0 * sizeof(float));
@@ -582,5 +593,7 @@ ellm_status convert_hf_to_gguf(const char *hf_dir, const char *out_path, const c
     free(c.scratch);
     free(c.gptq_H);
     free(c.gptq_U);
+    for (int i = 0; c.gptq_scratch && i < c.n_threads; i++) gptq_scratch_free(c.gptq_scratch[i]);
+    free(c.gptq_scratch);
     return st;
 }

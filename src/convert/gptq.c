@@ -61,14 +61,34 @@ typedef struct {
     float d[GPTQ_MAX_G], m[GPTQ_MAX_G];
 } gptq_grid;
 
-/* Per-row scratch. */
-typedef struct {
+/* One thread's scratch (gptq.h). */
+struct gptq_scratch {
     float w[GPTQ_MAX_B];              /* the values as the pass updates them */
     float lev[GPTQ_MAX_B];            /* levels as floats */
-    float xq[GPTQ_MAX_B], e[GPTQ_MAX_B];
+    float e[GPTQ_MAX_B];              /* errors of a candidate */
     float hc[GPTQ_MAX_G * GPTQ_MAX_B]; /* refit: H times each parameter's column (at most
                                         * GPTQ_MAX_G parameters: Q4_0 n / 32, INT4_G128 n / 64) */
-} gptq_scratch;
+    int64_t n;                        /* columns of wimp */
+    float *wimp;                      /* the row's importance weights */
+};
+
+gptq_scratch *gptq_scratch_new(int64_t n) {
+    gptq_scratch *S = malloc(sizeof *S);
+    if (!S) return NULL;
+    S->n = n;
+    S->wimp = malloc((size_t)(n > 0 ? n : 1) * sizeof *S->wimp);
+    if (!S->wimp) {
+        free(S);
+        return NULL;
+    }
+    return S;
+}
+
+void gptq_scratch_free(gptq_scratch *S) {
+    if (!S) return;
+    free(S->wimp);
+    free(S);
+}
 
 /* Partial sums per lane: a float sum is not reassociated by the compiler,
  * so the lanes are spelled out for it to vectorize. n: a multiple of
@@ -249,23 +269,16 @@ static void quantize_block(int type, const float *x, const float *wimp, int n, c
 }
 
 int gptq_quantize_row(int type, const float *x, void *dst, int64_t n, const float *imatrix, const float *H,
-                      const float *U, int B) {
+                      const float *U, int B, gptq_scratch *S) {
     const int G = type == QTYPE_Q4_0 ? QK4_0 : QK_G128;
-    if ((type != QTYPE_Q4_0 && type != QTYPE_INT4_G128) || B <= 0 || B > GPTQ_MAX_B || B % G || n % G) return 0;
-    float *w = malloc((size_t)n * sizeof *w);
-    gptq_scratch *S = malloc(sizeof *S);
-    if (!w || !S) {
-        free(w);
-        free(S);
+    if ((type != QTYPE_Q4_0 && type != QTYPE_INT4_G128) || B <= 0 || B > GPTQ_MAX_B || B % G || n % G || n > S->n)
         return 0;
-    }
+    float *w = S->wimp;
     qtype_importance_weights(x, imatrix, n, w);
     const size_t blk = type == QTYPE_Q4_0 ? sizeof(block_q4_0) : sizeof(block_int4_g128);
     for (int64_t c0 = 0; c0 < n; c0 += B) {
         const int nb = n - c0 < B ? (int)(n - c0) : B;
         quantize_block(type, x + c0, w + c0, nb, H + c0 * B, U + c0 * B, B, S, (uint8_t *)dst + (size_t)(c0 / G) * blk);
     }
-    free(w);
-    free(S);
     return 1;
 }

@@ -22,14 +22,20 @@
  * Returns 0 if a block is not positive definite. */
 int gptq_prepare(const float *cov, int64_t cols, int B, double damp, float *H, float *U);
 
+/* Scratch for gptq_quantize_row on rows of up to n columns, one per thread
+ * (about 150 KB): NULL when out of memory. */
+typedef struct gptq_scratch gptq_scratch;
+gptq_scratch *gptq_scratch_new(int64_t n);
+void gptq_scratch_free(gptq_scratch *S);
+
 /* One row x of n columns into `type` (QTYPE_Q4_0 or QTYPE_INT4_G128, n and
  * B multiples of its group) at dst: per block, the element-wise weighted
  * quantizer's result (weights from `imatrix`, as qtype_quantize_weighted)
  * and GPTQ_PASSES error-feedback passes, each followed by a least-squares
  * refit of the block's scales (and offsets) to e^T H e; the candidate of
  * smallest e^T H e is written. Returns 0 (nothing written) for another
- * type, a shape it cannot take or no memory. */
+ * type, a shape it cannot take or a row longer than S was made for. */
 int gptq_quantize_row(int type, const float *x, void *dst, int64_t n, const float *imatrix, const float *H,
-                      const float *U, int B);
+                      const float *U, int B, gptq_scratch *S);
 
 #endif
