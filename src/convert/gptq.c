@@ -155,7 +155,8 @@ static void plain_group(gptq_grid *g, int k, const float *v, const float *w, flo
 /* One error-feedback pass over x[0, n): each element is rounded on the grid
  * after the rounding errors of the elements before it were fed forward
  * through U; with `choose`, each group's grid is first fitted by the plain
- * quantizer to its values as they stand when the pass reaches it. */
+ * quantizer to its values as they stand when the pass reaches it (g must
+ * then hold the plain fit of group 0, which feedback has not reached). */
 static void feedback_pass(const float *x, const float *wimp, int n, const float *U, int B, gptq_grid *g, int choose,
                           gptq_scratch *S) {
     float tmp[QK_G128];
@@ -164,7 +165,9 @@ static void feedback_pass(const float *x, const float *wimp, int n, const float 
     memcpy(w, x, (size_t)n * sizeof *w);
     for (int i = 0; i < n; i++) {
         const int k = i / g->G;
-        if (choose && i % g->G == 0) plain_group(g, k, w + i, wimp + i, tmp);
+        /* group 0 is not yet touched by feedback: its grid is already the
+         * plain fit of the same values (quantize_block's first candidate) */
+        if (choose && i % g->G == 0 && k > 0) plain_group(g, k, w + i, wimp + i, tmp);
         const float d = g->d[k], m = g->m[k];
         const int q = d != 0 ? clampi((int)lrintf((w[i] - m) / d), lo, hi) : 0;
         S->lev[i] = (float)q;
