@@ -24,10 +24,13 @@
  * shuffles, the f16 scales 4 scalar loads, shared by all quads; per quad and
  * block the activations cost 8 broadcast loads, shared by both groups; each
  * pair pays one vpshufd per 8 quads' vpdpbusd and a convert, multiply and
- * FMA per 8 vpdpbusd. A pass is 2 groups x up to 8 quads (8 weight rows x
- * 32 activation rows): on a 2-core Ice Lake VM this measured faster than 4
- * groups x 4 quads (fewer registers live) and than 1 group x 8 quads, and
- * a batch of 17-32 rows is one pass instead of two. 1-3 rows stay with the
+ * FMA per 8 vpdpbusd. A pass is 4 groups x up to 4 quads (16 weight rows x
+ * 16 activation rows; 2 groups x 8 quads or 1 x 8 for the last 4-12 rows of
+ * a range). On a 2-vCPU Zen 5 guest (bench_gemm -H, weights from cache, one
+ * thread) that ran 1.05-1.1x faster than 2 groups x 8 quads at 8-128 rows:
+ * each activation broadcast, which costs more than a register shuffle
+ * there, feeds 4 vpdpbusd instead of 2. (On an Ice Lake VM 2 x 8 had
+ * measured faster, with fewer registers live.) 1-3 rows stay with the
  * per-row kernels, which stream a single row faster. */
 #include "kernels/kernels_impl.h"
 #include "kernels/kernels_x86.h"
@@ -37,7 +40,7 @@
 
 enum {
     QD_MAX_Q = 8,  /* quads (32 activation rows) per pass */
-    QD_MAX_G = 2,  /* groups of 4 weight rows per pass */
+    QD_MAX_G = 4,  /* groups of 4 weight rows per pass */
     QD_MAX_P = 16, /* (group, quad) pairs per pass: accumulators in registers */
     QD_SEQ_Q = 4,  /* from this many quads a pass keeps its slot accumulators in block order (qd_row_of_block) */
 };
@@ -84,7 +87,10 @@ INLINE __m512 qd_scales(const char *p, size_t wrow, const int NG) {
     __m128i lo = _mm_cvtsi64_si128((long long)qd_d4(p, wrow));
     if (NG == 1) return _mm512_castps128_ps512(_mm_cvtph_ps(lo));
     lo = _mm_insert_epi64(lo, (long long)qd_d4(p + 4 * wrow, wrow), 1);
-    return _mm512_castps256_ps512(_mm256_cvtph_ps(lo));
+    if (NG == 2) return _mm512_castps256_ps512(_mm256_cvtph_ps(lo));
+    __m128i hi = _mm_cvtsi64_si128((long long)qd_d4(p + 8 * wrow, wrow));
+    if (NG == 4) hi = _mm_insert_epi64(hi, (long long)qd_d4(p + 12 * wrow, wrow), 1);
+    return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1));
 }
 
 /* Dword j of each lane's row, repeated over the lane (immediates spelled
@@ -183,10 +189,15 @@ INLINE void qd_pass(int wtype, const char *w, size_t wrow, int64_t nblk, const i
         qd_block(wtype, w + k * bsz, wrow, A + k * kstride,
                  S[qd_row_of_block(k, NQ)], NG, NQ, NC, 0);
     }
-    /* q8_reduce16's tree, lanes now slots */
+    /* q8_reduce16's tree, lanes now slots; unrolled, so each slot's row is
+     * a constant offset (as a loop it took ~20% of a 16-row pass over 576
+     * columns) */
+#pragma GCC unroll 16
     for (int i = 0; i < NG * NQ; i++) {
         __m512 v[8];
+#pragma GCC unroll 8
         for (int t = 0; t < 8; t++) v[t] = _mm512_add_ps(S[qd_row_of_slot(t, NQ)][i], S[qd_row_of_slot(t + 8, NQ)][i]);
+#pragma GCC unroll 4
         for (int t = 0; t < 4; t++) v[t] = _mm512_add_ps(v[t], v[t + 4]);
         v[0] = _mm512_add_ps(v[0], v[2]);
         v[1] = _mm512_add_ps(v[1], v[3]);
@@ -230,15 +241,25 @@ INLINE void qd_run(int wtype, const char *W, size_t wrow, int64_t nblk, int64_t 
     default: QD_RUN(NG_, 8); break;                                                                        \
     }
 
+/* Groups for the next pass with `left` groups of 4 weight rows to go. */
+static int qd_ng(int64_t left) { return left >= 4 ? 4 : left >= 2 ? 2 : 1; }
+
 static void qd_rows(int wtype, const char *W, size_t wrow, int64_t nblk, int64_t r, int ng, const void *act,
                     int64_t cols, int nb, const char *pf_next, size_t pf_bytes, float *Y, int64_t ldy) {
-    int nquads = act_q8_nquads(nb);
-    for (int q0 = 0; q0 < nquads; q0 += QD_MAX_Q) {
+    const int nquads = act_q8_nquads(nb), max_q = QD_MAX_P / ng < QD_MAX_Q ? QD_MAX_P / ng : QD_MAX_Q;
+    for (int q0 = 0, nq; q0 < nquads; q0 += nq) {
         /* the first pass spreads the next group's lines over its blocks */
         const char *pf = q0 || !pf_next ? W : pf_next;
         size_t pf_step = q0 || !pf_next ? 0 : (pf_bytes / (size_t)nblk + 64) & ~(size_t)63;
-        int nq = nquads - q0 < QD_MAX_Q ? nquads - q0 : QD_MAX_Q;
-        if (ng == QD_MAX_G) {
+        nq = nquads - q0 < max_q ? nquads - q0 : max_q;
+        if (ng == 4) {
+            switch (nq) {
+            case 1: QD_RUN(4, 1); break;
+            case 2: QD_RUN(4, 2); break;
+            case 3: QD_RUN(4, 3); break;
+            default: QD_RUN(4, 4); break;
+            }
+        } else if (ng == 2) {
             QD_CASES8(2)
         } else {
             QD_CASES8(1)
@@ -249,7 +270,7 @@ static void qd_rows(int wtype, const char *W, size_t wrow, int64_t nblk, int64_t
 /* A group reads its 4-16 rows block by block, as many short streams that
  * the hardware prefetchers follow poorly; the group's rows are contiguous,
  * so while one group computes, the next one's bytes are prefetched as one
- * stream, a few lines per block. The last group prefetches the 8 rows that
+ * stream, a few lines per block. The last group prefetches the 16 rows that
  * follow the call's range: a caller that walks a matrix in consecutive
  * pieces (the engine's matmul launches) then finds its next piece's first
  * group on the way instead of waiting for it at the call's start. A
@@ -261,12 +282,12 @@ void kern_matmul_q8_quads_avx512(int wtype, const void *W, int64_t cols, int64_t
     const int64_t nblk = cols / 32;
     const size_t wrow = (size_t)nblk * (size_t)bsz;
     const char *w = W;
-    int ng = n4 >= QD_MAX_G ? QD_MAX_G : 1;
+    int ng = qd_ng(n4);
     for (size_t o = 0; o < (size_t)(4 * ng) * wrow; o += 64) _mm_prefetch(w + (size_t)r0 * wrow + o, _MM_HINT_T0);
     for (int64_t g = 0; g < n4;) {
         int64_t r = r0 + 4 * g;
         int64_t left = n4 - g - ng;
-        int ng_next = left >= QD_MAX_G ? QD_MAX_G : (int)left;
+        int ng_next = left > 0 ? qd_ng(left) : 0;
         qd_rows(wtype, w, wrow, nblk, r, ng, act, cols, nb, w + (size_t)(r + 4 * ng) * wrow,
                 (size_t)(4 * (ng_next ? ng_next : QD_MAX_G)) * wrow, Y, ldy);
         g += ng;
