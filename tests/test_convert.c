@@ -746,7 +746,47 @@ static void test_imatrix(const char *hf_dir) {
     CHECK(buf && cv_imatrix_parse(buf, len / 2, "half.imatrix", &cv, &err) == ELLM_ERR_FORMAT &&
               strstr(err.msg, "half.imatrix"),
           "truncated imatrix: '%s'", err.msg);
+    /* The same on disk, an empty file, a folder and a missing file, through
+     * cv_imatrix_load (which maps the file) */
+    char bad[720];
+    snprintf(bad, sizeof bad, "%s/half.imatrix", test_tmp_dir());
+    FILE *f = fopen(bad, "wb");
+    if (f) {
+        fwrite(buf, 1, len / 2, f);
+        fclose(f);
+    }
+    CHECK(buf && cv_imatrix_load(bad, &cv, &err) == ELLM_ERR_FORMAT && strstr(err.msg, "half.imatrix"),
+          "truncated imatrix file: '%s'", err.msg);
     free(buf);
+    snprintf(bad, sizeof bad, "%s/empty.imatrix", test_tmp_dir());
+    f = fopen(bad, "wb");
+    if (f) fclose(f);
+    CHECK(cv_imatrix_load(bad, &cv, &err) == ELLM_ERR_FORMAT && strstr(err.msg, "empty.imatrix") &&
+              strstr(err.msg, "entry count"),
+          "empty imatrix file: '%s'", err.msg);
+    CHECK(cv_imatrix_load(test_tmp_dir(), &cv, &err) == ELLM_ERR_IO && strstr(err.msg, "not a regular file"),
+          "a folder as imatrix: '%s'", err.msg);
+    snprintf(bad, sizeof bad, "%s/no-such.imatrix", test_tmp_dir());
+    CHECK(cv_imatrix_load(bad, &cv, &err) == ELLM_ERR_IO && strstr(err.msg, "no-such.imatrix"),
+          "a missing imatrix: '%s'", err.msg);
+    /* Larger than 2 GiB (a covariance file of a large model): one entry of
+     * 2^29 + 16 zeros, a sparse file, read whole */
+    snprintf(bad, sizeof bad, "%s/big.imatrix", test_tmp_dir());
+    f = fopen(bad, "wb");
+    const int32_t nval = (1 << 29) + 16, head[] = {1, 10};
+    const int32_t counts[] = {1, nval};
+    int wrote = f && fwrite(head, 4, 2, f) == 2 && fwrite("big.weight", 1, 10, f) == 10 &&
+                fwrite(counts, 4, 2, f) == 2 && fseeko(f, (off_t)nval * 4 - 4, SEEK_CUR) == 0 &&
+                fwrite("\0\0\0\0", 1, 4, f) == 4;
+    if (f) fclose(f);
+    CHECK(wrote, "writing a 2 GiB imatrix file");
+    if (wrote) {
+        st = cv_imatrix_load(bad, &cv, &err);
+        const float *v = st == ELLM_OK ? cv_imatrix_find(&cv, "big.weight", nval) : NULL;
+        CHECK(v && v[0] == 0 && v[nval - 1] == 0, "a 2 GiB imatrix file: status %d '%s'", st, st ? err.msg : "");
+        if (st == ELLM_OK) cv_imatrix_free(&cv);
+    }
+    remove(bad);
     for (int k = 0; k < 2; k++) {
         const char *ty = k ? "q4_0" : "int4-g128";
         snprintf(out1, sizeof out1, "%s/im-%s.gguf", test_tmp_dir(), ty);

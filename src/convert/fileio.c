@@ -7,7 +7,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 ellm_status cv_read_file(const char *path, size_t max, char **buf, size_t *len, ellm_error *err) {
     *buf = NULL;
@@ -35,6 +38,33 @@ ellm_status cv_read_file(const char *path, size_t max, char **buf, size_t *len, 
         *buf = NULL;
     }
     return st;
+}
+
+ellm_status cv_map_file(const char *path, const void **data, size_t *len, ellm_error *err) {
+    *data = NULL;
+    *len = 0;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return ellm_fail(err, ELLM_ERR_IO, "cannot open '%s': %s", path, strerror(errno));
+    struct stat sb;
+    ellm_status st = ELLM_OK;
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        st = ellm_fail(err, ELLM_ERR_IO, "cannot read '%s': not a regular file", path);
+    } else if (sb.st_size > 0) {
+        void *m = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (m == MAP_FAILED) {
+            st = ellm_fail(err, ELLM_ERR_IO, "cannot map '%s': %s", path, strerror(errno));
+        } else {
+            madvise(m, (size_t)sb.st_size, MADV_SEQUENTIAL);
+            *data = m;
+            *len = (size_t)sb.st_size;
+        }
+    }
+    close(fd);
+    return st;
+}
+
+void cv_unmap_file(const void *data, size_t len) {
+    if (data && len) munmap((void *)data, len);
 }
 
 char *cv_path_join(const char *dir, const char *name) {

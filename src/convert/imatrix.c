@@ -85,12 +85,14 @@ ellm_status cv_imatrix_parse(const void *data, size_t size, const char *what, cv
 }
 
 ellm_status cv_imatrix_load(const char *path, cv_imatrix *im, ellm_error *err) {
-    char *buf = NULL;
+    /* mapped, not read into a buffer: a covariance file of a large model
+     * can pass 2 GB, and the parse copies each entry out anyway */
+    const void *data = NULL;
     size_t len = 0;
     memset(im, 0, sizeof *im);
-    ellm_status st = cv_read_file(path, (size_t)1 << 31, &buf, &len, err);
-    if (st == ELLM_OK) st = cv_imatrix_parse(buf, len, path, im, err);
-    free(buf);
+    ellm_status st = cv_map_file(path, &data, &len, err);
+    if (st == ELLM_OK) st = cv_imatrix_parse(data ? data : "", len, path, im, err);
+    cv_unmap_file(data, len);
     return st;
 }
 
