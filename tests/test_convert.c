@@ -13,6 +13,7 @@
 #include "convert/sp_model.h"
 #include "ellm.h"
 #include "harness.h"
+#include "model/model.h"
 #include "hf_writer.h"
 #include "gguf/gguf.h"
 #include "gguf/gguf_writer.h"
@@ -671,6 +672,15 @@ static void test_imatrix_covariance(const char *hf_dir, const char *diag) {
     }
     int blk = 0, bk = 0, bu = 0;
     CHECK(!cv_imatrix_find_cov(&cv, "blk.1.attn_q.weight", 100, &blk), "a covariance of the wrong width was found");
+    {
+        char o[64], tiny[8];
+        CHECK(model_input_owner("blk.12.attn_v.weight", o, sizeof o) && !strcmp(o, "blk.12.attn_q.weight") &&
+                  model_input_owner("blk.0.ffn_up.weight", o, sizeof o) && !strcmp(o, "blk.0.ffn_gate.weight") &&
+                  model_input_owner("blk.0.ffn_down.weight", o, sizeof o) && !strcmp(o, "blk.0.ffn_down.weight") &&
+                  model_input_owner("output.weight", o, sizeof o) && !strcmp(o, "output.weight") &&
+                  !model_input_owner("blk.0.attn_k.weight", tiny, sizeof tiny),
+              "model_input_owner: '%s'", o);
+    }
     /* one covariance per input: K and V read Q's, up reads gate's */
     const float *cq = cv_imatrix_find_cov(&cv, "blk.1.attn_q.weight", 256, &blk);
     const float *cg = cv_imatrix_find_cov(&cv, "blk.0.ffn_gate.weight", 256, &blk);

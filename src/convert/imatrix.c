@@ -6,6 +6,7 @@
 
 #include "convert/fileio.h"
 #include "core/status.h"
+#include "model/model.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -102,20 +103,11 @@ const float *cv_imatrix_find(const cv_imatrix *im, const char *name, int64_t n) 
     return NULL;
 }
 
-/* Matrices that share their input with another: the covariance is stored
- * once, under the first (ellm_imatrix_write). */
-static const char *const cov_owner[][2] = {
-    {".attn_k.weight", ".attn_q.weight"}, {".attn_v.weight", ".attn_q.weight"}, {".ffn_up.weight", ".ffn_gate.weight"}};
-
 const float *cv_imatrix_find_cov(const cv_imatrix *im, const char *name, int64_t n, int *block) {
-    char cname[1100];
-    snprintf(cname, sizeof cname, "%s.cov", name);
-    const size_t nl = strlen(name);
-    for (size_t k = 0; k < sizeof cov_owner / sizeof *cov_owner; k++) {
-        const size_t sl = strlen(cov_owner[k][0]);
-        if (nl > sl && nl - sl < 1000 && !strcmp(name + nl - sl, cov_owner[k][0]))
-            snprintf(cname, sizeof cname, "%.*s%s.cov", (int)(nl - sl), name, cov_owner[k][1]);
-    }
+    /* stored once per input, under the first matrix that reads it */
+    char owner[1024], cname[1100];
+    if (!model_input_owner(name, owner, sizeof owner)) return NULL;
+    snprintf(cname, sizeof cname, "%s.cov", owner);
     for (int i = 0; im && n > 0 && i < im->n; i++)
         if (!strcmp(im->e[i].name, cname)) {
             const int64_t B = im->e[i].n / n;

@@ -143,15 +143,15 @@ static int write_cov(FILE *f, const ellm_imatrix *im, int l, int s, const char *
 ellm_status ellm_imatrix_write(const ellm_imatrix *im, const char *path, const char *dataset, ellm_error *err) {
     if (im->n_rows <= 0) return ellm_fail(err, ELLM_ERR_ARG, "imatrix: no tokens were collected");
     if (im->cov_failed) return ellm_fail(err, ELLM_ERR_NOMEM, "imatrix: out of memory while collecting the covariance");
-    static const char *const names[IM_SLOTS][3] = {
-        {"attn_q", "attn_k", "attn_v"}, {"attn_output", NULL, NULL}, {"ffn_gate", "ffn_up", NULL}, {"ffn_down", NULL, NULL}};
+    _Static_assert((int)IM_SLOTS == (int)MODEL_INPUT_GROUPS, "one collection slot per input group");
+    const char *const(*names)[MODEL_INPUT_GROUP_MAX] = model_input_groups; /* slot s reads group s's input */
     char tmp[4096];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     FILE *f = fopen(tmp, "wb");
     if (!f) return ellm_fail(err, ELLM_ERR_IO, "cannot create '%s': %s", tmp, strerror(errno));
     int32_t n_entries = 0;
     for (int s = 0; s < IM_SLOTS; s++)
-        for (int k = 0; k < 3; k++) n_entries += names[s][k] ? im->n_layer * (im->cov_block && !k ? 2 : 1) : 0;
+        for (int k = 0; k < MODEL_INPUT_GROUP_MAX; k++) n_entries += names[s][k] ? im->n_layer * (im->cov_block && !k ? 2 : 1) : 0;
     int ok = fwrite(&n_entries, 4, 1, f) == 1;
     int32_t ncall = (int32_t)(im->n_calls > 0 ? im->n_calls : 1);
     int64_t max_cols = 1;
@@ -162,7 +162,7 @@ ellm_status ellm_imatrix_write(const ellm_imatrix *im, const char *path, const c
     ok = ok && vals;
     for (int l = 0; l < im->n_layer && ok; l++)
         for (int s = 0; s < IM_SLOTS && ok; s++)
-            for (int k = 0; k < 3 && ok && names[s][k]; k++) {
+            for (int k = 0; k < MODEL_INPUT_GROUP_MAX && ok && names[s][k]; k++) {
                 char name[96];
                 int32_t len = snprintf(name, sizeof name, "blk.%d.%s.weight", l, names[s][k]);
                 int32_t nval = (int32_t)im->cols[s];

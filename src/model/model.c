@@ -337,3 +337,21 @@ void model_rope_cos_sin(const ellm_model *m, int pos, float *cs) {
         cs[2 * i + 1] = (float)sin(theta);
     }
 }
+
+const char *const model_input_groups[MODEL_INPUT_GROUPS][MODEL_INPUT_GROUP_MAX] = {
+    {"attn_q", "attn_k", "attn_v"}, {"attn_output", NULL, NULL}, {"ffn_gate", "ffn_up", NULL}, {"ffn_down", NULL, NULL}};
+
+int model_input_owner(const char *name, char *out, size_t size) {
+    const size_t nl = strlen(name);
+    for (int g = 0; g < MODEL_INPUT_GROUPS; g++)
+        for (int k = 1; k < MODEL_INPUT_GROUP_MAX && model_input_groups[g][k]; k++) {
+            char suffix[64];
+            const int sl = snprintf(suffix, sizeof suffix, ".%s.weight", model_input_groups[g][k]);
+            if (nl > (size_t)sl && !strcmp(name + nl - (size_t)sl, suffix)) {
+                const int n = snprintf(out, size, "%.*s.%s.weight", (int)(nl - (size_t)sl), name, model_input_groups[g][0]);
+                return n >= 0 && (size_t)n < size;
+            }
+        }
+    const int n = snprintf(out, size, "%s", name);
+    return n >= 0 && (size_t)n < size;
+}

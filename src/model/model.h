@@ -116,4 +116,17 @@ void model_placement_free(ellm_model *m);
 
 void model_rope_cos_sin(const ellm_model *m, int pos, float *cs);
 
+/* A layer's weight matrices grouped by the input they read, in llama.cpp's
+ * names without "blk.N." and ".weight": Q, K and V read the attention's
+ * normed input, the output projection the attention's result, gate and up
+ * the FFN's normed input, down the gated product. A file that keeps one
+ * entry per input (the covariances of an importance matrix) keeps it under
+ * the group's first matrix. */
+enum { MODEL_INPUT_GROUPS = 4, MODEL_INPUT_GROUP_MAX = 3 };
+extern const char *const model_input_groups[MODEL_INPUT_GROUPS][MODEL_INPUT_GROUP_MAX];
+/* Writes to out (size bytes) the tensor name of the first matrix that reads
+ * the input of tensor `name` ("blk.3.attn_k.weight" -> "blk.3.attn_q.weight");
+ * `name` itself when no other matrix comes first. 0 when out is too small. */
+int model_input_owner(const char *name, char *out, size_t size);
+
 #endif
