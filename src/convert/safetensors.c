@@ -7,13 +7,10 @@
 #include "core/status.h"
 
 #include <cjson/cJSON.h>
-#include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 /* A header larger than this is refused before it is parsed (real headers of
@@ -74,7 +71,7 @@ const st_tensor *st_find(const st_set *s, const char *name) {
 void st_close(st_set *s) {
     if (!s) return;
     for (int i = 0; i < s->n_files; i++) {
-        if (s->files[i].mapped && s->files[i].size) munmap((void *)s->files[i].base, s->files[i].size);
+        if (s->files[i].mapped) cv_unmap_file(s->files[i].base, s->files[i].size);
         free(s->files[i].path);
     }
     for (int64_t i = 0; i < s->n_tensors; i++) free((char *)s->tensors[i].name);
@@ -300,23 +297,14 @@ static ellm_status map_file(st_set *s, int fi, const char *path, ellm_error *err
     st_file *f = &s->files[fi];
     f->path = strdup(path);
     if (!f->path) return ellm_fail(err, ELLM_ERR_NOMEM, "safetensors: out of memory");
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return ellm_fail(err, ELLM_ERR_IO, "cannot open '%s': %s", path, strerror(errno));
-    struct stat sb;
-    ellm_status st = ELLM_OK;
-    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        st = ellm_fail(err, ELLM_ERR_IO, "'%s' is not a regular file", path);
-    } else if (sb.st_size > 0) {
-        void *p = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
-        if (p == MAP_FAILED) {
-            st = ellm_fail(err, ELLM_ERR_IO, "cannot map '%s': %s", path, strerror(errno));
-        } else {
-            f->base = p;
-            f->size = (size_t)sb.st_size;
-            f->mapped = 1;
-        }
+    const void *p = NULL;
+    size_t size = 0;
+    ellm_status st = cv_map_file(path, &p, &size, err);
+    if (st == ELLM_OK && size) {
+        f->base = p;
+        f->size = size;
+        f->mapped = 1;
     }
-    close(fd);
     return st;
 }
 
