@@ -22,9 +22,9 @@
  *
  * Per block and group of 4 weight rows the weights cost 4 loads and 6
  * shuffles, the f16 scales 4 scalar loads, shared by all quads; per quad and
- * block the activations cost 8 broadcast loads, shared by both groups; each
- * pair pays one vpshufd per 8 quads' vpdpbusd and a convert, multiply and
- * FMA per 8 vpdpbusd. A pass is 4 groups x up to 4 quads (16 weight rows x
+ * block the activations cost 8 broadcast loads, shared by the pass's groups;
+ * each group pays one vpshufd per dword of the block, shared by the pass's
+ * quads, and each pair a convert, multiply and FMA per 8 vpdpbusd. A pass is 4 groups x up to 4 quads (16 weight rows x
  * 16 activation rows; 2 groups x 8 quads or 1 x 8 for the last 4-12 rows of
  * a range). On a 2-vCPU Zen 5 guest (bench_gemm -H, weights from cache, one
  * thread) that ran 1.05-1.1x faster than 2 groups x 8 quads at 8-128 rows:
