@@ -246,10 +246,9 @@ static void report(cv_ctx *c, const cv_tensor *t, int64_t rows_done, int finishe
 static ellm_status cv_gptq_begin(cv_ctx *c, const cv_tensor *t, ellm_error *err) {
     if (!c->gptq_scratch) {
         c->gptq_scratch = calloc((size_t)c->n_threads, sizeof *c->gptq_scratch);
-        for (int i = 0; c->gptq_scratch && i < c->n_threads; i++)
-            if (!(c->gptq_scratch[i] = gptq_scratch_new(c->max_ne0)))
-                return ellm_fail(err, ELLM_ERR_NOMEM, "out of memory for error-feedback rounding");
-        if (!c->gptq_scratch) return ellm_fail(err, ELLM_ERR_NOMEM, "out of memory for error-feedback rounding");
+        int ok = c->gptq_scratch != NULL;
+        for (int i = 0; ok && i < c->n_threads; i++) ok = (c->gptq_scratch[i] = gptq_scratch_new(c->max_ne0)) != NULL;
+        if (!ok) return ellm_fail(err, ELLM_ERR_NOMEM, "out of memory for error-feedback rounding");
     }
     size_t need = (size_t)t->ne0 * (size_t)t->cov_block;
     if (need > c->gptq_cap) {
