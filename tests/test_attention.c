@@ -742,8 +742,9 @@ static void test_batch_rows_exact(void) {
 }
 
 /* Pair steps (attention_pairs_enable): the AVX-512 single-row kernel takes
- * two whole blocks of a part at once (Q8_0: up to ATTN_Q8_STEP_BLOCKS in a
- * multi-block step); the outputs must keep their bits,
+ * two whole blocks of a part at once (F16 with 1-4 rows: runs of up to
+ * ATTN_F16_STEP_BLOCKS with the state in registers; Q8_0: up to
+ * ATTN_Q8_STEP_BLOCKS in a multi-block step); the outputs must keep their bits,
  * dense and over sparse lists of scattered blocks, at any thread count. */
 static void check_pairs(int type, int hd, int G, int n_q, int len, int bt) {
     const int n_kv = 3, n_head = n_kv * G;
@@ -795,6 +796,13 @@ static void test_pair_steps(void) {
         return;
     }
     check_pairs(QTYPE_F16, 64, 3, 1, 1500, 16);  /* decode, GQA 3: 94 blocks over 3 parts */
+    /* F16 runs with the state in registers (attn_blocks_f16_avx512): every
+     * row count it takes, blocks in pairs and one left over */
+    check_pairs(QTYPE_F16, 64, 1, 1, 1100, 16);
+    check_pairs(QTYPE_F16, 64, 2, 1, 1100, 16);
+    check_pairs(QTYPE_F16, 64, 4, 1, 1500, 16);  /* 4 rows: pairs with spilled registers */
+    check_pairs(QTYPE_F16, 64, 2, 2, 1037, 16);  /* 4 rows of two tokens, a partial last block */
+    check_pairs(QTYPE_F16, 128, 2, 1, 900, 16);
     check_pairs(QTYPE_F16, 64, 3, 2, 1037, 16);  /* 6 rows, a partial last block */
     check_pairs(QTYPE_F16, 128, 1, 1, 700, 16);
     check_pairs(QTYPE_F16, 128, 4, 2, 530, 16);  /* 8 rows: the most the in-place path takes */

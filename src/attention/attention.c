@@ -322,9 +322,15 @@ static void run_part_ahead(const attn_job *J, attn_state *st, int s, long kb, lo
                                                     : fn == attn_block_avx512 && g_pairs_on ? attn_block2_avx512 : NULL;
     attn_block held; /* a full block waiting for the next one (pair_fn) */
     int have = 0;
-    /* the Q8_0 AVX-512 kernel takes runs of whole blocks in multi-block steps */
-    const int qn = fn == attn_block_q8_avx512 && g_pairs_on && attn_blocks_q8_fits(st) ? ATTN_Q8_STEP_BLOCKS : 0;
-    attn_block run[ATTN_Q8_STEP_BLOCKS];
+    /* the AVX-512 single-row kernels take runs of whole blocks in multi-block
+     * steps: Q8_0 overlapping the blocks' phases, F16 with the state in registers */
+    void (*const run_fn)(attn_state *, const attn_block *, int) =
+        !g_pairs_on ? NULL
+        : fn == attn_block_q8_avx512 && attn_blocks_q8_fits(st) ? attn_blocks_q8_avx512
+        : fn == attn_block_avx512 && J->type == QTYPE_F16 && attn_blocks_f16_fits(st) ? attn_blocks_f16_avx512
+                                                                                      : NULL;
+    const int qn = run_fn == attn_blocks_q8_avx512 ? ATTN_Q8_STEP_BLOCKS : run_fn ? ATTN_F16_STEP_BLOCKS : 0;
+    attn_block run[ATTN_Q8_STEP_BLOCKS > ATTN_F16_STEP_BLOCKS ? ATTN_Q8_STEP_BLOCKS : ATTN_F16_STEP_BLOCKS];
     int n_run = 0;
     const int rows_pad = (st->rows + 3) & ~3;
 
@@ -404,12 +410,12 @@ static void run_part_ahead(const attn_job *J, attn_state *st, int s, long kb, lo
             if (b.n_valid == bt && b.vis0 >= bt) {
                 run[n_run++] = b;
                 if (n_run == qn) {
-                    attn_blocks_q8_avx512(st, run, n_run);
+                    run_fn(st, run, n_run);
                     n_run = 0;
                 }
                 continue;
             }
-            if (n_run) attn_blocks_q8_avx512(st, run, n_run);
+            if (n_run) run_fn(st, run, n_run);
             n_run = 0;
         }
         if (pair_fn) {
@@ -430,7 +436,7 @@ static void run_part_ahead(const attn_job *J, attn_state *st, int s, long kb, lo
         fn(st, &b);
     }
     if (have) fn(st, &held);
-    if (n_run) attn_blocks_q8_avx512(st, run, n_run);
+    if (n_run) run_fn(st, run, n_run);
     if (st->lanes)
         for (int r = 0; r < st->rows; r++) {
             /* lane order, whatever the ISA of the sum */

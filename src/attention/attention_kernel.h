@@ -85,6 +85,20 @@ typedef void (*attn_block2_fn)(attn_state *st, const attn_block *b0, const attn_
  * single steps. */
 void attn_block2_avx512(attn_state *st, const attn_block *b0, const attn_block *b1);
 
+/* Whole blocks attn_blocks_f16_avx512 takes in one call at most. */
+#define ATTN_F16_STEP_BLOCKS 8
+/* Whether attn_blocks_f16_avx512 keeps the part's state (of an F16 cache)
+ * in registers: 16-key blocks, head_dim 64 with 1-4 rows or 128 with 1-2. */
+static inline int attn_blocks_f16_fits(const attn_state *st) {
+    return st->block_tokens == 16 && st->hdp == st->head_dim &&
+           ((st->head_dim == 64 && st->rows >= 1 && st->rows <= 4) ||
+            (st->head_dim == 128 && st->rows >= 1 && st->rows <= 2));
+}
+/* b[0], .., b[n - 1] (1 <= n <= ATTN_F16_STEP_BLOCKS) of an F16 cache, each
+ * whole to every row (attn_block_whole16), in that order: the same state, to
+ * the bit, as n calls of attn_block_avx512. */
+void attn_blocks_f16_avx512(attn_state *st, const attn_block *b, int n);
+
 /* ---- Q8_0 KV cache (attention_q8.c; block format in kv_q8.h) ---- */
 
 /* x (hd floats, hd a multiple of 32) quantized per 32 channels as q8_0 does:
