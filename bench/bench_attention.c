@@ -15,8 +15,13 @@
  *     --ab-pairs: each point also without pair steps (attention_pairs_enable),
  *     alternating the two per step;
  *     --depths: comma list (default 4096,16384,32768); a depth whose cache fits in
- *     L3 (e.g. 1024: 24 MB) shows the kernel's rate with little DRAM traffic */
+ *     L3 (e.g. 1024: 24 MB) shows the kernel's rate with little DRAM traffic;
+ *     --read-pass: each step is followed by a pass that reads the same blocks
+ *     of the first cache in parts of ATTN_PART_BLOCKS split over the threads
+ *     as the driver does, prefetching two blocks ahead as the decode kernel
+ *     does, with no arithmetic: the rate this access pattern allows */
 #include "attention/attention.h"
+#include "attention/attention_kernel.h"
 #include "attention/kv_cache.h"
 #include "bench_kv.h"
 #include "core/cpu.h"
@@ -38,13 +43,47 @@
 #define MAX_STEPS 1000
 #define MAX_DEPTHS 8
 
+/* The read pass: parts (KV head, ATTN_PART_BLOCKS blocks) of one layer split
+ * in contiguous ranges over the threads; every 64-byte line of each block
+ * (K and V halves) loaded once, the block two ahead prefetched. */
+typedef struct {
+    const kv_cache *kv;
+    int layer, n_blocks;
+    double sink[64];
+} read_pass_job;
+
+static void read_pass_task(void *arg, int ith, int nth) {
+    read_pass_job *j = arg;
+    const int parts = (j->n_blocks + ATTN_PART_BLOCKS - 1) / ATTN_PART_BLOCKS;
+    long b, e;
+    threadpool_split((long)N_KV * parts, ith, nth, 1, &b, &e);
+    const size_t block_bytes = kv_cache_block_bytes(j->kv);
+    uint64_t acc = 0;
+    for (long u = b; u < e; u++) {
+        const int h = (int)(u / parts), k0 = (int)(u % parts) * ATTN_PART_BLOCKS;
+        const int k1 = k0 + ATTN_PART_BLOCKS < j->n_blocks ? k0 + ATTN_PART_BLOCKS : j->n_blocks;
+        for (int k = k0; k < k1; k++) {
+            const char *blk = kv_cache_block_k(j->kv, j->layer, h, k);
+            const char *ahead = k + 2 < k1 ? kv_cache_block_k(j->kv, j->layer, h, k + 2) : NULL;
+            for (size_t o = 0; o < block_bytes; o += 64) {
+                if (ahead) __builtin_prefetch(ahead + o, 0, 0);
+                uint64_t x;
+                memcpy(&x, blk + o, sizeof x);
+                acc += x;
+            }
+        }
+    }
+    j->sink[ith % 64] += (double)acc;
+}
+
 
 int main(int argc, char **argv) {
-    int n_q = 1, pin = 1, t_lo = 1, t_hi = 2, kv_f16 = 1, kv_q8 = 1, ab = 0;
+    int n_q = 1, pin = 1, t_lo = 1, t_hi = 2, kv_f16 = 1, kv_q8 = 1, ab = 0, read_pass = 0;
     int depths[MAX_DEPTHS] = {4096, 16384, 32768}, n_depths = 3, steps_arg = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--no-pin")) pin = 0;
         else if (!strcmp(argv[i], "--ab-pairs")) ab = 1;
+        else if (!strcmp(argv[i], "--read-pass")) read_pass = 1;
         else if (!strcmp(argv[i], "--steps") && i + 1 < argc) {
             steps_arg = atoi(argv[++i]);
             if (steps_arg < 1 || steps_arg > MAX_STEPS) {
@@ -106,7 +145,8 @@ int main(int argc, char **argv) {
             for (int c = 0; c < 2; c++) {
                 if (!kvs[c]) continue;
                 attention_args a = {kvs[c], 0, n_q, depth, N_HEAD, q, out, 0.125f};
-                static double ms[2][MAX_STEPS];
+                static double ms[2][MAX_STEPS], ms_read[MAX_STEPS];
+                const int rp = read_pass && c == (kvs[0] ? 0 : 1);
                 int steps = steps_arg ? steps_arg : depth <= 4096 ? 15 : 7;
                 for (int s = -1; s < steps; s++) {
                     for (int v = 0; v <= ab; v++) { /* v = 1: pair steps off */
@@ -118,6 +158,15 @@ int main(int argc, char **argv) {
                         }
                         if (s >= 0) ms[v][s] = ellm_time_ms() - t0; /* step -1 warms up */
                     }
+                    if (rp) {
+                        read_pass_job j = {.kv = kvs[c], .n_blocks = (depth + n_q + BLOCK - 1) / BLOCK};
+                        double t0 = ellm_time_ms();
+                        for (int l = 0; l < N_LAYER; l++) {
+                            j.layer = l;
+                            threadpool_run(pool, read_pass_task, &j);
+                        }
+                        if (s >= 0) ms_read[s] = ellm_time_ms() - t0;
+                    }
                 }
                 attention_pairs_enable(1);
                 double med = median_sort(ms[0], steps);
@@ -127,6 +176,10 @@ int main(int argc, char **argv) {
                 if (ab) {
                     double off = median_sort(ms[1], steps);
                     printf("  no pairs %7.3f ms (%.1f GB/s), pairs %.3fx", off, bytes / (off * 1e6), off / med);
+                }
+                if (rp) {
+                    double rd = median_sort(ms_read, steps);
+                    printf("  read pass %.3f ms (%.1f GB/s)", rd, bytes / (rd * 1e6));
                 }
                 if (c == 0) ms_f16 = med;
                 if (c == 1 && ms_f16 > 0) printf("  %.2fx F16", ms_f16 / med);
