@@ -16,6 +16,9 @@
  *     alternating the two per step;
  *     --depths: comma list (default 4096,16384,32768); a depth whose cache fits in
  *     L3 (e.g. 1024: 24 MB) shows the kernel's rate with little DRAM traffic;
+ *     --page-blocks N: KV blocks per cache page (default: as the engine gives
+ *     a context of the deepest depth + n_q tokens with a pool of its own,
+ *     KV_PAGE_BLOCKS_LONG from 8,192 tokens on, else KV_PAGE_BLOCKS);
  *     --read-pass: each step is followed by a pass that reads the same blocks
  *     of the first cache in parts of ATTN_PART_BLOCKS split over the threads
  *     as the driver does, prefetching two blocks ahead as the decode kernel
@@ -78,12 +81,19 @@ static void read_pass_task(void *arg, int ith, int nth) {
 
 
 int main(int argc, char **argv) {
-    int n_q = 1, pin = 1, t_lo = 1, t_hi = 2, kv_f16 = 1, kv_q8 = 1, ab = 0, read_pass = 0;
+    int n_q = 1, pin = 1, t_lo = 1, t_hi = 2, kv_f16 = 1, kv_q8 = 1, ab = 0, read_pass = 0, page_blocks = 0;
     int depths[MAX_DEPTHS] = {4096, 16384, 32768}, n_depths = 3, steps_arg = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--no-pin")) pin = 0;
         else if (!strcmp(argv[i], "--ab-pairs")) ab = 1;
         else if (!strcmp(argv[i], "--read-pass")) read_pass = 1;
+        else if (!strcmp(argv[i], "--page-blocks") && i + 1 < argc) {
+            page_blocks = atoi(argv[++i]);
+            if (page_blocks < 1 || page_blocks > 1024 || (page_blocks & (page_blocks - 1))) {
+                fprintf(stderr, "--page-blocks: expected a power of two in 1..1024\n");
+                return 2;
+            }
+        }
         else if (!strcmp(argv[i], "--steps") && i + 1 < argc) {
             steps_arg = atoi(argv[++i]);
             if (steps_arg < 1 || steps_arg > MAX_STEPS) {
@@ -112,8 +122,9 @@ int main(int argc, char **argv) {
     for (int i = 0; i < n_depths; i++)
         if (depths[i] > max_depth) max_depth = depths[i];
     max_depth += n_q;
-    kv_cache *kvs[2] = {kv_f16 ? bench_kv_filled(QTYPE_F16, N_LAYER, N_KV, HEAD_DIM, BLOCK, max_depth) : NULL,
-                        kv_q8 ? bench_kv_filled(QTYPE_Q8_0, N_LAYER, N_KV, HEAD_DIM, BLOCK, max_depth) : NULL};
+    if (!page_blocks) page_blocks = max_depth >= 16 * KV_PAGE_BLOCKS_LONG * BLOCK ? KV_PAGE_BLOCKS_LONG : KV_PAGE_BLOCKS;
+    kv_cache *kvs[2] = {kv_f16 ? bench_kv_filled(QTYPE_F16, N_LAYER, N_KV, HEAD_DIM, BLOCK, max_depth, page_blocks) : NULL,
+                        kv_q8 ? bench_kv_filled(QTYPE_Q8_0, N_LAYER, N_KV, HEAD_DIM, BLOCK, max_depth, page_blocks) : NULL};
     const char *names[2] = {"F16 ", "Q8_0"};
     if ((kv_f16 && !kvs[0]) || (kv_q8 && !kvs[1])) return 1;
 
@@ -121,8 +132,8 @@ int main(int argc, char **argv) {
     float *out = malloc((size_t)n_q * N_HEAD * HEAD_DIM * sizeof(float));
     for (int i = 0; i < n_q * N_HEAD * HEAD_DIM; i++) q[i] = (float)(i % 7) * 0.1f - 0.3f;
     printf("attention decode bench: %s, SmolLM2-135M shape (%d layers, %d/%d heads, hd %d), "
-           "blocks of %d tokens, n_q=%d\n",
-           ellm_isa_str(ellm_cpu_isa()), N_LAYER, N_HEAD, N_KV, HEAD_DIM, BLOCK, n_q);
+           "blocks of %d tokens in pages of %d, n_q=%d\n",
+           ellm_isa_str(ellm_cpu_isa()), N_LAYER, N_HEAD, N_KV, HEAD_DIM, BLOCK, page_blocks, n_q);
 
     ellm_error err;
     for (int nt = t_lo; nt <= t_hi; nt++) {

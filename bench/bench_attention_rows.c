@@ -103,7 +103,7 @@ int main(int argc, char **argv) {
     const int k0 = mode == 1 ? 1 : 0, k1 = mode == 0 ? 0 : 1;
     static const char *kname[] = {"old ", "rows"};
 
-    kv_cache *kv = bench_kv_filled(type, 1, N_KV, HEAD_DIM, BLOCK, small);
+    kv_cache *kv = bench_kv_filled(type, 1, N_KV, HEAD_DIM, BLOCK, small, 0);
     if (!kv) return 1;
     const int calls = 200;
     printf("cache-resident, 1 layer, depth %d (%d calls a step):\n", small, calls);
@@ -118,7 +118,7 @@ int main(int argc, char **argv) {
     kv_cache_free(kv);
 
     for (int di = 0; di < n_depths; di++) {
-        kv = bench_kv_filled(type, 30, N_KV, HEAD_DIM, BLOCK, depths[di]);
+        kv = bench_kv_filled(type, 30, N_KV, HEAD_DIM, BLOCK, depths[di], 0);
         if (!kv) return 1;
         printf("DRAM, 30 layers, depth %d:\n", depths[di]);
         double base[2] = {0, 0};

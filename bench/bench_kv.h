@@ -1,6 +1,6 @@
 /* A KV cache filled for attention benchmarks: n_layer layers of depth tokens
  * of pseudo-random keys (values = -keys / 2), written in 512-token chunks as
- * a prefill would. */
+ * a prefill would, in pages of page_blocks blocks (0: KV_PAGE_BLOCKS). */
 #ifndef ELLM_BENCH_KV_H
 #define ELLM_BENCH_KV_H
 
@@ -10,8 +10,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-static inline kv_cache *bench_kv_filled(int type, int n_layer, int n_kv, int head_dim, int block, int depth) {
-    kv_cache_params kp = {n_layer, n_kv, head_dim, depth, block, type};
+static inline kv_cache *bench_kv_filled(int type, int n_layer, int n_kv, int head_dim, int block, int depth,
+                                         int page_blocks) {
+    kv_cache_params kp = {n_layer, n_kv, head_dim, depth, block, type, page_blocks};
     kv_cache *kv;
     ellm_error err;
     if (kv_cache_init(&kp, &kv, &err) != ELLM_OK) {

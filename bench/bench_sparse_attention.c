@@ -88,7 +88,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: bench_sparse_attention [threads] [depth] [budget <= depth] [reps]\n");
         return 2;
     }
-    kv_cache_params kp = {N_LAYER, N_KV, HEAD_DIM, depth + 1, BLOCK, QTYPE_F16};
+    kv_cache_params kp = {N_LAYER, N_KV, HEAD_DIM, depth + 1, BLOCK, QTYPE_F16, 0};
     kv_cache *kv;
     ellm_error err;
     if (kv_cache_init(&kp, &kv, &err) != ELLM_OK) {

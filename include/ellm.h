@@ -249,7 +249,9 @@ ellm_status ellm_kv_pool_init(const ellm_model *model, ellm_kv_type type, double
 /* Frees the pool; every context using it must be freed first. */
 void ellm_kv_pool_free(ellm_kv_pool *pool);
 void ellm_kv_pool_get_stats(const ellm_kv_pool *pool, ellm_kv_pool_stats *stats);
-/* Bytes of one page for `model` and `type`, and tokens per page: for sizing a pool. */
+/* Bytes of one page of a shared pool for `model` and `type`, and tokens per
+ * such page: for sizing a pool. (A context of 8,192 tokens or more with a
+ * private pool takes 4x longer pages; its pool's stats say so.) */
 size_t ellm_kv_pool_page_bytes(const ellm_model *model, ellm_kv_type type);
 int ellm_kv_pool_page_tokens(void);
 

@@ -29,7 +29,7 @@ static void fill(float *x, size_t n, float scale) {
 }
 
 static kv_cache *make_cache(int n_layer, int n_kv, int hd, int n_ctx, int bt, int type) {
-    kv_cache_params p = {n_layer, n_kv, hd, n_ctx, bt, type};
+    kv_cache_params p = {n_layer, n_kv, hd, n_ctx, bt, type, 0};
     kv_cache *kv = NULL;
     ellm_error err;
     ellm_status st = kv_cache_init(&p, &kv, &err);
@@ -68,7 +68,7 @@ static double max_rel_err(const float *a, const float *b, size_t n) {
 static void test_params_errors(void) {
     kv_cache *kv = (kv_cache *)1;
     ellm_error err;
-    kv_cache_params good = {2, 2, 64, 100, 32, QTYPE_F16};
+    kv_cache_params good = {2, 2, 64, 100, 32, QTYPE_F16, 0};
     kv_cache_params p;
 
     p = good; p.n_layer = 0;
@@ -89,10 +89,15 @@ static void test_params_errors(void) {
     p = good; p.head_dim = 1 << 20;
     CHECK(kv_cache_init(&p, &kv, &err) == ELLM_ERR_ARG, "huge head_dim accepted");
     /* Products that overflow size_t. */
-    p = (kv_cache_params){1 << 30, 1 << 30, 4096, 1 << 30, 32, QTYPE_F32};
+    p = good; p.page_blocks = 24;
+    CHECK(kv_cache_init(&p, &kv, &err) == ELLM_ERR_ARG && strstr(err.msg, "blocks per page"),
+          "24 blocks per page accepted: %s", err.msg);
+    p = good; p.page_blocks = 2048;
+    CHECK(kv_cache_init(&p, &kv, &err) == ELLM_ERR_ARG, "2048 blocks per page accepted");
+    p = (kv_cache_params){1 << 30, 1 << 30, 4096, 1 << 30, 32, QTYPE_F32, 0};
     CHECK(kv_cache_init(&p, &kv, &err) == ELLM_ERR_NOMEM && kv == NULL, "overflow accepted");
     /* 1000 layers x 64 heads x 128 dims x 2^30 tokens: ~32 PB, more than any machine. */
-    p = (kv_cache_params){1000, 64, 128, 1 << 30, 32, QTYPE_F16};
+    p = (kv_cache_params){1000, 64, 128, 1 << 30, 32, QTYPE_F16, 0};
     ellm_status st = kv_cache_init(&p, &kv, &err);
     CHECK(st == ELLM_ERR_NOMEM && kv == NULL && strstr(err.msg, "GB"),
           "absurd cache: status %d msg %s", st, err.msg);

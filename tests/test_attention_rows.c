@@ -27,7 +27,7 @@ static float frand(void) { return test_frand(&g_rng); }
 /* Keys of tokens [hot0, hot1) are 4x larger, so every row's running max
  * grows when a part reaches them (hot0 = hot1: none). */
 static kv_cache *make_filled_hot(int n_kv, int hd, int len, int bt, int type, int hot0, int hot1) {
-    kv_cache_params p = {1, n_kv, hd, len, bt, type};
+    kv_cache_params p = {1, n_kv, hd, len, bt, type, 0};
     kv_cache *kv = NULL;
     ellm_error err;
     ellm_status st = kv_cache_init(&p, &kv, &err);

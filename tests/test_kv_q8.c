@@ -26,7 +26,7 @@ static uint64_t g_rng = 0x2545f4914f6cdd1dull;
 static float frand(void) { return test_frand(&g_rng); }
 
 static kv_cache *make_cache(int n_kv, int hd, int n_ctx, int bt, int type) {
-    kv_cache_params p = {1, n_kv, hd, n_ctx, bt, type};
+    kv_cache_params p = {1, n_kv, hd, n_ctx, bt, type, 0};
     kv_cache *kv = NULL;
     ellm_error err;
     CHECK(kv_cache_init(&p, &kv, &err) == ELLM_OK, "kv_cache_init: %s", err.msg);
@@ -93,7 +93,7 @@ static void test_store(void) {
     free(v);
     kv_cache_free(kv);
 
-    kv_cache_params bad = {1, 1, 48, 64, 16, QTYPE_Q8_0};
+    kv_cache_params bad = {1, 1, 48, 64, 16, QTYPE_Q8_0, 0};
     kv_cache *x = NULL;
     ellm_error err;
     CHECK(kv_cache_init(&bad, &x, &err) == ELLM_ERR_UNSUPPORTED && strstr(err.msg, "multiple of 32"), "hd 48: %s",

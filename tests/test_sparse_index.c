@@ -43,7 +43,7 @@ static env env_make(int n_layer, int n_kv, int hd, int n_ctx, int bt, int type, 
                     float expand) {
     env e = {NULL, NULL, n_layer, n_kv, hd, bt, S ? S : 16};
     ellm_error err;
-    kv_cache_params kp = {n_layer, n_kv, hd, n_ctx, bt, type};
+    kv_cache_params kp = {n_layer, n_kv, hd, n_ctx, bt, type, 0};
     ellm_status st = kv_cache_init(&kp, &e.kv, &err);
     CHECK(st == ELLM_OK, "kv_cache_init: %s", st ? err.msg : "");
     sparse_index_params sp = {.n_layer = n_layer,

@@ -1,7 +1,7 @@
 /* KV cache: fixed-size blocks in pages taken from a page pool as the
  * sequence grows.
  *
- * A page holds KV_PAGE_BLOCKS consecutive blocks of every (layer, kv head):
+ * A page holds PB consecutive blocks (kv_cache_params.page_blocks) of every (layer, kv head):
  * page j covers blocks [j * PB, (j + 1) * PB) and stores them ordered
  * (layer, kv head, block), so attention over a head streams PB adjacent blocks
  * before it moves to the next page (and prefetches across pages by pointer).
@@ -43,7 +43,7 @@ struct kv_cache {
     size_t bytes;        /* bytes of n_ctx tokens (all pages) */
     kv_pool *pool;       /* where pages come from */
     int owns_pool;       /* a private pool (params.pool was NULL) */
-    int page_shift;      /* log2(KV_PAGE_BLOCKS) */
+    int page_shift;      /* log2(blocks per page) */
     int n_pages;         /* page table size: ceil(n_blocks / PB) */
     int n_held;          /* pages[0, n_held) are held, the rest NULL */
     char **pages;        /* (n_pages) */
@@ -70,6 +70,8 @@ static size_t phys_mem_bytes(void) {
 }
 
 static double gib(size_t bytes) { return (double)bytes / (double)(1u << 30); }
+
+static int page_blocks_of(const kv_cache_params *p) { return p->page_blocks ? p->page_blocks : KV_PAGE_BLOCKS; }
 
 /* Validates `p` and allocates the arena (untouched: pages are committed on first
  * store). Returns ELLM_ERR_ARG for bad shapes or type, ELLM_ERR_NOMEM with the
@@ -104,15 +106,18 @@ ellm_status kv_cache_init_pooled(const kv_cache_params *p, kv_pool *pool, int64_
                          "(head_dim %d, block_tokens %d)",
                          KV_Q8_MAX_ELEMS, p->head_dim, p->block_tokens);
 
+    const int pb = page_blocks_of(p);
+    if (pb < 1 || pb > 1024 || (pb & (pb - 1)))
+        return ellm_fail(err, ELLM_ERR_ARG, "KV cache: %d blocks per page is not a power of two in 1..1024", pb);
     size_t elt = p->type == QTYPE_F16 ? 2 : p->type == QTYPE_F32 ? 4 : 1;
     int n_blocks = (int)(((long)p->n_ctx + p->block_tokens - 1) / p->block_tokens);
     size_t half = p->type == QTYPE_Q8_0 ? kv_q8_half_bytes(p->head_dim, p->block_tokens)
                                         : (size_t)p->block_tokens * (size_t)p->head_dim * elt;
     size_t stride = (2 * half + KV_ALIGN - 1) & ~(size_t)(KV_ALIGN - 1);
-    int n_pages = (n_blocks + KV_PAGE_BLOCKS - 1) / KV_PAGE_BLOCKS;
+    int n_pages = (n_blocks + pb - 1) / pb;
     size_t page_bytes, bytes;
     if (__builtin_mul_overflow((size_t)p->n_layer, (size_t)p->n_kv_head, &page_bytes) ||
-        __builtin_mul_overflow(page_bytes, (size_t)KV_PAGE_BLOCKS * stride, &page_bytes) ||
+        __builtin_mul_overflow(page_bytes, (size_t)pb * stride, &page_bytes) ||
         __builtin_mul_overflow(page_bytes, (size_t)n_pages, &bytes) || bytes > SIZE_MAX / 2)
         return ellm_fail(err, ELLM_ERR_NOMEM,
                          "KV cache: %d layers x %d heads x %d tokens x %d dims does not fit in "
@@ -145,7 +150,7 @@ ellm_status kv_cache_init_pooled(const kv_cache_params *p, kv_pool *pool, int64_
     kv->block_stride = stride;
     kv->bytes = bytes;
     kv->n_pages = n_pages;
-    kv->page_shift = __builtin_ctz(KV_PAGE_BLOCKS);
+    kv->page_shift = __builtin_ctz((unsigned)pb);
     kv->pool = pool;
     if (!pool) {
         ellm_status st = kv_pool_init(page_bytes, own_pages, &kv->pool, err);
@@ -165,7 +170,7 @@ size_t kv_cache_page_bytes(const kv_cache_params *p) {
     size_t half = p->type == QTYPE_Q8_0 ? kv_q8_half_bytes(p->head_dim, p->block_tokens)
                                         : (size_t)p->block_tokens * (size_t)p->head_dim * elt;
     size_t stride = (2 * half + KV_ALIGN - 1) & ~(size_t)(KV_ALIGN - 1);
-    return (size_t)p->n_layer * (size_t)p->n_kv_head * KV_PAGE_BLOCKS * stride;
+    return (size_t)p->n_layer * (size_t)p->n_kv_head * (size_t)page_blocks_of(p) * stride;
 }
 
 /* Gives back pages [keep, n_held). */
@@ -185,7 +190,7 @@ void kv_cache_free(kv_cache *kv) {
     free(kv);
 }
 
-static int page_tokens(const kv_cache *kv) { return KV_PAGE_BLOCKS * kv->p.block_tokens; }
+static int page_tokens(const kv_cache *kv) { return (1 << kv->page_shift) * kv->p.block_tokens; }
 
 ellm_status kv_cache_reserve(kv_cache *kv, int n_tokens, ellm_error *err) {
     if (n_tokens > kv->p.n_ctx)
@@ -260,7 +265,7 @@ static inline char *block_ptr(const kv_cache *kv, int layer, int head, int blk) 
     char *page = kv->pages[blk >> kv->page_shift];
     ELLM_ASSERT(page != NULL); /* kv_cache_reserve first */
     size_t idx = (((size_t)layer * (size_t)kv->p.n_kv_head + (size_t)head) << kv->page_shift) +
-                 (size_t)(blk & (KV_PAGE_BLOCKS - 1));
+                 (size_t)(blk & ((1 << kv->page_shift) - 1));
     return page + idx * kv->block_stride;
 }
 

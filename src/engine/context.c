@@ -95,6 +95,7 @@ ellm_status ellm_kv_pool_init(const ellm_model *model, ellm_kv_type type, double
         return st;
     }
     p->kv_type = kp.type;
+    p->page_tokens = KV_PAGE_TOKENS;
     p->owned = 1;
     *out = p;
     return ELLM_OK;
@@ -116,7 +117,7 @@ void ellm_kv_pool_free(ellm_kv_pool *p) {
 void ellm_kv_pool_get_stats(const ellm_kv_pool *p, ellm_kv_pool_stats *st) {
     st->pages_used = kv_pool_pages_used(p->pages);
     st->pages_total = kv_pool_pages_total(p->pages);
-    st->page_tokens = KV_PAGE_TOKENS;
+    st->page_tokens = p->page_tokens;
     st->page_bytes = kv_pool_page_bytes(p->pages);
 }
 
@@ -218,17 +219,23 @@ ellm_status engine_context_init(ellm_model *model, const ellm_context_params *pa
     ctx->n_batch = p.n_batch;
     ellm_status st;
     kv_cache_params kp = kv_params_of(c, ctx->n_ctx, kv_type);
+    /* A long context with a pool of its own takes longer pages (longer runs
+     * of each head's blocks for dense attention to stream, kv_cache.h); a
+     * shared pool keeps the grain its slots share it in. */
+    if (!p.kv_pool && n_ctx >= 16 * (int64_t)KV_PAGE_BLOCKS_LONG * KV_BLOCK_TOKENS) kp.page_blocks = KV_PAGE_BLOCKS_LONG;
+    const int page_tokens = (kp.page_blocks ? kp.page_blocks : KV_PAGE_BLOCKS) * KV_BLOCK_TOKENS;
     int64_t max_pages = 0; /* a private pool of n_ctx tokens */
     if (!p.kv_pool && p.kv_cache_gb > 0) { /* the ceiling of a private pool, at least a page */
         double pages = p.kv_cache_gb * 1e9 / (double)kv_cache_page_bytes(&kp);
-        int64_t all = ((int64_t)n_ctx + KV_PAGE_TOKENS - 1) / KV_PAGE_TOKENS;
+        int64_t all = ((int64_t)n_ctx + page_tokens - 1) / page_tokens;
         max_pages = pages < 1 ? 1 : pages < (double)all ? (int64_t)pages : all;
     }
     ctx->pool = shared_pool;
     ctx->owns_pool = !shared_pool;
     if ((st = kv_cache_init_pooled(&kp, p.kv_pool ? p.kv_pool->pages : NULL, max_pages, &ctx->kv, err)) ||
         ((ctx->kv_pool_view = (struct ellm_kv_pool){.pages = kv_cache_pool(ctx->kv),
-                                                     .kv_type = kv_type}),
+                                                     .kv_type = kv_type,
+                                                     .page_tokens = kv_cache_page_tokens(ctx->kv)}),
          0) ||
         (!shared_pool && (st = engine_placement_init(ctx, n_threads, err))) ||
         (st = attention_workspace_init(n_threads, ctx->n_batch, c->n_head, c->head_dim, ctx->n_ctx,

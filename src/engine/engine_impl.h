@@ -49,8 +49,9 @@ void engine_scratch_free(engine_scratch *s);
 /* The public face of a KV page pool (kv_pool.h) and the KV type its pages are for. */
 struct ellm_kv_pool {
     kv_pool *pages;
-    int kv_type; /* QTYPE_* */
-    int owned;   /* 1: ellm_kv_pool_init made it (0: a context's private pool) */
+    int kv_type;     /* QTYPE_* */
+    int page_tokens; /* tokens per page */
+    int owned;       /* 1: ellm_kv_pool_init made it (0: a context's private pool) */
 };
 
 struct ellm_context {
