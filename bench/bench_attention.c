@@ -16,9 +16,9 @@
  *     alternating the two per step;
  *     --depths: comma list (default 4096,16384,32768); a depth whose cache fits in
  *     L3 (e.g. 1024: 24 MB) shows the kernel's rate with little DRAM traffic;
- *     --page-blocks N: KV blocks per cache page (default: as the engine gives
+ *     --page-blocks N: KV blocks per cache page (default: what the engine gives
  *     a context of the deepest depth + n_q tokens with a pool of its own,
- *     KV_PAGE_BLOCKS_LONG from 8,192 tokens on, else KV_PAGE_BLOCKS);
+ *     kv_cache_own_page_blocks);
  *     --read-pass: each step is followed by a pass that reads the same blocks
  *     of the first cache in parts of ATTN_PART_BLOCKS split over the threads
  *     as the driver does, prefetching two blocks ahead as the decode kernel
@@ -122,7 +122,7 @@ int main(int argc, char **argv) {
     for (int i = 0; i < n_depths; i++)
         if (depths[i] > max_depth) max_depth = depths[i];
     max_depth += n_q;
-    if (!page_blocks) page_blocks = max_depth >= 16 * KV_PAGE_BLOCKS_LONG * BLOCK ? KV_PAGE_BLOCKS_LONG : KV_PAGE_BLOCKS;
+    if (!page_blocks) page_blocks = kv_cache_own_page_blocks(max_depth, BLOCK);
     kv_cache *kvs[2] = {kv_f16 ? bench_kv_filled(QTYPE_F16, N_LAYER, N_KV, HEAD_DIM, BLOCK, max_depth, page_blocks) : NULL,
                         kv_q8 ? bench_kv_filled(QTYPE_Q8_0, N_LAYER, N_KV, HEAD_DIM, BLOCK, max_depth, page_blocks) : NULL};
     const char *names[2] = {"F16 ", "Q8_0"};

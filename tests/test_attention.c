@@ -94,6 +94,10 @@ static void test_params_errors(void) {
           "24 blocks per page accepted: %s", err.msg);
     p = good; p.page_blocks = 2048;
     CHECK(kv_cache_init(&p, &kv, &err) == ELLM_ERR_ARG, "2048 blocks per page accepted");
+    CHECK(kv_cache_own_page_blocks(8191, 16) == KV_PAGE_BLOCKS && kv_cache_own_page_blocks(8192, 16) == KV_PAGE_BLOCKS_LONG &&
+              kv_cache_own_page_blocks(16383, 32) == KV_PAGE_BLOCKS,
+          "long pages from 16 of them on: %d %d %d", kv_cache_own_page_blocks(8191, 16), kv_cache_own_page_blocks(8192, 16),
+          kv_cache_own_page_blocks(16383, 32));
     p = (kv_cache_params){1 << 30, 1 << 30, 4096, 1 << 30, 32, QTYPE_F32, 0};
     CHECK(kv_cache_init(&p, &kv, &err) == ELLM_ERR_NOMEM && kv == NULL, "overflow accepted");
     /* 1000 layers x 64 heads x 128 dims x 2^30 tokens: ~32 PB, more than any machine. */

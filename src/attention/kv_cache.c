@@ -73,6 +73,10 @@ static double gib(size_t bytes) { return (double)bytes / (double)(1u << 30); }
 
 static int page_blocks_of(const kv_cache_params *p) { return p->page_blocks ? p->page_blocks : KV_PAGE_BLOCKS; }
 
+int kv_cache_own_page_blocks(int n_ctx, int block_tokens) {
+    return (int64_t)n_ctx >= 16 * (int64_t)KV_PAGE_BLOCKS_LONG * block_tokens ? KV_PAGE_BLOCKS_LONG : KV_PAGE_BLOCKS;
+}
+
 /* Validates `p` and allocates the arena (untouched: pages are committed on first
  * store). Returns ELLM_ERR_ARG for bad shapes or type, ELLM_ERR_NOMEM with the
  * size in GB when the arena cannot be had. */

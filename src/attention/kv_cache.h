@@ -35,8 +35,8 @@ typedef struct {
 /* Blocks per page by default: 8 blocks of 16 tokens hold 128 tokens of every
  * layer and head (the grain in which a server's slots share one pool). */
 #define KV_PAGE_BLOCKS 8
-/* Blocks per page for a long context with a pool of its own (the engine
- * takes them from n_ctx >= 16 such pages): dense attention then reads a
+/* Blocks per page for a long context with a pool of its own
+ * (kv_cache_own_page_blocks): dense attention then reads a
  * (layer, head)'s blocks in contiguous runs of 32 (128 KB at 64 dims in F16)
  * instead of 8 before jumping to the next page, and the hardware
  * prefetchers follow long runs while each jump starts cold. bench_attention
@@ -46,6 +46,10 @@ typedef struct {
  * 49.1-49.7; 64: 41.2-44.7 and 48.2-56.8). The price is a coarser grain of
  * KV memory: 512 tokens. */
 #define KV_PAGE_BLOCKS_LONG 32
+/* Blocks per page for a cache of n_ctx tokens in blocks of block_tokens whose
+ * pool is its own: KV_PAGE_BLOCKS_LONG once the context holds 16 such pages,
+ * else KV_PAGE_BLOCKS. */
+int kv_cache_own_page_blocks(int n_ctx, int block_tokens);
 
 typedef struct kv_cache kv_cache;
 

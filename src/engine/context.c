@@ -222,10 +222,10 @@ ellm_status engine_context_init(ellm_model *model, const ellm_context_params *pa
     /* A long context with a pool of its own takes longer pages (longer runs
      * of each head's blocks for dense attention to stream, kv_cache.h); a
      * shared pool keeps the grain its slots share it in. */
-    if (!p.kv_pool && n_ctx >= 16 * (int64_t)KV_PAGE_BLOCKS_LONG * KV_BLOCK_TOKENS) kp.page_blocks = KV_PAGE_BLOCKS_LONG;
-    const int page_tokens = (kp.page_blocks ? kp.page_blocks : KV_PAGE_BLOCKS) * KV_BLOCK_TOKENS;
+    if (!p.kv_pool) kp.page_blocks = kv_cache_own_page_blocks(ctx->n_ctx, KV_BLOCK_TOKENS);
     int64_t max_pages = 0; /* a private pool of n_ctx tokens */
     if (!p.kv_pool && p.kv_cache_gb > 0) { /* the ceiling of a private pool, at least a page */
+        const int page_tokens = kp.page_blocks * KV_BLOCK_TOKENS;
         double pages = p.kv_cache_gb * 1e9 / (double)kv_cache_page_bytes(&kp);
         int64_t all = ((int64_t)n_ctx + page_tokens - 1) / page_tokens;
         max_pages = pages < 1 ? 1 : pages < (double)all ? (int64_t)pages : all;
