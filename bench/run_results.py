@@ -372,13 +372,13 @@ def median_ts(r):
 
 
 def two_thread_slow_points(R, label, key):
-    """(depth, flash, n_prompt, n_gen) keys of `label`'s llama.cpp `key` run whose 2-thread median is below
-    the 1-thread one."""
+    """(key, 1-thread row, 2-thread row) of each point of `label`'s llama.cpp `key` run (keys are
+    (depth, flash, n_prompt, n_gen)) whose 2-thread median is below the 1-thread one."""
     by_th = {s["threads"]: s for s in R["speed"] if s["model"] == label}
     if 1 not in by_th or 2 not in by_th:
         return []
     r1, r2 = llama_rows(by_th[1][key]["result"]), llama_rows(by_th[2][key]["result"])
-    return [k for k in r1 if k in r2 and median_ts(r2[k]) < median_ts(r1[k])]
+    return [(k, r1[k], r2[k]) for k in r1 if k in r2 and median_ts(r2[k]) < median_ts(r1[k])]
 
 
 def retry_two_thread_slower(R):
@@ -388,7 +388,7 @@ def retry_two_thread_slower(R):
     retried = []
     for t, label in SHAPES:
         for key in ("llama_decode", "llama_prefill"):
-            slow = two_thread_slow_points(R, label, key)
+            slow = [k for k, _, _ in two_thread_slow_points(R, label, key)]
             if not slow:
                 continue
             s = next(x for x in R["speed"] if x["model"] == label and x["threads"] == 2)
@@ -405,16 +405,11 @@ def two_thread_check(R):
     """Points where llama.cpp's 2-thread median is below its 1-thread one."""
     out = []
     for t, label in SHAPES:
-        by_th = {s["threads"]: s for s in R["speed"] if s["model"] == label}
         for key in ("llama_decode", "llama_prefill"):
-            slow = two_thread_slow_points(R, label, key)
-            if not slow:
-                continue
-            r1, r2 = llama_rows(by_th[1][key]["result"]), llama_rows(by_th[2][key]["result"])
-            for k in slow:
+            for k, one, two in two_thread_slow_points(R, label, key):
                 what = f"decode @ {k[0]}" if k[3] else "prefill 512"
                 out.append(f"{label} {what} FA {'on' if k[1] else 'off'} "
-                           f"({median_ts(r1[k]):.1f} → {median_ts(r2[k]):.1f} tok/s)")
+                           f"({median_ts(one):.1f} → {median_ts(two):.1f} tok/s)")
     return out
 
 
