@@ -480,17 +480,18 @@ static ALWAYS_INLINE void run_softmax_pv(const __m512 *sc, const uint16_t *v, co
  * whole run: each row's scores, probabilities, lane sums and accumulator
  * stay in zmm registers from the q.k FMAs through the softmax to the P*V
  * FMAs. The operations and their order are block_step's on each block, so
- * the state has the same bits as n calls of attn_block_avx512. Where the
- * registers allow (NR * (HD / 16 + 5) + 4 <= 32), blocks go in pairs whose
- * scores are computed together (twice the FMA chains in flight).
- * Eight blocks in L1, one thread, 3 rows of 64 dims: ~295 cycles per
- * block, against ~365 for attn_block2_avx512 and ~335 for this kernel
- * without pairs (the q.k FMA chains of one block wait on latency).
+ * the state has the same bits as n calls of attn_block_avx512. Blocks go
+ * in pairs whose scores are computed together (twice the FMA chains in
+ * flight); an odd last block alone. Eight blocks in L1, one thread, 3 rows
+ * of 64 dims: ~295 cycles per block, against ~365 for attn_block2_avx512
+ * and ~335 for this kernel one block at a time (the q.k FMA chains of one
+ * block wait on latency). At 4 rows of 64 dims the pairs' registers spill
+ * and still measured faster: 389-406 against 441-448 cycles.
  * Prefetches of the blocks ahead are non-temporal: bench_attention at 16K
- * on one thread read the cache 4-12% faster so than towards L2 (T1) in four
+ * on one thread read the cache 4-12% faster with them than with prefetches towards L2 (T1) in four
  * alternated rounds; on two threads faster in three rounds of four. */
 static ALWAYS_INLINE void run_f16(attn_state *st, const attn_block *bs, int n, const int HD, const int NR) {
-    const int NV = HD / 16, PAIRS = NR * (NV + 5) + 4 <= 40;
+    const int NV = HD / 16;
     __m512 acc[4][8], lv[4];
     float m[4];
 #pragma GCC unroll 4
@@ -501,15 +502,14 @@ static ALWAYS_INLINE void run_f16(attn_state *st, const attn_block *bs, int n, c
         for (int i = 0; i < NV; i++) acc[r][i] = _mm512_loadu_ps(st->acc + (size_t)r * HD + 16 * i);
     }
     int k = 0;
-    if (PAIRS)
-        for (; k + 2 <= n; k += 2) {
-            const char *kb[2] = {bs[k].k, bs[k + 1].k}, *pf[2] = {bs[k].ahead_k, bs[k + 1].ahead_k};
-            __m512 sc[2][4];
-            run_qk(st->q, kb, pf, sc, HD, NR, 2);
-            run_softmax_pv(sc[0], bs[k].v, bs[k].ahead_v, m, lv, acc, HD, NR);
-            run_softmax_pv(sc[1], bs[k + 1].v, bs[k + 1].ahead_v, m, lv, acc, HD, NR);
-        }
-    for (; k < n; k++) {
+    for (; k + 2 <= n; k += 2) {
+        const char *kb[2] = {bs[k].k, bs[k + 1].k}, *pf[2] = {bs[k].ahead_k, bs[k + 1].ahead_k};
+        __m512 sc[2][4];
+        run_qk(st->q, kb, pf, sc, HD, NR, 2);
+        run_softmax_pv(sc[0], bs[k].v, bs[k].ahead_v, m, lv, acc, HD, NR);
+        run_softmax_pv(sc[1], bs[k + 1].v, bs[k + 1].ahead_v, m, lv, acc, HD, NR);
+    }
+    if (k < n) {
         const char *kb[2] = {bs[k].k, NULL}, *pf[2] = {bs[k].ahead_k, NULL};
         __m512 sc[2][4];
         run_qk(st->q, kb, pf, sc, HD, NR, 1);
