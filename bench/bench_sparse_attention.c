@@ -1,8 +1,9 @@
 /* Sparse-attention read efficiency (not a test).
  *
- * Shape of SmolLM2-135M (30 layers, 9 query heads, 3 KV heads, head_dim 64,
- * F16 cache in blocks of 16 tokens). One "step" runs decode attention for
- * every layer. Three kinds of step are timed, interleaved, with the caches
+ * Shape of SmolLM2-135M (30 layers, 9 query heads, 3 KV heads, head_dim 64)
+ * or, with --shape 1b, of Llama-3.2-1B (16 layers, 32 query heads, 8 KV
+ * heads, head_dim 64); an F16 cache (--kv q8_0: Q8_0) in blocks of 16
+ * tokens. One "step" runs decode attention for every layer. Three kinds of step are timed, interleaved, with the caches
  * flushed (a 256 MB read) before each so the KV comes from DRAM:
  *   contiguous  dense attention at depth BUDGET (the same bytes, sequential);
  *   sparse      attention over BUDGET / 16 blocks per (layer, head) scattered
@@ -13,7 +14,9 @@
  *               handed out by the selection callback, as the engine does).
  * The sparse/contiguous ratio is the cost of reading scattered blocks.
  *
- *   bench_sparse_attention [threads] [depth] [budget] [reps] */
+ *   bench_sparse_attention [threads] [depth] [budget] [reps] [--shape 135m|1b] [--kv f16|q8_0]
+ * NOFLUSH=1 in the environment skips the flush (blocks served from cache
+ * where they fit). */
 #include "bench_util.h"
 #include "attention/attention.h"
 #include "attention/kv_cache.h"
@@ -27,10 +30,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define N_LAYER 30
-#define N_HEAD 9
-#define N_KV 3
 #define HEAD_DIM 64
+#define MAX_LAYER 32
+#define MAX_KV 8
 #define BLOCK 16
 #define FLUSH_BYTES ((size_t)256 << 20)
 
@@ -80,15 +82,30 @@ static int choose(int32_t *out, int n_blocks, int want, int window) {
 }
 
 int main(int argc, char **argv) {
-    int nt = argc > 1 ? atoi(argv[1]) : 2;
-    int depth = argc > 2 ? atoi(argv[2]) : 32768;
-    int budget = argc > 3 ? atoi(argv[3]) : 2048;
-    int reps = argc > 4 ? atoi(argv[4]) : 21;
-    if (nt < 1 || depth < BLOCK || budget < BLOCK || budget > depth || reps < 1) {
-        fprintf(stderr, "usage: bench_sparse_attention [threads] [depth] [budget <= depth] [reps]\n");
+    int pos_args[4] = {2, 32768, 2048, 21}, n_pos = 0, N_LAYER = 30, N_HEAD = 9, N_KV = 3, bad = 0;
+    int kvt = QTYPE_F16;
+    for (int i = 1; i < argc && !bad; i++) {
+        if (!strcmp(argv[i], "--shape") && i + 1 < argc) {
+            const char *v = argv[++i];
+            if (!strcmp(v, "1b")) N_LAYER = 16, N_HEAD = 32, N_KV = 8;
+            else bad = strcmp(v, "135m") != 0;
+        } else if (!strcmp(argv[i], "--kv") && i + 1 < argc) {
+            const char *v = argv[++i];
+            if (!strcmp(v, "q8_0")) kvt = QTYPE_Q8_0;
+            else bad = strcmp(v, "f16") != 0;
+        } else if (n_pos < 4 && argv[i][0] != '-') {
+            pos_args[n_pos++] = atoi(argv[i]);
+        } else {
+            bad = 1;
+        }
+    }
+    int nt = pos_args[0], depth = pos_args[1], budget = pos_args[2], reps = pos_args[3];
+    if (bad || nt < 1 || depth < BLOCK || budget < BLOCK || budget > depth || reps < 1) {
+        fprintf(stderr, "usage: bench_sparse_attention [threads] [depth] [budget <= depth] [reps] "
+                        "[--shape 135m|1b] [--kv f16|q8_0]\n");
         return 2;
     }
-    kv_cache_params kp = {N_LAYER, N_KV, HEAD_DIM, depth + 1, BLOCK, QTYPE_F16, 0};
+    kv_cache_params kp = {N_LAYER, N_KV, HEAD_DIM, depth + 1, BLOCK, kvt, 0};
     kv_cache *kv;
     ellm_error err;
     if (kv_cache_init(&kp, &kv, &err) != ELLM_OK) {
@@ -111,7 +128,7 @@ int main(int argc, char **argv) {
 
     const int n_blocks = (depth + 1 + BLOCK - 1) / BLOCK, want = budget / BLOCK;
     int32_t *blocks = malloc((size_t)N_LAYER * N_KV * n_blocks * sizeof *blocks);
-    int n_sel[N_LAYER][N_KV];
+    int n_sel[MAX_LAYER][MAX_KV];
     for (int l = 0; l < N_LAYER; l++)
         for (int h = 0; h < N_KV; h++)
             n_sel[l][h] = choose(blocks + ((size_t)l * N_KV + h) * n_blocks, n_blocks, want, 4);
@@ -151,8 +168,10 @@ int main(int argc, char **argv) {
         }
     const char *names[4] = {"contiguous", "sparse", "dense", "in-job"};
     double med[4];
-    printf("sparse attention read: %s, %d threads, depth %d, budget %d tokens (%d blocks of %d)\n",
-           ellm_isa_str(ellm_cpu_isa()), nt, depth, budget, want, BLOCK);
+    printf("sparse attention read: %s, %d threads, %d layers x %d KV heads (%d query heads), %s cache, depth %d, "
+           "budget %d tokens (%d blocks of %d)\n",
+           ellm_isa_str(ellm_cpu_isa()), nt, N_LAYER, N_KV, N_HEAD, kvt == QTYPE_Q8_0 ? "q8_0" : "f16", depth, budget,
+           want, BLOCK);
     for (int m = 0; m < 4; m++) {
         med[m] = median_sort(ms[m], reps);
         double tokens = m == 2 ? depth + 1 : budget;

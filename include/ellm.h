@@ -287,9 +287,9 @@ typedef struct {
 } ellm_context_params;
 
 /* The recall-sampling interval `ellm run` (with --stats or --sparse-adapt) and
- * `ellm eval` use by default: one sample costs a dense scan of the layer's
- * keys, and --sparse-adapt moves budgets at each sample, so both tools must
- * sample alike for eval's fidelity figures to describe run. */
+ * `ellm eval` use by default: one sample costs a dense attention pass over
+ * every layer's keys, and --sparse-adapt moves budgets at each sample, so both
+ * tools must sample alike for eval's fidelity figures to describe run. */
 #define ELLM_SPARSE_RECALL_EVERY 64
 
 ellm_context_params ellm_context_default_params(void);

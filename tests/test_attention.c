@@ -826,6 +826,119 @@ static void test_pair_steps(void) {
     check_pairs(QTYPE_Q8_0, 64, 5, 1, 600, 16);  /* 5 rows: single steps */
 }
 
+/* ---- log-sum-exp of a block set (recall samples) ------------------------ */
+
+/* Row (i, hq)'s log-sum-exp over the keys it sees in `blocks` (NULL: all),
+ * in double from the stored keys (kv_cache_key), with the kernels' scale. */
+static double lse_ref(const attention_args *a, int i, int hq, const int32_t *list, int n_list) {
+    const kv_cache_params *p = kv_cache_get_params(a->kv);
+    const int hd = p->head_dim, bt = p->block_tokens, h = hq / (a->n_head / p->n_kv_head), last = a->q_pos0 + i;
+    const float *q = a->q + ((size_t)i * a->n_head + hq) * hd;
+    float key[256];
+    double s[8192];
+    int n = 0;
+    for (int pos = 0; pos <= last; pos++) {
+        int in = !list;
+        for (int k = 0; k < n_list && !in; k++) in = list[k] == pos / bt;
+        if (!in) continue;
+        kv_cache_key(a->kv, a->layer, h, pos, key);
+        double dot = 0;
+        for (int d = 0; d < hd; d++) dot += (double)q[d] * key[d];
+        s[n++] = dot * a->scale;
+    }
+    if (!n) return -INFINITY;
+    double m = s[0], l = 0;
+    for (int j = 1; j < n; j++) m = s[j] > m ? s[j] : m;
+    for (int j = 0; j < n; j++) l += exp(s[j] - m);
+    return m + log(l);
+}
+
+/* attention_lse against lse_ref (dense and over a subset of blocks), a list of
+ * every block equal to the dense call bit for bit, -inf for a row that sees no
+ * key of its list. The Q8_0 kernels score with the query rounded to int8
+ * (attention_q8.c), hence their wider tolerance. */
+static void test_lse(void) {
+    static const int types[] = {QTYPE_F32, QTYPE_F16, QTYPE_Q8_0};
+    static const int lens[] = {1, 17, 700, 2100};
+    double worst[3] = {0, 0, 0};
+    int cases = 0;
+    for (int ti = 0; ti < 3; ti++)
+        for (int hd = 64; hd <= 128; hd += 64)
+            for (int G = 1; G <= 4; G += 3)
+                for (int li = 0; li < 4; li++)
+                    for (int n_q = 1; n_q <= 3; n_q += 2) {
+                        const int type = types[ti], len = lens[li], bt = 16, n_kv = 2, n_head = n_kv * G;
+                        if (n_q > len) continue;
+                        kv_cache *kv = make_cache(2, n_kv, hd, len, bt, type);
+                        if (!kv) return;
+                        fill_cache(kv, len);
+                        const int nb = (len + bt - 1) / bt;
+                        float *q = malloc((size_t)n_q * n_head * hd * sizeof(float));
+                        fill(q, (size_t)n_q * n_head * hd, 2.0f);
+                        attention_args a = {kv, 1, n_q, len - n_q, n_head, q, NULL, 1.0f / sqrtf((float)hd)};
+                        const long n_rec = attention_part_first(&a, attention_n_tiles(&a));
+                        const size_t rf = attention_part_floats(&a, 0);
+                        float *mem = malloc((size_t)n_rec * rf * sizeof(float));
+                        float **parts = malloc((size_t)n_rec * sizeof *parts);
+                        for (long r = 0; r < n_rec; r++) parts[r] = mem + (size_t)r * rf;
+                        const size_t nl = (size_t)n_q * n_head;
+                        float *dense = malloc(nl * sizeof(float)), *listed = malloc(nl * sizeof(float));
+                        float *sub = malloc(nl * sizeof(float));
+                        int32_t *all = malloc((size_t)n_kv * nb * sizeof *all), *some = malloc((size_t)n_kv * nb * sizeof *some);
+                        int n_all[2] = {nb, nb}, n_some[2] = {0, 0};
+                        for (int h = 0; h < n_kv; h++)
+                            for (int b = 0; b < nb; b++) {
+                                all[h * nb + b] = b;
+                                /* head 0: every third block and the last; head 1: the last only */
+                                if ((h == 0 && (b % 3 == 0 || b == nb - 1)) || (h == 1 && b == nb - 1))
+                                    some[h * nb + n_some[h]++] = b;
+                            }
+                        attention_workspace *ws = NULL;
+                        ellm_error err;
+                        CHECK(attention_workspace_init(MAX_THREADS, n_q, n_head, hd, len, bt, &ws, &err) == ELLM_OK,
+                              "workspace: %s", err.msg);
+                        for (int nt = 1; ws && nt <= 2; nt++) {
+                            attention_lse(&a, NULL, NULL, 0, parts, dense, ws, pool_of(nt));
+                            attention_lse(&a, all, n_all, nb, parts, listed, ws, pool_of(nt));
+                            attention_lse(&a, some, n_some, nb, parts, sub, ws, pool_of(nt));
+                            CHECK(!memcmp(dense, listed, nl * sizeof(float)),
+                                  "lse type %d hd %d G %d len %d n_q %d threads %d: every block listed differs from dense",
+                                  type, hd, G, len, n_q, nt);
+                            for (int i = 0; i < n_q; i++)
+                                for (int hq = 0; hq < n_head; hq++) {
+                                    const int h = hq / G;
+                                    const double rd = lse_ref(&a, i, hq, NULL, 0);
+                                    const double rs = lse_ref(&a, i, hq, some + h * nb, n_some[h]);
+                                    const float gd = dense[i * n_head + hq], gs = sub[i * n_head + hq];
+                                    const double ed = fabs(gd - rd), es = rs == -INFINITY ? (gs == -INFINITY ? 0 : INFINITY)
+                                                                                           : fabs(gs - rs);
+                                    worst[ti] = ed > worst[ti] ? ed : worst[ti];
+                                    worst[ti] = es > worst[ti] ? es : worst[ti];
+                                    cases++;
+                                    const double tol = type == QTYPE_Q8_0 ? 0.01 : 5e-6;
+                                    CHECK(ed <= tol && es <= tol,
+                                          "lse type %d hd %d G %d len %d n_q %d threads %d row (%d, %d): dense %g vs %g, "
+                                          "subset %g vs %g",
+                                          type, hd, G, len, n_q, nt, i, hq, (double)gd, rd, (double)gs, rs);
+                                    /* a set's mass is at most the whole */
+                                    CHECK(!(gs > gd), "lse: subset %g above all %g", (double)gs, (double)gd);
+                                }
+                        }
+                        attention_workspace_free(ws);
+                        free(q);
+                        free(mem);
+                        free(parts);
+                        free(dense);
+                        free(listed);
+                        free(sub);
+                        free(all);
+                        free(some);
+                        kv_cache_free(kv);
+                    }
+    printf("attention_lse: %d rows, worst |lse - reference|: f32 %.2e, f16 %.2e, q8_0 %.2e\n", cases, worst[0],
+           worst[1], worst[2]);
+}
+
 int main(void) {
     g_best = ellm_cpu()->best;
     printf("attention tests: ISA levels scalar..%s\n", ellm_isa_str(g_best));
@@ -843,6 +956,7 @@ int main(void) {
     test_single_head_split();
     test_batch_rows_exact();
     test_pair_steps();
+    test_lse();
     test_attention_matrix();
     pool_release();
     return test_finish();

@@ -1137,6 +1137,31 @@ void attention_merge_parts(const attention_args *a, const float *const *parts, t
     else merge_worker(&P, 0, 1);
 }
 
+void attention_lse(const attention_args *a, const int32_t *blocks, const int *n_blocks, int max_blocks,
+                   float *const *parts, float *lse, attention_workspace *ws, threadpool *pool) {
+    attention_forward_parts(a, blocks, n_blocks, max_blocks, parts, ws, pool);
+    const kv_cache_params *p = kv_cache_get_params(a->kv);
+    const int hd = p->head_dim, n_kv = p->n_kv_head, group = a->n_head / n_kv;
+    for (int t = 0; t < attention_n_tiles(a); t++) {
+        float *const *rec = parts + attention_part_first(a, t);
+        const int np = attention_tile_parts(a, t), i0 = t * ATTN_TILE_Q;
+        const int rows = (a->n_q - i0 < ATTN_TILE_Q ? a->n_q - i0 : ATTN_TILE_Q) * group;
+        for (int h = 0; h < n_kv; h++)
+            for (int r = 0; r < rows; r++) {
+                const size_t off = ((size_t)h * rows + (size_t)r) * (size_t)(hd + 2);
+                /* parts without a key of the row hold l = 0 (m = -inf) */
+                float m = -INFINITY;
+                for (int i = 0; i < np; i++)
+                    if (rec[i][off + 1] > 0.0f && rec[i][off] > m) m = rec[i][off];
+                double l = 0.0;
+                for (int i = 0; i < np; i++)
+                    if (rec[i][off + 1] > 0.0f) l += (double)rec[i][off + 1] * exp((double)rec[i][off] - (double)m);
+                lse[(size_t)(i0 + r / group) * a->n_head + (size_t)h * group + r % group] =
+                    l > 0.0 ? (float)((double)m + log(l)) : -INFINITY;
+            }
+    }
+}
+
 /* ---- scalar block kernel ------------------------------------------------ */
 
 /* Row by row: scores of the visible keys, online-softmax update, then P*V. */

@@ -110,6 +110,19 @@ void attention_forward_parts(const attention_args *a, const int32_t *blocks, con
  * attention_forward_blocks do (the exact merge below), so parts computed
  * anywhere give their bits. */
 void attention_merge_parts(const attention_args *a, const float *const *parts, threadpool *pool);
+/* Log-sum-exp of each query row's scaled scores (a->scale * q . k, as the
+ * kernels compute them) over the keys the row sees among the blocks: all of
+ * them with blocks NULL, else the lists of attention_forward_parts. lse gets
+ * n_q x n_head floats in the layout of a->q's rows (-inf for a row that sees
+ * no key); a->out is not written. parts: attention_part_first(a,
+ * attention_n_tiles(a)) records of scratch, as attention_forward_parts
+ * fills them. A row's value is its parts' (m, l) combined in part order, so a
+ * list of every block a row sees gives the bits of the dense call: the
+ * attention mass a block set holds is exp(lse over the set - lse over all),
+ * exactly 1 for the full set. For occasional sampling (sparse recall,
+ * calibration): it costs an attention pass over the blocks. */
+void attention_lse(const attention_args *a, const int32_t *blocks, const int *n_blocks, int max_blocks,
+                   float *const *parts, float *lse, attention_workspace *ws, threadpool *pool);
 
 /* ---- exact merge of partial states (attention_merge.c) ------------------
  *

@@ -125,9 +125,10 @@ void sparse_index_select(sparse_index *idx, int layer, int kv_head, const float 
  * falls on keys of blocks[0 .. n_blocks), which must be ascending and unique.
  * q has the layout of sparse_index_select. Writes the n_q * group per-row
  * recalls to recall_out (row i * group + g) if it is not NULL and returns
- * their mean; 1 exactly when every visible block is listed. A dense scan of
- * the cache, O(len * head_dim * n_q * group): for occasional sampling and
- * calibration, not for every step. */
+ * their mean; 1 exactly when every visible block is listed. A scalar dense
+ * scan of the cache on one thread, O(len * head_dim * n_q * group): the
+ * reference for the engine's recall samples, which take the same ratio from
+ * attention_lse (the SIMD kernels, on the pool). */
 float sparse_index_recall(const kv_cache *kv, int layer, int kv_head, const float *q, int n_q,
                           int group, int len, const int32_t *blocks, int n_blocks, float scale,
                           float *recall_out);

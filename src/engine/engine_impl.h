@@ -85,7 +85,8 @@ struct ellm_context {
     unsigned char *layer_dense; /* (n_layer) 1: always dense */
     float *recall_ema;      /* (n_layer * n_kv_head) sampled recall */
     float *gain_ema;        /* (n_layer * n_kv_head) sampled recall gained per extra token */
-    int32_t *probe_blocks;  /* (max_blocks) scratch for the adaptation probe */
+    int32_t *probe_blocks;  /* (n_kv_head * max_blocks) blocks of a recall probe at another budget */
+    int *probe_n;           /* (n_kv_head) */
     int32_t *sel_blocks;    /* (n_kv_head * max_blocks) chosen blocks of the current layer */
     int *sel_n;             /* (n_kv_head) */
     int max_blocks;
@@ -96,6 +97,13 @@ struct ellm_context {
     sparse_select_stats *head_sel_stats; /* (n_kv_head) counters of the current layer */
     uint64_t *head_select_ns;            /* (n_kv_head) selection time of the current layer */
     ellm_context_stats stats;
+
+    /* Recall samples (sparse_budget.c), made at the first one: attention
+     * parts of a decode row, and per query head the log-sum-exp over all
+     * keys, the chosen blocks and a probe's blocks. */
+    float *lse_mem;
+    float **lse_parts;
+    float *lse_all, *lse_set, *lse_probe;
 
     int step_sparse;   /* the pass under way used sparse attention */
     int sample_recall; /* the pass under way samples recall */
@@ -135,10 +143,6 @@ ellm_status engine_context_init(ellm_model *model, const ellm_context_params *pa
 int engine_sparse_budget(const struct ellm_context *ctx, int layer, int head);
 /* Re-balances head budgets from recall samples (--sparse-adapt). */
 void engine_sparse_adapt(struct ellm_context *ctx);
-/* Recall of KV head `head` of `layer` for the current query if it chose blocks
- * with `budget` tokens (chosen into ctx->probe_blocks); 1 if the budget covers
- * the context. */
-float engine_sparse_probe_recall(struct ellm_context *ctx, int layer, int head, int len, int budget);
 /* Samples the recall of the blocks just chosen for `layer` (ctx->sel_blocks)
  * into the stats and the per-head averages, and with --sparse-adapt probes
  * what 64 more tokens would buy. `len` is the context length in tokens. */

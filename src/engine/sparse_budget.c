@@ -6,6 +6,7 @@
 #include "engine/engine_impl.h"
 
 #include <math.h>
+#include <stdlib.h>
 
 int engine_sparse_budget(const struct ellm_context *ctx, int layer, int head) {
     const ellm_context_params *p = &ctx->params;
@@ -50,36 +51,99 @@ void engine_sparse_adapt(struct ellm_context *ctx) {
             ctx->head_weight[l * c->n_head_kv + h] *= (float)(nw / sum_w);
 }
 
-float engine_sparse_probe_recall(struct ellm_context *ctx, int layer, int head, int len, int budget) {
+/* Scratch of the recall samples, made at the first one: the attention parts
+ * of one decode row at the context's full length, and the log-sum-exp of
+ * every query head over all keys, over the chosen blocks and over a probe's.
+ * 0 if out of memory (the sample is then skipped). */
+static int lse_scratch(struct ellm_context *ctx) {
+    if (ctx->lse_parts) return 1;
     const model_config *c = &ctx->model->cfg;
-    if (budget >= len) return 1.0f;
-    int group = c->n_head / c->n_head_kv, nb = 0;
-    sparse_index_select(ctx->sidx, layer, head, ctx->s.q, 1, group, len, budget, ctx->params.sparse_sink_blocks,
-                        ctx->params.sparse_window, ctx->probe_blocks, &nb, NULL);
-    return sparse_index_recall(ctx->kv, layer, head, ctx->s.q, 1, group, len, ctx->probe_blocks, nb,
-                               1.0f / sqrtf((float)c->head_dim), NULL);
+    const long n_parts = (kv_cache_n_blocks(ctx->kv) + ATTENTION_PART_BLOCKS - 1) / ATTENTION_PART_BLOCKS;
+    const size_t rec = (size_t)c->n_head * (size_t)(c->head_dim + 2);
+    float *mem = malloc(((size_t)n_parts * rec + 3 * (size_t)c->n_head) * sizeof *mem);
+    float **parts = malloc((size_t)n_parts * sizeof *parts);
+    if (!mem || !parts) {
+        free(mem);
+        free(parts);
+        return 0;
+    }
+    for (long i = 0; i < n_parts; i++) parts[i] = mem + (size_t)i * rec;
+    ctx->lse_mem = mem;
+    ctx->lse_parts = parts;
+    ctx->lse_all = mem + (size_t)n_parts * rec;
+    ctx->lse_set = ctx->lse_all + c->n_head;
+    ctx->lse_probe = ctx->lse_set + c->n_head;
+    return 1;
+}
+
+/* Log-sum-exp of each query head's scores (the decode row in ctx->s.q) over
+ * the keys of `layer` that the lists hold (blocks NULL: all len keys). */
+static void layer_lse(struct ellm_context *ctx, int layer, int len, const int32_t *blocks, const int *n_blocks,
+                      float *lse) {
+    const model_config *c = &ctx->model->cfg;
+    attention_args aa = {.kv = ctx->kv,
+                         .layer = layer,
+                         .n_q = 1,
+                         .q_pos0 = len - 1,
+                         .n_head = c->n_head,
+                         .q = ctx->s.q,
+                         .out = NULL,
+                         .scale = 1.0f / sqrtf((float)c->head_dim)};
+    attention_lse(&aa, blocks, n_blocks, ctx->max_blocks, ctx->lse_parts, lse, ctx->attn_ws, ctx->pool);
+}
+
+/* Recall of KV head h's block set: the mean over its query heads of the
+ * attention mass the set holds, exp(lse over the set - lse over all keys). */
+static float head_recall(const struct ellm_context *ctx, int h, const float *lse_set) {
+    const int group = ctx->model->cfg.n_head / ctx->model->cfg.n_head_kv;
+    double sum = 0.0;
+    for (int g = 0; g < group; g++) {
+        const int i = h * group + g;
+        sum += ctx->lse_all[i] > -INFINITY ? exp((double)lse_set[i] - (double)ctx->lse_all[i]) : 0.0;
+    }
+    return (float)(sum / group);
+}
+
+/* Chooses, for every KV head h of `layer`, the blocks that a budget of
+ * fixed_budget tokens (0: h's own budget + budget_add) would take into
+ * ctx->probe_blocks (lists of ctx->max_blocks), and leaves their
+ * log-sum-exp in ctx->lse_probe. */
+static void probe_lse(struct ellm_context *ctx, int layer, int len, int budget_add, int fixed_budget) {
+    const model_config *c = &ctx->model->cfg;
+    int *n = ctx->probe_n;
+    for (int h = 0; h < c->n_head_kv; h++) {
+        const int budget = fixed_budget > 0 ? fixed_budget : engine_sparse_budget(ctx, layer, h) + budget_add;
+        sparse_index_select(ctx->sidx, layer, h, ctx->s.q, 1, c->n_head / c->n_head_kv, len, budget,
+                            ctx->params.sparse_sink_blocks, ctx->params.sparse_window,
+                            ctx->probe_blocks + (size_t)h * ctx->max_blocks, &n[h], NULL);
+    }
+    layer_lse(ctx, layer, len, ctx->probe_blocks, n, ctx->lse_probe);
 }
 
 /* Recall of the blocks just chosen for `layer`: the true attention mass they
- * hold, from a dense scan (sampled every sparse_recall_every decode steps). */
+ * hold (sampled every sparse_recall_every decode steps). One attention pass
+ * over every key of the layer, on the pool, and one over the chosen blocks. */
 void engine_sparse_sample_recall(struct ellm_context *ctx, int layer, int len) {
     const model_config *c = &ctx->model->cfg;
-    int group = c->n_head / c->n_head_kv;
+    if (!lse_scratch(ctx)) return;
+    layer_lse(ctx, layer, len, NULL, NULL, ctx->lse_all);
+    layer_lse(ctx, layer, len, ctx->sel_blocks, ctx->sel_n, ctx->lse_set);
     for (int h = 0; h < c->n_head_kv; h++) {
-        float r = sparse_index_recall(ctx->kv, layer, h, ctx->s.q, 1, group, len,
-                                      ctx->sel_blocks + (size_t)h * ctx->max_blocks, ctx->sel_n[h],
-                                      1.0f / sqrtf((float)c->head_dim), NULL);
+        const float r = head_recall(ctx, h, ctx->lse_set);
         ellm_context_stats *st = &ctx->stats;
         st->sparse_recall = (st->sparse_recall * (double)st->recall_samples + r) / (double)(st->recall_samples + 1);
         st->recall_samples++;
         float *ema = &ctx->recall_ema[layer * c->n_head_kv + h];
         *ema = *ema < 0 ? r : 0.9f * *ema + 0.1f * r;
-        if (!ctx->params.sparse_adapt) continue;
-        /* Probe: the recall 64 more tokens would buy this head. */
-        int budget = engine_sparse_budget(ctx, layer, h);
-        if (budget + 64 >= len) continue;
-        float r2 = engine_sparse_probe_recall(ctx, layer, h, len, budget + 64);
-        float g = r2 > r ? r2 - r : 0.0f;
+    }
+    if (!ctx->params.sparse_adapt) return;
+    /* Probe: the recall 64 more tokens would buy each head (none where the
+     * larger budget covers the context). */
+    probe_lse(ctx, layer, len, 64, 0);
+    for (int h = 0; h < c->n_head_kv; h++) {
+        if (engine_sparse_budget(ctx, layer, h) + 64 >= len) continue;
+        const float r = head_recall(ctx, h, ctx->lse_set), r2 = head_recall(ctx, h, ctx->lse_probe);
+        const float g = r2 > r ? r2 - r : 0.0f;
         float *gema = &ctx->gain_ema[layer * c->n_head_kv + h];
         *gema = *gema < 0 ? g : 0.9f * *gema + 0.1f * g;
     }
@@ -87,10 +151,15 @@ void engine_sparse_sample_recall(struct ellm_context *ctx, int layer, int len) {
 
 void engine_calibrate_layer(struct ellm_context *ctx, int layer, int len) {
     const model_config *c = &ctx->model->cfg;
-    for (int h = 0; h < c->n_head_kv; h++) {
-        double *sum = ctx->calib->sum + ((size_t)layer * c->n_head_kv + h) * ctx->calib->n_budgets;
-        for (int b = 0; b < ctx->calib->n_budgets; b++)
-            sum[b] += engine_sparse_probe_recall(ctx, layer, h, len, ctx->calib->budgets[b]);
+    if (!lse_scratch(ctx)) return;
+    layer_lse(ctx, layer, len, NULL, NULL, ctx->lse_all);
+    for (int b = 0; b < ctx->calib->n_budgets; b++) {
+        const int budget = ctx->calib->budgets[b];
+        if (budget < len) probe_lse(ctx, layer, len, 0, budget);
+        for (int h = 0; h < c->n_head_kv; h++) {
+            double *sum = ctx->calib->sum + ((size_t)layer * c->n_head_kv + h) * ctx->calib->n_budgets;
+            sum[b] += budget >= len ? 1.0 : head_recall(ctx, h, ctx->lse_probe);
+        }
     }
     if (layer == c->n_layer - 1) (*ctx->calib->n_samples)++;
 }
