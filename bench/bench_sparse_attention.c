@@ -14,7 +14,8 @@
  *               handed out by the selection callback, as the engine does).
  * The sparse/contiguous ratio is the cost of reading scattered blocks.
  *
- *   bench_sparse_attention [threads] [depth] [budget] [reps] [--shape 135m|1b] [--kv f16|q8_0]
+ *   bench_sparse_attention [threads] [depth] [budget] [reps] [--shape 135m|1b] [--kv f16|q8_0] [--run N]
+ * --run N chooses the random blocks in runs of N adjacent ones (default 1).
  * NOFLUSH=1 in the environment skips the flush (blocks served from cache
  * where they fit). */
 #include "bench_util.h"
@@ -64,8 +65,9 @@ static void give_list(void *arg, int h, int thread, int32_t *blocks, int *n_bloc
 }
 
 /* Sink block 0, the last `window` blocks, then distinct random blocks up to
- * `want`, ascending (as sparse_index_select returns them). */
-static int choose(int32_t *out, int n_blocks, int want, int window) {
+ * `want`, in runs of `run` adjacent blocks where they fit, ascending (as
+ * sparse_index_select returns them). */
+static int choose(int32_t *out, int n_blocks, int want, int window, int run) {
     char *taken = calloc((size_t)n_blocks, 1);
     int n = 0;
     taken[0] = 1;
@@ -73,8 +75,9 @@ static int choose(int32_t *out, int n_blocks, int want, int window) {
     for (int b = n_blocks - window; b < n_blocks; b++)
         if (b > 0 && !taken[b]) taken[b] = 1, out[n++] = b;
     while (n < want) {
-        int b = (int)(bench_rand() % (uint64_t)n_blocks);
-        if (!taken[b]) taken[b] = 1, out[n++] = b;
+        int b0 = (int)(bench_rand() % (uint64_t)n_blocks) / run * run;
+        for (int b = b0; b < b0 + run && b < n_blocks && n < want; b++)
+            if (!taken[b]) taken[b] = 1, out[n++] = b;
     }
     free(taken);
     qsort(out, (size_t)n, sizeof *out, cmp_i32);
@@ -82,7 +85,7 @@ static int choose(int32_t *out, int n_blocks, int want, int window) {
 }
 
 int main(int argc, char **argv) {
-    int pos_args[4] = {2, 32768, 2048, 21}, n_pos = 0, N_LAYER = 30, N_HEAD = 9, N_KV = 3, bad = 0;
+    int pos_args[4] = {2, 32768, 2048, 21}, n_pos = 0, N_LAYER = 30, N_HEAD = 9, N_KV = 3, run = 1, bad = 0;
     int kvt = QTYPE_F16;
     for (int i = 1; i < argc && !bad; i++) {
         if (!strcmp(argv[i], "--shape") && i + 1 < argc) {
@@ -93,6 +96,9 @@ int main(int argc, char **argv) {
             const char *v = argv[++i];
             if (!strcmp(v, "q8_0")) kvt = QTYPE_Q8_0;
             else bad = strcmp(v, "f16") != 0;
+        } else if (!strcmp(argv[i], "--run") && i + 1 < argc) {
+            run = atoi(argv[++i]);
+            bad = run < 1 || run > 64;
         } else if (n_pos < 4 && argv[i][0] != '-') {
             pos_args[n_pos++] = atoi(argv[i]);
         } else {
@@ -102,7 +108,7 @@ int main(int argc, char **argv) {
     int nt = pos_args[0], depth = pos_args[1], budget = pos_args[2], reps = pos_args[3];
     if (bad || nt < 1 || depth < BLOCK || budget < BLOCK || budget > depth || reps < 1) {
         fprintf(stderr, "usage: bench_sparse_attention [threads] [depth] [budget <= depth] [reps] "
-                        "[--shape 135m|1b] [--kv f16|q8_0]\n");
+                        "[--shape 135m|1b] [--kv f16|q8_0] [--run BLOCKS]\n");
         return 2;
     }
     kv_cache_params kp = {N_LAYER, N_KV, HEAD_DIM, depth + 1, BLOCK, kvt, 0};
@@ -131,7 +137,7 @@ int main(int argc, char **argv) {
     int n_sel[MAX_LAYER][MAX_KV];
     for (int l = 0; l < N_LAYER; l++)
         for (int h = 0; h < N_KV; h++)
-            n_sel[l][h] = choose(blocks + ((size_t)l * N_KV + h) * n_blocks, n_blocks, want, 4);
+            n_sel[l][h] = choose(blocks + ((size_t)l * N_KV + h) * n_blocks, n_blocks, want, 4, run);
 
     float *q = malloc(N_HEAD * HEAD_DIM * sizeof(float)), *out = malloc(N_HEAD * HEAD_DIM * sizeof(float));
     for (int i = 0; i < N_HEAD * HEAD_DIM; i++) q[i] = (float)(i % 7) * 0.1f - 0.3f;
@@ -169,9 +175,9 @@ int main(int argc, char **argv) {
     const char *names[4] = {"contiguous", "sparse", "dense", "in-job"};
     double med[4];
     printf("sparse attention read: %s, %d threads, %d layers x %d KV heads (%d query heads), %s cache, depth %d, "
-           "budget %d tokens (%d blocks of %d)\n",
+           "budget %d tokens (%d blocks of %d, random ones in runs of %d)\n",
            ellm_isa_str(ellm_cpu_isa()), nt, N_LAYER, N_KV, N_HEAD, kvt == QTYPE_Q8_0 ? "q8_0" : "f16", depth, budget,
-           want, BLOCK);
+           want, BLOCK, run);
     for (int m = 0; m < 4; m++) {
         med[m] = median_sort(ms[m], reps);
         double tokens = m == 2 ? depth + 1 : budget;
