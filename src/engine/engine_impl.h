@@ -85,8 +85,6 @@ struct ellm_context {
     unsigned char *layer_dense; /* (n_layer) 1: always dense */
     float *recall_ema;      /* (n_layer * n_kv_head) sampled recall */
     float *gain_ema;        /* (n_layer * n_kv_head) sampled recall gained per extra token */
-    int32_t *probe_blocks;  /* (n_kv_head * max_blocks) blocks of a recall probe at another budget */
-    int *probe_n;           /* (n_kv_head) */
     int32_t *sel_blocks;    /* (n_kv_head * max_blocks) chosen blocks of the current layer */
     int *sel_n;             /* (n_kv_head) */
     int max_blocks;
@@ -99,11 +97,13 @@ struct ellm_context {
     ellm_context_stats stats;
 
     /* Recall samples (sparse_budget.c), made at the first one: attention
-     * parts of a decode row, and per query head the log-sum-exp over all
-     * keys, the chosen blocks and a probe's blocks. */
+     * parts of a decode row, per query head the log-sum-exp over all keys,
+     * the chosen blocks and a probe's blocks, and the probe's lists. */
     float *lse_mem;
     float **lse_parts;
     float *lse_all, *lse_set, *lse_probe;
+    int32_t *probe_blocks; /* (n_kv_head * max_blocks) blocks of a probe at another budget */
+    int *probe_n;          /* (n_kv_head) */
 
     int step_sparse;   /* the pass under way used sparse attention */
     int sample_recall; /* the pass under way samples recall */

@@ -51,22 +51,29 @@ void engine_sparse_adapt(struct ellm_context *ctx) {
             ctx->head_weight[l * c->n_head_kv + h] *= (float)(nw / sum_w);
 }
 
-/* Scratch of the recall samples, made at the first one: the attention parts
- * of one decode row at the context's full length, and the log-sum-exp of
- * every query head over all keys, over the chosen blocks and over a probe's.
- * 0 if out of memory (the sample is then skipped). */
-static int lse_scratch(struct ellm_context *ctx) {
+/* Scratch of the recall samples, made at the first one (a context that
+ * never samples never pays for it): the attention parts of one decode row at
+ * the context's full length, the log-sum-exp of every query head over all
+ * keys, over the chosen blocks and over a probe's, and the probe's block
+ * lists. 0 if out of memory (the sample is then skipped). */
+static int recall_scratch(struct ellm_context *ctx) {
     if (ctx->lse_parts) return 1;
     const model_config *c = &ctx->model->cfg;
     const long n_parts = (kv_cache_n_blocks(ctx->kv) + ATTENTION_PART_BLOCKS - 1) / ATTENTION_PART_BLOCKS;
     const size_t rec = (size_t)c->n_head * (size_t)(c->head_dim + 2);
     float *mem = malloc(((size_t)n_parts * rec + 3 * (size_t)c->n_head) * sizeof *mem);
     float **parts = malloc((size_t)n_parts * sizeof *parts);
-    if (!mem || !parts) {
+    int32_t *probe = malloc((size_t)c->n_head_kv * ctx->max_blocks * sizeof *probe);
+    int *probe_n = malloc((size_t)c->n_head_kv * sizeof *probe_n);
+    if (!mem || !parts || !probe || !probe_n) {
         free(mem);
         free(parts);
+        free(probe);
+        free(probe_n);
         return 0;
     }
+    ctx->probe_blocks = probe;
+    ctx->probe_n = probe_n;
     for (long i = 0; i < n_parts; i++) parts[i] = mem + (size_t)i * rec;
     ctx->lse_mem = mem;
     ctx->lse_parts = parts;
@@ -125,7 +132,7 @@ static void probe_lse(struct ellm_context *ctx, int layer, int len, int budget_a
  * over every key of the layer, on the pool, and one over the chosen blocks. */
 void engine_sparse_sample_recall(struct ellm_context *ctx, int layer, int len) {
     const model_config *c = &ctx->model->cfg;
-    if (!lse_scratch(ctx)) return;
+    if (!recall_scratch(ctx)) return;
     layer_lse(ctx, layer, len, NULL, NULL, ctx->lse_all);
     layer_lse(ctx, layer, len, ctx->sel_blocks, ctx->sel_n, ctx->lse_set);
     for (int h = 0; h < c->n_head_kv; h++) {
@@ -151,7 +158,7 @@ void engine_sparse_sample_recall(struct ellm_context *ctx, int layer, int len) {
 
 void engine_calibrate_layer(struct ellm_context *ctx, int layer, int len) {
     const model_config *c = &ctx->model->cfg;
-    if (!lse_scratch(ctx)) return;
+    if (!recall_scratch(ctx)) return;
     layer_lse(ctx, layer, len, NULL, NULL, ctx->lse_all);
     for (int b = 0; b < ctx->calib->n_budgets; b++) {
         const int budget = ctx->calib->budgets[b];
