@@ -440,11 +440,47 @@ static void test_run_sparse(void) {
     expect_error(args, "--sparse-topk");
 }
 
+/* --log-every lines: one per interval, with the GB/s read; --log-bandwidth
+ * adds a bandwidth sample per line and a summary; logging changes no token. */
+static void test_run_log(void) {
+    char plain[16384], logged[16384], out[16384];
+    int rc = run_stdout("run --sparse-topk 32 -n 60 --temp 0 -p 'def add(a, b):'", plain, sizeof plain);
+    CHECK(rc == 0, "sparse run: %d %s", rc, plain);
+    rc = run_redir("run --sparse-topk 32 -n 60 --temp 0 --stats --log-every 20 --log-bandwidth -p 'def add(a, b):'",
+                   "2>/tmp/ellm_test_log.txt", logged, sizeof logged);
+    CHECK(rc == 0 && !strcmp(plain, logged), "logging changed the output (%d):\n%s\n---\n%s", rc, plain, logged);
+    size_t n = 0;
+    char *err = test_read_file("/tmp/ellm_test_log.txt", &n);
+    int lines = 0, good = 0;
+    for (const char *p = err; p && (p = strstr(p, "log: generated=")); p++) {
+        int gen = 0, pos = 0;
+        double tok_s = 0, rss = 0, recall = 0, read = 0, bw = 0;
+        lines++;
+        if (sscanf(p, "log: generated=%d pos=%d tok_s=%lf rss_mb=%lf recall=%lf read_gbps=%lf bw_gbps=%lf", &gen, &pos,
+                   &tok_s, &rss, &recall, &read, &bw) == 7 &&
+            gen == 20 * lines && pos > gen && tok_s > 0 && rss > 0 && read > 0 && bw > 0)
+            good++;
+    }
+    CHECK(lines == 2 && good == 2, "want 2 well-formed log lines (at 20 and 40 tokens), got %d of %d:\n%s", good, lines,
+          err ? err : "");
+    double util = 0;
+    const char *u = err ? strstr(err, "sampled_bandwidth_util: ") : NULL;
+    CHECK(u && sscanf(u, "sampled_bandwidth_util: %lf", &util) == 1 && util > 0 &&
+              strstr(err, "bandwidth samples: 3 of the read self-test"),
+          "bandwidth summary missing: %s", err ? err : "");
+    free(err);
+    remove("/tmp/ellm_test_log.txt");
+    rc = run("run -n 4 --log-bandwidth -p x", out, sizeof out);
+    CHECK(rc > 0 && strstr(out, "--log-bandwidth needs --log-every"), "--log-bandwidth alone: %d %s", rc, out);
+    expect_error("run -n 4 --log-every 0 -p x", "--log-every");
+}
+
 int main(void) {
     test_chat();
     test_logits();
     test_run();
     test_run_sparse();
+    test_run_log();
     test_eval();
     test_calibrate();
     test_calibrate_fits();

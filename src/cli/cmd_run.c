@@ -57,7 +57,13 @@ static void run_usage(FILE *f) {
             "                         it a prompt + -n beyond the context is refused up front\n"
             "  --keep N               tokens kept at the start by a shift (default 4)\n"
             "  --log-every N          every N generated tokens, a line on stderr: position,\n"
-            "                         tokens/s over the last N, resident memory, sparse recall\n"
+            "                         tokens/s over the last N, resident memory, sparse recall,\n"
+            "                         and the GB/s decode read over them (weights + KV attended)\n"
+            "  --log-bandwidth        with --log-every: measure the machine's read bandwidth\n"
+            "                         (the bench self-test: 256 MB, all threads) at the start\n"
+            "                         and at every log line, so decode's GB/s is compared with\n"
+            "                         what the machine reads at that time; the samples' time\n"
+            "                         is left out of the speeds\n"
             "resumable generation:\n"
             "  --save-state FILE      save the run to FILE every --save-every tokens (atomic\n"
             "                         replace) and on Ctrl-C\n"
@@ -124,6 +130,7 @@ typedef struct {
     int overflow;               /* 0: refuse up front, 1: stop, 2: shift */
     long keep;
     long log_every;
+    int log_bandwidth;
     long save_every;
     int n_given;                /* -n was given */
     const char *gen_flag;       /* the first flag that --resume refuses, or NULL */
@@ -150,7 +157,7 @@ static int parse(int argc, char **argv, run_opts *o) {
         const char *a = argv[i];
         /* Everything but these comes from the state file with --resume. */
         static const char *const resume_ok[] = {"--stats", "--save-state", "--save-every", "--resume", "--numa-aware",
-                                                "--numa", "--mlock", "--log-every",
+                                                "--numa", "--mlock", "--log-every", "--log-bandwidth",
                                                 "-n", "--n-predict", "-t", "--threads", NULL};
         int ok = 0;
         for (int k = 0; resume_ok[k]; k++) {
@@ -209,7 +216,9 @@ static int parse(int argc, char **argv, run_opts *o) {
                 fprintf(stderr, "error: --ctx-overflow expects stop or shift, got '%s'\n", v);
                 bad = 1;
             }
-        } else if (arg_value(argc, argv, &i, "--log-every", NULL, &v, &bad))
+        } else if (!strcmp(a, "--log-bandwidth"))
+            o->log_bandwidth = 1;
+        else if (arg_value(argc, argv, &i, "--log-every", NULL, &v, &bad))
             bad = !v || !arg_int(a, v, 1, 1L << 30, &o->log_every);
         else if (arg_value(argc, argv, &i, "--keep", NULL, &v, &bad))
             bad = !v || !arg_int(a, v, 0, 1L << 30, &o->keep);
@@ -270,6 +279,10 @@ static int parse(int argc, char **argv, run_opts *o) {
                 "error: %s cannot be given with --resume: the model, sampling settings, seed and context "
                 "come from the state file (only -n, -t, --stats, --save-state and --save-every may be given)\n",
                 o->gen_flag);
+        bad = 1;
+    }
+    if (!bad && o->log_bandwidth && !o->log_every) {
+        fprintf(stderr, "error: --log-bandwidth needs --log-every N (it samples the bandwidth at each log line)\n");
         bad = 1;
     }
     if (!bad && o->save_every && !o->save_state && !o->resume) {
@@ -485,6 +498,23 @@ static void print_bandwidth_share(const ellm_context *ctx, const ellm_model_info
                 bytes / 1e6);
 }
 
+/* The --log-every interval in progress: where it started, and with
+ * --log-bandwidth the machine's read bandwidth sampled between intervals. */
+typedef struct {
+    double t_ms;         /* interval start */
+    int generated, pos;
+    int64_t recall_samples, decode_steps, sparse_steps;
+    double recall_sum, attended_sum, index_bytes;
+    int sample;          /* --log-bandwidth */
+    double bw_gbps;      /* the sample at the interval's start (0: none) */
+    int n_bw;
+    double bw_min, bw_max, bw_sum;
+    double sample_ms;    /* time spent sampling, left out of the speeds */
+    double read_bytes;   /* over the intervals with a sample at both ends ... */
+    double read_ms;      /* ... the decode time they took ... */
+    double roofline_ms;  /* ... and the time at the sampled bandwidth */
+} log_window;
+
 /* One generation in progress: what the loop needs and what a save writes. */
 typedef struct {
     ellm_model *model;
@@ -501,6 +531,11 @@ typedef struct {
     int n_shifts;
     ellm_spec *spec;    /* --spec: tokens come from speculative steps */
     long log_every;
+    /* What --log-every lines measure the bytes read with: */
+    double weight_bytes;   /* weights one forward pass reads */
+    double kv_bytes_token; /* KV bytes of one token (every layer and head) */
+    int n_threads;         /* for --log-bandwidth's self-test */
+    log_window lw;
 } gen_run;
 
 /* Resident set size of this process in MB (0 if unknown). */
@@ -514,21 +549,101 @@ static double rss_mb(void) {
     return (double)rss * (double)sysconf(_SC_PAGESIZE) / 1e6;
 }
 
-/* One --log-every line: speed over the last interval, memory, and the sparse
- * recall sampled over the interval (-1 if none was sampled). */
-static void log_line(gen_run *g, double *t_last, int *gen_last, int64_t *rs_last, double *rsum_last) {
+/* The read bandwidth the machine gives now (GB/s), the bench self-test;
+ * counts its time as sampling time. */
+static double sample_bandwidth(gen_run *g) {
+    double t0 = ellm_time_ms();
+    double gbps = ellm_measure_read_gbps(g->n_threads, (size_t)256 << 20, 3);
+    g->lw.sample_ms += ellm_time_ms() - t0;
+    if (gbps > 0) {
+        if (!g->lw.n_bw || gbps < g->lw.bw_min) g->lw.bw_min = gbps;
+        if (!g->lw.n_bw || gbps > g->lw.bw_max) g->lw.bw_max = gbps;
+        g->lw.n_bw++;
+        g->lw.bw_sum += gbps;
+    }
+    return gbps;
+}
+
+/* Starts the first --log-every interval (and samples the bandwidth). */
+static void log_start(gen_run *g) {
+    ellm_context_stats cs;
+    ellm_context_get_stats(g->ctx, &cs);
+    log_window *w = &g->lw;
+    if (w->sample) w->bw_gbps = sample_bandwidth(g);
+    w->t_ms = ellm_time_ms();
+    w->generated = g->generated;
+    w->pos = ellm_context_pos(g->ctx);
+    w->recall_samples = cs.recall_samples;
+    w->recall_sum = cs.sparse_recall * (double)cs.recall_samples;
+    w->decode_steps = cs.decode_steps;
+    w->sparse_steps = cs.sparse_steps;
+    w->attended_sum = cs.attended_tokens * (double)cs.sparse_steps;
+    w->index_bytes = cs.index_bytes_read;
+}
+
+/* One --log-every line: speed over the last interval, memory, the sparse
+ * recall sampled over it (-1 if none was sampled), and the GB/s its decode
+ * steps read: weights, plus per step the KV of the tokens it attended (a
+ * sparse step's mean per KV head, a dense step's whole context at the
+ * interval's mean position), plus the index bytes selection read. With
+ * --log-bandwidth, also the bandwidth sampled now; the interval is compared
+ * with the mean of the samples at its two ends. */
+static void log_line(gen_run *g) {
     double now = ellm_time_ms();
     ellm_context_stats cs;
     ellm_context_get_stats(g->ctx, &cs);
+    log_window *w = &g->lw;
+    int pos = ellm_context_pos(g->ctx);
     double rsum = cs.sparse_recall * (double)cs.recall_samples;
-    int64_t dn = cs.recall_samples - *rs_last;
-    fprintf(stderr, "log: generated=%d pos=%d tok_s=%.3f rss_mb=%.1f recall=%.4f\n", g->generated,
-            ellm_context_pos(g->ctx), (g->generated - *gen_last) / ((now - *t_last) / 1000.0), rss_mb(),
-            dn > 0 ? (rsum - *rsum_last) / (double)dn : -1.0);
-    *t_last = now;
-    *gen_last = g->generated;
-    *rs_last = cs.recall_samples;
-    *rsum_last = rsum;
+    int64_t dn = cs.recall_samples - w->recall_samples;
+    double attended = cs.attended_tokens * (double)cs.sparse_steps;
+    int64_t steps = cs.decode_steps - w->decode_steps, sparse = cs.sparse_steps - w->sparse_steps;
+    double bytes = (double)steps * g->weight_bytes +
+                   g->kv_bytes_token * ((attended - w->attended_sum) + (double)(steps - sparse) * (w->pos + pos) / 2.0) +
+                   (cs.index_bytes_read - w->index_bytes);
+    double ms = now - w->t_ms, read_gbps = ms > 0 ? bytes / ms / 1e6 : 0;
+    char bw[96] = "";
+    double bw_now = 0;
+    if (w->sample) {
+        bw_now = sample_bandwidth(g);
+        snprintf(bw, sizeof bw, " bw_gbps=%.3f", bw_now);
+        if (w->bw_gbps > 0 && bw_now > 0 && ms > 0) {
+            w->read_bytes += bytes;
+            w->read_ms += ms;
+            w->roofline_ms += bytes / ((w->bw_gbps + bw_now) / 2) / 1e6;
+        }
+    }
+    fprintf(stderr, "log: generated=%d pos=%d tok_s=%.3f rss_mb=%.1f recall=%.4f read_gbps=%.3f%s\n", g->generated,
+            pos, (g->generated - w->generated) / (ms / 1000.0), rss_mb(),
+            dn > 0 ? (rsum - w->recall_sum) / (double)dn : -1.0, read_gbps, bw);
+    w->bw_gbps = bw_now;
+    w->t_ms = ellm_time_ms(); /* after the sample: its time is no interval's */
+    w->generated = g->generated;
+    w->pos = pos;
+    w->recall_samples = cs.recall_samples;
+    w->recall_sum = rsum;
+    w->decode_steps = cs.decode_steps;
+    w->sparse_steps = cs.sparse_steps;
+    w->attended_sum = attended;
+    w->index_bytes = cs.index_bytes_read;
+}
+
+/* With --log-bandwidth: the samples, and decode's read rate over the logged
+ * intervals against the bandwidth sampled around each. */
+static void log_bandwidth_summary(const gen_run *g) {
+    const log_window *w = &g->lw;
+    if (!w->sample) return;
+    if (!w->n_bw) {
+        fprintf(stderr, "bandwidth samples: none succeeded\n");
+        return;
+    }
+    fprintf(stderr, "bandwidth samples: %d of the read self-test, mean %.2f GB/s (%.2f-%.2f), %.0f ms left out of "
+            "the speeds\n", w->n_bw, w->bw_sum / w->n_bw, w->bw_min, w->bw_max, w->sample_ms);
+    if (w->read_ms > 0)
+        fprintf(stderr, "sampled_bandwidth_util: %.3f (decode read %.2f GB/s over %.1f s of logged intervals; "
+                "the bandwidth sampled at each interval's ends would read the same bytes in %.1f s)\n",
+                w->roofline_ms / w->read_ms, w->read_bytes / w->read_ms / 1e6, w->read_ms / 1000,
+                w->roofline_ms / 1000);
 }
 
 /* Writes the state file; a failure is reported and generation goes on. */
@@ -557,9 +672,9 @@ static int gen_loop(gen_run *g, long n_predict, ellm_detok *dt, double *t_gen_ms
     char text[2048]; /* longest vocabulary pieces are ~512 bytes */
     /* the end of the context: -c, or the KV memory ceiling (--kv-cache-gb) if lower */
     int tty = isatty(2), n_ctx = ellm_context_capacity(g->ctx), start = g->generated;
-    double t_gen0 = ellm_time_ms(), t_last_status = 0, t_log = t_gen0, rsum_log = 0;
-    int rc = 0, gen_log = g->generated;
-    int64_t rs_log = 0;
+    double t_gen0 = ellm_time_ms(), t_last_status = 0;
+    if (g->log_every) log_start(g); /* its bandwidth sample is sampling time */
+    int rc = 0;
     signal(SIGINT, on_sigint);
     int eog = 0;
     while (g->generated < n_predict && !g_interrupted && !eog) {
@@ -618,7 +733,7 @@ static int gen_loop(gen_run *g, long n_predict, ellm_detok *dt, double *t_gen_ms
             break;
         }
         if (g->save_path && g->generated % g->save_every == 0) gen_save(g);
-        if (g->log_every && g->generated % g->log_every == 0) log_line(g, &t_log, &gen_log, &rs_log, &rsum_log);
+        if (g->log_every && g->generated % g->log_every == 0) log_line(g);
         double now = ellm_time_ms();
         if (tty && now - t_last_status > 200) {
             status_line(g->generated, (int)n_predict, (g->generated - start) / ((now - t_gen0) / 1000.0),
@@ -626,7 +741,8 @@ static int gen_loop(gen_run *g, long n_predict, ellm_detok *dt, double *t_gen_ms
             t_last_status = now;
         }
     }
-    *t_gen_ms = ellm_time_ms() - t_gen0;
+    *t_gen_ms = ellm_time_ms() - t_gen0 - g->lw.sample_ms;
+    log_bandwidth_summary(g);
     int nb = ellm_detok_flush(dt, text, sizeof text);
     fwrite(text, 1, (size_t)nb, stdout);
     fputc('\n', stdout);
@@ -771,6 +887,10 @@ static int run_resume(const run_opts *o) {
     g.save_every = o->save_every ? o->save_every : (long)rs->save_every;
     g.overflow = rs->overflow;
     g.log_every = o->log_every;
+    g.lw.sample = o->log_bandwidth;
+    g.n_threads = rs->threads > 0 ? (int)rs->threads : ellm_default_threads();
+    g.weight_bytes = (double)info.decode_weight_bytes;
+    g.kv_bytes_token = (double)ellm_context_kv_bytes_per_token(g.ctx);
     g.keep = (int)rs->keep;
     rs->n_predict = n_predict;
 
@@ -983,6 +1103,10 @@ int cmd_run(int argc, char **argv) {
     g.overflow = o.overflow;
     g.keep = (int)o.keep;
     g.log_every = o.log_every;
+    g.lw.sample = o.log_bandwidth;
+    g.n_threads = (int)threads;
+    g.weight_bytes = (double)info.decode_weight_bytes;
+    g.kv_bytes_token = (double)ellm_context_kv_bytes_per_token(g.ctx);
     ellm_detok dt = {0};
     dt.n_emitted = 1; /* continuing the prompt: keep the leading space of the first piece */
     double t_gen = 0;
