@@ -470,6 +470,23 @@ static void test_run_log(void) {
           "bandwidth summary missing: %s", err ? err : "");
     free(err);
     remove("/tmp/ellm_test_log.txt");
+    /* speculative steps add several tokens at once: a line when a multiple of N is passed */
+    rc = run_redir("run --spec ngram -n 60 --temp 0 --log-every 20 -p 'def add(a, b):'", "2>/tmp/ellm_test_log.txt",
+                   logged, sizeof logged);
+    err = test_read_file("/tmp/ellm_test_log.txt", &n);
+    lines = 0;
+    int last = 0, ordered = 1;
+    for (const char *p = err; p && (p = strstr(p, "log: generated=")); p++) {
+        int gen = 0;
+        if (sscanf(p, "log: generated=%d", &gen) != 1 || gen < 20 * (lines + 1) || gen >= 20 * (lines + 2) || gen <= last)
+            ordered = 0;
+        last = gen;
+        lines++;
+    }
+    CHECK(rc == 0 && lines == 2 && ordered, "--spec with --log-every: want lines just past 20 and 40, got %d (rc %d):\n%s",
+          lines, rc, err ? err : "");
+    free(err);
+    remove("/tmp/ellm_test_log.txt");
     rc = run("run -n 4 --log-bandwidth -p x", out, sizeof out);
     CHECK(rc > 0 && strstr(out, "--log-bandwidth needs --log-every"), "--log-bandwidth alone: %d %s", rc, out);
     expect_error("run -n 4 --log-every 0 -p x", "--log-every");

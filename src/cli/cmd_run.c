@@ -58,7 +58,8 @@ static void run_usage(FILE *f) {
             "  --keep N               tokens kept at the start by a shift (default 4)\n"
             "  --log-every N          every N generated tokens, a line on stderr: position,\n"
             "                         tokens/s over the last N, resident memory, sparse recall,\n"
-            "                         and the GB/s decode read over them (weights + KV attended)\n"
+            "                         and the GB/s decode read over them (weights + KV attended;\n"
+            "                         with --spec, the verify passes' reads, not the drafts')\n"
             "  --log-bandwidth        with --log-every: measure the machine's read bandwidth\n"
             "                         (the bench self-test: 256 MB, all threads) at the start\n"
             "                         and at every log line, so decode's GB/s is compared with\n"
@@ -628,6 +629,12 @@ static void log_line(gen_run *g) {
     w->index_bytes = cs.index_bytes_read;
 }
 
+/* Whether generation has passed the next multiple of --log-every since the
+ * last line (a speculative step adds several tokens at once). */
+static int log_due(const gen_run *g) {
+    return g->log_every && g->generated / g->log_every > g->lw.generated / g->log_every;
+}
+
 /* With --log-bandwidth: the samples, and decode's read rate over the logged
  * intervals against the bandwidth sampled around each. */
 static void log_bandwidth_summary(const gen_run *g) {
@@ -640,8 +647,8 @@ static void log_bandwidth_summary(const gen_run *g) {
     fprintf(stderr, "bandwidth samples: %d of the read self-test, mean %.2f GB/s (%.2f-%.2f), %.0f ms left out of "
             "the speeds\n", w->n_bw, w->bw_sum / w->n_bw, w->bw_min, w->bw_max, w->sample_ms);
     if (w->read_ms > 0)
-        fprintf(stderr, "sampled_bandwidth_util: %.3f (decode read %.2f GB/s over %.1f s of logged intervals; "
-                "the bandwidth sampled at each interval's ends would read the same bytes in %.1f s)\n",
+        fprintf(stderr, "sampled_bandwidth_util: %.3f (decode read %.2f GB/s over %.2f s of logged intervals; "
+                "the bandwidth sampled at each interval's ends would read the same bytes in %.2f s)\n",
                 w->roofline_ms / w->read_ms, w->read_bytes / w->read_ms / 1e6, w->read_ms / 1000,
                 w->roofline_ms / 1000);
 }
@@ -706,7 +713,10 @@ static int gen_loop(gen_run *g, long n_predict, ellm_detok *dt, double *t_gen_ms
             }
         }
         if (eog || g->generated == n_predict) break;
-        if (g->spec) continue; /* the speculative step fed its tokens */
+        if (g->spec) { /* the speculative step fed its tokens */
+            if (log_due(g)) log_line(g);
+            continue;
+        }
         int32_t tok = toks[0];
         if (ellm_context_pos(g->ctx) == n_ctx) {
             if (g->overflow != 2) {
@@ -733,7 +743,7 @@ static int gen_loop(gen_run *g, long n_predict, ellm_detok *dt, double *t_gen_ms
             break;
         }
         if (g->save_path && g->generated % g->save_every == 0) gen_save(g);
-        if (g->log_every && g->generated % g->log_every == 0) log_line(g);
+        if (log_due(g)) log_line(g);
         double now = ellm_time_ms();
         if (tty && now - t_last_status > 200) {
             status_line(g->generated, (int)n_predict, (g->generated - start) / ((now - t_gen0) / 1000.0),
