@@ -72,8 +72,10 @@ static void run_usage(FILE *f) {
             "  --resume FILE          continue a saved run: model, sampling, seed and context\n"
             "                         come from FILE; prints the text generated so far and\n"
             "                         goes on exactly as the uninterrupted run would. Only -n\n"
-            "                         (the total to generate), -t, --stats, --save-state and\n"
-            "                         --save-every may be given with it\n"
+            "                         (the total to generate), -t, --stats, --save-state,\n"
+            "                         --save-every, --log-every, --log-bandwidth and the\n"
+            "                         placement flags (--numa-aware, --numa, --mlock) may be\n"
+            "                         given with it\n"
             "beyond one machine (launch with mpirun -np R):\n"
             "  --mpi                  KV cache sharded over the MPI ranks, attention merged exactly\n"
             "                         (same output as one process; dense attention; rank 0 prints)\n"
@@ -278,7 +280,8 @@ static int parse(int argc, char **argv, run_opts *o) {
     if (!bad && o->resume && o->gen_flag) {
         fprintf(stderr,
                 "error: %s cannot be given with --resume: the model, sampling settings, seed and context "
-                "come from the state file (only -n, -t, --stats, --save-state and --save-every may be given)\n",
+                "come from the state file (only -n, -t, --stats, --save-state, --save-every, --log-every, --log-bandwidth, "
+                "--numa-aware, --numa and --mlock may be given)\n",
                 o->gen_flag);
         bad = 1;
     }
