@@ -464,12 +464,11 @@ out:
     return rc;
 }
 
-/* Bandwidth a decode step used (weights + the KV read at the mean depth, or
- * the sparse budget) as a share of the all-node read bandwidth `ellm probe`
+/* The bandwidth decode used (`read_bytes` over t_gen_ms, counted by
+ * gen_bytes_between) as a share of the all-node read bandwidth `ellm probe`
  * measured (its saved result, else measured now the same way). */
-static void print_bandwidth_share(const ellm_context *ctx, const ellm_model_info *info, int n_prompt, int generated,
-                                  double decode_tps) {
-    if (!(decode_tps > 0)) return;
+static void print_bandwidth_share(double read_bytes, int n_dec, double t_gen_ms) {
+    if (!(read_bytes > 0 && n_dec > 0 && t_gen_ms > 0)) return;
     double probe = 0, age_s = -1;
     char source[128] = "ellm probe measured";
     if (probe_cache_load(&probe, &age_s) && age_s >= 0) {
@@ -482,12 +481,7 @@ static void print_bandwidth_share(const ellm_context *ctx, const ellm_model_info
         topology_free(t);
         snprintf(source, sizeof source, "measured now as ellm probe does (run `ellm probe` once to keep it)");
     }
-    ellm_context_stats cs;
-    ellm_context_get_stats(ctx, &cs);
-    double depth = n_prompt + generated / 2.0;
-    if (cs.sparse_steps > 0 && cs.attended_tokens > 0 && cs.attended_tokens < depth) depth = cs.attended_tokens;
-    double bytes = (double)info->decode_weight_bytes + (double)ellm_context_kv_bytes_per_token(ctx) * depth;
-    double gbps = bytes * decode_tps / 1e9;
+    const double bytes = read_bytes / n_dec, gbps = read_bytes / t_gen_ms / 1e6;
     if (probe > 0) {
         fprintf(stderr, "bandwidth: %.2f GB/s (%.2f MB read per token) = %.0f%% of the %.2f GB/s %s%s\n", gbps,
                 bytes / 1e6, 100 * gbps / probe, probe, source,
@@ -502,13 +496,19 @@ static void print_bandwidth_share(const ellm_context *ctx, const ellm_model_info
                 bytes / 1e6);
 }
 
-/* The --log-every interval in progress: where it started, and with
- * --log-bandwidth the machine's read bandwidth sampled between intervals. */
+/* The context's counters at one moment of a generation: the start of the
+ * generation and of each --log-every interval. */
 typedef struct {
-    double t_ms;         /* interval start */
+    double t_ms;
     int generated, pos;
     int64_t recall_samples, decode_steps, sparse_steps;
     double recall_sum, attended_sum, index_bytes;
+} gen_mark;
+
+/* --log-every: the interval in progress, and with --log-bandwidth the
+ * machine's read bandwidth sampled between intervals. */
+typedef struct {
+    gen_mark at;         /* the interval's start */
     int sample;          /* --log-bandwidth */
     double bw_gbps;      /* the sample at the interval's start (0: none) */
     int n_bw;
@@ -535,10 +535,12 @@ typedef struct {
     int n_shifts;
     ellm_spec *spec;    /* --spec: tokens come from speculative steps */
     long log_every;
-    /* What --log-every lines measure the bytes read with: */
+    /* What the bytes read are counted with (log lines, --stats): */
     double weight_bytes;   /* weights one forward pass reads */
     double kv_bytes_token; /* KV bytes of one token (every layer and head) */
     int n_threads;         /* for --log-bandwidth's self-test */
+    gen_mark start;        /* the generation's start (gen_loop) */
+    double read_bytes;     /* bytes its forward passes read (gen_loop, at the end) */
     log_window lw;
 } gen_run;
 
@@ -568,44 +570,44 @@ static double sample_bandwidth(gen_run *g) {
     return gbps;
 }
 
-/* Starts the first --log-every interval (and samples the bandwidth). */
-static void log_start(gen_run *g) {
+static gen_mark gen_mark_now(const gen_run *g) {
     ellm_context_stats cs;
     ellm_context_get_stats(g->ctx, &cs);
-    log_window *w = &g->lw;
-    if (w->sample) w->bw_gbps = sample_bandwidth(g);
-    w->t_ms = ellm_time_ms();
-    w->generated = g->generated;
-    w->pos = ellm_context_pos(g->ctx);
-    w->recall_samples = cs.recall_samples;
-    w->recall_sum = cs.sparse_recall * (double)cs.recall_samples;
-    w->decode_steps = cs.decode_steps;
-    w->sparse_steps = cs.sparse_steps;
-    w->attended_sum = cs.attended_tokens * (double)cs.sparse_steps;
-    w->index_bytes = cs.index_bytes_read;
+    return (gen_mark){.t_ms = ellm_time_ms(),
+                      .generated = g->generated,
+                      .pos = ellm_context_pos(g->ctx),
+                      .recall_samples = cs.recall_samples,
+                      .decode_steps = cs.decode_steps,
+                      .sparse_steps = cs.sparse_steps,
+                      .recall_sum = cs.sparse_recall * (double)cs.recall_samples,
+                      .attended_sum = cs.attended_tokens * (double)cs.sparse_steps,
+                      .index_bytes = cs.index_bytes_read};
+}
+
+/* Bytes the forward passes between marks a and b read: the weights per
+ * pass, the KV of the tokens each pass attended, and the index bytes
+ * selection read. A sparse pass attends its mean per KV head; a dense pass
+ * its whole context. Dense passes are taken as the first of the span (a
+ * context runs dense until it outgrows the sparse budget), at positions
+ * spread evenly over their share of it. */
+static double gen_bytes_between(const gen_run *g, const gen_mark *a, const gen_mark *b) {
+    const int64_t steps = b->decode_steps - a->decode_steps, dense = steps - (b->sparse_steps - a->sparse_steps);
+    const double dense_pos = steps > 0 ? a->pos + (double)(b->pos - a->pos) * (double)dense / (double)steps / 2 : 0;
+    return (double)steps * g->weight_bytes +
+           g->kv_bytes_token * ((b->attended_sum - a->attended_sum) + (double)dense * dense_pos) +
+           (b->index_bytes - a->index_bytes);
 }
 
 /* One --log-every line: speed over the last interval, memory, the sparse
- * recall sampled over it (-1 if none was sampled), and the GB/s its decode
- * steps read: weights, plus per step the KV of the tokens it attended (a
- * sparse step's mean per KV head, a dense step's whole context at the
- * interval's mean position), plus the index bytes selection read. With
- * --log-bandwidth, also the bandwidth sampled now; the interval is compared
- * with the mean of the samples at its two ends. */
+ * recall sampled over it (-1 if none was sampled), and the GB/s its passes
+ * read (gen_bytes_between). With --log-bandwidth, also the bandwidth
+ * sampled now; the interval is compared with the mean of the samples at its
+ * two ends. */
 static void log_line(gen_run *g) {
-    double now = ellm_time_ms();
-    ellm_context_stats cs;
-    ellm_context_get_stats(g->ctx, &cs);
     log_window *w = &g->lw;
-    int pos = ellm_context_pos(g->ctx);
-    double rsum = cs.sparse_recall * (double)cs.recall_samples;
-    int64_t dn = cs.recall_samples - w->recall_samples;
-    double attended = cs.attended_tokens * (double)cs.sparse_steps;
-    int64_t steps = cs.decode_steps - w->decode_steps, sparse = cs.sparse_steps - w->sparse_steps;
-    double bytes = (double)steps * g->weight_bytes +
-                   g->kv_bytes_token * ((attended - w->attended_sum) + (double)(steps - sparse) * (w->pos + pos) / 2.0) +
-                   (cs.index_bytes_read - w->index_bytes);
-    double ms = now - w->t_ms, read_gbps = ms > 0 ? bytes / ms / 1e6 : 0;
+    const gen_mark now = gen_mark_now(g);
+    const int64_t dn = now.recall_samples - w->at.recall_samples;
+    const double bytes = gen_bytes_between(g, &w->at, &now), ms = now.t_ms - w->at.t_ms;
     char bw[96] = "";
     double bw_now = 0;
     if (w->sample) {
@@ -617,25 +619,18 @@ static void log_line(gen_run *g) {
             w->roofline_ms += bytes / ((w->bw_gbps + bw_now) / 2) / 1e6;
         }
     }
-    fprintf(stderr, "log: generated=%d pos=%d tok_s=%.3f rss_mb=%.1f recall=%.4f read_gbps=%.3f%s\n", g->generated,
-            pos, (g->generated - w->generated) / (ms / 1000.0), rss_mb(),
-            dn > 0 ? (rsum - w->recall_sum) / (double)dn : -1.0, read_gbps, bw);
+    fprintf(stderr, "log: generated=%d pos=%d tok_s=%.3f rss_mb=%.1f recall=%.4f read_gbps=%.3f%s\n", now.generated,
+            now.pos, (now.generated - w->at.generated) / (ms / 1000.0), rss_mb(),
+            dn > 0 ? (now.recall_sum - w->at.recall_sum) / (double)dn : -1.0, ms > 0 ? bytes / ms / 1e6 : 0.0, bw);
     w->bw_gbps = bw_now;
-    w->t_ms = ellm_time_ms(); /* after the sample: its time is no interval's */
-    w->generated = g->generated;
-    w->pos = pos;
-    w->recall_samples = cs.recall_samples;
-    w->recall_sum = rsum;
-    w->decode_steps = cs.decode_steps;
-    w->sparse_steps = cs.sparse_steps;
-    w->attended_sum = attended;
-    w->index_bytes = cs.index_bytes_read;
+    w->at = now;
+    w->at.t_ms = ellm_time_ms(); /* after the sample: its time is no interval's */
 }
 
 /* Whether generation has passed the next multiple of --log-every since the
  * last line (a speculative step adds several tokens at once). */
 static int log_due(const gen_run *g) {
-    return g->log_every && g->generated / g->log_every > g->lw.generated / g->log_every;
+    return g->log_every && g->generated / g->log_every > g->lw.at.generated / g->log_every;
 }
 
 /* With --log-bandwidth: the samples, and decode's read rate over the logged
@@ -683,7 +678,9 @@ static int gen_loop(gen_run *g, long n_predict, ellm_detok *dt, double *t_gen_ms
     /* the end of the context: -c, or the KV memory ceiling (--kv-cache-gb) if lower */
     int tty = isatty(2), n_ctx = ellm_context_capacity(g->ctx), start = g->generated;
     double t_gen0 = ellm_time_ms(), t_last_status = 0;
-    if (g->log_every) log_start(g); /* its bandwidth sample is sampling time */
+    g->start = gen_mark_now(g);
+    if (g->lw.sample) g->lw.bw_gbps = sample_bandwidth(g); /* sampling time, left out below */
+    g->lw.at = gen_mark_now(g);
     int rc = 0;
     signal(SIGINT, on_sigint);
     int eog = 0;
@@ -755,6 +752,8 @@ static int gen_loop(gen_run *g, long n_predict, ellm_detok *dt, double *t_gen_ms
         }
     }
     *t_gen_ms = ellm_time_ms() - t_gen0 - g->lw.sample_ms;
+    const gen_mark end = gen_mark_now(g);
+    g->read_bytes = gen_bytes_between(g, &g->start, &end);
     log_bandwidth_summary(g);
     int nb = ellm_detok_flush(dt, text, sizeof text);
     fwrite(text, 1, (size_t)nb, stdout);
@@ -772,7 +771,7 @@ static int gen_loop(gen_run *g, long n_predict, ellm_detok *dt, double *t_gen_ms
 
 static void print_stats(const run_opts *o, const ellm_model_info *info, const char *model_path, long threads,
                         int n_ctx, int kv_f32, int n_prompt, double t_prompt, int generated, double t_gen,
-                        uint64_t seed, const ellm_context *ctx, long sparse_topk) {
+                        uint64_t seed, const ellm_context *ctx, long sparse_topk, double read_bytes) {
     /* decode speed counts the forward passes after the first sampled token */
     int n_dec = generated > 1 ? generated - 1 : 0;
     fprintf(stderr,
@@ -787,7 +786,7 @@ static void print_stats(const run_opts *o, const ellm_model_info *info, const ch
             t_prompt > 0 ? n_prompt / (t_prompt / 1000.0) : 0, generated, t_gen, n_dec / (t_gen / 1000.0),
             (unsigned long long)seed);
     fprintf(stderr, "placement: %s\n", info->placement);
-    print_bandwidth_share(ctx, info, n_prompt, generated, n_dec / (t_gen / 1000.0));
+    print_bandwidth_share(read_bytes, n_dec, t_gen);
     (void)o;
     if (sparse_topk) {
         ellm_context_stats cs;
@@ -922,7 +921,7 @@ static int run_resume(const run_opts *o) {
     if (o->stats && g.n_shifts) fprintf(stderr, "context shifts: %d\n", g.n_shifts);
     if (o->stats)
         print_stats(o, &info, rs->model, (long)rs->threads, ellm_context_n_ctx(g.ctx), rs->kv_f32, 0, 0,
-                    g.generated - generated, t_gen, rs->sp.seed, g.ctx, (long)rs->sparse_topk);
+                    g.generated - generated, t_gen, rs->sp.seed, g.ctx, (long)rs->sparse_topk, g.read_bytes);
 done:
     if (g.rs.tokens == g.ids) g.rs.tokens = NULL;
     ellm_sampler_free(g.sampler);
@@ -1128,7 +1127,7 @@ int cmd_run(int argc, char **argv) {
     if (o.stats && g.n_shifts) fprintf(stderr, "context shifts: %d\n", g.n_shifts);
     if (o.stats)
         print_stats(&o, &info, o.model, threads, n_ctx, o.kv_f32, n_prompt, t_prompt, g.generated, t_gen, o.sp.seed,
-                    g.ctx, o.sparse_topk);
+                    g.ctx, o.sparse_topk, g.read_bytes);
     if (o.stats && spec) {
         ellm_spec_stats ss;
         ellm_spec_get_stats(spec, &ss);
