@@ -252,7 +252,7 @@ QN_INLINE void qn_qk(const attn_state *st, const attn_block *b, float *s, const 
 #pragma GCC unroll 8
         for (int c = 0; c < 8; c++) {
             const int i = 8 * g + c;
-            q8_pf_spread(b->ahead_k, i, HD / 4, lines);
+            q8_pf_spread_nta(b->ahead_k, i, HD / 4, lines);
             const __m512i x = _mm512_xor_si512(
                 _mm512_permutexvar_epi8(perm, _mm512_loadu_si512((const void *)(k + (size_t)i * 64))), flip);
 #pragma GCC unroll 4
@@ -316,7 +316,7 @@ QN_INLINE void qn_pv(__m512 acc[4][4], const attn_block *b, const uint8_t *wq, c
         for (int i = 0; i < 4; i++) ia[r][i] = _mm512_setzero_si512();
 #pragma GCC unroll 4
     for (int qi = 0; qi < 4; qi++) {
-        q8_pf_spread(b->ahead_v, d0 / 16 + qi, HD / 16, lines);
+        q8_pf_spread_nta(b->ahead_v, d0 / 16 + qi, HD / 16, lines);
         __m512i x[4];
         q8pv_quad_avx512(v + (size_t)4 * qi * HD, HD, d0, 4, x, 4);
 #pragma GCC unroll 4
