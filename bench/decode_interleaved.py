@@ -1,44 +1,95 @@
 #!/usr/bin/env python3
 """Decode speed of several (binary, model) pairs measured side by side:
-rounds of `ellm bench` over every pair in turn (depth 0, no prefill, 32
-tokens), then the median tokens/s of each and its ratio to the first pair's.
+rounds of `ellm bench` over every pair in turn (no prefill, -n tokens per
+depth), then per depth the median tokens/s of each pair, its ratio to the
+first pair's, and the share of the read bandwidth each `ellm bench` run
+measured itself (its self-test, just before its steps) and of `ellm probe`'s.
 
 usage: python3 bench/decode_interleaved.py [--rounds 5] [--threads 2]
-           LABEL=[BINARY:]MODEL ...
-BINARY defaults to build/ellm. Run it on a quiet machine, e.g. under
-bench/quietly.py."""
-import argparse, json, statistics, subprocess, sys
+           [--depths 0] [--synthetic-from N] [--kv-type TYPE] [-n 32]
+           [--json-out FILE] LABEL=[BINARY:]MODEL ...
+       python3 bench/decode_interleaved.py --from FILE   (re-render, no runs)
+BINARY defaults to build/ellm. --json-out keeps every run's `ellm bench
+--json` output (with the commands and load averages) to re-render from.
+Run it on a quiet machine, e.g. under bench/quietly.py."""
+import argparse, json, statistics, subprocess, sys, time
+
+
+def render(doc):
+    labels = doc["labels"]
+    runs = doc["runs"]
+    depths = sorted({p["depth"] for r in runs for p in r["bench"]["points"] if p["mode"] == "dense"})
+    print("| depth | file | tokens/s (median) | vs first | of the run's own bandwidth (median) "
+          "| of `ellm probe` (median) | every round |")
+    print("|---:|---|---:|---:|---:|---:|---|")
+    for d in depths:
+        med = {}
+        for label in labels:
+            tps, own, probe = [], [], []
+            for r in runs:
+                if r["label"] != label:
+                    continue
+                b = r["bench"]
+                pt = next(p for p in b["points"] if p["mode"] == "dense" and p["depth"] == d)
+                gbps = pt["tokens_per_s"] * (b["weight_bytes_per_token"] + d * b["kv_bytes_per_token"]) / 1e9
+                tps.append(pt["tokens_per_s"])
+                own.append(gbps / b["bandwidth_gbps"])
+                if b.get("probe_read_gbps"):
+                    probe.append(gbps / b["probe_read_gbps"])
+            med[label] = statistics.median(tps)
+            pr = f"{100 * statistics.median(probe):.0f}%" if probe else "-"
+            print(f"| {d} | {label} | {med[label]:.2f} | {med[label] / med[labels[0]]:.3f} | "
+                  f"{100 * statistics.median(own):.0f}% | {pr} | {' '.join(f'{x:.1f}' for x in tps)} |")
+    print(f"\nload average at the start {doc['load_start']}, at the end {doc['load_end']}")
 
 
 def main():
     ap = argparse.ArgumentParser(usage=__doc__)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("pairs", nargs="+")
+    ap.add_argument("--depths", default="0")
+    ap.add_argument("--synthetic-from", type=int, default=None)
+    ap.add_argument("--kv-type", default=None)
+    ap.add_argument("-n", type=int, default=32)
+    ap.add_argument("--json-out", default=None)
+    ap.add_argument("--from", dest="from_file", default=None)
+    ap.add_argument("pairs", nargs="*")
     a = ap.parse_args()
+    if a.from_file:
+        render(json.load(open(a.from_file)))
+        return
+    if not a.pairs:
+        sys.exit(__doc__)
     cfgs = []
     for p in a.pairs:
         label, _, spec = p.partition("=")
         binary, _, model = spec.rpartition(":")
         cfgs.append((label, binary or "build/ellm", model))
-    res = {c[0]: [] for c in cfgs}
+    load = lambda: open("/proc/loadavg").read().split()[:3]
+    doc = {"labels": [c[0] for c in cfgs], "pairs": {c[0]: {"binary": c[1], "model": c[2]} for c in cfgs},
+           "load_start": load(), "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "runs": []}
     for r in range(a.rounds):
         for label, b, m in cfgs:
-            p = subprocess.run([b, "bench", "-m", m, "-t", str(a.threads), "--depths", "0", "--prefill", "0", "-n",
-                                "32", "--bw-mb", "256", "--json"], capture_output=True, text=True)
+            cmd = [b, "bench", "-m", m, "-t", str(a.threads), "--depths", a.depths, "--prefill", "0", "-n", str(a.n),
+                   "--bw-mb", "256", "--json"]
+            if a.synthetic_from is not None:
+                cmd += ["--synthetic-from", str(a.synthetic_from)]
+            if a.kv_type:
+                cmd += ["--kv-type", a.kv_type]
+            p = subprocess.run(cmd, capture_output=True, text=True)
             if p.returncode:
                 sys.exit(f"ellm bench failed on {m}:\n{p.stderr}")
             j = json.loads(p.stdout)
-            pt = next(x for x in j["points"] if x["mode"] == "dense")
-            res[label].append(pt["tokens_per_s"])
-            print(f"round {r} {label}: {pt['tokens_per_s']:.2f} tok/s "
-                  f"({j['weight_bytes_per_token'] / 1e6:.0f} MB/token)", flush=True)
-    base = statistics.median(res[cfgs[0][0]])
-    print("| file | tokens/s (median) | vs first | every round |\n|---|---:|---:|---|")
-    for label, v in res.items():
-        med = statistics.median(v)
-        print(f"| {label} | {med:.2f} | {med / base:.2f} | {' '.join(f'{x:.2f}' for x in v)} |")
-    print("load average at the end:", open("/proc/loadavg").read().split()[:3])
+            doc["runs"].append({"round": r, "label": label, "cmd": cmd, "bench": j})
+            dense = [x for x in j["points"] if x["mode"] == "dense"]
+            print(f"round {r} {label}: " + ", ".join(f"{x['depth']}: {x['tokens_per_s']:.2f} tok/s" for x in dense) +
+                  f" (self-test {j['bandwidth_gbps']:.1f} GB/s)", file=sys.stderr, flush=True)
+    doc["load_end"] = load()
+    doc["finished"] = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+    if a.json_out:
+        with open(a.json_out, "w") as f:
+            json.dump(doc, f, indent=1)
+    render(doc)
 
 
 if __name__ == "__main__":
