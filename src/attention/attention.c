@@ -573,24 +573,25 @@ static void attn_worker(void *arg, int ith, int nth) {
             nx = &nx_store;
         }
         attn_state st = own;
+        const long from = pf_from;
+        /* the next part's first A blocks are asked for by this one's look-ahead */
+        pf_from = nx ? nx->b + A : 0;
         if (n_parts == 1) {
-            run_part_ahead(J, &st, s, kb, ke, &ws->q_tag[ith], nx, pf_from);
+            run_part_ahead(J, &st, s, kb, ke, &ws->q_tag[ith], nx, from);
             write_out(J, &st, s);
-        } else {
+            continue;
+        }
         const int rows = seg_rows(J, s);
         const size_t rp = round16((size_t)rows);
         float *slot = part_slot(J, s, c);
         st.m = slot;
         st.l = slot + rp;
         st.acc = slot + 2 * rp;
-        run_part_ahead(J, &st, s, kb, ke, &ws->q_tag[ith], nx, pf_from);
+        run_part_ahead(J, &st, s, kb, ke, &ws->q_tag[ith], nx, from);
         /* acq_rel: the last arrival sees every other part's partial. */
         if (atomic_fetch_add_explicit(&ws->arrived[s], 1, memory_order_acq_rel) + 1 == n_parts) {
             merge_slots(J, s, part_slot(J, s, 0), part_slot_floats(J, rows), n_parts, rp);
         }
-        }
-        /* the next part's first A blocks were asked for by this one's look-ahead */
-        pf_from = nx ? nx->b + A : 0;
     }
 }
 
