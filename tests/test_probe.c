@@ -13,6 +13,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 /* ---- building SMBIOS tables ------------------------------------------------- */
@@ -535,7 +536,9 @@ static void test_cli(void) {
     rc = test_ellm("probe --bw-mb 32", out, sizeof out);
     char *saved = test_read_file(cache, NULL);
     double gbps = 0;
-    CHECK(rc == 0 && saved && sscanf(saved, "ellm-probe 1 physical_cores %*d all_read_gbps %lf", &gbps) == 1 && gbps > 0,
+    int saved_cores = 0;
+    CHECK(rc == 0 && saved && sscanf(saved, "ellm-probe 1 physical_cores %d all_read_gbps %lf", &saved_cores, &gbps) == 2 &&
+              gbps > 0,
           "probe did not save its result: %s", saved ? saved : "(no file)");
     free(saved);
     rc = test_ellm("run -n 16 --seed 2 --stats", out, sizeof out);
@@ -551,6 +554,35 @@ static void test_cli(void) {
     CHECK(rc == 0 && cJSON_IsNumber(pb) && fabs(pb->valuedouble - gbps) < 0.01 && cJSON_IsNumber(pf) && g &&
               fabs(pf->valuedouble - g->valuedouble / gbps) < 0.01,
           "bench probe_read_gbps / probe_fraction: %s", out);
+    /* the saved figure's age: the probe ran a few seconds ago */
+    const cJSON *ps = j ? cJSON_GetObjectItem(j, "probe_saved") : NULL;
+    const cJSON *age = j ? cJSON_GetObjectItem(j, "probe_age_s") : NULL;
+    CHECK(cJSON_IsTrue(ps) && cJSON_IsNumber(age) && age->valuedouble >= 0 && age->valuedouble < 600,
+          "bench probe_saved / probe_age_s: %s", out);
+    cJSON_Delete(j);
+    rc = test_ellm("bench -n 4 --depths 0 --prefill 0 --bw-mb 16", out, sizeof out);
+    snprintf(want, sizeof want, "share of the %.1f GB/s `ellm probe` measured ", gbps);
+    CHECK(rc == 0 && strstr(out, want) && strstr(out, " s ago (all nodes)"), "bench text: no '%s... s ago' in %s", want,
+          out);
+    /* an old result says how old */
+    FILE *old = fopen(cache, "w");
+    if (old) {
+        fprintf(old, "ellm-probe 1\nphysical_cores %d\nall_read_gbps 12.345\nmeasured_at %lld\n",
+                saved_cores, (long long)time(NULL) - 3 * 3600);
+        fclose(old);
+    }
+    rc = test_ellm("bench -n 4 --depths 0 --prefill 0 --bw-mb 16", out, sizeof out);
+    CHECK(old && rc == 0 && strstr(out, "share of the 12.3 GB/s `ellm probe` measured 3.0 h ago (all nodes)"),
+          "bench with a 3-hour-old probe: %s", out);
+    remove(cache);
+    rc = test_ellm("bench -n 4 --depths 0 --prefill 0 --bw-mb 16 --json", out, sizeof out);
+    j = cJSON_Parse(out);
+    ps = j ? cJSON_GetObjectItem(j, "probe_saved") : NULL;
+    age = j ? cJSON_GetObjectItem(j, "probe_age_s") : NULL;
+    pb = j ? cJSON_GetObjectItem(j, "probe_read_gbps") : NULL;
+    CHECK(rc == 0 && cJSON_IsFalse(ps) && cJSON_IsNumber(age) && age->valuedouble == 0 && cJSON_IsNumber(pb) &&
+              pb->valuedouble > 0,
+          "bench without a saved probe: %s", out);
     cJSON_Delete(j);
     unsetenv("ELLM_PROBE_CACHE");
     remove(cache);

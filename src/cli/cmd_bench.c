@@ -341,8 +341,9 @@ int cmd_bench(int argc, char **argv) {
     double bw = nt == 1 ? bw1 : ellm_measure_read_gbps(nt, (size_t)bw_mb << 20, 5);
     /* The yardstick `ellm probe` measured (all nodes, each core reading its
      * own node's memory), for the probe_fraction of each point. */
-    double probe_bw = 0;
-    if (!probe_cache_load(&probe_bw, NULL)) {
+    double probe_bw = 0, probe_age_s = -1;
+    const int probe_saved = probe_cache_load(&probe_bw, &probe_age_s);
+    if (!probe_saved) {
         topology *topo = NULL;
         if (topology_init_system(&topo, NULL) == ELLM_OK) probe_bw = probe_all_read_gbps(topo, (size_t)bw_mb << 20, 5);
         topology_free(topo);
@@ -543,9 +544,11 @@ int cmd_bench(int argc, char **argv) {
     if (json) {
         printf("{\"engine\": \"ellm\", \"model\": \"%s\", \"arch\": \"%s\", \"threads\": %d, \"isa\": \"%s\", "
                "\"kv_type\": \"%s\", \"weight_bytes_per_token\": %llu, \"kv_bytes_per_token\": %zu, "
-               "\"bandwidth_gbps\": %.3f, \"bandwidth_gbps_1t\": %.3f, \"probe_read_gbps\": %.3f, \"points\": [",
+               "\"bandwidth_gbps\": %.3f, \"bandwidth_gbps_1t\": %.3f, \"probe_read_gbps\": %.3f, "
+               "\"probe_saved\": %s, \"probe_age_s\": %.0f, \"points\": [",
                model_path, info.arch, nt, ellm_isa_name(), arg_kv_type_name(kv_f32),
-               (unsigned long long)info.decode_weight_bytes, kv_per_token, bw, bw1, probe_bw);
+               (unsigned long long)info.decode_weight_bytes, kv_per_token, bw, bw1, probe_bw,
+               probe_saved ? "true" : "false", probe_saved ? probe_age_s : 0.0);
         for (int i = 0; i < n_depths; i++) {
             printf("%s{\"depth\": %d, \"mode\": \"dense\", \"synthetic_kv\": %s, \"tokens_per_s\": %.3f, "
                    "\"ms_per_token\": %.4f, \"bytes_per_token\": %.0f, \"gbps\": %.3f, \"bw_fraction\": %.4f, "
@@ -631,7 +634,16 @@ int cmd_bench(int argc, char **argv) {
         for (int i = 0; i < n_prefills; i++)
             printf("prefill %d tokens: %.1f tokens/s\n", pre[i].tokens, pre[i].tokens_per_s);
         if (probe_bw > 0) {
-            printf("share of the %.1f GB/s `ellm probe` measured (all nodes), dense decode:", probe_bw);
+            /* the age: a figure measured on a busy machine stays low until the probe runs again */
+            char age[64];
+            if (probe_saved) {
+                probe_age_text(probe_age_s, age, sizeof age);
+                printf("share of the %.1f GB/s `ellm probe` %s (all nodes), dense decode:", probe_bw, age);
+            } else {
+                printf("share of the %.1f GB/s read now as `ellm probe` does (all nodes; `ellm probe` keeps its "
+                       "result for later runs), dense decode:",
+                       probe_bw);
+            }
             for (int i = 0; i < n_depths; i++) printf(" %d: %.0f%%", pts[i].depth, 100 * pts[i].gbps / probe_bw);
             printf("\nplacement: %s\n", info.placement);
         }

@@ -472,9 +472,9 @@ static void print_bandwidth_share(double read_bytes, int n_dec, double t_gen_ms)
     double probe = 0, age_s = -1;
     char source[128] = "ellm probe measured";
     if (probe_cache_load(&probe, &age_s) && age_s >= 0) {
-        if (age_s < 120) snprintf(source, sizeof source, "ellm probe measured %.0f s ago", age_s);
-        else if (age_s < 7200) snprintf(source, sizeof source, "ellm probe measured %.0f min ago", age_s / 60);
-        else snprintf(source, sizeof source, "ellm probe measured %.1f h ago", age_s / 3600);
+        char age[64];
+        probe_age_text(age_s, age, sizeof age);
+        snprintf(source, sizeof source, "ellm probe %s", age);
     } else if (probe <= 0) {
         topology *t = NULL;
         if (topology_init_system(&t, NULL) == ELLM_OK) probe = probe_all_read_gbps(t, (size_t)128 << 20, 3);

@@ -167,6 +167,13 @@ int probe_cache_load(double *all_read_gbps, double *age_s) {
     return 1;
 }
 
+void probe_age_text(double age_s, char *buf, size_t n) {
+    if (age_s < 0) snprintf(buf, n, "measured at an unknown time");
+    else if (age_s < 120) snprintf(buf, n, "measured %.0f s ago", age_s);
+    else if (age_s < 7200) snprintf(buf, n, "measured %.0f min ago", age_s / 60);
+    else snprintf(buf, n, "measured %.1f h ago", age_s / 3600);
+}
+
 void probe_set_channels(probe_report *r, ellm_status dmi_status, const dmi_memory *m, const char *why) {
     r->dmi = *m;
     r->channels_known = dmi_status == ELLM_OK && dmi_channels_known(m);

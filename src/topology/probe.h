@@ -68,6 +68,9 @@ double probe_all_read_gbps(const topology *t, size_t bytes, int reps);
  * probe runs again, so callers show the age next to it. */
 int probe_cache_save(const probe_report *r);
 int probe_cache_load(double *all_read_gbps, double *age_s);
+/* "measured 40 s ago", "measured 14 min ago", "measured 2.5 h ago" (or
+ * "measured at an unknown time" for age_s < 0) into buf. */
+void probe_age_text(double age_s, char *buf, size_t n);
 
 /* Frees what the report owns (the nodes' CPU lists). */
 void probe_report_free(probe_report *r);
