@@ -341,13 +341,9 @@ int cmd_bench(int argc, char **argv) {
     double bw = nt == 1 ? bw1 : ellm_measure_read_gbps(nt, (size_t)bw_mb << 20, 5);
     /* The yardstick `ellm probe` measured (all nodes, each core reading its
      * own node's memory), for the probe_fraction of each point. */
-    double probe_bw = 0, probe_age_s = -1;
-    const int probe_saved = probe_cache_load(&probe_bw, &probe_age_s);
-    if (!probe_saved) {
-        topology *topo = NULL;
-        if (topology_init_system(&topo, NULL) == ELLM_OK) probe_bw = probe_all_read_gbps(topo, (size_t)bw_mb << 20, 5);
-        topology_free(topo);
-    }
+    double probe_age_s;
+    int probe_saved;
+    const double probe_bw = probe_reference_gbps((size_t)bw_mb << 20, 5, &probe_saved, &probe_age_s);
 
     int max_depth = depths[n_depths - 1];
     int max_prefill = 0;

@@ -469,17 +469,14 @@ out:
  * measured (its saved result, else measured now the same way). */
 static void print_bandwidth_share(double read_bytes, int n_dec, double t_gen_ms) {
     if (!(read_bytes > 0 && n_dec > 0 && t_gen_ms > 0)) return;
-    double probe = 0, age_s = -1;
-    char source[128] = "ellm probe measured";
-    if (probe_cache_load(&probe, &age_s) && age_s >= 0) {
+    double age_s;
+    int saved;
+    const double probe = probe_reference_gbps((size_t)128 << 20, 3, &saved, &age_s);
+    char source[128] = "measured now as ellm probe does (run `ellm probe` once to keep it)";
+    if (saved) {
         char age[64];
         probe_age_text(age_s, age, sizeof age);
         snprintf(source, sizeof source, "ellm probe %s", age);
-    } else if (probe <= 0) {
-        topology *t = NULL;
-        if (topology_init_system(&t, NULL) == ELLM_OK) probe = probe_all_read_gbps(t, (size_t)128 << 20, 3);
-        topology_free(t);
-        snprintf(source, sizeof source, "measured now as ellm probe does (run `ellm probe` once to keep it)");
     }
     const double bytes = read_bytes / n_dec, gbps = read_bytes / t_gen_ms / 1e6;
     if (probe > 0) {
@@ -677,7 +674,7 @@ static int gen_loop(gen_run *g, long n_predict, ellm_detok *dt, double *t_gen_ms
     char text[2048]; /* longest vocabulary pieces are ~512 bytes */
     /* the end of the context: -c, or the KV memory ceiling (--kv-cache-gb) if lower */
     int tty = isatty(2), n_ctx = ellm_context_capacity(g->ctx), start = g->generated;
-    double t_gen0 = ellm_time_ms(), t_last_status = 0;
+    double t_last_status = 0;
     g->start = gen_mark_now(g);
     if (g->lw.sample) g->lw.bw_gbps = sample_bandwidth(g); /* sampling time, left out below */
     g->lw.at = gen_mark_now(g);
@@ -746,12 +743,12 @@ static int gen_loop(gen_run *g, long n_predict, ellm_detok *dt, double *t_gen_ms
         if (log_due(g)) log_line(g);
         double now = ellm_time_ms();
         if (tty && now - t_last_status > 200) {
-            status_line(g->generated, (int)n_predict, (g->generated - start) / ((now - t_gen0) / 1000.0),
+            status_line(g->generated, (int)n_predict, (g->generated - start) / ((now - g->start.t_ms) / 1000.0),
                         ellm_context_pos(g->ctx), n_ctx);
             t_last_status = now;
         }
     }
-    *t_gen_ms = ellm_time_ms() - t_gen0 - g->lw.sample_ms;
+    *t_gen_ms = ellm_time_ms() - g->start.t_ms - g->lw.sample_ms;
     const gen_mark end = gen_mark_now(g);
     g->read_bytes = gen_bytes_between(g, &g->start, &end);
     log_bandwidth_summary(g);

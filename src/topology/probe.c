@@ -174,6 +174,17 @@ void probe_age_text(double age_s, char *buf, size_t n) {
     else snprintf(buf, n, "measured %.1f h ago", age_s / 3600);
 }
 
+double probe_reference_gbps(size_t bytes, int reps, int *saved, double *age_s) {
+    double gbps = 0;
+    *age_s = -1;
+    *saved = probe_cache_load(&gbps, age_s);
+    if (*saved) return gbps;
+    topology *t = NULL;
+    if (topology_init_system(&t, NULL) == ELLM_OK) gbps = probe_all_read_gbps(t, bytes, reps);
+    topology_free(t);
+    return gbps;
+}
+
 void probe_set_channels(probe_report *r, ellm_status dmi_status, const dmi_memory *m, const char *why) {
     r->dmi = *m;
     r->channels_known = dmi_status == ELLM_OK && dmi_channels_known(m);

@@ -71,6 +71,11 @@ int probe_cache_load(double *all_read_gbps, double *age_s);
 /* "measured 40 s ago", "measured 14 min ago", "measured 2.5 h ago" (or
  * "measured at an unknown time" for age_s < 0) into buf. */
 void probe_age_text(double age_s, char *buf, size_t n);
+/* The yardstick `ellm run --stats` and `ellm bench` compare decode with: the
+ * saved probe result (*saved = 1, its age in *age_s), else the all-node read
+ * rate measured now as the probe does, over `bytes`, best of `reps` (*saved
+ * = 0). 0 if neither is possible. */
+double probe_reference_gbps(size_t bytes, int reps, int *saved, double *age_s);
 
 /* Frees what the report owns (the nodes' CPU lists). */
 void probe_report_free(probe_report *r);
