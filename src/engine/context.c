@@ -280,7 +280,8 @@ ellm_status engine_context_init(ellm_model *model, const ellm_context_params *pa
         ctx->sel_n = malloc((size_t)c->n_head_kv * sizeof *ctx->sel_n);
         ctx->head_sel_stats = calloc((size_t)c->n_head_kv, sizeof *ctx->head_sel_stats);
         ctx->head_select_ns = calloc((size_t)c->n_head_kv, sizeof *ctx->head_select_ns);
-        if (!ctx->head_weight || !ctx->recall_ema || !ctx->gain_ema || !ctx->layer_dense || !ctx->sel_blocks || !ctx->sel_n || !ctx->head_sel_stats || !ctx->head_select_ns) {
+        if (!ctx->head_weight || !ctx->recall_ema || !ctx->gain_ema || !ctx->layer_dense || !ctx->sel_blocks ||
+            !ctx->sel_n || !ctx->head_sel_stats || !ctx->head_select_ns) {
             ellm_context_free(ctx);
             return ellm_fail(err, ELLM_ERR_NOMEM, "context: out of memory for the sparse index");
         }
