@@ -29,13 +29,11 @@ def render(doc):
             for r in runs:
                 if r["label"] != label:
                     continue
-                b = r["bench"]
-                pt = next(p for p in b["points"] if p["mode"] == "dense" and p["depth"] == d)
-                gbps = pt["tokens_per_s"] * (b["weight_bytes_per_token"] + d * b["kv_bytes_per_token"]) / 1e9
+                pt = next(p for p in r["bench"]["points"] if p["mode"] == "dense" and p["depth"] == d)
                 tps.append(pt["tokens_per_s"])
-                own.append(gbps / b["bandwidth_gbps"])
-                if b.get("probe_read_gbps"):
-                    probe.append(gbps / b["probe_read_gbps"])
+                own.append(pt["bw_fraction"])
+                if pt.get("probe_fraction"):
+                    probe.append(pt["probe_fraction"])
             med[label] = statistics.median(tps)
             pr = f"{100 * statistics.median(probe):.0f}%" if probe else "-"
             print(f"| {d} | {label} | {med[label]:.2f} | {med[label] / med[labels[0]]:.3f} | "
