@@ -501,7 +501,8 @@ typedef struct {
                               holding the map for K, or NULL (no map). Read at init. */
     int adapt;          /* 1: choose the draft length of each pass in [1, draft_max]
                            from the running acceptance and the measured costs of a
-                           draft step and of verify passes (ellm_spec_best_draft_length);
+                           draft step and of verify passes (ellm_spec_best_draft_length),
+                           or 0 (a plain step) while plain steps measure faster;
                            0: always draft_max */
 } ellm_spec_params;
 
@@ -516,6 +517,8 @@ typedef struct {
     double mean_draft_len;    /* mean draft length asked of the drafters per pass */
     int draft_len;            /* the draft length the next pass will ask for */
     double token_accept;      /* running per-token acceptance (adapt) */
+    int64_t plain_passes;     /* passes that drafted nothing because plain steps
+                                 measured faster (adapt) */
 } ellm_spec_stats;
 
 ellm_spec_params ellm_spec_default_params(void);

@@ -23,6 +23,8 @@
 static ellm_model *g_model;
 static int g_vocab;
 static const char *g_draft_map; /* generate(): the draft map of shallow drafters, or NULL */
+static int g_adapt;             /* generate(): adaptive draft length */
+static double g_draft_scale = 1; /* generate(): spec_set_draft_cost_scale */
 static char g_dir[256]; /* a temporary folder holding a copy of the model (its draft caches land beside it) */
 
 static int write_file(const char *path, const void *data, size_t n) {
@@ -134,9 +136,11 @@ static int generate(const int32_t *prompt, int n_prompt, int n_gen, int topk, co
         p.drafters = drafters;
         p.verify_sparse = verify_sparse;
         p.draft_map = g_draft_map;
+        p.adapt = g_adapt;
         ellm_status st = ellm_spec_init(ctx, &p, &spec, &err);
         CHECK(st == ELLM_OK, "spec init %s: %s", drafters, err.msg);
         if (st != ELLM_OK) goto out;
+        spec_set_draft_cost_scale(spec, g_draft_scale);
     }
     CHECK(ellm_decode(ctx, prompt, n_prompt, NULL, &err) == ELLM_OK, "prefill: %s", err.msg);
     while (got < n_gen) {
@@ -209,6 +213,69 @@ static void test_greedy_streams(const int32_t *prompt, int n_prompt, const char 
     free(ref);
     free(got);
     free(ref_sparse);
+}
+
+/* The adaptive draft length's choice against costs like those measured on a
+ * 2-core Zen 5 guest (SmolLM2-135M shape, Q8_0 KV, 16K: a plain step 8.36 ms,
+ * a q4_0 draft token 3.2 ms, a verify pass of 4 tokens 21.3 ms, acceptance
+ * for 5.35 tokens per verify at k = 8): drafting loses there, so plain steps
+ * (0); with cheap drafts and a verify pass that barely grows it drafts, the
+ * length ellm_spec_best_draft_length gives; a plain step not yet timed is
+ * never chosen. */
+static void test_choose_length(void) {
+    const int K = 8;
+    double est[K + 2], cheap[K + 2], unknown[K + 2];
+    for (int n = 1; n <= K + 1; n++) {
+        est[n] = 8.36 + 4.31 * (n - 1);
+        cheap[n] = 8.36 + 0.2 * (n - 1);
+        unknown[n] = n == 1 ? 0 : est[n];
+    }
+    double a = ellm_spec_token_acceptance(5.35, K);
+    CHECK(fabs(ellm_spec_tokens_per_verify(a, K) - 5.35) < 1e-6, "acceptance for 5.35 tokens per verify: %f", a);
+    CHECK(spec_choose_length(a, 3.2, est, K) == 0, "expensive drafts: %d, not a plain step",
+          spec_choose_length(a, 3.2, est, K));
+    int best = ellm_spec_best_draft_length(a, 0.3, cheap + 1, K, NULL);
+    CHECK(best >= 4 && spec_choose_length(a, 0.3, cheap, K) == best, "cheap drafts: %d (best length %d)",
+          spec_choose_length(a, 0.3, cheap, K), best);
+    CHECK(spec_choose_length(a, 3.2, unknown, K) == ellm_spec_best_draft_length(a, 3.2, unknown + 1, K, NULL) &&
+              spec_choose_length(a, 3.2, unknown, K) >= 1,
+          "an untimed plain step is not chosen");
+    /* at equal rates the drafter keeps the pass */
+    double even[3] = {0, 10, 10};
+    CHECK(spec_choose_length(1.0, 0, even, 1) == 1, "equal rates: %d", spec_choose_length(1.0, 0, even, 1));
+}
+
+/* Adaptive speculation where drafting costs far more than it saves (each
+ * draft counted 10^6 times its time): after the first passes (draft_max, half,
+ * 1, then a plain step to time it) it takes plain steps, drafting only on
+ * the exploring passes, and its greedy stream stays plain decoding's. */
+static void test_adaptive_plain(const int32_t *prompt, int n_prompt) {
+    const int n_gen = 400;
+    int32_t *ref = malloc(n_gen * sizeof *ref), *got = malloc(n_gen * sizeof *got);
+    generate(prompt, n_prompt, n_gen, -1, NULL, 0, ref, NULL);
+    static const char *drafters[] = {"sparse:48", "ngram+quant:q4_0"};
+    for (int c = 0; c < 2; c++) {
+        ellm_spec_stats st = {0};
+        g_adapt = 1;
+        g_draft_scale = 1e6;
+        int n = generate(prompt, n_prompt, n_gen, drafters[c][0] == 's' ? 0 : -1, drafters[c], 0, got, &st);
+        g_adapt = 0;
+        g_draft_scale = 1;
+        int same = 0;
+        while (same < n && same < n_gen && got[same] == ref[same]) same++;
+        CHECK(n == n_gen && same == n_gen, "adaptive %s: stream differs from plain decoding at token %d", drafters[c],
+              same);
+        int64_t drafting = st.verify_passes - st.plain_passes;
+        CHECK(st.plain_passes > 0 && drafting <= 3 + st.verify_passes / 32 + 1,
+              "adaptive %s with costly drafts: %lld of %lld passes plain", drafters[c], (long long)st.plain_passes,
+              (long long)st.verify_passes);
+        CHECK(st.draft_len == 0 || st.verify_passes % 32 == 0, "adaptive %s: next length %d, not plain", drafters[c],
+              st.draft_len);
+        printf("adaptive %-18s with costly drafts: %lld of %lld passes plain, %d tokens identical\n", drafters[c],
+               (long long)st.plain_passes, (long long)st.verify_passes, same);
+    }
+    free(ref);
+    free(got);
 }
 
 /* Chi-square statistic of counts against probabilities (bins with expected
@@ -598,6 +665,7 @@ int main(void) {
     int n_prompt = 0;
     int32_t *prompt = prompt_tokens(&n_prompt);
     test_parse();
+    test_choose_length();
     test_errors();
     test_quant_cache();
     if (prompt && n_prompt >= 200) {
@@ -606,6 +674,7 @@ int main(void) {
         test_map_solve();
         test_draft_map(prompt, n_prompt, map, sizeof map);
         test_greedy_streams(prompt, 200, map);
+        test_adaptive_plain(prompt, 200);
         test_sampling(prompt, n_prompt);
         test_eval(prompt, n_prompt);
     }

@@ -1136,8 +1136,10 @@ int cmd_run(int argc, char **argv) {
                 o.spec, o.draft_max, o.spec_verify ? "sparse" : "dense", ss.acceptance_rate,
                 (long long)ss.accepted, (long long)ss.proposed, ss.tokens_per_verify,
                 (long long)ss.verify_passes, ss.draft_ms, ss.verify_ms, ss.rollback_ms);
-        fprintf(stderr, "draft_length: %s, mean %.2f per pass, next %d; per-token acceptance %.3f\n",
-                o.draft_fixed ? "fixed" : "adaptive", ss.mean_draft_len, ss.draft_len, ss.token_accept);
+        fprintf(stderr, "draft_length: %s, mean %.2f per pass, next %d; per-token acceptance %.3f; "
+                "%lld of %lld passes plain (drafting measured slower)\n",
+                o.draft_fixed ? "fixed" : "adaptive", ss.mean_draft_len, ss.draft_len, ss.token_accept,
+                (long long)ss.plain_passes, (long long)ss.verify_passes);
         for (int i = 0; i < 4; i++) /* at most 4 drafters in a chain */
             if (*ellm_spec_drafter_note(spec, i)) fprintf(stderr, "spec_drafter %d: %s\n", i, ellm_spec_drafter_note(spec, i));
     }

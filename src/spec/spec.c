@@ -34,6 +34,7 @@ struct ellm_spec {
     int32_t *hist;    /* history + the step's tokens, for n-gram lookup and the sampler */
     int hist_cap;
     int accept_all;   /* test hook: accept every draft (breaks exactness on purpose) */
+    double draft_cost_scale; /* test hook: the adaptive length counts draft time this many times (1) */
     int32_t pending;  /* sampling: a token drawn on rejection, returned already and fed by the next step (-1: none) */
     ellm_spec_stats st;
     /* Adaptive draft length: running (exponentially weighted) figures */
@@ -113,17 +114,26 @@ static double verify_estimate(const ellm_spec *s, int n) {
     return s->verify_ms[top] + (slope > 0 ? slope : 0) * (n - top);
 }
 
+int spec_choose_length(double a, double draft_tok_ms, const double *est, int kmax) {
+    double tps;
+    int k = ellm_spec_best_draft_length(a, draft_tok_ms, est + 1, kmax, &tps);
+    return est[1] > 0 && 1000.0 / est[1] > tps ? 0 : k;
+}
+
 /* After a pass that asked for k drafts, got nd, kept m and verified in
  * verify_ms (nd + 1 tokens) after drafting for draft_ms: updates the running
- * figures and chooses the next draft length. The first passes try draft_max,
- * half of it and 1 so that the verify cost is known at several sizes; every
- * SPEC_EXPLORE_EVERY passes a neighbour of the current length is tried. */
+ * figures and chooses the next draft length (spec_choose_length; 0 is a
+ * plain step). The first passes try draft_max, half of it, 1 and 0 so that
+ * the verify cost is known at several sizes and a plain step's is known;
+ * every SPEC_EXPLORE_EVERY passes a neighbour of the current length is
+ * tried, and from plain steps the best draft length, so that the draft and
+ * verify costs and the acceptance are measured again as the context grows. */
 static void adapt_update(ellm_spec *s, int nd, int m, double draft_ms, double verify_ms) {
     const int K = s->p.draft_max;
     s->acc_n = SPEC_EMA * s->acc_n + m;
     s->miss_n = SPEC_EMA * s->miss_n + (m < nd);
     if (nd > 0) {
-        double per = draft_ms / nd;
+        double per = draft_ms * s->draft_cost_scale / nd;
         s->draft_tok_ms = s->draft_seen ? SPEC_EMA * s->draft_tok_ms + (1 - SPEC_EMA) * per : per;
         s->draft_seen = 1;
     }
@@ -134,16 +144,19 @@ static void adapt_update(ellm_spec *s, int nd, int m, double draft_ms, double ve
         return;
     }
     int64_t pass = s->st.verify_passes; /* passes done, this one included */
-    if (pass == 1 || pass == 2) {
-        s->k_next = pass == 1 ? (K / 2 > 1 ? K / 2 : 1) : 1;
+    if (pass <= 3) {
+        s->k_next = pass == 1 ? (K / 2 > 1 ? K / 2 : 1) : pass == 2 ? 1 : 0;
         return;
     }
     double a = s->acc_n + s->miss_n > 0 ? s->acc_n / (s->acc_n + s->miss_n) : 0;
-    double vm[SPEC_MAX_DRAFT + 1];
-    for (int k = 1; k <= K; k++) vm[k] = verify_estimate(s, k + 1);
-    int k = ellm_spec_best_draft_length(a, s->draft_tok_ms, vm, K, NULL);
-    if (pass % SPEC_EXPLORE_EVERY == 0) k += (pass / SPEC_EXPLORE_EVERY) % 2 ? 1 : -1;
-    s->k_next = k < 1 ? 1 : k > K ? K : k;
+    double est[SPEC_MAX_DRAFT + 2];
+    for (int n = 1; n <= K + 1; n++) est[n] = verify_estimate(s, n);
+    int k = spec_choose_length(a, s->draft_tok_ms, est, K);
+    if (pass % SPEC_EXPLORE_EVERY == 0) {
+        if (k == 0) k = ellm_spec_best_draft_length(a, s->draft_tok_ms, est + 1, K, NULL);
+        else k += (pass / SPEC_EXPLORE_EVERY) % 2 ? 1 : -1;
+    }
+    s->k_next = k < 0 ? 0 : k > K ? K : k;
 }
 
 ellm_spec_params ellm_spec_default_params(void) {
@@ -321,6 +334,7 @@ ellm_status ellm_spec_init(ellm_context *ctx, const ellm_spec_params *params, el
     s->target_topk = ctx->sparse_topk;
     s->pending = -1;
     s->k_next = p.draft_max;
+    s->draft_cost_scale = 1;
     s->n_vocab = ctx->model->cfg.n_vocab;
     s->rows = malloc((size_t)(SPEC_MAX_DRAFT + 1) * s->n_vocab * sizeof *s->rows);
     s->probs = malloc((size_t)s->n_vocab * sizeof *s->probs);
@@ -343,6 +357,8 @@ void ellm_spec_free(ellm_spec *s) {
 }
 
 void spec_set_accept_all(ellm_spec *s, int on) { s->accept_all = on; }
+
+void spec_set_draft_cost_scale(ellm_spec *s, double f) { s->draft_cost_scale = f; }
 
 void ellm_spec_reset(ellm_spec *s) { s->pending = -1; }
 
@@ -602,6 +618,7 @@ ellm_status ellm_spec_verify_step(ellm_spec *s, ellm_sampler *smp, double verify
     s->st.rollback_ms += (s->v_t2 - s->v_t1) + (t4 - t3);
     s->st.verify_ms += verify_ms;
     s->k_sum += s->v_k_asked;
+    s->st.plain_passes += s->v_k_asked == 0;
     if (s->v_k == s->v_k_asked) adapt_update(s, nd, m, s->v_t1 - s->v_t0, verify_ms); /* a pass cut short by the end says little */
     return ELLM_OK;
 }

@@ -65,4 +65,15 @@ int spec_draft(ellm_spec *s, int32_t *hist, int n, int max, int32_t *out, ellm_e
  * purpose, so that tests can show their checks detect a broken acceptance). */
 void spec_set_accept_all(ellm_spec *s, int on);
 
+/* Test hook: the adaptive draft length counts each draft's measured time f
+ * times (1: as measured), so that tests can make drafting cost what they need. */
+void spec_set_draft_cost_scale(ellm_spec *s, double f);
+
+/* The adaptive draft length's choice: from the per-token acceptance a, a
+ * drafted token's cost and est[n], the time of a verify pass of n tokens
+ * (n = 1 .. kmax + 1; est[1] is a plain step), the k in [1, kmax] that makes
+ * the most tokens per second (ellm_spec_best_draft_length), or 0 -- a plain
+ * step, no drafting -- when est[1] > 0 and plain steps make more. */
+int spec_choose_length(double a, double draft_tok_ms, const double *est, int kmax);
+
 #endif
