@@ -247,8 +247,9 @@ static void test_choose_length(void) {
 
 /* Adaptive speculation where drafting costs far more than it saves (each
  * draft counted 10^6 times its time): after the first passes (draft_max, half,
- * 1, then a plain step to time it) it takes plain steps, drafting only on
- * the exploring passes, and its greedy stream stays plain decoding's. */
+ * 1, then a plain step to time it) it takes plain steps, trying to draft again
+ * after 32, then 64, 128 ... plain steps, and its greedy stream stays plain
+ * decoding's. */
 static void test_adaptive_plain(const int32_t *prompt, int n_prompt) {
     const int n_gen = 400;
     int32_t *ref = malloc(n_gen * sizeof *ref), *got = malloc(n_gen * sizeof *got);
@@ -266,11 +267,10 @@ static void test_adaptive_plain(const int32_t *prompt, int n_prompt) {
         CHECK(n == n_gen && same == n_gen, "adaptive %s: stream differs from plain decoding at token %d", drafters[c],
               same);
         int64_t drafting = st.verify_passes - st.plain_passes;
-        CHECK(st.plain_passes > 0 && drafting <= 3 + st.verify_passes / 32 + 1,
-              "adaptive %s with costly drafts: %lld of %lld passes plain", drafters[c], (long long)st.plain_passes,
-              (long long)st.verify_passes);
-        CHECK(st.draft_len == 0 || st.verify_passes % 32 == 0, "adaptive %s: next length %d, not plain", drafters[c],
-              st.draft_len);
+        /* 3 first passes, then tries of drafting after 32, 64, 128 and 256 plain steps */
+        CHECK(st.plain_passes > 0 && drafting <= 3 + 4, "adaptive %s with costly drafts: %lld of %lld passes plain",
+              drafters[c], (long long)st.plain_passes, (long long)st.verify_passes);
+        CHECK(st.draft_len == 0, "adaptive %s: next length %d, not plain", drafters[c], st.draft_len);
         printf("adaptive %-18s with costly drafts: %lld of %lld passes plain, %d tokens identical\n", drafters[c],
                (long long)st.plain_passes, (long long)st.verify_passes, same);
     }

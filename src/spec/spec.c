@@ -42,7 +42,9 @@ struct ellm_spec {
     double draft_tok_ms;   /* one drafted token's cost */
     int draft_seen;
     double verify_ms[SPEC_MAX_DRAFT + 2]; /* [n]: a verify pass of n tokens (0: not measured) */
-    int k_next;            /* draft length of the next pass */
+    int k_next;            /* draft length of the next pass (0: a plain step) */
+    int plain_left;        /* plain steps before drafting is tried again (-1: not in a run of them) */
+    int explore_gap;       /* plain steps between tries of drafting: SPEC_EXPLORE_EVERY, doubling while they lose */
     int64_t k_sum;         /* sum of draft lengths asked */
     /* A step between ellm_spec_draft_step and ellm_spec_verify_step: the
      * verify batch (x, then nd drafts) and what the acceptance needs. */
@@ -54,6 +56,7 @@ struct ellm_spec {
 
 #define SPEC_EMA 0.9          /* weight of the past in the running figures (about 10 passes) */
 #define SPEC_EXPLORE_EVERY 32 /* passes between tries of a neighbouring draft length */
+#define SPEC_EXPLORE_MAX 256  /* plain steps at most between tries of drafting again */
 
 double ellm_spec_tokens_per_verify(double a, int k) {
     if (a >= 1) return k + 1;
@@ -125,9 +128,11 @@ int spec_choose_length(double a, double draft_tok_ms, const double *est, int kma
  * figures and chooses the next draft length (spec_choose_length; 0 is a
  * plain step). The first passes try draft_max, half of it, 1 and 0 so that
  * the verify cost is known at several sizes and a plain step's is known;
- * every SPEC_EXPLORE_EVERY passes a neighbour of the current length is
- * tried, and from plain steps the best draft length, so that the draft and
- * verify costs and the acceptance are measured again as the context grows. */
+ * while drafting, every SPEC_EXPLORE_EVERY passes a neighbour of the current
+ * length is tried; after a run of plain steps (SPEC_EXPLORE_EVERY, doubling
+ * each time drafting still loses, up to SPEC_EXPLORE_MAX) the best draft
+ * length is, so that the draft and verify costs and the acceptance are
+ * measured again as the context grows. */
 static void adapt_update(ellm_spec *s, int nd, int m, double draft_ms, double verify_ms) {
     const int K = s->p.draft_max;
     s->acc_n = SPEC_EMA * s->acc_n + m;
@@ -152,9 +157,20 @@ static void adapt_update(ellm_spec *s, int nd, int m, double draft_ms, double ve
     double est[SPEC_MAX_DRAFT + 2];
     for (int n = 1; n <= K + 1; n++) est[n] = verify_estimate(s, n);
     int k = spec_choose_length(a, s->draft_tok_ms, est, K);
-    if (pass % SPEC_EXPLORE_EVERY == 0) {
-        if (k == 0) k = ellm_spec_best_draft_length(a, s->draft_tok_ms, est + 1, K, NULL);
-        else k += (pass / SPEC_EXPLORE_EVERY) % 2 ? 1 : -1;
+    if (k == 0) {
+        if (s->plain_left < 0) { /* a run of plain steps begins */
+            s->plain_left = s->explore_gap;
+        } else if (s->plain_left > 0) {
+            s->plain_left--;
+        } else { /* try drafting again; if it still loses, wait twice as long */
+            k = ellm_spec_best_draft_length(a, s->draft_tok_ms, est + 1, K, NULL);
+            s->explore_gap = 2 * s->explore_gap < SPEC_EXPLORE_MAX ? 2 * s->explore_gap : SPEC_EXPLORE_MAX;
+            s->plain_left = -1;
+        }
+    } else {
+        s->plain_left = -1;
+        s->explore_gap = SPEC_EXPLORE_EVERY;
+        if (pass % SPEC_EXPLORE_EVERY == 0) k += (pass / SPEC_EXPLORE_EVERY) % 2 ? 1 : -1;
     }
     s->k_next = k < 0 ? 0 : k > K ? K : k;
 }
@@ -335,6 +351,8 @@ ellm_status ellm_spec_init(ellm_context *ctx, const ellm_spec_params *params, el
     s->pending = -1;
     s->k_next = p.draft_max;
     s->draft_cost_scale = 1;
+    s->plain_left = -1;
+    s->explore_gap = SPEC_EXPLORE_EVERY;
     s->n_vocab = ctx->model->cfg.n_vocab;
     s->rows = malloc((size_t)(SPEC_MAX_DRAFT + 1) * s->n_vocab * sizeof *s->rows);
     s->probs = malloc((size_t)s->n_vocab * sizeof *s->probs);
