@@ -618,9 +618,10 @@ int cmd_bench(int argc, char **argv) {
                    spts[i].synthetic ? "  (synthetic KV)" : "");
         for (int i = 0; i < n_depths && spec; i++) {
             printf("%8d  %-6s %9.2f   spec:%s, best k %d at %.2f tokens/verify (given %.2f at k=%ld): draft step %.3f ms, "
-                   "verify of k+1 %.3f ms, x%.2f vs dense%s\n",
+                   "verify of k+1 %.3f ms, x%.2f vs dense%s%s\n",
                    pts[i].depth, "spec", specd[i].tokens_per_s, spec, specd[i].k, specd[i].tpv, spec_tpv_given, spec_kmax,
                    specd[i].draft_ms, specd[i].verify_ms, specd[i].tokens_per_s / pts[i].tokens_per_s,
+                   specd[i].tokens_per_s < pts[i].tokens_per_s ? "; run --spec takes plain steps here" : "",
                    pts[i].synthetic ? "  (synthetic KV)" : "");
             if (sparse_topk > 0)
                 printf("%8d  %-6s %9.2f   spec over sparse verify: best k %d, verify %.3f ms, x%.2f vs sparse\n",
