@@ -11,7 +11,8 @@
  *   model  one decode step of a SmolLM2-135M-shaped model: per layer Q, K, V,
  *          O, gate, up, down (30 layers) and the 49152 x 576 output matrix,
  *          contiguous like a mapped GGUF file (~143 MB at Q8_0).
- *   hot    one matrix under 1 MB (1536 x 576, and 216 x 4096 for long rows)
+ *   hot    one matrix under 1 MB (1536 x 576, 216 x 4096 for long rows and
+ *          432 x 2048 for rows as long as Llama-3.2-1B's)
  *          multiplied again and again from L2: the compute ceiling of the
  *          kernel, with no DRAM in the way.
  * K-quants need columns that are multiples of 256, so for them the same
@@ -175,8 +176,9 @@ static void bench_type(int type, const char *sections, const int *nbs, int n_nbs
                 }
             }
             if (strstr(sections, "hot")) {
-                int64_t shp[2][2] = {{s.ffn, s.d}, {1536 * 576 / 4096, 4096}};
-                for (int i = 0; i < 2; i++) {
+                /* the third: rows of 2048 columns, as Llama-3.2-1B's output matrix */
+                int64_t shp[3][2] = {{s.ffn, s.d}, {1536 * 576 / 4096, 4096}, {1536 * 576 / 2048, 2048}};
+                for (int i = 0; i < 3; i++) {
                     memset(&l, 0, sizeof l);
                     list_add(&l, type, shp[i][0], shp[i][1]);
                     size_t one = l.bytes;

@@ -474,47 +474,71 @@ INLINE void mm_q4k_row(const block_q4_K *w, int64_t nblk, const act_row *a, floa
 /* ---- Q6_K weights against ACT_Q8K (VNNI) ----
  * Per half h, one 64-byte ql load gives elements 0-63 (low nibbles) and
  * 64-127 (high nibbles) of the half in order; their top 2 bits come from the
- * 32 qh bytes (broadcast to both 256-bit halves) by per-half 16-bit shifts,
- * the bits leaking across bytes masked off. q is unsigned 6-bit, so maddubs
- * then vpdpwssd with the 16-element sub-block scales; the -32 offset is
- * 32 * sum_j sc[j] * bsums[j]. */
+ * 32 qh bytes (broadcast to both 256-bit halves). The bits each half needs
+ * are kept first (0x33 in the low half: bits 0-1 and 4-5; 0xCC in the high
+ * one), so that after the per-half 16-bit shifts bits 6-7 of every byte are
+ * zero, and one vpternlog then puts the ql nibble in bits 0-3 and the qh bits
+ * in bits 4-5 (3 operations per 64 weights instead of 5). q is unsigned 6-bit,
+ * so maddubs then vpdpwssd with the 16-element sub-block scales; the -32
+ * offset, -32 * sum_j sc[j] * bsums[j], starts the block's int32 sum as one
+ * more vpdpwssd (the scales times -32 are shared by the block's rows). Every
+ * lane of the int32 sum holds the same exact value in any order, so the
+ * result does not depend on how the work is arranged. With one activation
+ * row (decode), each block prefetches its bytes KERN_PF_LINE_AHEAD ahead:
+ * four lines cover its 210 bytes, with no loop (kern_pf_lines per row cost
+ * about as many operations as the block's arithmetic). */
 INLINE void mm_q6k_row(const block_q6_K *w, int64_t nblk, const act_row *a, float *y, int64_t ldy,
                        const int NB) {
-    const __m512i m4 = _mm512_set1_epi8(0xF), m30 = _mm512_set1_epi8(0x30);
+    const __m512i m4 = _mm512_set1_epi8(0xF);
+    const __m512i keep = _mm512_inserti64x4(_mm512_set1_epi8(0x33), _mm256_set1_epi8((char)0xCC), 1);
     const __m512i shl = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
     const __m512i shr = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
     /* int16 lane i of the scale vector for elements 64c .. 64c+63: sc[4c + i / 8] */
     const __m512i sidx0 = _mm512_set_epi64(0x0003000300030003ll, 0x0003000300030003ll, 0x0002000200020002ll,
                                            0x0002000200020002ll, 0x0001000100010001ll, 0x0001000100010001ll, 0, 0);
+    const __m512i four = _mm512_set1_epi16(4);
+    const __m512i sidx1 = _mm512_add_epi16(sidx0, four), sidx2 = _mm512_add_epi16(sidx1, four),
+                  sidx3 = _mm512_add_epi16(sidx2, four);
     __m512 accf[MM_NB];
 #pragma GCC unroll 8
     for (int b = 0; b < NB; b++) accf[b] = _mm512_setzero_ps();
     for (int64_t k = 0; k < nblk; k++) {
+        if (NB == 1) {
+            const char *pf = (const char *)(w + k) + KERN_PF_LINE_AHEAD;
+            _mm_prefetch(pf, _MM_HINT_T0);
+            _mm_prefetch(pf + 64, _MM_HINT_T0);
+            _mm_prefetch(pf + 128, _MM_HINT_T0);
+            _mm_prefetch(pf + 192, _MM_HINT_T0);
+        }
         __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)w[k].scales));
         __m512i s512 = _mm512_zextsi256_si512(sc16);
+        /* sc * -32 (|sc| <= 128: fits int16), zero beyond the 16 sub-blocks */
+        __m512i scn = _mm512_zextsi256_si512(_mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(sc16, 5)));
         __m512i sc[4], v[4];
-        for (int c = 0; c < 4; c++)
-            sc[c] = _mm512_permutexvar_epi16(_mm512_add_epi16(sidx0, _mm512_set1_epi16((short)(4 * c))), s512);
+        sc[0] = _mm512_permutexvar_epi16(sidx0, s512);
+        sc[1] = _mm512_permutexvar_epi16(sidx1, s512);
+        sc[2] = _mm512_permutexvar_epi16(sidx2, s512);
+        sc[3] = _mm512_permutexvar_epi16(sidx3, s512);
         for (int h = 0; h < 2; h++) {
             __m512i ql = _mm512_loadu_si512((const void *)(w[k].ql + 64 * h));
-            __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(w[k].qh + 32 * h)));
-            v[2 * h] = _mm512_or_si512(_mm512_and_si512(ql, m4), _mm512_and_si512(_mm512_sllv_epi16(qh, shl), m30));
-            v[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4),
-                                           _mm512_and_si512(_mm512_srlv_epi16(qh, shr), m30));
+            __m512i qh = _mm512_and_si512(
+                _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(w[k].qh + 32 * h))), keep);
+            /* 0xCA: m4 ? ql bits : qh bits */
+            v[2 * h] = _mm512_ternarylogic_epi32(m4, ql, _mm512_sllv_epi16(qh, shl), 0xCA);
+            v[2 * h + 1] = _mm512_ternarylogic_epi32(m4, _mm512_srli_epi16(ql, 4), _mm512_srlv_epi16(qh, shr), 0xCA);
         }
         float d = f16_to_f32(w[k].d);
 #pragma GCC unroll 8
         for (int b = 0; b < NB; b++) {
             const int8_t *aq = a[b].qs + QK_K * k;
-            __m512i acci = _mm512_setzero_si512();
+            __m512i acci = _mm512_dpwssd_epi32(
+                _mm512_setzero_si512(),
+                _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)(a[b].bsums + 16 * k))), scn);
 #pragma GCC unroll 4
             for (int c = 0; c < 4; c++) {
                 __m512i p = _mm512_maddubs_epi16(v[c], _mm512_loadu_si512((const void *)(aq + 64 * c)));
                 acci = _mm512_dpwssd_epi32(acci, p, sc[c]);
             }
-            __m256i off = _mm256_slli_epi32(
-                _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(a[b].bsums + 16 * k)), sc16), 5);
-            acci = _mm512_sub_epi32(acci, _mm512_zextsi256_si512(off));
             accf[b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acci), _mm512_set1_ps(a[b].d[k] * d), accf[b]);
         }
     }
@@ -539,7 +563,7 @@ INLINE void mm_quant(int wtype, const void *W, int64_t cols, int64_t r0, int64_t
     for (int64_t r = r0; r < r1; r++) {
         const void *w = (const char *)W + (size_t)r * wrow;
         kern_pf_pages(w, wrow);
-        if (nb == 1) kern_pf_lines(w, wrow); /* decode: as mm_q8_rows */
+        if (nb == 1 && wtype != QTYPE_Q6_K) kern_pf_lines(w, wrow); /* decode: as mm_q8_rows (Q6_K: per block) */
         for (int b0 = 0; b0 < nb; b0 += MM_NB) {
             act_row a[MM_NB];
             int n = nb - b0 < MM_NB ? nb - b0 : MM_NB;
