@@ -417,58 +417,69 @@ INLINE void mm_q8(int wtype, const void *W, int64_t cols, int64_t r0, int64_t r1
 
 /* ---- Q4_K weights against ACT_Q8K (VNNI) ----
  * qs[32g .. 32g+31] holds sub-block 2g in its low nibbles and 2g+1 in its
- * high nibbles, matching activations a[64g ..] and a[64g + 32 ..]. maddubs
- * (4-bit q unsigned; pairs far from int16 overflow) then vpdpwssd with the
- * sub-block scale accumulates sc * q * a exactly in int32; the mins term
- * uses bsums. ymm rather than zmm: the nibble halves then line up with
- * contiguous activations without cross-lane shuffles, which on Zen 4 makes
- * the per-block decode cheaper for the same per-row work. */
+ * high nibbles: loaded into both 256-bit halves of a zmm, the high half
+ * shifted right by 4, masked to nibbles, they are elements 64g .. 64g+63 in
+ * order, against the contiguous activations a[64g ..] (2 operations per 64
+ * weights). maddubs (4-bit q unsigned; pairs far from int16 overflow) then
+ * vpdpwssd with the sub-block scales (sc[2g] in the low half's int16 lanes,
+ * sc[2g + 1] in the high half's: one pshufb of the scale bytes per g, shared
+ * by the block's rows) accumulates sc * q * a exactly in int32; the mins term
+ * uses bsums. With one activation row (decode) each block prefetches its
+ * bytes KERN_PF_LINE_AHEAD ahead (three lines, no loop). */
 INLINE void mm_q4k_row(const block_q4_K *w, int64_t nblk, const act_row *a, float *y, int64_t ldy,
                        const int NB) {
-    const __m256i m4 = _mm256_set1_epi8(0xF);
+    const __m512i m4 = _mm512_set1_epi8(0xF);
+    const __m512i shr = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
     const __m128i pair_mins = _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15);
-    __m256 accf[MM_NB];
+    /* pshufb index of g: byte 2g (low half) or 2g + 1 (high half), zero-extended (0x80 gives 0) */
+    __m512i sidx[4];
+#pragma GCC unroll 4
+    for (int g = 0; g < 4; g++)
+        sidx[g] = _mm512_inserti64x4(_mm512_set1_epi16((short)(0x8000 | (2 * g))),
+                                     _mm256_set1_epi16((short)(0x8000 | (2 * g + 1))), 1);
+    __m512 accf[MM_NB];
 #pragma GCC unroll 8
-    for (int b = 0; b < NB; b++) accf[b] = _mm256_setzero_ps();
+    for (int b = 0; b < NB; b++) accf[b] = _mm512_setzero_ps();
     for (int64_t k = 0; k < nblk; k++) {
+        if (NB == 1) {
+            const char *pf = (const char *)(w + k) + KERN_PF_LINE_AHEAD;
+            _mm_prefetch(pf, _MM_HINT_T0);
+            _mm_prefetch(pf + 64, _MM_HINT_T0);
+            _mm_prefetch(pf + 128, _MM_HINT_T0);
+        }
         __m128i sm = q4k_scales_vec(w[k].scales); /* sc[0..7], m[0..7] as bytes */
-        __m256i smb = _mm256_broadcastsi128_si256(sm);
+        __m512i smb = _mm512_broadcast_i32x4(sm);
         /* m[j] twice: madd with bsums[2j], bsums[2j+1] gives m[j] * sum(a_j) */
         __m256i mins = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(sm, pair_mins));
         __m128 dd = _mm_cvtph_ps(_mm_loadu_si32(&w[k].d)); /* d, dmin */
-        __m256i acci[MM_NB], acci2[MM_NB];
-#pragma GCC unroll 8
-        for (int b = 0; b < NB; b++) acci[b] = acci2[b] = _mm256_setzero_si256();
+        __m512i v[4], sc[4];
 #pragma GCC unroll 4
         for (int g = 0; g < 4; g++) {
-            __m256i q = _mm256_loadu_si256((const __m256i *)(w[k].qs + 32 * g));
-            __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-            /* sc[2g], sc[2g + 1] zero-extended into every int16 (pshufb index 0x80 gives 0) */
-            __m256i s_lo = _mm256_shuffle_epi8(smb, _mm256_set1_epi16((short)(0x8000 | (2 * g))));
-            __m256i s_hi = _mm256_shuffle_epi8(smb, _mm256_set1_epi16((short)(0x8000 | (2 * g + 1))));
-#pragma GCC unroll 8
-            for (int b = 0; b < NB; b++) {
-                const int8_t *aq = a[b].qs + QK_K * k + 64 * g;
-                __m256i p0 = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)aq));
-                __m256i p1 = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(aq + 32)));
-                /* one row: two chains halve the latency of the block's int sum */
-                if (NB == 1 && (g & 1)) acci2[b] = _mm256_dpwssd_epi32(_mm256_dpwssd_epi32(acci2[b], p0, s_lo), p1, s_hi);
-                else acci[b] = _mm256_dpwssd_epi32(_mm256_dpwssd_epi32(acci[b], p0, s_lo), p1, s_hi);
-            }
+            __m512i q = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(w[k].qs + 32 * g)));
+            v[g] = _mm512_and_si512(_mm512_srlv_epi16(q, shr), m4);
+            sc[g] = _mm512_shuffle_epi8(smb, sidx[g]);
         }
 #pragma GCC unroll 8
         for (int b = 0; b < NB; b++) {
+            const int8_t *aq = a[b].qs + QK_K * k;
+            __m512i acc0 = _mm512_setzero_si512(), acc1 = _mm512_setzero_si512();
+#pragma GCC unroll 4
+            for (int g = 0; g < 4; g++) {
+                __m512i p = _mm512_maddubs_epi16(v[g], _mm512_loadu_si512((const void *)(aq + 64 * g)));
+                /* two chains halve the latency of the block's int sum (exact either way) */
+                if (g & 1) acc1 = _mm512_dpwssd_epi32(acc1, p, sc[g]);
+                else acc0 = _mm512_dpwssd_epi32(acc0, p, sc[g]);
+            }
             __m256i mi = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(a[b].bsums + 16 * k)), mins);
             __m128 ds = _mm_mul_ps(dd, _mm_set1_ps(a[b].d[k])); /* da * d, da * dmin */
-            if (NB == 1) acci[b] = _mm256_add_epi32(acci[b], acci2[b]);
-            accf[b] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acci[b]), _mm256_broadcastss_ps(ds), accf[b]);
-            accf[b] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(mi), _mm256_broadcastss_ps(_mm_movehdup_ps(ds)), accf[b]);
+            accf[b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(acc0, acc1)), _mm512_broadcastss_ps(ds),
+                                      accf[b]);
+            accf[b] = _mm512_fnmadd_ps(_mm512_zextps256_ps512(_mm256_cvtepi32_ps(mi)),
+                                       _mm512_broadcastss_ps(_mm_movehdup_ps(ds)), accf[b]);
         }
     }
 #pragma GCC unroll 8
-    for (int b = 0; b < NB; b++) {
-        y[b * ldy] = hsum_ps(accf[b]);
-    }
+    for (int b = 0; b < NB; b++) y[b * ldy] = _mm512_reduce_add_ps(accf[b]);
 }
 
 /* ---- Q6_K weights against ACT_Q8K (VNNI) ----
@@ -563,7 +574,8 @@ INLINE void mm_quant(int wtype, const void *W, int64_t cols, int64_t r0, int64_t
     for (int64_t r = r0; r < r1; r++) {
         const void *w = (const char *)W + (size_t)r * wrow;
         kern_pf_pages(w, wrow);
-        if (nb == 1 && wtype != QTYPE_Q6_K) kern_pf_lines(w, wrow); /* decode: as mm_q8_rows (Q6_K: per block) */
+        /* decode: the row kernels prefetch KERN_PF_LINE_AHEAD ahead per block, as kern_pf_lines does per row
+         * in mm_q8_rows */
         for (int b0 = 0; b0 < nb; b0 += MM_NB) {
             act_row a[MM_NB];
             int n = nb - b0 < MM_NB ? nb - b0 : MM_NB;
