@@ -352,7 +352,9 @@ def render(R):
                        ("DIST.md", "KV cache sharded over MPI ranks"),
                        ("KV.md", "quantized KV cache"),
                        ("LONGGEN.md", "one long generation: speed, memory and recall against position (`bench/longgen`)"),
-                       ("CONVERT.md", "`ellm convert`, quantization quality")):
+                       ("CONVERT.md", "`ellm convert`, quantization quality"),
+                       ("KQUANT.md", "Q4_K and Q6_K matmul kernels: compute ceilings, Q4_K_M decode against llama-bench "
+                                     "(`bench/kquant_ab.sh`)")):
         if os.path.exists(os.path.join(HERE, page)):  # link only pages that exist
             w(f"- [{page}]({page}): {what}")
     w("")
