@@ -425,7 +425,7 @@ INLINE void mm_q8(int wtype, const void *W, int64_t cols, int64_t r0, int64_t r1
  * sc[2g + 1] in the high half's: one pshufb of the scale bytes per g, shared
  * by the block's rows) accumulates sc * q * a exactly in int32; the mins term
  * uses bsums. With one activation row (decode) each block prefetches its
- * bytes KERN_PF_LINE_AHEAD ahead (three lines, no loop). */
+ * bytes KERN_PF_LINE_AHEAD ahead (kern_pf_block). */
 INLINE void mm_q4k_row(const block_q4_K *w, int64_t nblk, const act_row *a, float *y, int64_t ldy,
                        const int NB) {
     const __m512i m4 = _mm512_set1_epi8(0xF);
@@ -441,12 +441,7 @@ INLINE void mm_q4k_row(const block_q4_K *w, int64_t nblk, const act_row *a, floa
 #pragma GCC unroll 8
     for (int b = 0; b < NB; b++) accf[b] = _mm512_setzero_ps();
     for (int64_t k = 0; k < nblk; k++) {
-        if (NB == 1) {
-            const char *pf = (const char *)(w + k) + KERN_PF_LINE_AHEAD;
-            _mm_prefetch(pf, _MM_HINT_T0);
-            _mm_prefetch(pf + 64, _MM_HINT_T0);
-            _mm_prefetch(pf + 128, _MM_HINT_T0);
-        }
+        if (NB == 1) kern_pf_block(w + k, (int)sizeof w[k]);
         __m128i sm = q4k_scales_vec(w[k].scales); /* sc[0..7], m[0..7] as bytes */
         __m512i smb = _mm512_broadcast_i32x4(sm);
         /* m[j] twice: madd with bsums[2j], bsums[2j+1] gives m[j] * sum(a_j) */
@@ -495,8 +490,8 @@ INLINE void mm_q4k_row(const block_q4_K *w, int64_t nblk, const act_row *a, floa
  * more vpdpwssd (the scales times -32 are shared by the block's rows). Every
  * lane of the int32 sum holds the same exact value in any order, so the
  * result does not depend on how the work is arranged. With one activation
- * row (decode), each block prefetches its bytes KERN_PF_LINE_AHEAD ahead:
- * four lines cover its 210 bytes, with no loop (kern_pf_lines per row cost
+ * row (decode), each block prefetches its bytes KERN_PF_LINE_AHEAD ahead
+ * (kern_pf_block; kern_pf_lines over the whole row, before the row, cost
  * about as many operations as the block's arithmetic). */
 INLINE void mm_q6k_row(const block_q6_K *w, int64_t nblk, const act_row *a, float *y, int64_t ldy,
                        const int NB) {
@@ -514,13 +509,7 @@ INLINE void mm_q6k_row(const block_q6_K *w, int64_t nblk, const act_row *a, floa
 #pragma GCC unroll 8
     for (int b = 0; b < NB; b++) accf[b] = _mm512_setzero_ps();
     for (int64_t k = 0; k < nblk; k++) {
-        if (NB == 1) {
-            const char *pf = (const char *)(w + k) + KERN_PF_LINE_AHEAD;
-            _mm_prefetch(pf, _MM_HINT_T0);
-            _mm_prefetch(pf + 64, _MM_HINT_T0);
-            _mm_prefetch(pf + 128, _MM_HINT_T0);
-            _mm_prefetch(pf + 192, _MM_HINT_T0);
-        }
+        if (NB == 1) kern_pf_block(w + k, (int)sizeof w[k]);
         __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)w[k].scales));
         __m512i s512 = _mm512_zextsi256_si512(sc16);
         /* sc * -32 (|sc| <= 128: fits int16), zero beyond the 16 sub-blocks */
@@ -574,7 +563,7 @@ INLINE void mm_quant(int wtype, const void *W, int64_t cols, int64_t r0, int64_t
     for (int64_t r = r0; r < r1; r++) {
         const void *w = (const char *)W + (size_t)r * wrow;
         kern_pf_pages(w, wrow);
-        /* decode: the row kernels prefetch KERN_PF_LINE_AHEAD ahead per block, as kern_pf_lines does per row
+        /* decode: the row kernels prefetch each block KERN_PF_LINE_AHEAD ahead (kern_pf_block), as kern_pf_lines does per row
          * in mm_q8_rows */
         for (int b0 = 0; b0 < nb; b0 += MM_NB) {
             act_row a[MM_NB];
