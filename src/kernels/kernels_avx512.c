@@ -563,8 +563,8 @@ INLINE void mm_quant(int wtype, const void *W, int64_t cols, int64_t r0, int64_t
     for (int64_t r = r0; r < r1; r++) {
         const void *w = (const char *)W + (size_t)r * wrow;
         kern_pf_pages(w, wrow);
-        /* decode: the row kernels prefetch each block KERN_PF_LINE_AHEAD ahead (kern_pf_block), as kern_pf_lines does per row
-         * in mm_q8_rows */
+        /* decode: the row kernels prefetch each block KERN_PF_LINE_AHEAD ahead
+         * (kern_pf_block), as kern_pf_lines does per row in mm_q8_rows */
         for (int b0 = 0; b0 < nb; b0 += MM_NB) {
             act_row a[MM_NB];
             int n = nb - b0 < MM_NB ? nb - b0 : MM_NB;
