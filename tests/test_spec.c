@@ -232,17 +232,17 @@ static void test_choose_length(void) {
     }
     double a = ellm_spec_token_acceptance(5.35, K);
     CHECK(fabs(ellm_spec_tokens_per_verify(a, K) - 5.35) < 1e-6, "acceptance for 5.35 tokens per verify: %f", a);
-    CHECK(spec_choose_length(a, 3.2, est, K) == 0, "expensive drafts: %d, not a plain step",
-          spec_choose_length(a, 3.2, est, K));
+    CHECK(spec_choose_length(a, 3.2, est, K, NULL) == 0, "expensive drafts: %d, not a plain step",
+          spec_choose_length(a, 3.2, est, K, NULL));
     int best = ellm_spec_best_draft_length(a, 0.3, cheap + 1, K, NULL);
-    CHECK(best >= 4 && spec_choose_length(a, 0.3, cheap, K) == best, "cheap drafts: %d (best length %d)",
-          spec_choose_length(a, 0.3, cheap, K), best);
-    CHECK(spec_choose_length(a, 3.2, unknown, K) == ellm_spec_best_draft_length(a, 3.2, unknown + 1, K, NULL) &&
-              spec_choose_length(a, 3.2, unknown, K) >= 1,
+    CHECK(best >= 4 && spec_choose_length(a, 0.3, cheap, K, NULL) == best, "cheap drafts: %d (best length %d)",
+          spec_choose_length(a, 0.3, cheap, K, NULL), best);
+    CHECK(spec_choose_length(a, 3.2, unknown, K, NULL) == ellm_spec_best_draft_length(a, 3.2, unknown + 1, K, NULL) &&
+              spec_choose_length(a, 3.2, unknown, K, NULL) >= 1,
           "an untimed plain step is not chosen");
     /* at equal rates the drafter keeps the pass */
     double even[3] = {0, 10, 10};
-    CHECK(spec_choose_length(1.0, 0, even, 1) == 1, "equal rates: %d", spec_choose_length(1.0, 0, even, 1));
+    CHECK(spec_choose_length(1.0, 0, even, 1, NULL) == 1, "equal rates: %d", spec_choose_length(1.0, 0, even, 1, NULL));
 }
 
 /* Adaptive speculation where drafting costs far more than it saves (each

@@ -117,9 +117,10 @@ static double verify_estimate(const ellm_spec *s, int n) {
     return s->verify_ms[top] + (slope > 0 ? slope : 0) * (n - top);
 }
 
-int spec_choose_length(double a, double draft_tok_ms, const double *est, int kmax) {
+int spec_choose_length(double a, double draft_tok_ms, const double *est, int kmax, int *best) {
     double tps;
     int k = ellm_spec_best_draft_length(a, draft_tok_ms, est + 1, kmax, &tps);
+    if (best) *best = k;
     return est[1] > 0 && 1000.0 / est[1] > tps ? 0 : k;
 }
 
@@ -156,14 +157,14 @@ static void adapt_update(ellm_spec *s, int nd, int m, double draft_ms, double ve
     double a = s->acc_n + s->miss_n > 0 ? s->acc_n / (s->acc_n + s->miss_n) : 0;
     double est[SPEC_MAX_DRAFT + 2];
     for (int n = 1; n <= K + 1; n++) est[n] = verify_estimate(s, n);
-    int k = spec_choose_length(a, s->draft_tok_ms, est, K);
+    int best, k = spec_choose_length(a, s->draft_tok_ms, est, K, &best);
     if (k == 0) {
         if (s->plain_left < 0) { /* a run of plain steps begins */
             s->plain_left = s->explore_gap;
         } else if (s->plain_left > 0) {
             s->plain_left--;
         } else { /* try drafting again; if it still loses, wait twice as long */
-            k = ellm_spec_best_draft_length(a, s->draft_tok_ms, est + 1, K, NULL);
+            k = best;
             s->explore_gap = 2 * s->explore_gap < SPEC_EXPLORE_MAX ? 2 * s->explore_gap : SPEC_EXPLORE_MAX;
             s->plain_left = -1;
         }

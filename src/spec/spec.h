@@ -73,7 +73,8 @@ void spec_set_draft_cost_scale(ellm_spec *s, double f);
  * drafted token's cost and est[n], the time of a verify pass of n tokens
  * (n = 1 .. kmax + 1; est[1] is a plain step), the k in [1, kmax] that makes
  * the most tokens per second (ellm_spec_best_draft_length), or 0 -- a plain
- * step, no drafting -- when est[1] > 0 and plain steps make more. */
-int spec_choose_length(double a, double draft_tok_ms, const double *est, int kmax);
+ * step, no drafting -- when est[1] > 0 and plain steps make more. *best
+ * (may be NULL) gets that k in [1, kmax] either way. */
+int spec_choose_length(double a, double draft_tok_ms, const double *est, int kmax, int *best);
 
 #endif
