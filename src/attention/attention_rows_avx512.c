@@ -203,8 +203,9 @@ static ALWAYS_INLINE void qk32_all(const attn_state *st, const float *kT0, const
 
 
 /* Two full blocks: K of b0 into kbuf and of b1 into vbuf, the scores of both
- * (b1's into the q8 scratch, which F16/F32 caches do not use: rows_pad x
- * hdp / 4 >= rows x 16 floats for hdp >= 64), then softmax and P*V of b0,
+ * (b1's into the q8 scratch, which F16/F32 caches do not use: the
+ * segment's head has round4(rows) x hdp / 4 >= rows x 16 floats of it for
+ * hdp >= 64), then softmax and P*V of b0,
  * then of b1 -- the order of two single-block steps. */
 static ALWAYS_INLINE void pair_full(attn_state *st, const attn_block *b0, const attn_block *b1, const int HD,
                                     const int F16) {
