@@ -46,6 +46,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* attention_workspace.range: one 64-byte line per thread */
+#define RANGE_STRIDE 8
+
 struct attention_workspace {
     int n_threads;
     int max_q;
@@ -74,6 +77,7 @@ struct attention_workspace {
     long *work_block;     /* max_units + 1: blocks before each item of work_unit, then the total */
     atomic_int *arrived;  /* max_seg: parts done of each segment (attention_forward_select) */
     long *merge_row;      /* max_seg + 1: rows of the segments of several parts before each segment, then the total */
+    _Atomic uint64_t *range; /* n_threads, RANGE_STRIDE apart: items [next, end) of the work order a thread has left, next << 32 | end */
     atomic_int merge_barrier; /* attn_worker's barrier before the merge */
     /* attention_forward_select */
     atomic_int next_unit; /* the next unit of work to take */
@@ -156,6 +160,7 @@ ellm_status attention_workspace_init(int n_threads, int max_q, int n_head, int h
     ws->work_block = calloc((size_t)ws->max_units + 1, sizeof *ws->work_block);
     ws->arrived = calloc((size_t)ws->max_seg, sizeof *ws->arrived);
     ws->merge_row = calloc((size_t)ws->max_seg + 1, sizeof *ws->merge_row);
+    ws->range = aligned_alloc(64, (size_t)n_threads * RANGE_STRIDE * sizeof *ws->range);
     ws->q_tag = calloc((size_t)n_threads * (size_t)n_head, sizeof *ws->q_tag);
     ws->sel_done = calloc((size_t)ws->max_seg, sizeof *ws->sel_done);
     /* The rows of all heads of one tile are at most rows_pad; each head's
@@ -169,7 +174,7 @@ ellm_status attention_workspace_init(int n_threads, int max_q, int n_head, int h
     ws->lse_rows = tile * n_head;
     ws->lse_mem = malloc((size_t)n_threads * (size_t)ws->lse_rows * lse_row_words(head_dim) * sizeof(int64_t));
     ws->lse_gen = calloc((size_t)n_threads * (size_t)ws->max_seg, sizeof *ws->lse_gen);
-    if (!ws->lse_mem || !ws->lse_gen || !ws->mem || !ws->q_tag || !ws->part_mem || !ws->seg_start || !ws->seg_slot || !ws->unit_block || !ws->unit_seg || !ws->work_unit || !ws->work_block || !ws->arrived || !ws->merge_row ||
+    if (!ws->lse_mem || !ws->lse_gen || !ws->mem || !ws->q_tag || !ws->part_mem || !ws->seg_start || !ws->seg_slot || !ws->unit_block || !ws->unit_seg || !ws->work_unit || !ws->work_block || !ws->arrived || !ws->merge_row || !ws->range ||
         !ws->sel_done || !ws->chunk_mem || !ws->sel_cut || !ws->sel_chunks) {
         attention_workspace_free(ws);
         return ellm_fail(err, ELLM_ERR_NOMEM, "attention workspace: cannot allocate %.1f MB",
@@ -193,6 +198,7 @@ void attention_workspace_free(attention_workspace *ws) {
     free(ws->work_block);
     free(ws->arrived);
     free(ws->merge_row);
+    free((void *)ws->range);
     free(ws->q_tag);
     free((void *)ws->sel_done);
     free(ws->chunk_mem);
@@ -577,12 +583,22 @@ static void merge_rows(const attn_job *J, long r0, long r1) {
     }
 }
 
+/* The next item of a thread's range, from its front (the owner) or its
+ * back (another thread that ran out), or -1 when it is empty. */
+static long range_take(_Atomic uint64_t *r, int back) {
+    uint64_t v = atomic_load_explicit(r, memory_order_relaxed);
+    for (;;) {
+        const uint64_t next = v >> 32, end = v & 0xFFFFFFFFu;
+        if (next >= end) return -1;
+        const uint64_t nv = back ? next << 32 | (end - 1) : (next + 1) << 32 | end;
+        if (atomic_compare_exchange_weak_explicit(r, &v, nv, memory_order_relaxed, memory_order_relaxed))
+            return (long)(back ? end - 1 : next);
+    }
+}
+
 static void attn_worker(void *arg, int ith, int nth) {
     const attn_job *J = arg;
     attention_workspace *ws = J->ws;
-    long w0, w1;
-    threadpool_split(ws->work_block[J->n_units], ith, nth, 1, &w0, &w1);
-    const long i0 = work_at(J, w0), i1 = work_at(J, w1);
     const attn_state own = thread_state(J, ith);
     /* Each part's look-ahead runs on into the next part this thread
      * computes (the next page run of a dense cache, or the next part of a
@@ -594,8 +610,31 @@ static void attn_worker(void *arg, int ith, int nth) {
      * 19.95 -> 17.41 at 32K (F16), 6.29 -> 5.60 and 11.98 -> 11.11 (Q8_0).
      * With it, pages of 1024 blocks instead of 32 gained nothing clear. */
     const int A = J->blocks ? SPARSE_PREFETCH_BLOCKS : DENSE_PREFETCH_BLOCKS;
-    long pf_from = 0;
-    for (long i = i0; i < i1; i++) {
+    long pf_from = 0, looked = -1; /* the item the last part's look-ahead ran into */
+    uint64_t *qtag = &ws->q_tag[(size_t)ith * (size_t)ws->n_head];
+    /* A thread takes the items of its range from the front; one that has
+     * run out takes the others' last items from the back, so a thread held
+     * up (by the machine, or by the caller's set-up) does not keep the rest
+     * waiting at the merge. */
+    for (;;) {
+        _Atomic uint64_t *mine = &ws->range[(size_t)ith * RANGE_STRIDE];
+        long i = range_take(mine, 0), i_next = -1, i_end = 0;
+        if (i >= 0) {
+            i_next = i + 1;
+            i_end = (long)(atomic_load_explicit(mine, memory_order_relaxed) & 0xFFFFFFFFu);
+        } else {
+            _Atomic uint64_t *other = NULL;
+            for (int t = 1; t < nth && i < 0; t++) {
+                other = &ws->range[(size_t)((ith + t) % nth) * RANGE_STRIDE];
+                i = range_take(other, 1);
+            }
+            if (i < 0) break;
+            /* the look-ahead runs into the item before, which it takes next if still there */
+            if ((long)(atomic_load_explicit(other, memory_order_relaxed) >> 32) < i) {
+                i_next = i - 1;
+                i_end = i;
+            }
+        }
         const long u = ws->work_unit[i];
         const int s = ws->unit_seg[u];
         const int n_parts = (int)(ws->seg_start[s + 1] - ws->seg_start[s]);
@@ -603,15 +642,15 @@ static void attn_worker(void *arg, int ith, int nth) {
         const long sb = ws->unit_block[ws->seg_start[s]];
         const long kb = ws->unit_block[u] - sb, ke = ws->unit_block[u + 1] - sb;
         attn_ahead nx_store, *nx = NULL;
-        if (i + 1 < i1) {
-            nx_store = unit_continuation(J, ke, i + 1, i1);
+        if (i_next >= 0 && i_next < i_end) {
+            nx_store = unit_continuation(J, ke, i_next, i_end);
             nx = &nx_store;
         }
         attn_state st = own;
-        const long from = pf_from;
+        const long from = i == looked ? pf_from : 0;
         /* the next part's first A blocks are asked for by this one's look-ahead */
         pf_from = nx ? nx->b + A : 0;
-        uint64_t *qtag = &ws->q_tag[(size_t)ith * (size_t)ws->n_head];
+        looked = nx ? i_next : -1;
         if (n_parts == 1) {
             run_part_ahead(J, &st, s, kb, ke, qtag, nx, from);
             write_out(J, &st, s);
@@ -816,6 +855,13 @@ static void attention_run(const attention_args *a, const int32_t *blocks, const 
         ws->unit_block[unit] = blk;
         J.n_units = unit;
         work_order(&J);
+        const int nth = pool ? threadpool_size(pool) : 1;
+        for (int t = 0; t < nth; t++) {
+            long w0, w1;
+            threadpool_split(ws->work_block[J.n_units], t, nth, 1, &w0, &w1);
+            atomic_store_explicit(&ws->range[(size_t)t * RANGE_STRIDE], (uint64_t)work_at(&J, w0) << 32 | (uint64_t)work_at(&J, w1),
+                                  memory_order_relaxed);
+        }
         if (pool) threadpool_run(pool, attn_worker, &J);
         else attn_worker(&J, 0, 1);
         t0 += nt;
