@@ -409,15 +409,17 @@ static void run_part_ahead(const attn_job *J, attn_state *st, int s, long kb, lo
         if (k > kb && k + A < lim) ring[(k + A) & 7] = ahead_block(J, h, list, k + A, nx);
         int blk = list ? list[k] : (int)k;
         int pos0 = blk * bt;
-        attn_block b;
-        b.n_valid = end_pos - pos0 < bt ? end_pos - pos0 : bt;
-        if (b.n_valid <= 0) continue; /* sparse: a block after the tile's last token */
-        b.vis0 = a->q_pos0 + i0 + 1 - pos0;
-        b.type = J->type;
-        b.k = ring[k & 7];
-        b.v = ring[k & 7] + J->half_bytes;
-        b.next_k = b.next_v = NULL;
-        b.ahead_k = b.ahead_v = NULL;
+        /* filled in place: a run's block in its slot (copying a block
+         * just filled field by field stalls on store forwarding) */
+        attn_block b_own, *const bp = qn ? &run[n_run] : &b_own;
+        bp->n_valid = end_pos - pos0 < bt ? end_pos - pos0 : bt;
+        if (bp->n_valid <= 0) continue; /* sparse: a block after the tile's last token */
+        bp->vis0 = a->q_pos0 + i0 + 1 - pos0;
+        bp->type = J->type;
+        bp->k = ring[k & 7];
+        bp->v = ring[k & 7] + J->half_bytes;
+        bp->next_k = bp->next_v = NULL;
+        bp->ahead_k = bp->ahead_v = NULL;
         /* Scattered blocks: SPARSE_PREFETCH_BLOCKS in flight towards L2 (see
          * the constant); the part's first ones at once, then the kernel asks
          * for the block that far ahead while it computes. Contiguous blocks:
@@ -427,16 +429,16 @@ static void run_part_ahead(const attn_job *J, attn_state *st, int s, long kb, lo
             for (long z = pf_from > k + 1 ? pf_from : k + 1; z < k + A && z < lim; z++)
                 prefetch_range_l2(ring[z & 7], 2 * J->half_bytes);
         if (!list && k + 1 < ke) {
-            b.next_k = ring[(k + 1) & 7];
-            b.next_v = ring[(k + 1) & 7] + J->half_bytes;
+            bp->next_k = ring[(k + 1) & 7];
+            bp->next_v = ring[(k + 1) & 7] + J->half_bytes;
         }
         if (k + A < lim) {
-            b.ahead_k = ring[(k + A) & 7];
-            b.ahead_v = ring[(k + A) & 7] + J->half_bytes;
+            bp->ahead_k = ring[(k + A) & 7];
+            bp->ahead_v = ring[(k + A) & 7] + J->half_bytes;
         }
         if (qn) {
-            if (b.n_valid == bt && b.vis0 >= bt) {
-                run[n_run++] = b;
+            if (bp->n_valid == bt && bp->vis0 >= bt) {
+                n_run++;
                 if (n_run == qn) {
                     run_fn(st, run, n_run);
                     n_run = 0;
@@ -447,21 +449,21 @@ static void run_part_ahead(const attn_job *J, attn_state *st, int s, long kb, lo
             n_run = 0;
         }
         if (pair_fn) {
-            const int full = b.n_valid == bt && b.vis0 >= bt;
+            const int full = bp->n_valid == bt && bp->vis0 >= bt;
             if (have) {
                 have = 0;
                 if (full) {
-                    pair_fn(st, &held, &b);
+                    pair_fn(st, &held, bp);
                     continue;
                 }
                 fn(st, &held);
             } else if (full && k + 1 < ke) {
-                held = b;
+                held = *bp;
                 have = 1;
                 continue;
             }
         }
-        fn(st, &b);
+        fn(st, bp);
     }
     if (have) fn(st, &held);
     if (n_run) run_fn(st, run, n_run);
