@@ -617,7 +617,11 @@ static void attn_worker(void *arg, int ith, int nth) {
     /* A thread takes the items of its range from the front; one that has
      * run out takes the others' last items from the back, so a thread held
      * up (by the machine, or by the caller's set-up) does not keep the rest
-     * waiting at the merge. */
+     * waiting at the merge. On a shared 2-vCPU guest the second thread was
+     * at times ~20% slower for whole minutes: the first then took ~5 of the
+     * 96 parts of a 16K F16 call from it, and bench_attention (5 alternated
+     * rounds) went 7.59 -> 6.97 ms at 16K and 17.3 -> 14.8 ms at 32K, Q8_0
+     * unchanged (5.34 -> 5.38, 10.49 -> 10.57). */
     for (;;) {
         _Atomic uint64_t *mine = &ws->range[(size_t)ith * RANGE_STRIDE];
         long i = range_take(mine, 0), i_next = -1, i_end = 0;
