@@ -2,6 +2,7 @@
  * (ellm_decode_batch) gets exactly the logits it gets alone (ellm_decode),
  * bit for bit, whatever else is in the pass: decode rows, prefill chunks or
  * nothing. Checked on weight types with different matmul kernels. */
+#include "attention/attention.h"
 #include "ellm.h"
 #include "harness.h"
 
@@ -148,28 +149,30 @@ static void check_model(const char *path, int chunk) {
     ellm_model_free(m);
 }
 
-/* Sequences deeper than one attention part (512 positions) decoding together:
+/* Sequences deeper than one attention part (DEEP_PT positions) decoding together:
  * each one's attention then runs on one thread of the pass (the others taking
  * other sequences) and merges several parts there; the logits must still be
  * those of the sequence alone. */
 #define DEEP_SEQ 3
 #define DEEP_GEN 3
+#define DEEP_PT (ATTENTION_PART_BLOCKS * 16)
+#define DEEP_MAX (2 * DEEP_PT + 76) /* the longest prompt */
 static void check_deep(const char *path) {
     ellm_error err = {0};
     int V;
     ellm_model *m = load(path, &V);
     if (!m) return;
-    const int n_prompt[DEEP_SEQ] = {530, 1100, 610};
-    int32_t *prompt = malloc(sizeof(int32_t) * DEEP_SEQ * 1100);
-    for (int i = 0; i < DEEP_SEQ * 1100; i++) prompt[i] = (int32_t)(rnd() % (uint32_t)V);
+    const int n_prompt[DEEP_SEQ] = {DEEP_PT + 18, DEEP_MAX, DEEP_PT + 98};
+    int32_t *prompt = malloc(sizeof(int32_t) * DEEP_SEQ * DEEP_MAX);
+    for (int i = 0; i < DEEP_SEQ * DEEP_MAX; i++) prompt[i] = (int32_t)(rnd() % (uint32_t)V);
     ellm_context_params cp = ellm_context_default_params();
-    cp.n_ctx = 1200;
+    cp.n_ctx = DEEP_MAX + 100;
     cp.n_batch = 64;
     cp.n_threads = THREADS;
     cp.sparse_topk = -1;
     float *solo = malloc((size_t)DEEP_SEQ * DEEP_GEN * V * sizeof *solo);
     int32_t gen[DEEP_SEQ][DEEP_GEN];
-    run_alone(m, &cp, DEEP_SEQ, prompt, 1100, n_prompt, DEEP_GEN, V, solo, gen[0]);
+    run_alone(m, &cp, DEEP_SEQ, prompt, DEEP_MAX, n_prompt, DEEP_GEN, V, solo, gen[0]);
     ellm_batch *b = NULL;
     CHECK(ellm_batch_init(m, THREADS, DEEP_SEQ * 64, &b, &err) == ELLM_OK, "%s", err.msg);
     ellm_context *ctx[DEEP_SEQ] = {0};
@@ -177,7 +180,7 @@ static void check_deep(const char *path) {
     for (int i = 0; ok && i < DEEP_SEQ; i++) {
         ok = ellm_batch_context_init(b, &cp, &ctx[i], &err) == ELLM_OK;
         for (int f = 0; ok && f < n_prompt[i]; f += 64) { /* each prompt alone, in chunks */
-            const int32_t *tp = prompt + i * 1100 + f;
+            const int32_t *tp = prompt + i * DEEP_MAX + f;
             int n = n_prompt[i] - f < 64 ? n_prompt[i] - f : 64;
             ok = ellm_decode_batch(b, &ctx[i], &tp, &n, 1, &err) == ELLM_OK;
         }
@@ -194,7 +197,8 @@ static void check_deep(const char *path) {
         if (g + 1 < DEEP_GEN) ok = ellm_decode_batch(b, ctx, tok, one, DEEP_SEQ, &err) == ELLM_OK;
     }
     CHECK(ok, "%s: deep batched decode ran: %s", path, err.msg);
-    CHECK(mismatches == 0, "%s: %d logit rows of sequences at 530-1100 positions differ from alone", path, mismatches);
+    CHECK(mismatches == 0, "%s: %d logit rows of sequences at %d-%d positions differ from alone", path, mismatches,
+          DEEP_PT + 18, DEEP_MAX);
     for (int i = 0; i < DEEP_SEQ; i++) ellm_context_free(ctx[i]);
     ellm_batch_free(b);
     free(solo);

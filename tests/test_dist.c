@@ -8,7 +8,7 @@
  *
  * Under mpirun (skipped, and counted, where mpirun is missing): `ellm logits
  * --mpi` with 1, 2 and 3 ranks writes the same bytes as one process, over a
- * context of three parts (1100 tokens; parts are 512), batched prefill and
+ * context of three parts (2 PT + 76 tokens, PT the tokens of a part), batched prefill and
  * decode steps that open a new part; each rank stores only its parts; the
  * same for sparse attention, whose selections (a digest of every block list)
  * also match one process's; what reads every key (--sparse-adapt) is refused
@@ -26,6 +26,11 @@
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+/* Tokens of one attention part at the 16-token blocks these tests use. */
+#define PT (ATTENTION_PART_BLOCKS * 16)
+/* Tokens of the MPI runs' context: three parts, the last one partly filled. */
+#define N_IDS (2 * PT + 76)
 
 static uint64_t rng = 88172645463325252ull;
 static float frand(void) { /* uniform in [-1, 1) from 53 bits */
@@ -53,7 +58,7 @@ static void select_fixed(void *arg, int kv_head, int thread, int32_t *blocks, in
  * same for sparse block lists against attention_forward_blocks and the
  * selection job's attention. */
 static void test_parts_merge(void) {
-    const int n_kv = 2, group = 3, n_head = n_kv * group, hd = 64, n_ctx = 1300, max_q = 40;
+    const int n_kv = 2, group = 3, n_head = n_kv * group, hd = 64, n_ctx = 2 * PT + 276, max_q = 40;
     ellm_error err;
     kv_cache_params p = {.n_layer = 1, .n_kv_head = n_kv, .head_dim = hd, .n_ctx = n_ctx, .block_tokens = 16,
                          .type = QTYPE_F16};
@@ -70,7 +75,7 @@ static void test_parts_merge(void) {
     float *q = malloc((size_t)max_q * n_head * hd * sizeof(float));
     float *ref = malloc((size_t)max_q * n_head * hd * sizeof(float));
     float *got = malloc((size_t)max_q * n_head * hd * sizeof(float));
-    enum { max_list = 128 }; /* >= blocks of the cache (1300 / 16) */
+    enum { max_list = (2 * PT + 276) / 16 + 1 }; /* >= blocks of the cache */
     int32_t lists[2 * max_list];
     int n_list[2];
     for (size_t i = 0; i < (size_t)n_ctx * n_kv * hd; i++) {
@@ -79,7 +84,8 @@ static void test_parts_merge(void) {
     }
     kv_cache_store(kv, 0, 0, n_ctx, k, v);
     kv_cache_set_len(kv, n_ctx);
-    const int cases[][2] = {{1, 0}, {1, 511}, {1, 512}, {1, 1299}, {16, 500}, {40, 1000}, {37, 1200}, {5, 1030}};
+    const int cases[][2] = {{1, 0},       {1, PT - 1},          {1, PT},           {1, 2 * PT + 275},
+                             {16, PT - 12}, {40, 2 * PT - 48}, {37, 2 * PT + 176}, {5, 2 * PT + 6}};
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         const int n_q = cases[ci][0], pos0 = cases[ci][1];
         for (size_t i = 0; i < (size_t)n_q * n_head * hd; i++) q[i] = frand();
@@ -112,7 +118,7 @@ static void test_parts_merge(void) {
                       pos0, R, th + 1);
             }
         }
-        CHECK(n_rec == (long)n_tiles * ((pos0 + n_q + 511) / 512) || n_tiles > 1,
+        CHECK(n_rec == (long)n_tiles * ((pos0 + n_q + PT - 1) / PT) || n_tiles > 1,
               "one tile at %d+%d: %ld parts", pos0, n_q, n_rec);
         /* sparse: ascending lists of about a third of the visible blocks
          * (the last always), some heads missing whole parts; one process's
@@ -290,7 +296,7 @@ static void test_mpi(void) {
         CHECK(0, "cannot write %s", ids);
         return;
     }
-    for (int i = 0; i < 1100; i++) fprintf(f, "%d ", 1 + (int)((frand() + 1.0f) * 1000.0f) % 2000);
+    for (int i = 0; i < N_IDS; i++) fprintf(f, "%d ", 1 + (int)((frand() + 1.0f) * 1000.0f) % 2000);
     fclose(f);
 
     /* one process, no MPI: the reference */
@@ -298,11 +304,11 @@ static void test_mpi(void) {
     int rc = sh(cmd, out, sizeof out);
     CHECK(rc == 0, "single process: exit %d: %s", rc, out);
 
-    /* R ranks: batches that straddle parts, then decode steps from 1000 on,
-     * which open part 2 (positions 1024..) on rank 2 mod R */
+    /* R ranks: batches that straddle parts, then decode steps from 2 PT - 24
+     * on, which open part 2 (positions 2 PT..) on rank 2 mod R */
     const struct {
         int np, batch, decode_from, stores;
-    } runs[] = {{1, 1100, 1100, 1100}, {2, 100, 1000, 512 + 76}, {3, 64, 1000, 512}};
+    } runs[] = {{1, N_IDS, N_IDS, N_IDS}, {2, 100, 2 * PT - 24, PT + 76}, {3, 64, 2 * PT - 24, PT}};
     for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
         remove(got);
         snprintf(cmd, sizeof cmd, MPIRUN " -np %d %s logits --mpi -m %s --ids %s -o %s -t 1 -b %d --decode-from %d",
@@ -311,15 +317,18 @@ static void test_mpi(void) {
         CHECK(rc == 0, "%d ranks: exit %d: %s", runs[i].np, rc, out);
         CHECK(same_file(one, got), "%d ranks: logits differ from one process's", runs[i].np);
         char want[128];
-        snprintf(want, sizeof want, "mpi: %d ranks, rank 0 stores %d of 1100 positions", runs[i].np, runs[i].stores);
+        snprintf(want, sizeof want, "mpi: %d ranks, rank 0 stores %d of %d positions", runs[i].np, runs[i].stores, N_IDS);
         CHECK(strstr(out, want) != NULL, "%d ranks: want '%s' in: %s", runs[i].np, want, out);
     }
 
     /* bench --mpi: per-layer exchange figures of a sharded decode */
-    snprintf(cmd, sizeof cmd, MPIRUN " -np 2 %s bench --mpi -m %s --depths 0,600 -n 4 -t 1 --json", test_ellm_bin(), model);
+    snprintf(cmd, sizeof cmd, MPIRUN " -np 2 %s bench --mpi -m %s --depths 0,%d -n 4 -t 1 --json", test_ellm_bin(), model,
+             PT + 88);
     rc = sh(cmd, out, sizeof out);
-    CHECK(rc == 0 && strstr(out, "\"ranks\": 2") && strstr(out, "\"depth\": 600") &&
-              strstr(out, "\"rank0_tokens\": 512"),
+    char want_depth[64], want_rank0[64];
+    snprintf(want_depth, sizeof want_depth, "\"depth\": %d", PT + 88);
+    snprintf(want_rank0, sizeof want_rank0, "\"rank0_tokens\": %d", PT);
+    CHECK(rc == 0 && strstr(out, "\"ranks\": 2") && strstr(out, want_depth) && strstr(out, want_rank0),
           "bench --mpi: exit %d: %s", rc, out);
     const char *bp = strstr(out, "\"bytes_per_step\": ");
     CHECK(bp && atof(bp + 18) > 0, "bench --mpi: no bytes per step in: %s", out);
@@ -330,7 +339,7 @@ static void test_mpi(void) {
      * (100 tokens), batches run token by token (20) and decode steps */
     const struct {
         int np, batch, decode_from;
-    } sp[] = {{2, 100, 1000}, {3, 100, 1000}, {3, 20, 1040}};
+    } sp[] = {{2, 100, 2 * PT - 24}, {3, 100, 2 * PT - 24}, {3, 20, 2 * PT + 16}};
     char one_sp[160], digest[64] = "";
     snprintf(one_sp, sizeof one_sp, "%s.sparse", one);
     for (size_t i = 0; i < sizeof sp / sizeof sp[0]; i++) {

@@ -1,6 +1,7 @@
 /* Sparse attention through the engine: exact when the budget covers the
  * context, close to dense on trained attention, consistent under truncation,
  * and profiles validated. Uses the embedded evaluation model. */
+#include "attention/attention.h"
 #include "engine/engine_impl.h"
 #include "ellm.h"
 #include "harness.h"
@@ -8,6 +9,10 @@
 #include <string.h>
 
 #define T 640
+/* Tokens of one attention part (16-token blocks), and a context 128 tokens
+ * past it, a multiple of 64 (the forced-selection check). */
+#define PT (ATTENTION_PART_BLOCKS * 16)
+#define TF (PT + 128)
 
 int main(void) {
     ellm_model *m = NULL;
@@ -24,7 +29,7 @@ int main(void) {
     CHECK(text != NULL, "%s", path);
     static int32_t ids[200000];
     int n = 0;
-    CHECK(ellm_tokenize(m, text, len, 0, 0, ids, 200000, &n, &err) == ELLM_OK && n > T, "%s", err.msg);
+    CHECK(ellm_tokenize(m, text, len, 0, 0, ids, 200000, &n, &err) == ELLM_OK && n > T && n > TF, "%s", err.msg);
     free(text);
 
     ellm_context_params cp = ellm_context_default_params();
@@ -52,39 +57,40 @@ int main(void) {
     /* The same, with the selection path forced on every layer of every step
      * (1 thread, token by token, then in prefill batches of 64): it must
      * choose every block and attend to them as dense does. While a head's
-     * list fits one part of the fused select-and-attend job (32 blocks = 512
-     * tokens) the summation order is dense's and the logits are equal bit for
-     * bit; longer lists are cut into parts merged by log-sum-exp, equal to
-     * dense up to float rounding. */
-    float *fd = malloc((size_t)T * V * 4), *fs = malloc((size_t)T * V * 4);
+     * list fits one part of the fused select-and-attend job (PT tokens) the
+     * summation order is dense's and the logits are equal bit for bit; longer
+     * lists are cut into parts merged by log-sum-exp, equal to dense up to
+     * float rounding. TF reaches into the second part. */
+    float *fd = malloc((size_t)TF * V * 4), *fs = malloc((size_t)TF * V * 4);
     for (int batched = 0; batched < 2; batched++) {
         ellm_context_params fp = cp;
         fp.n_threads = 1;
+        fp.n_ctx = TF;
         fp.n_batch = batched ? 64 : cp.n_batch;
         ellm_context *fctx = NULL;
         CHECK(ellm_context_init(m, &fp, &fctx, &err) == ELLM_OK, "%s", err.msg);
         if (!fctx) break;
         if (batched) {
-            ellm_decode(fctx, ids, T, fd, &err);
+            ellm_decode(fctx, ids, TF, fd, &err);
         } else {
-            for (int i = 0; i < T; i++) ellm_decode(fctx, &ids[i], 1, fd + (size_t)i * V, &err);
+            for (int i = 0; i < TF; i++) ellm_decode(fctx, &ids[i], 1, fd + (size_t)i * V, &err);
         }
         ellm_context_truncate(fctx, 0);
-        CHECK(ellm_context_set_sparse(fctx, T, &err) == ELLM_OK, "%s", err.msg);
+        CHECK(ellm_context_set_sparse(fctx, TF, &err) == ELLM_OK, "%s", err.msg);
         fctx->sparse_force_select = 1;
         ellm_context_get_stats(fctx, &s0);
         if (batched) {
-            ellm_decode(fctx, ids, T, fs, &err);
+            ellm_decode(fctx, ids, TF, fs, &err);
         } else {
-            for (int i = 0; i < T; i++) ellm_decode(fctx, &ids[i], 1, fs + (size_t)i * V, &err);
+            for (int i = 0; i < TF; i++) ellm_decode(fctx, &ids[i], 1, fs + (size_t)i * V, &err);
         }
         ellm_context_get_stats(fctx, &s1);
-        int passes = batched ? T / 64 : T;
+        int passes = batched ? TF / 64 : TF;
         CHECK(s1.sparse_steps - s0.sparse_steps == passes, "forced selection ran on %lld of %d passes",
               (long long)(s1.sparse_steps - s0.sparse_steps), passes);
         int first_diff = -1, top1 = 0;
         double max_rel = 0;
-        for (int i = 0; i < T; i++) {
+        for (int i = 0; i < TF; i++) {
             const float *a = fd + (size_t)i * V, *b = fs + (size_t)i * V;
             if (first_diff < 0 && memcmp(a, b, (size_t)V * 4)) first_diff = i;
             double md = 0, mr = 0;
@@ -96,15 +102,15 @@ int main(void) {
             if (!(md / mr <= max_rel)) max_rel = md / mr;
             top1 += test_argmax(a, V) == test_argmax(b, V);
         }
-        CHECK(first_diff < 0 || first_diff >= 512, "%s: forced selection differs from dense at position %d",
+        CHECK(first_diff < 0 || first_diff >= PT, "%s: forced selection differs from dense at position %d",
               batched ? "batched" : "token by token", first_diff);
         CHECK(max_rel <= 5e-5, "%s: forced selection max|d|/max|dense| %.3g", batched ? "batched" : "token by token",
               max_rel);
-        CHECK(top1 == T, "%s: forced selection top-1 agrees on %d/%d", batched ? "batched" : "token by token",
-              top1, T);
+        CHECK(top1 == TF, "%s: forced selection top-1 agrees on %d/%d", batched ? "batched" : "token by token",
+              top1, TF);
         printf("budget >= context, selection forced (%s): bit-equal to dense through position %d, "
                "max|d|/max|dense| %.2g\n", batched ? "batches of 64" : "token by token",
-               first_diff < 0 ? T - 1 : first_diff - 1, max_rel);
+               first_diff < 0 ? TF - 1 : first_diff - 1, max_rel);
         ellm_context_free(fctx);
     }
     free(fd);

@@ -606,7 +606,7 @@ static void attn_worker(void *arg, int ith, int nth) {
      * computes (the next page run of a dense cache, or the next part of a
      * list), whose first blocks would otherwise start cold after the jump;
      * that part then skips the blocks already asked for (pf_from). Dense
-     * parts are one page run each (32 blocks, 128 KB at 64 dims in F16), so
+     * parts were one page run each (32 blocks, 128 KB at 64 dims in F16), so
      * every part began with cache misses: bench_attention on 2 threads, six
      * alternated rounds on a Zen 5 guest, medians 9.67 -> 8.56 ms at 16K and
      * 19.95 -> 17.41 at 32K (F16), 6.29 -> 5.60 and 11.98 -> 11.11 (Q8_0).
@@ -771,7 +771,7 @@ static long seg_parts(const attn_job *J, int h, int t, const int *n_blocks) {
  * segment by segment. Dense parts go in page order: part c of every segment,
  * then part c + 1. Part c of every head of a layer is one page's run of that
  * layer (kv_cache.c: the heads' runs are adjacent), so a thread reads
- * 384 KB runs (3 KV heads, F16, 64 dims) instead of 128 KB ones, and a
+ * 768 KB runs (3 KV heads, F16, 64 dims) instead of 256 KB ones, and a
  * prefill's tiles of one head read the same run one after another, from
  * L2. bench_attention on 2 threads (Zen 5 guest), a plain read of the
  * blocks in each order: 46.5-55.1 GB/s segment by segment, 55.5-62.1 in

@@ -17,7 +17,7 @@
 #define ATTN_TILE_Q 16
 /* KV blocks per part of a segment (see attention.c): parts are cut at fixed
  * block indices so that results do not depend on the batch or the threads. */
-#define ATTN_PART_BLOCKS 32
+#define ATTN_PART_BLOCKS 64
 /* Row strides of F32 scratch are padded to this many floats (one zmm). */
 #define ATTN_PAD 16
 

@@ -74,7 +74,7 @@ static double gib(size_t bytes) { return (double)bytes / (double)(1u << 30); }
 static int page_blocks_of(const kv_cache_params *p) { return p->page_blocks ? p->page_blocks : KV_PAGE_BLOCKS; }
 
 int kv_cache_own_page_blocks(int n_ctx, int block_tokens) {
-    return (int64_t)n_ctx >= 16 * (int64_t)KV_PAGE_BLOCKS_LONG * block_tokens ? KV_PAGE_BLOCKS_LONG : KV_PAGE_BLOCKS;
+    return (int64_t)n_ctx >= 8 * (int64_t)KV_PAGE_BLOCKS_LONG * block_tokens ? KV_PAGE_BLOCKS_LONG : KV_PAGE_BLOCKS;
 }
 
 /* Validates `p` and allocates the arena (untouched: pages are committed on first

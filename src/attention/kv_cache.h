@@ -36,19 +36,21 @@ typedef struct {
  * layer and head (the grain in which a server's slots share one pool). */
 #define KV_PAGE_BLOCKS 8
 /* Blocks per page for a long context with a pool of its own
- * (kv_cache_own_page_blocks): dense attention then reads a
- * (layer, head)'s blocks in contiguous runs of 32 (128 KB at 64 dims in F16)
- * instead of 8 before jumping to the next page, and the hardware
- * prefetchers follow long runs while each jump starts cold. bench_attention
- * --read-pass at 16K on 2 threads, two alternated rounds, 8 -> 32 blocks per
- * page: decode attention 34.0-34.1 -> 42.3-43.4 GB/s, a plain read of the
- * same blocks 40.0-40.2 -> 53.6-54.4 GB/s (16 per page: 39.6-40.8 and
- * 49.1-49.7; 64: 41.2-44.7 and 48.2-56.8). The price is a coarser grain of
- * KV memory: 512 tokens. */
-#define KV_PAGE_BLOCKS_LONG 32
+ * (kv_cache_own_page_blocks), equal to an attention part
+ * (ATTENTION_PART_BLOCKS): dense attention then reads a (layer, head)'s
+ * blocks in contiguous runs of 64 (256 KB at 64 dims in F16), and the KV
+ * heads of a layer one after another as one run, instead of runs of 8
+ * before jumping to the next page; the hardware prefetchers follow long
+ * runs while each jump starts cold. bench_attention --read-pass at 16K on 2
+ * threads, two alternated rounds, 8 -> 32 blocks per page: decode attention
+ * 34.0-34.1 -> 42.3-43.4 GB/s, a plain read of the same blocks 40.0-40.2 ->
+ * 53.6-54.4 GB/s; 32 -> 64 together with parts of 64 blocks: see
+ * ATTENTION_PART_BLOCKS. The price is a coarser grain of KV memory: 1,024
+ * tokens. */
+#define KV_PAGE_BLOCKS_LONG 64
 /* Blocks per page for a cache of n_ctx tokens in blocks of block_tokens whose
- * pool is its own: KV_PAGE_BLOCKS_LONG once the context holds 16 such pages,
- * else KV_PAGE_BLOCKS. */
+ * pool is its own: KV_PAGE_BLOCKS_LONG once the context holds 8 such pages
+ * (8,192 tokens of 16), else KV_PAGE_BLOCKS. */
 int kv_cache_own_page_blocks(int n_ctx, int block_tokens);
 
 typedef struct kv_cache kv_cache;

@@ -3,7 +3,7 @@
  * Every rank holds the whole model (each maps the same file) and computes the
  * token-wise work (norms, matmuls, RoPE) of every token identically; the KV
  * cache is what is split. Positions belong to ranks in whole parts of
- * ATTENTION_PART_BLOCKS blocks (512 tokens at 16-token blocks): part c goes
+ * ATTENTION_PART_BLOCKS blocks (1,024 tokens at 16-token blocks): part c goes
  * to rank c mod R, which is the least-loaded rank (ties to the lowest) at the
  * moment the sequence opens that part, so every rank knows the owner of every
  * position without a message, and truncation keeps the rule. A rank stores
