@@ -755,6 +755,68 @@ static void test_batch_rows_exact(void) {
  * ATTN_F16_STEP_BLOCKS with the state in registers; Q8_0: up to
  * ATTN_Q8_STEP_BLOCKS in a multi-block step); the outputs must keep their bits,
  * dense and over sparse lists of scattered blocks, at any thread count. */
+/* Work stealing (attn_worker): thread 0 starts with every part, so the
+ * others compute only parts taken from it; dense and sparse-list outputs
+ * keep their bits. */
+static void check_uneven(int type, int hd, int G, int n_q, int len, int bt, long *taken) {
+    const int n_kv = 3, n_head = n_kv * G;
+    kv_cache *kv = make_cache(1, n_kv, hd, len, bt, type);
+    if (!kv) return;
+    fill_cache(kv, len);
+    const size_t nout = (size_t)n_q * n_head * hd;
+    float *q = malloc(nout * sizeof(float)), *even = malloc(nout * sizeof(float)), *uneven = malloc(nout * sizeof(float));
+    fill(q, nout, 4.0f);
+    const int nb = (len + bt - 1) / bt, max_blocks = nb;
+    int32_t *blocks = malloc((size_t)n_kv * max_blocks * sizeof(int32_t));
+    int n_blocks[3];
+    for (int h = 0; h < n_kv; h++) { /* about a third of the blocks, then the last one */
+        int n = 0;
+        for (int i = 0; i < nb - 1; i++)
+            if (i % 3 == h) blocks[h * max_blocks + n++] = i;
+        blocks[h * max_blocks + n++] = nb - 1;
+        n_blocks[h] = n;
+    }
+    attention_workspace *ws = NULL;
+    ellm_error err;
+    CHECK(attention_workspace_init(MAX_THREADS, n_q, n_head, hd, len, bt, &ws, &err) == ELLM_OK, "workspace: %s",
+          err.msg);
+    for (int nt = 2; ws && nt <= MAX_THREADS; nt++)
+        for (int sparse = 0; sparse <= 1; sparse++) {
+            float *outs[2] = {even, uneven};
+            const long before = attention_parts_taken();
+            for (int v = 0; v < 2; v++) {
+                attention_uneven_ranges(v);
+                attention_args a = {kv, 0, n_q, len - n_q, n_head, q, outs[v], 1.0f / sqrtf((float)hd)};
+                if (sparse) attention_forward_blocks(&a, blocks, n_blocks, max_blocks, ws, pool_of(nt));
+                else attention_forward(&a, ws, pool_of(nt));
+            }
+            attention_uneven_ranges(0);
+            *taken += attention_parts_taken() - before;
+            CHECK(memcmp(even, uneven, nout * sizeof(float)) == 0,
+                  "uneven ranges %s hd=%d G=%d n_q=%d len=%d threads=%d %s: outputs differ from even ones",
+                  type == QTYPE_F16 ? "f16" : type == QTYPE_F32 ? "f32" : "q8_0", hd, G, n_q, len, nt,
+                  sparse ? "sparse" : "dense");
+        }
+    attention_workspace_free(ws);
+    free(blocks);
+    free(q);
+    free(even);
+    free(uneven);
+    kv_cache_free(kv);
+}
+
+static void test_uneven_ranges(void) {
+    long taken = 0;
+    for (int rep = 0; rep < 4; rep++) {
+        check_uneven(QTYPE_F16, 64, 3, 1, 5 * ATTENTION_PART_BLOCKS * 16 + 37, 16, &taken);
+        check_uneven(QTYPE_Q8_0, 64, 3, 1, 3 * ATTENTION_PART_BLOCKS * 16 + 5, 16, &taken);
+        check_uneven(QTYPE_F16, 64, 2, 20, 2 * ATTENTION_PART_BLOCKS * 16 + 100, 16, &taken);
+        check_uneven(QTYPE_F32, 32, 4, 3, 4 * ATTENTION_PART_BLOCKS * 16 + 1, 16, &taken);
+    }
+    CHECK(taken > 0, "uneven ranges: no thread took a part from thread 0 in %d calls", 4 * 4 * 2 * 2 * (MAX_THREADS - 1));
+    printf("uneven ranges: %ld parts taken from thread 0's range\n", taken);
+}
+
 static void check_pairs(int type, int hd, int G, int n_q, int len, int bt) {
     const int n_kv = 3, n_head = n_kv * G;
     kv_cache *kv = make_cache(1, n_kv, hd, len, bt, type);
@@ -956,6 +1018,7 @@ int main(void) {
     test_single_head_split();
     test_batch_rows_exact();
     test_pair_steps();
+    test_uneven_ranges();
     test_lse();
     test_attention_matrix();
     pool_release();

@@ -213,6 +213,12 @@ static int g_pairs_on = 1;
 
 void attention_pairs_enable(int on) { g_pairs_on = on != 0; }
 
+static int g_uneven;
+static atomic_long g_taken;
+
+void attention_uneven_ranges(int on) { g_uneven = on != 0; }
+long attention_parts_taken(void) { return atomic_load_explicit(&g_taken, memory_order_relaxed); }
+
 /* ---- one call ----------------------------------------------------------- */
 
 typedef struct {
@@ -635,6 +641,7 @@ static void attn_worker(void *arg, int ith, int nth) {
                 i = range_take(other, 1);
             }
             if (i < 0) break;
+            atomic_fetch_add_explicit(&g_taken, 1, memory_order_relaxed);
             /* the look-ahead runs into the item before, which it takes next if still there */
             if ((long)(atomic_load_explicit(other, memory_order_relaxed) >> 32) < i) {
                 i_next = i - 1;
@@ -865,8 +872,9 @@ static void attention_run(const attention_args *a, const int32_t *blocks, const 
         for (int t = 0; t < nth; t++) {
             long w0, w1;
             threadpool_split(ws->work_block[J.n_units], t, nth, 1, &w0, &w1);
-            atomic_store_explicit(&ws->range[(size_t)t * RANGE_STRIDE], (uint64_t)work_at(&J, w0) << 32 | (uint64_t)work_at(&J, w1),
-                                  memory_order_relaxed);
+            uint64_t r = (uint64_t)work_at(&J, w0) << 32 | (uint64_t)work_at(&J, w1);
+            if (g_uneven) r = t ? 0 : (uint64_t)J.n_units; /* thread 0: [0, n_units) */
+            atomic_store_explicit(&ws->range[(size_t)t * RANGE_STRIDE], r, memory_order_relaxed);
         }
         if (pool) threadpool_run(pool, attn_worker, &J);
         else attn_worker(&J, 0, 1);

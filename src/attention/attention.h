@@ -197,6 +197,15 @@ void attention_lse_one(float l, const float *acc, int hd, float *out);
  * thread-safe against running calls. */
 void attention_pairs_enable(int on);
 
+/* Tests: with `on`, dense and sparse-list calls start thread 0 with every
+ * part and the other threads with none, so every part another thread
+ * computes is one it took from thread 0 (attn_worker's work stealing); the
+ * outputs must keep their bits. Not thread-safe against running calls.
+ * attention_parts_taken: how many parts threads have taken from another
+ * thread's range since the program started. */
+void attention_uneven_ranges(int on);
+long attention_parts_taken(void);
+
 /* Naive reference: full score rows, softmax, PV (single thread; tests). */
 void attention_forward_ref(const attention_args *a);
 
