@@ -85,7 +85,7 @@ static void test_parts_merge(void) {
     kv_cache_store(kv, 0, 0, n_ctx, k, v);
     kv_cache_set_len(kv, n_ctx);
     const int cases[][2] = {{1, 0},       {1, PT - 1},          {1, PT},           {1, 2 * PT + 275},
-                             {16, PT - 12}, {40, 2 * PT - 48}, {37, 2 * PT + 176}, {5, 2 * PT + 6}};
+                             {16, PT - 12}, {40, 2 * PT - 24}, {37, 2 * PT + 176}, {5, 2 * PT + 6}};
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         const int n_q = cases[ci][0], pos0 = cases[ci][1];
         for (size_t i = 0; i < (size_t)n_q * n_head * hd; i++) q[i] = frand();
