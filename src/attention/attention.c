@@ -232,6 +232,7 @@ typedef struct {
     int max_blocks;
     int hd, bt, type;
     size_t half_bytes; /* bytes of a block's K (or V) */
+    int dense_ahead;   /* dense_prefetch_blocks of this cache's blocks */
     int n_kv, group, n_tiles, n_seg;
     int t0, nt; /* the wave's tiles [t0, t0 + nt); segment s is head s / nt, tile t0 + s % nt */
     long n_units; /* parts over the wave's segments */
@@ -302,8 +303,22 @@ static long work_at(const attn_job *J, long w) {
  * the block two ahead towards L2, a few lines per key tile, instead of the next
  * block into L1 in one burst at the start of each block, read 16K-32K
  * contexts ~15% faster on one thread (0.63 -> 0.74 of a streaming read of the
- * same bytes, CPU time, interleaved A/B); three ahead measured the same. */
-#define DENSE_PREFETCH_BLOCKS 2
+ * same bytes, CPU time, interleaved A/B); three ahead measured the same.
+ * What counts is the distance in bytes: a Q8_0 block (2,176 bytes at 64
+ * dims) two ahead is half as far, and four ahead read 16K-32K contexts 7-10%
+ * faster on 2 threads (bench_attention, three runs of 4 alternated rounds)
+ * and on one; F16 blocks four ahead (16 KB) were 2-3% faster on 2 threads
+ * and up to 5% slower on one, and a second, farther prefetch towards L2 (16
+ * or 32 KB beyond) slower. So the look-ahead is DENSE_PREFETCH_BYTES, and at
+ * least DENSE_PREFETCH_MIN blocks. */
+#define DENSE_PREFETCH_BYTES 8192
+#define DENSE_PREFETCH_MIN 2
+
+/* Blocks of a dense look-ahead for blocks of block_bytes (K and V). */
+static int dense_prefetch_blocks(size_t block_bytes) {
+    const size_t n = (DENSE_PREFETCH_BYTES + block_bytes - 1) / block_bytes;
+    return n < DENSE_PREFETCH_MIN ? DENSE_PREFETCH_MIN : n > 7 ? 7 : (int)n; /* the ring holds 8 blocks */
+}
 
 /* Where the look-ahead of a part goes past the blocks it computes
  * (attention_forward_select): list positions >= at stand for positions
@@ -406,9 +421,9 @@ static void run_part_ahead(const attn_job *J, attn_state *st, int s, long kb, lo
      * look-ahead runs on into the next part this thread computes (nx; the
      * list's next part when nx is NULL), whose first blocks would otherwise
      * start cold. */
-    const int A = list ? SPARSE_PREFETCH_BLOCKS : DENSE_PREFETCH_BLOCKS;
+    const int A = J->blocks ? SPARSE_PREFETCH_BLOCKS : J->dense_ahead;
     const long lim = nx ? nx->at + (nx->e - nx->b) : list && J->list_n ? J->list_n[h] : ke;
-    _Static_assert(SPARSE_PREFETCH_BLOCKS < 8 && DENSE_PREFETCH_BLOCKS < 8, "the ring holds 8 blocks");
+    _Static_assert(SPARSE_PREFETCH_BLOCKS < 8, "the ring holds 8 blocks");
     const char *ring[8];
     for (long z = kb; z < lim && z <= kb + A; z++) ring[z & 7] = ahead_block(J, h, list, z, nx);
     for (long k = kb; k < ke; k++) {
@@ -429,7 +444,7 @@ static void run_part_ahead(const attn_job *J, attn_state *st, int s, long kb, lo
         /* Scattered blocks: SPARSE_PREFETCH_BLOCKS in flight towards L2 (see
          * the constant); the part's first ones at once, then the kernel asks
          * for the block that far ahead while it computes. Contiguous blocks:
-         * the same DENSE_PREFETCH_BLOCKS ahead, and the next one for kernels
+         * dense_prefetch_blocks ahead, and the next one for kernels
          * that convert it into scratch (many rows). */
         if (k == kb)
             for (long z = pf_from > k + 1 ? pf_from : k + 1; z < k + A && z < lim; z++)
@@ -617,7 +632,7 @@ static void attn_worker(void *arg, int ith, int nth) {
      * alternated rounds on a Zen 5 guest, medians 9.67 -> 8.56 ms at 16K and
      * 19.95 -> 17.41 at 32K (F16), 6.29 -> 5.60 and 11.98 -> 11.11 (Q8_0).
      * With it, pages of 1024 blocks instead of 32 gained nothing clear. */
-    const int A = J->blocks ? SPARSE_PREFETCH_BLOCKS : DENSE_PREFETCH_BLOCKS;
+    const int A = J->blocks ? SPARSE_PREFETCH_BLOCKS : J->dense_ahead;
     long pf_from = 0, looked = -1; /* the item the last part's look-ahead ran into */
     uint64_t *qtag = &ws->q_tag[(size_t)ith * (size_t)ws->n_head];
     /* A thread takes the items of its range from the front; one that has
@@ -732,6 +747,7 @@ static void job_init(attn_job *J, const attention_args *a, attention_workspace *
     J->bt = p->block_tokens;
     J->type = p->type;
     J->half_bytes = kv_cache_block_bytes(a->kv) / 2;
+    J->dense_ahead = dense_prefetch_blocks(2 * J->half_bytes);
     J->n_kv = p->n_kv_head;
     J->group = a->n_head / p->n_kv_head;
     J->n_tiles = (a->n_q + ATTN_TILE_Q - 1) / ATTN_TILE_Q;
