@@ -16,14 +16,9 @@ LDLIBS  += $(MPI_LIBS)
 
 # Kernels for one ISA live in *_avx2.c / *_avx512.c files compiled for that ISA;
 # the binary picks at run time, so no -march=native is ever needed.
-# Their loops start on 64-byte boundaries: when an unrelated change moved the
-# F16 attention kernel by 64 to 176 bytes, it ran 5-15% slower or faster
-# (bench_attention, 16K-32K, alternated rounds); with aligned loops, two
-# placements measured alike, and as fast as the faster unaligned one or more.
-KERNEL_ALIGN := -falign-loops=64
-AVX2_FLAGS   := -mavx2 -mfma -mf16c $(KERNEL_ALIGN)
+AVX2_FLAGS   := -mavx2 -mfma -mf16c
 AVX512_FLAGS := -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512dq -mavx512vl \
-                -mavx512vnni -mavx512bf16 -mavx512vbmi $(KERNEL_ALIGN)
+                -mavx512vnni -mavx512bf16 -mavx512vbmi
 
 LIB_SRC  := $(sort $(shell find src -name '*.c' -not -path 'src/cli/*'))
 CLI_SRC  := $(sort $(wildcard src/cli/*.c))

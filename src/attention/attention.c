@@ -305,12 +305,13 @@ static long work_at(const attn_job *J, long w) {
  * contexts ~15% faster on one thread (0.63 -> 0.74 of a streaming read of the
  * same bytes, CPU time, interleaved A/B); three ahead measured the same.
  * What counts is the distance in bytes: a Q8_0 block (2,176 bytes at 64
- * dims) two ahead is half as far, and four ahead read 16K-32K contexts 7-10%
- * faster on 2 threads (bench_attention, three runs of 4 alternated rounds)
- * and on one; F16 blocks four ahead (16 KB) were 2-3% faster on 2 threads
- * and up to 5% slower on one, and a second, farther prefetch towards L2 (16
- * or 32 KB beyond) slower. So the look-ahead is DENSE_PREFETCH_BYTES, and at
- * least DENSE_PREFETCH_MIN blocks. */
+ * dims) two ahead is half as far, and four ahead read 16K-32K contexts 7-11%
+ * faster in 12 of 13 alternated comparisons of bench_attention (2 threads
+ * and 1; the other, with a wide spread, slower). F16 blocks four ahead
+ * (16 KB), or a second prefetch 16 or 32 KB beyond, were no faster: the
+ * differences stayed within the ~7% by which copies of one binary differ in
+ * such runs here; six ahead was 15-25% slower. So the look-ahead is
+ * DENSE_PREFETCH_BYTES, and at least DENSE_PREFETCH_MIN blocks. */
 #define DENSE_PREFETCH_BYTES 8192
 #define DENSE_PREFETCH_MIN 2
 
