@@ -19,10 +19,19 @@
  *     --page-blocks N: KV blocks per cache page (default: what the engine gives
  *     a context of the deepest depth + n_q tokens with a pool of its own,
  *     kv_cache_own_page_blocks);
- *     --read-pass: each step is followed by a pass that reads the same blocks
- *     of the first cache in parts of ATTN_PART_BLOCKS split over the threads
- *     as the driver does, prefetching two blocks ahead as the decode kernel
- *     does, with no arithmetic: the rate this access pattern allows */
+ *     --read-pass: each step is followed by three passes that read the same
+ *     blocks of the first cache with no arithmetic (every 64-byte line
+ *     loaded once), the rates these access patterns allow:
+ *       order   one launch per layer, its parts (KV head, ATTN_PART_BLOCKS
+ *               blocks) in the driver's page order (part c of every head
+ *               before part c + 1), split in contiguous ranges over the
+ *               threads, no software prefetch;
+ *       ahead   the same, each block asking for the one 8 KB ahead as the
+ *               decode kernels do (non-temporal, a line at a time);
+ *       stream  one launch for the whole step, each thread reading whole
+ *               pages (every layer's blocks of them, adjacent in memory):
+ *               the same bytes as one stream per thread, as if a step had
+ *               no layers. */
 #include "attention/attention.h"
 #include "attention/attention_kernel.h"
 #include "attention/kv_cache.h"
@@ -34,6 +43,8 @@
 #include "core/timer.h"
 #include "kernels/quant.h"
 
+#include <immintrin.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,39 +57,59 @@
 #define MAX_STEPS 1000
 #define MAX_DEPTHS 8
 
-/* The read pass: parts (KV head, ATTN_PART_BLOCKS blocks) of one layer split
- * in contiguous ranges over the threads; every 64-byte line of each block
- * (K and V halves) loaded once, the block two ahead prefetched. */
+/* The read passes (--read-pass): see the top of the file. */
+enum { READ_ORDER, READ_AHEAD, READ_STREAM, N_READ };
+static const char *const read_names[N_READ] = {"order", "ahead", "stream"};
+
 typedef struct {
     const kv_cache *kv;
-    int layer, n_blocks;
+    int layer, n_blocks, pattern;
     double sink[64];
 } read_pass_job;
 
+static uint64_t read_lines(const char *p, size_t n, uint64_t acc) {
+    for (size_t o = 0; o < n; o += 64) {
+        uint64_t x;
+        memcpy(&x, p + o, sizeof x);
+        acc += x;
+    }
+    return acc;
+}
+
 static void read_pass_task(void *arg, int ith, int nth) {
     read_pass_job *j = arg;
-    const int parts = (j->n_blocks + ATTN_PART_BLOCKS - 1) / ATTN_PART_BLOCKS;
-    long b, e;
-    threadpool_split((long)N_KV * parts, ith, nth, 1, &b, &e);
     const size_t block_bytes = kv_cache_block_bytes(j->kv);
+    const int pb = kv_cache_get_params(j->kv)->page_blocks;
     uint64_t acc = 0;
-    for (long u = b; u < e; u++) {
-        const int h = (int)(u / parts), k0 = (int)(u % parts) * ATTN_PART_BLOCKS;
-        const int k1 = k0 + ATTN_PART_BLOCKS < j->n_blocks ? k0 + ATTN_PART_BLOCKS : j->n_blocks;
-        for (int k = k0; k < k1; k++) {
-            const char *blk = kv_cache_block_k(j->kv, j->layer, h, k);
-            const char *ahead = k + 2 < k1 ? kv_cache_block_k(j->kv, j->layer, h, k + 2) : NULL;
-            for (size_t o = 0; o < block_bytes; o += 64) {
-                if (ahead) __builtin_prefetch(ahead + o, 0, 0);
-                uint64_t x;
-                memcpy(&x, blk + o, sizeof x);
-                acc += x;
+    long b, e;
+    if (j->pattern == READ_STREAM) {
+        const int pages = (j->n_blocks + pb - 1) / pb;
+        threadpool_split(pages, ith, nth, 1, &b, &e);
+        for (long p = b; p < e; p++) {
+            const int used = j->n_blocks - (int)p * pb < pb ? j->n_blocks - (int)p * pb : pb;
+            for (int l = 0; l < N_LAYER; l++) /* (layer, head) runs of a page are adjacent */
+                for (int h = 0; h < N_KV; h++)
+                    acc = read_lines(kv_cache_block_k(j->kv, l, h, (int)p * pb), (size_t)used * block_bytes, acc);
+        }
+    } else {
+        const int parts = (j->n_blocks + ATTN_PART_BLOCKS - 1) / ATTN_PART_BLOCKS;
+        const int ahead = (int)((8192 + block_bytes - 1) / block_bytes);
+        threadpool_split((long)N_KV * parts, ith, nth, 1, &b, &e);
+        for (long u = b; u < e; u++) {
+            const int h = (int)(u % N_KV), k0 = (int)(u / N_KV) * ATTN_PART_BLOCKS;
+            const int k1 = k0 + ATTN_PART_BLOCKS < j->n_blocks ? k0 + ATTN_PART_BLOCKS : j->n_blocks;
+            for (int k = k0; k < k1; k++) {
+                const char *blk = kv_cache_block_k(j->kv, j->layer, h, k);
+                if (j->pattern == READ_AHEAD && k + ahead < k1) {
+                    const char *pf = kv_cache_block_k(j->kv, j->layer, h, k + ahead);
+                    for (size_t o = 0; o < block_bytes; o += 64) _mm_prefetch(pf + o, _MM_HINT_NTA);
+                }
+                acc = read_lines(blk, block_bytes, acc);
             }
         }
     }
     j->sink[ith % 64] += (double)acc;
 }
-
 
 int main(int argc, char **argv) {
     int n_q = 1, pin = 1, t_lo = 1, t_hi = 2, kv_f16 = 1, kv_q8 = 1, ab = 0, read_pass = 0, page_blocks = 0;
@@ -156,7 +187,7 @@ int main(int argc, char **argv) {
             for (int c = 0; c < 2; c++) {
                 if (!kvs[c]) continue;
                 attention_args a = {kvs[c], 0, n_q, depth, N_HEAD, q, out, 0.125f};
-                static double ms[2][MAX_STEPS], ms_read[MAX_STEPS];
+                static double ms[2][MAX_STEPS], ms_read[N_READ][MAX_STEPS];
                 const int rp = read_pass && c == (kvs[0] ? 0 : 1);
                 int steps = steps_arg ? steps_arg : depth <= 4096 ? 15 : 7;
                 for (int s = -1; s < steps; s++) {
@@ -169,14 +200,16 @@ int main(int argc, char **argv) {
                         }
                         if (s >= 0) ms[v][s] = ellm_time_ms() - t0; /* step -1 warms up */
                     }
-                    if (rp) {
-                        read_pass_job j = {.kv = kvs[c], .n_blocks = (depth + n_q + BLOCK - 1) / BLOCK};
+                    for (int r = 0; rp && r < N_READ; r++) {
+                        read_pass_job j = {.kv = kvs[c], .n_blocks = (depth + n_q + BLOCK - 1) / BLOCK, .pattern = r};
                         double t0 = ellm_time_ms();
-                        for (int l = 0; l < N_LAYER; l++) {
-                            j.layer = l;
-                            threadpool_run(pool, read_pass_task, &j);
-                        }
-                        if (s >= 0) ms_read[s] = ellm_time_ms() - t0;
+                        if (r == READ_STREAM) threadpool_run(pool, read_pass_task, &j);
+                        else
+                            for (int l = 0; l < N_LAYER; l++) {
+                                j.layer = l;
+                                threadpool_run(pool, read_pass_task, &j);
+                            }
+                        if (s >= 0) ms_read[r][s] = ellm_time_ms() - t0;
                     }
                 }
                 attention_pairs_enable(1);
@@ -188,9 +221,9 @@ int main(int argc, char **argv) {
                     double off = median_sort(ms[1], steps);
                     printf("  no pairs %7.3f ms (%.1f GB/s), pairs %.3fx", off, bytes / (off * 1e6), off / med);
                 }
-                if (rp) {
-                    double rd = median_sort(ms_read, steps);
-                    printf("  read pass %.3f ms (%.1f GB/s)", rd, bytes / (rd * 1e6));
+                for (int r = 0; rp && r < N_READ; r++) {
+                    double rd = median_sort(ms_read[r], steps);
+                    printf("  read %s %.3f ms (%.1f GB/s)", read_names[r], rd, bytes / (rd * 1e6));
                 }
                 if (c == 0) ms_f16 = med;
                 if (c == 1 && ms_f16 > 0) printf("  %.2fx F16", ms_f16 / med);
