@@ -371,11 +371,9 @@ static void run_part_ahead(const attn_job *J, attn_state *st, int s, long kb, lo
         : fn == attn_block_avx512 && J->type == QTYPE_F16 && attn_blocks_f16_fits(st) ? attn_blocks_f16_avx512
                                                                                       : NULL;
     const int qn = run_fn == attn_blocks_q8_avx512 ? ATTN_Q8_STEP_BLOCKS : run_fn ? ATTN_F16_STEP_BLOCKS : 0;
-    /* one cache line per slot wherever the callers' frames put this one:
-     * with attn_job 8 bytes longer (168 bytes, a field in its middle), F16
-     * decode attention on one thread ran ~12% slower (bench_attention 16K,
-     * five alternated rounds, 16.9-17.1 against 14.3-15.2 ms); aligned slots
-     * recovered about half of that, and attn_job is 160 bytes again */
+    /* one cache line per slot wherever the callers' frames put this array:
+     * the driver fills a slot and the kernel reads it right after (see
+     * bench/KV.md, 2026-12-05, for F16 timings that moved with the build) */
     _Alignas(64) attn_block run[ATTN_Q8_STEP_BLOCKS > ATTN_F16_STEP_BLOCKS ? ATTN_Q8_STEP_BLOCKS : ATTN_F16_STEP_BLOCKS];
     int n_run = 0;
     const int rows_pad = (st->rows + 3) & ~3;
