@@ -7,6 +7,7 @@
 //       [--servers ellm,llama] [--ellm build/ellm]
 //       [--llama /tmp/llama.cpp/build/bin/llama-server] [--threads 2]
 //       [--levels 1,4,16] [--requests 2] [--prompt-tokens 32] [--max-tokens 64]
+//       [--decode-tokens 256]
 //       [--long-prompt 512] [--background 8] [--rounds 3] [--no-write: print, write nothing]
 //
 // Phases, per server:
@@ -15,6 +16,12 @@
 //                 prompts of --prompt-tokens, --max-tokens generated with
 //                 ignore_eos, greedy): aggregate generated tokens/s, time to
 //                 first token (TTFT) and inter-token latency (ITL) percentiles.
+//   decode        C streams at once (C in --levels), one request each of
+//                 --decode-tokens generated tokens: aggregate tokens/s over
+//                 the window in which every stream is generating (from the
+//                 last stream's first token to the first stream's last), so
+//                 prompts and the ramp up and down are left out; one stream's
+//                 figure is 1 ÷ its mean inter-token gap.
 //   interference  TTFT of a --long-prompt-token prompt alone (median of 3),
 //                 then again (3 times, one after another) while --background
 //                 streams generate; the background streams' ITL median and
@@ -47,6 +54,7 @@ const cfg = {
   requests: num('requests', 2),
   promptTokens: num('prompt-tokens', 32),
   maxTokens: num('max-tokens', 64),
+  decodeTokens: num('decode-tokens', 256),
   longPrompt: num('long-prompt', 512),
   background: num('background', 8),
   vocab: num('vocab', 2000),
@@ -68,7 +76,7 @@ const rnd = () => (seed = (seed * 1103515245 + 12345) & 0x7fffffff);
 const randomPrompt = (n) => Array.from({ length: n }, () => 1 + (rnd() % (cfg.vocab - 1)));
 
 // Slots and context: every slot holds a long prompt plus a long generation.
-const slotCtx = cfg.longPrompt + 4 * cfg.maxTokens + 64;
+const slotCtx = Math.max(cfg.longPrompt + 4 * cfg.maxTokens, cfg.promptTokens + cfg.decodeTokens) + 64;
 const nSlots = Math.max(...cfg.levels, cfg.background + 1);
 
 function serverCommand(kind) {
@@ -214,6 +222,29 @@ async function throughput(base) {
   return rows;
 }
 
+// Aggregate decode throughput: C streams generating at once, counted only
+// while all of them are (see the top of the file).
+async function decode(base) {
+  const rows = [];
+  for (const c of cfg.levels) {
+    const res = await Promise.all(Array.from({ length: c }, () => complete(base, randomPrompt(cfg.promptTokens), cfg.decodeTokens)));
+    const from = Math.max(...res.map((r) => r.times[0])), to = Math.min(...res.map((r) => r.times[r.times.length - 1]));
+    let tokens = 0;
+    const gaps = [];
+    for (const r of res)
+      for (let i = 1; i < r.times.length; i++)
+        if (r.times[i] > from && r.times[i] <= to) {
+          tokens++;
+          gaps.push(r.times[i] - r.times[i - 1]);
+        }
+    const ok = to > from && tokens > 0;
+    rows.push({ streams: c, window_ms: to - from, tokens_in_window: tokens, tok_s: ok ? (tokens * 1000) / (to - from) : null,
+      itl_p50_ms: median(gaps), itl_p99_ms: pct(gaps, 99) });
+    log(`  decode, ${c} streams: ${ok ? ((tokens * 1000) / (to - from)).toFixed(1) : '—'} tok/s over ${(to - from).toFixed(0)} ms`);
+  }
+  return rows;
+}
+
 async function interference(base) {
   const alone = [];
   for (let r = 0; r < 3; r++) alone.push((await complete(base, randomPrompt(cfg.longPrompt), 1)).ttft);
@@ -259,9 +290,11 @@ async function measure(kind) {
     await complete(base, randomPrompt(cfg.promptTokens), 8); // warm-up
     log(kind, 'throughput');
     const tp = await throughput(base);
+    log(kind, 'decode');
+    const dec = await decode(base);
     log(kind, 'interference');
     const inter = await interference(base);
-    return { server: kind, cmd, throughput: tp, interference: inter };
+    return { server: kind, cmd, throughput: tp, decode: dec, interference: inter };
   } catch (e) {
     log(kind, 'failed:', e.message, e.cause ? String(e.cause) : '', '\n--- server log tail ---\n' + tail());
     throw e;
@@ -284,12 +317,16 @@ function mergeRounds(runs) {
       ms_per_step: Object.fromEntries(PHASES.map((p) => [p, med(es.map((e) => e.ms_per_step[p]))])) } : null;
     return { streams: row.streams, ...m, tok_s_rounds: rs.map((x) => x.tok_s), engine_steps: engine };
   });
+  const dec = runs[0].decode ? runs[0].decode.map((row, li) => {
+    const rs = runs.map((x) => x.decode[li]);
+    return { streams: row.streams, ...pick(rs, ['tok_s', 'itl_p50_ms', 'itl_p99_ms', 'window_ms']), tok_s_rounds: rs.map((x) => x.tok_s) };
+  }) : null;
   const ins = runs.map((x) => x.interference);
   const alone = ins.flatMap((i) => i.ttft_alone_ms), loaded = ins.flatMap((i) => i.ttft_loaded_ms);
   const inter = { ttft_alone_ms: alone, ttft_loaded_ms: loaded, ttft_ratio: median(loaded) / median(alone),
     ...pick(ins, ['itl_before_ms_p50', 'itl_in_window_ms_p50', 'itl_in_window_ms_p99', 'itl_p99_over_before_p50', 'itl_p99_over_p50']),
     ttft_ratio_rounds: ins.map((i) => i.ttft_ratio), itl_p99_over_before_p50_rounds: ins.map((i) => i.itl_p99_over_before_p50) };
-  return { server: runs[0].server, cmd: runs[0].cmd, throughput: tp, interference: inter };
+  return { server: runs[0].server, cmd: runs[0].cmd, throughput: tp, decode: dec, interference: inter };
 }
 
 function render(R) {
@@ -330,6 +367,26 @@ function render(R) {
       return lr ? `${r.streams} streams ${(r.tok_s / lr.tok_s).toFixed(2)}×` : null;
     }).filter(Boolean);
     w(`ellm serve ÷ llama-server, aggregate tokens/s: ${ratios.join(', ')}.`);
+  }
+  if (R.servers.some((s) => s.decode)) {
+    w();
+    w(`## Decode throughput: ${R.config.levels.join(', ')} streams generating at once`);
+    w();
+    w(`Each stream one request (a ${R.config.promptTokens}-token prompt, ${R.config.decodeTokens} tokens generated); tokens/s counts the token chunks that arrive while every`);
+    w('stream is generating (from the last stream\'s first token to the first stream\'s last), so the prompts and the');
+    w('ramp up and down are left out; for one stream it is 1 ÷ its mean inter-token gap.');
+    w();
+    w('| server | streams | tokens/s | tokens/s of each round | × one stream | ITL p50 ms | ITL p99 ms |');
+    w('|---|---:|---:|---|---:|---:|---:|');
+    const f = (x, d = 1) => (x === null || x === undefined || Number.isNaN(x) ? '—' : x.toFixed(d));
+    for (const s of R.servers) {
+      if (!s.decode) continue;
+      const one = s.decode.find((r) => r.streams === Math.min(...R.config.levels));
+      for (const r of s.decode)
+        w(`| ${s.server === 'ellm' ? 'ellm serve' : 'llama-server'} | ${r.streams} | ${f(r.tok_s)} | ` +
+          `${(r.tok_s_rounds || [r.tok_s]).map((x) => f(x, 0)).join(', ')} | ${one && one.tok_s ? f(r.tok_s / one.tok_s, 2) : '—'} | ` +
+          `${f(r.itl_p50_ms)} | ${f(r.itl_p99_ms)} |`);
+    }
   }
   w();
   w(`## A ${R.config.longPrompt}-token prompt arriving while ${R.config.background} streams generate`);
