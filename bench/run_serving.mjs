@@ -227,7 +227,9 @@ async function throughput(base) {
 async function decode(base) {
   const rows = [];
   for (const c of cfg.levels) {
+    const e0 = await engineCounters(base);
     const res = await Promise.all(Array.from({ length: c }, () => complete(base, randomPrompt(cfg.promptTokens), cfg.decodeTokens)));
+    const engine = stepBreakdown(e0, await engineCounters(base));
     const from = Math.max(...res.map((r) => r.times[0])), to = Math.min(...res.map((r) => r.times[r.times.length - 1]));
     let tokens = 0;
     const gaps = [];
@@ -239,8 +241,10 @@ async function decode(base) {
         }
     const ok = to > from && tokens > 0;
     rows.push({ streams: c, window_ms: to - from, tokens_in_window: tokens, tok_s: ok ? (tokens * 1000) / (to - from) : null,
-      itl_p50_ms: median(gaps), itl_p99_ms: pct(gaps, 99) });
-    log(`  decode, ${c} streams: ${ok ? ((tokens * 1000) / (to - from)).toFixed(1) : '—'} tok/s over ${(to - from).toFixed(0)} ms`);
+      itl_p50_ms: median(gaps), itl_p99_ms: pct(gaps, 99), engine_steps: engine });
+    log(`  decode, ${c} streams: ${ok ? ((tokens * 1000) / (to - from)).toFixed(1) : '—'} tok/s over ${(to - from).toFixed(0)} ms` +
+      (engine ? `; engine: ${engine.rows_per_step.toFixed(1)} rows per step, ` +
+        PHASES.map((p) => `${p} ${engine.ms_per_step[p].toFixed(2)}`).join(', ') + ' ms per step' : ''));
   }
   return rows;
 }
