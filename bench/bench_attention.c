@@ -26,8 +26,9 @@
  *               blocks) in the driver's page order (part c of every head
  *               before part c + 1), split in contiguous ranges over the
  *               threads, no software prefetch;
- *       ahead   the same, each block asking for the one 8 KB ahead as the
- *               decode kernels do (non-temporal, a line at a time);
+ *       ahead   the same, each block asking for the one 8 KB ahead in its
+ *               part as the decode kernels do (DENSE_PREFETCH_BYTES in
+ *               attention.c; non-temporal, a line at a time);
  *       stream  one launch for the whole step, each thread reading whole
  *               pages (every layer's blocks of them, adjacent in memory):
  *               the same bytes as one stream per thread, as if a step had
@@ -79,7 +80,7 @@ static uint64_t read_lines(const char *p, size_t n, uint64_t acc) {
 static void read_pass_task(void *arg, int ith, int nth) {
     read_pass_job *j = arg;
     const size_t block_bytes = kv_cache_block_bytes(j->kv);
-    const int pb = kv_cache_get_params(j->kv)->page_blocks;
+    const int pb = kv_cache_page_tokens(j->kv) / BLOCK;
     uint64_t acc = 0;
     long b, e;
     if (j->pattern == READ_STREAM) {
