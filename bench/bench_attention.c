@@ -26,9 +26,9 @@
  *               blocks) in the driver's page order (part c of every head
  *               before part c + 1), split in contiguous ranges over the
  *               threads, no software prefetch;
- *       ahead   the same, each block asking for the one 8 KB ahead in its
- *               part as the decode kernels do (DENSE_PREFETCH_BYTES in
- *               attention.c; non-temporal, a line at a time);
+ *       ahead   the same, each block asking for the one
+ *               ATTENTION_DENSE_PREFETCH_BYTES ahead in its part as the
+ *               decode kernels do (non-temporal, a line at a time);
  *       stream  one launch for the whole step, each thread reading whole
  *               pages (every layer's blocks of them, adjacent in memory):
  *               the same bytes as one stream per thread, as if a step had
@@ -94,7 +94,7 @@ static void read_pass_task(void *arg, int ith, int nth) {
         }
     } else {
         const int parts = (j->n_blocks + ATTN_PART_BLOCKS - 1) / ATTN_PART_BLOCKS;
-        const int ahead = (int)((8192 + block_bytes - 1) / block_bytes);
+        const int ahead = (int)((ATTENTION_DENSE_PREFETCH_BYTES + block_bytes - 1) / block_bytes);
         threadpool_split((long)N_KV * parts, ith, nth, 1, &b, &e);
         for (long u = b; u < e; u++) {
             const int h = (int)(u % N_KV), k0 = (int)(u / N_KV) * ATTN_PART_BLOCKS;

@@ -243,7 +243,6 @@ typedef struct {
     int n_blocks_cache; /* kv_cache_n_blocks */
     int lanes;          /* the kernels keep lane sums of l (attn_state.lanes) */
     unsigned call;      /* this wave's number (never 0), for attention_workspace.q_tag */
-    int dense_ahead;    /* dense_prefetch_blocks of this cache's blocks */
 } attn_job;
 
 /* Scratch of thread ith: m, l and acc are its own for whole segments. */
@@ -311,13 +310,17 @@ static long work_at(const attn_job *J, long w) {
  * (16 KB), or a second prefetch 16 or 32 KB beyond, were no faster: the
  * differences stayed within the ~7% by which copies of one binary differ in
  * such runs here; six ahead was 15-25% slower. So the look-ahead is
- * DENSE_PREFETCH_BYTES, and at least DENSE_PREFETCH_MIN blocks. */
-#define DENSE_PREFETCH_BYTES 8192
+ * ATTENTION_DENSE_PREFETCH_BYTES (attention.h), and at least
+ * DENSE_PREFETCH_MIN blocks. */
 #define DENSE_PREFETCH_MIN 2
 
-/* Blocks of a dense look-ahead for blocks of block_bytes (K and V). */
-static int dense_prefetch_blocks(size_t block_bytes) {
-    const size_t n = (DENSE_PREFETCH_BYTES + block_bytes - 1) / block_bytes;
+/* Blocks the look-ahead of J's parts runs ahead: SPARSE_PREFETCH_BLOCKS over
+ * block lists, else ATTENTION_DENSE_PREFETCH_BYTES of the cache's blocks (K
+ * and V). */
+static int look_ahead_blocks(const attn_job *J) {
+    if (J->blocks) return SPARSE_PREFETCH_BLOCKS;
+    const size_t block_bytes = 2 * J->half_bytes;
+    const size_t n = (ATTENTION_DENSE_PREFETCH_BYTES + block_bytes - 1) / block_bytes;
     return n < DENSE_PREFETCH_MIN ? DENSE_PREFETCH_MIN : n > 7 ? 7 : (int)n; /* the ring holds 8 blocks */
 }
 
@@ -425,7 +428,7 @@ static void run_part_ahead(const attn_job *J, attn_state *st, int s, long kb, lo
      * look-ahead runs on into the next part this thread computes (nx; the
      * list's next part when nx is NULL), whose first blocks would otherwise
      * start cold. */
-    const int A = J->blocks ? SPARSE_PREFETCH_BLOCKS : J->dense_ahead;
+    const int A = look_ahead_blocks(J);
     const long lim = nx ? nx->at + (nx->e - nx->b) : list && J->list_n ? J->list_n[h] : ke;
     _Static_assert(SPARSE_PREFETCH_BLOCKS < 8, "the ring holds 8 blocks");
     const char *ring[8];
@@ -448,7 +451,7 @@ static void run_part_ahead(const attn_job *J, attn_state *st, int s, long kb, lo
         /* Scattered blocks: SPARSE_PREFETCH_BLOCKS in flight towards L2 (see
          * the constant); the part's first ones at once, then the kernel asks
          * for the block that far ahead while it computes. Contiguous blocks:
-         * dense_prefetch_blocks ahead, and the next one for kernels
+         * look_ahead_blocks ahead, and the next one for kernels
          * that convert it into scratch (many rows). */
         if (k == kb)
             for (long z = pf_from > k + 1 ? pf_from : k + 1; z < k + A && z < lim; z++)
@@ -636,7 +639,7 @@ static void attn_worker(void *arg, int ith, int nth) {
      * alternated rounds on a Zen 5 guest, medians 9.67 -> 8.56 ms at 16K and
      * 19.95 -> 17.41 at 32K (F16), 6.29 -> 5.60 and 11.98 -> 11.11 (Q8_0).
      * With it, pages of 1024 blocks instead of 32 gained nothing clear. */
-    const int A = J->blocks ? SPARSE_PREFETCH_BLOCKS : J->dense_ahead;
+    const int A = look_ahead_blocks(J);
     long pf_from = 0, looked = -1; /* the item the last part's look-ahead ran into */
     uint64_t *qtag = &ws->q_tag[(size_t)ith * (size_t)ws->n_head];
     /* A thread takes the items of its range from the front; one that has
@@ -751,7 +754,6 @@ static void job_init(attn_job *J, const attention_args *a, attention_workspace *
     J->bt = p->block_tokens;
     J->type = p->type;
     J->half_bytes = kv_cache_block_bytes(a->kv) / 2;
-    J->dense_ahead = dense_prefetch_blocks(2 * J->half_bytes);
     J->n_kv = p->n_kv_head;
     J->group = a->n_head / p->n_kv_head;
     J->n_tiles = (a->n_q + ATTN_TILE_Q - 1) / ATTN_TILE_Q;
@@ -1157,6 +1159,9 @@ void attention_forward_select(const attention_args *a, attention_select_fn selec
 /* ---- parts for a sharded KV cache ---------------------------------------- */
 
 _Static_assert(ATTN_PART_BLOCKS == ATTENTION_PART_BLOCKS, "attention.h and the driver cut parts alike");
+/* work_order's page order reads part c of a layer's heads as one run when a
+ * long context's page holds exactly one part (kv_cache.h) */
+_Static_assert(KV_PAGE_BLOCKS_LONG == ATTN_PART_BLOCKS, "a long-context page is one attention part");
 
 int attention_n_tiles(const attention_args *a) { return (a->n_q + ATTN_TILE_Q - 1) / ATTN_TILE_Q; }
 

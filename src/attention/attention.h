@@ -95,6 +95,9 @@ void attention_forward_select(const attention_args *a, attention_select_fn selec
  * 8.70, with half as many parts to share among threads); a whole ellm bench
  * decode step of the 135M shape 3-5% faster at 16K and 32K. */
 #define ATTENTION_PART_BLOCKS 64
+/* How far ahead dense attention asks for the blocks it reads next, in bytes
+ * (whole blocks, at least 2; attention.c says why 8 KB). */
+#define ATTENTION_DENSE_PREFETCH_BYTES 8192
 /* Query tiles of a call (ceil(n_q / 16)). */
 int attention_n_tiles(const attention_args *a);
 /* Parts of tile t: blocks its last query token sees, in parts. */
