@@ -84,10 +84,16 @@ tests/llamacpp/node_modules/.stamp: FORCE
 	      cp package-lock.json node_modules/.stamp; }
 FORCE:
 
-run: deps all
+# `run` and `test` install the dependencies first, then build in a second make,
+# which reads this file again: flags taken from installed tools (mpicc) are
+# only known once the packages are there.
+run: deps
+	@$(MAKE) --no-print-directory all
 	$(BUILD)/ellm run -n 200 --stats
 
-test: deps all $(TEST_BIN) tests/server/node_modules/.stamp tests/llamacpp/node_modules/.stamp
+test: deps
+	@$(MAKE) --no-print-directory all $(TEST_BIN) tests/server/node_modules/.stamp \
+	    tests/llamacpp/node_modules/.stamp
 	@sh tests/run_tests.sh $(BUILD)
 
 test-asan:

@@ -10,7 +10,9 @@ PKGS="gcc make libpcre2-dev libcjson-dev libutf8proc-dev libmicrohttpd-dev libhw
       libnuma-dev hwloc-nox openmpi-bin libopenmpi-dev chromium gnuplot-nox clang"
 missing=""
 for p in $PKGS; do
-    dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"
+    # Installed, not merely known (a removed package keeps a dpkg record).
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q '^install ok installed$' ||
+        missing="$missing $p"
 done
 [ -z "$missing" ] && exit 0
 if [ "$(id -u)" = 0 ]; then
