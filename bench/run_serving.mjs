@@ -9,6 +9,11 @@
 //       [--levels 1,4,16] [--requests 2] [--prompt-tokens 32] [--max-tokens 64]
 //       [--decode-tokens 256]
 //       [--long-prompt 512] [--background 8] [--rounds 3] [--no-write: print, write nothing]
+//       [--phases throughput,decode,interference]
+//
+// A server `ellm@BIN` in --servers is ellm serve run from another binary (say
+// a copy of an earlier build), so two builds can take turns in one run:
+//   --servers ellm@/tmp/ellm-old,ellm --no-write
 //
 // Phases, per server:
 //   throughput    C clients at once (C in --levels), each sending --requests
@@ -59,7 +64,10 @@ const cfg = {
   background: num('background', 8),
   vocab: num('vocab', 2000),
   rounds: num('rounds', 3),
+  phases: (args.phases || 'throughput,decode,interference').split(','),
 };
+const isEllm = (kind) => kind === 'ellm' || kind.startsWith('ellm@');
+const label = (kind) => (kind === 'ellm' ? 'ellm serve' : isEllm(kind) ? `ellm serve (${kind.slice(5)})` : 'llama-server');
 const REQUEST_TIMEOUT_MS = 180000;
 const log = (...a) => console.error(new Date().toISOString().slice(11, 19), ...a);
 const loadavg = () => os.loadavg().map((x) => Math.round(x * 100) / 100);
@@ -80,8 +88,8 @@ const slotCtx = Math.max(cfg.longPrompt + 4 * cfg.maxTokens, cfg.promptTokens + 
 const nSlots = Math.max(...cfg.levels, cfg.background + 1);
 
 function serverCommand(kind) {
-  if (kind === 'ellm')
-    return [cfg.ellm, ['serve', '-m', cfg.model, '--port', '0', '-t', cfg.threads, '--parallel', String(nSlots),
+  if (isEllm(kind))
+    return [kind === 'ellm' ? cfg.ellm : kind.slice(5), ['serve', '-m', cfg.model, '--port', '0', '-t', cfg.threads, '--parallel', String(nSlots),
       '-c', String(slotCtx)]];
   // llama-server splits -c over its slots; -cb: continuous batching
   return [cfg.llama, ['-m', cfg.model, '--host', '127.0.0.1', '--port', String(18000 + (process.pid % 1000)),
@@ -292,12 +300,14 @@ async function measure(kind) {
   try {
     await waitHealthy(base);
     await complete(base, randomPrompt(cfg.promptTokens), 8); // warm-up
-    log(kind, 'throughput');
-    const tp = await throughput(base);
-    log(kind, 'decode');
-    const dec = await decode(base);
-    log(kind, 'interference');
-    const inter = await interference(base);
+    const run = async (phase, fn) => {
+      if (!cfg.phases.includes(phase)) return null;
+      log(kind, phase);
+      return fn(base);
+    };
+    const tp = await run('throughput', throughput);
+    const dec = await run('decode', decode);
+    const inter = await run('interference', interference);
     return { server: kind, cmd, throughput: tp, decode: dec, interference: inter };
   } catch (e) {
     log(kind, 'failed:', e.message, e.cause ? String(e.cause) : '', '\n--- server log tail ---\n' + tail());
@@ -313,7 +323,7 @@ async function measure(kind) {
 function mergeRounds(runs) {
   const med = (xs) => median(xs.filter((x) => x !== null && x !== undefined && !Number.isNaN(x)));
   const pick = (objs, keys) => Object.fromEntries(keys.map((k) => [k, med(objs.map((o) => o[k]))]));
-  const tp = runs[0].throughput.map((row, li) => {
+  const tp = runs[0].throughput && runs[0].throughput.map((row, li) => {
     const rs = runs.map((x) => x.throughput[li]);
     const m = pick(rs, ['tok_s', 'ttft_p50_ms', 'ttft_p99_ms', 'itl_p50_ms', 'itl_p99_ms', 'tokens_per_chunk', 'wall_s']);
     const es = rs.map((x) => x.engine_steps).filter(Boolean);
@@ -323,9 +333,12 @@ function mergeRounds(runs) {
   });
   const dec = runs[0].decode ? runs[0].decode.map((row, li) => {
     const rs = runs.map((x) => x.decode[li]);
-    return { streams: row.streams, ...pick(rs, ['tok_s', 'itl_p50_ms', 'itl_p99_ms', 'window_ms']), tok_s_rounds: rs.map((x) => x.tok_s) };
+    const fwd = rs.map((x) => x.engine_steps && x.engine_steps.ms_per_step.forward).filter((x) => x > 0);
+    return { streams: row.streams, ...pick(rs, ['tok_s', 'itl_p50_ms', 'itl_p99_ms', 'window_ms']), tok_s_rounds: rs.map((x) => x.tok_s),
+      forward_ms_per_step: fwd.length ? median(fwd) : null };
   }) : null;
   const ins = runs.map((x) => x.interference);
+  if (!ins[0]) return { server: runs[0].server, cmd: runs[0].cmd, throughput: tp, decode: dec, interference: null };
   const alone = ins.flatMap((i) => i.ttft_alone_ms), loaded = ins.flatMap((i) => i.ttft_loaded_ms);
   const inter = { ttft_alone_ms: alone, ttft_loaded_ms: loaded, ttft_ratio: median(loaded) / median(alone),
     ...pick(ins, ['itl_before_ms_p50', 'itl_in_window_ms_p50', 'itl_in_window_ms_p99', 'itl_p99_over_before_p50', 'itl_p99_over_p50']),
@@ -351,26 +364,29 @@ function render(R) {
   w('- Client: Node on the same machine, each request on a new loopback connection.');
   w(`- Load: random token-id prompts of ${R.config.promptTokens} tokens, ${R.config.maxTokens} tokens generated per request (ignore_eos, greedy), ${R.config.requests} requests per client one after another.`);
   w();
+  if (R.servers.some((s) => s.throughput)) {
   w(`## Throughput at ${R.config.levels.join(', ')} concurrent streams`);
   w();
   w('| server | streams | tokens/s | tokens/s of each round | × one stream | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms | tokens per chunk |');
   w('|---|---:|---:|---|---:|---:|---:|---:|---:|---:|');
   for (const s of R.servers) {
+    if (!s.throughput) continue;
     const one = s.throughput.find((r) => r.streams === Math.min(...R.config.levels));
     for (const r of s.throughput)
-      w(`| ${s.server === 'ellm' ? 'ellm serve' : 'llama-server'} | ${r.streams} | ${r.tok_s.toFixed(1)} | ` +
+      w(`| ${label(s.server)} | ${r.streams} | ${r.tok_s.toFixed(1)} | ` +
         `${(r.tok_s_rounds || [r.tok_s]).map((x) => x.toFixed(0)).join(', ')} | ${(r.tok_s / one.tok_s).toFixed(2)} | ` +
         `${r.ttft_p50_ms.toFixed(1)} | ${r.ttft_p99_ms.toFixed(1)} | ${r.itl_p50_ms.toFixed(1)} | ${r.itl_p99_ms.toFixed(1)} | ` +
         `${r.tokens_per_chunk ? r.tokens_per_chunk.toFixed(2) : '—'} |`);
   }
   const e = R.servers.find((s) => s.server === 'ellm'), l = R.servers.find((s) => s.server === 'llama');
-  if (e && l) {
+  if (e && l && e.throughput && l.throughput) {
     w();
     const ratios = e.throughput.map((r) => {
       const lr = l.throughput.find((x) => x.streams === r.streams);
       return lr ? `${r.streams} streams ${(r.tok_s / lr.tok_s).toFixed(2)}×` : null;
     }).filter(Boolean);
     w(`ellm serve ÷ llama-server, aggregate tokens/s: ${ratios.join(', ')}.`);
+  }
   }
   if (R.servers.some((s) => s.decode)) {
     w();
@@ -380,18 +396,19 @@ function render(R) {
     w('stream is generating (from the last stream\'s first token to the first stream\'s last), so the prompts and the');
     w('ramp up and down are left out; for one stream it is 1 ÷ its mean inter-token gap.');
     w();
-    w('| server | streams | tokens/s | tokens/s of each round | × one stream | ITL p50 ms | ITL p99 ms |');
-    w('|---|---:|---:|---|---:|---:|---:|');
+    w('| server | streams | tokens/s | tokens/s of each round | × one stream | ITL p50 ms | ITL p99 ms | forward ms per step |');
+    w('|---|---:|---:|---|---:|---:|---:|---:|');
     const f = (x, d = 1) => (x === null || x === undefined || Number.isNaN(x) ? '—' : x.toFixed(d));
     for (const s of R.servers) {
       if (!s.decode) continue;
       const one = s.decode.find((r) => r.streams === Math.min(...R.config.levels));
       for (const r of s.decode)
-        w(`| ${s.server === 'ellm' ? 'ellm serve' : 'llama-server'} | ${r.streams} | ${f(r.tok_s)} | ` +
+        w(`| ${label(s.server)} | ${r.streams} | ${f(r.tok_s)} | ` +
           `${(r.tok_s_rounds || [r.tok_s]).map((x) => f(x, 0)).join(', ')} | ${one && one.tok_s ? f(r.tok_s / one.tok_s, 2) : '—'} | ` +
-          `${f(r.itl_p50_ms)} | ${f(r.itl_p99_ms)} |`);
+          `${f(r.itl_p50_ms)} | ${f(r.itl_p99_ms)} | ${f(r.forward_ms_per_step, 2)} |`);
     }
   }
+  if (R.servers.some((s) => s.interference)) {
   w();
   w(`## A ${R.config.longPrompt}-token prompt arriving while ${R.config.background} streams generate`);
   w();
@@ -409,13 +426,15 @@ function render(R) {
   w('|---|---:|---:|---:|---:|---:|---:|---:|---:|');
   for (const s of R.servers) {
     const i = s.interference;
+    if (!i) continue;
     const f = (x, d = 1) => (x === null || x === undefined || Number.isNaN(x) ? '—' : x.toFixed(d));
-    w(`| ${s.server === 'ellm' ? 'ellm serve' : 'llama-server'} | ${f(median(i.ttft_alone_ms))} | ${f(median(i.ttft_loaded_ms))} | ` +
+    w(`| ${label(s.server)} | ${f(median(i.ttft_alone_ms))} | ${f(median(i.ttft_loaded_ms))} | ` +
       `${f(i.ttft_ratio, 2)} | ${f(i.itl_before_ms_p50)} | ${f(i.itl_in_window_ms_p50)} | ${f(i.itl_in_window_ms_p99)} | ` +
       `${f(i.itl_p99_over_before_p50, 2)} | ${f(i.itl_p99_over_p50, 2)} |`);
   }
+  }
   const es = R.servers.find((x) => x.server === 'ellm');
-  if (es && es.throughput.some((r) => r.engine_steps)) {
+  if (es && es.throughput && es.throughput.some((r) => r.engine_steps)) {
     w();
     w('## Where an engine step\'s time goes (ellm serve)');
     w();
