@@ -291,7 +291,8 @@ async function interference(base) {
     background_streams: cfg.background, background_producing_at_window: producing, window_ms: w1 - w0,
     itl_in_window_ms_p50: median(gaps), itl_in_window_ms_p99: pct(gaps, 99), itl_in_window_samples: gaps.length,
     itl_p99_over_p50: pct(gaps, 99) / median(gaps), background_tokens: bgTokensSeen,
-    itl_before_ms_p50: median(before), itl_before_samples: before.length,
+    itl_before_ms_p50: median(before), itl_before_ms_p99: pct(before, 99), itl_before_samples: before.length,
+    itl_before_p99_over_p50: pct(before, 99) / median(before),
     itl_p99_over_before_p50: pct(gaps, 99) / median(before) };
 }
 
@@ -341,7 +342,7 @@ function mergeRounds(runs) {
   if (!ins[0]) return { server: runs[0].server, cmd: runs[0].cmd, throughput: tp, decode: dec, interference: null };
   const alone = ins.flatMap((i) => i.ttft_alone_ms), loaded = ins.flatMap((i) => i.ttft_loaded_ms);
   const inter = { ttft_alone_ms: alone, ttft_loaded_ms: loaded, ttft_ratio: median(loaded) / median(alone),
-    ...pick(ins, ['itl_before_ms_p50', 'itl_in_window_ms_p50', 'itl_in_window_ms_p99', 'itl_p99_over_before_p50', 'itl_p99_over_p50']),
+    ...pick(ins, ['itl_before_ms_p50', 'itl_before_ms_p99', 'itl_before_p99_over_p50', 'itl_in_window_ms_p50', 'itl_in_window_ms_p99', 'itl_p99_over_before_p50', 'itl_p99_over_p50']),
     ttft_ratio_rounds: ins.map((i) => i.ttft_ratio), itl_p99_over_before_p50_rounds: ins.map((i) => i.itl_p99_over_before_p50) };
   return { server: runs[0].server, cmd: runs[0].cmd, throughput: tp, decode: dec, interference: inter };
 }
@@ -420,16 +421,17 @@ function render(R) {
   w('response\'s `usage`.');
   w();
   w('The last two columns compare the window\'s p99 with the streams\' median over the 2 s before the first');
-  w('prompt arrives (the streams alone), and with the window\'s own median.');
+  w('prompt arrives (the streams alone), and with the window\'s own median. The streams\' own p99 ÷ p50 over');
+  w('those 2 s, with no prompt arriving, is the spread the machine gives a steady load.');
   w();
-  w('| server | TTFT alone ms | TTFT loaded ms | loaded ÷ alone | streams\' ITL p50 before ms | ITL p50 in window ms | ITL p99 in window ms | p99 ÷ p50 before | p99 ÷ p50 in window |');
-  w('|---|---:|---:|---:|---:|---:|---:|---:|---:|');
+  w('| server | TTFT alone ms | TTFT loaded ms | loaded ÷ alone | streams\' ITL p50 / p99 before ms | streams alone p99 ÷ p50 | ITL p50 in window ms | ITL p99 in window ms | p99 ÷ p50 before | p99 ÷ p50 in window |');
+  w('|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|');
   for (const s of R.servers) {
     const i = s.interference;
     if (!i) continue;
     const f = (x, d = 1) => (x === null || x === undefined || Number.isNaN(x) ? '—' : x.toFixed(d));
     w(`| ${label(s.server)} | ${f(median(i.ttft_alone_ms))} | ${f(median(i.ttft_loaded_ms))} | ` +
-      `${f(i.ttft_ratio, 2)} | ${f(i.itl_before_ms_p50)} | ${f(i.itl_in_window_ms_p50)} | ${f(i.itl_in_window_ms_p99)} | ` +
+      `${f(i.ttft_ratio, 2)} | ${f(i.itl_before_ms_p50)} / ${f(i.itl_before_ms_p99)} | ${f(i.itl_before_p99_over_p50, 2)} | ${f(i.itl_in_window_ms_p50)} | ${f(i.itl_in_window_ms_p99)} | ` +
       `${f(i.itl_p99_over_before_p50, 2)} | ${f(i.itl_p99_over_p50, 2)} |`);
   }
   }
