@@ -79,10 +79,24 @@ static void test_warm(void) {
     int kept = again == pg[5];
     for (size_t o = 0; kept && o < pb; o += 4096) kept = ((unsigned char *)again)[o] == 0x45;
     CHECK(kept, "the warm page comes back with its contents");
-    /* beyond the reserve, pages go back to the OS */
+    /* given-back pages stay committed up to twice the reserve (the next
+     * request takes as many again); beyond that they go back to the OS */
     for (int i = 0; i < 8; i++) kv_pool_give(p, pg[i]);
     CHECK(kv_pool_pages_used(p) == 0, "all given back (%lld)", (long long)kv_pool_pages_used(p));
-    CHECK(kv_pool_pages_warm(p) == 3, "the reserve holds 3 of them (%lld)", (long long)kv_pool_pages_warm(p));
+    CHECK(kv_pool_pages_warm(p) == 6, "twice the reserve, 6 of them, stay warm (%lld)",
+          (long long)kv_pool_pages_warm(p));
+    /* taking them back leaves the helper idle until fewer than 3 are warm */
+    void *t[4];
+    for (int i = 0; i < 3; i++) t[i] = kv_pool_take(p);
+    usleep(50000);
+    CHECK(kv_pool_pages_warm(p) == 3, "3 taken from 6 warm: 3 left, none faulted in (%lld)",
+          (long long)kv_pool_pages_warm(p));
+    t[3] = kv_pool_take(p);
+    CHECK(wait_warm(p, 3) == 3, "one more taken: the helper refills the reserve to 3 (%lld)",
+          (long long)kv_pool_pages_warm(p));
+    for (int i = 0; i < 4; i++) kv_pool_give(p, t[i]);
+    CHECK(kv_pool_pages_warm(p) == 6 && kv_pool_pages_used(p) == 0, "given back: 6 warm again (%lld), none used",
+          (long long)kv_pool_pages_warm(p));
     kv_pool_free(p); /* stops the helper */
 
     /* a reserve as large as the pool: every take still succeeds while the

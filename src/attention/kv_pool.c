@@ -10,8 +10,9 @@
  * step, which every running stream waits for. A pool with a warm reserve
  * (kv_pool_keep_warm) has a helper thread fault cold pages in ahead of need
  * (at idle priority, in the time the engine leaves a core free),
- * and keeps given-back pages committed up to the reserve, so a sequence that
- * grows or a new prompt takes pages whose memory is already there. */
+ * and keeps given-back pages committed up to twice the reserve, so a sequence
+ * that grows or a new prompt takes pages whose memory is already there, and
+ * pages that go and come back with the requests stay committed. */
 #include "attention/kv_pool.h"
 #include "core/status.h"
 
@@ -180,7 +181,12 @@ void kv_pool_give(kv_pool *p, void *page) {
     const int64_t idx = (int64_t)(off / p->page_bytes);
     pthread_mutex_lock(&p->mu);
     ELLM_ASSERT(p->n_free + p->n_warm + p->n_warming < p->max_pages);
-    if (p->n_warm + p->n_warming < p->warm_target) { /* kept committed for the next taker */
+    /* Kept committed for the next taker up to twice the reserve: a sequence
+     * that ends gives back its pages, and the next one takes as many again;
+     * returning them to the OS only to fault the same number in again (the
+     * helper refilling the reserve meanwhile) put a page fault and a TLB
+     * shootdown inside the engine's steps for every page of every request. */
+    if (p->n_warm + p->n_warming < 2 * p->warm_target) {
         p->warm_stack[p->n_warm++] = idx;
         pthread_mutex_unlock(&p->mu);
         return;

@@ -7,7 +7,8 @@
  * its ceiling (max_pages) up front but commits memory only when a page is
  * written; a page given back is returned to the OS (MADV_DONTNEED), so the
  * resident size follows the pages held -- plus, with kv_pool_keep_warm, a
- * bounded reserve of free pages kept committed. Thread-safe. */
+ * bounded reserve of free pages kept committed (at most twice the bytes
+ * asked for). Thread-safe. */
 #ifndef ELLM_ATTENTION_KV_POOL_H
 #define ELLM_ATTENTION_KV_POOL_H
 
@@ -22,9 +23,11 @@ typedef struct kv_pool kv_pool;
  * address space cannot be reserved. */
 ellm_status kv_pool_init(size_t page_bytes, int64_t max_pages, kv_pool **out, ellm_error *err);
 void kv_pool_free(kv_pool *pool);
-/* Keeps up to `bytes` of free pages committed (whole pages; 0: none): a
- * helper thread faults cold pages in ahead of need, and given-back pages stay
- * committed while the reserve is short. Takers get warm pages first. */
+/* Keeps `bytes` of free pages committed (whole pages; 0: none): a helper
+ * thread faults cold pages in ahead of need while fewer are warm, and
+ * given-back pages stay committed up to twice that, so pages that a request
+ * gives back and the next takes again are not faulted in again. Takers get
+ * warm pages first. */
 ellm_status kv_pool_keep_warm(kv_pool *pool, size_t bytes, ellm_error *err);
 
 /* A page (page_bytes, 64-byte aligned, contents undefined), or NULL when

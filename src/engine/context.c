@@ -85,8 +85,9 @@ ellm_status ellm_kv_pool_init(const ellm_model *model, ellm_kv_type type, double
         return st;
     }
     /* A shared pool serves a server's sequences: keep a reserve of pages
-     * committed (up to 64 MB, a quarter of the pool) so a step that needs a
-     * new page does not wait for the kernel to fault its memory in. */
+     * committed (up to 64 MB, a quarter of the pool; pages given back stay
+     * committed up to twice that) so a step that needs a new page does not
+     * wait for the kernel to fault its memory in. */
     size_t warm = (size_t)((double)page * (double)(int64_t)pages / 4);
     if (warm > ((size_t)64 << 20)) warm = (size_t)64 << 20;
     if ((st = kv_pool_keep_warm(p->pages, warm, err))) {
