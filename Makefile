@@ -75,6 +75,9 @@ bench: $(addprefix $(BUILD)/bench/,bench_tokenizer bench_attention bench_attenti
 tests/server/node_modules/.stamp: FORCE
 	@cmp -s tests/server/package-lock.json $@ 2>/dev/null || \
 	    { cd tests/server && npm ci --no-audit --no-fund && cp package-lock.json node_modules/.stamp; }
+# Node.js 20 for those tests where the system's is older (tools/node/ensure.sh).
+tools/node/node_modules/.stamp: FORCE
+	@sh tools/node/ensure.sh
 # llama.cpp for tests/test_convert_llamacpp.c: node-llama-cpp and its linux-x64
 # prebuilt CPU library only (the optional GPU builds are left out), pinned in
 # tests/llamacpp/package-lock.json and installed the same way.
@@ -93,7 +96,7 @@ run: deps
 
 test: deps
 	@$(MAKE) --no-print-directory all $(TEST_BIN) tests/server/node_modules/.stamp \
-	    tests/llamacpp/node_modules/.stamp
+	    tests/llamacpp/node_modules/.stamp tools/node/node_modules/.stamp
 	@sh tests/run_tests.sh $(BUILD)
 
 test-asan:

