@@ -74,7 +74,7 @@ static void test_engine(void) {
     ellm_context *a = NULL, *b = NULL;
     CHECK(ellm_context_init(m, &cp, &a, &err) == ELLM_OK, "%s", err.msg);
     CHECK(ellm_context_init(m, &cp, &b, &err) == ELLM_OK, "%s", err.msg);
-    int32_t prompt[64], ta[120], tb[120];
+    int32_t prompt[64], ta[150], tb[150]; /* 150 - n generated, then 120 more */
     int n = 0;
     const char *text = "import os\nimport sys\n\n\ndef main(argv):\n    for name in argv:\n";
     CHECK(ellm_tokenize(m, text, strlen(text), 1, 0, prompt, 64, &n, &err) == ELLM_OK, "%s", err.msg);
