@@ -32,7 +32,7 @@ for s in $(find src -name '*.c' -not -path 'src/cli/*' | sort); do
     case "$s" in
     *_avx2.c) $CC -O1 -std=c11 -D_GNU_SOURCE -Iinclude -Isrc $X86 -c "$s" -o "$o" ;;
     *_avx512.c) $CC -O1 -std=c11 -D_GNU_SOURCE -Iinclude -Isrc $X86 -mavx512f -mavx512bw -mavx512dq \
-        -mavx512vl -mavx512vnni -mavx512bf16 -c "$s" -o "$o" ;;
+        -mavx512vl -mavx512vnni -mavx512bf16 -mavx512vbmi -c "$s" -o "$o" ;;
     *) $CC $CFLAGS $MPI_CFLAGS -fsanitize=fuzzer-no-link -c "$s" -o "$o" ;;
     esac
     OBJS="$OBJS $o"
@@ -48,7 +48,7 @@ done
 $CC $CFLAGS -Itests $OBJS fuzz/make_convert_seeds.c -o "$OUT/make_convert_seeds" $LIBS -lmicrohttpd -lhwloc -lnuma $MPI_LIBS
 "$OUT/make_convert_seeds" "$OUT/seeds" tests/data
 # The seed writer is an ordinary program.
-$CC $CFLAGS $SRC src/gguf/gguf_writer.c fuzz/make_seeds.c -o "$OUT/make_seeds" $LIBS
+$CC $CFLAGS $SRC src/gguf/gguf_writer.c src/core/async_writer.c fuzz/make_seeds.c -o "$OUT/make_seeds" $LIBS
 "$OUT/make_seeds" "$OUT/seeds" tests/data
 # SMBIOS memory-device parser (ellm probe): only the parser and status.
 $CC $CFLAGS -fsanitize=fuzzer src/topology/dmi.c src/core/status.c fuzz/fuzz_dmi.c -o "$OUT/fuzz_dmi" -lm
