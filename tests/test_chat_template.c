@@ -385,6 +385,10 @@ static const feature_case features[] = {
      "x|3|2|HI|hi|Ab Cd"},
     {"{{ [3,1,2] | sort }} {{ ['b','A','c'] | sort }} {{ [3,1,2] | sort(reverse=true) }} {{ [1,2,3] | reverse | list }}",
      "[1, 2, 3] ['A', 'b', 'c'] [3, 2, 1] [3, 2, 1]"},
+    /* nothing to sort: an undefined value (an empty list with no items at
+     * all; found by fuzz_chat_template) and an empty list */
+    {"{{ undefined_var | sort | tojson(indent=2) }} {{ [] | sort(attribute='a') }} {{ undefined_var | sort | length }}",
+     "[] [] 0"},
     {"{{ [1,2,3] | first }} {{ [1,2,3] | last }} {{ ['a','b'] | join(', ') }} {{ [1,2] | join }} {{ 'x' | default('d') }} {{ y | default('d') }}",
      "1 3 a, b 12 x d"},
     {"{{ '' | default('d', true) }} {{ '5' | int + 1 }} {{ 'x' | int }} {{ 3.9 | int }} {{ '2.5' | float }} {{ 2.567 | round(2) }} {{ 2.5 | round }} {{ 3.5 | round }}",

@@ -640,6 +640,7 @@ static int sort_key(const sort_spec *sp, jv *item, jv **key) {
 static int sort_values(const sort_spec *sp, jv **v, size_t n) {
     jctx *c = sp->c;
     if (jb_count_iterations(c, n, sp->pos)) return -1;
+    if (n == 0) return 0; /* v may be NULL (an undefined value's empty list) */
     jv **keys = jalloc(c, (n ? n : 1) * 2 * sizeof *keys), **sorted = keys + n;
     size_t *idx = jalloc(c, (n ? n : 1) * sizeof *idx);
     if (!keys || !idx) return -1;
