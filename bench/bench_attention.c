@@ -27,8 +27,9 @@
  *               before part c + 1), split in contiguous ranges over the
  *               threads, no software prefetch;
  *       ahead   the same, each block asking for the one
- *               ATTENTION_DENSE_PREFETCH_BYTES ahead in its part as the
- *               decode kernels do (non-temporal, a line at a time);
+ *               attention_dense_look_ahead blocks ahead in its part, a line
+ *               at a time, with the decode kernel's hint for the cache type
+ *               (towards L2 for F16 and F32, non-temporal for Q8_0);
  *       stream  one launch for the whole step, each thread reading whole
  *               pages (every layer's blocks of them, adjacent in memory):
  *               the same bytes as one stream per thread, as if a step had
@@ -94,7 +95,8 @@ static void read_pass_task(void *arg, int ith, int nth) {
         }
     } else {
         const int parts = (j->n_blocks + ATTN_PART_BLOCKS - 1) / ATTN_PART_BLOCKS;
-        const int ahead = (int)((ATTENTION_DENSE_PREFETCH_BYTES + block_bytes - 1) / block_bytes);
+        const int ahead = attention_dense_look_ahead(block_bytes);
+        const int nta = kv_cache_get_params(j->kv)->type == QTYPE_Q8_0;
         threadpool_split((long)N_KV * parts, ith, nth, 1, &b, &e);
         for (long u = b; u < e; u++) {
             const int h = (int)(u % N_KV), k0 = (int)(u / N_KV) * ATTN_PART_BLOCKS;
@@ -103,7 +105,10 @@ static void read_pass_task(void *arg, int ith, int nth) {
                 const char *blk = kv_cache_block_k(j->kv, j->layer, h, k);
                 if (j->pattern == READ_AHEAD && k + ahead < k1) {
                     const char *pf = kv_cache_block_k(j->kv, j->layer, h, k + ahead);
-                    for (size_t o = 0; o < block_bytes; o += 64) _mm_prefetch(pf + o, _MM_HINT_NTA);
+                    if (nta)
+                        for (size_t o = 0; o < block_bytes; o += 64) _mm_prefetch(pf + o, _MM_HINT_NTA);
+                    else
+                        for (size_t o = 0; o < block_bytes; o += 64) _mm_prefetch(pf + o, _MM_HINT_T1);
                 }
                 acc = read_lines(blk, block_bytes, acc);
             }

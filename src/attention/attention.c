@@ -314,14 +314,16 @@ static long work_at(const attn_job *J, long w) {
  * DENSE_PREFETCH_MIN blocks. */
 #define DENSE_PREFETCH_MIN 2
 
-/* Blocks the look-ahead of J's parts runs ahead: SPARSE_PREFETCH_BLOCKS over
- * block lists, else ATTENTION_DENSE_PREFETCH_BYTES of the cache's blocks (K
- * and V). */
-static int look_ahead_blocks(const attn_job *J) {
-    if (J->blocks) return SPARSE_PREFETCH_BLOCKS;
-    const size_t block_bytes = 2 * J->half_bytes;
+int attention_dense_look_ahead(size_t block_bytes) {
     const size_t n = (ATTENTION_DENSE_PREFETCH_BYTES + block_bytes - 1) / block_bytes;
     return n < DENSE_PREFETCH_MIN ? DENSE_PREFETCH_MIN : n > 7 ? 7 : (int)n; /* the ring holds 8 blocks */
+}
+
+/* Blocks the look-ahead of J's parts runs ahead: SPARSE_PREFETCH_BLOCKS over
+ * block lists, else attention_dense_look_ahead of the cache's blocks (K and
+ * V). */
+static int look_ahead_blocks(const attn_job *J) {
+    return J->blocks ? SPARSE_PREFETCH_BLOCKS : attention_dense_look_ahead(2 * J->half_bytes);
 }
 
 /* Where the look-ahead of a part goes past the blocks it computes

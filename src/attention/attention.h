@@ -96,8 +96,10 @@ void attention_forward_select(const attention_args *a, attention_select_fn selec
  * decode step of the 135M shape 3-5% faster at 16K and 32K. */
 #define ATTENTION_PART_BLOCKS 64
 /* How far ahead dense attention asks for the blocks it reads next, in bytes
- * (whole blocks, at least 2; attention.c says why 8 KB). */
+ * (attention.c says why 8 KB), and that distance in blocks of block_bytes (K
+ * and V): whole blocks, 2 to 7. */
 #define ATTENTION_DENSE_PREFETCH_BYTES 8192
+int attention_dense_look_ahead(size_t block_bytes);
 /* Query tiles of a call (ceil(n_q / 16)). */
 int attention_n_tiles(const attention_args *a);
 /* Parts of tile t: blocks its last query token sees, in parts. */
