@@ -24,6 +24,9 @@
 #include <unistd.h>
 
 #define KV_POOL_HUGE ((size_t)2 << 20)
+/* Given-back pages stay committed up to this many times the warm reserve
+ * (kv_pool_give says why); the helper refills only up to the reserve. */
+#define KEEP_GIVEN_BACK 2
 
 struct kv_pool {
     size_t page_bytes;
@@ -181,12 +184,12 @@ void kv_pool_give(kv_pool *p, void *page) {
     const int64_t idx = (int64_t)(off / p->page_bytes);
     pthread_mutex_lock(&p->mu);
     ELLM_ASSERT(p->n_free + p->n_warm + p->n_warming < p->max_pages);
-    /* Kept committed for the next taker up to twice the reserve: a sequence
+    /* Kept committed for the next taker up to KEEP_GIVEN_BACK reserves: a sequence
      * that ends gives back its pages, and the next one takes as many again;
      * returning them to the OS only to fault the same number in again (the
      * helper refilling the reserve meanwhile) put a page fault and a TLB
      * shootdown inside the engine's steps for every page of every request. */
-    if (p->n_warm + p->n_warming < 2 * p->warm_target) {
+    if (p->n_warm + p->n_warming < KEEP_GIVEN_BACK * p->warm_target) {
         p->warm_stack[p->n_warm++] = idx;
         pthread_mutex_unlock(&p->mu);
         return;

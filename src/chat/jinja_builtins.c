@@ -641,8 +641,8 @@ static int sort_values(const sort_spec *sp, jv **v, size_t n) {
     jctx *c = sp->c;
     if (jb_count_iterations(c, n, sp->pos)) return -1;
     if (n == 0) return 0; /* v may be NULL (an undefined value's empty list) */
-    jv **keys = jalloc(c, (n ? n : 1) * 2 * sizeof *keys), **sorted = keys + n;
-    size_t *idx = jalloc(c, (n ? n : 1) * sizeof *idx);
+    jv **keys = jalloc(c, n * 2 * sizeof *keys), **sorted = keys + n;
+    size_t *idx = jalloc(c, n * sizeof *idx);
     if (!keys || !idx) return -1;
     for (size_t i = 0; i < n; i++) {
         if (sort_key(sp, v[i], &keys[i])) return -1;
