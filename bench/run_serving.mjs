@@ -247,10 +247,10 @@ async function decode(base) {
           tokens++;
           gaps.push(r.times[i] - r.times[i - 1]);
         }
-    const ok = to > from && tokens > 0;
-    rows.push({ streams: c, window_ms: to - from, tokens_in_window: tokens, tok_s: ok ? (tokens * 1000) / (to - from) : null,
+    const tokS = to > from && tokens > 0 ? (tokens * 1000) / (to - from) : null;
+    rows.push({ streams: c, window_ms: to - from, tokens_in_window: tokens, tok_s: tokS,
       itl_p50_ms: median(gaps), itl_p99_ms: pct(gaps, 99), engine_steps: engine });
-    log(`  decode, ${c} streams: ${ok ? ((tokens * 1000) / (to - from)).toFixed(1) : '—'} tok/s over ${(to - from).toFixed(0)} ms` +
+    log(`  decode, ${c} streams: ${tokS === null ? '—' : tokS.toFixed(1)} tok/s over ${(to - from).toFixed(0)} ms` +
       (engine ? `; engine: ${engine.rows_per_step.toFixed(1)} rows per step, ` +
         PHASES.map((p) => `${p} ${engine.ms_per_step[p].toFixed(2)}`).join(', ') + ' ms per step' : ''));
   }
@@ -334,16 +334,17 @@ function mergeRounds(runs) {
   });
   const dec = runs[0].decode ? runs[0].decode.map((row, li) => {
     const rs = runs.map((x) => x.decode[li]);
-    const fwd = rs.map((x) => x.engine_steps && x.engine_steps.ms_per_step.forward).filter((x) => x > 0);
     return { streams: row.streams, ...pick(rs, ['tok_s', 'itl_p50_ms', 'itl_p99_ms', 'window_ms']), tok_s_rounds: rs.map((x) => x.tok_s),
-      forward_ms_per_step: fwd.length ? median(fwd) : null };
+      forward_ms_per_step: med(rs.map((x) => x.engine_steps?.ms_per_step.forward)) };
   }) : null;
   const ins = runs.map((x) => x.interference);
-  if (!ins[0]) return { server: runs[0].server, cmd: runs[0].cmd, throughput: tp, decode: dec, interference: null };
-  const alone = ins.flatMap((i) => i.ttft_alone_ms), loaded = ins.flatMap((i) => i.ttft_loaded_ms);
-  const inter = { ttft_alone_ms: alone, ttft_loaded_ms: loaded, ttft_ratio: median(loaded) / median(alone),
-    ...pick(ins, ['itl_before_ms_p50', 'itl_before_ms_p99', 'itl_before_p99_over_p50', 'itl_in_window_ms_p50', 'itl_in_window_ms_p99', 'itl_p99_over_before_p50', 'itl_p99_over_p50']),
-    ttft_ratio_rounds: ins.map((i) => i.ttft_ratio), itl_p99_over_before_p50_rounds: ins.map((i) => i.itl_p99_over_before_p50) };
+  let inter = null;
+  if (ins[0]) {
+    const alone = ins.flatMap((i) => i.ttft_alone_ms), loaded = ins.flatMap((i) => i.ttft_loaded_ms);
+    inter = { ttft_alone_ms: alone, ttft_loaded_ms: loaded, ttft_ratio: median(loaded) / median(alone),
+      ...pick(ins, ['itl_before_ms_p50', 'itl_before_ms_p99', 'itl_before_p99_over_p50', 'itl_in_window_ms_p50', 'itl_in_window_ms_p99', 'itl_p99_over_before_p50', 'itl_p99_over_p50']),
+      ttft_ratio_rounds: ins.map((i) => i.ttft_ratio), itl_p99_over_before_p50_rounds: ins.map((i) => i.itl_p99_over_before_p50) };
+  }
   return { server: runs[0].server, cmd: runs[0].cmd, throughput: tp, decode: dec, interference: inter };
 }
 

