@@ -18,6 +18,14 @@
         if (!(c)) abort();    \
     } while (0)
 
+/* resp_logprobs' token bytes: token 0 is the request's first stop string. */
+static const char *stop_bytes(const void *arg, int32_t id, size_t *len) {
+    const req_params *p = arg;
+    if (id != 0 || !p->n_stop) return NULL;
+    *len = strlen(p->stop[0]);
+    return p->stop[0];
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size < 1) return 0;
     req_kind kind = data[0] & 1 ? REQ_COMPLETION : REQ_CHAT;
@@ -57,10 +65,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     } else {
         REQUIRE(p.prompt && strlen(p.prompt) == p.prompt_len && req_utf8_valid(p.prompt, p.prompt_len));
     }
+    REQUIRE(p.top_logprobs >= 0 && p.top_logprobs <= REQ_MAX_TOP_LOGPROBS && (p.logprobs || !p.top_logprobs));
     /* the response builders take any text the parser accepted */
     resp_meta m = {.id = "x", .model = "m", .kind = kind};
-    char *a = resp_final(&m, p.prompt ? p.prompt : "", p.prompt ? p.prompt_len : 0, "stop");
-    char *b = resp_chunk(&m, 1, p.n_stop ? p.stop[0] : "", p.n_stop ? strlen(p.stop[0]) : 0, NULL);
+    /* with log-probabilities: token 0's bytes are the first stop string's (any UTF-8 the parser took), others none */
+    token_logprobs lp = {.chosen = {0, -1.0f}, .n_top = p.top_logprobs};
+    for (int k = 0; k < lp.n_top; k++) lp.top[k] = (token_prob){k, -1.0f - (float)k};
+    size_t off = 0;
+    const resp_logprobs rl = {.lp = &lp, .offset = &off, .n = 1, .bytes = stop_bytes, .arg = &p};
+    char *a = resp_final(&m, p.prompt ? p.prompt : "", p.prompt ? p.prompt_len : 0, "stop", p.logprobs ? &rl : NULL);
+    char *b = resp_chunk(&m, 1, p.n_stop ? p.stop[0] : "", p.n_stop ? strlen(p.stop[0]) : 0, NULL, NULL);
     REQUIRE(a && b);
     free(a);
     free(b);

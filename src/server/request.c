@@ -214,6 +214,28 @@ static int parse_stop(const cJSON *root, req_params *p, req_error *e) {
     return 1;
 }
 
+/* Chat: "logprobs" (boolean) and "top_logprobs" (0..REQ_MAX_TOP_LOGPROBS,
+ * only with logprobs). Completions: "logprobs" (null or an integer
+ * 0..REQ_MAX_TOP_LOGPROBS: the alternatives per token; 0 gives the chosen
+ * tokens' log-probabilities only). */
+static int parse_logprobs(req_kind kind, const cJSON *root, req_params *p, req_error *e) {
+    double d = 0;
+    int given = 0;
+    if (kind == REQ_CHAT) {
+        if (!get_bool(root, "logprobs", &p->logprobs, e) ||
+            !get_int(root, "top_logprobs", 0, REQ_MAX_TOP_LOGPROBS, &d, &given, e))
+            return 0;
+        if (given && !p->logprobs)
+            return req_fail(e, 400, "invalid_request_error", "invalid_value", "top_logprobs",
+                            "'top_logprobs' needs 'logprobs' set to true");
+    } else {
+        if (!get_int(root, "logprobs", 0, REQ_MAX_TOP_LOGPROBS, &d, &given, e)) return 0;
+        p->logprobs = given;
+    }
+    p->top_logprobs = (int)d;
+    return 1;
+}
+
 int req_parse(req_kind kind, const char *body, size_t len, req_params *p, req_error *e) {
     memset(p, 0, sizeof *p);
     memset(e, 0, sizeof *e);
@@ -269,9 +291,11 @@ int req_parse(req_kind kind, const char *body, size_t len, req_params *p, req_er
         }
         if (!get_bool(so, "include_usage", &p->include_usage, e)) goto out;
     }
-    const cJSON *lp = cJSON_GetObjectItemCaseSensitive(root, "logprobs");
-    if (lp && !cJSON_IsNull(lp) && !cJSON_IsFalse(lp) && !(cJSON_IsNumber(lp) && lp->valuedouble == 0)) {
-        req_fail(e, 400, "invalid_request_error", "unsupported_value", "logprobs", "'logprobs' is not supported");
+    if (!parse_logprobs(kind, root, p, e)) goto out;
+    int echo = 0;
+    if (!get_bool(root, "echo", &echo, e)) goto out;
+    if (echo) {
+        req_fail(e, 400, "invalid_request_error", "unsupported_value", "echo", "'echo' is not supported");
         goto out;
     }
     if (!parse_stop(root, p, e)) goto out;

@@ -12,6 +12,8 @@
 #include <stdint.h>
 
 #define REQ_MAX_STOP 4
+/* Alternatives per token a request may ask for with logprobs (OpenAI's limit for chat). */
+#define REQ_MAX_TOP_LOGPROBS 20
 
 typedef enum { REQ_CHAT, REQ_COMPLETION } req_kind;
 
@@ -36,6 +38,8 @@ typedef struct {
     int seed_given;
     uint64_t seed;
     int ignore_eos;        /* llama.cpp extension */
+    int logprobs;          /* return each generated token's log-probability */
+    int top_logprobs;      /* and this many most likely alternatives (0..REQ_MAX_TOP_LOGPROBS) */
     char *stop[REQ_MAX_STOP];
     int n_stop;
     /* chat: messages (strings owned here) */

@@ -29,6 +29,89 @@ static cJSON *str_n(const char *text, size_t len) {
     return s;
 }
 
+/* A JSON string of n token bytes: UTF-8 as it is, any byte that does not
+ * start a valid character as U+FFFD. */
+static cJSON *token_string(const char *b, size_t n) {
+    char *tmp = malloc(3 * n + 1);
+    if (!tmp) return NULL;
+    size_t o = 0;
+    for (size_t i = 0; i < n;) {
+        const unsigned char c = (unsigned char)b[i];
+        size_t k = !c ? 0 : c < 0x80 ? 1 : c >= 0xC2 && c <= 0xDF ? 2 : c >= 0xE0 && c <= 0xEF ? 3 : c >= 0xF0 && c <= 0xF4 ? 4 : 0;
+        if (k && i + k <= n && req_utf8_valid(b + i, k)) {
+            memcpy(tmp + o, b + i, k);
+            o += k;
+            i += k;
+        } else {
+            memcpy(tmp + o, "\xEF\xBF\xBD", 3);
+            o += 3;
+            i++;
+        }
+    }
+    tmp[o] = 0;
+    cJSON *s = cJSON_CreateString(tmp);
+    free(tmp);
+    return s;
+}
+
+/* The bytes of token id (none if unknown). */
+static const char *token_bytes(const resp_logprobs *lp, int32_t id, size_t *n) {
+    const char *b = lp->bytes(lp->arg, id, n);
+    if (!b) *n = 0;
+    return b ? b : "";
+}
+
+/* {"token", "logprob", "bytes"} of one token (chat). */
+static cJSON *chat_token(const resp_logprobs *lp, token_prob p) {
+    size_t n = 0;
+    const char *b = token_bytes(lp, p.id, &n);
+    cJSON *o = cJSON_CreateObject(), *bytes = cJSON_CreateArray();
+    cJSON_AddItemToObject(o, "token", token_string(b, n));
+    cJSON_AddNumberToObject(o, "logprob", p.logprob);
+    for (size_t i = 0; i < n; i++) cJSON_AddItemToArray(bytes, cJSON_CreateNumber((unsigned char)b[i]));
+    cJSON_AddItemToObject(o, "bytes", bytes);
+    return o;
+}
+
+/* The "logprobs" value of a choice or chunk (see resp_logprobs). */
+static cJSON *logprobs_json(req_kind kind, const resp_logprobs *lp) {
+    if (!lp) return cJSON_CreateNull();
+    cJSON *root = cJSON_CreateObject();
+    if (kind == REQ_CHAT) {
+        cJSON *content = cJSON_AddArrayToObject(root, "content");
+        for (int i = 0; i < lp->n; i++) {
+            const token_logprobs *t = &lp->lp[i];
+            if (t->chosen.id < 0) continue;
+            cJSON *e = chat_token(lp, t->chosen), *top = cJSON_AddArrayToObject(e, "top_logprobs");
+            for (int k = 0; k < t->n_top; k++) cJSON_AddItemToArray(top, chat_token(lp, t->top[k]));
+            cJSON_AddItemToArray(content, e);
+        }
+        return root;
+    }
+    cJSON *tokens = cJSON_AddArrayToObject(root, "tokens"), *lps = cJSON_AddArrayToObject(root, "token_logprobs"),
+          *tops = cJSON_AddArrayToObject(root, "top_logprobs"), *offs = cJSON_AddArrayToObject(root, "text_offset");
+    for (int i = 0; i < lp->n; i++) {
+        const token_logprobs *t = &lp->lp[i];
+        if (t->chosen.id < 0) continue;
+        size_t n = 0;
+        const char *b = token_bytes(lp, t->chosen.id, &n);
+        cJSON_AddItemToArray(tokens, token_string(b, n));
+        cJSON_AddItemToArray(lps, cJSON_CreateNumber(t->chosen.logprob));
+        /* an object keyed by token text: of tokens with the same text, the likelier */
+        cJSON *top = cJSON_CreateObject();
+        for (int k = 0; k < t->n_top; k++) {
+            b = token_bytes(lp, t->top[k].id, &n);
+            cJSON *key = token_string(b, n);
+            if (key && !cJSON_GetObjectItemCaseSensitive(top, key->valuestring))
+                cJSON_AddNumberToObject(top, key->valuestring, t->top[k].logprob);
+            cJSON_Delete(key);
+        }
+        cJSON_AddItemToArray(tops, top);
+        cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)(lp->offset ? lp->offset[i] : 0)));
+    }
+    return root;
+}
+
 static void add_usage(cJSON *root, const resp_meta *m) {
     cJSON *u = cJSON_AddObjectToObject(root, "usage");
     cJSON_AddNumberToObject(u, "prompt_tokens", m->prompt_tokens);
@@ -53,7 +136,7 @@ static char *print(cJSON *root) {
     return s;
 }
 
-char *resp_final(const resp_meta *m, const char *text, size_t len, const char *finish) {
+char *resp_final(const resp_meta *m, const char *text, size_t len, const char *finish, const resp_logprobs *lp) {
     int chat = m->kind == REQ_CHAT;
     cJSON *root = head(m, chat ? "chat.completion" : "text_completion");
     cJSON *choices = cJSON_AddArrayToObject(root, "choices"), *c = cJSON_CreateObject();
@@ -66,13 +149,14 @@ char *resp_final(const resp_meta *m, const char *text, size_t len, const char *f
     } else {
         cJSON_AddItemToObject(c, "text", str_n(text, len));
     }
-    cJSON_AddNullToObject(c, "logprobs");
+    cJSON_AddItemToObject(c, "logprobs", logprobs_json(m->kind, lp));
     cJSON_AddStringToObject(c, "finish_reason", finish);
     add_usage(root, m);
     return print(root);
 }
 
-char *resp_chunk(const resp_meta *m, int role, const char *text, size_t len, const char *finish) {
+char *resp_chunk(const resp_meta *m, int role, const char *text, size_t len, const char *finish,
+                 const resp_logprobs *lp) {
     int chat = m->kind == REQ_CHAT;
     cJSON *root = head(m, chat ? "chat.completion.chunk" : "text_completion");
     cJSON *choices = cJSON_AddArrayToObject(root, "choices"), *c = cJSON_CreateObject();
@@ -87,7 +171,7 @@ char *resp_chunk(const resp_meta *m, int role, const char *text, size_t len, con
     } else {
         cJSON_AddItemToObject(c, "text", str_n(text, len));
     }
-    cJSON_AddNullToObject(c, "logprobs");
+    cJSON_AddItemToObject(c, "logprobs", logprobs_json(m->kind, lp));
     if (finish) cJSON_AddStringToObject(c, "finish_reason", finish);
     else cJSON_AddNullToObject(c, "finish_reason");
     if (finish) add_usage(root, m);

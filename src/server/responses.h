@@ -2,6 +2,7 @@
 #ifndef ELLM_SERVER_RESPONSES_H
 #define ELLM_SERVER_RESPONSES_H
 
+#include "server/logprobs.h"
 #include "server/request.h"
 
 #include <stddef.h>
@@ -14,12 +15,31 @@ typedef struct {
     int prompt_tokens, completion_tokens, cached_tokens;
 } resp_meta;
 
-/* Each returns a malloc'ed NUL-terminated JSON string, or NULL if out of memory. */
+/* The log-probabilities of a response's tokens: n entries (one left out
+ * where chosen.id < 0), each token's bytes from bytes(arg, id, &len) (NULL:
+ * none), and (completions,
+ * whose format has a "text_offset") where each token's text starts in the
+ * choice's text. Chat gives OpenAI's {"content": [{token, logprob, bytes,
+ * top_logprobs}]}, completions {tokens, token_logprobs, top_logprobs,
+ * text_offset}. A token's "token" string shows bytes that are not UTF-8 on
+ * their own (part of a character) as U+FFFD; "bytes" has them as they are. */
+typedef struct {
+    const token_logprobs *lp;
+    const size_t *offset;
+    int n;
+    const char *(*bytes)(const void *arg, int32_t id, size_t *len);
+    const void *arg;
+} resp_logprobs;
+
+/* Each returns a malloc'ed NUL-terminated JSON string, or NULL if out of
+ * memory. lp NULL: "logprobs": null. */
 char *resp_error(const req_error *e);
-char *resp_final(const resp_meta *m, const char *text, size_t len, const char *finish);
+char *resp_final(const resp_meta *m, const char *text, size_t len, const char *finish, const resp_logprobs *lp);
 /* A streamed chunk: role (chat, first chunk), one token's text delta
- * (possibly ""), or the final chunk (finish != NULL, with usage). */
-char *resp_chunk(const resp_meta *m, int role, const char *text, size_t len, const char *finish);
+ * (possibly "") with its log-probabilities if asked, or the final chunk
+ * (finish != NULL, with usage). */
+char *resp_chunk(const resp_meta *m, int role, const char *text, size_t len, const char *finish,
+                 const resp_logprobs *lp);
 /* The stream_options.include_usage chunk: no choices, usage only. */
 char *resp_usage_chunk(const resp_meta *m);
 

@@ -36,6 +36,7 @@ typedef struct {
     int32_t step_out[STEP_TOKENS_MAX];
     int n_out, n_emit;
     size_t shows[STEP_TOKENS_MAX];
+    token_logprobs lp; /* a plain step's token, when its job asked for logprobs */
     const char *fin;
 } slot;
 
@@ -113,6 +114,7 @@ static void job_free(job *j) {
     free(j->prompt);
     free(j->text);
     free(j->tok_end);
+    free(j->lps);
     free(j->gen);
     free(j);
 }
@@ -601,19 +603,26 @@ static size_t safe_len(const job *j) {
 }
 
 /* Shows one more generated token to the HTTP side (lock held): gen[gen_emitted,
- * show) joins the job's text and the token gets its own entry in tok_end, so
- * its stream sends a chunk for it now, with whatever text it completed (maybe
- * none). Out of memory, the text still joins and goes out with a later chunk. */
-static void publish_token(job *j, size_t show) {
+ * show) joins the job's text and the token gets its own entry in tok_end (and
+ * lps, from *lp, when the job asked for log-probabilities), so its stream
+ * sends a chunk for it now, with whatever text it completed (maybe none). Out
+ * of memory, the text still joins and goes out with a later chunk. */
+static void publish_token(job *j, size_t show, const token_logprobs *lp) {
     if (show > j->gen_emitted && append(&j->text, &j->text_len, &j->text_cap, j->gen + j->gen_emitted, show - j->gen_emitted))
         j->gen_emitted = show;
     if (j->n_tok == j->tok_cap) {
         int cap = j->tok_cap ? 2 * j->tok_cap : 64;
+        if (j->p.logprobs) {
+            token_logprobs *l = realloc(j->lps, (size_t)cap * sizeof *l);
+            if (!l) return;
+            j->lps = l;
+        }
         size_t *t = realloc(j->tok_end, (size_t)cap * sizeof *t);
         if (!t) return;
         j->tok_end = t;
         j->tok_cap = cap;
     }
+    if (j->p.logprobs) j->lps[j->n_tok] = *lp;
     j->tok_end[j->n_tok++] = j->text_len;
 }
 
@@ -785,8 +794,9 @@ static int mpi_lost(sched *s) {
 
 static void *engine_main(void *arg) {
     sched *s = arg;
-    const int n_vocab = ellm_tokenizer_n_vocab(ellm_model_tokenizer(s->model));
-    (void)n_vocab;
+    ellm_model_info info;
+    ellm_model_get_info(s->model, &info);
+    const int n_vocab = info.n_vocab; /* a row of logits */
     pthread_mutex_lock(&s->mu);
     s->bw_t0 = now_s();
     while (!s->stop) {
@@ -944,9 +954,14 @@ static void *engine_main(void *arg) {
                     continue;
                 }
             }
-            int32_t tok = ellm_sampler_sample(j->sampler, ellm_context_logits(sl->ctx), sl->tokens, sl->n_tokens);
+            const float *logits = ellm_context_logits(sl->ctx);
+            int32_t tok = ellm_sampler_sample(j->sampler, logits, sl->tokens, sl->n_tokens);
             j->last = tok;
             sl->n_emit = 1;
+            if (j->p.logprobs) {
+                logprobs_compute(logits, n_vocab, tok, j->p.top_logprobs, &sl->lp);
+                if (ellm_token_is_eog(s->model, tok) && !j->p.ignore_eos) sl->lp.chosen.id = -1; /* ends it, not shown */
+            }
             sl->fin = on_token(s, j, sl, tok);
             sl->shows[0] = shown_after(j, sl->fin);
         }
@@ -990,7 +1005,7 @@ static void *engine_main(void *arg) {
                 continue;
             }
             if (!sl->n_emit) continue;
-            for (int t = 0; t < sl->n_emit; t++) publish_token(j, sl->shows[t]);
+            for (int t = 0; t < sl->n_emit; t++) publish_token(j, sl->shows[t], &sl->lp);
             if (sl->fin) finish_job(s, j, sl->fin);
             else pthread_cond_broadcast(&j->cv);
         }

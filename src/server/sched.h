@@ -11,6 +11,7 @@
 #define ELLM_SERVER_SCHED_H
 
 #include "ellm.h"
+#include "server/logprobs.h"
 #include "server/metrics.h"
 #include "server/request.h"
 
@@ -54,6 +55,9 @@ struct job {
      * the previous length), so a stream sends one chunk per token. Text past
      * the last entry (a flush at the end) goes with the final chunk. */
     size_t *tok_end;
+    /* With p.logprobs, each of those tokens' log-probabilities (chosen.id < 0:
+     * the end-of-generation token that stopped it, shown without any). */
+    token_logprobs *lps;
     int n_tok, tok_cap;
     int n_gen;       /* completion tokens */
     int n_cached;    /* prompt tokens reused from the slot's KV cache */

@@ -212,12 +212,14 @@ typedef struct {
     resp_meta meta;
     char id[48];
     size_t taken;  /* bytes of job->text already sent */
+    size_t taken_chars; /* the characters in those bytes */
     int sent_tok;  /* generated tokens whose chunk was sent (job->tok_end entries) */
     int started, finished;
     char *out;     /* pending bytes of SSE events */
     size_t out_len, out_off, out_cap;
-    /* a running job's new token ends and text, copied under the lock */
+    /* a running job's new token ends, log-probabilities and text, copied under the lock */
     size_t *snap_ends;
+    token_logprobs *snap_lps;
     char *snap_text;
     size_t snap_ends_cap, snap_text_cap;
 } stream;
@@ -225,6 +227,11 @@ typedef struct {
 /* Room in the stream's snapshot for n token ends and len text bytes. */
 static int snap_reserve(stream *st, size_t n, size_t len) {
     if (n > st->snap_ends_cap) {
+        if (st->job->p.logprobs) {
+            token_logprobs *l = realloc(st->snap_lps, 2 * n * sizeof *l);
+            if (!l) return 0;
+            st->snap_lps = l;
+        }
         size_t *e = realloc(st->snap_ends, 2 * n * sizeof *e);
         if (!e) return 0;
         st->snap_ends = e;
@@ -237,6 +244,19 @@ static int snap_reserve(stream *st, size_t n, size_t len) {
         st->snap_text_cap = 2 * len + 64;
     }
     return 1;
+}
+
+/* resp_logprobs' token bytes: the model's vocabulary. */
+static const char *vocab_bytes(const void *model, int32_t id, size_t *len) {
+    return ellm_tokenizer_token_bytes(ellm_model_tokenizer(model), id, len);
+}
+
+/* Characters (code points) in n bytes of UTF-8: a completion's text_offset
+ * counts characters, as OpenAI's does. */
+static size_t utf8_chars(const char *s, size_t n) {
+    size_t c = 0;
+    for (size_t i = 0; i < n; i++) c += ((unsigned char)s[i] & 0xC0) != 0x80;
+    return c;
 }
 
 static void out_event(stream *st, const char *json) {
@@ -302,6 +322,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
         const int role = !st->started && (n_new > 0 || done) && st->meta.kind == REQ_CHAT && (j->n_tok > 0 || j->finish);
         if (n_new > 0 || done) st->started = 1;
         const size_t *ends = j->tok_end + st->sent_tok;
+        const token_logprobs *lps = j->p.logprobs ? j->lps + st->sent_tok : NULL;
         const char *text = j->text;
         size_t base = 0; /* offset in the job's text of text[0] */
         if (!done && n_new > 0) {
@@ -311,6 +332,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
                 return MHD_CONTENT_READER_END_WITH_ERROR; /* out of memory: close; the free callback cancels */
             }
             memcpy(st->snap_ends, ends, (size_t)n_new * sizeof *ends);
+            if (lps) lps = memcpy(st->snap_lps, lps, (size_t)n_new * sizeof *lps);
             memcpy(st->snap_text, j->text + st->taken, to - st->taken);
             ends = st->snap_ends;
             text = st->snap_text;
@@ -318,19 +340,23 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
         }
         sched_unlock(s);
         if (role) {
-            char *c = resp_chunk(&st->meta, 1, "", 0, NULL);
+            char *c = resp_chunk(&st->meta, 1, "", 0, NULL, NULL);
             out_event(st, c);
             free(c);
         }
         for (int k = 0; k < n_new; k++) {
-            char *c = resp_chunk(&st->meta, 0, text + (st->taken - base), ends[k] - st->taken, NULL);
+            /* a token's text starts where the text sent so far ends */
+            const resp_logprobs lp = {.lp = lps ? lps + k : NULL, .offset = &st->taken_chars, .n = 1,
+                                      .bytes = vocab_bytes, .arg = st->srv->model};
+            char *c = resp_chunk(&st->meta, 0, text + (st->taken - base), ends[k] - st->taken, NULL, lps ? &lp : NULL);
             out_event(st, c);
             free(c);
+            st->taken_chars += utf8_chars(text + (st->taken - base), ends[k] - st->taken);
             st->taken = ends[k];
         }
         st->sent_tok += n_new;
         if (done && j->text_len > st->taken) { /* text no token carried (flushed at the end) */
-            char *c = resp_chunk(&st->meta, 0, j->text + st->taken, j->text_len - st->taken, NULL);
+            char *c = resp_chunk(&st->meta, 0, j->text + st->taken, j->text_len - st->taken, NULL, NULL);
             out_event(st, c);
             free(c);
             st->taken = j->text_len;
@@ -338,7 +364,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
         if (done) {
             fill_usage(st);
             if (j->finish) {
-                char *c = resp_chunk(&st->meta, 0, "", 0, j->finish);
+                char *c = resp_chunk(&st->meta, 0, "", 0, j->finish, NULL);
                 out_event(st, c);
                 free(c);
                 if (j->p.include_usage) {
@@ -379,6 +405,7 @@ static void stream_free(void *cls) {
     sched_release(st->srv->sched, st->job); /* cancels it if the client left early */
     free(st->out);
     free(st->snap_ends);
+    free(st->snap_lps);
     free(st->snap_text);
     free(st);
 }
@@ -387,6 +414,11 @@ static enum MHD_Result handle_generate(server *srv, struct MHD_Connection *c, re
     req_params p;
     req_error e;
     if (!req_parse(kind, cs->body ? cs->body : "", cs->len, &p, &e)) return send_error(srv, c, &e, REQ_STATUS_REJECTED);
+    if (p.logprobs && srv->p.spec) {
+        req_params_free(&p);
+        return fail(srv, c, 400, "invalid_request_error", "unsupported_value",
+                    "'logprobs' is not available on a server started with --spec", REQ_STATUS_REJECTED);
+    }
     if (atomic_load(&srv->draining)) {
         req_params_free(&p);
         return fail(srv, c, 503, "unavailable_error", "shutting_down", "the server is shutting down",
@@ -474,7 +506,19 @@ static enum MHD_Result handle_generate(server *srv, struct MHD_Connection *c, re
     meta.cached_tokens = j->n_cached;
     enum MHD_Result ret;
     if (j->finish) {
-        ret = send_body(c, 200, "application/json", resp_final(&meta, j->text ? j->text : "", j->text_len, j->finish), 0);
+        /* each token's text starts where the text of the tokens before it ends (in characters) */
+        size_t *offsets = j->p.logprobs ? malloc((size_t)(j->n_tok > 0 ? j->n_tok : 1) * sizeof *offsets) : NULL;
+        size_t at = 0, chars = 0;
+        for (int i = 0; offsets && i < j->n_tok; at = j->tok_end[i++]) {
+            offsets[i] = chars;
+            chars += utf8_chars(j->text + at, j->tok_end[i] - at);
+        }
+        const resp_logprobs lp = {.lp = j->lps, .offset = offsets, .n = j->n_tok, .bytes = vocab_bytes, .arg = srv->model};
+        char *body = j->p.logprobs && !offsets ? NULL
+                                                : resp_final(&meta, j->text ? j->text : "", j->text_len, j->finish,
+                                                             j->p.logprobs ? &lp : NULL);
+        free(offsets);
+        ret = send_body(c, 200, "application/json", body, 0);
     } else {
         req_error fe;
         if (j->unavailable) req_fail(&fe, 503, "unavailable_error", "mpi_rank_lost", NULL, "generation failed: %s", j->errmsg);

@@ -169,6 +169,9 @@ async function specServer() {
     const refs = ps.map((p) => greedy(p, n));
     const alone = [];
     for (const p of ps) alone.push((await client.completions.create({ model: 'x', prompt: p, max_tokens: n, temperature: 0 })).choices[0].text);
+    const noLp = await rawPost(srv.base, '/v1/completions', JSON.stringify({ prompt: ps[0], max_tokens: 2, logprobs: 1 }));
+    check(noLp.status === 400 && isOpenAIError(noLp.json) && /--spec/.test(noLp.json.error.message),
+          `logprobs with --spec: 400 naming --spec (${noLp.status} ${JSON.stringify(noLp.json)})`);
     const m0 = await metrics(srv.base);
     const together = await Promise.all(ps.map((p) => streamText(client, 'completion', { model: 'x', prompt: p, max_tokens: n, temperature: 0 })));
     const m1 = await metrics(srv.base);
@@ -359,6 +362,99 @@ async function poolServer() {
   }
 }
 
+// log_softmax of row `row` of the evaluation model's reference logits
+// (llama.cpp's, tests/data/evalmodel.logits.f32: 96 rows of n_vocab floats).
+function refLogSoftmax(row, nVocab) {
+  const buf = fs.readFileSync('tests/data/evalmodel.logits.f32');
+  const l = new Float32Array(buf.buffer, buf.byteOffset + row * nVocab * 4, nVocab);
+  let mx = -Infinity;
+  for (const v of l) mx = Math.max(mx, v);
+  let sum = 0;
+  for (const v of l) sum += Math.exp(v - mx);
+  const lse = mx + Math.log(sum);
+  return Array.from(l, (v) => v - lse);
+}
+
+// logprobs on /v1/completions and /v1/chat/completions: against llama.cpp's
+// reference logits, the OpenAI shapes, streamed against whole, bad values.
+async function logprobsChecks(client, base) {
+  const nVocab = (await client.models.list()).data[0].meta.n_vocab;
+  const ids = fs.readFileSync('tests/data/evalmodel.tokens.txt', 'utf8').split('\n')[0].trim().split(/\s+/).map(Number);
+  // after the first 40 prompt tokens: one greedy token with the 5 likeliest
+  const k = 40;
+  const r = await client.completions.create({ model: 'x', prompt: ids.slice(0, k), max_tokens: 1, temperature: 0, logprobs: 5 });
+  const lp = r.choices[0].logprobs;
+  const ref = refLogSoftmax(k - 1, nVocab);
+  const order = ref.map((v, i) => [v, i]).sort((a, b) => b[0] - a[0]).slice(0, 5);
+  const tops = lp && lp.top_logprobs && Object.entries(lp.top_logprobs[0]);
+  // the engine's logits agree with llama.cpp's to ~1e-4 of this row's largest
+  // magnitude (tests/test_model.c allows 3e-3 with F16 KV, which would let a
+  // log-probability move by 0.05 here: loose enough to hide a wrong
+  // normalisation); 0.01 is ~40x what this model shows
+  const tol = 0.01;
+  check(lp && lp.tokens.length === 1 && lp.token_logprobs.length === 1 && lp.text_offset[0] === 0 && tops.length === 5,
+        `completion logprobs: one token, 5 alternatives: ${JSON.stringify(lp)}`);
+  if (tops && tops.length === 5) {
+    const err = Math.max(...order.map(([v], i) => Math.abs(tops[i][1] - v)));
+    check(err <= tol, `top-5 log-probabilities equal llama.cpp's reference log-softmax (max |diff| ${err.toExponential(2)} <= ${tol.toExponential(2)})`);
+    check(Math.abs(lp.token_logprobs[0] - order[0][0]) <= tol && lp.token_logprobs[0] === tops[0][1],
+          'greedy: the chosen token is the likeliest, with its log-probability');
+    const det = await rawPost(base, '/detokenize', JSON.stringify({ tokens: [order[0][1]] }));
+    check(det.status === 200 && det.json.content.trim() === lp.tokens[0].trim(), `the chosen token is the reference argmax (${JSON.stringify(lp.tokens[0])})`);
+  }
+
+  // completions over several tokens: the tokens' texts at their offsets make the text
+  const c = await client.completions.create({ model: 'x', prompt: PROMPTS[2], max_tokens: 12, temperature: 0, logprobs: 2 });
+  const cl = c.choices[0].logprobs, text = c.choices[0].text;
+  check(cl.tokens.length === 12 && cl.token_logprobs.every((v) => v <= 0) && cl.top_logprobs.every((t) => Object.keys(t).length <= 2),
+        'completion logprobs: 12 tokens, log-probabilities <= 0, at most 2 alternatives each');
+  check(cl.tokens.join('') === text && cl.text_offset.every((o, i) => text.startsWith(cl.tokens[i], o)),
+        `completion tokens at their text_offset make the text: ${JSON.stringify(cl.tokens)}`);
+  const cs = await client.completions.create({ model: 'x', prompt: PROMPTS[2], max_tokens: 12, temperature: 0, logprobs: 2, stream: true });
+  const sl = { tokens: [], token_logprobs: [], top_logprobs: [], text_offset: [] };
+  for await (const ch of cs) {
+    const l = ch.choices[0] && ch.choices[0].logprobs;
+    if (l) for (const f of Object.keys(sl)) sl[f].push(...l[f]);
+  }
+  check(JSON.stringify(sl) === JSON.stringify(cl), 'streamed completion logprobs equal the whole response\'s');
+
+  // chat: logprobs true with top_logprobs; sampling (temperature 1): the
+  // chosen token need not be the likeliest, its log-probability is its own
+  const msgs = [{ role: 'user', content: 'def fib(n):' }];
+  const g = await client.chat.completions.create({ model: 'x', messages: msgs, max_tokens: 10, temperature: 0, logprobs: true, top_logprobs: 3 });
+  const content = g.choices[0].logprobs && g.choices[0].logprobs.content;
+  check(Array.isArray(content) && content.length > 0 && content.length <= 10 &&
+        content.every((e) => e.top_logprobs.length === 3 && e.logprob === e.top_logprobs[0].logprob && e.token === e.top_logprobs[0].token &&
+                       e.top_logprobs[0].logprob >= e.top_logprobs[1].logprob && e.top_logprobs[1].logprob >= e.top_logprobs[2].logprob),
+        `chat logprobs, greedy: each token is its top alternative, alternatives in order: ${JSON.stringify(content && content[0])}`);
+  const bytes = Buffer.from(content.flatMap((e) => e.bytes)).toString('utf8');
+  check(bytes === g.choices[0].message.content, `chat logprobs: the tokens' bytes make the message: ${JSON.stringify(bytes)}`);
+  const gs = await client.chat.completions.create({ model: 'x', messages: msgs, max_tokens: 10, temperature: 0, logprobs: true, top_logprobs: 3, stream: true });
+  const sc = [];
+  for await (const ch of gs) if (ch.choices[0] && ch.choices[0].logprobs) sc.push(...ch.choices[0].logprobs.content);
+  check(JSON.stringify(sc) === JSON.stringify(content), 'streamed chat logprobs equal the whole response\'s');
+  const t1 = await client.chat.completions.create({ model: 'x', messages: msgs, max_tokens: 16, temperature: 1, seed: 7, logprobs: true });
+  const e1 = t1.choices[0].logprobs.content;
+  check(e1.length > 0 && e1.every((e) => e.logprob <= 0 && Array.isArray(e.top_logprobs) && e.top_logprobs.length === 0),
+        'chat logprobs without top_logprobs: the chosen tokens only');
+  const plain = await client.chat.completions.create({ model: 'x', messages: msgs, max_tokens: 2, temperature: 0 });
+  check(plain.choices[0].logprobs === null, 'no logprobs asked: "logprobs": null');
+
+  for (const [body, param] of [
+    [{ messages: msgs, top_logprobs: 2 }, 'top_logprobs'],
+    [{ messages: msgs, logprobs: true, top_logprobs: 21 }, 'top_logprobs'],
+    [{ messages: msgs, logprobs: 3 }, 'logprobs'],
+    [{ prompt: 'x', logprobs: true }, 'logprobs'],
+    [{ prompt: 'x', logprobs: -1 }, 'logprobs'],
+    [{ prompt: 'x', echo: true }, 'echo'],
+  ]) {
+    const path = body.messages ? '/v1/chat/completions' : '/v1/completions';
+    const bad = await rawPost(base, path, JSON.stringify({ max_tokens: 2, ...body }));
+    check(bad.status === 400 && isOpenAIError(bad.json) && bad.json.error.param === param,
+          `${path} ${JSON.stringify(body)}: 400 naming '${param}' (${bad.status} ${JSON.stringify(bad.json)})`);
+  }
+}
+
 async function main() {
   await seedServer();
   await specServer();
@@ -409,6 +505,9 @@ async function main() {
           `streamed chat: one chunk per generated token (${chs.tokenChunks} for ${chs.usage && chs.usage.completion_tokens})`);
     const ch2 = await client.chat.completions.create({ model: 'x', messages: [{ role: 'system', content: 'Be brief.' }, { role: 'user', content: [{ type: 'text', text: 'class A:' }] }], max_completion_tokens: 8, temperature: 0 });
     check(typeof ch2.choices[0].message.content === 'string' && ch2.usage.completion_tokens <= 8, 'chat with system message and content parts');
+
+    stage = 'logprobs';
+    await logprobsChecks(client, base);
 
     stage = 'stop strings';
     // stop strings end the text before the stop string

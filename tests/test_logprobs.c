@@ -1,0 +1,202 @@
+/* The server's log-probabilities: logprobs_compute against a plain
+ * reference (log-softmax in double, a full sort), the request fields that ask
+ * for them, and the JSON shapes of chat and completions responses. The
+ * end-to-end checks (against llama.cpp's logits, streamed against whole) are
+ * in tests/server/server.test.mjs. */
+#include "harness.h"
+#include "server/logprobs.h"
+#include "server/request.h"
+#include "server/responses.h"
+
+#include <cjson/cJSON.h>
+
+static const float *sort_logits;
+static int by_logit(const void *a, const void *b) {
+    const int i = *(const int *)a, j = *(const int *)b;
+    if (sort_logits[i] != sort_logits[j]) return sort_logits[i] > sort_logits[j] ? -1 : 1;
+    return i - j; /* equal logits: lower id first */
+}
+
+static void test_compute(void) {
+    enum { N = 3000 };
+    static float l[N];
+    static int idx[N];
+    uint64_t x = 88172645463325252ull;
+    for (int i = 0; i < N; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        l[i] = (float)((int)(x % 4001) - 2000) / 100.0f; /* many equal values */
+        idx[i] = i;
+    }
+    l[17] = l[2900] = 25.0f; /* a tie at the top */
+    sort_logits = l;
+    qsort(idx, N, sizeof *idx, by_logit);
+    double mx = -INFINITY, sum = 0;
+    for (int i = 0; i < N; i++) mx = l[i] > mx ? l[i] : mx;
+    for (int i = 0; i < N; i++) sum += exp((double)l[i] - mx);
+    const double lse = mx + log(sum);
+    for (int top = 0; top <= REQ_MAX_TOP_LOGPROBS + 2; top += 3) {
+        token_logprobs out;
+        logprobs_compute(l, N, 1234, top, &out);
+        const int want = top < REQ_MAX_TOP_LOGPROBS ? top : REQ_MAX_TOP_LOGPROBS;
+        CHECK(out.n_top == want, "top %d: %d alternatives", top, out.n_top);
+        int same = 1;
+        for (int k = 0; k < out.n_top; k++)
+            same &= out.top[k].id == idx[k] && fabs(out.top[k].logprob - ((double)l[idx[k]] - lse)) < 1e-5;
+        CHECK(same, "top %d: the reference order (ties by lower id) and log-probabilities", top);
+        CHECK(out.chosen.id == 1234 && fabs(out.chosen.logprob - ((double)l[1234] - lse)) < 1e-5,
+              "chosen token's log-probability %g vs %g", out.chosen.logprob, (double)l[1234] - lse);
+    }
+    token_logprobs out;
+    logprobs_compute(l, N, 0, 5, &out);
+    CHECK(out.top[0].id == 17 && out.top[1].id == 2900 && out.top[0].logprob == out.top[1].logprob,
+          "equal top logits: the lower id first (%d, %d)", out.top[0].id, out.top[1].id);
+    logprobs_compute(l, 3, 1, 10, &out);
+    CHECK(out.n_top == 3, "no more alternatives than the vocabulary (%d)", out.n_top);
+    logprobs_compute(l, N, N, 0, &out);
+    CHECK(isinf(out.chosen.logprob) && out.chosen.logprob < 0 && out.n_top == 0, "a token out of range: -inf");
+    /* one token holding all the mass */
+    static float peak[N];
+    for (int i = 0; i < N; i++) peak[i] = -1e4f;
+    peak[5] = 100.0f;
+    logprobs_compute(peak, N, 5, 2, &out);
+    CHECK(out.chosen.logprob == 0.0f && out.top[0].id == 5 && out.top[1].logprob < -1e3f,
+          "a certain token: log-probability 0 (%g)", out.chosen.logprob);
+}
+
+/* req_parse on body; returns 1 if accepted; *e has the error otherwise. */
+static int parse(req_kind kind, const char *body, req_params *p, req_error *e) {
+    return req_parse(kind, body, strlen(body), p, e);
+}
+
+static void test_request(void) {
+    req_params p;
+    req_error e;
+    const char *chat = "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]";
+    char b[256];
+    snprintf(b, sizeof b, "%s,\"logprobs\":true,\"top_logprobs\":3}", chat);
+    CHECK(parse(REQ_CHAT, b, &p, &e) && p.logprobs == 1 && p.top_logprobs == 3, "chat: logprobs with 3 alternatives");
+    req_params_free(&p);
+    snprintf(b, sizeof b, "%s,\"logprobs\":true}", chat);
+    CHECK(parse(REQ_CHAT, b, &p, &e) && p.logprobs == 1 && p.top_logprobs == 0, "chat: logprobs alone");
+    req_params_free(&p);
+    snprintf(b, sizeof b, "%s,\"logprobs\":false}", chat);
+    CHECK(parse(REQ_CHAT, b, &p, &e) && p.logprobs == 0, "chat: logprobs false");
+    req_params_free(&p);
+    const struct {
+        req_kind kind;
+        const char *fields, *param;
+    } bad[] = {
+        {REQ_CHAT, "\"top_logprobs\":2", "top_logprobs"},
+        {REQ_CHAT, "\"logprobs\":true,\"top_logprobs\":21", "top_logprobs"},
+        {REQ_CHAT, "\"logprobs\":true,\"top_logprobs\":1.5", "top_logprobs"},
+        {REQ_CHAT, "\"logprobs\":2", "logprobs"},
+        {REQ_COMPLETION, "\"logprobs\":true", "logprobs"},
+        {REQ_COMPLETION, "\"logprobs\":21", "logprobs"},
+        {REQ_COMPLETION, "\"logprobs\":-1", "logprobs"},
+        {REQ_COMPLETION, "\"echo\":true", "echo"},
+        {REQ_COMPLETION, "\"echo\":1", "echo"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        if (bad[i].kind == REQ_CHAT) snprintf(b, sizeof b, "%s,%s}", chat, bad[i].fields);
+        else snprintf(b, sizeof b, "{\"prompt\":\"x\",%s}", bad[i].fields);
+        int ok = parse(bad[i].kind, b, &p, &e);
+        CHECK(!ok && e.http_status == 400 && e.param && !strcmp(e.param, bad[i].param), "%s: 400 naming %s (%s)", b,
+              bad[i].param, ok ? "accepted" : e.message);
+        if (ok) req_params_free(&p);
+    }
+    CHECK(parse(REQ_COMPLETION, "{\"prompt\":\"x\",\"logprobs\":0}", &p, &e) && p.logprobs == 1 && p.top_logprobs == 0,
+          "completions: logprobs 0 gives the chosen tokens' only");
+    req_params_free(&p);
+    CHECK(parse(REQ_COMPLETION, "{\"prompt\":\"x\",\"logprobs\":5,\"echo\":false}", &p, &e) && p.logprobs == 1 &&
+              p.top_logprobs == 5,
+          "completions: logprobs 5");
+    req_params_free(&p);
+    CHECK(parse(REQ_COMPLETION, "{\"prompt\":\"x\",\"logprobs\":null}", &p, &e) && p.logprobs == 0,
+          "completions: logprobs null is off");
+    req_params_free(&p);
+}
+
+/* A token of tok whose bytes alone are not UTF-8 (a byte token), or -1. */
+static int32_t partial_token(const ellm_tokenizer *tok) {
+    for (int32_t i = 0; i < ellm_tokenizer_n_vocab(tok); i++) {
+        size_t n = 0;
+        const char *b = ellm_tokenizer_token_bytes(tok, i, &n);
+        if (b && n == 1 && (unsigned char)b[0] >= 0xC2 && (unsigned char)b[0] <= 0xF4) return i;
+    }
+    return -1;
+}
+
+static const char *vocab_bytes(const void *tok, int32_t id, size_t *len) {
+    return ellm_tokenizer_token_bytes(tok, id, len);
+}
+
+static void test_json(void) {
+    ellm_tokenizer *tok = NULL;
+    ellm_error err = {0};
+    CHECK(ellm_tokenizer_load("models/evalmodel.gguf", &tok, &err) == ELLM_OK, "%s", err.msg);
+    if (!tok) return;
+    int32_t ids[2] = {0, 0};
+    int n = 0;
+    CHECK(ellm_tokenizer_encode(tok, "def", 3, 0, 0, ids, 2, &n, &err) == ELLM_OK && n == 1, "'def' is one token (%d)", n);
+    const int32_t part = partial_token(tok);
+    CHECK(part >= 0, "the vocabulary has a byte token");
+    token_logprobs lp[3] = {
+        {.chosen = {ids[0], -0.25f}, .n_top = 2, .top = {{ids[0], -0.25f}, {part, -2.0f}}},
+        {.chosen = {-1, 0.0f}}, /* the end-of-generation token: left out */
+        {.chosen = {part, -3.5f}, .n_top = 0},
+    };
+    size_t offsets[3] = {0, 3, 3};
+    const resp_logprobs rl = {.lp = lp, .offset = offsets, .n = 3, .bytes = vocab_bytes, .arg = tok};
+    resp_meta m = {.id = "x", .model = "m", .kind = REQ_CHAT};
+    char *s = resp_final(&m, "def", 3, "stop", &rl);
+    cJSON *root = s ? cJSON_Parse(s) : NULL;
+    const cJSON *c = root ? cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(root, "choices"), 0), "logprobs") : NULL;
+    const cJSON *content = cJSON_GetObjectItem(c, "content");
+    CHECK(cJSON_GetArraySize(content) == 2, "chat: one entry per shown token (%s)", s ? s : "NULL");
+    const cJSON *e0 = cJSON_GetArrayItem(content, 0), *e1 = cJSON_GetArrayItem(content, 1);
+    const cJSON *t0 = cJSON_GetObjectItem(e0, "token"), *top = cJSON_GetObjectItem(e0, "top_logprobs");
+    CHECK(cJSON_IsString(t0) && !strcmp(t0->valuestring, "def") && cJSON_GetObjectItem(e0, "logprob")->valuedouble == -0.25 &&
+              cJSON_GetArraySize(cJSON_GetObjectItem(e0, "bytes")) == 3 && cJSON_GetArraySize(top) == 2,
+          "chat entry: token, logprob, bytes, top_logprobs");
+    const cJSON *t1 = cJSON_GetObjectItem(e1, "token"), *b1 = cJSON_GetObjectItem(e1, "bytes");
+    size_t pn = 0;
+    const char *pb = ellm_tokenizer_token_bytes(tok, part, &pn);
+    CHECK(cJSON_IsString(t1) && !strcmp(t1->valuestring, "\xEF\xBF\xBD") && cJSON_GetArraySize(b1) == 1 &&
+              cJSON_GetArrayItem(b1, 0)->valueint == (unsigned char)pb[0] &&
+              cJSON_GetArraySize(cJSON_GetObjectItem(e1, "top_logprobs")) == 0,
+          "a byte token: U+FFFD as its token string, its byte in bytes, no alternatives");
+    cJSON_Delete(root);
+    free(s);
+
+    m.kind = REQ_COMPLETION;
+    s = resp_final(&m, "def", 3, "stop", &rl);
+    root = s ? cJSON_Parse(s) : NULL;
+    c = root ? cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(root, "choices"), 0), "logprobs") : NULL;
+    const cJSON *tokens = cJSON_GetObjectItem(c, "tokens"), *tlp = cJSON_GetObjectItem(c, "token_logprobs"),
+                *tops = cJSON_GetObjectItem(c, "top_logprobs"), *offs = cJSON_GetObjectItem(c, "text_offset");
+    CHECK(cJSON_GetArraySize(tokens) == 2 && cJSON_GetArraySize(tlp) == 2 && cJSON_GetArraySize(tops) == 2 &&
+              cJSON_GetArraySize(offs) == 2,
+          "completions: tokens, token_logprobs, top_logprobs, text_offset per shown token (%s)", s ? s : "NULL");
+    const cJSON *top0 = cJSON_GetArrayItem(tops, 0);
+    CHECK(cJSON_GetArraySize(top0) == 2 && cJSON_GetObjectItem(top0, "def") &&
+              cJSON_GetObjectItem(top0, "def")->valuedouble == -0.25 && cJSON_GetArrayItem(offs, 1)->valueint == 3,
+          "completions: alternatives keyed by token text, offsets");
+    cJSON_Delete(root);
+    free(s);
+
+    /* no logprobs asked: null */
+    s = resp_chunk(&m, 0, "x", 1, NULL, NULL);
+    root = s ? cJSON_Parse(s) : NULL;
+    CHECK(root && cJSON_IsNull(cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(root, "choices"), 0), "logprobs")),
+          "no logprobs: null");
+    cJSON_Delete(root);
+    free(s);
+    ellm_tokenizer_free(tok);
+}
+
+int main(void) {
+    test_compute();
+    test_request();
+    test_json();
+    return test_finish();
+}
