@@ -66,6 +66,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         REQUIRE(p.prompt && strlen(p.prompt) == p.prompt_len && req_utf8_valid(p.prompt, p.prompt_len));
     }
     REQUIRE(p.top_logprobs >= 0 && p.top_logprobs <= REQ_MAX_TOP_LOGPROBS && (p.logprobs || !p.top_logprobs));
+    REQUIRE((p.max_tokens != 0 || p.echo) && (!p.echo || (kind == REQ_COMPLETION && !p.stream)));
     /* the response builders take any text the parser accepted */
     resp_meta m = {.id = "x", .model = "m", .kind = kind};
     /* with log-probabilities: token 0's bytes are the first stop string's (any UTF-8 the parser took), others none */

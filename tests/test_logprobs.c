@@ -93,7 +93,9 @@ static void test_request(void) {
         {REQ_COMPLETION, "\"logprobs\":true", "logprobs"},
         {REQ_COMPLETION, "\"logprobs\":21", "logprobs"},
         {REQ_COMPLETION, "\"logprobs\":-1", "logprobs"},
-        {REQ_COMPLETION, "\"echo\":true", "echo"},
+        {REQ_COMPLETION, "\"echo\":true,\"stream\":true", "echo"},
+        {REQ_CHAT, "\"echo\":true", "echo"},
+        {REQ_COMPLETION, "\"max_tokens\":0", "max_tokens"},
         {REQ_COMPLETION, "\"echo\":1", "echo"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
@@ -113,6 +115,10 @@ static void test_request(void) {
     req_params_free(&p);
     CHECK(parse(REQ_COMPLETION, "{\"prompt\":\"x\",\"logprobs\":null}", &p, &e) && p.logprobs == 0,
           "completions: logprobs null is off");
+    req_params_free(&p);
+    CHECK(parse(REQ_COMPLETION, "{\"prompt\":\"x\",\"echo\":true,\"max_tokens\":0,\"logprobs\":1}", &p, &e) &&
+              p.echo == 1 && p.max_tokens == 0 && p.logprobs == 1,
+          "completions: echo with max_tokens 0 scores the prompt");
     req_params_free(&p);
 }
 

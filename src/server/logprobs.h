@@ -18,7 +18,7 @@ typedef struct {
 } token_prob;
 
 typedef struct {
-    token_prob chosen;
+    token_prob chosen;                      /* logprob NAN: none (an echoed prompt's first token) */
     int n_top;                              /* alternatives in top[] */
     token_prob top[REQ_MAX_TOP_LOGPROBS];   /* highest first; equal ones by lower id */
 } token_logprobs;

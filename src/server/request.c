@@ -267,7 +267,7 @@ int req_parse(req_kind kind, const char *body, size_t len, req_params *p, req_er
     if (!get_int(root, "top_k", 0, 1e9, &d, NULL, e)) goto out;
     p->top_k = (int)d;
     d = -1;
-    if (!get_int(root, "max_tokens", 1, 1e9, &d, NULL, e) ||
+    if (!get_int(root, "max_tokens", 0, 1e9, &d, NULL, e) ||
         !get_int(root, "max_completion_tokens", 1, 1e9, &d, NULL, e) || !get_int(root, "n_predict", -1, 1e9, &d, NULL, e))
         goto out;
     p->max_tokens = (int)d;
@@ -292,10 +292,14 @@ int req_parse(req_kind kind, const char *body, size_t len, req_params *p, req_er
         if (!get_bool(so, "include_usage", &p->include_usage, e)) goto out;
     }
     if (!parse_logprobs(kind, root, p, e)) goto out;
-    int echo = 0;
-    if (!get_bool(root, "echo", &echo, e)) goto out;
-    if (echo) {
-        req_fail(e, 400, "invalid_request_error", "unsupported_value", "echo", "'echo' is not supported");
+    if (!get_bool(root, "echo", &p->echo, e)) goto out;
+    if (p->echo && (kind == REQ_CHAT || p->stream)) {
+        req_fail(e, 400, "invalid_request_error", "unsupported_value", "echo",
+                 kind == REQ_CHAT ? "'echo' is a completions field" : "'echo' is not supported with 'stream'");
+        goto out;
+    }
+    if (p->max_tokens == 0 && !p->echo) { /* nothing to generate and nothing to show */
+        req_fail(e, 400, "invalid_request_error", "invalid_value", "max_tokens", "'max_tokens' 0 needs 'echo'");
         goto out;
     }
     if (!parse_stop(root, p, e)) goto out;

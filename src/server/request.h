@@ -30,7 +30,7 @@ typedef struct {
     req_kind kind;
     int stream;
     int include_usage;     /* stream_options.include_usage */
-    int max_tokens;        /* < 0: until the context is full */
+    int max_tokens;        /* < 0: until the context is full; 0 (with echo): none, the prompt scored */
     float temperature;     /* OpenAI default 1 */
     float top_p;           /* default 1 (off) */
     int top_k;             /* llama.cpp extension; 0 = off */
@@ -40,6 +40,7 @@ typedef struct {
     int ignore_eos;        /* llama.cpp extension */
     int logprobs;          /* return each generated token's log-probability */
     int top_logprobs;      /* and this many most likely alternatives (0..REQ_MAX_TOP_LOGPROBS) */
+    int echo;              /* completions, not streamed: the prompt leads the text (and its tokens the logprobs) */
     char *stop[REQ_MAX_STOP];
     int n_stop;
     /* chat: messages (strings owned here) */

@@ -2,6 +2,7 @@
 #include "server/responses.h"
 
 #include <cjson/cJSON.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -97,6 +98,11 @@ static cJSON *logprobs_json(req_kind kind, const resp_logprobs *lp) {
         const char *b = token_bytes(lp, t->chosen.id, &n);
         cJSON_AddItemToArray(tokens, token_string(b, n));
         cJSON_AddItemToArray(lps, cJSON_CreateNumber(t->chosen.logprob));
+        if (isnan(t->chosen.logprob)) { /* an echoed prompt's first token: nothing before it */
+            cJSON_AddItemToArray(tops, cJSON_CreateNull());
+            cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)(lp->offset ? lp->offset[i] : 0)));
+            continue;
+        }
         /* an object keyed by token text: of tokens with the same text, the likelier */
         cJSON *top = cJSON_CreateObject();
         for (int k = 0; k < t->n_top; k++) {

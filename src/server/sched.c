@@ -4,6 +4,7 @@
 #include "server/step_cost.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +18,10 @@
 #define STEP_PREFILL_RATIO 2.5
 /* ...but at least this many prompt rows, so a prompt always moves on. */
 #define STEP_PREFILL_MIN_ROWS 16
+/* Prompt rows per pass of a job that scores its prompt (echo with logprobs):
+ * each row's logits are kept (ECHO_ROWS x n_vocab floats). */
+#define ECHO_ROWS 32
+
 /* Tokens one step can give a job: a speculative step's draft_max (<= 31)
  * drafts, its first token and one drawn on a rejection. */
 #define STEP_TOKENS_MAX 64
@@ -48,6 +53,7 @@ struct sched {
     ellm_kv_pool *kv_pool; /* every slot's KV pages: taken as sequences grow */
     slot *slots;
     int n_ctx;
+    int n_vocab;           /* floats in a row of logits */
     double bw_gbps;        /* read bandwidth measured at start */
     uint64_t weight_bytes; /* weight bytes one pass reads */
     size_t kv_bytes_per_token;
@@ -115,6 +121,8 @@ static void job_free(job *j) {
     free(j->text);
     free(j->tok_end);
     free(j->lps);
+    free(j->prompt_lps);
+    free(j->prompt_rows);
     free(j->gen);
     free(j);
 }
@@ -171,6 +179,7 @@ ellm_status sched_init(ellm_model *model, const sched_params *params, server_met
     s->model = model;
     s->metrics = metrics;
     s->n_ctx = p.n_ctx > 0 ? p.n_ctx : info.n_ctx_train;
+    s->n_vocab = info.n_vocab;
     /* One pool of KV pages for all slots (F16 K and V): --kv-cache-gb, else
      * every slot's full context, capped at 80% of the memory available now.
      * A sequence takes pages as it grows; a request is limited to what the
@@ -529,6 +538,10 @@ static void finish_pool_full(sched *s, job *j) {
     finish_job(s, j, "length");
 }
 
+/* 1 if the job scores its prompt: each prompt token's log-probability is
+ * computed from the rows of its prefill (echo with logprobs). */
+static int scores_prompt(const job *j) { return j->p.echo && j->p.logprobs; }
+
 /* Moves queued jobs into idle slots (lock held), oldest first. The slot whose cached tokens
  * share the longest prefix with the prompt wins (ties: the least recently
  * used) if that prefix is at least half the prompt. At least the prompt's last token is fed again, for its logits.
@@ -564,8 +577,23 @@ static void admit(sched *s) {
                 if (!s->slots[i].job && !s->slots[i].io && s->slots[i].last_used < s->slots[best].last_used) best = i;
             best_lcp = common_prefix(s->slots[best].tokens, s->slots[best].n_tokens, j->prompt, j->n_prompt);
         }
+        if (scores_prompt(j) && !j->prompt_rows) {
+            j->prompt_rows = malloc((size_t)ECHO_ROWS * (size_t)s->n_vocab * sizeof *j->prompt_rows);
+            j->prompt_lps = calloc((size_t)j->n_prompt, sizeof *j->prompt_lps);
+            if (!j->prompt_rows || !j->prompt_lps) {
+                s->queue_head = j->next;
+                if (!s->queue_head) s->queue_tail = NULL;
+                s->n_queued--;
+                j->failed = 1;
+                snprintf(j->errmsg, sizeof j->errmsg, "out of memory for the prompt's log-probabilities");
+                finish_job(s, j, NULL);
+                continue;
+            }
+            j->prompt_lps[0] = (token_logprobs){.chosen = {j->prompt[0], NAN}, .n_top = 0};
+        }
         slot *sl = &s->slots[best];
         int keep = best_lcp < j->n_prompt - 1 ? best_lcp : j->n_prompt - 1;
+        if (scores_prompt(j)) keep = 0; /* every prompt row's logits are needed: none from the cache */
         /* a sharded sparse index is cut at whole blocks only (ellm_context_truncate) */
         if (s->p.mpi && s->p.sparse_topk > 0) keep -= keep % KV_BLOCK;
         ellm_context_truncate(sl->ctx, keep);
@@ -794,9 +822,6 @@ static int mpi_lost(sched *s) {
 
 static void *engine_main(void *arg) {
     sched *s = arg;
-    ellm_model_info info;
-    ellm_model_get_info(s->model, &info);
-    const int n_vocab = info.n_vocab; /* a row of logits */
     pthread_mutex_lock(&s->mu);
     s->bw_t0 = now_s();
     while (!s->stop) {
@@ -825,6 +850,7 @@ static void *engine_main(void *arg) {
          * prompt rows, oldest prompt first, up to the budget that keeps the
          * step short while sequences generate. */
         int ns = 0, rows = 0, n_prefilling = 0, n_spec = 0, n_extra = 0;
+        int any_rows = 0; /* a sequence of the pass wants the logits of every row (a verify, a scored prompt) */
         for (int i = 0; i < s->p.n_slots; i++)
             if (s->slots[i].job && !s->slots[i].job->generating) n_prefilling++;
         int max_decode = s->p.n_batch - (n_prefilling > 0 && s->p.n_batch > 1 ? 1 : 0);
@@ -867,11 +893,13 @@ static void *engine_main(void *arg) {
             }
             if (!pick) break;
             int c = pick->n_prompt - pick->n_fed < prompt_rows ? pick->n_prompt - pick->n_fed : prompt_rows;
+            if (scores_prompt(pick) && c > ECHO_ROWS) c = ECHO_ROWS;
             prompt_rows -= c;
             s->step_ctx[ns] = s->slots[pick->slot].ctx;
             s->step_tok[ns] = pick->prompt + pick->n_fed;
             s->step_n[ns] = c;
-            s->step_rows[ns] = NULL;
+            s->step_rows[ns] = scores_prompt(pick) ? pick->prompt_rows : NULL;
+            any_rows |= s->step_rows[ns] != NULL;
             s->step_job[ns++] = pick;
             rows += c;
         }
@@ -880,7 +908,6 @@ static void *engine_main(void *arg) {
         /* speculative slots draft, and join the pass with their verify rows
          * (their logits equal a verify pass of their own, bit for bit) */
         double t_draft = now_s();
-        int spec_rows = 0;
         for (int q = 0; q < n_spec; q++) {
             slot *sl = &s->slots[s->step_spec[q]];
             job *j = sl->job;
@@ -896,7 +923,7 @@ static void *engine_main(void *arg) {
                 s->step_rows[ns] = vrows;
                 s->step_job[ns++] = j;
                 rows += n_feed;
-                spec_rows = 1;
+                any_rows = 1;
                 continue;
             }
             if (n_feed == 0) sl->fin = spec_finish_job(s, j, sl);
@@ -906,7 +933,7 @@ static void *engine_main(void *arg) {
         ellm_error err = {0};
         double t0 = now_s();
         ellm_status st = ELLM_OK;
-        if (ns && spec_rows) /* no speculation under --mpi */
+        if (ns && any_rows) /* neither speculation nor prompt scoring under --mpi */
             st = ellm_decode_batch_rows(s->batch, s->step_ctx, s->step_tok, s->step_n, ns, s->step_rows, &err);
         else if (ns)
             st = sched_mpi_decode_batch(s->mpi, s->batch, s->step_ctx, s->step_tok, s->step_n, ns, &err);
@@ -924,13 +951,13 @@ static void *engine_main(void *arg) {
             sl->fin = NULL;
             sl->n_emit = 0;
             if (st != ELLM_OK) {
-                if (s->step_rows[k]) ellm_spec_cancel_step(sl->spec);
+                if (s->step_rows[k] && sl->spec) ellm_spec_cancel_step(sl->spec);
                 j->failed = 1;
                 j->unavailable = sched_mpi_lost(s->mpi) != NULL; /* --mpi: a rank was lost (503) */
                 snprintf(j->errmsg, sizeof j->errmsg, "%s", err.msg);
                 continue;
             }
-            if (s->step_rows[k]) {
+            if (s->step_rows[k] && sl->spec) {
                 /* what the verify cost this sequence: its rows, and its share of reading the weights */
                 double ms = s->cost.row_s > 0 ? 1e3 * (s->cost.fixed_s / ns + s->cost.row_s * s->step_n[k])
                                               : 1e3 * (t1 - t0) * s->step_n[k] / rows;
@@ -945,21 +972,38 @@ static void *engine_main(void *arg) {
             }
             memcpy(sl->tokens + sl->n_tokens, s->step_tok[k], (size_t)s->step_n[k] * sizeof(int32_t));
             sl->n_tokens += s->step_n[k];
+            /* a scored prompt's rows: row r (position n_fed + r) gives the
+             * next prompt token's log-probabilities, the last one the first
+             * generated token */
+            const float *last_row = NULL;
+            if (s->step_rows[k]) {
+                for (int r = 0; r < s->step_n[k]; r++) {
+                    const int pos = j->n_fed + r;
+                    const float *row = s->step_rows[k] + (size_t)r * (size_t)s->n_vocab;
+                    if (pos + 1 < j->n_prompt)
+                        logprobs_compute(row, s->n_vocab, j->prompt[pos + 1], j->p.top_logprobs, &j->prompt_lps[pos + 1]);
+                    last_row = row;
+                }
+            }
             if (!j->generating) {
                 j->n_fed += s->step_n[k];
                 if (j->n_fed < j->n_prompt) continue;
                 j->generating = 1;
+                if (j->p.max_tokens == 0) { /* echo of the prompt alone */
+                    sl->fin = "length";
+                    continue;
+                }
                 if (sl->spec) { /* its speculative steps draw the tokens from here on */
                     sl->n_hist = sl->n_tokens;
                     continue;
                 }
             }
-            const float *logits = ellm_context_logits(sl->ctx);
+            const float *logits = last_row ? last_row : ellm_context_logits(sl->ctx);
             int32_t tok = ellm_sampler_sample(j->sampler, logits, sl->tokens, sl->n_tokens);
             j->last = tok;
             sl->n_emit = 1;
             if (j->p.logprobs) {
-                logprobs_compute(logits, n_vocab, tok, j->p.top_logprobs, &sl->lp);
+                logprobs_compute(logits, s->n_vocab, tok, j->p.top_logprobs, &sl->lp);
                 if (ellm_token_is_eog(s->model, tok) && !j->p.ignore_eos) sl->lp.chosen.id = -1; /* ends it, not shown */
             }
             sl->fin = on_token(s, j, sl, tok);
@@ -1004,7 +1048,7 @@ static void *engine_main(void *arg) {
                 finish_job(s, j, NULL);
                 continue;
             }
-            if (!sl->n_emit) continue;
+            if (!sl->n_emit && !sl->fin) continue;
             for (int t = 0; t < sl->n_emit; t++) publish_token(j, sl->shows[t], &sl->lp);
             if (sl->fin) finish_job(s, j, sl->fin);
             else pthread_cond_broadcast(&j->cv);

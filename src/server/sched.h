@@ -58,6 +58,9 @@ struct job {
     /* With p.logprobs, each of those tokens' log-probabilities (chosen.id < 0:
      * the end-of-generation token that stopped it, shown without any). */
     token_logprobs *lps;
+    /* With p.echo and p.logprobs, each prompt token's (entry 0 has no
+     * logprob: NAN); written by the engine thread before the job is done. */
+    token_logprobs *prompt_lps;
     int n_tok, tok_cap;
     int n_gen;       /* completion tokens */
     int n_cached;    /* prompt tokens reused from the slot's KV cache */
@@ -77,6 +80,7 @@ struct job {
     char *gen;       /* all generated text */
     size_t gen_len, gen_cap, gen_emitted;
     double t_last_token;
+    float *prompt_rows; /* echo with logprobs: the logits of each row of its prompt chunk */
     job *next;
 };
 

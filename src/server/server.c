@@ -410,6 +410,80 @@ static void stream_free(void *cls) {
     free(st);
 }
 
+/* The text a prompt given as token ids stands for (malloc'ed), NULL if out of memory. */
+static char *ids_text(const ellm_model *model, const int32_t *ids, int n, size_t *len) {
+    size_t cap = 256, used = 0;
+    char *t = malloc(cap), piece[4096];
+    ellm_detok dt = {0};
+    for (int i = 0; t && i <= n; i++) {
+        int nb = i < n ? ellm_detok_push(model, &dt, ids[i], piece, sizeof piece) : ellm_detok_flush(&dt, piece, sizeof piece);
+        if (nb <= 0) continue;
+        if (used + (size_t)nb + 1 > cap) {
+            cap = 2 * (used + (size_t)nb + 1);
+            char *b = realloc(t, cap);
+            if (!b) free(t);
+            t = b;
+            if (!t) break;
+        }
+        memcpy(t + used, piece, (size_t)nb);
+        used += (size_t)nb;
+    }
+    if (t) t[used] = 0;
+    *len = used;
+    return t;
+}
+
+/* The body of a finished job's whole response: its text (led by the
+ * prompt's with echo: the prompt as sent, or the text of its token ids) and,
+ * if asked, the log-probabilities of its tokens (with echo the prompt's
+ * first, the first of them without any), each token at its text's offset in
+ * characters. NULL if out of memory. */
+static char *final_body(server *srv, const job *j, const resp_meta *meta) {
+    const char *gen = j->text ? j->text : "";
+    size_t plen = 0;
+    char *echo = NULL;
+    if (j->p.echo) {
+        if (j->p.prompt_is_ids) {
+            echo = ids_text(srv->model, j->prompt, j->n_prompt, &plen);
+        } else if ((echo = malloc(j->p.prompt_len + 1))) {
+            memcpy(echo, j->p.prompt, plen = j->p.prompt_len);
+        }
+    }
+    const size_t len = plen + j->text_len;
+    char *text = !j->p.echo || echo ? malloc(len + 1) : NULL;
+    const int np = j->p.echo && j->p.logprobs ? j->n_prompt : 0, n = np + j->n_tok;
+    token_logprobs *lps = j->p.logprobs ? malloc((size_t)(n > 0 ? n : 1) * sizeof *lps) : NULL;
+    size_t *offsets = j->p.logprobs ? malloc((size_t)(n > 0 ? n : 1) * sizeof *offsets) : NULL;
+    char *body = NULL;
+    if (text && (!j->p.logprobs || (lps && offsets))) {
+        memcpy(text, echo ? echo : "", plen);
+        memcpy(text + plen, gen, j->text_len);
+        text[len] = 0;
+        const size_t echo_chars = utf8_chars(text, plen);
+        size_t chars = 0, at = 0;
+        for (int i = 0; i < np; i++) { /* the prompt's tokens: their bytes one after another, within the echo */
+            lps[i] = j->prompt_lps[i];
+            offsets[i] = chars < echo_chars ? chars : echo_chars;
+            size_t tb = 0;
+            const char *b = vocab_bytes(srv->model, j->prompt[i], &tb);
+            chars += b ? utf8_chars(b, tb) : 0;
+        }
+        chars = echo_chars;
+        for (int i = 0; lps && i < j->n_tok; at = j->tok_end[i++]) {
+            lps[np + i] = j->lps[i];
+            offsets[np + i] = chars; /* where the text of the tokens before it ends */
+            chars += utf8_chars(gen + at, j->tok_end[i] - at);
+        }
+        const resp_logprobs lp = {.lp = lps, .offset = offsets, .n = n, .bytes = vocab_bytes, .arg = srv->model};
+        body = resp_final(meta, text, len, j->finish, lps ? &lp : NULL);
+    }
+    free(lps);
+    free(offsets);
+    free(echo);
+    free(text);
+    return body;
+}
+
 static enum MHD_Result handle_generate(server *srv, struct MHD_Connection *c, req_kind kind, conn_state *cs) {
     req_params p;
     req_error e;
@@ -418,6 +492,11 @@ static enum MHD_Result handle_generate(server *srv, struct MHD_Connection *c, re
         req_params_free(&p);
         return fail(srv, c, 400, "invalid_request_error", "unsupported_value",
                     "'logprobs' is not available on a server started with --spec", REQ_STATUS_REJECTED);
+    }
+    if (p.logprobs && p.echo && srv->p.mpi) { /* the ranks' passes keep the last row's logits only */
+        req_params_free(&p);
+        return fail(srv, c, 400, "invalid_request_error", "unsupported_value",
+                    "'echo' with 'logprobs' is not available on a server started with --mpi", REQ_STATUS_REJECTED);
     }
     if (atomic_load(&srv->draining)) {
         req_params_free(&p);
@@ -506,18 +585,7 @@ static enum MHD_Result handle_generate(server *srv, struct MHD_Connection *c, re
     meta.cached_tokens = j->n_cached;
     enum MHD_Result ret;
     if (j->finish) {
-        /* each token's text starts where the text of the tokens before it ends (in characters) */
-        size_t *offsets = j->p.logprobs ? malloc((size_t)(j->n_tok > 0 ? j->n_tok : 1) * sizeof *offsets) : NULL;
-        size_t at = 0, chars = 0;
-        for (int i = 0; offsets && i < j->n_tok; at = j->tok_end[i++]) {
-            offsets[i] = chars;
-            chars += utf8_chars(j->text + at, j->tok_end[i] - at);
-        }
-        const resp_logprobs lp = {.lp = j->lps, .offset = offsets, .n = j->n_tok, .bytes = vocab_bytes, .arg = srv->model};
-        char *body = j->p.logprobs && !offsets ? NULL
-                                                : resp_final(&meta, j->text ? j->text : "", j->text_len, j->finish,
-                                                             j->p.logprobs ? &lp : NULL);
-        free(offsets);
+        char *body = final_body(srv, j, &meta);
         ret = send_body(c, 200, "application/json", body, 0);
     } else {
         req_error fe;

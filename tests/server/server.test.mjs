@@ -364,8 +364,10 @@ async function poolServer() {
 
 // log_softmax of row `row` of the evaluation model's reference logits
 // (llama.cpp's, tests/data/evalmodel.logits.f32: 96 rows of n_vocab floats).
+let refLogits = null;
 function refLogSoftmax(row, nVocab) {
-  const buf = fs.readFileSync('tests/data/evalmodel.logits.f32');
+  refLogits ||= fs.readFileSync('tests/data/evalmodel.logits.f32');
+  const buf = refLogits;
   const l = new Float32Array(buf.buffer, buf.byteOffset + row * nVocab * 4, nVocab);
   let mx = -Infinity;
   for (const v of l) mx = Math.max(mx, v);
@@ -418,6 +420,25 @@ async function logprobsChecks(client, base) {
   }
   check(JSON.stringify(sl) === JSON.stringify(cl), 'streamed completion logprobs equal the whole response\'s');
 
+  // echo: the prompt scored, as lm-evaluation-harness asks (token ids, max_tokens 0, echo)
+  const scored = await client.completions.create({ model: 'x', prompt: ids.slice(0, 64), max_tokens: 0, echo: true, logprobs: 1 });
+  const el = scored.choices[0].logprobs;
+  check(scored.usage.completion_tokens === 0 && el.tokens.length === 64 && el.token_logprobs[0] === null && el.top_logprobs[0] === null &&
+        el.top_logprobs.slice(1).every((t) => Object.keys(t).length === 1),
+        `echo, max_tokens 0: 64 prompt tokens, the first without a log-probability: ${JSON.stringify(el.token_logprobs.slice(0, 3))}`);
+  let echoErr = 0;
+  for (let i = 1; i < 64; i++) echoErr = Math.max(echoErr, Math.abs(el.token_logprobs[i] - refLogSoftmax(i - 1, nVocab)[ids[i]]));
+  check(echoErr <= tol, `echo: every prompt token's log-probability equals llama.cpp's reference (max |diff| ${echoErr.toExponential(2)})`);
+  const e2 = await client.completions.create({ model: 'x', prompt: PROMPTS[2], max_tokens: 12, temperature: 0, echo: true, logprobs: 2 });
+  const e2l = e2.choices[0].logprobs;
+  check(e2.choices[0].text === PROMPTS[2] + text && e2l.tokens.slice(-12).join('') === text &&
+        e2l.text_offset[e2l.text_offset.length - 12] === PROMPTS[2].length,
+        `echo: the prompt leads the text, the generated tokens at their offsets after it: ${JSON.stringify(e2.choices[0].text)}`);
+  const genDiff = Math.max(...e2l.token_logprobs.slice(-12).map((v, i) => Math.abs(v - cl.token_logprobs[i])));
+  check(genDiff === 0, `echo: the generated tokens' log-probabilities are those without echo (max |diff| ${genDiff})`);
+  const e3 = await client.completions.create({ model: 'x', prompt: PROMPTS[2], max_tokens: 12, temperature: 0, echo: true });
+  check(e3.choices[0].text === PROMPTS[2] + text && e3.choices[0].logprobs === null, 'echo without logprobs: the prompt and the text');
+
   // chat: logprobs true with top_logprobs; sampling (temperature 1): the
   // chosen token need not be the likeliest, its log-probability is its own
   const msgs = [{ role: 'user', content: 'def fib(n):' }];
@@ -446,7 +467,9 @@ async function logprobsChecks(client, base) {
     [{ messages: msgs, logprobs: 3 }, 'logprobs'],
     [{ prompt: 'x', logprobs: true }, 'logprobs'],
     [{ prompt: 'x', logprobs: -1 }, 'logprobs'],
-    [{ prompt: 'x', echo: true }, 'echo'],
+    [{ prompt: 'x', echo: true, stream: true }, 'echo'],
+    [{ messages: msgs, echo: true }, 'echo'],
+    [{ prompt: 'x', max_tokens: 0 }, 'max_tokens'],
   ]) {
     const path = body.messages ? '/v1/chat/completions' : '/v1/completions';
     const bad = await rawPost(base, path, JSON.stringify({ max_tokens: 2, ...body }));
