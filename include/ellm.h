@@ -452,8 +452,13 @@ typedef struct {
     float top_p;          /* >= 1: off */
     float min_p;          /* <= 0: off */
     float repeat_penalty; /* 1: off */
-    int repeat_last_n;    /* tokens looked back for the penalty */
+    int repeat_last_n;    /* tokens looked back for the penalties (0: the whole history) */
     uint64_t seed;
+    /* OpenAI's penalties, over the same window: a token seen c times there
+     * loses presence_penalty (once) + c x frequency_penalty of its logit.
+     * 0: off. */
+    float presence_penalty;
+    float frequency_penalty;
 } ellm_sampler_params;
 
 typedef struct ellm_sampler ellm_sampler;
@@ -462,6 +467,10 @@ ellm_sampler_params ellm_sampler_default_params(void);
 ellm_status ellm_sampler_init(const ellm_sampler_params *params, int n_vocab,
                               ellm_sampler **out, ellm_error *err);
 void ellm_sampler_free(ellm_sampler *s);
+/* Adds bias[i] to the logit of token ids[i] before anything else (OpenAI's
+ * logit_bias; a bias <= -100 bans the token); replaces any earlier biases, n
+ * = 0 clears them. An id outside the vocabulary or a NaN bias is refused. */
+ellm_status ellm_sampler_set_logit_bias(ellm_sampler *s, const int32_t *ids, const float *bias, int n, ellm_error *err);
 /* Picks the next token from `logits` (n_vocab floats, not modified) given the
  * `n_hist` previous tokens (for the repetition penalty). */
 int32_t ellm_sampler_sample(ellm_sampler *s, const float *logits,

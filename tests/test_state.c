@@ -259,7 +259,8 @@ static void test_kill_resume(void) {
     static char want[65536], got[65536];
     const char *configs[] = {
         "-n 250 --temp 0 -t 2 -p 'def parse(line):' --save-every 13",
-        "-n 250 --seed 11 --repeat-penalty 1.1 -t 2 -p 'class Node:' --save-every 17",
+        "-n 250 --seed 11 --repeat-penalty 1.1 --presence-penalty 0.3 --frequency-penalty 0.2 -t 2 -p 'class Node:' "
+        "--save-every 17",
         "-n 250 --seed 5 --sparse-topk 96 -t 2 -p 'import json' --save-every 19",
     };
     char state[640], run_model[640];

@@ -38,7 +38,9 @@ static void run_usage(FILE *f) {
             "  --top-p P              (default 0.95; 1 = off)\n"
             "  --min-p P              (default 0.05; 0 = off)\n"
             "  --repeat-penalty R     (default 1.0 = off)\n"
-            "  --repeat-last-n N      tokens the penalty looks back (default 64)\n"
+            "  --repeat-last-n N      tokens the penalties look back (default 64; 0 = all)\n"
+            "  --presence-penalty P   lowers a token's logit by P if it is there (default 0 = off)\n"
+            "  --frequency-penalty F  lowers it by F per occurrence there (default 0 = off)\n"
             "  --seed S               RNG seed (default: random; same seed, same output)\n"
             "  --no-bos               do not add BOS to the prompt\n"
             "  --no-display-prompt    do not echo the prompt\n"
@@ -257,6 +259,10 @@ static int parse(int argc, char **argv, run_opts *o) {
             if (!(bad = !v || !arg_double(a, v, 1e-3, 100, &d))) o->sp.repeat_penalty = (float)d;
         } else if (arg_value(argc, argv, &i, "--repeat-last-n", NULL, &v, &bad)) {
             if (!(bad = !v || !arg_int(a, v, 0, 1 << 30, &n))) o->sp.repeat_last_n = (int)n;
+        } else if (arg_value(argc, argv, &i, "--presence-penalty", NULL, &v, &bad)) {
+            if (!(bad = !v || !arg_double(a, v, -2, 2, &d))) o->sp.presence_penalty = (float)d;
+        } else if (arg_value(argc, argv, &i, "--frequency-penalty", NULL, &v, &bad)) {
+            if (!(bad = !v || !arg_double(a, v, -2, 2, &d))) o->sp.frequency_penalty = (float)d;
         } else if (arg_value(argc, argv, &i, "--seed", NULL, &v, &bad)) {
             if (!(bad = !v || !arg_u64(a, v, &o->sp.seed))) o->seed_given = 1;
         } else {

@@ -2,12 +2,15 @@
 #include "cli/run_state.h"
 #include "core/bytebuf.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define RUN_STATE_MAGIC "ellm-run"
-#define RUN_STATE_VERSION 1u
+/* 2: the presence and frequency penalties at the end (version 1, without
+ * them, is read with both 0) */
+#define RUN_STATE_VERSION 2u
 
 static void put_str(bb_writer *e, const char *s, size_t n) {
     bb_put_i64(e, (int64_t)n);
@@ -48,6 +51,8 @@ int run_state_encode(const run_state *s, unsigned char **out, size_t *len) {
     bb_put(&e, s->tokens, (size_t)s->n_tokens * sizeof *s->tokens);
     bb_put(&e, s->rng.rng, sizeof s->rng.rng);
     bb_put_i64(&e, s->save_every);
+    bb_put_f32(&e, s->sp.presence_penalty);
+    bb_put_f32(&e, s->sp.frequency_penalty);
     if (e.oom) {
         free(e.p);
         return 0;
@@ -93,7 +98,7 @@ int run_state_decode(const unsigned char *data, size_t len, run_state *s, char *
         snprintf(msg, cap, "the state was not written by `ellm run`");
         return 0;
     }
-    if (v != RUN_STATE_VERSION) {
+    if (v < 1 || v > RUN_STATE_VERSION) {
         snprintf(msg, cap, "the run settings have version %u; this build reads version %u", v, RUN_STATE_VERSION);
         return 0;
     }
@@ -133,7 +138,11 @@ int run_state_decode(const unsigned char *data, size_t len, run_state *s, char *
         d.bad = 1;
     bb_get(&d, s->rng.rng, sizeof s->rng.rng);
     s->save_every = bb_get_i64(&d);
-    if (d.bad || d.off != d.n || !s->model || s->threads < 1 || s->threads > 1024 || s->batch < 1 ||
+    if (v >= 2) {
+        s->sp.presence_penalty = bb_get_f32(&d);
+        s->sp.frequency_penalty = bb_get_f32(&d);
+    }
+    if (d.bad || d.off != d.n || !isfinite(s->sp.presence_penalty) || !isfinite(s->sp.frequency_penalty) || !s->model || s->threads < 1 || s->threads > 1024 || s->batch < 1 ||
         s->n_ctx < 1 || s->n_ctx > max_tok || s->n_predict < 0 || s->n_predict > max_tok ||
         s->n_tokens - s->n_prompt > s->n_predict || (s->overflow < 0 || s->overflow > 2) || s->keep < 0 ||
         s->save_every < 1) {

@@ -1,6 +1,6 @@
-/* Token sampling: repetition penalty, top-k, top-p, min-p, temperature, then a
- * draw from a seeded xoshiro256** generator (same seed, same output). Greedy
- * when temperature <= 0. */
+/* Token sampling: logit bias, repetition / presence / frequency penalties,
+ * top-k, top-p, min-p, temperature, then a draw from a seeded xoshiro256**
+ * generator (same seed, same output). Greedy when temperature <= 0. */
 #include "core/status.h"
 #include "engine/sampler.h"
 
@@ -18,6 +18,10 @@ struct ellm_sampler {
     int n_vocab;
     candidate *cand; /* n_vocab */
     float *prob;     /* n_vocab */
+    int32_t *count;  /* n_vocab: occurrences in the penalty window (zero between calls) */
+    int32_t *bias_id;
+    float *bias;
+    int n_bias;
     uint64_t rng[4];
 };
 
@@ -64,12 +68,15 @@ ellm_status ellm_sampler_init(const ellm_sampler_params *params, int n_vocab, el
     if (p.min_p >= 1) return ellm_fail(err, ELLM_ERR_ARG, "sampler: min-p must be < 1 (got %g)", p.min_p);
     if (!(p.repeat_penalty > 0))
         return ellm_fail(err, ELLM_ERR_ARG, "sampler: repeat penalty must be > 0 (got %g)", p.repeat_penalty);
+    if (!isfinite(p.presence_penalty) || !isfinite(p.frequency_penalty))
+        return ellm_fail(err, ELLM_ERR_ARG, "sampler: presence and frequency penalties must be finite");
     ellm_sampler *s = calloc(1, sizeof *s);
     if (s) {
         s->cand = malloc((size_t)n_vocab * sizeof *s->cand);
         s->prob = malloc((size_t)n_vocab * sizeof *s->prob);
+        s->count = calloc((size_t)n_vocab, sizeof *s->count);
     }
-    if (!s || !s->cand || !s->prob) {
+    if (!s || !s->cand || !s->prob || !s->count) {
         ellm_sampler_free(s);
         return ellm_fail(err, ELLM_ERR_NOMEM, "sampler: out of memory");
     }
@@ -85,7 +92,44 @@ void ellm_sampler_free(ellm_sampler *s) {
     if (!s) return;
     free(s->cand);
     free(s->prob);
+    free(s->count);
+    free(s->bias_id);
+    free(s->bias);
     free(s);
+}
+
+ellm_status ellm_sampler_set_logit_bias(ellm_sampler *s, const int32_t *ids, const float *bias, int n, ellm_error *err) {
+    if (n < 0) return ellm_fail(err, ELLM_ERR_ARG, "sampler: %d logit biases", n);
+    for (int i = 0; i < n; i++) {
+        if (ids[i] < 0 || ids[i] >= s->n_vocab)
+            return ellm_fail(err, ELLM_ERR_ARG, "sampler: logit bias for token %d, outside the vocabulary of %d",
+                             (int)ids[i], s->n_vocab);
+        if (isnan(bias[i])) return ellm_fail(err, ELLM_ERR_ARG, "sampler: logit bias for token %d is NaN", (int)ids[i]);
+    }
+    int32_t *id = n ? malloc((size_t)n * sizeof *id) : NULL;
+    float *b = n ? malloc((size_t)n * sizeof *b) : NULL;
+    if (n && (!id || !b)) {
+        free(id);
+        free(b);
+        return ellm_fail(err, ELLM_ERR_NOMEM, "sampler: out of memory");
+    }
+    if (n) {
+        memcpy(id, ids, (size_t)n * sizeof *id);
+        memcpy(b, bias, (size_t)n * sizeof *b);
+    }
+    free(s->bias_id);
+    free(s->bias);
+    s->bias_id = id;
+    s->bias = b;
+    s->n_bias = n;
+    return ELLM_OK;
+}
+
+/* 1 if the logits go through sampler_penalize (a bias or a penalty with a history). */
+static int sampler_adjusts(const ellm_sampler *s, const int32_t *hist, int n_hist) {
+    const ellm_sampler_params *p = &s->p;
+    return s->n_bias > 0 || ((p->repeat_penalty != 1.0f || p->presence_penalty != 0 || p->frequency_penalty != 0) &&
+                             hist && n_hist > 0);
 }
 
 static int cmp_desc(const void *a, const void *b) {
@@ -128,7 +172,11 @@ static void partial_top_k(candidate *c, int n, int k) {
     qsort(c, (size_t)k, sizeof *c, cmp_desc);
 }
 
-/* Applies the repetition penalty to the candidates (all n_vocab, in id order). */
+/* The candidates (all n_vocab, in id order) from the logits with the logit
+ * biases, then the penalties over the last repeat_last_n tokens of the
+ * history (llama.cpp's order and conventions): each token seen there once
+ * repetition-penalized (positive logits divided, negative multiplied), then
+ * lowered by presence_penalty + count x frequency_penalty. */
 static void sampler_penalize(ellm_sampler *s, const float *logits, const int32_t *hist, int n_hist) {
     const ellm_sampler_params *p = &s->p;
     int n = s->n_vocab;
@@ -137,18 +185,20 @@ static void sampler_penalize(ellm_sampler *s, const float *logits, const int32_t
         c[i].id = i;
         c[i].logit = logits[i];
     }
-    /* Repetition penalty over the last repeat_last_n tokens, each penalized once
-     * (llama.cpp convention: divide positive logits, multiply negative). */
-    if (p->repeat_penalty != 1.0f && hist && n_hist > 0) {
-        int from = p->repeat_last_n > 0 && n_hist > p->repeat_last_n ? n_hist - p->repeat_last_n : 0;
-        for (int i = from; i < n_hist; i++) {
-            int32_t t = hist[i];
-            if (t < 0 || t >= n) continue;
-            int seen = 0;
-            for (int j = from; j < i && !seen; j++) seen = hist[j] == t;
-            if (seen) continue;
-            c[t].logit = c[t].logit > 0 ? c[t].logit / p->repeat_penalty : c[t].logit * p->repeat_penalty;
-        }
+    for (int i = 0; i < s->n_bias; i++)
+        c[s->bias_id[i]].logit = s->bias[i] <= -100.0f ? -INFINITY : c[s->bias_id[i]].logit + s->bias[i];
+    if (!hist || n_hist <= 0 || (p->repeat_penalty == 1.0f && p->presence_penalty == 0 && p->frequency_penalty == 0))
+        return;
+    int from = p->repeat_last_n > 0 && n_hist > p->repeat_last_n ? n_hist - p->repeat_last_n : 0;
+    for (int i = from; i < n_hist; i++)
+        if (hist[i] >= 0 && hist[i] < n) s->count[hist[i]]++;
+    for (int i = from; i < n_hist; i++) {
+        int32_t t = hist[i];
+        if (t < 0 || t >= n || !s->count[t]) continue; /* out of range, or done */
+        float l = c[t].logit;
+        if (p->repeat_penalty != 1.0f) l = l > 0 ? l / p->repeat_penalty : l * p->repeat_penalty;
+        c[t].logit = l - p->presence_penalty - (float)s->count[t] * p->frequency_penalty;
+        s->count[t] = 0;
     }
 }
 
@@ -218,8 +268,8 @@ int32_t ellm_sampler_sample(ellm_sampler *s, const float *logits, const int32_t 
     const ellm_sampler_params *p = &s->p;
     int n = s->n_vocab;
     candidate *c = s->cand;
-    if (p->temperature <= 0 && (p->repeat_penalty == 1.0f || !hist || n_hist <= 0)) {
-        /* greedy without a penalty: the first largest logit, as below, without
+    if (p->temperature <= 0 && !sampler_adjusts(s, hist, n_hist)) {
+        /* greedy without a bias or penalty: the first largest logit, as below, without
          * copying n_vocab candidates (a server samples every sequence each step) */
         return argmax_first(logits, n);
     }

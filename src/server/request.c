@@ -2,8 +2,10 @@
 #include "server/request.h"
 
 #include <cjson/cJSON.h>
+#include <errno.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -236,6 +238,61 @@ static int parse_logprobs(req_kind kind, const cJSON *root, req_params *p, req_e
     return 1;
 }
 
+/* "logit_bias": {"token id": bias in [-100, 100], ...} (OpenAI's form). */
+static int parse_logit_bias(const cJSON *root, req_params *p, req_error *e) {
+    const cJSON *lb = cJSON_GetObjectItemCaseSensitive(root, "logit_bias");
+    if (!lb || cJSON_IsNull(lb)) return 1;
+    if (!cJSON_IsObject(lb))
+        return req_fail(e, 400, "invalid_request_error", "invalid_type", "logit_bias",
+                        "'logit_bias' must be an object of token ids to biases");
+    const int n = cJSON_GetArraySize(lb);
+    if (n > REQ_MAX_LOGIT_BIAS)
+        return req_fail(e, 400, "invalid_request_error", "invalid_value", "logit_bias", "at most %d logit biases",
+                        REQ_MAX_LOGIT_BIAS);
+    if (!n) return 1;
+    p->bias_ids = malloc((size_t)n * sizeof *p->bias_ids);
+    p->bias = malloc((size_t)n * sizeof *p->bias);
+    if (!p->bias_ids || !p->bias) return req_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    const cJSON *it;
+    cJSON_ArrayForEach(it, lb) {
+        char *end = NULL;
+        errno = 0;
+        long id = it->string && *it->string >= '0' && *it->string <= '9' ? strtol(it->string, &end, 10) : -1;
+        if (id < 0 || id > INT32_MAX || errno || !end || *end)
+            return req_fail(e, 400, "invalid_request_error", "invalid_value", "logit_bias",
+                            "'logit_bias' keys must be token ids (decimal integers)");
+        if (!cJSON_IsNumber(it) || !(it->valuedouble >= -100 && it->valuedouble <= 100))
+            return req_fail(e, 400, "invalid_request_error", "invalid_value", "logit_bias",
+                            "'logit_bias' values must be numbers between -100 and 100");
+        p->bias_ids[p->n_bias] = (int32_t)id;
+        p->bias[p->n_bias++] = (float)it->valuedouble;
+    }
+    return 1;
+}
+
+/* Features a client may count on that this server does not have: a clear
+ * 400 rather than a reply that silently ignores them. */
+static int refuse_unsupported(const cJSON *root, req_error *e) {
+    const cJSON *rf = cJSON_GetObjectItemCaseSensitive(root, "response_format");
+    if (rf && !cJSON_IsNull(rf)) {
+        const cJSON *t = cJSON_IsObject(rf) ? cJSON_GetObjectItemCaseSensitive(rf, "type") : NULL;
+        if (!cJSON_IsString(t))
+            return req_fail(e, 400, "invalid_request_error", "invalid_type", "response_format",
+                            "'response_format' must be an object with a 'type'");
+        if (strcmp(t->valuestring, "text"))
+            return req_fail(e, 400, "invalid_request_error", "unsupported_value", "response_format",
+                            "'response_format' type '%.40s' is not supported: only 'text'", t->valuestring);
+    }
+    static const char *const none[] = {"tools", "functions"};
+    for (size_t i = 0; i < sizeof none / sizeof *none; i++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, none[i]);
+        if (v && !cJSON_IsNull(v) && !(cJSON_IsArray(v) && cJSON_GetArraySize(v) == 0))
+            return req_fail(e, 400, "invalid_request_error", "unsupported_value", none[i], "'%s' (tool calling) is not supported",
+                            none[i]);
+    }
+    return 1;
+}
+
 int req_parse(req_kind kind, const char *body, size_t len, req_params *p, req_error *e) {
     memset(p, 0, sizeof *p);
     memset(e, 0, sizeof *e);
@@ -243,6 +300,8 @@ int req_parse(req_kind kind, const char *body, size_t len, req_params *p, req_er
     p->max_tokens = -1;
     p->temperature = 1.0f;
     p->top_p = 1.0f;
+    p->repeat_penalty = 1.0f;
+    p->repeat_last_n = 64;
     if (!req_utf8_valid(body, len))
         return req_fail(e, 400, "invalid_request_error", "invalid_encoding", NULL, "the request body is not valid UTF-8");
     cJSON *root = cJSON_ParseWithLength(body, len);
@@ -266,6 +325,14 @@ int req_parse(req_kind kind, const char *body, size_t len, req_params *p, req_er
     d = 0;
     if (!get_int(root, "top_k", 0, 1e9, &d, NULL, e)) goto out;
     p->top_k = (int)d;
+    if (!get_float(root, "presence_penalty", -2, 2, &p->presence_penalty, e) ||
+        !get_float(root, "frequency_penalty", -2, 2, &p->frequency_penalty, e) ||
+        !get_float(root, "repeat_penalty", 1e-3, 100, &p->repeat_penalty, e))
+        goto out;
+    d = 64;
+    if (!get_int(root, "repeat_last_n", -1, 1e9, &d, NULL, e)) goto out;
+    p->repeat_last_n = d < 0 ? 0 : (int)d; /* llama.cpp's -1: the whole context */
+    if (!parse_logit_bias(root, p, e) || !refuse_unsupported(root, e)) goto out;
     d = -1;
     if (!get_int(root, "max_tokens", 0, 1e9, &d, NULL, e) ||
         !get_int(root, "max_completion_tokens", 1, 1e9, &d, NULL, e) || !get_int(root, "n_predict", -1, 1e9, &d, NULL, e))
@@ -316,5 +383,7 @@ void req_params_free(req_params *p) {
     for (int i = 0; i < p->n_stop; i++) free(p->stop[i]);
     free(p->prompt);
     free(p->prompt_ids);
+    free(p->bias_ids);
+    free(p->bias);
     memset(p, 0, sizeof *p);
 }

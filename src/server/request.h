@@ -14,6 +14,8 @@
 #define REQ_MAX_STOP 4
 /* Alternatives per token a request may ask for with logprobs (OpenAI's limit for chat). */
 #define REQ_MAX_TOP_LOGPROBS 20
+/* Entries of logit_bias a request may give. */
+#define REQ_MAX_LOGIT_BIAS 1024
 
 typedef enum { REQ_CHAT, REQ_COMPLETION } req_kind;
 
@@ -35,6 +37,12 @@ typedef struct {
     float top_p;           /* default 1 (off) */
     int top_k;             /* llama.cpp extension; 0 = off */
     float min_p;           /* llama.cpp extension; 0 = off */
+    float presence_penalty, frequency_penalty; /* OpenAI's, -2..2; 0 = off */
+    float repeat_penalty;  /* llama.cpp extension; 1 = off */
+    int repeat_last_n;     /* llama.cpp extension: tokens the penalties look back (default 64; 0 = all) */
+    int32_t *bias_ids;     /* logit_bias: token ids and their biases (-100..100) */
+    float *bias;
+    int n_bias;
     int seed_given;
     uint64_t seed;
     int ignore_eos;        /* llama.cpp extension */

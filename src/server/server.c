@@ -514,7 +514,10 @@ static enum MHD_Result handle_generate(server *srv, struct MHD_Connection *c, re
     sp.top_p = p.top_p;
     sp.top_k = p.top_k;
     sp.min_p = p.min_p;
-    sp.repeat_penalty = 1.0f;
+    sp.repeat_penalty = p.repeat_penalty;
+    sp.repeat_last_n = p.repeat_last_n;
+    sp.presence_penalty = p.presence_penalty;
+    sp.frequency_penalty = p.frequency_penalty;
     sp.seed = p.seed_given ? p.seed : ((uint64_t)time(NULL) << 20) ^ (atomic_fetch_add(&srv->next_id, 1) * 0x9E3779B97F4A7C15ull);
     int stream_mode = p.stream;
     job *j = job_new(&p, ids, n_prompt);
@@ -529,6 +532,12 @@ static enum MHD_Result handle_generate(server *srv, struct MHD_Connection *c, re
     if (ellm_sampler_init(&sp, info.n_vocab, &j->sampler, &err) != ELLM_OK) {
         sched_release(srv->sched, j);
         return fail(srv, c, 400, "invalid_request_error", "invalid_value", err.msg, REQ_STATUS_REJECTED);
+    }
+    if (ellm_sampler_set_logit_bias(j->sampler, j->p.bias_ids, j->p.bias, j->p.n_bias, &err) != ELLM_OK) {
+        sched_release(srv->sched, j);
+        req_fail(&e, err.status == ELLM_ERR_NOMEM ? 500 : 400, "invalid_request_error", "invalid_value", "logit_bias", "%s",
+                 err.msg);
+        return send_error(srv, c, &e, REQ_STATUS_REJECTED);
     }
     submit_result r = sched_submit(srv->sched, j, &err);
     if (r != SUBMIT_OK) {

@@ -50,8 +50,8 @@ async function startServer(extra, bin = BIN, args = ['serve', '-m', MODEL, '--po
 }
 
 // `ellm run` greedy output for the same prompt (the reference).
-function runGreedy(prompt, n, chat) {
-  const args = ['run', '-m', MODEL, '-p', prompt, '-n', String(n), '--temp', '0', '-t', THREADS, '--no-display-prompt'];
+function runGreedy(prompt, n, chat, extra = []) {
+  const args = ['run', '-m', MODEL, '-p', prompt, '-n', String(n), '--temp', '0', '-t', THREADS, '--no-display-prompt', ...extra];
   if (chat) args.push('--chat-template', 'chatml');
   const out = execFileSync(BIN, args, { encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore'], timeout: 30000 });
   return out.endsWith('\n') ? out.slice(0, -1) : out; // run ends its output with a newline
@@ -478,6 +478,48 @@ async function logprobsChecks(client, base) {
   }
 }
 
+// presence / frequency / repeat penalties equal `ellm run`'s; logit_bias
+// bans and forces tokens; what is refused.
+async function samplingChecks(client, base) {
+  const prompt = PROMPTS[6], n = 48;
+  const plain = runGreedy(prompt, n, false);
+  const flags = ['--presence-penalty', '0.6', '--frequency-penalty', '0.4', '--repeat-penalty', '1.1', '--repeat-last-n', '32'];
+  const ref = runGreedy(prompt, n, false, flags);
+  const got = await client.completions.create({ model: 'x', prompt, max_tokens: n, temperature: 0, presence_penalty: 0.6,
+    frequency_penalty: 0.4, repeat_penalty: 1.1, repeat_last_n: 32 });
+  check(ref !== plain, `the penalties change ellm run's greedy text (${JSON.stringify(ref.slice(0, 40))})`);
+  check(got.choices[0].text === ref, `penalized greedy text equals ellm run ${flags.join(' ')}: ${JSON.stringify(got.choices[0].text.slice(0, 60))} vs ${JSON.stringify(ref.slice(0, 60))}`);
+
+  // ban the greedy first token: the logprobs (the model's own distribution)
+  // still show it on top, the chosen token is another
+  const first = await client.completions.create({ model: 'x', prompt, max_tokens: 1, temperature: 0, logprobs: 1 });
+  const tokId = async (text) => (await rawPost(base, '/tokenize', JSON.stringify({ content: text, add_special: false }))).json.tokens;
+  const firstText = first.choices[0].logprobs.tokens[0];
+  const ids = await tokId(firstText);
+  check(ids.length === 1, `the first token's text is one token (${JSON.stringify(firstText)} -> ${JSON.stringify(ids)})`);
+  const banned = await client.completions.create({ model: 'x', prompt, max_tokens: 4, temperature: 0, logprobs: 1,
+    logit_bias: { [String(ids[0])]: -100 } });
+  const bl = banned.choices[0].logprobs;
+  check(bl.tokens[0] !== firstText && Object.keys(bl.top_logprobs[0])[0] === firstText,
+        `logit_bias -100 bans the greedy token (${JSON.stringify(bl.tokens[0])} instead of ${JSON.stringify(firstText)}, still the model's top)`);
+  const forced = await client.completions.create({ model: 'x', prompt, max_tokens: 3, temperature: 0.7, seed: 3,
+    logit_bias: { [String(ids[0])]: 100 } });
+  check(forced.choices[0].text === firstText.repeat(3), `logit_bias +100 forces a token, sampling too: ${JSON.stringify(forced.choices[0].text)}`);
+
+  for (const [body, param] of [
+    [{ prompt, logit_bias: { '999999': 1 } }, 'logit_bias'],
+    [{ prompt, logit_bias: { '1': 200 } }, 'logit_bias'],
+    [{ prompt, frequency_penalty: 3 }, 'frequency_penalty'],
+    [{ prompt, response_format: { type: 'json_object' } }, 'response_format'],
+    [{ messages: [{ role: 'user', content: 'x' }], tools: [{ type: 'function', function: { name: 'f', parameters: {} } }] }, 'tools'],
+  ]) {
+    const path = body.messages ? '/v1/chat/completions' : '/v1/completions';
+    const bad = await rawPost(base, path, JSON.stringify({ max_tokens: 2, ...body }));
+    check(bad.status === 400 && isOpenAIError(bad.json) && bad.json.error.param === param,
+          `${path} ${JSON.stringify(body).slice(0, 80)}: 400 naming '${param}' (${bad.status} ${JSON.stringify(bad.json)})`);
+  }
+}
+
 async function main() {
   await seedServer();
   await specServer();
@@ -531,6 +573,9 @@ async function main() {
 
     stage = 'logprobs';
     await logprobsChecks(client, base);
+
+    stage = 'penalties and logit_bias';
+    await samplingChecks(client, base);
 
     stage = 'stop strings';
     // stop strings end the text before the stop string

@@ -1,8 +1,9 @@
-/* The server's log-probabilities: logprobs_compute against a plain
- * reference (log-softmax in double, a full sort), the request fields that ask
- * for them, and the JSON shapes of chat and completions responses. The
- * end-to-end checks (against llama.cpp's logits, streamed against whole) are
- * in tests/server/server.test.mjs. */
+/* The server's API below HTTP: log-probabilities (logprobs_compute against a
+ * plain reference: log-softmax in double, a full sort), the request fields
+ * (logprobs, echo, penalties, logit_bias, what is refused) and the JSON shapes
+ * of chat and completions responses. The end-to-end checks (against
+ * llama.cpp's logits, against `ellm run`, streamed against whole) are in
+ * tests/server/server.test.mjs. */
 #include "harness.h"
 #include "server/logprobs.h"
 #include "server/request.h"
@@ -122,6 +123,52 @@ static void test_request(void) {
     req_params_free(&p);
 }
 
+static void test_sampling_fields(void) {
+    req_params p;
+    req_error e;
+    CHECK(parse(REQ_COMPLETION, "{\"prompt\":\"x\"}", &p, &e) && p.presence_penalty == 0 && p.frequency_penalty == 0 &&
+              p.repeat_penalty == 1.0f && p.repeat_last_n == 64 && p.n_bias == 0,
+          "defaults: penalties off, repeat_last_n 64, no biases");
+    req_params_free(&p);
+    CHECK(parse(REQ_COMPLETION,
+                "{\"prompt\":\"x\",\"presence_penalty\":0.5,\"frequency_penalty\":-1.5,\"repeat_penalty\":1.2,"
+                "\"repeat_last_n\":-1,\"logit_bias\":{\"15\":-100,\"7\":2.5},\"response_format\":{\"type\":\"text\"},"
+                "\"tools\":[]}",
+                &p, &e) &&
+              p.presence_penalty == 0.5f && p.frequency_penalty == -1.5f && p.repeat_penalty == 1.2f &&
+              p.repeat_last_n == 0 && p.n_bias == 2 && p.bias_ids[0] == 15 && p.bias[0] == -100.0f && p.bias_ids[1] == 7 &&
+              p.bias[1] == 2.5f,
+          "penalties, repeat_last_n -1 (all), logit_bias, text response_format, no tools: %s", e.message);
+    req_params_free(&p);
+    const struct {
+        const char *fields, *param;
+    } bad[] = {
+        {"\"presence_penalty\":2.5", "presence_penalty"},
+        {"\"frequency_penalty\":\"1\"", "frequency_penalty"},
+        {"\"repeat_penalty\":0", "repeat_penalty"},
+        {"\"repeat_last_n\":-2", "repeat_last_n"},
+        {"\"logit_bias\":[[1,2]]", "logit_bias"},
+        {"\"logit_bias\":{\"abc\":1}", "logit_bias"},
+        {"\"logit_bias\":{\"-1\":1}", "logit_bias"},
+        {"\"logit_bias\":{\"12x\":1}", "logit_bias"},
+        {"\"logit_bias\":{\"99999999999\":1}", "logit_bias"},
+        {"\"logit_bias\":{\"3\":101}", "logit_bias"},
+        {"\"logit_bias\":{\"3\":\"1\"}", "logit_bias"},
+        {"\"response_format\":{\"type\":\"json_object\"}", "response_format"},
+        {"\"response_format\":\"json\"", "response_format"},
+        {"\"tools\":[{\"type\":\"function\"}]", "tools"},
+        {"\"functions\":[{\"name\":\"f\"}]", "functions"},
+    };
+    char b[256];
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        snprintf(b, sizeof b, "{\"prompt\":\"x\",%s}", bad[i].fields);
+        int ok = parse(REQ_COMPLETION, b, &p, &e);
+        CHECK(!ok && e.http_status == 400 && e.param && !strcmp(e.param, bad[i].param), "%s: 400 naming %s (%s)", b,
+              bad[i].param, ok ? "accepted" : e.message);
+        if (ok) req_params_free(&p);
+    }
+}
+
 /* A token of tok whose bytes alone are not UTF-8 (a byte token), or -1. */
 static int32_t partial_token(const ellm_tokenizer *tok) {
     for (int32_t i = 0; i < ellm_tokenizer_n_vocab(tok); i++) {
@@ -203,6 +250,7 @@ static void test_json(void) {
 int main(void) {
     test_compute();
     test_request();
+    test_sampling_fields();
     test_json();
     return test_finish();
 }
