@@ -756,6 +756,31 @@ static void test_matmul_isa_agree(void) {
 static const int64_t k_lens[] = {1, 7, 8, 15, 16, 17, 31, 33, 64, 100, 1023, 4096};
 enum { N_LENS = sizeof k_lens / sizeof k_lens[0] };
 
+/* logsumexp over vocabulary-sized rows (several float runs summed in
+ * double), a row with -inf entries, and rows with nothing finite but one or
+ * none. */
+static void test_logsumexp_vocab(ellm_isa isa) {
+    const char *in = ellm_isa_str(isa);
+    const int64_t lens[] = {49152 + 5, 151936};
+    for (size_t li = 0; li < sizeof lens / sizeof *lens; li++) {
+        const int64_t n = lens[li];
+        float *x = xmalloc((size_t)n * sizeof *x);
+        fill_gauss(x, n, 4.0f);
+        for (int64_t i = 0; i < n; i += 7) x[i] = -INFINITY;
+        double mx = -INFINITY, sum = 0;
+        for (int64_t i = 0; i < n; i++) mx = x[i] > mx ? x[i] : mx;
+        for (int64_t i = 0; i < n; i++) sum += exp((double)x[i] - mx);
+        const double exact = mx + log(sum), got = kern_logsumexp(x, n);
+        CHECK(fabs(got - exact) <= 2e-6 * fabs(exact), "[%s] logsumexp n=%lld: %.9g, exact %.9g", in, (long long)n, got,
+              exact);
+        for (int64_t i = 0; i < n; i++) x[i] = -INFINITY;
+        CHECK(kern_logsumexp(x, n) == -INFINITY, "[%s] logsumexp of nothing finite: -inf", in);
+        x[n / 3] = 2.5f;
+        CHECK(kern_logsumexp(x, n) == 2.5, "[%s] logsumexp of one finite value: that value", in);
+        free(x);
+    }
+}
+
 static void test_rowwise(ellm_isa isa) {
     const char *in = ellm_isa_str(isa);
     for (int li = 0; li < N_LENS; li++) {
@@ -803,6 +828,18 @@ static void test_rowwise(ellm_isa isa) {
             sum += b[i];
         }
         CHECK(ok && fabs(sum - 1.0) < 1e-5, "[%s] softmax n=%lld (sum %g)", in, (long long)n, sum);
+
+        /* logsumexp of the same values (x unchanged), against the reference
+         * and against double precision throughout */
+        double exact_max = -INFINITY, exact = 0;
+        for (int64_t i = 0; i < n; i++) exact_max = x[i] > exact_max ? x[i] : exact_max;
+        for (int64_t i = 0; i < n; i++) exact += exp((double)x[i] - exact_max);
+        exact = exact_max + log(exact);
+        memcpy(a, x, bytes);
+        const double lr = kern_logsumexp_ref(x, n), lk = kern_logsumexp(x, n);
+        CHECK(fabs(lk - lr) <= 1e-6 * fmax(1.0, fabs(lr)) && fabs(lk - exact) <= 1e-5 * fmax(1.0, fabs(exact)) &&
+                  !memcmp(a, x, bytes),
+              "[%s] logsumexp n=%lld: %.9g, reference %.9g, exact %.9g", in, (long long)n, lk, lr, exact);
 
         /* add: exact */
         memcpy(a, w, bytes);
@@ -910,6 +947,7 @@ int main(void) {
         test_matmul_int4_bits((ellm_isa)isa);
         test_matmul_batch_invariance((ellm_isa)isa);
         test_rowwise((ellm_isa)isa);
+        test_logsumexp_vocab((ellm_isa)isa);
     }
     ellm_cpu_set_isa(saved);
     test_matmul_isa_agree();

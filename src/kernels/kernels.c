@@ -326,6 +326,16 @@ void kern_softmax_ref(float *x, int64_t n) {
     for (int64_t i = 0; i < n; i++) x[i] *= inv;
 }
 
+/* Defines kern_logsumexp. */
+double kern_logsumexp_ref(const float *x, int64_t n) {
+    float max = x[0];
+    for (int64_t i = 1; i < n; i++) max = fmaxf(max, x[i]);
+    if (max == -INFINITY) return -INFINITY;
+    double sum = 0;
+    for (int64_t i = 0; i < n; i++) sum += expf(x[i] - max);
+    return (double)max + log(sum);
+}
+
 /* Defines kern_add. */
 void kern_add_ref(float *y, const float *x, int64_t n) {
     for (int64_t i = 0; i < n; i++) y[i] += x[i];
@@ -411,6 +421,7 @@ const kern_table kern_table_scalar = {
     .rope = kern_rope_ref,
     .swiglu = kern_swiglu_ref,
     .softmax = kern_softmax_ref,
+    .logsumexp = kern_logsumexp_ref,
     .add = kern_add_ref,
     .dot_f32 = kern_dot_f32_ref,
     .f32_to_f16 = kern_f32_to_f16_ref,
@@ -546,6 +557,8 @@ void kern_swiglu(float *out, const float *gate, const float *up, int64_t n) {
 }
 
 void kern_softmax(float *x, int64_t n) { KERN_PICK(softmax)(x, n); }
+
+double kern_logsumexp(const float *x, int64_t n) { return KERN_PICK(logsumexp)(x, n); }
 
 void kern_add(float *y, const float *x, int64_t n) { KERN_PICK(add)(y, x, n); }
 

@@ -66,6 +66,12 @@ void kern_swiglu_ref(float *out, const float *gate, const float *up, int64_t n);
 void kern_softmax(float *x, int64_t n);
 void kern_softmax_ref(float *x, int64_t n);
 
+/* log(sum exp(x[i])) of n >= 1 floats, x unchanged: the max plus the log of
+ * the max-subtracted exponentials' sum (accumulated in double); -inf when
+ * every x[i] is -inf. */
+double kern_logsumexp(const float *x, int64_t n);
+double kern_logsumexp_ref(const float *x, int64_t n);
+
 /* y[i] += x[i] */
 void kern_add(float *y, const float *x, int64_t n);
 void kern_add_ref(float *y, const float *x, int64_t n);

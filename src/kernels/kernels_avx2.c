@@ -587,6 +587,30 @@ static void swiglu_avx2(float *out, const float *gate, const float *up, int64_t 
     for (; i < n; i++) out[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
 }
 
+/* As logsumexp_avx512: 8 lanes, float sums over runs of at most 128 vectors, then double. */
+static double logsumexp_avx2(const float *x, int64_t n) {
+    int64_t i = 0;
+    __m256 mv = _mm256_set1_ps(-INFINITY);
+    for (; i + 8 <= n; i += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(x + i));
+    float max = hmax_ps(mv);
+    for (; i < n; i++) max = fmaxf(max, x[i]);
+    if (max == -INFINITY) return -INFINITY;
+    const __m256 mb = _mm256_set1_ps(max);
+    __m256d d0 = _mm256_setzero_pd(), d1 = _mm256_setzero_pd();
+    for (i = 0; i + 8 <= n;) {
+        __m256 sv = _mm256_setzero_ps();
+        for (int64_t end = i + 1024 < n ? i + 1024 : n; i + 8 <= end; i += 8)
+            sv = _mm256_add_ps(sv, exp_ps(_mm256_sub_ps(_mm256_loadu_ps(x + i), mb)));
+        d0 = _mm256_add_pd(d0, _mm256_cvtps_pd(_mm256_castps256_ps128(sv)));
+        d1 = _mm256_add_pd(d1, _mm256_cvtps_pd(_mm256_extractf128_ps(sv, 1)));
+    }
+    double sum[4];
+    _mm256_storeu_pd(sum, _mm256_add_pd(d0, d1));
+    double total = sum[0] + sum[1] + sum[2] + sum[3];
+    for (; i < n; i++) total += expf(x[i] - max);
+    return (double)max + log(total);
+}
+
 static void softmax_avx2(float *x, int64_t n) {
     if (n <= 0) return;
     int64_t i = 0;
@@ -672,6 +696,7 @@ const kern_table kern_table_avx2 = {
     .rope = rope_avx2,
     .swiglu = swiglu_avx2,
     .softmax = softmax_avx2,
+    .logsumexp = logsumexp_avx2,
     .add = add_avx2,
     .dot_f32 = dot_f32_avx2,
     .f32_to_f16 = f32_to_f16_avx2,

@@ -778,6 +778,31 @@ static void softmax_avx512(float *x, int64_t n) {
     }
 }
 
+/* exp512 of 16 lanes at a time, summed in float over runs of at most 64
+ * vectors and then in double, so the sum of a vocabulary's 50-150K terms
+ * keeps the reference's precision. */
+static double logsumexp_avx512(const float *x, int64_t n) {
+    __m512 mv = _mm512_set1_ps(-INFINITY);
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 m = n - i >= 16 ? 0xFFFF : tail16(n - i);
+        mv = _mm512_mask_max_ps(mv, m, mv, _mm512_maskz_loadu_ps(m, x + i));
+    }
+    const float max = _mm512_reduce_max_ps(mv);
+    if (max == -INFINITY) return -INFINITY;
+    const __m512 mb = _mm512_set1_ps(max);
+    __m512d d0 = _mm512_setzero_pd(), d1 = _mm512_setzero_pd();
+    for (int64_t i = 0; i < n;) {
+        __m512 sv = _mm512_setzero_ps();
+        for (int64_t end = i + 1024 < n ? i + 1024 : n; i < end; i += 16) {
+            __mmask16 m = n - i >= 16 ? 0xFFFF : tail16(n - i);
+            sv = _mm512_add_ps(sv, _mm512_maskz_mov_ps(m, exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), mb))));
+        }
+        d0 = _mm512_add_pd(d0, _mm512_cvtps_pd(_mm512_castps512_ps256(sv)));
+        d1 = _mm512_add_pd(d1, _mm512_cvtps_pd(_mm512_extractf32x8_ps(sv, 1)));
+    }
+    return (double)max + log(_mm512_reduce_add_pd(_mm512_add_pd(d0, d1)));
+}
+
 static void add_avx512(float *y, const float *x, int64_t n) {
     for (int64_t i = 0; i < n; i += 16) {
         __mmask16 m = n - i >= 16 ? 0xFFFF : tail16(n - i);
@@ -853,6 +878,7 @@ const kern_table kern_table_avx512 = {
     .rope = rope_avx512,
     .swiglu = swiglu_avx512,
     .softmax = softmax_avx512,
+    .logsumexp = logsumexp_avx512,
     .add = add_avx512,
     .dot_f32 = dot_f32_avx512,
     .f32_to_f16 = f32_to_f16_avx512,

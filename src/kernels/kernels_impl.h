@@ -202,6 +202,7 @@ typedef struct {
     void (*rope)(float *x, int n_heads, int head_dim, int n_rot, const float *cos_sin, int neox);
     void (*swiglu)(float *out, const float *gate, const float *up, int64_t n);
     void (*softmax)(float *x, int64_t n);
+    double (*logsumexp)(const float *x, int64_t n);
     void (*add)(float *y, const float *x, int64_t n);
     float (*dot_f32)(const float *a, const float *b, int64_t n);
     void (*f32_to_f16)(const float *src, uint16_t *dst, int64_t n);

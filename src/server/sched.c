@@ -18,9 +18,11 @@
 #define STEP_PREFILL_RATIO 2.5
 /* ...but at least this many prompt rows, so a prompt always moves on. */
 #define STEP_PREFILL_MIN_ROWS 16
-/* Prompt rows per pass of a job that scores its prompt (echo with logprobs):
- * each row's logits are kept (ECHO_ROWS x n_vocab floats). */
-#define ECHO_ROWS 32
+/* Bytes of logits a job that scores its prompt (echo with logprobs) keeps:
+ * the rows of its prefill pass, at most the server's prefill chunk (on a
+ * 2-vCPU machine, SmolLM2-135M: 32 rows per pass scored at 0.65-0.8 of the
+ * plain prefill's tokens/s, 128 rows at 0.8-0.9; bench/run_scoring.mjs). */
+#define SCORE_ROWS_BYTES ((size_t)32 << 20)
 
 /* Tokens one step can give a job: a speculative step's draft_max (<= 31)
  * drafts, its first token and one drawn on a rejection. */
@@ -54,6 +56,7 @@ struct sched {
     slot *slots;
     int n_ctx;
     int n_vocab;           /* floats in a row of logits */
+    int score_rows;        /* prompt rows per pass of a job that scores its prompt (SCORE_ROWS_BYTES) */
     double bw_gbps;        /* read bandwidth measured at start */
     uint64_t weight_bytes; /* weight bytes one pass reads */
     size_t kv_bytes_per_token;
@@ -180,6 +183,8 @@ ellm_status sched_init(ellm_model *model, const sched_params *params, server_met
     s->metrics = metrics;
     s->n_ctx = p.n_ctx > 0 ? p.n_ctx : info.n_ctx_train;
     s->n_vocab = info.n_vocab;
+    const size_t fit = SCORE_ROWS_BYTES / ((size_t)info.n_vocab * sizeof(float));
+    s->score_rows = fit < 16 ? 16 : fit > (size_t)p.chunk ? p.chunk : (int)fit;
     /* One pool of KV pages for all slots (F16 K and V): --kv-cache-gb, else
      * every slot's full context, capped at 80% of the memory available now.
      * A sequence takes pages as it grows; a request is limited to what the
@@ -578,7 +583,9 @@ static void admit(sched *s) {
             best_lcp = common_prefix(s->slots[best].tokens, s->slots[best].n_tokens, j->prompt, j->n_prompt);
         }
         if (scores_prompt(j) && !j->prompt_rows) {
-            j->prompt_rows = malloc((size_t)ECHO_ROWS * (size_t)s->n_vocab * sizeof *j->prompt_rows);
+            /* a pass feeds it at most score_rows rows, and never more than the prompt */
+            const int rows = j->n_prompt < s->score_rows ? j->n_prompt : s->score_rows;
+            j->prompt_rows = malloc((size_t)rows * (size_t)s->n_vocab * sizeof *j->prompt_rows);
             j->prompt_lps = calloc((size_t)j->n_prompt, sizeof *j->prompt_lps);
             if (!j->prompt_rows || !j->prompt_lps) {
                 s->queue_head = j->next;
@@ -893,7 +900,7 @@ static void *engine_main(void *arg) {
             }
             if (!pick) break;
             int c = pick->n_prompt - pick->n_fed < prompt_rows ? pick->n_prompt - pick->n_fed : prompt_rows;
-            if (scores_prompt(pick) && c > ECHO_ROWS) c = ECHO_ROWS;
+            if (scores_prompt(pick) && c > s->score_rows) c = s->score_rows;
             prompt_rows -= c;
             s->step_ctx[ns] = s->slots[pick->slot].ctx;
             s->step_tok[ns] = pick->prompt + pick->n_fed;
