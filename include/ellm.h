@@ -567,6 +567,15 @@ void ellm_spec_cancel_step(ellm_spec *spec);
 /* Forgets a token the last step returned but left unfed (see above): the
  * context is about to hold another sequence (a server slot's next request). */
 void ellm_spec_reset(ellm_spec *spec);
+/* With `on`, each step keeps the logits it draws its tokens from, so that
+ * ellm_spec_token_logits can give them (for log-probabilities); costs a copy
+ * of one row of logits per step. */
+ellm_status ellm_spec_keep_logits(ellm_spec *spec, int on, ellm_error *err);
+/* The target's logits (n_vocab floats) token i of the last step's out was
+ * drawn from (accepted drafts: the verify row before them; a token drawn on
+ * a rejection: that row), i < the step's *n_out; valid until the next step;
+ * NULL without ellm_spec_keep_logits. */
+const float *ellm_spec_token_logits(const ellm_spec *spec, int i);
 /* Feeds a token the last step returned but left out of the context (see above). */
 ellm_status ellm_spec_sync(ellm_spec *spec, ellm_error *err);
 void ellm_spec_get_stats(const ellm_spec *spec, ellm_spec_stats *stats);

@@ -25,6 +25,19 @@ static int g_vocab;
 static const char *g_draft_map; /* generate(): the draft map of shallow drafters, or NULL */
 static int g_adapt;             /* generate(): adaptive draft length */
 static double g_draft_scale = 1; /* generate(): spec_set_draft_cost_scale */
+/* generate(), when not NULL: for each token, the sum of the logits row it
+ * was drawn from and its own logit there (speculative steps: the rows
+ * ellm_spec_token_logits gives) */
+static double *g_row_sum;
+static float *g_tok_logit;
+
+static void note_row(int k, const float *row, int32_t tok) {
+    if (!g_row_sum) return;
+    double sum = 0;
+    for (int i = 0; row && i < g_vocab; i++) sum += row[i];
+    g_row_sum[k] = row ? sum : NAN;
+    g_tok_logit[k] = row ? row[tok] : NAN;
+}
 static char g_dir[256]; /* a temporary folder holding a copy of the model (its draft caches land beside it) */
 
 static int write_file(const char *path, const void *data, size_t n) {
@@ -140,6 +153,7 @@ static int generate(const int32_t *prompt, int n_prompt, int n_gen, int topk, co
         ellm_status st = ellm_spec_init(ctx, &p, &spec, &err);
         CHECK(st == ELLM_OK, "spec init %s: %s", drafters, err.msg);
         if (st != ELLM_OK) goto out;
+        if (g_row_sum) CHECK(ellm_spec_keep_logits(spec, 1, &err) == ELLM_OK, "keep logits: %s", err.msg);
         spec_set_draft_cost_scale(spec, g_draft_scale);
     }
     CHECK(ellm_decode(ctx, prompt, n_prompt, NULL, &err) == ELLM_OK, "prefill: %s", err.msg);
@@ -151,8 +165,10 @@ static int generate(const int32_t *prompt, int n_prompt, int n_gen, int topk, co
                 CHECK(0, "spec step: %s", err.msg);
                 break;
             }
+            for (int i = 0; i < nt && got + i < n_gen; i++) note_row(got + i, ellm_spec_token_logits(spec, i), t[i]);
         } else {
             t[0] = ellm_sampler_sample(smp, ellm_context_logits(ctx), hist, n_prompt + got);
+            note_row(got, ellm_context_logits(ctx), t[0]);
             if (got + 1 < n_gen) ellm_decode(ctx, t, 1, NULL, &err);
         }
         for (int i = 0; i < nt && got < n_gen; i++) hist[n_prompt + got] = out[got] = t[i], got++;
@@ -170,8 +186,19 @@ static void test_greedy_streams(const int32_t *prompt, int n_prompt, const char 
     const int n_gen = 1000;
     int32_t *ref = malloc(n_gen * sizeof *ref), *got = malloc(n_gen * sizeof *got),
             *ref_sparse = malloc(n_gen * sizeof *ref);
-    generate(prompt, n_prompt, n_gen, -1, NULL, 0, ref, NULL);
-    generate(prompt, n_prompt, n_gen, 128, NULL, 0, ref_sparse, NULL);
+    /* the logits rows each token came from (ellm_spec_token_logits for the
+     * speculative runs): the same as plain decoding's, bit for bit */
+    double *sum_ref[2], *sum_got = malloc(n_gen * sizeof *sum_got);
+    float *tok_ref[2], *tok_got = malloc(n_gen * sizeof *tok_got);
+    for (int v = 0; v < 2; v++) {
+        sum_ref[v] = malloc(n_gen * sizeof **sum_ref);
+        tok_ref[v] = malloc(n_gen * sizeof **tok_ref);
+        g_row_sum = sum_ref[v];
+        g_tok_logit = tok_ref[v];
+        generate(prompt, n_prompt, n_gen, v ? 128 : -1, NULL, 0, v ? ref_sparse : ref, NULL);
+    }
+    g_row_sum = sum_got;
+    g_tok_logit = tok_got;
     static const struct {
         const char *drafters;
         int topk, verify_sparse;
@@ -204,12 +231,27 @@ static void test_greedy_streams(const int32_t *prompt, int n_prompt, const char 
         while (same < n_gen && got[same] == want[same]) same++;
         CHECK(n == n_gen && same == n_gen, "--spec %s (verify %s): stream differs from plain decoding at token %d",
               cases[c].drafters, cases[c].verify_sparse ? "sparse" : "dense", same);
+        const int v = cases[c].verify_sparse;
+        int rows_same = 0;
+        while (rows_same < n_gen && !memcmp(&sum_got[rows_same], &sum_ref[v][rows_same], sizeof *sum_got) &&
+               !memcmp(&tok_got[rows_same], &tok_ref[v][rows_same], sizeof *tok_got))
+            rows_same++;
+        CHECK(rows_same == n_gen, "--spec %s: the logits of token %d (ellm_spec_token_logits) differ from plain decoding's",
+              cases[c].drafters, rows_same);
         CHECK(st.verify_passes > 0 && st.verify_passes < n_gen, "%s: %lld verify passes for %d tokens",
               cases[c].drafters, (long long)st.verify_passes, n_gen);
         printf("spec %-22s verify %-6s: %d tokens identical, acceptance %.3f, %.2f tokens per verify\n",
                cases[c].drafters, cases[c].verify_sparse ? "sparse" : "dense", same, st.acceptance_rate,
                st.tokens_per_verify);
     }
+    g_row_sum = NULL;
+    g_tok_logit = NULL;
+    for (int v = 0; v < 2; v++) {
+        free(sum_ref[v]);
+        free(tok_ref[v]);
+    }
+    free(sum_got);
+    free(tok_got);
     free(ref);
     free(got);
     free(ref_sparse);

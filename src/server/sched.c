@@ -43,7 +43,8 @@ typedef struct {
     int32_t step_out[STEP_TOKENS_MAX];
     int n_out, n_emit;
     size_t shows[STEP_TOKENS_MAX];
-    token_logprobs lp; /* a plain step's token, when its job asked for logprobs */
+    token_logprobs lp[STEP_TOKENS_MAX]; /* the step's tokens', when its job asked for logprobs */
+    int lp_ready;                       /* a speculative step's lp[] are set (not from the spec state) */
     const char *fin;
 } slot;
 
@@ -618,6 +619,13 @@ static void admit(sched *s) {
         memset(&j->dt, 0, sizeof j->dt);
         j->dt.n_emitted = 1; /* a continuation: keep the first piece's leading space, as `ellm run` does */
         s->n_running++;
+        /* a speculative slot keeps the logits of each step's tokens for logprobs */
+        ellm_error err = {0};
+        if (sl->spec && ellm_spec_keep_logits(sl->spec, j->p.logprobs, &err) != ELLM_OK) {
+            j->failed = 1;
+            snprintf(j->errmsg, sizeof j->errmsg, "%s", err.msg);
+            finish_job(s, j, NULL);
+        }
     }
 }
 
@@ -672,6 +680,14 @@ static size_t shown_after(job *j, const char *fin) {
     return j->gen_len;
 }
 
+/* With logprobs asked, *out for token tok drawn from logits (engine thread);
+ * an end-of-generation token that ends the job is marked as not shown. */
+static void token_lp(const sched *s, const job *j, const float *logits, int32_t tok, token_logprobs *out) {
+    if (!j->p.logprobs) return;
+    logprobs_compute(logits, s->n_vocab, tok, j->p.top_logprobs, out);
+    if (ellm_token_is_eog(s->model, tok) && !j->p.ignore_eos) out->chosen.id = -1;
+}
+
 /* Handles the token sampled for job j after a pass (engine thread, no lock).
  * Returns the finish reason, or NULL to continue. */
 static const char *on_token(sched *s, job *j, slot *sl, int32_t tok) {
@@ -707,10 +723,13 @@ static int spec_draft_job(sched *s, job *j, slot *sl, const int32_t **feed, floa
     int n_feed = 0;
     sl->n_out = 0;
     if (ellm_context_pos(sl->ctx) >= s->n_ctx) { /* full: one last token from the logits, never fed */
-        sl->step_out[sl->n_out++] =
-            ellm_sampler_sample(j->sampler, ellm_context_logits(sl->ctx), sl->tokens, sl->n_hist);
+        const float *logits = ellm_context_logits(sl->ctx);
+        sl->step_out[sl->n_out++] = ellm_sampler_sample(j->sampler, logits, sl->tokens, sl->n_hist);
+        token_lp(s, j, logits, sl->step_out[0], &sl->lp[0]);
+        sl->lp_ready = 1;
         return 0;
     }
+    sl->lp_ready = 0;
     int left = j->p.max_tokens >= 0 ? j->p.max_tokens - j->n_gen : 1 << 30;
     if (ellm_spec_draft_step(sl->spec, j->sampler, sl->tokens, sl->n_hist, left > 0 ? left : 1, sl->step_out, &sl->n_out,
                              feed, &n_feed, rows, &err) != ELLM_OK) {
@@ -740,6 +759,7 @@ static const char *spec_finish_job(sched *s, job *j, slot *sl) {
     int i = 0;
     while (i < n_out && !fin) {
         sl->n_tokens = base + i; /* what the KV held when this token was drawn */
+        if (!sl->lp_ready) token_lp(s, j, ellm_spec_token_logits(sl->spec, i), sl->step_out[i], &sl->lp[i]);
         fin = on_token(s, j, sl, sl->step_out[i]);
         sl->shows[i] = shown_after(j, fin);
         i++;
@@ -958,13 +978,13 @@ static void *engine_main(void *arg) {
             sl->fin = NULL;
             sl->n_emit = 0;
             if (st != ELLM_OK) {
-                if (s->step_rows[k] && sl->spec) ellm_spec_cancel_step(sl->spec);
+                if (s->step_rows[k] && sl->spec && j->generating) ellm_spec_cancel_step(sl->spec);
                 j->failed = 1;
                 j->unavailable = sched_mpi_lost(s->mpi) != NULL; /* --mpi: a rank was lost (503) */
                 snprintf(j->errmsg, sizeof j->errmsg, "%s", err.msg);
                 continue;
             }
-            if (s->step_rows[k] && sl->spec) {
+            if (s->step_rows[k] && sl->spec && j->generating) {
                 /* what the verify cost this sequence: its rows, and its share of reading the weights */
                 double ms = s->cost.row_s > 0 ? 1e3 * (s->cost.fixed_s / ns + s->cost.row_s * s->step_n[k])
                                               : 1e3 * (t1 - t0) * s->step_n[k] / rows;
@@ -1009,10 +1029,7 @@ static void *engine_main(void *arg) {
             int32_t tok = ellm_sampler_sample(j->sampler, logits, sl->tokens, sl->n_tokens);
             j->last = tok;
             sl->n_emit = 1;
-            if (j->p.logprobs) {
-                logprobs_compute(logits, s->n_vocab, tok, j->p.top_logprobs, &sl->lp);
-                if (ellm_token_is_eog(s->model, tok) && !j->p.ignore_eos) sl->lp.chosen.id = -1; /* ends it, not shown */
-            }
+            token_lp(s, j, logits, tok, &sl->lp[0]);
             sl->fin = on_token(s, j, sl, tok);
             sl->shows[0] = shown_after(j, sl->fin);
         }
@@ -1056,7 +1073,7 @@ static void *engine_main(void *arg) {
                 continue;
             }
             if (!sl->n_emit && !sl->fin) continue;
-            for (int t = 0; t < sl->n_emit; t++) publish_token(j, sl->shows[t], &sl->lp);
+            for (int t = 0; t < sl->n_emit; t++) publish_token(j, sl->shows[t], &sl->lp[t]);
             if (sl->fin) finish_job(s, j, sl->fin);
             else pthread_cond_broadcast(&j->cv);
         }

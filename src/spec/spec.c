@@ -52,6 +52,11 @@ struct ellm_spec {
     int v_pos, v_n_hist, v_n0, v_nd, v_k, v_k_asked, v_max;
     int32_t v_batch[SPEC_MAX_DRAFT + 1];
     double v_t0, v_t1, v_t2;
+    /* ellm_spec_keep_logits: the logits the last step drew its own first
+     * token from (n_vocab floats), kept while `rows` holds the others'. */
+    int keep_logits;
+    float *x_logits;
+    int last_n0;  /* tokens of the last step's out drawn from x_logits (0 or 1) */
 };
 
 #define SPEC_EMA 0.9          /* weight of the past in the running figures (about 10 passes) */
@@ -372,6 +377,7 @@ void ellm_spec_free(ellm_spec *s) {
     free(s->rows);
     free(s->probs);
     free(s->hist);
+    free(s->x_logits);
     free(s);
 }
 
@@ -380,6 +386,18 @@ void spec_set_accept_all(ellm_spec *s, int on) { s->accept_all = on; }
 void spec_set_draft_cost_scale(ellm_spec *s, double f) { s->draft_cost_scale = f; }
 
 void ellm_spec_reset(ellm_spec *s) { s->pending = -1; }
+
+ellm_status ellm_spec_keep_logits(ellm_spec *s, int on, ellm_error *err) {
+    if (on && !s->x_logits && !(s->x_logits = malloc((size_t)s->n_vocab * sizeof *s->x_logits)))
+        return ellm_fail(err, ELLM_ERR_NOMEM, "spec: out of memory");
+    s->keep_logits = on != 0;
+    return ELLM_OK;
+}
+
+const float *ellm_spec_token_logits(const ellm_spec *s, int i) {
+    if (!s->keep_logits || i < 0 || i > s->last_n0 + SPEC_MAX_DRAFT) return NULL;
+    return i < s->last_n0 ? s->x_logits : s->rows + (size_t)(i - s->last_n0) * s->n_vocab;
+}
 
 ellm_status ellm_spec_sync(ellm_spec *s, ellm_error *err) {
     if (s->pending < 0) return ELLM_OK;
@@ -518,7 +536,9 @@ ellm_status ellm_spec_draft_step(ellm_spec *s, ellm_sampler *smp, const int32_t 
     } else {
         x = ellm_sampler_sample(smp, logits, h, n_hist);
         out[n0++] = x;
+        if (s->keep_logits) memcpy(s->x_logits, logits, (size_t)s->n_vocab * sizeof *logits);
     }
+    s->last_n0 = n0;
     s->pending = -1;
     *n_out = n0;
     h[n_hist] = x;

@@ -169,9 +169,17 @@ async function specServer() {
     const refs = ps.map((p) => greedy(p, n));
     const alone = [];
     for (const p of ps) alone.push((await client.completions.create({ model: 'x', prompt: p, max_tokens: n, temperature: 0 })).choices[0].text);
-    const noLp = await rawPost(srv.base, '/v1/completions', JSON.stringify({ prompt: ps[0], max_tokens: 2, logprobs: 1 }));
-    check(noLp.status === 400 && isOpenAIError(noLp.json) && /--spec/.test(noLp.json.error.message),
-          `logprobs with --spec: 400 naming --spec (${noLp.status} ${JSON.stringify(noLp.json)})`);
+    // logprobs of speculative steps: compared with the plain server's in logprobsChecks
+    specLogprobs = (await client.completions.create({ model: 'x', prompt: PROMPTS[2], max_tokens: 12, temperature: 0, logprobs: 2 }))
+      .choices[0].logprobs;
+    const sampledLp = await client.completions.create({ model: 'x', prompt: ps[1], max_tokens: 40, temperature: 0.9, seed: 5, logprobs: 1 });
+    const sl = sampledLp.choices[0].logprobs;
+    check(sl.tokens.length === sampledLp.usage.completion_tokens - (sampledLp.choices[0].finish_reason === 'stop' ? 1 : 0) &&
+          sl.token_logprobs.every((v) => v <= 0) && sl.tokens.join('') === sampledLp.choices[0].text,
+          `--spec, sampling: one log-probability per shown token (${sl.tokens.length} for ${sampledLp.usage.completion_tokens})`);
+    const noEcho = await rawPost(srv.base, '/v1/completions', JSON.stringify({ prompt: ps[0], max_tokens: 2, logprobs: 1, echo: true }));
+    check(noEcho.status === 400 && isOpenAIError(noEcho.json) && /--spec/.test(noEcho.json.error.message),
+          `echo with logprobs on --spec: 400 naming --spec (${noEcho.status} ${JSON.stringify(noEcho.json)})`);
     const m0 = await metrics(srv.base);
     const together = await Promise.all(ps.map((p) => streamText(client, 'completion', { model: 'x', prompt: p, max_tokens: n, temperature: 0 })));
     const m1 = await metrics(srv.base);
@@ -365,6 +373,7 @@ async function poolServer() {
 // log_softmax of row `row` of the evaluation model's reference logits
 // (llama.cpp's, tests/data/evalmodel.logits.f32: 96 rows of n_vocab floats).
 let refLogits = null;
+let specLogprobs = null; // the --spec server's logprobs of PROMPTS[2] (specServer)
 function refLogSoftmax(row, nVocab) {
   refLogits ||= fs.readFileSync('tests/data/evalmodel.logits.f32');
   const buf = refLogits;
@@ -419,6 +428,8 @@ async function logprobsChecks(client, base) {
     if (l) for (const f of Object.keys(sl)) sl[f].push(...l[f]);
   }
   check(JSON.stringify(sl) === JSON.stringify(cl), 'streamed completion logprobs equal the whole response\'s');
+  check(specLogprobs && JSON.stringify(specLogprobs) === JSON.stringify(cl),
+        `--spec ngram+quant:q4_0: the same log-probabilities as plain decoding, bit for bit (${JSON.stringify(specLogprobs && specLogprobs.token_logprobs.slice(0, 3))})`);
 
   // echo: the prompt scored, as lm-evaluation-harness asks (token ids, max_tokens 0, echo)
   const scored = await client.completions.create({ model: 'x', prompt: ids.slice(0, 64), max_tokens: 0, echo: true, logprobs: 1 });
