@@ -67,6 +67,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     REQUIRE(p.top_logprobs >= 0 && p.top_logprobs <= REQ_MAX_TOP_LOGPROBS && (p.logprobs || !p.top_logprobs));
     REQUIRE((p.max_tokens != 0 || p.echo) && (!p.echo || (kind == REQ_COMPLETION && !p.stream)));
+    REQUIRE(p.n_choices >= 1 && p.n_choices <= REQ_MAX_CHOICES && (p.n_choices == 1 || !p.stream));
+    {
+        req_params q; /* a deep copy frees apart from the original (ASan) */
+        if (req_params_copy(&q, &p)) req_params_free(&q);
+    }
     REQUIRE(p.presence_penalty >= -2 && p.presence_penalty <= 2 && p.frequency_penalty >= -2 && p.frequency_penalty <= 2 &&
             p.repeat_penalty > 0 && p.repeat_last_n >= 0 && p.n_bias >= 0 && p.n_bias <= REQ_MAX_LOGIT_BIAS);
     for (int i = 0; i < p.n_bias; i++) REQUIRE(p.bias_ids[i] >= 0 && p.bias[i] >= -100 && p.bias[i] <= 100);

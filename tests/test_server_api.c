@@ -123,6 +123,33 @@ static void test_request(void) {
     req_params_free(&p);
 }
 
+/* "n" choices, and req_params_copy: a deep copy each choice's job owns. */
+static void test_choices(void) {
+    req_params p, q;
+    req_error e;
+    CHECK(parse(REQ_COMPLETION, "{\"prompt\":\"x\"}", &p, &e) && p.n_choices == 1, "n defaults to 1");
+    req_params_free(&p);
+    CHECK(!parse(REQ_COMPLETION, "{\"prompt\":\"x\",\"n\":17}", &p, &e) && !strcmp(e.param, "n"), "n 17: 400 naming n");
+    CHECK(!parse(REQ_COMPLETION, "{\"prompt\":\"x\",\"n\":2,\"stream\":true}", &p, &e) && !strcmp(e.param, "n"),
+          "n 2 streamed: 400 naming n");
+    const char *chat = "{\"messages\":[{\"role\":\"system\",\"content\":\"be brief\"},{\"role\":\"user\",\"content\":"
+                       "\"hi\"}],\"n\":4,\"stop\":[\"ab\",\"cd\"],\"logit_bias\":{\"5\":1.5}}";
+    CHECK(parse(REQ_CHAT, chat, &p, &e) && p.n_choices == 4, "chat n 4: %s", e.message);
+    CHECK(req_params_copy(&q, &p), "copy");
+    CHECK(q.n_choices == 4 && q.n_msgs == 2 && q.msgs != p.msgs && q.msgs[1].content != p.msgs[1].content &&
+              !strcmp(q.msgs[1].content, "hi") && !strcmp(q.msgs[0].role, "system") && q.n_stop == 2 &&
+              q.stop[1] != p.stop[1] && !strcmp(q.stop[1], "cd") && q.n_bias == 1 && q.bias_ids != p.bias_ids &&
+              q.bias_ids[0] == 5 && q.bias[0] == 1.5f,
+          "the copy holds its own messages, stop strings and biases");
+    req_params_free(&p); /* the copy outlives the original */
+    CHECK(!strcmp(q.msgs[0].content, "be brief") && !strcmp(q.stop[0], "ab"), "the copy is intact after the original is freed");
+    req_params_free(&q);
+    CHECK(parse(REQ_COMPLETION, "{\"prompt\":[1,2,3],\"n\":2}", &p, &e) && req_params_copy(&q, &p), "ids prompt copy");
+    CHECK(q.prompt_is_ids && q.n_prompt_ids == 3 && q.prompt_ids != p.prompt_ids && q.prompt_ids[2] == 3, "token ids copied");
+    req_params_free(&p);
+    req_params_free(&q);
+}
+
 static void test_sampling_fields(void) {
     req_params p;
     req_error e;
@@ -251,6 +278,7 @@ int main(void) {
     test_compute();
     test_request();
     test_sampling_fields();
+    test_choices();
     test_json();
     return test_finish();
 }

@@ -298,6 +298,7 @@ int req_parse(req_kind kind, const char *body, size_t len, req_params *p, req_er
     memset(e, 0, sizeof *e);
     p->kind = kind;
     p->max_tokens = -1;
+    p->n_choices = 1;
     p->temperature = 1.0f;
     p->top_p = 1.0f;
     p->repeat_penalty = 1.0f;
@@ -345,9 +346,10 @@ int req_parse(req_kind kind, const char *body, size_t len, req_params *p, req_er
         p->seed = d < 0 ? (uint64_t)(int64_t)d : (uint64_t)d;
     }
     d = 1;
-    if (!get_int(root, "n", 1, 1e9, &d, &n_given, e)) goto out;
-    if (d != 1) {
-        req_fail(e, 400, "invalid_request_error", "unsupported_value", "n", "'n' > 1 is not supported: one choice per request");
+    if (!get_int(root, "n", 1, REQ_MAX_CHOICES, &d, &n_given, e)) goto out;
+    p->n_choices = (int)d;
+    if (p->n_choices > 1 && p->stream) {
+        req_fail(e, 400, "invalid_request_error", "unsupported_value", "n", "'n' > 1 is not supported with 'stream'");
         goto out;
     }
     const cJSON *so = cJSON_GetObjectItemCaseSensitive(root, "stream_options");
@@ -374,6 +376,46 @@ int req_parse(req_kind kind, const char *body, size_t len, req_params *p, req_er
 out:
     cJSON_Delete(root);
     if (!ok) req_params_free(p);
+    return ok;
+}
+
+/* A copy of n bytes (n + 1 allocated, NUL-terminated), or NULL for NULL. */
+static void *dup_bytes(const void *src, size_t n, int *ok) {
+    if (!src) return NULL;
+    char *d = malloc(n + 1);
+    if (!d) {
+        *ok = 0;
+        return NULL;
+    }
+    memcpy(d, src, n);
+    d[n] = 0;
+    return d;
+}
+
+int req_params_copy(req_params *dst, const req_params *src) {
+    int ok = 1;
+    *dst = *src;
+    dst->msgs = NULL;
+    dst->n_msgs = 0;
+    dst->n_stop = 0;
+    dst->prompt = dup_bytes(src->prompt, src->prompt_len, &ok);
+    dst->prompt_ids = dup_bytes(src->prompt_ids, (size_t)src->n_prompt_ids * sizeof *src->prompt_ids, &ok);
+    dst->bias_ids = dup_bytes(src->bias_ids, (size_t)src->n_bias * sizeof *src->bias_ids, &ok);
+    dst->bias = dup_bytes(src->bias, (size_t)src->n_bias * sizeof *src->bias, &ok);
+    for (int i = 0; i < src->n_stop; i++) {
+        dst->stop[i] = dup_bytes(src->stop[i], strlen(src->stop[i]), &ok);
+        dst->n_stop = i + 1;
+    }
+    if (src->n_msgs && (dst->msgs = calloc((size_t)src->n_msgs, sizeof *dst->msgs))) {
+        for (int i = 0; i < src->n_msgs; i++) {
+            dst->msgs[i].role = src->msgs[i].role;
+            dst->msgs[i].content = dup_bytes(src->msgs[i].content, src->msgs[i].content ? strlen(src->msgs[i].content) : 0, &ok);
+            dst->n_msgs = i + 1;
+        }
+    } else if (src->n_msgs) {
+        ok = 0;
+    }
+    if (!ok) req_params_free(dst);
     return ok;
 }
 

@@ -14,6 +14,8 @@
 #define REQ_MAX_STOP 4
 /* Alternatives per token a request may ask for with logprobs (OpenAI's limit for chat). */
 #define REQ_MAX_TOP_LOGPROBS 20
+/* Choices ("n") a request may ask for. */
+#define REQ_MAX_CHOICES 16
 /* Entries of logit_bias a request may give. */
 #define REQ_MAX_LOGIT_BIAS 1024
 
@@ -49,6 +51,7 @@ typedef struct {
     int logprobs;          /* return each generated token's log-probability */
     int top_logprobs;      /* and this many most likely alternatives (0..REQ_MAX_TOP_LOGPROBS) */
     int echo;              /* completions, not streamed: the prompt leads the text (and its tokens the logprobs) */
+    int n_choices;         /* "n": completions of the prompt, each its own sequence (not streamed when > 1) */
     char *stop[REQ_MAX_STOP];
     int n_stop;
     /* chat: messages (strings owned here) */
@@ -67,6 +70,8 @@ typedef struct {
  * req_params_free). */
 int req_parse(req_kind kind, const char *body, size_t len, req_params *out, req_error *e);
 void req_params_free(req_params *p);
+/* A deep copy of src into *dst (release with req_params_free); 0 if out of memory (dst then empty). */
+int req_params_copy(req_params *dst, const req_params *src);
 
 /* Fills *e with a status, type, code, param and printf-style message; returns 0. */
 int req_fail(req_error *e, int http_status, const char *type, const char *code, const char *param,

@@ -142,23 +142,32 @@ static char *print(cJSON *root) {
     return s;
 }
 
-char *resp_final(const resp_meta *m, const char *text, size_t len, const char *finish, const resp_logprobs *lp) {
+char *resp_final_choices(const resp_meta *m, const resp_choice *choices, int n) {
     int chat = m->kind == REQ_CHAT;
     cJSON *root = head(m, chat ? "chat.completion" : "text_completion");
-    cJSON *choices = cJSON_AddArrayToObject(root, "choices"), *c = cJSON_CreateObject();
-    cJSON_AddItemToArray(choices, c);
-    cJSON_AddNumberToObject(c, "index", 0);
-    if (chat) {
-        cJSON *msg = cJSON_AddObjectToObject(c, "message");
-        cJSON_AddStringToObject(msg, "role", "assistant");
-        cJSON_AddItemToObject(msg, "content", str_n(text, len));
-    } else {
-        cJSON_AddItemToObject(c, "text", str_n(text, len));
+    cJSON *arr = cJSON_AddArrayToObject(root, "choices");
+    for (int i = 0; i < n; i++) {
+        const resp_choice *ch = &choices[i];
+        cJSON *c = cJSON_CreateObject();
+        cJSON_AddItemToArray(arr, c);
+        cJSON_AddNumberToObject(c, "index", i);
+        if (chat) {
+            cJSON *msg = cJSON_AddObjectToObject(c, "message");
+            cJSON_AddStringToObject(msg, "role", "assistant");
+            cJSON_AddItemToObject(msg, "content", str_n(ch->text, ch->len));
+        } else {
+            cJSON_AddItemToObject(c, "text", str_n(ch->text, ch->len));
+        }
+        cJSON_AddItemToObject(c, "logprobs", logprobs_json(m->kind, ch->lp));
+        cJSON_AddStringToObject(c, "finish_reason", ch->finish);
     }
-    cJSON_AddItemToObject(c, "logprobs", logprobs_json(m->kind, lp));
-    cJSON_AddStringToObject(c, "finish_reason", finish);
     add_usage(root, m);
     return print(root);
+}
+
+char *resp_final(const resp_meta *m, const char *text, size_t len, const char *finish, const resp_logprobs *lp) {
+    const resp_choice c = {.text = text, .len = len, .finish = finish, .lp = lp};
+    return resp_final_choices(m, &c, 1);
 }
 
 char *resp_chunk(const resp_meta *m, int role, const char *text, size_t len, const char *finish,

@@ -36,6 +36,15 @@ typedef struct {
  * memory. lp NULL: "logprobs": null. */
 char *resp_error(const req_error *e);
 char *resp_final(const resp_meta *m, const char *text, size_t len, const char *finish, const resp_logprobs *lp);
+/* One choice of a whole response. */
+typedef struct {
+    const char *text;
+    size_t len;
+    const char *finish;
+    const resp_logprobs *lp; /* NULL: "logprobs": null */
+} resp_choice;
+/* A whole response with n choices (index 0 .. n - 1). */
+char *resp_final_choices(const resp_meta *m, const resp_choice *choices, int n);
 /* A streamed chunk: role (chat, first chunk), one token's text delta
  * (possibly "") with its log-probabilities if asked, or the final chunk
  * (finish != NULL, with usage). */

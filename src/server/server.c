@@ -433,12 +433,27 @@ static char *ids_text(const ellm_model *model, const int32_t *ids, int n, size_t
     return t;
 }
 
-/* The body of a finished job's whole response: its text (led by the
- * prompt's with echo: the prompt as sent, or the text of its token ids) and,
- * if asked, the log-probabilities of its tokens (with echo the prompt's
- * first, the first of them without any), each token at its text's offset in
- * characters. NULL if out of memory. */
-static char *final_body(server *srv, const job *j, const resp_meta *meta) {
+/* A finished job's choice: its text (led by the prompt's with echo: the
+ * prompt as sent, or the text of its token ids) and, if asked, the
+ * log-probabilities of its tokens (with echo the prompt's first, the first
+ * of them without any), each token at its text's offset in characters. */
+typedef struct {
+    char *text;
+    size_t len;
+    token_logprobs *lps;
+    size_t *offsets;
+    resp_logprobs lp;
+} choice_buf;
+
+static void choice_free(choice_buf *cb) {
+    free(cb->text);
+    free(cb->lps);
+    free(cb->offsets);
+}
+
+/* Fills *cb for job j; 0 if out of memory. */
+static int choice_build(server *srv, const job *j, choice_buf *cb) {
+    memset(cb, 0, sizeof *cb);
     const char *gen = j->text ? j->text : "";
     size_t plen = 0;
     char *echo = NULL;
@@ -449,39 +464,60 @@ static char *final_body(server *srv, const job *j, const resp_meta *meta) {
             memcpy(echo, j->p.prompt, plen = j->p.prompt_len);
         }
     }
-    const size_t len = plen + j->text_len;
-    char *text = !j->p.echo || echo ? malloc(len + 1) : NULL;
+    cb->len = plen + j->text_len;
+    cb->text = !j->p.echo || echo ? malloc(cb->len + 1) : NULL;
     const int np = j->p.echo && j->p.logprobs ? j->n_prompt : 0, n = np + j->n_tok;
-    token_logprobs *lps = j->p.logprobs ? malloc((size_t)(n > 0 ? n : 1) * sizeof *lps) : NULL;
-    size_t *offsets = j->p.logprobs ? malloc((size_t)(n > 0 ? n : 1) * sizeof *offsets) : NULL;
-    char *body = NULL;
-    if (text && (!j->p.logprobs || (lps && offsets))) {
-        memcpy(text, echo ? echo : "", plen);
-        memcpy(text + plen, gen, j->text_len);
-        text[len] = 0;
-        const size_t echo_chars = utf8_chars(text, plen);
-        size_t chars = 0, at = 0;
-        for (int i = 0; i < np; i++) { /* the prompt's tokens: their bytes one after another, within the echo */
-            lps[i] = j->prompt_lps[i];
-            offsets[i] = chars < echo_chars ? chars : echo_chars;
-            size_t tb = 0;
-            const char *b = vocab_bytes(srv->model, j->prompt[i], &tb);
-            chars += b ? utf8_chars(b, tb) : 0;
-        }
-        chars = echo_chars;
-        for (int i = 0; lps && i < j->n_tok; at = j->tok_end[i++]) {
-            lps[np + i] = j->lps[i];
-            offsets[np + i] = chars; /* where the text of the tokens before it ends */
-            chars += utf8_chars(gen + at, j->tok_end[i] - at);
-        }
-        const resp_logprobs lp = {.lp = lps, .offset = offsets, .n = n, .bytes = vocab_bytes, .arg = srv->model};
-        body = resp_final(meta, text, len, j->finish, lps ? &lp : NULL);
+    if (j->p.logprobs) {
+        cb->lps = malloc((size_t)(n > 0 ? n : 1) * sizeof *cb->lps);
+        cb->offsets = malloc((size_t)(n > 0 ? n : 1) * sizeof *cb->offsets);
     }
-    free(lps);
-    free(offsets);
+    if (!cb->text || (j->p.logprobs && (!cb->lps || !cb->offsets))) {
+        free(echo);
+        choice_free(cb);
+        return 0;
+    }
+    memcpy(cb->text, echo ? echo : "", plen);
+    memcpy(cb->text + plen, gen, j->text_len);
+    cb->text[cb->len] = 0;
     free(echo);
-    free(text);
+    const size_t echo_chars = utf8_chars(cb->text, plen);
+    size_t chars = 0, at = 0;
+    for (int i = 0; i < np; i++) { /* the prompt's tokens: their bytes one after another, within the echo */
+        cb->lps[i] = j->prompt_lps[i];
+        cb->offsets[i] = chars < echo_chars ? chars : echo_chars;
+        size_t tb = 0;
+        const char *b = vocab_bytes(srv->model, j->prompt[i], &tb);
+        chars += b ? utf8_chars(b, tb) : 0;
+    }
+    chars = echo_chars;
+    for (int i = 0; cb->lps && i < j->n_tok; at = j->tok_end[i++]) {
+        cb->lps[np + i] = j->lps[i];
+        cb->offsets[np + i] = chars; /* where the text of the tokens before it ends */
+        chars += utf8_chars(gen + at, j->tok_end[i] - at);
+    }
+    cb->lp = (resp_logprobs){.lp = cb->lps, .offset = cb->offsets, .n = n, .bytes = vocab_bytes, .arg = srv->model};
+    return 1;
+}
+
+/* The body of the whole response of n finished jobs (one choice each); NULL if out of memory. */
+static char *final_body(server *srv, job *const *jobs, int n, const resp_meta *meta) {
+    choice_buf cb[REQ_MAX_CHOICES];
+    resp_choice rc[REQ_MAX_CHOICES];
+    int built = 0;
+    while (built < n && choice_build(srv, jobs[built], &cb[built])) {
+        rc[built] = (resp_choice){.text = cb[built].text, .len = cb[built].len, .finish = jobs[built]->finish,
+                                  .lp = jobs[built]->p.logprobs ? &cb[built].lp : NULL};
+        built++;
+    }
+    char *body = built == n ? resp_final_choices(meta, rc, n) : NULL;
+    for (int i = 0; i < built; i++) choice_free(&cb[i]);
     return body;
+}
+
+/* Drops the HTTP side's hold on jobs[0 .. n) (running ones are cancelled). */
+static void release_jobs(server *srv, job **jobs, int n) {
+    for (int i = 0; i < n; i++)
+        if (jobs[i]) sched_release(srv->sched, jobs[i]);
 }
 
 static enum MHD_Result handle_generate(server *srv, struct MHD_Connection *c, req_kind kind, conn_state *cs) {
@@ -518,30 +554,49 @@ static enum MHD_Result handle_generate(server *srv, struct MHD_Connection *c, re
     sp.repeat_last_n = p.repeat_last_n;
     sp.presence_penalty = p.presence_penalty;
     sp.frequency_penalty = p.frequency_penalty;
-    sp.seed = p.seed_given ? p.seed : ((uint64_t)time(NULL) << 20) ^ (atomic_fetch_add(&srv->next_id, 1) * 0x9E3779B97F4A7C15ull);
-    int stream_mode = p.stream;
-    job *j = job_new(&p, ids, n_prompt);
-    free(ids);
-    ellm_error err = {0};
-    if (!j) {
-        req_params_free(&p);
-        return fail(srv, c, 500, "server_error", NULL, "out of memory", REQ_STATUS_ERROR);
-    }
+    const uint64_t seed =
+        p.seed_given ? p.seed : ((uint64_t)time(NULL) << 20) ^ (atomic_fetch_add(&srv->next_id, 1) * 0x9E3779B97F4A7C15ull);
+    const int stream_mode = p.stream, n_jobs = p.n_choices;
     ellm_model_info info;
     ellm_model_get_info(srv->model, &info);
-    if (ellm_sampler_init(&sp, info.n_vocab, &j->sampler, &err) != ELLM_OK) {
-        sched_release(srv->sched, j);
-        return fail(srv, c, 400, "invalid_request_error", "invalid_value", err.msg, REQ_STATUS_REJECTED);
+    ellm_error err = {0};
+    /* one job per choice: its own sequence, sampler and seed (seed + i) */
+    job *jobs[REQ_MAX_CHOICES] = {0};
+    for (int i = 0; i < n_jobs; i++) {
+        req_params pi;
+        int copied = 1;
+        if (i + 1 < n_jobs) {
+            copied = req_params_copy(&pi, &p);
+        } else { /* the last choice takes the request's own */
+            pi = p;
+            memset(&p, 0, sizeof p);
+        }
+        jobs[i] = copied ? job_new(&pi, ids, n_prompt) : NULL;
+        if (!jobs[i]) {
+            if (copied) req_params_free(&pi);
+            err.status = ELLM_ERR_NOMEM;
+            snprintf(err.msg, sizeof err.msg, "out of memory");
+        }
+        sp.seed = seed + (uint64_t)i;
+        int bias = 0;
+        if (jobs[i] && ellm_sampler_init(&sp, info.n_vocab, &jobs[i]->sampler, &err) == ELLM_OK)
+            bias = ellm_sampler_set_logit_bias(jobs[i]->sampler, jobs[i]->p.bias_ids, jobs[i]->p.bias, jobs[i]->p.n_bias,
+                                               &err) != ELLM_OK;
+        if (err.msg[0]) {
+            const int oom = err.status == ELLM_ERR_NOMEM;
+            free(ids);
+            req_params_free(&p);
+            release_jobs(srv, jobs, i + 1);
+            req_fail(&e, oom ? 500 : 400, oom ? "server_error" : "invalid_request_error", oom ? NULL : "invalid_value",
+                     bias ? "logit_bias" : NULL, "%s", err.msg);
+            return send_error(srv, c, &e, oom ? REQ_STATUS_ERROR : REQ_STATUS_REJECTED);
+        }
     }
-    if (ellm_sampler_set_logit_bias(j->sampler, j->p.bias_ids, j->p.bias, j->p.n_bias, &err) != ELLM_OK) {
-        sched_release(srv->sched, j);
-        req_fail(&e, err.status == ELLM_ERR_NOMEM ? 500 : 400, "invalid_request_error", "invalid_value", "logit_bias", "%s",
-                 err.msg);
-        return send_error(srv, c, &e, REQ_STATUS_REJECTED);
-    }
-    submit_result r = sched_submit(srv->sched, j, &err);
-    if (r != SUBMIT_OK) {
-        sched_release(srv->sched, j);
+    free(ids);
+    for (int i = 0; i < n_jobs; i++) {
+        submit_result r = sched_submit(srv->sched, jobs[i], &err);
+        if (r == SUBMIT_OK) continue;
+        release_jobs(srv, jobs, n_jobs); /* the submitted ones are cancelled */
         if (r == SUBMIT_BAD) return fail(srv, c, 400, "invalid_request_error", "context_length_exceeded", err.msg, REQ_STATUS_REJECTED);
         if (r == SUBMIT_UNAVAILABLE) return fail(srv, c, 503, "unavailable_error", "mpi_rank_lost", err.msg, REQ_STATUS_ERROR);
         return fail(srv, c, 503, "unavailable_error", r == SUBMIT_DRAINING ? "shutting_down" : "queue_full",
@@ -549,6 +604,7 @@ static enum MHD_Result handle_generate(server *srv, struct MHD_Connection *c, re
                                          : "every slot is busy and the wait queue is full; retry later",
                     REQ_STATUS_OVERLOADED);
     }
+    job *j = jobs[0];
     unsigned long id = atomic_fetch_add(&srv->next_id, 1);
     resp_meta meta = {.model = srv->model_id, .created = (long)time(NULL), .kind = kind};
     if (stream_mode) {
@@ -574,35 +630,40 @@ static enum MHD_Result handle_generate(server *srv, struct MHD_Connection *c, re
         MHD_destroy_response(resp);
         return ret;
     }
-    /* Not streamed: wait here (the connection's own thread) for the whole text. */
+    /* Not streamed: wait here (the connection's own thread) for every choice's whole text. */
     sched *s = srv->sched;
     sched_lock(s);
-    while (!j->done) {
-        sched_wait(s, j, WAIT_SLICE_MS);
-        if (!j->done && client_gone(c)) {
-            sched_unlock(s);
-            sched_release(s, j);
-            return MHD_NO; /* nobody to answer */
+    for (int i = 0; i < n_jobs; i++)
+        while (!jobs[i]->done) {
+            sched_wait(s, jobs[i], WAIT_SLICE_MS);
+            if (!jobs[i]->done && client_gone(c)) {
+                sched_unlock(s);
+                release_jobs(srv, jobs, n_jobs);
+                return MHD_NO; /* nobody to answer */
+            }
         }
-    }
     sched_unlock(s);
     char idbuf[48];
     snprintf(idbuf, sizeof idbuf, "%s-%lx", kind == REQ_CHAT ? "chatcmpl" : "cmpl", id);
     meta.id = idbuf;
-    meta.prompt_tokens = j->n_prompt;
-    meta.completion_tokens = j->n_gen;
+    meta.prompt_tokens = j->n_prompt; /* the prompt once, as OpenAI counts it */
     meta.cached_tokens = j->n_cached;
+    const job *failed = NULL;
+    for (int i = 0; i < n_jobs; i++) {
+        meta.completion_tokens += jobs[i]->n_gen;
+        if (!jobs[i]->finish && !failed) failed = jobs[i];
+    }
     enum MHD_Result ret;
-    if (j->finish) {
-        char *body = final_body(srv, j, &meta);
-        ret = send_body(c, 200, "application/json", body, 0);
+    if (!failed) {
+        ret = send_body(c, 200, "application/json", final_body(srv, jobs, n_jobs, &meta), 0);
     } else {
         req_error fe;
-        if (j->unavailable) req_fail(&fe, 503, "unavailable_error", "mpi_rank_lost", NULL, "generation failed: %s", j->errmsg);
-        else req_fail(&fe, 500, "server_error", "generation_failed", NULL, "generation failed: %s", j->errmsg);
+        if (failed->unavailable)
+            req_fail(&fe, 503, "unavailable_error", "mpi_rank_lost", NULL, "generation failed: %s", failed->errmsg);
+        else req_fail(&fe, 500, "server_error", "generation_failed", NULL, "generation failed: %s", failed->errmsg);
         ret = send_error(srv, c, &fe, REQ_STATUS_COUNT);
     }
-    sched_release(s, j);
+    release_jobs(srv, jobs, n_jobs);
     return ret;
 }
 

@@ -588,6 +588,23 @@ async function main() {
     stage = 'penalties and logit_bias';
     await samplingChecks(client, base);
 
+    stage = 'n choices';
+    // n choices: choice i is the request alone with seed + i; greedy choices are all the greedy text
+    const nc = await client.completions.create({ model: 'x', prompt: PROMPTS[3], max_tokens: 20, temperature: 1, seed: 11, n: 3, logprobs: 1 });
+    const alone = [], aloneUsage = [];
+    for (let i = 0; i < 3; i++) {
+      const r = await client.completions.create({ model: 'x', prompt: PROMPTS[3], max_tokens: 20, temperature: 1, seed: 11 + i });
+      alone.push(r.choices[0].text);
+      aloneUsage.push(r.usage);
+    }
+    check(nc.choices.length === 3 && nc.choices.every((ch, i) => ch.index === i && ch.text === alone[i]) && new Set(alone).size > 1,
+          `n 3: choice i equals the request alone with seed + i: ${JSON.stringify(nc.choices.map((ch) => ch.text.slice(0, 20)))}`);
+    check(nc.usage.completion_tokens === aloneUsage.reduce((t, u) => t + u.completion_tokens, 0) &&
+          nc.usage.prompt_tokens === aloneUsage[0].prompt_tokens,
+          `n 3: usage counts every choice's tokens and the prompt once (${JSON.stringify(nc.usage)})`);
+    const ng = await client.chat.completions.create({ model: 'x', messages: [{ role: 'user', content: q }], max_tokens: 16, temperature: 0, n: 2 });
+    check(ng.choices.length === 2 && ng.choices.every((ch) => ch.message.content === refChat), 'n 2, greedy chat: both choices are the greedy text');
+
     stage = 'stop strings';
     // stop strings end the text before the stop string
     const full = await client.completions.create({ model: 'x', prompt: PROMPTS[1], max_tokens: 32, temperature: 0 });
@@ -626,7 +643,8 @@ async function main() {
       ['messages not an array', '/v1/chat/completions', JSON.stringify({ messages: 'hi' }), 400],
       ['empty messages', '/v1/chat/completions', JSON.stringify({ messages: [] }), 400],
       ['bad role', '/v1/chat/completions', JSON.stringify({ messages: [{ role: 'wizard', content: 'hi' }] }), 400],
-      ['n > 1', '/v1/chat/completions', JSON.stringify({ messages: [{ role: 'user', content: 'hi' }], n: 2 }), 400],
+      ['n > 16', '/v1/chat/completions', JSON.stringify({ messages: [{ role: 'user', content: 'hi' }], n: 17 }), 400],
+      ['n > 1 streamed', '/v1/chat/completions', JSON.stringify({ messages: [{ role: 'user', content: 'hi' }], n: 2, stream: true }), 400],
       ['max_tokens negative', '/v1/completions', JSON.stringify({ prompt: 'x', max_tokens: -5 }), 400],
       ['stop not strings', '/v1/completions', JSON.stringify({ prompt: 'x', stop: [1, 2] }), 400],
       ['prompt missing', '/v1/completions', JSON.stringify({ max_tokens: 3 }), 400],
