@@ -68,6 +68,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     REQUIRE(p.top_logprobs >= 0 && p.top_logprobs <= REQ_MAX_TOP_LOGPROBS && (p.logprobs || !p.top_logprobs));
     REQUIRE((p.max_tokens != 0 || p.echo) && (!p.echo || (kind == REQ_COMPLETION && !p.stream)));
     REQUIRE(p.n_choices >= 1 && p.n_choices <= REQ_MAX_CHOICES && (p.n_choices == 1 || !p.stream));
+    REQUIRE(p.n_more >= 0 && (1 + p.n_more) * p.n_choices <= REQ_MAX_JOBS && (!p.n_more || (kind == REQ_COMPLETION && !p.stream)));
+    for (int i = 0; i < p.n_more; i++)
+        REQUIRE(p.more[i].is_ids ? p.more[i].n_ids >= 1 && p.more[i].ids : p.more[i].text && strlen(p.more[i].text) == p.more[i].len);
     {
         req_params q; /* a deep copy frees apart from the original (ASan) */
         if (req_params_copy(&q, &p)) req_params_free(&q);

@@ -150,6 +150,41 @@ static void test_choices(void) {
     req_params_free(&q);
 }
 
+/* Several prompts in one completions request. */
+static void test_prompts(void) {
+    req_params p, q;
+    req_error e;
+    CHECK(parse(REQ_COMPLETION, "{\"prompt\":[\"ab\",[4,5],\"c\"],\"n\":2}", &p, &e) && p.prompt &&
+              !strcmp(p.prompt, "ab") && !p.prompt_is_ids && p.n_more == 2 && p.more[0].is_ids && p.more[0].n_ids == 2 &&
+              p.more[0].ids[1] == 5 && !p.more[1].is_ids && !strcmp(p.more[1].text, "c"),
+          "three prompts: the first in the request's fields, the others in more: %s", e.message);
+    CHECK(req_params_copy(&q, &p) && q.n_more == 2 && q.more != p.more && q.more[0].ids != p.more[0].ids &&
+              q.more[0].ids[0] == 4 && !strcmp(q.more[1].text, "c"),
+          "the copy holds its own prompts");
+    req_params_free(&p);
+    req_params_free(&q);
+    CHECK(parse(REQ_COMPLETION, "{\"prompt\":[\"only\"]}", &p, &e) && p.n_more == 0 && !strcmp(p.prompt, "only"),
+          "[\"text\"]: one prompt");
+    req_params_free(&p);
+    CHECK(parse(REQ_COMPLETION, "{\"prompt\":[[1,2],[3]]}", &p, &e) && p.prompt_is_ids && p.n_prompt_ids == 2 &&
+              p.n_more == 1 && p.more[0].ids[0] == 3,
+          "two prompts of token ids");
+    req_params_free(&p);
+    const char *bad[] = {
+        "{\"prompt\":[\"a\",5]}",                 /* a number among prompts */
+        "{\"prompt\":[\"a\",[]]}",                /* an empty one */
+        "{\"prompt\":[[1],[2,\"x\"]]}",           /* a string among ids */
+        "{\"prompt\":[\"a\",\"b\"],\"stream\":true}",
+        "{\"prompt\":[\"a\",\"b\",\"c\",\"d\",\"e\"],\"n\":16}", /* 80 sequences */
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        int ok = parse(REQ_COMPLETION, bad[i], &p, &e);
+        CHECK(!ok && e.http_status == 400 && e.param && !strcmp(e.param, "prompt"), "%s: 400 naming prompt (%s)", bad[i],
+              ok ? "accepted" : e.message);
+        if (ok) req_params_free(&p);
+    }
+}
+
 static void test_sampling_fields(void) {
     req_params p;
     req_error e;
@@ -279,6 +314,7 @@ int main(void) {
     test_request();
     test_sampling_fields();
     test_choices();
+    test_prompts();
     test_json();
     return test_finish();
 }

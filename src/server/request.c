@@ -161,34 +161,67 @@ static int parse_messages(const cJSON *root, req_params *p, req_error *e) {
     return 1;
 }
 
-static int parse_prompt(const cJSON *root, req_params *p, req_error *e) {
-    const cJSON *pr = cJSON_GetObjectItemCaseSensitive(root, "prompt");
-    if (!pr) return req_fail(e, 400, "invalid_request_error", "missing_field", "prompt", "'prompt' is required");
-    if (cJSON_IsArray(pr) && cJSON_GetArraySize(pr) == 1 && cJSON_IsString(cJSON_GetArrayItem(pr, 0)))
-        pr = cJSON_GetArrayItem(pr, 0); /* ["text"]: one prompt */
+/* One prompt: a string, or an array of token ids. */
+static int parse_one_prompt(const cJSON *pr, req_prompt *out, req_error *e) {
     if (cJSON_IsString(pr)) {
-        p->prompt = dup_str(pr->valuestring, &p->prompt_len);
-        return p->prompt ? 1 : req_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+        out->text = dup_str(pr->valuestring, &out->len);
+        return out->text ? 1 : req_fail(e, 500, "server_error", NULL, NULL, "out of memory");
     }
     if (!cJSON_IsArray(pr))
         return req_fail(e, 400, "invalid_request_error", "invalid_type", "prompt",
-                        "'prompt' must be a string or an array of token ids");
+                        "'prompt' must be a string, an array of token ids, or an array of those");
     int n = cJSON_GetArraySize(pr);
     if (n == 0) return req_fail(e, 400, "invalid_request_error", "invalid_value", "prompt", "'prompt' must not be empty");
     if (n > MAX_PROMPT_IDS)
         return req_fail(e, 400, "invalid_request_error", "invalid_value", "prompt", "more than %d prompt tokens", MAX_PROMPT_IDS);
-    p->prompt_ids = malloc((size_t)n * sizeof *p->prompt_ids);
-    if (!p->prompt_ids) return req_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    out->ids = malloc((size_t)n * sizeof *out->ids);
+    if (!out->ids) return req_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    out->is_ids = 1;
     const cJSON *t;
     cJSON_ArrayForEach(t, pr) {
         if (!cJSON_IsNumber(t) || t->valuedouble != floor(t->valuedouble) || t->valuedouble < 0 ||
             t->valuedouble > 2147483647.0)
             return req_fail(e, 400, "invalid_request_error", "invalid_type", "prompt",
-                            "'prompt' arrays must hold token ids (non-negative integers); several prompts at once are "
-                            "not supported");
-        p->prompt_ids[p->n_prompt_ids++] = (int32_t)t->valuedouble;
+                            "'prompt' arrays must hold token ids (non-negative integers), or prompts");
+        out->ids[out->n_ids++] = (int32_t)t->valuedouble;
     }
-    p->prompt_is_ids = 1;
+    return 1;
+}
+
+/* "prompt": one prompt (a string or token ids, also ["text"]) into p's own
+ * fields, or an array of several (strings or arrays of ids): the first
+ * there, the others in p->more. */
+static int parse_prompt(const cJSON *root, req_params *p, req_error *e) {
+    const cJSON *pr = cJSON_GetObjectItemCaseSensitive(root, "prompt");
+    if (!pr) return req_fail(e, 400, "invalid_request_error", "missing_field", "prompt", "'prompt' is required");
+    const cJSON *first = cJSON_IsArray(pr) ? cJSON_GetArrayItem(pr, 0) : NULL;
+    const int several = first && (cJSON_IsString(first) || cJSON_IsArray(first));
+    const int n = several ? cJSON_GetArraySize(pr) : 1;
+    if (n * p->n_choices > REQ_MAX_JOBS)
+        return req_fail(e, 400, "invalid_request_error", "invalid_value", "prompt",
+                        "%d prompts x %d choices: at most %d sequences per request", n, p->n_choices, REQ_MAX_JOBS);
+    if (n > 1 && p->stream)
+        return req_fail(e, 400, "invalid_request_error", "unsupported_value", "prompt",
+                        "several prompts are not supported with 'stream'");
+    req_prompt one = {0};
+    if (!parse_one_prompt(several ? first : pr, &one, e)) {
+        req_prompt_free(&one);
+        return 0;
+    }
+    p->prompt = one.text;
+    p->prompt_len = one.len;
+    p->prompt_ids = one.ids;
+    p->n_prompt_ids = one.n_ids;
+    p->prompt_is_ids = one.is_ids;
+    if (n == 1) return 1;
+    if (!(p->more = calloc((size_t)n - 1, sizeof *p->more))) return req_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    for (int i = 1; i < n; i++) {
+        const cJSON *it = cJSON_GetArrayItem(pr, i);
+        if (!cJSON_IsString(it) && !cJSON_IsArray(it))
+            return req_fail(e, 400, "invalid_request_error", "invalid_type", "prompt",
+                            "several prompts must each be a string or an array of token ids");
+        if (!parse_one_prompt(it, &p->more[p->n_more++], e)) return 0;
+    }
     return 1;
 }
 
@@ -402,6 +435,19 @@ int req_params_copy(req_params *dst, const req_params *src) {
     dst->prompt_ids = dup_bytes(src->prompt_ids, (size_t)src->n_prompt_ids * sizeof *src->prompt_ids, &ok);
     dst->bias_ids = dup_bytes(src->bias_ids, (size_t)src->n_bias * sizeof *src->bias_ids, &ok);
     dst->bias = dup_bytes(src->bias, (size_t)src->n_bias * sizeof *src->bias, &ok);
+    dst->more = NULL;
+    dst->n_more = 0;
+    if (src->n_more && (dst->more = calloc((size_t)src->n_more, sizeof *dst->more))) {
+        for (int i = 0; i < src->n_more; i++) {
+            const req_prompt *q = &src->more[i];
+            dst->more[i] = (req_prompt){.text = dup_bytes(q->text, q->len, &ok), .len = q->len,
+                                        .ids = dup_bytes(q->ids, (size_t)q->n_ids * sizeof *q->ids, &ok), .n_ids = q->n_ids,
+                                        .is_ids = q->is_ids};
+            dst->n_more = i + 1;
+        }
+    } else if (src->n_more) {
+        ok = 0;
+    }
     for (int i = 0; i < src->n_stop; i++) {
         dst->stop[i] = dup_bytes(src->stop[i], strlen(src->stop[i]), &ok);
         dst->n_stop = i + 1;
@@ -419,7 +465,15 @@ int req_params_copy(req_params *dst, const req_params *src) {
     return ok;
 }
 
+void req_prompt_free(req_prompt *q) {
+    free(q->text);
+    free(q->ids);
+    memset(q, 0, sizeof *q);
+}
+
 void req_params_free(req_params *p) {
+    for (int i = 0; i < p->n_more; i++) req_prompt_free(&p->more[i]);
+    free(p->more);
     for (int i = 0; i < p->n_msgs; i++) free((char *)p->msgs[i].content);
     free(p->msgs);
     for (int i = 0; i < p->n_stop; i++) free(p->stop[i]);

@@ -16,6 +16,8 @@
 #define REQ_MAX_TOP_LOGPROBS 20
 /* Choices ("n") a request may ask for. */
 #define REQ_MAX_CHOICES 16
+/* Sequences (prompts x choices) one request may ask for. */
+#define REQ_MAX_JOBS 64
 /* Entries of logit_bias a request may give. */
 #define REQ_MAX_LOGIT_BIAS 1024
 
@@ -29,6 +31,16 @@ typedef struct {
     const char *param; /* the offending field, or NULL */
     char message[400];
 } req_error;
+
+/* One prompt of several (completions' "prompt": [...]): text, or token ids. */
+typedef struct {
+    char *text;
+    size_t len;
+    int32_t *ids;
+    int n_ids;
+    int is_ids;
+} req_prompt;
+void req_prompt_free(req_prompt *q);
 
 typedef struct {
     req_kind kind;
@@ -63,6 +75,9 @@ typedef struct {
     int32_t *prompt_ids;
     int n_prompt_ids;
     int prompt_is_ids;
+    /* completions with several prompts: the first in the fields above, the others here */
+    req_prompt *more;
+    int n_more;
 } req_params;
 
 /* Parses `len` bytes of `body` as a request of `kind`. On failure returns 0

@@ -514,6 +514,29 @@ static char *final_body(server *srv, job *const *jobs, int n, const resp_meta *m
     return body;
 }
 
+/* The request of prompt u of src (0: its own first one, u > 0: src->more[u - 1])
+ * alone: a deep copy with that prompt in the prompt fields and no others; 0
+ * if out of memory. */
+static int unit_params(req_params *dst, const req_params *src, int u) {
+    if (!req_params_copy(dst, src)) return 0;
+    if (u > 0) { /* swap the first prompt with prompt u; freeing `more` drops the first */
+        req_prompt *q = &dst->more[u - 1];
+        req_prompt first = {.text = dst->prompt, .len = dst->prompt_len, .ids = dst->prompt_ids,
+                            .n_ids = dst->n_prompt_ids, .is_ids = dst->prompt_is_ids};
+        dst->prompt = q->text;
+        dst->prompt_len = q->len;
+        dst->prompt_ids = q->ids;
+        dst->n_prompt_ids = q->n_ids;
+        dst->prompt_is_ids = q->is_ids;
+        *q = first;
+    }
+    for (int i = 0; i < dst->n_more; i++) req_prompt_free(&dst->more[i]);
+    free(dst->more);
+    dst->more = NULL;
+    dst->n_more = 0;
+    return 1;
+}
+
 /* Drops the HTTP side's hold on jobs[0 .. n) (running ones are cancelled). */
 static void release_jobs(server *srv, job **jobs, int n) {
     for (int i = 0; i < n; i++)
@@ -539,12 +562,6 @@ static enum MHD_Result handle_generate(server *srv, struct MHD_Connection *c, re
         return fail(srv, c, 503, "unavailable_error", "shutting_down", "the server is shutting down",
                     REQ_STATUS_OVERLOADED);
     }
-    int n_prompt = 0;
-    int32_t *ids = prompt_tokens(srv, &p, &n_prompt, &e);
-    if (!ids) {
-        req_params_free(&p);
-        return send_error(srv, c, &e, e.http_status >= 500 ? REQ_STATUS_ERROR : REQ_STATUS_REJECTED);
-    }
     ellm_sampler_params sp = ellm_sampler_default_params();
     sp.temperature = p.temperature;
     sp.top_p = p.top_p;
@@ -556,43 +573,59 @@ static enum MHD_Result handle_generate(server *srv, struct MHD_Connection *c, re
     sp.frequency_penalty = p.frequency_penalty;
     const uint64_t seed =
         p.seed_given ? p.seed : ((uint64_t)time(NULL) << 20) ^ (atomic_fetch_add(&srv->next_id, 1) * 0x9E3779B97F4A7C15ull);
-    const int stream_mode = p.stream, n_jobs = p.n_choices;
+    const int stream_mode = p.stream, n_choices = p.n_choices, n_units = 1 + p.n_more, n_jobs = n_units * n_choices;
     ellm_model_info info;
     ellm_model_get_info(srv->model, &info);
     ellm_error err = {0};
-    /* one job per choice: its own sequence, sampler and seed (seed + i) */
-    job *jobs[REQ_MAX_CHOICES] = {0};
-    for (int i = 0; i < n_jobs; i++) {
-        req_params pi;
-        int copied = 1;
-        if (i + 1 < n_jobs) {
-            copied = req_params_copy(&pi, &p);
-        } else { /* the last choice takes the request's own */
-            pi = p;
-            memset(&p, 0, sizeof p);
+    /* one job per prompt and choice, prompt-major (choice index u x n + i):
+     * its own sequence, sampler and seed (seed + i) */
+    job *jobs[REQ_MAX_JOBS] = {0};
+    int made = 0;
+    for (int u = 0; u < n_units; u++) {
+        req_params pu;
+        int n_prompt = 0, ok = 0; /* ok: every choice of the prompt made; else e says why */
+        int32_t *ids = NULL;
+        if (!unit_params(&pu, &p, u)) {
+            memset(&pu, 0, sizeof pu);
+            req_fail(&e, 500, "server_error", NULL, NULL, "out of memory");
+        } else {
+            ids = prompt_tokens(srv, &pu, &n_prompt, &e);
         }
-        jobs[i] = copied ? job_new(&pi, ids, n_prompt) : NULL;
-        if (!jobs[i]) {
-            if (copied) req_params_free(&pi);
-            err.status = ELLM_ERR_NOMEM;
-            snprintf(err.msg, sizeof err.msg, "out of memory");
+        for (int i = 0; ids && i < n_choices; i++) {
+            req_params pi;
+            int copied = 1;
+            if (i + 1 < n_choices) {
+                copied = req_params_copy(&pi, &pu);
+            } else { /* the last choice takes the prompt's own */
+                pi = pu;
+                memset(&pu, 0, sizeof pu);
+            }
+            job *j = copied ? job_new(&pi, ids, n_prompt) : NULL;
+            if (!j) {
+                if (copied) req_params_free(&pi);
+                req_fail(&e, 500, "server_error", NULL, NULL, "out of memory");
+                break;
+            }
+            jobs[made++] = j;
+            sp.seed = seed + (uint64_t)i;
+            if (ellm_sampler_init(&sp, info.n_vocab, &j->sampler, &err) != ELLM_OK ||
+                ellm_sampler_set_logit_bias(j->sampler, j->p.bias_ids, j->p.bias, j->p.n_bias, &err) != ELLM_OK) {
+                const int oom = err.status == ELLM_ERR_NOMEM;
+                req_fail(&e, oom ? 500 : 400, oom ? "server_error" : "invalid_request_error", oom ? NULL : "invalid_value",
+                         j->sampler && !oom ? "logit_bias" : NULL, "%s", err.msg);
+                break;
+            }
+            ok = i + 1 == n_choices;
         }
-        sp.seed = seed + (uint64_t)i;
-        int bias = 0;
-        if (jobs[i] && ellm_sampler_init(&sp, info.n_vocab, &jobs[i]->sampler, &err) == ELLM_OK)
-            bias = ellm_sampler_set_logit_bias(jobs[i]->sampler, jobs[i]->p.bias_ids, jobs[i]->p.bias, jobs[i]->p.n_bias,
-                                               &err) != ELLM_OK;
-        if (err.msg[0]) {
-            const int oom = err.status == ELLM_ERR_NOMEM;
-            free(ids);
+        req_params_free(&pu);
+        free(ids);
+        if (!ok) {
             req_params_free(&p);
-            release_jobs(srv, jobs, i + 1);
-            req_fail(&e, oom ? 500 : 400, oom ? "server_error" : "invalid_request_error", oom ? NULL : "invalid_value",
-                     bias ? "logit_bias" : NULL, "%s", err.msg);
-            return send_error(srv, c, &e, oom ? REQ_STATUS_ERROR : REQ_STATUS_REJECTED);
+            release_jobs(srv, jobs, made);
+            return send_error(srv, c, &e, e.http_status >= 500 ? REQ_STATUS_ERROR : REQ_STATUS_REJECTED);
         }
     }
-    free(ids);
+    req_params_free(&p);
     for (int i = 0; i < n_jobs; i++) {
         submit_result r = sched_submit(srv->sched, jobs[i], &err);
         if (r == SUBMIT_OK) continue;
@@ -646,10 +679,12 @@ static enum MHD_Result handle_generate(server *srv, struct MHD_Connection *c, re
     char idbuf[48];
     snprintf(idbuf, sizeof idbuf, "%s-%lx", kind == REQ_CHAT ? "chatcmpl" : "cmpl", id);
     meta.id = idbuf;
-    meta.prompt_tokens = j->n_prompt; /* the prompt once, as OpenAI counts it */
-    meta.cached_tokens = j->n_cached;
     const job *failed = NULL;
     for (int i = 0; i < n_jobs; i++) {
+        if (i % n_choices == 0) { /* each prompt once, as OpenAI counts it */
+            meta.prompt_tokens += jobs[i]->n_prompt;
+            meta.cached_tokens += jobs[i]->n_cached;
+        }
         meta.completion_tokens += jobs[i]->n_gen;
         if (!jobs[i]->finish && !failed) failed = jobs[i];
     }

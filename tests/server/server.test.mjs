@@ -531,6 +531,9 @@ async function samplingChecks(client, base) {
   }
 }
 
+// The first n prompt token ids of the evaluation model's reference text.
+const ids64 = (n) => fs.readFileSync('tests/data/evalmodel.tokens.txt', 'utf8').split('\n')[0].trim().split(/\s+/).map(Number).slice(0, n);
+
 async function main() {
   await seedServer();
   await specServer();
@@ -604,6 +607,26 @@ async function main() {
           `n 3: usage counts every choice's tokens and the prompt once (${JSON.stringify(nc.usage)})`);
     const ng = await client.chat.completions.create({ model: 'x', messages: [{ role: 'user', content: q }], max_tokens: 16, temperature: 0, n: 2 });
     check(ng.choices.length === 2 && ng.choices.every((ch) => ch.message.content === refChat), 'n 2, greedy chat: both choices are the greedy text');
+
+    stage = 'several prompts';
+    // several prompts (strings and token ids) with n 2: choice u x 2 + i is prompt u alone with seed + i
+    const ps3 = [PROMPTS[4], PROMPTS[5], tok.json.tokens];
+    const batch = await client.completions.create({ model: 'x', prompt: ps3, max_tokens: 10, temperature: 0.8, seed: 21, n: 2 });
+    let sameAlone = 0, promptSum = 0;
+    for (let u = 0; u < 3; u++)
+      for (let i = 0; i < 2; i++) {
+        const r = await client.completions.create({ model: 'x', prompt: ps3[u], max_tokens: 10, temperature: 0.8, seed: 21 + i });
+        sameAlone += batch.choices[u * 2 + i].index === u * 2 + i && batch.choices[u * 2 + i].text === r.choices[0].text;
+        if (i === 0) promptSum += r.usage.prompt_tokens;
+      }
+    check(batch.choices.length === 6 && sameAlone === 6 && batch.usage.prompt_tokens === promptSum,
+          `3 prompts x n 2: each choice equals its prompt alone with seed + i (${sameAlone} of 6), usage sums the prompts`);
+    // scoring several prompts at once (lm-evaluation-harness's batches)
+    const scoredBatch = await client.completions.create({ model: 'x', prompt: [ids64(40), ids64(64)], max_tokens: 0, echo: true, logprobs: 1 });
+    check(scoredBatch.choices.length === 2 && scoredBatch.choices[0].logprobs.tokens.length === 40 &&
+          scoredBatch.choices[1].logprobs.tokens.length === 64 &&
+          JSON.stringify(scoredBatch.choices[1].logprobs.token_logprobs.slice(0, 40)) === JSON.stringify(scoredBatch.choices[0].logprobs.token_logprobs),
+          'two prompts scored at once: each its own tokens, the shared prefix with the same log-probabilities');
 
     stage = 'stop strings';
     // stop strings end the text before the stop string
