@@ -98,7 +98,7 @@ char *metrics_render(server_metrics *m) {
           m->sparse_recall);
     counter(&b, "ellm_prompt_tokens_total", "Prompt tokens of finished requests.", (double)m->prompt_tokens_total);
     counter(&b, "ellm_generated_tokens_total", "Tokens generated.", (double)m->generated_tokens_total);
-    put(&b, "# HELP ellm_requests_total Requests by outcome.\n# TYPE ellm_requests_total counter\n");
+    put(&b, "# HELP ellm_requests_total Requests by outcome (a request with n choices or several prompts counts each sequence).\n# TYPE ellm_requests_total counter\n");
     for (int i = 0; i < REQ_STATUS_COUNT; i++)
         put(&b, "ellm_requests_total{status=\"%s\"} %llu\n", status_names[i], (unsigned long long)m->requests_total[i]);
     gauge(&b, "ellm_requests_running", "Requests holding a slot.", m->requests_running);

@@ -684,6 +684,10 @@ static size_t shown_after(job *j, const char *fin) {
  * an end-of-generation token that ends the job is marked as not shown. */
 static void token_lp(const sched *s, const job *j, const float *logits, int32_t tok, token_logprobs *out) {
     if (!j->p.logprobs) return;
+    if (!logits) { /* a speculative state that did not keep its rows: shown without a log-probability */
+        *out = (token_logprobs){.chosen = {tok, NAN}};
+        return;
+    }
     logprobs_compute(logits, s->n_vocab, tok, j->p.top_logprobs, out);
     if (ellm_token_is_eog(s->model, tok) && !j->p.ignore_eos) out->chosen.id = -1;
 }
