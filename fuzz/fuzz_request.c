@@ -67,8 +67,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     REQUIRE(p.top_logprobs >= 0 && p.top_logprobs <= REQ_MAX_TOP_LOGPROBS && (p.logprobs || !p.top_logprobs));
     REQUIRE((p.max_tokens != 0 || p.echo) && (!p.echo || (kind == REQ_COMPLETION && !p.stream)));
-    REQUIRE(p.n_choices >= 1 && p.n_choices <= REQ_MAX_CHOICES && (p.n_choices == 1 || !p.stream));
-    REQUIRE(p.n_more >= 0 && (1 + p.n_more) * p.n_choices <= REQ_MAX_JOBS && (!p.n_more || (kind == REQ_COMPLETION && !p.stream)));
+    REQUIRE(p.n_choices >= 1 && p.n_choices <= REQ_MAX_CHOICES);
+    REQUIRE(p.n_more >= 0 && (1 + p.n_more) * p.n_choices <= REQ_MAX_JOBS && (!p.n_more || kind == REQ_COMPLETION));
     for (int i = 0; i < p.n_more; i++)
         REQUIRE(p.more[i].is_ids ? p.more[i].n_ids >= 1 && p.more[i].ids : p.more[i].text && strlen(p.more[i].text) == p.more[i].len);
     {
@@ -86,10 +86,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     size_t off = 0;
     const resp_logprobs rl = {.lp = &lp, .offset = &off, .n = 1, .bytes = stop_bytes, .arg = &p};
     char *a = resp_final(&m, p.prompt ? p.prompt : "", p.prompt ? p.prompt_len : 0, "stop", p.logprobs ? &rl : NULL);
-    char *b = resp_chunk(&m, 1, p.n_stop ? p.stop[0] : "", p.n_stop ? strlen(p.stop[0]) : 0, NULL, NULL);
-    REQUIRE(a && b);
+    char *b = resp_chunk(&m, 0, 1, p.n_stop ? p.stop[0] : "", p.n_stop ? strlen(p.stop[0]) : 0, p.logprobs ? &rl : NULL);
+    char *f = resp_finish_chunk(&m, p.n_choices - 1, "stop", 1);
+    REQUIRE(a && b && f);
     free(a);
     free(b);
+    free(f);
     req_params_free(&p);
     return 0;
 }

@@ -130,8 +130,9 @@ static void test_choices(void) {
     CHECK(parse(REQ_COMPLETION, "{\"prompt\":\"x\"}", &p, &e) && p.n_choices == 1, "n defaults to 1");
     req_params_free(&p);
     CHECK(!parse(REQ_COMPLETION, "{\"prompt\":\"x\",\"n\":17}", &p, &e) && !strcmp(e.param, "n"), "n 17: 400 naming n");
-    CHECK(!parse(REQ_COMPLETION, "{\"prompt\":\"x\",\"n\":2,\"stream\":true}", &p, &e) && !strcmp(e.param, "n"),
-          "n 2 streamed: 400 naming n");
+    CHECK(parse(REQ_COMPLETION, "{\"prompt\":\"x\",\"n\":2,\"stream\":true}", &p, &e) && p.n_choices == 2 && p.stream,
+          "n 2 streamed");
+    req_params_free(&p);
     const char *chat = "{\"messages\":[{\"role\":\"system\",\"content\":\"be brief\"},{\"role\":\"user\",\"content\":"
                        "\"hi\"}],\"n\":4,\"stop\":[\"ab\",\"cd\"],\"logit_bias\":{\"5\":1.5}}";
     CHECK(parse(REQ_CHAT, chat, &p, &e) && p.n_choices == 4, "chat n 4: %s", e.message);
@@ -166,15 +167,14 @@ static void test_prompts(void) {
     CHECK(parse(REQ_COMPLETION, "{\"prompt\":[\"only\"]}", &p, &e) && p.n_more == 0 && !strcmp(p.prompt, "only"),
           "[\"text\"]: one prompt");
     req_params_free(&p);
-    CHECK(parse(REQ_COMPLETION, "{\"prompt\":[[1,2],[3]]}", &p, &e) && p.prompt_is_ids && p.n_prompt_ids == 2 &&
-              p.n_more == 1 && p.more[0].ids[0] == 3,
-          "two prompts of token ids");
+    CHECK(parse(REQ_COMPLETION, "{\"prompt\":[[1,2],[3]],\"stream\":true}", &p, &e) && p.prompt_is_ids &&
+              p.n_prompt_ids == 2 && p.n_more == 1 && p.more[0].ids[0] == 3,
+          "two prompts of token ids, streamed");
     req_params_free(&p);
     const char *bad[] = {
         "{\"prompt\":[\"a\",5]}",                 /* a number among prompts */
         "{\"prompt\":[\"a\",[]]}",                /* an empty one */
         "{\"prompt\":[[1],[2,\"x\"]]}",           /* a string among ids */
-        "{\"prompt\":[\"a\",\"b\"],\"stream\":true}",
         "{\"prompt\":[\"a\",\"b\",\"c\",\"d\",\"e\"],\"n\":16}", /* 80 sequences */
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
@@ -300,7 +300,7 @@ static void test_json(void) {
     free(s);
 
     /* no logprobs asked: null */
-    s = resp_chunk(&m, 0, "x", 1, NULL, NULL);
+    s = resp_chunk(&m, 0, 0, "x", 1, NULL);
     root = s ? cJSON_Parse(s) : NULL;
     CHECK(root && cJSON_IsNull(cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(root, "choices"), 0), "logprobs")),
           "no logprobs: null");

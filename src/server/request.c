@@ -200,9 +200,6 @@ static int parse_prompt(const cJSON *root, req_params *p, req_error *e) {
     if (n * p->n_choices > REQ_MAX_JOBS)
         return req_fail(e, 400, "invalid_request_error", "invalid_value", "prompt",
                         "%d prompts x %d choices: at most %d sequences per request", n, p->n_choices, REQ_MAX_JOBS);
-    if (n > 1 && p->stream)
-        return req_fail(e, 400, "invalid_request_error", "unsupported_value", "prompt",
-                        "several prompts are not supported with 'stream'");
     req_prompt one = {0};
     if (!parse_one_prompt(several ? first : pr, &one, e)) {
         req_prompt_free(&one);
@@ -381,10 +378,6 @@ int req_parse(req_kind kind, const char *body, size_t len, req_params *p, req_er
     d = 1;
     if (!get_int(root, "n", 1, REQ_MAX_CHOICES, &d, &n_given, e)) goto out;
     p->n_choices = (int)d;
-    if (p->n_choices > 1 && p->stream) {
-        req_fail(e, 400, "invalid_request_error", "unsupported_value", "n", "'n' > 1 is not supported with 'stream'");
-        goto out;
-    }
     const cJSON *so = cJSON_GetObjectItemCaseSensitive(root, "stream_options");
     if (so && !cJSON_IsNull(so)) {
         if (!cJSON_IsObject(so)) {

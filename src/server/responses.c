@@ -170,26 +170,37 @@ char *resp_final(const resp_meta *m, const char *text, size_t len, const char *f
     return resp_final_choices(m, &c, 1);
 }
 
-char *resp_chunk(const resp_meta *m, int role, const char *text, size_t len, const char *finish,
-                 const resp_logprobs *lp) {
+/* A chunk of choice `index`: a chat's delta (role and content as given), or
+ * a completion's text, then logprobs and finish_reason. */
+static cJSON *chunk(const resp_meta *m, int index, int role, const char *text, size_t len, int content,
+                    const resp_logprobs *lp, const char *finish) {
     int chat = m->kind == REQ_CHAT;
     cJSON *root = head(m, chat ? "chat.completion.chunk" : "text_completion");
     cJSON *choices = cJSON_AddArrayToObject(root, "choices"), *c = cJSON_CreateObject();
     cJSON_AddItemToArray(choices, c);
-    cJSON_AddNumberToObject(c, "index", 0);
+    cJSON_AddNumberToObject(c, "index", index);
     if (chat) {
         cJSON *delta = cJSON_AddObjectToObject(c, "delta");
         if (role) cJSON_AddStringToObject(delta, "role", "assistant");
-        /* a token's chunk always has content ("" for a token with no text
-         * yet); the final chunk's delta is empty, as OpenAI's is */
-        if (role || len || !finish) cJSON_AddItemToObject(delta, "content", str_n(text, len));
+        if (content) cJSON_AddItemToObject(delta, "content", str_n(text, len));
     } else {
         cJSON_AddItemToObject(c, "text", str_n(text, len));
     }
     cJSON_AddItemToObject(c, "logprobs", logprobs_json(m->kind, lp));
     if (finish) cJSON_AddStringToObject(c, "finish_reason", finish);
     else cJSON_AddNullToObject(c, "finish_reason");
-    if (finish) add_usage(root, m);
+    return root;
+}
+
+char *resp_chunk(const resp_meta *m, int index, int role, const char *text, size_t len, const resp_logprobs *lp) {
+    /* a token's chunk always has content ("" for a token with no text yet) */
+    return print(chunk(m, index, role, text, len, 1, lp, NULL));
+}
+
+char *resp_finish_chunk(const resp_meta *m, int index, const char *finish, int usage) {
+    /* the final chunk's delta is empty, as OpenAI's is */
+    cJSON *root = chunk(m, index, 0, "", 0, 0, NULL, finish);
+    if (usage) add_usage(root, m);
     return print(root);
 }
 

@@ -45,11 +45,11 @@ typedef struct {
 } resp_choice;
 /* A whole response with n choices (index 0 .. n - 1). */
 char *resp_final_choices(const resp_meta *m, const resp_choice *choices, int n);
-/* A streamed chunk: role (chat, first chunk), one token's text delta
- * (possibly "") with its log-probabilities if asked, or the final chunk
- * (finish != NULL, with usage). */
-char *resp_chunk(const resp_meta *m, int role, const char *text, size_t len, const char *finish,
-                 const resp_logprobs *lp);
+/* A streamed chunk of choice `index`: a chat's role (its first chunk), or
+ * one token's text delta (possibly "") with its log-probabilities if asked. */
+char *resp_chunk(const resp_meta *m, int index, int role, const char *text, size_t len, const resp_logprobs *lp);
+/* Choice `index`'s final chunk: its finish_reason, and the usage with `usage`. */
+char *resp_finish_chunk(const resp_meta *m, int index, const char *finish, int usage);
 /* The stream_options.include_usage chunk: no choices, usage only. */
 char *resp_usage_chunk(const resp_meta *m);
 

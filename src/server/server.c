@@ -30,6 +30,7 @@
 
 #define WAIT_SLICE_MS 100     /* how often a waiting handler checks its client */
 #define KEEPALIVE_MS 5000     /* SSE comment while a stream has nothing to say */
+#define MULTI_WAIT_SLICE_MS 5 /* how often a stream of several choices looks at each */
 
 typedef struct {
     server_params p;
@@ -205,16 +206,25 @@ too_long:
     return NULL;
 }
 
+/* One choice of a stream: its job and what of it was sent. */
+typedef struct {
+    job *job;
+    size_t taken;       /* bytes of job->text already sent */
+    size_t taken_chars; /* the characters in those bytes */
+    int sent_tok;       /* generated tokens whose chunk was sent (job->tok_end entries) */
+    int started;        /* its first chunk (a chat's role) was sent */
+    int ended;          /* its final chunk (or error) was sent */
+} choice_stream;
+
 typedef struct {
     server *srv;
-    job *job;
     struct MHD_Connection *conn;
     resp_meta meta;
     char id[48];
-    size_t taken;  /* bytes of job->text already sent */
-    size_t taken_chars; /* the characters in those bytes */
-    int sent_tok;  /* generated tokens whose chunk was sent (job->tok_end entries) */
-    int started, finished;
+    choice_stream ch[REQ_MAX_JOBS];
+    int n_ch, n_ended;
+    int n_choices; /* choices per prompt (fill_usage counts each prompt once) */
+    int finished;
     char *out;     /* pending bytes of SSE events */
     size_t out_len, out_off, out_cap;
     /* a running job's new token ends, log-probabilities and text, copied under the lock */
@@ -224,14 +234,12 @@ typedef struct {
     size_t snap_ends_cap, snap_text_cap;
 } stream;
 
-/* Room in the stream's snapshot for n token ends and len text bytes. */
+/* Room in the stream's snapshot for n token ends (and their log-probabilities) and len text bytes. */
 static int snap_reserve(stream *st, size_t n, size_t len) {
     if (n > st->snap_ends_cap) {
-        if (st->job->p.logprobs) {
-            token_logprobs *l = realloc(st->snap_lps, 2 * n * sizeof *l);
-            if (!l) return 0;
-            st->snap_lps = l;
-        }
+        token_logprobs *l = realloc(st->snap_lps, 2 * n * sizeof *l);
+        if (!l) return 0;
+        st->snap_lps = l;
         size_t *e = realloc(st->snap_ends, 2 * n * sizeof *e);
         if (!e) return 0;
         st->snap_ends = e;
@@ -275,13 +283,127 @@ static void out_event(stream *st, const char *json) {
     st->out_len += n + 8;
 }
 
+/* usage of the stream's jobs: each prompt once (its first choice's), every choice's tokens */
 static void fill_usage(stream *st) {
-    st->meta.prompt_tokens = st->job->n_prompt;
-    st->meta.completion_tokens = st->job->n_gen;
-    st->meta.cached_tokens = st->job->n_cached;
+    st->meta.prompt_tokens = st->meta.completion_tokens = st->meta.cached_tokens = 0;
+    for (int k = 0; k < st->n_ch; k++) {
+        const job *j = st->ch[k].job;
+        if (k % st->n_choices == 0) {
+            st->meta.prompt_tokens += j->n_prompt;
+            st->meta.cached_tokens += j->n_cached;
+        }
+        st->meta.completion_tokens += j->n_gen;
+    }
 }
 
-/* MHD content reader: SSE events as the job produces tokens, one chunk per
+/* Something to send for choice k (lock held): a token, or its end. */
+static int choice_news(const stream *st, int k) {
+    const choice_stream *c = &st->ch[k];
+    return !c->ended && (c->job->n_tok > c->sent_tok || c->job->done);
+}
+
+static int stream_news(const stream *st) {
+    for (int k = 0; k < st->n_ch; k++)
+        if (choice_news(st, k)) return 1;
+    return 0;
+}
+
+static void out_done_mark(stream *st) {
+    static const char dmark[] = "data: [DONE]\n\n";
+    size_t need = st->out_len + sizeof dmark;
+    if (need > st->out_cap) {
+        char *b = realloc(st->out, need);
+        if (b) st->out = b, st->out_cap = need;
+    }
+    if (need <= st->out_cap) {
+        memcpy(st->out + st->out_len, dmark, sizeof dmark - 1);
+        st->out_len += sizeof dmark - 1;
+    }
+}
+
+/* The SSE events of choice k's news: a chunk per new token (a chat's role
+ * chunk first), and once its job is done the text no token carried and its
+ * final chunk. What to send is taken under the lock and the JSON built after
+ * it, so the engine never waits for streams to format their chunks; a
+ * running job's token ends and text may grow (and move) meanwhile: they are
+ * copied; a finished job changes no more and is read as is. Returns 0 if
+ * out of memory. */
+static int stream_choice(stream *st, int k) {
+    sched *s = st->srv->sched;
+    choice_stream *cs = &st->ch[k];
+    job *j = cs->job;
+    sched_lock(s);
+    const int done = j->done, n_new = j->n_tok - cs->sent_tok;
+    const int role = !cs->started && (n_new > 0 || done) && st->meta.kind == REQ_CHAT && (j->n_tok > 0 || j->finish);
+    if (n_new > 0 || done) cs->started = 1;
+    const size_t *ends = j->tok_end + cs->sent_tok;
+    const token_logprobs *lps = j->p.logprobs ? j->lps + cs->sent_tok : NULL;
+    const char *text = j->text;
+    size_t base = 0; /* offset in the job's text of text[0] */
+    if (!done && n_new > 0) {
+        size_t to = j->tok_end[j->n_tok - 1];
+        if (!snap_reserve(st, (size_t)n_new, to - cs->taken)) {
+            sched_unlock(s);
+            return 0;
+        }
+        memcpy(st->snap_ends, ends, (size_t)n_new * sizeof *ends);
+        if (lps) lps = memcpy(st->snap_lps, lps, (size_t)n_new * sizeof *lps);
+        memcpy(st->snap_text, j->text + cs->taken, to - cs->taken);
+        ends = st->snap_ends;
+        text = st->snap_text;
+        base = cs->taken;
+    }
+    sched_unlock(s);
+    if (role) {
+        char *c = resp_chunk(&st->meta, k, 1, "", 0, NULL);
+        out_event(st, c);
+        free(c);
+    }
+    for (int t = 0; t < n_new; t++) {
+        /* a token's text starts where the text sent so far ends */
+        const resp_logprobs lp = {.lp = lps ? lps + t : NULL, .offset = &cs->taken_chars, .n = 1,
+                                  .bytes = vocab_bytes, .arg = st->srv->model};
+        char *c = resp_chunk(&st->meta, k, 0, text + (cs->taken - base), ends[t] - cs->taken, lps ? &lp : NULL);
+        out_event(st, c);
+        free(c);
+        cs->taken_chars += utf8_chars(text + (cs->taken - base), ends[t] - cs->taken);
+        cs->taken = ends[t];
+    }
+    cs->sent_tok += n_new;
+    if (!done) return 1;
+    if (j->text_len > cs->taken) { /* text no token carried (flushed at the end) */
+        char *c = resp_chunk(&st->meta, k, 0, j->text + cs->taken, j->text_len - cs->taken, NULL);
+        out_event(st, c);
+        free(c);
+        cs->taken = j->text_len;
+    }
+    cs->ended = 1;
+    st->n_ended++;
+    if (!j->finish) { /* a failed choice ends the stream */
+        req_error e;
+        req_fail(&e, 500, "server_error", "generation_failed", NULL, "generation failed: %s",
+                 j->failed ? j->errmsg : "cancelled");
+        char *c = resp_error(&e);
+        out_event(st, c);
+        free(c);
+        st->n_ended = st->n_ch;
+        return 1;
+    }
+    /* usage (every choice's tokens) goes with the last final chunk */
+    const int last = st->n_ended == st->n_ch;
+    if (last) fill_usage(st);
+    char *c = resp_finish_chunk(&st->meta, k, j->finish, last);
+    out_event(st, c);
+    free(c);
+    if (last && j->p.include_usage) {
+        c = resp_usage_chunk(&st->meta);
+        out_event(st, c);
+        free(c);
+    }
+    return 1;
+}
+
+/* MHD content reader: SSE events as the jobs produce tokens, one chunk per
  * generated token (its text may be empty: half a UTF-8 character or a
  * possible stop-string prefix waits for a later token), as llama-server
  * streams, so a client sees each token when it exists. A chat stream's role
@@ -294,17 +416,20 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
         st->out_off = st->out_len = 0;
         if (st->finished) return MHD_CONTENT_READER_END_OF_STREAM;
         sched *s = st->srv->sched;
-        job *j = st->job;
         sched_lock(s);
         int waited = 0;
-        while (!st->out_len && j->n_tok == st->sent_tok && !j->done) {
+        while (!st->out_len && !stream_news(st)) {
             if (client_gone(st->conn)) {
                 sched_unlock(s);
-                return MHD_CONTENT_READER_END_WITH_ERROR; /* the free callback cancels the job */
+                return MHD_CONTENT_READER_END_WITH_ERROR; /* the free callback cancels the jobs */
             }
-            sched_wait(s, j, WAIT_SLICE_MS);
-            waited += WAIT_SLICE_MS;
-            if (waited >= KEEPALIVE_MS && j->n_tok == st->sent_tok && !j->done) {
+            /* one choice: its job's news wake this thread; several: each is looked at every slice */
+            int k = 0;
+            while (k + 1 < st->n_ch && st->ch[k].ended) k++;
+            const int slice = st->n_ch > 1 ? MULTI_WAIT_SLICE_MS : WAIT_SLICE_MS;
+            sched_wait(s, st->ch[k].job, slice);
+            waited += slice;
+            if (waited >= KEEPALIVE_MS && !stream_news(st)) {
                 static const char ka[] = ": keep-alive\n\n";
                 if (st->out_cap < sizeof ka) {
                     char *b = realloc(st->out, 64);
@@ -314,82 +439,16 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
                 break;
             }
         }
-        /* What to send is taken under the lock and the JSON built after it,
-         * so the engine never waits for streams to format their chunks. A
-         * running job's token ends and text may grow (and move) meanwhile:
-         * they are copied; a finished job changes no more and is read as is. */
-        const int done = j->done, n_new = j->n_tok - st->sent_tok;
-        const int role = !st->started && (n_new > 0 || done) && st->meta.kind == REQ_CHAT && (j->n_tok > 0 || j->finish);
-        if (n_new > 0 || done) st->started = 1;
-        const size_t *ends = j->tok_end + st->sent_tok;
-        const token_logprobs *lps = j->p.logprobs ? j->lps + st->sent_tok : NULL;
-        const char *text = j->text;
-        size_t base = 0; /* offset in the job's text of text[0] */
-        if (!done && n_new > 0) {
-            size_t to = j->tok_end[j->n_tok - 1];
-            if (!snap_reserve(st, (size_t)n_new, to - st->taken)) {
-                sched_unlock(s);
-                return MHD_CONTENT_READER_END_WITH_ERROR; /* out of memory: close; the free callback cancels */
-            }
-            memcpy(st->snap_ends, ends, (size_t)n_new * sizeof *ends);
-            if (lps) lps = memcpy(st->snap_lps, lps, (size_t)n_new * sizeof *lps);
-            memcpy(st->snap_text, j->text + st->taken, to - st->taken);
-            ends = st->snap_ends;
-            text = st->snap_text;
-            base = st->taken;
-        }
         sched_unlock(s);
-        if (role) {
-            char *c = resp_chunk(&st->meta, 1, "", 0, NULL, NULL);
-            out_event(st, c);
-            free(c);
+        for (int k = 0; k < st->n_ch && st->n_ended < st->n_ch; k++) {
+            sched_lock(s);
+            const int news = choice_news(st, k);
+            sched_unlock(s);
+            if (news && !stream_choice(st, k))
+                return MHD_CONTENT_READER_END_WITH_ERROR; /* out of memory: close; the free callback cancels */
         }
-        for (int k = 0; k < n_new; k++) {
-            /* a token's text starts where the text sent so far ends */
-            const resp_logprobs lp = {.lp = lps ? lps + k : NULL, .offset = &st->taken_chars, .n = 1,
-                                      .bytes = vocab_bytes, .arg = st->srv->model};
-            char *c = resp_chunk(&st->meta, 0, text + (st->taken - base), ends[k] - st->taken, NULL, lps ? &lp : NULL);
-            out_event(st, c);
-            free(c);
-            st->taken_chars += utf8_chars(text + (st->taken - base), ends[k] - st->taken);
-            st->taken = ends[k];
-        }
-        st->sent_tok += n_new;
-        if (done && j->text_len > st->taken) { /* text no token carried (flushed at the end) */
-            char *c = resp_chunk(&st->meta, 0, j->text + st->taken, j->text_len - st->taken, NULL, NULL);
-            out_event(st, c);
-            free(c);
-            st->taken = j->text_len;
-        }
-        if (done) {
-            fill_usage(st);
-            if (j->finish) {
-                char *c = resp_chunk(&st->meta, 0, "", 0, j->finish, NULL);
-                out_event(st, c);
-                free(c);
-                if (j->p.include_usage) {
-                    c = resp_usage_chunk(&st->meta);
-                    out_event(st, c);
-                    free(c);
-                }
-            } else {
-                req_error e;
-                req_fail(&e, 500, "server_error", "generation_failed", NULL, "generation failed: %s",
-                         j->failed ? j->errmsg : "cancelled");
-                char *c = resp_error(&e);
-                out_event(st, c);
-                free(c);
-            }
-            static const char dmark[] = "data: [DONE]\n\n";
-            size_t need = st->out_len + sizeof dmark;
-            if (need > st->out_cap) {
-                char *b = realloc(st->out, need);
-                if (b) st->out = b, st->out_cap = need;
-            }
-            if (need <= st->out_cap) {
-                memcpy(st->out + st->out_len, dmark, sizeof dmark - 1);
-                st->out_len += sizeof dmark - 1;
-            }
+        if (st->n_ended == st->n_ch) {
+            out_done_mark(st);
             st->finished = 1;
         }
         if (!st->out_len) return st->finished ? MHD_CONTENT_READER_END_OF_STREAM : MHD_CONTENT_READER_END_WITH_ERROR;
@@ -402,7 +461,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
 
 static void stream_free(void *cls) {
     stream *st = cls;
-    sched_release(st->srv->sched, st->job); /* cancels it if the client left early */
+    for (int k = 0; k < st->n_ch; k++) sched_release(st->srv->sched, st->ch[k].job); /* cancels those still running */
     free(st->out);
     free(st->snap_ends);
     free(st->snap_lps);
@@ -637,17 +696,18 @@ static enum MHD_Result handle_generate(server *srv, struct MHD_Connection *c, re
                                          : "every slot is busy and the wait queue is full; retry later",
                     REQ_STATUS_OVERLOADED);
     }
-    job *j = jobs[0];
     unsigned long id = atomic_fetch_add(&srv->next_id, 1);
     resp_meta meta = {.model = srv->model_id, .created = (long)time(NULL), .kind = kind};
     if (stream_mode) {
         stream *st = calloc(1, sizeof *st);
         if (!st) {
-            sched_release(srv->sched, j);
+            release_jobs(srv, jobs, n_jobs);
             return fail(srv, c, 500, "server_error", NULL, "out of memory", REQ_STATUS_COUNT);
         }
         st->srv = srv;
-        st->job = j;
+        for (int k = 0; k < n_jobs; k++) st->ch[k].job = jobs[k];
+        st->n_ch = n_jobs;
+        st->n_choices = n_choices;
         st->conn = c;
         st->meta = meta;
         snprintf(st->id, sizeof st->id, "%s-%lx", kind == REQ_CHAT ? "chatcmpl" : "cmpl", id);

@@ -605,6 +605,29 @@ async function main() {
     check(nc.usage.completion_tokens === aloneUsage.reduce((t, u) => t + u.completion_tokens, 0) &&
           nc.usage.prompt_tokens === aloneUsage[0].prompt_tokens,
           `n 3: usage counts every choice's tokens and the prompt once (${JSON.stringify(nc.usage)})`);
+    // streamed: each index's deltas make that choice's text; the last final chunk and the usage chunk carry usage
+    const ns = await client.completions.create({ model: 'x', prompt: PROMPTS[3], max_tokens: 20, temperature: 1, seed: 11, n: 3, stream: true,
+      stream_options: { include_usage: true } });
+    const nsText = ['', '', ''], nsFinish = [null, null, null];
+    let nsUsage = null, finalsWithUsage = 0;
+    for await (const ch of ns) {
+      if (ch.usage && ch.choices.length === 0) nsUsage = ch.usage;
+      for (const x of ch.choices) {
+        nsText[x.index] += x.text;
+        if (x.finish_reason) { nsFinish[x.index] = x.finish_reason; finalsWithUsage += !!ch.usage; }
+      }
+    }
+    check(nsText.every((t, i) => t === alone[i]) && nsFinish.every((f) => f) && finalsWithUsage === 1 &&
+          nsUsage && nsUsage.completion_tokens === nc.usage.completion_tokens,
+          `n 3 streamed: each index's deltas equal its choice, usage once: ${JSON.stringify(nsText.map((t) => t.slice(0, 16)))}`);
+    const ncs = await client.chat.completions.create({ model: 'x', messages: [{ role: 'user', content: q }], max_tokens: 16, temperature: 0,
+      n: 2, stream: true });
+    const chatText = ['', ''], roles = [0, 0];
+    for await (const ch of ncs) for (const x of ch.choices) {
+      if (x.delta.role) roles[x.index]++;
+      chatText[x.index] += x.delta.content || '';
+    }
+    check(roles.every((r) => r === 1) && chatText.every((t) => t === refChat), 'n 2 streamed chat: one role chunk per choice, each the greedy text');
     const ng = await client.chat.completions.create({ model: 'x', messages: [{ role: 'user', content: q }], max_tokens: 16, temperature: 0, n: 2 });
     check(ng.choices.length === 2 && ng.choices.every((ch) => ch.message.content === refChat), 'n 2, greedy chat: both choices are the greedy text');
 
@@ -667,7 +690,6 @@ async function main() {
       ['empty messages', '/v1/chat/completions', JSON.stringify({ messages: [] }), 400],
       ['bad role', '/v1/chat/completions', JSON.stringify({ messages: [{ role: 'wizard', content: 'hi' }] }), 400],
       ['n > 16', '/v1/chat/completions', JSON.stringify({ messages: [{ role: 'user', content: 'hi' }], n: 17 }), 400],
-      ['n > 1 streamed', '/v1/chat/completions', JSON.stringify({ messages: [{ role: 'user', content: 'hi' }], n: 2, stream: true }), 400],
       ['max_tokens negative', '/v1/completions', JSON.stringify({ prompt: 'x', max_tokens: -5 }), 400],
       ['stop not strings', '/v1/completions', JSON.stringify({ prompt: 'x', stop: [1, 2] }), 400],
       ['prompt missing', '/v1/completions', JSON.stringify({ max_tokens: 3 }), 400],
