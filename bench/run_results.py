@@ -347,7 +347,8 @@ def render(R):
     w("Each made by its own script, named on the page:")
     w("")
     for page, what in (("NUMA.md", "memory locality (`bench/numa_ab.py`, `bench/numa_projection.py`)"),
-                       ("SERVING.md", "`ellm serve` against llama-server"),
+                       ("SERVING.md", "`ellm serve` against llama-server (`bench/run_serving.mjs`), and what "
+                                      "log-probabilities cost (`bench/run_scoring.mjs`)"),
                        ("SPEC.md", "self-speculative decoding"),
                        ("DIST.md", "KV cache sharded over MPI ranks"),
                        ("KV.md", "quantized KV cache"),
