@@ -81,8 +81,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     /* the response builders take any text the parser accepted */
     resp_meta m = {.id = "x", .model = "m", .kind = kind};
     /* with log-probabilities: token 0's bytes are the first stop string's (any UTF-8 the parser took), others none */
-    token_logprobs lp = {.chosen = {0, -1.0f}, .n_top = p.top_logprobs};
-    for (int k = 0; k < lp.n_top; k++) lp.top[k] = (token_prob){k, -1.0f - (float)k};
+    logprobs_token lp = {.chosen = {0, -1.0f}, .n_top = p.top_logprobs};
+    for (int k = 0; k < lp.n_top; k++) lp.top[k] = (logprobs_item){k, -1.0f - (float)k};
     size_t off = 0;
     const resp_logprobs rl = {.lp = &lp, .offset = &off, .n = 1, .bytes = stop_bytes, .arg = &p};
     char *a = resp_final(&m, p.prompt ? p.prompt : "", p.prompt ? p.prompt_len : 0, "stop", p.logprobs ? &rl : NULL);

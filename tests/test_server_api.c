@@ -36,7 +36,7 @@ static void test_compute(void) {
     for (int i = 0; i < N; i++) sum += exp((double)l[i] - mx);
     const double lse = mx + log(sum);
     for (int top = 0; top <= REQ_MAX_TOP_LOGPROBS + 2; top += 3) {
-        token_logprobs out;
+        logprobs_token out;
         logprobs_compute(l, N, 1234, top, &out);
         const int want = top < REQ_MAX_TOP_LOGPROBS ? top : REQ_MAX_TOP_LOGPROBS;
         CHECK(out.n_top == want, "top %d: %d alternatives", top, out.n_top);
@@ -47,7 +47,7 @@ static void test_compute(void) {
         CHECK(out.chosen.id == 1234 && fabs(out.chosen.logprob - ((double)l[1234] - lse)) < 1e-5,
               "chosen token's log-probability %g vs %g", out.chosen.logprob, (double)l[1234] - lse);
     }
-    token_logprobs out;
+    logprobs_token out;
     logprobs_compute(l, N, 0, 5, &out);
     CHECK(out.top[0].id == 17 && out.top[1].id == 2900 && out.top[0].logprob == out.top[1].logprob,
           "equal top logits: the lower id first (%d, %d)", out.top[0].id, out.top[1].id);
@@ -255,7 +255,7 @@ static void test_json(void) {
     CHECK(ellm_tokenizer_encode(tok, "def", 3, 0, 0, ids, 2, &n, &err) == ELLM_OK && n == 1, "'def' is one token (%d)", n);
     const int32_t part = partial_token(tok);
     CHECK(part >= 0, "the vocabulary has a byte token");
-    token_logprobs lp[3] = {
+    logprobs_token lp[3] = {
         {.chosen = {ids[0], -0.25f}, .n_top = 2, .top = {{ids[0], -0.25f}, {part, -2.0f}}},
         {.chosen = {-1, 0.0f}}, /* the end-of-generation token: left out */
         {.chosen = {part, -3.5f}, .n_top = 0},
@@ -291,7 +291,7 @@ static void test_json(void) {
                 *tops = cJSON_GetObjectItem(c, "top_logprobs"), *offs = cJSON_GetObjectItem(c, "text_offset");
     CHECK(cJSON_GetArraySize(tokens) == 2 && cJSON_GetArraySize(tlp) == 2 && cJSON_GetArraySize(tops) == 2 &&
               cJSON_GetArraySize(offs) == 2,
-          "completions: tokens, token_logprobs, top_logprobs, text_offset per shown token (%s)", s ? s : "NULL");
+          "completions: tokens, logprobs_token, top_logprobs, text_offset per shown token (%s)", s ? s : "NULL");
     const cJSON *top0 = cJSON_GetArrayItem(tops, 0);
     CHECK(cJSON_GetArraySize(top0) == 2 && cJSON_GetObjectItem(top0, "def") &&
               cJSON_GetObjectItem(top0, "def")->valuedouble == -0.25 && cJSON_GetArrayItem(offs, 1)->valueint == 3,

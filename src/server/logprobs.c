@@ -18,7 +18,7 @@ static float block_max(const float *x) {
 
 /* Keeps top[0 .. *n) (at most k, sorted by logit, equal ones by lower id)
  * with token i if it belongs there. */
-static void top_insert(const float *logits, int32_t i, int k, token_prob *top, int *n) {
+static void top_insert(const float *logits, int32_t i, int k, logprobs_item *top, int *n) {
     const float l = logits[i];
     if (*n == k && !(l > logits[top[*n - 1].id])) return;
     int j = *n < k ? (*n)++ : *n - 1;
@@ -29,7 +29,7 @@ static void top_insert(const float *logits, int32_t i, int k, token_prob *top, i
     top[j].id = i;
 }
 
-void logprobs_compute(const float *logits, int n_vocab, int32_t chosen, int top, token_logprobs *out) {
+void logprobs_compute(const float *logits, int n_vocab, int32_t chosen, int top, logprobs_token *out) {
     if (top > REQ_MAX_TOP_LOGPROBS) top = REQ_MAX_TOP_LOGPROBS;
     if (top > n_vocab) top = n_vocab;
     if (top < 0) top = 0;

@@ -15,16 +15,16 @@
 typedef struct {
     int32_t id;
     float logprob;
-} token_prob;
+} logprobs_item;
 
 typedef struct {
-    token_prob chosen;                      /* logprob NAN: none (an echoed prompt's first token) */
-    int n_top;                              /* alternatives in top[] */
-    token_prob top[REQ_MAX_TOP_LOGPROBS];   /* highest first; equal ones by lower id */
-} token_logprobs;
+    logprobs_item chosen;                    /* logprob NAN: none (an echoed prompt's first token) */
+    int n_top;                               /* alternatives in top[] */
+    logprobs_item top[REQ_MAX_TOP_LOGPROBS]; /* highest first; equal ones by lower id */
+} logprobs_token;
 
 /* *out for the token `chosen` from n_vocab logits, with the `top` (at most
  * REQ_MAX_TOP_LOGPROBS and n_vocab) most likely tokens. */
-void logprobs_compute(const float *logits, int n_vocab, int32_t chosen, int top, token_logprobs *out);
+void logprobs_compute(const float *logits, int n_vocab, int32_t chosen, int top, logprobs_token *out);
 
 #endif

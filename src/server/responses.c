@@ -63,7 +63,7 @@ static const char *token_bytes(const resp_logprobs *lp, int32_t id, size_t *n) {
 }
 
 /* {"token", "logprob", "bytes"} of one token (chat). */
-static cJSON *chat_token(const resp_logprobs *lp, token_prob p) {
+static cJSON *chat_token(const resp_logprobs *lp, logprobs_item p) {
     size_t n = 0;
     const char *b = token_bytes(lp, p.id, &n);
     cJSON *o = cJSON_CreateObject(), *bytes = cJSON_CreateArray();
@@ -81,7 +81,7 @@ static cJSON *logprobs_json(req_kind kind, const resp_logprobs *lp) {
     if (kind == REQ_CHAT) {
         cJSON *content = cJSON_AddArrayToObject(root, "content");
         for (int i = 0; i < lp->n; i++) {
-            const token_logprobs *t = &lp->lp[i];
+            const logprobs_token *t = &lp->lp[i];
             if (t->chosen.id < 0) continue;
             cJSON *e = chat_token(lp, t->chosen), *top = cJSON_AddArrayToObject(e, "top_logprobs");
             for (int k = 0; k < t->n_top; k++) cJSON_AddItemToArray(top, chat_token(lp, t->top[k]));
@@ -92,7 +92,7 @@ static cJSON *logprobs_json(req_kind kind, const resp_logprobs *lp) {
     cJSON *tokens = cJSON_AddArrayToObject(root, "tokens"), *lps = cJSON_AddArrayToObject(root, "token_logprobs"),
           *tops = cJSON_AddArrayToObject(root, "top_logprobs"), *offs = cJSON_AddArrayToObject(root, "text_offset");
     for (int i = 0; i < lp->n; i++) {
-        const token_logprobs *t = &lp->lp[i];
+        const logprobs_token *t = &lp->lp[i];
         if (t->chosen.id < 0) continue;
         size_t n = 0;
         const char *b = token_bytes(lp, t->chosen.id, &n);

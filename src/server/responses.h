@@ -20,12 +20,12 @@ typedef struct {
  * none), and (completions,
  * whose format has a "text_offset") where each token's text starts in the
  * choice's text. Chat gives OpenAI's {"content": [{token, logprob, bytes,
- * top_logprobs}]}, completions {tokens, token_logprobs, top_logprobs,
+ * top_logprobs}]}, completions {tokens, logprobs_token, top_logprobs,
  * text_offset}; a token whose logprob is NAN gets null for it and its
  * alternatives. A token's "token" string shows bytes that are not UTF-8 on
  * their own (part of a character) as U+FFFD; "bytes" has them as they are. */
 typedef struct {
-    const token_logprobs *lp;
+    const logprobs_token *lp;
     const size_t *offset;
     int n;
     const char *(*bytes)(const void *arg, int32_t id, size_t *len);

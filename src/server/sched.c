@@ -43,7 +43,7 @@ typedef struct {
     int32_t step_out[STEP_TOKENS_MAX];
     int n_out, n_emit;
     size_t shows[STEP_TOKENS_MAX];
-    token_logprobs lp[STEP_TOKENS_MAX]; /* the step's tokens', when its job asked for logprobs */
+    logprobs_token lp[STEP_TOKENS_MAX]; /* the step's tokens', when its job asked for logprobs */
     int lp_ready;                       /* a speculative step's lp[] are set (not from the spec state) */
     const char *fin;
 } slot;
@@ -597,7 +597,7 @@ static void admit(sched *s) {
                 finish_job(s, j, NULL);
                 continue;
             }
-            j->prompt_lps[0] = (token_logprobs){.chosen = {j->prompt[0], NAN}, .n_top = 0};
+            j->prompt_lps[0] = (logprobs_token){.chosen = {j->prompt[0], NAN}, .n_top = 0};
         }
         slot *sl = &s->slots[best];
         int keep = best_lcp < j->n_prompt - 1 ? best_lcp : j->n_prompt - 1;
@@ -650,13 +650,13 @@ static size_t safe_len(const job *j) {
  * lps, from *lp, when the job asked for log-probabilities), so its stream
  * sends a chunk for it now, with whatever text it completed (maybe none). Out
  * of memory, the text still joins and goes out with a later chunk. */
-static void publish_token(job *j, size_t show, const token_logprobs *lp) {
+static void publish_token(job *j, size_t show, const logprobs_token *lp) {
     if (show > j->gen_emitted && append(&j->text, &j->text_len, &j->text_cap, j->gen + j->gen_emitted, show - j->gen_emitted))
         j->gen_emitted = show;
     if (j->n_tok == j->tok_cap) {
         int cap = j->tok_cap ? 2 * j->tok_cap : 64;
         if (j->p.logprobs) {
-            token_logprobs *l = realloc(j->lps, (size_t)cap * sizeof *l);
+            logprobs_token *l = realloc(j->lps, (size_t)cap * sizeof *l);
             if (!l) return;
             j->lps = l;
         }
@@ -682,10 +682,10 @@ static size_t shown_after(job *j, const char *fin) {
 
 /* With logprobs asked, *out for token tok drawn from logits (engine thread);
  * an end-of-generation token that ends the job is marked as not shown. */
-static void token_lp(const sched *s, const job *j, const float *logits, int32_t tok, token_logprobs *out) {
+static void token_lp(const sched *s, const job *j, const float *logits, int32_t tok, logprobs_token *out) {
     if (!j->p.logprobs) return;
     if (!logits) { /* a speculative state that did not keep its rows: shown without a log-probability */
-        *out = (token_logprobs){.chosen = {tok, NAN}};
+        *out = (logprobs_token){.chosen = {tok, NAN}};
         return;
     }
     logprobs_compute(logits, s->n_vocab, tok, j->p.top_logprobs, out);

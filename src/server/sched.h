@@ -57,10 +57,10 @@ struct job {
     size_t *tok_end;
     /* With p.logprobs, each of those tokens' log-probabilities (chosen.id < 0:
      * the end-of-generation token that stopped it, shown without any). */
-    token_logprobs *lps;
+    logprobs_token *lps;
     /* With p.echo and p.logprobs, each prompt token's (entry 0 has no
      * logprob: NAN); written by the engine thread before the job is done. */
-    token_logprobs *prompt_lps;
+    logprobs_token *prompt_lps;
     int n_tok, tok_cap;
     int n_gen;       /* completion tokens */
     int n_cached;    /* prompt tokens reused from the slot's KV cache */

@@ -229,7 +229,7 @@ typedef struct {
     size_t out_len, out_off, out_cap;
     /* a running job's new token ends, log-probabilities and text, copied under the lock */
     size_t *snap_ends;
-    token_logprobs *snap_lps;
+    logprobs_token *snap_lps;
     char *snap_text;
     size_t snap_ends_cap, snap_text_cap;
 } stream;
@@ -237,7 +237,7 @@ typedef struct {
 /* Room in the stream's snapshot for n token ends (and their log-probabilities) and len text bytes. */
 static int snap_reserve(stream *st, size_t n, size_t len) {
     if (n > st->snap_ends_cap) {
-        token_logprobs *l = realloc(st->snap_lps, 2 * n * sizeof *l);
+        logprobs_token *l = realloc(st->snap_lps, 2 * n * sizeof *l);
         if (!l) return 0;
         st->snap_lps = l;
         size_t *e = realloc(st->snap_ends, 2 * n * sizeof *e);
@@ -337,7 +337,7 @@ static int stream_choice(stream *st, int k) {
     const int role = !cs->started && (n_new > 0 || done) && st->meta.kind == REQ_CHAT && (j->n_tok > 0 || j->finish);
     if (n_new > 0 || done) cs->started = 1;
     const size_t *ends = j->tok_end + cs->sent_tok;
-    const token_logprobs *lps = j->p.logprobs ? j->lps + cs->sent_tok : NULL;
+    const logprobs_token *lps = j->p.logprobs ? j->lps + cs->sent_tok : NULL;
     const char *text = j->text;
     size_t base = 0; /* offset in the job's text of text[0] */
     if (!done && n_new > 0) {
@@ -499,7 +499,7 @@ static char *ids_text(const ellm_model *model, const int32_t *ids, int n, size_t
 typedef struct {
     char *text;
     size_t len;
-    token_logprobs *lps;
+    logprobs_token *lps;
     size_t *offsets;
     resp_logprobs lp;
 } choice_buf;
