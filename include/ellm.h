@@ -333,6 +333,17 @@ ellm_status ellm_decode(ellm_context *ctx, const int32_t *tokens, int n,
 /* Logits after the last token fed (n_vocab floats), or NULL before any. */
 const float *ellm_context_logits(const ellm_context *ctx);
 
+/* dst (an empty or any context of the same model, KV type and pool shape)
+ * takes the keys and values of src's positions [0, n) (n <= src's
+ * position), copied: the same bits as computing them, so a server's slot can
+ * start from another slot's prompt instead of computing it again. dst's
+ * position becomes n; its logits are gone (feed a last token for them).
+ * ELLM_ERR_UNSUPPORTED for contexts with a sparse index (it summarizes the
+ * keys as computed, not as stored) or sharded over MPI; ELLM_ERR_ARG for
+ * contexts of different models or caches, or n out of range;
+ * ELLM_ERR_CONTEXT_FULL when dst cannot hold n tokens now. */
+ellm_status ellm_context_copy_prefix(ellm_context *dst, const ellm_context *src, int n, ellm_error *err);
+
 /* Changes the sparse budget of an existing context (0: dense). The index is
  * kept whatever the mode, so switching is free. Fails if the context was made
  * dense-only (sparse_topk < 0 at init). */

@@ -206,6 +206,75 @@ static void check_deep(const char *path) {
     ellm_model_free(m);
 }
 
+/* ellm_context_copy_prefix: a context that takes another's first n - 1
+ * prompt positions and feeds the last token itself has the logits of the
+ * context that computed the whole prompt, bit for bit, and generates the
+ * same tokens (F16 and Q8_0 caches); contexts with a sparse index or another
+ * cache type are refused. */
+static void check_copy_prefix(const char *path) {
+    int V = 0;
+    ellm_model *m = load(path, &V);
+    if (!m) return;
+    ellm_error err = {0};
+    enum { NP = 75, NG = 12 };
+    int32_t prompt[NP];
+    for (int i = 0; i < NP; i++) prompt[i] = (int32_t)(1 + rnd() % (uint32_t)(V - 1));
+    for (int q = 0; q < 2; q++) {
+        ellm_context_params cp = ellm_context_default_params();
+        cp.n_ctx = NP + NG + 8;
+        cp.kv_type = q ? ELLM_KV_Q8_0 : ELLM_KV_F16;
+        cp.sparse_topk = -1; /* dense-only: no index (a server's dense slots) */
+        ellm_context *a = NULL, *b = NULL;
+        CHECK(ellm_context_init(m, &cp, &a, &err) == ELLM_OK && ellm_context_init(m, &cp, &b, &err) == ELLM_OK, "%s",
+              err.msg);
+        if (!a || !b) {
+            ellm_context_free(a);
+            ellm_context_free(b);
+            continue;
+        }
+        CHECK(ellm_decode(b, prompt, 9, NULL, &err) == ELLM_OK, "%s", err.msg); /* b held something else */
+        CHECK(ellm_decode(a, prompt, NP, NULL, &err) == ELLM_OK, "%s", err.msg);
+        CHECK(ellm_context_copy_prefix(b, a, NP - 1, &err) == ELLM_OK && ellm_context_pos(b) == NP - 1, "copy: %s",
+              err.msg);
+        CHECK(ellm_decode(b, prompt + NP - 1, 1, NULL, &err) == ELLM_OK, "%s", err.msg);
+        int same = !memcmp(ellm_context_logits(a), ellm_context_logits(b), (size_t)V * sizeof(float));
+        for (int g = 0; g < NG && same; g++) {
+            int32_t ta = test_argmax(ellm_context_logits(a), V), tb = test_argmax(ellm_context_logits(b), V);
+            ellm_decode(a, &ta, 1, NULL, &err);
+            ellm_decode(b, &tb, 1, NULL, &err);
+            same = ta == tb && !memcmp(ellm_context_logits(a), ellm_context_logits(b), (size_t)V * sizeof(float));
+        }
+        CHECK(same, "%s, %s KV: logits after a copied prefix equal the computed ones, and %d greedy steps after", path,
+              q ? "q8_0" : "f16", NG);
+        CHECK(ellm_context_copy_prefix(b, a, ellm_context_pos(a) + 1, &err) == ELLM_ERR_ARG, "beyond src's position");
+        ellm_context_free(a);
+        ellm_context_free(b);
+    }
+    /* a sparse context, and caches of different types */
+    ellm_context_params cp = ellm_context_default_params();
+    cp.n_ctx = 64;
+    cp.sparse_topk = -1;
+    ellm_context *d = NULL, *sp = NULL, *q8 = NULL;
+    ellm_context_init(m, &cp, &d, &err);
+    cp.kv_type = ELLM_KV_Q8_0;
+    ellm_context_init(m, &cp, &q8, &err);
+    cp.kv_type = ELLM_KV_F16;
+    cp.sparse_topk = 16;
+    ellm_context_init(m, &cp, &sp, &err);
+    if (d && sp && q8) {
+        ellm_decode(d, prompt, 20, NULL, &err);
+        ellm_decode(sp, prompt, 20, NULL, &err);
+        CHECK(ellm_context_copy_prefix(d, sp, 10, &err) == ELLM_ERR_UNSUPPORTED &&
+                  ellm_context_copy_prefix(sp, d, 10, &err) == ELLM_ERR_UNSUPPORTED,
+              "a sparse index: refused");
+        CHECK(ellm_context_copy_prefix(q8, d, 10, &err) == ELLM_ERR_ARG, "another cache type: refused");
+    }
+    ellm_context_free(d);
+    ellm_context_free(sp);
+    ellm_context_free(q8);
+    ellm_model_free(m);
+}
+
 int main(void) {
     char path[512];
     const char *models[] = {"llama-gqa.gguf", "llama-gqa-Q8_0.gguf", "llama-gqa-Q4_K_M.gguf", "qwen3-qknorm.gguf"};
@@ -221,5 +290,8 @@ int main(void) {
     snprintf(path, sizeof path, "%s/models/llama-gqa-Q8_0.gguf", test_data_dir());
     check_deep(path);
     check_deep("models/evalmodel.gguf");
+    check_copy_prefix("models/evalmodel.gguf");
+    snprintf(path, sizeof path, "%s/models/llama-gqa-Q8_0.gguf", test_data_dir());
+    check_copy_prefix(path);
     return test_finish();
 }

@@ -356,6 +356,20 @@ const void *kv_cache_block_v(const kv_cache *kv, int layer, int head, int blk) {
 
 size_t kv_cache_block_bytes(const kv_cache *kv) { return 2 * kv->half_bytes; }
 
+void kv_cache_copy_prefix(kv_cache *dst, const kv_cache *src, int n) {
+    const kv_cache_params *a = &dst->p, *b = &src->p;
+    ELLM_ASSERT(a->n_layer == b->n_layer && a->n_kv_head == b->n_kv_head && a->head_dim == b->head_dim &&
+                a->block_tokens == b->block_tokens && a->type == b->type && a->page_blocks == b->page_blocks &&
+                n >= 0 && n <= src->len && n <= a->n_ctx &&
+                (long)dst->n_held * kv_cache_page_tokens(dst) >= n);
+    const int nb = (n + a->block_tokens - 1) / a->block_tokens;
+    const size_t bytes = kv_cache_block_bytes(src);
+    for (int l = 0; l < a->n_layer; l++)
+        for (int h = 0; h < a->n_kv_head; h++)
+            for (int blk = 0; blk < nb; blk++) memcpy(block_ptr(dst, l, h, blk), block_ptr(src, l, h, blk), bytes);
+    kv_cache_set_len(dst, n);
+}
+
 void kv_cache_load_keys(const kv_cache *kv, int layer, int pos, int n, float *out) {
     const int hd = kv->p.head_dim, nkv = kv->p.n_kv_head;
     for (int t = 0; t < n; t++)

@@ -113,6 +113,12 @@ size_t kv_cache_block_bytes(const kv_cache *kv);
 /* Writable storage of block `blk` of (layer, head): block_bytes bytes. */
 void *kv_cache_block_data(kv_cache *kv, int layer, int head, int blk);
 
+/* Copies positions [0, n) of src (whole blocks, n <= kv_cache_len(src)) into
+ * dst, a cache of the same parameters holding storage for them
+ * (kv_cache_reserve(dst, n)), and sets dst's length to n: the same bits as
+ * storing those keys and values in dst. */
+void kv_cache_copy_prefix(kv_cache *dst, const kv_cache *src, int n);
+
 /* The key of position pos of (layer, head) as stored, as head_dim floats. */
 void kv_cache_key(const kv_cache *kv, int layer, int head, int pos, float *out);
 /* The keys of positions [pos, pos + n) of `layer` as stored (dequantized), as

@@ -344,6 +344,24 @@ ellm_status ellm_context_truncate(ellm_context *ctx, int n_keep) {
     return ELLM_OK;
 }
 
+ellm_status ellm_context_copy_prefix(ellm_context *dst, const ellm_context *src, int n, ellm_error *err) {
+    if (dst == src) return ellm_fail(err, ELLM_ERR_ARG, "copy prefix: a context onto itself");
+    if (dst->sidx || src->sidx || dst->dist || src->dist)
+        return ellm_fail(err, ELLM_ERR_UNSUPPORTED, "copy prefix: contexts with a sparse index or sharded KV");
+    const kv_cache_params *a = kv_cache_get_params(dst->kv), *b = kv_cache_get_params(src->kv);
+    if (dst->model != src->model || a->type != b->type || a->block_tokens != b->block_tokens ||
+        a->page_blocks != b->page_blocks)
+        return ellm_fail(err, ELLM_ERR_ARG, "copy prefix: contexts of different models or caches");
+    if (n < 0 || n > kv_cache_len(src->kv) || n > a->n_ctx)
+        return ellm_fail(err, ELLM_ERR_ARG, "copy prefix: %d tokens of a context at position %d", n, kv_cache_len(src->kv));
+    kv_cache_set_len(dst->kv, 0);
+    dst->has_logits = 0;
+    ellm_status st = kv_cache_reserve(dst->kv, n, err);
+    if (st != ELLM_OK) return st;
+    kv_cache_copy_prefix(dst->kv, src->kv, n);
+    return ELLM_OK;
+}
+
 ellm_status ellm_context_set_sparse(ellm_context *ctx, int sparse_topk, ellm_error *err) {
     if (sparse_topk < 0) return ellm_fail(err, ELLM_ERR_ARG, "sparse budget %d is negative", sparse_topk);
     if (sparse_topk > 0 && !ctx->sidx)

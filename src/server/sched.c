@@ -58,6 +58,7 @@ struct sched {
     int n_ctx;
     int n_vocab;           /* floats in a row of logits */
     int score_rows;        /* prompt rows per pass of a job that scores its prompt (SCORE_ROWS_BYTES) */
+    int share_prefix;      /* slots may copy a prompt's KV from each other (ellm_context_copy_prefix) */
     double bw_gbps;        /* read bandwidth measured at start */
     uint64_t weight_bytes; /* weight bytes one pass reads */
     size_t kv_bytes_per_token;
@@ -243,6 +244,7 @@ ellm_status sched_init(ellm_model *model, const sched_params *params, server_met
     cp.sparse_recall_every = p.sparse_topk > 0 && !p.mpi ? 64 : 0; /* a shard does not hold every key */
     cp.mpi = p.mpi;
     if (p.spec && p.sparse_topk <= 0 && strstr(p.spec, "sparse")) cp.sparse_topk = 0; /* the drafter's index */
+    s->share_prefix = cp.sparse_topk < 0 && !p.mpi; /* no index to rebuild, every key on this rank */
     if (p.spec && cp.n_batch < p.draft_max + 1) cp.n_batch = p.draft_max + 1;
     for (int i = 0; i < p.n_slots && st == ELLM_OK; i++) {
         st = ellm_batch_context_init(s->batch, &cp, &s->slots[i].ctx, err);
@@ -548,6 +550,38 @@ static void finish_pool_full(sched *s, job *j) {
  * computed from the rows of its prefill (echo with logprobs). */
 static int scores_prompt(const job *j) { return j->p.echo && j->p.logprobs; }
 
+/* Copying a prompt's KV from another slot pays from this many tokens. */
+#define SHARE_MIN_TOKENS 16
+#define SHARE_WAIT (-2)
+
+/* Another running slot whose KV holds more of job j's prompt than slot sl's
+ * own cache (*keep tokens): its index, with *keep raised to what it holds
+ * (at most the prompt but its last token, fed again for its logits); -1 if
+ * none; SHARE_WAIT if a running job is still computing a prompt that shares
+ * at least half of j's and more than any slot holds now (the n choices of
+ * one prompt, several requests with one long system prompt): j then waits
+ * and copies it, instead of computing it again beside it (lock held). */
+static int share_source(const sched *s, const job *j, const slot *sl, int *keep) {
+    if (!s->share_prefix || scores_prompt(j) || j->n_prompt - 1 < SHARE_MIN_TOKENS) return -1;
+    int from = -1, best = *keep, coming = 0;
+    for (int i = 0; i < s->p.n_slots; i++) {
+        const slot *o = &s->slots[i];
+        if (!o->job || o == sl) continue;
+        const int have = common_prefix(o->tokens, o->n_tokens, j->prompt, j->n_prompt - 1);
+        if (have > best) {
+            best = have;
+            from = i;
+        }
+        const job *r = o->job;
+        const int shared = common_prefix(r->prompt, r->n_prompt, j->prompt, j->n_prompt - 1);
+        if (!r->generating && shared * 2 >= j->n_prompt && shared > coming) coming = shared;
+    }
+    if (coming > best && coming - best >= SHARE_MIN_TOKENS) return SHARE_WAIT;
+    if (from < 0 || best - *keep < SHARE_MIN_TOKENS) return -1;
+    *keep = best;
+    return from;
+}
+
 /* Moves queued jobs into idle slots (lock held), oldest first. The slot whose cached tokens
  * share the longest prefix with the prompt wins (ties: the least recently
  * used) if that prefix is at least half the prompt. At least the prompt's last token is fed again, for its logits.
@@ -604,7 +638,15 @@ static void admit(sched *s) {
         if (scores_prompt(j)) keep = 0; /* every prompt row's logits are needed: none from the cache */
         /* a sharded sparse index is cut at whole blocks only (ellm_context_truncate) */
         if (s->p.mpi && s->p.sparse_topk > 0) keep -= keep % KV_BLOCK;
-        ellm_context_truncate(sl->ctx, keep);
+        const int from = share_source(s, j, sl, &keep);
+        if (from == SHARE_WAIT) break; /* at the head of the queue until that prompt is computed */
+        ellm_error cerr = {0};
+        if (from < 0 || ellm_context_copy_prefix(sl->ctx, s->slots[from].ctx, keep, &cerr) != ELLM_OK) {
+            if (from >= 0) keep = best_lcp < j->n_prompt - 1 ? best_lcp : j->n_prompt - 1; /* the pool is short: its own */
+            ellm_context_truncate(sl->ctx, keep);
+        } else {
+            memcpy(sl->tokens, j->prompt, (size_t)keep * sizeof *sl->tokens);
+        }
         sl->n_tokens = keep;
         if (!reserve_kv(s, sl, j->n_prompt + 1)) break; /* waits at the head of the queue */
         s->queue_head = j->next;

@@ -628,6 +628,20 @@ async function main() {
       chatText[x.index] += x.delta.content || '';
     }
     check(roles.every((r) => r === 1) && chatText.every((t) => t === refChat), 'n 2 streamed chat: one role chunk per choice, each the greedy text');
+    // the n choices of one long prompt compute it once: the others copy its KV (dense slots) and feed its last token
+    const longIds = Array.from({ length: 200 }, (_, i) => 1 + ((i * 7919 + 13) % 2000)); // in no slot's cache
+    const rowsBefore = (await metrics(base)).get('ellm_engine_rows_total');
+    const shared = await client.completions.create({ model: 'x', prompt: longIds, max_tokens: 6, temperature: 0.9, seed: 5, n: 3,
+      ignore_eos: true });
+    const rowsAfter = (await metrics(base)).get('ellm_engine_rows_total');
+    let sameLong = 0;
+    for (let i = 0; i < 3; i++) {
+      const r = await client.completions.create({ model: 'x', prompt: longIds, max_tokens: 6, temperature: 0.9, seed: 5 + i, ignore_eos: true });
+      sameLong += r.choices[0].text === shared.choices[i].text;
+    }
+    check(rowsAfter - rowsBefore === 200 + 1 + 1 + 3 * 5 && sameLong === 3,
+          `n 3 of a 200-token prompt: ${rowsAfter - rowsBefore} rows computed (the prompt once, its last token for each other choice, ` +
+          `5 fed tokens each: 217), each choice equal to the request alone with seed + i (${sameLong} of 3)`);
     const ng = await client.chat.completions.create({ model: 'x', messages: [{ role: 'user', content: q }], max_tokens: 16, temperature: 0, n: 2 });
     check(ng.choices.length === 2 && ng.choices.every((ch) => ch.message.content === refChat), 'n 2, greedy chat: both choices are the greedy text');
 
