@@ -19,7 +19,8 @@
 /* ...but at least this many prompt rows, so a prompt always moves on. */
 #define STEP_PREFILL_MIN_ROWS 16
 /* Bytes of logits a job that scores its prompt (echo with logprobs) keeps:
- * the rows of its prefill pass, at most the server's prefill chunk (on a
+ * the rows of a prefill pass (all but the prompt's last token, whose pass
+ * leaves its logits in the context), at most the server's prefill chunk (on a
  * 2-vCPU machine, SmolLM2-135M: 32 rows per pass scored at 0.65-0.8 of the
  * plain prefill's tokens/s, 128 rows at 0.8-0.9; bench/run_scoring.mjs). */
 #define SCORE_ROWS_BYTES ((size_t)32 << 20)
@@ -966,12 +967,17 @@ static void *engine_main(void *arg) {
             }
             if (!pick) break;
             int c = pick->n_prompt - pick->n_fed < prompt_rows ? pick->n_prompt - pick->n_fed : prompt_rows;
-            if (scores_prompt(pick) && c > s->score_rows) c = s->score_rows;
+            /* a scored prompt keeps the rows of all but its last token (row r
+             * scores token r + 1); the last goes in a pass of its own, which
+             * leaves its logits in the context, as any prompt does */
+            const int scored = scores_prompt(pick) && pick->n_fed < pick->n_prompt - 1;
+            if (scored && c > pick->n_prompt - 1 - pick->n_fed) c = pick->n_prompt - 1 - pick->n_fed;
+            if (scored && c > s->score_rows) c = s->score_rows;
             prompt_rows -= c;
             s->step_ctx[ns] = s->slots[pick->slot].ctx;
             s->step_tok[ns] = pick->prompt + pick->n_fed;
             s->step_n[ns] = c;
-            s->step_rows[ns] = scores_prompt(pick) ? pick->prompt_rows : NULL;
+            s->step_rows[ns] = scored ? pick->prompt_rows : NULL;
             any_rows |= s->step_rows[ns] != NULL;
             s->step_job[ns++] = pick;
             rows += c;
@@ -1045,19 +1051,11 @@ static void *engine_main(void *arg) {
             }
             memcpy(sl->tokens + sl->n_tokens, s->step_tok[k], (size_t)s->step_n[k] * sizeof(int32_t));
             sl->n_tokens += s->step_n[k];
-            /* a scored prompt's rows: row r (position n_fed + r) gives the
-             * next prompt token's log-probabilities, the last one the first
-             * generated token */
-            const float *last_row = NULL;
-            if (s->step_rows[k]) {
-                for (int r = 0; r < s->step_n[k]; r++) {
-                    const int pos = j->n_fed + r;
-                    const float *row = s->step_rows[k] + (size_t)r * (size_t)s->n_vocab;
-                    if (pos + 1 < j->n_prompt)
-                        logprobs_compute(row, s->n_vocab, j->prompt[pos + 1], j->p.top_logprobs, &j->prompt_lps[pos + 1]);
-                    last_row = row;
-                }
-            }
+            /* a scored prompt's rows: row r (position n_fed + r) gives prompt
+             * token n_fed + r + 1 its log-probabilities */
+            for (int r = 0; s->step_rows[k] && r < s->step_n[k]; r++)
+                logprobs_compute(s->step_rows[k] + (size_t)r * (size_t)s->n_vocab, s->n_vocab, j->prompt[j->n_fed + r + 1],
+                                 j->p.top_logprobs, &j->prompt_lps[j->n_fed + r + 1]);
             if (!j->generating) {
                 j->n_fed += s->step_n[k];
                 if (j->n_fed < j->n_prompt) continue;
@@ -1071,7 +1069,7 @@ static void *engine_main(void *arg) {
                     continue;
                 }
             }
-            const float *logits = last_row ? last_row : ellm_context_logits(sl->ctx);
+            const float *logits = ellm_context_logits(sl->ctx);
             int32_t tok = ellm_sampler_sample(j->sampler, logits, sl->tokens, sl->n_tokens);
             j->last = tok;
             sl->n_emit = 1;

@@ -606,11 +606,6 @@ static enum MHD_Result handle_generate(server *srv, struct MHD_Connection *c, re
     req_params p;
     req_error e;
     if (!req_parse(kind, cs->body ? cs->body : "", cs->len, &p, &e)) return send_error(srv, c, &e, REQ_STATUS_REJECTED);
-    if (p.logprobs && p.echo && srv->p.spec) { /* a speculative slot draws its first token from the context's logits */
-        req_params_free(&p);
-        return fail(srv, c, 400, "invalid_request_error", "unsupported_value",
-                    "'echo' with 'logprobs' is not available on a server started with --spec", REQ_STATUS_REJECTED);
-    }
     if (p.logprobs && p.echo && srv->p.mpi) { /* the ranks' passes keep the last row's logits only */
         req_params_free(&p);
         return fail(srv, c, 400, "invalid_request_error", "unsupported_value",

@@ -177,9 +177,13 @@ async function specServer() {
     check(sl.tokens.length === sampledLp.usage.completion_tokens - (sampledLp.choices[0].finish_reason === 'stop' ? 1 : 0) &&
           sl.token_logprobs.every((v) => v <= 0) && sl.tokens.join('') === sampledLp.choices[0].text,
           `--spec, sampling: one log-probability per shown token (${sl.tokens.length} for ${sampledLp.usage.completion_tokens})`);
-    const noEcho = await rawPost(srv.base, '/v1/completions', JSON.stringify({ prompt: ps[0], max_tokens: 2, logprobs: 1, echo: true }));
-    check(noEcho.status === 400 && isOpenAIError(noEcho.json) && /--spec/.test(noEcho.json.error.message),
-          `echo with logprobs on --spec: 400 naming --spec (${noEcho.status} ${JSON.stringify(noEcho.json)})`);
+    // scoring on a speculative server, compared with the plain server's in logprobsChecks
+    specScored = (await client.completions.create({ model: 'x', prompt: ids64(64), max_tokens: 0, echo: true, logprobs: 1 }))
+      .choices[0].logprobs;
+    const echoGen = await client.completions.create({ model: 'x', prompt: ps[0], max_tokens: 8, temperature: 0, echo: true, logprobs: 1 });
+    check(echoGen.choices[0].text === ps[0] + refs[0].slice(0, echoGen.choices[0].text.length - ps[0].length) &&
+          echoGen.choices[0].logprobs.token_logprobs[0] === null,
+          `--spec, echo with logprobs and 8 tokens: the prompt, then plain decoding's text: ${JSON.stringify(echoGen.choices[0].text)}`);
     const m0 = await metrics(srv.base);
     const together = await Promise.all(ps.map((p) => streamText(client, 'completion', { model: 'x', prompt: p, max_tokens: n, temperature: 0 })));
     const m1 = await metrics(srv.base);
@@ -374,6 +378,7 @@ async function poolServer() {
 // (llama.cpp's, tests/data/evalmodel.logits.f32: 96 rows of n_vocab floats).
 let refLogits = null;
 let specLogprobs = null; // the --spec server's logprobs of PROMPTS[2] (specServer)
+let specScored = null;   // and of the reference prompt's first 64 tokens, scored
 function refLogSoftmax(row, nVocab) {
   refLogits ||= fs.readFileSync('tests/data/evalmodel.logits.f32');
   const buf = refLogits;
@@ -440,6 +445,7 @@ async function logprobsChecks(client, base) {
   let echoErr = 0;
   for (let i = 1; i < 64; i++) echoErr = Math.max(echoErr, Math.abs(el.token_logprobs[i] - refLogSoftmax(i - 1, nVocab)[ids[i]]));
   check(echoErr <= tol, `echo: every prompt token's log-probability equals llama.cpp's reference (max |diff| ${echoErr.toExponential(2)})`);
+  check(specScored && JSON.stringify(specScored) === JSON.stringify(el), 'the --spec server scores the prompt with the same bits');
   const e2 = await client.completions.create({ model: 'x', prompt: PROMPTS[2], max_tokens: 12, temperature: 0, echo: true, logprobs: 2 });
   const e2l = e2.choices[0].logprobs;
   check(e2.choices[0].text === PROMPTS[2] + text && e2l.tokens.slice(-12).join('') === text &&
