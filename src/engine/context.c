@@ -354,8 +354,7 @@ ellm_status ellm_context_copy_prefix(ellm_context *dst, const ellm_context *src,
         return ellm_fail(err, ELLM_ERR_ARG, "copy prefix: contexts of different models or caches");
     if (n < 0 || n > kv_cache_len(src->kv) || n > a->n_ctx)
         return ellm_fail(err, ELLM_ERR_ARG, "copy prefix: %d tokens of a context at position %d", n, kv_cache_len(src->kv));
-    kv_cache_set_len(dst->kv, 0);
-    dst->has_logits = 0;
+    ellm_context_truncate(dst, 0);
     ellm_status st = kv_cache_reserve(dst->kv, n, err);
     if (st != ELLM_OK) return st;
     kv_cache_copy_prefix(dst->kv, src->kv, n);

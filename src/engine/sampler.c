@@ -125,11 +125,15 @@ ellm_status ellm_sampler_set_logit_bias(ellm_sampler *s, const int32_t *ids, con
     return ELLM_OK;
 }
 
+/* 1 if some penalty applies to this history. */
+static int sampler_penalizes(const ellm_sampler *s, const int32_t *hist, int n_hist) {
+    const ellm_sampler_params *p = &s->p;
+    return (p->repeat_penalty != 1.0f || p->presence_penalty != 0 || p->frequency_penalty != 0) && hist && n_hist > 0;
+}
+
 /* 1 if the logits go through sampler_penalize (a bias or a penalty with a history). */
 static int sampler_adjusts(const ellm_sampler *s, const int32_t *hist, int n_hist) {
-    const ellm_sampler_params *p = &s->p;
-    return s->n_bias > 0 || ((p->repeat_penalty != 1.0f || p->presence_penalty != 0 || p->frequency_penalty != 0) &&
-                             hist && n_hist > 0);
+    return s->n_bias > 0 || sampler_penalizes(s, hist, n_hist);
 }
 
 static int cmp_desc(const void *a, const void *b) {
@@ -187,8 +191,7 @@ static void sampler_penalize(ellm_sampler *s, const float *logits, const int32_t
     }
     for (int i = 0; i < s->n_bias; i++)
         c[s->bias_id[i]].logit = s->bias[i] <= -100.0f ? -INFINITY : c[s->bias_id[i]].logit + s->bias[i];
-    if (!hist || n_hist <= 0 || (p->repeat_penalty == 1.0f && p->presence_penalty == 0 && p->frequency_penalty == 0))
-        return;
+    if (!sampler_penalizes(s, hist, n_hist)) return;
     int from = p->repeat_last_n > 0 && n_hist > p->repeat_last_n ? n_hist - p->repeat_last_n : 0;
     for (int i = from; i < n_hist; i++)
         if (hist[i] >= 0 && hist[i] < n) s->count[hist[i]]++;

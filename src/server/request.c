@@ -56,12 +56,20 @@ int req_utf8_valid(const char *str, size_t n) {
     return 1;
 }
 
+/* A NUL-terminated copy of n bytes (NULL if out of memory). */
+static char *dup_n(const void *src, size_t n) {
+    char *d = malloc(n + 1);
+    if (d) {
+        memcpy(d, src, n);
+        d[n] = 0;
+    }
+    return d;
+}
+
 static char *dup_str(const char *s, size_t *len) {
     size_t n = strlen(s);
-    char *d = malloc(n + 1);
-    if (d) memcpy(d, s, n + 1);
     if (len) *len = n;
-    return d;
+    return dup_n(s, n);
 }
 
 /* A number field in [lo, hi] (absent or null: keep *out). */
@@ -408,13 +416,8 @@ out:
 /* A copy of n bytes (n + 1 allocated, NUL-terminated), or NULL for NULL. */
 static void *dup_bytes(const void *src, size_t n, int *ok) {
     if (!src) return NULL;
-    char *d = malloc(n + 1);
-    if (!d) {
-        *ok = 0;
-        return NULL;
-    }
-    memcpy(d, src, n);
-    d[n] = 0;
+    char *d = dup_n(src, n);
+    if (!d) *ok = 0;
     return d;
 }
 

@@ -98,9 +98,9 @@ static cJSON *logprobs_json(req_kind kind, const resp_logprobs *lp) {
         const char *b = token_bytes(lp, t->chosen.id, &n);
         cJSON_AddItemToArray(tokens, token_string(b, n));
         cJSON_AddItemToArray(lps, cJSON_CreateNumber(t->chosen.logprob));
+        cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)(lp->offset ? lp->offset[i] : 0)));
         if (isnan(t->chosen.logprob)) { /* an echoed prompt's first token: nothing before it */
             cJSON_AddItemToArray(tops, cJSON_CreateNull());
-            cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)(lp->offset ? lp->offset[i] : 0)));
             continue;
         }
         /* an object keyed by token text: of tokens with the same text, the likelier */
@@ -113,7 +113,6 @@ static cJSON *logprobs_json(req_kind kind, const resp_logprobs *lp) {
             cJSON_Delete(key);
         }
         cJSON_AddItemToArray(tops, top);
-        cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)(lp->offset ? lp->offset[i] : 0)));
     }
     return root;
 }
