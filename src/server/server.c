@@ -206,9 +206,14 @@ too_long:
     return NULL;
 }
 
-/* One choice of a stream: its job and what of it was sent. */
+/* Drops the HTTP side's hold on jobs[0 .. n) (running ones are cancelled). */
+static void release_jobs(server *srv, job **jobs, int n) {
+    for (int i = 0; i < n; i++)
+        if (jobs[i]) sched_release(srv->sched, jobs[i]);
+}
+
+/* What of one choice of a stream (stream.jobs[k]) was sent. */
 typedef struct {
-    job *job;
     size_t taken;       /* bytes of job->text already sent */
     size_t taken_chars; /* the characters in those bytes */
     int sent_tok;       /* generated tokens whose chunk was sent (job->tok_end entries) */
@@ -221,6 +226,7 @@ typedef struct {
     struct MHD_Connection *conn;
     resp_meta meta;
     char id[48];
+    job *jobs[REQ_MAX_JOBS];
     choice_stream ch[REQ_MAX_JOBS];
     int n_ch, n_ended;
     int n_choices; /* choices per prompt (fill_usage counts each prompt once) */
@@ -234,12 +240,16 @@ typedef struct {
     size_t snap_ends_cap, snap_text_cap;
 } stream;
 
-/* Room in the stream's snapshot for n token ends (and their log-probabilities) and len text bytes. */
+/* Room in the stream's snapshot for n token ends (and their log-probabilities,
+ * when the request asked for them: its choices all did or all did not) and
+ * len text bytes. */
 static int snap_reserve(stream *st, size_t n, size_t len) {
     if (n > st->snap_ends_cap) {
-        logprobs_token *l = realloc(st->snap_lps, 2 * n * sizeof *l);
-        if (!l) return 0;
-        st->snap_lps = l;
+        if (st->jobs[0]->p.logprobs) {
+            logprobs_token *l = realloc(st->snap_lps, 2 * n * sizeof *l);
+            if (!l) return 0;
+            st->snap_lps = l;
+        }
         size_t *e = realloc(st->snap_ends, 2 * n * sizeof *e);
         if (!e) return 0;
         st->snap_ends = e;
@@ -283,23 +293,24 @@ static void out_event(stream *st, const char *json) {
     st->out_len += n + 8;
 }
 
-/* usage of the stream's jobs: each prompt once (its first choice's), every choice's tokens */
-static void fill_usage(stream *st) {
-    st->meta.prompt_tokens = st->meta.completion_tokens = st->meta.cached_tokens = 0;
-    for (int k = 0; k < st->n_ch; k++) {
-        const job *j = st->ch[k].job;
-        if (k % st->n_choices == 0) {
-            st->meta.prompt_tokens += j->n_prompt;
-            st->meta.cached_tokens += j->n_cached;
+/* The usage of a request's n jobs, n_choices to a prompt (prompt-major):
+ * each prompt once (its first choice's), as OpenAI counts it, and every
+ * choice's tokens. */
+static void count_usage(resp_meta *m, job *const *jobs, int n, int n_choices) {
+    m->prompt_tokens = m->completion_tokens = m->cached_tokens = 0;
+    for (int k = 0; k < n; k++) {
+        if (k % n_choices == 0) {
+            m->prompt_tokens += jobs[k]->n_prompt;
+            m->cached_tokens += jobs[k]->n_cached;
         }
-        st->meta.completion_tokens += j->n_gen;
+        m->completion_tokens += jobs[k]->n_gen;
     }
 }
 
 /* Something to send for choice k (lock held): a token, or its end. */
 static int choice_news(const stream *st, int k) {
     const choice_stream *c = &st->ch[k];
-    return !c->ended && (c->job->n_tok > c->sent_tok || c->job->done);
+    return !c->ended && (st->jobs[k]->n_tok > c->sent_tok || st->jobs[k]->done);
 }
 
 static int stream_news(const stream *st) {
@@ -331,7 +342,7 @@ static void out_done_mark(stream *st) {
 static int stream_choice(stream *st, int k) {
     sched *s = st->srv->sched;
     choice_stream *cs = &st->ch[k];
-    job *j = cs->job;
+    job *j = st->jobs[k];
     sched_lock(s);
     const int done = j->done, n_new = j->n_tok - cs->sent_tok;
     const int role = !cs->started && (n_new > 0 || done) && st->meta.kind == REQ_CHAT && (j->n_tok > 0 || j->finish);
@@ -391,7 +402,7 @@ static int stream_choice(stream *st, int k) {
     }
     /* usage (every choice's tokens) goes with the last final chunk */
     const int last = st->n_ended == st->n_ch;
-    if (last) fill_usage(st);
+    if (last) count_usage(&st->meta, st->jobs, st->n_ch, st->n_choices);
     char *c = resp_finish_chunk(&st->meta, k, j->finish, last);
     out_event(st, c);
     free(c);
@@ -427,7 +438,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
             int k = 0;
             while (k + 1 < st->n_ch && st->ch[k].ended) k++;
             const int slice = st->n_ch > 1 ? MULTI_WAIT_SLICE_MS : WAIT_SLICE_MS;
-            sched_wait(s, st->ch[k].job, slice);
+            sched_wait(s, st->jobs[k], slice);
             waited += slice;
             if (waited >= KEEPALIVE_MS && !stream_news(st)) {
                 static const char ka[] = ": keep-alive\n\n";
@@ -461,7 +472,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
 
 static void stream_free(void *cls) {
     stream *st = cls;
-    for (int k = 0; k < st->n_ch; k++) sched_release(st->srv->sched, st->ch[k].job); /* cancels those still running */
+    release_jobs(st->srv, st->jobs, st->n_ch); /* cancels those still running */
     free(st->out);
     free(st->snap_ends);
     free(st->snap_lps);
@@ -469,7 +480,7 @@ static void stream_free(void *cls) {
     free(st);
 }
 
-/* The text a prompt given as token ids stands for (malloc'ed), NULL if out of memory. */
+/* The text of n token ids (malloc'ed: a prompt given as ids, /detokenize), NULL if out of memory. */
 static char *ids_text(const ellm_model *model, const int32_t *ids, int n, size_t *len) {
     size_t cap = 256, used = 0;
     char *t = malloc(cap), piece[4096];
@@ -596,12 +607,6 @@ static int unit_params(req_params *dst, const req_params *src, int u) {
     return 1;
 }
 
-/* Drops the HTTP side's hold on jobs[0 .. n) (running ones are cancelled). */
-static void release_jobs(server *srv, job **jobs, int n) {
-    for (int i = 0; i < n; i++)
-        if (jobs[i]) sched_release(srv->sched, jobs[i]);
-}
-
 static enum MHD_Result handle_generate(server *srv, struct MHD_Connection *c, req_kind kind, conn_state *cs) {
     req_params p;
     req_error e;
@@ -700,7 +705,7 @@ static enum MHD_Result handle_generate(server *srv, struct MHD_Connection *c, re
             return fail(srv, c, 500, "server_error", NULL, "out of memory", REQ_STATUS_COUNT);
         }
         st->srv = srv;
-        for (int k = 0; k < n_jobs; k++) st->ch[k].job = jobs[k];
+        memcpy(st->jobs, jobs, (size_t)n_jobs * sizeof *jobs);
         st->n_ch = n_jobs;
         st->n_choices = n_choices;
         st->conn = c;
@@ -734,15 +739,10 @@ static enum MHD_Result handle_generate(server *srv, struct MHD_Connection *c, re
     char idbuf[48];
     snprintf(idbuf, sizeof idbuf, "%s-%lx", kind == REQ_CHAT ? "chatcmpl" : "cmpl", id);
     meta.id = idbuf;
+    count_usage(&meta, jobs, n_jobs, n_choices);
     const job *failed = NULL;
-    for (int i = 0; i < n_jobs; i++) {
-        if (i % n_choices == 0) { /* each prompt once, as OpenAI counts it */
-            meta.prompt_tokens += jobs[i]->n_prompt;
-            meta.cached_tokens += jobs[i]->n_cached;
-        }
-        meta.completion_tokens += jobs[i]->n_gen;
-        if (!jobs[i]->finish && !failed) failed = jobs[i];
-    }
+    for (int i = 0; i < n_jobs && !failed; i++)
+        if (!jobs[i]->finish) failed = jobs[i];
     enum MHD_Result ret;
     if (!failed) {
         ret = send_body(c, 200, "application/json", final_body(srv, jobs, n_jobs, &meta), 0);
@@ -806,22 +806,15 @@ static enum MHD_Result handle_detokenize(server *srv, struct MHD_Connection *c, 
         return fail(srv, c, 400, "invalid_request_error", "invalid_value",
                     "expected {\"tokens\": [token ids within the vocabulary]}", REQ_STATUS_COUNT);
     }
-    size_t cap = 256, len = 0;
-    char *text = malloc(cap), piece[4096];
-    ellm_detok dt = {0};
-    cJSON_ArrayForEach(t, tokens) {
-        int nb = ellm_detok_push(srv->model, &dt, (int32_t)t->valuedouble, piece, sizeof piece);
-        if (text && len + (size_t)nb + 64 > cap) {
-            char *b = realloc(text, cap = 2 * cap + (size_t)nb + 64);
-            if (!b) free(text);
-            text = b;
-        }
-        if (text) memcpy(text + len, piece, (size_t)nb), len += (size_t)nb;
-    }
-    if (text) len += (size_t)ellm_detok_flush(&dt, text + len, 64);
+    const int n = cJSON_GetArraySize(tokens);
+    int32_t *ids = malloc((size_t)(n > 0 ? n : 1) * sizeof *ids);
+    int k = 0;
+    cJSON_ArrayForEach(t, tokens) if (ids) ids[k++] = (int32_t)t->valuedouble;
     cJSON_Delete(root);
+    size_t len = 0;
+    char *text = ids ? ids_text(srv->model, ids, n, &len) : NULL;
+    free(ids);
     if (!text) return fail(srv, c, 500, "server_error", NULL, "out of memory", REQ_STATUS_COUNT);
-    text[len] = 0;
     cJSON *out = cJSON_CreateObject();
     cJSON_AddStringToObject(out, "content", text);
     free(text);
