@@ -619,8 +619,9 @@ static void admit(sched *s) {
             best_lcp = common_prefix(s->slots[best].tokens, s->slots[best].n_tokens, j->prompt, j->n_prompt);
         }
         if (scores_prompt(j) && !j->prompt_rows) {
-            /* a pass feeds it at most score_rows rows, and never more than the prompt */
-            const int rows = j->n_prompt < s->score_rows ? j->n_prompt : s->score_rows;
+            /* a pass keeps at most score_rows rows, and only of the prompt but its last token */
+            const int scored = j->n_prompt - 1 > 0 ? j->n_prompt - 1 : 1;
+            const int rows = scored < s->score_rows ? scored : s->score_rows;
             j->prompt_rows = malloc((size_t)rows * (size_t)s->n_vocab * sizeof *j->prompt_rows);
             j->prompt_lps = calloc((size_t)j->n_prompt, sizeof *j->prompt_lps);
             if (!j->prompt_rows || !j->prompt_lps) {
