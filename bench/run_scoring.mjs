@@ -158,6 +158,15 @@ function render(R) {
   const w = (s = '') => L.push(s);
   const rs = R.rounds;
   const f = (x, d = 0) => (x === null || x === undefined ? '—' : x.toFixed(d));
+  // a row per point: the medians over the rounds of fields a and b, and b ÷ a
+  const ratioTable = (head, points, samples, a, b, digits) => {
+    w(head);
+    w('|---:|---:|---:|---:|');
+    points.forEach((x, i) => {
+      const ma = median(samples(i).map((v) => v[a])), mb = median(samples(i).map((v) => v[b]));
+      w(`| ${x} | ${f(ma, digits)} | ${f(mb, digits)} | ${ma && mb ? (mb / ma).toFixed(2) : '—'} |`);
+    });
+  };
   w(MARK_BEGIN);
   w('## What log-probabilities cost');
   w();
@@ -168,22 +177,14 @@ function render(R) {
   w('logits of every row of its prefill passes) against a plain prefill of the same length (`max_tokens: 1`), prompt');
   w('tokens per second from the request\'s wall time:');
   w();
-  w('| prompt tokens | prefill tok/s | scoring tok/s | scoring ÷ prefill |');
-  w('|---:|---:|---:|---:|');
-  cfg.prompts.forEach((n, i) => {
-    const p = median(rs.map((r) => r.prompt[i].prefill)), s = median(rs.map((r) => r.prompt[i].scoring));
-    w(`| ${n} | ${f(p)} | ${f(s)} | ${p && s ? (s / p).toFixed(2) : '—'} |`);
-  });
+  ratioTable('| prompt tokens | prefill tok/s | scoring tok/s | scoring ÷ prefill |', cfg.prompts, (i) => rs.map((r) => r.prompt[i]),
+    'prefill', 'scoring', 0);
   w();
   w(`Streams generating ${R.config.decodeTokens} tokens each, with \`logprobs: 5\` (a log-softmax over the vocabulary and the`);
   w('5 likeliest tokens for every token, on the engine thread) and without; aggregate tokens/s while all generate:');
   w();
-  w('| streams | without tok/s | logprobs 5 tok/s | with ÷ without |');
-  w('|---:|---:|---:|---:|');
-  cfg.levels.forEach((c, i) => {
-    const a = median(rs.map((r) => r.decode[i].plain)), b = median(rs.map((r) => r.decode[i].logprobs));
-    w(`| ${c} | ${f(a, 1)} | ${f(b, 1)} | ${a && b ? (b / a).toFixed(2) : '—'} |`);
-  });
+  ratioTable('| streams | without tok/s | logprobs 5 tok/s | with ÷ without |', cfg.levels, (i) => rs.map((r) => r.decode[i]),
+    'plain', 'logprobs', 1);
   w();
   w('```sh');
   w(`node bench/run_scoring.mjs --model ${R.config.model}`);
