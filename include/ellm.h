@@ -354,6 +354,16 @@ ellm_status ellm_context_set_sparse(ellm_context *ctx, int sparse_topk, ellm_err
 ellm_status ellm_context_load_sparse_profile(ellm_context *ctx, const char *path, ellm_error *err);
 /* Turns online budget adaptation (--sparse-adapt) on or off. */
 void ellm_context_set_sparse_adapt(ellm_context *ctx, int on);
+/* The context length up to which every forward pass of ctx attends densely,
+ * whatever rows it holds: a pass whose last token sees at most this many keys
+ * reads them all (the smallest budget of the sparse layers and heads, or the
+ * least any head can get while budgets adapt). INT_MAX for a dense context.
+ * Past it, a pass of several tokens makes one block selection for all of
+ * them, so a prompt fed in other chunks gets other keys and values there:
+ * feed prompts in the same chunks, at the same positions, for the same
+ * output (as `ellm run` and `ellm serve` do, chunks of n_batch from
+ * position 0). */
+int ellm_context_sparse_dense_len(const ellm_context *ctx);
 
 typedef struct {
     int64_t decode_steps;     /* forward passes */

@@ -6,6 +6,7 @@
 #include "ellm.h"
 #include "harness.h"
 
+#include <limits.h>
 #include <string.h>
 
 #define T 640
@@ -162,6 +163,21 @@ int main(void) {
     }
     fclose(f);
     CHECK(ellm_context_load_sparse_profile(ctx, "/tmp/ellm_test_profile.txt", &err) == ELLM_OK, "%s", err.msg);
+    /* the length up to which every pass is dense: the smallest head budget
+     * (256 x 0.5 here; the dense layer 0 does not count), the floor of sink +
+     * one block + window while budgets adapt, none for a dense context */
+    const int floor_len = (cp.sparse_sink_blocks + 1) * 16 + cp.sparse_window; /* 16-token KV blocks */
+    CHECK(ellm_context_sparse_dense_len(ctx) == 128, "profile: dense up to %d, expected 128", ellm_context_sparse_dense_len(ctx));
+    CHECK(ellm_context_load_sparse_profile(ctx, NULL, &err) == ELLM_OK, "%s", err.msg);
+    CHECK(ellm_context_sparse_dense_len(ctx) == 256, "uniform: dense up to %d, expected 256", ellm_context_sparse_dense_len(ctx));
+    ellm_context_set_sparse_adapt(ctx, 1);
+    CHECK(ellm_context_sparse_dense_len(ctx) == floor_len, "adapting: dense up to %d, expected %d", ellm_context_sparse_dense_len(ctx), floor_len);
+    ellm_context_set_sparse_adapt(ctx, 0);
+    ellm_context_set_sparse(ctx, 8, &err);
+    CHECK(ellm_context_sparse_dense_len(ctx) == floor_len, "budget 8: dense up to %d, expected %d", ellm_context_sparse_dense_len(ctx), floor_len);
+    ellm_context_set_sparse(ctx, 0, &err);
+    CHECK(ellm_context_sparse_dense_len(ctx) == INT_MAX, "dense: %d", ellm_context_sparse_dense_len(ctx));
+    ellm_context_set_sparse(ctx, 256, &err);
     f = fopen("/tmp/ellm_test_profile.txt", "w");
     fprintf(f, "ellm-sparse-profile 1\nlayers 99 kv_heads 2\n");
     fclose(f);

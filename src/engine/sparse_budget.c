@@ -5,6 +5,7 @@
  * calls only into attention/. */
 #include "engine/engine_impl.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 
@@ -15,6 +16,21 @@ int engine_sparse_budget(const struct ellm_context *ctx, int layer, int head) {
     /* never below what the sink and the window take, plus one block */
     int floor_b = (p->sparse_sink_blocks + 1) * kv_cache_get_params(ctx->kv)->block_tokens + p->sparse_window;
     return b > floor_b ? b : floor_b;
+}
+
+int ellm_context_sparse_dense_len(const ellm_context *ctx) {
+    if (!ctx->sidx || ctx->sparse_topk <= 0) return INT_MAX;
+    const model_config *c = &ctx->model->cfg;
+    const ellm_context_params *p = &ctx->params;
+    /* adapting budgets move between heads: any head may fall to the floor */
+    if (p->sparse_adapt) return (p->sparse_sink_blocks + 1) * kv_cache_get_params(ctx->kv)->block_tokens + p->sparse_window;
+    int len = INT_MAX;
+    for (int l = 0; l < c->n_layer; l++)
+        for (int h = 0; h < c->n_head_kv && !ctx->layer_dense[l]; h++) {
+            const int b = engine_sparse_budget(ctx, l, h);
+            if (b < len) len = b;
+        }
+    return len;
 }
 
 /* Moves budget towards the heads where it buys the most: each sample measures,

@@ -4,6 +4,7 @@
 #include "server/step_cost.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,6 +39,7 @@ typedef struct {
     uint64_t last_used;
     ellm_spec *spec; /* --spec: the slot's speculative state, or NULL */
     int n_hist;      /* --spec: tokens of the sequence so far (the last may not be fed yet) */
+    int n_exact;     /* leading tokens whose K/V a prompt fed alone from position 0 gives too (sparse_from) */
     /* This step's outcome for the slot's job (engine thread): the tokens a
      * speculative step drew, how many of them the job emits, the length of
      * its text that may be shown after each, and its finish reason. */
@@ -59,6 +61,12 @@ struct sched {
     int n_ctx;
     int n_vocab;           /* floats in a row of logits */
     int score_rows;        /* prompt rows per pass of a job that scores its prompt (SCORE_ROWS_BYTES) */
+    /* Sparse attention: passes whose last token sees more keys than this
+     * (a multiple of sparse_chunk; INT_MAX when dense) select blocks for all
+     * their rows at once, so their K/V depend on how the prompt was cut:
+     * from there prompts are fed in whole chunks of sparse_chunk rows at
+     * multiples of it, whatever else runs (prompt_piece) */
+    int sparse_from, sparse_chunk;
     int share_prefix;      /* slots may copy a prompt's KV from each other (ellm_context_copy_prefix) */
     double bw_gbps;        /* read bandwidth measured at start */
     uint64_t weight_bytes; /* weight bytes one pass reads */
@@ -246,11 +254,18 @@ ellm_status sched_init(ellm_model *model, const sched_params *params, server_met
     cp.mpi = p.mpi;
     if (p.spec && p.sparse_topk <= 0 && strstr(p.spec, "sparse")) cp.sparse_topk = 0; /* the drafter's index */
     s->share_prefix = cp.sparse_topk < 0 && !p.mpi; /* no index to rebuild, every key on this rank */
+    s->sparse_chunk = p.chunk < s->score_rows ? p.chunk : s->score_rows; /* a scored pass keeps all its rows */
+    s->sparse_from = INT_MAX;
     if (p.spec && cp.n_batch < p.draft_max + 1) cp.n_batch = p.draft_max + 1;
     for (int i = 0; i < p.n_slots && st == ELLM_OK; i++) {
         st = ellm_batch_context_init(s->batch, &cp, &s->slots[i].ctx, err);
         if (st == ELLM_OK && p.sparse_profile)
             st = ellm_context_load_sparse_profile(s->slots[i].ctx, p.sparse_profile, err);
+        if (st == ELLM_OK && p.sparse_topk > 0) {
+            const int dense_len = ellm_context_sparse_dense_len(s->slots[i].ctx);
+            const int from = dense_len - dense_len % s->sparse_chunk;
+            if (from < s->sparse_from) s->sparse_from = from;
+        }
         /* room for a speculative step's tokens beyond a full context */
         if (st == ELLM_OK && !(s->slots[i].tokens = malloc((size_t)(s->n_ctx + 64) * sizeof(int32_t)))) st = ELLM_ERR_NOMEM;
         if (st == ELLM_OK && p.spec) {
@@ -461,6 +476,7 @@ slot_result sched_slot_restore(sched *s, int id, const char *path, int *n_tokens
         sl->n_tokens = 0;
     }
     if (r == SLOT_OK) sl->n_tokens = n;
+    sl->n_exact = 0; /* how the file's K/V was computed is not known: only up to sparse_from */
     sl->io = 0;
     sl->last_used = ++s->use_clock;
     update_gauges(s);
@@ -551,6 +567,29 @@ static void finish_pool_full(sched *s, job *j) {
  * computed from the rows of its prefill (echo with logprobs). */
 static int scores_prompt(const job *j) { return j->p.echo && j->p.logprobs; }
 
+/* Leading tokens of sl's K/V that equal what a prompt fed alone from
+ * position 0 gives: every token before sparse_from (dense passes), and a
+ * finished prompt's whole chunks past it. */
+static int exact_tokens(const sched *s, const slot *sl) {
+    const int own = sl->n_exact < sl->n_tokens ? sl->n_exact : sl->n_tokens;
+    const int dense = sl->n_tokens < s->sparse_from ? sl->n_tokens : s->sparse_from;
+    return own > dense ? own : dense;
+}
+
+/* Rows of j's prompt a step feeds, given `budget` rows: any up to
+ * sparse_from; past it a whole chunk (sparse_chunk rows at a multiple of
+ * sparse_chunk, or up to the prompt's end), even over the budget, so the K/V
+ * are those of the prompt fed alone, or by `ellm run -b sparse_chunk`. */
+static int prompt_piece(const sched *s, const job *j, int budget) {
+    if (j->n_fed >= s->sparse_from) {
+        const int end = (j->n_fed / s->sparse_chunk + 1) * s->sparse_chunk;
+        return (end < j->n_prompt ? end : j->n_prompt) - j->n_fed;
+    }
+    int c = j->n_prompt - j->n_fed < budget ? j->n_prompt - j->n_fed : budget;
+    if (c > s->sparse_from - j->n_fed) c = s->sparse_from - j->n_fed;
+    return c;
+}
+
 /* Copying a prompt's KV from another slot pays from this many tokens. */
 #define SHARE_MIN_TOKENS 16
 #define SHARE_WAIT (-2)
@@ -640,6 +679,9 @@ static void admit(sched *s) {
         if (scores_prompt(j)) keep = 0; /* every prompt row's logits are needed: none from the cache */
         /* a sharded sparse index is cut at whole blocks only (ellm_context_truncate) */
         if (s->p.mpi && s->p.sparse_topk > 0) keep -= keep % KV_BLOCK;
+        /* past sparse_from, only the K/V a fresh prefill in whole chunks gives */
+        if (keep > exact_tokens(s, &s->slots[best])) keep = exact_tokens(s, &s->slots[best]);
+        if (keep > s->sparse_from) keep -= (keep - s->sparse_from) % s->sparse_chunk;
         const int from = share_source(s, j, sl, &keep);
         if (from == SHARE_WAIT) break; /* at the head of the queue until that prompt is computed */
         ellm_error cerr = {0};
@@ -650,6 +692,7 @@ static void admit(sched *s) {
             memcpy(sl->tokens, j->prompt, (size_t)keep * sizeof *sl->tokens);
         }
         sl->n_tokens = keep;
+        sl->n_exact = keep;
         if (!reserve_kv(s, sl, j->n_prompt + 1)) break; /* waits at the head of the queue */
         s->queue_head = j->next;
         if (!s->queue_head) s->queue_tail = NULL;
@@ -967,7 +1010,7 @@ static void *engine_main(void *arg) {
                 if (!taken && (!pick || j->t_arrive < pick->t_arrive)) pick = j;
             }
             if (!pick) break;
-            int c = pick->n_prompt - pick->n_fed < prompt_rows ? pick->n_prompt - pick->n_fed : prompt_rows;
+            int c = prompt_piece(s, pick, prompt_rows);
             /* a scored prompt keeps the rows of all but its last token (row r
              * scores token r + 1); the last goes in a pass of its own, which
              * leaves its logits in the context, as any prompt does */
@@ -1061,6 +1104,10 @@ static void *engine_main(void *arg) {
                 j->n_fed += s->step_n[k];
                 if (j->n_fed < j->n_prompt) continue;
                 j->generating = 1;
+                /* whole chunks past sparse_from (a scored prompt's last
+                 * token went in a pass of its own) */
+                const int m = scores_prompt(j) ? j->n_prompt - 1 : j->n_prompt;
+                sl->n_exact = m <= s->sparse_from ? m : m - (m - s->sparse_from) % s->sparse_chunk;
                 if (j->p.max_tokens == 0) { /* echo of the prompt alone */
                     sl->fin = "length";
                     continue;

@@ -537,6 +537,80 @@ async function samplingChecks(client, base) {
   }
 }
 
+// Sparse attention (--sparse-topk 64, chunks of 32): past the budget a pass
+// selects blocks for all its rows at once, so the server feeds a long prompt
+// in whole chunks at the positions `ellm run -b 32` uses, whatever else runs,
+// and reuses a slot's K/V only where a fresh prefill gives the same. The
+// evaluation model's attention is too peaked for other chunks to change its
+// output, so the log-probabilities are compared on a SmolLM2-135M-shaped file
+// with random weights (`ellm synth`), where they do change.
+async function sparseServer() {
+  const args = ['-c', '1024', '--parallel', '4', '--sparse-topk', '64', '-b', '32'];
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'ellm-sparse-serve-'));
+  let srv = null;
+  try {
+    stage = 'sparse: ellm run';
+    const text = fs.readFileSync('tests/data/heldout-sample.txt', 'utf8').slice(0, 1400);
+    const ref = runGreedy(text, 32, false, ['--sparse-topk', '64', '-b', '32']);
+    srv = await startServer(args);
+    let client = new OpenAI({ baseURL: srv.base + '/v1', apiKey: 'none', maxRetries: 0, timeout: 60000 });
+    const r0 = await client.completions.create({ model: 'x', prompt: text, max_tokens: 32, temperature: 0 });
+    check(r0.usage.prompt_tokens > 250 && r0.choices[0].text === ref,
+          `sparse: a ${r0.usage.prompt_tokens}-token prompt's text equals ellm run -b 32's`);
+    srv.proc.kill('SIGTERM');
+
+    const model = path.join(dir, 'smollm2.gguf');
+    execFileSync(BIN, ['synth', '--shape', 'smollm2-135m', '--type', 'q4_0', '-o', model], { stdio: 'ignore', timeout: 60000 });
+    let seed = 11;
+    const ids = (n) => Array.from({ length: n }, () => 1 + ((seed = (seed * 1103515245 + 12345) % 2147483648) % 40000));
+    const warm = ids(500), prompt = ids(600), more = ids(8);
+    const ask = (c, p, max) => c.completions.create({ model: 'x', prompt: p, max_tokens: max, temperature: 0, logprobs: 1 });
+    const lps = (r) => JSON.stringify(r.choices[0].logprobs.token_logprobs);
+    const start = async () => {
+      srv = await startServer([], BIN, ['serve', '-m', model, '--port', '0', '-t', THREADS, '-c', '1024', '--parallel', '4', '--sparse-topk', '64']);
+      return new OpenAI({ baseURL: srv.base + '/v1', apiKey: 'none', maxRetries: 0, timeout: 60000 });
+    };
+
+    stage = 'sparse: alone';
+    client = await start();
+    const alone = await ask(client, prompt, 12);
+    // the same prompt and 8 more tokens: the cached prompt's last partial
+    // chunk is fed again with them, as a fresh prefill cuts it
+    const follow = await ask(client, [...prompt, ...more], 12);
+    srv.proc.kill('SIGTERM');
+    client = await start();
+    const fresh = await ask(client, [...prompt, ...more], 12);
+    srv.proc.kill('SIGTERM');
+    check(lps(follow) === lps(fresh), `sparse: a prompt that extends a cached one equals a fresh prefill: ${lps(follow).slice(0, 60)} vs ${lps(fresh).slice(0, 60)}`);
+
+    stage = 'sparse: among streams';
+    client = await start();
+    // passes of many and of few rows first: the step's prompt budget follows
+    // a fit of pass time against rows, and is unlimited until it has one
+    await ask(client, warm, 4);
+    const ac = new AbortController();
+    let started = 0;
+    const bg = [1, 2, 3].map(async (i) => {
+      const st = await client.completions.create({ model: 'x', prompt: [i, 2, 3], max_tokens: 600, temperature: 0, ignore_eos: true, stream: true },
+        { signal: ac.signal });
+      let k = 0;
+      try { for await (const _ of st) if (++k === 2) started++; } catch { /* aborted */ }
+    });
+    for (let i = 0; i < 400 && started < 3; i++) await sleep(5);
+    const m0 = await metrics(srv.base);
+    const loaded = await ask(client, prompt, 12);
+    ac.abort();
+    await Promise.all(bg);
+    check(m0.get('ellm_requests_running') >= 3, `sparse: the prompt ran among other streams (${m0.get('ellm_requests_running')} running)`);
+    check(lps(loaded) === lps(alone), `sparse: among 3 streams a prompt's log-probabilities equal its own alone: ${lps(loaded).slice(0, 60)} vs ${lps(alone).slice(0, 60)}`);
+  } catch (e) {
+    check(false, `unexpected exception at stage '${stage}': ${e.stack || e}`);
+  } finally {
+    if (srv && srv.proc.exitCode === null) srv.proc.kill('SIGTERM');
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+}
+
 // The first n prompt token ids of the evaluation model's reference text.
 const ids64 = (n) => fs.readFileSync('tests/data/evalmodel.tokens.txt', 'utf8').split('\n')[0].trim().split(/\s+/).map(Number).slice(0, n);
 
@@ -544,6 +618,7 @@ async function main() {
   await seedServer();
   await specServer();
   await poolServer();
+  await sparseServer();
   const srv = await startServer(['-c', '256', '--parallel', '16', '--n-batch', '16', '--api-key', KEY]);
   const { base } = srv;
   const client = new OpenAI({ baseURL: base + '/v1', apiKey: KEY, maxRetries: 0, timeout: 60000 });
