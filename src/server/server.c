@@ -359,7 +359,7 @@ static int stream_choice(stream *st, int k) {
         }
         memcpy(st->snap_ends, ends, (size_t)n_new * sizeof *ends);
         if (lps) lps = memcpy(st->snap_lps, lps, (size_t)n_new * sizeof *lps);
-        memcpy(st->snap_text, j->text + cs->taken, to - cs->taken);
+        if (to > cs->taken) memcpy(st->snap_text, j->text + cs->taken, to - cs->taken); /* tokens may have no text yet: j->text NULL */
         ends = st->snap_ends;
         text = st->snap_text;
         base = cs->taken;

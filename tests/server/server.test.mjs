@@ -14,6 +14,7 @@ const MODEL = 'models/evalmodel.gguf';
 const THREADS = '2';
 const KEY = 'test-key-123';
 let passed = 0, failed = 0, stage = 'start';
+const sanitizerReports = [];
 
 function check(cond, what) {
   if (cond) passed++;
@@ -45,7 +46,12 @@ async function startServer(extra, bin = BIN, args = ['serve', '-m', MODEL, '--po
     }
   }
   check(health === 200 && loadingOk, 'health: 503 with an error while loading, then 200');
-  proc.stderr.on('data', () => {});
+  // a sanitizer build (ELLM_BIN=build-asan/ellm) reports on the server's
+  // stderr and, for UBSan, goes on: collected here and checked at the end
+  proc.stderr.on('data', (d) => {
+    const m = String(d).match(/^.*(runtime error|Sanitizer).*$/m);
+    if (m && sanitizerReports.length < 20) sanitizerReports.push(m[0]);
+  });
   return { proc, port, base, log: () => log };
 }
 
@@ -933,6 +939,7 @@ async function main() {
   } finally {
     if (srv.proc.exitCode === null) srv.proc.kill('SIGKILL');
   }
+  check(sanitizerReports.length === 0, `no sanitizer report on any server's stderr: ${sanitizerReports.join(' | ')}`);
   console.log(`${passed} passed, ${failed} failed`);
   process.exit(failed ? 1 : 0);
 }
