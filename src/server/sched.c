@@ -576,6 +576,21 @@ static int exact_tokens(const sched *s, const slot *sl) {
     return own > dense ? own : dense;
 }
 
+/* Tokens of job j's prompt that slot sl may keep from its cache, given the
+ * common prefix lcp: at least the prompt's last token is fed again (for its
+ * logits); a scored prompt keeps none (every row's logits are needed); a
+ * sharded sparse index is cut at whole blocks only (ellm_context_truncate);
+ * past sparse_from, only the K/V a fresh prefill in whole chunks gives. */
+static int reusable_tokens(const sched *s, const slot *sl, const job *j, int lcp) {
+    if (scores_prompt(j)) return 0;
+    int keep = lcp < j->n_prompt - 1 ? lcp : j->n_prompt - 1;
+    if (s->p.mpi && s->p.sparse_topk > 0) keep -= keep % KV_BLOCK;
+    const int exact = exact_tokens(s, sl);
+    if (keep > exact) keep = exact;
+    if (keep > s->sparse_from) keep -= (keep - s->sparse_from) % s->sparse_chunk;
+    return keep;
+}
+
 /* Rows of j's prompt a step feeds, given `budget` rows: any up to
  * sparse_from; past it a whole chunk (sparse_chunk rows at a multiple of
  * sparse_chunk, or up to the prompt's end), even over the budget, so the K/V
@@ -675,18 +690,13 @@ static void admit(sched *s) {
             j->prompt_lps[0] = (logprobs_token){.chosen = {j->prompt[0], NAN}, .n_top = 0};
         }
         slot *sl = &s->slots[best];
-        int keep = best_lcp < j->n_prompt - 1 ? best_lcp : j->n_prompt - 1;
-        if (scores_prompt(j)) keep = 0; /* every prompt row's logits are needed: none from the cache */
-        /* a sharded sparse index is cut at whole blocks only (ellm_context_truncate) */
-        if (s->p.mpi && s->p.sparse_topk > 0) keep -= keep % KV_BLOCK;
-        /* past sparse_from, only the K/V a fresh prefill in whole chunks gives */
-        if (keep > exact_tokens(s, &s->slots[best])) keep = exact_tokens(s, &s->slots[best]);
-        if (keep > s->sparse_from) keep -= (keep - s->sparse_from) % s->sparse_chunk;
+        const int own = reusable_tokens(s, sl, j, best_lcp);
+        int keep = own;
         const int from = share_source(s, j, sl, &keep);
         if (from == SHARE_WAIT) break; /* at the head of the queue until that prompt is computed */
         ellm_error cerr = {0};
         if (from < 0 || ellm_context_copy_prefix(sl->ctx, s->slots[from].ctx, keep, &cerr) != ELLM_OK) {
-            if (from >= 0) keep = best_lcp < j->n_prompt - 1 ? best_lcp : j->n_prompt - 1; /* the pool is short: its own */
+            keep = own; /* the pool is short for a copy: its own cache */
             ellm_context_truncate(sl->ctx, keep);
         } else {
             memcpy(sl->tokens, j->prompt, (size_t)keep * sizeof *sl->tokens);

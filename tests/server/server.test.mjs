@@ -543,22 +543,23 @@ async function samplingChecks(client, base) {
   }
 }
 
-// Sparse attention (--sparse-topk 64, chunks of 32): past the budget a pass
-// selects blocks for all its rows at once, so the server feeds a long prompt
-// in whole chunks at the positions `ellm run -b 32` uses, whatever else runs,
-// and reuses a slot's K/V only where a fresh prefill gives the same. The
-// evaluation model's attention is too peaked for other chunks to change its
-// output, so the log-probabilities are compared on a SmolLM2-135M-shaped file
-// with random weights (`ellm synth`), where they do change.
+// Sparse attention (--sparse-topk 64): past the budget a pass selects blocks
+// for all its rows at once, so the server feeds a long prompt in whole -b
+// chunks at the positions `ellm run -b N` uses, whatever else runs, and
+// reuses a slot's K/V only where a fresh prefill gives the same. The
+// evaluation model's text is compared with `ellm run -b 32`; its attention is
+// too peaked for other chunks to change its output, so the log-probabilities
+// are compared on a SmolLM2-135M-shaped file with random weights (`ellm
+// synth`, the default -b 128), where they do change.
 async function sparseServer() {
-  const args = ['-c', '1024', '--parallel', '4', '--sparse-topk', '64', '-b', '32'];
+  const evalArgs = ['-c', '1024', '--parallel', '4', '--sparse-topk', '64', '-b', '32'];
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'ellm-sparse-serve-'));
   let srv = null;
   try {
     stage = 'sparse: ellm run';
     const text = fs.readFileSync('tests/data/heldout-sample.txt', 'utf8').slice(0, 1400);
     const ref = runGreedy(text, 32, false, ['--sparse-topk', '64', '-b', '32']);
-    srv = await startServer(args);
+    srv = await startServer(evalArgs);
     let client = new OpenAI({ baseURL: srv.base + '/v1', apiKey: 'none', maxRetries: 0, timeout: 60000 });
     const r0 = await client.completions.create({ model: 'x', prompt: text, max_tokens: 32, temperature: 0 });
     check(r0.usage.prompt_tokens > 250 && r0.choices[0].text === ref,
