@@ -9,21 +9,24 @@
 #include <math.h>
 #include <stdlib.h>
 
-int engine_sparse_budget(const struct ellm_context *ctx, int layer, int head) {
+/* The least budget a head gets: what the sink and the window take, plus one block. */
+static int budget_floor(const struct ellm_context *ctx) {
     const ellm_context_params *p = &ctx->params;
+    return (p->sparse_sink_blocks + 1) * kv_cache_get_params(ctx->kv)->block_tokens + p->sparse_window;
+}
+
+int engine_sparse_budget(const struct ellm_context *ctx, int layer, int head) {
     float w = ctx->head_weight[layer * ctx->model->cfg.n_head_kv + head];
     int b = (int)(ctx->sparse_topk * w + 0.5f);
-    /* never below what the sink and the window take, plus one block */
-    int floor_b = (p->sparse_sink_blocks + 1) * kv_cache_get_params(ctx->kv)->block_tokens + p->sparse_window;
+    const int floor_b = budget_floor(ctx);
     return b > floor_b ? b : floor_b;
 }
 
 int ellm_context_sparse_dense_len(const ellm_context *ctx) {
     if (!ctx->sidx || ctx->sparse_topk <= 0) return INT_MAX;
     const model_config *c = &ctx->model->cfg;
-    const ellm_context_params *p = &ctx->params;
     /* adapting budgets move between heads: any head may fall to the floor */
-    if (p->sparse_adapt) return (p->sparse_sink_blocks + 1) * kv_cache_get_params(ctx->kv)->block_tokens + p->sparse_window;
+    if (ctx->params.sparse_adapt) return budget_floor(ctx);
     int len = INT_MAX;
     for (int l = 0; l < c->n_layer; l++)
         for (int h = 0; h < c->n_head_kv && !ctx->layer_dense[l]; h++) {
