@@ -585,26 +585,21 @@ static char *final_body(server *srv, job *const *jobs, int n, const resp_meta *m
 }
 
 /* The request of prompt u of src (0: its own first one, u > 0: src->more[u - 1])
- * alone: a deep copy with that prompt in the prompt fields and no others; 0
- * if out of memory. */
+ * alone: a deep copy with that prompt in the prompt fields and no others (the
+ * other prompts are not copied); 0 if out of memory. */
 static int unit_params(req_params *dst, const req_params *src, int u) {
-    if (!req_params_copy(dst, src)) return 0;
-    if (u > 0) { /* swap the first prompt with prompt u; freeing `more` drops the first */
-        req_prompt *q = &dst->more[u - 1];
-        req_prompt first = {.text = dst->prompt, .len = dst->prompt_len, .ids = dst->prompt_ids,
-                            .n_ids = dst->n_prompt_ids, .is_ids = dst->prompt_is_ids};
-        dst->prompt = q->text;
-        dst->prompt_len = q->len;
-        dst->prompt_ids = q->ids;
-        dst->n_prompt_ids = q->n_ids;
-        dst->prompt_is_ids = q->is_ids;
-        *q = first;
+    req_params view = *src; /* shallow: only read by the copy */
+    if (u > 0) {
+        const req_prompt *q = &src->more[u - 1];
+        view.prompt = q->text;
+        view.prompt_len = q->len;
+        view.prompt_ids = q->ids;
+        view.n_prompt_ids = q->n_ids;
+        view.prompt_is_ids = q->is_ids;
     }
-    for (int i = 0; i < dst->n_more; i++) req_prompt_free(&dst->more[i]);
-    free(dst->more);
-    dst->more = NULL;
-    dst->n_more = 0;
-    return 1;
+    view.more = NULL;
+    view.n_more = 0;
+    return req_params_copy(dst, &view);
 }
 
 static enum MHD_Result handle_generate(server *srv, struct MHD_Connection *c, req_kind kind, conn_state *cs) {
