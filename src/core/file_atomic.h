@@ -1,7 +1,13 @@
 /* Files replaced atomically: written to a temporary file in the same folder,
  * flushed to disk (fsync), renamed over the target and the folder synced, so
  * that a crash or SIGKILL at any moment leaves either the old complete file or
- * the new complete file, never a mix or a torn one. */
+ * the new complete file, never a mix or a torn one.
+ *
+ * The temporary file is unnamed (O_TMPFILE) where the file system allows, so
+ * a process killed mid-write leaves nothing behind; it is named
+ * "<path>.tmp.<pid>" only from just before the rename, or for the whole write
+ * where unnamed files are not available. Opening removes such files beside
+ * the same target whose process no longer exists. */
 #ifndef ELLM_CORE_FILE_ATOMIC_H
 #define ELLM_CORE_FILE_ATOMIC_H
 
@@ -13,6 +19,7 @@ typedef struct {
     FILE *f;        /* write the contents here (fully buffered) */
     char *path;     /* the target */
     char *tmp;      /* "<path>.tmp.<pid>" */
+    int unnamed;    /* f is an O_TMPFILE file, named tmp only at commit */
     int failed;     /* a write failed (set by file_atomic_write) */
 } file_atomic;
 
