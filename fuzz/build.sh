@@ -45,6 +45,11 @@ $CC $CFLAGS -fsanitize=fuzzer $OBJS fuzz/fuzz_model_load.c -o "$OUT/fuzz_model_l
 for t in fuzz_safetensors fuzz_convert fuzz_convert_vocab_json fuzz_convert_sp_model; do
     $CC $CFLAGS -fsanitize=fuzzer $OBJS "fuzz/$t.c" -o "$OUT/$t" $LIBS -lmicrohttpd -lhwloc -lnuma $MPI_LIBS
 done
+# State files (engine/state.c) and `ellm run`'s settings in them (cli/run_state.c);
+# its seeds are real states written by the target itself.
+$CC $CFLAGS -fsanitize=fuzzer $OBJS src/cli/run_state.c fuzz/fuzz_state.c -o "$OUT/fuzz_state" $LIBS -lmicrohttpd -lhwloc -lnuma $MPI_LIBS
+mkdir -p "$OUT/seeds/state"
+FUZZ_STATE_SEEDS="$OUT/seeds/state" ELLM_FUZZ_DATA=tests/data "$OUT/fuzz_state" -runs=0 "$OUT/seeds/state" > /dev/null 2>&1
 $CC $CFLAGS -Itests $OBJS fuzz/make_convert_seeds.c -o "$OUT/make_convert_seeds" $LIBS -lmicrohttpd -lhwloc -lnuma $MPI_LIBS
 "$OUT/make_convert_seeds" "$OUT/seeds" tests/data
 # The seed writer is an ordinary program.

@@ -177,6 +177,10 @@ int main(void) {
     CHECK(ellm_context_sparse_dense_len(ctx) == floor_len, "budget 8: dense up to %d, expected %d", ellm_context_sparse_dense_len(ctx), floor_len);
     ellm_context_set_sparse(ctx, 0, &err);
     CHECK(ellm_context_sparse_dense_len(ctx) == INT_MAX, "dense: %d", ellm_context_sparse_dense_len(ctx));
+    /* a budget past the int range once weighted is every position, not an
+     * overflow (which had made it the floor) */
+    ellm_context_set_sparse(ctx, INT_MAX, &err);
+    CHECK(ellm_context_sparse_dense_len(ctx) == INT_MAX, "budget INT_MAX: dense up to %d", ellm_context_sparse_dense_len(ctx));
     ellm_context_set_sparse(ctx, 256, &err);
     f = fopen("/tmp/ellm_test_profile.txt", "w");
     fprintf(f, "ellm-sparse-profile 1\nlayers 99 kv_heads 2\n");

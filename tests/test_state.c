@@ -222,6 +222,108 @@ static void test_engine(void) {
     ellm_model_free(m);
 }
 
+/* The payload offset of section `tag` of the state file in buf (its length
+ * in *len), or 0. */
+static size_t section_at(const unsigned char *buf, size_t n, const char *tag, uint64_t *len) {
+    size_t off = 32;
+    while (off <= n && n - off >= 20) {
+        uint64_t l;
+        memcpy(&l, buf + off + 8, 8);
+        if (l > n - off - 20) return 0;
+        if (!memcmp(buf + off, tag, 4)) {
+            *len = l;
+            return off + 16;
+        }
+        off += 16 + (size_t)l + 4;
+    }
+    return 0;
+}
+
+/* The sparse section of a state (written by a context with an adapting
+ * budget) with one value changed and its checksum made right again: values
+ * no saver writes are refused by name, and the context keeps what it held. */
+static void test_sparse_values(void) {
+    ellm_error err = {0};
+    ellm_model *m = test_load_model("models/evalmodel.gguf", NULL);
+    if (!m) return;
+    ellm_context_params cp = ellm_context_default_params();
+    cp.n_ctx = 256;
+    cp.n_threads = 1;
+    cp.sparse_topk = 64;
+    cp.sparse_adapt = 1;
+    cp.sparse_recall_every = 5;
+    ellm_context *a = NULL, *b = NULL;
+    CHECK(ellm_context_init(m, &cp, &a, &err) == ELLM_OK && ellm_context_init(m, &cp, &b, &err) == ELLM_OK, "%s",
+          err.msg);
+    int32_t toks[100];
+    for (int i = 0; i < 100; i++) toks[i] = (int32_t)(3 + i * 7 % 200);
+    CHECK(ellm_decode(a, toks, 90, NULL, &err) == ELLM_OK, "%s", err.msg);
+    for (int i = 90; i < 100; i++) CHECK(ellm_decode(a, toks + i, 1, NULL, &err) == ELLM_OK, "%s", err.msg);
+    CHECK(ellm_decode(b, toks, 5, NULL, &err) == ELLM_OK, "%s", err.msg);
+    char path[640], bad[640];
+    snprintf(path, sizeof path, "%s", test_tmp_path("sparse_values.state"));
+    snprintf(bad, sizeof bad, "%s", test_tmp_path("sparse_values_bad.state"));
+    CHECK(ellm_context_state_save(a, path, "x", 1, &err) == ELLM_OK, "save: %s", err.msg);
+    size_t n = 0;
+    unsigned char *buf = (unsigned char *)test_read_file(path, &n);
+    uint64_t len = 0;
+    const size_t p = buf ? section_at(buf, n, "SPRS", &len) : 0;
+    const size_t nlh = (size_t)m->cfg.n_layer * (size_t)m->cfg.n_head_kv;
+    CHECK(p > 0 && len == 12 + 3 * nlh * 4 + (size_t)m->cfg.n_layer, "sparse section of %llu bytes", (unsigned long long)len);
+    if (!p) {
+        free(buf);
+        ellm_context_free(a);
+        ellm_context_free(b);
+        ellm_model_free(m);
+        return;
+    }
+    const float nan = NAN, inf = INFINITY, zero = 0.0f, huge = 1e9f;
+    const uint32_t all_ones = 0xFFFFFFFFu, two = 2;
+    const size_t nkv = (size_t)m->cfg.n_head_kv;
+    char w3[96], r2[96];
+    snprintf(w3, sizeof w3, "budget weight of layer %zu head %zu is 0", (size_t)3 / nkv, (size_t)3 % nkv);
+    snprintf(r2, sizeof r2, "recall average of layer %zu head %zu is inf", (size_t)2 / nkv, (size_t)2 % nkv);
+    struct {
+        size_t at;
+        const void *value;
+        const char *what;
+    } cases[] = {
+        {0, NULL, NULL}, /* unchanged, checksum rewritten: loads */
+        {0, &all_ones, "sparse budget 4294967295"},
+        {4, &two, "adaptation flag 2"},
+        {12, &nan, "budget weight of layer 0 head 0 is nan"},
+        {12 + 4 * 3, &zero, w3},
+        {12 + 4, &huge, "budget weight of layer 0 head 1 is 1e+09"},
+        {12 + 4 * nlh + 8, &inf, r2},
+        {12 + 8 * nlh, &nan, "gain average of layer 0 head 0 is nan"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        unsigned char *t = malloc(n);
+        memcpy(t, buf, n);
+        if (cases[i].value) memcpy(t + p + cases[i].at, cases[i].value, 4);
+        const uint32_t crc = crc32c_update(0, t + p - 16, 16 + (size_t)len);
+        memcpy(t + p + len, &crc, 4);
+        FILE *f = fopen(bad, "wb");
+        fwrite(t, 1, n, f);
+        fclose(f);
+        free(t);
+        ellm_status st = ellm_context_state_load(b, bad, &err);
+        if (!cases[i].what) {
+            CHECK(st == ELLM_OK && ellm_context_pos(b) == 100, "resealed, unchanged: %d %s", st, err.msg);
+            ellm_context_truncate(b, 5);
+            continue;
+        }
+        CHECK(st == ELLM_ERR_FORMAT && strstr(err.msg, cases[i].what), "%s: %d %s", cases[i].what, st, err.msg);
+        CHECK(ellm_context_pos(b) == 5, "after a refused load: pos %d", ellm_context_pos(b));
+    }
+    free(buf);
+    remove(path);
+    remove(bad);
+    ellm_context_free(a);
+    ellm_context_free(b);
+    ellm_model_free(m);
+}
+
 /* ---- the command: SIGKILL at a random point, then --resume ---------------- */
 
 /* Runs a shell command, capturing stdout (and stderr if `both`). Returns the exit status. */
@@ -309,9 +411,71 @@ static void test_kill_resume(void) {
     remove(cmd);
 }
 
+/* `ellm run`'s settings in a state with one value outside what its flags
+ * accept (the checksum made right again): --resume refuses the file. */
+static void test_resume_bad_settings(void) {
+    char state[640], cmd[2048], out[4096];
+    snprintf(state, sizeof state, "%s", test_tmp_path("settings.state"));
+    snprintf(cmd, sizeof cmd, "%s run -n 20 --temp 0 -t 1 -p 'x = 1' --save-state %s --save-every 5", test_ellm_bin(),
+             state);
+    CHECK(sh(cmd, out, sizeof out, 0) == 0, "run: %s", out);
+    size_t n = 0;
+    unsigned char *buf = (unsigned char *)test_read_file(state, &n);
+    uint64_t len = 0;
+    const size_t p = buf ? section_at(buf, n, "APP ", &len) : 0;
+    CHECK(p > 0 && len > 40 && !memcmp(buf + p, "ellm-run", 8), "the run's section");
+    if (!p || len <= 40) {
+        free(buf);
+        return;
+    }
+    int64_t path_len;
+    memcpy(&path_len, buf + p + 12, 8);
+    /* after the magic, the version and the model path: no_echo, kv type,
+     * ctx_auto, n_predict, threads, batch, n_ctx (int64), then temperature */
+    const size_t ints = p + 12 + 8 + (size_t)path_len, temp_at = ints + 7 * 8;
+    const float nan = NAN, hot = 1e6f;
+    const int64_t big_batch = (int64_t)1 << 40, kv7 = 7;
+    struct {
+        size_t at, bytes;
+        const void *value;
+        const char *what;
+    } cases[] = {
+        {0, 0, NULL, NULL},
+        {temp_at, 4, &nan, "temperature NaN"},
+        {temp_at, 4, &hot, "temperature 1e6"},
+        {ints + 5 * 8, 8, &big_batch, "batch 2^40"},
+        {ints + 1 * 8, 8, &kv7, "KV type 7"},
+    };
+    char bad[700];
+    snprintf(bad, sizeof bad, "%s.bad", state);
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        unsigned char *t = malloc(n);
+        memcpy(t, buf, n);
+        if (cases[i].value) memcpy(t + cases[i].at, cases[i].value, cases[i].bytes);
+        const uint32_t crc = crc32c_update(0, t + p - 16, 16 + (size_t)len);
+        memcpy(t + p + len, &crc, 4);
+        FILE *f = fopen(bad, "wb");
+        fwrite(t, 1, n, f);
+        fclose(f);
+        free(t);
+        snprintf(cmd, sizeof cmd, "%s run --resume %s", test_ellm_bin(), bad);
+        const int rc = sh(cmd, out, sizeof out, 1);
+        if (!cases[i].what)
+            CHECK(rc == 0, "resealed, unchanged: rc %d %s", rc, out);
+        else
+            CHECK(rc != 0 && strstr(out, "run settings in the state are malformed"), "%s: rc %d %s", cases[i].what,
+                  rc, out);
+    }
+    free(buf);
+    remove(bad);
+    remove(state);
+}
+
 int main(void) {
     test_crc();
     test_engine();
+    test_sparse_values();
+    test_resume_bad_settings();
     test_kill_resume();
     return test_finish();
 }

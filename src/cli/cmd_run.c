@@ -187,15 +187,15 @@ static int parse(int argc, char **argv, run_opts *o) {
         else if (arg_value(argc, argv, &i, "--system", NULL, &v, &bad)) o->system = v;
         else if (arg_value(argc, argv, &i, "--chat-template", NULL, &v, &bad)) o->chat_template = v;
         else if (arg_value(argc, argv, &i, "--sparse-topk", NULL, &v, &bad))
-            bad = !v || !arg_int(a, v, 0, 1L << 30, &o->sparse_topk);
+            bad = !v || !arg_int(a, v, 0, RUN_COUNT_MAX, &o->sparse_topk);
         else if (arg_value(argc, argv, &i, "--sparse-window", NULL, &v, &bad))
-            bad = !v || !arg_int(a, v, 0, 1L << 30, &o->sparse_window);
+            bad = !v || !arg_int(a, v, 0, RUN_COUNT_MAX, &o->sparse_window);
         else if (arg_value(argc, argv, &i, "--sparse-sink", NULL, &v, &bad))
-            bad = !v || !arg_int(a, v, 0, 1L << 20, &o->sparse_sink);
+            bad = !v || !arg_int(a, v, 0, RUN_SPARSE_SMALL_MAX, &o->sparse_sink);
         else if (arg_value(argc, argv, &i, "--sparse-dense-layers", NULL, &v, &bad))
-            bad = !v || !arg_int(a, v, 0, 1L << 20, &o->sparse_dense);
+            bad = !v || !arg_int(a, v, 0, RUN_SPARSE_SMALL_MAX, &o->sparse_dense);
         else if (arg_value(argc, argv, &i, "--sparse-recall-every", NULL, &v, &bad))
-            bad = !v || !arg_int(a, v, 0, 1L << 30, &o->sparse_recall);
+            bad = !v || !arg_int(a, v, 0, RUN_COUNT_MAX, &o->sparse_recall);
         else if (arg_value(argc, argv, &i, "--sparse-profile", NULL, &v, &bad)) o->sparse_profile = v;
         else if (arg_value(argc, argv, &i, "--spec", NULL, &v, &bad)) o->spec = v;
         else if (arg_value(argc, argv, &i, "--draft-map", NULL, &v, &bad)) o->draft_map = v;
@@ -226,43 +226,43 @@ static int parse(int argc, char **argv, run_opts *o) {
         else if (arg_value(argc, argv, &i, "--log-every", NULL, &v, &bad))
             bad = !v || !arg_int(a, v, 1, 1L << 30, &o->log_every);
         else if (arg_value(argc, argv, &i, "--keep", NULL, &v, &bad))
-            bad = !v || !arg_int(a, v, 0, 1L << 30, &o->keep);
+            bad = !v || !arg_int(a, v, 0, RUN_COUNT_MAX, &o->keep);
         else if (arg_value(argc, argv, &i, "--resume", NULL, &v, &bad)) o->resume = v;
         else if (arg_value(argc, argv, &i, "--save-every", NULL, &v, &bad))
-            bad = !v || !arg_int(a, v, 1, 1L << 30, &o->save_every);
+            bad = !v || !arg_int(a, v, 1, RUN_COUNT_MAX, &o->save_every);
         else if (arg_value(argc, argv, &i, "--model", "-m", &v, &bad)) o->model = v;
         else if (arg_value(argc, argv, &i, "--prompt", "-p", &v, &bad)) o->prompt = v;
         else if (arg_value(argc, argv, &i, "--file", "-f", &v, &bad)) o->prompt_file = v;
         else if (arg_value(argc, argv, &i, "--n-predict", "-n", &v, &bad)) {
-            bad = !v || !arg_int(a, v, 0, 1L << 30, &o->n_predict);
+            bad = !v || !arg_int(a, v, 0, RUN_COUNT_MAX, &o->n_predict);
             o->n_given = 1;
         }
         else if (arg_value(argc, argv, &i, "--threads", "-t", &v, &bad))
-            bad = !v || !arg_int(a, v, 1, 1024, &o->threads);
+            bad = !v || !arg_int(a, v, 1, RUN_THREADS_MAX, &o->threads);
         else if (arg_value(argc, argv, &i, "--ctx-size", "-c", &v, &bad))
-            bad = !v || !arg_int(a, v, 1, 1L << 30, &o->ctx);
+            bad = !v || !arg_int(a, v, 1, RUN_COUNT_MAX, &o->ctx);
         else if (arg_value(argc, argv, &i, "--batch-size", "-b", &v, &bad))
-            bad = !v || !arg_int(a, v, 1, 1 << 16, &o->batch);
+            bad = !v || !arg_int(a, v, 1, RUN_BATCH_MAX, &o->batch);
         else if (arg_value(argc, argv, &i, "--kv-cache-gb", NULL, &v, &bad))
             bad = !v || !arg_double(a, v, 1e-6, 1e6, &o->kv_gb);
         else if (arg_value(argc, argv, &i, "--kv-type", NULL, &v, &bad))
             bad = !v || !arg_kv_type(a, v, &o->kv_f32);
         else if (arg_value(argc, argv, &i, "--temp", NULL, &v, &bad)) {
-            if (!(bad = !v || !arg_double(a, v, 0, 100, &d))) o->sp.temperature = (float)d;
+            if (!(bad = !v || !arg_double(a, v, 0, RUN_TEMP_MAX, &d))) o->sp.temperature = (float)d;
         } else if (arg_value(argc, argv, &i, "--top-k", NULL, &v, &bad)) {
-            if (!(bad = !v || !arg_int(a, v, 0, 1 << 30, &n))) o->sp.top_k = (int)n;
+            if (!(bad = !v || !arg_int(a, v, 0, RUN_COUNT_MAX, &n))) o->sp.top_k = (int)n;
         } else if (arg_value(argc, argv, &i, "--top-p", NULL, &v, &bad)) {
-            if (!(bad = !v || !arg_double(a, v, 1e-6, 1, &d))) o->sp.top_p = (float)d;
+            if (!(bad = !v || !arg_double(a, v, RUN_TOP_P_MIN, 1, &d))) o->sp.top_p = (float)d;
         } else if (arg_value(argc, argv, &i, "--min-p", NULL, &v, &bad)) {
-            if (!(bad = !v || !arg_double(a, v, 0, 0.999999, &d))) o->sp.min_p = (float)d;
+            if (!(bad = !v || !arg_double(a, v, 0, RUN_MIN_P_MAX, &d))) o->sp.min_p = (float)d;
         } else if (arg_value(argc, argv, &i, "--repeat-penalty", NULL, &v, &bad)) {
-            if (!(bad = !v || !arg_double(a, v, 1e-3, 100, &d))) o->sp.repeat_penalty = (float)d;
+            if (!(bad = !v || !arg_double(a, v, RUN_REPEAT_PENALTY_MIN, RUN_REPEAT_PENALTY_MAX, &d))) o->sp.repeat_penalty = (float)d;
         } else if (arg_value(argc, argv, &i, "--repeat-last-n", NULL, &v, &bad)) {
-            if (!(bad = !v || !arg_int(a, v, 0, 1 << 30, &n))) o->sp.repeat_last_n = (int)n;
+            if (!(bad = !v || !arg_int(a, v, 0, RUN_COUNT_MAX, &n))) o->sp.repeat_last_n = (int)n;
         } else if (arg_value(argc, argv, &i, "--presence-penalty", NULL, &v, &bad)) {
-            if (!(bad = !v || !arg_double(a, v, -2, 2, &d))) o->sp.presence_penalty = (float)d;
+            if (!(bad = !v || !arg_double(a, v, -RUN_PENALTY_ABS_MAX, RUN_PENALTY_ABS_MAX, &d))) o->sp.presence_penalty = (float)d;
         } else if (arg_value(argc, argv, &i, "--frequency-penalty", NULL, &v, &bad)) {
-            if (!(bad = !v || !arg_double(a, v, -2, 2, &d))) o->sp.frequency_penalty = (float)d;
+            if (!(bad = !v || !arg_double(a, v, -RUN_PENALTY_ABS_MAX, RUN_PENALTY_ABS_MAX, &d))) o->sp.frequency_penalty = (float)d;
         } else if (arg_value(argc, argv, &i, "--seed", NULL, &v, &bad)) {
             if (!(bad = !v || !arg_u64(a, v, &o->sp.seed))) o->seed_given = 1;
         } else {

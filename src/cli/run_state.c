@@ -142,10 +142,25 @@ int run_state_decode(const unsigned char *data, size_t len, run_state *s, char *
         s->sp.presence_penalty = bb_get_f32(&d);
         s->sp.frequency_penalty = bb_get_f32(&d);
     }
-    if (d.bad || d.off != d.n || !isfinite(s->sp.presence_penalty) || !isfinite(s->sp.frequency_penalty) || !s->model || s->threads < 1 || s->threads > 1024 || s->batch < 1 ||
-        s->n_ctx < 1 || s->n_ctx > max_tok || s->n_predict < 0 || s->n_predict > max_tok ||
-        s->n_tokens - s->n_prompt > s->n_predict || (s->overflow < 0 || s->overflow > 2) || s->keep < 0 ||
-        s->save_every < 1) {
+    const ellm_sampler_params *sp = &s->sp;
+    /* what `ellm run` accepts for the flags behind each setting (the checksums
+     * catch damage, not a file written by something else) */
+    const int settings_ok =
+        s->model && s->threads >= 1 && s->threads <= RUN_THREADS_MAX && s->batch >= 1 && s->batch <= RUN_BATCH_MAX &&
+        s->n_ctx >= 1 && s->n_ctx <= max_tok && s->n_predict >= 0 && s->n_predict <= max_tok &&
+        s->n_tokens - s->n_prompt <= s->n_predict && s->overflow >= 0 && s->overflow <= 2 && s->keep >= 0 &&
+        s->keep <= RUN_COUNT_MAX && s->save_every >= 1 && s->save_every <= RUN_COUNT_MAX && (s->kv_f32 == ELLM_KV_F16 ||
+        s->kv_f32 == ELLM_KV_F32 || s->kv_f32 == ELLM_KV_Q8_0) && (unsigned)s->no_echo <= 1 &&
+        (unsigned)s->ctx_auto <= 1 && (unsigned)s->sparse_adapt <= 1 && s->sparse_topk >= -1 /* dense only */ &&
+        s->sparse_topk <= RUN_COUNT_MAX && s->sparse_window >= 0 && s->sparse_window <= RUN_COUNT_MAX &&
+        s->sparse_sink >= 0 && s->sparse_sink <= RUN_SPARSE_SMALL_MAX && s->sparse_dense >= 0 &&
+        s->sparse_dense <= RUN_SPARSE_SMALL_MAX && s->sparse_recall >= 0 && s->sparse_recall <= RUN_COUNT_MAX &&
+        sp->temperature >= 0 && sp->temperature <= RUN_TEMP_MAX && sp->top_k >= 0 && sp->top_k <= RUN_COUNT_MAX &&
+        sp->top_p >= RUN_TOP_P_MIN && sp->top_p <= 1 && sp->min_p >= 0 && sp->min_p <= RUN_MIN_P_MAX &&
+        sp->repeat_penalty >= RUN_REPEAT_PENALTY_MIN && sp->repeat_penalty <= RUN_REPEAT_PENALTY_MAX &&
+        sp->repeat_last_n >= 0 && sp->repeat_last_n <= RUN_COUNT_MAX && fabsf(sp->presence_penalty) <= RUN_PENALTY_ABS_MAX &&
+        fabsf(sp->frequency_penalty) <= RUN_PENALTY_ABS_MAX;
+    if (d.bad || d.off != d.n || !settings_ok) {
         run_state_free(s);
         snprintf(msg, cap, "the run settings in the state are malformed");
         return 0;

@@ -11,6 +11,19 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* The ranges `ellm run` accepts for the settings a state keeps (its flags,
+ * cmd_run.c); run_state_decode refuses a state whose settings leave them. */
+#define RUN_COUNT_MAX (1L << 30)        /* -n, -c, --top-k, --repeat-last-n, --keep, sparse sizes */
+#define RUN_BATCH_MAX (1L << 16)        /* -b */
+#define RUN_THREADS_MAX 1024L           /* -t */
+#define RUN_SPARSE_SMALL_MAX (1L << 20) /* --sparse-sink, --sparse-dense-layers */
+#define RUN_TEMP_MAX 100.0              /* --temp [0, max] */
+#define RUN_TOP_P_MIN 1e-6              /* --top-p [min, 1] */
+#define RUN_MIN_P_MAX 0.999999          /* --min-p [0, max] */
+#define RUN_REPEAT_PENALTY_MIN 1e-3     /* --repeat-penalty [min, max] */
+#define RUN_REPEAT_PENALTY_MAX 100.0
+#define RUN_PENALTY_ABS_MAX 2.0         /* --presence-penalty, --frequency-penalty [-max, max] */
+
 typedef struct {
     char *model;            /* model path */
     int no_echo;            /* the prompt was not echoed */

@@ -427,7 +427,7 @@ ellm_status ellm_context_load_sparse_profile(ellm_context *ctx, const char *path
         for (int h = 0; h < c->n_head_kv; h++) {
             char *end;
             float x = strtof(p, &end);
-            if (end == p || !(x > 0 && x <= 64)) {
+            if (end == p || !(x > 0 && x <= SPARSE_MAX_HEAD_WEIGHT)) {
                 st = ellm_fail(err, ELLM_ERR_FORMAT,
                                "sparse profile '%s': layer %d head %d: weight missing or outside (0, 64]", path, l, h);
                 break;

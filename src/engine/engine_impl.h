@@ -18,6 +18,11 @@
 #include "dist/dist.h"
 #include "model/model.h"
 
+/* The largest per-head budget weight (a head's budget is sparse_topk times
+ * its weight): what a sparse profile may give, and so what a state file may
+ * hold (adaptation keeps weights within [1/2, 2] before renormalizing). */
+#define SPARSE_MAX_HEAD_WEIGHT 64.0f
+
 /* What ellm_sparse_calibrate measures while it decodes: recall at each budget. */
 struct engine_calib {
     const int *budgets;

@@ -16,8 +16,10 @@ static int budget_floor(const struct ellm_context *ctx) {
 }
 
 int engine_sparse_budget(const struct ellm_context *ctx, int layer, int head) {
-    float w = ctx->head_weight[layer * ctx->model->cfg.n_head_kv + head];
-    int b = (int)(ctx->sparse_topk * w + 0.5f);
+    const float w = ctx->head_weight[layer * ctx->model->cfg.n_head_kv + head];
+    /* a budget past the int range (a huge sparse_topk) is all of any context */
+    const float fb = (float)ctx->sparse_topk * w + 0.5f;
+    const int b = fb < (float)INT_MAX ? (int)fb : INT_MAX;
     const int floor_b = budget_floor(ctx);
     return b > floor_b ? b : floor_b;
 }

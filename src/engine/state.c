@@ -26,6 +26,8 @@
 #include "kernels/quant.h"
 
 #include <errno.h>
+#include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -505,6 +507,23 @@ ellm_status ellm_context_state_load(ellm_context *ctx, const char *path, ellm_er
                 st = ellm_fail(err, ELLM_ERR_FORMAT, "state file '%s': bad dense-layer flag", path);
                 goto out;
             }
+        /* values no saver writes (the checksums only catch damage): a
+         * budget of topk x weight must stay an int, the averages numbers */
+        if (topk > (uint32_t)INT_MAX || adapt > 1) {
+            st = ellm_fail(err, ELLM_ERR_FORMAT, "state file '%s': sparse budget %u or adaptation flag %u out of range",
+                           path, topk, adapt);
+            goto out;
+        }
+        for (size_t i = 0; i < 3 * nlh; i++) {
+            const float x = sparse_f[i];
+            if (i < nlh ? !(x > 0 && x <= SPARSE_MAX_HEAD_WEIGHT) : !isfinite(x)) {
+                st = ellm_fail(err, ELLM_ERR_FORMAT,
+                               "state file '%s': sparse section: %s of layer %zu head %zu is %g",
+                               path, i < nlh ? "budget weight" : i < 2 * nlh ? "recall average" : "gain average",
+                               i % nlh / (size_t)c->n_head_kv, i % nlh % (size_t)c->n_head_kv, (double)x);
+                goto out;
+            }
+        }
         sparse_topk = (int)topk;
         sparse_adapt = (int)adapt;
     }
