@@ -446,6 +446,16 @@ slot_result sched_slot_restore(sched *s, int id, const char *path, int *n_tokens
         return SLOT_FAILED;
     }
     const int n = (int)(app_len / sizeof(int32_t));
+    for (int i = 0; i < n; i++) { /* the tokens are compared with prompts' and may be fed again */
+        int32_t t;
+        memcpy(&t, (const char *)app + (size_t)i * sizeof t, sizeof t);
+        if (t < 0 || t >= s->n_vocab) {
+            snprintf(err->msg, sizeof err->msg, "state file '%s': token %d at position %d is outside the vocabulary [0, %d)",
+                     path, t, i, s->n_vocab);
+            ellm_free(app);
+            return SLOT_FAILED;
+        }
+    }
     slot_result r = claim_slot(s, id, err);
     if (r != SLOT_OK) {
         ellm_free(app);

@@ -83,6 +83,22 @@ async function rawPost(base, path, body, headers = {}) {
   return { status: r.status, json, headers: r.headers };
 }
 
+// CRC-32C (Castagnoli, reflected), as the state files' sections carry it
+const CRC32C_TABLE = (() => {
+  const t = new Uint32Array(256);
+  for (let i = 0; i < 256; i++) {
+    let c = i;
+    for (let k = 0; k < 8; k++) c = c & 1 ? (c >>> 1) ^ 0x82f63b78 : c >>> 1;
+    t[i] = c >>> 0;
+  }
+  return t;
+})();
+function crc32c(buf) {
+  let c = 0xffffffff;
+  for (const b of buf) c = CRC32C_TABLE[(c ^ b) & 0xff] ^ (c >>> 8);
+  return (c ^ 0xffffffff) >>> 0;
+}
+
 function isOpenAIError(j) {
   return j && j.error && typeof j.error.message === 'string' && typeof j.error.type === 'string' && 'code' in j.error;
 }
@@ -368,6 +384,16 @@ async function poolServer() {
     r = await rawPost(srv.base, '/slots/0?action=restore', JSON.stringify({ filename: 'garbage.bin' }));
     check(r.status === 400 && isOpenAIError(r.json) && /state file/.test(r.json.error.message),
           `a file that is not a state file: 400 naming it (${r.status} ${r.json && r.json.error.message})`);
+    // a slot's file whose first token is outside the vocabulary, its checksum made right again
+    const saved = fs.readFileSync(path.join(dir, `slot${k}.bin`));
+    const appLen = Number(saved.readBigUInt64LE(32 + 8));
+    check(saved.toString('latin1', 32, 36) === 'APP ' && appLen === 4 * fed, `the slot file's token section (${appLen} bytes)`);
+    saved.writeInt32LE(0x7fffffff, 48);
+    saved.writeUInt32LE(crc32c(saved.subarray(32, 48 + appLen)), 48 + appLen);
+    fs.writeFileSync(path.join(dir, 'badtoken.bin'), saved);
+    r = await rawPost(srv.base, '/slots/0?action=restore', JSON.stringify({ filename: 'badtoken.bin' }));
+    check(r.status === 400 && isOpenAIError(r.json) && /token 2147483647 at position 0 is outside the vocabulary/.test(r.json.error.message),
+          `a token outside the vocabulary: 400 naming it (${r.status} ${JSON.stringify(r.json)})`);
     r = await rawPost(srv.base, '/slots/0?action=restore', JSON.stringify({ filename: 'missing.bin' }));
     check(r.status === 400 && isOpenAIError(r.json), `a missing file: 400 (${r.status})`);
     const still = await client().completions.create({ model: 'x', prompt: P, max_tokens: 8, temperature: 0 });
