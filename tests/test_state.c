@@ -471,11 +471,41 @@ static void test_resume_bad_settings(void) {
     remove(state);
 }
 
+/* A run that reaches -n keeps its final state (no periodic save falls on
+ * it here): --resume with a larger -n continues it exactly as the longer run
+ * goes on, greedy and sampled, and --resume with its own -n prints its text. */
+static void test_extend_finished(void) {
+    const char *configs[] = {"--temp 0 -t 1 -p 'def parse(line):'",
+                             "--seed 7 --repeat-penalty 1.1 -t 1 -p 'class Node:'"};
+    char state[640], copy[700], cmd[2048];
+    static char want[65536], got[65536];
+    snprintf(state, sizeof state, "%s", test_tmp_path("finished.state"));
+    snprintf(copy, sizeof copy, "%s.copy", state);
+    for (size_t c = 0; c < sizeof configs / sizeof *configs; c++) {
+        remove(state);
+        snprintf(cmd, sizeof cmd, "%s run %s -n 70 --save-state %s --save-every 1000", test_ellm_bin(), configs[c], state);
+        static char first[65536];
+        CHECK(sh(cmd, first, sizeof first, 0) == 0 && access(state, F_OK) == 0, "config %zu: no state after -n 70", c);
+        CHECK(file_copy(state, copy, (size_t)-1), "copy");
+        snprintf(cmd, sizeof cmd, "%s run --resume %s", test_ellm_bin(), copy);
+        CHECK(sh(cmd, got, sizeof got, 0) == 0 && !strcmp(first, got), "config %zu: resume of a finished run\n%s\n---\n%s",
+              c, first, got);
+        snprintf(cmd, sizeof cmd, "%s run %s -n 150", test_ellm_bin(), configs[c]);
+        CHECK(sh(cmd, want, sizeof want, 0) == 0, "config %zu: -n 150", c);
+        snprintf(cmd, sizeof cmd, "%s run --resume %s -n 150", test_ellm_bin(), state);
+        CHECK(sh(cmd, got, sizeof got, 0) == 0 && !strcmp(want, got) && strlen(got) > strlen(first),
+              "config %zu: the finished run extended to -n 150 differs\n%s\n---\n%s", c, want, got);
+    }
+    remove(state);
+    remove(copy);
+}
+
 int main(void) {
     test_crc();
     test_engine();
     test_sparse_values();
     test_resume_bad_settings();
+    test_extend_finished();
     test_kill_resume();
     return test_finish();
 }

@@ -686,7 +686,7 @@ static int gen_loop(gen_run *g, long n_predict, ellm_detok *dt, double *t_gen_ms
     g->lw.at = gen_mark_now(g);
     int rc = 0;
     signal(SIGINT, on_sigint);
-    int eog = 0;
+    int eog = 0, last_pending = 0; /* the run reached -n with its last token not decoded */
     while (g->generated < n_predict && !g_interrupted && !eog) {
         int32_t toks[32];
         int n_new = 1;
@@ -715,7 +715,10 @@ static int gen_loop(gen_run *g, long n_predict, ellm_detok *dt, double *t_gen_ms
                 fflush(stdout);
             }
         }
-        if (eog || g->generated == n_predict) break;
+        if (eog || g->generated == n_predict) {
+            last_pending = !eog && !g->spec;
+            break;
+        }
         if (g->spec) { /* the speculative step fed its tokens */
             if (log_due(g)) log_line(g);
             continue;
@@ -763,6 +766,16 @@ static int gen_loop(gen_run *g, long n_predict, ellm_detok *dt, double *t_gen_ms
     fputc('\n', stdout);
     fflush(stdout);
     if (tty) fputs("\r\033[K", stderr);
+    /* A run that reached -n keeps its final state, so that `--resume FILE -n
+     * MORE` continues it as a longer run would have gone on; the state holds
+     * decoded tokens only, so the last one is decoded first (after the timing
+     * above). Not after an end-of-generation token, where a longer run stops
+     * too, nor with the context full. */
+    if (g->save_path && last_pending && rc == 0 && !g_interrupted && ellm_context_pos(g->ctx) < n_ctx) {
+        int32_t last = g->ids[g->n_hist - 1];
+        if (ellm_decode(g->ctx, &last, 1, NULL, &err) == ELLM_OK) gen_save(g);
+        else fprintf(stderr, "warning: cannot save the final state: %s\n", err.msg);
+    }
     if (g_interrupted) {
         /* every token in ids has been decoded: the state is consistent */
         if (g->save_path) gen_save(g);
