@@ -626,6 +626,98 @@ static void test_select(void) {
     kv_cache_free(kv);
 }
 
+/* A Q8_0 cache's sparse lists are cut every ATTN_PART_BLOCKS listed blocks
+ * (part_end), not at the cache's fixed parts: a list of 301 blocks spread
+ * over the cache (5 cuts; 10 fixed parts), one of 40 and one of 1. Against
+ * the reference over an F32 cache of the same keys and values (the Q8_0
+ * tolerance), the same bits on 1 or more threads, from attention_forward_
+ * select and attention_forward_blocks, and every row of a multi-row call equal
+ * to a single-row call at its position (a verify pass or prompt chunk gives
+ * each row a decode step's bits). */
+static void test_select_q8(void) {
+    const int n_kv = 3, n_head = 9, hd = 64, bt = 16, len = 16 * 600 + 9, max_blocks = 640;
+    const int nb = (len + bt - 1) / bt;
+    const uint64_t seed = g_rng;
+    kv_cache *kv32 = make_cache(1, n_kv, hd, len, bt, QTYPE_F32);
+    g_rng = seed;
+    kv_cache *kvq = make_cache(1, n_kv, hd, len, bt, QTYPE_Q8_0);
+    if (!kv32 || !kvq) return;
+    g_rng = seed;
+    fill_cache(kv32, len);
+    g_rng = seed;
+    fill_cache(kvq, len);
+    const int max_q = 16;
+    const size_t rowf = (size_t)n_head * hd;
+    float *q = malloc((size_t)max_q * rowf * sizeof(float));
+    float *out = malloc((size_t)max_q * rowf * sizeof(float));
+    float *first = malloc((size_t)max_q * rowf * sizeof(float));
+    float *ref = malloc((size_t)max_q * rowf * sizeof(float));
+    float *blk = malloc((size_t)max_q * rowf * sizeof(float));
+    float *one = malloc(rowf * sizeof(float));
+    fill(q, (size_t)max_q * rowf, 4.0f);
+    int32_t *lists = malloc((size_t)n_kv * max_blocks * sizeof *lists);
+    int32_t *got = malloc((size_t)n_kv * max_blocks * sizeof *got);
+    int n_list[3] = {0, 0, 1};
+    for (int b = 0; b < nb; b += 2) lists[n_list[0]++] = b;
+    if (lists[n_list[0] - 1] != nb - 1) lists[n_list[0]++] = nb - 1;
+    for (int i = 0; i < 40; i++) lists[max_blocks + n_list[1]++] = i * 15;
+    lists[2 * max_blocks] = nb - 1;
+    attention_workspace *ws = NULL;
+    ellm_error err;
+    CHECK(attention_workspace_init(MAX_THREADS, max_q, n_head, hd, len, bt, &ws, &err) == ELLM_OK,
+          "workspace: %s", err.msg);
+    const int n_qs[] = {1, 3, 16};
+    for (int qi = 0; ws && qi < 3; qi++) {
+        const int n_q = n_qs[qi];
+        attention_args r32 = {kv32, 0, n_q, len - n_q, n_head, q, ref, 0.125f};
+        sparse_ref(&r32, lists, n_list, max_blocks);
+        attention_args a = {kvq, 0, n_q, len - n_q, n_head, q, out, 0.125f};
+        for (ellm_isa isa = ELLM_ISA_SCALAR; isa <= g_best; isa++) {
+            ellm_cpu_set_isa(isa);
+            for (int nt = 1; nt <= MAX_THREADS; nt++) {
+                select_fixture f = {lists, n_list, max_blocks, nt, {0}, 0};
+                int got_n[3] = {-1, -1, -1};
+                pool_release();
+                attention_forward_select(&a, fixture_select, &f, got, got_n, max_blocks, ws, pool_of(nt));
+                double e = max_rel_err(out, ref, (size_t)n_q * rowf);
+                CHECK(e < 0.02, "q8_0 select n_q %d %s threads %d: error %g against the F32 reference", n_q,
+                      ellm_isa_str(isa), nt, e);
+                a.out = blk;
+                attention_forward_blocks(&a, lists, n_list, max_blocks, ws, pool_of(nt));
+                a.out = out;
+                CHECK(!memcmp(blk, out, (size_t)n_q * rowf * sizeof(float)),
+                      "q8_0 select n_q %d %s threads %d: bits differ from attention_forward_blocks", n_q,
+                      ellm_isa_str(isa), nt);
+                if (nt == 1) memcpy(first, out, (size_t)n_q * rowf * sizeof(float));
+                else
+                    CHECK(!memcmp(first, out, (size_t)n_q * rowf * sizeof(float)),
+                          "q8_0 select n_q %d %s: %d threads differ from 1", n_q, ellm_isa_str(isa), nt);
+                int rows_same = 1;
+                for (int i = 0; i < n_q && n_q > 1; i++) {
+                    attention_args s1 = {kvq, 0, 1, len - n_q + i, n_head, q + (size_t)i * rowf, one, 0.125f};
+                    attention_forward_blocks(&s1, lists, n_list, max_blocks, ws, pool_of(nt));
+                    rows_same &= !memcmp(one, out + (size_t)i * rowf, rowf * sizeof(float));
+                }
+                CHECK(rows_same, "q8_0 n_q %d %s threads %d: a row differs from a single-row call at its position", n_q,
+                      ellm_isa_str(isa), nt);
+            }
+        }
+        ellm_cpu_set_isa(g_best);
+    }
+    attention_workspace_free(ws);
+    kv_cache_free(kv32);
+    kv_cache_free(kvq);
+    free(q);
+    free(out);
+    free(first);
+    free(ref);
+    free(blk);
+    free(one);
+    free(lists);
+    free(got);
+}
+
+
 /* attention_forward_select merges a head's parts as running sums per thread
  * that move to higher bins when a part with a much larger score arrives
  * (attention_lse_rebase): keys of one block aligned with the query make its
@@ -992,6 +1084,7 @@ int main(void) {
     test_truncation();
     test_sparse();
     test_select();
+    test_select_q8();
     test_select_rebase();
     test_single_head_split();
     test_batch_rows_exact();
