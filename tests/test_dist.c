@@ -332,6 +332,17 @@ static void test_mpi(void) {
           "bench --mpi: exit %d: %s", rc, out);
     const char *bp = strstr(out, "\"bytes_per_step\": ");
     CHECK(bp && atof(bp + 18) > 0, "bench --mpi: no bytes per step in: %s", out);
+    CHECK(strstr(out, "\"kv_type\": \"f16\""), "bench --mpi: the default KV type is not f16 in: %s", out);
+    /* --kv-type q8_0 runs a Q8_0 cache (it ran an F32 one); with a sparse budget it is refused */
+    snprintf(cmd, sizeof cmd, MPIRUN " -np 2 %s bench --mpi -m %s --depths %d -n 2 -t 1 --kv-type q8_0 --json",
+             test_ellm_bin(), model, PT);
+    rc = sh(cmd, out, sizeof out);
+    CHECK(rc == 0 && strstr(out, "\"kv_type\": \"q8_0\""), "bench --mpi --kv-type q8_0: exit %d: %s", rc, out);
+    snprintf(cmd, sizeof cmd, MPIRUN " -np 2 %s bench --mpi -m %s --depths %d -n 2 -t 1 --kv-type q8_0 --sparse-topk 64",
+             test_ellm_bin(), model, PT);
+    rc = sh(cmd, out, sizeof out);
+    CHECK(rc != 0 && strstr(out, "q8_0 KV cache sharded over MPI ranks is not supported"),
+          "bench --mpi --kv-type q8_0 --sparse-topk: exit %d: %s", rc, out);
 
     /* sparse: each rank chooses from its copy of the index and attends to
      * the chosen blocks it holds; the same blocks (digest of every list) and

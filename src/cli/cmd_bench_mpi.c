@@ -24,7 +24,7 @@ static void bench_mpi_usage(FILE *f) {
             "  -n, --n-tokens N        decode steps timed per depth (default 32)\n"
             "  --synthetic-kv          fill the KV cache with synthetic keys/values (each rank\n"
             "                          its own parts) instead of a real prefill\n"
-            "  --kv-type f16|f32       KV cache element type (default f16)\n"
+            "  --kv-type f16|f32|q8_0  KV cache element type (default f16; q8_0 without --sparse-topk)\n"
             "  --sparse-topk K         sparse attention with a K-token budget per KV head\n"
             "  --mpi-timeout S         seconds to wait for the other ranks (default 300)\n"
             "  --json                  machine-readable output\n");
@@ -101,7 +101,7 @@ int cmd_bench_mpi(int argc, char **argv) {
     ellm_context_params cp = ellm_context_default_params();
     cp.n_ctx = n_ctx;
     cp.n_threads = (int)threads;
-    cp.kv_type = kv_f32 ? ELLM_KV_F32 : ELLM_KV_F16;
+    cp.kv_type = (ellm_kv_type)kv_f32; /* --kv-type q8_0 was run as F32 */
     cp.n_batch = 512;
     cp.mpi = mpi;
     cp.sparse_topk = (int)sparse_topk;
@@ -168,9 +168,9 @@ int cmd_bench_mpi(int argc, char **argv) {
     }
     if (json) {
         printf("{\"model\": \"%s\", \"n_layer\": %d, \"n_head\": %d, \"head_dim\": %d, \"ranks\": %d, "
-               "\"threads\": %ld, \"synthetic_kv\": %s, \"sparse_topk\": %ld, \"points\": [",
+               "\"threads\": %ld, \"kv_type\": \"%s\", \"synthetic_kv\": %s, \"sparse_topk\": %ld, \"points\": [",
                model_path, info.n_layer, info.n_head, info.head_dim, ellm_mpi_size(mpi), threads,
-               synthetic ? "true" : "false", sparse_topk);
+               arg_kv_type_name(kv_f32), synthetic ? "true" : "false", sparse_topk);
         for (int i = 0; i < n_depths; i++)
             printf("%s{\"depth\": %d, \"step_ms\": %.4f, \"exchange_ms_per_layer\": %.5f, \"merge_ms_per_layer\": "
                    "%.5f, \"parts_ms_per_layer\": %.5f, \"bytes_per_step\": %.0f, \"bare_exchange_us\": %.2f, "
