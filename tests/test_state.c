@@ -398,6 +398,9 @@ static void test_kill_resume(void) {
     CHECK(sh(cmd, out, sizeof out, 1) != 0 && strstr(out, "--top-k cannot be given with --resume"), "%s", out);
     snprintf(cmd, sizeof cmd, "%s run --resume %s -n 1", test_ellm_bin(), state);
     CHECK(sh(cmd, out, sizeof out, 1) != 0 && strstr(out, "already generated"), "%s", out);
+    /* a sharded cache: every rank would write its shard to the one path */
+    snprintf(cmd, sizeof cmd, "%s run --mpi -n 4 -p x --save-state %s.mpi", test_ellm_bin(), state);
+    CHECK(sh(cmd, out, sizeof out, 1) == 2 && strstr(out, "--save-state is not available with --mpi"), "%s", out);
     CHECK(file_copy("models/evalmodel.gguf", run_model, (size_t)-1), "copy model");
     snprintf(cmd, sizeof cmd, "%s run -m %s -n 40 --temp 0 -t 2 -p 'x' --save-state %s --save-every 8",
              test_ellm_bin(), run_model, state);

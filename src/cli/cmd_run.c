@@ -291,6 +291,12 @@ static int parse(int argc, char **argv, run_opts *o) {
                 o->gen_flag);
         bad = 1;
     }
+    if (!bad && o->mpi && o->save_state) {
+        /* every rank would write its own shard of the cache to the same path */
+        fprintf(stderr, "error: --save-state is not available with --mpi: each rank holds only its part of the KV "
+                        "cache\n");
+        bad = 1;
+    }
     if (!bad && o->log_bandwidth && !o->log_every) {
         fprintf(stderr, "error: --log-bandwidth needs --log-every N (it samples the bandwidth at each log line)\n");
         bad = 1;
