@@ -577,6 +577,13 @@ static void finish_pool_full(sched *s, job *j) {
  * computed from the rows of its prefill (echo with logprobs). */
 static int scores_prompt(const job *j) { return j->p.echo && j->p.logprobs; }
 
+/* n tokens, cut back past sparse_from to a whole chunk (sparse_from is a
+ * multiple of sparse_chunk): what whole-chunk passes of a prompt's first n
+ * tokens leave exact. */
+static int whole_chunks(const sched *s, int n) {
+    return n <= s->sparse_from ? n : n - (n - s->sparse_from) % s->sparse_chunk;
+}
+
 /* Leading tokens of sl's K/V that equal what a prompt fed alone from
  * position 0 gives: every token before sparse_from (dense passes), and a
  * finished prompt's whole chunks past it. */
@@ -597,8 +604,7 @@ static int reusable_tokens(const sched *s, const slot *sl, const job *j, int lcp
     if (s->p.mpi && s->p.sparse_topk > 0) keep -= keep % KV_BLOCK;
     const int exact = exact_tokens(s, sl);
     if (keep > exact) keep = exact;
-    if (keep > s->sparse_from) keep -= (keep - s->sparse_from) % s->sparse_chunk;
-    return keep;
+    return whole_chunks(s, keep);
 }
 
 /* Rows of j's prompt a step feeds, given `budget` rows: any up to
@@ -1127,7 +1133,7 @@ static void *engine_main(void *arg) {
                 /* whole chunks past sparse_from (a scored prompt's last
                  * token went in a pass of its own) */
                 const int m = scores_prompt(j) ? j->n_prompt - 1 : j->n_prompt;
-                sl->n_exact = m <= s->sparse_from ? m : m - (m - s->sparse_from) % s->sparse_chunk;
+                sl->n_exact = whole_chunks(s, m);
                 if (j->p.max_tokens == 0) { /* echo of the prompt alone */
                     sl->fin = "length";
                     continue;
