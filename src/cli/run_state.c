@@ -2,7 +2,6 @@
 #include "cli/run_state.h"
 #include "core/bytebuf.h"
 
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -80,6 +79,10 @@ static char *get_str(bb_reader *d, size_t max, size_t *len) {
     return s;
 }
 
+static int in_range(int64_t v, int64_t lo, int64_t hi) { return v >= lo && v <= hi; }
+/* false for NaN */
+static int in_range_f(double v, double lo, double hi) { return v >= lo && v <= hi; }
+
 void run_state_free(run_state *s) {
     free(s->model);
     free(s->prompt);
@@ -128,8 +131,7 @@ int run_state_decode(const unsigned char *data, size_t len, run_state *s, char *
     s->prompt = get_str(&d, (size_t)1 << 31, &s->prompt_len);
     s->n_prompt = bb_get_i64(&d);
     s->n_tokens = bb_get_i64(&d);
-    const int64_t max_tok = 1 << 30;
-    if (!d.bad && (s->n_tokens < 1 || s->n_tokens > max_tok || s->n_prompt < 1 || s->n_prompt > s->n_tokens ||
+    if (!d.bad && (s->n_tokens < 1 || s->n_tokens > RUN_COUNT_MAX || s->n_prompt < 1 || s->n_prompt > s->n_tokens ||
                    (size_t)s->n_tokens * 4 > d.n - d.off))
         d.bad = 1;
     if (!d.bad && (s->tokens = malloc((size_t)s->n_tokens * sizeof *s->tokens)))
@@ -146,20 +148,20 @@ int run_state_decode(const unsigned char *data, size_t len, run_state *s, char *
     /* what `ellm run` accepts for the flags behind each setting (the checksums
      * catch damage, not a file written by something else) */
     const int settings_ok =
-        s->model && s->threads >= 1 && s->threads <= RUN_THREADS_MAX && s->batch >= 1 && s->batch <= RUN_BATCH_MAX &&
-        s->n_ctx >= 1 && s->n_ctx <= max_tok && s->n_predict >= 0 && s->n_predict <= max_tok &&
-        s->n_tokens - s->n_prompt <= s->n_predict && s->overflow >= 0 && s->overflow <= 2 && s->keep >= 0 &&
-        s->keep <= RUN_COUNT_MAX && s->save_every >= 1 && s->save_every <= RUN_COUNT_MAX && (s->kv_f32 == ELLM_KV_F16 ||
-        s->kv_f32 == ELLM_KV_F32 || s->kv_f32 == ELLM_KV_Q8_0) && (unsigned)s->no_echo <= 1 &&
-        (unsigned)s->ctx_auto <= 1 && (unsigned)s->sparse_adapt <= 1 && s->sparse_topk >= -1 /* dense only */ &&
-        s->sparse_topk <= RUN_COUNT_MAX && s->sparse_window >= 0 && s->sparse_window <= RUN_COUNT_MAX &&
-        s->sparse_sink >= 0 && s->sparse_sink <= RUN_SPARSE_SMALL_MAX && s->sparse_dense >= 0 &&
-        s->sparse_dense <= RUN_SPARSE_SMALL_MAX && s->sparse_recall >= 0 && s->sparse_recall <= RUN_COUNT_MAX &&
-        sp->temperature >= 0 && sp->temperature <= RUN_TEMP_MAX && sp->top_k >= 0 && sp->top_k <= RUN_COUNT_MAX &&
-        sp->top_p >= RUN_TOP_P_MIN && sp->top_p <= 1 && sp->min_p >= 0 && sp->min_p <= RUN_MIN_P_MAX &&
-        sp->repeat_penalty >= RUN_REPEAT_PENALTY_MIN && sp->repeat_penalty <= RUN_REPEAT_PENALTY_MAX &&
-        sp->repeat_last_n >= 0 && sp->repeat_last_n <= RUN_COUNT_MAX && fabsf(sp->presence_penalty) <= RUN_PENALTY_ABS_MAX &&
-        fabsf(sp->frequency_penalty) <= RUN_PENALTY_ABS_MAX;
+        s->model && in_range(s->threads, 1, RUN_THREADS_MAX) && in_range(s->batch, 1, RUN_BATCH_MAX) &&
+        in_range(s->n_ctx, 1, RUN_COUNT_MAX) && in_range(s->n_predict, 0, RUN_COUNT_MAX) &&
+        s->n_tokens - s->n_prompt <= s->n_predict && in_range(s->overflow, 0, 2) && in_range(s->keep, 0, RUN_COUNT_MAX) &&
+        in_range(s->save_every, 1, RUN_COUNT_MAX) &&
+        (s->kv_f32 == ELLM_KV_F16 || s->kv_f32 == ELLM_KV_F32 || s->kv_f32 == ELLM_KV_Q8_0) &&
+        in_range(s->no_echo, 0, 1) && in_range(s->ctx_auto, 0, 1) && in_range(s->sparse_adapt, 0, 1) &&
+        in_range(s->sparse_topk, -1 /* dense only */, RUN_COUNT_MAX) && in_range(s->sparse_window, 0, RUN_COUNT_MAX) &&
+        in_range(s->sparse_sink, 0, RUN_SPARSE_SMALL_MAX) && in_range(s->sparse_dense, 0, RUN_SPARSE_SMALL_MAX) &&
+        in_range(s->sparse_recall, 0, RUN_COUNT_MAX) && in_range(sp->top_k, 0, RUN_COUNT_MAX) &&
+        in_range(sp->repeat_last_n, 0, RUN_COUNT_MAX) && in_range_f(sp->temperature, 0, RUN_TEMP_MAX) &&
+        in_range_f(sp->top_p, RUN_TOP_P_MIN, 1) && in_range_f(sp->min_p, 0, RUN_MIN_P_MAX) &&
+        in_range_f(sp->repeat_penalty, RUN_REPEAT_PENALTY_MIN, RUN_REPEAT_PENALTY_MAX) &&
+        in_range_f(sp->presence_penalty, -RUN_PENALTY_ABS_MAX, RUN_PENALTY_ABS_MAX) &&
+        in_range_f(sp->frequency_penalty, -RUN_PENALTY_ABS_MAX, RUN_PENALTY_ABS_MAX);
     if (d.bad || d.off != d.n || !settings_ok) {
         run_state_free(s);
         snprintf(msg, cap, "the run settings in the state are malformed");
