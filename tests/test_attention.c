@@ -540,6 +540,19 @@ static void fixture_select(void *arg, int h, int thread, int32_t *blocks, int *n
     *n_blocks = f->n[h];
 }
 
+/* The lists of 3 KV heads over a cache of nb blocks (n_list: their lengths):
+ * head 0 every other block and the last (301 blocks of 601: over 10 fixed
+ * parts, or 5 cuts of 64 listed blocks), head 1 40 blocks 15 apart, head 2
+ * the last block only. */
+static void select_lists(int32_t *lists, int n_list[3], int nb, int max_blocks) {
+    n_list[0] = n_list[1] = 0;
+    n_list[2] = 1;
+    for (int b = 0; b < nb; b += 2) lists[n_list[0]++] = b;
+    if (lists[n_list[0] - 1] != nb - 1) lists[n_list[0]++] = nb - 1;
+    for (int i = 0; i < 40; i++) lists[max_blocks + n_list[1]++] = i * 15;
+    lists[2 * max_blocks] = nb - 1;
+}
+
 static void test_select(void) {
     /* 3 KV heads of 3 query heads; lists long enough to be cut into several
      * parts (up to 16 parts of >= 16 blocks), one short list, one of one block. */
@@ -557,13 +570,8 @@ static void test_select(void) {
     fill(q, (size_t)max_q * n_head * hd, 4.0f);
     int32_t *lists = malloc((size_t)n_kv * max_blocks * sizeof *lists);
     int32_t *got = malloc((size_t)n_kv * max_blocks * sizeof *got);
-    int n_list[3] = {0, 0, 1};
-    /* head 0: every other block and the last (301 blocks: 16 parts of 19),
-     * head 1: 40 blocks (3 parts), head 2: the last block only. */
-    for (int b = 0; b < nb; b += 2) lists[n_list[0]++] = b;
-    if (lists[n_list[0] - 1] != nb - 1) lists[n_list[0]++] = nb - 1;
-    for (int i = 0; i < 40; i++) lists[max_blocks + n_list[1]++] = i * 15;
-    lists[2 * max_blocks] = nb - 1;
+    int n_list[3];
+    select_lists(lists, n_list, nb, max_blocks);
     attention_workspace *ws = NULL;
     ellm_error err;
     CHECK(attention_workspace_init(MAX_THREADS, max_q, n_head, hd, len, bt, &ws, &err) == ELLM_OK,
@@ -657,11 +665,8 @@ static void test_select_q8(void) {
     fill(q, (size_t)max_q * rowf, 4.0f);
     int32_t *lists = malloc((size_t)n_kv * max_blocks * sizeof *lists);
     int32_t *got = malloc((size_t)n_kv * max_blocks * sizeof *got);
-    int n_list[3] = {0, 0, 1};
-    for (int b = 0; b < nb; b += 2) lists[n_list[0]++] = b;
-    if (lists[n_list[0] - 1] != nb - 1) lists[n_list[0]++] = nb - 1;
-    for (int i = 0; i < 40; i++) lists[max_blocks + n_list[1]++] = i * 15;
-    lists[2 * max_blocks] = nb - 1;
+    int n_list[3];
+    select_lists(lists, n_list, nb, max_blocks);
     attention_workspace *ws = NULL;
     ellm_error err;
     CHECK(attention_workspace_init(MAX_THREADS, max_q, n_head, hd, len, bt, &ws, &err) == ELLM_OK,

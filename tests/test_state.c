@@ -239,6 +239,25 @@ static size_t section_at(const unsigned char *buf, size_t n, const char *tag, ui
     return 0;
 }
 
+/* buf (n bytes, a state file) with `bytes` of value written at offset `at`
+ * of the section whose payload is [p, p + len) (none if value is NULL) and
+ * that section's CRC-32C made right again, into path. */
+static void write_resealed(const unsigned char *buf, size_t n, size_t p, uint64_t len, size_t at, const void *value,
+                           size_t bytes, const char *path) {
+    unsigned char *t = malloc(n);
+    if (!t) return;
+    memcpy(t, buf, n);
+    if (value) memcpy(t + at, value, bytes);
+    const uint32_t crc = crc32c_update(0, t + p - 16, 16 + (size_t)len);
+    memcpy(t + p + len, &crc, 4);
+    FILE *f = fopen(path, "wb");
+    if (f) {
+        fwrite(t, 1, n, f);
+        fclose(f);
+    }
+    free(t);
+}
+
 /* The sparse section of a state (written by a context with an adapting
  * budget) with one value changed and its checksum made right again: values
  * no saver writes are refused by name, and the context keeps what it held. */
@@ -298,15 +317,7 @@ static void test_sparse_values(void) {
         {12 + 8 * nlh, &nan, "gain average of layer 0 head 0 is nan"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-        unsigned char *t = malloc(n);
-        memcpy(t, buf, n);
-        if (cases[i].value) memcpy(t + p + cases[i].at, cases[i].value, 4);
-        const uint32_t crc = crc32c_update(0, t + p - 16, 16 + (size_t)len);
-        memcpy(t + p + len, &crc, 4);
-        FILE *f = fopen(bad, "wb");
-        fwrite(t, 1, n, f);
-        fclose(f);
-        free(t);
+        write_resealed(buf, n, p, len, p + cases[i].at, cases[i].value, 4, bad);
         ellm_status st = ellm_context_state_load(b, bad, &err);
         if (!cases[i].what) {
             CHECK(st == ELLM_OK && ellm_context_pos(b) == 100, "resealed, unchanged: %d %s", st, err.msg);
@@ -452,15 +463,7 @@ static void test_resume_bad_settings(void) {
     char bad[700];
     snprintf(bad, sizeof bad, "%s.bad", state);
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-        unsigned char *t = malloc(n);
-        memcpy(t, buf, n);
-        if (cases[i].value) memcpy(t + cases[i].at, cases[i].value, cases[i].bytes);
-        const uint32_t crc = crc32c_update(0, t + p - 16, 16 + (size_t)len);
-        memcpy(t + p + len, &crc, 4);
-        FILE *f = fopen(bad, "wb");
-        fwrite(t, 1, n, f);
-        fclose(f);
-        free(t);
+        write_resealed(buf, n, p, len, cases[i].at, cases[i].value, cases[i].bytes, bad);
         snprintf(cmd, sizeof cmd, "%s run --resume %s", test_ellm_bin(), bad);
         const int rc = sh(cmd, out, sizeof out, 1);
         if (!cases[i].what)
