@@ -15,6 +15,7 @@
 
 static void release(file_atomic *af) {
     free(af->path);
+    free(af->dir);
     free(af->tmp);
     memset(af, 0, sizeof *af);
 }
@@ -35,14 +36,11 @@ static char *dir_of(const char *path) {
  * or where the file system has none): a state file of a long run is
  * gigabytes, and each crash would otherwise leave one. Only files whose
  * process no longer exists are removed, never this process's own. */
-static void sweep_stale(const char *path) {
-    char *dir = dir_of(path);
-    if (!dir) return;
+static void sweep_stale(const char *dir, const char *path) {
     const char *slash = strrchr(path, '/');
     const char *base = slash ? slash + 1 : path;
     const size_t nb = strlen(base);
     DIR *d = opendir(dir);
-    free(dir);
     if (!d) return;
     const struct dirent *e;
     while ((e = readdir(d))) {
@@ -64,22 +62,21 @@ ellm_status file_atomic_open(const char *path, file_atomic *af, ellm_error *err)
     memset(af, 0, sizeof *af);
     size_t n = strlen(path);
     af->path = strdup(path);
+    af->dir = dir_of(path);
     af->tmp = malloc(n + 32);
-    if (!af->path || !af->tmp) {
+    if (!af->path || !af->dir || !af->tmp) {
         release(af);
         return ellm_fail(err, ELLM_ERR_NOMEM, "out of memory");
     }
     snprintf(af->tmp, n + 32, "%s.tmp.%ld", path, (long)getpid());
-    sweep_stale(path);
+    sweep_stale(af->dir, path);
     int fd = -1;
 #ifdef O_TMPFILE
     /* An unnamed file in the target's folder: if the process dies before
      * the commit, the file system frees it; it gets a name only at commit
      * (through /proc/self/fd, so /proc must be there). */
     if (access("/proc/self/fd", X_OK) == 0) {
-        char *dir = dir_of(path);
-        if (dir) fd = open(dir, O_TMPFILE | O_WRONLY | O_CLOEXEC, 0644);
-        free(dir);
+        fd = open(af->dir, O_TMPFILE | O_WRONLY | O_CLOEXEC, 0644);
         af->unnamed = fd >= 0;
     }
 #endif
@@ -106,12 +103,9 @@ void file_atomic_abort(file_atomic *af) {
     release(af);
 }
 
-/* fsync of the folder holding `path`, so that the rename itself is durable. */
-static int sync_dir(const char *path) {
-    char *dir = dir_of(path);
-    if (!dir) return -1;
+/* fsync of a folder, so that a rename in it is durable. */
+static int sync_dir(const char *dir) {
     int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    free(dir);
     if (fd < 0) return -1;
     int rc = fsync(fd);
     close(fd);
@@ -144,7 +138,7 @@ ellm_status file_atomic_commit(file_atomic *af, ellm_error *err) {
     }
     /* The data is safe under the new name; a folder that cannot be synced
      * (some file systems refuse) only weakens durability across power loss. */
-    sync_dir(af->path);
+    sync_dir(af->dir);
     release(af);
     return ELLM_OK;
 }

@@ -18,6 +18,7 @@
 typedef struct {
     FILE *f;        /* write the contents here (fully buffered) */
     char *path;     /* the target */
+    char *dir;      /* the folder holding it ("." for a bare name) */
     char *tmp;      /* "<path>.tmp.<pid>" */
     int unnamed;    /* f is an O_TMPFILE file, named tmp only at commit */
     int failed;     /* a write failed (set by file_atomic_write) */
