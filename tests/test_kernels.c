@@ -49,8 +49,8 @@ static void *xmalloc(size_t n) {
     return p;
 }
 
-static const int k_types[] = {QTYPE_F32, QTYPE_F16, QTYPE_BF16, QTYPE_Q8_0,
-                              QTYPE_Q4_0, QTYPE_Q4_K, QTYPE_Q6_K, QTYPE_INT4_G128};
+static const int k_types[] = {QTYPE_F32, QTYPE_F16, QTYPE_BF16, QTYPE_Q8_0,        QTYPE_Q4_0,
+                              QTYPE_Q5_0, QTYPE_Q4_K, QTYPE_Q6_K, QTYPE_INT4_G128};
 enum { N_TYPES = sizeof k_types / sizeof k_types[0] };
 
 static int is_quant(int t) { return qtype_get(t)->block_elems > 1; }
@@ -65,7 +65,8 @@ static void set_pow2_scales(int type, void *row, int64_t cols) {
         ellm_f16 d = ellm_f32_to_f16(0.0625f), dmin = ellm_f32_to_f16(0.015625f);
         switch (type) {
         case QTYPE_Q8_0:
-        case QTYPE_Q4_0: memcpy(b, &d, 2); break;
+        case QTYPE_Q4_0:
+        case QTYPE_Q5_0: memcpy(b, &d, 2); break;
         case QTYPE_Q4_K:
         case QTYPE_INT4_G128:
             memcpy(b, &d, 2);
@@ -116,7 +117,7 @@ static void test_type_table(void) {
         {QTYPE_F32, 1, 4, 1},     {QTYPE_F16, 1, 2, 1},      {QTYPE_BF16, 1, 2, 1},
         {QTYPE_Q4_0, 32, 18, 1},  {QTYPE_Q8_0, 32, 34, 1},   {QTYPE_Q4_K, 256, 144, 1},
         {QTYPE_Q6_K, 256, 210, 1}, {QTYPE_Q8_K, 256, 292, 0}, {QTYPE_Q4_1, 32, 20, 0},
-        {QTYPE_Q5_0, 32, 22, 0},  {QTYPE_Q5_1, 32, 24, 0},   {QTYPE_Q2_K, 256, 84, 0},
+        {QTYPE_Q5_0, 32, 22, 1},  {QTYPE_Q5_1, 32, 24, 0},   {QTYPE_Q2_K, 256, 84, 0},
         {QTYPE_Q3_K, 256, 110, 0}, {QTYPE_Q5_K, 256, 176, 0}, {QTYPE_INT4_G128, 128, 68, 1},
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
@@ -280,6 +281,7 @@ static void test_roundtrip(void) {
                 case QTYPE_BF16: bound = amax * (1.0f / 256); break;
                 case QTYPE_Q8_0: bound = 0.57f * amax / 127; break;
                 case QTYPE_Q4_0: bound = 1.02f * amax / 8; break; /* +amax clips from 8 to 7 */
+                case QTYPE_Q5_0: bound = 1.02f * amax / 16; break; /* +amax clips from 16 to 15 */
                 case QTYPE_Q4_K: bound = 0.075f * amax; break;
                 case QTYPE_INT4_G128: bound = 0.14f * amax; break; /* a step of (max - min) / 15: the fit may clip outliers */
                 default: bound = 0.02f * amax; break; /* Q6_K */
@@ -294,7 +296,7 @@ static void test_roundtrip(void) {
                   bad_err, bad_bound);
             double rel = sqrt(err2 / x2);
             double rel_max = type == QTYPE_F32 ? 0 : type == QTYPE_F16 ? 3e-4 : type == QTYPE_BF16 ? 3e-3
-                           : type == QTYPE_Q8_0 ? 0.01 : type == QTYPE_Q4_0 ? 0.12
+                           : type == QTYPE_Q8_0 ? 0.01 : type == QTYPE_Q4_0 ? 0.12 : type == QTYPE_Q5_0 ? 0.06
                            : type == QTYPE_Q4_K || type == QTYPE_INT4_G128 ? 0.1 : 0.03;
             CHECK(rel <= rel_max, "%s round trip trial %d: rms error %.4g > %.4g", ti->name, trial, rel, rel_max);
         }
@@ -381,7 +383,7 @@ static void test_act_prepare_case(ellm_isa isa, int type, int64_t cols, int nb) 
 }
 
 static void test_act_prepare(ellm_isa isa) {
-    int types[] = {QTYPE_Q8_0, QTYPE_Q4_0, QTYPE_Q4_K, QTYPE_F32, QTYPE_INT4_G128};
+    int types[] = {QTYPE_Q8_0, QTYPE_Q4_0, QTYPE_Q5_0, QTYPE_Q4_K, QTYPE_F32, QTYPE_INT4_G128};
     int64_t cols_list[] = {256, 768, 4096};
     for (size_t t = 0; t < sizeof types / sizeof types[0]; t++)
         for (size_t c = 0; c < sizeof cols_list / sizeof cols_list[0]; c++) {
@@ -504,9 +506,9 @@ static void test_matmul(ellm_isa isa) {
      * (per-row kernels for 1-3 rows, quads from 4, the last one padded, more
      * than one pass of 16 rows; weight rows in groups of 16, 8 and 4 and
      * 0-3 left over) */
-    static const int q8_types[] = {QTYPE_Q8_0, QTYPE_Q4_0};
+    static const int q8_types[] = {QTYPE_Q8_0, QTYPE_Q4_0, QTYPE_Q5_0};
     static const int q8_nbs[] = {1, 2, 3, 4, 5, 7, 8, 9, 14, 16, 17, 28, 37};
-    for (int t = 0; t < 2; t++)
+    for (int t = 0; t < 3; t++)
         for (size_t n = 0; n < sizeof q8_nbs / sizeof q8_nbs[0]; n++) {
             test_matmul_case(isa, q8_types[t], 37, 576, q8_nbs[n], 3, 36);
             test_matmul_case(isa, q8_types[t], 19, 1536, q8_nbs[n], 1, 18);
@@ -590,6 +592,7 @@ static void test_matmul_batch_invariance(ellm_isa isa) {
         for (size_t n = 0; n < sizeof q8_nbs / sizeof q8_nbs[0]; n++) {
             test_matmul_batch_invariance_case(isa, QTYPE_Q8_0, q8_cols[c], q8_nbs[n]);
             test_matmul_batch_invariance_case(isa, QTYPE_Q4_0, q8_cols[c], q8_nbs[n]);
+            test_matmul_batch_invariance_case(isa, QTYPE_Q5_0, q8_cols[c], q8_nbs[n]);
         }
 }
 

@@ -25,6 +25,7 @@ static const model_case CASES[] = {
     {"llama-gqa-BF16", 1e-2, 1e-2, 96},
     {"llama-gqa-Q8_0", 5e-2, 5e-2, 95},
     {"llama-gqa-Q4_0", 5e-2, 5e-2, 95},
+    {"llama-gqa-Q5_0", 5e-2, 5e-2, 95},
     {"llama-gqa-Q4_K_M", 5e-2, 5e-2, 95},
     {"llama-gqa-Q6_K", 5e-2, 5e-2, 95},
 };

@@ -123,7 +123,7 @@ static void matmul_bf16_ref(const void *W, int64_t cols, int64_t r0, int64_t r1,
     matmul_float_ref(QTYPE_BF16, W, cols, r0, r1, act, nb, Y, ldy);
 }
 
-/* Q8_0 / Q4_0: exact int dot per 32-block, scaled by dw * da. */
+/* Q8_0 / Q4_0 / Q5_0: exact int dot per 32-block, scaled by dw * da. */
 static void matmul_q8_0_ref(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
                             int nb, float *Y, int64_t ldy) {
     int64_t nblk = cols / QK8_0;
@@ -155,6 +155,24 @@ static void matmul_q4_0_ref(const void *W, int64_t cols, int64_t r0, int64_t r1,
                 for (int i = 0; i < 16; i++)
                     isum += ((w[k].qs[i] & 0xF) - 8) * a.qs[act_q8_qs(k, i)] +
                             ((w[k].qs[i] >> 4) - 8) * a.qs[act_q8_qs(k, i + 16)];
+                s += (ellm_f16_to_f32(w[k].d) * a.d[act_q8_slot(k)]) * (float)isum;
+            }
+            Y[b * ldy + r] = s;
+        }
+    }
+}
+
+static void matmul_q5_0_ref(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
+                            int nb, float *Y, int64_t ldy) {
+    int64_t nblk = cols / QK5_0;
+    for (int64_t r = r0; r < r1; r++) {
+        const block_q5_0 *w = (const block_q5_0 *)W + r * nblk;
+        for (int b = 0; b < nb; b++) {
+            act_row a = act_get_row(ACT_Q8, act, cols, b);
+            float s = 0;
+            for (int64_t k = 0; k < nblk; k++) {
+                int isum = 0;
+                for (int i = 0; i < QK5_0; i++) isum += (q5_0_value(&w[k], i) - 16) * a.qs[act_q8_qs(k, i)];
                 s += (ellm_f16_to_f32(w[k].d) * a.d[act_q8_slot(k)]) * (float)isum;
             }
             Y[b * ldy + r] = s;
@@ -373,6 +391,9 @@ static void dequant_ref_q8_0(const void *src, float *dst, int64_t n) {
 static void dequant_ref_q4_0(const void *src, float *dst, int64_t n) {
     qtype_dequantize_ref(QTYPE_Q4_0, src, dst, n);
 }
+static void dequant_ref_q5_0(const void *src, float *dst, int64_t n) {
+    qtype_dequantize_ref(QTYPE_Q5_0, src, dst, n);
+}
 static void dequant_ref_q4_K(const void *src, float *dst, int64_t n) {
     qtype_dequantize_ref(QTYPE_Q4_K, src, dst, n);
 }
@@ -398,6 +419,7 @@ const kern_table kern_table_scalar = {
             [QTYPE_BF16] = matmul_bf16_ref,
             [QTYPE_Q8_0] = matmul_q8_0_ref,
             [QTYPE_Q4_0] = matmul_q4_0_ref,
+            [QTYPE_Q5_0] = matmul_q5_0_ref,
             [QTYPE_Q4_K] = matmul_q4_K_ref,
             [QTYPE_Q6_K] = matmul_q6_K_ref,
             [QTYPE_INT4_G128] = matmul_int4_g128_ref,
@@ -409,6 +431,7 @@ const kern_table kern_table_scalar = {
             [QTYPE_BF16] = dequant_ref_bf16,
             [QTYPE_Q8_0] = dequant_ref_q8_0,
             [QTYPE_Q4_0] = dequant_ref_q4_0,
+            [QTYPE_Q5_0] = dequant_ref_q5_0,
             [QTYPE_Q4_K] = dequant_ref_q4_K,
             [QTYPE_Q6_K] = dequant_ref_q6_K,
             [QTYPE_INT4_G128] = dequant_ref_int4_g128,

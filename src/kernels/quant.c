@@ -14,7 +14,7 @@ static const qtype_info qtype_table[QTYPE_COUNT] = {
     [QTYPE_F16] = {"f16", 1, 2, 1},
     [QTYPE_Q4_0] = {"q4_0", 32, 18, 1},
     [QTYPE_Q4_1] = {"q4_1", 32, 20, 0},
-    [QTYPE_Q5_0] = {"q5_0", 32, 22, 0},
+    [QTYPE_Q5_0] = {"q5_0", 32, 22, 1},
     [QTYPE_Q5_1] = {"q5_1", 32, 24, 0},
     [QTYPE_Q8_0] = {"q8_0", 32, 34, 1},
     [QTYPE_Q8_1] = {"q8_1", 32, 36, 0},
@@ -96,6 +96,14 @@ static void dequant_q4_0(const void *src, float *dst, int64_t n) {
     }
 }
 
+static void dequant_q5_0(const void *src, float *dst, int64_t n) {
+    const block_q5_0 *b = src;
+    for (int64_t k = 0; k < n / QK5_0; k++, dst += QK5_0) {
+        float d = ellm_f16_to_f32(b[k].d);
+        for (int i = 0; i < QK5_0; i++) dst[i] = d * (float)(q5_0_value(&b[k], i) - 16);
+    }
+}
+
 static void dequant_q4_K(const void *src, float *dst, int64_t n) {
     const block_q4_K *b = src;
     for (int64_t k = 0; k < n / QK_K; k++) {
@@ -148,6 +156,7 @@ void qtype_dequantize_ref(int type, const void *src, float *dst, int64_t n) {
     case QTYPE_BF16: dequant_bf16(src, dst, n); break;
     case QTYPE_Q8_0: dequant_q8_0(src, dst, n); break;
     case QTYPE_Q4_0: dequant_q4_0(src, dst, n); break;
+    case QTYPE_Q5_0: dequant_q5_0(src, dst, n); break;
     case QTYPE_Q4_K: dequant_q4_K(src, dst, n); break;
     case QTYPE_Q6_K: dequant_q6_K(src, dst, n); break;
     case QTYPE_INT4_G128: dequant_int4_g128(src, dst, n); break;
@@ -188,6 +197,29 @@ static void quant_q4_0(const float *x, void *dst, int64_t n) {
             int q1 = clampi((int)lrintf(x[i + 16] * id) + 8, 0, 15);
             b[k].qs[i] = (uint8_t)(q0 | (q1 << 4));
         }
+    }
+}
+
+/* As Q4_0, with the value of largest magnitude at -16 and values in [0, 31]. */
+static void quant_q5_0(const float *x, void *dst, int64_t n) {
+    block_q5_0 *b = dst;
+    for (int64_t k = 0; k < n / QK5_0; k++, x += QK5_0) {
+        float amax = 0, max = 0;
+        for (int i = 0; i < QK5_0; i++)
+            if (fabsf(x[i]) > amax) {
+                amax = fabsf(x[i]);
+                max = x[i];
+            }
+        float d = max / -16.0f, id = d ? 1.0f / d : 0.0f;
+        b[k].d = ellm_f32_to_f16(d);
+        uint32_t qh = 0;
+        for (int i = 0; i < QK5_0 / 2; i++) {
+            int q0 = clampi((int)lrintf(x[i] * id) + 16, 0, 31);
+            int q1 = clampi((int)lrintf(x[i + 16] * id) + 16, 0, 31);
+            b[k].qs[i] = (uint8_t)((q0 & 0xF) | (q1 & 0xF) << 4);
+            qh |= (uint32_t)(q0 >> 4) << i | (uint32_t)(q1 >> 4) << (i + 16);
+        }
+        memcpy(b[k].qh, &qh, 4);
     }
 }
 
@@ -499,6 +531,7 @@ void qtype_quantize_ref(int type, const float *src, void *dst, int64_t n) {
         break;
     case QTYPE_Q8_0: quant_q8_0(src, dst, n); break;
     case QTYPE_Q4_0: quant_q4_0(src, dst, n); break;
+    case QTYPE_Q5_0: quant_q5_0(src, dst, n); break;
     case QTYPE_Q4_K: quant_q4_K(src, dst, n); break;
     case QTYPE_Q6_K: quant_q6_K(src, dst, n); break;
     case QTYPE_INT4_G128: quant_int4_g128(src, dst, n, NULL); break;

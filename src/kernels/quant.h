@@ -53,7 +53,7 @@ const qtype_info *qtype_get(int type);
 size_t qtype_row_bytes(int type, int64_t n);
 
 /* Reference conversions (scalar). n must be a multiple of the block size.
- * quantize supports F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K (round-to-nearest
+ * quantize supports F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q4_K, Q6_K (round-to-nearest
  * quantizers compatible with ggml's format, for tests and `ellm synth`) and
  * INT4_G128 (scale and offset fitted per group by least squares). */
 void qtype_dequantize_ref(int type, const void *src, float *dst, int64_t n);
@@ -92,6 +92,17 @@ typedef struct {
     ellm_f16 d;
     int8_t qs[QK8_0];
 } block_q8_0;
+#define QK5_0 32
+/* 32 weights with 5-bit values: w[i] = d * (q[i] - 16), q[i] = (qs[i] & 15)
+ * | (bit i of qh) << 4 and q[i + 16] = (qs[i] >> 4) | (bit i + 16 of qh) << 4
+ * (i = 0..15; qh little-endian). llama-quantize writes it for the matrices
+ * whose rows are not a multiple of 256 in Q4_K_M files (SmolLM2's 576,
+ * Qwen2.5-0.5B's 896 columns). */
+typedef struct {
+    ellm_f16 d;
+    uint8_t qh[4];
+    uint8_t qs[QK5_0 / 2];
+} block_q5_0;
 
 /* 256 weights in 8 sub-blocks of 32. Sub-block j has a 6-bit scale sc[j] and
  * 6-bit min m[j] packed into `scales` (see q4k_scale_min); w = d*sc[j]*q -
@@ -137,6 +148,15 @@ typedef struct {
 
 static_assert(sizeof(block_q4_0) == 18, "block_q4_0 size");
 static_assert(sizeof(block_q8_0) == 34, "block_q8_0 size");
+static_assert(sizeof(block_q5_0) == 22, "block_q5_0 size");
+
+/* 5-bit value i (0..31, the weight + 16) of a Q5_0 block. */
+static inline int q5_0_value(const block_q5_0 *b, int i) {
+    uint32_t qh;
+    memcpy(&qh, b->qh, 4);
+    int lo = i < 16 ? b->qs[i] & 0xF : b->qs[i - 16] >> 4;
+    return lo | (int)((qh >> i) & 1) << 4;
+}
 static_assert(sizeof(block_q4_K) == 144, "block_q4_K size");
 static_assert(sizeof(block_q6_K) == 210, "block_q6_K size");
 static_assert(sizeof(block_q8_K) == 292, "block_q8_K size");
