@@ -156,9 +156,10 @@ static void matmul_bf16_avx512(const void *W, int64_t cols, int64_t r0, int64_t 
     mm_float(QTYPE_BF16, W, cols, r0, r1, act, nb, Y, ldy);
 }
 
-/* ---- Q8_0 / Q4_0 weights against ACT_Q8 (VNNI) ----
+/* ---- Q8_0 / Q4_0 / Q5_0 weights against ACT_Q8 (VNNI) ----
  * vpdpbusd multiplies unsigned by signed bytes, so weights enter unsigned:
- * Q8_0 as w + 128 (w ^ 0x80), Q4_0 as its raw nibbles w + 8. The offset
+ * Q8_0 as w + 128 (w ^ 0x80), Q4_0 as its raw nibbles w + 8, Q5_0 as its
+ * nibbles with the high bit set in by a byte mask (w + 16). The offset
  * comes off in integers (sa = off * sum(a), see ACT_Q8), so each block's dot
  * is exact and the float work is one multiply-add per block:
  *
@@ -227,6 +228,18 @@ static const uint16_t q8_idx_hi[32] = {9,  10, 11, 12, 13, 14, 15, 16, 26, 27, 2
 static const uint16_t q4_idx[32] = {1,  2,  3,  4,  5,  6,  7,  8,  10, 11, 12, 13, 14, 15, 16, 17,
                                     19, 20, 21, 22, 23, 24, 25, 26, 28, 29, 30, 31, 32, 33, 34, 35};
 
+/* Q5_0 group g (blocks 4g .. 4g + 3, 88 bytes at 88g of the chunk) is read
+ * by two loads, 64 bytes at 88g and up to 24 at 88g + 64 (words 0..31 and
+ * 32..43 of a vpermt2w pair): block j has its scale at word 11j, its 32 high
+ * bits at 11j + 1 (elements 0-15) and 11j + 2 (16-31), its 16 nibble bytes
+ * at 11j + 3 .. 11j + 10. q5_idx puts block j's nibble bytes in lane j;
+ * q5_qh_idx puts the 4 blocks' low high-bit words, then their high ones,
+ * in words 0..7, so that qword 0 is the byte mask of elements 0-15 of the
+ * 4 lanes and qword 1 that of elements 16-31. */
+static const uint16_t q5_idx[32] = {3,  4,  5,  6,  7,  8,  9,  10, 14, 15, 16, 17, 18, 19, 20, 21,
+                                    25, 26, 27, 28, 29, 30, 31, 32, 36, 37, 38, 39, 40, 41, 42, 43};
+static const uint16_t q5_qh_idx[32] = {1, 12, 23, 34, 2, 13, 24, 35};
+
 /* A decoded chunk: unsigned weight bytes of group g's first halves lo[g]
  * and last halves hi[g], and the chunk's block scales as floats by slot
  * (zero in slots without a block). */
@@ -246,8 +259,12 @@ INLINE __mmask32 q8_words(int64_t words) {
 
 /* Load i of a chunk sits at byte q8_load_off(wtype, i): Q8_0 in two units of
  * 8 blocks (272 bytes), each read by 5 loads 64 bytes apart; Q4_0 by 5
- * loads 64 bytes apart. */
-INLINE int q8_load_off(int wtype, int i) { return wtype == QTYPE_Q8_0 ? 272 * (i / 5) + 64 * (i % 5) : 64 * i; }
+ * loads 64 bytes apart; Q5_0 by two per group (q5_idx). */
+INLINE int q8_load_off(int wtype, int i) {
+    return wtype == QTYPE_Q8_0   ? 272 * (i / 5) + 64 * (i % 5)
+           : wtype == QTYPE_Q5_0 ? 88 * (i / 2) + 64 * (i % 2)
+                                 : 64 * i;
+}
 
 INLINE q8_lmask q8_chunk_mask(int wtype, int64_t bytes) {
     q8_lmask m;
@@ -296,6 +313,27 @@ INLINE q8_chunk q8_decode(int wtype, const char *p, const int NG, const int FULL
         for (int g = 0; g < NG; g++) {
             c.lo[g] = _mm512_xor_si512(c.lo[g], flip);
             c.hi[g] = _mm512_xor_si512(c.hi[g], flip);
+        }
+    } else if (wtype == QTYPE_Q5_0) {
+        const __m512i idx = _mm512_loadu_si512((const void *)q5_idx), hidx = _mm512_loadu_si512((const void *)q5_qh_idx);
+        const __m512i m4 = _mm512_set1_epi8(0x0F), b4 = _mm512_set1_epi8(0x10);
+        /* slot 4l + g: word 11l of group g's loads */
+        s = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 33, 33, 33, 33, 22, 22, 22, 22, 11, 11,
+                             11, 11, 0, 0, 0, 0);
+#pragma GCC unroll 4
+        for (int g = 0; g < NG; g++) {
+            const char *q = p + 88 * g;
+            /* the second load stops at the group's 88 bytes (the chunk's last group ends the chunk) */
+            __m512i z0 = FULL ? _mm512_loadu_si512((const void *)q) : _mm512_maskz_loadu_epi16(lm->m[2 * g], q);
+            __m512i z1 = _mm512_maskz_loadu_epi16(lm->m[2 * g + 1] & 0xFFFu, q + 64);
+            Q8_REG(z0);
+            Q8_REG(z1);
+            __m512i x = _mm512_permutex2var_epi16(z0, idx, z1);
+            __m128i hb = _mm512_castsi512_si128(_mm512_permutex2var_epi16(z0, hidx, z1));
+            __mmask64 mlo = (__mmask64)_mm_cvtsi128_si64(hb), mhi = (__mmask64)_mm_extract_epi64(hb, 1);
+            c.lo[g] = _mm512_or_si512(_mm512_and_si512(x, m4), _mm512_maskz_mov_epi8(mlo, b4));
+            c.hi[g] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(x, 4), m4), _mm512_maskz_mov_epi8(mhi, b4));
+            s = _mm512_mask2_permutex2var_epi16(z0, s, (__mmask32)(0x1111u << g), z1);
         }
     } else {
         const __m512i idx = _mm512_loadu_si512((const void *)q4_idx);
@@ -350,7 +388,7 @@ INLINE __m512 q8_apply(const q8_chunk *c, const act_row *a, int64_t ci, const in
  * prefetches every line ahead (kern_pf_lines). */
 INLINE void mm_q8_rows(int wtype, const char *W, int64_t nblk, int64_t r0, int64_t r1, const act_row *a, int nb,
                        float *y, int64_t ldy, const int NB1) {
-    const int bsz = wtype == QTYPE_Q8_0 ? (int)sizeof(block_q8_0) : (int)sizeof(block_q4_0);
+    const int bsz = q8_block_bytes(wtype);
     const size_t wrow = (size_t)nblk * (size_t)bsz;
     const int64_t nfull = nblk / 16, tail = nblk % 16;
     const int tail_ng = (int)((tail + 3) / 4);
@@ -591,6 +629,10 @@ static void matmul_q8_0_avx512(const void *W, int64_t cols, int64_t r0, int64_t 
 static void matmul_q4_0_avx512(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
                                int nb, float *Y, int64_t ldy) {
     mm_q8(QTYPE_Q4_0, W, cols, r0, r1, act, nb, Y, ldy);
+}
+static void matmul_q5_0_avx512(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
+                               int nb, float *Y, int64_t ldy) {
+    mm_q8(QTYPE_Q5_0, W, cols, r0, r1, act, nb, Y, ldy);
 }
 static void matmul_q4_K_avx512(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
                                int nb, float *Y, int64_t ldy) {
@@ -857,6 +899,7 @@ const kern_table kern_table_avx512 = {
             [QTYPE_BF16] = matmul_bf16_avx512,
             [QTYPE_Q8_0] = matmul_q8_0_avx512,
             [QTYPE_Q4_0] = matmul_q4_0_avx512,
+            [QTYPE_Q5_0] = matmul_q5_0_avx512,
             [QTYPE_Q4_K] = matmul_q4_K_avx512,
             [QTYPE_Q6_K] = matmul_q6_K_avx512,
             [QTYPE_INT4_G128] = kern_matmul_int4_g128_avx512,

@@ -1,4 +1,4 @@
-/* Q8_0 / Q4_0 weights against small batches of ACT_Q8 activations (quads,
+/* Q8_0 / Q4_0 / Q5_0 weights against small batches of ACT_Q8 activations (quads,
  * kernels_impl.h), AVX-512 VNNI: batched decode, speculative verification
  * and prefill.
  *
@@ -58,6 +58,26 @@ INLINE void qd_weights(int wtype, const char *p0, size_t wrow, __m512i *lo, __m5
                                          _mm256_loadu_si256((const __m256i *)(p3 + 2)), 1);
         *lo = _mm512_xor_si512(_mm512_shuffle_i64x2(z01, z23, _MM_SHUFFLE(2, 0, 2, 0)), flip);
         *hi = _mm512_xor_si512(_mm512_shuffle_i64x2(z01, z23, _MM_SHUFFLE(3, 1, 3, 1)), flip);
+    } else if (wtype == QTYPE_Q5_0) {
+        /* the nibbles as Q4_0's (at byte 6), then bit e of row i's high
+         * bits into byte e of lane i (elements 0-15: lo; 16-31: hi) */
+        const __m512i m4 = _mm512_set1_epi8(0x0F), b4 = _mm512_set1_epi8(0x10);
+        __m256i y01 = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(p0 + 6))),
+                                              _mm_loadu_si128((const __m128i *)(p1 + 6)), 1);
+        __m256i y23 = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(p2 + 6))),
+                                              _mm_loadu_si128((const __m128i *)(p3 + 6)), 1);
+        __m512i x = _mm512_inserti64x4(_mm512_castsi256_si512(y01), y23, 1);
+        uint32_t h0, h1, h2, h3;
+        memcpy(&h0, p0 + 2, 4);
+        memcpy(&h1, p1 + 2, 4);
+        memcpy(&h2, p2 + 2, 4);
+        memcpy(&h3, p3 + 2, 4);
+        const uint64_t mlo = (uint64_t)(h0 & 0xFFFF) | (uint64_t)(h1 & 0xFFFF) << 16 | (uint64_t)(h2 & 0xFFFF) << 32 |
+                             (uint64_t)(h3 & 0xFFFF) << 48;
+        const uint64_t mhi = (uint64_t)(h0 >> 16) | (uint64_t)(h1 >> 16) << 16 | (uint64_t)(h2 >> 16) << 32 |
+                             (uint64_t)(h3 >> 16) << 48;
+        *lo = _mm512_or_si512(_mm512_and_si512(x, m4), _mm512_maskz_mov_epi8((__mmask64)mlo, b4));
+        *hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(x, 4), m4), _mm512_maskz_mov_epi8((__mmask64)mhi, b4));
     } else {
         /* nibble byte i holds element i (low) and 16 + i (high) */
         const __m512i m4 = _mm512_set1_epi8(0x0F);
@@ -172,7 +192,7 @@ INLINE void qd_block(int wtype, const char *p, size_t wrow, const int8_t *a, __m
  * row holds which slot: qd_row_of_block. */
 INLINE void qd_pass(int wtype, const char *w, size_t wrow, int64_t nblk, const int8_t *A, size_t kstride,
                     const char *pf, size_t pf_step, __m512 *out, const int NG, const int NQ, const int NC) {
-    const int bsz = wtype == QTYPE_Q8_0 ? (int)sizeof(block_q8_0) : (int)sizeof(block_q4_0);
+    const int bsz = q8_block_bytes(wtype);
     __m512 S[16][QD_MAX_P];
     /* a slot starts at its first block (k < 16); slots without any stay zero */
     if (nblk < 16)
@@ -278,7 +298,7 @@ static void qd_rows(int wtype, const char *W, size_t wrow, int64_t nblk, int64_t
  * lines. */
 void kern_matmul_q8_quads_avx512(int wtype, const void *W, int64_t cols, int64_t r0, int64_t n4, const void *act,
                                  int nb, float *Y, int64_t ldy) {
-    const int bsz = wtype == QTYPE_Q8_0 ? (int)sizeof(block_q8_0) : (int)sizeof(block_q4_0);
+    const int bsz = q8_block_bytes(wtype);
     const int64_t nblk = cols / 32;
     const size_t wrow = (size_t)nblk * (size_t)bsz;
     const char *w = W;
