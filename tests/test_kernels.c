@@ -713,7 +713,7 @@ static void test_matmul_int4_bits(ellm_isa isa) {
         }
 }
 
-/* Q8_0 / Q4_0 follow one arithmetic on AVX2 and AVX-512 (exact block dots,
+/* Q8_0 / Q4_0 / Q5_0 follow one arithmetic on AVX2 and AVX-512 (exact block dots,
  * one multiply-add per block into 16 slots, one fixed sum), so the two ISAs
  * must agree bit for bit, batch kernels included. */
 static void test_matmul_isa_agree(void) {
@@ -722,11 +722,11 @@ static void test_matmul_isa_agree(void) {
         SKIP("AVX2 / AVX-512 bit-exact agreement: this CPU has no AVX-512 VNNI");
         return;
     }
-    static const int types[] = {QTYPE_Q8_0, QTYPE_Q4_0};
+    static const int types[] = {QTYPE_Q8_0, QTYPE_Q4_0, QTYPE_Q5_0};
     static const int64_t cols_list[] = {96, 576, 672, 1536};
     static const int nbs[] = {1, 4, 5, 7, 9, 14, 16, 19};
     ellm_isa saved = ellm_cpu_isa();
-    for (int t = 0; t < 2; t++)
+    for (int t = 0; t < 3; t++)
         for (size_t c = 0; c < sizeof cols_list / sizeof cols_list[0]; c++)
             for (size_t n = 0; n < sizeof nbs / sizeof nbs[0]; n++) {
                 int type = types[t], nb = nbs[n];

@@ -152,16 +152,28 @@ static void matmul_bf16_avx2(const void *W, int64_t cols, int64_t r0, int64_t r1
     mm_float(QTYPE_BF16, W, cols, r0, r1, act, nb, Y, ldy);
 }
 
-/* ---- Q8_0 / Q4_0 weights against ACT_Q8 ----
+/* ---- Q8_0 / Q4_0 / Q5_0 weights against ACT_Q8 ----
  * The same arithmetic as kernels_avx512.c (exact block dots, then
  * acc[slot(k)] += (float)dot_k * (dw_k * da_k) and the fixed 16-lane sum),
  * with the 16 slots in two ymm, so both ISAs give the same bits. maddubs
  * multiplies unsigned by signed bytes into int16 pairs: Q4_0's raw nibbles
  * q = w + 8 are the unsigned side directly (pairs <= 2 * 15 * 127; the
- * offset comes off as sa), Q8_0 multiplies |w| by a * sign(w) (pairs <=
+ * offset comes off as sa), Q5_0's 5-bit q = w + 16 likewise (the high bits
+ * set in by q5_bits_avx2; pairs <= 2 * 31 * 127), Q8_0 multiplies |w| by a * sign(w) (pairs <=
  * 2 * 128 * 127, no offset). Blocks go in pairs, a ymm holding the first
  * (or last) 16 bytes of two blocks of a group, to meet the grouped
  * activations; each 128-bit lane ends with 4 partial sums of one block. */
+
+/* Q5_0's high bits: byte e of the low lane 0x10 if bit e of `a` is set,
+ * of the high lane if bit e of `b` is (e = 0..15). */
+INLINE __m256i q5_bits_avx2(uint32_t a, uint32_t b) {
+    const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 1,
+                                            1, 1, 1, 1, 1, 1, 1);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+    __m256i x = _mm256_set_m128i(_mm_set1_epi16((short)b), _mm_set1_epi16((short)a));
+    x = _mm256_and_si256(_mm256_shuffle_epi8(x, spread), bit);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(x, bit), _mm256_set1_epi8(0x10));
+}
 
 /* 8 int32: 4 partial sums of block pa's dot, then 4 of block pb's (NULL:
  * absent, zeros). alo / ahi: the pair's first / last activation halves. */
@@ -181,11 +193,19 @@ INLINE __m256i q8_pair_dot(int wtype, const char *pa, const char *pb, const int8
         return _mm256_add_epi32(_mm256_madd_epi16(p0, ones), _mm256_madd_epi16(p1, ones));
     }
     const __m256i m4 = _mm256_set1_epi8(0xF);
-    __m128i qa = _mm_loadu_si128((const __m128i *)(pa + 2));
-    __m128i qb = pb ? _mm_loadu_si128((const __m128i *)(pb + 2)) : _mm_setzero_si128();
+    const int qoff = wtype == QTYPE_Q5_0 ? 6 : 2;
+    __m128i qa = _mm_loadu_si128((const __m128i *)(pa + qoff));
+    __m128i qb = pb ? _mm_loadu_si128((const __m128i *)(pb + qoff)) : _mm_setzero_si128();
     __m256i x = _mm256_set_m128i(qb, qa);
     w0 = _mm256_and_si256(x, m4);
     w1 = _mm256_and_si256(_mm256_srli_epi16(x, 4), m4);
+    if (wtype == QTYPE_Q5_0) {
+        uint32_t ha, hb = 0;
+        memcpy(&ha, pa + 2, 4);
+        if (pb) memcpy(&hb, pb + 2, 4);
+        w0 = _mm256_or_si256(w0, q5_bits_avx2(ha & 0xFFFF, hb & 0xFFFF));
+        w1 = _mm256_or_si256(w1, q5_bits_avx2(ha >> 16, hb >> 16));
+    }
     __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(w0, _mm256_loadu_si256((const __m256i *)alo)),
                                  _mm256_maddubs_epi16(w1, _mm256_loadu_si256((const __m256i *)ahi)));
     return _mm256_madd_epi16(p, ones);
@@ -209,7 +229,7 @@ INLINE void q8_scales_avx2(const char *p, int bsz, int n, __m256 dw[2]) {
  * row a into slots acc[0] (0..7) and acc[1] (8..15). */
 INLINE void q8_chunk_avx2(int wtype, const char *p, int n, const __m256 dw[2], const act_row *a, int64_t ci,
                           __m256 acc[2]) {
-    const int bsz = wtype == QTYPE_Q8_0 ? (int)sizeof(block_q8_0) : (int)sizeof(block_q4_0);
+    const int bsz = q8_block_bytes(wtype);
     const int8_t *q = a->qs + 512 * ci;
     __m256i ab[4], cd[4]; /* per group: blocks 4g, 4g+1 / 4g+2, 4g+3 */
 #pragma GCC unroll 4
@@ -229,7 +249,7 @@ INLINE void q8_chunk_avx2(int wtype, const char *p, int n, const __m256 dw[2], c
         __m256i x01 = _mm256_add_epi32(_mm256_unpacklo_epi32(w[0], w[1]), _mm256_unpackhi_epi32(w[0], w[1]));
         __m256i x23 = _mm256_add_epi32(_mm256_unpacklo_epi32(w[2], w[3]), _mm256_unpackhi_epi32(w[2], w[3]));
         __m256i t = _mm256_add_epi32(_mm256_unpacklo_epi64(x01, x23), _mm256_unpackhi_epi64(x01, x23));
-        if (wtype == QTYPE_Q4_0) t = _mm256_sub_epi32(t, _mm256_loadu_si256((const __m256i *)(a->sa + 16 * ci + 8 * h)));
+        if (wtype != QTYPE_Q8_0) t = _mm256_sub_epi32(t, _mm256_loadu_si256((const __m256i *)(a->sa + 16 * ci + 8 * h)));
         __m256 sc = _mm256_mul_ps(dw[h], _mm256_loadu_ps(a->d + 16 * ci + 8 * h));
         acc[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), sc, acc[h]);
     }
@@ -242,7 +262,7 @@ enum { Q8_NB = 16 }; /* activation rows per pass over a weight row (accumulators
  * accumulators and the decoded chunk in registers). */
 INLINE void mm_q8_row(int wtype, const char *w, int64_t nblk, const act_row *a, int n, float *y, int64_t ldy,
                       const int N1) {
-    const int bsz = wtype == QTYPE_Q8_0 ? (int)sizeof(block_q8_0) : (int)sizeof(block_q4_0);
+    const int bsz = q8_block_bytes(wtype);
     const int64_t nfull = nblk / 16;
     const int tail = (int)(nblk % 16);
     if (N1) n = 1;
@@ -412,6 +432,10 @@ INLINE void mm_quant(int wtype, const void *W, int64_t cols, int64_t r0, int64_t
 static void matmul_q8_0_avx2(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
                              int nb, float *Y, int64_t ldy) {
     mm_q8(QTYPE_Q8_0, W, cols, r0, r1, act, nb, Y, ldy);
+}
+static void matmul_q5_0_avx2(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
+                             int nb, float *Y, int64_t ldy) {
+    mm_q8(QTYPE_Q5_0, W, cols, r0, r1, act, nb, Y, ldy);
 }
 static void matmul_q4_0_avx2(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
                              int nb, float *Y, int64_t ldy) {
@@ -677,6 +701,7 @@ const kern_table kern_table_avx2 = {
             [QTYPE_BF16] = matmul_bf16_avx2,
             [QTYPE_Q8_0] = matmul_q8_0_avx2,
             [QTYPE_Q4_0] = matmul_q4_0_avx2,
+            [QTYPE_Q5_0] = matmul_q5_0_avx2,
             [QTYPE_Q4_K] = matmul_q4_K_avx2,
             [QTYPE_Q6_K] = matmul_q6_K_avx2,
             [QTYPE_INT4_G128] = kern_matmul_int4_g128_avx2,
