@@ -49,8 +49,8 @@ static void *xmalloc(size_t n) {
     return p;
 }
 
-static const int k_types[] = {QTYPE_F32, QTYPE_F16, QTYPE_BF16, QTYPE_Q8_0,        QTYPE_Q4_0,
-                              QTYPE_Q5_0, QTYPE_Q4_K, QTYPE_Q6_K, QTYPE_INT4_G128};
+static const int k_types[] = {QTYPE_F32,  QTYPE_F16,  QTYPE_BF16, QTYPE_Q8_0,      QTYPE_Q4_0,
+                              QTYPE_Q5_0, QTYPE_Q4_K, QTYPE_Q6_K, QTYPE_INT4_G128, QTYPE_Q5_K};
 enum { N_TYPES = sizeof k_types / sizeof k_types[0] };
 
 static int is_quant(int t) { return qtype_get(t)->block_elems > 1; }
@@ -68,6 +68,7 @@ static void set_pow2_scales(int type, void *row, int64_t cols) {
         case QTYPE_Q4_0:
         case QTYPE_Q5_0: memcpy(b, &d, 2); break;
         case QTYPE_Q4_K:
+        case QTYPE_Q5_K:
         case QTYPE_INT4_G128:
             memcpy(b, &d, 2);
             memcpy(b + 2, &dmin, 2);
@@ -100,7 +101,7 @@ static void make_weights(int type, void *W, int64_t rows, int64_t cols) {
             ellm_f16 dmin = ellm_f32_to_f16(0.001f + 0.01f * rng_uniform());
             if (type == QTYPE_Q6_K) memcpy(b + 208, &d, 2);
             else memcpy(b, &d, 2);
-            if (type == QTYPE_Q4_K) memcpy(b + 2, &dmin, 2);
+            if (type == QTYPE_Q4_K || type == QTYPE_Q5_K) memcpy(b + 2, &dmin, 2);
             if (type == QTYPE_INT4_G128) { /* a negative offset, as for a centred group */
                 ellm_f16 m = ellm_f32_to_f16(-7.5f * ellm_f16_to_f32(d) * (0.8f + 0.4f * rng_uniform()));
                 memcpy(b + 2, &m, 2);
@@ -118,7 +119,7 @@ static void test_type_table(void) {
         {QTYPE_Q4_0, 32, 18, 1},  {QTYPE_Q8_0, 32, 34, 1},   {QTYPE_Q4_K, 256, 144, 1},
         {QTYPE_Q6_K, 256, 210, 1}, {QTYPE_Q8_K, 256, 292, 0}, {QTYPE_Q4_1, 32, 20, 0},
         {QTYPE_Q5_0, 32, 22, 1},  {QTYPE_Q5_1, 32, 24, 0},   {QTYPE_Q2_K, 256, 84, 0},
-        {QTYPE_Q3_K, 256, 110, 0}, {QTYPE_Q5_K, 256, 176, 0}, {QTYPE_INT4_G128, 128, 68, 1},
+        {QTYPE_Q3_K, 256, 110, 0}, {QTYPE_Q5_K, 256, 176, 1}, {QTYPE_INT4_G128, 128, 68, 1},
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
         const qtype_info *t = qtype_get(want[i].type);
@@ -283,6 +284,7 @@ static void test_roundtrip(void) {
                 case QTYPE_Q4_0: bound = 1.02f * amax / 8; break; /* +amax clips from 8 to 7 */
                 case QTYPE_Q5_0: bound = 1.02f * amax / 16; break; /* +amax clips from 16 to 15 */
                 case QTYPE_Q4_K: bound = 0.075f * amax; break;
+                case QTYPE_Q5_K: bound = 0.04f * amax; break;
                 case QTYPE_INT4_G128: bound = 0.14f * amax; break; /* a step of (max - min) / 15: the fit may clip outliers */
                 default: bound = 0.02f * amax; break; /* Q6_K */
                 }
@@ -297,7 +299,7 @@ static void test_roundtrip(void) {
             double rel = sqrt(err2 / x2);
             double rel_max = type == QTYPE_F32 ? 0 : type == QTYPE_F16 ? 3e-4 : type == QTYPE_BF16 ? 3e-3
                            : type == QTYPE_Q8_0 ? 0.01 : type == QTYPE_Q4_0 ? 0.12 : type == QTYPE_Q5_0 ? 0.06
-                           : type == QTYPE_Q4_K || type == QTYPE_INT4_G128 ? 0.1 : 0.03;
+                           : type == QTYPE_Q4_K || type == QTYPE_INT4_G128 ? 0.1 : type == QTYPE_Q5_K ? 0.05 : 0.03;
             CHECK(rel <= rel_max, "%s round trip trial %d: rms error %.4g > %.4g", ti->name, trial, rel, rel_max);
         }
         /* all zeros stay zeros */
@@ -383,7 +385,7 @@ static void test_act_prepare_case(ellm_isa isa, int type, int64_t cols, int nb) 
 }
 
 static void test_act_prepare(ellm_isa isa) {
-    int types[] = {QTYPE_Q8_0, QTYPE_Q4_0, QTYPE_Q5_0, QTYPE_Q4_K, QTYPE_F32, QTYPE_INT4_G128};
+    int types[] = {QTYPE_Q8_0, QTYPE_Q4_0, QTYPE_Q5_0, QTYPE_Q4_K, QTYPE_Q5_K, QTYPE_F32, QTYPE_INT4_G128};
     int64_t cols_list[] = {256, 768, 4096};
     for (size_t t = 0; t < sizeof types / sizeof types[0]; t++)
         for (size_t c = 0; c < sizeof cols_list / sizeof cols_list[0]; c++) {
@@ -516,6 +518,8 @@ static void test_matmul(ellm_isa isa) {
     /* decode-sized rows and a prefill-sized batch */
     test_matmul_case(isa, QTYPE_Q8_0, 8, 4096, 16, 1, 8);
     test_matmul_case(isa, QTYPE_Q4_K, 8, 4096, 3, 2, 8);
+    test_matmul_case(isa, QTYPE_Q5_K, 8, 4096, 3, 2, 8);
+    test_matmul_case(isa, QTYPE_Q5_K, 7, 2048, 11, 1, 7);
     test_matmul_case(isa, QTYPE_Q6_K, 9, 2048, 37, 1, 9);
     test_matmul_case(isa, QTYPE_F16, 9, 1000, 20, 1, 9);
     test_matmul_case(isa, QTYPE_Q4_0, 6, 512, 64, 0, 6);

@@ -181,35 +181,56 @@ static void matmul_q5_0_ref(const void *W, int64_t cols, int64_t r0, int64_t r1,
 }
 
 /* Per super-block: sum_j sc[j] * dot(q_j, a_j) scaled by d, minus
- * sum_j m[j] * sum(a_j) scaled by dmin (the sums come from bsums). */
-static void matmul_q4_K_ref(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
-                            int nb, float *Y, int64_t ldy) {
+ * sum_j m[j] * sum(a_j) scaled by dmin (the sums come from bsums). Q4_K and
+ * Q5_K (whose q takes its fifth bit from qh). */
+static void matmul_kq_ref(int wtype, const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act, int nb,
+                          float *Y, int64_t ldy) {
     int64_t nblk = cols / QK_K;
+    const size_t bsz = wtype == QTYPE_Q5_K ? sizeof(block_q5_K) : sizeof(block_q4_K);
     for (int64_t r = r0; r < r1; r++) {
-        const block_q4_K *w = (const block_q4_K *)W + r * nblk;
+        const char *row = (const char *)W + (size_t)(r * nblk) * bsz;
         for (int b = 0; b < nb; b++) {
             act_row a = act_get_row(ACT_Q8K, act, cols, b);
             float s = 0;
             for (int64_t k = 0; k < nblk; k++) {
+                const char *blk = row + (size_t)k * bsz;
+                ellm_f16 d, dmin;
+                memcpy(&d, blk, 2);
+                memcpy(&dmin, blk + 2, 2);
+                const uint8_t *scales = (const uint8_t *)blk + 4;
+                const uint8_t *qs = wtype == QTYPE_Q5_K ? ((const block_q5_K *)blk)->qs : ((const block_q4_K *)blk)->qs;
+                const uint8_t *qh = wtype == QTYPE_Q5_K ? ((const block_q5_K *)blk)->qh : NULL;
                 const int8_t *q = a.qs + QK_K * k;
                 const int16_t *bs = a.bsums + 16 * k;
                 int isum_q = 0, isum_m = 0;
                 for (int j = 0; j < 8; j++) {
                     int sc, m;
-                    q4k_scale_min(w[k].scales, j, &sc, &m);
-                    const uint8_t *wq = w[k].qs + 32 * (j / 2);
+                    q4k_scale_min(scales, j, &sc, &m);
+                    const uint8_t *wq = qs + 32 * (j / 2);
                     int shift = (j & 1) * 4, dot = 0;
-                    for (int l = 0; l < 32; l++) dot += ((wq[l] >> shift) & 0xF) * q[32 * j + l];
+                    for (int l = 0; l < 32; l++) {
+                        int v = (wq[l] >> shift) & 0xF;
+                        if (qh) v |= ((qh[l] >> j) & 1) << 4;
+                        dot += v * q[32 * j + l];
+                    }
                     isum_q += sc * dot;
                     isum_m += m * (bs[2 * j] + bs[2 * j + 1]);
                 }
                 float da = a.d[k];
-                s += (da * ellm_f16_to_f32(w[k].d)) * (float)isum_q;
-                s -= (da * ellm_f16_to_f32(w[k].dmin)) * (float)isum_m;
+                s += (da * ellm_f16_to_f32(d)) * (float)isum_q;
+                s -= (da * ellm_f16_to_f32(dmin)) * (float)isum_m;
             }
             Y[b * ldy + r] = s;
         }
     }
+}
+static void matmul_q4_K_ref(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
+                            int nb, float *Y, int64_t ldy) {
+    matmul_kq_ref(QTYPE_Q4_K, W, cols, r0, r1, act, nb, Y, ldy);
+}
+static void matmul_q5_K_ref(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
+                            int nb, float *Y, int64_t ldy) {
+    matmul_kq_ref(QTYPE_Q5_K, W, cols, r0, r1, act, nb, Y, ldy);
 }
 
 /* Per super-block: sum_j scales[j] * (dot(q_j, a_j) - 32 * sum(a_j)), scaled by d. */
@@ -397,6 +418,9 @@ static void dequant_ref_q5_0(const void *src, float *dst, int64_t n) {
 static void dequant_ref_q4_K(const void *src, float *dst, int64_t n) {
     qtype_dequantize_ref(QTYPE_Q4_K, src, dst, n);
 }
+static void dequant_ref_q5_K(const void *src, float *dst, int64_t n) {
+    qtype_dequantize_ref(QTYPE_Q5_K, src, dst, n);
+}
 static void dequant_ref_q6_K(const void *src, float *dst, int64_t n) {
     qtype_dequantize_ref(QTYPE_Q6_K, src, dst, n);
 }
@@ -421,6 +445,7 @@ const kern_table kern_table_scalar = {
             [QTYPE_Q4_0] = matmul_q4_0_ref,
             [QTYPE_Q5_0] = matmul_q5_0_ref,
             [QTYPE_Q4_K] = matmul_q4_K_ref,
+            [QTYPE_Q5_K] = matmul_q5_K_ref,
             [QTYPE_Q6_K] = matmul_q6_K_ref,
             [QTYPE_INT4_G128] = matmul_int4_g128_ref,
         },
@@ -433,6 +458,7 @@ const kern_table kern_table_scalar = {
             [QTYPE_Q4_0] = dequant_ref_q4_0,
             [QTYPE_Q5_0] = dequant_ref_q5_0,
             [QTYPE_Q4_K] = dequant_ref_q4_K,
+            [QTYPE_Q5_K] = dequant_ref_q5_K,
             [QTYPE_Q6_K] = dequant_ref_q6_K,
             [QTYPE_INT4_G128] = dequant_ref_int4_g128,
         },

@@ -21,7 +21,7 @@ static const qtype_info qtype_table[QTYPE_COUNT] = {
     [QTYPE_Q2_K] = {"q2_K", 256, 84, 0},
     [QTYPE_Q3_K] = {"q3_K", 256, 110, 0},
     [QTYPE_Q4_K] = {"q4_K", 256, 144, 1},
-    [QTYPE_Q5_K] = {"q5_K", 256, 176, 0},
+    [QTYPE_Q5_K] = {"q5_K", 256, 176, 1},
     [QTYPE_Q6_K] = {"q6_K", 256, 210, 1},
     [QTYPE_Q8_K] = {"q8_K", 256, 292, 0},
     [16] = {"iq2_xxs", 256, 66, 0},
@@ -124,6 +124,24 @@ static void dequant_q4_K(const void *src, float *dst, int64_t n) {
     }
 }
 
+static void dequant_q5_K(const void *src, float *dst, int64_t n) {
+    const block_q5_K *b = src;
+    for (int64_t k = 0; k < n / QK_K; k++) {
+        float d = ellm_f16_to_f32(b[k].d);
+        float dmin = ellm_f16_to_f32(b[k].dmin);
+        for (int j = 0; j < 8; j++) {
+            int sc, m;
+            q4k_scale_min(b[k].scales, j, &sc, &m);
+            float d1 = d * (float)sc, m1 = dmin * (float)m;
+            const uint8_t *q = b[k].qs + 32 * (j / 2);
+            for (int l = 0; l < 32; l++) {
+                int v = ((j & 1) ? q[l] >> 4 : q[l] & 0xF) | ((b[k].qh[l] >> j) & 1) << 4;
+                *dst++ = d1 * (float)v - m1;
+            }
+        }
+    }
+}
+
 static void dequant_q6_K(const void *src, float *dst, int64_t n) {
     const block_q6_K *b = src;
     for (int64_t k = 0; k < n / QK_K; k++) {
@@ -158,6 +176,7 @@ void qtype_dequantize_ref(int type, const void *src, float *dst, int64_t n) {
     case QTYPE_Q4_0: dequant_q4_0(src, dst, n); break;
     case QTYPE_Q5_0: dequant_q5_0(src, dst, n); break;
     case QTYPE_Q4_K: dequant_q4_K(src, dst, n); break;
+    case QTYPE_Q5_K: dequant_q5_K(src, dst, n); break;
     case QTYPE_Q6_K: dequant_q6_K(src, dst, n); break;
     case QTYPE_INT4_G128: dequant_int4_g128(src, dst, n); break;
     default: break;
@@ -223,53 +242,75 @@ static void quant_q5_0(const float *x, void *dst, int64_t n) {
     }
 }
 
-/* Per sub-block of 32: min m = max(0, -min x), scale = (max x + m) / 15; the
- * 8 scales and mins are then quantized to 6 bits against d and dmin. Mins
- * are rounded up and scales recomputed from the quantized min so the 4-bit
- * range covers the sub-block (rather than clipping its top). */
+/* One 256-element super-block of Q4_K (qmax 15) or Q5_K (qmax 31): d,
+ * dmin, the packed 6-bit scales and mins, and each element's value q[e]. */
+static void kquant_fit(const float *x, int qmax, ellm_f16 *d_out, ellm_f16 *dmin_out, uint8_t scales[12], int q[QK_K]) {
+    float mins[8], maxs[8], mmax = 0;
+    for (int j = 0; j < 8; j++) {
+        float lo = 0, hi = 0;
+        for (int l = 0; l < 32; l++) {
+            lo = fminf(lo, x[32 * j + l]);
+            hi = fmaxf(hi, x[32 * j + l]);
+        }
+        mins[j] = -lo;
+        maxs[j] = hi;
+        mmax = fmaxf(mmax, mins[j]);
+    }
+    ellm_f16 dmin16 = ellm_f32_to_f16(mmax / 63.0f);
+    float dmin = ellm_f16_to_f32(dmin16);
+    int mq[8], sq[8];
+    float m1[8], smax = 0, want[8];
+    for (int j = 0; j < 8; j++) {
+        mq[j] = dmin > 0 ? clampi((int)ceilf(mins[j] / dmin), 0, 63) : 0;
+        m1[j] = dmin * (float)mq[j];
+        want[j] = (maxs[j] + m1[j]) / (float)qmax;
+        smax = fmaxf(smax, want[j]);
+    }
+    ellm_f16 d16 = ellm_f32_to_f16(smax / 63.0f);
+    float d = ellm_f16_to_f32(d16);
+    for (int j = 0; j < 8; j++) sq[j] = d > 0 ? clampi((int)ceilf(want[j] / d), 0, 63) : 0;
+    *d_out = d16;
+    *dmin_out = dmin16;
+    for (int j = 0; j < 4; j++) {
+        scales[j] = (uint8_t)((sq[j] & 63) | ((sq[j + 4] >> 4) << 6));
+        scales[j + 4] = (uint8_t)((mq[j] & 63) | ((mq[j + 4] >> 4) << 6));
+        scales[j + 8] = (uint8_t)((sq[j + 4] & 0xF) | ((mq[j + 4] & 0xF) << 4));
+    }
+    for (int e = 0; e < QK_K; e++) {
+        int j = e / 32;
+        float d1 = d * (float)sq[j];
+        q[e] = d1 > 0 ? clampi((int)lrintf((x[e] + m1[j]) / d1), 0, qmax) : 0;
+    }
+}
+
+/* Per sub-block of 32: min m = max(0, -min x), scale = (max x + m) / 15 (Q4_K)
+ * or / 31 (Q5_K); the 8 scales and mins are then quantized to 6 bits against
+ * d and dmin. Mins are rounded up and scales recomputed from the quantized
+ * min so the range covers the sub-block (rather than clipping its top). */
 static void quant_q4_K(const float *x, void *dst, int64_t n) {
     block_q4_K *b = dst;
     for (int64_t k = 0; k < n / QK_K; k++, x += QK_K) {
-        float mins[8], maxs[8], mmax = 0;
-        for (int j = 0; j < 8; j++) {
-            float lo = 0, hi = 0;
-            for (int l = 0; l < 32; l++) {
-                lo = fminf(lo, x[32 * j + l]);
-                hi = fmaxf(hi, x[32 * j + l]);
-            }
-            mins[j] = -lo;
-            maxs[j] = hi;
-            mmax = fmaxf(mmax, mins[j]);
-        }
-        ellm_f16 dmin16 = ellm_f32_to_f16(mmax / 63.0f);
-        float dmin = ellm_f16_to_f32(dmin16);
-        int mq[8], sq[8];
-        float m1[8], smax = 0, want[8];
-        for (int j = 0; j < 8; j++) {
-            mq[j] = dmin > 0 ? clampi((int)ceilf(mins[j] / dmin), 0, 63) : 0;
-            m1[j] = dmin * (float)mq[j];
-            want[j] = (maxs[j] + m1[j]) / 15.0f;
-            smax = fmaxf(smax, want[j]);
-        }
-        ellm_f16 d16 = ellm_f32_to_f16(smax / 63.0f);
-        float d = ellm_f16_to_f32(d16);
-        for (int j = 0; j < 8; j++) sq[j] = d > 0 ? clampi((int)ceilf(want[j] / d), 0, 63) : 0;
-
-        b[k].d = d16;
-        b[k].dmin = dmin16;
-        memset(b[k].scales, 0, sizeof b[k].scales);
-        for (int j = 0; j < 4; j++) {
-            b[k].scales[j] = (uint8_t)((sq[j] & 63) | ((sq[j + 4] >> 4) << 6));
-            b[k].scales[j + 4] = (uint8_t)((mq[j] & 63) | ((mq[j + 4] >> 4) << 6));
-            b[k].scales[j + 8] = (uint8_t)((sq[j + 4] & 0xF) | ((mq[j + 4] & 0xF) << 4));
-        }
+        int q[QK_K];
+        kquant_fit(x, 15, &b[k].d, &b[k].dmin, b[k].scales, q);
         memset(b[k].qs, 0, sizeof b[k].qs);
         for (int e = 0; e < QK_K; e++) {
-            int j = e / 32;
-            float d1 = d * (float)sq[j];
-            int q = d1 > 0 ? clampi((int)lrintf((x[e] + m1[j]) / d1), 0, 15) : 0;
             int g = e / 64, h = (e / 32) & 1, l = e % 32;
-            b[k].qs[32 * g + l] |= (uint8_t)(h ? q << 4 : q);
+            b[k].qs[32 * g + l] |= (uint8_t)(h ? q[e] << 4 : q[e]);
+        }
+    }
+}
+
+static void quant_q5_K(const float *x, void *dst, int64_t n) {
+    block_q5_K *b = dst;
+    for (int64_t k = 0; k < n / QK_K; k++, x += QK_K) {
+        int q[QK_K];
+        kquant_fit(x, 31, &b[k].d, &b[k].dmin, b[k].scales, q);
+        memset(b[k].qs, 0, sizeof b[k].qs);
+        memset(b[k].qh, 0, sizeof b[k].qh);
+        for (int e = 0; e < QK_K; e++) {
+            int j = e / 32, g = e / 64, l = e % 32;
+            b[k].qs[32 * g + l] |= (uint8_t)((j & 1) ? (q[e] & 0xF) << 4 : q[e] & 0xF);
+            b[k].qh[l] |= (uint8_t)((q[e] >> 4) << j);
         }
     }
 }
@@ -532,6 +573,7 @@ void qtype_quantize_ref(int type, const float *src, void *dst, int64_t n) {
     case QTYPE_Q8_0: quant_q8_0(src, dst, n); break;
     case QTYPE_Q4_0: quant_q4_0(src, dst, n); break;
     case QTYPE_Q5_0: quant_q5_0(src, dst, n); break;
+    case QTYPE_Q5_K: quant_q5_K(src, dst, n); break;
     case QTYPE_Q4_K: quant_q4_K(src, dst, n); break;
     case QTYPE_Q6_K: quant_q6_K(src, dst, n); break;
     case QTYPE_INT4_G128: quant_int4_g128(src, dst, n, NULL); break;

@@ -53,7 +53,7 @@ const qtype_info *qtype_get(int type);
 size_t qtype_row_bytes(int type, int64_t n);
 
 /* Reference conversions (scalar). n must be a multiple of the block size.
- * quantize supports F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q4_K, Q6_K (round-to-nearest
+ * quantize supports F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K (round-to-nearest
  * quantizers compatible with ggml's format, for tests and `ellm synth`) and
  * INT4_G128 (scale and offset fitted per group by least squares). */
 void qtype_dequantize_ref(int type, const void *src, float *dst, int64_t n);
@@ -115,6 +115,16 @@ typedef struct {
     uint8_t qs[QK_K / 2];
 } block_q4_K;
 
+/* Q4_K with a fifth bit: element 32j + l (sub-block j) has q = its nibble
+ * (qs as Q4_K's) | (bit j of qh[l]) << 4, in 0..31; w = d*sc[j]*q -
+ * dmin*m[j]. Q5_K_M files (and Q4_K_S's first FFN down matrices) use it. */
+typedef struct {
+    ellm_f16 d;
+    ellm_f16 dmin;
+    uint8_t scales[12];
+    uint8_t qh[QK_K / 8];
+    uint8_t qs[QK_K / 2];
+} block_q5_K;
 /* 256 weights in 16 sub-blocks of 16 with signed 8-bit scales; w = d *
  * scales[e / 16] * (q - 32) with a 6-bit q. For half h (elements 128h ..
  * 128h + 127) and l = 0..31, element 128h + 32k + l (k = 0..3) has its low 4
@@ -158,6 +168,7 @@ static inline int q5_0_value(const block_q5_0 *b, int i) {
     return lo | (int)((qh >> i) & 1) << 4;
 }
 static_assert(sizeof(block_q4_K) == 144, "block_q4_K size");
+static_assert(sizeof(block_q5_K) == 176, "block_q5_K size");
 static_assert(sizeof(block_q6_K) == 210, "block_q6_K size");
 static_assert(sizeof(block_q8_K) == 292, "block_q8_K size");
 static_assert(sizeof(block_int4_g128) == 68, "block_int4_g128 size");
