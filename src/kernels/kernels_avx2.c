@@ -304,31 +304,42 @@ INLINE void mm_q8(int wtype, const void *W, int64_t cols, int64_t r0, int64_t r1
     }
 }
 
-/* ---- Q4_K weights against ACT_Q8K ----
+/* ---- Q4_K / Q5_K weights against ACT_Q8K ----
  * qs[32g .. 32g+31] holds sub-block 2g in low nibbles and 2g+1 in high
  * nibbles, matching activations a[64g ..] and a[64g + 32 ..]. maddubs of
- * the 4-bit q (unsigned) with a, then madd with the sub-block scale, gives
- * int32 partial sums of sc * q * a; the mins term uses bsums. */
-INLINE void mm_q4k_row(const block_q4_K *w, int64_t nblk, const act_row *a, float *y, int64_t ldy,
+ * the 4-bit q (unsigned; Q5_K: 5-bit, its fifth bit from qh) with a, then
+ * madd with the sub-block scale, gives int32 partial sums of sc * q * a;
+ * the mins term uses bsums. */
+INLINE void mm_q4k_row(int wtype, const void *W, int64_t nblk, const act_row *a, float *y, int64_t ldy,
                        const int NB) {
+    const int Q5 = wtype == QTYPE_Q5_K;
+    const size_t bsz = Q5 ? sizeof(block_q5_K) : sizeof(block_q4_K);
     __m256 accf[MM_NB];
-    const __m256i m4 = _mm256_set1_epi8(0xF);
+    const __m256i m4 = _mm256_set1_epi8(0xF), b16 = _mm256_set1_epi8(0x10);
     const __m128i pair_mins = _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15);
 #pragma GCC unroll 4
     for (int b = 0; b < NB; b++) accf[b] = _mm256_setzero_ps();
     for (int64_t k = 0; k < nblk; k++) {
-        __m128i sm = q4k_scales_vec(w[k].scales); /* sc[0..7], m[0..7] as bytes */
+        const char *blk = (const char *)W + (size_t)k * bsz;
+        const uint8_t *qs = Q5 ? ((const block_q5_K *)blk)->qs : ((const block_q4_K *)blk)->qs;
+        __m128i sm = q4k_scales_vec((const uint8_t *)blk + 4); /* sc[0..7], m[0..7] as bytes */
         __m256i smb = _mm256_broadcastsi128_si256(sm);
         /* m[j] twice: madd with bsums[2j], bsums[2j+1] gives m[j] * sum(a_j). */
         __m256i mins = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(sm, pair_mins));
-        __m128 dd = _mm_cvtph_ps(_mm_loadu_si32(&w[k].d)); /* d, dmin */
+        __m128 dd = _mm_cvtph_ps(_mm_loadu_si32(blk)); /* d, dmin */
+        __m256i qh = Q5 ? _mm256_loadu_si256((const __m256i *)((const block_q5_K *)blk)->qh) : _mm256_setzero_si256();
         __m256i acci[MM_NB];
 #pragma GCC unroll 4
         for (int b = 0; b < NB; b++) acci[b] = _mm256_setzero_si256();
 #pragma GCC unroll 4
         for (int g = 0; g < 4; g++) {
-            __m256i q = _mm256_loadu_si256((const __m256i *)(w[k].qs + 32 * g));
+            __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * g));
             __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+            if (Q5) { /* Q5_K: bit 2g (2g + 1) of qh[l] is bit 4 of element l of sub-block 2g (2g + 1) */
+                const __m256i blo = _mm256_set1_epi8((char)(1 << (2 * g))), bhi = _mm256_set1_epi8((char)(1 << (2 * g + 1)));
+                lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, blo), blo), b16));
+                hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bhi), bhi), b16));
+            }
             /* sc[2g], sc[2g + 1] zero-extended into every int16 (pshufb index 0x80 gives 0) */
             __m256i s_lo = _mm256_shuffle_epi8(smb, _mm256_set1_epi16((short)(0x8000 | (2 * g))));
             __m256i s_hi = _mm256_shuffle_epi8(smb, _mm256_set1_epi16((short)(0x8000 | (2 * g + 1))));
@@ -402,7 +413,7 @@ INLINE void mm_q6k_row(const block_q6_K *w, int64_t nblk, const act_row *a, floa
 
 INLINE void mm_quant_row(int wtype, const void *w, int64_t cols, const act_row *a, float *y,
                          int64_t ldy, const int NB) {
-    if (wtype == QTYPE_Q4_K) mm_q4k_row(w, cols / QK_K, a, y, ldy, NB);
+    if (wtype == QTYPE_Q4_K || wtype == QTYPE_Q5_K) mm_q4k_row(wtype, w, cols / QK_K, a, y, ldy, NB);
     else mm_q6k_row(w, cols / QK_K, a, y, ldy, NB);
 }
 
@@ -440,6 +451,10 @@ static void matmul_q5_0_avx2(const void *W, int64_t cols, int64_t r0, int64_t r1
 static void matmul_q4_0_avx2(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
                              int nb, float *Y, int64_t ldy) {
     mm_q8(QTYPE_Q4_0, W, cols, r0, r1, act, nb, Y, ldy);
+}
+static void matmul_q5_K_avx2(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
+                             int nb, float *Y, int64_t ldy) {
+    mm_quant(QTYPE_Q5_K, W, cols, r0, r1, act, nb, Y, ldy);
 }
 static void matmul_q4_K_avx2(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
                              int nb, float *Y, int64_t ldy) {
@@ -703,6 +718,7 @@ const kern_table kern_table_avx2 = {
             [QTYPE_Q4_0] = matmul_q4_0_avx2,
             [QTYPE_Q5_0] = matmul_q5_0_avx2,
             [QTYPE_Q4_K] = matmul_q4_K_avx2,
+            [QTYPE_Q5_K] = matmul_q5_K_avx2,
             [QTYPE_Q6_K] = matmul_q6_K_avx2,
             [QTYPE_INT4_G128] = kern_matmul_int4_g128_avx2,
         },
