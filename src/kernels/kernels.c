@@ -180,6 +180,40 @@ static void matmul_q5_0_ref(const void *W, int64_t cols, int64_t r0, int64_t r1,
     }
 }
 
+/* Q4_1 / Q5_1: the exact int dot of the raw values, scaled by dw * da, then
+ * the block's activation sum sa scaled by mw * da. */
+static void matmul_x_1_ref(int wtype, const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act, int nb,
+                           float *Y, int64_t ldy) {
+    int64_t nblk = cols / 32;
+    const size_t bsz = (size_t)q8_block_bytes(wtype);
+    for (int64_t r = r0; r < r1; r++)
+        for (int b = 0; b < nb; b++) {
+            act_row a = act_get_row(ACT_Q8, act, cols, b);
+            float s = 0;
+            for (int64_t k = 0; k < nblk; k++) {
+                const uint8_t *blk = (const uint8_t *)W + (size_t)(r * nblk + k) * bsz;
+                ellm_f16 d, m;
+                memcpy(&d, blk, 2);
+                memcpy(&m, blk + 2, 2);
+                const uint8_t *qh = wtype == QTYPE_Q5_1 ? blk + 4 : NULL, *qs = blk + bsz - 16;
+                int isum = 0;
+                for (int i = 0; i < 32; i++) isum += q5_value(qs, qh, i) * a.qs[act_q8_qs(k, i)];
+                float da = a.d[act_q8_slot(k)];
+                s += (ellm_f16_to_f32(d) * da) * (float)isum;
+                s += (ellm_f16_to_f32(m) * da) * (float)a.sa[act_q8_slot(k)];
+            }
+            Y[b * ldy + r] = s;
+        }
+}
+static void matmul_q4_1_ref(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
+                            int nb, float *Y, int64_t ldy) {
+    matmul_x_1_ref(QTYPE_Q4_1, W, cols, r0, r1, act, nb, Y, ldy);
+}
+static void matmul_q5_1_ref(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
+                            int nb, float *Y, int64_t ldy) {
+    matmul_x_1_ref(QTYPE_Q5_1, W, cols, r0, r1, act, nb, Y, ldy);
+}
+
 /* Per super-block: sum_j sc[j] * dot(q_j, a_j) scaled by d, minus
  * sum_j m[j] * sum(a_j) scaled by dmin (the sums come from bsums). Q4_K and
  * Q5_K (whose q takes its fifth bit from qh). */
@@ -415,6 +449,12 @@ static void dequant_ref_q4_0(const void *src, float *dst, int64_t n) {
 static void dequant_ref_q5_0(const void *src, float *dst, int64_t n) {
     qtype_dequantize_ref(QTYPE_Q5_0, src, dst, n);
 }
+static void dequant_ref_q4_1(const void *src, float *dst, int64_t n) {
+    qtype_dequantize_ref(QTYPE_Q4_1, src, dst, n);
+}
+static void dequant_ref_q5_1(const void *src, float *dst, int64_t n) {
+    qtype_dequantize_ref(QTYPE_Q5_1, src, dst, n);
+}
 static void dequant_ref_q4_K(const void *src, float *dst, int64_t n) {
     qtype_dequantize_ref(QTYPE_Q4_K, src, dst, n);
 }
@@ -444,6 +484,8 @@ const kern_table kern_table_scalar = {
             [QTYPE_Q8_0] = matmul_q8_0_ref,
             [QTYPE_Q4_0] = matmul_q4_0_ref,
             [QTYPE_Q5_0] = matmul_q5_0_ref,
+            [QTYPE_Q4_1] = matmul_q4_1_ref,
+            [QTYPE_Q5_1] = matmul_q5_1_ref,
             [QTYPE_Q4_K] = matmul_q4_K_ref,
             [QTYPE_Q5_K] = matmul_q5_K_ref,
             [QTYPE_Q6_K] = matmul_q6_K_ref,
@@ -457,6 +499,8 @@ const kern_table kern_table_scalar = {
             [QTYPE_Q8_0] = dequant_ref_q8_0,
             [QTYPE_Q4_0] = dequant_ref_q4_0,
             [QTYPE_Q5_0] = dequant_ref_q5_0,
+            [QTYPE_Q4_1] = dequant_ref_q4_1,
+            [QTYPE_Q5_1] = dequant_ref_q5_1,
             [QTYPE_Q4_K] = dequant_ref_q4_K,
             [QTYPE_Q5_K] = dequant_ref_q5_K,
             [QTYPE_Q6_K] = dequant_ref_q6_K,

@@ -28,8 +28,8 @@
  *       Element i of block k is x ~= d * q with q = qs[act_q8_qs(k, i)] in
  *       [-127, 127] (x / d rounded to nearest even, d = max|x| / 127 over the
  *       block), d = d[act_q8_slot(k)] and sa[act_q8_slot(k)] = off * sum_i q
- *       with off = 128 for Q8_0, 8 for Q4_0 and 16 for Q5_0 weights
- *       (act_q8_off). The sums let SIMD dots treat weights as unsigned (w +
+ *       with off = 128 for Q8_0, 8 for Q4_0, 16 for Q5_0 and 1 for Q4_1 and
+ *       Q5_1 weights (act_q8_off; their minimum meets the plain sum). The sums let SIMD dots treat weights as unsigned (w +
  *       128 for Q8_0, the raw nibble w + 8 for Q4_0, the 5-bit value w + 16
  *       for Q5_0) and take the offset off in integers.
  *       Slots and bytes past the last block are zero.
@@ -70,14 +70,31 @@ static inline int64_t act_q8_qs(int64_t k, int i) {
 }
 
 /* The weight offset folded into sa for a weight type (see ACT_Q8). */
-static inline int act_q8_off(int wtype) { return wtype == QTYPE_Q4_0 ? 8 : wtype == QTYPE_Q5_0 ? 16 : 128; }
+static inline int act_q8_off(int wtype) {
+    switch (wtype) {
+    case QTYPE_Q4_0: return 8;
+    case QTYPE_Q5_0: return 16;
+    case QTYPE_Q4_1:
+    case QTYPE_Q5_1: return 1;
+    default: return 128;
+    }
+}
 
 /* Bytes of a block of 32 of an ACT_Q8 weight type. */
 static inline int q8_block_bytes(int wtype) {
-    return wtype == QTYPE_Q8_0 ? (int)sizeof(block_q8_0)
-           : wtype == QTYPE_Q5_0 ? (int)sizeof(block_q5_0)
-                                 : (int)sizeof(block_q4_0);
+    switch (wtype) {
+    case QTYPE_Q8_0: return (int)sizeof(block_q8_0);
+    case QTYPE_Q5_0: return (int)sizeof(block_q5_0);
+    case QTYPE_Q4_1: return (int)sizeof(block_q4_1);
+    case QTYPE_Q5_1: return (int)sizeof(block_q5_1);
+    default: return (int)sizeof(block_q4_0);
+    }
 }
+
+/* ACT_Q8 weight types with a per-block minimum (Q4_1, Q5_1): a block's dot
+ * is dw * da * sum(q * a) + mw * da * sa (sa = sum(a), act_q8_off 1), two
+ * multiply-adds into the block's slot, the second after the first. */
+static inline int q8_has_min(int wtype) { return wtype == QTYPE_Q4_1 || wtype == QTYPE_Q5_1; }
 
 static inline act_kind act_kind_of(int wtype) {
     switch (wtype) {
@@ -86,7 +103,9 @@ static inline act_kind act_kind_of(int wtype) {
     case QTYPE_BF16: return ACT_F32;
     case QTYPE_Q8_0:
     case QTYPE_Q4_0:
-    case QTYPE_Q5_0: return ACT_Q8;
+    case QTYPE_Q5_0:
+    case QTYPE_Q4_1:
+    case QTYPE_Q5_1: return ACT_Q8;
     case QTYPE_Q4_K:
     case QTYPE_Q5_K:
     case QTYPE_Q6_K: return ACT_Q8K;

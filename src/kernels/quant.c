@@ -13,9 +13,9 @@ static const qtype_info qtype_table[QTYPE_COUNT] = {
     [QTYPE_F32] = {"f32", 1, 4, 1},
     [QTYPE_F16] = {"f16", 1, 2, 1},
     [QTYPE_Q4_0] = {"q4_0", 32, 18, 1},
-    [QTYPE_Q4_1] = {"q4_1", 32, 20, 0},
+    [QTYPE_Q4_1] = {"q4_1", 32, 20, 1},
     [QTYPE_Q5_0] = {"q5_0", 32, 22, 1},
-    [QTYPE_Q5_1] = {"q5_1", 32, 24, 0},
+    [QTYPE_Q5_1] = {"q5_1", 32, 24, 1},
     [QTYPE_Q8_0] = {"q8_0", 32, 34, 1},
     [QTYPE_Q8_1] = {"q8_1", 32, 36, 0},
     [QTYPE_Q2_K] = {"q2_K", 256, 84, 0},
@@ -104,6 +104,22 @@ static void dequant_q5_0(const void *src, float *dst, int64_t n) {
     }
 }
 
+static void dequant_q4_1(const void *src, float *dst, int64_t n) {
+    const block_q4_1 *b = src;
+    for (int64_t k = 0; k < n / QK4_0; k++, dst += QK4_0) {
+        float d = ellm_f16_to_f32(b[k].d), m = ellm_f16_to_f32(b[k].m);
+        for (int i = 0; i < QK4_0; i++) dst[i] = d * (float)q5_value(b[k].qs, NULL, i) + m;
+    }
+}
+
+static void dequant_q5_1(const void *src, float *dst, int64_t n) {
+    const block_q5_1 *b = src;
+    for (int64_t k = 0; k < n / QK5_0; k++, dst += QK5_0) {
+        float d = ellm_f16_to_f32(b[k].d), m = ellm_f16_to_f32(b[k].m);
+        for (int i = 0; i < QK5_0; i++) dst[i] = d * (float)q5_value(b[k].qs, b[k].qh, i) + m;
+    }
+}
+
 static void dequant_q4_K(const void *src, float *dst, int64_t n) {
     const block_q4_K *b = src;
     for (int64_t k = 0; k < n / QK_K; k++) {
@@ -175,6 +191,8 @@ void qtype_dequantize_ref(int type, const void *src, float *dst, int64_t n) {
     case QTYPE_Q8_0: dequant_q8_0(src, dst, n); break;
     case QTYPE_Q4_0: dequant_q4_0(src, dst, n); break;
     case QTYPE_Q5_0: dequant_q5_0(src, dst, n); break;
+    case QTYPE_Q4_1: dequant_q4_1(src, dst, n); break;
+    case QTYPE_Q5_1: dequant_q5_1(src, dst, n); break;
     case QTYPE_Q4_K: dequant_q4_K(src, dst, n); break;
     case QTYPE_Q5_K: dequant_q5_K(src, dst, n); break;
     case QTYPE_Q6_K: dequant_q6_K(src, dst, n); break;
@@ -240,6 +258,36 @@ static void quant_q5_0(const float *x, void *dst, int64_t n) {
         }
         memcpy(b[k].qh, &qh, 4);
     }
+}
+
+/* Q4_1 (qmax 15) and Q5_1 (qmax 31), as ggml: m = min x, d = (max x - m) /
+ * qmax, q = x rounded on that grid. qh NULL: Q4_1. */
+static void quant_x_1(const float *x, int qmax, ellm_f16 *d_out, ellm_f16 *m_out, uint8_t *qh, uint8_t *qs) {
+    float lo = x[0], hi = x[0];
+    for (int i = 1; i < 32; i++) {
+        lo = fminf(lo, x[i]);
+        hi = fmaxf(hi, x[i]);
+    }
+    float d = (hi - lo) / (float)qmax, id = d ? 1.0f / d : 0.0f;
+    *d_out = ellm_f32_to_f16(d);
+    *m_out = ellm_f32_to_f16(lo);
+    uint32_t h = 0;
+    for (int i = 0; i < 16; i++) {
+        int q0 = clampi((int)lrintf((x[i] - lo) * id), 0, qmax), q1 = clampi((int)lrintf((x[i + 16] - lo) * id), 0, qmax);
+        qs[i] = (uint8_t)((q0 & 0xF) | (q1 & 0xF) << 4);
+        h |= (uint32_t)(q0 >> 4) << i | (uint32_t)(q1 >> 4) << (i + 16);
+    }
+    if (qh) memcpy(qh, &h, 4);
+}
+
+static void quant_q4_1(const float *x, void *dst, int64_t n) {
+    block_q4_1 *b = dst;
+    for (int64_t k = 0; k < n / QK4_0; k++, x += QK4_0) quant_x_1(x, 15, &b[k].d, &b[k].m, NULL, b[k].qs);
+}
+
+static void quant_q5_1(const float *x, void *dst, int64_t n) {
+    block_q5_1 *b = dst;
+    for (int64_t k = 0; k < n / QK5_0; k++, x += QK5_0) quant_x_1(x, 31, &b[k].d, &b[k].m, b[k].qh, b[k].qs);
 }
 
 /* One 256-element super-block of Q4_K (qmax 15) or Q5_K (qmax 31): d,
@@ -573,6 +621,8 @@ void qtype_quantize_ref(int type, const float *src, void *dst, int64_t n) {
     case QTYPE_Q8_0: quant_q8_0(src, dst, n); break;
     case QTYPE_Q4_0: quant_q4_0(src, dst, n); break;
     case QTYPE_Q5_0: quant_q5_0(src, dst, n); break;
+    case QTYPE_Q4_1: quant_q4_1(src, dst, n); break;
+    case QTYPE_Q5_1: quant_q5_1(src, dst, n); break;
     case QTYPE_Q5_K: quant_q5_K(src, dst, n); break;
     case QTYPE_Q4_K: quant_q4_K(src, dst, n); break;
     case QTYPE_Q6_K: quant_q6_K(src, dst, n); break;

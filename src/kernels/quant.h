@@ -53,7 +53,7 @@ const qtype_info *qtype_get(int type);
 size_t qtype_row_bytes(int type, int64_t n);
 
 /* Reference conversions (scalar). n must be a multiple of the block size.
- * quantize supports F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K (round-to-nearest
+ * quantize supports F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q4_1, Q5_1, Q4_K, Q5_K, Q6_K (round-to-nearest
  * quantizers compatible with ggml's format, for tests and `ellm synth`) and
  * INT4_G128 (scale and offset fitted per group by least squares). */
 void qtype_dequantize_ref(int type, const void *src, float *dst, int64_t n);
@@ -104,6 +104,21 @@ typedef struct {
     uint8_t qs[QK5_0 / 2];
 } block_q5_0;
 
+/* Q4_0 and Q5_0 with a minimum: w[i] = d * q[i] + m, q[i] in 0..15 (Q4_1:
+ * nibbles as Q4_0's) or 0..31 (Q5_1: as Q5_0's). llama-quantize writes Q5_1
+ * for the Q5_K matrices of a Q5_K_M file whose rows are not a multiple of
+ * 256. */
+typedef struct {
+    ellm_f16 d;
+    ellm_f16 m;
+    uint8_t qs[QK4_0 / 2];
+} block_q4_1;
+typedef struct {
+    ellm_f16 d;
+    ellm_f16 m;
+    uint8_t qh[4];
+    uint8_t qs[QK5_0 / 2];
+} block_q5_1;
 /* 256 weights in 8 sub-blocks of 32. Sub-block j has a 6-bit scale sc[j] and
  * 6-bit min m[j] packed into `scales` (see q4k_scale_min); w = d*sc[j]*q -
  * dmin*m[j]. qs[32g + l] holds element 64g + l in its low nibble and element
@@ -159,14 +174,20 @@ typedef struct {
 static_assert(sizeof(block_q4_0) == 18, "block_q4_0 size");
 static_assert(sizeof(block_q8_0) == 34, "block_q8_0 size");
 static_assert(sizeof(block_q5_0) == 22, "block_q5_0 size");
+static_assert(sizeof(block_q4_1) == 20, "block_q4_1 size");
+static_assert(sizeof(block_q5_1) == 24, "block_q5_1 size");
 
-/* 5-bit value i (0..31, the weight + 16) of a Q5_0 block. */
-static inline int q5_0_value(const block_q5_0 *b, int i) {
-    uint32_t qh;
-    memcpy(&qh, b->qh, 4);
-    int lo = i < 16 ? b->qs[i] & 0xF : b->qs[i - 16] >> 4;
-    return lo | (int)((qh >> i) & 1) << 4;
+/* Value i (0..31) of 32 nibbles qs and high bits qh (Q5_0, Q5_1; NULL qh:
+ * Q4_1's 0..15). */
+static inline int q5_value(const uint8_t *qs, const uint8_t *qh, int i) {
+    int lo = i < 16 ? qs[i] & 0xF : qs[i - 16] >> 4;
+    if (!qh) return lo;
+    uint32_t h;
+    memcpy(&h, qh, 4);
+    return lo | (int)((h >> i) & 1) << 4;
 }
+/* 5-bit value i (0..31, the weight + 16) of a Q5_0 block. */
+static inline int q5_0_value(const block_q5_0 *b, int i) { return q5_value(b->qs, b->qh, i); }
 static_assert(sizeof(block_q4_K) == 144, "block_q4_K size");
 static_assert(sizeof(block_q5_K) == 176, "block_q5_K size");
 static_assert(sizeof(block_q6_K) == 210, "block_q6_K size");
