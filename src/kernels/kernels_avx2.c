@@ -152,7 +152,7 @@ static void matmul_bf16_avx2(const void *W, int64_t cols, int64_t r0, int64_t r1
     mm_float(QTYPE_BF16, W, cols, r0, r1, act, nb, Y, ldy);
 }
 
-/* ---- Q8_0 / Q4_0 / Q5_0 weights against ACT_Q8 ----
+/* ---- Q8_0 / Q4_0 / Q5_0 / Q4_1 / Q5_1 weights against ACT_Q8 ----
  * The same arithmetic as kernels_avx512.c (exact block dots, then
  * acc[slot(k)] += (float)dot_k * (dw_k * da_k) and the fixed 16-lane sum),
  * with the 16 slots in two ymm, so both ISAs give the same bits. maddubs
@@ -193,16 +193,16 @@ INLINE __m256i q8_pair_dot(int wtype, const char *pa, const char *pb, const int8
         return _mm256_add_epi32(_mm256_madd_epi16(p0, ones), _mm256_madd_epi16(p1, ones));
     }
     const __m256i m4 = _mm256_set1_epi8(0xF);
-    const int qoff = wtype == QTYPE_Q5_0 ? 6 : 2;
+    const int qoff = q8_block_bytes(wtype) - 16; /* the nibbles end every block */
     __m128i qa = _mm_loadu_si128((const __m128i *)(pa + qoff));
     __m128i qb = pb ? _mm_loadu_si128((const __m128i *)(pb + qoff)) : _mm_setzero_si128();
     __m256i x = _mm256_set_m128i(qb, qa);
     w0 = _mm256_and_si256(x, m4);
     w1 = _mm256_and_si256(_mm256_srli_epi16(x, 4), m4);
-    if (wtype == QTYPE_Q5_0) {
+    if (wtype == QTYPE_Q5_0 || wtype == QTYPE_Q5_1) { /* the high bits: the 4 bytes before the nibbles */
         uint32_t ha, hb = 0;
-        memcpy(&ha, pa + 2, 4);
-        if (pb) memcpy(&hb, pb + 2, 4);
+        memcpy(&ha, pa + qoff - 4, 4);
+        if (pb) memcpy(&hb, pb + qoff - 4, 4);
         w0 = _mm256_or_si256(w0, q5_bits_avx2(ha & 0xFFFF, hb & 0xFFFF));
         w1 = _mm256_or_si256(w1, q5_bits_avx2(ha >> 16, hb >> 16));
     }
@@ -227,8 +227,8 @@ INLINE void q8_scales_avx2(const char *p, int bsz, int n, __m256 dw[2]) {
 
 /* Adds the n (1..16) blocks of chunk ci at p (scales dw) times activation
  * row a into slots acc[0] (0..7) and acc[1] (8..15). */
-INLINE void q8_chunk_avx2(int wtype, const char *p, int n, const __m256 dw[2], const act_row *a, int64_t ci,
-                          __m256 acc[2]) {
+INLINE void q8_chunk_avx2(int wtype, const char *p, int n, const __m256 dw[2], const __m256 mw[2], const act_row *a,
+                          int64_t ci, __m256 acc[2]) {
     const int bsz = q8_block_bytes(wtype);
     const int8_t *q = a->qs + 512 * ci;
     __m256i ab[4], cd[4]; /* per group: blocks 4g, 4g+1 / 4g+2, 4g+3 */
@@ -249,8 +249,15 @@ INLINE void q8_chunk_avx2(int wtype, const char *p, int n, const __m256 dw[2], c
         __m256i x01 = _mm256_add_epi32(_mm256_unpacklo_epi32(w[0], w[1]), _mm256_unpackhi_epi32(w[0], w[1]));
         __m256i x23 = _mm256_add_epi32(_mm256_unpacklo_epi32(w[2], w[3]), _mm256_unpackhi_epi32(w[2], w[3]));
         __m256i t = _mm256_add_epi32(_mm256_unpacklo_epi64(x01, x23), _mm256_unpackhi_epi64(x01, x23));
-        if (wtype != QTYPE_Q8_0) t = _mm256_sub_epi32(t, _mm256_loadu_si256((const __m256i *)(a->sa + 16 * ci + 8 * h)));
-        __m256 sc = _mm256_mul_ps(dw[h], _mm256_loadu_ps(a->d + 16 * ci + 8 * h));
+        const __m256i sa = _mm256_loadu_si256((const __m256i *)(a->sa + 16 * ci + 8 * h));
+        const __m256 da = _mm256_loadu_ps(a->d + 16 * ci + 8 * h);
+        if (q8_has_min(wtype)) { /* the values' dot, then the minimum times the activations' sum */
+            acc[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), _mm256_mul_ps(dw[h], da), acc[h]);
+            acc[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sa), _mm256_mul_ps(mw[h], da), acc[h]);
+            continue;
+        }
+        if (wtype != QTYPE_Q8_0) t = _mm256_sub_epi32(t, sa);
+        __m256 sc = _mm256_mul_ps(dw[h], da);
         acc[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), sc, acc[h]);
     }
 }
@@ -268,16 +275,18 @@ INLINE void mm_q8_row(int wtype, const char *w, int64_t nblk, const act_row *a, 
     if (N1) n = 1;
     __m256 acc[Q8_NB][2];
     for (int b = 0; b < n; b++) acc[b][0] = acc[b][1] = _mm256_setzero_ps();
-    __m256 dw[2];
+    __m256 dw[2], mw[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
     for (int64_t ci = 0; ci < nfull; ci++) {
         const char *p = w + 16 * ci * bsz;
         q8_scales_avx2(p, bsz, 16, dw);
-        for (int b = 0; b < n; b++) q8_chunk_avx2(wtype, p, 16, dw, &a[b], ci, acc[b]);
+        if (q8_has_min(wtype)) q8_scales_avx2(p + 2, bsz, 16, mw);
+        for (int b = 0; b < n; b++) q8_chunk_avx2(wtype, p, 16, dw, mw, &a[b], ci, acc[b]);
     }
     if (tail) {
         const char *p = w + 16 * nfull * bsz;
         q8_scales_avx2(p, bsz, tail, dw);
-        for (int b = 0; b < n; b++) q8_chunk_avx2(wtype, p, tail, dw, &a[b], nfull, acc[b]);
+        if (q8_has_min(wtype)) q8_scales_avx2(p + 2, bsz, tail, mw);
+        for (int b = 0; b < n; b++) q8_chunk_avx2(wtype, p, tail, dw, mw, &a[b], nfull, acc[b]);
     }
     for (int b = 0; b < n; b++) y[(int64_t)b * ldy] = hsum_ps(_mm256_add_ps(acc[b][0], acc[b][1]));
 }
@@ -443,6 +452,14 @@ INLINE void mm_quant(int wtype, const void *W, int64_t cols, int64_t r0, int64_t
 static void matmul_q8_0_avx2(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
                              int nb, float *Y, int64_t ldy) {
     mm_q8(QTYPE_Q8_0, W, cols, r0, r1, act, nb, Y, ldy);
+}
+static void matmul_q4_1_avx2(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
+                             int nb, float *Y, int64_t ldy) {
+    mm_q8(QTYPE_Q4_1, W, cols, r0, r1, act, nb, Y, ldy);
+}
+static void matmul_q5_1_avx2(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
+                             int nb, float *Y, int64_t ldy) {
+    mm_q8(QTYPE_Q5_1, W, cols, r0, r1, act, nb, Y, ldy);
 }
 static void matmul_q5_0_avx2(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
                              int nb, float *Y, int64_t ldy) {
@@ -717,6 +734,8 @@ const kern_table kern_table_avx2 = {
             [QTYPE_Q8_0] = matmul_q8_0_avx2,
             [QTYPE_Q4_0] = matmul_q4_0_avx2,
             [QTYPE_Q5_0] = matmul_q5_0_avx2,
+            [QTYPE_Q4_1] = matmul_q4_1_avx2,
+            [QTYPE_Q5_1] = matmul_q5_1_avx2,
             [QTYPE_Q4_K] = matmul_q4_K_avx2,
             [QTYPE_Q5_K] = matmul_q5_K_avx2,
             [QTYPE_Q6_K] = matmul_q6_K_avx2,

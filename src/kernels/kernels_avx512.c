@@ -228,24 +228,37 @@ static const uint16_t q8_idx_hi[32] = {9,  10, 11, 12, 13, 14, 15, 16, 26, 27, 2
 static const uint16_t q4_idx[32] = {1,  2,  3,  4,  5,  6,  7,  8,  10, 11, 12, 13, 14, 15, 16, 17,
                                     19, 20, 21, 22, 23, 24, 25, 26, 28, 29, 30, 31, 32, 33, 34, 35};
 
-/* Q5_0 group g (blocks 4g .. 4g + 3, 88 bytes at 88g of the chunk) is read
- * by two loads, 64 bytes at 88g and up to 24 at 88g + 64 (words 0..31 and
- * 32..43 of a vpermt2w pair): block j has its scale at word 11j, its 32 high
- * bits at 11j + 1 (elements 0-15) and 11j + 2 (16-31), its 16 nibble bytes
- * at 11j + 3 .. 11j + 10. q5_idx puts block j's nibble bytes in lane j;
- * q5_qh_idx puts the 4 blocks' low high-bit words, then their high ones,
- * in words 0..7, so that qword 0 is the byte mask of elements 0-15 of the
- * 4 lanes and qword 1 that of elements 16-31. */
-static const uint16_t q5_idx[32] = {3,  4,  5,  6,  7,  8,  9,  10, 14, 15, 16, 17, 18, 19, 20, 21,
-                                    25, 26, 27, 28, 29, 30, 31, 32, 36, 37, 38, 39, 40, 41, 42, 43};
-static const uint16_t q5_qh_idx[32] = {1, 12, 23, 34, 2, 13, 24, 35};
+/* Q5_0, Q4_1 and Q5_1 (blocks of W = 11, 10, 12 words) read group g
+ * (blocks 4g .. 4g + 3, 4W words from byte 8Wg of the chunk) by two loads,
+ * 64 bytes at 8Wg and the group's other 8W - 64 bytes after them (words
+ * 0..31 and 32.. of a vpermt2w pair): block j has its scale at word Wj (Q4_1,
+ * Q5_1: its minimum at Wj + 1), its 32 high bits (Q5_0, Q5_1) at Wj + W - 10
+ * (elements 0-15) and Wj + W - 9 (16-31), its 16 nibble bytes in its last 8
+ * words. q8g_idx puts block j's nibble bytes in lane j; q8g_qh_idx puts the
+ * 4 blocks' low high-bit words, then their high ones, in words 0..7, so that
+ * qword 0 is the byte mask of elements 0-15 of the 4 lanes and qword 1 that
+ * of elements 16-31. */
+#define Q8G_IDX(W)                                                                                         \
+    {W - 8,         W - 7,         W - 6,         W - 5,         W - 4,         W - 3,         W - 2,     \
+     W - 1,         2 * W - 8,     2 * W - 7,     2 * W - 6,     2 * W - 5,     2 * W - 4,     2 * W - 3, \
+     2 * W - 2,     2 * W - 1,     3 * W - 8,     3 * W - 7,     3 * W - 6,     3 * W - 5,     3 * W - 4, \
+     3 * W - 3,     3 * W - 2,     3 * W - 1,     4 * W - 8,     4 * W - 7,     4 * W - 6,     4 * W - 5, \
+     4 * W - 4,     4 * W - 3,     4 * W - 2,     4 * W - 1}
+#define Q8G_QH_IDX(W) {W - 10, 2 * W - 10, 3 * W - 10, 4 * W - 10, W - 9, 2 * W - 9, 3 * W - 9, 4 * W - 9}
+static const uint16_t q8g_idx[3][32] = {Q8G_IDX(11), Q8G_IDX(10), Q8G_IDX(12)};
+static const uint16_t q8g_qh_idx[3][32] = {Q8G_QH_IDX(11), {0}, Q8G_QH_IDX(12)};
+
+/* Which of q8g_idx's types: 0 Q5_0, 1 Q4_1, 2 Q5_1, -1 not read by groups. */
+INLINE int q8g_kind(int wtype) {
+    return wtype == QTYPE_Q5_0 ? 0 : wtype == QTYPE_Q4_1 ? 1 : wtype == QTYPE_Q5_1 ? 2 : -1;
+}
 
 /* A decoded chunk: unsigned weight bytes of group g's first halves lo[g]
  * and last halves hi[g], and the chunk's block scales as floats by slot
  * (zero in slots without a block). */
 typedef struct {
     __m512i lo[4], hi[4];
-    __m512 dw;
+    __m512 dw, mw; /* mw: the blocks' minimums by slot (Q4_1, Q5_1) */
 } q8_chunk;
 
 /* Word masks of a chunk's loads: all words, or those inside its `bytes`. */
@@ -259,11 +272,11 @@ INLINE __mmask32 q8_words(int64_t words) {
 
 /* Load i of a chunk sits at byte q8_load_off(wtype, i): Q8_0 in two units of
  * 8 blocks (272 bytes), each read by 5 loads 64 bytes apart; Q4_0 by 5
- * loads 64 bytes apart; Q5_0 by two per group (q5_idx). */
+ * loads 64 bytes apart; Q5_0, Q4_1 and Q5_1 by two per group (q8g_idx). */
 INLINE int q8_load_off(int wtype, int i) {
-    return wtype == QTYPE_Q8_0   ? 272 * (i / 5) + 64 * (i % 5)
-           : wtype == QTYPE_Q5_0 ? 88 * (i / 2) + 64 * (i % 2)
-                                 : 64 * i;
+    return wtype == QTYPE_Q8_0       ? 272 * (i / 5) + 64 * (i % 5)
+           : q8g_kind(wtype) >= 0    ? 4 * q8_block_bytes(wtype) * (i / 2) + 64 * (i % 2)
+                                     : 64 * i;
 }
 
 INLINE q8_lmask q8_chunk_mask(int wtype, int64_t bytes) {
@@ -314,26 +327,39 @@ INLINE q8_chunk q8_decode(int wtype, const char *p, const int NG, const int FULL
             c.lo[g] = _mm512_xor_si512(c.lo[g], flip);
             c.hi[g] = _mm512_xor_si512(c.hi[g], flip);
         }
-    } else if (wtype == QTYPE_Q5_0) {
-        const __m512i idx = _mm512_loadu_si512((const void *)q5_idx), hidx = _mm512_loadu_si512((const void *)q5_qh_idx);
+    } else if (q8g_kind(wtype) >= 0) {
+        const int kind = q8g_kind(wtype), W = q8_block_bytes(wtype) / 2, HB = wtype != QTYPE_Q4_1;
+        const __m512i idx = _mm512_loadu_si512((const void *)q8g_idx[kind]);
+        const __m512i hidx = _mm512_loadu_si512((const void *)q8g_qh_idx[kind]);
         const __m512i m4 = _mm512_set1_epi8(0x0F), b4 = _mm512_set1_epi8(0x10);
-        /* slot 4l + g: word 11l of group g's loads */
-        s = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 33, 33, 33, 33, 22, 22, 22, 22, 11, 11,
-                             11, 11, 0, 0, 0, 0);
+        /* slot 4l + g: word Wl of group g's loads (the minimum: Wl + 1) */
+        s = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3 * W, 3 * W, 3 * W, 3 * W, 2 * W, 2 * W,
+                             2 * W, 2 * W, W, W, W, W, 0, 0, 0, 0);
+        __m512i sm = _mm512_add_epi16(s, _mm512_set1_epi16(1));
+        const __mmask32 z1_words = (__mmask32)((1u << (4 * W - 32)) - 1);
 #pragma GCC unroll 4
         for (int g = 0; g < NG; g++) {
-            const char *q = p + 88 * g;
-            /* the second load stops at the group's 88 bytes (the chunk's last group ends the chunk) */
+            const char *q = p + 8 * W * g;
+            /* the second load stops at the group's bytes (the chunk's last group ends the chunk) */
             __m512i z0 = FULL ? _mm512_loadu_si512((const void *)q) : _mm512_maskz_loadu_epi16(lm->m[2 * g], q);
-            __m512i z1 = _mm512_maskz_loadu_epi16(lm->m[2 * g + 1] & 0xFFFu, q + 64);
+            __m512i z1 = _mm512_maskz_loadu_epi16(lm->m[2 * g + 1] & z1_words, q + 64);
             Q8_REG(z0);
             Q8_REG(z1);
             __m512i x = _mm512_permutex2var_epi16(z0, idx, z1);
-            __m128i hb = _mm512_castsi512_si128(_mm512_permutex2var_epi16(z0, hidx, z1));
-            __mmask64 mlo = (__mmask64)_mm_cvtsi128_si64(hb), mhi = (__mmask64)_mm_extract_epi64(hb, 1);
-            c.lo[g] = _mm512_or_si512(_mm512_and_si512(x, m4), _mm512_maskz_mov_epi8(mlo, b4));
-            c.hi[g] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(x, 4), m4), _mm512_maskz_mov_epi8(mhi, b4));
+            c.lo[g] = _mm512_and_si512(x, m4);
+            c.hi[g] = _mm512_and_si512(_mm512_srli_epi16(x, 4), m4);
+            if (HB) {
+                __m128i hb = _mm512_castsi512_si128(_mm512_permutex2var_epi16(z0, hidx, z1));
+                __mmask64 mlo = (__mmask64)_mm_cvtsi128_si64(hb), mhi = (__mmask64)_mm_extract_epi64(hb, 1);
+                c.lo[g] = _mm512_or_si512(c.lo[g], _mm512_maskz_mov_epi8(mlo, b4));
+                c.hi[g] = _mm512_or_si512(c.hi[g], _mm512_maskz_mov_epi8(mhi, b4));
+            }
             s = _mm512_mask2_permutex2var_epi16(z0, s, (__mmask32)(0x1111u << g), z1);
+            if (q8_has_min(wtype)) sm = _mm512_mask2_permutex2var_epi16(z0, sm, (__mmask32)(0x1111u << g), z1);
+        }
+        if (q8_has_min(wtype)) {
+            __mmask16 present = (__mmask16)(NG == 4 ? 0xFFFF : (0x1111u << NG) - 0x1111u);
+            c.mw = _mm512_maskz_cvtph_ps(present, _mm512_castsi512_si256(sm));
         }
     } else {
         const __m512i idx = _mm512_loadu_si512((const void *)q4_idx);
@@ -366,7 +392,7 @@ INLINE q8_chunk q8_decode(int wtype, const char *p, const int NG, const int FULL
 }
 
 /* Adds decoded chunk `c` (chunk index ci) times activation row a into acc. */
-INLINE __m512 q8_apply(const q8_chunk *c, const act_row *a, int64_t ci, const int NG, __m512 acc) {
+INLINE __m512 q8_apply(const q8_chunk *c, const act_row *a, int64_t ci, const int NG, const int MIN, __m512 acc) {
     const int8_t *q = a->qs + 512 * ci;
     __m512i w[4];
 #pragma GCC unroll 4
@@ -378,8 +404,14 @@ INLINE __m512 q8_apply(const q8_chunk *c, const act_row *a, int64_t ci, const in
             w[g] = _mm512_setzero_si512();
         }
     }
-    __m512i dot = _mm512_sub_epi32(q8_tree(w[0], w[1], w[2], w[3]), _mm512_loadu_si512((const void *)(a->sa + 16 * ci)));
-    __m512 sc = _mm512_mul_ps(c->dw, _mm512_loadu_ps(a->d + 16 * ci));
+    const __m512i sa = _mm512_loadu_si512((const void *)(a->sa + 16 * ci));
+    const __m512 da = _mm512_loadu_ps(a->d + 16 * ci);
+    if (MIN) { /* Q4_1, Q5_1: the values' dot, then the minimum times the activations' sum (q8_has_min) */
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q8_tree(w[0], w[1], w[2], w[3])), _mm512_mul_ps(c->dw, da), acc);
+        return _mm512_fmadd_ps(_mm512_cvtepi32_ps(sa), _mm512_mul_ps(c->mw, da), acc);
+    }
+    __m512i dot = _mm512_sub_epi32(q8_tree(w[0], w[1], w[2], w[3]), sa);
+    __m512 sc = _mm512_mul_ps(c->dw, da);
     return _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), sc, acc);
 }
 
@@ -388,7 +420,7 @@ INLINE __m512 q8_apply(const q8_chunk *c, const act_row *a, int64_t ci, const in
  * prefetches every line ahead (kern_pf_lines). */
 INLINE void mm_q8_rows(int wtype, const char *W, int64_t nblk, int64_t r0, int64_t r1, const act_row *a, int nb,
                        float *y, int64_t ldy, const int NB1) {
-    const int bsz = q8_block_bytes(wtype);
+    const int bsz = q8_block_bytes(wtype), MIN = q8_has_min(wtype);
     const size_t wrow = (size_t)nblk * (size_t)bsz;
     const int64_t nfull = nblk / 16, tail = nblk % 16;
     const int tail_ng = (int)((tail + 3) / 4);
@@ -405,9 +437,9 @@ INLINE void mm_q8_rows(int wtype, const char *W, int64_t nblk, int64_t r0, int64
             kern_pf_pages(p, 16 * (size_t)bsz);
             if (NB1) kern_pf_lines(p, 16 * (size_t)bsz);
             q8_chunk c = q8_decode(wtype, p, 4, 1, &full_mask);
-            if (NB1) acc1 = q8_apply(&c, &a[0], ci, 4, acc1);
+            if (NB1) acc1 = q8_apply(&c, &a[0], ci, 4, MIN, acc1);
             else
-                for (int b = 0; b < nb; b++) acc[b] = q8_apply(&c, &a[b], ci, 4, acc[b]);
+                for (int b = 0; b < nb; b++) acc[b] = q8_apply(&c, &a[b], ci, 4, MIN, acc[b]);
         }
         if (tail) {
             kern_pf_pages(p, (size_t)(tail * bsz));
@@ -415,9 +447,9 @@ INLINE void mm_q8_rows(int wtype, const char *W, int64_t nblk, int64_t r0, int64
 #define Q8_TAIL(NG_)                                                                                  \
     case NG_: {                                                                                       \
         q8_chunk c = q8_decode(wtype, p, NG_, 0, &tail_mask);                                         \
-        if (NB1) acc1 = q8_apply(&c, &a[0], nfull, NG_, acc1);                                        \
+        if (NB1) acc1 = q8_apply(&c, &a[0], nfull, NG_, MIN, acc1);                                        \
         else                                                                                          \
-            for (int b = 0; b < nb; b++) acc[b] = q8_apply(&c, &a[b], nfull, NG_, acc[b]);            \
+            for (int b = 0; b < nb; b++) acc[b] = q8_apply(&c, &a[b], nfull, NG_, MIN, acc[b]);            \
         break;                                                                                        \
     }
             switch (tail_ng) {
@@ -645,6 +677,14 @@ static void matmul_q4_0_avx512(const void *W, int64_t cols, int64_t r0, int64_t 
 static void matmul_q5_0_avx512(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
                                int nb, float *Y, int64_t ldy) {
     mm_q8(QTYPE_Q5_0, W, cols, r0, r1, act, nb, Y, ldy);
+}
+static void matmul_q4_1_avx512(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
+                               int nb, float *Y, int64_t ldy) {
+    mm_q8(QTYPE_Q4_1, W, cols, r0, r1, act, nb, Y, ldy);
+}
+static void matmul_q5_1_avx512(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
+                               int nb, float *Y, int64_t ldy) {
+    mm_q8(QTYPE_Q5_1, W, cols, r0, r1, act, nb, Y, ldy);
 }
 static void matmul_q4_K_avx512(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
                                int nb, float *Y, int64_t ldy) {
@@ -916,6 +956,8 @@ const kern_table kern_table_avx512 = {
             [QTYPE_Q8_0] = matmul_q8_0_avx512,
             [QTYPE_Q4_0] = matmul_q4_0_avx512,
             [QTYPE_Q5_0] = matmul_q5_0_avx512,
+            [QTYPE_Q4_1] = matmul_q4_1_avx512,
+            [QTYPE_Q5_1] = matmul_q5_1_avx512,
             [QTYPE_Q4_K] = matmul_q4_K_avx512,
             [QTYPE_Q5_K] = matmul_q5_K_avx512,
             [QTYPE_Q6_K] = matmul_q6_K_avx512,

@@ -1,4 +1,4 @@
-/* Q8_0 / Q4_0 / Q5_0 weights against small batches of ACT_Q8 activations (quads,
+/* Q8_0 / Q4_0 / Q5_0 / Q4_1 / Q5_1 weights against small batches of ACT_Q8 activations (quads,
  * kernels_impl.h), AVX-512 VNNI: batched decode, speculative verification
  * and prefill.
  *
@@ -58,26 +58,32 @@ INLINE void qd_weights(int wtype, const char *p0, size_t wrow, __m512i *lo, __m5
                                          _mm256_loadu_si256((const __m256i *)(p3 + 2)), 1);
         *lo = _mm512_xor_si512(_mm512_shuffle_i64x2(z01, z23, _MM_SHUFFLE(2, 0, 2, 0)), flip);
         *hi = _mm512_xor_si512(_mm512_shuffle_i64x2(z01, z23, _MM_SHUFFLE(3, 1, 3, 1)), flip);
-    } else if (wtype == QTYPE_Q5_0) {
-        /* the nibbles as Q4_0's (at byte 6), then bit e of row i's high
-         * bits into byte e of lane i (elements 0-15: lo; 16-31: hi) */
+    } else if (wtype != QTYPE_Q4_0) {
+        /* Q5_0, Q4_1, Q5_1: the nibbles as Q4_0's (the block's last 16
+         * bytes); Q5_0, Q5_1: then bit e of row i's high bits (the 4 bytes
+         * before them) into byte e of lane i (elements 0-15: lo; 16-31: hi) */
+        const int bsz = q8_block_bytes(wtype), qo = bsz - 16, ho = bsz - 20;
         const __m512i m4 = _mm512_set1_epi8(0x0F), b4 = _mm512_set1_epi8(0x10);
-        __m256i y01 = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(p0 + 6))),
-                                              _mm_loadu_si128((const __m128i *)(p1 + 6)), 1);
-        __m256i y23 = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(p2 + 6))),
-                                              _mm_loadu_si128((const __m128i *)(p3 + 6)), 1);
+        __m256i y01 = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(p0 + qo))),
+                                              _mm_loadu_si128((const __m128i *)(p1 + qo)), 1);
+        __m256i y23 = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(p2 + qo))),
+                                              _mm_loadu_si128((const __m128i *)(p3 + qo)), 1);
         __m512i x = _mm512_inserti64x4(_mm512_castsi256_si512(y01), y23, 1);
-        uint32_t h0, h1, h2, h3;
-        memcpy(&h0, p0 + 2, 4);
-        memcpy(&h1, p1 + 2, 4);
-        memcpy(&h2, p2 + 2, 4);
-        memcpy(&h3, p3 + 2, 4);
-        const uint64_t mlo = (uint64_t)(h0 & 0xFFFF) | (uint64_t)(h1 & 0xFFFF) << 16 | (uint64_t)(h2 & 0xFFFF) << 32 |
-                             (uint64_t)(h3 & 0xFFFF) << 48;
-        const uint64_t mhi = (uint64_t)(h0 >> 16) | (uint64_t)(h1 >> 16) << 16 | (uint64_t)(h2 >> 16) << 32 |
-                             (uint64_t)(h3 >> 16) << 48;
-        *lo = _mm512_or_si512(_mm512_and_si512(x, m4), _mm512_maskz_mov_epi8((__mmask64)mlo, b4));
-        *hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(x, 4), m4), _mm512_maskz_mov_epi8((__mmask64)mhi, b4));
+        *lo = _mm512_and_si512(x, m4);
+        *hi = _mm512_and_si512(_mm512_srli_epi16(x, 4), m4);
+        if (wtype != QTYPE_Q4_1) {
+            uint32_t h0, h1, h2, h3;
+            memcpy(&h0, p0 + ho, 4);
+            memcpy(&h1, p1 + ho, 4);
+            memcpy(&h2, p2 + ho, 4);
+            memcpy(&h3, p3 + ho, 4);
+            const uint64_t mlo = (uint64_t)(h0 & 0xFFFF) | (uint64_t)(h1 & 0xFFFF) << 16 |
+                                 (uint64_t)(h2 & 0xFFFF) << 32 | (uint64_t)(h3 & 0xFFFF) << 48;
+            const uint64_t mhi =
+                (uint64_t)(h0 >> 16) | (uint64_t)(h1 >> 16) << 16 | (uint64_t)(h2 >> 16) << 32 | (uint64_t)(h3 >> 16) << 48;
+            *lo = _mm512_or_si512(*lo, _mm512_maskz_mov_epi8((__mmask64)mlo, b4));
+            *hi = _mm512_or_si512(*hi, _mm512_maskz_mov_epi8((__mmask64)mhi, b4));
+        }
     } else {
         /* nibble byte i holds element i (low) and 16 + i (high) */
         const __m512i m4 = _mm512_set1_epi8(0x0F);
@@ -143,9 +149,11 @@ INLINE void qd_block(int wtype, const char *p, size_t wrow, const int8_t *a, __m
     __m512i lo[QD_MAX_G], hi[QD_MAX_G], acc[2][QD_MAX_P];
 #pragma GCC unroll 4
     for (int g = 0; g < NG; g++) qd_weights(wtype, p + (size_t)(4 * g) * wrow, wrow, &lo[g], &hi[g]);
+    const int MIN = q8_has_min(wtype); /* Q4_1, Q5_1: no offset to take off; the minimum's term after the dot's */
 #pragma GCC unroll 8
     for (int q = 0; q < NQ; q++) {
-        __m512i nsa = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(a + q * ACT_Q8_QUAD_BLOCK + 8 * 16 + 16)));
+        __m512i nsa = MIN ? _mm512_setzero_si512()
+                          : _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(a + q * ACT_Q8_QUAD_BLOCK + 8 * 16 + 16)));
 #pragma GCC unroll 4
         for (int g = 0; g < NG; g++) {
             acc[0][g * NQ + q] = nsa;
@@ -165,19 +173,23 @@ INLINE void qd_block(int wtype, const char *p, size_t wrow, const int8_t *a, __m
             for (int g = 0; g < NG; g++) acc[c][g * NQ + q] = _mm512_dpbusd_epi32(acc[c][g * NQ + q], wj[g], x);
         }
     }
-    __m512 dws = qd_scales(p, wrow, NG);
+    __m512 dws = qd_scales(p, wrow, NG), mws = MIN ? qd_scales(p + 2, wrow, NG) : _mm512_setzero_ps();
 #pragma GCC unroll 4
     for (int g = 0; g < NG; g++) {
         const __m512i rep = _mm512_set_epi32(4 * g + 3, 4 * g + 3, 4 * g + 3, 4 * g + 3, 4 * g + 2, 4 * g + 2,
                                              4 * g + 2, 4 * g + 2, 4 * g + 1, 4 * g + 1, 4 * g + 1, 4 * g + 1,
                                              4 * g, 4 * g, 4 * g, 4 * g);
-        __m512 dw = _mm512_permutexvar_ps(rep, dws);
+        __m512 dw = _mm512_permutexvar_ps(rep, dws), mw = MIN ? _mm512_permutexvar_ps(rep, mws) : dw;
 #pragma GCC unroll 8
         for (int q = 0; q < NQ; q++) {
             __m512 da = _mm512_broadcast_f32x4(_mm_loadu_ps((const float *)(a + q * ACT_Q8_QUAD_BLOCK + 8 * 16)));
             __m512i dot = NC > 1 ? _mm512_add_epi32(acc[0][g * NQ + q], acc[1][g * NQ + q]) : acc[0][g * NQ + q];
             __m512 prev = FIRST ? _mm512_setzero_ps() : S[g * NQ + q];
             S[g * NQ + q] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dw, da), prev);
+            if (MIN) { /* + sa x mw x da, as - nsa x mw x da */
+                __m512i nsa = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(a + q * ACT_Q8_QUAD_BLOCK + 8 * 16 + 16)));
+                S[g * NQ + q] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(nsa), _mm512_mul_ps(mw, da), S[g * NQ + q]);
+            }
         }
     }
 }
