@@ -50,7 +50,8 @@ static void *xmalloc(size_t n) {
 }
 
 static const int k_types[] = {QTYPE_F32,  QTYPE_F16,  QTYPE_BF16, QTYPE_Q8_0,      QTYPE_Q4_0, QTYPE_Q5_0,
-                              QTYPE_Q4_K, QTYPE_Q6_K, QTYPE_INT4_G128, QTYPE_Q5_K, QTYPE_Q4_1, QTYPE_Q5_1};
+                              QTYPE_Q4_K, QTYPE_Q6_K, QTYPE_INT4_G128, QTYPE_Q5_K, QTYPE_Q4_1, QTYPE_Q5_1,
+                              QTYPE_IQ4_NL, QTYPE_IQ4_XS};
 enum { N_TYPES = sizeof k_types / sizeof k_types[0] };
 
 static int is_quant(int t) { return qtype_get(t)->block_elems > 1; }
@@ -66,7 +67,9 @@ static void set_pow2_scales(int type, void *row, int64_t cols) {
         switch (type) {
         case QTYPE_Q8_0:
         case QTYPE_Q4_0:
-        case QTYPE_Q5_0: memcpy(b, &d, 2); break;
+        case QTYPE_Q5_0:
+        case QTYPE_IQ4_NL:
+        case QTYPE_IQ4_XS: memcpy(b, &d, 2); break;
         case QTYPE_Q4_K:
         case QTYPE_Q5_K:
         case QTYPE_Q4_1:
@@ -122,6 +125,7 @@ static void test_type_table(void) {
         {QTYPE_Q6_K, 256, 210, 1}, {QTYPE_Q8_K, 256, 292, 0}, {QTYPE_Q4_1, 32, 20, 1},
         {QTYPE_Q5_0, 32, 22, 1},  {QTYPE_Q5_1, 32, 24, 1},   {QTYPE_Q2_K, 256, 84, 0},
         {QTYPE_Q3_K, 256, 110, 0}, {QTYPE_Q5_K, 256, 176, 1}, {QTYPE_INT4_G128, 128, 68, 1},
+        {QTYPE_IQ4_NL, 32, 18, 1}, {QTYPE_IQ4_XS, 256, 136, 1},
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
         const qtype_info *t = qtype_get(want[i].type);
@@ -285,6 +289,8 @@ static void test_roundtrip(void) {
                 case QTYPE_Q8_0: bound = 0.57f * amax / 127; break;
                 case QTYPE_Q4_0: bound = 1.02f * amax / 8; break; /* +amax clips from 8 to 7 */
                 case QTYPE_Q5_0: bound = 1.02f * amax / 16; break; /* +amax clips from 16 to 15 */
+                case QTYPE_IQ4_NL: bound = 0.12f * amax; break; /* half the grid's widest gap (89 to 113, or to 127 with the opposite sign's scale) */
+                case QTYPE_IQ4_XS: bound = 0.15f * amax; break; /* the same, and the 6-bit sub-block scales' rounding */
                 case QTYPE_Q4_1: bound = 0.52f * 2 * amax / 15 + 2e-3f * amax; break; /* half a step of (max - min) / 15, f16 d and m */
                 case QTYPE_Q5_1: bound = 0.52f * 2 * amax / 31 + 2e-3f * amax; break;
                 case QTYPE_Q4_K: bound = 0.075f * amax; break;
@@ -304,7 +310,7 @@ static void test_roundtrip(void) {
             double rel_max = type == QTYPE_F32 ? 0 : type == QTYPE_F16 ? 3e-4 : type == QTYPE_BF16 ? 3e-3
                            : type == QTYPE_Q8_0 ? 0.01 : type == QTYPE_Q4_0 ? 0.12 : type == QTYPE_Q5_0 ? 0.06
                            : type == QTYPE_Q4_K || type == QTYPE_INT4_G128 ? 0.1 : type == QTYPE_Q5_K ? 0.05
-                           : type == QTYPE_Q4_1 ? 0.1 : type == QTYPE_Q5_1 ? 0.05 : 0.03;
+                           : type == QTYPE_Q4_1 || type == QTYPE_IQ4_NL || type == QTYPE_IQ4_XS ? 0.1 : type == QTYPE_Q5_1 ? 0.05 : 0.03;
             CHECK(rel <= rel_max, "%s round trip trial %d: rms error %.4g > %.4g", ti->name, trial, rel, rel_max);
         }
         /* all zeros stay zeros */
@@ -390,7 +396,8 @@ static void test_act_prepare_case(ellm_isa isa, int type, int64_t cols, int nb) 
 }
 
 static void test_act_prepare(ellm_isa isa) {
-    int types[] = {QTYPE_Q8_0, QTYPE_Q4_0, QTYPE_Q5_0, QTYPE_Q4_1, QTYPE_Q5_1, QTYPE_Q4_K, QTYPE_Q5_K, QTYPE_F32, QTYPE_INT4_G128};
+    int types[] = {QTYPE_Q8_0, QTYPE_Q4_0, QTYPE_Q5_0, QTYPE_Q4_1, QTYPE_Q5_1, QTYPE_IQ4_NL,
+                   QTYPE_Q4_K, QTYPE_Q5_K, QTYPE_IQ4_XS, QTYPE_F32, QTYPE_INT4_G128};
     int64_t cols_list[] = {256, 768, 4096};
     for (size_t t = 0; t < sizeof types / sizeof types[0]; t++)
         for (size_t c = 0; c < sizeof cols_list / sizeof cols_list[0]; c++) {
@@ -513,9 +520,9 @@ static void test_matmul(ellm_isa isa) {
      * (per-row kernels for 1-3 rows, quads from 4, the last one padded, more
      * than one pass of 16 rows; weight rows in groups of 16, 8 and 4 and
      * 0-3 left over) */
-    static const int q8_types[] = {QTYPE_Q8_0, QTYPE_Q4_0, QTYPE_Q5_0, QTYPE_Q4_1, QTYPE_Q5_1};
+    static const int q8_types[] = {QTYPE_Q8_0, QTYPE_Q4_0, QTYPE_Q5_0, QTYPE_Q4_1, QTYPE_Q5_1, QTYPE_IQ4_NL};
     static const int q8_nbs[] = {1, 2, 3, 4, 5, 7, 8, 9, 14, 16, 17, 28, 37};
-    for (int t = 0; t < 5; t++)
+    for (int t = 0; t < 6; t++)
         for (size_t n = 0; n < sizeof q8_nbs / sizeof q8_nbs[0]; n++) {
             test_matmul_case(isa, q8_types[t], 37, 576, q8_nbs[n], 3, 36);
             test_matmul_case(isa, q8_types[t], 19, 1536, q8_nbs[n], 1, 18);
@@ -525,6 +532,8 @@ static void test_matmul(ellm_isa isa) {
     test_matmul_case(isa, QTYPE_Q4_K, 8, 4096, 3, 2, 8);
     test_matmul_case(isa, QTYPE_Q5_K, 8, 4096, 3, 2, 8);
     test_matmul_case(isa, QTYPE_Q5_K, 7, 2048, 11, 1, 7);
+    test_matmul_case(isa, QTYPE_IQ4_XS, 8, 4096, 3, 2, 8);
+    test_matmul_case(isa, QTYPE_IQ4_XS, 7, 2048, 11, 1, 7);
     test_matmul_case(isa, QTYPE_Q6_K, 9, 2048, 37, 1, 9);
     test_matmul_case(isa, QTYPE_F16, 9, 1000, 20, 1, 9);
     test_matmul_case(isa, QTYPE_Q4_0, 6, 512, 64, 0, 6);
@@ -604,6 +613,7 @@ static void test_matmul_batch_invariance(ellm_isa isa) {
             test_matmul_batch_invariance_case(isa, QTYPE_Q5_0, q8_cols[c], q8_nbs[n]);
             test_matmul_batch_invariance_case(isa, QTYPE_Q4_1, q8_cols[c], q8_nbs[n]);
             test_matmul_batch_invariance_case(isa, QTYPE_Q5_1, q8_cols[c], q8_nbs[n]);
+            test_matmul_batch_invariance_case(isa, QTYPE_IQ4_NL, q8_cols[c], q8_nbs[n]);
         }
 }
 
@@ -724,7 +734,7 @@ static void test_matmul_int4_bits(ellm_isa isa) {
         }
 }
 
-/* Q8_0 / Q4_0 / Q5_0 follow one arithmetic on AVX2 and AVX-512 (exact block dots,
+/* Q8_0 / Q4_0 / Q5_0 / Q4_1 / Q5_1 / IQ4_NL follow one arithmetic on AVX2 and AVX-512 (exact block dots,
  * one multiply-add per block into 16 slots, one fixed sum), so the two ISAs
  * must agree bit for bit, batch kernels included. */
 static void test_matmul_isa_agree(void) {
@@ -733,11 +743,11 @@ static void test_matmul_isa_agree(void) {
         SKIP("AVX2 / AVX-512 bit-exact agreement: this CPU has no AVX-512 VNNI");
         return;
     }
-    static const int types[] = {QTYPE_Q8_0, QTYPE_Q4_0, QTYPE_Q5_0, QTYPE_Q4_1, QTYPE_Q5_1};
+    static const int types[] = {QTYPE_Q8_0, QTYPE_Q4_0, QTYPE_Q5_0, QTYPE_Q4_1, QTYPE_Q5_1, QTYPE_IQ4_NL};
     static const int64_t cols_list[] = {96, 576, 672, 1536};
     static const int nbs[] = {1, 4, 5, 7, 9, 14, 16, 19};
     ellm_isa saved = ellm_cpu_isa();
-    for (int t = 0; t < 5; t++)
+    for (int t = 0; t < 6; t++)
         for (size_t c = 0; c < sizeof cols_list / sizeof cols_list[0]; c++)
             for (size_t n = 0; n < sizeof nbs / sizeof nbs[0]; n++) {
                 int type = types[t], nb = nbs[n];

@@ -214,6 +214,53 @@ static void matmul_q5_1_ref(const void *W, int64_t cols, int64_t r0, int64_t r1,
     matmul_x_1_ref(QTYPE_Q5_1, W, cols, r0, r1, act, nb, Y, ldy);
 }
 
+/* IQ4_NL: Q4_0's arithmetic on the codes' values. */
+static void matmul_iq4_nl_ref(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
+                              int nb, float *Y, int64_t ldy) {
+    int64_t nblk = cols / 32;
+    for (int64_t r = r0; r < r1; r++) {
+        const block_iq4_nl *w = (const block_iq4_nl *)W + r * nblk;
+        for (int b = 0; b < nb; b++) {
+            act_row a = act_get_row(ACT_Q8, act, cols, b);
+            float s = 0;
+            for (int64_t k = 0; k < nblk; k++) {
+                int isum = 0;
+                for (int i = 0; i < 16; i++)
+                    isum += iq4_values[w[k].qs[i] & 0xF] * a.qs[act_q8_qs(k, i)] +
+                            iq4_values[w[k].qs[i] >> 4] * a.qs[act_q8_qs(k, i + 16)];
+                s += (ellm_f16_to_f32(w[k].d) * a.d[act_q8_slot(k)]) * (float)isum;
+            }
+            Y[b * ldy + r] = s;
+        }
+    }
+}
+
+/* IQ4_XS: per super-block sum_j (ls[j] - 32) * dot(values_j, a_j), scaled by d * da. */
+static void matmul_iq4_xs_ref(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
+                              int nb, float *Y, int64_t ldy) {
+    int64_t nblk = cols / QK_K;
+    for (int64_t r = r0; r < r1; r++) {
+        const block_iq4_xs *w = (const block_iq4_xs *)W + r * nblk;
+        for (int b = 0; b < nb; b++) {
+            act_row a = act_get_row(ACT_Q8K, act, cols, b);
+            float s = 0;
+            for (int64_t k = 0; k < nblk; k++) {
+                const int8_t *q = a.qs + QK_K * k;
+                int isum = 0;
+                for (int j = 0; j < 8; j++) {
+                    const uint8_t *c = w[k].qs + 16 * j;
+                    int dot = 0;
+                    for (int i = 0; i < 16; i++)
+                        dot += iq4_values[c[i] & 0xF] * q[32 * j + i] + iq4_values[c[i] >> 4] * q[32 * j + 16 + i];
+                    isum += iq4xs_scale(&w[k], j) * dot;
+                }
+                s += (a.d[k] * ellm_f16_to_f32(w[k].d)) * (float)isum;
+            }
+            Y[b * ldy + r] = s;
+        }
+    }
+}
+
 /* Per super-block: sum_j sc[j] * dot(q_j, a_j) scaled by d, minus
  * sum_j m[j] * sum(a_j) scaled by dmin (the sums come from bsums). Q4_K and
  * Q5_K (whose q takes its fifth bit from qh). */
@@ -449,6 +496,12 @@ static void dequant_ref_q4_0(const void *src, float *dst, int64_t n) {
 static void dequant_ref_q5_0(const void *src, float *dst, int64_t n) {
     qtype_dequantize_ref(QTYPE_Q5_0, src, dst, n);
 }
+static void dequant_ref_iq4_nl(const void *src, float *dst, int64_t n) {
+    qtype_dequantize_ref(QTYPE_IQ4_NL, src, dst, n);
+}
+static void dequant_ref_iq4_xs(const void *src, float *dst, int64_t n) {
+    qtype_dequantize_ref(QTYPE_IQ4_XS, src, dst, n);
+}
 static void dequant_ref_q4_1(const void *src, float *dst, int64_t n) {
     qtype_dequantize_ref(QTYPE_Q4_1, src, dst, n);
 }
@@ -485,6 +538,8 @@ const kern_table kern_table_scalar = {
             [QTYPE_Q4_0] = matmul_q4_0_ref,
             [QTYPE_Q5_0] = matmul_q5_0_ref,
             [QTYPE_Q4_1] = matmul_q4_1_ref,
+            [QTYPE_IQ4_NL] = matmul_iq4_nl_ref,
+            [QTYPE_IQ4_XS] = matmul_iq4_xs_ref,
             [QTYPE_Q5_1] = matmul_q5_1_ref,
             [QTYPE_Q4_K] = matmul_q4_K_ref,
             [QTYPE_Q5_K] = matmul_q5_K_ref,
@@ -500,6 +555,8 @@ const kern_table kern_table_scalar = {
             [QTYPE_Q4_0] = dequant_ref_q4_0,
             [QTYPE_Q5_0] = dequant_ref_q5_0,
             [QTYPE_Q4_1] = dequant_ref_q4_1,
+            [QTYPE_IQ4_NL] = dequant_ref_iq4_nl,
+            [QTYPE_IQ4_XS] = dequant_ref_iq4_xs,
             [QTYPE_Q5_1] = dequant_ref_q5_1,
             [QTYPE_Q4_K] = dequant_ref_q4_K,
             [QTYPE_Q5_K] = dequant_ref_q5_K,

@@ -28,10 +28,10 @@ static const qtype_info qtype_table[QTYPE_COUNT] = {
     [17] = {"iq2_xs", 256, 74, 0},
     [18] = {"iq3_xxs", 256, 98, 0},
     [19] = {"iq1_s", 256, 50, 0},
-    [20] = {"iq4_nl", 32, 18, 0},
+    [QTYPE_IQ4_NL] = {"iq4_nl", 32, 18, 1},
     [21] = {"iq3_s", 256, 110, 0},
     [22] = {"iq2_s", 256, 82, 0},
-    [23] = {"iq4_xs", 256, 136, 0},
+    [QTYPE_IQ4_XS] = {"iq4_xs", 256, 136, 1},
     [24] = {"i8", 1, 1, 0},
     [25] = {"i16", 1, 2, 0},
     [26] = {"i32", 1, 4, 0},
@@ -120,6 +120,32 @@ static void dequant_q5_1(const void *src, float *dst, int64_t n) {
     }
 }
 
+static void dequant_iq4_nl(const void *src, float *dst, int64_t n) {
+    const block_iq4_nl *b = src;
+    for (int64_t k = 0; k < n / 32; k++, dst += 32) {
+        float d = ellm_f16_to_f32(b[k].d);
+        for (int i = 0; i < 16; i++) {
+            dst[i] = d * (float)iq4_values[b[k].qs[i] & 0xF];
+            dst[i + 16] = d * (float)iq4_values[b[k].qs[i] >> 4];
+        }
+    }
+}
+
+static void dequant_iq4_xs(const void *src, float *dst, int64_t n) {
+    const block_iq4_xs *b = src;
+    for (int64_t k = 0; k < n / QK_K; k++) {
+        float d = ellm_f16_to_f32(b[k].d);
+        for (int j = 0; j < 8; j++, dst += 32) {
+            float dl = d * (float)iq4xs_scale(&b[k], j);
+            const uint8_t *q = b[k].qs + 16 * j;
+            for (int i = 0; i < 16; i++) {
+                dst[i] = dl * (float)iq4_values[q[i] & 0xF];
+                dst[i + 16] = dl * (float)iq4_values[q[i] >> 4];
+            }
+        }
+    }
+}
+
 static void dequant_q4_K(const void *src, float *dst, int64_t n) {
     const block_q4_K *b = src;
     for (int64_t k = 0; k < n / QK_K; k++) {
@@ -192,6 +218,8 @@ void qtype_dequantize_ref(int type, const void *src, float *dst, int64_t n) {
     case QTYPE_Q4_0: dequant_q4_0(src, dst, n); break;
     case QTYPE_Q5_0: dequant_q5_0(src, dst, n); break;
     case QTYPE_Q4_1: dequant_q4_1(src, dst, n); break;
+    case QTYPE_IQ4_NL: dequant_iq4_nl(src, dst, n); break;
+    case QTYPE_IQ4_XS: dequant_iq4_xs(src, dst, n); break;
     case QTYPE_Q5_1: dequant_q5_1(src, dst, n); break;
     case QTYPE_Q4_K: dequant_q4_K(src, dst, n); break;
     case QTYPE_Q5_K: dequant_q5_K(src, dst, n); break;
@@ -288,6 +316,65 @@ static void quant_q4_1(const float *x, void *dst, int64_t n) {
 static void quant_q5_1(const float *x, void *dst, int64_t n) {
     block_q5_1 *b = dst;
     for (int64_t k = 0; k < n / QK5_0; k++, x += QK5_0) quant_x_1(x, 31, &b[k].d, &b[k].m, b[k].qh, b[k].qs);
+}
+
+/* The code of the IQ4 value nearest v (values in units of the scale). */
+static int iq4_code(float v) {
+    int best = 0;
+    for (int c = 1; c < 16; c++)
+        if (fabsf(v - (float)iq4_values[c]) < fabsf(v - (float)iq4_values[best])) best = c;
+    return best;
+}
+
+/* 32 values x as codes against scale d (qs as Q4_0's nibbles). */
+static void iq4_codes(const float *x, float d, uint8_t *qs) {
+    float id = d ? 1.0f / d : 0.0f;
+    for (int i = 0; i < 16; i++) qs[i] = (uint8_t)(iq4_code(x[i] * id) | iq4_code(x[i + 16] * id) << 4);
+}
+
+/* Round to nearest on the grid: the value of largest magnitude on the grid's
+ * end of its sign (-127 or 113). */
+static void quant_iq4_nl(const float *x, void *dst, int64_t n) {
+    block_iq4_nl *b = dst;
+    for (int64_t k = 0; k < n / 32; k++, x += 32) {
+        float amax = 0, max = 0;
+        for (int i = 0; i < 32; i++)
+            if (fabsf(x[i]) > amax) {
+                amax = fabsf(x[i]);
+                max = x[i];
+            }
+        b[k].d = ellm_f32_to_f16(max < 0 ? max / -127.0f : max / 113.0f);
+        iq4_codes(x, ellm_f16_to_f32(b[k].d), b[k].qs);
+    }
+}
+
+/* Per sub-block the IQ4_NL scale, then d = max |scale| / 31 and each
+ * sub-block's 6-bit ls = 32 + its scale / d, rounded. */
+static void quant_iq4_xs(const float *x, void *dst, int64_t n) {
+    block_iq4_xs *b = dst;
+    for (int64_t k = 0; k < n / QK_K; k++, x += QK_K) {
+        float sc[8], smax = 0;
+        for (int j = 0; j < 8; j++) {
+            float amax = 0, max = 0;
+            for (int i = 0; i < 32; i++)
+                if (fabsf(x[32 * j + i]) > amax) {
+                    amax = fabsf(x[32 * j + i]);
+                    max = x[32 * j + i];
+                }
+            sc[j] = max < 0 ? max / -127.0f : max / 113.0f;
+            smax = fmaxf(smax, sc[j]);
+        }
+        b[k].d = ellm_f32_to_f16(smax / 31.0f);
+        float d = ellm_f16_to_f32(b[k].d);
+        b[k].scales_h = 0;
+        memset(b[k].scales_l, 0, sizeof b[k].scales_l);
+        for (int j = 0; j < 8; j++) {
+            int ls = d > 0 ? clampi((int)lrintf(sc[j] / d) + 32, 0, 63) : 32;
+            b[k].scales_l[j / 2] |= (uint8_t)((ls & 0xF) << 4 * (j % 2));
+            b[k].scales_h |= (uint16_t)((ls >> 4) << 2 * j);
+            iq4_codes(x + 32 * j, d * (float)(ls - 32), b[k].qs + 16 * j);
+        }
+    }
 }
 
 /* One 256-element super-block of Q4_K (qmax 15) or Q5_K (qmax 31): d,
@@ -622,6 +709,8 @@ void qtype_quantize_ref(int type, const float *src, void *dst, int64_t n) {
     case QTYPE_Q4_0: quant_q4_0(src, dst, n); break;
     case QTYPE_Q5_0: quant_q5_0(src, dst, n); break;
     case QTYPE_Q4_1: quant_q4_1(src, dst, n); break;
+    case QTYPE_IQ4_NL: quant_iq4_nl(src, dst, n); break;
+    case QTYPE_IQ4_XS: quant_iq4_xs(src, dst, n); break;
     case QTYPE_Q5_1: quant_q5_1(src, dst, n); break;
     case QTYPE_Q5_K: quant_q5_K(src, dst, n); break;
     case QTYPE_Q4_K: quant_q4_K(src, dst, n); break;

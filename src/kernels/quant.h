@@ -28,6 +28,8 @@ typedef enum {
     QTYPE_Q5_K = 13,
     QTYPE_Q6_K = 14,
     QTYPE_Q8_K = 15,
+    QTYPE_IQ4_NL = 20,
+    QTYPE_IQ4_XS = 23,
     QTYPE_BF16 = 30,
     /* eLLM's own type (not ggml's; llama.cpp refuses it): 128-weight groups
      * of 4-bit values with an F16 scale and offset. The id sits far above
@@ -53,7 +55,7 @@ const qtype_info *qtype_get(int type);
 size_t qtype_row_bytes(int type, int64_t n);
 
 /* Reference conversions (scalar). n must be a multiple of the block size.
- * quantize supports F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q4_1, Q5_1, Q4_K, Q5_K, Q6_K (round-to-nearest
+ * quantize supports F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q4_1, Q5_1, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS (round-to-nearest
  * quantizers compatible with ggml's format, for tests and `ellm synth`) and
  * INT4_G128 (scale and offset fitted per group by least squares). */
 void qtype_dequantize_ref(int type, const void *src, float *dst, int64_t n);
@@ -140,6 +142,28 @@ typedef struct {
     uint8_t qh[QK_K / 8];
     uint8_t qs[QK_K / 2];
 } block_q5_K;
+/* The 16 values of the IQ4 types' 4-bit codes (ggml's non-linear grid). */
+static const int8_t iq4_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+/* 32 weights: w[i] = d * iq4_values[code i], the codes as Q4_0's nibbles. */
+typedef struct {
+    ellm_f16 d;
+    uint8_t qs[16];
+} block_iq4_nl;
+/* 256 weights in 8 sub-blocks of 32: w = d * (ls[j] - 32) * iq4_values[code]
+ * with the 6-bit ls[j] = its nibble of scales_l[j / 2] (low for even j) | its
+ * 2 bits of scales_h (bits 2j, 2j + 1) << 4; sub-block j's codes are
+ * qs[16j .. 16j + 15] as a Q4_0 block's nibbles. Written by llama-quantize's
+ * IQ4_XS (IQ4_NL where a row is not a multiple of 256). */
+typedef struct {
+    ellm_f16 d;
+    uint16_t scales_h;
+    uint8_t scales_l[4];
+    uint8_t qs[QK_K / 2];
+} block_iq4_xs;
+/* Sub-block j's signed scale ls[j] - 32 of an IQ4_XS block. */
+static inline int iq4xs_scale(const block_iq4_xs *b, int j) {
+    return (((b->scales_l[j / 2] >> 4 * (j % 2)) & 0xF) | ((b->scales_h >> 2 * j) & 3) << 4) - 32;
+}
 /* 256 weights in 16 sub-blocks of 16 with signed 8-bit scales; w = d *
  * scales[e / 16] * (q - 32) with a 6-bit q. For half h (elements 128h ..
  * 128h + 127) and l = 0..31, element 128h + 32k + l (k = 0..3) has its low 4
@@ -190,6 +214,8 @@ static inline int q5_value(const uint8_t *qs, const uint8_t *qh, int i) {
 static inline int q5_0_value(const block_q5_0 *b, int i) { return q5_value(b->qs, b->qh, i); }
 static_assert(sizeof(block_q4_K) == 144, "block_q4_K size");
 static_assert(sizeof(block_q5_K) == 176, "block_q5_K size");
+static_assert(sizeof(block_iq4_nl) == 18, "block_iq4_nl size");
+static_assert(sizeof(block_iq4_xs) == 136, "block_iq4_xs size");
 static_assert(sizeof(block_q6_K) == 210, "block_q6_K size");
 static_assert(sizeof(block_q8_K) == 292, "block_q8_K size");
 static_assert(sizeof(block_int4_g128) == 68, "block_int4_g128 size");
