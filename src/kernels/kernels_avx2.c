@@ -159,7 +159,8 @@ static void matmul_bf16_avx2(const void *W, int64_t cols, int64_t r0, int64_t r1
  * multiplies unsigned by signed bytes into int16 pairs: Q4_0's raw nibbles
  * q = w + 8 are the unsigned side directly (pairs <= 2 * 15 * 127; the
  * offset comes off as sa), Q5_0's 5-bit q = w + 16 likewise (the high bits
- * set in by q5_bits_avx2; pairs <= 2 * 31 * 127), Q8_0 multiplies |w| by a * sign(w) (pairs <=
+ * set in by q5_bits_avx2; pairs <= 2 * 31 * 127), Q8_0 and IQ4_NL (its
+ * codes' values looked up by pshufb) multiplies |w| by a * sign(w) (pairs <=
  * 2 * 128 * 127, no offset). Blocks go in pairs, a ymm holding the first
  * (or last) 16 bytes of two blocks of a group, to meet the grouped
  * activations; each 128-bit lane ends with 4 partial sums of one block. */
@@ -194,6 +195,23 @@ INLINE __m256i q8_pair_dot(int wtype, const char *pa, const char *pb, const int8
     }
     const __m256i m4 = _mm256_set1_epi8(0xF);
     const int qoff = q8_block_bytes(wtype) - 16; /* the nibbles end every block */
+    if (wtype == QTYPE_IQ4_NL) { /* the codes' signed grid values, then Q8_0's signed products */
+        const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)iq4_values));
+        __m128i qa = _mm_loadu_si128((const __m128i *)(pa + 2));
+        __m128i qb = pb ? _mm_loadu_si128((const __m128i *)(pb + 2)) : _mm_setzero_si128();
+        __m256i x = _mm256_set_m128i(qb, qa);
+        w0 = _mm256_shuffle_epi8(lut, _mm256_and_si256(x, m4));
+        w1 = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(x, 4), m4));
+        if (!pb) { /* an absent block: zero values (its activations are zero too) */
+            w0 = _mm256_blend_epi32(w0, _mm256_setzero_si256(), 0xF0);
+            w1 = _mm256_blend_epi32(w1, _mm256_setzero_si256(), 0xF0);
+        }
+        __m256i p0 = _mm256_maddubs_epi16(_mm256_sign_epi8(w0, w0),
+                                          _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)alo), w0));
+        __m256i p1 = _mm256_maddubs_epi16(_mm256_sign_epi8(w1, w1),
+                                          _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)ahi), w1));
+        return _mm256_add_epi32(_mm256_madd_epi16(p0, ones), _mm256_madd_epi16(p1, ones));
+    }
     __m128i qa = _mm_loadu_si128((const __m128i *)(pa + qoff));
     __m128i qb = pb ? _mm_loadu_si128((const __m128i *)(pb + qoff)) : _mm_setzero_si128();
     __m256i x = _mm256_set_m128i(qb, qa);
@@ -256,7 +274,7 @@ INLINE void q8_chunk_avx2(int wtype, const char *p, int n, const __m256 dw[2], c
             acc[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sa), _mm256_mul_ps(mw[h], da), acc[h]);
             continue;
         }
-        if (wtype != QTYPE_Q8_0) t = _mm256_sub_epi32(t, sa);
+        if (wtype != QTYPE_Q8_0 && wtype != QTYPE_IQ4_NL) t = _mm256_sub_epi32(t, sa);
         __m256 sc = _mm256_mul_ps(dw[h], da);
         acc[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), sc, acc[h]);
     }
@@ -420,9 +438,47 @@ INLINE void mm_q6k_row(const block_q6_K *w, int64_t nblk, const act_row *a, floa
     for (int b = 0; b < NB; b++) y[b * ldy] = hsum_ps(accf[b]);
 }
 
+/* ---- IQ4_XS weights against ACT_Q8K ----
+ * Per sub-block j, its 16 code bytes as 32 codes in element order (low
+ * nibbles, then high), their signed values by pshufb, maddubs of |value|
+ * with a * sign(value) (pairs <= 2 * 127 * 127), madd with the signed
+ * scale ls_j - 32: 8 int32 partial sums of the super-block's exact sum. */
+INLINE void mm_iq4xs_row(const block_iq4_xs *w, int64_t nblk, const act_row *a, float *y, int64_t ldy,
+                         const int NB) {
+    const __m128i m4 = _mm_set1_epi8(0xF);
+    const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)iq4_values));
+    __m256 accf[MM_NB];
+#pragma GCC unroll 4
+    for (int b = 0; b < NB; b++) accf[b] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < nblk; k++) {
+        __m256i acci[MM_NB];
+#pragma GCC unroll 4
+        for (int b = 0; b < NB; b++) acci[b] = _mm256_setzero_si256();
+        for (int j = 0; j < 8; j++) {
+            __m128i q = _mm_loadu_si128((const __m128i *)(w[k].qs + 16 * j));
+            __m256i x = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m4), _mm_and_si128(q, m4));
+            __m256i v = _mm256_shuffle_epi8(lut, x), av = _mm256_sign_epi8(v, v);
+            __m256i sc = _mm256_set1_epi16((short)iq4xs_scale(&w[k], j));
+#pragma GCC unroll 4
+            for (int b = 0; b < NB; b++) {
+                __m256i aj = _mm256_loadu_si256((const __m256i *)(a[b].qs + QK_K * k + 32 * j));
+                __m256i p = _mm256_maddubs_epi16(av, _mm256_sign_epi8(aj, v));
+                acci[b] = _mm256_add_epi32(acci[b], _mm256_madd_epi16(p, sc));
+            }
+        }
+        const float d = f16_to_f32(w[k].d);
+#pragma GCC unroll 4
+        for (int b = 0; b < NB; b++)
+            accf[b] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acci[b]), _mm256_set1_ps(a[b].d[k] * d), accf[b]);
+    }
+#pragma GCC unroll 4
+    for (int b = 0; b < NB; b++) y[b * ldy] = hsum_ps(accf[b]);
+}
+
 INLINE void mm_quant_row(int wtype, const void *w, int64_t cols, const act_row *a, float *y,
                          int64_t ldy, const int NB) {
     if (wtype == QTYPE_Q4_K || wtype == QTYPE_Q5_K) mm_q4k_row(wtype, w, cols / QK_K, a, y, ldy, NB);
+    else if (wtype == QTYPE_IQ4_XS) mm_iq4xs_row(w, cols / QK_K, a, y, ldy, NB);
     else mm_q6k_row(w, cols / QK_K, a, y, ldy, NB);
 }
 
@@ -453,6 +509,10 @@ static void matmul_q8_0_avx2(const void *W, int64_t cols, int64_t r0, int64_t r1
                              int nb, float *Y, int64_t ldy) {
     mm_q8(QTYPE_Q8_0, W, cols, r0, r1, act, nb, Y, ldy);
 }
+static void matmul_iq4_nl_avx2(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
+                               int nb, float *Y, int64_t ldy) {
+    mm_q8(QTYPE_IQ4_NL, W, cols, r0, r1, act, nb, Y, ldy);
+}
 static void matmul_q4_1_avx2(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
                              int nb, float *Y, int64_t ldy) {
     mm_q8(QTYPE_Q4_1, W, cols, r0, r1, act, nb, Y, ldy);
@@ -472,6 +532,10 @@ static void matmul_q4_0_avx2(const void *W, int64_t cols, int64_t r0, int64_t r1
 static void matmul_q5_K_avx2(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
                              int nb, float *Y, int64_t ldy) {
     mm_quant(QTYPE_Q5_K, W, cols, r0, r1, act, nb, Y, ldy);
+}
+static void matmul_iq4_xs_avx2(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
+                               int nb, float *Y, int64_t ldy) {
+    mm_quant(QTYPE_IQ4_XS, W, cols, r0, r1, act, nb, Y, ldy);
 }
 static void matmul_q4_K_avx2(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
                              int nb, float *Y, int64_t ldy) {
@@ -735,9 +799,11 @@ const kern_table kern_table_avx2 = {
             [QTYPE_Q4_0] = matmul_q4_0_avx2,
             [QTYPE_Q5_0] = matmul_q5_0_avx2,
             [QTYPE_Q4_1] = matmul_q4_1_avx2,
+            [QTYPE_IQ4_NL] = matmul_iq4_nl_avx2,
             [QTYPE_Q5_1] = matmul_q5_1_avx2,
             [QTYPE_Q4_K] = matmul_q4_K_avx2,
             [QTYPE_Q5_K] = matmul_q5_K_avx2,
+            [QTYPE_IQ4_XS] = matmul_iq4_xs_avx2,
             [QTYPE_Q6_K] = matmul_q6_K_avx2,
             [QTYPE_INT4_G128] = kern_matmul_int4_g128_avx2,
         },

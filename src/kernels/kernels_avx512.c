@@ -159,7 +159,8 @@ static void matmul_bf16_avx512(const void *W, int64_t cols, int64_t r0, int64_t 
 /* ---- Q8_0 / Q4_0 / Q5_0 weights against ACT_Q8 (VNNI) ----
  * vpdpbusd multiplies unsigned by signed bytes, so weights enter unsigned:
  * Q8_0 as w + 128 (w ^ 0x80), Q4_0 as its raw nibbles w + 8, Q5_0 as its
- * nibbles with the high bit set in by a byte mask (w + 16). The offset
+ * nibbles with the high bit set in by a byte mask (w + 16), IQ4_NL as its
+ * codes' grid values + 128 (a byte lookup of the nibbles). The offset
  * comes off in integers (sa = off * sum(a), see ACT_Q8), so each block's dot
  * is exact and the float work is one multiply-add per block:
  *
@@ -362,8 +363,9 @@ INLINE q8_chunk q8_decode(int wtype, const char *p, const int NG, const int FULL
             c.mw = _mm512_maskz_cvtph_ps(present, _mm512_castsi512_si256(sm));
         }
     } else {
+        /* Q4_0; IQ4_NL: the same nibbles, then their grid values + 128 (a byte lookup) */
         const __m512i idx = _mm512_loadu_si512((const void *)q4_idx);
-        const __m512i m4 = _mm512_set1_epi8(0x0F);
+        const __m512i m4 = _mm512_set1_epi8(0x0F), lut = iq4_lut_u8();
         /* slot 4l + g: word 4g + 9l of loads g, g + 1 */
         s = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 39, 35, 31, 27, 30, 26, 22, 18, 21, 17,
                              13, 9, 12, 8, 4, 0);
@@ -380,6 +382,10 @@ INLINE q8_chunk q8_decode(int wtype, const char *p, const int NG, const int FULL
             __m512i x = _mm512_permutex2var_epi16(z[g], _mm512_add_epi16(idx, _mm512_set1_epi16((short)(4 * g))), z[g + 1]);
             c.lo[g] = _mm512_and_si512(x, m4);
             c.hi[g] = _mm512_and_si512(_mm512_srli_epi16(x, 4), m4);
+            if (wtype == QTYPE_IQ4_NL) {
+                c.lo[g] = _mm512_shuffle_epi8(lut, c.lo[g]);
+                c.hi[g] = _mm512_shuffle_epi8(lut, c.hi[g]);
+            }
             s = _mm512_mask2_permutex2var_epi16(z[g], s, (__mmask32)(0x1111u << g), z[g + 1]);
         }
     }
@@ -628,9 +634,71 @@ INLINE void mm_q6k_row(const block_q6_K *w, int64_t nblk, const act_row *a, floa
     for (int b = 0; b < NB; b++) y[b * ldy] = _mm512_reduce_add_ps(accf[b]);
 }
 
+/* ---- IQ4_XS weights against ACT_Q8K (VNNI) ----
+ * Sub-blocks 2g and 2g + 1 are qs[32g .. 32g + 31]: their 16 code bytes go
+ * to 128-bit lanes 0, 1 (first) and 2, 3 (second) of a zmm, shifted right by
+ * 0 or 4 per lane and masked, so that the zmm holds the codes of elements
+ * 64g .. 64g + 63 in order; one vpshufb gives their values + 128 (unsigned).
+ * vpdpbusd with the activations leaves 8 int32 partial sums per sub-block
+ * (each below 2^17, exact as floats), scaled in floats by the sub-block's
+ * ls - 32 (an integer multiply, vpmulld, took twice as long); the + 128
+ * comes off as -128 (ls_j - 32) sum(a_j) from bsums. The 8 scales are
+ * unpacked by vector shifts, not per sub-block in scalar code. */
+INLINE void mm_iq4xs_row(const block_iq4_xs *w, int64_t nblk, const act_row *a, float *y, int64_t ldy,
+                         const int NB) {
+    const __m512i m4 = _mm512_set1_epi8(0xF), lut = iq4_lut_u8();
+    const __m256i sh = _mm256_set_m128i(_mm_set1_epi16(4), _mm_setzero_si128());
+    const __m512i shv = _mm512_inserti64x4(_mm512_castsi256_si512(sh), sh, 1);
+    const __m256i sl_shift = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28), sh_shift = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m512i sidx[4]; /* lanes 0-7: scale 2g, 8-15: scale 2g + 1 */
+#pragma GCC unroll 4
+    for (int g = 0; g < 4; g++) sidx[g] = _mm512_inserti64x4(_mm512_set1_epi32(2 * g), _mm256_set1_epi32(2 * g + 1), 1);
+    __m512 accf[MM_NB];
+#pragma GCC unroll 8
+    for (int b = 0; b < NB; b++) accf[b] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < nblk; k++) {
+        if (NB == 1) kern_pf_block(w + k, (int)sizeof w[k]);
+        uint32_t sl;
+        memcpy(&sl, w[k].scales_l, 4);
+        const __m256i nib = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)sl), sl_shift), _mm256_set1_epi32(0xF));
+        const __m256i hi2 = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(w[k].scales_h), sh_shift), _mm256_set1_epi32(3));
+        const __m256 ls = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_or_si256(nib, _mm256_slli_epi32(hi2, 4)), _mm256_set1_epi32(32)));
+        const __m256 offs = _mm256_mul_ps(ls, _mm256_set1_ps(-128.0f));
+        __m512i v[4];
+        __m512 sc[4];
+#pragma GCC unroll 4
+        for (int g = 0; g < 4; g++) {
+            __m512i q = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(w[k].qs + 32 * g)));
+            q = _mm512_shuffle_i64x2(q, q, _MM_SHUFFLE(1, 1, 0, 0));
+            v[g] = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srlv_epi16(q, shv), m4));
+            sc[g] = _mm512_permutexvar_ps(sidx[g], _mm512_castps256_ps512(ls));
+        }
+        const float d = f16_to_f32(w[k].d);
+#pragma GCC unroll 8
+        for (int b = 0; b < NB; b++) {
+            const int8_t *aq = a[b].qs + QK_K * k;
+            /* sum(a_j) per sub-block, times -128 (ls_j - 32) */
+            const __m256 bs = _mm256_cvtepi32_ps(
+                _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(a[b].bsums + 16 * k)), ones));
+            __m512 acc = _mm512_castps256_ps512(_mm256_mul_ps(bs, offs));
+            acc = _mm512_insertf32x8(acc, _mm256_setzero_ps(), 1);
+#pragma GCC unroll 4
+            for (int g = 0; g < 4; g++) {
+                __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), v[g], _mm512_loadu_si512((const void *)(aq + 64 * g)));
+                acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), sc[g], acc);
+            }
+            accf[b] = _mm512_fmadd_ps(acc, _mm512_set1_ps(a[b].d[k] * d), accf[b]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int b = 0; b < NB; b++) y[b * ldy] = _mm512_reduce_add_ps(accf[b]);
+}
+
 INLINE void mm_quant_row(int wtype, const void *w, int64_t cols, const act_row *a, float *y,
                          int64_t ldy, const int NB) {
     if (wtype == QTYPE_Q4_K || wtype == QTYPE_Q5_K) mm_q4k_row(wtype, w, cols / QK_K, a, y, ldy, NB);
+    else if (wtype == QTYPE_IQ4_XS) mm_iq4xs_row(w, cols / QK_K, a, y, ldy, NB);
     else mm_q6k_row(w, cols / QK_K, a, y, ldy, NB);
 }
 
@@ -678,6 +746,10 @@ static void matmul_q5_0_avx512(const void *W, int64_t cols, int64_t r0, int64_t 
                                int nb, float *Y, int64_t ldy) {
     mm_q8(QTYPE_Q5_0, W, cols, r0, r1, act, nb, Y, ldy);
 }
+static void matmul_iq4_nl_avx512(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
+                                 int nb, float *Y, int64_t ldy) {
+    mm_q8(QTYPE_IQ4_NL, W, cols, r0, r1, act, nb, Y, ldy);
+}
 static void matmul_q4_1_avx512(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
                                int nb, float *Y, int64_t ldy) {
     mm_q8(QTYPE_Q4_1, W, cols, r0, r1, act, nb, Y, ldy);
@@ -693,6 +765,10 @@ static void matmul_q4_K_avx512(const void *W, int64_t cols, int64_t r0, int64_t 
 static void matmul_q5_K_avx512(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
                                int nb, float *Y, int64_t ldy) {
     mm_quant(QTYPE_Q5_K, W, cols, r0, r1, act, nb, Y, ldy);
+}
+static void matmul_iq4_xs_avx512(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
+                                 int nb, float *Y, int64_t ldy) {
+    mm_quant(QTYPE_IQ4_XS, W, cols, r0, r1, act, nb, Y, ldy);
 }
 static void matmul_q6_K_avx512(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
                                int nb, float *Y, int64_t ldy) {
@@ -957,9 +1033,11 @@ const kern_table kern_table_avx512 = {
             [QTYPE_Q4_0] = matmul_q4_0_avx512,
             [QTYPE_Q5_0] = matmul_q5_0_avx512,
             [QTYPE_Q4_1] = matmul_q4_1_avx512,
+            [QTYPE_IQ4_NL] = matmul_iq4_nl_avx512,
             [QTYPE_Q5_1] = matmul_q5_1_avx512,
             [QTYPE_Q4_K] = matmul_q4_K_avx512,
             [QTYPE_Q5_K] = matmul_q5_K_avx512,
+            [QTYPE_IQ4_XS] = matmul_iq4_xs_avx512,
             [QTYPE_Q6_K] = matmul_q6_K_avx512,
             [QTYPE_INT4_G128] = kern_matmul_int4_g128_avx512,
         },

@@ -127,4 +127,12 @@ INLINE __m256i q6k_quarter(const uint8_t *ql, const uint8_t *qh, int kk) {
     return _mm256_or_si256(lo, _mm256_and_si256(hi, m30));
 }
 
+#ifdef __AVX512BW__
+/* iq4_values + 128 as bytes, in every 128-bit lane (a vpshufb table: code ->
+ * unsigned value for vpdpbusd, the offset taken off as Q8_0's). */
+INLINE __m512i iq4_lut_u8(void) {
+    return _mm512_broadcast_i32x4(_mm_xor_si128(_mm_loadu_si128((const __m128i *)iq4_values), _mm_set1_epi8((char)0x80)));
+}
+#endif
+
 #endif

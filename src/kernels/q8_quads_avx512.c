@@ -1,4 +1,4 @@
-/* Q8_0 / Q4_0 / Q5_0 / Q4_1 / Q5_1 weights against small batches of ACT_Q8 activations (quads,
+/* Q8_0 / Q4_0 / Q5_0 / Q4_1 / Q5_1 / IQ4_NL weights against small batches of ACT_Q8 activations (quads,
  * kernels_impl.h), AVX-512 VNNI: batched decode, speculative verification
  * and prefill.
  *
@@ -58,7 +58,7 @@ INLINE void qd_weights(int wtype, const char *p0, size_t wrow, __m512i *lo, __m5
                                          _mm256_loadu_si256((const __m256i *)(p3 + 2)), 1);
         *lo = _mm512_xor_si512(_mm512_shuffle_i64x2(z01, z23, _MM_SHUFFLE(2, 0, 2, 0)), flip);
         *hi = _mm512_xor_si512(_mm512_shuffle_i64x2(z01, z23, _MM_SHUFFLE(3, 1, 3, 1)), flip);
-    } else if (wtype != QTYPE_Q4_0) {
+    } else if (wtype != QTYPE_Q4_0 && wtype != QTYPE_IQ4_NL) {
         /* Q5_0, Q4_1, Q5_1: the nibbles as Q4_0's (the block's last 16
          * bytes); Q5_0, Q5_1: then bit e of row i's high bits (the 4 bytes
          * before them) into byte e of lane i (elements 0-15: lo; 16-31: hi) */
@@ -94,6 +94,11 @@ INLINE void qd_weights(int wtype, const char *p0, size_t wrow, __m512i *lo, __m5
         __m512i x = _mm512_inserti64x4(_mm512_castsi256_si512(y01), y23, 1);
         *lo = _mm512_and_si512(x, m4);
         *hi = _mm512_and_si512(_mm512_srli_epi16(x, 4), m4);
+        if (wtype == QTYPE_IQ4_NL) { /* the codes' grid values + 128 */
+            const __m512i lut = iq4_lut_u8();
+            *lo = _mm512_shuffle_epi8(lut, *lo);
+            *hi = _mm512_shuffle_epi8(lut, *hi);
+        }
     }
 }
 
