@@ -15,7 +15,7 @@ static const char *FIXTURES[] = {
     "llama-gqa",      "llama-untied-ropefreqs", "qwen2-bias",     "qwen3-qknorm",     "llama-gqa-F16",
     "llama-gqa-BF16", "llama-gqa-Q8_0",         "llama-gqa-Q4_0", "llama-gqa-Q5_0",   "llama-gqa-Q4_K_M",
     "llama-gqa-Q5_K_M", "llama-gqa-Q6_K",         "llama-gqa-Q4_1", "llama-gqa-Q5_1",   "llama-gqa-IQ4_NL",
-    "llama-gqa-IQ4_XS",
+    "llama-gqa-IQ4_XS", "llama-gqa-Q3_K_M", "llama-gqa-Q2_K",
 };
 
 static uint64_t g_rng = 0x2545F4914F6CDD1Dull;

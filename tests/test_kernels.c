@@ -51,7 +51,7 @@ static void *xmalloc(size_t n) {
 
 static const int k_types[] = {QTYPE_F32,  QTYPE_F16,  QTYPE_BF16, QTYPE_Q8_0,      QTYPE_Q4_0, QTYPE_Q5_0,
                               QTYPE_Q4_K, QTYPE_Q6_K, QTYPE_INT4_G128, QTYPE_Q5_K, QTYPE_Q4_1, QTYPE_Q5_1,
-                              QTYPE_IQ4_NL, QTYPE_IQ4_XS};
+                              QTYPE_IQ4_NL, QTYPE_IQ4_XS, QTYPE_Q3_K, QTYPE_Q2_K};
 enum { N_TYPES = sizeof k_types / sizeof k_types[0] };
 
 static int is_quant(int t) { return qtype_get(t)->block_elems > 1; }
@@ -79,6 +79,11 @@ static void set_pow2_scales(int type, void *row, int64_t cols) {
             memcpy(b + 2, &dmin, 2);
             break;
         case QTYPE_Q6_K: memcpy(b + 208, &d, 2); break;
+        case QTYPE_Q3_K: memcpy(b + 108, &d, 2); break;
+        case QTYPE_Q2_K:
+            memcpy(b + 80, &d, 2);
+            memcpy(b + 82, &dmin, 2);
+            break;
         }
     }
 }
@@ -105,7 +110,11 @@ static void make_weights(int type, void *W, int64_t rows, int64_t cols) {
             ellm_f16 d = ellm_f32_to_f16(0.001f + 0.01f * rng_uniform());
             ellm_f16 dmin = ellm_f32_to_f16(0.001f + 0.01f * rng_uniform());
             if (type == QTYPE_Q6_K) memcpy(b + 208, &d, 2);
-            else memcpy(b, &d, 2);
+            else if (type == QTYPE_Q3_K) memcpy(b + 108, &d, 2);
+            else if (type == QTYPE_Q2_K) {
+                memcpy(b + 80, &d, 2);
+                memcpy(b + 82, &dmin, 2);
+            } else memcpy(b, &d, 2);
             if (type == QTYPE_Q4_K || type == QTYPE_Q5_K) memcpy(b + 2, &dmin, 2);
             if (type == QTYPE_INT4_G128 || type == QTYPE_Q4_1 || type == QTYPE_Q5_1) { /* a negative offset, as for a centred group */
                 ellm_f16 m = ellm_f32_to_f16(-7.5f * ellm_f16_to_f32(d) * (0.8f + 0.4f * rng_uniform()));
@@ -123,8 +132,8 @@ static void test_type_table(void) {
         {QTYPE_F32, 1, 4, 1},     {QTYPE_F16, 1, 2, 1},      {QTYPE_BF16, 1, 2, 1},
         {QTYPE_Q4_0, 32, 18, 1},  {QTYPE_Q8_0, 32, 34, 1},   {QTYPE_Q4_K, 256, 144, 1},
         {QTYPE_Q6_K, 256, 210, 1}, {QTYPE_Q8_K, 256, 292, 0}, {QTYPE_Q4_1, 32, 20, 1},
-        {QTYPE_Q5_0, 32, 22, 1},  {QTYPE_Q5_1, 32, 24, 1},   {QTYPE_Q2_K, 256, 84, 0},
-        {QTYPE_Q3_K, 256, 110, 0}, {QTYPE_Q5_K, 256, 176, 1}, {QTYPE_INT4_G128, 128, 68, 1},
+        {QTYPE_Q5_0, 32, 22, 1},  {QTYPE_Q5_1, 32, 24, 1},   {QTYPE_Q2_K, 256, 84, 1},
+        {QTYPE_Q3_K, 256, 110, 1}, {QTYPE_Q5_K, 256, 176, 1}, {QTYPE_INT4_G128, 128, 68, 1},
         {QTYPE_IQ4_NL, 32, 18, 1}, {QTYPE_IQ4_XS, 256, 136, 1},
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
@@ -146,7 +155,7 @@ static void test_type_table(void) {
     CHECK(qtype_row_bytes(QTYPE_F16, -2) == 0, "negative n");
     CHECK(qtype_row_bytes(5, 32) == 0, "retired type");
     CHECK(qtype_row_bytes(QTYPE_F32, INT64_MAX) == 0, "overflow");
-    CHECK(kern_act_bytes(QTYPE_Q2_K, 256, 1) == 0, "unsupported matmul type");
+    CHECK(kern_act_bytes(16 /* iq2_xxs */, 256, 1) == 0, "unsupported matmul type");
     CHECK(kern_act_bytes(QTYPE_Q8_0, 48, 1) == 0, "q8_0 act of partial block");
     CHECK(kern_act_bytes(QTYPE_F32, 7, 3) >= 3 * 7 * sizeof(float), "f32 act bytes");
 }
@@ -289,6 +298,8 @@ static void test_roundtrip(void) {
                 case QTYPE_Q8_0: bound = 0.57f * amax / 127; break;
                 case QTYPE_Q4_0: bound = 1.02f * amax / 8; break; /* +amax clips from 8 to 7 */
                 case QTYPE_Q5_0: bound = 1.02f * amax / 16; break; /* +amax clips from 16 to 15 */
+                case QTYPE_Q3_K: bound = 0.28f * amax; break; /* +max clips from 4 to 3 steps of max / 4, and the 6-bit scales */
+                case QTYPE_Q2_K: bound = 0.4f * amax; break; /* half a step of (max - min) / 3, mins rounded up */
                 case QTYPE_IQ4_NL: bound = 0.12f * amax; break; /* half the grid's widest gap (89 to 113, or to 127 with the opposite sign's scale) */
                 case QTYPE_IQ4_XS: bound = 0.15f * amax; break; /* the same, and the 6-bit sub-block scales' rounding */
                 case QTYPE_Q4_1: bound = 0.52f * 2 * amax / 15 + 2e-3f * amax; break; /* half a step of (max - min) / 15, f16 d and m */
@@ -310,7 +321,8 @@ static void test_roundtrip(void) {
             double rel_max = type == QTYPE_F32 ? 0 : type == QTYPE_F16 ? 3e-4 : type == QTYPE_BF16 ? 3e-3
                            : type == QTYPE_Q8_0 ? 0.01 : type == QTYPE_Q4_0 ? 0.12 : type == QTYPE_Q5_0 ? 0.06
                            : type == QTYPE_Q4_K || type == QTYPE_INT4_G128 ? 0.1 : type == QTYPE_Q5_K ? 0.05
-                           : type == QTYPE_Q4_1 || type == QTYPE_IQ4_NL || type == QTYPE_IQ4_XS ? 0.1 : type == QTYPE_Q5_1 ? 0.05 : 0.03;
+                           : type == QTYPE_Q4_1 || type == QTYPE_IQ4_NL || type == QTYPE_IQ4_XS ? 0.1 : type == QTYPE_Q5_1 ? 0.05
+                           : type == QTYPE_Q3_K ? 0.2 : type == QTYPE_Q2_K ? 0.4 : 0.03;
             CHECK(rel <= rel_max, "%s round trip trial %d: rms error %.4g > %.4g", ti->name, trial, rel, rel_max);
         }
         /* all zeros stay zeros */
@@ -396,8 +408,8 @@ static void test_act_prepare_case(ellm_isa isa, int type, int64_t cols, int nb) 
 }
 
 static void test_act_prepare(ellm_isa isa) {
-    int types[] = {QTYPE_Q8_0, QTYPE_Q4_0, QTYPE_Q5_0, QTYPE_Q4_1, QTYPE_Q5_1, QTYPE_IQ4_NL,
-                   QTYPE_Q4_K, QTYPE_Q5_K, QTYPE_IQ4_XS, QTYPE_F32, QTYPE_INT4_G128};
+    int types[] = {QTYPE_Q8_0, QTYPE_Q4_0, QTYPE_Q5_0, QTYPE_Q4_1, QTYPE_Q5_1, QTYPE_IQ4_NL, QTYPE_Q2_K,
+                   QTYPE_Q3_K, QTYPE_Q4_K, QTYPE_Q5_K, QTYPE_IQ4_XS, QTYPE_F32, QTYPE_INT4_G128};
     int64_t cols_list[] = {256, 768, 4096};
     for (size_t t = 0; t < sizeof types / sizeof types[0]; t++)
         for (size_t c = 0; c < sizeof cols_list / sizeof cols_list[0]; c++) {
@@ -534,6 +546,10 @@ static void test_matmul(ellm_isa isa) {
     test_matmul_case(isa, QTYPE_Q5_K, 7, 2048, 11, 1, 7);
     test_matmul_case(isa, QTYPE_IQ4_XS, 8, 4096, 3, 2, 8);
     test_matmul_case(isa, QTYPE_IQ4_XS, 7, 2048, 11, 1, 7);
+    test_matmul_case(isa, QTYPE_Q3_K, 8, 4096, 3, 2, 8);
+    test_matmul_case(isa, QTYPE_Q3_K, 7, 2048, 11, 1, 7);
+    test_matmul_case(isa, QTYPE_Q2_K, 8, 4096, 3, 2, 8);
+    test_matmul_case(isa, QTYPE_Q2_K, 7, 2048, 11, 1, 7);
     test_matmul_case(isa, QTYPE_Q6_K, 9, 2048, 37, 1, 9);
     test_matmul_case(isa, QTYPE_F16, 9, 1000, 20, 1, 9);
     test_matmul_case(isa, QTYPE_Q4_0, 6, 512, 64, 0, 6);

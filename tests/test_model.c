@@ -30,6 +30,8 @@ static const model_case CASES[] = {
     {"llama-gqa-Q5_1", 5e-2, 5e-2, 95},
     {"llama-gqa-IQ4_NL", 5e-2, 5e-2, 95},
     {"llama-gqa-IQ4_XS", 5e-2, 5e-2, 95},
+    {"llama-gqa-Q3_K_M", 5e-2, 5e-2, 95},
+    {"llama-gqa-Q2_K", 5e-2, 5e-2, 95},
     {"llama-gqa-Q4_K_M", 5e-2, 5e-2, 95},
     {"llama-gqa-Q5_K_M", 5e-2, 5e-2, 95},
     {"llama-gqa-Q6_K", 5e-2, 5e-2, 95},

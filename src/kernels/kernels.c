@@ -214,6 +214,62 @@ static void matmul_q5_1_ref(const void *W, int64_t cols, int64_t r0, int64_t r1,
     matmul_x_1_ref(QTYPE_Q5_1, W, cols, r0, r1, act, nb, Y, ldy);
 }
 
+/* Q3_K: per super-block sum_j (sc_j - 32) * dot(values_j, a_j) over its 16
+ * sub-blocks of 16, scaled by d * da. */
+static void matmul_q3_K_ref(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
+                            int nb, float *Y, int64_t ldy) {
+    int64_t nblk = cols / QK_K;
+    for (int64_t r = r0; r < r1; r++) {
+        const block_q3_K *w = (const block_q3_K *)W + r * nblk;
+        for (int b = 0; b < nb; b++) {
+            act_row a = act_get_row(ACT_Q8K, act, cols, b);
+            float s = 0;
+            for (int64_t k = 0; k < nblk; k++) {
+                const int8_t *q = a.qs + QK_K * k;
+                int isum = 0;
+                for (int j = 0; j < 16; j++) {
+                    int dot = 0;
+                    for (int i = 0; i < 16; i++) {
+                        int e = 16 * j + i, hb = (w[k].hmask[e % 32] >> (4 * (e / 128) + (e % 128) / 32)) & 1;
+                        dot += (k2_bits(w[k].qs, e) - (hb ? 0 : 4)) * q[e];
+                    }
+                    isum += (q3k_scale(w[k].scales, j) - 32) * dot;
+                }
+                s += (a.d[k] * ellm_f16_to_f32(w[k].d)) * (float)isum;
+            }
+            Y[b * ldy + r] = s;
+        }
+    }
+}
+
+/* Q2_K: per super-block sum_j (sc_j & 15) * dot(q_j, a_j) scaled by d, minus
+ * sum_j (sc_j >> 4) * sum(a_j) (bsums) scaled by dmin. */
+static void matmul_q2_K_ref(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
+                            int nb, float *Y, int64_t ldy) {
+    int64_t nblk = cols / QK_K;
+    for (int64_t r = r0; r < r1; r++) {
+        const block_q2_K *w = (const block_q2_K *)W + r * nblk;
+        for (int b = 0; b < nb; b++) {
+            act_row a = act_get_row(ACT_Q8K, act, cols, b);
+            float s = 0;
+            for (int64_t k = 0; k < nblk; k++) {
+                const int8_t *q = a.qs + QK_K * k;
+                int isum_q = 0, isum_m = 0;
+                for (int j = 0; j < 16; j++) {
+                    int dot = 0;
+                    for (int i = 0; i < 16; i++) dot += k2_bits(w[k].qs, 16 * j + i) * q[16 * j + i];
+                    isum_q += (w[k].scales[j] & 0xF) * dot;
+                    isum_m += (w[k].scales[j] >> 4) * a.bsums[16 * k + j];
+                }
+                float da = a.d[k];
+                s += (da * ellm_f16_to_f32(w[k].d)) * (float)isum_q;
+                s -= (da * ellm_f16_to_f32(w[k].dmin)) * (float)isum_m;
+            }
+            Y[b * ldy + r] = s;
+        }
+    }
+}
+
 /* IQ4_NL: Q4_0's arithmetic on the codes' values. */
 static void matmul_iq4_nl_ref(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
                               int nb, float *Y, int64_t ldy) {
@@ -496,6 +552,12 @@ static void dequant_ref_q4_0(const void *src, float *dst, int64_t n) {
 static void dequant_ref_q5_0(const void *src, float *dst, int64_t n) {
     qtype_dequantize_ref(QTYPE_Q5_0, src, dst, n);
 }
+static void dequant_ref_q2_K(const void *src, float *dst, int64_t n) {
+    qtype_dequantize_ref(QTYPE_Q2_K, src, dst, n);
+}
+static void dequant_ref_q3_K(const void *src, float *dst, int64_t n) {
+    qtype_dequantize_ref(QTYPE_Q3_K, src, dst, n);
+}
 static void dequant_ref_iq4_nl(const void *src, float *dst, int64_t n) {
     qtype_dequantize_ref(QTYPE_IQ4_NL, src, dst, n);
 }
@@ -539,6 +601,8 @@ const kern_table kern_table_scalar = {
             [QTYPE_Q5_0] = matmul_q5_0_ref,
             [QTYPE_Q4_1] = matmul_q4_1_ref,
             [QTYPE_IQ4_NL] = matmul_iq4_nl_ref,
+            [QTYPE_Q2_K] = matmul_q2_K_ref,
+            [QTYPE_Q3_K] = matmul_q3_K_ref,
             [QTYPE_IQ4_XS] = matmul_iq4_xs_ref,
             [QTYPE_Q5_1] = matmul_q5_1_ref,
             [QTYPE_Q4_K] = matmul_q4_K_ref,
@@ -556,6 +620,8 @@ const kern_table kern_table_scalar = {
             [QTYPE_Q5_0] = dequant_ref_q5_0,
             [QTYPE_Q4_1] = dequant_ref_q4_1,
             [QTYPE_IQ4_NL] = dequant_ref_iq4_nl,
+            [QTYPE_Q2_K] = dequant_ref_q2_K,
+            [QTYPE_Q3_K] = dequant_ref_q3_K,
             [QTYPE_IQ4_XS] = dequant_ref_iq4_xs,
             [QTYPE_Q5_1] = dequant_ref_q5_1,
             [QTYPE_Q4_K] = dequant_ref_q4_K,

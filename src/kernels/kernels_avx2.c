@@ -438,6 +438,81 @@ INLINE void mm_q6k_row(const block_q6_K *w, int64_t nblk, const act_row *a, floa
     for (int b = 0; b < NB; b++) y[b * ldy] = hsum_ps(accf[b]);
 }
 
+/* ---- Q3_K / Q2_K weights against ACT_Q8K ----
+ * Field k of half h (elements 128h + 32k .. + 31: sub-blocks 8h + 2k and
+ * 8h + 2k + 1) is bits 2k of qs[32h .. 32h + 31]: one shift and mask; Q3_K
+ * adds 4 where hmask bit 4h + k is set (q = value + 4 in 0..7). maddubs
+ * (unsigned q), then madd with the two sub-blocks' scales; Q3_K's - 4 comes
+ * off as bsums x -4 x the scales, Q2_K's mins as -dmin x sum_j m_j sum(a_j)
+ * in floats. */
+INLINE void mm_q23k_row(int wtype, const void *W, int64_t nblk, const act_row *a, float *y, int64_t ldy,
+                        const int NB) {
+    const int Q3 = wtype == QTYPE_Q3_K;
+    const size_t bsz = Q3 ? sizeof(block_q3_K) : sizeof(block_q2_K);
+    const __m256i m3 = _mm256_set1_epi8(3), four = _mm256_set1_epi8(4);
+    __m256 accf[MM_NB];
+#pragma GCC unroll 4
+    for (int b = 0; b < NB; b++) accf[b] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < nblk; k++) {
+        const char *blk = (const char *)W + (size_t)k * bsz;
+        int16_t scs[16], mns[16];
+        const uint8_t *qs;
+        float d, dmin = 0;
+        __m256i hm = _mm256_setzero_si256();
+        if (Q3) {
+            const block_q3_K *b3 = (const block_q3_K *)blk;
+            for (int j = 0; j < 16; j++) scs[j] = (int16_t)(q3k_scale(b3->scales, j) - 32);
+            qs = b3->qs;
+            hm = _mm256_loadu_si256((const __m256i *)b3->hmask);
+            d = f16_to_f32(b3->d);
+        } else {
+            const block_q2_K *b2 = (const block_q2_K *)blk;
+            for (int j = 0; j < 16; j++) {
+                scs[j] = (int16_t)(b2->scales[j] & 0xF);
+                mns[j] = (int16_t)(b2->scales[j] >> 4);
+            }
+            qs = b2->qs;
+            d = f16_to_f32(b2->d);
+            dmin = f16_to_f32(b2->dmin);
+        }
+        const __m256i sc16 = _mm256_loadu_si256((const __m256i *)scs);
+        const __m256i off16 = Q3 ? _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(sc16, 2))
+                                 : _mm256_loadu_si256((const __m256i *)mns);
+        __m256i acci[MM_NB];
+#pragma GCC unroll 4
+        for (int b = 0; b < NB; b++)
+            acci[b] = Q3 ? _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(a[b].bsums + 16 * k)), off16)
+                         : _mm256_setzero_si256();
+        for (int h = 0; h < 2; h++) {
+            const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * h));
+            for (int f = 0; f < 4; f++) {
+                __m256i u = _mm256_and_si256(_mm256_srli_epi16(q, 2 * f), m3);
+                if (Q3) {
+                    const __m256i bit = _mm256_set1_epi8((char)(1 << (4 * h + f)));
+                    u = _mm256_add_epi8(u, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hm, bit), bit), four));
+                }
+                const int j = 8 * h + 2 * f; /* sub-blocks j (first 16 elements) and j + 1 */
+                const __m256i s2 = _mm256_set_m128i(_mm_set1_epi16(scs[j + 1]), _mm_set1_epi16(scs[j]));
+#pragma GCC unroll 4
+                for (int b = 0; b < NB; b++) {
+                    const __m256i av = _mm256_loadu_si256((const __m256i *)(a[b].qs + QK_K * k + 128 * h + 32 * f));
+                    acci[b] = _mm256_add_epi32(acci[b], _mm256_madd_epi16(_mm256_maddubs_epi16(u, av), s2));
+                }
+            }
+        }
+#pragma GCC unroll 4
+        for (int b = 0; b < NB; b++) {
+            accf[b] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acci[b]), _mm256_set1_ps(a[b].d[k] * d), accf[b]);
+            if (!Q3) {
+                __m256i mi = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(a[b].bsums + 16 * k)), off16);
+                accf[b] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(mi), _mm256_set1_ps(a[b].d[k] * dmin), accf[b]);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int b = 0; b < NB; b++) y[b * ldy] = hsum_ps(accf[b]);
+}
+
 /* ---- IQ4_XS weights against ACT_Q8K ----
  * Per sub-block j, its 16 code bytes as 32 codes in element order (low
  * nibbles, then high), their signed values by pshufb, maddubs of |value|
@@ -479,6 +554,7 @@ INLINE void mm_quant_row(int wtype, const void *w, int64_t cols, const act_row *
                          int64_t ldy, const int NB) {
     if (wtype == QTYPE_Q4_K || wtype == QTYPE_Q5_K) mm_q4k_row(wtype, w, cols / QK_K, a, y, ldy, NB);
     else if (wtype == QTYPE_IQ4_XS) mm_iq4xs_row(w, cols / QK_K, a, y, ldy, NB);
+    else if (wtype == QTYPE_Q3_K || wtype == QTYPE_Q2_K) mm_q23k_row(wtype, w, cols / QK_K, a, y, ldy, NB);
     else mm_q6k_row(w, cols / QK_K, a, y, ldy, NB);
 }
 
@@ -532,6 +608,14 @@ static void matmul_q4_0_avx2(const void *W, int64_t cols, int64_t r0, int64_t r1
 static void matmul_q5_K_avx2(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
                              int nb, float *Y, int64_t ldy) {
     mm_quant(QTYPE_Q5_K, W, cols, r0, r1, act, nb, Y, ldy);
+}
+static void matmul_q3_K_avx2(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
+                             int nb, float *Y, int64_t ldy) {
+    mm_quant(QTYPE_Q3_K, W, cols, r0, r1, act, nb, Y, ldy);
+}
+static void matmul_q2_K_avx2(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
+                             int nb, float *Y, int64_t ldy) {
+    mm_quant(QTYPE_Q2_K, W, cols, r0, r1, act, nb, Y, ldy);
 }
 static void matmul_iq4_xs_avx2(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
                                int nb, float *Y, int64_t ldy) {
@@ -804,6 +888,8 @@ const kern_table kern_table_avx2 = {
             [QTYPE_Q4_K] = matmul_q4_K_avx2,
             [QTYPE_Q5_K] = matmul_q5_K_avx2,
             [QTYPE_IQ4_XS] = matmul_iq4_xs_avx2,
+            [QTYPE_Q3_K] = matmul_q3_K_avx2,
+            [QTYPE_Q2_K] = matmul_q2_K_avx2,
             [QTYPE_Q6_K] = matmul_q6_K_avx2,
             [QTYPE_INT4_G128] = kern_matmul_int4_g128_avx2,
         },

@@ -634,6 +634,92 @@ INLINE void mm_q6k_row(const block_q6_K *w, int64_t nblk, const act_row *a, floa
     for (int b = 0; b < NB; b++) y[b * ldy] = _mm512_reduce_add_ps(accf[b]);
 }
 
+/* ---- Q3_K / Q2_K weights against ACT_Q8K (VNNI) ----
+ * Elements 64c .. 64c + 63 (half h = c / 2) have their 2-bit fields k0 =
+ * 2 (c % 2) (first 32) and k0 + 1 (last 32) in qs[32h .. 32h + 31]: those
+ * 32 bytes in both 256-bit halves, shifted right by 2 k0 or 2 k0 + 2 per
+ * half and masked, are the elements in order; Q3_K adds 4 where the hmask
+ * bit 4h + k is set, so q = value + 4 in 0..7 (Q2_K: q in 0..3). maddubs
+ * (pairs <= 2 * 7 * 127) then vpdpwssd with the 16-element sub-block scales
+ * (int16 lane i of vector c: sub-block 4c + i / 8, as Q6_K's); Q3_K's - 4
+ * comes off as one more vpdpwssd of bsums with -4 x the scales (its scales
+ * are 6-bit - 32), Q2_K's mins as -dmin x sum_j m_j sum(a_j) in floats, as
+ * Q4_K's. */
+INLINE void mm_q23k_row(int wtype, const void *W, int64_t nblk, const act_row *a, float *y, int64_t ldy,
+                        const int NB) {
+    const int Q3 = wtype == QTYPE_Q3_K;
+    const size_t bsz = Q3 ? sizeof(block_q3_K) : sizeof(block_q2_K);
+    const __m512i m3 = _mm512_set1_epi8(3), four = _mm512_set1_epi8(4);
+    const __m512i sidx0 = _mm512_set_epi64(0x0003000300030003ll, 0x0003000300030003ll, 0x0002000200020002ll,
+                                           0x0002000200020002ll, 0x0001000100010001ll, 0x0001000100010001ll, 0, 0);
+    const __m512i sfour = _mm512_set1_epi16(4);
+    __m512i sidx[4], shv[2], hsel[4];
+    sidx[0] = sidx0;
+    for (int c = 1; c < 4; c++) sidx[c] = _mm512_add_epi16(sidx[c - 1], sfour);
+    for (int c = 0; c < 2; c++) /* the fields 2c and 2c + 1 of a half */
+        shv[c] = _mm512_inserti64x4(_mm512_set1_epi16((short)(4 * c)), _mm256_set1_epi16((short)(4 * c + 2)), 1);
+    for (int c = 0; c < 4; c++) { /* hmask bit 4h + k of vector c: k0 = 2 (c % 2) in the low half, k0 + 1 in the high */
+        int b0 = 4 * (c / 2) + 2 * (c % 2);
+        hsel[c] = _mm512_inserti64x4(_mm512_set1_epi8((char)(1 << b0)), _mm256_set1_epi8((char)(1 << (b0 + 1))), 1);
+    }
+    __m512 accf[MM_NB];
+#pragma GCC unroll 8
+    for (int b = 0; b < NB; b++) accf[b] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < nblk; k++) {
+        const char *blk = (const char *)W + (size_t)k * bsz;
+        if (NB == 1) kern_pf_block(blk, (int)bsz);
+        int16_t scs[16], mns[16];
+        const uint8_t *qs;
+        float d, dmin = 0;
+        __m512i hm = _mm512_setzero_si512();
+        if (Q3) {
+            const block_q3_K *b3 = (const block_q3_K *)blk;
+            for (int j = 0; j < 16; j++) scs[j] = (int16_t)(q3k_scale(b3->scales, j) - 32);
+            qs = b3->qs;
+            hm = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)b3->hmask));
+            d = f16_to_f32(b3->d);
+        } else {
+            const block_q2_K *b2 = (const block_q2_K *)blk;
+            const __m128i sb = _mm_loadu_si128((const __m128i *)b2->scales);
+            _mm256_storeu_si256((__m256i *)scs, _mm256_cvtepu8_epi16(_mm_and_si128(sb, _mm_set1_epi8(0xF))));
+            _mm256_storeu_si256((__m256i *)mns, _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sb, 4), _mm_set1_epi8(0xF))));
+            qs = b2->qs;
+            d = f16_to_f32(b2->d);
+            dmin = f16_to_f32(b2->dmin);
+        }
+        const __m256i sc16 = _mm256_loadu_si256((const __m256i *)scs);
+        const __m512i s512 = _mm512_zextsi256_si512(sc16);
+        /* Q3_K: -4 x the scales against bsums; Q2_K: the mins */
+        const __m256i off16 = Q3 ? _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(sc16, 2))
+                                 : _mm256_loadu_si256((const __m256i *)mns);
+        __m512i v[4], sc[4];
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++) {
+            __m512i q = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(qs + 32 * (c / 2))));
+            v[c] = _mm512_and_si512(_mm512_srlv_epi16(q, shv[c % 2]), m3);
+            if (Q3) v[c] = _mm512_mask_add_epi8(v[c], _mm512_test_epi8_mask(hm, hsel[c]), v[c], four);
+            sc[c] = _mm512_permutexvar_epi16(sidx[c], s512);
+        }
+#pragma GCC unroll 8
+        for (int b = 0; b < NB; b++) {
+            const int8_t *aq = a[b].qs + QK_K * k;
+            const __m256i bs = _mm256_loadu_si256((const __m256i *)(a[b].bsums + 16 * k));
+            __m512i acci = Q3 ? _mm512_zextsi256_si512(_mm256_madd_epi16(bs, off16)) : _mm512_setzero_si512();
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++) {
+                __m512i p = _mm512_maddubs_epi16(v[c], _mm512_loadu_si512((const void *)(aq + 64 * c)));
+                acci = _mm512_dpwssd_epi32(acci, p, sc[c]);
+            }
+            accf[b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acci), _mm512_set1_ps(a[b].d[k] * d), accf[b]);
+            if (!Q3)
+                accf[b] = _mm512_fnmadd_ps(_mm512_zextps256_ps512(_mm256_cvtepi32_ps(_mm256_madd_epi16(bs, off16))),
+                                           _mm512_set1_ps(a[b].d[k] * dmin), accf[b]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int b = 0; b < NB; b++) y[b * ldy] = _mm512_reduce_add_ps(accf[b]);
+}
+
 /* ---- IQ4_XS weights against ACT_Q8K (VNNI) ----
  * Sub-blocks 2g and 2g + 1 are qs[32g .. 32g + 31]: their 16 code bytes go
  * to 128-bit lanes 0, 1 (first) and 2, 3 (second) of a zmm, shifted right by
@@ -699,6 +785,7 @@ INLINE void mm_quant_row(int wtype, const void *w, int64_t cols, const act_row *
                          int64_t ldy, const int NB) {
     if (wtype == QTYPE_Q4_K || wtype == QTYPE_Q5_K) mm_q4k_row(wtype, w, cols / QK_K, a, y, ldy, NB);
     else if (wtype == QTYPE_IQ4_XS) mm_iq4xs_row(w, cols / QK_K, a, y, ldy, NB);
+    else if (wtype == QTYPE_Q3_K || wtype == QTYPE_Q2_K) mm_q23k_row(wtype, w, cols / QK_K, a, y, ldy, NB);
     else mm_q6k_row(w, cols / QK_K, a, y, ldy, NB);
 }
 
@@ -765,6 +852,14 @@ static void matmul_q4_K_avx512(const void *W, int64_t cols, int64_t r0, int64_t 
 static void matmul_q5_K_avx512(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
                                int nb, float *Y, int64_t ldy) {
     mm_quant(QTYPE_Q5_K, W, cols, r0, r1, act, nb, Y, ldy);
+}
+static void matmul_q3_K_avx512(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
+                               int nb, float *Y, int64_t ldy) {
+    mm_quant(QTYPE_Q3_K, W, cols, r0, r1, act, nb, Y, ldy);
+}
+static void matmul_q2_K_avx512(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
+                               int nb, float *Y, int64_t ldy) {
+    mm_quant(QTYPE_Q2_K, W, cols, r0, r1, act, nb, Y, ldy);
 }
 static void matmul_iq4_xs_avx512(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
                                  int nb, float *Y, int64_t ldy) {
@@ -1038,6 +1133,8 @@ const kern_table kern_table_avx512 = {
             [QTYPE_Q4_K] = matmul_q4_K_avx512,
             [QTYPE_Q5_K] = matmul_q5_K_avx512,
             [QTYPE_IQ4_XS] = matmul_iq4_xs_avx512,
+            [QTYPE_Q3_K] = matmul_q3_K_avx512,
+            [QTYPE_Q2_K] = matmul_q2_K_avx512,
             [QTYPE_Q6_K] = matmul_q6_K_avx512,
             [QTYPE_INT4_G128] = kern_matmul_int4_g128_avx512,
         },

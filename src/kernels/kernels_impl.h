@@ -33,7 +33,7 @@
  *       128 for Q8_0, the raw nibble w + 8 for Q4_0, the 5-bit value w + 16
  *       for Q5_0) and take the offset off in integers.
  *       Slots and bytes past the last block are zero.
- *   ACT_Q8K (Q4_K, Q5_K, Q6_K, IQ4_XS weights):     float d[cols/256]; int16 bsums[cols/16];
+ *   ACT_Q8K (Q2_K .. Q6_K, IQ4_XS weights):     float d[cols/256]; int16 bsums[cols/16];
  *       int8 qs[cols]. Same rounding over blocks of 256; bsums[j] is the sum
  *       of qs[16j .. 16j + 15] (for the mins / the -32 offset).
  *   ACT_Q8G (INT4_G128 weights), ng = cols/128 groups of 4 sub-blocks of
@@ -107,6 +107,8 @@ static inline act_kind act_kind_of(int wtype) {
     case QTYPE_Q4_1:
     case QTYPE_Q5_1:
     case QTYPE_IQ4_NL: return ACT_Q8;
+    case QTYPE_Q2_K:
+    case QTYPE_Q3_K:
     case QTYPE_Q4_K:
     case QTYPE_Q5_K:
     case QTYPE_Q6_K:

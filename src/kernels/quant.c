@@ -18,8 +18,8 @@ static const qtype_info qtype_table[QTYPE_COUNT] = {
     [QTYPE_Q5_1] = {"q5_1", 32, 24, 1},
     [QTYPE_Q8_0] = {"q8_0", 32, 34, 1},
     [QTYPE_Q8_1] = {"q8_1", 32, 36, 0},
-    [QTYPE_Q2_K] = {"q2_K", 256, 84, 0},
-    [QTYPE_Q3_K] = {"q3_K", 256, 110, 0},
+    [QTYPE_Q2_K] = {"q2_K", 256, 84, 1},
+    [QTYPE_Q3_K] = {"q3_K", 256, 110, 1},
     [QTYPE_Q4_K] = {"q4_K", 256, 144, 1},
     [QTYPE_Q5_K] = {"q5_K", 256, 176, 1},
     [QTYPE_Q6_K] = {"q6_K", 256, 210, 1},
@@ -146,6 +146,31 @@ static void dequant_iq4_xs(const void *src, float *dst, int64_t n) {
     }
 }
 
+/* Q3_K value of element e: its low 2 bits, - 4 where its hmask bit is clear. */
+static int q3k_value(const block_q3_K *b, int e) {
+    int hb = (b->hmask[e % 32] >> (4 * (e / 128) + (e % 128) / 32)) & 1;
+    return k2_bits(b->qs, e) - (hb ? 0 : 4);
+}
+
+static void dequant_q3_K(const void *src, float *dst, int64_t n) {
+    const block_q3_K *b = src;
+    for (int64_t k = 0; k < n / QK_K; k++) {
+        float d = ellm_f16_to_f32(b[k].d);
+        for (int e = 0; e < QK_K; e++) *dst++ = d * (float)(q3k_scale(b[k].scales, e / 16) - 32) * (float)q3k_value(&b[k], e);
+    }
+}
+
+static void dequant_q2_K(const void *src, float *dst, int64_t n) {
+    const block_q2_K *b = src;
+    for (int64_t k = 0; k < n / QK_K; k++) {
+        float d = ellm_f16_to_f32(b[k].d), dmin = ellm_f16_to_f32(b[k].dmin);
+        for (int e = 0; e < QK_K; e++) {
+            int sc = b[k].scales[e / 16];
+            *dst++ = d * (float)(sc & 0xF) * (float)k2_bits(b[k].qs, e) - dmin * (float)(sc >> 4);
+        }
+    }
+}
+
 static void dequant_q4_K(const void *src, float *dst, int64_t n) {
     const block_q4_K *b = src;
     for (int64_t k = 0; k < n / QK_K; k++) {
@@ -221,6 +246,8 @@ void qtype_dequantize_ref(int type, const void *src, float *dst, int64_t n) {
     case QTYPE_IQ4_NL: dequant_iq4_nl(src, dst, n); break;
     case QTYPE_IQ4_XS: dequant_iq4_xs(src, dst, n); break;
     case QTYPE_Q5_1: dequant_q5_1(src, dst, n); break;
+    case QTYPE_Q2_K: dequant_q2_K(src, dst, n); break;
+    case QTYPE_Q3_K: dequant_q3_K(src, dst, n); break;
     case QTYPE_Q4_K: dequant_q4_K(src, dst, n); break;
     case QTYPE_Q5_K: dequant_q5_K(src, dst, n); break;
     case QTYPE_Q6_K: dequant_q6_K(src, dst, n); break;
@@ -373,6 +400,85 @@ static void quant_iq4_xs(const float *x, void *dst, int64_t n) {
             b[k].scales_l[j / 2] |= (uint8_t)((ls & 0xF) << 4 * (j % 2));
             b[k].scales_h |= (uint16_t)((ls >> 4) << 2 * j);
             iq4_codes(x + 32 * j, d * (float)(ls - 32), b[k].qs + 16 * j);
+        }
+    }
+}
+
+/* Sets element e's 2 low bits in a Q2_K / Q3_K qs. */
+static void k2_set(uint8_t *qs, int e, int v) { qs[32 * (e / 128) + e % 32] |= (uint8_t)((v & 3) << (2 * ((e % 128) / 32))); }
+
+/* Per sub-block of 16 the scale that puts its value of largest magnitude at
+ * -4 (as Q4_0's at -8), then the 6-bit signed sub-block scales against d =
+ * max |scale| / 31 and each value rounded on its sub-block's grid. */
+static void quant_q3_K(const float *x, void *dst, int64_t n) {
+    block_q3_K *b = dst;
+    for (int64_t k = 0; k < n / QK_K; k++, x += QK_K) {
+        float sc[16], smax = 0;
+        for (int j = 0; j < 16; j++) {
+            float amax = 0, max = 0;
+            for (int i = 0; i < 16; i++)
+                if (fabsf(x[16 * j + i]) > amax) {
+                    amax = fabsf(x[16 * j + i]);
+                    max = x[16 * j + i];
+                }
+            sc[j] = max / -4.0f;
+            smax = fmaxf(smax, fabsf(sc[j]));
+        }
+        memset(&b[k], 0, sizeof b[k]);
+        b[k].d = ellm_f32_to_f16(smax / 31.0f);
+        float d = ellm_f16_to_f32(b[k].d);
+        for (int j = 0; j < 16; j++) {
+            int us = d > 0 ? clampi((int)lrintf(sc[j] / d) + 32, 0, 63) : 32;
+            if (j < 8) b[k].scales[j] |= (uint8_t)(us & 0xF);
+            else b[k].scales[j - 8] |= (uint8_t)((us & 0xF) << 4);
+            b[k].scales[8 + j % 4] |= (uint8_t)((us >> 4) << (2 * (j / 4)));
+            float dl = d * (float)(us - 32);
+            for (int i = 0; i < 16; i++) {
+                int e = 16 * j + i, v = dl != 0 ? clampi((int)lrintf(x[e] / dl), -4, 3) : 0, u = v + 4;
+                k2_set(b[k].qs, e, u & 3);
+                b[k].hmask[e % 32] |= (uint8_t)((u >> 2) << (4 * (e / 128) + (e % 128) / 32));
+            }
+        }
+    }
+}
+
+/* Per sub-block of 16: min m = max(0, -min x), scale = (max x + m) / 3; the
+ * 16 scales and mins to 4 bits against d and dmin (mins rounded up, as
+ * Q4_K's), each value rounded on its grid. */
+static void quant_q2_K(const float *x, void *dst, int64_t n) {
+    block_q2_K *b = dst;
+    for (int64_t k = 0; k < n / QK_K; k++, x += QK_K) {
+        float mins[16], maxs[16], mmax = 0, smax = 0;
+        for (int j = 0; j < 16; j++) {
+            float lo = 0, hi = 0;
+            for (int i = 0; i < 16; i++) {
+                lo = fminf(lo, x[16 * j + i]);
+                hi = fmaxf(hi, x[16 * j + i]);
+            }
+            mins[j] = -lo;
+            maxs[j] = hi;
+            mmax = fmaxf(mmax, mins[j]);
+        }
+        memset(&b[k], 0, sizeof b[k]);
+        b[k].dmin = ellm_f32_to_f16(mmax / 15.0f);
+        float dmin = ellm_f16_to_f32(b[k].dmin), m1[16], want[16];
+        int mq[16];
+        for (int j = 0; j < 16; j++) {
+            mq[j] = dmin > 0 ? clampi((int)ceilf(mins[j] / dmin), 0, 15) : 0;
+            m1[j] = dmin * (float)mq[j];
+            want[j] = (maxs[j] + m1[j]) / 3.0f;
+            smax = fmaxf(smax, want[j]);
+        }
+        b[k].d = ellm_f32_to_f16(smax / 15.0f);
+        float d = ellm_f16_to_f32(b[k].d);
+        for (int j = 0; j < 16; j++) {
+            int sq = d > 0 ? clampi((int)ceilf(want[j] / d), 0, 15) : 0;
+            b[k].scales[j] = (uint8_t)(sq | mq[j] << 4);
+            float d1 = d * (float)sq;
+            for (int i = 0; i < 16; i++) {
+                int e = 16 * j + i;
+                k2_set(b[k].qs, e, d1 > 0 ? clampi((int)lrintf((x[e] + m1[j]) / d1), 0, 3) : 0);
+            }
         }
     }
 }
@@ -713,6 +819,8 @@ void qtype_quantize_ref(int type, const float *src, void *dst, int64_t n) {
     case QTYPE_IQ4_XS: quant_iq4_xs(src, dst, n); break;
     case QTYPE_Q5_1: quant_q5_1(src, dst, n); break;
     case QTYPE_Q5_K: quant_q5_K(src, dst, n); break;
+    case QTYPE_Q2_K: quant_q2_K(src, dst, n); break;
+    case QTYPE_Q3_K: quant_q3_K(src, dst, n); break;
     case QTYPE_Q4_K: quant_q4_K(src, dst, n); break;
     case QTYPE_Q6_K: quant_q6_K(src, dst, n); break;
     case QTYPE_INT4_G128: quant_int4_g128(src, dst, n, NULL); break;

@@ -55,7 +55,7 @@ const qtype_info *qtype_get(int type);
 size_t qtype_row_bytes(int type, int64_t n);
 
 /* Reference conversions (scalar). n must be a multiple of the block size.
- * quantize supports F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q4_1, Q5_1, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS (round-to-nearest
+ * quantize supports F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q4_1, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS (round-to-nearest
  * quantizers compatible with ggml's format, for tests and `ellm synth`) and
  * INT4_G128 (scale and offset fitted per group by least squares). */
 void qtype_dequantize_ref(int type, const void *src, float *dst, int64_t n);
@@ -142,6 +142,37 @@ typedef struct {
     uint8_t qh[QK_K / 8];
     uint8_t qs[QK_K / 2];
 } block_q5_K;
+/* 256 weights in 16 sub-blocks of 16 (element e in sub-block e / 16): for
+ * half h (elements 128h ..), k = 0..3 and l = 0..31, element 128h + 32k + l
+ * has its low 2 bits at bits 2k of qs[32h + l] and its third bit at bit
+ * 4h + k of hmask[l]; its value is low - 4 where that bit is clear, low where
+ * it is set (-4..3), w = d * (sc[e / 16] - 32) * value with the 6-bit sc of
+ * q3k_scale. Q3_K_M and Q2_K files use it. */
+typedef struct {
+    uint8_t hmask[QK_K / 8];
+    uint8_t qs[QK_K / 4];
+    uint8_t scales[12];
+    ellm_f16 d;
+} block_q3_K;
+/* 256 weights in 16 sub-blocks of 16: the 2-bit q of element 128h + 32k + l
+ * (as Q3_K's low bits) and the byte scales[e / 16] (a 4-bit scale in its low
+ * nibble, a 4-bit min in its high one): w = d * (sc & 15) * q - dmin * (sc >> 4). */
+typedef struct {
+    uint8_t scales[QK_K / 16];
+    uint8_t qs[QK_K / 4];
+    ellm_f16 d;
+    ellm_f16 dmin;
+} block_q2_K;
+/* Sub-block is's 6-bit scale (0..63) of a Q3_K block's 12 scale bytes: low
+ * 4 bits in the low (is < 8) or high nibble of byte is % 8, high 2 bits in
+ * bits 2 (is / 4) of byte 8 + is % 4. */
+static inline int q3k_scale(const uint8_t *s, int is) {
+    int lo = is < 8 ? s[is] & 0xF : s[is - 8] >> 4;
+    return lo | ((s[8 + is % 4] >> (2 * (is / 4))) & 3) << 4;
+}
+/* The 2-bit field of element e (0..255) of a Q2_K / Q3_K qs (its low bits). */
+static inline int k2_bits(const uint8_t *qs, int e) { return (qs[32 * (e / 128) + e % 32] >> (2 * ((e % 128) / 32))) & 3; }
+
 /* The 16 values of the IQ4 types' 4-bit codes (ggml's non-linear grid). */
 static const int8_t iq4_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 /* 32 weights: w[i] = d * iq4_values[code i], the codes as Q4_0's nibbles. */
@@ -215,6 +246,8 @@ static inline int q5_0_value(const block_q5_0 *b, int i) { return q5_value(b->qs
 static_assert(sizeof(block_q4_K) == 144, "block_q4_K size");
 static_assert(sizeof(block_q5_K) == 176, "block_q5_K size");
 static_assert(sizeof(block_iq4_nl) == 18, "block_iq4_nl size");
+static_assert(sizeof(block_q3_K) == 110, "block_q3_K size");
+static_assert(sizeof(block_q2_K) == 84, "block_q2_K size");
 static_assert(sizeof(block_iq4_xs) == 136, "block_iq4_xs size");
 static_assert(sizeof(block_q6_K) == 210, "block_q6_K size");
 static_assert(sizeof(block_q8_K) == 292, "block_q8_K size");
