@@ -645,6 +645,24 @@ INLINE void mm_q6k_row(const block_q6_K *w, int64_t nblk, const act_row *a, floa
  * comes off as one more vpdpwssd of bsums with -4 x the scales (its scales
  * are 6-bit - 32), Q2_K's mins as -dmin x sum_j m_j sum(a_j) in floats, as
  * Q4_K's. */
+/* The 16 signed scales (6-bit, - 32) of a Q3_K block as int16 lanes:
+ * q3k_scale's bit fields taken by vector shifts (per sub-block scalar
+ * extraction cost more than the block's arithmetic in decode). */
+INLINE __m256i q3k_scales16(const uint8_t *s) {
+    uint64_t lo8;
+    uint32_t hi4;
+    memcpy(&lo8, s, 8);
+    memcpy(&hi4, s + 8, 4);
+    const __m128i m4 = _mm_set1_epi8(0xF), x = _mm_cvtsi64_si128((long long)lo8);
+    /* low 4 bits: sub-blocks 0-7 in the low nibbles of bytes 0-7, 8-15 in their high nibbles */
+    const __m256i lo = _mm256_cvtepu8_epi16(_mm_unpacklo_epi64(_mm_and_si128(x, m4), _mm_and_si128(_mm_srli_epi16(x, 4), m4)));
+    /* high 2 bits: bits 2 (is / 4) of byte 8 + is % 4 */
+    const __m256i shifts = _mm256_setr_epi16(0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4, 6, 6, 6, 6);
+    const __m256i hi = _mm256_and_si256(_mm256_srlv_epi16(_mm256_cvtepu8_epi16(_mm_set1_epi32((int)hi4)), shifts),
+                                        _mm256_set1_epi16(3));
+    return _mm256_sub_epi16(_mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)), _mm256_set1_epi16(32));
+}
+
 INLINE void mm_q23k_row(int wtype, const void *W, int64_t nblk, const act_row *a, float *y, int64_t ldy,
                         const int NB) {
     const int Q3 = wtype == QTYPE_Q3_K;
@@ -668,30 +686,27 @@ INLINE void mm_q23k_row(int wtype, const void *W, int64_t nblk, const act_row *a
     for (int64_t k = 0; k < nblk; k++) {
         const char *blk = (const char *)W + (size_t)k * bsz;
         if (NB == 1) kern_pf_block(blk, (int)bsz);
-        int16_t scs[16], mns[16];
         const uint8_t *qs;
         float d, dmin = 0;
         __m512i hm = _mm512_setzero_si512();
+        __m256i sc16, off16; /* off16: Q3_K's -4 x the scales against bsums; Q2_K's mins */
         if (Q3) {
             const block_q3_K *b3 = (const block_q3_K *)blk;
-            for (int j = 0; j < 16; j++) scs[j] = (int16_t)(q3k_scale(b3->scales, j) - 32);
+            sc16 = q3k_scales16(b3->scales);
+            off16 = _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(sc16, 2));
             qs = b3->qs;
             hm = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)b3->hmask));
             d = f16_to_f32(b3->d);
         } else {
             const block_q2_K *b2 = (const block_q2_K *)blk;
             const __m128i sb = _mm_loadu_si128((const __m128i *)b2->scales);
-            _mm256_storeu_si256((__m256i *)scs, _mm256_cvtepu8_epi16(_mm_and_si128(sb, _mm_set1_epi8(0xF))));
-            _mm256_storeu_si256((__m256i *)mns, _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sb, 4), _mm_set1_epi8(0xF))));
+            sc16 = _mm256_cvtepu8_epi16(_mm_and_si128(sb, _mm_set1_epi8(0xF)));
+            off16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sb, 4), _mm_set1_epi8(0xF)));
             qs = b2->qs;
             d = f16_to_f32(b2->d);
             dmin = f16_to_f32(b2->dmin);
         }
-        const __m256i sc16 = _mm256_loadu_si256((const __m256i *)scs);
         const __m512i s512 = _mm512_zextsi256_si512(sc16);
-        /* Q3_K: -4 x the scales against bsums; Q2_K: the mins */
-        const __m256i off16 = Q3 ? _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(sc16, 2))
-                                 : _mm256_loadu_si256((const __m256i *)mns);
         __m512i v[4], sc[4];
 #pragma GCC unroll 4
         for (int c = 0; c < 4; c++) {
