@@ -355,7 +355,9 @@ def render(R):
                        ("LONGGEN.md", "one long generation: speed, memory and recall against position (`bench/longgen`)"),
                        ("CONVERT.md", "`ellm convert`, quantization quality"),
                        ("KQUANT.md", "Q4_K and Q6_K matmul kernels: compute ceilings, Q4_K_M decode against llama-bench "
-                                     "(`bench/kquant_ab.sh`)")):
+                                     "(`bench/kquant_ab.sh`)"),
+                       ("GGUF_TYPES.md", "every file type llama-quantize writes, eLLM against llama-bench on the same "
+                                         "files (`bench/gguf_types.sh`)")):
         if os.path.exists(os.path.join(HERE, page)):  # link only pages that exist
             w(f"- [{page}]({page}): {what}")
     w("")
