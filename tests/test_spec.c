@@ -212,6 +212,9 @@ static void test_greedy_streams(const int32_t *prompt, int n_prompt, const char 
         {"quant:q8_0:sparse:48", 0, 0},
         {"shallow:2", -1, 0},
         {"quant:q4_0:sparse:48", 128, 1},
+        {"quant:q3_k", -1, 0},
+        {"quant:q2_k:sparse:48", 0, 0},
+        {"quant:iq4_nl", -1, 0},
         {"shallow:2+map", -1, 0}, /* with the draft map of test_draft_map */
     };
     for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
@@ -556,7 +559,7 @@ static void test_quant_cache(void) {
         const ellm_model *q = NULL;
         if (ellm_model_load(model, NULL, &m, &err) == ELLM_OK) {
             CHECK(draft_model_quant(m, 0 /* f32: not smaller */, &q, NULL, &err) == ELLM_ERR_ARG, "quant:f32 refused");
-            CHECK(draft_model_quant(m, 3 /* q4_1: no quantizer */, &q, NULL, &err) == ELLM_ERR_ARG, "q4_1 refused");
+            CHECK(draft_model_quant(m, 16 /* iq2_xxs: no quantizer */, &q, NULL, &err) == ELLM_ERR_ARG, "iq2_xxs refused");
             ellm_model_free(m);
         }
     }
