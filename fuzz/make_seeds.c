@@ -410,5 +410,9 @@ int main(int argc, char **argv) {
     model_seed("mistral_q4_0.gguf", "mistral", QTYPE_Q4_0, SEED_SLIDING);
     model_seed("qwen2_bf16.gguf", "qwen2", QTYPE_BF16, SEED_UNTIED);
     model_seed("qwen3_q8_0.gguf", "qwen3", QTYPE_Q8_0, 0);
+    model_seed("llama_q5_0.gguf", "llama", QTYPE_Q5_0, 0);
+    model_seed("llama_q4_1_untied.gguf", "llama", QTYPE_Q4_1, SEED_UNTIED);
+    model_seed("qwen2_q5_1.gguf", "qwen2", QTYPE_Q5_1, 0);
+    model_seed("llama_iq4_nl.gguf", "llama", QTYPE_IQ4_NL, 0);
     return 0;
 }

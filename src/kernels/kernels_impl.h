@@ -28,12 +28,14 @@
  *       Element i of block k is x ~= d * q with q = qs[act_q8_qs(k, i)] in
  *       [-127, 127] (x / d rounded to nearest even, d = max|x| / 127 over the
  *       block), d = d[act_q8_slot(k)] and sa[act_q8_slot(k)] = off * sum_i q
- *       with off = 128 for Q8_0, 8 for Q4_0, 16 for Q5_0 and 1 for Q4_1 and
- *       Q5_1 weights (act_q8_off; their minimum meets the plain sum). The sums let SIMD dots treat weights as unsigned (w +
- *       128 for Q8_0, the raw nibble w + 8 for Q4_0, the 5-bit value w + 16
- *       for Q5_0) and take the offset off in integers.
+ *       with off = 128 for Q8_0 and IQ4_NL, 8 for Q4_0, 16 for Q5_0 and 1
+ *       for Q4_1 and Q5_1 weights (act_q8_off; their minimum meets the
+ *       plain sum). The sums let SIMD dots treat weights as unsigned (w +
+ *       128 for Q8_0 and IQ4_NL's values, the raw nibble w + 8 for Q4_0,
+ *       the 5-bit value w + 16 for Q5_0) and take the offset off in
+ *       integers.
  *       Slots and bytes past the last block are zero.
- *   ACT_Q8K (Q2_K .. Q6_K, IQ4_XS weights):     float d[cols/256]; int16 bsums[cols/16];
+ *   ACT_Q8K (Q2_K .. Q6_K, IQ4_XS weights): float d[cols/256]; int16 bsums[cols/16];
  *       int8 qs[cols]. Same rounding over blocks of 256; bsums[j] is the sum
  *       of qs[16j .. 16j + 15] (for the mins / the -32 offset).
  *   ACT_Q8G (INT4_G128 weights), ng = cols/128 groups of 4 sub-blocks of
