@@ -123,96 +123,43 @@ static void matmul_bf16_ref(const void *W, int64_t cols, int64_t r0, int64_t r1,
     matmul_float_ref(QTYPE_BF16, W, cols, r0, r1, act, nb, Y, ldy);
 }
 
-/* Q8_0 / Q4_0 / Q5_0: exact int dot per 32-block, scaled by dw * da. */
-static void matmul_q8_0_ref(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
-                            int nb, float *Y, int64_t ldy) {
-    int64_t nblk = cols / QK8_0;
-    for (int64_t r = r0; r < r1; r++) {
-        const block_q8_0 *w = (const block_q8_0 *)W + r * nblk;
-        for (int b = 0; b < nb; b++) {
-            act_row a = act_get_row(ACT_Q8, act, cols, b);
-            float s = 0;
-            for (int64_t k = 0; k < nblk; k++) {
-                int isum = 0;
-                for (int i = 0; i < QK8_0; i++) isum += w[k].qs[i] * a.qs[act_q8_qs(k, i)];
-                s += (ellm_f16_to_f32(w[k].d) * a.d[act_q8_slot(k)]) * (float)isum;
-            }
-            Y[b * ldy + r] = s;
-        }
-    }
-}
-
-static void matmul_q4_0_ref(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
-                            int nb, float *Y, int64_t ldy) {
-    int64_t nblk = cols / QK4_0;
-    for (int64_t r = r0; r < r1; r++) {
-        const block_q4_0 *w = (const block_q4_0 *)W + r * nblk;
-        for (int b = 0; b < nb; b++) {
-            act_row a = act_get_row(ACT_Q8, act, cols, b);
-            float s = 0;
-            for (int64_t k = 0; k < nblk; k++) {
-                int isum = 0;
-                for (int i = 0; i < 16; i++)
-                    isum += ((w[k].qs[i] & 0xF) - 8) * a.qs[act_q8_qs(k, i)] +
-                            ((w[k].qs[i] >> 4) - 8) * a.qs[act_q8_qs(k, i + 16)];
-                s += (ellm_f16_to_f32(w[k].d) * a.d[act_q8_slot(k)]) * (float)isum;
-            }
-            Y[b * ldy + r] = s;
-        }
-    }
-}
-
-static void matmul_q5_0_ref(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
-                            int nb, float *Y, int64_t ldy) {
-    int64_t nblk = cols / QK5_0;
-    for (int64_t r = r0; r < r1; r++) {
-        const block_q5_0 *w = (const block_q5_0 *)W + r * nblk;
-        for (int b = 0; b < nb; b++) {
-            act_row a = act_get_row(ACT_Q8, act, cols, b);
-            float s = 0;
-            for (int64_t k = 0; k < nblk; k++) {
-                int isum = 0;
-                for (int i = 0; i < QK5_0; i++) isum += (q5_0_value(&w[k], i) - 16) * a.qs[act_q8_qs(k, i)];
-                s += (ellm_f16_to_f32(w[k].d) * a.d[act_q8_slot(k)]) * (float)isum;
-            }
-            Y[b * ldy + r] = s;
-        }
-    }
-}
-
-/* Q4_1 / Q5_1: the exact int dot of the raw values, scaled by dw * da, then
- * the block's activation sum sa scaled by mw * da. */
-static void matmul_x_1_ref(int wtype, const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act, int nb,
+/* The blocks of 32 (q32_value): the exact int dot per block, scaled by
+ * dw * da; with a minimum, then the block's activation sum sa (act_q8_off
+ * 1) scaled by mw * da. */
+static void matmul_q32_ref(int wtype, const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act, int nb,
                            float *Y, int64_t ldy) {
-    int64_t nblk = cols / 32;
-    const size_t bsz = (size_t)q8_block_bytes(wtype);
+    const int64_t nblk = cols / 32;
+    const size_t bsz = (size_t)q32_block_bytes(wtype);
+    const int has_min = q32_has_min(wtype);
     for (int64_t r = r0; r < r1; r++)
         for (int b = 0; b < nb; b++) {
             act_row a = act_get_row(ACT_Q8, act, cols, b);
             float s = 0;
             for (int64_t k = 0; k < nblk; k++) {
-                const uint8_t *blk = (const uint8_t *)W + (size_t)(r * nblk + k) * bsz;
+                const char *blk = (const char *)W + (size_t)(r * nblk + k) * bsz;
                 ellm_f16 d, m;
                 memcpy(&d, blk, 2);
                 memcpy(&m, blk + 2, 2);
-                const uint8_t *qh = wtype == QTYPE_Q5_1 ? blk + 4 : NULL, *qs = blk + bsz - 16;
                 int isum = 0;
-                for (int i = 0; i < 32; i++) isum += q5_value(qs, qh, i) * a.qs[act_q8_qs(k, i)];
+                for (int i = 0; i < 32; i++) isum += q32_value(wtype, blk, i) * a.qs[act_q8_qs(k, i)];
                 float da = a.d[act_q8_slot(k)];
                 s += (ellm_f16_to_f32(d) * da) * (float)isum;
-                s += (ellm_f16_to_f32(m) * da) * (float)a.sa[act_q8_slot(k)];
+                if (has_min) s += (ellm_f16_to_f32(m) * da) * (float)a.sa[act_q8_slot(k)];
             }
             Y[b * ldy + r] = s;
         }
 }
-static void matmul_q4_1_ref(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
-                            int nb, float *Y, int64_t ldy) {
-    matmul_x_1_ref(QTYPE_Q4_1, W, cols, r0, r1, act, nb, Y, ldy);
-}
-static void matmul_q5_1_ref(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
-                            int nb, float *Y, int64_t ldy) {
-    matmul_x_1_ref(QTYPE_Q5_1, W, cols, r0, r1, act, nb, Y, ldy);
-}
+#define MATMUL_Q32_REF(name, type)                                                                          \
+    static void name(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act, int nb, float *Y, \
+                     int64_t ldy) {                                                                         \
+        matmul_q32_ref(type, W, cols, r0, r1, act, nb, Y, ldy);                                             \
+    }
+MATMUL_Q32_REF(matmul_q8_0_ref, QTYPE_Q8_0)
+MATMUL_Q32_REF(matmul_q4_0_ref, QTYPE_Q4_0)
+MATMUL_Q32_REF(matmul_q5_0_ref, QTYPE_Q5_0)
+MATMUL_Q32_REF(matmul_q4_1_ref, QTYPE_Q4_1)
+MATMUL_Q32_REF(matmul_q5_1_ref, QTYPE_Q5_1)
+MATMUL_Q32_REF(matmul_iq4_nl_ref, QTYPE_IQ4_NL)
 
 /* Q3_K: per super-block sum_j (sc_j - 32) * dot(values_j, a_j) over its 16
  * sub-blocks of 16, scaled by d * da. */
@@ -264,27 +211,6 @@ static void matmul_q2_K_ref(const void *W, int64_t cols, int64_t r0, int64_t r1,
                 float da = a.d[k];
                 s += (da * ellm_f16_to_f32(w[k].d)) * (float)isum_q;
                 s -= (da * ellm_f16_to_f32(w[k].dmin)) * (float)isum_m;
-            }
-            Y[b * ldy + r] = s;
-        }
-    }
-}
-
-/* IQ4_NL: Q4_0's arithmetic on the codes' values. */
-static void matmul_iq4_nl_ref(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
-                              int nb, float *Y, int64_t ldy) {
-    int64_t nblk = cols / 32;
-    for (int64_t r = r0; r < r1; r++) {
-        const block_iq4_nl *w = (const block_iq4_nl *)W + r * nblk;
-        for (int b = 0; b < nb; b++) {
-            act_row a = act_get_row(ACT_Q8, act, cols, b);
-            float s = 0;
-            for (int64_t k = 0; k < nblk; k++) {
-                int isum = 0;
-                for (int i = 0; i < 16; i++)
-                    isum += iq4_values[w[k].qs[i] & 0xF] * a.qs[act_q8_qs(k, i)] +
-                            iq4_values[w[k].qs[i] >> 4] * a.qs[act_q8_qs(k, i + 16)];
-                s += (ellm_f16_to_f32(w[k].d) * a.d[act_q8_slot(k)]) * (float)isum;
             }
             Y[b * ldy + r] = s;
         }
@@ -343,13 +269,8 @@ static void matmul_kq_ref(int wtype, const void *W, int64_t cols, int64_t r0, in
                 for (int j = 0; j < 8; j++) {
                     int sc, m;
                     q4k_scale_min(scales, j, &sc, &m);
-                    const uint8_t *wq = qs + 32 * (j / 2);
-                    int shift = (j & 1) * 4, dot = 0;
-                    for (int l = 0; l < 32; l++) {
-                        int v = (wq[l] >> shift) & 0xF;
-                        if (qh) v |= ((qh[l] >> j) & 1) << 4;
-                        dot += v * q[32 * j + l];
-                    }
+                    int dot = 0;
+                    for (int l = 0; l < 32; l++) dot += q45k_value(qs, qh, j, l) * q[32 * j + l];
                     isum_q += sc * dot;
                     isum_m += m * (bs[2 * j] + bs[2 * j + 1]);
                 }
@@ -534,54 +455,24 @@ void kern_f16_to_f32_ref(const uint16_t *src, float *dst, int64_t n) {
 }
 
 /* Scalar table entries for kern_dequantize: quant.c's references. */
-static void dequant_ref_f32(const void *src, float *dst, int64_t n) {
-    qtype_dequantize_ref(QTYPE_F32, src, dst, n);
-}
-static void dequant_ref_f16(const void *src, float *dst, int64_t n) {
-    qtype_dequantize_ref(QTYPE_F16, src, dst, n);
-}
-static void dequant_ref_bf16(const void *src, float *dst, int64_t n) {
-    qtype_dequantize_ref(QTYPE_BF16, src, dst, n);
-}
-static void dequant_ref_q8_0(const void *src, float *dst, int64_t n) {
-    qtype_dequantize_ref(QTYPE_Q8_0, src, dst, n);
-}
-static void dequant_ref_q4_0(const void *src, float *dst, int64_t n) {
-    qtype_dequantize_ref(QTYPE_Q4_0, src, dst, n);
-}
-static void dequant_ref_q5_0(const void *src, float *dst, int64_t n) {
-    qtype_dequantize_ref(QTYPE_Q5_0, src, dst, n);
-}
-static void dequant_ref_q2_K(const void *src, float *dst, int64_t n) {
-    qtype_dequantize_ref(QTYPE_Q2_K, src, dst, n);
-}
-static void dequant_ref_q3_K(const void *src, float *dst, int64_t n) {
-    qtype_dequantize_ref(QTYPE_Q3_K, src, dst, n);
-}
-static void dequant_ref_iq4_nl(const void *src, float *dst, int64_t n) {
-    qtype_dequantize_ref(QTYPE_IQ4_NL, src, dst, n);
-}
-static void dequant_ref_iq4_xs(const void *src, float *dst, int64_t n) {
-    qtype_dequantize_ref(QTYPE_IQ4_XS, src, dst, n);
-}
-static void dequant_ref_q4_1(const void *src, float *dst, int64_t n) {
-    qtype_dequantize_ref(QTYPE_Q4_1, src, dst, n);
-}
-static void dequant_ref_q5_1(const void *src, float *dst, int64_t n) {
-    qtype_dequantize_ref(QTYPE_Q5_1, src, dst, n);
-}
-static void dequant_ref_q4_K(const void *src, float *dst, int64_t n) {
-    qtype_dequantize_ref(QTYPE_Q4_K, src, dst, n);
-}
-static void dequant_ref_q5_K(const void *src, float *dst, int64_t n) {
-    qtype_dequantize_ref(QTYPE_Q5_K, src, dst, n);
-}
-static void dequant_ref_q6_K(const void *src, float *dst, int64_t n) {
-    qtype_dequantize_ref(QTYPE_Q6_K, src, dst, n);
-}
-static void dequant_ref_int4_g128(const void *src, float *dst, int64_t n) {
-    qtype_dequantize_ref(QTYPE_INT4_G128, src, dst, n);
-}
+#define DEQUANT_REF(name, type)                                                                             \
+    static void name(const void *src, float *dst, int64_t n) { qtype_dequantize_ref(type, src, dst, n); }
+DEQUANT_REF(dequant_ref_f32, QTYPE_F32)
+DEQUANT_REF(dequant_ref_f16, QTYPE_F16)
+DEQUANT_REF(dequant_ref_bf16, QTYPE_BF16)
+DEQUANT_REF(dequant_ref_q8_0, QTYPE_Q8_0)
+DEQUANT_REF(dequant_ref_q4_0, QTYPE_Q4_0)
+DEQUANT_REF(dequant_ref_q5_0, QTYPE_Q5_0)
+DEQUANT_REF(dequant_ref_q2_K, QTYPE_Q2_K)
+DEQUANT_REF(dequant_ref_q3_K, QTYPE_Q3_K)
+DEQUANT_REF(dequant_ref_iq4_nl, QTYPE_IQ4_NL)
+DEQUANT_REF(dequant_ref_iq4_xs, QTYPE_IQ4_XS)
+DEQUANT_REF(dequant_ref_q4_1, QTYPE_Q4_1)
+DEQUANT_REF(dequant_ref_q5_1, QTYPE_Q5_1)
+DEQUANT_REF(dequant_ref_q4_K, QTYPE_Q4_K)
+DEQUANT_REF(dequant_ref_q5_K, QTYPE_Q5_K)
+DEQUANT_REF(dequant_ref_q6_K, QTYPE_Q6_K)
+DEQUANT_REF(dequant_ref_int4_g128, QTYPE_INT4_G128)
 
 int64_t kern_first_out_of_range_ref(const float *x, int64_t n, float lim) {
     for (int64_t i = 0; i < n; i++)

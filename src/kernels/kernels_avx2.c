@@ -194,7 +194,7 @@ INLINE __m256i q8_pair_dot(int wtype, const char *pa, const char *pb, const int8
         return _mm256_add_epi32(_mm256_madd_epi16(p0, ones), _mm256_madd_epi16(p1, ones));
     }
     const __m256i m4 = _mm256_set1_epi8(0xF);
-    const int qoff = q8_block_bytes(wtype) - 16; /* the nibbles end every block */
+    const int qoff = q32_block_bytes(wtype) - 16; /* the nibbles end every block */
     if (wtype == QTYPE_IQ4_NL) { /* the codes' signed grid values, then Q8_0's signed products */
         const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)iq4_values));
         __m128i qa = _mm_loadu_si128((const __m128i *)(pa + 2));
@@ -247,7 +247,7 @@ INLINE void q8_scales_avx2(const char *p, int bsz, int n, __m256 dw[2]) {
  * row a into slots acc[0] (0..7) and acc[1] (8..15). */
 INLINE void q8_chunk_avx2(int wtype, const char *p, int n, const __m256 dw[2], const __m256 mw[2], const act_row *a,
                           int64_t ci, __m256 acc[2]) {
-    const int bsz = q8_block_bytes(wtype);
+    const int bsz = q32_block_bytes(wtype);
     const int8_t *q = a->qs + 512 * ci;
     __m256i ab[4], cd[4]; /* per group: blocks 4g, 4g+1 / 4g+2, 4g+3 */
 #pragma GCC unroll 4
@@ -269,7 +269,7 @@ INLINE void q8_chunk_avx2(int wtype, const char *p, int n, const __m256 dw[2], c
         __m256i t = _mm256_add_epi32(_mm256_unpacklo_epi64(x01, x23), _mm256_unpackhi_epi64(x01, x23));
         const __m256i sa = _mm256_loadu_si256((const __m256i *)(a->sa + 16 * ci + 8 * h));
         const __m256 da = _mm256_loadu_ps(a->d + 16 * ci + 8 * h);
-        if (q8_has_min(wtype)) { /* the values' dot, then the minimum times the activations' sum */
+        if (q32_has_min(wtype)) { /* the values' dot, then the minimum times the activations' sum */
             acc[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), _mm256_mul_ps(dw[h], da), acc[h]);
             acc[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sa), _mm256_mul_ps(mw[h], da), acc[h]);
             continue;
@@ -287,7 +287,7 @@ enum { Q8_NB = 16 }; /* activation rows per pass over a weight row (accumulators
  * accumulators and the decoded chunk in registers). */
 INLINE void mm_q8_row(int wtype, const char *w, int64_t nblk, const act_row *a, int n, float *y, int64_t ldy,
                       const int N1) {
-    const int bsz = q8_block_bytes(wtype);
+    const int bsz = q32_block_bytes(wtype);
     const int64_t nfull = nblk / 16;
     const int tail = (int)(nblk % 16);
     if (N1) n = 1;
@@ -297,13 +297,13 @@ INLINE void mm_q8_row(int wtype, const char *w, int64_t nblk, const act_row *a, 
     for (int64_t ci = 0; ci < nfull; ci++) {
         const char *p = w + 16 * ci * bsz;
         q8_scales_avx2(p, bsz, 16, dw);
-        if (q8_has_min(wtype)) q8_scales_avx2(p + 2, bsz, 16, mw);
+        if (q32_has_min(wtype)) q8_scales_avx2(p + 2, bsz, 16, mw);
         for (int b = 0; b < n; b++) q8_chunk_avx2(wtype, p, 16, dw, mw, &a[b], ci, acc[b]);
     }
     if (tail) {
         const char *p = w + 16 * nfull * bsz;
         q8_scales_avx2(p, bsz, tail, dw);
-        if (q8_has_min(wtype)) q8_scales_avx2(p + 2, bsz, tail, mw);
+        if (q32_has_min(wtype)) q8_scales_avx2(p + 2, bsz, tail, mw);
         for (int b = 0; b < n; b++) q8_chunk_avx2(wtype, p, tail, dw, mw, &a[b], nfull, acc[b]);
     }
     for (int b = 0; b < n; b++) y[(int64_t)b * ldy] = hsum_ps(_mm256_add_ps(acc[b][0], acc[b][1]));

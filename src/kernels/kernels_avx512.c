@@ -276,7 +276,7 @@ INLINE __mmask32 q8_words(int64_t words) {
  * loads 64 bytes apart; Q5_0, Q4_1 and Q5_1 by two per group (q8g_idx). */
 INLINE int q8_load_off(int wtype, int i) {
     return wtype == QTYPE_Q8_0       ? 272 * (i / 5) + 64 * (i % 5)
-           : q8g_kind(wtype) >= 0    ? 4 * q8_block_bytes(wtype) * (i / 2) + 64 * (i % 2)
+           : q8g_kind(wtype) >= 0    ? 4 * q32_block_bytes(wtype) * (i / 2) + 64 * (i % 2)
                                      : 64 * i;
 }
 
@@ -329,7 +329,7 @@ INLINE q8_chunk q8_decode(int wtype, const char *p, const int NG, const int FULL
             c.hi[g] = _mm512_xor_si512(c.hi[g], flip);
         }
     } else if (q8g_kind(wtype) >= 0) {
-        const int kind = q8g_kind(wtype), W = q8_block_bytes(wtype) / 2, HB = wtype != QTYPE_Q4_1;
+        const int kind = q8g_kind(wtype), W = q32_block_bytes(wtype) / 2, HB = wtype != QTYPE_Q4_1;
         const __m512i idx = _mm512_loadu_si512((const void *)q8g_idx[kind]);
         const __m512i hidx = _mm512_loadu_si512((const void *)q8g_qh_idx[kind]);
         const __m512i m4 = _mm512_set1_epi8(0x0F), b4 = _mm512_set1_epi8(0x10);
@@ -356,9 +356,9 @@ INLINE q8_chunk q8_decode(int wtype, const char *p, const int NG, const int FULL
                 c.hi[g] = _mm512_or_si512(c.hi[g], _mm512_maskz_mov_epi8(mhi, b4));
             }
             s = _mm512_mask2_permutex2var_epi16(z0, s, (__mmask32)(0x1111u << g), z1);
-            if (q8_has_min(wtype)) sm = _mm512_mask2_permutex2var_epi16(z0, sm, (__mmask32)(0x1111u << g), z1);
+            if (q32_has_min(wtype)) sm = _mm512_mask2_permutex2var_epi16(z0, sm, (__mmask32)(0x1111u << g), z1);
         }
-        if (q8_has_min(wtype)) {
+        if (q32_has_min(wtype)) {
             __mmask16 present = (__mmask16)(NG == 4 ? 0xFFFF : (0x1111u << NG) - 0x1111u);
             c.mw = _mm512_maskz_cvtph_ps(present, _mm512_castsi512_si256(sm));
         }
@@ -412,7 +412,7 @@ INLINE __m512 q8_apply(const q8_chunk *c, const act_row *a, int64_t ci, const in
     }
     const __m512i sa = _mm512_loadu_si512((const void *)(a->sa + 16 * ci));
     const __m512 da = _mm512_loadu_ps(a->d + 16 * ci);
-    if (MIN) { /* Q4_1, Q5_1: the values' dot, then the minimum times the activations' sum (q8_has_min) */
+    if (MIN) { /* Q4_1, Q5_1: the values' dot, then the minimum times the activations' sum (q32_has_min) */
         acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q8_tree(w[0], w[1], w[2], w[3])), _mm512_mul_ps(c->dw, da), acc);
         return _mm512_fmadd_ps(_mm512_cvtepi32_ps(sa), _mm512_mul_ps(c->mw, da), acc);
     }
@@ -426,7 +426,7 @@ INLINE __m512 q8_apply(const q8_chunk *c, const act_row *a, int64_t ci, const in
  * prefetches every line ahead (kern_pf_lines). */
 INLINE void mm_q8_rows(int wtype, const char *W, int64_t nblk, int64_t r0, int64_t r1, const act_row *a, int nb,
                        float *y, int64_t ldy, const int NB1) {
-    const int bsz = q8_block_bytes(wtype), MIN = q8_has_min(wtype);
+    const int bsz = q32_block_bytes(wtype), MIN = q32_has_min(wtype);
     const size_t wrow = (size_t)nblk * (size_t)bsz;
     const int64_t nfull = nblk / 16, tail = nblk % 16;
     const int tail_ng = (int)((tail + 3) / 4);

@@ -71,7 +71,10 @@ static inline int64_t act_q8_qs(int64_t k, int i) {
     return 128 * (k >> 2) + 64 * (i >> 4) + 16 * (k & 3) + (i & 15);
 }
 
-/* The weight offset folded into sa for a weight type (see ACT_Q8). */
+/* The weight offset folded into sa for a weight type (see ACT_Q8). For the
+ * types with a minimum (q32_has_min) a block's dot is dw * da * sum(q * a)
+ * + mw * da * sa: two multiply-adds into the block's slot, the second after
+ * the first, in every kernel. */
 static inline int act_q8_off(int wtype) {
     switch (wtype) {
     case QTYPE_Q4_0: return 8;
@@ -82,21 +85,6 @@ static inline int act_q8_off(int wtype) {
     }
 }
 
-/* Bytes of a block of 32 of an ACT_Q8 weight type. */
-static inline int q8_block_bytes(int wtype) {
-    switch (wtype) {
-    case QTYPE_Q8_0: return (int)sizeof(block_q8_0);
-    case QTYPE_Q5_0: return (int)sizeof(block_q5_0);
-    case QTYPE_Q4_1: return (int)sizeof(block_q4_1);
-    case QTYPE_Q5_1: return (int)sizeof(block_q5_1);
-    default: return (int)sizeof(block_q4_0); /* Q4_0, IQ4_NL */
-    }
-}
-
-/* ACT_Q8 weight types with a per-block minimum (Q4_1, Q5_1): a block's dot
- * is dw * da * sum(q * a) + mw * da * sa (sa = sum(a), act_q8_off 1), two
- * multiply-adds into the block's slot, the second after the first. */
-static inline int q8_has_min(int wtype) { return wtype == QTYPE_Q4_1 || wtype == QTYPE_Q5_1; }
 
 static inline act_kind act_kind_of(int wtype) {
     switch (wtype) {

@@ -62,7 +62,7 @@ INLINE void qd_weights(int wtype, const char *p0, size_t wrow, __m512i *lo, __m5
         /* Q5_0, Q4_1, Q5_1: the nibbles as Q4_0's (the block's last 16
          * bytes); Q5_0, Q5_1: then bit e of row i's high bits (the 4 bytes
          * before them) into byte e of lane i (elements 0-15: lo; 16-31: hi) */
-        const int bsz = q8_block_bytes(wtype), qo = bsz - 16, ho = bsz - 20;
+        const int bsz = q32_block_bytes(wtype), qo = bsz - 16, ho = bsz - 20;
         const __m512i m4 = _mm512_set1_epi8(0x0F), b4 = _mm512_set1_epi8(0x10);
         __m256i y01 = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(p0 + qo))),
                                               _mm_loadu_si128((const __m128i *)(p1 + qo)), 1);
@@ -154,7 +154,7 @@ INLINE void qd_block(int wtype, const char *p, size_t wrow, const int8_t *a, __m
     __m512i lo[QD_MAX_G], hi[QD_MAX_G], acc[2][QD_MAX_P];
 #pragma GCC unroll 4
     for (int g = 0; g < NG; g++) qd_weights(wtype, p + (size_t)(4 * g) * wrow, wrow, &lo[g], &hi[g]);
-    const int MIN = q8_has_min(wtype); /* Q4_1, Q5_1: no offset to take off; the minimum's term after the dot's */
+    const int MIN = q32_has_min(wtype); /* Q4_1, Q5_1: no offset to take off; the minimum's term after the dot's */
 #pragma GCC unroll 8
     for (int q = 0; q < NQ; q++) {
         __m512i nsa = MIN ? _mm512_setzero_si512()
@@ -209,7 +209,7 @@ INLINE void qd_block(int wtype, const char *p, size_t wrow, const int8_t *a, __m
  * row holds which slot: qd_row_of_block. */
 INLINE void qd_pass(int wtype, const char *w, size_t wrow, int64_t nblk, const int8_t *A, size_t kstride,
                     const char *pf, size_t pf_step, __m512 *out, const int NG, const int NQ, const int NC) {
-    const int bsz = q8_block_bytes(wtype);
+    const int bsz = q32_block_bytes(wtype);
     __m512 S[16][QD_MAX_P];
     /* a slot starts at its first block (k < 16); slots without any stay zero */
     if (nblk < 16)
@@ -315,7 +315,7 @@ static void qd_rows(int wtype, const char *W, size_t wrow, int64_t nblk, int64_t
  * lines. */
 void kern_matmul_q8_quads_avx512(int wtype, const void *W, int64_t cols, int64_t r0, int64_t n4, const void *act,
                                  int nb, float *Y, int64_t ldy) {
-    const int bsz = q8_block_bytes(wtype);
+    const int bsz = q32_block_bytes(wtype);
     const int64_t nblk = cols / 32;
     const size_t wrow = (size_t)nblk * (size_t)bsz;
     const char *w = W;

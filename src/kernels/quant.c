@@ -77,56 +77,19 @@ static void dequant_bf16(const void *src, float *dst, int64_t n) {
     for (int64_t i = 0; i < n; i++) dst[i] = ellm_bf16_to_f32(s[i]);
 }
 
-static void dequant_q8_0(const void *src, float *dst, int64_t n) {
-    const block_q8_0 *b = src;
-    for (int64_t k = 0; k < n / QK8_0; k++, dst += QK8_0) {
-        float d = ellm_f16_to_f32(b[k].d);
-        for (int i = 0; i < QK8_0; i++) dst[i] = d * (float)b[k].qs[i];
-    }
-}
-
-static void dequant_q4_0(const void *src, float *dst, int64_t n) {
-    const block_q4_0 *b = src;
-    for (int64_t k = 0; k < n / QK4_0; k++, dst += QK4_0) {
-        float d = ellm_f16_to_f32(b[k].d);
-        for (int i = 0; i < QK4_0 / 2; i++) {
-            dst[i] = d * (float)((b[k].qs[i] & 0xF) - 8);
-            dst[i + 16] = d * (float)((b[k].qs[i] >> 4) - 8);
-        }
-    }
-}
-
-static void dequant_q5_0(const void *src, float *dst, int64_t n) {
-    const block_q5_0 *b = src;
-    for (int64_t k = 0; k < n / QK5_0; k++, dst += QK5_0) {
-        float d = ellm_f16_to_f32(b[k].d);
-        for (int i = 0; i < QK5_0; i++) dst[i] = d * (float)(q5_0_value(&b[k], i) - 16);
-    }
-}
-
-static void dequant_q4_1(const void *src, float *dst, int64_t n) {
-    const block_q4_1 *b = src;
-    for (int64_t k = 0; k < n / QK4_0; k++, dst += QK4_0) {
-        float d = ellm_f16_to_f32(b[k].d), m = ellm_f16_to_f32(b[k].m);
-        for (int i = 0; i < QK4_0; i++) dst[i] = d * (float)q5_value(b[k].qs, NULL, i) + m;
-    }
-}
-
-static void dequant_q5_1(const void *src, float *dst, int64_t n) {
-    const block_q5_1 *b = src;
-    for (int64_t k = 0; k < n / QK5_0; k++, dst += QK5_0) {
-        float d = ellm_f16_to_f32(b[k].d), m = ellm_f16_to_f32(b[k].m);
-        for (int i = 0; i < QK5_0; i++) dst[i] = d * (float)q5_value(b[k].qs, b[k].qh, i) + m;
-    }
-}
-
-static void dequant_iq4_nl(const void *src, float *dst, int64_t n) {
-    const block_iq4_nl *b = src;
+/* Q8_0, Q4_0, Q5_0, IQ4_NL, Q4_1, Q5_1 (q32_value). */
+static void dequant_q32(int type, const void *src, float *dst, int64_t n) {
+    const size_t bsz = (size_t)q32_block_bytes(type);
+    const int has_min = q32_has_min(type);
     for (int64_t k = 0; k < n / 32; k++, dst += 32) {
-        float d = ellm_f16_to_f32(b[k].d);
-        for (int i = 0; i < 16; i++) {
-            dst[i] = d * (float)iq4_values[b[k].qs[i] & 0xF];
-            dst[i + 16] = d * (float)iq4_values[b[k].qs[i] >> 4];
+        const char *blk = (const char *)src + (size_t)k * bsz;
+        ellm_f16 dh, mh;
+        memcpy(&dh, blk, 2);
+        memcpy(&mh, blk + 2, 2);
+        const float d = ellm_f16_to_f32(dh), m = has_min ? ellm_f16_to_f32(mh) : 0.0f;
+        for (int i = 0; i < 32; i++) {
+            const float w = d * (float)q32_value(type, blk, i);
+            dst[i] = has_min ? w + m : w;
         }
     }
 }
@@ -171,40 +134,20 @@ static void dequant_q2_K(const void *src, float *dst, int64_t n) {
     }
 }
 
-static void dequant_q4_K(const void *src, float *dst, int64_t n) {
-    const block_q4_K *b = src;
+/* Q4_K and Q5_K (q45k_value): w = d * sc[j] * value - dmin * m[j]. */
+static void dequant_q45k(int type, const void *src, float *dst, int64_t n) {
+    const size_t bsz = type == QTYPE_Q5_K ? sizeof(block_q5_K) : sizeof(block_q4_K);
     for (int64_t k = 0; k < n / QK_K; k++) {
-        float d = ellm_f16_to_f32(b[k].d);
-        float dmin = ellm_f16_to_f32(b[k].dmin);
-        for (int g = 0; g < 4; g++) {
-            const uint8_t *q = b[k].qs + 32 * g;
-            for (int h = 0; h < 2; h++) {
-                int sc, m;
-                q4k_scale_min(b[k].scales, 2 * g + h, &sc, &m);
-                float d1 = d * (float)sc, m1 = dmin * (float)m;
-                for (int l = 0; l < 32; l++) {
-                    int v = h ? q[l] >> 4 : q[l] & 0xF;
-                    *dst++ = d1 * (float)v - m1;
-                }
-            }
-        }
-    }
-}
-
-static void dequant_q5_K(const void *src, float *dst, int64_t n) {
-    const block_q5_K *b = src;
-    for (int64_t k = 0; k < n / QK_K; k++) {
-        float d = ellm_f16_to_f32(b[k].d);
-        float dmin = ellm_f16_to_f32(b[k].dmin);
-        for (int j = 0; j < 8; j++) {
+        const char *blk = (const char *)src + (size_t)k * bsz;
+        const block_q4_K *b4 = (const block_q4_K *)blk; /* d, dmin and scales sit alike in both */
+        const uint8_t *qs = type == QTYPE_Q5_K ? ((const block_q5_K *)blk)->qs : b4->qs;
+        const uint8_t *qh = type == QTYPE_Q5_K ? ((const block_q5_K *)blk)->qh : NULL;
+        float d = ellm_f16_to_f32(b4->d), dmin = ellm_f16_to_f32(b4->dmin);
+        for (int jb = 0; jb < 8; jb++) {
             int sc, m;
-            q4k_scale_min(b[k].scales, j, &sc, &m);
+            q4k_scale_min(b4->scales, jb, &sc, &m);
             float d1 = d * (float)sc, m1 = dmin * (float)m;
-            const uint8_t *q = b[k].qs + 32 * (j / 2);
-            for (int l = 0; l < 32; l++) {
-                int v = ((j & 1) ? q[l] >> 4 : q[l] & 0xF) | ((b[k].qh[l] >> j) & 1) << 4;
-                *dst++ = d1 * (float)v - m1;
-            }
+            for (int l = 0; l < 32; l++) *dst++ = d1 * (float)q45k_value(qs, qh, jb, l) - m1;
         }
     }
 }
@@ -239,17 +182,17 @@ void qtype_dequantize_ref(int type, const void *src, float *dst, int64_t n) {
     case QTYPE_F32: dequant_f32(src, dst, n); break;
     case QTYPE_F16: dequant_f16(src, dst, n); break;
     case QTYPE_BF16: dequant_bf16(src, dst, n); break;
-    case QTYPE_Q8_0: dequant_q8_0(src, dst, n); break;
-    case QTYPE_Q4_0: dequant_q4_0(src, dst, n); break;
-    case QTYPE_Q5_0: dequant_q5_0(src, dst, n); break;
-    case QTYPE_Q4_1: dequant_q4_1(src, dst, n); break;
-    case QTYPE_IQ4_NL: dequant_iq4_nl(src, dst, n); break;
+    case QTYPE_Q8_0:
+    case QTYPE_Q4_0:
+    case QTYPE_Q5_0:
+    case QTYPE_Q4_1:
+    case QTYPE_Q5_1:
+    case QTYPE_IQ4_NL: dequant_q32(type, src, dst, n); break;
     case QTYPE_IQ4_XS: dequant_iq4_xs(src, dst, n); break;
-    case QTYPE_Q5_1: dequant_q5_1(src, dst, n); break;
     case QTYPE_Q2_K: dequant_q2_K(src, dst, n); break;
     case QTYPE_Q3_K: dequant_q3_K(src, dst, n); break;
-    case QTYPE_Q4_K: dequant_q4_K(src, dst, n); break;
-    case QTYPE_Q5_K: dequant_q5_K(src, dst, n); break;
+    case QTYPE_Q4_K:
+    case QTYPE_Q5_K: dequant_q45k(type, src, dst, n); break;
     case QTYPE_Q6_K: dequant_q6_K(src, dst, n); break;
     case QTYPE_INT4_G128: dequant_int4_g128(src, dst, n); break;
     default: break;

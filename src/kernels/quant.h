@@ -170,6 +170,12 @@ static inline int q3k_scale(const uint8_t *s, int is) {
     int lo = is < 8 ? s[is] & 0xF : s[is - 8] >> 4;
     return lo | ((s[8 + is % 4] >> (2 * (is / 4))) & 3) << 4;
 }
+/* Value (0..31) of element 32j + l (sub-block j) of a Q4_K (qh NULL: 0..15)
+ * or Q5_K block's qs and qh. */
+static inline int q45k_value(const uint8_t *qs, const uint8_t *qh, int j, int l) {
+    int v = (qs[32 * (j / 2) + l] >> (4 * (j & 1))) & 0xF;
+    return qh ? v | ((qh[l] >> j) & 1) << 4 : v;
+}
 /* The 2-bit field of element e (0..255) of a Q2_K / Q3_K qs (its low bits). */
 static inline int k2_bits(const uint8_t *qs, int e) { return (qs[32 * (e / 128) + e % 32] >> (2 * ((e % 128) / 32))) & 3; }
 
@@ -194,6 +200,43 @@ typedef struct {
 /* Sub-block j's signed scale ls[j] - 32 of an IQ4_XS block. */
 static inline int iq4xs_scale(const block_iq4_xs *b, int j) {
     return (((b->scales_l[j / 2] >> 4 * (j % 2)) & 0xF) | ((b->scales_h >> 2 * j) & 3) << 4) - 32;
+}
+
+/* ---- the blocks of 32: Q8_0, Q4_0, Q5_0, IQ4_NL, Q4_1, Q5_1 ---------------
+ * Each starts with its f16 scale d (Q4_1, Q5_1: then their f16 minimum m),
+ * and each but Q8_0 ends with the 16 nibble bytes of Q4_0 (element i in the
+ * low nibble of byte i, element 16 + i in the high one), Q5_0 and Q5_1 with
+ * their 32 fifth bits (little-endian, bit i for element i) just before. */
+static inline int q32_block_bytes(int type) {
+    switch (type) {
+    case QTYPE_Q8_0: return (int)sizeof(block_q8_0);
+    case QTYPE_Q5_0: return (int)sizeof(block_q5_0);
+    case QTYPE_Q4_1: return (int)sizeof(block_q4_1);
+    case QTYPE_Q5_1: return (int)sizeof(block_q5_1);
+    default: return (int)sizeof(block_q4_0); /* Q4_0, IQ4_NL */
+    }
+}
+/* Whether the type adds a per-block minimum: w = d * value + m. */
+static inline int q32_has_min(int type) { return type == QTYPE_Q4_1 || type == QTYPE_Q5_1; }
+/* Element i (0..31) of a block as an integer: w = d * value (Q8_0's byte,
+ * Q4_0's nibble - 8, Q5_0's 5 bits - 16, IQ4_NL's grid value) or w = d *
+ * value + m (Q4_1's nibble, Q5_1's 5 bits). The reference every kernel of
+ * these types is tested against. */
+static inline int q32_value(int type, const void *blk, int i) {
+    if (type == QTYPE_Q8_0) return ((const block_q8_0 *)blk)->qs[i];
+    const uint8_t *qs = (const uint8_t *)blk + q32_block_bytes(type) - 16;
+    int v = i < 16 ? qs[i] & 0xF : qs[i - 16] >> 4;
+    if (type == QTYPE_Q5_0 || type == QTYPE_Q5_1) {
+        uint32_t h;
+        memcpy(&h, qs - 4, 4);
+        v |= (int)((h >> i) & 1) << 4;
+    }
+    switch (type) {
+    case QTYPE_Q4_0: return v - 8;
+    case QTYPE_Q5_0: return v - 16;
+    case QTYPE_IQ4_NL: return iq4_values[v];
+    default: return v; /* Q4_1, Q5_1 */
+    }
 }
 /* 256 weights in 16 sub-blocks of 16 with signed 8-bit scales; w = d *
  * scales[e / 16] * (q - 32) with a 6-bit q. For half h (elements 128h ..
@@ -232,17 +275,6 @@ static_assert(sizeof(block_q5_0) == 22, "block_q5_0 size");
 static_assert(sizeof(block_q4_1) == 20, "block_q4_1 size");
 static_assert(sizeof(block_q5_1) == 24, "block_q5_1 size");
 
-/* Value i (0..31) of 32 nibbles qs and high bits qh (Q5_0, Q5_1; NULL qh:
- * Q4_1's 0..15). */
-static inline int q5_value(const uint8_t *qs, const uint8_t *qh, int i) {
-    int lo = i < 16 ? qs[i] & 0xF : qs[i - 16] >> 4;
-    if (!qh) return lo;
-    uint32_t h;
-    memcpy(&h, qh, 4);
-    return lo | (int)((h >> i) & 1) << 4;
-}
-/* 5-bit value i (0..31, the weight + 16) of a Q5_0 block. */
-static inline int q5_0_value(const block_q5_0 *b, int i) { return q5_value(b->qs, b->qh, i); }
 static_assert(sizeof(block_q4_K) == 144, "block_q4_K size");
 static_assert(sizeof(block_q5_K) == 176, "block_q5_K size");
 static_assert(sizeof(block_iq4_nl) == 18, "block_iq4_nl size");
