@@ -203,6 +203,19 @@ void qtype_dequantize_ref(int type, const void *src, float *dst, int64_t n) {
 
 static int clampi(int v, int lo, int hi) { return v < lo ? lo : v > hi ? hi : v; }
 
+/* The value of largest magnitude among x[0 .. n), with its sign (the first
+ * such on ties; 0 for all zeros): the quantizers that put it on their grid's
+ * end of its sign. */
+static float signed_absmax(const float *x, int n) {
+    float amax = 0, max = 0;
+    for (int i = 0; i < n; i++)
+        if (fabsf(x[i]) > amax) {
+            amax = fabsf(x[i]);
+            max = x[i];
+        }
+    return max;
+}
+
 static void quant_q8_0(const float *x, void *dst, int64_t n) {
     block_q8_0 *b = dst;
     for (int64_t k = 0; k < n / QK8_0; k++, x += QK8_0) {
@@ -219,12 +232,7 @@ static void quant_q8_0(const float *x, void *dst, int64_t n) {
 static void quant_q4_0(const float *x, void *dst, int64_t n) {
     block_q4_0 *b = dst;
     for (int64_t k = 0; k < n / QK4_0; k++, x += QK4_0) {
-        float amax = 0, max = 0;
-        for (int i = 0; i < QK4_0; i++)
-            if (fabsf(x[i]) > amax) {
-                amax = fabsf(x[i]);
-                max = x[i];
-            }
+        float max = signed_absmax(x, QK4_0);
         float d = max / -8.0f, id = d ? 1.0f / d : 0.0f;
         b[k].d = ellm_f32_to_f16(d);
         for (int i = 0; i < QK4_0 / 2; i++) {
@@ -239,12 +247,7 @@ static void quant_q4_0(const float *x, void *dst, int64_t n) {
 static void quant_q5_0(const float *x, void *dst, int64_t n) {
     block_q5_0 *b = dst;
     for (int64_t k = 0; k < n / QK5_0; k++, x += QK5_0) {
-        float amax = 0, max = 0;
-        for (int i = 0; i < QK5_0; i++)
-            if (fabsf(x[i]) > amax) {
-                amax = fabsf(x[i]);
-                max = x[i];
-            }
+        float max = signed_absmax(x, QK5_0);
         float d = max / -16.0f, id = d ? 1.0f / d : 0.0f;
         b[k].d = ellm_f32_to_f16(d);
         uint32_t qh = 0;
@@ -296,6 +299,10 @@ static int iq4_code(float v) {
     return best;
 }
 
+/* The scale that puts a block's value of largest magnitude (signed_absmax)
+ * on the grid's end of its sign: -127 or 113. */
+static float iq4_scale(float max) { return max < 0 ? max / -127.0f : max / 113.0f; }
+
 /* 32 values x as codes against scale d (qs as Q4_0's nibbles). */
 static void iq4_codes(const float *x, float d, uint8_t *qs) {
     float id = d ? 1.0f / d : 0.0f;
@@ -307,13 +314,8 @@ static void iq4_codes(const float *x, float d, uint8_t *qs) {
 static void quant_iq4_nl(const float *x, void *dst, int64_t n) {
     block_iq4_nl *b = dst;
     for (int64_t k = 0; k < n / 32; k++, x += 32) {
-        float amax = 0, max = 0;
-        for (int i = 0; i < 32; i++)
-            if (fabsf(x[i]) > amax) {
-                amax = fabsf(x[i]);
-                max = x[i];
-            }
-        b[k].d = ellm_f32_to_f16(max < 0 ? max / -127.0f : max / 113.0f);
+        float max = signed_absmax(x, 32);
+        b[k].d = ellm_f32_to_f16(iq4_scale(max));
         iq4_codes(x, ellm_f16_to_f32(b[k].d), b[k].qs);
     }
 }
@@ -325,13 +327,8 @@ static void quant_iq4_xs(const float *x, void *dst, int64_t n) {
     for (int64_t k = 0; k < n / QK_K; k++, x += QK_K) {
         float sc[8], smax = 0;
         for (int j = 0; j < 8; j++) {
-            float amax = 0, max = 0;
-            for (int i = 0; i < 32; i++)
-                if (fabsf(x[32 * j + i]) > amax) {
-                    amax = fabsf(x[32 * j + i]);
-                    max = x[32 * j + i];
-                }
-            sc[j] = max < 0 ? max / -127.0f : max / 113.0f;
+            float max = signed_absmax(x + 32 * j, 32);
+            sc[j] = iq4_scale(max);
             smax = fmaxf(smax, sc[j]);
         }
         b[k].d = ellm_f32_to_f16(smax / 31.0f);
@@ -358,12 +355,7 @@ static void quant_q3_K(const float *x, void *dst, int64_t n) {
     for (int64_t k = 0; k < n / QK_K; k++, x += QK_K) {
         float sc[16], smax = 0;
         for (int j = 0; j < 16; j++) {
-            float amax = 0, max = 0;
-            for (int i = 0; i < 16; i++)
-                if (fabsf(x[16 * j + i]) > amax) {
-                    amax = fabsf(x[16 * j + i]);
-                    max = x[16 * j + i];
-                }
+            float max = signed_absmax(x + 16 * j, 16);
             sc[j] = max / -4.0f;
             smax = fmaxf(smax, fabsf(sc[j]));
         }
@@ -385,92 +377,71 @@ static void quant_q3_K(const float *x, void *dst, int64_t n) {
     }
 }
 
-/* Per sub-block of 16: min m = max(0, -min x), scale = (max x + m) / 3; the
- * 16 scales and mins to 4 bits against d and dmin (mins rounded up, as
- * Q4_K's), each value rounded on its grid. */
-static void quant_q2_K(const float *x, void *dst, int64_t n) {
-    block_q2_K *b = dst;
-    for (int64_t k = 0; k < n / QK_K; k++, x += QK_K) {
-        float mins[16], maxs[16], mmax = 0, smax = 0;
-        for (int j = 0; j < 16; j++) {
-            float lo = 0, hi = 0;
-            for (int i = 0; i < 16; i++) {
-                lo = fminf(lo, x[16 * j + i]);
-                hi = fmaxf(hi, x[16 * j + i]);
-            }
-            mins[j] = -lo;
-            maxs[j] = hi;
-            mmax = fmaxf(mmax, mins[j]);
-        }
-        memset(&b[k], 0, sizeof b[k]);
-        b[k].dmin = ellm_f32_to_f16(mmax / 15.0f);
-        float dmin = ellm_f16_to_f32(b[k].dmin), m1[16], want[16];
-        int mq[16];
-        for (int j = 0; j < 16; j++) {
-            mq[j] = dmin > 0 ? clampi((int)ceilf(mins[j] / dmin), 0, 15) : 0;
-            m1[j] = dmin * (float)mq[j];
-            want[j] = (maxs[j] + m1[j]) / 3.0f;
-            smax = fmaxf(smax, want[j]);
-        }
-        b[k].d = ellm_f32_to_f16(smax / 15.0f);
-        float d = ellm_f16_to_f32(b[k].d);
-        for (int j = 0; j < 16; j++) {
-            int sq = d > 0 ? clampi((int)ceilf(want[j] / d), 0, 15) : 0;
-            b[k].scales[j] = (uint8_t)(sq | mq[j] << 4);
-            float d1 = d * (float)sq;
-            for (int i = 0; i < 16; i++) {
-                int e = 16 * j + i;
-                k2_set(b[k].qs, e, d1 > 0 ? clampi((int)lrintf((x[e] + m1[j]) / d1), 0, 3) : 0);
-            }
-        }
-    }
-}
 
-/* One 256-element super-block of Q4_K (qmax 15) or Q5_K (qmax 31): d,
- * dmin, the packed 6-bit scales and mins, and each element's value q[e]. */
-static void kquant_fit(const float *x, int qmax, ellm_f16 *d_out, ellm_f16 *dmin_out, uint8_t scales[12], int q[QK_K]) {
-    float mins[8], maxs[8], mmax = 0;
-    for (int j = 0; j < 8; j++) {
+/* The scale-and-minimum grid of one 256-element super-block in nsub
+ * sub-blocks: per sub-block the min m = max(0, -min x) and the scale
+ * (max x + m) / qmax, both quantized to `levels` (63: 6 bits, Q4_K/Q5_K; 15:
+ * 4 bits, Q2_K) against d = max scale / levels and dmin = max m / levels;
+ * mins are rounded up and scales recomputed from the quantized min, so the
+ * range covers the sub-block (rather than clipping its top). Writes d, dmin,
+ * each sub-block's sq and mq, and each element's value q in 0..qmax. */
+static void kquant_grid(const float *x, int nsub, int qmax, int levels, ellm_f16 *d_out, ellm_f16 *dmin_out, int *sq,
+                        int *mq, int q[QK_K]) {
+    const int len = QK_K / nsub;
+    float mins[16], maxs[16], m1[16], want[16], mmax = 0, smax = 0;
+    for (int j = 0; j < nsub; j++) {
         float lo = 0, hi = 0;
-        for (int l = 0; l < 32; l++) {
-            lo = fminf(lo, x[32 * j + l]);
-            hi = fmaxf(hi, x[32 * j + l]);
+        for (int l = 0; l < len; l++) {
+            lo = fminf(lo, x[len * j + l]);
+            hi = fmaxf(hi, x[len * j + l]);
         }
         mins[j] = -lo;
         maxs[j] = hi;
         mmax = fmaxf(mmax, mins[j]);
     }
-    ellm_f16 dmin16 = ellm_f32_to_f16(mmax / 63.0f);
-    float dmin = ellm_f16_to_f32(dmin16);
-    int mq[8], sq[8];
-    float m1[8], smax = 0, want[8];
-    for (int j = 0; j < 8; j++) {
-        mq[j] = dmin > 0 ? clampi((int)ceilf(mins[j] / dmin), 0, 63) : 0;
+    *dmin_out = ellm_f32_to_f16(mmax / (float)levels);
+    float dmin = ellm_f16_to_f32(*dmin_out);
+    for (int j = 0; j < nsub; j++) {
+        mq[j] = dmin > 0 ? clampi((int)ceilf(mins[j] / dmin), 0, levels) : 0;
         m1[j] = dmin * (float)mq[j];
         want[j] = (maxs[j] + m1[j]) / (float)qmax;
         smax = fmaxf(smax, want[j]);
     }
-    ellm_f16 d16 = ellm_f32_to_f16(smax / 63.0f);
-    float d = ellm_f16_to_f32(d16);
-    for (int j = 0; j < 8; j++) sq[j] = d > 0 ? clampi((int)ceilf(want[j] / d), 0, 63) : 0;
-    *d_out = d16;
-    *dmin_out = dmin16;
+    *d_out = ellm_f32_to_f16(smax / (float)levels);
+    float d = ellm_f16_to_f32(*d_out);
+    for (int j = 0; j < nsub; j++) sq[j] = d > 0 ? clampi((int)ceilf(want[j] / d), 0, levels) : 0;
+    for (int e = 0; e < QK_K; e++) {
+        int jb = e / len;
+        float d1 = d * (float)sq[jb];
+        q[e] = d1 > 0 ? clampi((int)lrintf((x[e] + m1[jb]) / d1), 0, qmax) : 0;
+    }
+}
+
+/* Q4_K (qmax 15) or Q5_K (qmax 31): kquant_grid over 8 sub-blocks of 32,
+ * the 6-bit scales and mins packed as q4k_scale_min reads them. */
+static void kquant_fit(const float *x, int qmax, ellm_f16 *d_out, ellm_f16 *dmin_out, uint8_t scales[12], int q[QK_K]) {
+    int sq[8], mq[8];
+    kquant_grid(x, 8, qmax, 63, d_out, dmin_out, sq, mq, q);
     for (int j = 0; j < 4; j++) {
         scales[j] = (uint8_t)((sq[j] & 63) | ((sq[j + 4] >> 4) << 6));
         scales[j + 4] = (uint8_t)((mq[j] & 63) | ((mq[j + 4] >> 4) << 6));
         scales[j + 8] = (uint8_t)((sq[j + 4] & 0xF) | ((mq[j + 4] & 0xF) << 4));
     }
-    for (int e = 0; e < QK_K; e++) {
-        int j = e / 32;
-        float d1 = d * (float)sq[j];
-        q[e] = d1 > 0 ? clampi((int)lrintf((x[e] + m1[j]) / d1), 0, qmax) : 0;
+}
+
+/* kquant_grid over 16 sub-blocks of 16 with 4-bit scales and mins, q in 0..3. */
+static void quant_q2_K(const float *x, void *dst, int64_t n) {
+    block_q2_K *b = dst;
+    for (int64_t k = 0; k < n / QK_K; k++, x += QK_K) {
+        int sq[16], mq[16], q[QK_K];
+        memset(&b[k], 0, sizeof b[k]);
+        kquant_grid(x, 16, 3, 15, &b[k].d, &b[k].dmin, sq, mq, q);
+        for (int j = 0; j < 16; j++) b[k].scales[j] = (uint8_t)(sq[j] | mq[j] << 4);
+        for (int e = 0; e < QK_K; e++) k2_set(b[k].qs, e, q[e]);
     }
 }
 
-/* Per sub-block of 32: min m = max(0, -min x), scale = (max x + m) / 15 (Q4_K)
- * or / 31 (Q5_K); the 8 scales and mins are then quantized to 6 bits against
- * d and dmin. Mins are rounded up and scales recomputed from the quantized
- * min so the range covers the sub-block (rather than clipping its top). */
+/* kquant_fit's grid, the values as q4k layouts them (Q5_K: fifth bits in qh). */
 static void quant_q4_K(const float *x, void *dst, int64_t n) {
     block_q4_K *b = dst;
     for (int64_t k = 0; k < n / QK_K; k++, x += QK_K) {
@@ -662,15 +633,10 @@ void qtype_fit_q4_0_weighted(const float *x, void *dst, int64_t n, const float *
     block_q4_0 *b = dst;
     for (int64_t k = 0; k < n / QK4_0; k++, x += QK4_0) {
         const float *w = w_all + k * QK4_0;
-        float amax = 0, max = 0;
-        for (int i = 0; i < QK4_0; i++)
-            if (fabsf(x[i]) > amax) {
-                amax = fabsf(x[i]);
-                max = x[i];
-            }
+        float max = signed_absmax(x, QK4_0);
         float best_d = max / -8.0f;
         double best = INFINITY;
-        for (int step = -9; step <= 9 && amax > 0; step++) {
+        for (int step = -9; step <= 9 && max != 0; step++) {
             float d = max / (-8.0f + 0.1f * (float)step), id = 1.0f / d;
             double sxq = 0, sqq = 0;
             for (int i = 0; i < QK4_0; i++) {
