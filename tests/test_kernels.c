@@ -53,38 +53,46 @@ static const int k_types[] = {QTYPE_F32,  QTYPE_F16,  QTYPE_BF16, QTYPE_Q8_0,   
                               QTYPE_Q4_K, QTYPE_Q6_K, QTYPE_INT4_G128, QTYPE_Q5_K, QTYPE_Q4_1, QTYPE_Q5_1,
                               QTYPE_IQ4_NL, QTYPE_IQ4_XS, QTYPE_Q3_K, QTYPE_Q2_K};
 enum { N_TYPES = sizeof k_types / sizeof k_types[0] };
+/* The blocks of 32 (q32_value): one arithmetic, with per-row and batch
+ * kernels on every ISA. */
+static const int k_q32_types[] = {QTYPE_Q8_0, QTYPE_Q4_0, QTYPE_Q5_0, QTYPE_Q4_1, QTYPE_Q5_1, QTYPE_IQ4_NL};
+enum { N_Q32_TYPES = sizeof k_q32_types / sizeof k_q32_types[0] };
 
 static int is_quant(int t) { return qtype_get(t)->block_elems > 1; }
+
+/* Byte offsets in a block of its f16 scale d and of its second f16 field
+ * (the minimum's scale dmin, or the offset m; -1 for none). */
+static void scale_fields(int type, int *d_off, int *m_off) {
+    *d_off = 0;
+    *m_off = -1;
+    switch (type) {
+    case QTYPE_Q4_K:
+    case QTYPE_Q5_K:
+    case QTYPE_Q4_1:
+    case QTYPE_Q5_1:
+    case QTYPE_INT4_G128: *m_off = 2; break;
+    case QTYPE_Q6_K: *d_off = 208; break;
+    case QTYPE_Q3_K: *d_off = 108; break;
+    case QTYPE_Q2_K:
+        *d_off = 80;
+        *m_off = 82;
+        break;
+    default: break; /* Q8_0, Q4_0, Q5_0, IQ4_NL, IQ4_XS */
+    }
+}
 
 /* Sets every f16 scale field of a quantized row to a power of two so that all
  * products in a matmul are exact (see test_matmul_exact). */
 static void set_pow2_scales(int type, void *row, int64_t cols) {
     const qtype_info *ti = qtype_get(type);
     int64_t nblk = cols / ti->block_elems;
+    int d_off, m_off;
+    scale_fields(type, &d_off, &m_off);
     for (int64_t k = 0; k < nblk; k++) {
         uint8_t *b = (uint8_t *)row + k * ti->block_bytes;
         ellm_f16 d = ellm_f32_to_f16(0.0625f), dmin = ellm_f32_to_f16(0.015625f);
-        switch (type) {
-        case QTYPE_Q8_0:
-        case QTYPE_Q4_0:
-        case QTYPE_Q5_0:
-        case QTYPE_IQ4_NL:
-        case QTYPE_IQ4_XS: memcpy(b, &d, 2); break;
-        case QTYPE_Q4_K:
-        case QTYPE_Q5_K:
-        case QTYPE_Q4_1:
-        case QTYPE_Q5_1:
-        case QTYPE_INT4_G128:
-            memcpy(b, &d, 2);
-            memcpy(b + 2, &dmin, 2);
-            break;
-        case QTYPE_Q6_K: memcpy(b + 208, &d, 2); break;
-        case QTYPE_Q3_K: memcpy(b + 108, &d, 2); break;
-        case QTYPE_Q2_K:
-            memcpy(b + 80, &d, 2);
-            memcpy(b + 82, &dmin, 2);
-            break;
-        }
+        memcpy(b + d_off, &d, 2);
+        if (m_off >= 0) memcpy(b + m_off, &dmin, 2);
     }
 }
 
@@ -104,22 +112,18 @@ static void make_weights(int type, void *W, int64_t rows, int64_t cols) {
     }
     fill_bytes(W, rb * (size_t)rows);
     const qtype_info *ti = qtype_get(type);
+    int d_off, m_off;
+    scale_fields(type, &d_off, &m_off);
+    const int offset = type == QTYPE_INT4_G128 || type == QTYPE_Q4_1 || type == QTYPE_Q5_1; /* m, not dmin */
     for (int64_t r = 0; r < rows; r++)
         for (int64_t k = 0; k < cols / ti->block_elems; k++) {
             uint8_t *b = (uint8_t *)W + r * rb + k * ti->block_bytes;
             ellm_f16 d = ellm_f32_to_f16(0.001f + 0.01f * rng_uniform());
             ellm_f16 dmin = ellm_f32_to_f16(0.001f + 0.01f * rng_uniform());
-            if (type == QTYPE_Q6_K) memcpy(b + 208, &d, 2);
-            else if (type == QTYPE_Q3_K) memcpy(b + 108, &d, 2);
-            else if (type == QTYPE_Q2_K) {
-                memcpy(b + 80, &d, 2);
-                memcpy(b + 82, &dmin, 2);
-            } else memcpy(b, &d, 2);
-            if (type == QTYPE_Q4_K || type == QTYPE_Q5_K) memcpy(b + 2, &dmin, 2);
-            if (type == QTYPE_INT4_G128 || type == QTYPE_Q4_1 || type == QTYPE_Q5_1) { /* a negative offset, as for a centred group */
-                ellm_f16 m = ellm_f32_to_f16(-7.5f * ellm_f16_to_f32(d) * (0.8f + 0.4f * rng_uniform()));
-                memcpy(b + 2, &m, 2);
-            }
+            if (offset) /* a negative offset, as for a centred group */
+                dmin = ellm_f32_to_f16(-7.5f * ellm_f16_to_f32(d) * (0.8f + 0.4f * rng_uniform()));
+            memcpy(b + d_off, &d, 2);
+            if (m_off >= 0) memcpy(b + m_off, &dmin, 2);
         }
 }
 
@@ -532,12 +536,11 @@ static void test_matmul(ellm_isa isa) {
      * (per-row kernels for 1-3 rows, quads from 4, the last one padded, more
      * than one pass of 16 rows; weight rows in groups of 16, 8 and 4 and
      * 0-3 left over) */
-    static const int q8_types[] = {QTYPE_Q8_0, QTYPE_Q4_0, QTYPE_Q5_0, QTYPE_Q4_1, QTYPE_Q5_1, QTYPE_IQ4_NL};
     static const int q8_nbs[] = {1, 2, 3, 4, 5, 7, 8, 9, 14, 16, 17, 28, 37};
-    for (int t = 0; t < 6; t++)
+    for (int t = 0; t < N_Q32_TYPES; t++)
         for (size_t n = 0; n < sizeof q8_nbs / sizeof q8_nbs[0]; n++) {
-            test_matmul_case(isa, q8_types[t], 37, 576, q8_nbs[n], 3, 36);
-            test_matmul_case(isa, q8_types[t], 19, 1536, q8_nbs[n], 1, 18);
+            test_matmul_case(isa, k_q32_types[t], 37, 576, q8_nbs[n], 3, 36);
+            test_matmul_case(isa, k_q32_types[t], 19, 1536, q8_nbs[n], 1, 18);
         }
     /* decode-sized rows and a prefill-sized batch */
     test_matmul_case(isa, QTYPE_Q8_0, 8, 4096, 16, 1, 8);
@@ -617,20 +620,15 @@ static void test_matmul_batch_invariance(ellm_isa isa) {
         test_matmul_batch_invariance_case(isa, type, cols, 11);
         test_matmul_batch_invariance_case(isa, type, cols, 37);
     }
-    /* Q8_0 / Q4_0: per-row kernels only (2, 3), quads (4, 8, 16), a padded
+    /* Blocks of 32: per-row kernels only (2, 3), quads (4, 8, 16), a padded
      * quad (5, 9, the verification size of 8 drafts), two passes of quads
      * (19, 28); 39 weight rows split into calls of 3, 5 and 31 rows */
     static const int64_t q8_cols[] = {576, 1536, 32 * 5, 32 * 31};
     static const int q8_nbs[] = {2, 3, 4, 5, 8, 9, 16, 19, 28};
     for (size_t c = 0; c < sizeof q8_cols / sizeof q8_cols[0]; c++)
-        for (size_t n = 0; n < sizeof q8_nbs / sizeof q8_nbs[0]; n++) {
-            test_matmul_batch_invariance_case(isa, QTYPE_Q8_0, q8_cols[c], q8_nbs[n]);
-            test_matmul_batch_invariance_case(isa, QTYPE_Q4_0, q8_cols[c], q8_nbs[n]);
-            test_matmul_batch_invariance_case(isa, QTYPE_Q5_0, q8_cols[c], q8_nbs[n]);
-            test_matmul_batch_invariance_case(isa, QTYPE_Q4_1, q8_cols[c], q8_nbs[n]);
-            test_matmul_batch_invariance_case(isa, QTYPE_Q5_1, q8_cols[c], q8_nbs[n]);
-            test_matmul_batch_invariance_case(isa, QTYPE_IQ4_NL, q8_cols[c], q8_nbs[n]);
-        }
+        for (size_t n = 0; n < sizeof q8_nbs / sizeof q8_nbs[0]; n++)
+            for (int t = 0; t < N_Q32_TYPES; t++)
+                test_matmul_batch_invariance_case(isa, k_q32_types[t], q8_cols[c], q8_nbs[n]);
 }
 
 /* Integer parts must match exactly: with activation blocks whose max is 127
@@ -750,7 +748,7 @@ static void test_matmul_int4_bits(ellm_isa isa) {
         }
 }
 
-/* Q8_0 / Q4_0 / Q5_0 / Q4_1 / Q5_1 / IQ4_NL follow one arithmetic on AVX2 and AVX-512 (exact block dots,
+/* The blocks of 32 follow one arithmetic on AVX2 and AVX-512 (exact block dots,
  * one multiply-add per block into 16 slots, one fixed sum), so the two ISAs
  * must agree bit for bit, batch kernels included. */
 static void test_matmul_isa_agree(void) {
@@ -759,14 +757,13 @@ static void test_matmul_isa_agree(void) {
         SKIP("AVX2 / AVX-512 bit-exact agreement: this CPU has no AVX-512 VNNI");
         return;
     }
-    static const int types[] = {QTYPE_Q8_0, QTYPE_Q4_0, QTYPE_Q5_0, QTYPE_Q4_1, QTYPE_Q5_1, QTYPE_IQ4_NL};
     static const int64_t cols_list[] = {96, 576, 672, 1536};
     static const int nbs[] = {1, 4, 5, 7, 9, 14, 16, 19};
     ellm_isa saved = ellm_cpu_isa();
-    for (int t = 0; t < 6; t++)
+    for (int t = 0; t < N_Q32_TYPES; t++)
         for (size_t c = 0; c < sizeof cols_list / sizeof cols_list[0]; c++)
             for (size_t n = 0; n < sizeof nbs / sizeof nbs[0]; n++) {
-                int type = types[t], nb = nbs[n];
+                int type = k_q32_types[t], nb = nbs[n];
                 int64_t cols = cols_list[c], rows = 23;
                 void *W = xmalloc(qtype_row_bytes(type, cols) * (size_t)rows);
                 make_weights(type, W, rows, cols);
