@@ -711,28 +711,27 @@ void qtype_quantize_weighted(int type, const float *src, void *dst, int64_t n, c
 }
 
 /* Converts n floats to `type`; types without a quantizer leave dst untouched. */
+static void quant_f32(const float *x, void *dst, int64_t n) { memcpy(dst, x, (size_t)n * sizeof(float)); }
+static void quant_f16(const float *x, void *dst, int64_t n) {
+    for (int64_t i = 0; i < n; i++) ((ellm_f16 *)dst)[i] = ellm_f32_to_f16(x[i]);
+}
+static void quant_bf16(const float *x, void *dst, int64_t n) {
+    for (int64_t i = 0; i < n; i++) ((ellm_bf16 *)dst)[i] = ellm_f32_to_bf16(x[i]);
+}
+static void quant_int4_g128_plain(const float *x, void *dst, int64_t n) { quant_int4_g128(x, dst, n, NULL); }
+
+/* The reference quantizer of each type that has one. */
+static void (*const quantizers[QTYPE_COUNT])(const float *, void *, int64_t) = {
+    [QTYPE_F32] = quant_f32,       [QTYPE_F16] = quant_f16,     [QTYPE_BF16] = quant_bf16,
+    [QTYPE_Q8_0] = quant_q8_0,     [QTYPE_Q4_0] = quant_q4_0,   [QTYPE_Q5_0] = quant_q5_0,
+    [QTYPE_Q4_1] = quant_q4_1,     [QTYPE_Q5_1] = quant_q5_1,   [QTYPE_IQ4_NL] = quant_iq4_nl,
+    [QTYPE_IQ4_XS] = quant_iq4_xs, [QTYPE_Q2_K] = quant_q2_K,   [QTYPE_Q3_K] = quant_q3_K,
+    [QTYPE_Q4_K] = quant_q4_K,     [QTYPE_Q5_K] = quant_q5_K,   [QTYPE_Q6_K] = quant_q6_K,
+    [QTYPE_INT4_G128] = quant_int4_g128_plain,
+};
+
+int qtype_has_quantizer(int type) { return type >= 0 && type < QTYPE_COUNT && quantizers[type]; }
+
 void qtype_quantize_ref(int type, const float *src, void *dst, int64_t n) {
-    switch (type) {
-    case QTYPE_F32: memcpy(dst, src, (size_t)n * sizeof(float)); break;
-    case QTYPE_F16:
-        for (int64_t i = 0; i < n; i++) ((ellm_f16 *)dst)[i] = ellm_f32_to_f16(src[i]);
-        break;
-    case QTYPE_BF16:
-        for (int64_t i = 0; i < n; i++) ((ellm_bf16 *)dst)[i] = ellm_f32_to_bf16(src[i]);
-        break;
-    case QTYPE_Q8_0: quant_q8_0(src, dst, n); break;
-    case QTYPE_Q4_0: quant_q4_0(src, dst, n); break;
-    case QTYPE_Q5_0: quant_q5_0(src, dst, n); break;
-    case QTYPE_Q4_1: quant_q4_1(src, dst, n); break;
-    case QTYPE_IQ4_NL: quant_iq4_nl(src, dst, n); break;
-    case QTYPE_IQ4_XS: quant_iq4_xs(src, dst, n); break;
-    case QTYPE_Q5_1: quant_q5_1(src, dst, n); break;
-    case QTYPE_Q5_K: quant_q5_K(src, dst, n); break;
-    case QTYPE_Q2_K: quant_q2_K(src, dst, n); break;
-    case QTYPE_Q3_K: quant_q3_K(src, dst, n); break;
-    case QTYPE_Q4_K: quant_q4_K(src, dst, n); break;
-    case QTYPE_Q6_K: quant_q6_K(src, dst, n); break;
-    case QTYPE_INT4_G128: quant_int4_g128(src, dst, n, NULL); break;
-    default: break;
-    }
+    if (qtype_has_quantizer(type)) quantizers[type](src, dst, n);
 }

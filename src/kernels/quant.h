@@ -60,6 +60,8 @@ size_t qtype_row_bytes(int type, int64_t n);
  * INT4_G128 (scale and offset fitted per group by least squares). */
 void qtype_dequantize_ref(int type, const void *src, float *dst, int64_t n);
 void qtype_quantize_ref(int type, const float *src, void *dst, int64_t n);
+/* 1 if qtype_quantize_ref has a quantizer for the type (the list above). */
+int qtype_has_quantizer(int type);
 /* Like qtype_quantize_ref for n / n_per_row rows, minimizing a weighted
  * squared error: element i of a row weighs sqrt(imatrix[i]) * sqrt(sigma2 + x_i^2)
  * (imatrix: the mean squared activation that meets each input column;

@@ -315,16 +315,8 @@ ellm_status draft_model_quant(ellm_model *base, int type, const ellm_model **out
     if (!info) info = &local;
     memset(info, 0, sizeof *info);
     const qtype_info *qi = qtype_get(type);
-    /* the types with a quantizer (qtype_quantize_ref) */
-    static const int usable[] = {QTYPE_Q2_K, QTYPE_Q3_K, QTYPE_Q4_0, QTYPE_Q4_1,   QTYPE_Q4_K,      QTYPE_IQ4_NL, QTYPE_IQ4_XS,
-                                 QTYPE_Q5_0, QTYPE_Q5_1, QTYPE_Q5_K, QTYPE_Q6_K,   QTYPE_Q8_0,      QTYPE_INT4_G128};
-    int ok = 0;
-    for (size_t i = 0; i < sizeof usable / sizeof *usable; i++) ok |= usable[i] == type;
-    if (!qi || !ok)
-        return ellm_fail(err, ELLM_ERR_ARG,
-                         "quant drafter: no quantizer for type %s (usable: q2_k, q3_k, q4_0, q4_1, q4_k, iq4_nl, iq4_xs, "
-                         "q5_0, q5_1, q5_k, q6_k, q8_0, int4_g128)",
-                         qi ? qi->name : "?");
+    if (!qi || !qtype_has_quantizer(type))
+        return ellm_fail(err, ELLM_ERR_ARG, "quant drafter: eLLM has no quantizer for type %s", qi ? qi->name : "?");
     char key[48];
     snprintf(key, sizeof key, "quant:%s", qi->name);
     pthread_mutex_lock(&base->derived_lock);

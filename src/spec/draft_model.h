@@ -34,8 +34,7 @@ typedef struct {
 } draft_quant_info;
 
 /* The base model's matrices requantized to `type` (a type with a quantizer:
- * q2_k, q3_k, q4_0, q4_1, q4_k, iq4_nl, iq4_xs, q5_0, q5_1, q5_k, q6_k, q8_0,
- * int4_g128): matrices whose rows would not get
+ * qtype_has_quantizer): matrices whose rows would not get
  * smaller, or whose row length the type's blocks do not divide, are borrowed
  * unchanged. Made on first use and kept with `base` (thread-safe); *info
  * (may be NULL) describes where the copy came from. ELLM_ERR_ARG names an
