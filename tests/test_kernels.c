@@ -49,9 +49,9 @@ static void *xmalloc(size_t n) {
     return p;
 }
 
-static const int k_types[] = {QTYPE_F32,  QTYPE_F16,  QTYPE_BF16, QTYPE_Q8_0,      QTYPE_Q4_0, QTYPE_Q5_0,
-                              QTYPE_Q4_K, QTYPE_Q6_K, QTYPE_INT4_G128, QTYPE_Q5_K, QTYPE_Q4_1, QTYPE_Q5_1,
-                              QTYPE_IQ4_NL, QTYPE_IQ4_XS, QTYPE_Q3_K, QTYPE_Q2_K};
+static const int k_types[] = {QTYPE_F32,  QTYPE_F16,  QTYPE_BF16, QTYPE_Q8_0, QTYPE_Q4_0,   QTYPE_Q4_1,
+                              QTYPE_Q5_0, QTYPE_Q5_1, QTYPE_Q2_K, QTYPE_Q3_K, QTYPE_Q4_K,   QTYPE_Q5_K,
+                              QTYPE_Q6_K, QTYPE_IQ4_NL, QTYPE_IQ4_XS, QTYPE_INT4_G128};
 enum { N_TYPES = sizeof k_types / sizeof k_types[0] };
 /* The blocks of 32 (q32_value): one arithmetic, with per-row and batch
  * kernels on every ISA. */
@@ -287,9 +287,11 @@ static void test_roundtrip(void) {
             int bad = -1;
             float bad_err = 0, bad_bound = 0;
             for (int b = 0; b < N / be; b++) {
-                float amax = 0, emax = 0;
+                float amax = 0, emax = 0, lo = x[b * be], hi = x[b * be];
                 for (int i = b * be; i < (b + 1) * be; i++) {
                     amax = fmaxf(amax, fabsf(x[i]));
+                    lo = fminf(lo, x[i]);
+                    hi = fmaxf(hi, x[i]);
                     emax = fmaxf(emax, fabsf(y[i] - x[i]));
                     err2 += (double)(y[i] - x[i]) * (y[i] - x[i]);
                     x2 += (double)x[i] * x[i];
@@ -310,7 +312,10 @@ static void test_roundtrip(void) {
                 case QTYPE_Q5_1: bound = 0.52f * 2 * amax / 31 + 2e-3f * amax; break;
                 case QTYPE_Q4_K: bound = 0.075f * amax; break;
                 case QTYPE_Q5_K: bound = 0.04f * amax; break;
-                case QTYPE_INT4_G128: bound = 0.14f * amax; break; /* a step of (max - min) / 15: the fit may clip outliers */
+                /* in steps of the group's own (max - min) / 15: the least-squares fit
+                 * may clip an outlier by more than one; 1.38 steps at worst over
+                 * 200,000 random groups (Gaussian, one-signed, x100) */
+                case QTYPE_INT4_G128: bound = 1.5f * (hi - lo) / 15; break;
                 default: bound = 0.02f * amax; break; /* Q6_K */
                 }
                 if (emax > bound && bad < 0) {
