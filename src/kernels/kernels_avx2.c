@@ -187,46 +187,38 @@ INLINE __m256i q8_pair_dot(int wtype, const char *pa, const char *pb, const int8
         __m128i b1 = pb ? _mm_loadu_si128((const __m128i *)(pb + 18)) : _mm_setzero_si128();
         w0 = _mm256_set_m128i(b0, a0);
         w1 = _mm256_set_m128i(b1, a1);
-        __m256i p0 = _mm256_maddubs_epi16(_mm256_sign_epi8(w0, w0),
-                                          _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)alo), w0));
-        __m256i p1 = _mm256_maddubs_epi16(_mm256_sign_epi8(w1, w1),
-                                          _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)ahi), w1));
-        return _mm256_add_epi32(_mm256_madd_epi16(p0, ones), _mm256_madd_epi16(p1, ones));
-    }
-    const __m256i m4 = _mm256_set1_epi8(0xF);
-    const int qoff = q32_block_bytes(wtype) - 16; /* the nibbles end every block */
-    if (wtype == QTYPE_IQ4_NL) { /* the codes' signed grid values, then Q8_0's signed products */
-        const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)iq4_values));
-        __m128i qa = _mm_loadu_si128((const __m128i *)(pa + 2));
-        __m128i qb = pb ? _mm_loadu_si128((const __m128i *)(pb + 2)) : _mm_setzero_si128();
+    } else {
+        const __m256i m4 = _mm256_set1_epi8(0xF);
+        const int qoff = q32_block_bytes(wtype) - 16; /* the nibbles end every block */
+        __m128i qa = _mm_loadu_si128((const __m128i *)(pa + qoff));
+        __m128i qb = pb ? _mm_loadu_si128((const __m128i *)(pb + qoff)) : _mm_setzero_si128();
         __m256i x = _mm256_set_m128i(qb, qa);
-        w0 = _mm256_shuffle_epi8(lut, _mm256_and_si256(x, m4));
-        w1 = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(x, 4), m4));
-        if (!pb) { /* an absent block: zero values (its activations are zero too) */
-            w0 = _mm256_blend_epi32(w0, _mm256_setzero_si256(), 0xF0);
-            w1 = _mm256_blend_epi32(w1, _mm256_setzero_si256(), 0xF0);
+        w0 = _mm256_and_si256(x, m4);
+        w1 = _mm256_and_si256(_mm256_srli_epi16(x, 4), m4);
+        if (wtype == QTYPE_Q5_0 || wtype == QTYPE_Q5_1) { /* the high bits: the 4 bytes before the nibbles */
+            uint32_t ha, hb = 0;
+            memcpy(&ha, pa + qoff - 4, 4);
+            if (pb) memcpy(&hb, pb + qoff - 4, 4);
+            w0 = _mm256_or_si256(w0, q5_bits_avx2(ha & 0xFFFF, hb & 0xFFFF));
+            w1 = _mm256_or_si256(w1, q5_bits_avx2(ha >> 16, hb >> 16));
         }
-        __m256i p0 = _mm256_maddubs_epi16(_mm256_sign_epi8(w0, w0),
-                                          _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)alo), w0));
-        __m256i p1 = _mm256_maddubs_epi16(_mm256_sign_epi8(w1, w1),
-                                          _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)ahi), w1));
-        return _mm256_add_epi32(_mm256_madd_epi16(p0, ones), _mm256_madd_epi16(p1, ones));
+        if (wtype != QTYPE_IQ4_NL) { /* unsigned values */
+            __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(w0, _mm256_loadu_si256((const __m256i *)alo)),
+                                         _mm256_maddubs_epi16(w1, _mm256_loadu_si256((const __m256i *)ahi)));
+            return _mm256_madd_epi16(p, ones);
+        }
+        /* IQ4_NL: the codes' signed grid values (an absent block's codes
+         * read 0, whose value is not; its activations are zero anyway) */
+        const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)iq4_values));
+        w0 = _mm256_shuffle_epi8(lut, w0);
+        w1 = _mm256_shuffle_epi8(lut, w1);
     }
-    __m128i qa = _mm_loadu_si128((const __m128i *)(pa + qoff));
-    __m128i qb = pb ? _mm_loadu_si128((const __m128i *)(pb + qoff)) : _mm_setzero_si128();
-    __m256i x = _mm256_set_m128i(qb, qa);
-    w0 = _mm256_and_si256(x, m4);
-    w1 = _mm256_and_si256(_mm256_srli_epi16(x, 4), m4);
-    if (wtype == QTYPE_Q5_0 || wtype == QTYPE_Q5_1) { /* the high bits: the 4 bytes before the nibbles */
-        uint32_t ha, hb = 0;
-        memcpy(&ha, pa + qoff - 4, 4);
-        if (pb) memcpy(&hb, pb + qoff - 4, 4);
-        w0 = _mm256_or_si256(w0, q5_bits_avx2(ha & 0xFFFF, hb & 0xFFFF));
-        w1 = _mm256_or_si256(w1, q5_bits_avx2(ha >> 16, hb >> 16));
-    }
-    __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(w0, _mm256_loadu_si256((const __m256i *)alo)),
-                                 _mm256_maddubs_epi16(w1, _mm256_loadu_si256((const __m256i *)ahi)));
-    return _mm256_madd_epi16(p, ones);
+    /* signed values (Q8_0, IQ4_NL): |w| times a * sign(w) */
+    __m256i p0 = _mm256_maddubs_epi16(_mm256_sign_epi8(w0, w0),
+                                      _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)alo), w0));
+    __m256i p1 = _mm256_maddubs_epi16(_mm256_sign_epi8(w1, w1),
+                                      _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)ahi), w1));
+    return _mm256_add_epi32(_mm256_madd_epi16(p0, ones), _mm256_madd_epi16(p1, ones));
 }
 
 /* The f16 scales of the chunk's n blocks at p as floats by slot (block
