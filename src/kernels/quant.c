@@ -227,38 +227,31 @@ static void quant_q8_0(const float *x, void *dst, int64_t n) {
     }
 }
 
-/* Like ggml: the value of largest magnitude maps to -8, so the full [-8, 7]
- * range is used on the side where it matters. */
-static void quant_q4_0(const float *x, void *dst, int64_t n) {
-    block_q4_0 *b = dst;
-    for (int64_t k = 0; k < n / QK4_0; k++, x += QK4_0) {
-        float max = signed_absmax(x, QK4_0);
-        float d = max / -8.0f, id = d ? 1.0f / d : 0.0f;
-        b[k].d = ellm_f32_to_f16(d);
-        for (int i = 0; i < QK4_0 / 2; i++) {
-            int q0 = clampi((int)lrintf(x[i] * id) + 8, 0, 15);
-            int q1 = clampi((int)lrintf(x[i + 16] * id) + 8, 0, 15);
-            b[k].qs[i] = (uint8_t)(q0 | (q1 << 4));
-        }
+/* Q4_0 (half 8, qh NULL) and Q5_0 (half 16), like ggml: the value of largest
+ * magnitude maps to -half, so the full [-half, half - 1] range is used on
+ * the side where it matters; q + half stored as nibbles (and fifth bits). */
+static void quant_sym32(const float *x, int half, ellm_f16 *d_out, uint8_t *qh, uint8_t *qs) {
+    float max = signed_absmax(x, 32);
+    float d = max / (float)-half, id = d ? 1.0f / d : 0.0f;
+    *d_out = ellm_f32_to_f16(d);
+    uint32_t h = 0;
+    for (int i = 0; i < 16; i++) {
+        int q0 = clampi((int)lrintf(x[i] * id) + half, 0, 2 * half - 1);
+        int q1 = clampi((int)lrintf(x[i + 16] * id) + half, 0, 2 * half - 1);
+        qs[i] = (uint8_t)((q0 & 0xF) | (q1 & 0xF) << 4);
+        h |= (uint32_t)(q0 >> 4) << i | (uint32_t)(q1 >> 4) << (i + 16);
     }
+    if (qh) memcpy(qh, &h, 4);
 }
 
-/* As Q4_0, with the value of largest magnitude at -16 and values in [0, 31]. */
+static void quant_q4_0(const float *x, void *dst, int64_t n) {
+    block_q4_0 *b = dst;
+    for (int64_t k = 0; k < n / QK4_0; k++, x += QK4_0) quant_sym32(x, 8, &b[k].d, NULL, b[k].qs);
+}
+
 static void quant_q5_0(const float *x, void *dst, int64_t n) {
     block_q5_0 *b = dst;
-    for (int64_t k = 0; k < n / QK5_0; k++, x += QK5_0) {
-        float max = signed_absmax(x, QK5_0);
-        float d = max / -16.0f, id = d ? 1.0f / d : 0.0f;
-        b[k].d = ellm_f32_to_f16(d);
-        uint32_t qh = 0;
-        for (int i = 0; i < QK5_0 / 2; i++) {
-            int q0 = clampi((int)lrintf(x[i] * id) + 16, 0, 31);
-            int q1 = clampi((int)lrintf(x[i + 16] * id) + 16, 0, 31);
-            b[k].qs[i] = (uint8_t)((q0 & 0xF) | (q1 & 0xF) << 4);
-            qh |= (uint32_t)(q0 >> 4) << i | (uint32_t)(q1 >> 4) << (i + 16);
-        }
-        memcpy(b[k].qh, &qh, 4);
-    }
+    for (int64_t k = 0; k < n / QK5_0; k++, x += QK5_0) quant_sym32(x, 16, &b[k].d, b[k].qh, b[k].qs);
 }
 
 /* Q4_1 (qmax 15) and Q5_1 (qmax 31), as ggml: m = min x, d = (max x - m) /
