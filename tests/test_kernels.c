@@ -655,7 +655,8 @@ static void test_matmul_exact(ellm_isa isa) {
             int v = (int)(rng_next() % 17) - 8;
             X[i] = (float)v;
         }
-        int ab = type == QTYPE_INT4_G128 ? 32 : be; /* activation block: INT4_G128 scales per 32 */
+        /* activation block: INT4_G128 and Q4_K scale activations per 32 */
+        int ab = type == QTYPE_INT4_G128 || type == QTYPE_Q4_K ? 32 : be;
         for (int64_t k = 0; k < cols * nb / ab; k++) X[k * ab + (k * 7) % ab] = (k & 1) ? 127.0f : -127.0f;
         void *act = xmalloc(kern_act_bytes(type, cols, nb));
         kern_act_prepare(type, X, cols, nb, act);
@@ -753,8 +754,35 @@ static void test_matmul_int4_bits(ellm_isa isa) {
         }
 }
 
-/* The blocks of 32 follow one arithmetic on AVX2 and AVX-512 (exact block dots,
- * one multiply-add per block into 16 slots, one fixed sum), so the two ISAs
+/* One case of test_matmul_isa_agree: rows x cols of type, nb activation rows. */
+static void matmul_isa_agree_case(int type, int64_t cols, int nb) {
+    int64_t rows = 23;
+    void *W = xmalloc(qtype_row_bytes(type, cols) * (size_t)rows);
+    make_weights(type, W, rows, cols);
+    float *X = xmalloc((size_t)(cols * nb) * sizeof(float));
+    fill_gauss(X, cols * nb, 1.0f);
+    void *act = xmalloc(kern_act_bytes(type, cols, nb));
+    float *Y2 = xmalloc((size_t)(rows * nb) * sizeof(float)), *Y5 = xmalloc((size_t)(rows * nb) * sizeof(float));
+    ellm_cpu_set_isa(ELLM_ISA_AVX2);
+    kern_act_prepare(type, X, cols, nb, act);
+    kern_matmul(type, W, cols, 0, rows, act, nb, Y2, rows);
+    ellm_cpu_set_isa(ELLM_ISA_AVX512);
+    kern_act_prepare(type, X, cols, nb, act);
+    kern_matmul(type, W, cols, 0, rows, act, nb, Y5, rows);
+    int diff = 0;
+    for (int64_t i = 0; i < rows * nb; i++) diff += memcmp(&Y2[i], &Y5[i], 4) != 0;
+    CHECK(diff == 0, "matmul %s cols=%lld nb=%d: %d results differ between AVX2 and AVX-512", qtype_get(type)->name,
+          (long long)cols, nb, diff);
+    free(W);
+    free(X);
+    free(act);
+    free(Y2);
+    free(Y5);
+}
+
+/* The blocks of 32 (and Q4_K, computed as eight of them per super-block)
+ * follow one arithmetic on AVX2 and AVX-512 (exact block dots, one or two
+ * multiply-adds per block into 16 slots, one fixed sum), so the two ISAs
  * must agree bit for bit, batch kernels included. */
 static void test_matmul_isa_agree(void) {
     const ellm_cpu_features *cpu = ellm_cpu();
@@ -767,31 +795,11 @@ static void test_matmul_isa_agree(void) {
     ellm_isa saved = ellm_cpu_isa();
     for (int t = 0; t < N_Q32_TYPES; t++)
         for (size_t c = 0; c < sizeof cols_list / sizeof cols_list[0]; c++)
-            for (size_t n = 0; n < sizeof nbs / sizeof nbs[0]; n++) {
-                int type = k_q32_types[t], nb = nbs[n];
-                int64_t cols = cols_list[c], rows = 23;
-                void *W = xmalloc(qtype_row_bytes(type, cols) * (size_t)rows);
-                make_weights(type, W, rows, cols);
-                float *X = xmalloc((size_t)(cols * nb) * sizeof(float));
-                fill_gauss(X, cols * nb, 1.0f);
-                void *act = xmalloc(kern_act_bytes(type, cols, nb));
-                float *Y2 = xmalloc((size_t)(rows * nb) * sizeof(float)), *Y5 = xmalloc((size_t)(rows * nb) * sizeof(float));
-                ellm_cpu_set_isa(ELLM_ISA_AVX2);
-                kern_act_prepare(type, X, cols, nb, act);
-                kern_matmul(type, W, cols, 0, rows, act, nb, Y2, rows);
-                ellm_cpu_set_isa(ELLM_ISA_AVX512);
-                kern_act_prepare(type, X, cols, nb, act);
-                kern_matmul(type, W, cols, 0, rows, act, nb, Y5, rows);
-                int diff = 0;
-                for (int64_t i = 0; i < rows * nb; i++) diff += memcmp(&Y2[i], &Y5[i], 4) != 0;
-                CHECK(diff == 0, "matmul %s cols=%lld nb=%d: %d results differ between AVX2 and AVX-512",
-                      qtype_get(type)->name, (long long)cols, nb, diff);
-                free(W);
-                free(X);
-                free(act);
-                free(Y2);
-                free(Y5);
-            }
+            for (size_t n = 0; n < sizeof nbs / sizeof nbs[0]; n++) matmul_isa_agree_case(k_q32_types[t], cols_list[c], nbs[n]);
+    /* Q4_K: one super-block, a short last chunk (3 and 5), whole chunks only */
+    static const int64_t kq_cols[] = {256, 768, 1280, 2048};
+    for (size_t c = 0; c < sizeof kq_cols / sizeof kq_cols[0]; c++)
+        for (size_t n = 0; n < sizeof nbs / sizeof nbs[0]; n++) matmul_isa_agree_case(QTYPE_Q4_K, kq_cols[c], nbs[n]);
     ellm_cpu_set_isa(saved);
 }
 

@@ -244,8 +244,8 @@ static void matmul_iq4_xs_ref(const void *W, int64_t cols, int64_t r0, int64_t r
 }
 
 /* Per super-block: sum_j sc[j] * dot(q_j, a_j) scaled by d, minus
- * sum_j m[j] * sum(a_j) scaled by dmin (the sums come from bsums). Q4_K and
- * Q5_K (whose q takes its fifth bit from qh). */
+ * sum_j m[j] * sum(a_j) scaled by dmin (the sums come from bsums). Q5_K
+ * (whose q takes its fifth bit from qh; Q4_K is matmul_q4_K_ref's). */
 static void matmul_kq_ref(int wtype, const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act, int nb,
                           float *Y, int64_t ldy) {
     int64_t nblk = cols / QK_K;
@@ -282,9 +282,34 @@ static void matmul_kq_ref(int wtype, const void *W, int64_t cols, int64_t r0, in
         }
     }
 }
+/* Q4_K against ACT_Q8 (activation scales per 32): each sub-block j as a
+ * block of 32 with a minimum (as Q4_1), its scale d * sc[j] and minimum
+ * -(dmin * m[j]) (both exact in F32): the exact dot of the nibbles with the
+ * activations scaled by (d sc[j]) * da, then the activations' sum sa
+ * (act_q8_off 1) scaled by (-dmin m[j]) * da. */
 static void matmul_q4_K_ref(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
                             int nb, float *Y, int64_t ldy) {
-    matmul_kq_ref(QTYPE_Q4_K, W, cols, r0, r1, act, nb, Y, ldy);
+    const int64_t nsb = cols / QK_K;
+    for (int64_t r = r0; r < r1; r++) {
+        const block_q4_K *w = (const block_q4_K *)W + r * nsb;
+        for (int b = 0; b < nb; b++) {
+            act_row a = act_get_row(ACT_Q8, act, cols, b);
+            float s = 0;
+            for (int64_t k = 0; k < nsb; k++) {
+                const float d = ellm_f16_to_f32(w[k].d), dmin = ellm_f16_to_f32(w[k].dmin);
+                for (int j = 0; j < 8; j++) {
+                    const int64_t kk = 8 * k + j; /* the block of 32 in the row */
+                    int sc, m, dot = 0;
+                    q4k_scale_min(w[k].scales, j, &sc, &m);
+                    for (int i = 0; i < 32; i++) dot += q45k_value(w[k].qs, NULL, j, i) * a.qs[act_q8_qs(kk, i)];
+                    const float da = a.d[act_q8_slot(kk)];
+                    s += (d * (float)sc * da) * (float)dot;
+                    s += (-(dmin * (float)m) * da) * (float)a.sa[act_q8_slot(kk)];
+                }
+            }
+            Y[b * ldy + r] = s;
+        }
+    }
 }
 static void matmul_q5_K_ref(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
                             int nb, float *Y, int64_t ldy) {

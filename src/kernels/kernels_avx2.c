@@ -152,7 +152,8 @@ static void matmul_bf16_avx2(const void *W, int64_t cols, int64_t r0, int64_t r1
     mm_float(QTYPE_BF16, W, cols, r0, r1, act, nb, Y, ldy);
 }
 
-/* ---- Q8_0 / Q4_0 / Q5_0 / Q4_1 / Q5_1 weights against ACT_Q8 ----
+/* ---- Q8_0 / Q4_0 / Q5_0 / Q4_1 / Q5_1 / IQ4_NL / Q4_K weights against ACT_Q8 ----
+ * (Q4_K as eight blocks of 32 with a minimum per super-block, as kernels_avx512.c.)
  * The same arithmetic as kernels_avx512.c (exact block dots, then
  * acc[slot(k)] += (float)dot_k * (dw_k * da_k) and the fixed 16-lane sum),
  * with the 16 slots in two ymm, so both ISAs give the same bits. maddubs
@@ -221,6 +222,40 @@ INLINE __m256i q8_pair_dot(int wtype, const char *pa, const char *pb, const int8
     return _mm256_add_epi32(_mm256_madd_epi16(p0, ones), _mm256_madd_epi16(p1, ones));
 }
 
+/* Q4_K's pair of blocks of 32 (sub-blocks 2i, 2i + 1 of a super-block)
+ * whose nibbles share the 32 bytes at qs: as q8_pair_dot's unsigned path. */
+INLINE __m256i q4k_pair_dot(const char *qs, const int8_t *alo, const int8_t *ahi) {
+    const __m256i m4 = _mm256_set1_epi8(0xF), ones = _mm256_set1_epi16(1);
+    const __m128i x0 = _mm_loadu_si128((const __m128i *)qs), x1 = _mm_loadu_si128((const __m128i *)(qs + 16));
+    const __m256i w0 = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(x0, 4), x0), m4);
+    const __m256i w1 = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(x1, 4), x1), m4);
+    __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(w0, _mm256_loadu_si256((const __m256i *)alo)),
+                                 _mm256_maddubs_epi16(w1, _mm256_loadu_si256((const __m256i *)ahi)));
+    return _mm256_madd_epi16(p, ones);
+}
+
+/* Q4_K's scales and minimums of the chunk's n (8 or 16) blocks of 32 at p
+ * (one or two super-blocks) by slot, as kernels_avx512.c's q8_decode:
+ * d sc[j] and -(dmin m[j]), zeros past n. */
+INLINE void q4k_scales_avx2(const char *p, int n, __m256 dw[2], __m256 mw[2]) {
+    float d[16], m[16];
+    for (int s = 0; s < 16; s++) {
+        int k = 4 * (s & 3) + (s >> 2);
+        d[s] = m[s] = 0;
+        if (k < n) {
+            const block_q4_K *b = (const block_q4_K *)(p + (size_t)(k / 8) * sizeof(block_q4_K));
+            int sc, mn;
+            q4k_scale_min(b->scales, k % 8, &sc, &mn);
+            d[s] = (float)sc * f16_to_f32(b->d);
+            m[s] = 0.0f - (float)mn * f16_to_f32(b->dmin);
+        }
+    }
+    dw[0] = _mm256_loadu_ps(d);
+    dw[1] = _mm256_loadu_ps(d + 8);
+    mw[0] = _mm256_loadu_ps(m);
+    mw[1] = _mm256_loadu_ps(m + 8);
+}
+
 /* The f16 scales of the chunk's n blocks at p as floats by slot (block
  * 4g + l in slot 4l + g; zeros for blocks past n): slots 0..7 in dw[0],
  * 8..15 in dw[1]. Scalar loads, not a gather: once per chunk and row. */
@@ -247,6 +282,12 @@ INLINE void q8_chunk_avx2(int wtype, const char *p, int n, const __m256 dw[2], c
         const char *pg = p + 4 * g * bsz;
         int m = n - 4 * g; /* blocks present in this group */
         const int8_t *qg = q + 128 * g;
+        if (wtype == QTYPE_Q4_K) { /* group g: sub-blocks 4 (g % 2) .. + 3 of super-block g / 2 */
+            const char *qs = p + (size_t)(g / 2) * sizeof(block_q4_K) + offsetof(block_q4_K, qs) + 64 * (g % 2);
+            ab[g] = m >= 4 ? q4k_pair_dot(qs, qg, qg + 64) : _mm256_setzero_si256();
+            cd[g] = m >= 4 ? q4k_pair_dot(qs + 32, qg + 32, qg + 96) : _mm256_setzero_si256();
+            continue;
+        }
         ab[g] = m >= 1 ? q8_pair_dot(wtype, pg, m >= 2 ? pg + bsz : NULL, qg, qg + 64) : _mm256_setzero_si256();
         cd[g] = m >= 3 ? q8_pair_dot(wtype, pg + 2 * bsz, m >= 4 ? pg + 3 * bsz : NULL, qg + 32, qg + 96)
                        : _mm256_setzero_si256();
@@ -288,14 +329,22 @@ INLINE void mm_q8_row(int wtype, const char *w, int64_t nblk, const act_row *a, 
     __m256 dw[2], mw[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
     for (int64_t ci = 0; ci < nfull; ci++) {
         const char *p = w + 16 * ci * bsz;
-        q8_scales_avx2(p, bsz, 16, dw);
-        if (q32_has_min(wtype)) q8_scales_avx2(p + 2, bsz, 16, mw);
+        if (wtype == QTYPE_Q4_K) {
+            q4k_scales_avx2(p, 16, dw, mw);
+        } else {
+            q8_scales_avx2(p, bsz, 16, dw);
+            if (q32_has_min(wtype)) q8_scales_avx2(p + 2, bsz, 16, mw);
+        }
         for (int b = 0; b < n; b++) q8_chunk_avx2(wtype, p, 16, dw, mw, &a[b], ci, acc[b]);
     }
     if (tail) {
         const char *p = w + 16 * nfull * bsz;
-        q8_scales_avx2(p, bsz, tail, dw);
-        if (q32_has_min(wtype)) q8_scales_avx2(p + 2, bsz, tail, mw);
+        if (wtype == QTYPE_Q4_K) {
+            q4k_scales_avx2(p, tail, dw, mw);
+        } else {
+            q8_scales_avx2(p, bsz, tail, dw);
+            if (q32_has_min(wtype)) q8_scales_avx2(p + 2, bsz, tail, mw);
+        }
         for (int b = 0; b < n; b++) q8_chunk_avx2(wtype, p, tail, dw, mw, &a[b], nfull, acc[b]);
     }
     for (int b = 0; b < n; b++) y[(int64_t)b * ldy] = hsum_ps(_mm256_add_ps(acc[b][0], acc[b][1]));
@@ -323,7 +372,7 @@ INLINE void mm_q8(int wtype, const void *W, int64_t cols, int64_t r0, int64_t r1
     }
 }
 
-/* ---- Q4_K / Q5_K weights against ACT_Q8K ----
+/* ---- Q5_K weights against ACT_Q8K (Q4_K goes through the blocks of 32) ----
  * qs[32g .. 32g+31] holds sub-block 2g in low nibbles and 2g+1 in high
  * nibbles, matching activations a[64g ..] and a[64g + 32 ..]. maddubs of
  * the 4-bit q (unsigned; Q5_K: 5-bit, its fifth bit from qh) with a, then
@@ -631,7 +680,7 @@ static void matmul_iq4_xs_avx2(const void *W, int64_t cols, int64_t r0, int64_t 
 }
 static void matmul_q4_K_avx2(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
                              int nb, float *Y, int64_t ldy) {
-    mm_quant(QTYPE_Q4_K, W, cols, r0, r1, act, nb, Y, ldy);
+    mm_q8(QTYPE_Q4_K, W, cols, r0, r1, act, nb, Y, ldy);
 }
 static void matmul_q6_K_avx2(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
                              int nb, float *Y, int64_t ldy) {

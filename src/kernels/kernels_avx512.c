@@ -328,6 +328,41 @@ INLINE q8_chunk q8_decode(int wtype, const char *p, const int NG, const int FULL
             c.lo[g] = _mm512_xor_si512(c.lo[g], flip);
             c.hi[g] = _mm512_xor_si512(c.hi[g], flip);
         }
+    } else if (wtype == QTYPE_Q4_K) {
+        /* Q4_K as 8 blocks of 32 per super-block (with a minimum, as Q4_1:
+         * scale d sc[j] and minimum -(dmin m[j]), both exact in F32), so a
+         * chunk is 2 super-blocks. Super-block h (groups 2h, 2h + 1; the chunk's second is absent when NG == 2): group 2h + e is
+         * sub-blocks 4e .. 4e + 3, the low / high nibbles of qs[64e ..] and qs[64e + 32 ..] */
+        const __m512i m4 = _mm512_set1_epi8(0x0F);
+        const __m512i shv = _mm512_setr_epi64(0, 0, 0x0004000400040004ll, 0x0004000400040004ll, 0, 0,
+                                              0x0004000400040004ll, 0x0004000400040004ll);
+        __m128i sm[2] = {_mm_setzero_si128(), _mm_setzero_si128()};
+        uint32_t dd[2] = {0, 0};
+#pragma GCC unroll 4
+        for (int g = 0; g < 4; g++) c.lo[g] = c.hi[g] = _mm512_setzero_si512();
+#pragma GCC unroll 2
+        for (int h = 0; h < NG / 2; h++) {
+            const char *sb = p + 144 * h;
+            sm[h] = q4k_scales_vec((const uint8_t *)sb + 4);
+            memcpy(&dd[h], sb, 4);
+#pragma GCC unroll 2
+            for (int e = 0; e < 2; e++) {
+                __m512i z = _mm512_loadu_si512((const void *)(sb + 16 + 64 * e));
+                c.lo[2 * h + e] = _mm512_and_si512(_mm512_srlv_epi16(_mm512_shuffle_i64x2(z, z, _MM_SHUFFLE(2, 2, 0, 0)), shv), m4);
+                c.hi[2 * h + e] = _mm512_and_si512(_mm512_srlv_epi16(_mm512_shuffle_i64x2(z, z, _MM_SHUFFLE(3, 3, 1, 1)), shv), m4);
+            }
+        }
+        /* slot 4l + g: sub-block 4 (g % 2) + l of super-block g / 2 */
+        const __m128i tr = _mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+        const __m128i scs = _mm_shuffle_epi8(_mm_unpacklo_epi64(sm[0], sm[1]), tr);
+        const __m128i mns = _mm_shuffle_epi8(_mm_unpackhi_epi64(sm[0], sm[1]), tr);
+        /* d (dmin) of super-block g / 2 in lanes with g = lane % 4 */
+        const __m128 f = _mm_cvtph_ps(_mm_setr_epi32((int)dd[0], (int)dd[1], 0, 0)); /* dA dminA dB dminB */
+        const __m512 dv = _mm512_broadcast_f32x4(_mm_shuffle_ps(f, f, _MM_SHUFFLE(2, 2, 0, 0)));
+        const __m512 mv = _mm512_broadcast_f32x4(_mm_shuffle_ps(f, f, _MM_SHUFFLE(3, 3, 1, 1)));
+        c.dw = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(scs)), dv);
+        c.mw = _mm512_sub_ps(_mm512_setzero_ps(), _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(mns)), mv));
+        return c;
     } else if (q8g_kind(wtype) >= 0) {
         const int kind = q8g_kind(wtype), W = q32_block_bytes(wtype) / 2, HB = wtype != QTYPE_Q4_1;
         const __m512i idx = _mm512_loadu_si512((const void *)q8g_idx[kind]);
@@ -491,7 +526,7 @@ INLINE void mm_q8(int wtype, const void *W, int64_t cols, int64_t r0, int64_t r1
     }
 }
 
-/* ---- Q4_K / Q5_K weights against ACT_Q8K (VNNI) ----
+/* ---- Q5_K weights against ACT_Q8K (VNNI) (Q4_K goes through the blocks of 32) ----
  * qs[32g .. 32g+31] holds sub-block 2g in its low nibbles and 2g+1 in its
  * high nibbles: loaded into both 256-bit halves of a zmm, the high half
  * shifted right by 4, masked to nibbles, they are elements 64g .. 64g+63 in
@@ -860,9 +895,19 @@ static void matmul_q5_1_avx512(const void *W, int64_t cols, int64_t r0, int64_t 
                                int nb, float *Y, int64_t ldy) {
     mm_q8(QTYPE_Q5_1, W, cols, r0, r1, act, nb, Y, ldy);
 }
+/* Q4_K: the blocks-of-32 per-row kernels for every batch size (no quad
+ * kernel reads Q4_K yet; the same arithmetic either way). */
 static void matmul_q4_K_avx512(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
                                int nb, float *Y, int64_t ldy) {
-    mm_quant(QTYPE_Q4_K, W, cols, r0, r1, act, nb, Y, ldy);
+    const int64_t nblk = cols / 32;
+    for (int b0 = 0; b0 < nb; b0 += Q8_NB) {
+        act_row a[Q8_NB];
+        int n = nb - b0 < Q8_NB ? nb - b0 : Q8_NB;
+        for (int b = 0; b < n; b++) a[b] = act_get_row(ACT_Q8, act, cols, b0 + b);
+        float *y = Y + (int64_t)b0 * ldy;
+        if (n == 1) mm_q8_rows(QTYPE_Q4_K, W, nblk, r0, r1, a, 1, y, ldy, 1);
+        else mm_q8_rows(QTYPE_Q4_K, W, nblk, r0, r1, a, n, y, ldy, 0);
+    }
 }
 static void matmul_q5_K_avx512(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
                                int nb, float *Y, int64_t ldy) {

@@ -218,8 +218,9 @@ static inline int q32_block_bytes(int type) {
     default: return (int)sizeof(block_q4_0); /* Q4_0, IQ4_NL */
     }
 }
-/* Whether the type adds a per-block minimum: w = d * value + m. */
-static inline int q32_has_min(int type) { return type == QTYPE_Q4_1 || type == QTYPE_Q5_1; }
+/* Whether the type adds a per-block minimum: w = d * value + m (Q4_K: each
+ * sub-block of 32, with d = d sc[j] and m = -dmin m[j], as kernels compute it). */
+static inline int q32_has_min(int type) { return type == QTYPE_Q4_1 || type == QTYPE_Q5_1 || type == QTYPE_Q4_K; }
 /* Element i (0..31) of a block as an integer: w = d * value (Q8_0's byte,
  * Q4_0's nibble - 8, Q5_0's 5 bits - 16, IQ4_NL's grid value) or w = d *
  * value + m (Q4_1's nibble, Q5_1's 5 bits). The reference every kernel of
