@@ -504,13 +504,14 @@ INLINE void mm_q8_rows(int wtype, const char *W, int64_t nblk, int64_t r0, int64
     }
 }
 
-/* Rows [r0, r1): batches of ACT_Q8_QUAD_MIN rows or more by the quad kernel
- * (q8_quads_avx512.c) in groups of 4 weight rows, the last 0-3 weight rows
- * and smaller batches by the per-row kernels (same arithmetic). */
+/* Rows [r0, r1): batches of ACT_Q8_QUAD_MIN rows or more of the types with
+ * quads (act_q8_has_quads) by the quad kernel (q8_quads_avx512.c) in groups
+ * of 4 weight rows, the last 0-3 weight rows, smaller batches and Q4_K by
+ * the per-row kernels (same arithmetic). */
 INLINE void mm_q8(int wtype, const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act, int nb,
                   float *Y, int64_t ldy) {
     int64_t nblk = cols / 32;
-    if (act_q8_nquads(nb)) {
+    if (act_q8_has_quads(wtype) && act_q8_nquads(nb)) {
         int64_t n4 = (r1 - r0) / 4;
         if (n4) kern_matmul_q8_quads_avx512(wtype, W, cols, r0, n4, act, nb, Y, ldy);
         r0 += 4 * n4;
@@ -895,19 +896,10 @@ static void matmul_q5_1_avx512(const void *W, int64_t cols, int64_t r0, int64_t 
                                int nb, float *Y, int64_t ldy) {
     mm_q8(QTYPE_Q5_1, W, cols, r0, r1, act, nb, Y, ldy);
 }
-/* Q4_K: the blocks-of-32 per-row kernels for every batch size (no quad
- * kernel reads Q4_K yet; the same arithmetic either way). */
+/* Q4_K: mm_q8's per-row kernels for every batch size (act_q8_has_quads). */
 static void matmul_q4_K_avx512(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
                                int nb, float *Y, int64_t ldy) {
-    const int64_t nblk = cols / 32;
-    for (int b0 = 0; b0 < nb; b0 += Q8_NB) {
-        act_row a[Q8_NB];
-        int n = nb - b0 < Q8_NB ? nb - b0 : Q8_NB;
-        for (int b = 0; b < n; b++) a[b] = act_get_row(ACT_Q8, act, cols, b0 + b);
-        float *y = Y + (int64_t)b0 * ldy;
-        if (n == 1) mm_q8_rows(QTYPE_Q4_K, W, nblk, r0, r1, a, 1, y, ldy, 1);
-        else mm_q8_rows(QTYPE_Q4_K, W, nblk, r0, r1, a, n, y, ldy, 0);
-    }
+    mm_q8(QTYPE_Q4_K, W, cols, r0, r1, act, nb, Y, ldy);
 }
 static void matmul_q5_K_avx512(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
                                int nb, float *Y, int64_t ldy) {
