@@ -123,28 +123,38 @@ static void matmul_bf16_ref(const void *W, int64_t cols, int64_t r0, int64_t r1,
     matmul_float_ref(QTYPE_BF16, W, cols, r0, r1, act, nb, Y, ldy);
 }
 
-/* The blocks of 32 (q32_value): the exact int dot per block, scaled by
- * dw * da; with a minimum, then the block's activation sum sa (act_q8_off
- * 1) scaled by mw * da. */
+/* The blocks of 32 (q32_value; Q4_K's sub-blocks, q4k_block32): the exact
+ * int dot per block, scaled by dw * da; with a minimum, then the block's
+ * activation sum sa (act_q8_off 1) scaled by mw * da. */
 static void matmul_q32_ref(int wtype, const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act, int nb,
                            float *Y, int64_t ldy) {
     const int64_t nblk = cols / 32;
-    const size_t bsz = (size_t)q32_block_bytes(wtype);
+    const size_t row_bytes = qtype_row_bytes(wtype, cols), bsz = (size_t)q32_block_bytes(wtype);
     const int has_min = q32_has_min(wtype);
     for (int64_t r = r0; r < r1; r++)
         for (int b = 0; b < nb; b++) {
+            const char *row = (const char *)W + (size_t)r * row_bytes;
             act_row a = act_get_row(ACT_Q8, act, cols, b);
             float s = 0;
             for (int64_t k = 0; k < nblk; k++) {
-                const char *blk = (const char *)W + (size_t)(r * nblk + k) * bsz;
-                ellm_f16 d, m;
-                memcpy(&d, blk, 2);
-                memcpy(&m, blk + 2, 2);
+                float dw, mw;
                 int isum = 0;
-                for (int i = 0; i < 32; i++) isum += q32_value(wtype, blk, i) * a.qs[act_q8_qs(k, i)];
+                if (wtype == QTYPE_Q4_K) {
+                    const block_q4_K *sb = (const block_q4_K *)row + k / 8;
+                    q4k_block32(sb, (int)(k % 8), &dw, &mw);
+                    for (int i = 0; i < 32; i++) isum += q45k_value(sb->qs, NULL, (int)(k % 8), i) * a.qs[act_q8_qs(k, i)];
+                } else {
+                    const char *blk = row + (size_t)k * bsz;
+                    ellm_f16 d, m;
+                    memcpy(&d, blk, 2);
+                    memcpy(&m, blk + 2, 2);
+                    dw = ellm_f16_to_f32(d);
+                    mw = ellm_f16_to_f32(m);
+                    for (int i = 0; i < 32; i++) isum += q32_value(wtype, blk, i) * a.qs[act_q8_qs(k, i)];
+                }
                 float da = a.d[act_q8_slot(k)];
-                s += (ellm_f16_to_f32(d) * da) * (float)isum;
-                if (has_min) s += (ellm_f16_to_f32(m) * da) * (float)a.sa[act_q8_slot(k)];
+                s += (dw * da) * (float)isum;
+                if (has_min) s += (mw * da) * (float)a.sa[act_q8_slot(k)];
             }
             Y[b * ldy + r] = s;
         }
@@ -160,6 +170,7 @@ MATMUL_Q32_REF(matmul_q5_0_ref, QTYPE_Q5_0)
 MATMUL_Q32_REF(matmul_q4_1_ref, QTYPE_Q4_1)
 MATMUL_Q32_REF(matmul_q5_1_ref, QTYPE_Q5_1)
 MATMUL_Q32_REF(matmul_iq4_nl_ref, QTYPE_IQ4_NL)
+MATMUL_Q32_REF(matmul_q4_K_ref, QTYPE_Q4_K)
 
 /* Q3_K: per super-block sum_j (sc_j - 32) * dot(values_j, a_j) over its 16
  * sub-blocks of 16, scaled by d * da. */
@@ -243,77 +254,36 @@ static void matmul_iq4_xs_ref(const void *W, int64_t cols, int64_t r0, int64_t r
     }
 }
 
-/* Per super-block: sum_j sc[j] * dot(q_j, a_j) scaled by d, minus
- * sum_j m[j] * sum(a_j) scaled by dmin (the sums come from bsums). Q5_K
- * (whose q takes its fifth bit from qh; Q4_K is matmul_q4_K_ref's). */
-static void matmul_kq_ref(int wtype, const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act, int nb,
-                          float *Y, int64_t ldy) {
+/* Q5_K, per super-block: sum_j sc[j] * dot(q_j, a_j) scaled by d, minus
+ * sum_j m[j] * sum(a_j) scaled by dmin (the sums come from bsums); q takes
+ * its fifth bit from qh. */
+static void matmul_q5_K_ref(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act, int nb,
+                            float *Y, int64_t ldy) {
     int64_t nblk = cols / QK_K;
-    const size_t bsz = wtype == QTYPE_Q5_K ? sizeof(block_q5_K) : sizeof(block_q4_K);
     for (int64_t r = r0; r < r1; r++) {
-        const char *row = (const char *)W + (size_t)(r * nblk) * bsz;
+        const block_q5_K *w = (const block_q5_K *)W + r * nblk;
         for (int b = 0; b < nb; b++) {
             act_row a = act_get_row(ACT_Q8K, act, cols, b);
             float s = 0;
             for (int64_t k = 0; k < nblk; k++) {
-                const char *blk = row + (size_t)k * bsz;
-                ellm_f16 d, dmin;
-                memcpy(&d, blk, 2);
-                memcpy(&dmin, blk + 2, 2);
-                const uint8_t *scales = (const uint8_t *)blk + 4;
-                const uint8_t *qs = wtype == QTYPE_Q5_K ? ((const block_q5_K *)blk)->qs : ((const block_q4_K *)blk)->qs;
-                const uint8_t *qh = wtype == QTYPE_Q5_K ? ((const block_q5_K *)blk)->qh : NULL;
                 const int8_t *q = a.qs + QK_K * k;
                 const int16_t *bs = a.bsums + 16 * k;
                 int isum_q = 0, isum_m = 0;
                 for (int j = 0; j < 8; j++) {
                     int sc, m;
-                    q4k_scale_min(scales, j, &sc, &m);
+                    q4k_scale_min(w[k].scales, j, &sc, &m);
                     int dot = 0;
-                    for (int l = 0; l < 32; l++) dot += q45k_value(qs, qh, j, l) * q[32 * j + l];
+                    for (int l = 0; l < 32; l++) dot += q45k_value(w[k].qs, w[k].qh, j, l) * q[32 * j + l];
                     isum_q += sc * dot;
                     isum_m += m * (bs[2 * j] + bs[2 * j + 1]);
                 }
                 float da = a.d[k];
-                s += (da * ellm_f16_to_f32(d)) * (float)isum_q;
-                s -= (da * ellm_f16_to_f32(dmin)) * (float)isum_m;
+                s += (da * ellm_f16_to_f32(w[k].d)) * (float)isum_q;
+                s -= (da * ellm_f16_to_f32(w[k].dmin)) * (float)isum_m;
             }
             Y[b * ldy + r] = s;
         }
     }
-}
-/* Q4_K against ACT_Q8 (activation scales per 32): each sub-block j as a
- * block of 32 with a minimum (as Q4_1), its scale d * sc[j] and minimum
- * -(dmin * m[j]) (both exact in F32): the exact dot of the nibbles with the
- * activations scaled by (d sc[j]) * da, then the activations' sum sa
- * (act_q8_off 1) scaled by (-dmin m[j]) * da. */
-static void matmul_q4_K_ref(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
-                            int nb, float *Y, int64_t ldy) {
-    const int64_t nsb = cols / QK_K;
-    for (int64_t r = r0; r < r1; r++) {
-        const block_q4_K *w = (const block_q4_K *)W + r * nsb;
-        for (int b = 0; b < nb; b++) {
-            act_row a = act_get_row(ACT_Q8, act, cols, b);
-            float s = 0;
-            for (int64_t k = 0; k < nsb; k++) {
-                const float d = ellm_f16_to_f32(w[k].d), dmin = ellm_f16_to_f32(w[k].dmin);
-                for (int j = 0; j < 8; j++) {
-                    const int64_t kk = 8 * k + j; /* the block of 32 in the row */
-                    int sc, m, dot = 0;
-                    q4k_scale_min(w[k].scales, j, &sc, &m);
-                    for (int i = 0; i < 32; i++) dot += q45k_value(w[k].qs, NULL, j, i) * a.qs[act_q8_qs(kk, i)];
-                    const float da = a.d[act_q8_slot(kk)];
-                    s += (d * (float)sc * da) * (float)dot;
-                    s += (-(dmin * (float)m) * da) * (float)a.sa[act_q8_slot(kk)];
-                }
-            }
-            Y[b * ldy + r] = s;
-        }
-    }
-}
-static void matmul_q5_K_ref(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
-                            int nb, float *Y, int64_t ldy) {
-    matmul_kq_ref(QTYPE_Q5_K, W, cols, r0, r1, act, nb, Y, ldy);
 }
 
 /* Per super-block: sum_j scales[j] * (dot(q_j, a_j) - 32 * sum(a_j)), scaled by d. */

@@ -235,20 +235,13 @@ INLINE __m256i q4k_pair_dot(const char *qs, const int8_t *alo, const int8_t *ahi
 }
 
 /* Q4_K's scales and minimums of the chunk's n (8 or 16) blocks of 32 at p
- * (one or two super-blocks) by slot, as kernels_avx512.c's q8_decode:
- * d sc[j] and -(dmin m[j]), zeros past n. */
+ * (one or two super-blocks) by slot (q4k_block32's), zeros past n. */
 INLINE void q4k_scales_avx2(const char *p, int n, __m256 dw[2], __m256 mw[2]) {
     float d[16], m[16];
     for (int s = 0; s < 16; s++) {
         int k = 4 * (s & 3) + (s >> 2);
         d[s] = m[s] = 0;
-        if (k < n) {
-            const block_q4_K *b = (const block_q4_K *)(p + (size_t)(k / 8) * sizeof(block_q4_K));
-            int sc, mn;
-            q4k_scale_min(b->scales, k % 8, &sc, &mn);
-            d[s] = (float)sc * f16_to_f32(b->d);
-            m[s] = 0.0f - (float)mn * f16_to_f32(b->dmin);
-        }
+        if (k < n) q4k_block32((const block_q4_K *)p + k / 8, k % 8, &d[s], &m[s]);
     }
     dw[0] = _mm256_loadu_ps(d);
     dw[1] = _mm256_loadu_ps(d + 8);
@@ -375,27 +368,23 @@ INLINE void mm_q8(int wtype, const void *W, int64_t cols, int64_t r0, int64_t r1
 /* ---- Q5_K weights against ACT_Q8K (Q4_K goes through the blocks of 32) ----
  * qs[32g .. 32g+31] holds sub-block 2g in low nibbles and 2g+1 in high
  * nibbles, matching activations a[64g ..] and a[64g + 32 ..]. maddubs of
- * the 4-bit q (unsigned; Q5_K: 5-bit, its fifth bit from qh) with a, then
+ * the 5-bit q (unsigned, its fifth bit from qh) with a, then
  * madd with the sub-block scale, gives int32 partial sums of sc * q * a;
  * the mins term uses bsums. */
-INLINE void mm_q4k_row(int wtype, const void *W, int64_t nblk, const act_row *a, float *y, int64_t ldy,
-                       const int NB) {
-    const int Q5 = wtype == QTYPE_Q5_K;
-    const size_t bsz = Q5 ? sizeof(block_q5_K) : sizeof(block_q4_K);
+INLINE void mm_q5k_row(const block_q5_K *w, int64_t nblk, const act_row *a, float *y, int64_t ldy, const int NB) {
     __m256 accf[MM_NB];
     const __m256i m4 = _mm256_set1_epi8(0xF), b16 = _mm256_set1_epi8(0x10);
     const __m128i pair_mins = _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15);
 #pragma GCC unroll 4
     for (int b = 0; b < NB; b++) accf[b] = _mm256_setzero_ps();
     for (int64_t k = 0; k < nblk; k++) {
-        const char *blk = (const char *)W + (size_t)k * bsz;
-        const uint8_t *qs = Q5 ? ((const block_q5_K *)blk)->qs : ((const block_q4_K *)blk)->qs;
-        __m128i sm = q4k_scales_vec((const uint8_t *)blk + 4); /* sc[0..7], m[0..7] as bytes */
+        const uint8_t *qs = w[k].qs;
+        __m128i sm = q4k_scales_vec(w[k].scales); /* sc[0..7], m[0..7] as bytes */
         __m256i smb = _mm256_broadcastsi128_si256(sm);
         /* m[j] twice: madd with bsums[2j], bsums[2j+1] gives m[j] * sum(a_j). */
         __m256i mins = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(sm, pair_mins));
-        __m128 dd = _mm_cvtph_ps(_mm_loadu_si32(blk)); /* d, dmin */
-        __m256i qh = Q5 ? _mm256_loadu_si256((const __m256i *)((const block_q5_K *)blk)->qh) : _mm256_setzero_si256();
+        __m128 dd = _mm_cvtph_ps(_mm_loadu_si32(&w[k])); /* d, dmin */
+        __m256i qh = _mm256_loadu_si256((const __m256i *)w[k].qh);
         __m256i acci[MM_NB];
 #pragma GCC unroll 4
         for (int b = 0; b < NB; b++) acci[b] = _mm256_setzero_si256();
@@ -403,11 +392,10 @@ INLINE void mm_q4k_row(int wtype, const void *W, int64_t nblk, const act_row *a,
         for (int g = 0; g < 4; g++) {
             __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * g));
             __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-            if (Q5) { /* Q5_K: bit 2g (2g + 1) of qh[l] is bit 4 of element l of sub-block 2g (2g + 1) */
-                const __m256i blo = _mm256_set1_epi8((char)(1 << (2 * g))), bhi = _mm256_set1_epi8((char)(1 << (2 * g + 1)));
-                lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, blo), blo), b16));
-                hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bhi), bhi), b16));
-            }
+            /* bit 2g (2g + 1) of qh[l] is bit 4 of element l of sub-block 2g (2g + 1) */
+            const __m256i blo = _mm256_set1_epi8((char)(1 << (2 * g))), bhi = _mm256_set1_epi8((char)(1 << (2 * g + 1)));
+            lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, blo), blo), b16));
+            hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bhi), bhi), b16));
             /* sc[2g], sc[2g + 1] zero-extended into every int16 (pshufb index 0x80 gives 0) */
             __m256i s_lo = _mm256_shuffle_epi8(smb, _mm256_set1_epi16((short)(0x8000 | (2 * g))));
             __m256i s_hi = _mm256_shuffle_epi8(smb, _mm256_set1_epi16((short)(0x8000 | (2 * g + 1))));
@@ -609,7 +597,7 @@ INLINE void mm_iq4xs_row(const block_iq4_xs *w, int64_t nblk, const act_row *a, 
 
 INLINE void mm_quant_row(int wtype, const void *w, int64_t cols, const act_row *a, float *y,
                          int64_t ldy, const int NB) {
-    if (wtype == QTYPE_Q4_K || wtype == QTYPE_Q5_K) mm_q4k_row(wtype, w, cols / QK_K, a, y, ldy, NB);
+    if (wtype == QTYPE_Q5_K) mm_q5k_row(w, cols / QK_K, a, y, ldy, NB);
     else if (wtype == QTYPE_IQ4_XS) mm_iq4xs_row(w, cols / QK_K, a, y, ldy, NB);
     else if (wtype == QTYPE_Q3_K || wtype == QTYPE_Q2_K) mm_q23k_row(wtype, w, cols / QK_K, a, y, ldy, NB);
     else mm_q6k_row(w, cols / QK_K, a, y, ldy, NB);

@@ -532,23 +532,20 @@ INLINE void mm_q8(int wtype, const void *W, int64_t cols, int64_t r0, int64_t r1
  * high nibbles: loaded into both 256-bit halves of a zmm, the high half
  * shifted right by 4, masked to nibbles, they are elements 64g .. 64g+63 in
  * order, against the contiguous activations a[64g ..] (2 operations per 64
- * weights). maddubs (4-bit q unsigned; pairs far from int16 overflow) then
+ * weights). maddubs (q unsigned; pairs far from int16 overflow) then
  * vpdpwssd with the sub-block scales (sc[2g] in the low half's int16 lanes,
  * sc[2g + 1] in the high half's: one pshufb of the scale bytes per g, shared
  * by the block's rows) accumulates sc * q * a exactly in int32; the mins term
- * uses bsums. Q5_K's fifth bits: the 32 qh bytes in both halves, tested
+ * uses bsums. The fifth bits: the 32 qh bytes in both halves, tested
  * against bit 2g (low half) or 2g + 1 (high half), set 16 into the values
  * (maddubs pairs <= 2 * 31 * 127). With one activation row (decode) each
  * block prefetches its bytes KERN_PF_LINE_AHEAD ahead (kern_pf_block). */
-INLINE void mm_q4k_row(int wtype, const void *W, int64_t nblk, const act_row *a, float *y, int64_t ldy,
-                       const int NB) {
-    const int Q5 = wtype == QTYPE_Q5_K;
-    const size_t bsz = Q5 ? sizeof(block_q5_K) : sizeof(block_q4_K);
+INLINE void mm_q5k_row(const block_q5_K *w, int64_t nblk, const act_row *a, float *y, int64_t ldy, const int NB) {
     const __m512i m4 = _mm512_set1_epi8(0xF), b16 = _mm512_set1_epi8(0x10);
     const __m512i shr = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
     const __m128i pair_mins = _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15);
     /* pshufb index of g: byte 2g (low half) or 2g + 1 (high half), zero-extended (0x80 gives 0);
-     * Q5_K: the qh bit of sub-block 2g (low half) or 2g + 1 (high half) */
+     * the qh bit of sub-block 2g (low half) or 2g + 1 (high half) */
     __m512i sidx[4], hbit[4];
 #pragma GCC unroll 4
     for (int g = 0; g < 4; g++) {
@@ -560,22 +557,20 @@ INLINE void mm_q4k_row(int wtype, const void *W, int64_t nblk, const act_row *a,
 #pragma GCC unroll 8
     for (int b = 0; b < NB; b++) accf[b] = _mm512_setzero_ps();
     for (int64_t k = 0; k < nblk; k++) {
-        const char *blk = (const char *)W + (size_t)k * bsz;
-        const uint8_t *qs = Q5 ? ((const block_q5_K *)blk)->qs : ((const block_q4_K *)blk)->qs;
-        if (NB == 1) kern_pf_block(blk, (int)bsz);
-        __m128i sm = q4k_scales_vec((const uint8_t *)blk + 4); /* sc[0..7], m[0..7] as bytes */
+        const uint8_t *qs = w[k].qs;
+        if (NB == 1) kern_pf_block(w + k, (int)sizeof w[k]);
+        __m128i sm = q4k_scales_vec(w[k].scales); /* sc[0..7], m[0..7] as bytes */
         __m512i smb = _mm512_broadcast_i32x4(sm);
         /* m[j] twice: madd with bsums[2j], bsums[2j+1] gives m[j] * sum(a_j) */
         __m256i mins = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(sm, pair_mins));
-        __m128 dd = _mm_cvtph_ps(_mm_loadu_si32(blk)); /* d, dmin */
+        __m128 dd = _mm_cvtph_ps(_mm_loadu_si32(w + k)); /* d, dmin */
         __m512i v[4], sc[4];
-        __m512i qh = Q5 ? _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)((const block_q5_K *)blk)->qh))
-                        : _mm512_setzero_si512();
+        __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)w[k].qh));
 #pragma GCC unroll 4
         for (int g = 0; g < 4; g++) {
             __m512i q = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(qs + 32 * g)));
             v[g] = _mm512_and_si512(_mm512_srlv_epi16(q, shr), m4);
-            if (Q5) v[g] = _mm512_or_si512(v[g], _mm512_maskz_mov_epi8(_mm512_test_epi8_mask(qh, hbit[g]), b16));
+            v[g] = _mm512_or_si512(v[g], _mm512_maskz_mov_epi8(_mm512_test_epi8_mask(qh, hbit[g]), b16));
             sc[g] = _mm512_shuffle_epi8(smb, sidx[g]);
         }
 #pragma GCC unroll 8
@@ -834,7 +829,7 @@ INLINE void mm_iq4xs_row(const block_iq4_xs *w, int64_t nblk, const act_row *a, 
 
 INLINE void mm_quant_row(int wtype, const void *w, int64_t cols, const act_row *a, float *y,
                          int64_t ldy, const int NB) {
-    if (wtype == QTYPE_Q4_K || wtype == QTYPE_Q5_K) mm_q4k_row(wtype, w, cols / QK_K, a, y, ldy, NB);
+    if (wtype == QTYPE_Q5_K) mm_q5k_row(w, cols / QK_K, a, y, ldy, NB);
     else if (wtype == QTYPE_IQ4_XS) mm_iq4xs_row(w, cols / QK_K, a, y, ldy, NB);
     else if (wtype == QTYPE_Q3_K || wtype == QTYPE_Q2_K) mm_q23k_row(wtype, w, cols / QK_K, a, y, ldy, NB);
     else mm_q6k_row(w, cols / QK_K, a, y, ldy, NB);

@@ -307,6 +307,17 @@ static inline void q4k_scale_min(const uint8_t *s, int j, int *sc, int *m) {
     }
 }
 
+/* Q4_K's sub-block j (elements 32j .. 32j + 31) as the block of 32 with a
+ * minimum that every Q4_K matmul computes (as Q4_1's, w = dw * q + mw):
+ * dw = d sc[j] and mw = -(dmin m[j]), both exact in F32 (an F16 times a
+ * 6-bit integer). */
+static inline void q4k_block32(const block_q4_K *b, int j, float *dw, float *mw) {
+    int sc, m;
+    q4k_scale_min(b->scales, j, &sc, &m);
+    *dw = (float)sc * ellm_f16_to_f32(b->d);
+    *mw = 0.0f - (float)m * ellm_f16_to_f32(b->dmin);
+}
+
 /* Unpacks all 8 scales and 8 mins of a Q4_K `scales` array at once, as bytes
  * out[0..7] = sc[0..7] and out[8..15] = m[0..7] (same result as
  * q4k_scale_min, with 32-bit word operations for the SIMD kernels). */
