@@ -208,13 +208,16 @@ static inline int iq4xs_scale(const block_iq4_xs *b, int j) {
  * Each starts with its f16 scale d (Q4_1, Q5_1: then their f16 minimum m),
  * and each but Q8_0 ends with the 16 nibble bytes of Q4_0 (element i in the
  * low nibble of byte i, element 16 + i in the high one), Q5_0 and Q5_1 with
- * their 32 fifth bits (little-endian, bit i for element i) just before. */
+ * their 32 fifth bits (little-endian, bit i for element i) just before.
+ * Q4_K's sub-blocks are computed as blocks of 32 too, but lie inside their
+ * super-block: q4k_block32 and q45k_value read them, q32_value does not. */
 static inline int q32_block_bytes(int type) {
     switch (type) {
     case QTYPE_Q8_0: return (int)sizeof(block_q8_0);
     case QTYPE_Q5_0: return (int)sizeof(block_q5_0);
     case QTYPE_Q4_1: return (int)sizeof(block_q4_1);
     case QTYPE_Q5_1: return (int)sizeof(block_q5_1);
+    case QTYPE_Q4_K: return (int)sizeof(block_q4_K) / 8; /* a sub-block's share of its super-block */
     default: return (int)sizeof(block_q4_0); /* Q4_0, IQ4_NL */
     }
 }
