@@ -634,6 +634,12 @@ static void test_matmul_batch_invariance(ellm_isa isa) {
         for (size_t n = 0; n < sizeof q8_nbs / sizeof q8_nbs[0]; n++)
             for (int t = 0; t < N_Q32_TYPES; t++)
                 test_matmul_batch_invariance_case(isa, k_q32_types[t], q8_cols[c], q8_nbs[n]);
+    /* Q4_K, its blocks of 32 by the same kernels: one super-block, a short
+     * last chunk (3 and 5 super-blocks), whole chunks only */
+    static const int64_t kq_cols[] = {256, 768, 1280, 2048};
+    for (size_t c = 0; c < sizeof kq_cols / sizeof kq_cols[0]; c++)
+        for (size_t n = 0; n < sizeof q8_nbs / sizeof q8_nbs[0]; n++)
+            test_matmul_batch_invariance_case(isa, QTYPE_Q4_K, kq_cols[c], q8_nbs[n]);
 }
 
 /* Integer parts must match exactly: with activation blocks whose max is 127

@@ -504,10 +504,9 @@ INLINE void mm_q8_rows(int wtype, const char *W, int64_t nblk, int64_t r0, int64
     }
 }
 
-/* Rows [r0, r1): batches of ACT_Q8_QUAD_MIN rows or more of the types with
- * quads (act_q8_has_quads) by the quad kernel (q8_quads_avx512.c) in groups
- * of 4 weight rows, the last 0-3 weight rows, smaller batches and Q4_K by
- * the per-row kernels (same arithmetic). */
+/* Rows [r0, r1): batches of ACT_Q8_QUAD_MIN rows or more by the quad kernel
+ * (q8_quads_avx512.c) in groups of 4 weight rows, the last 0-3 weight rows
+ * and smaller batches by the per-row kernels (same arithmetic). */
 INLINE void mm_q8(int wtype, const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act, int nb,
                   float *Y, int64_t ldy) {
     int64_t nblk = cols / 32;
@@ -891,7 +890,7 @@ static void matmul_q5_1_avx512(const void *W, int64_t cols, int64_t r0, int64_t 
                                int nb, float *Y, int64_t ldy) {
     mm_q8(QTYPE_Q5_1, W, cols, r0, r1, act, nb, Y, ldy);
 }
-/* Q4_K: mm_q8's per-row kernels for every batch size (act_q8_has_quads). */
+/* Q4_K: as eight blocks of 32 with a minimum per super-block (q4k_block32). */
 static void matmul_q4_K_avx512(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
                                int nb, float *Y, int64_t ldy) {
     mm_q8(QTYPE_Q4_K, W, cols, r0, r1, act, nb, Y, ldy);

@@ -195,10 +195,9 @@ enum { ACT_Q8_QUAD = 4, ACT_Q8_QUAD_MIN = 4, ACT_Q8_QUAD_BLOCK = 8 * 16 + 16 + 1
 
 static inline int act_q8_nquads(int nb) { return nb >= ACT_Q8_QUAD_MIN ? (nb + ACT_Q8_QUAD - 1) / ACT_Q8_QUAD : 0; }
 
-/* Whether batches of wtype carry quads: the ACT_Q8 types the quad kernel
- * reads (all but Q4_K, whose batches take the per-row kernels; preparing
- * quads for it would be work nothing reads). */
-static inline int act_q8_has_quads(int wtype) { return act_kind_of(wtype) == ACT_Q8 && wtype != QTYPE_Q4_K; }
+/* Whether batches of wtype carry quads: the types the quad kernel reads
+ * (every ACT_Q8 type). */
+static inline int act_q8_has_quads(int wtype) { return act_kind_of(wtype) == ACT_Q8; }
 
 /* Block k of quad q of ACT_Q8 activations `act` prepared for nb rows. */
 static inline const int8_t *act_q8_quad(const void *act, int64_t cols, int nb, int q, int64_t k) {

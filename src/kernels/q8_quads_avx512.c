@@ -1,4 +1,4 @@
-/* Q8_0 / Q4_0 / Q5_0 / Q4_1 / Q5_1 / IQ4_NL weights against small batches of ACT_Q8 activations (quads,
+/* Q8_0 / Q4_0 / Q5_0 / Q4_1 / Q5_1 / IQ4_NL / Q4_K weights against small batches of ACT_Q8 activations (quads,
  * kernels_impl.h), AVX-512 VNNI: batched decode, speculative verification
  * and prefill.
  *
@@ -31,7 +31,13 @@
  * each activation broadcast, which costs more than a register shuffle
  * there, feeds 4 vpdpbusd instead of 2. (On an Ice Lake VM 2 x 8 had
  * measured faster, with fewer registers live.) 1-3 rows stay with the
- * per-row kernels, which stream a single row faster. */
+ * per-row kernels, which stream a single row faster.
+ *
+ * Q4_K takes the same path as eight blocks of 32 with a minimum per
+ * super-block (q4k_block32): block k is sub-block k % 8 of super-block
+ * k / 8, its nibbles the low or high halves of 32 bytes it shares with
+ * its neighbour, and its scale and minimum come from a table that each
+ * super-block's first block fills for the pass's rows (qd_q4k_scales). */
 #include "kernels/kernels_impl.h"
 #include "kernels/kernels_x86.h"
 
@@ -45,11 +51,22 @@ enum {
     QD_SEQ_Q = 4,  /* from this many quads a pass keeps its slot accumulators in block order (qd_row_of_block) */
 };
 
-/* Weight rows p[0 .. 3] (each at one block) as unsigned bytes: lo lane i =
- * elements 0-15 of row i, hi lane i = elements 16-31. */
-INLINE void qd_weights(int wtype, const char *p0, size_t wrow, __m512i *lo, __m512i *hi) {
+/* Weight rows p[0 .. 3] (each at one block, qd_block_at) as unsigned bytes:
+ * lo lane i = elements 0-15 of row i, hi lane i = elements 16-31. Q4_K: p
+ * is the 32 nibble bytes its sub-block shares with a neighbour, and sh (0
+ * or 4) picks its nibbles. */
+INLINE void qd_weights(int wtype, const char *p0, size_t wrow, int sh, __m512i *lo, __m512i *hi) {
     const char *p1 = p0 + wrow, *p2 = p1 + wrow, *p3 = p2 + wrow;
-    if (wtype == QTYPE_Q8_0) {
+    if (wtype == QTYPE_Q4_K) {
+        const __m512i m4 = _mm512_set1_epi8(0x0F);
+        const __m128i c = _mm_cvtsi32_si128(sh);
+        __m512i z01 = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)p0)),
+                                         _mm256_loadu_si256((const __m256i *)p1), 1);
+        __m512i z23 = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)p2)),
+                                         _mm256_loadu_si256((const __m256i *)p3), 1);
+        *lo = _mm512_and_si512(_mm512_srl_epi16(_mm512_shuffle_i64x2(z01, z23, _MM_SHUFFLE(2, 0, 2, 0)), c), m4);
+        *hi = _mm512_and_si512(_mm512_srl_epi16(_mm512_shuffle_i64x2(z01, z23, _MM_SHUFFLE(3, 1, 3, 1)), c), m4);
+    } else if (wtype == QTYPE_Q8_0) {
         const __m512i flip = _mm512_set1_epi8((char)0x80);
         /* [r0 lo, r0 hi, r1 lo, r1 hi] and the same for rows 2, 3 */
         __m512i z01 = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(p0 + 2))),
@@ -124,6 +141,50 @@ INLINE __m512 qd_scales(const char *p, size_t wrow, const int NG) {
     return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1));
 }
 
+/* Q4_K: the sub-block scales d sc[j] and minimums -(dmin m[j]) of
+ * super-block sb of the pass's 4 NG rows, computed as q4k_block32 and the
+ * per-row kernel (kernels_avx512.c's q8_decode) compute them: ks[g][0]
+ * holds rows 4g and 4g + 1's eight scales, ks[g][1] rows 4g + 2 and 4g + 3's;
+ * ks[g][2], ks[g][3] the minimums (qd_q4k_pick reads them). Once per
+ * super-block, so its 8 blocks pay one 12-byte unpacking per row. */
+INLINE void qd_q4k_scales(const char *sb, size_t wrow, const int NG, __m512 ks[][4]) {
+    const __m512i dm_idx = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+#pragma GCC unroll 4
+    for (int g = 0; g < NG; g++) {
+        __m512 f[4];
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++) {
+            const char *b = sb + (size_t)(4 * g + i) * wrow;
+            uint32_t dd;
+            memcpy(&dd, b, 4);
+            /* sc0-7, m0-7 as floats, times d (sc) and dmin (m); the minimums negated */
+            __m512 v = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q4k_scales_vec((const uint8_t *)b + 4)));
+            __m512 dm = _mm512_permutexvar_ps(dm_idx, _mm512_castps128_ps512(_mm_cvtph_ps(_mm_cvtsi32_si128((int)dd))));
+            v = _mm512_mul_ps(v, dm);
+            f[i] = _mm512_mask_sub_ps(v, (__mmask16)0xFF00, _mm512_setzero_ps(), v);
+        }
+        ks[g][0] = _mm512_shuffle_f32x4(f[0], f[1], _MM_SHUFFLE(1, 0, 1, 0));
+        ks[g][1] = _mm512_shuffle_f32x4(f[2], f[3], _MM_SHUFFLE(1, 0, 1, 0));
+        ks[g][2] = _mm512_shuffle_f32x4(f[0], f[1], _MM_SHUFFLE(3, 2, 3, 2));
+        ks[g][3] = _mm512_shuffle_f32x4(f[2], f[3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+}
+
+/* Q4_K: group g's scales (MW = 0) or minimums (MW = 2) of sub-block j, lane
+ * i holding row 4g + i's, as qd_scales' permute leaves the other types'. */
+INLINE __m512 qd_q4k_pick(__m512 ks[][4], int g, int j, const int MW) {
+    const __m512i idx = _mm512_add_epi32(_mm512_set_epi32(24, 24, 24, 24, 16, 16, 16, 16, 8, 8, 8, 8, 0, 0, 0, 0),
+                                         _mm512_set1_epi32(j));
+    return _mm512_permutex2var_ps(ks[g][MW], idx, ks[g][MW + 1]);
+}
+
+/* Row 0's bytes of block k for qd_weights (Q4_K: sub-block k % 8's nibble
+ * bytes in super-block k / 8) and its scales for qd_scales. */
+INLINE const char *qd_block_at(int wtype, const char *w, int64_t k) {
+    if (wtype == QTYPE_Q4_K) return w + (k >> 3) * (int64_t)sizeof(block_q4_K) + 16 + 32 * ((k & 7) >> 1);
+    return w + k * q32_block_bytes(wtype);
+}
+
 /* Dword j of each lane's row, repeated over the lane (immediates spelled
  * out: they must be constants at every optimisation level). */
 #define QD_W(lo, hi, j)                                                                                    \
@@ -149,11 +210,15 @@ INLINE int qd_row_of_block(int64_t k, const int NQ) {
 }
 INLINE int qd_row_of_slot(int t, const int NQ) { return NQ >= QD_SEQ_Q ? 4 * (t & 3) + (t >> 2) : t; }
 
-/* One block k of a pass (see qd_pass); FIRST: k < 16, the slot starts. */
-INLINE void qd_block(int wtype, const char *p, size_t wrow, const int8_t *a, __m512 *S, const int NG, const int NQ, const int NC, const int FIRST) {
+/* One block k of a pass (see qd_pass) from weight row 0 at w; FIRST: k <
+ * 16, the slot starts. ks: Q4_K's scales of k's super-block (qd_q4k_scales). */
+INLINE void qd_block(int wtype, const char *w, int64_t k, size_t wrow, const int8_t *a, __m512 ks[][4], __m512 *S,
+                     const int NG, const int NQ, const int NC, const int FIRST) {
+    const char *p = qd_block_at(wtype, w, k);
+    const int Q4K = wtype == QTYPE_Q4_K;
     __m512i lo[QD_MAX_G], hi[QD_MAX_G], acc[2][QD_MAX_P];
 #pragma GCC unroll 4
-    for (int g = 0; g < NG; g++) qd_weights(wtype, p + (size_t)(4 * g) * wrow, wrow, &lo[g], &hi[g]);
+    for (int g = 0; g < NG; g++) qd_weights(wtype, p + (size_t)(4 * g) * wrow, wrow, 4 * (int)(k & 1), &lo[g], &hi[g]);
     const int MIN = q32_has_min(wtype); /* Q4_1, Q5_1: no offset to take off; the minimum's term after the dot's */
 #pragma GCC unroll 8
     for (int q = 0; q < NQ; q++) {
@@ -178,13 +243,18 @@ INLINE void qd_block(int wtype, const char *p, size_t wrow, const int8_t *a, __m
             for (int g = 0; g < NG; g++) acc[c][g * NQ + q] = _mm512_dpbusd_epi32(acc[c][g * NQ + q], wj[g], x);
         }
     }
-    __m512 dws = qd_scales(p, wrow, NG), mws = MIN ? qd_scales(p + 2, wrow, NG) : _mm512_setzero_ps();
+    __m512 dws = _mm512_setzero_ps(), mws = _mm512_setzero_ps();
+    if (!Q4K) {
+        dws = qd_scales(p, wrow, NG);
+        if (MIN) mws = qd_scales(p + 2, wrow, NG);
+    }
 #pragma GCC unroll 4
     for (int g = 0; g < NG; g++) {
         const __m512i rep = _mm512_set_epi32(4 * g + 3, 4 * g + 3, 4 * g + 3, 4 * g + 3, 4 * g + 2, 4 * g + 2,
                                              4 * g + 2, 4 * g + 2, 4 * g + 1, 4 * g + 1, 4 * g + 1, 4 * g + 1,
                                              4 * g, 4 * g, 4 * g, 4 * g);
-        __m512 dw = _mm512_permutexvar_ps(rep, dws), mw = MIN ? _mm512_permutexvar_ps(rep, mws) : dw;
+        __m512 dw = Q4K ? qd_q4k_pick(ks, g, (int)(k & 7), 0) : _mm512_permutexvar_ps(rep, dws);
+        __m512 mw = !MIN ? dw : Q4K ? qd_q4k_pick(ks, g, (int)(k & 7), 2) : _mm512_permutexvar_ps(rep, mws);
 #pragma GCC unroll 8
         for (int q = 0; q < NQ; q++) {
             __m512 da = _mm512_broadcast_f32x4(_mm_loadu_ps((const float *)(a + q * ACT_Q8_QUAD_BLOCK + 8 * 16)));
@@ -209,8 +279,7 @@ INLINE void qd_block(int wtype, const char *p, size_t wrow, const int8_t *a, __m
  * row holds which slot: qd_row_of_block. */
 INLINE void qd_pass(int wtype, const char *w, size_t wrow, int64_t nblk, const int8_t *A, size_t kstride,
                     const char *pf, size_t pf_step, __m512 *out, const int NG, const int NQ, const int NC) {
-    const int bsz = q32_block_bytes(wtype);
-    __m512 S[16][QD_MAX_P];
+    __m512 S[16][QD_MAX_P], ks[QD_MAX_G][4] = {{_mm512_setzero_ps()}}; /* Q4_K's; zero for the other types */
     /* a slot starts at its first block (k < 16); slots without any stay zero */
     if (nblk < 16)
         for (int s = 0; s < 16; s++)
@@ -218,13 +287,13 @@ INLINE void qd_pass(int wtype, const char *w, size_t wrow, int64_t nblk, const i
     int64_t k = 0;
     for (; k < nblk && k < 16; k++, pf += pf_step) {
         for (size_t o = 0; o < pf_step; o += 64) _mm_prefetch(pf + o, _MM_HINT_T0);
-        qd_block(wtype, w + k * bsz, wrow, A + k * kstride,
-                 S[qd_row_of_block(k, NQ)], NG, NQ, NC, 1);
+        if (wtype == QTYPE_Q4_K && !(k & 7)) qd_q4k_scales(w + (k >> 3) * (int64_t)sizeof(block_q4_K), wrow, NG, ks);
+        qd_block(wtype, w, k, wrow, A + k * kstride, ks, S[qd_row_of_block(k, NQ)], NG, NQ, NC, 1);
     }
     for (; k < nblk; k++, pf += pf_step) {
         for (size_t o = 0; o < pf_step; o += 64) _mm_prefetch(pf + o, _MM_HINT_T0);
-        qd_block(wtype, w + k * bsz, wrow, A + k * kstride,
-                 S[qd_row_of_block(k, NQ)], NG, NQ, NC, 0);
+        if (wtype == QTYPE_Q4_K && !(k & 7)) qd_q4k_scales(w + (k >> 3) * (int64_t)sizeof(block_q4_K), wrow, NG, ks);
+        qd_block(wtype, w, k, wrow, A + k * kstride, ks, S[qd_row_of_block(k, NQ)], NG, NQ, NC, 0);
     }
     /* q8_reduce16's tree, lanes now slots; unrolled, so each slot's row is
      * a constant offset (as a loop it took ~20% of a 16-row pass over 576
