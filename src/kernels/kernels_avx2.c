@@ -152,8 +152,9 @@ static void matmul_bf16_avx2(const void *W, int64_t cols, int64_t r0, int64_t r1
     mm_float(QTYPE_BF16, W, cols, r0, r1, act, nb, Y, ldy);
 }
 
-/* ---- Q8_0 / Q4_0 / Q5_0 / Q4_1 / Q5_1 / IQ4_NL / Q4_K weights against ACT_Q8 ----
- * (Q4_K as eight blocks of 32 with a minimum per super-block, as kernels_avx512.c.)
+/* ---- Q8_0 / Q4_0 / Q5_0 / Q4_1 / Q5_1 / IQ4_NL / Q4_K / IQ4_XS weights against ACT_Q8 ----
+ * (Q4_K as eight blocks of 32 with a minimum per super-block, IQ4_XS as eight
+ * IQ4_NL-like blocks of 32 per super-block, as kernels_avx512.c.)
  * The same arithmetic as kernels_avx512.c (exact block dots, then
  * acc[slot(k)] += (float)dot_k * (dw_k * da_k) and the fixed 16-lane sum),
  * with the 16 slots in two ymm, so both ISAs give the same bits. maddubs
@@ -178,7 +179,8 @@ INLINE __m256i q5_bits_avx2(uint32_t a, uint32_t b) {
 }
 
 /* 8 int32: 4 partial sums of block pa's dot, then 4 of block pb's (NULL:
- * absent, zeros). alo / ahi: the pair's first / last activation halves. */
+ * absent, zeros). alo / ahi: the pair's first / last activation halves.
+ * IQ4_XS: pa and pb point at the sub-blocks' 16 code bytes. */
 INLINE __m256i q8_pair_dot(int wtype, const char *pa, const char *pb, const int8_t *alo, const int8_t *ahi) {
     const __m256i ones = _mm256_set1_epi16(1);
     __m256i w0, w1;
@@ -190,7 +192,7 @@ INLINE __m256i q8_pair_dot(int wtype, const char *pa, const char *pb, const int8
         w1 = _mm256_set_m128i(b1, a1);
     } else {
         const __m256i m4 = _mm256_set1_epi8(0xF);
-        const int qoff = q32_block_bytes(wtype) - 16; /* the nibbles end every block */
+        const int qoff = wtype == QTYPE_IQ4_XS ? 0 : q32_block_bytes(wtype) - 16; /* the nibbles end every block */
         __m128i qa = _mm_loadu_si128((const __m128i *)(pa + qoff));
         __m128i qb = pb ? _mm_loadu_si128((const __m128i *)(pb + qoff)) : _mm_setzero_si128();
         __m256i x = _mm256_set_m128i(qb, qa);
@@ -203,18 +205,18 @@ INLINE __m256i q8_pair_dot(int wtype, const char *pa, const char *pb, const int8
             w0 = _mm256_or_si256(w0, q5_bits_avx2(ha & 0xFFFF, hb & 0xFFFF));
             w1 = _mm256_or_si256(w1, q5_bits_avx2(ha >> 16, hb >> 16));
         }
-        if (wtype != QTYPE_IQ4_NL) { /* unsigned values */
+        if (wtype != QTYPE_IQ4_NL && wtype != QTYPE_IQ4_XS) { /* unsigned values */
             __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(w0, _mm256_loadu_si256((const __m256i *)alo)),
                                          _mm256_maddubs_epi16(w1, _mm256_loadu_si256((const __m256i *)ahi)));
             return _mm256_madd_epi16(p, ones);
         }
-        /* IQ4_NL: the codes' signed grid values (an absent block's codes
+        /* IQ4_NL, IQ4_XS: the codes' signed grid values (an absent block's codes
          * read 0, whose value is not; its activations are zero anyway) */
         const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)iq4_values));
         w0 = _mm256_shuffle_epi8(lut, w0);
         w1 = _mm256_shuffle_epi8(lut, w1);
     }
-    /* signed values (Q8_0, IQ4_NL): |w| times a * sign(w) */
+    /* signed values (Q8_0, IQ4_NL, IQ4_XS): |w| times a * sign(w) */
     __m256i p0 = _mm256_maddubs_epi16(_mm256_sign_epi8(w0, w0),
                                       _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)alo), w0));
     __m256i p1 = _mm256_maddubs_epi16(_mm256_sign_epi8(w1, w1),
@@ -249,6 +251,18 @@ INLINE void q4k_scales_avx2(const char *p, int n, __m256 dw[2], __m256 mw[2]) {
     mw[1] = _mm256_loadu_ps(m + 8);
 }
 
+/* IQ4_XS's scales of the chunk's n (8 or 16) blocks of 32 at p (one or two
+ * super-blocks) by slot (iq4xs_block32's), zeros past n. */
+INLINE void iq4xs_scales_avx2(const char *p, int n, __m256 dw[2]) {
+    float d[16];
+    for (int s = 0; s < 16; s++) {
+        int k = 4 * (s & 3) + (s >> 2);
+        d[s] = k < n ? iq4xs_block32((const block_iq4_xs *)p + k / 8, k % 8) : 0.0f;
+    }
+    dw[0] = _mm256_loadu_ps(d);
+    dw[1] = _mm256_loadu_ps(d + 8);
+}
+
 /* The f16 scales of the chunk's n blocks at p as floats by slot (block
  * 4g + l in slot 4l + g; zeros for blocks past n): slots 0..7 in dw[0],
  * 8..15 in dw[1]. Scalar loads, not a gather: once per chunk and row. */
@@ -281,6 +295,12 @@ INLINE void q8_chunk_avx2(int wtype, const char *p, int n, const __m256 dw[2], c
             cd[g] = m >= 4 ? q4k_pair_dot(qs + 32, qg + 32, qg + 96) : _mm256_setzero_si256();
             continue;
         }
+        if (wtype == QTYPE_IQ4_XS) { /* group g: sub-blocks 4 (g % 2) .. + 3 of super-block g / 2, 16 code bytes each */
+            const char *qs = p + (size_t)(g / 2) * sizeof(block_iq4_xs) + offsetof(block_iq4_xs, qs) + 64 * (g % 2);
+            ab[g] = m >= 4 ? q8_pair_dot(wtype, qs, qs + 16, qg, qg + 64) : _mm256_setzero_si256();
+            cd[g] = m >= 4 ? q8_pair_dot(wtype, qs + 32, qs + 48, qg + 32, qg + 96) : _mm256_setzero_si256();
+            continue;
+        }
         ab[g] = m >= 1 ? q8_pair_dot(wtype, pg, m >= 2 ? pg + bsz : NULL, qg, qg + 64) : _mm256_setzero_si256();
         cd[g] = m >= 3 ? q8_pair_dot(wtype, pg + 2 * bsz, m >= 4 ? pg + 3 * bsz : NULL, qg + 32, qg + 96)
                        : _mm256_setzero_si256();
@@ -300,7 +320,7 @@ INLINE void q8_chunk_avx2(int wtype, const char *p, int n, const __m256 dw[2], c
             acc[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sa), _mm256_mul_ps(mw[h], da), acc[h]);
             continue;
         }
-        if (wtype != QTYPE_Q8_0 && wtype != QTYPE_IQ4_NL) t = _mm256_sub_epi32(t, sa);
+        if (wtype != QTYPE_Q8_0 && wtype != QTYPE_IQ4_NL && wtype != QTYPE_IQ4_XS) t = _mm256_sub_epi32(t, sa);
         __m256 sc = _mm256_mul_ps(dw[h], da);
         acc[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), sc, acc[h]);
     }
@@ -324,6 +344,8 @@ INLINE void mm_q8_row(int wtype, const char *w, int64_t nblk, const act_row *a, 
         const char *p = w + 16 * ci * bsz;
         if (wtype == QTYPE_Q4_K) {
             q4k_scales_avx2(p, 16, dw, mw);
+        } else if (wtype == QTYPE_IQ4_XS) {
+            iq4xs_scales_avx2(p, 16, dw);
         } else {
             q8_scales_avx2(p, bsz, 16, dw);
             if (q32_has_min(wtype)) q8_scales_avx2(p + 2, bsz, 16, mw);
@@ -334,6 +356,8 @@ INLINE void mm_q8_row(int wtype, const char *w, int64_t nblk, const act_row *a, 
         const char *p = w + 16 * nfull * bsz;
         if (wtype == QTYPE_Q4_K) {
             q4k_scales_avx2(p, tail, dw, mw);
+        } else if (wtype == QTYPE_IQ4_XS) {
+            iq4xs_scales_avx2(p, tail, dw);
         } else {
             q8_scales_avx2(p, bsz, tail, dw);
             if (q32_has_min(wtype)) q8_scales_avx2(p + 2, bsz, tail, mw);
@@ -558,47 +582,9 @@ INLINE void mm_q23k_row(int wtype, const void *W, int64_t nblk, const act_row *a
     for (int b = 0; b < NB; b++) y[b * ldy] = hsum_ps(accf[b]);
 }
 
-/* ---- IQ4_XS weights against ACT_Q8K ----
- * Per sub-block j, its 16 code bytes as 32 codes in element order (low
- * nibbles, then high), their signed values by pshufb, maddubs of |value|
- * with a * sign(value) (pairs <= 2 * 127 * 127), madd with the signed
- * scale ls_j - 32: 8 int32 partial sums of the super-block's exact sum. */
-INLINE void mm_iq4xs_row(const block_iq4_xs *w, int64_t nblk, const act_row *a, float *y, int64_t ldy,
-                         const int NB) {
-    const __m128i m4 = _mm_set1_epi8(0xF);
-    const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)iq4_values));
-    __m256 accf[MM_NB];
-#pragma GCC unroll 4
-    for (int b = 0; b < NB; b++) accf[b] = _mm256_setzero_ps();
-    for (int64_t k = 0; k < nblk; k++) {
-        __m256i acci[MM_NB];
-#pragma GCC unroll 4
-        for (int b = 0; b < NB; b++) acci[b] = _mm256_setzero_si256();
-        for (int j = 0; j < 8; j++) {
-            __m128i q = _mm_loadu_si128((const __m128i *)(w[k].qs + 16 * j));
-            __m256i x = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m4), _mm_and_si128(q, m4));
-            __m256i v = _mm256_shuffle_epi8(lut, x), av = _mm256_sign_epi8(v, v);
-            __m256i sc = _mm256_set1_epi16((short)iq4xs_scale(&w[k], j));
-#pragma GCC unroll 4
-            for (int b = 0; b < NB; b++) {
-                __m256i aj = _mm256_loadu_si256((const __m256i *)(a[b].qs + QK_K * k + 32 * j));
-                __m256i p = _mm256_maddubs_epi16(av, _mm256_sign_epi8(aj, v));
-                acci[b] = _mm256_add_epi32(acci[b], _mm256_madd_epi16(p, sc));
-            }
-        }
-        const float d = f16_to_f32(w[k].d);
-#pragma GCC unroll 4
-        for (int b = 0; b < NB; b++)
-            accf[b] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acci[b]), _mm256_set1_ps(a[b].d[k] * d), accf[b]);
-    }
-#pragma GCC unroll 4
-    for (int b = 0; b < NB; b++) y[b * ldy] = hsum_ps(accf[b]);
-}
-
 INLINE void mm_quant_row(int wtype, const void *w, int64_t cols, const act_row *a, float *y,
                          int64_t ldy, const int NB) {
     if (wtype == QTYPE_Q5_K) mm_q5k_row(w, cols / QK_K, a, y, ldy, NB);
-    else if (wtype == QTYPE_IQ4_XS) mm_iq4xs_row(w, cols / QK_K, a, y, ldy, NB);
     else if (wtype == QTYPE_Q3_K || wtype == QTYPE_Q2_K) mm_q23k_row(wtype, w, cols / QK_K, a, y, ldy, NB);
     else mm_q6k_row(w, cols / QK_K, a, y, ldy, NB);
 }
@@ -664,7 +650,7 @@ static void matmul_q2_K_avx2(const void *W, int64_t cols, int64_t r0, int64_t r1
 }
 static void matmul_iq4_xs_avx2(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
                                int nb, float *Y, int64_t ldy) {
-    mm_quant(QTYPE_IQ4_XS, W, cols, r0, r1, act, nb, Y, ldy);
+    mm_q8(QTYPE_IQ4_XS, W, cols, r0, r1, act, nb, Y, ldy);
 }
 static void matmul_q4_K_avx2(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
                              int nb, float *Y, int64_t ldy) {

@@ -363,6 +363,43 @@ INLINE q8_chunk q8_decode(int wtype, const char *p, const int NG, const int FULL
         c.dw = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(scs)), dv);
         c.mw = _mm512_sub_ps(_mm512_setzero_ps(), _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(mns)), mv));
         return c;
+    } else if (wtype == QTYPE_IQ4_XS) {
+        /* IQ4_XS as 8 IQ4_NL-like blocks of 32 per super-block (scale d
+         * (ls[j] - 32), exact in F32), so a chunk is 2 super-blocks. Group 2h
+         * + e (the chunk's second super-block absent when NG == 2) is
+         * sub-blocks 4e .. 4e + 3 of super-block h: their code bytes are
+         * qs[64e .. 64e + 63] in the order the activations' groups hold their
+         * halves, so one load and a lookup decode 4 blocks. */
+        const __m512i m4 = _mm512_set1_epi8(0x0F), lut = iq4_lut_u8();
+        uint64_t hd[2] = {0, 0}; /* d, scales_h, scales_l of each super-block */
+#pragma GCC unroll 4
+        for (int g = 0; g < 4; g++) c.lo[g] = c.hi[g] = _mm512_setzero_si512();
+#pragma GCC unroll 2
+        for (int h = 0; h < NG / 2; h++) {
+            const char *sb = p + sizeof(block_iq4_xs) * (size_t)h;
+            memcpy(&hd[h], sb, 8);
+#pragma GCC unroll 2
+            for (int e = 0; e < 2; e++) {
+                __m512i z = _mm512_loadu_si512((const void *)(sb + offsetof(block_iq4_xs, qs) + 64 * e));
+                c.lo[2 * h + e] = _mm512_shuffle_epi8(lut, _mm512_and_si512(z, m4));
+                c.hi[2 * h + e] = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(z, 4), m4));
+            }
+        }
+        /* slot s = 4l + g: sub-block j = 4 (g % 2) + l of super-block h = g / 2;
+         * ls = (scales_l >> 4j) & 15 | ((scales_h >> 2j) & 3) << 4 */
+        const __m512i x = _mm512_castsi128_si512(_mm_set_epi64x((long long)hd[1], (long long)hd[0]));
+        const __m512i hsel = _mm512_set_epi32(2, 2, 0, 0, 2, 2, 0, 0, 2, 2, 0, 0, 2, 2, 0, 0);
+        const __m512i jv = _mm512_set_epi32(7, 3, 7, 3, 6, 2, 6, 2, 5, 1, 5, 1, 4, 0, 4, 0);
+        const __m512i dh = _mm512_permutexvar_epi32(hsel, x); /* d | scales_h << 16 */
+        const __m512i sl = _mm512_permutexvar_epi32(_mm512_add_epi32(hsel, _mm512_set1_epi32(1)), x);
+        const __m512i lo4 = _mm512_and_si512(_mm512_srlv_epi32(sl, _mm512_slli_epi32(jv, 2)), _mm512_set1_epi32(15));
+        const __m512i hi2 = _mm512_and_si512(
+            _mm512_srlv_epi32(dh, _mm512_add_epi32(_mm512_slli_epi32(jv, 1), _mm512_set1_epi32(16))), _mm512_set1_epi32(3));
+        const __m512i ls = _mm512_sub_epi32(_mm512_or_si512(lo4, _mm512_slli_epi32(hi2, 4)), _mm512_set1_epi32(32));
+        const __m512 dv = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dh)); /* the low words: d */
+        const __mmask16 present = (__mmask16)(NG == 4 ? 0xFFFF : 0x3333);
+        c.dw = _mm512_maskz_mul_ps(present, _mm512_cvtepi32_ps(ls), dv);
+        return c;
     } else if (q8g_kind(wtype) >= 0) {
         const int kind = q8g_kind(wtype), W = q32_block_bytes(wtype) / 2, HB = wtype != QTYPE_Q4_1;
         const __m512i idx = _mm512_loadu_si512((const void *)q8g_idx[kind]);
@@ -765,71 +802,9 @@ INLINE void mm_q23k_row(int wtype, const void *W, int64_t nblk, const act_row *a
     for (int b = 0; b < NB; b++) y[b * ldy] = _mm512_reduce_add_ps(accf[b]);
 }
 
-/* ---- IQ4_XS weights against ACT_Q8K (VNNI) ----
- * Sub-blocks 2g and 2g + 1 are qs[32g .. 32g + 31]: their 16 code bytes go
- * to 128-bit lanes 0, 1 (first) and 2, 3 (second) of a zmm, shifted right by
- * 0 or 4 per lane and masked, so that the zmm holds the codes of elements
- * 64g .. 64g + 63 in order; one vpshufb gives their values + 128 (unsigned).
- * vpdpbusd with the activations leaves 8 int32 partial sums per sub-block
- * (each below 2^17, exact as floats), scaled in floats by the sub-block's
- * ls - 32 (an integer multiply, vpmulld, took twice as long); the + 128
- * comes off as -128 (ls_j - 32) sum(a_j) from bsums. The 8 scales are
- * unpacked by vector shifts, not per sub-block in scalar code. */
-INLINE void mm_iq4xs_row(const block_iq4_xs *w, int64_t nblk, const act_row *a, float *y, int64_t ldy,
-                         const int NB) {
-    const __m512i m4 = _mm512_set1_epi8(0xF), lut = iq4_lut_u8();
-    const __m256i sh = _mm256_set_m128i(_mm_set1_epi16(4), _mm_setzero_si128());
-    const __m512i shv = _mm512_inserti64x4(_mm512_castsi256_si512(sh), sh, 1);
-    const __m256i sl_shift = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28), sh_shift = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
-    const __m256i ones = _mm256_set1_epi16(1);
-    __m512i sidx[4]; /* lanes 0-7: scale 2g, 8-15: scale 2g + 1 */
-#pragma GCC unroll 4
-    for (int g = 0; g < 4; g++) sidx[g] = _mm512_inserti64x4(_mm512_set1_epi32(2 * g), _mm256_set1_epi32(2 * g + 1), 1);
-    __m512 accf[MM_NB];
-#pragma GCC unroll 8
-    for (int b = 0; b < NB; b++) accf[b] = _mm512_setzero_ps();
-    for (int64_t k = 0; k < nblk; k++) {
-        if (NB == 1) kern_pf_block(w + k, (int)sizeof w[k]);
-        uint32_t sl;
-        memcpy(&sl, w[k].scales_l, 4);
-        const __m256i nib = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)sl), sl_shift), _mm256_set1_epi32(0xF));
-        const __m256i hi2 = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(w[k].scales_h), sh_shift), _mm256_set1_epi32(3));
-        const __m256 ls = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_or_si256(nib, _mm256_slli_epi32(hi2, 4)), _mm256_set1_epi32(32)));
-        const __m256 offs = _mm256_mul_ps(ls, _mm256_set1_ps(-128.0f));
-        __m512i v[4];
-        __m512 sc[4];
-#pragma GCC unroll 4
-        for (int g = 0; g < 4; g++) {
-            __m512i q = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(w[k].qs + 32 * g)));
-            q = _mm512_shuffle_i64x2(q, q, _MM_SHUFFLE(1, 1, 0, 0));
-            v[g] = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srlv_epi16(q, shv), m4));
-            sc[g] = _mm512_permutexvar_ps(sidx[g], _mm512_castps256_ps512(ls));
-        }
-        const float d = f16_to_f32(w[k].d);
-#pragma GCC unroll 8
-        for (int b = 0; b < NB; b++) {
-            const int8_t *aq = a[b].qs + QK_K * k;
-            /* sum(a_j) per sub-block, times -128 (ls_j - 32) */
-            const __m256 bs = _mm256_cvtepi32_ps(
-                _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(a[b].bsums + 16 * k)), ones));
-            __m512 acc = _mm512_castps256_ps512(_mm256_mul_ps(bs, offs));
-            acc = _mm512_insertf32x8(acc, _mm256_setzero_ps(), 1);
-#pragma GCC unroll 4
-            for (int g = 0; g < 4; g++) {
-                __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), v[g], _mm512_loadu_si512((const void *)(aq + 64 * g)));
-                acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), sc[g], acc);
-            }
-            accf[b] = _mm512_fmadd_ps(acc, _mm512_set1_ps(a[b].d[k] * d), accf[b]);
-        }
-    }
-#pragma GCC unroll 8
-    for (int b = 0; b < NB; b++) y[b * ldy] = _mm512_reduce_add_ps(accf[b]);
-}
-
 INLINE void mm_quant_row(int wtype, const void *w, int64_t cols, const act_row *a, float *y,
                          int64_t ldy, const int NB) {
     if (wtype == QTYPE_Q5_K) mm_q5k_row(w, cols / QK_K, a, y, ldy, NB);
-    else if (wtype == QTYPE_IQ4_XS) mm_iq4xs_row(w, cols / QK_K, a, y, ldy, NB);
     else if (wtype == QTYPE_Q3_K || wtype == QTYPE_Q2_K) mm_q23k_row(wtype, w, cols / QK_K, a, y, ldy, NB);
     else mm_q6k_row(w, cols / QK_K, a, y, ldy, NB);
 }
@@ -890,7 +865,8 @@ static void matmul_q5_1_avx512(const void *W, int64_t cols, int64_t r0, int64_t 
                                int nb, float *Y, int64_t ldy) {
     mm_q8(QTYPE_Q5_1, W, cols, r0, r1, act, nb, Y, ldy);
 }
-/* Q4_K: as eight blocks of 32 with a minimum per super-block (q4k_block32). */
+/* Q4_K: as eight blocks of 32 with a minimum per super-block (q4k_block32);
+ * IQ4_XS: as eight IQ4_NL-like blocks of 32 per super-block (iq4xs_block32). */
 static void matmul_q4_K_avx512(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
                                int nb, float *Y, int64_t ldy) {
     mm_q8(QTYPE_Q4_K, W, cols, r0, r1, act, nb, Y, ldy);
@@ -909,7 +885,7 @@ static void matmul_q2_K_avx512(const void *W, int64_t cols, int64_t r0, int64_t 
 }
 static void matmul_iq4_xs_avx512(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
                                  int nb, float *Y, int64_t ldy) {
-    mm_quant(QTYPE_IQ4_XS, W, cols, r0, r1, act, nb, Y, ldy);
+    mm_q8(QTYPE_IQ4_XS, W, cols, r0, r1, act, nb, Y, ldy);
 }
 static void matmul_q6_K_avx512(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
                                int nb, float *Y, int64_t ldy) {

@@ -1,4 +1,4 @@
-/* Q8_0 / Q4_0 / Q5_0 / Q4_1 / Q5_1 / IQ4_NL / Q4_K weights against small batches of ACT_Q8 activations (quads,
+/* Q8_0 / Q4_0 / Q5_0 / Q4_1 / Q5_1 / IQ4_NL / Q4_K / IQ4_XS weights against small batches of ACT_Q8 activations (quads,
  * kernels_impl.h), AVX-512 VNNI: batched decode, speculative verification
  * and prefill.
  *
@@ -33,11 +33,12 @@
  * measured faster, with fewer registers live.) 1-3 rows stay with the
  * per-row kernels, which stream a single row faster.
  *
- * Q4_K takes the same path as eight blocks of 32 with a minimum per
- * super-block (q4k_block32): block k is sub-block k % 8 of super-block
- * k / 8, its nibbles the low or high halves of 32 bytes it shares with
- * its neighbour, and its scale and minimum come from a table that each
- * super-block's first block fills for the pass's rows (qd_q4k_scales). */
+ * Q4_K and IQ4_XS take the same path as eight blocks of 32 per super-block
+ * (q4k_block32, iq4xs_block32): block k is sub-block k % 8 of super-block
+ * k / 8 (Q4_K's nibbles the low or high halves of 32 bytes it shares with
+ * its neighbour, IQ4_XS's 16 code bytes laid out as an IQ4_NL block's), and
+ * its scale (and Q4_K's minimum) come from a table that each super-block's
+ * first block fills for the pass's rows (qd_sb_scales). */
 #include "kernels/kernels_impl.h"
 #include "kernels/kernels_x86.h"
 
@@ -54,7 +55,7 @@ enum {
 /* Weight rows p[0 .. 3] (each at one block, qd_block_at) as unsigned bytes:
  * lo lane i = elements 0-15 of row i, hi lane i = elements 16-31. Q4_K: p
  * is the 32 nibble bytes its sub-block shares with a neighbour, and sh (0
- * or 4) picks its nibbles. */
+ * or 4) picks its nibbles; IQ4_XS: p is the sub-block's 16 code bytes. */
 INLINE void qd_weights(int wtype, const char *p0, size_t wrow, int sh, __m512i *lo, __m512i *hi) {
     const char *p1 = p0 + wrow, *p2 = p1 + wrow, *p3 = p2 + wrow;
     if (wtype == QTYPE_Q4_K) {
@@ -75,7 +76,7 @@ INLINE void qd_weights(int wtype, const char *p0, size_t wrow, int sh, __m512i *
                                          _mm256_loadu_si256((const __m256i *)(p3 + 2)), 1);
         *lo = _mm512_xor_si512(_mm512_shuffle_i64x2(z01, z23, _MM_SHUFFLE(2, 0, 2, 0)), flip);
         *hi = _mm512_xor_si512(_mm512_shuffle_i64x2(z01, z23, _MM_SHUFFLE(3, 1, 3, 1)), flip);
-    } else if (wtype != QTYPE_Q4_0 && wtype != QTYPE_IQ4_NL) {
+    } else if (wtype != QTYPE_Q4_0 && wtype != QTYPE_IQ4_NL && wtype != QTYPE_IQ4_XS) {
         /* Q5_0, Q4_1, Q5_1: the nibbles as Q4_0's (the block's last 16
          * bytes); Q5_0, Q5_1: then bit e of row i's high bits (the 4 bytes
          * before them) into byte e of lane i (elements 0-15: lo; 16-31: hi) */
@@ -104,14 +105,15 @@ INLINE void qd_weights(int wtype, const char *p0, size_t wrow, int sh, __m512i *
     } else {
         /* nibble byte i holds element i (low) and 16 + i (high) */
         const __m512i m4 = _mm512_set1_epi8(0x0F);
-        __m256i y01 = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(p0 + 2))),
-                                              _mm_loadu_si128((const __m128i *)(p1 + 2)), 1);
-        __m256i y23 = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(p2 + 2))),
-                                              _mm_loadu_si128((const __m128i *)(p3 + 2)), 1);
+        const int qo = wtype == QTYPE_IQ4_XS ? 0 : 2;
+        __m256i y01 = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(p0 + qo))),
+                                              _mm_loadu_si128((const __m128i *)(p1 + qo)), 1);
+        __m256i y23 = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(p2 + qo))),
+                                              _mm_loadu_si128((const __m128i *)(p3 + qo)), 1);
         __m512i x = _mm512_inserti64x4(_mm512_castsi256_si512(y01), y23, 1);
         *lo = _mm512_and_si512(x, m4);
         *hi = _mm512_and_si512(_mm512_srli_epi16(x, 4), m4);
-        if (wtype == QTYPE_IQ4_NL) { /* the codes' grid values + 128 */
+        if (wtype == QTYPE_IQ4_NL || wtype == QTYPE_IQ4_XS) { /* the codes' grid values + 128 */
             const __m512i lut = iq4_lut_u8();
             *lo = _mm512_shuffle_epi8(lut, *lo);
             *hi = _mm512_shuffle_epi8(lut, *hi);
@@ -141,20 +143,33 @@ INLINE __m512 qd_scales(const char *p, size_t wrow, const int NG) {
     return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1));
 }
 
-/* Q4_K: the sub-block scales d sc[j] and minimums -(dmin m[j]) of
- * super-block sb of the pass's 4 NG rows, computed as q4k_block32 and the
- * per-row kernel (kernels_avx512.c's q8_decode) compute them: ks[g][0]
- * holds rows 4g and 4g + 1's eight scales, ks[g][1] rows 4g + 2 and 4g + 3's;
- * ks[g][2], ks[g][3] the minimums (qd_q4k_pick reads them). Once per
- * super-block, so its 8 blocks pay one 12-byte unpacking per row. */
-INLINE void qd_q4k_scales(const char *sb, size_t wrow, const int NG, __m512 ks[][4]) {
+/* The super-block types' sub-block scales of super-block sb of the pass's
+ * 4 NG rows, computed as the per-row kernel (kernels_avx512.c's q8_decode)
+ * computes them: Q4_K's d sc[j] and minimums -(dmin m[j]) (q4k_block32),
+ * IQ4_XS's d (ls[j] - 32) (iq4xs_block32). ks[g][0] holds rows 4g and 4g +
+ * 1's eight scales, ks[g][1] rows 4g + 2 and 4g + 3's; ks[g][2], ks[g][3]
+ * the minimums (qd_sb_pick reads them). Once per super-block, so its 8
+ * blocks pay one unpacking of the scale bits per row. */
+INLINE void qd_sb_scales(int wtype, const char *sb, size_t wrow, const int NG, __m512 ks[][4]) {
     const __m512i dm_idx = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    const __m512i j4 = _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 28, 24, 20, 16, 12, 8, 4, 0);
+    const __m512i j2 = _mm512_srli_epi32(j4, 1);
 #pragma GCC unroll 4
     for (int g = 0; g < NG; g++) {
         __m512 f[4];
 #pragma GCC unroll 4
         for (int i = 0; i < 4; i++) {
             const char *b = sb + (size_t)(4 * g + i) * wrow;
+            if (wtype == QTYPE_IQ4_XS) { /* ls[j] - 32 (j = 0..7) as floats, times d */
+                const block_iq4_xs *x = (const block_iq4_xs *)b;
+                uint32_t sl;
+                memcpy(&sl, x->scales_l, 4);
+                __m512i lo4 = _mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi32((int)sl), j4), _mm512_set1_epi32(15));
+                __m512i hi2 = _mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi32(x->scales_h), j2), _mm512_set1_epi32(3));
+                __m512i ls = _mm512_sub_epi32(_mm512_or_si512(lo4, _mm512_slli_epi32(hi2, 4)), _mm512_set1_epi32(32));
+                f[i] = _mm512_mul_ps(_mm512_cvtepi32_ps(ls), _mm512_set1_ps(ellm_f16_to_f32(x->d)));
+                continue;
+            }
             uint32_t dd;
             memcpy(&dd, b, 4);
             /* sc0-7, m0-7 as floats, times d (sc) and dmin (m); the minimums negated */
@@ -170,18 +185,27 @@ INLINE void qd_q4k_scales(const char *sb, size_t wrow, const int NG, __m512 ks[]
     }
 }
 
-/* Q4_K: group g's scales (MW = 0) or minimums (MW = 2) of sub-block j, lane
- * i holding row 4g + i's, as qd_scales' permute leaves the other types'. */
-INLINE __m512 qd_q4k_pick(__m512 ks[][4], int g, int j, const int MW) {
+/* Q4_K, IQ4_XS: group g's scales (MW = 0) or Q4_K's minimums (MW = 2) of
+ * sub-block j, lane i holding row 4g + i's, as qd_scales' permute leaves the
+ * other types'. */
+INLINE __m512 qd_sb_pick(__m512 ks[][4], int g, int j, const int MW) {
     const __m512i idx = _mm512_add_epi32(_mm512_set_epi32(24, 24, 24, 24, 16, 16, 16, 16, 8, 8, 8, 8, 0, 0, 0, 0),
                                          _mm512_set1_epi32(j));
     return _mm512_permutex2var_ps(ks[g][MW], idx, ks[g][MW + 1]);
 }
 
+/* Whether the type's blocks of 32 are sub-blocks of super-blocks of 256
+ * whose scales qd_sb_scales unpacks. */
+INLINE int qd_super(int wtype) { return wtype == QTYPE_Q4_K || wtype == QTYPE_IQ4_XS; }
+
 /* Row 0's bytes of block k for qd_weights (Q4_K: sub-block k % 8's nibble
- * bytes in super-block k / 8) and its scales for qd_scales. */
+ * bytes in super-block k / 8; IQ4_XS: its code bytes) and, for the other
+ * types, its scales for qd_scales. */
 INLINE const char *qd_block_at(int wtype, const char *w, int64_t k) {
-    if (wtype == QTYPE_Q4_K) return w + (k >> 3) * (int64_t)sizeof(block_q4_K) + 16 + 32 * ((k & 7) >> 1);
+    if (wtype == QTYPE_Q4_K)
+        return w + (k >> 3) * (int64_t)sizeof(block_q4_K) + offsetof(block_q4_K, qs) + 32 * ((k & 7) >> 1);
+    if (wtype == QTYPE_IQ4_XS)
+        return w + (k >> 3) * (int64_t)sizeof(block_iq4_xs) + offsetof(block_iq4_xs, qs) + 16 * (k & 7);
     return w + k * q32_block_bytes(wtype);
 }
 
@@ -211,11 +235,11 @@ INLINE int qd_row_of_block(int64_t k, const int NQ) {
 INLINE int qd_row_of_slot(int t, const int NQ) { return NQ >= QD_SEQ_Q ? 4 * (t & 3) + (t >> 2) : t; }
 
 /* One block k of a pass (see qd_pass) from weight row 0 at w; FIRST: k <
- * 16, the slot starts. ks: Q4_K's scales of k's super-block (qd_q4k_scales). */
+ * 16, the slot starts. ks: Q4_K's and IQ4_XS's scales of k's super-block (qd_sb_scales). */
 INLINE void qd_block(int wtype, const char *w, int64_t k, size_t wrow, const int8_t *a, __m512 ks[][4], __m512 *S,
                      const int NG, const int NQ, const int NC, const int FIRST) {
     const char *p = qd_block_at(wtype, w, k);
-    const int Q4K = wtype == QTYPE_Q4_K;
+    const int SB = qd_super(wtype);
     __m512i lo[QD_MAX_G], hi[QD_MAX_G], acc[2][QD_MAX_P];
 #pragma GCC unroll 4
     for (int g = 0; g < NG; g++) qd_weights(wtype, p + (size_t)(4 * g) * wrow, wrow, 4 * (int)(k & 1), &lo[g], &hi[g]);
@@ -244,7 +268,7 @@ INLINE void qd_block(int wtype, const char *w, int64_t k, size_t wrow, const int
         }
     }
     __m512 dws = _mm512_setzero_ps(), mws = _mm512_setzero_ps();
-    if (!Q4K) {
+    if (!SB) {
         dws = qd_scales(p, wrow, NG);
         if (MIN) mws = qd_scales(p + 2, wrow, NG);
     }
@@ -253,8 +277,8 @@ INLINE void qd_block(int wtype, const char *w, int64_t k, size_t wrow, const int
         const __m512i rep = _mm512_set_epi32(4 * g + 3, 4 * g + 3, 4 * g + 3, 4 * g + 3, 4 * g + 2, 4 * g + 2,
                                              4 * g + 2, 4 * g + 2, 4 * g + 1, 4 * g + 1, 4 * g + 1, 4 * g + 1,
                                              4 * g, 4 * g, 4 * g, 4 * g);
-        __m512 dw = Q4K ? qd_q4k_pick(ks, g, (int)(k & 7), 0) : _mm512_permutexvar_ps(rep, dws);
-        __m512 mw = !MIN ? dw : Q4K ? qd_q4k_pick(ks, g, (int)(k & 7), 2) : _mm512_permutexvar_ps(rep, mws);
+        __m512 dw = SB ? qd_sb_pick(ks, g, (int)(k & 7), 0) : _mm512_permutexvar_ps(rep, dws);
+        __m512 mw = !MIN ? dw : SB ? qd_sb_pick(ks, g, (int)(k & 7), 2) : _mm512_permutexvar_ps(rep, mws);
 #pragma GCC unroll 8
         for (int q = 0; q < NQ; q++) {
             __m512 da = _mm512_broadcast_f32x4(_mm_loadu_ps((const float *)(a + q * ACT_Q8_QUAD_BLOCK + 8 * 16)));
@@ -279,7 +303,7 @@ INLINE void qd_block(int wtype, const char *w, int64_t k, size_t wrow, const int
  * row holds which slot: qd_row_of_block. */
 INLINE void qd_pass(int wtype, const char *w, size_t wrow, int64_t nblk, const int8_t *A, size_t kstride,
                     const char *pf, size_t pf_step, __m512 *out, const int NG, const int NQ, const int NC) {
-    __m512 S[16][QD_MAX_P], ks[QD_MAX_G][4] = {{_mm512_setzero_ps()}}; /* Q4_K's; zero for the other types */
+    __m512 S[16][QD_MAX_P], ks[QD_MAX_G][4] = {{_mm512_setzero_ps()}}; /* Q4_K's, IQ4_XS's; zero for the other types */
     /* a slot starts at its first block (k < 16); slots without any stay zero */
     if (nblk < 16)
         for (int s = 0; s < 16; s++)
@@ -287,12 +311,12 @@ INLINE void qd_pass(int wtype, const char *w, size_t wrow, int64_t nblk, const i
     int64_t k = 0;
     for (; k < nblk && k < 16; k++, pf += pf_step) {
         for (size_t o = 0; o < pf_step; o += 64) _mm_prefetch(pf + o, _MM_HINT_T0);
-        if (wtype == QTYPE_Q4_K && !(k & 7)) qd_q4k_scales(w + (k >> 3) * (int64_t)sizeof(block_q4_K), wrow, NG, ks);
+        if (qd_super(wtype) && !(k & 7)) qd_sb_scales(wtype, w + (k >> 3) * (8 * (int64_t)q32_block_bytes(wtype)), wrow, NG, ks);
         qd_block(wtype, w, k, wrow, A + k * kstride, ks, S[qd_row_of_block(k, NQ)], NG, NQ, NC, 1);
     }
     for (; k < nblk; k++, pf += pf_step) {
         for (size_t o = 0; o < pf_step; o += 64) _mm_prefetch(pf + o, _MM_HINT_T0);
-        if (wtype == QTYPE_Q4_K && !(k & 7)) qd_q4k_scales(w + (k >> 3) * (int64_t)sizeof(block_q4_K), wrow, NG, ks);
+        if (qd_super(wtype) && !(k & 7)) qd_sb_scales(wtype, w + (k >> 3) * (8 * (int64_t)q32_block_bytes(wtype)), wrow, NG, ks);
         qd_block(wtype, w, k, wrow, A + k * kstride, ks, S[qd_row_of_block(k, NQ)], NG, NQ, NC, 0);
     }
     /* q8_reduce16's tree, lanes now slots; unrolled, so each slot's row is

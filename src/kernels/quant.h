@@ -209,8 +209,9 @@ static inline int iq4xs_scale(const block_iq4_xs *b, int j) {
  * and each but Q8_0 ends with the 16 nibble bytes of Q4_0 (element i in the
  * low nibble of byte i, element 16 + i in the high one), Q5_0 and Q5_1 with
  * their 32 fifth bits (little-endian, bit i for element i) just before.
- * Q4_K's sub-blocks are computed as blocks of 32 too, but lie inside their
- * super-block: q4k_block32 and q45k_value read them, q32_value does not. */
+ * Q4_K's and IQ4_XS's sub-blocks are computed as blocks of 32 too, but lie
+ * inside their super-block: q4k_block32, q45k_value and iq4xs_block32 read
+ * them, q32_value does not. */
 static inline int q32_block_bytes(int type) {
     switch (type) {
     case QTYPE_Q8_0: return (int)sizeof(block_q8_0);
@@ -218,6 +219,7 @@ static inline int q32_block_bytes(int type) {
     case QTYPE_Q4_1: return (int)sizeof(block_q4_1);
     case QTYPE_Q5_1: return (int)sizeof(block_q5_1);
     case QTYPE_Q4_K: return (int)sizeof(block_q4_K) / 8; /* a sub-block's share of its super-block */
+    case QTYPE_IQ4_XS: return (int)sizeof(block_iq4_xs) / 8; /* the same */
     default: return (int)sizeof(block_q4_0); /* Q4_0, IQ4_NL */
     }
 }
@@ -319,6 +321,14 @@ static inline void q4k_block32(const block_q4_K *b, int j, float *dw, float *mw)
     q4k_scale_min(b->scales, j, &sc, &m);
     *dw = (float)sc * ellm_f16_to_f32(b->d);
     *mw = 0.0f - (float)m * ellm_f16_to_f32(b->dmin);
+}
+
+/* IQ4_XS's sub-block j (elements 32j .. 32j + 31) as the block of 32 that
+ * every IQ4_XS matmul computes (as IQ4_NL's, w = dw * iq4_values[code]): dw
+ * = d (ls[j] - 32), exact in F32 (an F16 times a 6-bit integer); its codes
+ * are qs[16j .. 16j + 15], laid out as an IQ4_NL block's. */
+static inline float iq4xs_block32(const block_iq4_xs *b, int j) {
+    return (float)iq4xs_scale(b, j) * ellm_f16_to_f32(b->d);
 }
 
 /* Unpacks all 8 scales and 8 mins of a Q4_K `scales` array at once, as bytes
