@@ -634,12 +634,12 @@ static void test_matmul_batch_invariance(ellm_isa isa) {
         for (size_t n = 0; n < sizeof q8_nbs / sizeof q8_nbs[0]; n++)
             for (int t = 0; t < N_Q32_TYPES; t++)
                 test_matmul_batch_invariance_case(isa, k_q32_types[t], q8_cols[c], q8_nbs[n]);
-    /* Q4_K and IQ4_XS, their blocks of 32 by the same kernels: one
+    /* Q4_K, Q5_K and IQ4_XS, their blocks of 32 by the same kernels: one
      * super-block, a short last chunk (3 and 5 super-blocks), whole chunks
      * only */
     static const int64_t kq_cols[] = {256, 768, 1280, 2048};
-    static const int sb_types[] = {QTYPE_Q4_K, QTYPE_IQ4_XS};
-    for (int t = 0; t < 2; t++)
+    static const int sb_types[] = {QTYPE_Q4_K, QTYPE_Q5_K, QTYPE_IQ4_XS};
+    for (int t = 0; t < 3; t++)
         for (size_t c = 0; c < sizeof kq_cols / sizeof kq_cols[0]; c++)
             for (size_t n = 0; n < sizeof q8_nbs / sizeof q8_nbs[0]; n++)
                 test_matmul_batch_invariance_case(isa, sb_types[t], kq_cols[c], q8_nbs[n]);
@@ -650,7 +650,7 @@ static void test_matmul_batch_invariance(ellm_isa isa) {
  * product and partial sum is exact in float, so any difference is a bug in
  * the integer dot products rather than rounding. */
 static void test_matmul_exact(ellm_isa isa) {
-    int types[] = {QTYPE_Q8_0, QTYPE_Q4_0, QTYPE_Q4_K, QTYPE_IQ4_XS, QTYPE_Q6_K, QTYPE_INT4_G128};
+    int types[] = {QTYPE_Q8_0, QTYPE_Q4_0, QTYPE_Q4_K, QTYPE_Q5_K, QTYPE_IQ4_XS, QTYPE_Q6_K, QTYPE_INT4_G128};
     for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
         int type = types[t];
         int64_t cols = type == QTYPE_Q8_0 || type == QTYPE_Q4_0 ? 256 : 512, rows = 9;
@@ -664,8 +664,8 @@ static void test_matmul_exact(ellm_isa isa) {
             int v = (int)(rng_next() % 17) - 8;
             X[i] = (float)v;
         }
-        /* activation block: INT4_G128, Q4_K and IQ4_XS scale activations per 32 */
-        int ab = type == QTYPE_INT4_G128 || type == QTYPE_Q4_K || type == QTYPE_IQ4_XS ? 32 : be;
+        /* activation block: INT4_G128, Q4_K, Q5_K and IQ4_XS scale activations per 32 */
+        int ab = type == QTYPE_INT4_G128 || type == QTYPE_Q4_K || type == QTYPE_Q5_K || type == QTYPE_IQ4_XS ? 32 : be;
         for (int64_t k = 0; k < cols * nb / ab; k++) X[k * ab + (k * 7) % ab] = (k & 1) ? 127.0f : -127.0f;
         void *act = xmalloc(kern_act_bytes(type, cols, nb));
         kern_act_prepare(type, X, cols, nb, act);
@@ -789,7 +789,7 @@ static void matmul_isa_agree_case(int type, int64_t cols, int nb) {
     free(Y5);
 }
 
-/* The blocks of 32 (and Q4_K and IQ4_XS, computed as eight of them per super-block)
+/* The blocks of 32 (and Q4_K, Q5_K and IQ4_XS, computed as eight of them per super-block)
  * follow one arithmetic on AVX2 and AVX-512 (exact block dots, one or two
  * multiply-adds per block into 16 slots, one fixed sum), so the two ISAs
  * must agree bit for bit, batch kernels included. */
@@ -805,11 +805,12 @@ static void test_matmul_isa_agree(void) {
     for (int t = 0; t < N_Q32_TYPES; t++)
         for (size_t c = 0; c < sizeof cols_list / sizeof cols_list[0]; c++)
             for (size_t n = 0; n < sizeof nbs / sizeof nbs[0]; n++) matmul_isa_agree_case(k_q32_types[t], cols_list[c], nbs[n]);
-    /* Q4_K, IQ4_XS: one super-block, a short last chunk (3 and 5), whole chunks only */
+    /* Q4_K, Q5_K, IQ4_XS: one super-block, a short last chunk (3 and 5), whole chunks only */
     static const int64_t kq_cols[] = {256, 768, 1280, 2048};
     for (size_t c = 0; c < sizeof kq_cols / sizeof kq_cols[0]; c++)
         for (size_t n = 0; n < sizeof nbs / sizeof nbs[0]; n++) {
             matmul_isa_agree_case(QTYPE_Q4_K, kq_cols[c], nbs[n]);
+            matmul_isa_agree_case(QTYPE_Q5_K, kq_cols[c], nbs[n]);
             matmul_isa_agree_case(QTYPE_IQ4_XS, kq_cols[c], nbs[n]);
         }
     ellm_cpu_set_isa(saved);

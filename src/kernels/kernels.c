@@ -123,8 +123,8 @@ static void matmul_bf16_ref(const void *W, int64_t cols, int64_t r0, int64_t r1,
     matmul_float_ref(QTYPE_BF16, W, cols, r0, r1, act, nb, Y, ldy);
 }
 
-/* The blocks of 32 (q32_value; Q4_K's and IQ4_XS's sub-blocks, q4k_block32
- * and iq4xs_block32): the exact
+/* The blocks of 32 (q32_value; Q4_K's, Q5_K's and IQ4_XS's sub-blocks,
+ * kq_block32 and iq4xs_block32): the exact
  * int dot per block, scaled by dw * da; with a minimum, then the block's
  * activation sum sa (act_q8_off 1) scaled by mw * da. */
 static void matmul_q32_ref(int wtype, const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act, int nb,
@@ -142,8 +142,12 @@ static void matmul_q32_ref(int wtype, const void *W, int64_t cols, int64_t r0, i
                 int isum = 0;
                 if (wtype == QTYPE_Q4_K) {
                     const block_q4_K *sb = (const block_q4_K *)row + k / 8;
-                    q4k_block32(sb, (int)(k % 8), &dw, &mw);
+                    kq_block32(sb, (int)(k % 8), &dw, &mw);
                     for (int i = 0; i < 32; i++) isum += q45k_value(sb->qs, NULL, (int)(k % 8), i) * a.qs[act_q8_qs(k, i)];
+                } else if (wtype == QTYPE_Q5_K) {
+                    const block_q5_K *sb = (const block_q5_K *)row + k / 8;
+                    kq_block32(sb, (int)(k % 8), &dw, &mw);
+                    for (int i = 0; i < 32; i++) isum += q45k_value(sb->qs, sb->qh, (int)(k % 8), i) * a.qs[act_q8_qs(k, i)];
                 } else if (wtype == QTYPE_IQ4_XS) {
                     const block_iq4_xs *sb = (const block_iq4_xs *)row + k / 8;
                     const uint8_t *qs = sb->qs + 16 * (k % 8);
@@ -179,6 +183,7 @@ MATMUL_Q32_REF(matmul_q4_1_ref, QTYPE_Q4_1)
 MATMUL_Q32_REF(matmul_q5_1_ref, QTYPE_Q5_1)
 MATMUL_Q32_REF(matmul_iq4_nl_ref, QTYPE_IQ4_NL)
 MATMUL_Q32_REF(matmul_q4_K_ref, QTYPE_Q4_K)
+MATMUL_Q32_REF(matmul_q5_K_ref, QTYPE_Q5_K)
 MATMUL_Q32_REF(matmul_iq4_xs_ref, QTYPE_IQ4_XS)
 
 /* Q3_K: per super-block sum_j (sc_j - 32) * dot(values_j, a_j) over its 16
@@ -227,38 +232,6 @@ static void matmul_q2_K_ref(const void *W, int64_t cols, int64_t r0, int64_t r1,
                     for (int i = 0; i < 16; i++) dot += k2_bits(w[k].qs, 16 * j + i) * q[16 * j + i];
                     isum_q += (w[k].scales[j] & 0xF) * dot;
                     isum_m += (w[k].scales[j] >> 4) * a.bsums[16 * k + j];
-                }
-                float da = a.d[k];
-                s += (da * ellm_f16_to_f32(w[k].d)) * (float)isum_q;
-                s -= (da * ellm_f16_to_f32(w[k].dmin)) * (float)isum_m;
-            }
-            Y[b * ldy + r] = s;
-        }
-    }
-}
-
-/* Q5_K, per super-block: sum_j sc[j] * dot(q_j, a_j) scaled by d, minus
- * sum_j m[j] * sum(a_j) scaled by dmin (the sums come from bsums); q takes
- * its fifth bit from qh. */
-static void matmul_q5_K_ref(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act, int nb,
-                            float *Y, int64_t ldy) {
-    int64_t nblk = cols / QK_K;
-    for (int64_t r = r0; r < r1; r++) {
-        const block_q5_K *w = (const block_q5_K *)W + r * nblk;
-        for (int b = 0; b < nb; b++) {
-            act_row a = act_get_row(ACT_Q8K, act, cols, b);
-            float s = 0;
-            for (int64_t k = 0; k < nblk; k++) {
-                const int8_t *q = a.qs + QK_K * k;
-                const int16_t *bs = a.bsums + 16 * k;
-                int isum_q = 0, isum_m = 0;
-                for (int j = 0; j < 8; j++) {
-                    int sc, m;
-                    q4k_scale_min(w[k].scales, j, &sc, &m);
-                    int dot = 0;
-                    for (int l = 0; l < 32; l++) dot += q45k_value(w[k].qs, w[k].qh, j, l) * q[32 * j + l];
-                    isum_q += sc * dot;
-                    isum_m += m * (bs[2 * j] + bs[2 * j + 1]);
                 }
                 float da = a.d[k];
                 s += (da * ellm_f16_to_f32(w[k].d)) * (float)isum_q;

@@ -152,9 +152,10 @@ static void matmul_bf16_avx2(const void *W, int64_t cols, int64_t r0, int64_t r1
     mm_float(QTYPE_BF16, W, cols, r0, r1, act, nb, Y, ldy);
 }
 
-/* ---- Q8_0 / Q4_0 / Q5_0 / Q4_1 / Q5_1 / IQ4_NL / Q4_K / IQ4_XS weights against ACT_Q8 ----
- * (Q4_K as eight blocks of 32 with a minimum per super-block, IQ4_XS as eight
- * IQ4_NL-like blocks of 32 per super-block, as kernels_avx512.c.)
+/* ---- Q8_0 / Q4_0 / Q5_0 / Q4_1 / Q5_1 / IQ4_NL / Q4_K / Q5_K / IQ4_XS weights against ACT_Q8 ----
+ * (Q4_K and Q5_K as eight blocks of 32 with a minimum per super-block,
+ * IQ4_XS as eight IQ4_NL-like blocks of 32 per super-block, as
+ * kernels_avx512.c.)
  * The same arithmetic as kernels_avx512.c (exact block dots, then
  * acc[slot(k)] += (float)dot_k * (dw_k * da_k) and the fixed 16-lane sum),
  * with the 16 slots in two ymm, so both ISAs give the same bits. maddubs
@@ -224,26 +225,37 @@ INLINE __m256i q8_pair_dot(int wtype, const char *pa, const char *pb, const int8
     return _mm256_add_epi32(_mm256_madd_epi16(p0, ones), _mm256_madd_epi16(p1, ones));
 }
 
-/* Q4_K's pair of blocks of 32 (sub-blocks 2i, 2i + 1 of a super-block)
- * whose nibbles share the 32 bytes at qs: as q8_pair_dot's unsigned path. */
-INLINE __m256i q4k_pair_dot(const char *qs, const int8_t *alo, const int8_t *ahi) {
+/* Q4_K's or Q5_K's pair of blocks of 32 (sub-blocks 2i, 2i + 1 of a
+ * super-block) whose nibbles share the 32 bytes at qs (Q5_K: their fifth
+ * bits are bits 2i, 2i + 1 of the super-block's qh): as q8_pair_dot's
+ * unsigned path. */
+INLINE __m256i q45k_pair_dot(const char *qs, const uint8_t *qh, int i, const int8_t *alo, const int8_t *ahi) {
     const __m256i m4 = _mm256_set1_epi8(0xF), ones = _mm256_set1_epi16(1);
     const __m128i x0 = _mm_loadu_si128((const __m128i *)qs), x1 = _mm_loadu_si128((const __m128i *)(qs + 16));
-    const __m256i w0 = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(x0, 4), x0), m4);
-    const __m256i w1 = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(x1, 4), x1), m4);
+    __m256i w0 = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(x0, 4), x0), m4);
+    __m256i w1 = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(x1, 4), x1), m4);
+    if (qh) { /* elements 0-15 (w0) and 16-31 (w1): bit 2i (low lane) or 2i + 1 (high lane) of qh[element] */
+        const __m256i bm = _mm256_set_m128i(_mm_set1_epi8((char)(2 << (2 * i))), _mm_set1_epi8((char)(1 << (2 * i))));
+        const __m256i b16 = _mm256_set1_epi8(0x10);
+        const __m128i h0 = _mm_loadu_si128((const __m128i *)qh), h1 = _mm_loadu_si128((const __m128i *)(qh + 16));
+        const __m256i y0 = _mm256_and_si256(_mm256_set_m128i(h0, h0), bm), y1 = _mm256_and_si256(_mm256_set_m128i(h1, h1), bm);
+        w0 = _mm256_or_si256(w0, _mm256_and_si256(_mm256_cmpeq_epi8(y0, bm), b16));
+        w1 = _mm256_or_si256(w1, _mm256_and_si256(_mm256_cmpeq_epi8(y1, bm), b16));
+    }
     __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(w0, _mm256_loadu_si256((const __m256i *)alo)),
                                  _mm256_maddubs_epi16(w1, _mm256_loadu_si256((const __m256i *)ahi)));
     return _mm256_madd_epi16(p, ones);
 }
 
-/* Q4_K's scales and minimums of the chunk's n (8 or 16) blocks of 32 at p
- * (one or two super-blocks) by slot (q4k_block32's), zeros past n. */
-INLINE void q4k_scales_avx2(const char *p, int n, __m256 dw[2], __m256 mw[2]) {
+/* Q4_K's or Q5_K's scales and minimums of the chunk's n (8 or 16) blocks
+ * of 32 at p (one or two super-blocks) by slot (kq_block32's), zeros past n. */
+INLINE void kq_scales_avx2(int wtype, const char *p, int n, __m256 dw[2], __m256 mw[2]) {
+    const size_t sbb = 8 * (size_t)q32_block_bytes(wtype);
     float d[16], m[16];
     for (int s = 0; s < 16; s++) {
         int k = 4 * (s & 3) + (s >> 2);
         d[s] = m[s] = 0;
-        if (k < n) q4k_block32((const block_q4_K *)p + k / 8, k % 8, &d[s], &m[s]);
+        if (k < n) kq_block32(p + (size_t)(k / 8) * sbb, k % 8, &d[s], &m[s]);
     }
     dw[0] = _mm256_loadu_ps(d);
     dw[1] = _mm256_loadu_ps(d + 8);
@@ -289,10 +301,13 @@ INLINE void q8_chunk_avx2(int wtype, const char *p, int n, const __m256 dw[2], c
         const char *pg = p + 4 * g * bsz;
         int m = n - 4 * g; /* blocks present in this group */
         const int8_t *qg = q + 128 * g;
-        if (wtype == QTYPE_Q4_K) { /* group g: sub-blocks 4 (g % 2) .. + 3 of super-block g / 2 */
-            const char *qs = p + (size_t)(g / 2) * sizeof(block_q4_K) + offsetof(block_q4_K, qs) + 64 * (g % 2);
-            ab[g] = m >= 4 ? q4k_pair_dot(qs, qg, qg + 64) : _mm256_setzero_si256();
-            cd[g] = m >= 4 ? q4k_pair_dot(qs + 32, qg + 32, qg + 96) : _mm256_setzero_si256();
+        if (wtype == QTYPE_Q4_K || wtype == QTYPE_Q5_K) { /* group g: sub-blocks 4 (g % 2) .. + 3 of super-block g / 2 */
+            const int Q5 = wtype == QTYPE_Q5_K;
+            const char *sb = p + (size_t)(g / 2) * 8 * (size_t)bsz;
+            const char *qs = sb + (Q5 ? offsetof(block_q5_K, qs) : offsetof(block_q4_K, qs)) + 64 * (g % 2);
+            const uint8_t *qh = Q5 ? (const uint8_t *)sb + offsetof(block_q5_K, qh) : NULL;
+            ab[g] = m >= 4 ? q45k_pair_dot(qs, qh, 2 * (g % 2), qg, qg + 64) : _mm256_setzero_si256();
+            cd[g] = m >= 4 ? q45k_pair_dot(qs + 32, qh, 2 * (g % 2) + 1, qg + 32, qg + 96) : _mm256_setzero_si256();
             continue;
         }
         if (wtype == QTYPE_IQ4_XS) { /* group g: sub-blocks 4 (g % 2) .. + 3 of super-block g / 2, 16 code bytes each */
@@ -342,8 +357,8 @@ INLINE void mm_q8_row(int wtype, const char *w, int64_t nblk, const act_row *a, 
     __m256 dw[2], mw[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
     for (int64_t ci = 0; ci < nfull; ci++) {
         const char *p = w + 16 * ci * bsz;
-        if (wtype == QTYPE_Q4_K) {
-            q4k_scales_avx2(p, 16, dw, mw);
+        if (wtype == QTYPE_Q4_K || wtype == QTYPE_Q5_K) {
+            kq_scales_avx2(wtype, p, 16, dw, mw);
         } else if (wtype == QTYPE_IQ4_XS) {
             iq4xs_scales_avx2(p, 16, dw);
         } else {
@@ -354,8 +369,8 @@ INLINE void mm_q8_row(int wtype, const char *w, int64_t nblk, const act_row *a, 
     }
     if (tail) {
         const char *p = w + 16 * nfull * bsz;
-        if (wtype == QTYPE_Q4_K) {
-            q4k_scales_avx2(p, tail, dw, mw);
+        if (wtype == QTYPE_Q4_K || wtype == QTYPE_Q5_K) {
+            kq_scales_avx2(wtype, p, tail, dw, mw);
         } else if (wtype == QTYPE_IQ4_XS) {
             iq4xs_scales_avx2(p, tail, dw);
         } else {
@@ -387,62 +402,6 @@ INLINE void mm_q8(int wtype, const void *W, int64_t cols, int64_t r0, int64_t r1
             else mm_q8_row(wtype, w, nblk, a, n, Y + (int64_t)b0 * ldy + r, ldy, 0);
         }
     }
-}
-
-/* ---- Q5_K weights against ACT_Q8K (Q4_K goes through the blocks of 32) ----
- * qs[32g .. 32g+31] holds sub-block 2g in low nibbles and 2g+1 in high
- * nibbles, matching activations a[64g ..] and a[64g + 32 ..]. maddubs of
- * the 5-bit q (unsigned, its fifth bit from qh) with a, then
- * madd with the sub-block scale, gives int32 partial sums of sc * q * a;
- * the mins term uses bsums. */
-INLINE void mm_q5k_row(const block_q5_K *w, int64_t nblk, const act_row *a, float *y, int64_t ldy, const int NB) {
-    __m256 accf[MM_NB];
-    const __m256i m4 = _mm256_set1_epi8(0xF), b16 = _mm256_set1_epi8(0x10);
-    const __m128i pair_mins = _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15);
-#pragma GCC unroll 4
-    for (int b = 0; b < NB; b++) accf[b] = _mm256_setzero_ps();
-    for (int64_t k = 0; k < nblk; k++) {
-        const uint8_t *qs = w[k].qs;
-        __m128i sm = q4k_scales_vec(w[k].scales); /* sc[0..7], m[0..7] as bytes */
-        __m256i smb = _mm256_broadcastsi128_si256(sm);
-        /* m[j] twice: madd with bsums[2j], bsums[2j+1] gives m[j] * sum(a_j). */
-        __m256i mins = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(sm, pair_mins));
-        __m128 dd = _mm_cvtph_ps(_mm_loadu_si32(&w[k])); /* d, dmin */
-        __m256i qh = _mm256_loadu_si256((const __m256i *)w[k].qh);
-        __m256i acci[MM_NB];
-#pragma GCC unroll 4
-        for (int b = 0; b < NB; b++) acci[b] = _mm256_setzero_si256();
-#pragma GCC unroll 4
-        for (int g = 0; g < 4; g++) {
-            __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * g));
-            __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-            /* bit 2g (2g + 1) of qh[l] is bit 4 of element l of sub-block 2g (2g + 1) */
-            const __m256i blo = _mm256_set1_epi8((char)(1 << (2 * g))), bhi = _mm256_set1_epi8((char)(1 << (2 * g + 1)));
-            lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, blo), blo), b16));
-            hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bhi), bhi), b16));
-            /* sc[2g], sc[2g + 1] zero-extended into every int16 (pshufb index 0x80 gives 0) */
-            __m256i s_lo = _mm256_shuffle_epi8(smb, _mm256_set1_epi16((short)(0x8000 | (2 * g))));
-            __m256i s_hi = _mm256_shuffle_epi8(smb, _mm256_set1_epi16((short)(0x8000 | (2 * g + 1))));
-#pragma GCC unroll 4
-            for (int b = 0; b < NB; b++) {
-                const int8_t *aq = a[b].qs + QK_K * k + 64 * g;
-                __m256i p0 = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)aq));
-                __m256i p1 = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(aq + 32)));
-                acci[b] = _mm256_add_epi32(acci[b], _mm256_add_epi32(_mm256_madd_epi16(p0, s_lo),
-                                                                     _mm256_madd_epi16(p1, s_hi)));
-            }
-        }
-#pragma GCC unroll 4
-        for (int b = 0; b < NB; b++) {
-            __m256i bs = _mm256_loadu_si256((const __m256i *)(a[b].bsums + 16 * k));
-            __m256i mi = _mm256_madd_epi16(bs, mins);
-            __m128 ds = _mm_mul_ps(dd, _mm_set1_ps(a[b].d[k])); /* da * d, da * dmin */
-            accf[b] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acci[b]), _mm256_broadcastss_ps(ds), accf[b]);
-            accf[b] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(mi), _mm256_broadcastss_ps(_mm_movehdup_ps(ds)), accf[b]);
-        }
-    }
-#pragma GCC unroll 4
-    for (int b = 0; b < NB; b++) y[b * ldy] = hsum_ps(accf[b]);
 }
 
 /* ---- Q6_K weights against ACT_Q8K ----
@@ -584,8 +543,7 @@ INLINE void mm_q23k_row(int wtype, const void *W, int64_t nblk, const act_row *a
 
 INLINE void mm_quant_row(int wtype, const void *w, int64_t cols, const act_row *a, float *y,
                          int64_t ldy, const int NB) {
-    if (wtype == QTYPE_Q5_K) mm_q5k_row(w, cols / QK_K, a, y, ldy, NB);
-    else if (wtype == QTYPE_Q3_K || wtype == QTYPE_Q2_K) mm_q23k_row(wtype, w, cols / QK_K, a, y, ldy, NB);
+    if (wtype == QTYPE_Q3_K || wtype == QTYPE_Q2_K) mm_q23k_row(wtype, w, cols / QK_K, a, y, ldy, NB);
     else mm_q6k_row(w, cols / QK_K, a, y, ldy, NB);
 }
 
@@ -638,7 +596,7 @@ static void matmul_q4_0_avx2(const void *W, int64_t cols, int64_t r0, int64_t r1
 }
 static void matmul_q5_K_avx2(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
                              int nb, float *Y, int64_t ldy) {
-    mm_quant(QTYPE_Q5_K, W, cols, r0, r1, act, nb, Y, ldy);
+    mm_q8(QTYPE_Q5_K, W, cols, r0, r1, act, nb, Y, ldy);
 }
 static void matmul_q3_K_avx2(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
                              int nb, float *Y, int64_t ldy) {

@@ -328,11 +328,18 @@ INLINE q8_chunk q8_decode(int wtype, const char *p, const int NG, const int FULL
             c.lo[g] = _mm512_xor_si512(c.lo[g], flip);
             c.hi[g] = _mm512_xor_si512(c.hi[g], flip);
         }
-    } else if (wtype == QTYPE_Q4_K) {
-        /* Q4_K as 8 blocks of 32 per super-block (with a minimum, as Q4_1:
-         * scale d sc[j] and minimum -(dmin m[j]), both exact in F32), so a
-         * chunk is 2 super-blocks. Super-block h (groups 2h, 2h + 1; the chunk's second is absent when NG == 2): group 2h + e is
-         * sub-blocks 4e .. 4e + 3, the low / high nibbles of qs[64e ..] and qs[64e + 32 ..] */
+    } else if (wtype == QTYPE_Q4_K || wtype == QTYPE_Q5_K) {
+        /* Q4_K and Q5_K as 8 blocks of 32 per super-block (with a minimum, as
+         * Q4_1 and Q5_1: scale d sc[j] and minimum -(dmin m[j]), both exact
+         * in F32), so a chunk is 2 super-blocks. Super-block h (groups 2h, 2h
+         * + 1; the chunk's second is absent when NG == 2): group 2h + e is
+         * sub-blocks 4e .. 4e + 3, the low / high nibbles of qs[64e ..] and
+         * qs[64e + 32 ..]; Q5_K: element i of sub-block j adds 16 where bit j
+         * of qh[i] is set */
+        const int Q5 = wtype == QTYPE_Q5_K;
+        const size_t sbb = Q5 ? sizeof(block_q5_K) : sizeof(block_q4_K);
+        const size_t qso = Q5 ? offsetof(block_q5_K, qs) : offsetof(block_q4_K, qs);
+        const __m512i b16 = _mm512_set1_epi8(0x10);
         const __m512i m4 = _mm512_set1_epi8(0x0F);
         const __m512i shv = _mm512_setr_epi64(0, 0, 0x0004000400040004ll, 0x0004000400040004ll, 0, 0,
                                               0x0004000400040004ll, 0x0004000400040004ll);
@@ -342,14 +349,31 @@ INLINE q8_chunk q8_decode(int wtype, const char *p, const int NG, const int FULL
         for (int g = 0; g < 4; g++) c.lo[g] = c.hi[g] = _mm512_setzero_si512();
 #pragma GCC unroll 2
         for (int h = 0; h < NG / 2; h++) {
-            const char *sb = p + 144 * h;
-            sm[h] = q4k_scales_vec((const uint8_t *)sb + 4);
+            const char *sb = p + sbb * (size_t)h;
+            sm[h] = q4k_scales_vec((const uint8_t *)sb + offsetof(block_q4_K, scales));
             memcpy(&dd[h], sb, 4);
+            __m512i qh0 = _mm512_setzero_si512(), qh1 = _mm512_setzero_si512();
+            if (Q5) { /* qh[0 .. 15] (elements 0-15) and qh[16 .. 31] in every lane */
+                qh0 = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(sb + offsetof(block_q5_K, qh))));
+                qh1 = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(sb + offsetof(block_q5_K, qh) + 16)));
+            }
 #pragma GCC unroll 2
             for (int e = 0; e < 2; e++) {
-                __m512i z = _mm512_loadu_si512((const void *)(sb + 16 + 64 * e));
+                __m512i z = _mm512_loadu_si512((const void *)(sb + qso + 64 * e));
                 c.lo[2 * h + e] = _mm512_and_si512(_mm512_srlv_epi16(_mm512_shuffle_i64x2(z, z, _MM_SHUFFLE(2, 2, 0, 0)), shv), m4);
                 c.hi[2 * h + e] = _mm512_and_si512(_mm512_srlv_epi16(_mm512_shuffle_i64x2(z, z, _MM_SHUFFLE(3, 3, 1, 1)), shv), m4);
+                if (Q5) { /* lane l: sub-block 4e + l, its bit of qh */
+                    const __m512i bit = e ? _mm512_set_epi32(0x80808080, 0x80808080, 0x80808080, 0x80808080, 0x40404040,
+                                                             0x40404040, 0x40404040, 0x40404040, 0x20202020, 0x20202020,
+                                                             0x20202020, 0x20202020, 0x10101010, 0x10101010, 0x10101010,
+                                                             0x10101010)
+                                          : _mm512_set_epi32(0x08080808, 0x08080808, 0x08080808, 0x08080808, 0x04040404,
+                                                             0x04040404, 0x04040404, 0x04040404, 0x02020202, 0x02020202,
+                                                             0x02020202, 0x02020202, 0x01010101, 0x01010101, 0x01010101,
+                                                             0x01010101);
+                    c.lo[2 * h + e] = _mm512_mask_add_epi8(c.lo[2 * h + e], _mm512_test_epi8_mask(qh0, bit), c.lo[2 * h + e], b16);
+                    c.hi[2 * h + e] = _mm512_mask_add_epi8(c.hi[2 * h + e], _mm512_test_epi8_mask(qh1, bit), c.hi[2 * h + e], b16);
+                }
             }
         }
         /* slot 4l + g: sub-block 4 (g % 2) + l of super-block g / 2 */
@@ -563,75 +587,6 @@ INLINE void mm_q8(int wtype, const void *W, int64_t cols, int64_t r0, int64_t r1
     }
 }
 
-/* ---- Q5_K weights against ACT_Q8K (VNNI) (Q4_K goes through the blocks of 32) ----
- * qs[32g .. 32g+31] holds sub-block 2g in its low nibbles and 2g+1 in its
- * high nibbles: loaded into both 256-bit halves of a zmm, the high half
- * shifted right by 4, masked to nibbles, they are elements 64g .. 64g+63 in
- * order, against the contiguous activations a[64g ..] (2 operations per 64
- * weights). maddubs (q unsigned; pairs far from int16 overflow) then
- * vpdpwssd with the sub-block scales (sc[2g] in the low half's int16 lanes,
- * sc[2g + 1] in the high half's: one pshufb of the scale bytes per g, shared
- * by the block's rows) accumulates sc * q * a exactly in int32; the mins term
- * uses bsums. The fifth bits: the 32 qh bytes in both halves, tested
- * against bit 2g (low half) or 2g + 1 (high half), set 16 into the values
- * (maddubs pairs <= 2 * 31 * 127). With one activation row (decode) each
- * block prefetches its bytes KERN_PF_LINE_AHEAD ahead (kern_pf_block). */
-INLINE void mm_q5k_row(const block_q5_K *w, int64_t nblk, const act_row *a, float *y, int64_t ldy, const int NB) {
-    const __m512i m4 = _mm512_set1_epi8(0xF), b16 = _mm512_set1_epi8(0x10);
-    const __m512i shr = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
-    const __m128i pair_mins = _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15);
-    /* pshufb index of g: byte 2g (low half) or 2g + 1 (high half), zero-extended (0x80 gives 0);
-     * the qh bit of sub-block 2g (low half) or 2g + 1 (high half) */
-    __m512i sidx[4], hbit[4];
-#pragma GCC unroll 4
-    for (int g = 0; g < 4; g++) {
-        sidx[g] = _mm512_inserti64x4(_mm512_set1_epi16((short)(0x8000 | (2 * g))),
-                                     _mm256_set1_epi16((short)(0x8000 | (2 * g + 1))), 1);
-        hbit[g] = _mm512_inserti64x4(_mm512_set1_epi8((char)(1 << (2 * g))), _mm256_set1_epi8((char)(1 << (2 * g + 1))), 1);
-    }
-    __m512 accf[MM_NB];
-#pragma GCC unroll 8
-    for (int b = 0; b < NB; b++) accf[b] = _mm512_setzero_ps();
-    for (int64_t k = 0; k < nblk; k++) {
-        const uint8_t *qs = w[k].qs;
-        if (NB == 1) kern_pf_block(w + k, (int)sizeof w[k]);
-        __m128i sm = q4k_scales_vec(w[k].scales); /* sc[0..7], m[0..7] as bytes */
-        __m512i smb = _mm512_broadcast_i32x4(sm);
-        /* m[j] twice: madd with bsums[2j], bsums[2j+1] gives m[j] * sum(a_j) */
-        __m256i mins = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(sm, pair_mins));
-        __m128 dd = _mm_cvtph_ps(_mm_loadu_si32(w + k)); /* d, dmin */
-        __m512i v[4], sc[4];
-        __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)w[k].qh));
-#pragma GCC unroll 4
-        for (int g = 0; g < 4; g++) {
-            __m512i q = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(qs + 32 * g)));
-            v[g] = _mm512_and_si512(_mm512_srlv_epi16(q, shr), m4);
-            v[g] = _mm512_or_si512(v[g], _mm512_maskz_mov_epi8(_mm512_test_epi8_mask(qh, hbit[g]), b16));
-            sc[g] = _mm512_shuffle_epi8(smb, sidx[g]);
-        }
-#pragma GCC unroll 8
-        for (int b = 0; b < NB; b++) {
-            const int8_t *aq = a[b].qs + QK_K * k;
-            __m512i acc0 = _mm512_setzero_si512(), acc1 = _mm512_setzero_si512();
-#pragma GCC unroll 4
-            for (int g = 0; g < 4; g++) {
-                __m512i p = _mm512_maddubs_epi16(v[g], _mm512_loadu_si512((const void *)(aq + 64 * g)));
-                /* two chains halve the latency of the block's int sum (exact either way) */
-                if (g & 1) acc1 = _mm512_dpwssd_epi32(acc1, p, sc[g]);
-                else acc0 = _mm512_dpwssd_epi32(acc0, p, sc[g]);
-            }
-            __m256i mi = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(a[b].bsums + 16 * k)), mins);
-            __m128 ds = _mm_mul_ps(dd, _mm_set1_ps(a[b].d[k])); /* da * d, da * dmin */
-            accf[b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(acc0, acc1)), _mm512_broadcastss_ps(ds),
-                                      accf[b]);
-            accf[b] = _mm512_fnmadd_ps(_mm512_zextps256_ps512(_mm256_cvtepi32_ps(mi)),
-                                       _mm512_broadcastss_ps(_mm_movehdup_ps(ds)), accf[b]);
-        }
-    }
-#pragma GCC unroll 8
-    for (int b = 0; b < NB; b++) y[b * ldy] = _mm512_reduce_add_ps(accf[b]);
-}
-
 /* ---- Q6_K weights against ACT_Q8K (VNNI) ----
  * Per half h, one 64-byte ql load gives elements 0-63 (low nibbles) and
  * 64-127 (high nibbles) of the half in order; their top 2 bits come from the
@@ -804,8 +759,7 @@ INLINE void mm_q23k_row(int wtype, const void *W, int64_t nblk, const act_row *a
 
 INLINE void mm_quant_row(int wtype, const void *w, int64_t cols, const act_row *a, float *y,
                          int64_t ldy, const int NB) {
-    if (wtype == QTYPE_Q5_K) mm_q5k_row(w, cols / QK_K, a, y, ldy, NB);
-    else if (wtype == QTYPE_Q3_K || wtype == QTYPE_Q2_K) mm_q23k_row(wtype, w, cols / QK_K, a, y, ldy, NB);
+    if (wtype == QTYPE_Q3_K || wtype == QTYPE_Q2_K) mm_q23k_row(wtype, w, cols / QK_K, a, y, ldy, NB);
     else mm_q6k_row(w, cols / QK_K, a, y, ldy, NB);
 }
 
@@ -865,7 +819,7 @@ static void matmul_q5_1_avx512(const void *W, int64_t cols, int64_t r0, int64_t 
                                int nb, float *Y, int64_t ldy) {
     mm_q8(QTYPE_Q5_1, W, cols, r0, r1, act, nb, Y, ldy);
 }
-/* Q4_K: as eight blocks of 32 with a minimum per super-block (q4k_block32);
+/* Q4_K, Q5_K: as eight blocks of 32 with a minimum per super-block (kq_block32);
  * IQ4_XS: as eight IQ4_NL-like blocks of 32 per super-block (iq4xs_block32). */
 static void matmul_q4_K_avx512(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
                                int nb, float *Y, int64_t ldy) {
@@ -873,7 +827,7 @@ static void matmul_q4_K_avx512(const void *W, int64_t cols, int64_t r0, int64_t 
 }
 static void matmul_q5_K_avx512(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
                                int nb, float *Y, int64_t ldy) {
-    mm_quant(QTYPE_Q5_K, W, cols, r0, r1, act, nb, Y, ldy);
+    mm_q8(QTYPE_Q5_K, W, cols, r0, r1, act, nb, Y, ldy);
 }
 static void matmul_q3_K_avx512(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
                                int nb, float *Y, int64_t ldy) {

@@ -22,20 +22,20 @@
  * itself may be unaligned; kernels use unaligned loads).
  *
  *   ACT_F32 (F32, F16, BF16 weights): float x[cols].
- *   ACT_Q8  (Q8_0, Q4_0, Q5_0, Q4_1, Q5_1, IQ4_NL, Q4_K and IQ4_XS weights), nblk = cols/32 blocks of 32:
+ *   ACT_Q8  (Q8_0, Q4_0, Q5_0, Q4_1, Q5_1, IQ4_NL, Q4_K, Q5_K and IQ4_XS weights), nblk = cols/32 blocks of 32:
  *       float d[16 * nchunk]; int32 sa[16 * nchunk]; int8 qs[128 * ngroup]
  *       with nchunk = ceil(nblk / 16), ngroup = ceil(nblk / 4).
  *       Element i of block k is x ~= d * q with q = qs[act_q8_qs(k, i)] in
  *       [-127, 127] (x / d rounded to nearest even, d = max|x| / 127 over the
  *       block), d = d[act_q8_slot(k)] and sa[act_q8_slot(k)] = off * sum_i q
  *       with off = 128 for Q8_0, IQ4_NL and IQ4_XS, 8 for Q4_0, 16 for Q5_0 and 1
- *       for Q4_1, Q5_1 and Q4_K weights (act_q8_off; their minimum meets the
+ *       for Q4_1, Q5_1, Q4_K and Q5_K weights (act_q8_off; their minimum meets the
  *       plain sum). The sums let SIMD dots treat weights as unsigned (w +
  *       128 for Q8_0 and IQ4_NL's / IQ4_XS's values, the raw nibble w + 8 for Q4_0,
  *       the 5-bit value w + 16 for Q5_0) and take the offset off in
  *       integers.
  *       Slots and bytes past the last block are zero.
- *   ACT_Q8K (Q2_K, Q3_K, Q5_K, Q6_K weights): float d[cols/256]; int16 bsums[cols/16];
+ *   ACT_Q8K (Q2_K, Q3_K, Q6_K weights): float d[cols/256]; int16 bsums[cols/16];
  *       int8 qs[cols]. Same rounding over blocks of 256; bsums[j] is the sum
  *       of qs[16j .. 16j + 15] (for the mins / the -32 offset).
  *   ACT_Q8G (INT4_G128 weights), ng = cols/128 groups of 4 sub-blocks of
@@ -81,6 +81,7 @@ static inline int act_q8_off(int wtype) {
     case QTYPE_Q5_0: return 16;
     case QTYPE_Q4_1:
     case QTYPE_Q4_K:
+    case QTYPE_Q5_K:
     case QTYPE_Q5_1: return 1;
     default: return 128; /* Q8_0; IQ4_NL, IQ4_XS (their values + 128) */
     }
@@ -99,10 +100,10 @@ static inline act_kind act_kind_of(int wtype) {
     case QTYPE_Q5_1:
     case QTYPE_IQ4_NL:
     case QTYPE_Q4_K:
+    case QTYPE_Q5_K:
     case QTYPE_IQ4_XS: return ACT_Q8;
     case QTYPE_Q2_K:
     case QTYPE_Q3_K:
-    case QTYPE_Q5_K:
     case QTYPE_Q6_K: return ACT_Q8K;
     case QTYPE_INT4_G128: return ACT_Q8G;
     default: return ACT_NONE;

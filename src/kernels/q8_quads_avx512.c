@@ -1,4 +1,4 @@
-/* Q8_0 / Q4_0 / Q5_0 / Q4_1 / Q5_1 / IQ4_NL / Q4_K / IQ4_XS weights against small batches of ACT_Q8 activations (quads,
+/* Q8_0 / Q4_0 / Q5_0 / Q4_1 / Q5_1 / IQ4_NL / Q4_K / Q5_K / IQ4_XS weights against small batches of ACT_Q8 activations (quads,
  * kernels_impl.h), AVX-512 VNNI: batched decode, speculative verification
  * and prefill.
  *
@@ -33,11 +33,12 @@
  * measured faster, with fewer registers live.) 1-3 rows stay with the
  * per-row kernels, which stream a single row faster.
  *
- * Q4_K and IQ4_XS take the same path as eight blocks of 32 per super-block
- * (q4k_block32, iq4xs_block32): block k is sub-block k % 8 of super-block
- * k / 8 (Q4_K's nibbles the low or high halves of 32 bytes it shares with
- * its neighbour, IQ4_XS's 16 code bytes laid out as an IQ4_NL block's), and
- * its scale (and Q4_K's minimum) come from a table that each super-block's
+ * Q4_K, Q5_K and IQ4_XS take the same path as eight blocks of 32 per
+ * super-block (kq_block32, iq4xs_block32): block k is sub-block k % 8 of
+ * super-block k / 8 (Q4_K's and Q5_K's nibbles the low or high halves of
+ * 32 bytes it shares with its neighbour, Q5_K's fifth bits one bit of each
+ * qh byte, IQ4_XS's 16 code bytes laid out as an IQ4_NL block's), and its
+ * scale (and Q4_K's and Q5_K's minimum) come from a table that each super-block's
  * first block fills for the pass's rows (qd_sb_scales). */
 #include "kernels/kernels_impl.h"
 #include "kernels/kernels_x86.h"
@@ -52,21 +53,38 @@ enum {
     QD_SEQ_Q = 4,  /* from this many quads a pass keeps its slot accumulators in block order (qd_row_of_block) */
 };
 
-/* Weight rows p[0 .. 3] (each at one block, qd_block_at) as unsigned bytes:
- * lo lane i = elements 0-15 of row i, hi lane i = elements 16-31. Q4_K: p
- * is the 32 nibble bytes its sub-block shares with a neighbour, and sh (0
- * or 4) picks its nibbles; IQ4_XS: p is the sub-block's 16 code bytes. */
-INLINE void qd_weights(int wtype, const char *p0, size_t wrow, int sh, __m512i *lo, __m512i *hi) {
+/* 32 bytes at each of p, p + wrow, p + 2 wrow, p + 3 wrow as [row 0's
+ * first 16, row 1's, row 2's, row 3's] (lo) and their last 16 (hi). */
+INLINE void qd_load32x4(const char *p, size_t wrow, __m512i *lo, __m512i *hi) {
+    __m512i z01 = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)p)),
+                                     _mm256_loadu_si256((const __m256i *)(p + wrow)), 1);
+    __m512i z23 = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(p + 2 * wrow))),
+                                     _mm256_loadu_si256((const __m256i *)(p + 3 * wrow)), 1);
+    *lo = _mm512_shuffle_i64x2(z01, z23, _MM_SHUFFLE(2, 0, 2, 0));
+    *hi = _mm512_shuffle_i64x2(z01, z23, _MM_SHUFFLE(3, 1, 3, 1));
+}
+
+/* Weight rows p[0 .. 3] (each at block k, qd_block_at) as unsigned bytes:
+ * lo lane i = elements 0-15 of row i, hi lane i = elements 16-31. Q4_K,
+ * Q5_K: p is the 32 nibble bytes sub-block k % 8 shares with a neighbour,
+ * k's parity picks its nibbles, and Q5_K's fifth bits are bit k % 8 of
+ * the super-block's qh; IQ4_XS: p is the sub-block's 16 code bytes. */
+INLINE void qd_weights(int wtype, const char *p0, size_t wrow, int64_t k, __m512i *lo, __m512i *hi) {
     const char *p1 = p0 + wrow, *p2 = p1 + wrow, *p3 = p2 + wrow;
-    if (wtype == QTYPE_Q4_K) {
+    if (wtype == QTYPE_Q4_K || wtype == QTYPE_Q5_K) {
         const __m512i m4 = _mm512_set1_epi8(0x0F);
-        const __m128i c = _mm_cvtsi32_si128(sh);
-        __m512i z01 = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)p0)),
-                                         _mm256_loadu_si256((const __m256i *)p1), 1);
-        __m512i z23 = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)p2)),
-                                         _mm256_loadu_si256((const __m256i *)p3), 1);
-        *lo = _mm512_and_si512(_mm512_srl_epi16(_mm512_shuffle_i64x2(z01, z23, _MM_SHUFFLE(2, 0, 2, 0)), c), m4);
-        *hi = _mm512_and_si512(_mm512_srl_epi16(_mm512_shuffle_i64x2(z01, z23, _MM_SHUFFLE(3, 1, 3, 1)), c), m4);
+        const __m128i c = _mm_cvtsi32_si128(4 * (int)(k & 1));
+        __m512i l, h;
+        qd_load32x4(p0, wrow, &l, &h);
+        *lo = _mm512_and_si512(_mm512_srl_epi16(l, c), m4);
+        *hi = _mm512_and_si512(_mm512_srl_epi16(h, c), m4);
+        if (wtype == QTYPE_Q5_K) { /* qh sits 32 bytes before qs */
+            const char *qh = p0 - 32 * ((k & 7) >> 1) - 32;
+            const __m512i bit = _mm512_set1_epi8((char)(1 << (k & 7))), b16 = _mm512_set1_epi8(0x10);
+            qd_load32x4(qh, wrow, &l, &h);
+            *lo = _mm512_mask_add_epi8(*lo, _mm512_test_epi8_mask(l, bit), *lo, b16);
+            *hi = _mm512_mask_add_epi8(*hi, _mm512_test_epi8_mask(h, bit), *hi, b16);
+        }
     } else if (wtype == QTYPE_Q8_0) {
         const __m512i flip = _mm512_set1_epi8((char)0x80);
         /* [r0 lo, r0 hi, r1 lo, r1 hi] and the same for rows 2, 3 */
@@ -145,7 +163,7 @@ INLINE __m512 qd_scales(const char *p, size_t wrow, const int NG) {
 
 /* The super-block types' sub-block scales of super-block sb of the pass's
  * 4 NG rows, computed as the per-row kernel (kernels_avx512.c's q8_decode)
- * computes them: Q4_K's d sc[j] and minimums -(dmin m[j]) (q4k_block32),
+ * computes them: Q4_K's and Q5_K's d sc[j] and minimums -(dmin m[j]) (kq_block32),
  * IQ4_XS's d (ls[j] - 32) (iq4xs_block32). ks[g][0] holds rows 4g and 4g +
  * 1's eight scales, ks[g][1] rows 4g + 2 and 4g + 3's; ks[g][2], ks[g][3]
  * the minimums (qd_sb_pick reads them). Once per super-block, so its 8
@@ -185,7 +203,7 @@ INLINE void qd_sb_scales(int wtype, const char *sb, size_t wrow, const int NG, _
     }
 }
 
-/* Q4_K, IQ4_XS: group g's scales (MW = 0) or Q4_K's minimums (MW = 2) of
+/* Q4_K, Q5_K, IQ4_XS: group g's scales (MW = 0) or minimums (MW = 2) of
  * sub-block j, lane i holding row 4g + i's, as qd_scales' permute leaves the
  * other types'. */
 INLINE __m512 qd_sb_pick(__m512 ks[][4], int g, int j, const int MW) {
@@ -196,14 +214,16 @@ INLINE __m512 qd_sb_pick(__m512 ks[][4], int g, int j, const int MW) {
 
 /* Whether the type's blocks of 32 are sub-blocks of super-blocks of 256
  * whose scales qd_sb_scales unpacks. */
-INLINE int qd_super(int wtype) { return wtype == QTYPE_Q4_K || wtype == QTYPE_IQ4_XS; }
+INLINE int qd_super(int wtype) { return wtype == QTYPE_Q4_K || wtype == QTYPE_Q5_K || wtype == QTYPE_IQ4_XS; }
 
-/* Row 0's bytes of block k for qd_weights (Q4_K: sub-block k % 8's nibble
+/* Row 0's bytes of block k for qd_weights (Q4_K, Q5_K: sub-block k % 8's nibble
  * bytes in super-block k / 8; IQ4_XS: its code bytes) and, for the other
  * types, its scales for qd_scales. */
 INLINE const char *qd_block_at(int wtype, const char *w, int64_t k) {
     if (wtype == QTYPE_Q4_K)
         return w + (k >> 3) * (int64_t)sizeof(block_q4_K) + offsetof(block_q4_K, qs) + 32 * ((k & 7) >> 1);
+    if (wtype == QTYPE_Q5_K)
+        return w + (k >> 3) * (int64_t)sizeof(block_q5_K) + offsetof(block_q5_K, qs) + 32 * ((k & 7) >> 1);
     if (wtype == QTYPE_IQ4_XS)
         return w + (k >> 3) * (int64_t)sizeof(block_iq4_xs) + offsetof(block_iq4_xs, qs) + 16 * (k & 7);
     return w + k * q32_block_bytes(wtype);
@@ -235,14 +255,14 @@ INLINE int qd_row_of_block(int64_t k, const int NQ) {
 INLINE int qd_row_of_slot(int t, const int NQ) { return NQ >= QD_SEQ_Q ? 4 * (t & 3) + (t >> 2) : t; }
 
 /* One block k of a pass (see qd_pass) from weight row 0 at w; FIRST: k <
- * 16, the slot starts. ks: Q4_K's and IQ4_XS's scales of k's super-block (qd_sb_scales). */
+ * 16, the slot starts. ks: the super-block types' scales of k's super-block (qd_sb_scales). */
 INLINE void qd_block(int wtype, const char *w, int64_t k, size_t wrow, const int8_t *a, __m512 ks[][4], __m512 *S,
                      const int NG, const int NQ, const int NC, const int FIRST) {
     const char *p = qd_block_at(wtype, w, k);
     const int SB = qd_super(wtype);
     __m512i lo[QD_MAX_G], hi[QD_MAX_G], acc[2][QD_MAX_P];
 #pragma GCC unroll 4
-    for (int g = 0; g < NG; g++) qd_weights(wtype, p + (size_t)(4 * g) * wrow, wrow, 4 * (int)(k & 1), &lo[g], &hi[g]);
+    for (int g = 0; g < NG; g++) qd_weights(wtype, p + (size_t)(4 * g) * wrow, wrow, k, &lo[g], &hi[g]);
     const int MIN = q32_has_min(wtype); /* Q4_1, Q5_1: no offset to take off; the minimum's term after the dot's */
 #pragma GCC unroll 8
     for (int q = 0; q < NQ; q++) {
@@ -303,7 +323,7 @@ INLINE void qd_block(int wtype, const char *w, int64_t k, size_t wrow, const int
  * row holds which slot: qd_row_of_block. */
 INLINE void qd_pass(int wtype, const char *w, size_t wrow, int64_t nblk, const int8_t *A, size_t kstride,
                     const char *pf, size_t pf_step, __m512 *out, const int NG, const int NQ, const int NC) {
-    __m512 S[16][QD_MAX_P], ks[QD_MAX_G][4] = {{_mm512_setzero_ps()}}; /* Q4_K's, IQ4_XS's; zero for the other types */
+    __m512 S[16][QD_MAX_P], ks[QD_MAX_G][4] = {{_mm512_setzero_ps()}}; /* the super-block types' (qd_super); zero for the others */
     /* a slot starts at its first block (k < 16); slots without any stay zero */
     if (nblk < 16)
         for (int s = 0; s < 16; s++)

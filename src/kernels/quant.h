@@ -209,9 +209,9 @@ static inline int iq4xs_scale(const block_iq4_xs *b, int j) {
  * and each but Q8_0 ends with the 16 nibble bytes of Q4_0 (element i in the
  * low nibble of byte i, element 16 + i in the high one), Q5_0 and Q5_1 with
  * their 32 fifth bits (little-endian, bit i for element i) just before.
- * Q4_K's and IQ4_XS's sub-blocks are computed as blocks of 32 too, but lie
- * inside their super-block: q4k_block32, q45k_value and iq4xs_block32 read
- * them, q32_value does not. */
+ * Q4_K's, Q5_K's and IQ4_XS's sub-blocks are computed as blocks of 32 too,
+ * but lie inside their super-block: kq_block32, q45k_value and
+ * iq4xs_block32 read them, q32_value does not. */
 static inline int q32_block_bytes(int type) {
     switch (type) {
     case QTYPE_Q8_0: return (int)sizeof(block_q8_0);
@@ -219,13 +219,17 @@ static inline int q32_block_bytes(int type) {
     case QTYPE_Q4_1: return (int)sizeof(block_q4_1);
     case QTYPE_Q5_1: return (int)sizeof(block_q5_1);
     case QTYPE_Q4_K: return (int)sizeof(block_q4_K) / 8; /* a sub-block's share of its super-block */
+    case QTYPE_Q5_K: return (int)sizeof(block_q5_K) / 8; /* the same */
     case QTYPE_IQ4_XS: return (int)sizeof(block_iq4_xs) / 8; /* the same */
     default: return (int)sizeof(block_q4_0); /* Q4_0, IQ4_NL */
     }
 }
-/* Whether the type adds a per-block minimum: w = d * value + m (Q4_K: each
- * sub-block of 32, with d = d sc[j] and m = -dmin m[j], as kernels compute it). */
-static inline int q32_has_min(int type) { return type == QTYPE_Q4_1 || type == QTYPE_Q5_1 || type == QTYPE_Q4_K; }
+/* Whether the type adds a per-block minimum: w = d * value + m (Q4_K, Q5_K:
+ * each sub-block of 32, with d = d sc[j] and m = -dmin m[j], as kernels
+ * compute it). */
+static inline int q32_has_min(int type) {
+    return type == QTYPE_Q4_1 || type == QTYPE_Q5_1 || type == QTYPE_Q4_K || type == QTYPE_Q5_K;
+}
 /* Element i (0..31) of a block as an integer: w = d * value (Q8_0's byte,
  * Q4_0's nibble - 8, Q5_0's 5 bits - 16, IQ4_NL's grid value) or w = d *
  * value + m (Q4_1's nibble, Q5_1's 5 bits). The reference every kernel of
@@ -312,15 +316,18 @@ static inline void q4k_scale_min(const uint8_t *s, int j, int *sc, int *m) {
     }
 }
 
-/* Q4_K's sub-block j (elements 32j .. 32j + 31) as the block of 32 with a
- * minimum that every Q4_K matmul computes (as Q4_1's, w = dw * q + mw):
- * dw = d sc[j] and mw = -(dmin m[j]), both exact in F32 (an F16 times a
- * 6-bit integer). */
-static inline void q4k_block32(const block_q4_K *b, int j, float *dw, float *mw) {
+/* Q4_K's or Q5_K's sub-block j (elements 32j .. 32j + 31) of the
+ * super-block at b as the block of 32 with a minimum that every matmul of
+ * these types computes (as Q4_1's and Q5_1's, w = dw * q + mw): dw = d sc[j]
+ * and mw = -(dmin m[j]), both exact in F32 (an F16 times a 6-bit integer).
+ * The two types share the header: d, dmin, then the 12 scale bytes. */
+static_assert(offsetof(block_q4_K, scales) == offsetof(block_q5_K, scales), "Q4_K / Q5_K headers");
+static inline void kq_block32(const void *b, int j, float *dw, float *mw) {
+    const block_q4_K *h = (const block_q4_K *)b;
     int sc, m;
-    q4k_scale_min(b->scales, j, &sc, &m);
-    *dw = (float)sc * ellm_f16_to_f32(b->d);
-    *mw = 0.0f - (float)m * ellm_f16_to_f32(b->dmin);
+    q4k_scale_min(h->scales, j, &sc, &m);
+    *dw = (float)sc * ellm_f16_to_f32(h->d);
+    *mw = 0.0f - (float)m * ellm_f16_to_f32(h->dmin);
 }
 
 /* IQ4_XS's sub-block j (elements 32j .. 32j + 31) as the block of 32 that
