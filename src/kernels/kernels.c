@@ -140,14 +140,13 @@ static void matmul_q32_ref(int wtype, const void *W, int64_t cols, int64_t r0, i
             for (int64_t k = 0; k < nblk; k++) {
                 float dw, mw;
                 int isum = 0;
-                if (wtype == QTYPE_Q4_K) {
-                    const block_q4_K *sb = (const block_q4_K *)row + k / 8;
+                if (wtype == QTYPE_Q4_K || wtype == QTYPE_Q5_K) {
+                    const int Q5 = wtype == QTYPE_Q5_K;
+                    const char *sb = row + (size_t)(k / 8) * 8 * bsz;
+                    const uint8_t *qs = (const uint8_t *)sb + (Q5 ? offsetof(block_q5_K, qs) : offsetof(block_q4_K, qs));
+                    const uint8_t *qh = Q5 ? ((const block_q5_K *)sb)->qh : NULL;
                     kq_block32(sb, (int)(k % 8), &dw, &mw);
-                    for (int i = 0; i < 32; i++) isum += q45k_value(sb->qs, NULL, (int)(k % 8), i) * a.qs[act_q8_qs(k, i)];
-                } else if (wtype == QTYPE_Q5_K) {
-                    const block_q5_K *sb = (const block_q5_K *)row + k / 8;
-                    kq_block32(sb, (int)(k % 8), &dw, &mw);
-                    for (int i = 0; i < 32; i++) isum += q45k_value(sb->qs, sb->qh, (int)(k % 8), i) * a.qs[act_q8_qs(k, i)];
+                    for (int i = 0; i < 32; i++) isum += q45k_value(qs, qh, (int)(k % 8), i) * a.qs[act_q8_qs(k, i)];
                 } else if (wtype == QTYPE_IQ4_XS) {
                     const block_iq4_xs *sb = (const block_iq4_xs *)row + k / 8;
                     const uint8_t *qs = sb->qs + 16 * (k % 8);

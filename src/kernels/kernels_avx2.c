@@ -247,32 +247,24 @@ INLINE __m256i q45k_pair_dot(const char *qs, const uint8_t *qh, int i, const int
     return _mm256_madd_epi16(p, ones);
 }
 
-/* Q4_K's or Q5_K's scales and minimums of the chunk's n (8 or 16) blocks
- * of 32 at p (one or two super-blocks) by slot (kq_block32's), zeros past n. */
-INLINE void kq_scales_avx2(int wtype, const char *p, int n, __m256 dw[2], __m256 mw[2]) {
+/* The super-block types' (Q4_K, Q5_K, IQ4_XS) scales and minimums of the
+ * chunk's n (8 or 16) blocks of 32 at p (one or two super-blocks) by slot
+ * (kq_block32's, iq4xs_block32's; IQ4_XS has no minimum), zeros past n. */
+INLINE void sb_scales_avx2(int wtype, const char *p, int n, __m256 dw[2], __m256 mw[2]) {
     const size_t sbb = 8 * (size_t)q32_block_bytes(wtype);
     float d[16], m[16];
     for (int s = 0; s < 16; s++) {
         int k = 4 * (s & 3) + (s >> 2);
+        const char *sb = p + (size_t)(k / 8) * sbb;
         d[s] = m[s] = 0;
-        if (k < n) kq_block32(p + (size_t)(k / 8) * sbb, k % 8, &d[s], &m[s]);
+        if (k >= n) continue;
+        if (wtype == QTYPE_IQ4_XS) d[s] = iq4xs_block32((const block_iq4_xs *)sb, k % 8);
+        else kq_block32(sb, k % 8, &d[s], &m[s]);
     }
     dw[0] = _mm256_loadu_ps(d);
     dw[1] = _mm256_loadu_ps(d + 8);
     mw[0] = _mm256_loadu_ps(m);
     mw[1] = _mm256_loadu_ps(m + 8);
-}
-
-/* IQ4_XS's scales of the chunk's n (8 or 16) blocks of 32 at p (one or two
- * super-blocks) by slot (iq4xs_block32's), zeros past n. */
-INLINE void iq4xs_scales_avx2(const char *p, int n, __m256 dw[2]) {
-    float d[16];
-    for (int s = 0; s < 16; s++) {
-        int k = 4 * (s & 3) + (s >> 2);
-        d[s] = k < n ? iq4xs_block32((const block_iq4_xs *)p + k / 8, k % 8) : 0.0f;
-    }
-    dw[0] = _mm256_loadu_ps(d);
-    dw[1] = _mm256_loadu_ps(d + 8);
 }
 
 /* The f16 scales of the chunk's n blocks at p as floats by slot (block
@@ -357,10 +349,8 @@ INLINE void mm_q8_row(int wtype, const char *w, int64_t nblk, const act_row *a, 
     __m256 dw[2], mw[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
     for (int64_t ci = 0; ci < nfull; ci++) {
         const char *p = w + 16 * ci * bsz;
-        if (wtype == QTYPE_Q4_K || wtype == QTYPE_Q5_K) {
-            kq_scales_avx2(wtype, p, 16, dw, mw);
-        } else if (wtype == QTYPE_IQ4_XS) {
-            iq4xs_scales_avx2(p, 16, dw);
+        if (wtype == QTYPE_Q4_K || wtype == QTYPE_Q5_K || wtype == QTYPE_IQ4_XS) {
+            sb_scales_avx2(wtype, p, 16, dw, mw);
         } else {
             q8_scales_avx2(p, bsz, 16, dw);
             if (q32_has_min(wtype)) q8_scales_avx2(p + 2, bsz, 16, mw);
@@ -369,10 +359,8 @@ INLINE void mm_q8_row(int wtype, const char *w, int64_t nblk, const act_row *a, 
     }
     if (tail) {
         const char *p = w + 16 * nfull * bsz;
-        if (wtype == QTYPE_Q4_K || wtype == QTYPE_Q5_K) {
-            kq_scales_avx2(wtype, p, tail, dw, mw);
-        } else if (wtype == QTYPE_IQ4_XS) {
-            iq4xs_scales_avx2(p, tail, dw);
+        if (wtype == QTYPE_Q4_K || wtype == QTYPE_Q5_K || wtype == QTYPE_IQ4_XS) {
+            sb_scales_avx2(wtype, p, tail, dw, mw);
         } else {
             q8_scales_avx2(p, bsz, tail, dw);
             if (q32_has_min(wtype)) q8_scales_avx2(p + 2, bsz, tail, mw);
