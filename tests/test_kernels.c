@@ -638,11 +638,14 @@ static void test_matmul_batch_invariance(ellm_isa isa) {
      * super-block, a short last chunk (3 and 5 super-blocks), whole chunks
      * only */
     static const int64_t kq_cols[] = {256, 768, 1280, 2048};
-    static const int sb_types[] = {QTYPE_Q4_K, QTYPE_Q5_K, QTYPE_IQ4_XS};
-    for (int t = 0; t < 3; t++)
+    static const int sb_types[] = {QTYPE_Q4_K, QTYPE_Q5_K, QTYPE_IQ4_XS, QTYPE_Q6_K};
+    for (int t = 0; t < 4; t++)
         for (size_t c = 0; c < sizeof kq_cols / sizeof kq_cols[0]; c++)
             for (size_t n = 0; n < sizeof q8_nbs / sizeof q8_nbs[0]; n++)
                 test_matmul_batch_invariance_case(isa, sb_types[t], kq_cols[c], q8_nbs[n]);
+    /* Q6_K by its own batch kernel: 17 super-blocks (a chunk of 16 and one more) */
+    for (size_t n = 0; n < sizeof q8_nbs / sizeof q8_nbs[0]; n++)
+        test_matmul_batch_invariance_case(isa, QTYPE_Q6_K, 256 * 17, q8_nbs[n]);
 }
 
 /* Integer parts must match exactly: with activation blocks whose max is 127
@@ -761,6 +764,33 @@ static void test_matmul_int4_bits(ellm_isa isa) {
                   ellm_isa_str(isa), (long long)cols, nb, diff);
             matmul_run_free(&m);
         }
+}
+
+/* Q6_K: the reference defines the float arithmetic exactly (an exact
+ * integer sum per super-block, one multiply-add into slot k % 16, one fixed
+ * 16-slot sum), so every ISA's kernels, the AVX-512 batch kernel included,
+ * must return its bits: 1-33 super-blocks (short and whole chunks of 16),
+ * 1-3 rows (per-row kernel), 4-37 rows (quads: passes of 2 groups x 4 quads
+ * and 1 group x 8, a padded last quad), row ranges that start and end inside
+ * the matrix (a last group of 4 rows, 1-3 rows left to the per-row kernel). */
+static void test_matmul_q6k_bits(ellm_isa isa) {
+    static const int64_t nsb_list[] = {1, 3, 8, 16, 17, 33};
+    static const int nbs[] = {1, 3, 4, 5, 8, 9, 16, 19, 33, 37};
+    static const int64_t ranges[][3] = {{11, 1, 10}, {23, 2, 23}, {16, 0, 16}};
+    const int type = QTYPE_Q6_K;
+    for (size_t c = 0; c < sizeof nsb_list / sizeof nsb_list[0]; c++)
+        for (size_t n = 0; n < sizeof nbs / sizeof nbs[0]; n++)
+            for (size_t g = 0; g < sizeof ranges / sizeof ranges[0]; g++) {
+                int64_t cols = QK_K * nsb_list[c];
+                int nb = nbs[n];
+                matmul_run m;
+                matmul_run_both(&m, type, ranges[g][0], cols, nb, ranges[g][1], ranges[g][2]);
+                int diff = 0;
+                for (int64_t i = 0; i < m.ldy * nb; i++) diff += memcmp(&m.Y[i], &m.Yr[i], 4) != 0;
+                CHECK(diff == 0, "[%s] matmul q6_K cols=%lld nb=%d rows %lld..%lld: %d results differ from the reference's bits",
+                      ellm_isa_str(isa), (long long)cols, nb, (long long)ranges[g][1], (long long)ranges[g][2], diff);
+                matmul_run_free(&m);
+            }
 }
 
 /* One case of test_matmul_isa_agree: rows x cols of type, nb activation rows. */
@@ -1008,6 +1038,7 @@ int main(void) {
         test_matmul((ellm_isa)isa);
         test_matmul_exact((ellm_isa)isa);
         test_matmul_int4_bits((ellm_isa)isa);
+        test_matmul_q6k_bits((ellm_isa)isa);
         test_matmul_batch_invariance((ellm_isa)isa);
         test_rowwise((ellm_isa)isa);
         test_logsumexp_vocab((ellm_isa)isa);

@@ -241,7 +241,25 @@ static void matmul_q2_K_ref(const void *W, int64_t cols, int64_t r0, int64_t r1,
     }
 }
 
-/* Per super-block: sum_j scales[j] * (dot(q_j, a_j) - 32 * sum(a_j)), scaled by d. */
+/* Sum of 16 lanes by the fixed tree (j, j+8), (j, j+4), (j, j+2), (0, 1):
+ * the SIMD kernels' one reduction (kernels_avx512.c's q8_reduce16). */
+static float sum16_ref(const float acc[16]) {
+    float t[8];
+    for (int j = 0; j < 8; j++) t[j] = acc[j] + acc[j + 8];
+    for (int j = 0; j < 4; j++) t[j] = t[j] + t[j + 4];
+    for (int j = 0; j < 2; j++) t[j] = t[j] + t[j + 2];
+    return t[0] + t[1];
+}
+
+/* Q6_K: per super-block k the exact integer
+ *
+ *   isum_k = sum_j scales[j] * (dot(q_j, a_j) - 32 * sum(a_j))
+ *
+ * (q the unsigned 6-bit values, j the 16 sub-blocks of 16), then one
+ * multiply-add into slot k % 16, acc = fma((float)isum_k, d * da, acc), and
+ * one fixed 16-lane sum. The AVX-512 kernels (the per-row one and the batch
+ * kernel of q6k_quads_avx512.c) follow exactly these steps, so both give
+ * this function's bits whatever the batch size. */
 static void matmul_q6_K_ref(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
                             int nb, float *Y, int64_t ldy) {
     int64_t nblk = cols / QK_K;
@@ -249,7 +267,7 @@ static void matmul_q6_K_ref(const void *W, int64_t cols, int64_t r0, int64_t r1,
         const block_q6_K *w = (const block_q6_K *)W + r * nblk;
         for (int b = 0; b < nb; b++) {
             act_row a = act_get_row(ACT_Q8K, act, cols, b);
-            float s = 0;
+            float acc[16] = {0};
             for (int64_t k = 0; k < nblk; k++) {
                 const int8_t *q = a.qs + QK_K * k;
                 const int16_t *bs = a.bsums + 16 * k;
@@ -265,9 +283,9 @@ static void matmul_q6_K_ref(const void *W, int64_t cols, int64_t r0, int64_t r1,
                         }
                 int isum = 0;
                 for (int j = 0; j < 16; j++) isum += w[k].scales[j] * (dot[j] - 32 * bs[j]);
-                s += (a.d[k] * ellm_f16_to_f32(w[k].d)) * (float)isum;
+                acc[k % 16] = fmaf((float)isum, ellm_f16_to_f32(w[k].d) * a.d[k], acc[k % 16]);
             }
-            Y[b * ldy + r] = s;
+            Y[b * ldy + r] = sum16_ref(acc);
         }
     }
 }
@@ -288,13 +306,6 @@ static void matmul_q6_K_ref(const void *W, int64_t cols, int64_t r0, int64_t r1,
  * int4_g128_avx2.c: two vectors of 8) follow exactly these steps, so every
  * ISA and batch size gives the same bits, and they reduce once per output
  * rather than once per group. */
-static float int4_g128_sum16_ref(const float acc[16]) {
-    float t[8];
-    for (int j = 0; j < 8; j++) t[j] = acc[j] + acc[j + 8];
-    for (int j = 0; j < 4; j++) t[j] = t[j] + t[j + 4];
-    for (int j = 0; j < 2; j++) t[j] = t[j] + t[j + 2];
-    return t[0] + t[1];
-}
 
 static void matmul_int4_g128_ref(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act, int nb,
                                  float *Y, int64_t ldy) {
@@ -320,7 +331,7 @@ static void matmul_int4_g128_ref(const void *W, int64_t cols, int64_t r0, int64_
                 *acc_g = fmaf(s, ellm_f16_to_f32(w[g].d), *acc_g);
                 *acc_g = fmaf(a.gs[g], ellm_f16_to_f32(w[g].m), *acc_g);
             }
-            Y[b * ldy + r] = int4_g128_sum16_ref(acc);
+            Y[b * ldy + r] = sum16_ref(acc);
         }
     }
 }
@@ -474,6 +485,7 @@ const kern_table kern_table_scalar = {
     .act_q8k = kern_act_q8k_row_ref,
     .act_q8g = kern_act_q8g_row_ref,
     .act_q8_quads = kern_act_q8_quads_ref,
+    .act_q8k_quads = kern_act_q8k_quads_ref,
     .rmsnorm = kern_rmsnorm_ref,
     .rope = kern_rope_ref,
     .swiglu = kern_swiglu_ref,
@@ -511,7 +523,9 @@ size_t kern_act_bytes(int wtype, int64_t cols, int nb) {
     const qtype_info *t = qtype_get(wtype);
     if (cols % t->block_elems) return 0;
     act_kind kind = act_kind_of(wtype);
-    size_t quads = act_q8_has_quads(wtype) ? (size_t)act_q8_nquads(nb) * (size_t)(cols / 32) * ACT_Q8_QUAD_BLOCK : 0;
+    size_t quads = act_q8_has_quads(wtype)    ? (size_t)act_q8_nquads(nb) * (size_t)(cols / 32) * ACT_Q8_QUAD_BLOCK
+                   : act_q8k_has_quads(wtype) ? (size_t)act_q8_nquads(nb) * (size_t)(cols / QK_K) * ACT_Q8K_QUAD_SB
+                                              : 0;
     return (size_t)nb * act_row_bytes(kind, cols) + quads;
 }
 
@@ -537,6 +551,28 @@ void kern_act_q8_quads_ref(void *act, int64_t cols, int nb, int q0, int q1) {
     }
 }
 
+/* Writes quads [q0, q1) of the ACT_Q8K quads of nb prepared rows (see
+ * kernels_impl.h); each quad reads its own 4 rows only. */
+void kern_act_q8k_quads_ref(void *act, int64_t cols, int nb, int q0, int q1) {
+    int64_t nblk = cols / QK_K;
+    for (int q = q0; q < q1; q++) {
+        act_row a[ACT_Q8_QUAD];
+        int n = nb - ACT_Q8_QUAD * q < ACT_Q8_QUAD ? nb - ACT_Q8_QUAD * q : ACT_Q8_QUAD;
+        for (int i = 0; i < n; i++) a[i] = act_get_row(ACT_Q8K, act, cols, ACT_Q8_QUAD * q + i);
+        for (int64_t k = 0; k < nblk; k++) {
+            int8_t *p = (int8_t *)act_q8k_quad(act, cols, nb, q, k);
+            int32_t *off = (int32_t *)(p + 64 * 16);
+            float *d = (float *)(p + 64 * 16 + 16 * 16);
+            memset(p, 0, ACT_Q8K_QUAD_SB);
+            for (int i = 0; i < n; i++) {
+                for (int m = 0; m < 64; m++) memcpy(p + 16 * m + 4 * i, a[i].qs + QK_K * k + 4 * m, 4);
+                for (int j = 0; j < 16; j++) off[4 * j + i] = -32 * a[i].bsums[16 * k + j];
+                d[i] = a[i].d[k];
+            }
+        }
+    }
+}
+
 /* Fills `act` (kern_act_bytes(wtype, cols, nb) bytes) from nb rows of X. */
 void kern_act_prepare(int wtype, const float *X, int64_t cols, int nb, void *act) {
     kern_act_prepare_rows(wtype, X, cols, nb, 0, nb, act);
@@ -557,6 +593,8 @@ void kern_act_prepare_rows(int wtype, const float *X, int64_t cols, int nb, int 
     /* the quads of rows [r0, r1): quad q holds rows 4q .. 4q + 3 */
     if (act_q8_has_quads(wtype) && act_q8_nquads(nb))
         KERN_PICK(act_q8_quads)(act, cols, nb, r0 / ACT_Q8_QUAD, (r1 + ACT_Q8_QUAD - 1) / ACT_Q8_QUAD);
+    if (act_q8k_has_quads(wtype) && act_q8_nquads(nb))
+        KERN_PICK(act_q8k_quads)(act, cols, nb, r0 / ACT_Q8_QUAD, (r1 + ACT_Q8_QUAD - 1) / ACT_Q8_QUAD);
 }
 
 /* Computes rows [r0, r1) of Y = W * X^T with the active ISA. */

@@ -599,10 +599,39 @@ INLINE void mm_q8(int wtype, const void *W, int64_t cols, int64_t r0, int64_t r1
  * offset, -32 * sum_j sc[j] * bsums[j], starts the block's int32 sum as one
  * more vpdpwssd (the scales times -32 are shared by the block's rows). Every
  * lane of the int32 sum holds the same exact value in any order, so the
- * result does not depend on how the work is arranged. With one activation
- * row (decode), each block prefetches its bytes KERN_PF_LINE_AHEAD ahead
- * (kern_pf_block; kern_pf_lines over the whole row, before the row, cost
- * about as many operations as the block's arithmetic). */
+ * result does not depend on how the work is arranged. Each block's int32
+ * lanes then meet in one exact integer isum_k, and the float work is
+ * kernels.c's (matmul_q6_K_ref): acc[k % 16] = fma((float)isum_k, d * da,
+ * acc[k % 16]), then q8_reduce16. A chunk of 16 blocks keeps its lane sums
+ * on the stack and turns them into the 16 block sums with one transpose tree
+ * (q6k_tree16), so the reduction costs a few operations per block; the
+ * batch kernel (q6k_quads_avx512.c) has each block sum in a lane already and
+ * takes the same float steps, so both give the same bits. With one
+ * activation row (decode), each block prefetches its bytes KERN_PF_LINE_AHEAD
+ * ahead (kern_pf_block; kern_pf_lines over the whole row, before the row,
+ * cost about as many operations as the block's arithmetic). */
+
+/* v[0..15] (16 int32 lanes each) to one vector whose lane t is the sum of
+ * v[t]'s lanes: pairs of vectors interleaved and added within 128-bit lanes
+ * (dwords, then qwords), then 128-bit lanes across vectors. */
+INLINE __m512i q6k_tree16(const __m512i *v) {
+    __m512i u[8], w[4];
+#pragma GCC unroll 8
+    for (int t = 0; t < 8; t++)
+        u[t] = _mm512_add_epi32(_mm512_unpacklo_epi32(v[2 * t], v[2 * t + 1]),
+                                _mm512_unpackhi_epi32(v[2 * t], v[2 * t + 1]));
+#pragma GCC unroll 4
+    for (int t = 0; t < 4; t++)
+        w[t] = _mm512_add_epi32(_mm512_unpacklo_epi64(u[2 * t], u[2 * t + 1]),
+                                _mm512_unpackhi_epi64(u[2 * t], u[2 * t + 1]));
+    __m512i x = _mm512_add_epi32(_mm512_shuffle_i32x4(w[0], w[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                 _mm512_shuffle_i32x4(w[0], w[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    __m512i y = _mm512_add_epi32(_mm512_shuffle_i32x4(w[2], w[3], _MM_SHUFFLE(2, 0, 2, 0)),
+                                 _mm512_shuffle_i32x4(w[2], w[3], _MM_SHUFFLE(3, 1, 3, 1)));
+    return _mm512_add_epi32(_mm512_shuffle_i32x4(x, y, _MM_SHUFFLE(2, 0, 2, 0)),
+                            _mm512_shuffle_i32x4(x, y, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
 INLINE void mm_q6k_row(const block_q6_K *w, int64_t nblk, const act_row *a, float *y, int64_t ldy,
                        const int NB) {
     const __m512i m4 = _mm512_set1_epi8(0xF);
@@ -616,6 +645,9 @@ INLINE void mm_q6k_row(const block_q6_K *w, int64_t nblk, const act_row *a, floa
     const __m512i sidx1 = _mm512_add_epi16(sidx0, four), sidx2 = _mm512_add_epi16(sidx1, four),
                   sidx3 = _mm512_add_epi16(sidx2, four);
     __m512 accf[MM_NB];
+    /* a chunk's lane sums and scale products, block k at row k % 16 */
+    __m512i lanes[NB][16];
+    uint16_t dw[16]; /* the chunk's weight scales (f16), block k at k % 16 */
 #pragma GCC unroll 8
     for (int b = 0; b < NB; b++) accf[b] = _mm512_setzero_ps();
     for (int64_t k = 0; k < nblk; k++) {
@@ -637,7 +669,8 @@ INLINE void mm_q6k_row(const block_q6_K *w, int64_t nblk, const act_row *a, floa
             v[2 * h] = _mm512_ternarylogic_epi32(m4, ql, _mm512_sllv_epi16(qh, shl), 0xCA);
             v[2 * h + 1] = _mm512_ternarylogic_epi32(m4, _mm512_srli_epi16(ql, 4), _mm512_srlv_epi16(qh, shr), 0xCA);
         }
-        float d = f16_to_f32(w[k].d);
+        const int t = (int)(k & 15);
+        dw[t] = w[k].d;
 #pragma GCC unroll 8
         for (int b = 0; b < NB; b++) {
             const int8_t *aq = a[b].qs + QK_K * k;
@@ -649,11 +682,20 @@ INLINE void mm_q6k_row(const block_q6_K *w, int64_t nblk, const act_row *a, floa
                 __m512i p = _mm512_maddubs_epi16(v[c], _mm512_loadu_si512((const void *)(aq + 64 * c)));
                 acci = _mm512_dpwssd_epi32(acci, p, sc[c]);
             }
-            accf[b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acci), _mm512_set1_ps(a[b].d[k] * d), accf[b]);
+            lanes[b][t] = acci;
+        }
+        if (t == 15 || k == nblk - 1) { /* the chunk's blocks into slots 0 .. t: acc += isum * (d * da) */
+            const __mmask16 m = (__mmask16)((2u << t) - 1);
+            const __m512 d = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, dw));
+#pragma GCC unroll 8
+            for (int b = 0; b < NB; b++)
+                accf[b] = _mm512_mask3_fmadd_ps(_mm512_cvtepi32_ps(q6k_tree16(lanes[b])),
+                                                _mm512_mul_ps(d, _mm512_maskz_loadu_ps(m, a[b].d + (k & ~(int64_t)15))),
+                                                accf[b], m);
         }
     }
 #pragma GCC unroll 8
-    for (int b = 0; b < NB; b++) y[b * ldy] = _mm512_reduce_add_ps(accf[b]);
+    for (int b = 0; b < NB; b++) y[b * ldy] = q8_reduce16(accf[b]);
 }
 
 /* ---- Q3_K / Q2_K weights against ACT_Q8K (VNNI) ----
@@ -841,8 +883,17 @@ static void matmul_iq4_xs_avx512(const void *W, int64_t cols, int64_t r0, int64_
                                  int nb, float *Y, int64_t ldy) {
     mm_q8(QTYPE_IQ4_XS, W, cols, r0, r1, act, nb, Y, ldy);
 }
+/* Q6_K: batches of ACT_Q8_QUAD_MIN rows or more by the quad kernel
+ * (q6k_quads_avx512.c) in groups of 4 weight rows, the last 0-3 weight rows
+ * and smaller batches by the per-row kernel (same arithmetic). */
 static void matmul_q6_K_avx512(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
                                int nb, float *Y, int64_t ldy) {
+    if (act_q8_nquads(nb)) {
+        int64_t n4 = (r1 - r0) / 4;
+        if (n4) kern_matmul_q6k_quads_avx512(W, cols, r0, n4, act, nb, Y, ldy);
+        r0 += 4 * n4;
+        if (r0 == r1) return;
+    }
     mm_quant(QTYPE_Q6_K, W, cols, r0, r1, act, nb, Y, ldy);
 }
 
@@ -1127,6 +1178,7 @@ const kern_table kern_table_avx512 = {
     .act_q8 = act_q8_row_avx512,
     .act_q8k = act_q8k_row_avx512,
     .act_q8_quads = kern_act_q8_quads_avx512,
+    .act_q8k_quads = kern_act_q8k_quads_avx512,
     .rmsnorm = rmsnorm_avx512,
     .rope = rope_avx512,
     .swiglu = swiglu_avx512,

@@ -200,6 +200,25 @@ static inline int act_q8_nquads(int nb) { return nb >= ACT_Q8_QUAD_MIN ? (nb + A
  * (every ACT_Q8 type). */
 static inline int act_q8_has_quads(int wtype) { return act_kind_of(wtype) == ACT_Q8; }
 
+/* ACT_Q8K quads, for Q6_K weights (the AVX-512 batch kernel of
+ * q6k_quads_avx512.c), in the same place and with the same count as ACT_Q8's
+ * (after the nb rows, act_q8_nquads(nb) of them, the last padded with zero
+ * rows). Super-block k of quad q takes ACT_Q8K_QUAD_SB bytes at
+ * (k * nquads + q) * ACT_Q8K_QUAD_SB:
+ *   int8 q[64][4][4]: q[m][b] = elements 4m .. 4m+3 of super-block k of row 4q + b
+ *   int32 off[16][4]: off[j][b] = -32 * bsums[16k + j] of row 4q + b
+ *   float d[4]: row 4q + b's d of super-block k */
+enum { ACT_Q8K_QUAD_SB = 64 * 16 + 16 * 16 + 16 };
+
+/* Whether batches of wtype carry ACT_Q8K quads. */
+static inline int act_q8k_has_quads(int wtype) { return wtype == QTYPE_Q6_K; }
+
+/* Super-block k of quad q of ACT_Q8K activations `act` prepared for nb rows. */
+static inline const int8_t *act_q8k_quad(const void *act, int64_t cols, int nb, int q, int64_t k) {
+    size_t rows = (size_t)nb * act_row_bytes(ACT_Q8K, cols);
+    return (const int8_t *)act + rows + ((size_t)k * (size_t)act_q8_nquads(nb) + (size_t)q) * ACT_Q8K_QUAD_SB;
+}
+
 /* Block k of quad q of ACT_Q8 activations `act` prepared for nb rows. */
 static inline const int8_t *act_q8_quad(const void *act, int64_t cols, int nb, int q, int64_t k) {
     size_t rows = (size_t)nb * act_row_bytes(ACT_Q8, cols);
@@ -227,6 +246,8 @@ typedef struct {
     kern_act_row_fn act_q8, act_q8k, act_q8g;
     /* Writes quads [q0, q1) of the ACT_Q8 quads of nb prepared rows (kern_act_q8_quads_ref). */
     void (*act_q8_quads)(void *act, int64_t cols, int nb, int q0, int q1);
+    /* The same for ACT_Q8K quads (kern_act_q8k_quads_ref). */
+    void (*act_q8k_quads)(void *act, int64_t cols, int nb, int q0, int q1);
     void (*rmsnorm)(float *out, const float *x, const float *w, int64_t n, float eps);
     void (*rope)(float *x, int n_heads, int head_dim, int n_rot, const float *cos_sin, int neox);
     void (*swiglu)(float *out, const float *gate, const float *up, int64_t n);
@@ -247,6 +268,7 @@ void kern_act_q8_row_ref(const float *x, int64_t cols, int off, void *row);
 void kern_act_q8k_row_ref(const float *x, int64_t cols, int off, void *row);
 void kern_act_q8g_row_ref(const float *x, int64_t cols, int off, void *row);
 void kern_act_q8_quads_ref(void *act, int64_t cols, int nb, int q0, int q1);
+void kern_act_q8k_quads_ref(void *act, int64_t cols, int nb, int q0, int q1);
 
 /* AVX-512 quantizers (quantize_avx512.c), bit-identical to quant.c's. */
 void kern_quantize_q8_0_avx512(const float *x, void *dst, int64_t n);
@@ -255,11 +277,17 @@ void kern_quantize_bf16_avx512(const float *x, void *dst, int64_t n);
 void kern_quantize_q6_K_avx512(const float *x, void *dst, int64_t n);
 int64_t kern_first_out_of_range_avx512(const float *x, int64_t n, float lim);
 void kern_act_q8_quads_avx512(void *act, int64_t cols, int nb, int q0, int q1);
+void kern_act_q8k_quads_avx512(void *act, int64_t cols, int nb, int q0, int q1);
 
 /* Q8_0 / Q4_0 rows [r0, r0 + 4 * n4) against all nb rows of ACT_Q8
  * activations prepared with quads (q8_quads_avx512.c). */
 void kern_matmul_q8_quads_avx512(int wtype, const void *W, int64_t cols, int64_t r0, int64_t n4, const void *act,
                                  int nb, float *Y, int64_t ldy);
+
+/* Q6_K rows [r0, r0 + 4 * n4) against all nb rows of ACT_Q8K activations
+ * prepared with quads (q6k_quads_avx512.c). */
+void kern_matmul_q6k_quads_avx512(const void *W, int64_t cols, int64_t r0, int64_t n4, const void *act, int nb,
+                                  float *Y, int64_t ldy);
 
 /* INT4_G128 matmuls (int4_g128_avx2.c, int4_g128_avx512.c). */
 void kern_matmul_int4_g128_avx2(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act, int nb,
