@@ -396,16 +396,15 @@ INLINE void mm_q8(int wtype, const void *W, int64_t cols, int64_t r0, int64_t r1
  * Per half h and quarter kk, 32 6-bit q in natural order are rebuilt from
  * ql nibbles and qh bit pairs (16-bit shifts; the bits that leak across
  * bytes are masked off). q is unsigned, so maddubs(q, a) then madd with the
- * two sub-block scales; the -32 offset is 32 * sum_j sc[j] * bsums[j].
- * The block's lanes then meet in its exact integer sum, and the float steps
- * are the reference's (kernels.c, matmul_q6_K_ref: one fma into slot k % 16,
- * then the fixed 16-slot sum), as on AVX-512, so both ISAs give its bits. */
+ * two sub-block scales; the -32 offset is 32 * sum_j sc[j] * bsums[j]. */
 INLINE void mm_q6k_row(const block_q6_K *w, int64_t nblk, const act_row *a, float *y, int64_t ldy,
                        const int NB) {
-    float slot[MM_NB][16] = {{0}}; /* block k's product in slot k % 16 */
+    __m256 accf[MM_NB];
     /* Low 128-bit lane: int16 0 of a dword repeated; high lane: int16 1. */
     const __m256i pick = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2,
                                           3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3);
+#pragma GCC unroll 4
+    for (int b = 0; b < NB; b++) accf[b] = _mm256_setzero_ps();
     for (int64_t k = 0; k < nblk; k++) {
         __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)w[k].scales));
         __m256i acci[MM_NB];
@@ -431,13 +430,12 @@ INLINE void mm_q6k_row(const block_q6_K *w, int64_t nblk, const act_row *a, floa
         for (int b = 0; b < NB; b++) {
             __m256i bs = _mm256_loadu_si256((const __m256i *)(a[b].bsums + 16 * k));
             __m256i off = _mm256_slli_epi32(_mm256_madd_epi16(bs, sc16), 5);
-            int isum = hsum_epi32(_mm256_sub_epi32(acci[b], off));
-            slot[b][k & 15] = fmaf((float)isum, d * a[b].d[k], slot[b][k & 15]);
+            __m256 v = _mm256_cvtepi32_ps(_mm256_sub_epi32(acci[b], off));
+            accf[b] = _mm256_fmadd_ps(v, _mm256_set1_ps(a[b].d[k] * d), accf[b]);
         }
     }
 #pragma GCC unroll 4
-    for (int b = 0; b < NB; b++)
-        y[b * ldy] = hsum_ps(_mm256_add_ps(_mm256_loadu_ps(slot[b]), _mm256_loadu_ps(slot[b] + 8)));
+    for (int b = 0; b < NB; b++) y[b * ldy] = hsum_ps(accf[b]);
 }
 
 /* ---- Q3_K / Q2_K weights against ACT_Q8K ----

@@ -611,15 +611,18 @@ INLINE void mm_q8(int wtype, const void *W, int64_t cols, int64_t r0, int64_t r1
  * ahead (kern_pf_block; kern_pf_lines over the whole row, before the row,
  * cost about as many operations as the block's arithmetic). */
 
-/* v[0..15] (16 int32 lanes each) to one vector whose lane t is the sum of
- * v[t]'s lanes: pairs of vectors interleaved and added within 128-bit lanes
- * (dwords, then qwords), then 128-bit lanes across vectors. */
-INLINE __m512i q6k_tree16(const __m512i *v) {
-    __m512i u[8], w[4];
-#pragma GCC unroll 8
-    for (int t = 0; t < 8; t++)
-        u[t] = _mm512_add_epi32(_mm512_unpacklo_epi32(v[2 * t], v[2 * t + 1]),
-                                _mm512_unpackhi_epi32(v[2 * t], v[2 * t + 1]));
+/* Level 1 of q6k_tree16 for blocks 2i and 2i + 1: lanes of a and b
+ * interleaved by dwords and added within 128-bit lanes. */
+INLINE __m512i q6k_pair(__m512i a, __m512i b) {
+    return _mm512_add_epi32(_mm512_unpacklo_epi32(a, b), _mm512_unpackhi_epi32(a, b));
+}
+
+/* The other levels: u[i] = q6k_pair(v[2i], v[2i + 1]) of 16 vectors v of 16
+ * int32 lanes each, to one vector whose lane t is the sum of v[t]'s lanes
+ * (qwords of pairs of u interleaved and added within 128-bit lanes, then
+ * 128-bit lanes across vectors). */
+INLINE __m512i q6k_tree16(const __m512i *u) {
+    __m512i w[4];
 #pragma GCC unroll 4
     for (int t = 0; t < 4; t++)
         w[t] = _mm512_add_epi32(_mm512_unpacklo_epi64(u[2 * t], u[2 * t + 1]),
@@ -632,8 +635,9 @@ INLINE __m512i q6k_tree16(const __m512i *v) {
                             _mm512_shuffle_i32x4(x, y, _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
-INLINE void mm_q6k_row(const block_q6_K *w, int64_t nblk, const act_row *a, float *y, int64_t ldy,
-                       const int NB) {
+/* Block wk's 16 int32 lane sums against NB activation rows (super-block kb
+ * of each): the per-row kernel's integer work. */
+INLINE void q6k_block_lanes(const block_q6_K *wk, const act_row *a, int64_t kb, __m512i *out, const int NB) {
     const __m512i m4 = _mm512_set1_epi8(0xF);
     const __m512i keep = _mm512_inserti64x4(_mm512_set1_epi8(0x33), _mm256_set1_epi8((char)0xCC), 1);
     const __m512i shl = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
@@ -644,58 +648,130 @@ INLINE void mm_q6k_row(const block_q6_K *w, int64_t nblk, const act_row *a, floa
     const __m512i four = _mm512_set1_epi16(4);
     const __m512i sidx1 = _mm512_add_epi16(sidx0, four), sidx2 = _mm512_add_epi16(sidx1, four),
                   sidx3 = _mm512_add_epi16(sidx2, four);
+    __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)wk->scales));
+    __m512i s512 = _mm512_zextsi256_si512(sc16);
+    /* sc * -32 (|sc| <= 128: fits int16), zero beyond the 16 sub-blocks */
+    __m512i scn = _mm512_zextsi256_si512(_mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(sc16, 5)));
+    __m512i sc[4], v[4];
+    sc[0] = _mm512_permutexvar_epi16(sidx0, s512);
+    sc[1] = _mm512_permutexvar_epi16(sidx1, s512);
+    sc[2] = _mm512_permutexvar_epi16(sidx2, s512);
+    sc[3] = _mm512_permutexvar_epi16(sidx3, s512);
+    for (int h = 0; h < 2; h++) {
+        __m512i ql = _mm512_loadu_si512((const void *)(wk->ql + 64 * h));
+        __m512i qh = _mm512_and_si512(_mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(wk->qh + 32 * h))), keep);
+        /* 0xCA: m4 ? ql bits : qh bits */
+        v[2 * h] = _mm512_ternarylogic_epi32(m4, ql, _mm512_sllv_epi16(qh, shl), 0xCA);
+        v[2 * h + 1] = _mm512_ternarylogic_epi32(m4, _mm512_srli_epi16(ql, 4), _mm512_srlv_epi16(qh, shr), 0xCA);
+    }
+#pragma GCC unroll 8
+    for (int b = 0; b < NB; b++) {
+        const int8_t *aq = a[b].qs + QK_K * kb;
+        /* two chains (integer sums: the order does not matter) */
+        __m512i p[4];
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++) p[c] = _mm512_maddubs_epi16(v[c], _mm512_loadu_si512((const void *)(aq + 64 * c)));
+        __m512i acc0 = _mm512_dpwssd_epi32(
+            _mm512_setzero_si512(), _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)(a[b].bsums + 16 * kb))),
+            scn);
+        __m512i acc1 = _mm512_madd_epi16(p[1], sc[1]);
+        acc0 = _mm512_dpwssd_epi32(acc0, p[0], sc[0]);
+        acc1 = _mm512_dpwssd_epi32(acc1, p[3], sc[3]);
+        acc0 = _mm512_dpwssd_epi32(acc0, p[2], sc[2]);
+        out[b] = _mm512_add_epi32(acc0, acc1);
+    }
+}
+
+/* Lanes 0 .. t + 1 (mask m) of a chunk into its slot accumulators: acc +=
+ * isum * (d * da), the chunk's blocks from block k0 (a multiple of 16). */
+INLINE __m512 q6k_flush(const __m512i *pairs, __m256i dw, __mmask16 m, const float *da, __m512 acc) {
+    return _mm512_mask3_fmadd_ps(_mm512_cvtepi32_ps(q6k_tree16(pairs)),
+                                 _mm512_mul_ps(_mm512_maskz_cvtph_ps(m, dw), _mm512_maskz_loadu_ps(m, da)), acc, m);
+}
+
+/* Blocks k, k + 1 of row w (the second zero past the row's end) against NB
+ * activation rows into pairs[b][(k % 16) / 2], their f16 scales into dw. */
+INLINE void q6k_block_pair(const block_q6_K *w, int64_t nblk, int64_t k, const act_row *a, __m512i (*pairs)[8],
+                           __m256i *dw, const int NB) {
+    const int two = k + 1 < nblk, t = (int)(k & 15);
+    __m512i l0[MM_NB], l1[MM_NB];
+    if (NB == 1) kern_pf_block(w + k, (int)(2 * sizeof *w));
+    q6k_block_lanes(w + k, a, k, l0, NB);
+    if (two) q6k_block_lanes(w + k + 1, a, k + 1, l1, NB);
+    else
+#pragma GCC unroll 8
+        for (int b = 0; b < NB; b++) l1[b] = _mm512_setzero_si512();
+    uint32_t d2 = (uint32_t)w[k].d | (two ? (uint32_t)w[k + 1].d << 16 : 0);
+    *dw = _mm256_mask_set1_epi32(*dw, (__mmask8)(1u << (t >> 1)), (int)d2);
+#pragma GCC unroll 8
+    for (int b = 0; b < NB; b++) pairs[b][t >> 1] = q6k_pair(l0[b], l1[b]);
+}
+
+/* The mask of a chunk's slots after the pair at block k. */
+INLINE __mmask16 q6k_chunk_mask(int64_t nblk, int64_t k) {
+    const int t = (int)(k & 15);
+    return (__mmask16)((k + 1 < nblk ? 4u << t : 2u << t) - 1);
+}
+
+/* One weight row against NB activation rows (2-8: small batches; the
+ * leftover rows of the batch kernel). Blocks go in pairs (k, k + 1). */
+INLINE void mm_q6k_row(const block_q6_K *w, int64_t nblk, const act_row *a, float *y, int64_t ldy, const int NB) {
     __m512 accf[MM_NB];
-    /* a chunk's lane sums and scale products, block k at row k % 16 */
-    __m512i lanes[NB][16];
-    uint16_t dw[16]; /* the chunk's weight scales (f16), block k at k % 16 */
+    __m512i pairs[NB][8]; /* pairs[b][i]: q6k_pair of the chunk's blocks 2i and 2i + 1 */
+    /* the chunk's weight scales (f16), block k in word k % 16 (in a register:
+     * a vector load of words just stored cannot be forwarded, and stalled) */
+    __m256i dw = _mm256_setzero_si256();
 #pragma GCC unroll 8
     for (int b = 0; b < NB; b++) accf[b] = _mm512_setzero_ps();
-    for (int64_t k = 0; k < nblk; k++) {
-        if (NB == 1) kern_pf_block(w + k, (int)sizeof w[k]);
-        __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)w[k].scales));
-        __m512i s512 = _mm512_zextsi256_si512(sc16);
-        /* sc * -32 (|sc| <= 128: fits int16), zero beyond the 16 sub-blocks */
-        __m512i scn = _mm512_zextsi256_si512(_mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(sc16, 5)));
-        __m512i sc[4], v[4];
-        sc[0] = _mm512_permutexvar_epi16(sidx0, s512);
-        sc[1] = _mm512_permutexvar_epi16(sidx1, s512);
-        sc[2] = _mm512_permutexvar_epi16(sidx2, s512);
-        sc[3] = _mm512_permutexvar_epi16(sidx3, s512);
-        for (int h = 0; h < 2; h++) {
-            __m512i ql = _mm512_loadu_si512((const void *)(w[k].ql + 64 * h));
-            __m512i qh = _mm512_and_si512(
-                _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(w[k].qh + 32 * h))), keep);
-            /* 0xCA: m4 ? ql bits : qh bits */
-            v[2 * h] = _mm512_ternarylogic_epi32(m4, ql, _mm512_sllv_epi16(qh, shl), 0xCA);
-            v[2 * h + 1] = _mm512_ternarylogic_epi32(m4, _mm512_srli_epi16(ql, 4), _mm512_srlv_epi16(qh, shr), 0xCA);
-        }
-        const int t = (int)(k & 15);
-        dw[t] = w[k].d;
+    for (int64_t k = 0; k < nblk; k += 2) {
+        q6k_block_pair(w, nblk, k, a, pairs, &dw, NB);
+        if ((k & 15) == 14 || k + 2 >= nblk) {
+            const __mmask16 m = q6k_chunk_mask(nblk, k);
 #pragma GCC unroll 8
-        for (int b = 0; b < NB; b++) {
-            const int8_t *aq = a[b].qs + QK_K * k;
-            __m512i acci = _mm512_dpwssd_epi32(
-                _mm512_setzero_si512(),
-                _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)(a[b].bsums + 16 * k))), scn);
-#pragma GCC unroll 4
-            for (int c = 0; c < 4; c++) {
-                __m512i p = _mm512_maddubs_epi16(v[c], _mm512_loadu_si512((const void *)(aq + 64 * c)));
-                acci = _mm512_dpwssd_epi32(acci, p, sc[c]);
-            }
-            lanes[b][t] = acci;
-        }
-        if (t == 15 || k == nblk - 1) { /* the chunk's blocks into slots 0 .. t: acc += isum * (d * da) */
-            const __mmask16 m = (__mmask16)((2u << t) - 1);
-            const __m512 d = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, dw));
-#pragma GCC unroll 8
-            for (int b = 0; b < NB; b++)
-                accf[b] = _mm512_mask3_fmadd_ps(_mm512_cvtepi32_ps(q6k_tree16(lanes[b])),
-                                                _mm512_mul_ps(d, _mm512_maskz_loadu_ps(m, a[b].d + (k & ~(int64_t)15))),
-                                                accf[b], m);
+            for (int b = 0; b < NB; b++) accf[b] = q6k_flush(pairs[b], dw, m, a[b].d + (k & ~(int64_t)15), accf[b]);
         }
     }
 #pragma GCC unroll 8
     for (int b = 0; b < NB; b++) y[b * ldy] = q8_reduce16(accf[b]);
+}
+
+/* Decode (one activation row), rows [r0, r1): as mm_q6k_row, but each row's
+ * last chunk is reduced after the next row's first pair of blocks. The
+ * reduction is a chain of ~45 cycles (transpose tree, multiply-add, the
+ * 16-slot sum); at the end of its row it held up the next row's loads (rows
+ * are 8 super-blocks in most Q6_K matrices) and ran 15-25% slower than the
+ * per-lane float sums of before, with the weights streaming from memory;
+ * one row later its inputs are ready and it overlaps the next row's work. */
+static void mm_q6k_decode(const void *W, int64_t cols, int64_t r0, int64_t r1, const act_row *a, float *Y) {
+    const int64_t nblk = cols / QK_K;
+    const size_t wrow = qtype_row_bytes(QTYPE_Q6_K, cols);
+    __m512i pairs[2][1][8]; /* by row parity: the row's and the pending row's */
+    __m256i pdw = _mm256_setzero_si256();
+    __m512 pacc = _mm512_setzero_ps();
+    __mmask16 pm = 0;
+    kern_pf_start((const char *)W + (size_t)r0 * wrow);
+    for (int64_t r = r0; r < r1; r++) {
+        const block_q6_K *w = (const block_q6_K *)((const char *)W + (size_t)r * wrow);
+        __m512i(*cur)[8] = pairs[(r - r0) & 1];
+        __m256i dw = _mm256_setzero_si256();
+        __m512 acc = _mm512_setzero_ps();
+        kern_pf_pages(w, wrow);
+        for (int64_t k = 0; k < nblk; k += 2) {
+            q6k_block_pair(w, nblk, k, a, cur, &dw, 1);
+            if (k == 0 && r > r0) /* the previous row's last chunk */
+                Y[r - 1] = q8_reduce16(q6k_flush(pairs[(r - 1 - r0) & 1][0], pdw, pm,
+                                                 a->d + ((nblk - 1) & ~(int64_t)15), pacc));
+            if (k + 2 >= nblk) { /* the row's last chunk: reduced one row later */
+                pdw = dw;
+                pm = q6k_chunk_mask(nblk, k);
+                pacc = acc;
+            } else if ((k & 15) == 14) {
+                acc = q6k_flush(cur[0], dw, q6k_chunk_mask(nblk, k), a->d + (k & ~(int64_t)15), acc);
+            }
+        }
+    }
+    if (r1 > r0)
+        Y[r1 - 1] = q8_reduce16(q6k_flush(pairs[(r1 - 1 - r0) & 1][0], pdw, pm, a->d + ((nblk - 1) & ~(int64_t)15), pacc));
 }
 
 /* ---- Q3_K / Q2_K weights against ACT_Q8K (VNNI) ----
@@ -893,6 +969,11 @@ static void matmul_q6_K_avx512(const void *W, int64_t cols, int64_t r0, int64_t 
         if (n4) kern_matmul_q6k_quads_avx512(W, cols, r0, n4, act, nb, Y, ldy);
         r0 += 4 * n4;
         if (r0 == r1) return;
+    }
+    if (nb == 1) {
+        act_row a = act_get_row(ACT_Q8K, act, cols, 0);
+        mm_q6k_decode(W, cols, r0, r1, &a, Y);
+        return;
     }
     mm_quant(QTYPE_Q6_K, W, cols, r0, r1, act, nb, Y, ldy);
 }
