@@ -7,8 +7,9 @@
 # (a Llama-3.2-1B-shaped Q4_0 file, whose output matrix is Q6_K), each round
 # also times dense and sparse decode (2048-token budget, Q8_0 KV) at depth
 # 32768 with synthetic KV, the setting of bench/longgen. With GEMM=1 each round
-# also times bench_gemm's Llama-3.2-1B layer of Q4_K at 1-128 activation rows
-# (2 threads, weights from DRAM: batched decode, verification, prefill). Writes the raw output
+# also times bench_gemm's Llama-3.2-1B layer of Q4_K (GEMM_TYPE=q6_K: of Q6_K) at
+# 1-128 activation rows (2 threads, weights from DRAM: batched decode,
+# verification, prefill). Writes the raw output
 # to OUT/raw.txt and the tables to OUT/table.md; with ROUNDS 0 it only renders
 # the tables again from OUT/raw.txt.
 #
@@ -22,6 +23,7 @@
 set -eu
 [ $# -eq 5 ] || { sed -n '2,22p' "$0"; exit 2; }
 OLD=$1 NEW=$2 OUT=$3 ROUNDS=$4 MODEL=$5
+GEMM_TYPE=${GEMM_TYPE:-q4_K}
 mkdir -p "$OUT"
 raw=$OUT/raw.txt
 [ "$ROUNDS" -eq 0 ] || : > "$raw"
@@ -37,7 +39,7 @@ while [ "$r" -le "$ROUNDS" ]; do
         pre=$(sed -n 's/^prefill 256 tokens: \([0-9.]*\) tokens\/s/\1/p' "$OUT/bench.txt")
         echo "round $r $which model selftest_gbps $bw decode_tok_s_gbps $dec prefill_tok_s $pre" | tee -a "$raw"
         if [ -n "${GEMM:-}" ]; then
-            "$dir/bench/bench_gemm" -m 1b -n 1,2,4,8,16,128 -t 2 -r 3 q4_K 2>&1 | grep '^q4_K' |
+            "$dir/bench/bench_gemm" -m 1b -n 1,2,4,8,16,128 -t 2 -r 3 "$GEMM_TYPE" 2>&1 | grep "^$GEMM_TYPE" |
                 sed "s/^/round $r $which gemm /" | tee -a "$raw"
         fi
         if [ -n "${DEEP_MODEL:-}" ]; then
@@ -64,7 +66,7 @@ awk '
     }
     $4 == "kernel" { key = $5 " " $8; k[key, $3] = k[key, $3] " " $13; keys[key] = 1 }
     $4 == "model" { bw[$3] = bw[$3] " " $6; dec[$3] = dec[$3] " " $8; gb[$3] = gb[$3] " " $9; pre[$3] = pre[$3] " " $11 }
-    $4 == "gemm" { nbk = $8; sub(/^nb=/, "", nbk); g[nbk, $3] = g[nbk, $3] " " $10; gk[nbk] = 1 }
+    $4 == "gemm" { nbk = $8; sub(/^nb=/, "", nbk); g[nbk, $3] = g[nbk, $3] " " $10; gk[nbk] = 1; gtype = $5 }
     $4 == "deep" { dbw[$3] = dbw[$3] " " $6; dde[$3] = dde[$3] " " $8; ddg[$3] = ddg[$3] " " $9
                    dsp[$3] = dsp[$3] " " $11; dsg[$3] = dsg[$3] " " $12; deep = 1 }
     $1 == "llama-bench" && $0 ~ /tg64|pp256/ { n = split($0, f, "|"); lb = lb sprintf("| llama-bench, fa %s | %s | %s |\n", f[7], f[8], f[9]) }
@@ -92,7 +94,7 @@ awk '
         for (key in gk) gs[++n] = key + 0
         for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (gs[j] < gs[i]) { t = gs[i]; gs[i] = gs[j]; gs[j] = t }
         if (n) {
-            print "\nbench_gemm, one Llama-3.2-1B layer of Q4_K, 2 threads, weights from DRAM: ms per layer (medians; each round in brackets)\n"
+            print "\nbench_gemm, one Llama-3.2-1B layer of " toupper(substr(gtype, 1, 2)) substr(gtype, 3) ", 2 threads, weights from DRAM: ms per layer (medians; each round in brackets)\n"
             print "| activation rows | before | after | before ÷ after |"
             print "|---:|---:|---:|---:|"
             for (i = 1; i <= n; i++)
