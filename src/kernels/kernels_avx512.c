@@ -735,43 +735,54 @@ INLINE void mm_q6k_row(const block_q6_K *w, int64_t nblk, const act_row *a, floa
     for (int b = 0; b < NB; b++) y[b * ldy] = q8_reduce16(accf[b]);
 }
 
-/* Decode (one activation row), rows [r0, r1): as mm_q6k_row, but each row's
- * last chunk is reduced after the next row's first pair of blocks. The
- * reduction is a chain of ~45 cycles (transpose tree, multiply-add, the
- * 16-slot sum); at the end of its row it held up the next row's loads (rows
- * are 8 super-blocks in most Q6_K matrices) and ran 15-25% slower than the
- * per-lane float sums of before, with the weights streaming from memory;
- * one row later its inputs are ready and it overlaps the next row's work. */
-static void mm_q6k_decode(const void *W, int64_t cols, int64_t r0, int64_t r1, const act_row *a, float *Y) {
+/* Decode and batches of 2-3 rows, weight rows [r0, r1): as mm_q6k_row, but
+ * each row's last chunk is reduced after the next row's first pair of
+ * blocks. The reduction is a chain of ~45 cycles (transpose tree,
+ * multiply-add, the 16-slot sum); at the end of its row it held up the next
+ * row's loads (rows are 8 super-blocks in most Q6_K matrices) and decode ran
+ * 15-35% slower than with the per-lane float sums of before; one row later
+ * its inputs are ready and it overlaps the next row's work. */
+INLINE void mm_q6k_rows(const void *W, int64_t cols, int64_t r0, int64_t r1, const act_row *a, float *Y,
+                        int64_t ldy, const int NB) {
     const int64_t nblk = cols / QK_K;
     const size_t wrow = qtype_row_bytes(QTYPE_Q6_K, cols);
-    __m512i pairs[2][1][8]; /* by row parity: the row's and the pending row's */
+    __m512i pairs[2][NB][8]; /* by row parity: the row's and the pending row's */
     __m256i pdw = _mm256_setzero_si256();
-    __m512 pacc = _mm512_setzero_ps();
+    __m512 pacc[NB];
     __mmask16 pm = 0;
+    const int64_t last = (nblk - 1) & ~(int64_t)15; /* the last chunk's first block */
     kern_pf_start((const char *)W + (size_t)r0 * wrow);
     for (int64_t r = r0; r < r1; r++) {
         const block_q6_K *w = (const block_q6_K *)((const char *)W + (size_t)r * wrow);
         __m512i(*cur)[8] = pairs[(r - r0) & 1];
+        __m512i(*prev)[8] = pairs[(r - r0 + 1) & 1];
         __m256i dw = _mm256_setzero_si256();
-        __m512 acc = _mm512_setzero_ps();
+        __m512 acc[NB];
+#pragma GCC unroll 4
+        for (int b = 0; b < NB; b++) acc[b] = _mm512_setzero_ps();
         kern_pf_pages(w, wrow);
         for (int64_t k = 0; k < nblk; k += 2) {
-            q6k_block_pair(w, nblk, k, a, cur, &dw, 1);
+            q6k_block_pair(w, nblk, k, a, cur, &dw, NB);
             if (k == 0 && r > r0) /* the previous row's last chunk */
-                Y[r - 1] = q8_reduce16(q6k_flush(pairs[(r - 1 - r0) & 1][0], pdw, pm,
-                                                 a->d + ((nblk - 1) & ~(int64_t)15), pacc));
+#pragma GCC unroll 4
+                for (int b = 0; b < NB; b++)
+                    Y[b * ldy + r - 1] = q8_reduce16(q6k_flush(prev[b], pdw, pm, a[b].d + last, pacc[b]));
             if (k + 2 >= nblk) { /* the row's last chunk: reduced one row later */
                 pdw = dw;
                 pm = q6k_chunk_mask(nblk, k);
-                pacc = acc;
+#pragma GCC unroll 4
+                for (int b = 0; b < NB; b++) pacc[b] = acc[b];
             } else if ((k & 15) == 14) {
-                acc = q6k_flush(cur[0], dw, q6k_chunk_mask(nblk, k), a->d + (k & ~(int64_t)15), acc);
+#pragma GCC unroll 4
+                for (int b = 0; b < NB; b++)
+                    acc[b] = q6k_flush(cur[b], dw, q6k_chunk_mask(nblk, k), a[b].d + (k & ~(int64_t)15), acc[b]);
             }
         }
     }
     if (r1 > r0)
-        Y[r1 - 1] = q8_reduce16(q6k_flush(pairs[(r1 - 1 - r0) & 1][0], pdw, pm, a->d + ((nblk - 1) & ~(int64_t)15), pacc));
+#pragma GCC unroll 4
+        for (int b = 0; b < NB; b++)
+            Y[b * ldy + r1 - 1] = q8_reduce16(q6k_flush(pairs[(r1 - 1 - r0) & 1][b], pdw, pm, a[b].d + last, pacc[b]));
 }
 
 /* ---- Q3_K / Q2_K weights against ACT_Q8K (VNNI) ----
@@ -970,9 +981,12 @@ static void matmul_q6_K_avx512(const void *W, int64_t cols, int64_t r0, int64_t 
         r0 += 4 * n4;
         if (r0 == r1) return;
     }
-    if (nb == 1) {
-        act_row a = act_get_row(ACT_Q8K, act, cols, 0);
-        mm_q6k_decode(W, cols, r0, r1, &a, Y);
+    if (nb <= 3) {
+        act_row a[3];
+        for (int b = 0; b < nb; b++) a[b] = act_get_row(ACT_Q8K, act, cols, b);
+        if (nb == 1) mm_q6k_rows(W, cols, r0, r1, a, Y, ldy, 1);
+        else if (nb == 2) mm_q6k_rows(W, cols, r0, r1, a, Y, ldy, 2);
+        else mm_q6k_rows(W, cols, r0, r1, a, Y, ldy, 3);
         return;
     }
     mm_quant(QTYPE_Q6_K, W, cols, r0, r1, act, nb, Y, ldy);
