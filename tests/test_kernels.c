@@ -770,8 +770,8 @@ static void test_matmul_int4_bits(ellm_isa isa) {
  * integer sum per super-block, one multiply-add into slot k % 16, one fixed
  * 16-slot sum), and the AVX-512 kernels follow it, the batch kernel
  * included, so they must return its bits: 1-33 super-blocks (short and whole
- * chunks of 16), 1-3 rows (per-row kernels: decode's with each row's last
- * chunk reduced one row later), 4-37 rows (quads: passes of 2 groups x 4
+ * chunks of 16), 1-3 rows (per-row kernels, each row's last chunk reduced
+ * one row later), 4-37 rows (quads: passes of 2 groups x 4
  * quads and 1 group x 8, a padded last quad), row ranges that start and end
  * inside the matrix (a last group of 4 rows, 1-3 rows left to the per-row
  * kernel). (AVX2 keeps per-lane float sums, which cost less there; its

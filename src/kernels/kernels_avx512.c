@@ -713,8 +713,8 @@ INLINE __mmask16 q6k_chunk_mask(int64_t nblk, int64_t k) {
     return (__mmask16)((k + 1 < nblk ? 4u << t : 2u << t) - 1);
 }
 
-/* One weight row against NB activation rows (2-8: small batches; the
- * leftover rows of the batch kernel). Blocks go in pairs (k, k + 1). */
+/* One weight row against NB activation rows (4-8: the 1-3 weight rows a
+ * batch kernel's groups of 4 leave). Blocks go in pairs (k, k + 1). */
 INLINE void mm_q6k_row(const block_q6_K *w, int64_t nblk, const act_row *a, float *y, int64_t ldy, const int NB) {
     __m512 accf[MM_NB];
     __m512i pairs[NB][8]; /* pairs[b][i]: q6k_pair of the chunk's blocks 2i and 2i + 1 */
