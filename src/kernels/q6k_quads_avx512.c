@@ -31,6 +31,7 @@
  * to 8 quads for a last group of 4 rows. */
 #include "kernels/kernels_impl.h"
 #include "kernels/kernels_x86.h"
+#include "kernels/quads_avx512.h"
 
 #include <immintrin.h>
 #include <string.h>
@@ -46,17 +47,6 @@ enum {
      : (c) == 1 ? _mm512_shuffle_epi32(v, _MM_PERM_BBBB)                                                    \
      : (c) == 2 ? _mm512_shuffle_epi32(v, _MM_PERM_CCCC)                                                    \
                 : _mm512_shuffle_epi32(v, _MM_PERM_DDDD))
-
-/* 32 bytes at each of p, p + wrow, p + 2 wrow, p + 3 wrow as [row 0's
- * first 16, row 1's, row 2's, row 3's] (lo) and their last 16 (hi). */
-INLINE void q6q_load32x4(const uint8_t *p, size_t wrow, __m512i *lo, __m512i *hi) {
-    __m512i z01 = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)p)),
-                                     _mm256_loadu_si256((const __m256i *)(p + wrow)), 1);
-    __m512i z23 = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(p + 2 * wrow))),
-                                     _mm256_loadu_si256((const __m256i *)(p + 3 * wrow)), 1);
-    *lo = _mm512_shuffle_i64x2(z01, z23, _MM_SHUFFLE(2, 0, 2, 0));
-    *hi = _mm512_shuffle_i64x2(z01, z23, _MM_SHUFFLE(3, 1, 3, 1));
-}
 
 /* One super-block k of a pass: NG groups of 4 weight rows from `w` (row 0's
  * super-block k) against NQ quads at A (quad 0 of super-block k, quads
@@ -102,8 +92,8 @@ INLINE void q6q_superblock(const block_q6_K *w, size_t wrow, const int8_t *A, __
 #pragma GCC unroll 2
         for (int g = 0; g < NG; g++) {
             __m512i ll, lh, qhl, qhh;
-            q6q_load32x4(w->ql + 64 * h + 32 * (kk & 1) + (size_t)(4 * g) * wrow, wrow, &ll, &lh);
-            q6q_load32x4(w->qh + 32 * h + (size_t)(4 * g) * wrow, wrow, &qhl, &qhh);
+            quads_load32x4((const char *)w->ql + 64 * h + 32 * (kk & 1) + (size_t)(4 * g) * wrow, wrow, &ll, &lh);
+            quads_load32x4((const char *)w->qh + 32 * h + (size_t)(4 * g) * wrow, wrow, &qhl, &qhh);
             qhl = _mm512_and_si512(_mm512_srl_epi16(_mm512_sll_epi16(qhl, hl), hr), m30);
             qhh = _mm512_and_si512(_mm512_srl_epi16(_mm512_sll_epi16(qhh, hl), hr), m30);
             /* 0xF8: A | (B & C): (high bits & 0x30) | (nibble & 0x0F) */
@@ -179,18 +169,7 @@ INLINE void q6q_pass(const char *W, size_t wrow, int64_t nblk, int64_t r, const 
         v[1] = _mm512_add_ps(v[1], v[3]);
         out[i] = _mm512_add_ps(v[0], v[1]);
     }
-    /* lane 4i + b (weight row i, activation row b) to 4b + i */
-    const __m512i tr = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
-    for (int g = 0; g < NG; g++)
-        for (int q = 0; q < NQ; q++) {
-            __m512 t = _mm512_permutexvar_ps(tr, out[g * NQ + q]);
-            float *y = Y + (int64_t)(4 * (q0 + q)) * ldy + r + 4 * g;
-            int n = nb - 4 * (q0 + q);
-            _mm_storeu_ps(y, _mm512_castps512_ps128(t));
-            if (n > 1) _mm_storeu_ps(y + ldy, _mm512_extractf32x4_ps(t, 1));
-            if (n > 2) _mm_storeu_ps(y + 2 * ldy, _mm512_extractf32x4_ps(t, 2));
-            if (n > 3) _mm_storeu_ps(y + 3 * ldy, _mm512_extractf32x4_ps(t, 3));
-        }
+    QUADS_STORE(out, r, q0, nb, Y, ldy, NG, NQ);
 }
 
 #define Q6Q_PASS(NG_, NQ_) q6q_pass(W, wrow, nblk, r, act, cols, nb, q0, pf, pf_step, Y, ldy, NG_, NQ_)

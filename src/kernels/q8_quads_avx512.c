@@ -42,6 +42,7 @@
  * first block fills for the pass's rows (qd_sb_scales). */
 #include "kernels/kernels_impl.h"
 #include "kernels/kernels_x86.h"
+#include "kernels/quads_avx512.h"
 
 #include <assert.h>
 #include <immintrin.h>
@@ -54,17 +55,6 @@ enum {
     QD_SEQ_Q = 4,  /* from this many quads a pass keeps its slot accumulators in block order (qd_row_of_block) */
 };
 
-/* 32 bytes at each of p, p + wrow, p + 2 wrow, p + 3 wrow as [row 0's
- * first 16, row 1's, row 2's, row 3's] (lo) and their last 16 (hi). */
-INLINE void qd_load32x4(const char *p, size_t wrow, __m512i *lo, __m512i *hi) {
-    __m512i z01 = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)p)),
-                                     _mm256_loadu_si256((const __m256i *)(p + wrow)), 1);
-    __m512i z23 = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(p + 2 * wrow))),
-                                     _mm256_loadu_si256((const __m256i *)(p + 3 * wrow)), 1);
-    *lo = _mm512_shuffle_i64x2(z01, z23, _MM_SHUFFLE(2, 0, 2, 0));
-    *hi = _mm512_shuffle_i64x2(z01, z23, _MM_SHUFFLE(3, 1, 3, 1));
-}
-
 /* Weight rows p[0 .. 3] (each at block k, qd_block_at) as unsigned bytes:
  * lo lane i = elements 0-15 of row i, hi lane i = elements 16-31. Q4_K,
  * Q5_K: p is the 32 nibble bytes sub-block k % 8 shares with a neighbour,
@@ -76,13 +66,13 @@ INLINE void qd_weights(int wtype, const char *p0, size_t wrow, int64_t k, __m512
         const __m512i m4 = _mm512_set1_epi8(0x0F);
         const __m128i c = _mm_cvtsi32_si128(4 * (int)(k & 1));
         __m512i l, h;
-        qd_load32x4(p0, wrow, &l, &h);
+        quads_load32x4(p0, wrow, &l, &h);
         *lo = _mm512_and_si512(_mm512_srl_epi16(l, c), m4);
         *hi = _mm512_and_si512(_mm512_srl_epi16(h, c), m4);
         if (wtype == QTYPE_Q5_K) { /* qh sits 32 bytes before qs */
             const char *qh = p0 - 32 * ((k & 7) >> 1) - 32;
             const __m512i bit = _mm512_set1_epi8((char)(1 << (k & 7))), b16 = _mm512_set1_epi8(0x10);
-            qd_load32x4(qh, wrow, &l, &h);
+            quads_load32x4(qh, wrow, &l, &h);
             *lo = _mm512_mask_add_epi8(*lo, _mm512_test_epi8_mask(l, bit), *lo, b16);
             *hi = _mm512_mask_add_epi8(*hi, _mm512_test_epi8_mask(h, bit), *hi, b16);
         }
@@ -363,19 +353,7 @@ INLINE void qd_run(int wtype, const char *W, size_t wrow, int64_t nblk, int64_t 
     const int8_t *A = act_q8_quad(act, cols, nb, q0, 0);
     size_t kstride = (size_t)act_q8_nquads(nb) * ACT_Q8_QUAD_BLOCK;
     qd_pass(wtype, W + (size_t)r * wrow, wrow, nblk, A, kstride, pf, pf_step, out, NG, NQ, NG * NQ <= 4 ? 2 : 1);
-    /* lane 4i + b (weight row i, activation row b) to 4b + i: each
-     * activation row's 4 outputs side by side */
-    const __m512i tr = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
-    for (int g = 0; g < NG; g++)
-        for (int q = 0; q < NQ; q++) {
-            __m512 t = _mm512_permutexvar_ps(tr, out[g * NQ + q]);
-            float *y = Y + (int64_t)(4 * (q0 + q)) * ldy + r + 4 * g;
-            int n = nb - 4 * (q0 + q);
-            _mm_storeu_ps(y, _mm512_castps512_ps128(t));
-            if (n > 1) _mm_storeu_ps(y + ldy, _mm512_extractf32x4_ps(t, 1));
-            if (n > 2) _mm_storeu_ps(y + 2 * ldy, _mm512_extractf32x4_ps(t, 2));
-            if (n > 3) _mm_storeu_ps(y + 3 * ldy, _mm512_extractf32x4_ps(t, 3));
-        }
+    QUADS_STORE(out, r, q0, nb, Y, ldy, NG, NQ);
 }
 
 /* The (groups, quads) shapes: at most QD_MAX_P pairs. */
