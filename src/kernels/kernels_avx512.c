@@ -713,31 +713,10 @@ INLINE __mmask16 q6k_chunk_mask(int64_t nblk, int64_t k) {
     return (__mmask16)((k + 1 < nblk ? 4u << t : 2u << t) - 1);
 }
 
-/* One weight row against NB activation rows (4-8: the 1-3 weight rows a
- * batch kernel's groups of 4 leave). Blocks go in pairs (k, k + 1). */
-INLINE void mm_q6k_row(const block_q6_K *w, int64_t nblk, const act_row *a, float *y, int64_t ldy, const int NB) {
-    __m512 accf[MM_NB];
-    __m512i pairs[NB][8]; /* pairs[b][i]: q6k_pair of the chunk's blocks 2i and 2i + 1 */
-    /* the chunk's weight scales (f16), block k in word k % 16 (in a register:
-     * a vector load of words just stored cannot be forwarded, and stalled) */
-    __m256i dw = _mm256_setzero_si256();
-#pragma GCC unroll 8
-    for (int b = 0; b < NB; b++) accf[b] = _mm512_setzero_ps();
-    for (int64_t k = 0; k < nblk; k += 2) {
-        q6k_block_pair(w, nblk, k, a, pairs, &dw, NB);
-        if ((k & 15) == 14 || k + 2 >= nblk) {
-            const __mmask16 m = q6k_chunk_mask(nblk, k);
-#pragma GCC unroll 8
-            for (int b = 0; b < NB; b++) accf[b] = q6k_flush(pairs[b], dw, m, a[b].d + (k & ~(int64_t)15), accf[b]);
-        }
-    }
-#pragma GCC unroll 8
-    for (int b = 0; b < NB; b++) y[b * ldy] = q8_reduce16(accf[b]);
-}
-
-/* Decode and batches of 2-3 rows, weight rows [r0, r1): as mm_q6k_row, but
- * each row's last chunk is reduced after the next row's first pair of
- * blocks. The reduction is a chain of ~45 cycles (transpose tree,
+/* Weight rows [r0, r1) against NB activation rows (up to MM_NB), one row at
+ * a time, blocks in pairs (k, k + 1), each chunk of 16 blocks reduced into
+ * the slot sums (q6k_flush); a row's last chunk is reduced after the next
+ * row's first pair of blocks. The reduction is a chain of ~45 cycles (transpose tree,
  * multiply-add, the 16-slot sum); at the end of its row it held up the next
  * row's loads (rows are 8 super-blocks in most Q6_K matrices) and decode ran
  * 15-35% slower than with the per-lane float sums of before; one row later
@@ -886,13 +865,7 @@ INLINE void mm_q23k_row(int wtype, const void *W, int64_t nblk, const act_row *a
     for (int b = 0; b < NB; b++) y[b * ldy] = _mm512_reduce_add_ps(accf[b]);
 }
 
-INLINE void mm_quant_row(int wtype, const void *w, int64_t cols, const act_row *a, float *y,
-                         int64_t ldy, const int NB) {
-    if (wtype == QTYPE_Q3_K || wtype == QTYPE_Q2_K) mm_q23k_row(wtype, w, cols / QK_K, a, y, ldy, NB);
-    else mm_q6k_row(w, cols / QK_K, a, y, ldy, NB);
-}
-
-/* K-quant rows [r0, r1), one weight row at a time against tiles of up to
+/* Q3_K / Q2_K rows [r0, r1), one weight row at a time against tiles of up to
  * MM_NB activation rows (their per-row integer work, not activation loads,
  * bounds them, so tiling weight rows as mm_q8 does buys little). */
 INLINE void mm_quant(int wtype, const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
@@ -911,14 +884,14 @@ INLINE void mm_quant(int wtype, const void *W, int64_t cols, int64_t r0, int64_t
             for (int b = 0; b < n; b++) a[b] = act_get_row(kind, act, cols, b0 + b);
             float *y = Y + (int64_t)b0 * ldy + r;
             switch (n) {
-            case 1: mm_quant_row(wtype, w, cols, a, y, ldy, 1); break;
-            case 2: mm_quant_row(wtype, w, cols, a, y, ldy, 2); break;
-            case 3: mm_quant_row(wtype, w, cols, a, y, ldy, 3); break;
-            case 4: mm_quant_row(wtype, w, cols, a, y, ldy, 4); break;
-            case 5: mm_quant_row(wtype, w, cols, a, y, ldy, 5); break;
-            case 6: mm_quant_row(wtype, w, cols, a, y, ldy, 6); break;
-            case 7: mm_quant_row(wtype, w, cols, a, y, ldy, 7); break;
-            default: mm_quant_row(wtype, w, cols, a, y, ldy, 8); break;
+            case 1: mm_q23k_row(wtype, w, cols / QK_K, a, y, ldy, 1); break;
+            case 2: mm_q23k_row(wtype, w, cols / QK_K, a, y, ldy, 2); break;
+            case 3: mm_q23k_row(wtype, w, cols / QK_K, a, y, ldy, 3); break;
+            case 4: mm_q23k_row(wtype, w, cols / QK_K, a, y, ldy, 4); break;
+            case 5: mm_q23k_row(wtype, w, cols / QK_K, a, y, ldy, 5); break;
+            case 6: mm_q23k_row(wtype, w, cols / QK_K, a, y, ldy, 6); break;
+            case 7: mm_q23k_row(wtype, w, cols / QK_K, a, y, ldy, 7); break;
+            default: mm_q23k_row(wtype, w, cols / QK_K, a, y, ldy, 8); break;
             }
         }
     }
@@ -972,7 +945,8 @@ static void matmul_iq4_xs_avx512(const void *W, int64_t cols, int64_t r0, int64_
 }
 /* Q6_K: batches of ACT_Q8_QUAD_MIN rows or more by the quad kernel
  * (q6k_quads_avx512.c) in groups of 4 weight rows, the last 0-3 weight rows
- * and smaller batches by the per-row kernel (same arithmetic). */
+ * and smaller batches by mm_q6k_rows (same arithmetic), in tiles of MM_NB
+ * activation rows. */
 static void matmul_q6_K_avx512(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
                                int nb, float *Y, int64_t ldy) {
     if (act_q8_nquads(nb)) {
@@ -981,15 +955,22 @@ static void matmul_q6_K_avx512(const void *W, int64_t cols, int64_t r0, int64_t 
         r0 += 4 * n4;
         if (r0 == r1) return;
     }
-    if (nb <= 3) {
-        act_row a[3];
-        for (int b = 0; b < nb; b++) a[b] = act_get_row(ACT_Q8K, act, cols, b);
-        if (nb == 1) mm_q6k_rows(W, cols, r0, r1, a, Y, ldy, 1);
-        else if (nb == 2) mm_q6k_rows(W, cols, r0, r1, a, Y, ldy, 2);
-        else mm_q6k_rows(W, cols, r0, r1, a, Y, ldy, 3);
-        return;
+    for (int b0 = 0; b0 < nb; b0 += MM_NB) {
+        act_row a[MM_NB];
+        int n = nb - b0 < MM_NB ? nb - b0 : MM_NB;
+        for (int b = 0; b < n; b++) a[b] = act_get_row(ACT_Q8K, act, cols, b0 + b);
+        float *y = Y + (int64_t)b0 * ldy;
+        switch (n) {
+        case 1: mm_q6k_rows(W, cols, r0, r1, a, y, ldy, 1); break;
+        case 2: mm_q6k_rows(W, cols, r0, r1, a, y, ldy, 2); break;
+        case 3: mm_q6k_rows(W, cols, r0, r1, a, y, ldy, 3); break;
+        case 4: mm_q6k_rows(W, cols, r0, r1, a, y, ldy, 4); break;
+        case 5: mm_q6k_rows(W, cols, r0, r1, a, y, ldy, 5); break;
+        case 6: mm_q6k_rows(W, cols, r0, r1, a, y, ldy, 6); break;
+        case 7: mm_q6k_rows(W, cols, r0, r1, a, y, ldy, 7); break;
+        default: mm_q6k_rows(W, cols, r0, r1, a, y, ldy, 8); break;
+        }
     }
-    mm_quant(QTYPE_Q6_K, W, cols, r0, r1, act, nb, Y, ldy);
 }
 
 /* ---- dequantization (same arithmetic as quant.c, so results are equal) ---- */

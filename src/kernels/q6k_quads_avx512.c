@@ -14,7 +14,7 @@
  *   isum = sum_j sc[j] * (dot(q_j, a_j) - 32 * sum(a_j))
  *
  * is each pair's exact super-block sum in its own lane, and the float work
- * is the per-row kernel's (kernels_avx512.c, mm_q6k_row) and the
+ * is the per-row kernel's (kernels_avx512.c, mm_q6k_rows) and the
  * reference's (kernels.c, matmul_q6_K_ref): acc[k % 16] = fma((float)isum,
  * d * da, acc[k % 16]) into 16 slot accumulators per pair (on the stack, one
  * load and store per pair and super-block), then q8_reduce16's tree. So every
