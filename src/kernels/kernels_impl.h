@@ -196,6 +196,14 @@ enum { ACT_Q8_QUAD = 4, ACT_Q8_QUAD_MIN = 4, ACT_Q8_QUAD_BLOCK = 8 * 16 + 16 + 1
 
 static inline int act_q8_nquads(int nb) { return nb >= ACT_Q8_QUAD_MIN ? (nb + ACT_Q8_QUAD - 1) / ACT_Q8_QUAD : 0; }
 
+/* Rows 4q .. 4q + 3 of nb prepared rows of `kind` into a (the last quad's
+ * missing rows left out); returns how many there are. */
+static inline int act_quad_rows(act_kind kind, const void *act, int64_t cols, int nb, int q, act_row a[ACT_Q8_QUAD]) {
+    int n = nb - ACT_Q8_QUAD * q < ACT_Q8_QUAD ? nb - ACT_Q8_QUAD * q : ACT_Q8_QUAD;
+    for (int i = 0; i < n; i++) a[i] = act_get_row(kind, act, cols, ACT_Q8_QUAD * q + i);
+    return n;
+}
+
 /* Whether batches of wtype carry quads: the types the quad kernel reads
  * (every ACT_Q8 type). */
 static inline int act_q8_has_quads(int wtype) { return act_kind_of(wtype) == ACT_Q8; }

@@ -230,8 +230,7 @@ void kern_act_q8k_quads_avx512(void *act, int64_t cols, int nb, int q0, int q1) 
     const __m512i tr = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
     for (int q = q0; q < q1; q++) {
         act_row a[ACT_Q8_QUAD];
-        int n = nb - ACT_Q8_QUAD * q < ACT_Q8_QUAD ? nb - ACT_Q8_QUAD * q : ACT_Q8_QUAD;
-        for (int i = 0; i < n; i++) a[i] = act_get_row(ACT_Q8K, act, cols, ACT_Q8_QUAD * q + i);
+        int n = act_quad_rows(ACT_Q8K, act, cols, nb, q, a);
         const __mmask16 rows = (__mmask16)((1u << (4 * n)) - 1);
         for (int64_t k = 0; k < nblk; k++) {
             int8_t *p = (int8_t *)act_q8k_quad(act, cols, nb, q, k);
