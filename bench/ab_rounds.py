@@ -1,0 +1,97 @@
+#!/usr/bin/env python3
+"""Alternates builds of bench_gemm or bench_batch round by round and prints each
+point's median over the rounds (and, for bench_batch, every round).
+
+  python3 bench/ab_rounds.py gemm  ROUNDS "ARGS" NAME=BINARY ... [--raw FILE]
+  python3 bench/ab_rounds.py batch ROUNDS "ARGS" NAME=BINARY ... [--raw FILE]
+  python3 bench/ab_rounds.py gemm|batch --from FILE      (re-renders a saved run)
+
+Round r runs the binaries in the given order when r is even and in reverse
+when it is odd (ABBA), so a machine that speeds up or slows down during the run
+favours neither. ARGS are the benchmark's own arguments, e.g. for gemm
+"-m 135m -n 4,16 -t 1 -r 9 -H q8_0" and for batch
+"-m MODEL.gguf -n 1,16 -t 2 -f 0 -s 48". --raw appends every run's output to
+FILE under a '### round R NAME BINARY ARGS' line; --from reads such a file.
+
+Columns: gemm prints ms per layer (bench_gemm's median pass) per type, shape,
+rows and threads; batch prints the median step ms per number of sequences.
+The last column is the first build's median divided by each other's (> 1: the
+other build is faster)."""
+import collections
+import re
+import statistics
+import subprocess
+import sys
+
+GEMM = re.compile(r'(\S+)\s+(\S+)\s+(\S+)\s+nb=(\d+)\s+t=(\d+)\s+([0-9.]+) ms')
+BATCH = re.compile(r'\s+(\d+)\s+([0-9.]+)\s+([0-9.]+)\s+([0-9.]+)\s+([0-9.]+)\s+([0-9.]+)\s+([0-9.]+)')
+
+
+def parse(kind, out, name, res):
+    for line in out.splitlines():
+        if kind == 'gemm':
+            m = GEMM.match(line)
+            if m:
+                res[(m.group(1), m.group(2), int(m.group(4)), int(m.group(5)), name)].append(float(m.group(6)))
+        else:
+            m = BATCH.match(line)
+            if m:
+                res[(int(m.group(1)), name)].append(float(m.group(3)))
+
+
+def render(kind, names, res):
+    keys = sorted({k[:-1] for k in res})
+    if kind == 'gemm':
+        print('| type | shape | rows | threads | ' + ' | '.join(f'{n} ms' for n in names) + ' | ' +
+              ' | '.join(f'{names[0]} ÷ {n}' for n in names[1:]) + ' |')
+    else:
+        print('| sequences | ' + ' | '.join(f'{n} ms (rounds)' for n in names) + ' | ' +
+              ' | '.join(f'{names[0]} ÷ {n}' for n in names[1:]) + ' |')
+    print('|' + '---|' * (len(keys[0]) + 2 * len(names) - 1))
+    for k in keys:
+        med = [statistics.median(res[k + (n,)]) for n in names]
+        if kind == 'gemm':
+            cells = [f'{m:.4f}' for m in med]
+        else:
+            cells = [f'{m:.2f} ({" ".join(f"{x:.2f}" for x in res[k + (n,)])})' for n, m in zip(names, med)]
+        print('| ' + ' | '.join(str(x) for x in k) + ' | ' + ' | '.join(cells) + ' | ' +
+              ' | '.join(f'{med[0] / m:.3f}' for m in med[1:]) + ' |')
+
+
+def main(argv):
+    if len(argv) < 3 or argv[0] not in ('gemm', 'batch'):
+        sys.exit(__doc__)
+    kind = argv[0]
+    res = collections.defaultdict(list)
+    names = []
+    if argv[1] == '--from':
+        name = None
+        text = open(argv[2]).read()
+        for part in re.split(r'^### ', text, flags=re.M)[1:]:
+            head, _, body = part.partition('\n')
+            name = head.split()[2]
+            if name not in names:
+                names.append(name)
+            parse(kind, body, name, res)
+        render(kind, names, res)
+        return
+    raw = None
+    if '--raw' in argv:
+        i = argv.index('--raw')
+        raw = argv[i + 1]
+        argv = argv[:i] + argv[i + 2:]
+    rounds, args = int(argv[1]), argv[2].split()
+    builds = [a.split('=', 1) for a in argv[3:]]
+    names = [n for n, _ in builds]
+    for r in range(rounds):
+        for name, binary in (builds if r % 2 == 0 else builds[::-1]):
+            out = subprocess.run([binary] + args, capture_output=True, text=True).stdout
+            if raw:
+                with open(raw, 'a') as f:
+                    f.write(f"### round {r} {name} {binary} {' '.join(args)}\n{out}")
+            parse(kind, out, name, res)
+    render(kind, names, res)
+
+
+if __name__ == '__main__':
+    main(sys.argv[1:])
