@@ -364,7 +364,7 @@ def render(R):
     w("## Reproduce")
     w("")
     w("```sh")
-    w("make && sh bench/setup-llamacpp-native.sh   # llama.cpp's llama-bench, built for this CPU")
+    w("make && sh bench/setup-llamacpp-native.sh   # llama.cpp's llama-bench (and llama-server), built for this CPU")
     w("python3 bench/run_results.py                # measures, writes bench/results/*.json and this file")
     w("```")
     w("")
