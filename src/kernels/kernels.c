@@ -535,7 +535,7 @@ void kern_act_q8_quads_ref(void *act, int64_t cols, int nb, int q0, int q1) {
     int64_t nblk = cols / 32;
     for (int q = q0; q < q1; q++) {
         act_row a[ACT_Q8_QUAD];
-        int n = act_quad_rows(ACT_Q8, act, cols, nb, q, a);
+        int n = act_tile_rows(ACT_Q8, act, cols, nb, ACT_Q8_QUAD * q, ACT_Q8_QUAD, a);
         for (int64_t k = 0; k < nblk; k++) {
             int8_t *p = (int8_t *)act_q8_quad(act, cols, nb, q, k);
             float *d = (float *)(p + 8 * 16);
@@ -556,7 +556,7 @@ void kern_act_q8k_quads_ref(void *act, int64_t cols, int nb, int q0, int q1) {
     int64_t nblk = cols / QK_K;
     for (int q = q0; q < q1; q++) {
         act_row a[ACT_Q8_QUAD];
-        int n = act_quad_rows(ACT_Q8K, act, cols, nb, q, a);
+        int n = act_tile_rows(ACT_Q8K, act, cols, nb, ACT_Q8_QUAD * q, ACT_Q8_QUAD, a);
         for (int64_t k = 0; k < nblk; k++) {
             int8_t *p = (int8_t *)act_q8k_quad(act, cols, nb, q, k);
             int32_t *off = (int32_t *)(p + 64 * 16);

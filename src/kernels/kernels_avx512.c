@@ -880,8 +880,7 @@ INLINE void mm_quant(int wtype, const void *W, int64_t cols, int64_t r0, int64_t
          * (kern_pf_block), as kern_pf_lines does per row in mm_q8_rows */
         for (int b0 = 0; b0 < nb; b0 += MM_NB) {
             act_row a[MM_NB];
-            int n = nb - b0 < MM_NB ? nb - b0 : MM_NB;
-            for (int b = 0; b < n; b++) a[b] = act_get_row(kind, act, cols, b0 + b);
+            int n = act_tile_rows(kind, act, cols, nb, b0, MM_NB, a);
             float *y = Y + (int64_t)b0 * ldy + r;
             switch (n) {
             case 1: mm_q23k_row(wtype, w, cols / QK_K, a, y, ldy, 1); break;
@@ -957,8 +956,7 @@ static void matmul_q6_K_avx512(const void *W, int64_t cols, int64_t r0, int64_t 
     }
     for (int b0 = 0; b0 < nb; b0 += MM_NB) {
         act_row a[MM_NB];
-        int n = nb - b0 < MM_NB ? nb - b0 : MM_NB;
-        for (int b = 0; b < n; b++) a[b] = act_get_row(ACT_Q8K, act, cols, b0 + b);
+        int n = act_tile_rows(ACT_Q8K, act, cols, nb, b0, MM_NB, a);
         float *y = Y + (int64_t)b0 * ldy;
         switch (n) {
         case 1: mm_q6k_rows(W, cols, r0, r1, a, y, ldy, 1); break;

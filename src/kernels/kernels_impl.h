@@ -196,11 +196,11 @@ enum { ACT_Q8_QUAD = 4, ACT_Q8_QUAD_MIN = 4, ACT_Q8_QUAD_BLOCK = 8 * 16 + 16 + 1
 
 static inline int act_q8_nquads(int nb) { return nb >= ACT_Q8_QUAD_MIN ? (nb + ACT_Q8_QUAD - 1) / ACT_Q8_QUAD : 0; }
 
-/* Rows 4q .. 4q + 3 of nb prepared rows of `kind` into a (the last quad's
- * missing rows left out); returns how many there are. */
-static inline int act_quad_rows(act_kind kind, const void *act, int64_t cols, int nb, int q, act_row a[ACT_Q8_QUAD]) {
-    int n = nb - ACT_Q8_QUAD * q < ACT_Q8_QUAD ? nb - ACT_Q8_QUAD * q : ACT_Q8_QUAD;
-    for (int i = 0; i < n; i++) a[i] = act_get_row(kind, act, cols, ACT_Q8_QUAD * q + i);
+/* Rows b0 .. b0 + max - 1 of nb prepared rows of `kind` into a (those past
+ * nb left out: the batch's last tile or quad); returns how many there are. */
+static inline int act_tile_rows(act_kind kind, const void *act, int64_t cols, int nb, int b0, int max, act_row *a) {
+    int n = nb - b0 < max ? nb - b0 : max;
+    for (int i = 0; i < n; i++) a[i] = act_get_row(kind, act, cols, b0 + i);
     return n;
 }
 

@@ -153,7 +153,7 @@ INLINE void q6q_pass(const char *W, size_t wrow, int64_t nblk, int64_t r, const 
         for (int i = 0; i < NG * NQ; i++) S[s][i] = _mm512_setzero_ps();
     for (int64_t k = 0; k < nblk; k++, pf += pf_step) {
         const int8_t *A = act_q8k_quad(act, cols, nb, q0, k);
-        for (size_t o = 0; o < pf_step; o += 64) _mm_prefetch(pf + o, _MM_HINT_T0);
+        quads_prefetch(pf, pf_step);
         if (k < 16) q6q_superblock(w + k, wrow, A, S[k & 15], NG, NQ, 1);
         else q6q_superblock(w + k, wrow, A, S[k & 15], NG, NQ, 0);
     }
@@ -187,7 +187,7 @@ void kern_matmul_q6k_quads_avx512(const void *W, int64_t cols, int64_t r0, int64
     const size_t wrow = (size_t)nblk * sizeof(block_q6_K);
     const int nquads = act_q8_nquads(nb);
     const char *first = (const char *)W + (size_t)r0 * wrow;
-    for (size_t o = 0; o < (size_t)(4 * (n4 >= 2 ? 2 : 1)) * wrow; o += 64) _mm_prefetch(first + o, _MM_HINT_T0);
+    quads_prefetch(first, (size_t)(4 * (n4 >= 2 ? 2 : 1)) * wrow);
     for (int64_t g = 0; g < n4;) {
         const int ng = n4 - g >= 2 ? 2 : 1;
         const int64_t r = r0 + 4 * g;
@@ -230,7 +230,7 @@ void kern_act_q8k_quads_avx512(void *act, int64_t cols, int nb, int q0, int q1) 
     const __m512i tr = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
     for (int q = q0; q < q1; q++) {
         act_row a[ACT_Q8_QUAD];
-        int n = act_quad_rows(ACT_Q8K, act, cols, nb, q, a);
+        int n = act_tile_rows(ACT_Q8K, act, cols, nb, ACT_Q8_QUAD * q, ACT_Q8_QUAD, a);
         const __mmask16 rows = (__mmask16)((1u << (4 * n)) - 1);
         for (int64_t k = 0; k < nblk; k++) {
             int8_t *p = (int8_t *)act_q8k_quad(act, cols, nb, q, k);

@@ -308,14 +308,6 @@ INLINE void qd_block(int wtype, const char *w, int64_t k, size_t wrow, const int
     }
 }
 
-/* The lines [pf, pf + bytes) towards L1 (bytes a multiple of 64), unrolled:
- * as a plain loop its counter and branch were ~30 of a 4 x 4 pass's ~650
- * instructions per block. */
-INLINE void qd_prefetch(const char *pf, size_t bytes) {
-#pragma GCC unroll 4
-    for (size_t o = 0; o < bytes; o += 64) _mm_prefetch(pf + o, _MM_HINT_T0);
-}
-
 /* NG groups of 4 weight rows from row pointer `w` (block 0) against NQ
  * quads from `A` (quad 0, block 0; blocks kstride bytes apart); writes the
  * sums to out[g * NQ + q] (lane 4i + b: weight row 4g + i, activation row
@@ -333,12 +325,12 @@ INLINE void qd_pass(int wtype, const char *w, size_t wrow, int64_t nblk, const i
             for (int i = 0; i < NG * NQ; i++) S[s][i] = _mm512_setzero_ps();
     int64_t k = 0;
     for (; k < nblk && k < 16; k++, pf += pf_step) {
-        qd_prefetch(pf, pf_step);
+        quads_prefetch(pf, pf_step);
         if (qd_super(wtype) && !(k & 7)) qd_sb_scales(wtype, w + (k >> 3) * (8 * (int64_t)q32_block_bytes(wtype)), wrow, NG, ks);
         qd_block(wtype, w, k, wrow, A + k * kstride, ks, S[qd_row_of_block(k, NQ)], NG, NQ, NC, 1);
     }
     for (; k < nblk; k++, pf += pf_step) {
-        qd_prefetch(pf, pf_step);
+        quads_prefetch(pf, pf_step);
         if (qd_super(wtype) && !(k & 7)) qd_sb_scales(wtype, w + (k >> 3) * (8 * (int64_t)q32_block_bytes(wtype)), wrow, NG, ks);
         qd_block(wtype, w, k, wrow, A + k * kstride, ks, S[qd_row_of_block(k, NQ)], NG, NQ, NC, 0);
     }
@@ -455,7 +447,7 @@ void kern_matmul_q8_quads_avx512(int wtype, const void *W, int64_t cols, int64_t
     const size_t wrow = (size_t)nblk * (size_t)bsz;
     const char *w = W;
     int ng = qd_ng(n4);
-    for (size_t o = 0; o < (size_t)(4 * ng) * wrow; o += 64) _mm_prefetch(w + (size_t)r0 * wrow + o, _MM_HINT_T0);
+    quads_prefetch(w + (size_t)r0 * wrow, (size_t)(4 * ng) * wrow);
     for (int64_t g = 0; g < n4;) {
         int64_t r = r0 + 4 * g;
         int64_t left = n4 - g - ng;
@@ -475,7 +467,7 @@ void kern_act_q8_quads_avx512(void *act, int64_t cols, int nb, int q0, int q1) {
     const __m512i tr = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
     for (int q = q0; q < q1; q++) {
         act_row a[ACT_Q8_QUAD];
-        int n = act_quad_rows(ACT_Q8, act, cols, nb, q, a);
+        int n = act_tile_rows(ACT_Q8, act, cols, nb, ACT_Q8_QUAD * q, ACT_Q8_QUAD, a);
         for (int64_t k = 0; k < nblk; k++) {
             int8_t *p = (int8_t *)act_q8_quad(act, cols, nb, q, k);
             __m512i lo = _mm512_setzero_si512(), hi = _mm512_setzero_si512();
