@@ -5,7 +5,10 @@
  * tokens). Two regimes:
  *   cache-resident: one layer of `--small` tokens (default 1024), called many
  *     times, so the KV stays in L2/L3 and the time is the arithmetic; reported
- *     as ns per (query row x KV block), a row being one query head of one token;
+ *     as ns per (query row x KV block), a row being one query head of one token,
+ *     and that rate scaled to the DRAM points' size (30 layers at each depth),
+ *     the time the same passes would take if reading cost nothing (the "ms a
+ *     step" of this regime is 200 calls of one small layer, not that size);
  *   DRAM: 30 layers at each of --depths (default 16384,32768), one call per
  *     layer per step (the KV read comes from memory, as in a real pass);
  *     reported as ms per step and the extra ms per token over n_q = 1.
@@ -112,8 +115,14 @@ int main(int argc, char **argv) {
             attention_rows_enable(k);
             double ms = time_steps(kv, 1, small, nqs[i], calls, 9, q, out, ws, pool);
             double row_blocks = (double)calls * nqs[i] * N_HEAD * ((small + BLOCK - 1) / BLOCK);
-            printf("  %s n_q %2d: %8.3f ms a step, %6.2f ns per row-block (x threads: %.2f)\n", kname[k], nqs[i], ms,
-                   ms * 1e6 / row_blocks, ms * 1e6 / row_blocks * nt);
+            const double ns_rb = ms * 1e6 / row_blocks;
+            printf("  %s n_q %2d: %8.3f ms a step, %6.2f ns per row-block (x threads: %.2f)", kname[k], nqs[i], ms,
+                   ns_rb, ns_rb * nt);
+            /* the same arithmetic at the DRAM points' size, to set beside them */
+            for (int di = 0; di < n_depths; di++)
+                printf("%s %.2f ms at 30 x %d", di ? "," : "; that is", ns_rb * 1e-6 * nqs[i] * N_HEAD * 30.0 *
+                                                     ((depths[di] + BLOCK - 1) / BLOCK), depths[di]);
+            printf("\n");
         }
     kv_cache_free(kv);
 

@@ -316,11 +316,34 @@ static void test_calibrate_fits(void) {
     expect_error("calibrate --imatrix --cov-block 2048", "--cov-block expects an integer in [128, 1024]");
 }
 
+/* A dense point's rounds (9 steps: 7 and 2): each with its bandwidth read,
+ * median step and their ratio (bytes per token / median step / bandwidth),
+ * and bw_paired_fraction the median of the rounds' ratios (of two, the
+ * upper, as median_sort takes it). Returns the number of faults. */
+static int bench_rounds_bad(const cJSON *p) {
+    const cJSON *rounds = cJSON_GetObjectItemCaseSensitive(p, "rounds"), *r;
+    if (cJSON_GetArraySize(rounds) != 2) return 1;
+    int bad = 0;
+    double f[2];
+    int i = 0;
+    cJSON_ArrayForEach(r, rounds) {
+        const double bw = jnum(r, "bw_gbps"), ms = jnum(r, "ms_median");
+        f[i] = jnum(r, "bw_fraction");
+        const double want = bw > 0 && ms > 0 ? jnum(p, "bytes_per_token") / (ms / 1000.0) / 1e9 / bw : -1;
+        bad += !(bw > 0) || !(ms > 0) || fabs(f[i] - want) > 1e-4 + 2e-3 * want;
+        i++;
+    }
+    const double paired = jnum(p, "bw_paired_fraction"), med = f[0] > f[1] ? f[0] : f[1];
+    bad += fabs(paired - med) > 1e-4 + 1e-3 * med || !(jnum(p, "bw_paired_gbps") > 0);
+    return bad;
+}
+
 /* ellm bench at tiny depths: the JSON has the machine, one point per depth
- * and mode, and the prefill entries. */
+ * and mode, the dense points' rounds paired with bandwidth reads, and the
+ * prefill entries. */
 static void test_bench(void) {
     char out[16384];
-    cJSON *j = run_json("bench --depths 0,256 -n 2 --prefill 64 --bw-mb 16 --gen 1000 --sparse-topk 128 -t 1 --json",
+    cJSON *j = run_json("bench --depths 0,256 -n 9 --prefill 64 --bw-mb 16 --gen 1000 --sparse-topk 128 -t 1 --json",
                         out, sizeof out);
     CHECK(!strcmp(jstr(j, "engine"), "ellm") && jnum(j, "threads") == 1 && jnum(j, "bandwidth_gbps") > 0 &&
               jnum(j, "weight_bytes_per_token") > 0 && jnum(j, "kv_bytes_per_token") > 0,
@@ -330,7 +353,9 @@ static void test_bench(void) {
     const cJSON *p;
     cJSON_ArrayForEach(p, pts) {
         double depth = jnum(p, "depth");
-        n_dense += !strcmp(jstr(p, "mode"), "dense");
+        const int dense = !strcmp(jstr(p, "mode"), "dense");
+        n_dense += dense;
+        if (dense) bad += bench_rounds_bad(p);
         n_sparse += !strcmp(jstr(p, "mode"), "sparse") && jnum(p, "sparse_topk") == 128 &&
                     jnum(p, "vs_empty_context") > 0;
         bad += !(depth == 0 || depth == 256) || !(jnum(p, "tokens_per_s") > 0) || !(jnum(p, "ms_per_token") > 0) ||

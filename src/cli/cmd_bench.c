@@ -4,6 +4,8 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "core/median.h"
+#include "core/membw.h"
+#include "core/threadpool.h"
 #include "core/timer.h"
 #include "topology/probe.h"
 #include "ellm.h"
@@ -15,6 +17,11 @@
 #include <unistd.h>
 
 #define MAX_POINTS 64
+
+/* Steps per round of time_alternating and of the dense rounds paired with a
+ * bandwidth read: the first of each is not timed (the other pool may still
+ * be spinning down). */
+#define ROUND_STEPS 8
 
 typedef struct {
     int depth;
@@ -29,6 +36,11 @@ typedef struct {
     double vs_empty; /* sparse: tok/s over an empty context's, timed interleaved */
     double cmp_ms, ab_ms; /* --kv-compare: medians of the other and this KV type, timed interleaved */
     double *step_ms; /* every timed step, ascending (n_tokens of them) */
+    /* dense: the steps in rounds, each after a read of the bandwidth
+     * (bw_meter): per round the bandwidth, the median step and their ratio */
+    int n_rounds;
+    double *round_bw, *round_ms, *round_fraction;
+    double paired_fraction, paired_bw; /* medians over the rounds */
 } bench_point;
 
 #define MAX_PREFILL_REPS 64
@@ -75,7 +87,11 @@ static void bench_usage(FILE *f) {
             "                          (ellm bench --mpi --help)\n"
             "Decode: one untimed step, then -n timed single-token steps per depth; the median\n"
             "step time gives tok/s. A dense context keeps no sparse index, as `ellm run`\n"
-            "without --sparse-topk.\n");
+            "without --sparse-topk. Dense steps run in rounds of %d timed steps, each round\n"
+            "after a read of the --bw-mb buffer by as many threads: a round's share of the\n"
+            "bandwidth is its bytes per median step over the bandwidth read just before it,\n"
+            "both in one machine state (\"paired\"; the median over the rounds is reported).\n",
+            ROUND_STEPS - 1);
 }
 
 /* Step latency at depth d from the measured points: piecewise linear, extended
@@ -99,32 +115,64 @@ static void set_latency(bench_point *p, double *step_ms, int n) {
     if (p->step_ms) memcpy(p->step_ms, step_ms, (size_t)n * sizeof *step_ms);
 }
 
+/* The yardstick read between rounds of dense steps: a committed buffer of
+ * --bw-mb and a pool of the context's thread count, pinned as the context's
+ * threads are (thread i on the i-th physical core). */
+typedef struct {
+    threadpool *pool;
+    void *buf;
+    size_t bytes;
+} bw_meter;
+
+/* n decode steps from depth d in rounds of ROUND_STEPS - 1 timed steps, each
+ * round after a bandwidth read by m (best of 2 passes after a warm-up one)
+ * and one untimed step; p->round_* get each round's bandwidth and median
+ * step. This machine's read rate moves between states (35 and 61 GB/s were
+ * seen seconds apart), so a share of bandwidth is only meaningful against a
+ * figure read in the same state. The first untimed step also pays the page
+ * faults of a fresh mapping. Needs room for d + n + n / (ROUND_STEPS - 1) + 1
+ * tokens. */
 static int time_steps(ellm_context *ctx, const int32_t *ids, int n_ctx, int d, int n, double *step_ms,
-                      bench_point *p) {
+                      bench_point *p, const bw_meter *m) {
     ellm_error err = {0};
-    /* One untimed step first: the first pass over a fresh mapping pays page
-     * faults that no later step does. */
-    int32_t warm = ids[d % n_ctx];
-    if (ellm_decode(ctx, &warm, 1, NULL, &err) != ELLM_OK) {
-        fprintf(stderr, "error: %s\n", err.msg);
-        return 0;
-    }
-    for (int s = 0; s < n; s++) {
-        int32_t tok = ids[(d + 1 + s) % n_ctx];
-        double t0 = ellm_time_ms();
-        if (ellm_decode(ctx, &tok, 1, NULL, &err) != ELLM_OK) {
-            fprintf(stderr, "error: %s\n", err.msg);
-            return 0;
+    int done = 0, pos = d;
+    p->n_rounds = 0;
+    while (done < n) {
+        int k = n - done < ROUND_STEPS - 1 ? n - done : ROUND_STEPS - 1;
+        const int r = p->n_rounds++;
+        p->round_bw[r] = membw_read_buffer_gbps(m->pool, m->buf, m->bytes, 2);
+        for (int s = -1; s < k; s++) {
+            int32_t tok = ids[(pos + 1 + s) % n_ctx];
+            double t0 = ellm_time_ms();
+            if (ellm_decode(ctx, &tok, 1, NULL, &err) != ELLM_OK) {
+                fprintf(stderr, "error: %s\n", err.msg);
+                return 0;
+            }
+            if (s >= 0) step_ms[done + s] = ellm_time_ms() - t0;
         }
-        step_ms[s] = ellm_time_ms() - t0;
+        double sorted[ROUND_STEPS];
+        memcpy(sorted, step_ms + done, (size_t)k * sizeof *sorted);
+        p->round_ms[r] = median_sort(sorted, k);
+        pos += k + 1;
+        done += k;
     }
     set_latency(p, step_ms, n);
     return 1;
 }
 
-/* Steps per round of time_alternating: the first of each is not timed (the
- * other context's pool may still be spinning down). */
-#define ROUND_STEPS 8
+/* Each round's share of its own bandwidth read, and the medians (tmp:
+ * room for p->n_rounds values). */
+static void set_paired(bench_point *p, double *tmp) {
+    for (int r = 0; r < p->n_rounds; r++) {
+        const double gbps = p->bytes_per_token / (p->round_ms[r] / 1000.0) / 1e9;
+        p->round_fraction[r] = p->round_bw[r] > 0 ? gbps / p->round_bw[r] : 0;
+    }
+    memcpy(tmp, p->round_fraction, (size_t)p->n_rounds * sizeof *tmp);
+    p->paired_fraction = median_sort(tmp, p->n_rounds);
+    memcpy(tmp, p->round_bw, (size_t)p->n_rounds * sizeof *tmp);
+    p->paired_bw = median_sort(tmp, p->n_rounds);
+}
+
 
 /* Times n decode steps of a, from depth d, and n of b in rounds that
  * alternate between the two (ROUND_STEPS - 1 timed steps each), so both see
@@ -325,7 +373,8 @@ int cmd_bench(int argc, char **argv) {
     ellm_spec *spec_state = NULL;
     ellm_sampler *spec_smp = NULL;
     int32_t *ids = NULL;
-    double *step_ms = NULL, *base_ms = NULL, *samples = NULL;
+    double *step_ms = NULL, *base_ms = NULL, *samples = NULL, *rounds = NULL;
+    bw_meter meter = {0};
     int rc = 1;
     ellm_model_params mp = {.n_threads = (int)threads, .pin_threads = 1, .numa = (ellm_numa_mode)numa, .mlock = mlock};
     if (ellm_model_load(model_path, &mp, &model, &err) != ELLM_OK) {
@@ -337,8 +386,17 @@ int cmd_bench(int argc, char **argv) {
 
     progress("bandwidth self-test, buffer MB: ", (int)bw_mb);
     int nt = threads > 0 ? (int)threads : ellm_default_threads();
+    meter.bytes = (size_t)bw_mb << 20;
+    if (threadpool_init(nt, 1, &meter.pool, &err) != ELLM_OK) {
+        fprintf(stderr, "error: %s\n", err.msg);
+        goto done;
+    }
+    if (!(meter.buf = membw_buffer_alloc(&meter.bytes))) {
+        fprintf(stderr, "error: cannot allocate the %ld MB bandwidth buffer (--bw-mb)\n", bw_mb);
+        goto done;
+    }
     double bw1 = ellm_measure_read_gbps(1, (size_t)bw_mb << 20, 5);
-    double bw = nt == 1 ? bw1 : ellm_measure_read_gbps(nt, (size_t)bw_mb << 20, 5);
+    double bw = membw_read_buffer_gbps(meter.pool, meter.buf, meter.bytes, 5);
     /* The yardstick `ellm probe` measured (all nodes, each core reading its
      * own node's memory), for the probe_fraction of each point. */
     double probe_age_s;
@@ -402,7 +460,9 @@ int cmd_bench(int argc, char **argv) {
     step_ms = malloc((size_t)n_tokens * sizeof *step_ms);
     base_ms = malloc((size_t)n_tokens * sizeof *base_ms);
     samples = malloc((size_t)2 * n_depths * n_tokens * sizeof *samples); /* dense, then sparse points */
-    if (!ids || !step_ms || !base_ms || !samples) {
+    const int max_rounds = ((int)n_tokens + ROUND_STEPS - 2) / (ROUND_STEPS - 1);
+    rounds = malloc((size_t)3 * n_depths * max_rounds * sizeof *rounds); /* per dense point: bw, ms, fraction */
+    if (!ids || !step_ms || !base_ms || !samples || !rounds) {
         fprintf(stderr, "error: out of memory\n");
         goto done;
     }
@@ -458,11 +518,17 @@ int cmd_bench(int argc, char **argv) {
             }
         }
         progress("decode at depth ", d);
-        if (!time_steps(ctx, ids, n_ctx, d, (int)n_tokens, step_ms, p)) goto done;
-        /* the cache now holds d + 1 + n_tokens; the mean depth of the timed steps is d + 1 + n/2 */
-        p->bytes_per_token = (double)info.decode_weight_bytes + (double)kv_per_token * (d + 1 + n_tokens / 2.0);
+        p->round_bw = rounds + (size_t)(3 * i) * max_rounds;
+        p->round_ms = p->round_bw + max_rounds;
+        p->round_fraction = p->round_ms + max_rounds;
+        if (!time_steps(ctx, ids, n_ctx, d, (int)n_tokens, step_ms, p, &meter)) goto done;
+        /* the cache now holds d + n_tokens + n_rounds (one untimed step a
+         * round); the timed steps' mean depth is about half way */
+        p->bytes_per_token = (double)info.decode_weight_bytes +
+                             (double)kv_per_token * (d + 1 + (n_tokens + p->n_rounds) / 2.0);
         p->gbps = p->bytes_per_token / (p->ms_median / 1000.0) / 1e9;
         p->bw_fraction = bw > 0 ? p->gbps / bw : 0;
+        set_paired(p, base_ms);
         if (ctx_cmp) {
             progress("decode at depth, alternating with the --kv-compare cache: ", d);
             ellm_context_truncate(ctx_cmp, 0);
@@ -552,6 +618,12 @@ int cmd_bench(int argc, char **argv) {
                    i ? ", " : "", pts[i].depth, pts[i].synthetic ? "true" : "false", pts[i].tokens_per_s,
                    pts[i].ms_median, pts[i].bytes_per_token, pts[i].gbps, pts[i].bw_fraction,
                    probe_bw > 0 ? pts[i].gbps / probe_bw : 0);
+            printf(", \"bw_paired_fraction\": %.4f, \"bw_paired_gbps\": %.3f, \"rounds\": [", pts[i].paired_fraction,
+                   pts[i].paired_bw);
+            for (int r = 0; r < pts[i].n_rounds; r++)
+                printf("%s{\"bw_gbps\": %.3f, \"ms_median\": %.4f, \"bw_fraction\": %.4f}", r ? ", " : "",
+                       pts[i].round_bw[r], pts[i].round_ms[r], pts[i].round_fraction[r]);
+            printf("]");
             if (ctx_cmp)
                 printf(", \"kv_compare\": \"%s\", \"interleaved_ms_per_token\": %.4f, "
                        "\"kv_compare_ms_per_token\": %.4f, \"speedup_vs_kv_compare\": %.3f",
@@ -605,6 +677,22 @@ int cmd_bench(int argc, char **argv) {
             printf("%8d  %-6s %9.2f %10.3f %11.2f %9.2f %7.0f%%%s\n", pts[i].depth, "dense",
                    pts[i].tokens_per_s, pts[i].ms_median, pts[i].bytes_per_token / 1e6, pts[i].gbps,
                    100 * pts[i].bw_fraction, pts[i].synthetic ? "  (synthetic KV)" : "");
+        printf("%8s  %-6s paired: each round of %d steps against the bandwidth read just before it\n", "", "",
+               ROUND_STEPS - 1);
+        for (int i = 0; i < n_depths; i++) {
+            double lo = 1e9, hi = 0, blo = 1e9, bhi = 0;
+            for (int r = 0; r < pts[i].n_rounds; r++) {
+                const double f = pts[i].round_fraction[r], b = pts[i].round_bw[r];
+                lo = f < lo ? f : lo;
+                hi = f > hi ? f : hi;
+                blo = b < blo ? b : blo;
+                bhi = b > bhi ? b : bhi;
+            }
+            printf("%8d  %-6s %7.0f%% of %.1f GB/s (medians of %d rounds; rounds %.0f-%.0f%% of reads of %.1f-%.1f "
+                   "GB/s)\n",
+                   pts[i].depth, "paired", 100 * pts[i].paired_fraction, pts[i].paired_bw, pts[i].n_rounds, 100 * lo,
+                   100 * hi, blo, bhi);
+        }
         for (int i = 0; i < n_depths && ctx_cmp; i++)
             printf("%8d  %-6s %9.2f %10.3f   alternating with a %s cache: %.3f ms against %.3f ms, x%.2f\n",
                    pts[i].depth, "kv-ab", 1000.0 / pts[i].ab_ms, pts[i].ab_ms, arg_kv_type_name(kv_cmp),
@@ -653,6 +741,9 @@ done:
     free(step_ms);
     free(base_ms);
     free(samples);
+    free(rounds);
+    free(meter.buf);
+    if (meter.pool) threadpool_free(meter.pool);
     ellm_spec_free(spec_state);
     ellm_sampler_free(spec_smp);
     ellm_context_free(ctx0);

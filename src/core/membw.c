@@ -66,12 +66,18 @@ static void membw_task(void *arg, int ith, int nth) {
     j->sink[ith % 64] += s;
 }
 
+void *membw_buffer_alloc(size_t *bytes) {
+    *bytes &= ~(size_t)4095;
+    void *buf = NULL;
+    if (!*bytes || posix_memalign(&buf, 1 << 21, *bytes)) return NULL;
+    madvise(buf, *bytes, MADV_HUGEPAGE);
+    memset(buf, 1, *bytes); /* commit the pages */
+    return buf;
+}
+
 double membw_read_gbps(threadpool *pool, size_t bytes, int reps) {
-    bytes &= ~(size_t)4095;
-    char *buf = NULL;
-    if (posix_memalign((void **)&buf, 1 << 21, bytes)) return 0;
-    madvise(buf, bytes, MADV_HUGEPAGE);
-    memset(buf, 1, bytes); /* commit the pages */
+    void *buf = membw_buffer_alloc(&bytes);
+    if (!buf) return 0;
     double best = membw_read_buffer_gbps(pool, buf, bytes, reps);
     free(buf);
     return best;

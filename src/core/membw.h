@@ -10,6 +10,12 @@
  * 0 if the buffer cannot be allocated. */
 double membw_read_gbps(threadpool *pool, size_t bytes, int reps);
 
+/* A committed buffer of about `*bytes` (rounded down to whole 4 KB pages,
+ * written to *bytes) in huge pages where the kernel gives them, for repeated
+ * membw_read_buffer_gbps calls; NULL if it cannot be allocated. Free it with
+ * free(). */
+void *membw_buffer_alloc(size_t *bytes);
+
 /* As membw_read_gbps over a caller's buffer (committed, 64-byte aligned,
  * placed where the caller wants it, e.g. on one NUMA node). Thread i of the
  * pool reads part i of threadpool_split(bytes, i, n, 4096). */
