@@ -3,7 +3,9 @@
 rounds of `ellm bench` over every pair in turn (no prefill, -n tokens per
 depth), then per depth the median tokens/s of each pair, its ratio to the
 first pair's, and the share of the read bandwidth each `ellm bench` run
-measured itself (its self-test, just before its steps) and of `ellm probe`'s.
+measured itself (its self-test, just before its steps), of the bandwidth read
+between its rounds of steps (paired: the same machine state; builds that
+report it) and of `ellm probe`'s.
 
 usage: python3 bench/decode_interleaved.py [--rounds 5] [--threads 2]
            [--depths 0] [--synthetic-from N] [--kv-type TYPE] [-n 32]
@@ -20,24 +22,27 @@ def render(doc):
     runs = doc["runs"]
     depths = sorted({p["depth"] for r in runs for p in r["bench"]["points"] if p["mode"] == "dense"})
     print("| depth | file | tokens/s (median) | vs first | of the run's own bandwidth (median) "
-          "| of `ellm probe` (median) | every round |")
-    print("|---:|---|---:|---:|---:|---:|---|")
+          "| of the reads between its rounds (paired, median) | of `ellm probe` (median) | every round |")
+    print("|---:|---|---:|---:|---:|---:|---:|---|")
     for d in depths:
         med = {}
         for label in labels:
-            tps, own, probe = [], [], []
+            tps, own, paired, probe = [], [], [], []
             for r in runs:
                 if r["label"] != label:
                     continue
                 pt = next(p for p in r["bench"]["points"] if p["mode"] == "dense" and p["depth"] == d)
                 tps.append(pt["tokens_per_s"])
                 own.append(pt["bw_fraction"])
+                if "bw_paired_fraction" in pt:
+                    paired.append(pt["bw_paired_fraction"])
                 if pt.get("probe_fraction"):
                     probe.append(pt["probe_fraction"])
             med[label] = statistics.median(tps)
             pr = f"{100 * statistics.median(probe):.0f}%" if probe else "-"
+            pa = f"{100 * statistics.median(paired):.0f}%" if paired else "-"
             print(f"| {d} | {label} | {med[label]:.2f} | {med[label] / med[labels[0]]:.3f} | "
-                  f"{100 * statistics.median(own):.0f}% | {pr} | {' '.join(f'{x:.1f}' for x in tps)} |")
+                  f"{100 * statistics.median(own):.0f}% | {pa} | {pr} | {' '.join(f'{x:.1f}' for x in tps)} |")
     print(f"\nload average at the start {doc['load_start']}, at the end {doc['load_end']}")
 
 
