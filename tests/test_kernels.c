@@ -643,9 +643,14 @@ static void test_matmul_batch_invariance(ellm_isa isa) {
         for (size_t c = 0; c < sizeof kq_cols / sizeof kq_cols[0]; c++)
             for (size_t n = 0; n < sizeof q8_nbs / sizeof q8_nbs[0]; n++)
                 test_matmul_batch_invariance_case(isa, sb_types[t], kq_cols[c], q8_nbs[n]);
-    /* Q6_K by its own batch kernel: 17 super-blocks (a chunk of 16 and one more) */
-    for (size_t n = 0; n < sizeof q8_nbs / sizeof q8_nbs[0]; n++)
+    /* Q6_K and Q3_K by their batch kernel: 17 super-blocks (a chunk of 16
+     * and one more); Q3_K also at the sizes above */
+    for (size_t n = 0; n < sizeof q8_nbs / sizeof q8_nbs[0]; n++) {
         test_matmul_batch_invariance_case(isa, QTYPE_Q6_K, 256 * 17, q8_nbs[n]);
+        test_matmul_batch_invariance_case(isa, QTYPE_Q3_K, 256 * 17, q8_nbs[n]);
+        for (size_t c = 0; c < sizeof kq_cols / sizeof kq_cols[0]; c++)
+            test_matmul_batch_invariance_case(isa, QTYPE_Q3_K, kq_cols[c], q8_nbs[n]);
+    }
 }
 
 /* Integer parts must match exactly: with activation blocks whose max is 127
@@ -766,9 +771,9 @@ static void test_matmul_int4_bits(ellm_isa isa) {
         }
 }
 
-/* Q6_K: the reference defines the float arithmetic exactly (an exact
- * integer sum per super-block, one multiply-add into slot k % 16, one fixed
- * 16-slot sum), and the AVX-512 kernels follow it, the batch kernel
+/* Q6_K and Q3_K: the reference defines the float arithmetic exactly (an
+ * exact integer sum per super-block, one multiply-add into slot k % 16, one
+ * fixed 16-slot sum), and the AVX-512 kernels follow it, the batch kernel
  * included, so they must return its bits: 1-33 super-blocks (short and whole
  * chunks of 16), 1-3 rows (per-row kernels, each row's last chunk reduced
  * one row later), 4-37 rows (quads: passes of 2 groups x 4
@@ -780,26 +785,29 @@ static void test_matmul_int4_bits(ellm_isa isa) {
 static void test_matmul_q6k_bits(ellm_isa isa) {
     if (isa == ELLM_ISA_AVX2) return; /* per-lane float sums by design: test_matmul_case's tolerance applies */
     if (isa == ELLM_ISA_AVX512 && !ellm_cpu()->avx512vnni) {
-        SKIP("Q6_K bits on AVX-512: this CPU has no VNNI, so Q6_K runs the AVX2 kernels");
+        SKIP("Q6_K / Q3_K bits on AVX-512: this CPU has no VNNI, so they run the AVX2 kernels");
         return;
     }
     static const int64_t nsb_list[] = {1, 3, 8, 16, 17, 33};
     static const int nbs[] = {1, 3, 4, 5, 8, 9, 16, 19, 33, 37};
     static const int64_t ranges[][3] = {{11, 1, 10}, {23, 2, 23}, {16, 0, 16}};
-    const int type = QTYPE_Q6_K;
-    for (size_t c = 0; c < sizeof nsb_list / sizeof nsb_list[0]; c++)
-        for (size_t n = 0; n < sizeof nbs / sizeof nbs[0]; n++)
-            for (size_t g = 0; g < sizeof ranges / sizeof ranges[0]; g++) {
-                int64_t cols = QK_K * nsb_list[c];
-                int nb = nbs[n];
-                matmul_run m;
-                matmul_run_both(&m, type, ranges[g][0], cols, nb, ranges[g][1], ranges[g][2]);
-                int diff = 0;
-                for (int64_t i = 0; i < m.ldy * nb; i++) diff += memcmp(&m.Y[i], &m.Yr[i], 4) != 0;
-                CHECK(diff == 0, "[%s] matmul q6_K cols=%lld nb=%d rows %lld..%lld: %d results differ from the reference's bits",
-                      ellm_isa_str(isa), (long long)cols, nb, (long long)ranges[g][1], (long long)ranges[g][2], diff);
-                matmul_run_free(&m);
-            }
+    static const int types[] = {QTYPE_Q6_K, QTYPE_Q3_K};
+    for (size_t t = 0; t < sizeof types / sizeof types[0]; t++)
+        for (size_t c = 0; c < sizeof nsb_list / sizeof nsb_list[0]; c++)
+            for (size_t n = 0; n < sizeof nbs / sizeof nbs[0]; n++)
+                for (size_t g = 0; g < sizeof ranges / sizeof ranges[0]; g++) {
+                    const int type = types[t];
+                    int64_t cols = QK_K * nsb_list[c];
+                    int nb = nbs[n];
+                    matmul_run m;
+                    matmul_run_both(&m, type, ranges[g][0], cols, nb, ranges[g][1], ranges[g][2]);
+                    int diff = 0;
+                    for (int64_t i = 0; i < m.ldy * nb; i++) diff += memcmp(&m.Y[i], &m.Yr[i], 4) != 0;
+                    CHECK(diff == 0, "[%s] matmul %s cols=%lld nb=%d rows %lld..%lld: %d results differ from the reference's bits",
+                          ellm_isa_str(isa), qtype_get(type)->name, (long long)cols, nb, (long long)ranges[g][1],
+                          (long long)ranges[g][2], diff);
+                    matmul_run_free(&m);
+                }
 }
 
 /* One case of test_matmul_isa_agree: rows x cols of type, nb activation rows. */

@@ -185,8 +185,24 @@ MATMUL_Q32_REF(matmul_q4_K_ref, QTYPE_Q4_K)
 MATMUL_Q32_REF(matmul_q5_K_ref, QTYPE_Q5_K)
 MATMUL_Q32_REF(matmul_iq4_xs_ref, QTYPE_IQ4_XS)
 
-/* Q3_K: per super-block sum_j (sc_j - 32) * dot(values_j, a_j) over its 16
- * sub-blocks of 16, scaled by d * da. */
+/* Sum of 16 lanes by the fixed tree (j, j+8), (j, j+4), (j, j+2), (0, 1):
+ * the SIMD kernels' one reduction (kernels_avx512.c's q8_reduce16). */
+static float sum16_ref(const float acc[16]) {
+    float t[8];
+    for (int j = 0; j < 8; j++) t[j] = acc[j] + acc[j + 8];
+    for (int j = 0; j < 4; j++) t[j] = t[j] + t[j + 4];
+    for (int j = 0; j < 2; j++) t[j] = t[j] + t[j + 2];
+    return t[0] + t[1];
+}
+
+/* Q3_K: per super-block k the exact integer
+ *
+ *   isum_k = sum_j (sc_j - 32) * dot(values_j, a_j)
+ *
+ * over its 16 sub-blocks of 16 (values q - 4 in -4..3), then Q6_K's float
+ * steps (matmul_q6_K_ref): acc[k % 16] = fma((float)isum_k, d * da, acc),
+ * one fixed 16-slot sum. The AVX-512 kernels (per row, and the batch kernel
+ * of kq16_quads_avx512.c) follow these steps, so both give these bits. */
 static void matmul_q3_K_ref(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
                             int nb, float *Y, int64_t ldy) {
     int64_t nblk = cols / QK_K;
@@ -194,7 +210,7 @@ static void matmul_q3_K_ref(const void *W, int64_t cols, int64_t r0, int64_t r1,
         const block_q3_K *w = (const block_q3_K *)W + r * nblk;
         for (int b = 0; b < nb; b++) {
             act_row a = act_get_row(ACT_Q8K, act, cols, b);
-            float s = 0;
+            float acc[16] = {0};
             for (int64_t k = 0; k < nblk; k++) {
                 const int8_t *q = a.qs + QK_K * k;
                 int isum = 0;
@@ -206,9 +222,9 @@ static void matmul_q3_K_ref(const void *W, int64_t cols, int64_t r0, int64_t r1,
                     }
                     isum += (q3k_scale(w[k].scales, j) - 32) * dot;
                 }
-                s += (a.d[k] * ellm_f16_to_f32(w[k].d)) * (float)isum;
+                acc[k % 16] = fmaf((float)isum, ellm_f16_to_f32(w[k].d) * a.d[k], acc[k % 16]);
             }
-            Y[b * ldy + r] = s;
+            Y[b * ldy + r] = sum16_ref(acc);
         }
     }
 }
@@ -241,16 +257,6 @@ static void matmul_q2_K_ref(const void *W, int64_t cols, int64_t r0, int64_t r1,
     }
 }
 
-/* Sum of 16 lanes by the fixed tree (j, j+8), (j, j+4), (j, j+2), (0, 1):
- * the SIMD kernels' one reduction (kernels_avx512.c's q8_reduce16). */
-static float sum16_ref(const float acc[16]) {
-    float t[8];
-    for (int j = 0; j < 8; j++) t[j] = acc[j] + acc[j + 8];
-    for (int j = 0; j < 4; j++) t[j] = t[j] + t[j + 4];
-    for (int j = 0; j < 2; j++) t[j] = t[j] + t[j + 2];
-    return t[0] + t[1];
-}
-
 /* Q6_K: per super-block k the exact integer
  *
  *   isum_k = sum_j scales[j] * (dot(q_j, a_j) - 32 * sum(a_j))
@@ -258,7 +264,7 @@ static float sum16_ref(const float acc[16]) {
  * (q the unsigned 6-bit values, j the 16 sub-blocks of 16), then one
  * multiply-add into slot k % 16, acc = fma((float)isum_k, d * da, acc), and
  * one fixed 16-lane sum. The AVX-512 kernels (the per-row one and the batch
- * kernel of q6k_quads_avx512.c) follow exactly these steps, so both give
+ * kernel of kq16_quads_avx512.c) follow exactly these steps, so both give
  * this function's bits whatever the batch size. */
 static void matmul_q6_K_ref(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
                             int nb, float *Y, int64_t ldy) {
@@ -524,7 +530,7 @@ size_t kern_act_bytes(int wtype, int64_t cols, int nb) {
     if (cols % t->block_elems) return 0;
     act_kind kind = act_kind_of(wtype);
     size_t quads = act_q8_has_quads(wtype)    ? (size_t)act_q8_nquads(nb) * (size_t)(cols / 32) * ACT_Q8_QUAD_BLOCK
-                   : act_q8k_has_quads(wtype) ? (size_t)act_q8_nquads(nb) * (size_t)(cols / QK_K) * ACT_Q8K_QUAD_SB
+                   : act_q8k_nquads(wtype, nb) ? (size_t)act_q8_nquads(nb) * (size_t)(cols / QK_K) * ACT_Q8K_QUAD_SB
                                               : 0;
     return (size_t)nb * act_row_bytes(kind, cols) + quads;
 }
@@ -591,7 +597,7 @@ void kern_act_prepare_rows(int wtype, const float *X, int64_t cols, int nb, int 
     /* the quads of rows [r0, r1): quad q holds rows 4q .. 4q + 3 */
     if (act_q8_has_quads(wtype) && act_q8_nquads(nb))
         KERN_PICK(act_q8_quads)(act, cols, nb, r0 / ACT_Q8_QUAD, (r1 + ACT_Q8_QUAD - 1) / ACT_Q8_QUAD);
-    if (act_q8k_has_quads(wtype) && act_q8_nquads(nb))
+    if (act_q8k_nquads(wtype, nb))
         KERN_PICK(act_q8k_quads)(act, cols, nb, r0 / ACT_Q8_QUAD, (r1 + ACT_Q8_QUAD - 1) / ACT_Q8_QUAD);
 }
 

@@ -605,7 +605,7 @@ INLINE void mm_q8(int wtype, const void *W, int64_t cols, int64_t r0, int64_t r1
  * acc[k % 16]), then q8_reduce16. A chunk of 16 blocks keeps its lane sums
  * on the stack and turns them into the 16 block sums with one transpose tree
  * (q6k_tree16), so the reduction costs a few operations per block; the
- * batch kernel (q6k_quads_avx512.c) has each block sum in a lane already and
+ * batch kernel (kq16_quads_avx512.c) has each block sum in a lane already and
  * takes the same float steps, so both give the same bits. With one
  * activation row (decode), each block prefetches its bytes KERN_PF_LINE_AHEAD
  * ahead (kern_pf_block; kern_pf_lines over the whole row, before the row,
@@ -689,19 +689,88 @@ INLINE __m512 q6k_flush(const __m512i *pairs, __m256i dw, __mmask16 m, const flo
                                  _mm512_mul_ps(_mm512_maskz_cvtph_ps(m, dw), _mm512_maskz_loadu_ps(m, da)), acc, m);
 }
 
-/* Blocks k, k + 1 of row w (the second zero past the row's end) against NB
- * activation rows into pairs[b][(k % 16) / 2], their f16 scales into dw. */
-INLINE void q6k_block_pair(const block_q6_K *w, int64_t nblk, int64_t k, const act_row *a, __m512i (*pairs)[8],
-                           __m256i *dw, const int NB) {
+/* Super-block kb of Q3_K row wk against NB activation rows: mm_q23k_row's
+ * integer work (see the Q3_K / Q2_K section below for the unpacking), each
+ * row's 16 int32 lanes summing to the exact integer isum_kb of
+ * matmul_q3_K_ref, which mm_q6k_rows turns into floats as it does Q6_K's. */
+/* q3k_block_lanes' per-vector constants, built once per call of
+ * mm_q6k_rows: vector c covers elements 64c .. 64c + 63; its int16 lane i
+ * takes sub-block 4c + i / 8's scale (sidx), its low 256 bits field 2 (c %
+ * 2) and its high bits field 2 (c % 2) + 1 of the qs bytes (shv: 16-bit
+ * shift counts by c % 2), and hmask bits 4 (c / 2) + 2 (c % 2) and + 1
+ * (hsel). Built inside the per-block function instead, they were rebuilt
+ * from immediates in general registers for every block (12% more time per
+ * block at 2-3 rows). */
+typedef struct {
+    __m512i sidx[4], shv[2], hsel[4];
+} q3k_consts;
+
+INLINE void q3k_consts_init(q3k_consts *k) {
+    k->sidx[0] = _mm512_set_epi64(0x0003000300030003ll, 0x0003000300030003ll, 0x0002000200020002ll,
+                                  0x0002000200020002ll, 0x0001000100010001ll, 0x0001000100010001ll, 0, 0);
+    for (int c = 1; c < 4; c++) k->sidx[c] = _mm512_add_epi16(k->sidx[c - 1], _mm512_set1_epi16(4));
+    for (int c = 0; c < 2; c++)
+        k->shv[c] = _mm512_inserti64x4(_mm512_set1_epi16((short)(4 * c)), _mm256_set1_epi16((short)(4 * c + 2)), 1);
+    for (int c = 0; c < 4; c++) {
+        const int b0 = 4 * (c / 2) + 2 * (c % 2);
+        k->hsel[c] = _mm512_inserti64x4(_mm512_set1_epi8((char)(1 << b0)), _mm256_set1_epi8((char)(1 << (b0 + 1))), 1);
+    }
+}
+
+INLINE void q3k_block_lanes(const block_q3_K *wk, const act_row *a, int64_t kb, __m512i *out, const q3k_consts *K,
+                            const int NB) {
+    const __m512i m3 = _mm512_set1_epi8(3), four = _mm512_set1_epi8(4);
+    const __m256i sc16 = q3k_scales16(wk->scales);
+    const __m256i off16 = _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(sc16, 2)); /* -4 x the scales */
+    const __m512i s512 = _mm512_zextsi256_si512(sc16);
+    const __m512i hm = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)wk->hmask));
+    __m512i v[4], sc[4];
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++) {
+        const __m512i q = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(wk->qs + 32 * (c / 2))));
+        v[c] = _mm512_and_si512(_mm512_srlv_epi16(q, K->shv[c % 2]), m3);
+        v[c] = _mm512_mask_add_epi8(v[c], _mm512_test_epi8_mask(hm, K->hsel[c]), v[c], four);
+        sc[c] = _mm512_permutexvar_epi16(K->sidx[c], s512);
+    }
+#pragma GCC unroll 8
+    for (int b = 0; b < NB; b++) {
+        const int8_t *aq = a[b].qs + QK_K * kb;
+        const __m256i bs = _mm256_loadu_si256((const __m256i *)(a[b].bsums + 16 * kb));
+        __m512i acci = _mm512_zextsi256_si512(_mm256_madd_epi16(bs, off16));
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++)
+            acci = _mm512_dpwssd_epi32(acci, _mm512_maddubs_epi16(v[c], _mm512_loadu_si512((const void *)(aq + 64 * c))),
+                                       sc[c]);
+        out[b] = acci;
+    }
+}
+
+/* The f16 scale d of super-block k of a slot-type row (Q6_K, Q3_K). */
+INLINE uint16_t kslot_d(const void *w, int64_t k, const int T) {
+    return T == QTYPE_Q3_K ? ((const block_q3_K *)w)[k].d : ((const block_q6_K *)w)[k].d;
+}
+
+/* Blocks k, k + 1 of row w (type T: Q6_K or Q3_K; the second zero past the
+ * row's end) against NB activation rows into pairs[b][(k % 16) / 2], their
+ * f16 scales into dw. */
+INLINE void q6k_block_pair(const void *w, int64_t nblk, int64_t k, const act_row *a, __m512i (*pairs)[8],
+                           __m256i *dw, const q3k_consts *K, const int NB, const int T) {
     const int two = k + 1 < nblk, t = (int)(k & 15);
+    const size_t bsz = T == QTYPE_Q3_K ? sizeof(block_q3_K) : sizeof(block_q6_K);
+    const char *wk = (const char *)w + (size_t)k * bsz;
     __m512i l0[MM_NB], l1[MM_NB];
-    if (NB == 1) kern_pf_block(w + k, (int)(2 * sizeof *w));
-    q6k_block_lanes(w + k, a, k, l0, NB);
-    if (two) q6k_block_lanes(w + k + 1, a, k + 1, l1, NB);
-    else
+    if (NB == 1) kern_pf_block(wk, (int)(2 * bsz));
+    if (T == QTYPE_Q3_K) {
+        q3k_block_lanes((const block_q3_K *)wk, a, k, l0, K, NB);
+        if (two) q3k_block_lanes((const block_q3_K *)(wk + bsz), a, k + 1, l1, K, NB);
+    } else {
+        q6k_block_lanes((const block_q6_K *)wk, a, k, l0, NB);
+        if (two) q6k_block_lanes((const block_q6_K *)(wk + bsz), a, k + 1, l1, NB);
+    }
+    if (!two)
 #pragma GCC unroll 8
         for (int b = 0; b < NB; b++) l1[b] = _mm512_setzero_si512();
-    uint32_t d2 = (uint32_t)w[k].d | (two ? (uint32_t)w[k + 1].d << 16 : 0);
+    uint32_t d2 = (uint32_t)kslot_d(w, k, T) | (two ? (uint32_t)kslot_d(w, k + 1, T) << 16 : 0);
     *dw = _mm256_mask_set1_epi32(*dw, (__mmask8)(1u << (t >> 1)), (int)d2);
 #pragma GCC unroll 8
     for (int b = 0; b < NB; b++) pairs[b][t >> 1] = q6k_pair(l0[b], l1[b]);
@@ -722,9 +791,11 @@ INLINE __mmask16 q6k_chunk_mask(int64_t nblk, int64_t k) {
  * 15-35% slower than with the per-lane float sums of before; one row later
  * its inputs are ready and it overlaps the next row's work. */
 INLINE void mm_q6k_rows(const void *W, int64_t cols, int64_t r0, int64_t r1, const act_row *a, float *Y,
-                        int64_t ldy, const int NB) {
+                        int64_t ldy, const int NB, const int T) {
     const int64_t nblk = cols / QK_K;
-    const size_t wrow = qtype_row_bytes(QTYPE_Q6_K, cols);
+    const size_t wrow = qtype_row_bytes(T, cols);
+    q3k_consts K;
+    if (T == QTYPE_Q3_K) q3k_consts_init(&K);
     __m512i pairs[2][NB][8]; /* by row parity: the row's and the pending row's */
     __m256i pdw = _mm256_setzero_si256();
     __m512 pacc[NB];
@@ -732,7 +803,7 @@ INLINE void mm_q6k_rows(const void *W, int64_t cols, int64_t r0, int64_t r1, con
     const int64_t last = (nblk - 1) & ~(int64_t)15; /* the last chunk's first block */
     kern_pf_start((const char *)W + (size_t)r0 * wrow);
     for (int64_t r = r0; r < r1; r++) {
-        const block_q6_K *w = (const block_q6_K *)((const char *)W + (size_t)r * wrow);
+        const void *w = (const char *)W + (size_t)r * wrow;
         __m512i(*cur)[8] = pairs[(r - r0) & 1];
         __m512i(*prev)[8] = pairs[(r - r0 + 1) & 1];
         __m256i dw = _mm256_setzero_si256();
@@ -741,7 +812,7 @@ INLINE void mm_q6k_rows(const void *W, int64_t cols, int64_t r0, int64_t r1, con
         for (int b = 0; b < NB; b++) acc[b] = _mm512_setzero_ps();
         kern_pf_pages(w, wrow);
         for (int64_t k = 0; k < nblk; k += 2) {
-            q6k_block_pair(w, nblk, k, a, cur, &dw, NB);
+            q6k_block_pair(w, nblk, k, a, cur, &dw, &K, NB, T);
             if (k == 0 && r > r0) /* the previous row's last chunk */
 #pragma GCC unroll 4
                 for (int b = 0; b < NB; b++)
@@ -775,24 +846,6 @@ INLINE void mm_q6k_rows(const void *W, int64_t cols, int64_t r0, int64_t r1, con
  * comes off as one more vpdpwssd of bsums with -4 x the scales (its scales
  * are 6-bit - 32), Q2_K's mins as -dmin x sum_j m_j sum(a_j) in floats, as
  * Q4_K's. */
-/* The 16 signed scales (6-bit, - 32) of a Q3_K block as int16 lanes:
- * q3k_scale's bit fields taken by vector shifts (per sub-block scalar
- * extraction cost more than the block's arithmetic in decode). */
-INLINE __m256i q3k_scales16(const uint8_t *s) {
-    uint64_t lo8;
-    uint32_t hi4;
-    memcpy(&lo8, s, 8);
-    memcpy(&hi4, s + 8, 4);
-    const __m128i m4 = _mm_set1_epi8(0xF), x = _mm_cvtsi64_si128((long long)lo8);
-    /* low 4 bits: sub-blocks 0-7 in the low nibbles of bytes 0-7, 8-15 in their high nibbles */
-    const __m256i lo = _mm256_cvtepu8_epi16(_mm_unpacklo_epi64(_mm_and_si128(x, m4), _mm_and_si128(_mm_srli_epi16(x, 4), m4)));
-    /* high 2 bits: bits 2 (is / 4) of byte 8 + is % 4 */
-    const __m256i shifts = _mm256_setr_epi16(0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4, 6, 6, 6, 6);
-    const __m256i hi = _mm256_and_si256(_mm256_srlv_epi16(_mm256_cvtepu8_epi16(_mm_set1_epi32((int)hi4)), shifts),
-                                        _mm256_set1_epi16(3));
-    return _mm256_sub_epi16(_mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)), _mm256_set1_epi16(32));
-}
-
 INLINE void mm_q23k_row(int wtype, const void *W, int64_t nblk, const act_row *a, float *y, int64_t ldy,
                         const int NB) {
     const int Q3 = wtype == QTYPE_Q3_K;
@@ -930,10 +983,6 @@ static void matmul_q5_K_avx512(const void *W, int64_t cols, int64_t r0, int64_t 
                                int nb, float *Y, int64_t ldy) {
     mm_q8(QTYPE_Q5_K, W, cols, r0, r1, act, nb, Y, ldy);
 }
-static void matmul_q3_K_avx512(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
-                               int nb, float *Y, int64_t ldy) {
-    mm_quant(QTYPE_Q3_K, W, cols, r0, r1, act, nb, Y, ldy);
-}
 static void matmul_q2_K_avx512(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
                                int nb, float *Y, int64_t ldy) {
     mm_quant(QTYPE_Q2_K, W, cols, r0, r1, act, nb, Y, ldy);
@@ -942,15 +991,15 @@ static void matmul_iq4_xs_avx512(const void *W, int64_t cols, int64_t r0, int64_
                                  int nb, float *Y, int64_t ldy) {
     mm_q8(QTYPE_IQ4_XS, W, cols, r0, r1, act, nb, Y, ldy);
 }
-/* Q6_K: batches of ACT_Q8_QUAD_MIN rows or more by the quad kernel
- * (q6k_quads_avx512.c) in groups of 4 weight rows, the last 0-3 weight rows
- * and smaller batches by mm_q6k_rows (same arithmetic), in tiles of MM_NB
- * activation rows. */
-static void matmul_q6_K_avx512(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
-                               int nb, float *Y, int64_t ldy) {
-    if (act_q8_nquads(nb)) {
+/* Q6_K and Q3_K (type T): batches that carry quads (act_q8k_nquads: Q6_K
+ * from 4 rows, Q3_K from 8) by the quad kernel (kq16_quads_avx512.c) in
+ * groups of 4 weight rows, the last 0-3 weight rows and smaller batches by
+ * mm_q6k_rows (same arithmetic), in tiles of MM_NB activation rows. */
+INLINE void mm_kq16(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act, int nb, float *Y,
+                    int64_t ldy, const int T) {
+    if (act_q8k_nquads(T, nb)) {
         int64_t n4 = (r1 - r0) / 4;
-        if (n4) kern_matmul_q6k_quads_avx512(W, cols, r0, n4, act, nb, Y, ldy);
+        if (n4) kern_matmul_kq16_quads_avx512(T, W, cols, r0, n4, act, nb, Y, ldy);
         r0 += 4 * n4;
         if (r0 == r1) return;
     }
@@ -959,16 +1008,25 @@ static void matmul_q6_K_avx512(const void *W, int64_t cols, int64_t r0, int64_t 
         int n = act_tile_rows(ACT_Q8K, act, cols, nb, b0, MM_NB, a);
         float *y = Y + (int64_t)b0 * ldy;
         switch (n) {
-        case 1: mm_q6k_rows(W, cols, r0, r1, a, y, ldy, 1); break;
-        case 2: mm_q6k_rows(W, cols, r0, r1, a, y, ldy, 2); break;
-        case 3: mm_q6k_rows(W, cols, r0, r1, a, y, ldy, 3); break;
-        case 4: mm_q6k_rows(W, cols, r0, r1, a, y, ldy, 4); break;
-        case 5: mm_q6k_rows(W, cols, r0, r1, a, y, ldy, 5); break;
-        case 6: mm_q6k_rows(W, cols, r0, r1, a, y, ldy, 6); break;
-        case 7: mm_q6k_rows(W, cols, r0, r1, a, y, ldy, 7); break;
-        default: mm_q6k_rows(W, cols, r0, r1, a, y, ldy, 8); break;
+        case 1: mm_q6k_rows(W, cols, r0, r1, a, y, ldy, 1, T); break;
+        case 2: mm_q6k_rows(W, cols, r0, r1, a, y, ldy, 2, T); break;
+        case 3: mm_q6k_rows(W, cols, r0, r1, a, y, ldy, 3, T); break;
+        case 4: mm_q6k_rows(W, cols, r0, r1, a, y, ldy, 4, T); break;
+        case 5: mm_q6k_rows(W, cols, r0, r1, a, y, ldy, 5, T); break;
+        case 6: mm_q6k_rows(W, cols, r0, r1, a, y, ldy, 6, T); break;
+        case 7: mm_q6k_rows(W, cols, r0, r1, a, y, ldy, 7, T); break;
+        default: mm_q6k_rows(W, cols, r0, r1, a, y, ldy, 8, T); break;
         }
     }
+}
+
+static void matmul_q6_K_avx512(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
+                               int nb, float *Y, int64_t ldy) {
+    mm_kq16(W, cols, r0, r1, act, nb, Y, ldy, QTYPE_Q6_K);
+}
+static void matmul_q3_K_avx512(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
+                               int nb, float *Y, int64_t ldy) {
+    mm_kq16(W, cols, r0, r1, act, nb, Y, ldy, QTYPE_Q3_K);
 }
 
 /* ---- dequantization (same arithmetic as quant.c, so results are equal) ---- */

@@ -208,18 +208,29 @@ static inline int act_tile_rows(act_kind kind, const void *act, int64_t cols, in
  * (every ACT_Q8 type). */
 static inline int act_q8_has_quads(int wtype) { return act_kind_of(wtype) == ACT_Q8; }
 
-/* ACT_Q8K quads, for Q6_K weights (the AVX-512 batch kernel of
- * q6k_quads_avx512.c), in the same place and with the same count as ACT_Q8's
+/* ACT_Q8K quads, for Q6_K and Q3_K weights (the AVX-512 batch kernel of
+ * kq16_quads_avx512.c), in the same place and with the same count as ACT_Q8's
  * (after the nb rows, act_q8_nquads(nb) of them, the last padded with zero
  * rows). Super-block k of quad q takes ACT_Q8K_QUAD_SB bytes at
  * (k * nquads + q) * ACT_Q8K_QUAD_SB:
  *   int8 q[64][4][4]: q[m][b] = elements 4m .. 4m+3 of super-block k of row 4q + b
- *   int32 off[16][4]: off[j][b] = -32 * bsums[16k + j] of row 4q + b
+ *   int32 off[16][4]: off[j][b] = -32 * bsums[16k + j] of row 4q + b (Q6_K's
+ *     offset; Q3_K's, -4 * bsums, is off / 8, exact)
  *   float d[4]: row 4q + b's d of super-block k */
 enum { ACT_Q8K_QUAD_SB = 64 * 16 + 16 * 16 + 16 };
 
-/* Whether batches of wtype carry ACT_Q8K quads. */
-static inline int act_q8k_has_quads(int wtype) { return wtype == QTYPE_Q6_K; }
+/* Q3_K batches carry quads from this many rows: below it the per-row
+ * kernel was as fast (bench_gemm, Llama-3.2-1B layer, 2 threads, 4 and 6
+ * rows) or faster (5 rows: 1.64 against 1.93 ms, the second quad 3/4
+ * padding). */
+enum { ACT_Q8K_Q3K_QUAD_MIN = 8 };
+
+/* The ACT_Q8K quads a batch of nb rows of wtype carries: Q6_K's from
+ * ACT_Q8_QUAD_MIN rows, Q3_K's from ACT_Q8K_Q3K_QUAD_MIN, no other type's. */
+static inline int act_q8k_nquads(int wtype, int nb) {
+    if (wtype == QTYPE_Q6_K || (wtype == QTYPE_Q3_K && nb >= ACT_Q8K_Q3K_QUAD_MIN)) return act_q8_nquads(nb);
+    return 0;
+}
 
 /* Super-block k of quad q of ACT_Q8K activations `act` prepared for nb rows. */
 static inline const int8_t *act_q8k_quad(const void *act, int64_t cols, int nb, int q, int64_t k) {
@@ -292,10 +303,10 @@ void kern_act_q8k_quads_avx512(void *act, int64_t cols, int nb, int q0, int q1);
 void kern_matmul_q8_quads_avx512(int wtype, const void *W, int64_t cols, int64_t r0, int64_t n4, const void *act,
                                  int nb, float *Y, int64_t ldy);
 
-/* Q6_K rows [r0, r0 + 4 * n4) against all nb rows of ACT_Q8K activations
- * prepared with quads (q6k_quads_avx512.c). */
-void kern_matmul_q6k_quads_avx512(const void *W, int64_t cols, int64_t r0, int64_t n4, const void *act, int nb,
-                                  float *Y, int64_t ldy);
+/* Q6_K or Q3_K (wtype) rows [r0, r0 + 4 * n4) against all nb rows of
+ * ACT_Q8K activations prepared with quads (kq16_quads_avx512.c). */
+void kern_matmul_kq16_quads_avx512(int wtype, const void *W, int64_t cols, int64_t r0, int64_t n4, const void *act,
+                                   int nb, float *Y, int64_t ldy);
 
 /* INT4_G128 matmuls (int4_g128_avx2.c, int4_g128_avx512.c). */
 void kern_matmul_int4_g128_avx2(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act, int nb,

@@ -1,5 +1,5 @@
 /* Private to src/kernels: pieces shared by the AVX-512 batch ("quad")
- * kernels, q8_quads_avx512.c and q6k_quads_avx512.c. Both put 16 (weight
+ * kernels, q8_quads_avx512.c and kq16_quads_avx512.c. Both put 16 (weight
  * row, activation row) pairs in a vector, lane 4i + b for weight row i of a
  * group of 4 and activation row b of a quad (kernels_impl.h). */
 #ifndef ELLM_KERNELS_QUADS_AVX512_H

@@ -1,7 +1,7 @@
-/* Q6_K weights against small batches of ACT_Q8K activations (quads,
- * kernels_impl.h), AVX-512 VNNI: batched decode, speculative verification
- * and prefill of the K-quant files whose attn_v, ffn_down and output
- * matrices are Q6_K.
+/* Q6_K and Q3_K weights (K-quants with sub-blocks of 16) against small
+ * batches of ACT_Q8K activations (quads, kernels_impl.h), AVX-512 VNNI:
+ * batched decode, speculative verification and prefill of the K-quant files
+ * whose attn_v, ffn_down and output matrices are Q6_K, and of the Q3_K ones.
  *
  * The lane layout is q8_quads_avx512.c's: a vpdpbusd works on 16 (weight
  * row, activation row) pairs at once, 128-bit lane i holding dword j of
@@ -28,7 +28,19 @@
  * shared by the groups. Per pair and sub-block: 4 vpdpbusd, a vpmulld and an
  * add. A pass is up to 2 groups x 4 quads (8 pairs: the integer sums and the
  * running sub-block dot of every pair stay in registers), or 1 group x up
- * to 8 quads for a last group of 4 rows. */
+ * to 8 quads for a last group of 4 rows.
+ *
+ * Q3_K takes the same path with its own unpacking. Its values are q = value
+ * + 4 in 0..7 (the 2-bit field of qs, + 4 where the hmask bit is set), its
+ * 16 scales 6-bit less 32 (q3k_scales16, packed to bytes so that one byte
+ * shuffle picks a sub-block's as for Q6_K), and its offset -4 * sum(a_j) is
+ * the quads' -32 * sum(a_j) shifted right by 3 (exact):
+ *
+ *   isum = sum_j (sc[j] - 32) * (dot(q_j, a_j) - 4 * sum(a_j))
+ *
+ * matmul_q3_K_ref's integer, with the same float steps. The hmask bytes of
+ * a group are loaded once per super-block; each block of 32 takes its 32 qs
+ * bytes, a shift and a mask, and a masked add of 4. */
 #include "kernels/kernels_impl.h"
 #include "kernels/kernels_x86.h"
 #include "kernels/quads_avx512.h"
@@ -48,32 +60,41 @@ enum {
      : (c) == 2 ? _mm512_shuffle_epi32(v, _MM_PERM_CCCC)                                                    \
                 : _mm512_shuffle_epi32(v, _MM_PERM_DDDD))
 
-/* One super-block k of a pass: NG groups of 4 weight rows from `w` (row 0's
- * super-block k) against NQ quads at A (quad 0 of super-block k, quads
- * ACT_Q8K_QUAD_SB apart); S: the slot accumulators of slot k % 16. */
-INLINE void q6q_superblock(const block_q6_K *w, size_t wrow, const int8_t *A, __m512 *S, const int NG,
-                           const int NQ, const int FIRST) {
+/* Row i's 16 scales of super-block `b` as int8: Q6_K's as stored, Q3_K's
+ * unpacked (q3k_scales16, in -32..31). */
+INLINE __m128i kq16_scales8(const char *b, const int T) {
+    if (T == QTYPE_Q3_K) return _mm256_cvtepi16_epi8(q3k_scales16(((const block_q3_K *)b)->scales));
+    return _mm_loadu_si128((const __m128i *)((const block_q6_K *)b)->scales);
+}
+
+/* The f16 scale d of super-block `b`. */
+INLINE short kq16_d(const char *b, const int T) {
+    return T == QTYPE_Q3_K ? (short)((const block_q3_K *)b)->d : (short)((const block_q6_K *)b)->d;
+}
+
+/* One super-block k of a pass: NG groups of 4 weight rows (type T) from `w`
+ * (row 0's super-block k) against NQ quads at A (quad 0 of super-block k,
+ * quads ACT_Q8K_QUAD_SB apart); S: the slot accumulators of slot k % 16. */
+INLINE void q6q_superblock(const char *w, size_t wrow, const int8_t *A, __m512 *S, const int NG, const int NQ,
+                           const int FIRST, const int T) {
     const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
     const __m512i rep = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
-    __m512i scb[Q6Q_MAX_G], isum[Q6Q_MAX_P];
+    __m512i scb[Q6Q_MAX_G], isum[Q6Q_MAX_P], hml[Q6Q_MAX_G], hmh[Q6Q_MAX_G];
 #pragma GCC unroll 8
     for (int i = 0; i < NG * NQ; i++) isum[i] = _mm512_setzero_si512();
     __m512 dw[Q6Q_MAX_G];
 #pragma GCC unroll 2
     for (int g = 0; g < NG; g++) {
-        const block_q6_K *b0 = (const block_q6_K *)((const char *)w + (size_t)(4 * g) * wrow);
-        const block_q6_K *b1 = (const block_q6_K *)((const char *)b0 + wrow);
-        const block_q6_K *b2 = (const block_q6_K *)((const char *)b1 + wrow);
-        const block_q6_K *b3 = (const block_q6_K *)((const char *)b2 + wrow);
+        const char *b0 = w + (size_t)(4 * g) * wrow, *b1 = b0 + wrow, *b2 = b1 + wrow, *b3 = b2 + wrow;
         /* lane i: row 4g + i's 16 int8 scales */
-        __m256i s01 = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)b0->scales)),
-                                              _mm_loadu_si128((const __m128i *)b1->scales), 1);
-        __m256i s23 = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)b2->scales)),
-                                              _mm_loadu_si128((const __m128i *)b3->scales), 1);
+        __m256i s01 = _mm256_inserti128_si256(_mm256_castsi128_si256(kq16_scales8(b0, T)), kq16_scales8(b1, T), 1);
+        __m256i s23 = _mm256_inserti128_si256(_mm256_castsi128_si256(kq16_scales8(b2, T)), kq16_scales8(b3, T), 1);
         scb[g] = _mm512_inserti64x4(_mm512_castsi256_si512(s01), s23, 1);
         /* lane i: row 4g + i's d */
-        __m128 d4 = _mm_cvtph_ps(_mm_setr_epi16((short)b0->d, (short)b1->d, (short)b2->d, (short)b3->d, 0, 0, 0, 0));
+        __m128 d4 = _mm_cvtph_ps(_mm_setr_epi16(kq16_d(b0, T), kq16_d(b1, T), kq16_d(b2, T), kq16_d(b3, T), 0, 0, 0, 0));
         dw[g] = _mm512_permutexvar_ps(rep, _mm512_castps128_ps512(d4));
+        /* Q3_K: lane i holds row 4g + i's hmask bytes 0-15 (hml) and 16-31 (hmh) */
+        if (T == QTYPE_Q3_K) quads_load32x4((const char *)((const block_q3_K *)b0)->hmask, wrow, &hml[g], &hmh[g]);
     }
     /* block b of 32 (elements 32b .. 32b + 31, sub-blocks 2b and 2b + 1):
      * field kk = b % 4 of half h = b / 4, its low nibbles from ql bytes
@@ -84,21 +105,38 @@ INLINE void q6q_superblock(const block_q6_K *w, size_t wrow, const int8_t *A, __
 #pragma GCC unroll 1
     for (int b = 0; b < 8; b++) {
         const int h = b >> 2, kk = b & 3;
+        __m512i v[Q6Q_MAX_G][2];
+        if (T == QTYPE_Q3_K) {
+            /* elements 32b .. 32b + 31: field kk (bits 2kk, 2kk + 1) of qs bytes
+             * 32h .. 32h + 31, + 4 where hmask bit 4h + kk is set */
+            const __m128i sh = _mm_cvtsi32_si128(2 * kk);
+            const __m512i m3 = _mm512_set1_epi8(3), four = _mm512_set1_epi8(4), bit = _mm512_set1_epi8((char)(1 << b));
+#pragma GCC unroll 2
+            for (int g = 0; g < NG; g++) {
+                __m512i ql, qh;
+                quads_load32x4((const char *)((const block_q3_K *)w)->qs + 32 * h + (size_t)(4 * g) * wrow, wrow, &ql, &qh);
+                v[g][0] = _mm512_and_si512(_mm512_srl_epi16(ql, sh), m3);
+                v[g][1] = _mm512_and_si512(_mm512_srl_epi16(qh, sh), m3);
+                v[g][0] = _mm512_mask_add_epi8(v[g][0], _mm512_test_epi8_mask(hml[g], bit), v[g][0], four);
+                v[g][1] = _mm512_mask_add_epi8(v[g][1], _mm512_test_epi8_mask(hmh[g], bit), v[g][1], four);
+            }
+        } else {
         const __m128i nsh = _mm_cvtsi32_si128(4 * (kk >> 1));
         /* qh bits 2kk, 2kk + 1 into bits 4, 5: << (4 - 2kk), or >> 2 for kk = 3
          * (what leaks across bytes lands outside bits 4, 5) */
         const __m128i hl = _mm_cvtsi32_si128(kk == 3 ? 0 : 4 - 2 * kk), hr = _mm_cvtsi32_si128(kk == 3 ? 2 : 0);
-        __m512i v[Q6Q_MAX_G][2];
 #pragma GCC unroll 2
         for (int g = 0; g < NG; g++) {
             __m512i ll, lh, qhl, qhh;
-            quads_load32x4((const char *)w->ql + 64 * h + 32 * (kk & 1) + (size_t)(4 * g) * wrow, wrow, &ll, &lh);
-            quads_load32x4((const char *)w->qh + 32 * h + (size_t)(4 * g) * wrow, wrow, &qhl, &qhh);
+            const block_q6_K *w6 = (const block_q6_K *)w;
+            quads_load32x4((const char *)w6->ql + 64 * h + 32 * (kk & 1) + (size_t)(4 * g) * wrow, wrow, &ll, &lh);
+            quads_load32x4((const char *)w6->qh + 32 * h + (size_t)(4 * g) * wrow, wrow, &qhl, &qhh);
             qhl = _mm512_and_si512(_mm512_srl_epi16(_mm512_sll_epi16(qhl, hl), hr), m30);
             qhh = _mm512_and_si512(_mm512_srl_epi16(_mm512_sll_epi16(qhh, hl), hr), m30);
             /* 0xF8: A | (B & C): (high bits & 0x30) | (nibble & 0x0F) */
             v[g][0] = _mm512_ternarylogic_epi32(qhl, _mm512_srl_epi16(ll, nsh), m4, 0xF8);
             v[g][1] = _mm512_ternarylogic_epi32(qhh, _mm512_srl_epi16(lh, nsh), m4, 0xF8);
+        }
         }
 #pragma GCC unroll 2
         for (int t = 0; t < 2; t++) {
@@ -116,7 +154,8 @@ INLINE void q6q_superblock(const block_q6_K *w, size_t wrow, const int8_t *A, __
             for (int q = 0; q < NQ; q++) {
                 const int8_t *aq = A + (size_t)q * ACT_Q8K_QUAD_SB;
                 __m512i acc[Q6Q_MAX_G];
-                const __m512i off = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(aq + 64 * 16 + 16 * j)));
+                __m512i off = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(aq + 64 * 16 + 16 * j)));
+                if (T == QTYPE_Q3_K) off = _mm512_srai_epi32(off, 3); /* -4 * sum(a_j) */
 #pragma GCC unroll 2
                 for (int g = 0; g < NG; g++) acc[g] = off;
 #pragma GCC unroll 4
@@ -146,16 +185,18 @@ INLINE void q6q_superblock(const block_q6_K *w, size_t wrow, const int8_t *A, __
 
 /* NG groups from weight row r against quads q0 .. q0 + NQ; writes Y. */
 INLINE void q6q_pass(const char *W, size_t wrow, int64_t nblk, int64_t r, const void *act, int64_t cols, int nb,
-                     int q0, const char *pf, size_t pf_step, float *Y, int64_t ldy, const int NG, const int NQ) {
+                     int q0, const char *pf, size_t pf_step, float *Y, int64_t ldy, const int NG, const int NQ,
+                     const int T) {
     __m512 S[16][Q6Q_MAX_P], out[Q6Q_MAX_P];
-    const block_q6_K *w = (const block_q6_K *)(W + (size_t)r * wrow);
+    const char *w = W + (size_t)r * wrow;
+    const size_t bsz = T == QTYPE_Q3_K ? sizeof(block_q3_K) : sizeof(block_q6_K);
     for (int64_t s = nblk; s < 16; s++) /* slots without a super-block stay zero */
         for (int i = 0; i < NG * NQ; i++) S[s][i] = _mm512_setzero_ps();
     for (int64_t k = 0; k < nblk; k++, pf += pf_step) {
         const int8_t *A = act_q8k_quad(act, cols, nb, q0, k);
         quads_prefetch(pf, pf_step);
-        if (k < 16) q6q_superblock(w + k, wrow, A, S[k & 15], NG, NQ, 1);
-        else q6q_superblock(w + k, wrow, A, S[k & 15], NG, NQ, 0);
+        if (k < 16) q6q_superblock(w + (size_t)k * bsz, wrow, A, S[k & 15], NG, NQ, 1, T);
+        else q6q_superblock(w + (size_t)k * bsz, wrow, A, S[k & 15], NG, NQ, 0, T);
     }
     /* q8_reduce16's tree over the slots */
 #pragma GCC unroll 8
@@ -172,7 +213,7 @@ INLINE void q6q_pass(const char *W, size_t wrow, int64_t nblk, int64_t r, const 
     QUADS_STORE(out, r, q0, nb, Y, ldy, NG, NQ);
 }
 
-#define Q6Q_PASS(NG_, NQ_) q6q_pass(W, wrow, nblk, r, act, cols, nb, q0, pf, pf_step, Y, ldy, NG_, NQ_)
+#define Q6Q_PASS(NG_, NQ_) q6q_pass(W, wrow, nblk, r, act, cols, nb, q0, pf, pf_step, Y, ldy, NG_, NQ_, T)
 
 /* A pass's rows are read super-block by super-block, as 4-8 short streams
  * that the hardware prefetchers follow poorly (a pass of one quad ran at
@@ -181,10 +222,10 @@ INLINE void q6q_pass(const char *W, size_t wrow, int64_t nblk, int64_t r, const 
  * lines per super-block (q8_quads_avx512.c does the same). The last group
  * prefetches the rows after the call's range, where the engine's next piece
  * of the matrix starts; a prefetch never faults. */
-void kern_matmul_q6k_quads_avx512(const void *W, int64_t cols, int64_t r0, int64_t n4, const void *act, int nb,
-                                  float *Y, int64_t ldy) {
+INLINE void kq16_rows(const void *W, int64_t cols, int64_t r0, int64_t n4, const void *act, int nb, float *Y,
+                      int64_t ldy, const int T) {
     const int64_t nblk = cols / QK_K;
-    const size_t wrow = (size_t)nblk * sizeof(block_q6_K);
+    const size_t wrow = qtype_row_bytes(T, cols);
     const int nquads = act_q8_nquads(nb);
     const char *first = (const char *)W + (size_t)r0 * wrow;
     quads_prefetch(first, (size_t)(4 * (n4 >= 2 ? 2 : 1)) * wrow);
@@ -220,6 +261,13 @@ void kern_matmul_q6k_quads_avx512(const void *W, int64_t cols, int64_t r0, int64
         }
         g += ng;
     }
+}
+
+/* Each type its own instantiation (the type a constant in every loop). */
+void kern_matmul_kq16_quads_avx512(int wtype, const void *W, int64_t cols, int64_t r0, int64_t n4, const void *act,
+                                   int nb, float *Y, int64_t ldy) {
+    if (wtype == QTYPE_Q3_K) kq16_rows(W, cols, r0, n4, act, nb, Y, ldy, QTYPE_Q3_K);
+    else kq16_rows(W, cols, r0, n4, act, nb, Y, ldy, QTYPE_Q6_K);
 }
 
 /* kern_act_q8k_quads_ref with one dword transpose per 16 elements: the
