@@ -689,10 +689,6 @@ INLINE __m512 q6k_flush(const __m512i *pairs, __m256i dw, __mmask16 m, const flo
                                  _mm512_mul_ps(_mm512_maskz_cvtph_ps(m, dw), _mm512_maskz_loadu_ps(m, da)), acc, m);
 }
 
-/* Super-block kb of Q3_K row wk against NB activation rows: mm_q23k_row's
- * integer work (see the Q3_K / Q2_K section below for the unpacking), each
- * row's 16 int32 lanes summing to the exact integer isum_kb of
- * matmul_q3_K_ref, which mm_q6k_rows turns into floats as it does Q6_K's. */
 /* q3k_block_lanes' per-vector constants, built once per call of
  * mm_q6k_rows: vector c covers elements 64c .. 64c + 63; its int16 lane i
  * takes sub-block 4c + i / 8's scale (sidx), its low 256 bits field 2 (c %
@@ -717,6 +713,10 @@ INLINE void q3k_consts_init(q3k_consts *k) {
     }
 }
 
+/* Super-block kb of Q3_K row wk against NB activation rows: mm_q23k_row's
+ * integer work (see the Q3_K / Q2_K section below for the unpacking), each
+ * row's 16 int32 lanes summing to the exact integer isum_kb of
+ * matmul_q3_K_ref, which mm_q6k_rows turns into floats as it does Q6_K's. */
 INLINE void q3k_block_lanes(const block_q3_K *wk, const act_row *a, int64_t kb, __m512i *out, const q3k_consts *K,
                             const int NB) {
     const __m512i m3 = _mm512_set1_epi8(3), four = _mm512_set1_epi8(4);
