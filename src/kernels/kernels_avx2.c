@@ -446,14 +446,11 @@ INLINE void mm_q6k_row(const block_q6_K *w, int64_t nblk, const act_row *a, floa
  * off as bsums x -4 x the scales, Q2_K's mins as -dmin x sum_j m_j sum(a_j)
  * in floats. */
 /* The 16 signed scales (6-bit, - 32) of a Q3_K block as int16 lanes, by
- * vector shifts (kernels_avx512.c's q3k_scales16 with 32-bit shifts). */
+ * vector shifts (kernels_x86.h's AVX-512 q3k_scales16 with 32-bit shifts). */
 INLINE __m256i q3k_scales16(const uint8_t *s) {
-    uint64_t lo8;
     uint32_t hi4;
-    memcpy(&lo8, s, 8);
     memcpy(&hi4, s + 8, 4);
-    const __m128i m4 = _mm_set1_epi8(0xF), x = _mm_cvtsi64_si128((long long)lo8);
-    const __m256i lo = _mm256_cvtepu8_epi16(_mm_unpacklo_epi64(_mm_and_si128(x, m4), _mm_and_si128(_mm_srli_epi16(x, 4), m4)));
+    const __m256i lo = q3k_scales_lo16(s);
     const __m256i h = _mm256_cvtepu8_epi32(_mm_set1_epi32((int)hi4)), m3 = _mm256_set1_epi32(3);
     const __m256i ha = _mm256_and_si256(_mm256_srlv_epi32(h, _mm256_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2)), m3);
     const __m256i hb = _mm256_and_si256(_mm256_srlv_epi32(h, _mm256_setr_epi32(4, 4, 4, 4, 6, 6, 6, 6)), m3);

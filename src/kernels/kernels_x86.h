@@ -109,6 +109,16 @@ INLINE __m128i q4k_scales_vec(const uint8_t *scales) {
     return _mm_unpacklo_epi32(lo6, hi);
 }
 
+/* The low 4 bits of a Q3_K block's 16 scales (q3k_scale's bit fields) as
+ * int16 lanes: sub-blocks 0-7 in the low nibbles of bytes 0-7, 8-15 in their
+ * high nibbles. Each ISA's q3k_scales16 adds the high 2 bits. */
+INLINE __m256i q3k_scales_lo16(const uint8_t *s) {
+    uint64_t lo8;
+    memcpy(&lo8, s, 8);
+    const __m128i m4 = _mm_set1_epi8(0xF), x = _mm_cvtsi64_si128((long long)lo8);
+    return _mm256_cvtepu8_epi16(_mm_unpacklo_epi64(_mm_and_si128(x, m4), _mm_and_si128(_mm_srli_epi16(x, 4), m4)));
+}
+
 #if defined(__AVX512BW__) && defined(__AVX512VL__)
 /* The 16 signed scales (6-bit, - 32) of a Q3_K block as int16 lanes:
  * q3k_scale's bit fields taken by vector shifts (per sub-block scalar
@@ -116,13 +126,9 @@ INLINE __m128i q4k_scales_vec(const uint8_t *scales) {
  * per-row and batch kernels; kernels_avx2.c has its own, with 32-bit
  * shifts. */
 INLINE __m256i q3k_scales16(const uint8_t *s) {
-    uint64_t lo8;
     uint32_t hi4;
-    memcpy(&lo8, s, 8);
     memcpy(&hi4, s + 8, 4);
-    const __m128i m4 = _mm_set1_epi8(0xF), x = _mm_cvtsi64_si128((long long)lo8);
-    /* low 4 bits: sub-blocks 0-7 in the low nibbles of bytes 0-7, 8-15 in their high nibbles */
-    const __m256i lo = _mm256_cvtepu8_epi16(_mm_unpacklo_epi64(_mm_and_si128(x, m4), _mm_and_si128(_mm_srli_epi16(x, 4), m4)));
+    const __m256i lo = q3k_scales_lo16(s);
     /* high 2 bits: bits 2 (is / 4) of byte 8 + is % 4 */
     const __m256i shifts = _mm256_setr_epi16(0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4, 6, 6, 6, 6);
     const __m256i hi = _mm256_and_si256(_mm256_srlv_epi16(_mm256_cvtepu8_epi16(_mm_set1_epi32((int)hi4)), shifts),
