@@ -41,12 +41,17 @@
 
 /* The block's keys (int8 k[HD][16], then F16 kd[HD / 32][16]) into kq
  * (HD / 4 registers: channels 4i .. 4i + 3 of the 16 keys, one dword per
- * key, each byte + 128) and kdf (HD / 32 rows of 16 F32 scales). */
+ * key, each byte + 128) and kdf (HD / 32 rows of 16 F32 scales). This loop
+ * and load_v's are unrolled, so q8_pf_spread's bounds are constants: verify
+ * passes of 4 and 9 tokens at 16K ran 1.10x and 1.05x faster
+ * (bench_attention_rows -t 2 --kv q8_0, ten alternated runs each;
+ * bench/SPEC.md). */
 static ALWAYS_INLINE void load_k(__m512i *kq, float *kdf, const attn_block *b, const int HD) {
     const int8_t *k = b->k;
     const uint16_t *kd = (const uint16_t *)(k + (size_t)HD * 16);
     const __m512i perm = _mm512_load_si512((const void *)q8k_quad_perm), flip = _mm512_set1_epi8((char)0x80);
     const int lines = (int)((kv_q8_half_bytes(HD, 16) + 63) / 64);
+#pragma GCC unroll 32
     for (int i = 0; i < HD / 4; i++) {
         const __m512i x = _mm512_loadu_si512((const void *)(k + (size_t)i * 64));
         _mm512_store_si512((void *)(kq + i), _mm512_xor_si512(_mm512_permutexvar_epi8(perm, x), flip));
@@ -115,7 +120,9 @@ static ALWAYS_INLINE void load_v(__m512i *vq, float *vdt, const attn_block *b, c
     const int8_t *v = b->v;
     const uint16_t *vd = (const uint16_t *)(v + (size_t)HD * 16);
     const int lines = (int)((kv_q8_half_bytes(HD, 16) + 63) / 64);
+#pragma GCC unroll 4
     for (int qi = 0; qi < 4; qi++) {
+#pragma GCC unroll 2
         for (int d0 = 0; d0 < HD; d0 += 64) {
             __m512i x[4];
             q8pv_quad_avx512(v + (size_t)4 * qi * HD, HD, d0, 4, x, 4);
