@@ -395,8 +395,16 @@ int cmd_bench(int argc, char **argv) {
         fprintf(stderr, "error: cannot allocate the %ld MB bandwidth buffer (--bw-mb)\n", bw_mb);
         goto done;
     }
-    double bw1 = ellm_measure_read_gbps(1, (size_t)bw_mb << 20, 5);
-    double bw = membw_read_buffer_gbps(meter.pool, meter.buf, meter.bytes, 5);
+    double bw = membw_read_buffer_gbps(meter.pool, meter.buf, meter.bytes, 5), bw1 = bw;
+    if (nt > 1) { /* one thread over the same buffer, not a second one committed */
+        threadpool *one;
+        if (threadpool_init(1, 1, &one, &err) != ELLM_OK) {
+            fprintf(stderr, "error: %s\n", err.msg);
+            goto done;
+        }
+        bw1 = membw_read_buffer_gbps(one, meter.buf, meter.bytes, 5);
+        threadpool_free(one);
+    }
     /* The yardstick `ellm probe` measured (all nodes, each core reading its
      * own node's memory), for the probe_fraction of each point. */
     double probe_age_s;
