@@ -689,19 +689,26 @@ INLINE __m512 q6k_flush(const __m512i *pairs, __m256i dw, __mmask16 m, const flo
                                  _mm512_mul_ps(_mm512_maskz_cvtph_ps(m, dw), _mm512_maskz_loadu_ps(m, da)), acc, m);
 }
 
-/* q3k_block_lanes' per-vector constants, built once per call of
- * mm_q6k_rows: vector c covers elements 64c .. 64c + 63; its int16 lane i
- * takes sub-block 4c + i / 8's scale (sidx), its low 256 bits field 2 (c %
- * 2) and its high bits field 2 (c % 2) + 1 of the qs bytes (shv: 16-bit
- * shift counts by c % 2), and hmask bits 4 (c / 2) + 2 (c % 2) and + 1
- * (hsel). Built inside the per-block function instead, they were rebuilt
- * from immediates in general registers for every block (12% more time per
- * block at 2-3 rows). */
+/* The unpacking of the 2-bit K-quants (Q3_K, Q2_K). Elements 64c .. 64c +
+ * 63 (half h = c / 2) have their 2-bit fields k0 = 2 (c % 2) (first 32) and
+ * k0 + 1 (last 32) in qs[32h .. 32h + 31]: those 32 bytes in both 256-bit
+ * halves, shifted right by 2 k0 or 2 k0 + 2 per half and masked, are the
+ * elements in order; Q3_K adds 4 where the hmask bit 4h + k is set, so q =
+ * value + 4 in 0..7 (Q2_K: q in 0..3). maddubs (pairs <= 2 * 7 * 127) then
+ * vpdpwssd with the 16-element sub-block scales (int16 lane i of vector c:
+ * sub-block 4c + i / 8, as Q6_K's).
+ *
+ * The per-vector constants, built once per call: sidx (vector c's int16 lane
+ * i takes sub-block 4c + i / 8's scale), shv (16-bit shift counts of the
+ * fields, by c % 2) and hsel (Q3_K's hmask bits 4 (c / 2) + 2 (c % 2) and
+ * + 1). Built inside the per-block functions instead, they were rebuilt from
+ * immediates in general registers for every block (12% more time per block
+ * at 2-3 rows). */
 typedef struct {
     __m512i sidx[4], shv[2], hsel[4];
-} q3k_consts;
+} k2_consts;
 
-INLINE void q3k_consts_init(q3k_consts *k) {
+INLINE void k2_consts_init(k2_consts *k) {
     k->sidx[0] = _mm512_set_epi64(0x0003000300030003ll, 0x0003000300030003ll, 0x0002000200020002ll,
                                   0x0002000200020002ll, 0x0001000100010001ll, 0x0001000100010001ll, 0, 0);
     for (int c = 1; c < 4; c++) k->sidx[c] = _mm512_add_epi16(k->sidx[c - 1], _mm512_set1_epi16(4));
@@ -713,50 +720,56 @@ INLINE void q3k_consts_init(q3k_consts *k) {
     }
 }
 
-/* Super-block kb of Q3_K row wk against NB activation rows: mm_q23k_row's
- * integer work (see the Q3_K / Q2_K section below for the unpacking), each
- * row's 16 int32 lanes summing to the exact integer isum_kb of
- * matmul_q3_K_ref, which mm_q6k_rows turns into floats as it does Q6_K's. */
-INLINE void q3k_block_lanes(const block_q3_K *wk, const act_row *a, int64_t kb, __m512i *out, const q3k_consts *K,
-                            const int NB) {
-    const __m512i m3 = _mm512_set1_epi8(3), four = _mm512_set1_epi8(4);
-    const __m256i sc16 = q3k_scales16(wk->scales);
-    const __m256i off16 = _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(sc16, 2)); /* -4 x the scales */
-    const __m512i s512 = _mm512_zextsi256_si512(sc16);
-    const __m512i hm = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)wk->hmask));
-    __m512i v[4], sc[4];
+/* A block's 256 values (v[c]: elements 64c .. 64c + 63) from its qs bytes,
+ * with Q3_K's + 4 where hmask (broadcast to both halves) has the bit, and
+ * the 16 int16 scales sc16 spread as the values' pairs need them (sc). */
+INLINE void k2_unpack(const uint8_t *qs, const __m512i *hm, __m256i sc16, const k2_consts *K, __m512i v[4],
+                      __m512i sc[4]) {
+    const __m512i m3 = _mm512_set1_epi8(3), four = _mm512_set1_epi8(4), s512 = _mm512_zextsi256_si512(sc16);
 #pragma GCC unroll 4
     for (int c = 0; c < 4; c++) {
-        const __m512i q = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(wk->qs + 32 * (c / 2))));
+        const __m512i q = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(qs + 32 * (c / 2))));
         v[c] = _mm512_and_si512(_mm512_srlv_epi16(q, K->shv[c % 2]), m3);
-        v[c] = _mm512_mask_add_epi8(v[c], _mm512_test_epi8_mask(hm, K->hsel[c]), v[c], four);
+        if (hm) v[c] = _mm512_mask_add_epi8(v[c], _mm512_test_epi8_mask(*hm, K->hsel[c]), v[c], four);
         sc[c] = _mm512_permutexvar_epi16(K->sidx[c], s512);
-    }
-#pragma GCC unroll 8
-    for (int b = 0; b < NB; b++) {
-        const int8_t *aq = a[b].qs + QK_K * kb;
-        const __m256i bs = _mm256_loadu_si256((const __m256i *)(a[b].bsums + 16 * kb));
-        __m512i acci = _mm512_zextsi256_si512(_mm256_madd_epi16(bs, off16));
-#pragma GCC unroll 4
-        for (int c = 0; c < 4; c++)
-            acci = _mm512_dpwssd_epi32(acci, _mm512_maddubs_epi16(v[c], _mm512_loadu_si512((const void *)(aq + 64 * c))),
-                                       sc[c]);
-        out[b] = acci;
     }
 }
 
-/* The f16 scale d of super-block k of a slot-type row (Q6_K, Q3_K). */
-INLINE uint16_t kslot_d(const void *w, int64_t k, const int T) {
-    return T == QTYPE_Q3_K ? ((const block_q3_K *)w)[k].d : ((const block_q6_K *)w)[k].d;
+/* sum_c dpwssd(maddubs(v[c], a[64c ..]), sc[c]) onto acc: a block's dot per
+ * int32 lane. */
+INLINE __m512i k2_dot(__m512i acc, const __m512i v[4], const __m512i sc[4], const int8_t *aq) {
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++)
+        acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(v[c], _mm512_loadu_si512((const void *)(aq + 64 * c))),
+                                  sc[c]);
+    return acc;
+}
+
+/* Super-block kb of Q3_K row wk against NB activation rows: each row's 16
+ * int32 lanes summing to the exact integer isum_kb of matmul_q3_K_ref (its
+ * - 4 as one more product, bsums against -4 x the scales), which
+ * mm_kq16_rows turns into floats as it does Q6_K's. */
+INLINE void q3k_block_lanes(const block_q3_K *wk, const act_row *a, int64_t kb, __m512i *out, const k2_consts *K,
+                            const int NB) {
+    const __m256i sc16 = q3k_scales16(wk->scales);
+    const __m256i off16 = _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(sc16, 2)); /* -4 x the scales */
+    const __m512i hm = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)wk->hmask));
+    __m512i v[4], sc[4];
+    k2_unpack(wk->qs, &hm, sc16, K, v, sc);
+#pragma GCC unroll 8
+    for (int b = 0; b < NB; b++) {
+        const __m256i bs = _mm256_loadu_si256((const __m256i *)(a[b].bsums + 16 * kb));
+        out[b] = k2_dot(_mm512_zextsi256_si512(_mm256_madd_epi16(bs, off16)), v, sc, a[b].qs + QK_K * kb);
+    }
 }
 
 /* Blocks k, k + 1 of row w (type T: Q6_K or Q3_K; the second zero past the
  * row's end) against NB activation rows into pairs[b][(k % 16) / 2], their
  * f16 scales into dw. */
-INLINE void q6k_block_pair(const void *w, int64_t nblk, int64_t k, const act_row *a, __m512i (*pairs)[8],
-                           __m256i *dw, const q3k_consts *K, const int NB, const int T) {
+INLINE void kq16_block_pair(const void *w, int64_t nblk, int64_t k, const act_row *a, __m512i (*pairs)[8],
+                            __m256i *dw, const k2_consts *K, const int NB, const int T) {
     const int two = k + 1 < nblk, t = (int)(k & 15);
-    const size_t bsz = T == QTYPE_Q3_K ? sizeof(block_q3_K) : sizeof(block_q6_K);
+    const size_t bsz = kq16_block_bytes(T);
     const char *wk = (const char *)w + (size_t)k * bsz;
     __m512i l0[MM_NB], l1[MM_NB];
     if (NB == 1) kern_pf_block(wk, (int)(2 * bsz));
@@ -770,7 +783,7 @@ INLINE void q6k_block_pair(const void *w, int64_t nblk, int64_t k, const act_row
     if (!two)
 #pragma GCC unroll 8
         for (int b = 0; b < NB; b++) l1[b] = _mm512_setzero_si512();
-    uint32_t d2 = (uint32_t)kslot_d(w, k, T) | (two ? (uint32_t)kslot_d(w, k + 1, T) << 16 : 0);
+    uint32_t d2 = kq16_d(wk, T) | (two ? (uint32_t)kq16_d(wk + bsz, T) << 16 : 0);
     *dw = _mm256_mask_set1_epi32(*dw, (__mmask8)(1u << (t >> 1)), (int)d2);
 #pragma GCC unroll 8
     for (int b = 0; b < NB; b++) pairs[b][t >> 1] = q6k_pair(l0[b], l1[b]);
@@ -790,12 +803,12 @@ INLINE __mmask16 q6k_chunk_mask(int64_t nblk, int64_t k) {
  * row's loads (rows are 8 super-blocks in most Q6_K matrices) and decode ran
  * 15-35% slower than with the per-lane float sums of before; one row later
  * its inputs are ready and it overlaps the next row's work. */
-INLINE void mm_q6k_rows(const void *W, int64_t cols, int64_t r0, int64_t r1, const act_row *a, float *Y,
-                        int64_t ldy, const int NB, const int T) {
+INLINE void mm_kq16_rows(const void *W, int64_t cols, int64_t r0, int64_t r1, const act_row *a, float *Y,
+                         int64_t ldy, const int NB, const int T) {
     const int64_t nblk = cols / QK_K;
     const size_t wrow = qtype_row_bytes(T, cols);
-    q3k_consts K;
-    if (T == QTYPE_Q3_K) q3k_consts_init(&K);
+    k2_consts K;
+    if (T == QTYPE_Q3_K) k2_consts_init(&K);
     __m512i pairs[2][NB][8]; /* by row parity: the row's and the pending row's */
     __m256i pdw = _mm256_setzero_si256();
     __m512 pacc[NB];
@@ -812,7 +825,7 @@ INLINE void mm_q6k_rows(const void *W, int64_t cols, int64_t r0, int64_t r1, con
         for (int b = 0; b < NB; b++) acc[b] = _mm512_setzero_ps();
         kern_pf_pages(w, wrow);
         for (int64_t k = 0; k < nblk; k += 2) {
-            q6k_block_pair(w, nblk, k, a, cur, &dw, &K, NB, T);
+            kq16_block_pair(w, nblk, k, a, cur, &dw, &K, NB, T);
             if (k == 0 && r > r0) /* the previous row's last chunk */
 #pragma GCC unroll 4
                 for (int b = 0; b < NB; b++)
@@ -835,115 +848,64 @@ INLINE void mm_q6k_rows(const void *W, int64_t cols, int64_t r0, int64_t r1, con
             Y[b * ldy + r1 - 1] = q8_reduce16(q6k_flush(pairs[(r1 - 1 - r0) & 1][b], pdw, pm, a[b].d + last, pacc[b]));
 }
 
-/* ---- Q3_K / Q2_K weights against ACT_Q8K (VNNI) ----
- * Elements 64c .. 64c + 63 (half h = c / 2) have their 2-bit fields k0 =
- * 2 (c % 2) (first 32) and k0 + 1 (last 32) in qs[32h .. 32h + 31]: those
- * 32 bytes in both 256-bit halves, shifted right by 2 k0 or 2 k0 + 2 per
- * half and masked, are the elements in order; Q3_K adds 4 where the hmask
- * bit 4h + k is set, so q = value + 4 in 0..7 (Q2_K: q in 0..3). maddubs
- * (pairs <= 2 * 7 * 127) then vpdpwssd with the 16-element sub-block scales
- * (int16 lane i of vector c: sub-block 4c + i / 8, as Q6_K's); Q3_K's - 4
- * comes off as one more vpdpwssd of bsums with -4 x the scales (its scales
- * are 6-bit - 32), Q2_K's mins as -dmin x sum_j m_j sum(a_j) in floats, as
- * Q4_K's. */
-INLINE void mm_q23k_row(int wtype, const void *W, int64_t nblk, const act_row *a, float *y, int64_t ldy,
-                        const int NB) {
-    const int Q3 = wtype == QTYPE_Q3_K;
-    const size_t bsz = Q3 ? sizeof(block_q3_K) : sizeof(block_q2_K);
-    const __m512i m3 = _mm512_set1_epi8(3), four = _mm512_set1_epi8(4);
-    const __m512i sidx0 = _mm512_set_epi64(0x0003000300030003ll, 0x0003000300030003ll, 0x0002000200020002ll,
-                                           0x0002000200020002ll, 0x0001000100010001ll, 0x0001000100010001ll, 0, 0);
-    const __m512i sfour = _mm512_set1_epi16(4);
-    __m512i sidx[4], shv[2], hsel[4];
-    sidx[0] = sidx0;
-    for (int c = 1; c < 4; c++) sidx[c] = _mm512_add_epi16(sidx[c - 1], sfour);
-    for (int c = 0; c < 2; c++) /* the fields 2c and 2c + 1 of a half */
-        shv[c] = _mm512_inserti64x4(_mm512_set1_epi16((short)(4 * c)), _mm256_set1_epi16((short)(4 * c + 2)), 1);
-    for (int c = 0; c < 4; c++) { /* hmask bit 4h + k of vector c: k0 = 2 (c % 2) in the low half, k0 + 1 in the high */
-        int b0 = 4 * (c / 2) + 2 * (c % 2);
-        hsel[c] = _mm512_inserti64x4(_mm512_set1_epi8((char)(1 << b0)), _mm256_set1_epi8((char)(1 << (b0 + 1))), 1);
-    }
+/* ---- Q2_K weights against ACT_Q8K (VNNI) ----
+ * One weight row at a time, its values and scales as Q3_K's (k2_unpack);
+ * the minimums as -dmin x sum_j m_j sum(a_j) in floats, as Q4_K's, on 16
+ * float lanes per activation row summed at the row's end. */
+INLINE void mm_q2k_row(const void *W, int64_t nblk, const act_row *a, float *y, int64_t ldy, const k2_consts *K,
+                       const int NB) {
     __m512 accf[MM_NB];
 #pragma GCC unroll 8
     for (int b = 0; b < NB; b++) accf[b] = _mm512_setzero_ps();
     for (int64_t k = 0; k < nblk; k++) {
-        const char *blk = (const char *)W + (size_t)k * bsz;
-        if (NB == 1) kern_pf_block(blk, (int)bsz);
-        const uint8_t *qs;
-        float d, dmin = 0;
-        __m512i hm = _mm512_setzero_si512();
-        __m256i sc16, off16; /* off16: Q3_K's -4 x the scales against bsums; Q2_K's mins */
-        if (Q3) {
-            const block_q3_K *b3 = (const block_q3_K *)blk;
-            sc16 = q3k_scales16(b3->scales);
-            off16 = _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(sc16, 2));
-            qs = b3->qs;
-            hm = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)b3->hmask));
-            d = f16_to_f32(b3->d);
-        } else {
-            const block_q2_K *b2 = (const block_q2_K *)blk;
-            const __m128i sb = _mm_loadu_si128((const __m128i *)b2->scales);
-            sc16 = _mm256_cvtepu8_epi16(_mm_and_si128(sb, _mm_set1_epi8(0xF)));
-            off16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sb, 4), _mm_set1_epi8(0xF)));
-            qs = b2->qs;
-            d = f16_to_f32(b2->d);
-            dmin = f16_to_f32(b2->dmin);
-        }
-        const __m512i s512 = _mm512_zextsi256_si512(sc16);
+        const block_q2_K *b2 = (const block_q2_K *)W + k;
+        if (NB == 1) kern_pf_block(b2, (int)sizeof *b2);
+        const __m128i sb = _mm_loadu_si128((const __m128i *)b2->scales);
+        const __m256i sc16 = _mm256_cvtepu8_epi16(_mm_and_si128(sb, _mm_set1_epi8(0xF)));
+        const __m256i min16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sb, 4), _mm_set1_epi8(0xF)));
+        const float d = f16_to_f32(b2->d), dmin = f16_to_f32(b2->dmin);
         __m512i v[4], sc[4];
-#pragma GCC unroll 4
-        for (int c = 0; c < 4; c++) {
-            __m512i q = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(qs + 32 * (c / 2))));
-            v[c] = _mm512_and_si512(_mm512_srlv_epi16(q, shv[c % 2]), m3);
-            if (Q3) v[c] = _mm512_mask_add_epi8(v[c], _mm512_test_epi8_mask(hm, hsel[c]), v[c], four);
-            sc[c] = _mm512_permutexvar_epi16(sidx[c], s512);
-        }
+        k2_unpack(b2->qs, NULL, sc16, K, v, sc);
 #pragma GCC unroll 8
         for (int b = 0; b < NB; b++) {
-            const int8_t *aq = a[b].qs + QK_K * k;
             const __m256i bs = _mm256_loadu_si256((const __m256i *)(a[b].bsums + 16 * k));
-            __m512i acci = Q3 ? _mm512_zextsi256_si512(_mm256_madd_epi16(bs, off16)) : _mm512_setzero_si512();
-#pragma GCC unroll 4
-            for (int c = 0; c < 4; c++) {
-                __m512i p = _mm512_maddubs_epi16(v[c], _mm512_loadu_si512((const void *)(aq + 64 * c)));
-                acci = _mm512_dpwssd_epi32(acci, p, sc[c]);
-            }
+            const __m512i acci = k2_dot(_mm512_setzero_si512(), v, sc, a[b].qs + QK_K * k);
             accf[b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acci), _mm512_set1_ps(a[b].d[k] * d), accf[b]);
-            if (!Q3)
-                accf[b] = _mm512_fnmadd_ps(_mm512_zextps256_ps512(_mm256_cvtepi32_ps(_mm256_madd_epi16(bs, off16))),
-                                           _mm512_set1_ps(a[b].d[k] * dmin), accf[b]);
+            accf[b] = _mm512_fnmadd_ps(_mm512_zextps256_ps512(_mm256_cvtepi32_ps(_mm256_madd_epi16(bs, min16))),
+                                       _mm512_set1_ps(a[b].d[k] * dmin), accf[b]);
         }
     }
 #pragma GCC unroll 8
     for (int b = 0; b < NB; b++) y[b * ldy] = _mm512_reduce_add_ps(accf[b]);
 }
 
-/* Q3_K / Q2_K rows [r0, r1), one weight row at a time against tiles of up to
- * MM_NB activation rows (their per-row integer work, not activation loads,
- * bounds them, so tiling weight rows as mm_q8 does buys little). */
-INLINE void mm_quant(int wtype, const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
-                     int nb, float *Y, int64_t ldy) {
-    act_kind kind = act_kind_of(wtype);
-    size_t wrow = qtype_row_bytes(wtype, cols);
+/* Q2_K rows [r0, r1), one weight row at a time against tiles of up to MM_NB
+ * activation rows (their per-row integer work, not activation loads, bounds
+ * them, so tiling weight rows as mm_q8 does buys little). */
+INLINE void mm_q2k(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act, int nb, float *Y,
+                   int64_t ldy) {
+    const size_t wrow = qtype_row_bytes(QTYPE_Q2_K, cols);
+    k2_consts K;
+    k2_consts_init(&K);
     kern_pf_start((const char *)W + (size_t)r0 * wrow);
     for (int64_t r = r0; r < r1; r++) {
         const void *w = (const char *)W + (size_t)r * wrow;
         kern_pf_pages(w, wrow);
-        /* decode: the row kernels prefetch each block KERN_PF_LINE_AHEAD ahead
+        /* decode: the row kernel prefetches each block KERN_PF_LINE_AHEAD ahead
          * (kern_pf_block), as kern_pf_lines does per row in mm_q8_rows */
         for (int b0 = 0; b0 < nb; b0 += MM_NB) {
             act_row a[MM_NB];
-            int n = act_tile_rows(kind, act, cols, nb, b0, MM_NB, a);
+            int n = act_tile_rows(ACT_Q8K, act, cols, nb, b0, MM_NB, a);
             float *y = Y + (int64_t)b0 * ldy + r;
             switch (n) {
-            case 1: mm_q23k_row(wtype, w, cols / QK_K, a, y, ldy, 1); break;
-            case 2: mm_q23k_row(wtype, w, cols / QK_K, a, y, ldy, 2); break;
-            case 3: mm_q23k_row(wtype, w, cols / QK_K, a, y, ldy, 3); break;
-            case 4: mm_q23k_row(wtype, w, cols / QK_K, a, y, ldy, 4); break;
-            case 5: mm_q23k_row(wtype, w, cols / QK_K, a, y, ldy, 5); break;
-            case 6: mm_q23k_row(wtype, w, cols / QK_K, a, y, ldy, 6); break;
-            case 7: mm_q23k_row(wtype, w, cols / QK_K, a, y, ldy, 7); break;
-            default: mm_q23k_row(wtype, w, cols / QK_K, a, y, ldy, 8); break;
+            case 1: mm_q2k_row(w, cols / QK_K, a, y, ldy, &K, 1); break;
+            case 2: mm_q2k_row(w, cols / QK_K, a, y, ldy, &K, 2); break;
+            case 3: mm_q2k_row(w, cols / QK_K, a, y, ldy, &K, 3); break;
+            case 4: mm_q2k_row(w, cols / QK_K, a, y, ldy, &K, 4); break;
+            case 5: mm_q2k_row(w, cols / QK_K, a, y, ldy, &K, 5); break;
+            case 6: mm_q2k_row(w, cols / QK_K, a, y, ldy, &K, 6); break;
+            case 7: mm_q2k_row(w, cols / QK_K, a, y, ldy, &K, 7); break;
+            default: mm_q2k_row(w, cols / QK_K, a, y, ldy, &K, 8); break;
             }
         }
     }
@@ -985,7 +947,7 @@ static void matmul_q5_K_avx512(const void *W, int64_t cols, int64_t r0, int64_t 
 }
 static void matmul_q2_K_avx512(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
                                int nb, float *Y, int64_t ldy) {
-    mm_quant(QTYPE_Q2_K, W, cols, r0, r1, act, nb, Y, ldy);
+    mm_q2k(W, cols, r0, r1, act, nb, Y, ldy);
 }
 static void matmul_iq4_xs_avx512(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act,
                                  int nb, float *Y, int64_t ldy) {
@@ -994,7 +956,7 @@ static void matmul_iq4_xs_avx512(const void *W, int64_t cols, int64_t r0, int64_
 /* Q6_K and Q3_K (type T): batches that carry quads (act_q8k_nquads: Q6_K
  * from 4 rows, Q3_K from 8) by the quad kernel (kq16_quads_avx512.c) in
  * groups of 4 weight rows, the last 0-3 weight rows and smaller batches by
- * mm_q6k_rows (same arithmetic), in tiles of MM_NB activation rows. */
+ * mm_kq16_rows (same arithmetic), in tiles of MM_NB activation rows. */
 INLINE void mm_kq16(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act, int nb, float *Y,
                     int64_t ldy, const int T) {
     if (act_q8k_nquads(T, nb)) {
@@ -1008,14 +970,14 @@ INLINE void mm_kq16(const void *W, int64_t cols, int64_t r0, int64_t r1, const v
         int n = act_tile_rows(ACT_Q8K, act, cols, nb, b0, MM_NB, a);
         float *y = Y + (int64_t)b0 * ldy;
         switch (n) {
-        case 1: mm_q6k_rows(W, cols, r0, r1, a, y, ldy, 1, T); break;
-        case 2: mm_q6k_rows(W, cols, r0, r1, a, y, ldy, 2, T); break;
-        case 3: mm_q6k_rows(W, cols, r0, r1, a, y, ldy, 3, T); break;
-        case 4: mm_q6k_rows(W, cols, r0, r1, a, y, ldy, 4, T); break;
-        case 5: mm_q6k_rows(W, cols, r0, r1, a, y, ldy, 5, T); break;
-        case 6: mm_q6k_rows(W, cols, r0, r1, a, y, ldy, 6, T); break;
-        case 7: mm_q6k_rows(W, cols, r0, r1, a, y, ldy, 7, T); break;
-        default: mm_q6k_rows(W, cols, r0, r1, a, y, ldy, 8, T); break;
+        case 1: mm_kq16_rows(W, cols, r0, r1, a, y, ldy, 1, T); break;
+        case 2: mm_kq16_rows(W, cols, r0, r1, a, y, ldy, 2, T); break;
+        case 3: mm_kq16_rows(W, cols, r0, r1, a, y, ldy, 3, T); break;
+        case 4: mm_kq16_rows(W, cols, r0, r1, a, y, ldy, 4, T); break;
+        case 5: mm_kq16_rows(W, cols, r0, r1, a, y, ldy, 5, T); break;
+        case 6: mm_kq16_rows(W, cols, r0, r1, a, y, ldy, 6, T); break;
+        case 7: mm_kq16_rows(W, cols, r0, r1, a, y, ldy, 7, T); break;
+        default: mm_kq16_rows(W, cols, r0, r1, a, y, ldy, 8, T); break;
         }
     }
 }

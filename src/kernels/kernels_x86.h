@@ -109,6 +109,13 @@ INLINE __m128i q4k_scales_vec(const uint8_t *scales) {
     return _mm_unpacklo_epi32(lo6, hi);
 }
 
+/* The K-quants with sub-blocks of 16 that share Q6_K's per-row and batch
+ * kernels (Q6_K, Q3_K): a super-block's bytes, and its f16 scale d. */
+INLINE size_t kq16_block_bytes(const int T) { return T == QTYPE_Q3_K ? sizeof(block_q3_K) : sizeof(block_q6_K); }
+INLINE uint16_t kq16_d(const void *blk, const int T) {
+    return T == QTYPE_Q3_K ? ((const block_q3_K *)blk)->d : ((const block_q6_K *)blk)->d;
+}
+
 /* The low 4 bits of a Q3_K block's 16 scales (q3k_scale's bit fields) as
  * int16 lanes: sub-blocks 0-7 in the low nibbles of bytes 0-7, 8-15 in their
  * high nibbles. Each ISA's q3k_scales16 adds the high 2 bits. */

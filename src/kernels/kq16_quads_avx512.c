@@ -14,7 +14,7 @@
  *   isum = sum_j sc[j] * (dot(q_j, a_j) - 32 * sum(a_j))
  *
  * is each pair's exact super-block sum in its own lane, and the float work
- * is the per-row kernel's (kernels_avx512.c, mm_q6k_rows) and the
+ * is the per-row kernel's (kernels_avx512.c, mm_kq16_rows) and the
  * reference's (kernels.c, matmul_q6_K_ref): acc[k % 16] = fma((float)isum,
  * d * da, acc[k % 16]) into 16 slot accumulators per pair (on the stack, one
  * load and store per pair and super-block), then q8_reduce16's tree. So every
@@ -49,12 +49,12 @@
 #include <string.h>
 
 enum {
-    Q6Q_MAX_G = 2, /* groups of 4 weight rows per pass */
-    Q6Q_MAX_P = 8, /* (group, quad) pairs per pass */
+    KQ16_MAX_G = 2, /* groups of 4 weight rows per pass */
+    KQ16_MAX_P = 8, /* (group, quad) pairs per pass */
 };
 
 /* Dword c of each lane's 16 bytes, repeated over the lane. */
-#define Q6Q_W(v, c)                                                                                         \
+#define KQ16_W(v, c)                                                                                         \
     ((c) == 0   ? _mm512_shuffle_epi32(v, _MM_PERM_AAAA)                                                    \
      : (c) == 1 ? _mm512_shuffle_epi32(v, _MM_PERM_BBBB)                                                    \
      : (c) == 2 ? _mm512_shuffle_epi32(v, _MM_PERM_CCCC)                                                    \
@@ -67,22 +67,55 @@ INLINE __m128i kq16_scales8(const char *b, const int T) {
     return _mm_loadu_si128((const __m128i *)((const block_q6_K *)b)->scales);
 }
 
-/* The f16 scale d of super-block `b`. */
-INLINE short kq16_d(const char *b, const int T) {
-    return T == QTYPE_Q3_K ? (short)((const block_q3_K *)b)->d : (short)((const block_q6_K *)b)->d;
+/* Block b of 32 of a super-block (elements 32b .. 32b + 31, sub-blocks 2b
+ * and 2b + 1) of 4 weight rows from `w`, wrow apart, as unsigned bytes: v[0]
+ * lane i holds row i's elements 0-15 of the block, v[1] its 16-31. Field kk =
+ * b % 4 of half h = b / 4:
+ *   Q6_K: the low nibbles from ql bytes 64h + 32 (kk % 2) .. + 31 (shifted
+ *     by 4 for kk >= 2), the high bits from bits 2kk, 2kk + 1 of qh bytes
+ *     32h .. 32h + 31;
+ *   Q3_K: bits 2kk, 2kk + 1 of qs bytes 32h .. 32h + 31, + 4 where hmask
+ *     bit 4h + kk = b is set (hml, hmh: the rows' hmask bytes 0-15, 16-31). */
+INLINE void kq16_block_values(const char *w, size_t wrow, int b, __m512i hml, __m512i hmh, __m512i v[2],
+                              const int T) {
+    const int h = b >> 2, kk = b & 3;
+    if (T == QTYPE_Q3_K) {
+        const __m128i sh = _mm_cvtsi32_si128(2 * kk);
+        const __m512i m3 = _mm512_set1_epi8(3), four = _mm512_set1_epi8(4), bit = _mm512_set1_epi8((char)(1 << b));
+        __m512i ql, qh;
+        quads_load32x4((const char *)((const block_q3_K *)w)->qs + 32 * h, wrow, &ql, &qh);
+        v[0] = _mm512_and_si512(_mm512_srl_epi16(ql, sh), m3);
+        v[1] = _mm512_and_si512(_mm512_srl_epi16(qh, sh), m3);
+        v[0] = _mm512_mask_add_epi8(v[0], _mm512_test_epi8_mask(hml, bit), v[0], four);
+        v[1] = _mm512_mask_add_epi8(v[1], _mm512_test_epi8_mask(hmh, bit), v[1], four);
+        return;
+    }
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+    const __m128i nsh = _mm_cvtsi32_si128(4 * (kk >> 1));
+    /* qh bits 2kk, 2kk + 1 into bits 4, 5: << (4 - 2kk), or >> 2 for kk = 3
+     * (what leaks across bytes lands outside bits 4, 5) */
+    const __m128i hl = _mm_cvtsi32_si128(kk == 3 ? 0 : 4 - 2 * kk), hr = _mm_cvtsi32_si128(kk == 3 ? 2 : 0);
+    const block_q6_K *w6 = (const block_q6_K *)w;
+    __m512i ll, lh, qhl, qhh;
+    quads_load32x4((const char *)w6->ql + 64 * h + 32 * (kk & 1), wrow, &ll, &lh);
+    quads_load32x4((const char *)w6->qh + 32 * h, wrow, &qhl, &qhh);
+    qhl = _mm512_and_si512(_mm512_srl_epi16(_mm512_sll_epi16(qhl, hl), hr), m30);
+    qhh = _mm512_and_si512(_mm512_srl_epi16(_mm512_sll_epi16(qhh, hl), hr), m30);
+    /* 0xF8: A | (B & C): (high bits & 0x30) | (nibble & 0x0F) */
+    v[0] = _mm512_ternarylogic_epi32(qhl, _mm512_srl_epi16(ll, nsh), m4, 0xF8);
+    v[1] = _mm512_ternarylogic_epi32(qhh, _mm512_srl_epi16(lh, nsh), m4, 0xF8);
 }
 
 /* One super-block k of a pass: NG groups of 4 weight rows (type T) from `w`
  * (row 0's super-block k) against NQ quads at A (quad 0 of super-block k,
  * quads ACT_Q8K_QUAD_SB apart); S: the slot accumulators of slot k % 16. */
-INLINE void q6q_superblock(const char *w, size_t wrow, const int8_t *A, __m512 *S, const int NG, const int NQ,
+INLINE void kq16_superblock(const char *w, size_t wrow, const int8_t *A, __m512 *S, const int NG, const int NQ,
                            const int FIRST, const int T) {
-    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
     const __m512i rep = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
-    __m512i scb[Q6Q_MAX_G], isum[Q6Q_MAX_P], hml[Q6Q_MAX_G], hmh[Q6Q_MAX_G];
+    __m512i scb[KQ16_MAX_G], isum[KQ16_MAX_P], hml[KQ16_MAX_G], hmh[KQ16_MAX_G];
 #pragma GCC unroll 8
     for (int i = 0; i < NG * NQ; i++) isum[i] = _mm512_setzero_si512();
-    __m512 dw[Q6Q_MAX_G];
+    __m512 dw[KQ16_MAX_G];
 #pragma GCC unroll 2
     for (int g = 0; g < NG; g++) {
         const char *b0 = w + (size_t)(4 * g) * wrow, *b1 = b0 + wrow, *b2 = b1 + wrow, *b3 = b2 + wrow;
@@ -91,69 +124,36 @@ INLINE void q6q_superblock(const char *w, size_t wrow, const int8_t *A, __m512 *
         __m256i s23 = _mm256_inserti128_si256(_mm256_castsi128_si256(kq16_scales8(b2, T)), kq16_scales8(b3, T), 1);
         scb[g] = _mm512_inserti64x4(_mm512_castsi256_si512(s01), s23, 1);
         /* lane i: row 4g + i's d */
-        __m128 d4 = _mm_cvtph_ps(_mm_setr_epi16(kq16_d(b0, T), kq16_d(b1, T), kq16_d(b2, T), kq16_d(b3, T), 0, 0, 0, 0));
+        __m128 d4 = _mm_cvtph_ps(_mm_setr_epi16((short)kq16_d(b0, T), (short)kq16_d(b1, T), (short)kq16_d(b2, T),
+                                                (short)kq16_d(b3, T), 0, 0, 0, 0));
         dw[g] = _mm512_permutexvar_ps(rep, _mm512_castps128_ps512(d4));
         /* Q3_K: lane i holds row 4g + i's hmask bytes 0-15 (hml) and 16-31 (hmh) */
         if (T == QTYPE_Q3_K) quads_load32x4((const char *)((const block_q3_K *)b0)->hmask, wrow, &hml[g], &hmh[g]);
+        else hml[g] = hmh[g] = _mm512_setzero_si512();
     }
-    /* block b of 32 (elements 32b .. 32b + 31, sub-blocks 2b and 2b + 1):
-     * field kk = b % 4 of half h = b / 4, its low nibbles from ql bytes
-     * 64h + 32 (kk % 2) .. + 31 (shifted by 4 for kk >= 2), its high bits
-     * from bits 2kk, 2kk + 1 of qh bytes 32h .. 32h + 31. One block per
-     * iteration, not unrolled: unrolled, the compiler hoisted the 16
-     * sub-blocks' scale vectors and spilled them. */
+    /* One block of 32 per iteration, not unrolled: unrolled, the compiler
+     * hoisted the 16 sub-blocks' scale vectors and spilled them. */
 #pragma GCC unroll 1
     for (int b = 0; b < 8; b++) {
-        const int h = b >> 2, kk = b & 3;
-        __m512i v[Q6Q_MAX_G][2];
-        if (T == QTYPE_Q3_K) {
-            /* elements 32b .. 32b + 31: field kk (bits 2kk, 2kk + 1) of qs bytes
-             * 32h .. 32h + 31, + 4 where hmask bit 4h + kk is set */
-            const __m128i sh = _mm_cvtsi32_si128(2 * kk);
-            const __m512i m3 = _mm512_set1_epi8(3), four = _mm512_set1_epi8(4), bit = _mm512_set1_epi8((char)(1 << b));
+        __m512i v[KQ16_MAX_G][2];
 #pragma GCC unroll 2
-            for (int g = 0; g < NG; g++) {
-                __m512i ql, qh;
-                quads_load32x4((const char *)((const block_q3_K *)w)->qs + 32 * h + (size_t)(4 * g) * wrow, wrow, &ql, &qh);
-                v[g][0] = _mm512_and_si512(_mm512_srl_epi16(ql, sh), m3);
-                v[g][1] = _mm512_and_si512(_mm512_srl_epi16(qh, sh), m3);
-                v[g][0] = _mm512_mask_add_epi8(v[g][0], _mm512_test_epi8_mask(hml[g], bit), v[g][0], four);
-                v[g][1] = _mm512_mask_add_epi8(v[g][1], _mm512_test_epi8_mask(hmh[g], bit), v[g][1], four);
-            }
-        } else {
-        const __m128i nsh = _mm_cvtsi32_si128(4 * (kk >> 1));
-        /* qh bits 2kk, 2kk + 1 into bits 4, 5: << (4 - 2kk), or >> 2 for kk = 3
-         * (what leaks across bytes lands outside bits 4, 5) */
-        const __m128i hl = _mm_cvtsi32_si128(kk == 3 ? 0 : 4 - 2 * kk), hr = _mm_cvtsi32_si128(kk == 3 ? 2 : 0);
-#pragma GCC unroll 2
-        for (int g = 0; g < NG; g++) {
-            __m512i ll, lh, qhl, qhh;
-            const block_q6_K *w6 = (const block_q6_K *)w;
-            quads_load32x4((const char *)w6->ql + 64 * h + 32 * (kk & 1) + (size_t)(4 * g) * wrow, wrow, &ll, &lh);
-            quads_load32x4((const char *)w6->qh + 32 * h + (size_t)(4 * g) * wrow, wrow, &qhl, &qhh);
-            qhl = _mm512_and_si512(_mm512_srl_epi16(_mm512_sll_epi16(qhl, hl), hr), m30);
-            qhh = _mm512_and_si512(_mm512_srl_epi16(_mm512_sll_epi16(qhh, hl), hr), m30);
-            /* 0xF8: A | (B & C): (high bits & 0x30) | (nibble & 0x0F) */
-            v[g][0] = _mm512_ternarylogic_epi32(qhl, _mm512_srl_epi16(ll, nsh), m4, 0xF8);
-            v[g][1] = _mm512_ternarylogic_epi32(qhh, _mm512_srl_epi16(lh, nsh), m4, 0xF8);
-        }
-        }
+        for (int g = 0; g < NG; g++) kq16_block_values(w + (size_t)(4 * g) * wrow, wrow, b, hml[g], hmh[g], v[g], T);
 #pragma GCC unroll 2
         for (int t = 0; t < 2; t++) {
             const int j = 2 * b + t; /* sub-block */
-            __m512i sc[Q6Q_MAX_G], wj[Q6Q_MAX_G][4];
+            __m512i sc[KQ16_MAX_G], wj[KQ16_MAX_G][4];
             /* byte j of each lane into byte 3 of its dwords, sign-extended */
             const __m512i pick = _mm512_set1_epi32((int)(((unsigned)j << 24) | 0x808080u));
 #pragma GCC unroll 2
             for (int g = 0; g < NG; g++) {
                 sc[g] = _mm512_srai_epi32(_mm512_shuffle_epi8(scb[g], pick), 24);
 #pragma GCC unroll 4
-                for (int c = 0; c < 4; c++) wj[g][c] = Q6Q_W(v[g][t], c);
+                for (int c = 0; c < 4; c++) wj[g][c] = KQ16_W(v[g][t], c);
             }
 #pragma GCC unroll 8
             for (int q = 0; q < NQ; q++) {
                 const int8_t *aq = A + (size_t)q * ACT_Q8K_QUAD_SB;
-                __m512i acc[Q6Q_MAX_G];
+                __m512i acc[KQ16_MAX_G];
                 __m512i off = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(aq + 64 * 16 + 16 * j)));
                 if (T == QTYPE_Q3_K) off = _mm512_srai_epi32(off, 3); /* -4 * sum(a_j) */
 #pragma GCC unroll 2
@@ -184,19 +184,19 @@ INLINE void q6q_superblock(const char *w, size_t wrow, const int8_t *A, __m512 *
 }
 
 /* NG groups from weight row r against quads q0 .. q0 + NQ; writes Y. */
-INLINE void q6q_pass(const char *W, size_t wrow, int64_t nblk, int64_t r, const void *act, int64_t cols, int nb,
+INLINE void kq16_pass(const char *W, size_t wrow, int64_t nblk, int64_t r, const void *act, int64_t cols, int nb,
                      int q0, const char *pf, size_t pf_step, float *Y, int64_t ldy, const int NG, const int NQ,
                      const int T) {
-    __m512 S[16][Q6Q_MAX_P], out[Q6Q_MAX_P];
+    __m512 S[16][KQ16_MAX_P], out[KQ16_MAX_P];
     const char *w = W + (size_t)r * wrow;
-    const size_t bsz = T == QTYPE_Q3_K ? sizeof(block_q3_K) : sizeof(block_q6_K);
+    const size_t bsz = kq16_block_bytes(T);
     for (int64_t s = nblk; s < 16; s++) /* slots without a super-block stay zero */
         for (int i = 0; i < NG * NQ; i++) S[s][i] = _mm512_setzero_ps();
     for (int64_t k = 0; k < nblk; k++, pf += pf_step) {
         const int8_t *A = act_q8k_quad(act, cols, nb, q0, k);
         quads_prefetch(pf, pf_step);
-        if (k < 16) q6q_superblock(w + (size_t)k * bsz, wrow, A, S[k & 15], NG, NQ, 1, T);
-        else q6q_superblock(w + (size_t)k * bsz, wrow, A, S[k & 15], NG, NQ, 0, T);
+        if (k < 16) kq16_superblock(w + (size_t)k * bsz, wrow, A, S[k & 15], NG, NQ, 1, T);
+        else kq16_superblock(w + (size_t)k * bsz, wrow, A, S[k & 15], NG, NQ, 0, T);
     }
     /* q8_reduce16's tree over the slots */
 #pragma GCC unroll 8
@@ -213,7 +213,7 @@ INLINE void q6q_pass(const char *W, size_t wrow, int64_t nblk, int64_t r, const 
     QUADS_STORE(out, r, q0, nb, Y, ldy, NG, NQ);
 }
 
-#define Q6Q_PASS(NG_, NQ_) q6q_pass(W, wrow, nblk, r, act, cols, nb, q0, pf, pf_step, Y, ldy, NG_, NQ_, T)
+#define KQ16_PASS(NG_, NQ_) kq16_pass(W, wrow, nblk, r, act, cols, nb, q0, pf, pf_step, Y, ldy, NG_, NQ_, T)
 
 /* A pass's rows are read super-block by super-block, as 4-8 short streams
  * that the hardware prefetchers follow poorly (a pass of one quad ran at
@@ -241,21 +241,21 @@ INLINE void kq16_rows(const void *W, int64_t cols, int64_t r0, int64_t n4, const
             nq = nquads - q0 < max_q ? nquads - q0 : max_q;
             if (ng == 2) {
                 switch (nq) {
-                case 1: Q6Q_PASS(2, 1); break;
-                case 2: Q6Q_PASS(2, 2); break;
-                case 3: Q6Q_PASS(2, 3); break;
-                default: Q6Q_PASS(2, 4); break;
+                case 1: KQ16_PASS(2, 1); break;
+                case 2: KQ16_PASS(2, 2); break;
+                case 3: KQ16_PASS(2, 3); break;
+                default: KQ16_PASS(2, 4); break;
                 }
             } else {
                 switch (nq) {
-                case 1: Q6Q_PASS(1, 1); break;
-                case 2: Q6Q_PASS(1, 2); break;
-                case 3: Q6Q_PASS(1, 3); break;
-                case 4: Q6Q_PASS(1, 4); break;
-                case 5: Q6Q_PASS(1, 5); break;
-                case 6: Q6Q_PASS(1, 6); break;
-                case 7: Q6Q_PASS(1, 7); break;
-                default: Q6Q_PASS(1, 8); break;
+                case 1: KQ16_PASS(1, 1); break;
+                case 2: KQ16_PASS(1, 2); break;
+                case 3: KQ16_PASS(1, 3); break;
+                case 4: KQ16_PASS(1, 4); break;
+                case 5: KQ16_PASS(1, 5); break;
+                case 6: KQ16_PASS(1, 6); break;
+                case 7: KQ16_PASS(1, 7); break;
+                default: KQ16_PASS(1, 8); break;
                 }
             }
         }
