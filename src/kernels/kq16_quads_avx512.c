@@ -247,16 +247,7 @@ INLINE void kq16_rows(const void *W, int64_t cols, int64_t r0, int64_t n4, const
                 default: KQ16_PASS(2, 4); break;
                 }
             } else {
-                switch (nq) {
-                case 1: KQ16_PASS(1, 1); break;
-                case 2: KQ16_PASS(1, 2); break;
-                case 3: KQ16_PASS(1, 3); break;
-                case 4: KQ16_PASS(1, 4); break;
-                case 5: KQ16_PASS(1, 5); break;
-                case 6: KQ16_PASS(1, 6); break;
-                case 7: KQ16_PASS(1, 7); break;
-                default: KQ16_PASS(1, 8); break;
-                }
+                QUADS_SWITCH8(nq, KQ16_PASS, 1)
             }
         }
         g += ng;

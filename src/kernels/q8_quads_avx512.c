@@ -362,17 +362,6 @@ INLINE void qd_run(int wtype, const char *W, size_t wrow, int64_t nblk, int64_t 
 
 /* The (groups, quads) shapes: at most QD_MAX_P pairs. */
 #define QD_RUN(NG_, NQ_) qd_run(wtype, W, wrow, nblk, r, act, cols, nb, q0, pf, pf_step, Y, ldy, NG_, NQ_)
-#define QD_CASES8(NG_)                                                                                     \
-    switch (nq) {                                                                                          \
-    case 1: QD_RUN(NG_, 1); break;                                                                         \
-    case 2: QD_RUN(NG_, 2); break;                                                                         \
-    case 3: QD_RUN(NG_, 3); break;                                                                         \
-    case 4: QD_RUN(NG_, 4); break;                                                                         \
-    case 5: QD_RUN(NG_, 5); break;                                                                         \
-    case 6: QD_RUN(NG_, 6); break;                                                                         \
-    case 7: QD_RUN(NG_, 7); break;                                                                         \
-    default: QD_RUN(NG_, 8); break;                                                                        \
-    }
 
 /* Groups for the next pass with `left` groups of 4 weight rows to go. */
 static int qd_ng(int64_t left) { return left >= 4 ? 4 : left >= 2 ? 2 : 1; }
@@ -393,9 +382,9 @@ INLINE void qd_rows_of(const int wtype, const char *W, size_t wrow, int64_t nblk
             default: QD_RUN(4, 4); break;
             }
         } else if (ng == 2) {
-            QD_CASES8(2)
+            QUADS_SWITCH8(nq, QD_RUN, 2)
         } else {
-            QD_CASES8(1)
+            QUADS_SWITCH8(nq, QD_RUN, 1)
         }
     }
 }

@@ -49,4 +49,18 @@ INLINE void quads_prefetch(const char *p, size_t bytes) {
             }                                                                                              \
     } while (0)
 
+/* A pass of NG groups and nq quads (1-8; 8 for more), RUN(NG, NQ) called
+ * with NQ a constant, so each shape is its own instantiation. */
+#define QUADS_SWITCH8(nq, RUN, NG)                                                                         \
+    switch (nq) {                                                                                          \
+    case 1: RUN(NG, 1); break;                                                                             \
+    case 2: RUN(NG, 2); break;                                                                             \
+    case 3: RUN(NG, 3); break;                                                                             \
+    case 4: RUN(NG, 4); break;                                                                             \
+    case 5: RUN(NG, 5); break;                                                                             \
+    case 6: RUN(NG, 6); break;                                                                             \
+    case 7: RUN(NG, 7); break;                                                                             \
+    default: RUN(NG, 8); break;                                                                            \
+    }
+
 #endif
