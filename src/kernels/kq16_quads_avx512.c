@@ -240,12 +240,7 @@ INLINE void kq16_rows(const void *W, int64_t cols, int64_t r0, int64_t n4, const
             size_t pf_step = q0 ? 0 : (next_bytes / (size_t)nblk + 64) & ~(size_t)63;
             nq = nquads - q0 < max_q ? nquads - q0 : max_q;
             if (ng == 2) {
-                switch (nq) {
-                case 1: KQ16_PASS(2, 1); break;
-                case 2: KQ16_PASS(2, 2); break;
-                case 3: KQ16_PASS(2, 3); break;
-                default: KQ16_PASS(2, 4); break;
-                }
+                QUADS_SWITCH4(nq, KQ16_PASS, 2)
             } else {
                 QUADS_SWITCH8(nq, KQ16_PASS, 1)
             }

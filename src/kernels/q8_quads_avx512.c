@@ -375,12 +375,7 @@ INLINE void qd_rows_of(const int wtype, const char *W, size_t wrow, int64_t nblk
         size_t pf_step = q0 || !pf_next ? 0 : (pf_bytes / (size_t)nblk + 64) & ~(size_t)63;
         nq = nquads - q0 < max_q ? nquads - q0 : max_q;
         if (ng == 4) {
-            switch (nq) {
-            case 1: QD_RUN(4, 1); break;
-            case 2: QD_RUN(4, 2); break;
-            case 3: QD_RUN(4, 3); break;
-            default: QD_RUN(4, 4); break;
-            }
+            QUADS_SWITCH4(nq, QD_RUN, 4)
         } else if (ng == 2) {
             QUADS_SWITCH8(nq, QD_RUN, 2)
         } else {

@@ -49,8 +49,16 @@ INLINE void quads_prefetch(const char *p, size_t bytes) {
             }                                                                                              \
     } while (0)
 
-/* A pass of NG groups and nq quads (1-8; 8 for more), RUN(NG, NQ) called
- * with NQ a constant, so each shape is its own instantiation. */
+/* A pass of NG groups and nq quads (1-8, or 1-4 for SWITCH4; the largest
+ * for more), RUN(NG, NQ) called with NQ a constant, so each shape is its own
+ * instantiation. */
+#define QUADS_SWITCH4(nq, RUN, NG)                                                                         \
+    switch (nq) {                                                                                          \
+    case 1: RUN(NG, 1); break;                                                                             \
+    case 2: RUN(NG, 2); break;                                                                             \
+    case 3: RUN(NG, 3); break;                                                                             \
+    default: RUN(NG, 4); break;                                                                            \
+    }
 #define QUADS_SWITCH8(nq, RUN, NG)                                                                         \
     switch (nq) {                                                                                          \
     case 1: RUN(NG, 1); break;                                                                             \
