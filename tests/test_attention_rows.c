@@ -127,7 +127,8 @@ typedef struct {
 
 static void state_init(state_buf *sb, int R, int G, int hd, const float *q) {
     const int hdp = (hd + 15) & ~15, lds = 16, rp = (R + 15) & ~15;
-    size_t floats = 2 * (size_t)rp * hdp + 2 * (size_t)rp + (size_t)rp * lds + 2 * (size_t)lds * hdp + 16 * (size_t)rp;
+    size_t floats =
+        2 * (size_t)rp * hdp + 2 * (size_t)rp + (size_t)rp * lds + 2 * (size_t)lds * hdp + 16 * (size_t)rp + 2 * (size_t)rp;
     void *m = NULL;
     if (posix_memalign(&m, 64, floats * sizeof(float))) m = NULL;
     sb->mem = m;
@@ -152,7 +153,8 @@ static void state_init(state_buf *sb, int R, int G, int hd, const float *q) {
     st->s = p, p += (size_t)rp * lds;
     st->kbuf = p, p += (size_t)lds * hdp;
     st->vbuf = p, p += (size_t)lds * hdp;
-    st->lv = p;
+    st->lv = p, p += 16 * (size_t)rp;
+    st->alpha = p;
     for (int r = 0; r < R; r++) st->m[r] = -INFINITY;
     /* the query rows quantized, for Q8_0 blocks (freed by state_free) */
     const int ng = hdp / 32 + 1;

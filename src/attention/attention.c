@@ -133,9 +133,9 @@ ellm_status attention_workspace_init(int n_threads, int max_q, int n_head, int h
     ws->max_seg = n_head * ((max_q + ATTN_TILE_Q - 1) / ATTN_TILE_Q);
     size_t rp = (size_t)ws->rows_pad, qr = (size_t)ws->q_rows, hdp = (size_t)ws->hdp, lds = (size_t)ws->lds;
     /* q: q_rows x hdp; acc: rows x hdp; m, l: rows; s: rows x lds; kbuf, vbuf: lds x hdp; lv: rows x 16;
-     * q8: q_rows x hdp bytes, qd, qsum: q_rows x (hdp / 32 + 1) */
+     * q8: q_rows x hdp bytes, qd, qsum: q_rows x (hdp / 32 + 1); alpha: rows x 2 */
     ws->thread_floats = qr * hdp + rp * hdp + 2 * rp + round16(rp * lds) + 2 * round16(lds * hdp) + 16 * rp +
-                        round16(qr * hdp / 4) + 2 * round16(qr * (hdp / 32 + 1));
+                        round16(qr * hdp / 4) + 2 * round16(qr * (hdp / 32 + 1)) + round16(2 * rp);
     size_t floats = (size_t)n_threads * ws->thread_floats;
     /* Part slots: every part of one tile at the deepest position (all heads:
      * rows sum to tile * n_head, each head's m and l padded by < 16), and
@@ -271,6 +271,7 @@ static attn_state thread_state(const attn_job *J, int ith) {
     st.q8 = (int8_t *)(st.lv + 16 * rp);
     st.qd = st.lv + 16 * rp + round16(qr * hdp / 4);
     st.qsum = (int32_t *)(st.qd + round16(qr * (hdp / 32 + 1)));
+    st.alpha = st.qd + 2 * round16(qr * (hdp / 32 + 1));
     return st;
 }
 

@@ -446,7 +446,7 @@ static ALWAYS_INLINE void run_softmax_pv(const __m512 *sc, const uint16_t *v, co
     for (int r = 0; r < NR; r++) {
         const __m512 vm = _mm512_max_ps(_mm512_set1_ps(-INFINITY), sc[r]);
         if (_mm512_cmp_ps_mask(vm, _mm512_set1_ps(m[r]), _CMP_GT_OQ)) {
-            const float m_new = _mm512_reduce_max_ps(vm), alpha = expf(m[r] - m_new);
+            const float m_new = _mm512_reduce_max_ps(vm), alpha = attn_rescale_avx512(m[r], m_new);
             m[r] = m_new;
             lv[r] = _mm512_mul_ps(lv[r], _mm512_set1_ps(alpha));
             if (alpha != 1.0f) {

@@ -41,6 +41,7 @@ typedef struct {
     float *s;         /* (rows rounded up to 4) x lds: scores, then probabilities */
     float *kbuf;      /* lds x hdp: the block's keys as F32 */
     float *vbuf;      /* lds x hdp: the block's values as F32 */
+    float *alpha;     /* rows x 2: the multi-row kernels' rescale factors of one or two blocks */
     /* Q8_0 caches: each row's query * scale quantized per 32 channels (attention_q8.c) */
     int8_t *q8;       /* rows x hdp */
     float *qd;        /* rows x (hdp / 32): their scales */

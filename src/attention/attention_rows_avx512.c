@@ -5,13 +5,18 @@
  * A block that every row sees whole (all blocks of a verify pass but the
  * diagonal one), of 16 keys (block_tokens 16) and head_dim 64 or 128:
  *   K    converted once to F32 channel rows (kbuf, 16 keys a channel);
- *   QK   6 rows per pass over the channels: per channel pair, two key
- *        registers feed 12 FMAs, each row keeping the single-row kernel's
- *        two chains (even and odd channels, summed at the end);
- *   softmax  the single-row kernel's step (softmax_avx512.h), unchanged;
+ *   QK   6 rows per pass over the channels (4 when two blocks go together):
+ *        per channel pair, two key registers feed 12 FMAs, each row keeping
+ *        the single-row kernel's two chains (even and odd channels, summed
+ *        at the end);
+ *   softmax  the single-row kernel's step (attn_softmax16_avx512) on each
+ *        row's scores while they are still in registers; the factor that
+ *        rescales the row's old acc kept in st->alpha;
  *   V    converted once to F32 rows (vbuf);
- *   PV   6 rows x 64 dims per pass over the keys (24 accumulators), keys in
- *        order, one FMA per key and element as the single-row kernel does.
+ *   PV   6 rows x 64 dims per pass over the keys (24 accumulators), each
+ *        row's acc rescaled by its factor first, keys in order, one FMA per
+ *        key and element as the single-row kernel does; two blocks in one
+ *        pass with the accumulators in registers between them.
  * Per row this is exactly the single-row kernel's arithmetic (attention_avx512.c),
  * so the bits are the same; what changes is that one load of a key or value
  * register now feeds 6 rows' FMAs instead of up to 4, and nothing is
@@ -25,14 +30,19 @@
 
 #define ALWAYS_INLINE inline __attribute__((always_inline))
 
-/* Rows per register pass. */
+/* Rows per register pass: of P*V (24 accumulators for 64 dims) and of the
+ * scores of one block. */
 #define NRQ 6
 
-/* s[r][0..16) = q[r] . k[0..16) for NR rows: kT holds channel c of the 16
- * keys at kT + 16 c (F32). c0 sums the even channels, c1 the odd ones, in
- * channel order, then s = c0 + c1 (attention_avx512.c's qk_pairs/qk_rows). */
-static ALWAYS_INLINE void qk16(const float *q, int hdp, const float *kT, float *s, int lds, const int HD,
+/* One block's scores for rows [r0, r0 + NR), each followed by its online
+ * softmax step while the scores are still in registers: kT holds channel c
+ * of the 16 keys at kT + 16 c (F32). c0 sums the even channels, c1 the odd
+ * ones, in channel order, then s = c0 + c1 (attention_avx512.c's
+ * qk_pairs/qk_rows); the probabilities go to the row's scores in st->s, the
+ * factor for its old acc to alpha[2 r + slot]. */
+static ALWAYS_INLINE void qk16(attn_state *st, int r0, const float *kT, float *sb, int slot, const int HD,
                                const int NR) {
+    const float *q = st->q + (size_t)r0 * HD;
     __m512 c0[NRQ], c1[NRQ];
 #pragma GCC unroll 6
     for (int r = 0; r < NR; r++) c0[r] = c1[r] = _mm512_setzero_ps();
@@ -42,72 +52,94 @@ static ALWAYS_INLINE void qk16(const float *q, int hdp, const float *kT, float *
         const __m512 x1 = _mm512_load_ps(kT + 16 * (d + 1));
 #pragma GCC unroll 6
         for (int r = 0; r < NR; r++) {
-            const float *qr = q + (size_t)r * hdp + d;
+            const float *qr = q + (size_t)r * HD + d;
             c0[r] = _mm512_fmadd_ps(_mm512_set1_ps(qr[0]), x0, c0[r]);
             c1[r] = _mm512_fmadd_ps(_mm512_set1_ps(qr[1]), x1, c1[r]);
         }
     }
 #pragma GCC unroll 6
-    for (int r = 0; r < NR; r++) _mm512_storeu_ps(s + (size_t)r * lds, _mm512_add_ps(c0[r], c1[r]));
+    for (int r = 0; r < NR; r++) {
+        const int row = r0 + r;
+        const __m512 e = attn_softmax16_avx512(_mm512_add_ps(c0[r], c1[r]), st->m + row, st->lv + 16 * (size_t)row,
+                                               st->alpha + 2 * (size_t)row + slot);
+        _mm512_storeu_ps(sb + (size_t)row * st->lds, e);
+    }
 }
 
-/* acc[r][d0 .. d0 + 64) += p[r][j] * v[j][d0 ..] over the 16 keys in order,
- * for NR rows; v is F32 rows of stride hdp. */
-static ALWAYS_INLINE void pv16(float *acc, int hdp, const float *p, int lds, const float *v, int d0, const int NR) {
+/* acc[r][d0 .. d0 + 64) of rows [r0, r0 + NR): rescaled by the first
+ * block's alpha where it is not 1, then += p0[r][j] * v0[j][d0 ..] over its
+ * 16 keys in order; with NB = 2 the same again for the second block (p1,
+ * v1), the row kept in registers between the two. v0, v1: F32 rows of
+ * stride HD. Per element the single-row kernel's operations: the rescale in
+ * the softmax step, then one FMA per key. */
+static ALWAYS_INLINE void pv16(attn_state *st, int r0, const float *p0, const float *v0, const float *p1,
+                               const float *v1, int d0, const int HD, const int NR, const int NB) {
+    const int lds = st->lds;
+    float *acc = st->acc + (size_t)r0 * HD;
     __m512 c[NRQ][4];
 #pragma GCC unroll 6
     for (int r = 0; r < NR; r++)
 #pragma GCC unroll 4
-        for (int i = 0; i < 4; i++) c[r][i] = _mm512_loadu_ps(acc + (size_t)r * hdp + d0 + 16 * i);
+        for (int i = 0; i < 4; i++) c[r][i] = _mm512_loadu_ps(acc + (size_t)r * HD + d0 + 16 * i);
 #pragma GCC unroll 2
-    for (int j = 0; j < 16; j++) {
-        __m512 x[4];
-#pragma GCC unroll 4
-        for (int i = 0; i < 4; i++) x[i] = _mm512_load_ps(v + (size_t)j * hdp + d0 + 16 * i);
+    for (int b = 0; b < NB; b++) {
+        const float *p = (b ? p1 : p0) + (size_t)r0 * lds, *v = b ? v1 : v0;
 #pragma GCC unroll 6
         for (int r = 0; r < NR; r++) {
-            const __m512 pb = _mm512_set1_ps(p[(size_t)r * lds + j]);
+            const float a = st->alpha[2 * (size_t)(r0 + r) + b];
+            if (a != 1.0f) {
+                const __m512 va = _mm512_set1_ps(a);
 #pragma GCC unroll 4
-            for (int i = 0; i < 4; i++) c[r][i] = _mm512_fmadd_ps(pb, x[i], c[r][i]);
+                for (int i = 0; i < 4; i++) c[r][i] = _mm512_mul_ps(va, c[r][i]);
+            }
+        }
+#pragma GCC unroll 2
+        for (int j = 0; j < 16; j++) {
+            __m512 x[4];
+#pragma GCC unroll 4
+            for (int i = 0; i < 4; i++) x[i] = _mm512_load_ps(v + (size_t)j * HD + d0 + 16 * i);
+#pragma GCC unroll 6
+            for (int r = 0; r < NR; r++) {
+                const __m512 pb = _mm512_set1_ps(p[(size_t)r * lds + j]);
+#pragma GCC unroll 4
+                for (int i = 0; i < 4; i++) c[r][i] = _mm512_fmadd_ps(pb, x[i], c[r][i]);
+            }
         }
     }
 #pragma GCC unroll 6
     for (int r = 0; r < NR; r++)
 #pragma GCC unroll 4
-        for (int i = 0; i < 4; i++) _mm512_storeu_ps(acc + (size_t)r * hdp + d0 + 16 * i, c[r][i]);
+        for (int i = 0; i < 4; i++) _mm512_storeu_ps(acc + (size_t)r * HD + d0 + 16 * i, c[r][i]);
 }
 
 /* All rows [0, R) in passes of NRQ, the last pass taking what is left. */
-static ALWAYS_INLINE void qk_all(const attn_state *st, const float *kT, const int HD) {
-    const int R = st->rows, hdp = HD, lds = st->lds;
+static ALWAYS_INLINE void qk_all(attn_state *st, const float *kT, const int HD) {
+    const int R = st->rows;
     int r = 0;
-    for (; r + NRQ <= R; r += NRQ) qk16(st->q + (size_t)r * hdp, hdp, kT, st->s + (size_t)r * lds, lds, HD, NRQ);
-    const float *q = st->q + (size_t)r * hdp;
-    float *s = st->s + (size_t)r * lds;
+    for (; r + NRQ <= R; r += NRQ) qk16(st, r, kT, st->s, 0, HD, NRQ);
     switch (R - r) {
-    case 5: qk16(q, hdp, kT, s, lds, HD, 5); break;
-    case 4: qk16(q, hdp, kT, s, lds, HD, 4); break;
-    case 3: qk16(q, hdp, kT, s, lds, HD, 3); break;
-    case 2: qk16(q, hdp, kT, s, lds, HD, 2); break;
-    case 1: qk16(q, hdp, kT, s, lds, HD, 1); break;
+    case 5: qk16(st, r, kT, st->s, 0, HD, 5); break;
+    case 4: qk16(st, r, kT, st->s, 0, HD, 4); break;
+    case 3: qk16(st, r, kT, st->s, 0, HD, 3); break;
+    case 2: qk16(st, r, kT, st->s, 0, HD, 2); break;
+    case 1: qk16(st, r, kT, st->s, 0, HD, 1); break;
     default: break;
     }
 }
 
-static ALWAYS_INLINE void pv_all(attn_state *st, const float *v, const int HD) {
-    const int R = st->rows, hdp = HD, lds = st->lds;
+/* P*V of every row for one block (NB = 1: p0, v0) or two (NB = 2). */
+static ALWAYS_INLINE void pv_all(attn_state *st, const float *p0, const float *v0, const float *p1, const float *v1,
+                                 const int HD, const int NB) {
+    const int R = st->rows;
     for (int d0 = 0; d0 < HD; d0 += 64) {
         int r = 0;
-        for (; r + NRQ <= R; r += NRQ)
-            pv16(st->acc + (size_t)r * hdp, hdp, st->s + (size_t)r * lds, lds, v, d0, NRQ);
-        float *acc = st->acc + (size_t)r * hdp;
-        const float *p = st->s + (size_t)r * lds;
+        for (; r + NRQ <= R; r += NRQ) pv16(st, r, p0, v0, p1, v1, d0, HD, NRQ, NB);
         switch (R - r) {
-        case 5: pv16(acc, hdp, p, lds, v, d0, 5); break;
-        case 4: pv16(acc, hdp, p, lds, v, d0, 4); break;
-        case 3: pv16(acc, hdp, p, lds, v, d0, 3); break;
-        case 2: pv16(acc, hdp, p, lds, v, d0, 2); break;
-        case 1: pv16(acc, hdp, p, lds, v, d0, 1); break;
+        case 5: pv16(st, r, p0, v0, p1, v1, d0, HD, 5, NB); break;
+        case 4: pv16(st, r, p0, v0, p1, v1, d0, HD, 4, NB); break;
+        case 3: pv16(st, r, p0, v0, p1, v1, d0, HD, 3, NB); break;
+        case 2: pv16(st, r, p0, v0, p1, v1, d0, HD, 2, NB); break;
+        case 1: pv16(st, r, p0, v0, p1, v1, d0, HD, 1, NB); break;
         default: break;
         }
     }
@@ -156,16 +188,18 @@ static ALWAYS_INLINE void load_v(float *vb, const attn_block *b, const int HD, c
 static ALWAYS_INLINE void block_full(attn_state *st, const attn_block *b, const int HD, const int F16) {
     load_k(st->kbuf, b, HD, F16);
     qk_all(st, st->kbuf, HD);
-    attn_softmax_block_avx512(st, b, 0, 16, HD, 16);
     load_v(st->vbuf, b, HD, F16);
-    pv_all(st, st->vbuf, HD);
+    pv_all(st, st->s, st->vbuf, NULL, NULL, HD, 1);
 }
 
-/* The scores of two blocks in one pass over the channels: s0[r][0..16) for
- * the keys of kT0, s1[r][0..16) for those of kT1, NR rows; each broadcast
- * query value feeds one FMA per block. Per score the same chains as qk16. */
-static ALWAYS_INLINE void qk32(const float *q, int hdp, const float *kT0, const float *kT1, float *s0, float *s1,
-                               int lds, const int HD, const int NR) {
+/* The scores of two blocks in one pass over the channels for rows [r0, r0 +
+ * NR): kT0's keys then kT1's, each broadcast query value feeding one FMA
+ * per block, the same chains per score as qk16; then each row's softmax
+ * step for the first block and for the second (probabilities into s0 and
+ * s1, factors into alpha[2 r] and alpha[2 r + 1]). */
+static ALWAYS_INLINE void qk32(attn_state *st, int r0, const float *kT0, const float *kT1, float *s0, float *s1,
+                               const int HD, const int NR) {
+    const float *q = st->q + (size_t)r0 * HD;
     __m512 a0[NRQ], a1[NRQ], b0[NRQ], b1[NRQ];
 #pragma GCC unroll 6
     for (int r = 0; r < NR; r++) a0[r] = a1[r] = b0[r] = b1[r] = _mm512_setzero_ps();
@@ -175,7 +209,7 @@ static ALWAYS_INLINE void qk32(const float *q, int hdp, const float *kT0, const 
         const __m512 y0 = _mm512_load_ps(kT1 + 16 * d), y1 = _mm512_load_ps(kT1 + 16 * (d + 1));
 #pragma GCC unroll 6
         for (int r = 0; r < NR; r++) {
-            const float *qr = q + (size_t)r * hdp + d;
+            const float *qr = q + (size_t)r * HD + d;
             const __m512 e = _mm512_set1_ps(qr[0]), o = _mm512_set1_ps(qr[1]);
             a0[r] = _mm512_fmadd_ps(e, x0, a0[r]);
             b0[r] = _mm512_fmadd_ps(e, y0, b0[r]);
@@ -185,8 +219,11 @@ static ALWAYS_INLINE void qk32(const float *q, int hdp, const float *kT0, const 
     }
 #pragma GCC unroll 6
     for (int r = 0; r < NR; r++) {
-        _mm512_storeu_ps(s0 + (size_t)r * lds, _mm512_add_ps(a0[r], a1[r]));
-        _mm512_storeu_ps(s1 + (size_t)r * lds, _mm512_add_ps(b0[r], b1[r]));
+        const int row = r0 + r;
+        float *m = st->m + row, *lv = st->lv + 16 * (size_t)row, *al = st->alpha + 2 * (size_t)row;
+        _mm512_storeu_ps(s0 + (size_t)row * st->lds, attn_softmax16_avx512(_mm512_add_ps(a0[r], a1[r]), m, lv, al));
+        _mm512_storeu_ps(s1 + (size_t)row * st->lds,
+                         attn_softmax16_avx512(_mm512_add_ps(b0[r], b1[r]), m, lv, al + 1));
     }
 }
 
@@ -194,40 +231,34 @@ static ALWAYS_INLINE void qk32(const float *q, int hdp, const float *kT0, const 
  * keep the compiler clear of spills (16 + 4 + 2 broadcasts). */
 #define NRP 4
 
-static ALWAYS_INLINE void qk32_all(const attn_state *st, const float *kT0, const float *kT1, float *s1, const int HD) {
-    const int R = st->rows, hdp = HD, lds = st->lds;
+static ALWAYS_INLINE void qk32_all(attn_state *st, const float *kT0, const float *kT1, float *s1, const int HD) {
+    const int R = st->rows;
     int r = 0;
-    for (; r + NRP <= R; r += NRP)
-        qk32(st->q + (size_t)r * hdp, hdp, kT0, kT1, st->s + (size_t)r * lds, s1 + (size_t)r * lds, lds, HD, NRP);
-    const float *q = st->q + (size_t)r * hdp;
+    for (; r + NRP <= R; r += NRP) qk32(st, r, kT0, kT1, st->s, s1, HD, NRP);
     switch (R - r) {
-    case 3: qk32(q, hdp, kT0, kT1, st->s + (size_t)r * lds, s1 + (size_t)r * lds, lds, HD, 3); break;
-    case 2: qk32(q, hdp, kT0, kT1, st->s + (size_t)r * lds, s1 + (size_t)r * lds, lds, HD, 2); break;
-    case 1: qk32(q, hdp, kT0, kT1, st->s + (size_t)r * lds, s1 + (size_t)r * lds, lds, HD, 1); break;
+    case 3: qk32(st, r, kT0, kT1, st->s, s1, HD, 3); break;
+    case 2: qk32(st, r, kT0, kT1, st->s, s1, HD, 2); break;
+    case 1: qk32(st, r, kT0, kT1, st->s, s1, HD, 1); break;
     default: break;
     }
 }
 
-
-/* Two full blocks: K of b0 into kbuf and of b1 into vbuf, the scores of both
- * (b1's into the q8 scratch, which F16/F32 caches do not use: the
- * segment's head has round4(rows) x hdp / 4 >= rows x 16 floats of it for
- * hdp >= 64), then softmax and P*V of b0,
- * then of b1 -- the order of two single-block steps. */
+/* Two full blocks: K of b0 into kbuf and of b1 into vbuf; the scores and
+ * softmax steps of both (b1's probabilities into the q8 scratch, which
+ * F16/F32 caches do not use: the segment's head has round4(rows) x hdp / 4
+ * >= rows x 16 floats of it for hdp >= 64); then V of b0 into kbuf and of b1
+ * into vbuf and P*V of both, each row's acc rescaled for b0, summed over
+ * b0's keys, rescaled for b1 and summed over b1's: per row the operations
+ * of two single-block steps, in their order. */
 static ALWAYS_INLINE void pair_full(attn_state *st, const attn_block *b0, const attn_block *b1, const int HD,
                                     const int F16) {
-    float *s1 = (float *)st->q8, *s0 = st->s;
+    float *s1 = (float *)st->q8;
     load_k(st->kbuf, b0, HD, F16);
     load_k(st->vbuf, b1, HD, F16);
     qk32_all(st, st->kbuf, st->vbuf, s1, HD);
-    attn_softmax_block_avx512(st, b0, 0, 16, HD, 16);
     load_v(st->kbuf, b0, HD, F16);
-    pv_all(st, st->kbuf, HD);
-    st->s = s1;
-    attn_softmax_block_avx512(st, b1, 0, 16, HD, 16);
     load_v(st->vbuf, b1, HD, F16);
-    pv_all(st, st->vbuf, HD);
-    st->s = s0;
+    pv_all(st, st->s, st->kbuf, s1, st->vbuf, HD, 2);
 }
 
 void attn_block2_rows_avx512(attn_state *st, const attn_block *b0, const attn_block *b1) {

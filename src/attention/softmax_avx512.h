@@ -15,6 +15,20 @@
 #include <immintrin.h>
 #include <math.h>
 
+/* exp(m_old - m_new), the factor that rescales a row's old sums when its
+ * running max grows, by the kernels' vector exp in lane 0: no call into
+ * libm in the middle of register-resident loops (a call clobbers every
+ * vector register, so the compiler spills the accumulators around it). */
+static inline __attribute__((always_inline)) float attn_rescale_avx512(float m_old, float m_new) {
+    return _mm512_cvtss_f32(exp512(_mm512_set1_ps(m_old - m_new)));
+}
+
+/* The same value out of line, for loops whose code the inlined exp would
+ * crowd (the multi-row kernels, where the max grows in few blocks). */
+static __attribute__((noinline, cold, unused)) float attn_rescale_avx512_cold(float m_old, float m_new) {
+    return attn_rescale_avx512(m_old, m_new);
+}
+
 /* One row: s[0, nv) scores become probabilities exp(s - m_new), s[nv, nk)
  * become 0 (keys this row must not see); lv (16 lane sums) is rescaled and
  * adds them; returns the factor exp(m_old - m_new) that rescales the row's
@@ -33,7 +47,7 @@ static inline __attribute__((always_inline)) float attn_softmax_row_avx512(float
     __m512 vs = _mm512_loadu_ps(lv);
     if (_mm512_cmp_ps_mask(vm, _mm512_set1_ps(*m), _CMP_GT_OQ)) {
         m_new = _mm512_reduce_max_ps(vm);
-        alpha = expf(*m - m_new);
+        alpha = attn_rescale_avx512(*m, m_new);
         vs = _mm512_mul_ps(vs, _mm512_set1_ps(alpha));
     }
     const __m512 mn = _mm512_set1_ps(m_new);
@@ -51,6 +65,26 @@ static inline __attribute__((always_inline)) float attn_softmax_row_avx512(float
     *m = m_new;
     _mm512_storeu_ps(lv, vs);
     return alpha;
+}
+
+/* The same step for one whole block of 16 keys whose scores s a register
+ * holds (attn_softmax_row_avx512 with nv = nk = 16, operation for operation:
+ * max(-inf, s) is s): returns the probabilities, updates *m and the lane sums
+ * lv, and sets *alpha to the factor that rescales the row's old acc. */
+static inline __attribute__((always_inline)) __m512 attn_softmax16_avx512(__m512 s, float *m, float *lv,
+                                                                          float *alpha) {
+    float m_new = *m, a = 1.0f;
+    __m512 vs = _mm512_loadu_ps(lv);
+    if (__builtin_expect(_mm512_cmp_ps_mask(s, _mm512_set1_ps(*m), _CMP_GT_OQ) != 0, 0)) {
+        m_new = _mm512_reduce_max_ps(s);
+        a = attn_rescale_avx512_cold(*m, m_new);
+        vs = _mm512_mul_ps(vs, _mm512_set1_ps(a));
+    }
+    const __m512 e = exp512(_mm512_sub_ps(s, _mm512_set1_ps(m_new)));
+    *m = m_new;
+    _mm512_storeu_ps(lv, _mm512_add_ps(vs, e));
+    *alpha = a;
+    return e;
 }
 
 /* The block's rows [r0, st->rows) over its nk keys: scores in st->s become
