@@ -529,8 +529,8 @@ size_t kern_act_bytes(int wtype, int64_t cols, int nb) {
     const qtype_info *t = qtype_get(wtype);
     if (cols % t->block_elems) return 0;
     act_kind kind = act_kind_of(wtype);
-    size_t quads = act_q8_has_quads(wtype)    ? (size_t)act_q8_nquads(nb) * (size_t)(cols / 32) * ACT_Q8_QUAD_BLOCK
-                   : act_q8k_nquads(wtype, nb) ? (size_t)act_q8_nquads(nb) * (size_t)(cols / QK_K) * ACT_Q8K_QUAD_SB
+    size_t quads = act_q8_has_quads(wtype)    ? (size_t)act_q8_nquads(nb, cols) * (size_t)(cols / 32) * ACT_Q8_QUAD_BLOCK
+                   : act_q8k_nquads(wtype, nb) ? (size_t)act_q8_quad_count(nb) * (size_t)(cols / QK_K) * ACT_Q8K_QUAD_SB
                                               : 0;
     return (size_t)nb * act_row_bytes(kind, cols) + quads;
 }
@@ -595,7 +595,7 @@ void kern_act_prepare_rows(int wtype, const float *X, int64_t cols, int nb, int 
         else fn(X + (int64_t)b * cols, cols, act_q8_off(wtype), row);
     }
     /* the quads of rows [r0, r1): quad q holds rows 4q .. 4q + 3 */
-    if (act_q8_has_quads(wtype) && act_q8_nquads(nb))
+    if (act_q8_has_quads(wtype) && act_q8_nquads(nb, cols))
         KERN_PICK(act_q8_quads)(act, cols, nb, r0 / ACT_Q8_QUAD, (r1 + ACT_Q8_QUAD - 1) / ACT_Q8_QUAD);
     if (act_q8k_nquads(wtype, nb))
         KERN_PICK(act_q8k_quads)(act, cols, nb, r0 / ACT_Q8_QUAD, (r1 + ACT_Q8_QUAD - 1) / ACT_Q8_QUAD);

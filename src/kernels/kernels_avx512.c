@@ -565,13 +565,13 @@ INLINE void mm_q8_rows(int wtype, const char *W, int64_t nblk, int64_t r0, int64
     }
 }
 
-/* Rows [r0, r1): batches of ACT_Q8_QUAD_MIN rows or more by the quad kernel
+/* Rows [r0, r1): batches that carry quads (act_q8_nquads) by the quad kernel
  * (q8_quads_avx512.c) in groups of 4 weight rows, the last 0-3 weight rows
  * and smaller batches by the per-row kernels (same arithmetic). */
 INLINE void mm_q8(int wtype, const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act, int nb,
                   float *Y, int64_t ldy) {
     int64_t nblk = cols / 32;
-    if (act_q8_has_quads(wtype) && act_q8_nquads(nb)) {
+    if (act_q8_has_quads(wtype) && act_q8_nquads(nb, cols)) {
         int64_t n4 = (r1 - r0) / 4;
         if (n4) kern_matmul_q8_quads_avx512(wtype, W, cols, r0, n4, act, nb, Y, ldy);
         r0 += 4 * n4;

@@ -177,10 +177,10 @@ static inline act_row act_get_row(act_kind kind, const void *act, int64_t cols, 
     return act_sections(kind, cols, (char *)act + (size_t)b * act_row_bytes(kind, cols));
 }
 
-/* ACT_Q8 quads, the batch layout. For nb >= ACT_Q8_QUAD_MIN the nb rows
- * are followed by act_q8_nquads(nb) quads of 4 rows each, the last padded
- * with zero rows (fewer rows are left to the per-row kernels, faster for
- * 1-3 rows). Block k of quad q takes ACT_Q8_QUAD_BLOCK bytes at
+/* ACT_Q8 quads, the batch layout. For nb >= ACT_Q8_QUAD_MIN rows (of
+ * short rows, ACT_Q8_QUAD_MIN_SHORT) the nb rows are followed by
+ * act_q8_quad_count(nb) quads of 4 rows each, the last padded with zero
+ * rows; smaller batches are left to the per-row kernels. Block k of quad q takes ACT_Q8_QUAD_BLOCK bytes at
  * (k * nquads + q) * ACT_Q8_QUAD_BLOCK (a block's quads side by side, so
  * the quad kernel reaches them at fixed offsets from one pointer):
  *   int8 q[8][4][4]: q[j][b] = elements 4j .. 4j+3 of block k of row 4q + b
@@ -193,8 +193,22 @@ static inline act_row act_get_row(act_kind kind, const void *act, int64_t cols, 
  * quad kernel, q8_quads_avx512.c). Quads repeat what the rows hold; the
  * rows stay complete for kernels that do not use quads. */
 enum { ACT_Q8_QUAD = 4, ACT_Q8_QUAD_MIN = 4, ACT_Q8_QUAD_BLOCK = 8 * 16 + 16 + 16 };
+/* Rows of at most ACT_Q8_SHORT_COLS columns carry quads from 2 rows: there
+ * the per-row kernel's fixed cost per output (its lane reduction, its setup)
+ * weighs on a short dot product, and a quad pass with 2-3 of its 4 rows real
+ * is faster. bench_gemm, 2 threads (bench/SPEC.md, 2026-12-06): 576 columns, 2 rows
+ * 1.2-1.8x and 3 rows 1.3-2.5x faster (the SmolLM2-135M output matrix 1.76x
+ * and 2.50x); 1,536 columns 0.86-1.0x and the Llama-3.2-1B layer (2,048 and
+ * 8,192) 0.86x at 2 rows, so longer rows keep the per-row kernels below
+ * ACT_Q8_QUAD_MIN. */
+enum { ACT_Q8_SHORT_COLS = 1024, ACT_Q8_QUAD_MIN_SHORT = 2 };
 
-static inline int act_q8_nquads(int nb) { return nb >= ACT_Q8_QUAD_MIN ? (nb + ACT_Q8_QUAD - 1) / ACT_Q8_QUAD : 0; }
+/* Quads of nb rows, once a batch carries them. */
+static inline int act_q8_quad_count(int nb) { return (nb + ACT_Q8_QUAD - 1) / ACT_Q8_QUAD; }
+/* The ACT_Q8 quads a batch of nb rows of `cols` carries (0: none). */
+static inline int act_q8_nquads(int nb, int64_t cols) {
+    return nb >= (cols <= ACT_Q8_SHORT_COLS ? ACT_Q8_QUAD_MIN_SHORT : ACT_Q8_QUAD_MIN) ? act_q8_quad_count(nb) : 0;
+}
 
 /* Rows b0 .. b0 + max - 1 of nb prepared rows of `kind` into a (those past
  * nb left out: the batch's last tile or quad); returns how many there are. */
@@ -210,7 +224,7 @@ static inline int act_q8_has_quads(int wtype) { return act_kind_of(wtype) == ACT
 
 /* ACT_Q8K quads, for Q6_K and Q3_K weights (the AVX-512 batch kernel of
  * kq16_quads_avx512.c), in the same place and with the same count as ACT_Q8's
- * (after the nb rows, act_q8_nquads(nb) of them, the last padded with zero
+ * (after the nb rows, act_q8_quad_count(nb) of them, the last padded with zero
  * rows). Super-block k of quad q takes ACT_Q8K_QUAD_SB bytes at
  * (k * nquads + q) * ACT_Q8K_QUAD_SB:
  *   int8 q[64][4][4]: q[m][b] = elements 4m .. 4m+3 of super-block k of row 4q + b
@@ -228,20 +242,21 @@ enum { ACT_Q8K_Q3K_QUAD_MIN = 8 };
 /* The ACT_Q8K quads a batch of nb rows of wtype carries: Q6_K's from
  * ACT_Q8_QUAD_MIN rows, Q3_K's from ACT_Q8K_Q3K_QUAD_MIN, no other type's. */
 static inline int act_q8k_nquads(int wtype, int nb) {
-    if (wtype == QTYPE_Q6_K || (wtype == QTYPE_Q3_K && nb >= ACT_Q8K_Q3K_QUAD_MIN)) return act_q8_nquads(nb);
+    if ((wtype == QTYPE_Q6_K && nb >= ACT_Q8_QUAD_MIN) || (wtype == QTYPE_Q3_K && nb >= ACT_Q8K_Q3K_QUAD_MIN))
+        return act_q8_quad_count(nb);
     return 0;
 }
 
 /* Super-block k of quad q of ACT_Q8K activations `act` prepared for nb rows. */
 static inline const int8_t *act_q8k_quad(const void *act, int64_t cols, int nb, int q, int64_t k) {
     size_t rows = (size_t)nb * act_row_bytes(ACT_Q8K, cols);
-    return (const int8_t *)act + rows + ((size_t)k * (size_t)act_q8_nquads(nb) + (size_t)q) * ACT_Q8K_QUAD_SB;
+    return (const int8_t *)act + rows + ((size_t)k * (size_t)act_q8_quad_count(nb) + (size_t)q) * ACT_Q8K_QUAD_SB;
 }
 
 /* Block k of quad q of ACT_Q8 activations `act` prepared for nb rows. */
 static inline const int8_t *act_q8_quad(const void *act, int64_t cols, int nb, int q, int64_t k) {
     size_t rows = (size_t)nb * act_row_bytes(ACT_Q8, cols);
-    return (const int8_t *)act + rows + ((size_t)k * (size_t)act_q8_nquads(nb) + (size_t)q) * ACT_Q8_QUAD_BLOCK;
+    return (const int8_t *)act + rows + ((size_t)k * (size_t)act_q8_quad_count(nb) + (size_t)q) * ACT_Q8_QUAD_BLOCK;
 }
 
 /* ---- per-ISA table ----------------------------------------------------------

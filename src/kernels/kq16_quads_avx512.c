@@ -226,7 +226,7 @@ INLINE void kq16_rows(const void *W, int64_t cols, int64_t r0, int64_t n4, const
                       int64_t ldy, const int T) {
     const int64_t nblk = cols / QK_K;
     const size_t wrow = qtype_row_bytes(T, cols);
-    const int nquads = act_q8_nquads(nb);
+    const int nquads = act_q8_quad_count(nb);
     const char *first = (const char *)W + (size_t)r0 * wrow;
     quads_prefetch(first, (size_t)(4 * (n4 >= 2 ? 2 : 1)) * wrow);
     for (int64_t g = 0; g < n4;) {

@@ -355,7 +355,7 @@ INLINE void qd_run(int wtype, const char *W, size_t wrow, int64_t nblk, int64_t 
                    int nb, int q0, const char *pf, size_t pf_step, float *Y, int64_t ldy, const int NG, const int NQ) {
     __m512 out[QD_MAX_P];
     const int8_t *A = act_q8_quad(act, cols, nb, q0, 0);
-    size_t kstride = (size_t)act_q8_nquads(nb) * ACT_Q8_QUAD_BLOCK;
+    size_t kstride = (size_t)act_q8_quad_count(nb) * ACT_Q8_QUAD_BLOCK;
     qd_pass(wtype, W + (size_t)r * wrow, wrow, nblk, A, kstride, pf, pf_step, out, NG, NQ, NG * NQ <= 4 ? 2 : 1);
     QUADS_STORE(out, r, q0, nb, Y, ldy, NG, NQ);
 }
@@ -368,7 +368,7 @@ static int qd_ng(int64_t left) { return left >= 4 ? 4 : left >= 2 ? 2 : 1; }
 
 INLINE void qd_rows_of(const int wtype, const char *W, size_t wrow, int64_t nblk, int64_t r, int ng, const void *act,
                     int64_t cols, int nb, const char *pf_next, size_t pf_bytes, float *Y, int64_t ldy) {
-    const int nquads = act_q8_nquads(nb), max_q = QD_MAX_P / ng < QD_MAX_Q ? QD_MAX_P / ng : QD_MAX_Q;
+    const int nquads = act_q8_quad_count(nb), max_q = QD_MAX_P / ng < QD_MAX_Q ? QD_MAX_P / ng : QD_MAX_Q;
     for (int q0 = 0, nq; q0 < nquads; q0 += nq) {
         /* the first pass spreads the next group's lines over its blocks */
         const char *pf = q0 || !pf_next ? W : pf_next;
