@@ -625,8 +625,8 @@ static void test_matmul_batch_invariance(ellm_isa isa) {
         test_matmul_batch_invariance_case(isa, type, cols, 11);
         test_matmul_batch_invariance_case(isa, type, cols, 37);
     }
-    /* Blocks of 32: per-row kernels only (2, 3 rows of 1,536 columns), quads
-     * (2, 3 rows of at most ACT_Q8_SHORT_COLS columns; 4, 8, 16), a padded
+    /* Blocks of 32: per-row kernels only (2 rows of 1,536 columns), quads
+     * (2 rows of at most ACT_Q8_SHORT_COLS columns; 3, 4, 8, 16), a padded
      * quad (5, 9, the verification size of 8 drafts), two passes of quads
      * (19, 28); 39 weight rows split into calls of 3, 5 and 31 rows */
     static const int64_t q8_cols[] = {576, 1536, 32 * 5, 32 * 31};

@@ -6,8 +6,9 @@
  *
  * Matmul shape: weights are decoded once into registers and applied to a
  * tile of activation rows (Q8_0 / Q4_0: a chunk of 16 blocks against up to
- * Q8_NB rows, or for batches of 4 or more rows 4 weight rows against 4
- * activation rows per instruction, q8_quads_avx512.c; others: a block
+ * Q8_NB rows, or for batches that carry quads -- 3 or more rows, 2 or more
+ * of short rows, act_q8_nquads -- 4 weight rows against 4 activation rows
+ * per instruction, q8_quads_avx512.c; others: a block
  * against up to MM_NB rows); further tiles re-read the
  * weights from L1 or L2, so DRAM sees every weight once per call, and the
  * stream is prefetched a page ahead (kern_pf_pages). Each output's

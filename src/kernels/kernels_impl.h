@@ -177,10 +177,11 @@ static inline act_row act_get_row(act_kind kind, const void *act, int64_t cols, 
     return act_sections(kind, cols, (char *)act + (size_t)b * act_row_bytes(kind, cols));
 }
 
-/* ACT_Q8 quads, the batch layout. For nb >= ACT_Q8_QUAD_MIN rows (of
- * short rows, ACT_Q8_QUAD_MIN_SHORT) the nb rows are followed by
- * act_q8_quad_count(nb) quads of 4 rows each, the last padded with zero
- * rows; smaller batches are left to the per-row kernels. Block k of quad q takes ACT_Q8_QUAD_BLOCK bytes at
+/* ACT_Q8 quads, the batch layout. For nb >= ACT_Q8_QUAD_MIN rows (rows of
+ * at most ACT_Q8_SHORT_COLS columns: ACT_Q8_QUAD_MIN_SHORT) the nb rows are
+ * followed by act_q8_quad_count(nb) quads of 4 rows each, the last padded
+ * with zero rows; smaller batches are left to the per-row kernels. Block k
+ * of quad q takes ACT_Q8_QUAD_BLOCK bytes at
  * (k * nquads + q) * ACT_Q8_QUAD_BLOCK (a block's quads side by side, so
  * the quad kernel reaches them at fixed offsets from one pointer):
  *   int8 q[8][4][4]: q[j][b] = elements 4j .. 4j+3 of block k of row 4q + b
@@ -191,17 +192,22 @@ static inline act_row act_get_row(act_kind kind, const void *act, int64_t cols, 
  * then makes 16 (weight row, activation row) dots and each of them collects
  * a whole block in one lane, with no reduction across lanes (the AVX-512
  * quad kernel, q8_quads_avx512.c). Quads repeat what the rows hold; the
- * rows stay complete for kernels that do not use quads. */
-enum { ACT_Q8_QUAD = 4, ACT_Q8_QUAD_MIN = 4, ACT_Q8_QUAD_BLOCK = 8 * 16 + 16 + 16 };
-/* Rows of at most ACT_Q8_SHORT_COLS columns carry quads from 2 rows: there
- * the per-row kernel's fixed cost per output (its lane reduction, its setup)
- * weighs on a short dot product, and a quad pass with 2-3 of its 4 rows real
- * is faster. bench_gemm, 2 threads (bench/SPEC.md, 2026-12-06): 576 columns, 2 rows
- * 1.2-1.8x and 3 rows 1.3-2.5x faster (the SmolLM2-135M output matrix 1.76x
- * and 2.50x); 1,536 columns 0.86-1.0x and the Llama-3.2-1B layer (2,048 and
- * 8,192) 0.86x at 2 rows, so longer rows keep the per-row kernels below
- * ACT_Q8_QUAD_MIN. */
+ * rows stay complete for kernels that do not use quads.
+ *
+ * Where the quad kernel takes over, measured with bench_gemm on 2 threads
+ * (bench/SPEC.md, 2026-12-06), a quad pass with 2 or 3 of its 4 rows real
+ * against the per-row kernel:
+ *   3 rows: faster or as fast everywhere. SmolLM2-135M layer 1.57-1.80x;
+ *     Llama-3.2-1B layer q8_0 1.34x, q4_0 1.25x, q4_K 1.12x, q5_K 1.06x,
+ *     iq4_xs 1.02x; 8,192-column rows 1.9-2.3x; 1,536 columns 0.95-1.0x.
+ *   2 rows: faster on short rows, where the per-row kernel's fixed cost per
+ *     output (its lane reduction, its setup) weighs on a short dot product:
+ *     576 columns 1.2-1.8x (the 135M output matrix 1.76x). Slower on long
+ *     ones: 1,536 columns 0.86-0.94x, 2,048 columns 0.82-0.87x. */
+enum { ACT_Q8_QUAD = 4, ACT_Q8_QUAD_MIN = 3, ACT_Q8_QUAD_BLOCK = 8 * 16 + 16 + 16 };
 enum { ACT_Q8_SHORT_COLS = 1024, ACT_Q8_QUAD_MIN_SHORT = 2 };
+/* Q6_K batches (ACT_Q8K quads, below) carry quads from this many rows. */
+enum { ACT_Q8K_Q6K_QUAD_MIN = 4 };
 
 /* Quads of nb rows, once a batch carries them. */
 static inline int act_q8_quad_count(int nb) { return (nb + ACT_Q8_QUAD - 1) / ACT_Q8_QUAD; }
@@ -240,9 +246,9 @@ enum { ACT_Q8K_QUAD_SB = 64 * 16 + 16 * 16 + 16 };
 enum { ACT_Q8K_Q3K_QUAD_MIN = 8 };
 
 /* The ACT_Q8K quads a batch of nb rows of wtype carries: Q6_K's from
- * ACT_Q8_QUAD_MIN rows, Q3_K's from ACT_Q8K_Q3K_QUAD_MIN, no other type's. */
+ * ACT_Q8K_Q6K_QUAD_MIN rows, Q3_K's from ACT_Q8K_Q3K_QUAD_MIN, no other type's. */
 static inline int act_q8k_nquads(int wtype, int nb) {
-    if ((wtype == QTYPE_Q6_K && nb >= ACT_Q8_QUAD_MIN) || (wtype == QTYPE_Q3_K && nb >= ACT_Q8K_Q3K_QUAD_MIN))
+    if ((wtype == QTYPE_Q6_K && nb >= ACT_Q8K_Q6K_QUAD_MIN) || (wtype == QTYPE_Q3_K && nb >= ACT_Q8K_Q3K_QUAD_MIN))
         return act_q8_quad_count(nb);
     return 0;
 }
