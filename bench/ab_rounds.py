@@ -13,8 +13,8 @@ favours neither. ARGS are the benchmark's own arguments, e.g. for gemm
 "-m MODEL.gguf -n 1,16 -t 2 -f 0 -s 48". --raw appends every run's output to
 FILE under a '### round R NAME BINARY ARGS' line; --from reads such a file.
 
-Columns: gemm prints ms per layer (bench_gemm's median pass) per type, shape,
-rows and threads; batch prints the median step ms per number of sequences.
+Columns: gemm prints ms per layer (bench_gemm's median pass) per type, shape
+(with -s, the model shape and the matrix shape), rows and threads; batch prints the median step ms per number of sequences.
 The last column is the first build's median divided by each other's (> 1: the
 other build is faster)."""
 import collections
@@ -23,7 +23,8 @@ import statistics
 import subprocess
 import sys
 
-GEMM = re.compile(r'(\S+)\s+(\S+)\s+(\S+)\s+nb=(\d+)\s+t=(\d+)\s+([0-9.]+) ms')
+# bench_gemm lines: type, model shape, ISA, then (with -s) the matrix shape, rows, threads, ms
+GEMM = re.compile(r'(\S+)\s+(\S+)\s+(\S+)(?:\s+(\d+x\d+))?\s+nb=(\d+)\s+t=(\d+)\s+([0-9.]+) ms')
 BATCH = re.compile(r'\s+(\d+)\s+([0-9.]+)\s+([0-9.]+)\s+([0-9.]+)\s+([0-9.]+)\s+([0-9.]+)\s+([0-9.]+)')
 
 
@@ -32,7 +33,8 @@ def parse(kind, out, name, res):
         if kind == 'gemm':
             m = GEMM.match(line)
             if m:
-                res[(m.group(1), m.group(2), int(m.group(4)), int(m.group(5)), name)].append(float(m.group(6)))
+                shape = m.group(2) + (' ' + m.group(4) if m.group(4) else '')
+                res[(m.group(1), shape, int(m.group(5)), int(m.group(6)), name)].append(float(m.group(7)))
         else:
             m = BATCH.match(line)
             if m:
@@ -41,6 +43,8 @@ def parse(kind, out, name, res):
 
 def render(kind, names, res):
     keys = sorted({k[:-1] for k in res})
+    if not keys:
+        sys.exit('no benchmark lines found in the output')
     if kind == 'gemm':
         print('| type | shape | rows | threads | ' + ' | '.join(f'{n} ms' for n in names) + ' | ' +
               ' | '.join(f'{names[0]} ÷ {n}' for n in names[1:]) + ' |')
