@@ -433,7 +433,7 @@ static ALWAYS_INLINE void run_qk(const float *q, const char *const *k, const cha
         for (int r = 0; r < NR; r++) sc[b][r] = _mm512_add_ps(c0[b][r], c1[b][r]);
 }
 
-/* The softmax step (attn_softmax_row_avx512 on 16 keys) and P*V of one
+/* The softmax step (attn_softmax16_avx512) and P*V of one
  * block for NR rows whose scores are sc, on the state in registers (m, lane
  * sums lv, accumulators acc); P*V broadcasts each probability from a copy
  * on the stack (a load, where vpermps took a slot of the ports the FMAs use:
@@ -447,19 +447,13 @@ static ALWAYS_INLINE void run_softmax_pv(const __m512 *sc, const uint16_t *v, co
     __m512 p[4];
 #pragma GCC unroll 4
     for (int r = 0; r < NR; r++) {
-        const __m512 vm = _mm512_max_ps(_mm512_set1_ps(-INFINITY), sc[r]);
-        if (_mm512_cmp_ps_mask(vm, _mm512_set1_ps(m[r]), _CMP_GT_OQ)) {
-            const float m_new = _mm512_reduce_max_ps(vm), alpha = attn_rescale_avx512(m[r], m_new);
-            m[r] = m_new;
-            lv[r] = _mm512_mul_ps(lv[r], _mm512_set1_ps(alpha));
-            if (alpha != 1.0f) {
-                const __m512 va = _mm512_set1_ps(alpha);
+        float alpha;
+        p[r] = attn_softmax16_avx512(sc[r], &m[r], &lv[r], &alpha, 0);
+        if (alpha != 1.0f) {
+            const __m512 va = _mm512_set1_ps(alpha);
 #pragma GCC unroll 8
-                for (int i = 0; i < NV; i++) acc[r][i] = _mm512_mul_ps(va, acc[r][i]);
-            }
+            for (int i = 0; i < NV; i++) acc[r][i] = _mm512_mul_ps(va, acc[r][i]);
         }
-        p[r] = exp512(_mm512_sub_ps(sc[r], _mm512_set1_ps(m[r])));
-        lv[r] = _mm512_add_ps(lv[r], p[r]);
     }
     /* the probabilities through memory: a broadcast load per row and key
      * instead of a permute on the FMA units' ports */

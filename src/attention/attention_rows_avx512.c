@@ -34,6 +34,17 @@
  * scores of one block. */
 #define NRQ 6
 
+/* Row `row`'s softmax step on its scores s of one whole block (its lane
+ * sums in st->lv): the probabilities go to sb, the factor for its old acc to
+ * alpha[2 row + slot]. */
+static ALWAYS_INLINE void row_softmax(attn_state *st, int row, __m512 s, float *sb, int slot) {
+    float *lvp = st->lv + 16 * (size_t)row;
+    __m512 lv = _mm512_loadu_ps(lvp);
+    _mm512_storeu_ps(sb + (size_t)row * st->lds,
+                     attn_softmax16_avx512(s, st->m + row, &lv, st->alpha + 2 * (size_t)row + slot, 1));
+    _mm512_storeu_ps(lvp, lv);
+}
+
 /* One block's scores for rows [r0, r0 + NR), each followed by its online
  * softmax step while the scores are still in registers: kT holds channel c
  * of the 16 keys at kT + 16 c (F32). c0 sums the even channels, c1 the odd
@@ -58,12 +69,7 @@ static ALWAYS_INLINE void qk16(attn_state *st, int r0, const float *kT, float *s
         }
     }
 #pragma GCC unroll 6
-    for (int r = 0; r < NR; r++) {
-        const int row = r0 + r;
-        const __m512 e = attn_softmax16_avx512(_mm512_add_ps(c0[r], c1[r]), st->m + row, st->lv + 16 * (size_t)row,
-                                               st->alpha + 2 * (size_t)row + slot);
-        _mm512_storeu_ps(sb + (size_t)row * st->lds, e);
-    }
+    for (int r = 0; r < NR; r++) row_softmax(st, r0 + r, _mm512_add_ps(c0[r], c1[r]), sb, slot);
 }
 
 /* acc[r][d0 .. d0 + 64) of rows [r0, r0 + NR): rescaled by the first
@@ -219,11 +225,8 @@ static ALWAYS_INLINE void qk32(attn_state *st, int r0, const float *kT0, const f
     }
 #pragma GCC unroll 6
     for (int r = 0; r < NR; r++) {
-        const int row = r0 + r;
-        float *m = st->m + row, *lv = st->lv + 16 * (size_t)row, *al = st->alpha + 2 * (size_t)row;
-        _mm512_storeu_ps(s0 + (size_t)row * st->lds, attn_softmax16_avx512(_mm512_add_ps(a0[r], a1[r]), m, lv, al));
-        _mm512_storeu_ps(s1 + (size_t)row * st->lds,
-                         attn_softmax16_avx512(_mm512_add_ps(b0[r], b1[r]), m, lv, al + 1));
+        row_softmax(st, r0 + r, _mm512_add_ps(a0[r], a1[r]), s0, 0);
+        row_softmax(st, r0 + r, _mm512_add_ps(b0[r], b1[r]), s1, 1);
     }
 }
 

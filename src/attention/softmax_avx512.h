@@ -24,7 +24,8 @@ static inline __attribute__((always_inline)) float attn_rescale_avx512(float m_o
 }
 
 /* The same value out of line, for loops whose code the inlined exp would
- * crowd (the multi-row kernels, where the max grows in few blocks). */
+ * crowd (the multi-row kernels, where the max grows in few blocks; their
+ * state is in memory, so the call spills nothing). */
 static __attribute__((noinline, cold, unused)) float attn_rescale_avx512_cold(float m_old, float m_new) {
     return attn_rescale_avx512(m_old, m_new);
 }
@@ -69,20 +70,22 @@ static inline __attribute__((always_inline)) float attn_softmax_row_avx512(float
 
 /* The same step for one whole block of 16 keys whose scores s a register
  * holds (attn_softmax_row_avx512 with nv = nk = 16, operation for operation:
- * max(-inf, s) is s): returns the probabilities, updates *m and the lane sums
- * lv, and sets *alpha to the factor that rescales the row's old acc. */
-static inline __attribute__((always_inline)) __m512 attn_softmax16_avx512(__m512 s, float *m, float *lv,
-                                                                          float *alpha) {
+ * max(-inf, s) is s), for kernels that keep a row's lane sums in a register
+ * (*lv): returns the probabilities, updates *m and *lv, and sets *alpha to
+ * the factor that rescales the row's old acc. COLD: that factor, needed in
+ * few blocks, from attn_rescale_avx512_cold (state in memory) rather than
+ * inline (state in registers, which a call would spill). */
+static inline __attribute__((always_inline)) __m512 attn_softmax16_avx512(__m512 s, float *m, __m512 *lv,
+                                                                          float *alpha, const int COLD) {
     float m_new = *m, a = 1.0f;
-    __m512 vs = _mm512_loadu_ps(lv);
     if (__builtin_expect(_mm512_cmp_ps_mask(s, _mm512_set1_ps(*m), _CMP_GT_OQ) != 0, 0)) {
         m_new = _mm512_reduce_max_ps(s);
-        a = attn_rescale_avx512_cold(*m, m_new);
-        vs = _mm512_mul_ps(vs, _mm512_set1_ps(a));
+        a = COLD ? attn_rescale_avx512_cold(*m, m_new) : attn_rescale_avx512(*m, m_new);
+        *lv = _mm512_mul_ps(*lv, _mm512_set1_ps(a));
     }
     const __m512 e = exp512(_mm512_sub_ps(s, _mm512_set1_ps(m_new)));
     *m = m_new;
-    _mm512_storeu_ps(lv, _mm512_add_ps(vs, e));
+    *lv = _mm512_add_ps(*lv, e);
     *alpha = a;
     return e;
 }
