@@ -547,6 +547,12 @@ static void test_matmul(ellm_isa isa) {
             test_matmul_case(isa, k_q32_types[t], 37, 576, q8_nbs[n], 3, 36);
             test_matmul_case(isa, k_q32_types[t], 19, 1536, q8_nbs[n], 1, 18);
         }
+    /* one activation row against rows whose last chunk has 1, 3 and 4
+     * blocks (the decode kernel reads tails of up to 4 blocks directly) */
+    static const int64_t tail_cols[] = {32 * 17, 32 * 3, 32 * 20, 32 * 4};
+    for (int t = 0; t < N_Q32_TYPES; t++)
+        for (size_t c = 0; c < sizeof tail_cols / sizeof tail_cols[0]; c++)
+            test_matmul_case(isa, k_q32_types[t], 13, tail_cols[c], 1, 2, 13);
     /* decode-sized rows and a prefill-sized batch */
     test_matmul_case(isa, QTYPE_Q8_0, 8, 4096, 16, 1, 8);
     test_matmul_case(isa, QTYPE_Q4_K, 8, 4096, 3, 2, 8);
@@ -847,7 +853,8 @@ static void test_matmul_isa_agree(void) {
         SKIP("AVX2 / AVX-512 bit-exact agreement: this CPU has no AVX-512 VNNI");
         return;
     }
-    static const int64_t cols_list[] = {96, 576, 672, 1536};
+    /* rows whose last chunk has 1-5 blocks (32, 544, 96, 640, 576, 672) or none (1536) */
+    static const int64_t cols_list[] = {32, 96, 544, 576, 640, 672, 1536};
     static const int nbs[] = {1, 4, 5, 7, 9, 14, 16, 19};
     ellm_isa saved = ellm_cpu_isa();
     for (int t = 0; t < N_Q32_TYPES; t++)

@@ -494,6 +494,50 @@ INLINE q8_chunk q8_decode(int wtype, const char *p, const int NG, const int FULL
     return c;
 }
 
+/* The last, short chunk of a row of T (1-4) blocks at p, Q8_0, Q4_0 or
+ * IQ4_NL (q8_tail_direct), with the values q8_decode(wtype, p, 1, 0, mask
+ * of T blocks) gives: absent blocks' bytes 0 (then flipped, or looked up, as
+ * the present ones), their scales 0. It reads each block by 16-byte loads
+ * inside it, with no masks and no word permutes: the general path made the
+ * 2-block tail of a SmolLM2-135M row (576 columns) cost over half a full
+ * chunk. */
+INLINE int q8_tail_direct(int wtype, int64_t tail) {
+    return tail <= 4 && (wtype == QTYPE_Q8_0 || wtype == QTYPE_Q4_0 || wtype == QTYPE_IQ4_NL);
+}
+INLINE q8_chunk q8_decode_tail(int wtype, const char *p, const int T) {
+    q8_chunk c;
+    const int Q8 = wtype == QTYPE_Q8_0, bsz = q32_block_bytes(wtype);
+    __m512i lo = _mm512_setzero_si512(), hi = _mm512_setzero_si512();
+    __m256i d = _mm256_setzero_si256();
+#define Q8_TAIL_BLOCK(J)                                                                                   \
+    if (T > (J)) {                                                                                         \
+        const char *b_ = p + (J) * bsz;                                                                    \
+        lo = _mm512_inserti32x4(lo, _mm_loadu_si128((const __m128i *)(b_ + 2)), (J));                      \
+        if (Q8) hi = _mm512_inserti32x4(hi, _mm_loadu_si128((const __m128i *)(b_ + 18)), (J));            \
+        d = _mm256_insert_epi16(d, *(const int16_t *)b_, 4 * (J));                                         \
+    }
+    Q8_TAIL_BLOCK(0) Q8_TAIL_BLOCK(1) Q8_TAIL_BLOCK(2) Q8_TAIL_BLOCK(3)
+#undef Q8_TAIL_BLOCK
+    if (Q8) {
+        const __m512i flip = _mm512_set1_epi8((char)0x80);
+        c.lo[0] = _mm512_xor_si512(lo, flip);
+        c.hi[0] = _mm512_xor_si512(hi, flip);
+    } else {
+        const __m512i m4 = _mm512_set1_epi8(0x0F);
+        c.lo[0] = _mm512_and_si512(lo, m4);
+        c.hi[0] = _mm512_and_si512(_mm512_srli_epi16(lo, 4), m4);
+        if (wtype == QTYPE_IQ4_NL) {
+            const __m512i lut = iq4_lut_u8();
+            c.lo[0] = _mm512_shuffle_epi8(lut, c.lo[0]);
+            c.hi[0] = _mm512_shuffle_epi8(lut, c.hi[0]);
+        }
+    }
+    c.lo[1] = c.hi[1] = c.lo[2] = c.hi[2] = c.lo[3] = c.hi[3] = _mm512_setzero_si512();
+    c.dw = _mm512_cvtph_ps(d);
+    c.mw = _mm512_setzero_ps();
+    return c;
+}
+
 /* Adds decoded chunk `c` (chunk index ci) times activation row a into acc. */
 INLINE __m512 q8_apply(const q8_chunk *c, const act_row *a, int64_t ci, const int NG, const int MIN, __m512 acc) {
     const int8_t *q = a->qs + 512 * ci;
@@ -566,6 +610,52 @@ INLINE void mm_q8_rows(int wtype, const char *W, int64_t nblk, int64_t r0, int64
     }
 }
 
+/* Rows [r0, r1) against one activation row (decode): mm_q8_rows' steps
+ * with the shape of a row's last chunk a constant, TT: 0 no tail, 1-4 a
+ * tail of TT blocks read by q8_decode_tail, -1 any other (q8_decode with
+ * masks). Every line is prefetched ahead: per chunk a fixed number of
+ * prefetches (kern_pf_block) and one page touch without a branch
+ * (kern_pf_page1), whose loops' trip counts followed the rows' alignment. */
+INLINE void mm_q8_row1(int wtype, const char *W, int64_t nblk, int64_t r0, int64_t r1, const act_row *a, float *y,
+                       const int TT) {
+    const int bsz = q32_block_bytes(wtype), MIN = q32_has_min(wtype);
+    const size_t wrow = (size_t)nblk * (size_t)bsz;
+    const int64_t nfull = nblk / 16, tail = nblk % 16;
+    const int tail_ng = (int)((tail + 3) / 4);
+    const q8_lmask full_mask = q8_chunk_mask(wtype, 16 * bsz), tail_mask = q8_chunk_mask(wtype, tail * bsz);
+    kern_pf_start(W + (size_t)r0 * wrow);
+    for (int64_t r = r0; r < r1; r++) {
+        const char *p = W + (size_t)r * wrow;
+        __m512 acc = _mm512_setzero_ps();
+        for (int64_t ci = 0; ci < nfull; ci++, p += 16 * bsz) {
+            kern_pf_page1(p, 16 * (size_t)bsz);
+            kern_pf_block(p, 16 * bsz);
+            q8_chunk c = q8_decode(wtype, p, 4, 1, &full_mask);
+            acc = q8_apply(&c, a, ci, 4, MIN, acc);
+        }
+        if (TT > 0) {
+            kern_pf_page1(p, (size_t)(TT * bsz));
+            kern_pf_block(p, TT * bsz);
+            q8_chunk c = q8_decode_tail(wtype, p, TT);
+            acc = q8_apply(&c, a, nfull, 1, MIN, acc);
+        } else if (TT < 0) {
+            kern_pf_pages(p, (size_t)(tail * bsz));
+            kern_pf_lines(p, (size_t)(tail * bsz));
+#define Q8_TAIL(NG_)                                                                                  \
+    case NG_: {                                                                                       \
+        q8_chunk c = q8_decode(wtype, p, NG_, 0, &tail_mask);                                         \
+        acc = q8_apply(&c, a, nfull, NG_, MIN, acc);                                                  \
+        break;                                                                                        \
+    }
+            switch (tail_ng) {
+                Q8_TAIL(1) Q8_TAIL(2) Q8_TAIL(3) Q8_TAIL(4)
+            }
+#undef Q8_TAIL
+        }
+        y[r] = q8_reduce16(acc);
+    }
+}
+
 /* Rows [r0, r1): batches that carry quads (act_q8_nquads) by the quad kernel
  * (q8_quads_avx512.c) in groups of 4 weight rows, the last 0-3 weight rows
  * and smaller batches by the per-row kernels (same arithmetic). */
@@ -583,7 +673,15 @@ INLINE void mm_q8(int wtype, const void *W, int64_t cols, int64_t r0, int64_t r1
         int n = nb - b0 < Q8_NB ? nb - b0 : Q8_NB;
         for (int b = 0; b < n; b++) a[b] = act_get_row(ACT_Q8, act, cols, b0 + b);
         float *y = Y + (int64_t)b0 * ldy;
-        if (n == 1) mm_q8_rows(wtype, W, nblk, r0, r1, a, 1, y, ldy, 1);
+        if (n == 1) {
+            const int64_t tail = nblk % 16;
+            if (!tail) mm_q8_row1(wtype, W, nblk, r0, r1, a, y, 0);
+            else if (!q8_tail_direct(wtype, tail)) mm_q8_row1(wtype, W, nblk, r0, r1, a, y, -1);
+            else if (tail == 1) mm_q8_row1(wtype, W, nblk, r0, r1, a, y, 1);
+            else if (tail == 2) mm_q8_row1(wtype, W, nblk, r0, r1, a, y, 2);
+            else if (tail == 3) mm_q8_row1(wtype, W, nblk, r0, r1, a, y, 3);
+            else mm_q8_row1(wtype, W, nblk, r0, r1, a, y, 4);
+        }
         else mm_q8_rows(wtype, W, nblk, r0, r1, a, n, y, ldy, 0);
     }
 }
