@@ -562,41 +562,31 @@ INLINE __m512 q8_apply(const q8_chunk *c, const act_row *a, int64_t ci, const in
     return _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), sc, acc);
 }
 
-/* Rows [r0, r1) against activation rows a[0 .. nb) (nb <= Q8_NB); writes
- * y[b * ldy + r]. NB1: nb is 1 (decode), known at compile time; it also
- * prefetches every line ahead (kern_pf_lines). */
+/* Rows [r0, r1) against activation rows a[0 .. nb) (2 <= nb <= Q8_NB);
+ * writes y[b * ldy + r]. One activation row: mm_q8_row1. */
 INLINE void mm_q8_rows(int wtype, const char *W, int64_t nblk, int64_t r0, int64_t r1, const act_row *a, int nb,
-                       float *y, int64_t ldy, const int NB1) {
+                       float *y, int64_t ldy) {
     const int bsz = q32_block_bytes(wtype), MIN = q32_has_min(wtype);
     const size_t wrow = (size_t)nblk * (size_t)bsz;
     const int64_t nfull = nblk / 16, tail = nblk % 16;
     const int tail_ng = (int)((tail + 3) / 4);
     const q8_lmask full_mask = q8_chunk_mask(wtype, 16 * bsz), tail_mask = q8_chunk_mask(wtype, tail * bsz);
-    if (NB1) nb = 1;
     kern_pf_start(W + (size_t)r0 * wrow);
     for (int64_t r = r0; r < r1; r++) {
         const char *p = W + (size_t)r * wrow;
-        __m512 acc1 = _mm512_setzero_ps();
         __m512 acc[Q8_NB];
-        if (!NB1)
-            for (int b = 0; b < nb; b++) acc[b] = _mm512_setzero_ps();
+        for (int b = 0; b < nb; b++) acc[b] = _mm512_setzero_ps();
         for (int64_t ci = 0; ci < nfull; ci++, p += 16 * bsz) {
             kern_pf_pages(p, 16 * (size_t)bsz);
-            if (NB1) kern_pf_lines(p, 16 * (size_t)bsz);
             q8_chunk c = q8_decode(wtype, p, 4, 1, &full_mask);
-            if (NB1) acc1 = q8_apply(&c, &a[0], ci, 4, MIN, acc1);
-            else
-                for (int b = 0; b < nb; b++) acc[b] = q8_apply(&c, &a[b], ci, 4, MIN, acc[b]);
+            for (int b = 0; b < nb; b++) acc[b] = q8_apply(&c, &a[b], ci, 4, MIN, acc[b]);
         }
         if (tail) {
             kern_pf_pages(p, (size_t)(tail * bsz));
-            if (NB1) kern_pf_lines(p, (size_t)(tail * bsz));
 #define Q8_TAIL(NG_)                                                                                  \
     case NG_: {                                                                                       \
         q8_chunk c = q8_decode(wtype, p, NG_, 0, &tail_mask);                                         \
-        if (NB1) acc1 = q8_apply(&c, &a[0], nfull, NG_, MIN, acc1);                                        \
-        else                                                                                          \
-            for (int b = 0; b < nb; b++) acc[b] = q8_apply(&c, &a[b], nfull, NG_, MIN, acc[b]);            \
+        for (int b = 0; b < nb; b++) acc[b] = q8_apply(&c, &a[b], nfull, NG_, MIN, acc[b]);           \
         break;                                                                                        \
     }
             switch (tail_ng) {
@@ -604,18 +594,19 @@ INLINE void mm_q8_rows(int wtype, const char *W, int64_t nblk, int64_t r0, int64
             }
 #undef Q8_TAIL
         }
-        if (NB1) y[r] = q8_reduce16(acc1);
-        else
-            for (int b = 0; b < nb; b++) y[b * ldy + r] = q8_reduce16(acc[b]);
+        for (int b = 0; b < nb; b++) y[b * ldy + r] = q8_reduce16(acc[b]);
     }
 }
 
 /* Rows [r0, r1) against one activation row (decode): mm_q8_rows' steps
  * with the shape of a row's last chunk a constant, TT: 0 no tail, 1-4 a
  * tail of TT blocks read by q8_decode_tail, -1 any other (q8_decode with
- * masks). Every line is prefetched ahead: per chunk a fixed number of
- * prefetches (kern_pf_block) and one page touch without a branch
- * (kern_pf_page1), whose loops' trip counts followed the rows' alignment. */
+ * masks). Every line is prefetched ahead (kern_pf_lines): with a fixed
+ * number of prefetches per chunk (kern_pf_block) and a page touch without a
+ * loop, the same kernel read a SmolLM2-135M layer from DRAM 5-10% slower
+ * (bench_gemm, 2-vCPU Zen 5 guest). With the tails read directly, that
+ * layer read 39 -> 45 GB/s on one thread and 71 -> 72-80 on two (Q8_0;
+ * Q4_0 31 -> 35 and 51 -> 57), 4 alternated rounds. */
 INLINE void mm_q8_row1(int wtype, const char *W, int64_t nblk, int64_t r0, int64_t r1, const act_row *a, float *y,
                        const int TT) {
     const int bsz = q32_block_bytes(wtype), MIN = q32_has_min(wtype);
@@ -628,14 +619,14 @@ INLINE void mm_q8_row1(int wtype, const char *W, int64_t nblk, int64_t r0, int64
         const char *p = W + (size_t)r * wrow;
         __m512 acc = _mm512_setzero_ps();
         for (int64_t ci = 0; ci < nfull; ci++, p += 16 * bsz) {
-            kern_pf_page1(p, 16 * (size_t)bsz);
-            kern_pf_block(p, 16 * bsz);
+            kern_pf_pages(p, 16 * (size_t)bsz);
+            kern_pf_lines(p, 16 * (size_t)bsz);
             q8_chunk c = q8_decode(wtype, p, 4, 1, &full_mask);
             acc = q8_apply(&c, a, ci, 4, MIN, acc);
         }
         if (TT > 0) {
-            kern_pf_page1(p, (size_t)(TT * bsz));
-            kern_pf_block(p, TT * bsz);
+            kern_pf_pages(p, (size_t)(TT * bsz));
+            kern_pf_lines(p, (size_t)(TT * bsz));
             q8_chunk c = q8_decode_tail(wtype, p, TT);
             acc = q8_apply(&c, a, nfull, 1, MIN, acc);
         } else if (TT < 0) {
@@ -682,7 +673,7 @@ INLINE void mm_q8(int wtype, const void *W, int64_t cols, int64_t r0, int64_t r1
             else if (tail == 3) mm_q8_row1(wtype, W, nblk, r0, r1, a, y, 3);
             else mm_q8_row1(wtype, W, nblk, r0, r1, a, y, 4);
         }
-        else mm_q8_rows(wtype, W, nblk, r0, r1, a, n, y, ldy, 0);
+        else mm_q8_rows(wtype, W, nblk, r0, r1, a, n, y, ldy);
     }
 }
 

@@ -55,16 +55,6 @@ INLINE void kern_pf_pages(const void *p, size_t n) {
     for (uintptr_t q = (a + 4095) & ~(uintptr_t)4095; q < e; q += 4096) _mm_prefetch((const char *)q, _MM_HINT_T0);
 }
 
-/* kern_pf_pages for a piece of at most 4 KB, without a branch: the page
- * that starts in it, else (no page starts there) a line of the piece, which
- * the line prefetches ask for anyway. A loop's trip count of 0 or 1 that
- * follows the data's alignment is a branch the predictor misses. */
-INLINE void kern_pf_page1(const void *p, size_t n) {
-    uintptr_t a = (uintptr_t)p + KERN_PF_AHEAD, e = a + n, q = (a + 4095) & ~(uintptr_t)4095;
-    q = q < e ? q : a;
-    _mm_prefetch((const char *)q, _MM_HINT_T0);
-}
-
 /* Single-row (decode) matmuls also prefetch every line KERN_PF_LINE_AHEAD
  * bytes ahead. One activation row gives the weight stream little work per
  * byte, yet the kernel's dependency chains fill the scheduler before the
