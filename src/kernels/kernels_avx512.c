@@ -562,37 +562,59 @@ INLINE __m512 q8_apply(const q8_chunk *c, const act_row *a, int64_t ci, const in
     return _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), sc, acc);
 }
 
+/* A row's last chunk at p, of tail blocks (1-15), by q8_decode with masks,
+ * times activation rows a[0 .. nb) into acc[0 .. nb) (chunk index ci). */
+INLINE void q8_tail_apply(int wtype, const char *p, int64_t tail, const q8_lmask *tail_mask, const act_row *a, int nb,
+                          int64_t ci, __m512 *acc) {
+    const int MIN = q32_has_min(wtype);
+#define Q8_TAIL(NG_)                                                                                  \
+    case NG_: {                                                                                       \
+        q8_chunk c = q8_decode(wtype, p, NG_, 0, tail_mask);                                          \
+        for (int b = 0; b < nb; b++) acc[b] = q8_apply(&c, &a[b], ci, NG_, MIN, acc[b]);              \
+        break;                                                                                        \
+    }
+    switch ((tail + 3) / 4) {
+        Q8_TAIL(1) Q8_TAIL(2) Q8_TAIL(3) Q8_TAIL(4)
+    }
+#undef Q8_TAIL
+}
+
+/* A weight row's layout for the row kernels: bytes, whole chunks of 16
+ * blocks, blocks in the last short chunk, and the load masks of each. */
+typedef struct {
+    int bsz;
+    size_t wrow;
+    int64_t nfull, tail;
+    q8_lmask full_mask, tail_mask;
+} q8_row_shape;
+
+INLINE q8_row_shape q8_shape(int wtype, int64_t nblk) {
+    q8_row_shape sh = {.bsz = q32_block_bytes(wtype), .nfull = nblk / 16, .tail = nblk % 16};
+    sh.wrow = (size_t)nblk * (size_t)sh.bsz;
+    sh.full_mask = q8_chunk_mask(wtype, 16 * sh.bsz);
+    sh.tail_mask = q8_chunk_mask(wtype, sh.tail * sh.bsz);
+    return sh;
+}
+
 /* Rows [r0, r1) against activation rows a[0 .. nb) (2 <= nb <= Q8_NB);
  * writes y[b * ldy + r]. One activation row: mm_q8_row1. */
 INLINE void mm_q8_rows(int wtype, const char *W, int64_t nblk, int64_t r0, int64_t r1, const act_row *a, int nb,
                        float *y, int64_t ldy) {
-    const int bsz = q32_block_bytes(wtype), MIN = q32_has_min(wtype);
-    const size_t wrow = (size_t)nblk * (size_t)bsz;
-    const int64_t nfull = nblk / 16, tail = nblk % 16;
-    const int tail_ng = (int)((tail + 3) / 4);
-    const q8_lmask full_mask = q8_chunk_mask(wtype, 16 * bsz), tail_mask = q8_chunk_mask(wtype, tail * bsz);
-    kern_pf_start(W + (size_t)r0 * wrow);
+    const int MIN = q32_has_min(wtype);
+    const q8_row_shape sh = q8_shape(wtype, nblk);
+    kern_pf_start(W + (size_t)r0 * sh.wrow);
     for (int64_t r = r0; r < r1; r++) {
-        const char *p = W + (size_t)r * wrow;
+        const char *p = W + (size_t)r * sh.wrow;
         __m512 acc[Q8_NB];
         for (int b = 0; b < nb; b++) acc[b] = _mm512_setzero_ps();
-        for (int64_t ci = 0; ci < nfull; ci++, p += 16 * bsz) {
-            kern_pf_pages(p, 16 * (size_t)bsz);
-            q8_chunk c = q8_decode(wtype, p, 4, 1, &full_mask);
+        for (int64_t ci = 0; ci < sh.nfull; ci++, p += 16 * sh.bsz) {
+            kern_pf_pages(p, 16 * (size_t)sh.bsz);
+            q8_chunk c = q8_decode(wtype, p, 4, 1, &sh.full_mask);
             for (int b = 0; b < nb; b++) acc[b] = q8_apply(&c, &a[b], ci, 4, MIN, acc[b]);
         }
-        if (tail) {
-            kern_pf_pages(p, (size_t)(tail * bsz));
-#define Q8_TAIL(NG_)                                                                                  \
-    case NG_: {                                                                                       \
-        q8_chunk c = q8_decode(wtype, p, NG_, 0, &tail_mask);                                         \
-        for (int b = 0; b < nb; b++) acc[b] = q8_apply(&c, &a[b], nfull, NG_, MIN, acc[b]);           \
-        break;                                                                                        \
-    }
-            switch (tail_ng) {
-                Q8_TAIL(1) Q8_TAIL(2) Q8_TAIL(3) Q8_TAIL(4)
-            }
-#undef Q8_TAIL
+        if (sh.tail) {
+            kern_pf_pages(p, (size_t)(sh.tail * sh.bsz));
+            q8_tail_apply(wtype, p, sh.tail, &sh.tail_mask, a, nb, sh.nfull, acc);
         }
         for (int b = 0; b < nb; b++) y[b * ldy + r] = q8_reduce16(acc[b]);
     }
@@ -609,39 +631,28 @@ INLINE void mm_q8_rows(int wtype, const char *W, int64_t nblk, int64_t r0, int64
  * Q4_0 31 -> 35 and 51 -> 57), 4 alternated rounds. */
 INLINE void mm_q8_row1(int wtype, const char *W, int64_t nblk, int64_t r0, int64_t r1, const act_row *a, float *y,
                        const int TT) {
-    const int bsz = q32_block_bytes(wtype), MIN = q32_has_min(wtype);
-    const size_t wrow = (size_t)nblk * (size_t)bsz;
-    const int64_t nfull = nblk / 16, tail = nblk % 16;
-    const int tail_ng = (int)((tail + 3) / 4);
-    const q8_lmask full_mask = q8_chunk_mask(wtype, 16 * bsz), tail_mask = q8_chunk_mask(wtype, tail * bsz);
-    kern_pf_start(W + (size_t)r0 * wrow);
+    const int MIN = q32_has_min(wtype);
+    const q8_row_shape sh = q8_shape(wtype, nblk);
+    const int bsz = sh.bsz;
+    kern_pf_start(W + (size_t)r0 * sh.wrow);
     for (int64_t r = r0; r < r1; r++) {
-        const char *p = W + (size_t)r * wrow;
+        const char *p = W + (size_t)r * sh.wrow;
         __m512 acc = _mm512_setzero_ps();
-        for (int64_t ci = 0; ci < nfull; ci++, p += 16 * bsz) {
+        for (int64_t ci = 0; ci < sh.nfull; ci++, p += 16 * bsz) {
             kern_pf_pages(p, 16 * (size_t)bsz);
             kern_pf_lines(p, 16 * (size_t)bsz);
-            q8_chunk c = q8_decode(wtype, p, 4, 1, &full_mask);
+            q8_chunk c = q8_decode(wtype, p, 4, 1, &sh.full_mask);
             acc = q8_apply(&c, a, ci, 4, MIN, acc);
         }
         if (TT > 0) {
             kern_pf_pages(p, (size_t)(TT * bsz));
             kern_pf_lines(p, (size_t)(TT * bsz));
             q8_chunk c = q8_decode_tail(wtype, p, TT);
-            acc = q8_apply(&c, a, nfull, 1, MIN, acc);
+            acc = q8_apply(&c, a, sh.nfull, 1, MIN, acc);
         } else if (TT < 0) {
-            kern_pf_pages(p, (size_t)(tail * bsz));
-            kern_pf_lines(p, (size_t)(tail * bsz));
-#define Q8_TAIL(NG_)                                                                                  \
-    case NG_: {                                                                                       \
-        q8_chunk c = q8_decode(wtype, p, NG_, 0, &tail_mask);                                         \
-        acc = q8_apply(&c, a, nfull, NG_, MIN, acc);                                                  \
-        break;                                                                                        \
-    }
-            switch (tail_ng) {
-                Q8_TAIL(1) Q8_TAIL(2) Q8_TAIL(3) Q8_TAIL(4)
-            }
-#undef Q8_TAIL
+            kern_pf_pages(p, (size_t)(sh.tail * bsz));
+            kern_pf_lines(p, (size_t)(sh.tail * bsz));
+            q8_tail_apply(wtype, p, sh.tail, &sh.tail_mask, a, 1, sh.nfull, &acc);
         }
         y[r] = q8_reduce16(acc);
     }
