@@ -512,9 +512,11 @@ INLINE q8_chunk q8_decode_tail(int wtype, const char *p, const int T) {
 #define Q8_TAIL_BLOCK(J)                                                                                   \
     if (T > (J)) {                                                                                         \
         const char *b_ = p + (J) * bsz;                                                                    \
+        int16_t d_;                                                                                        \
+        memcpy(&d_, b_, 2);                                                                                \
         lo = _mm512_inserti32x4(lo, _mm_loadu_si128((const __m128i *)(b_ + 2)), (J));                      \
         if (Q8) hi = _mm512_inserti32x4(hi, _mm_loadu_si128((const __m128i *)(b_ + 18)), (J));            \
-        d = _mm256_insert_epi16(d, *(const int16_t *)b_, 4 * (J));                                         \
+        d = _mm256_insert_epi16(d, d_, 4 * (J));                                                           \
     }
     Q8_TAIL_BLOCK(0) Q8_TAIL_BLOCK(1) Q8_TAIL_BLOCK(2) Q8_TAIL_BLOCK(3)
 #undef Q8_TAIL_BLOCK
@@ -683,8 +685,9 @@ INLINE void mm_q8(int wtype, const void *W, int64_t cols, int64_t r0, int64_t r1
             else if (tail == 2) mm_q8_row1(wtype, W, nblk, r0, r1, a, y, 2);
             else if (tail == 3) mm_q8_row1(wtype, W, nblk, r0, r1, a, y, 3);
             else mm_q8_row1(wtype, W, nblk, r0, r1, a, y, 4);
+        } else {
+            mm_q8_rows(wtype, W, nblk, r0, r1, a, n, y, ldy);
         }
-        else mm_q8_rows(wtype, W, nblk, r0, r1, a, n, y, ldy);
     }
 }
 
