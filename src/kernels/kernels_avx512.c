@@ -625,12 +625,13 @@ INLINE void mm_q8_rows(int wtype, const char *W, int64_t nblk, int64_t r0, int64
 /* Rows [r0, r1) against one activation row (decode): mm_q8_rows' steps
  * with the shape of a row's last chunk a constant, TT: 0 no tail, 1-4 a
  * tail of TT blocks read by q8_decode_tail, -1 any other (q8_decode with
- * masks). Every line is prefetched ahead (kern_pf_lines): with a fixed
- * number of prefetches per chunk (kern_pf_block) and a page touch without a
- * loop, the same kernel read a SmolLM2-135M layer from DRAM 5-10% slower
- * (bench_gemm, 2-vCPU Zen 5 guest). With the tails read directly, that
- * layer read 39 -> 45 GB/s on one thread and 71 -> 72-80 on two (Q8_0;
- * Q4_0 31 -> 35 and 51 -> 57), 4 alternated rounds. */
+ * masks). Chosen per row at run time instead (one function for 1-16
+ * activation rows, or this one with q8_tail_apply picking the reader), the
+ * kernel ran rows of 576 columns 0.91-0.96x as fast from cache (bench_gemm
+ * -H -s, one thread, Q8_0, Q4_0, IQ4_NL, 6 alternated rounds). Every line
+ * is prefetched ahead (kern_pf_lines): a fixed number of prefetches per
+ * chunk (kern_pf_block) with a page touch without a loop read a SmolLM2-135M
+ * layer from DRAM 5-10% slower. Measurements: bench/KQUANT.md, 2026-12-06. */
 INLINE void mm_q8_row1(int wtype, const char *W, int64_t nblk, int64_t r0, int64_t r1, const act_row *a, float *y,
                        const int TT) {
     const int MIN = q32_has_min(wtype);
