@@ -389,6 +389,13 @@ static const feature_case features[] = {
      * all; found by fuzz_chat_template) and an empty list */
     {"{{ undefined_var | sort | tojson(indent=2) }} {{ [] | sort(attribute='a') }} {{ undefined_var | sort | length }}",
      "[] [] 0"},
+    /* an attribute path that is not a string or an integer names nothing
+     * (it was read through the value's string member, for an undefined one
+     * a NULL pointer: found by fuzz_chat_template, seen under UBSan);
+     * outputs as Jinja2 3.1 gives them */
+    {"{{ [{'a': 1}] | map(attribute=nope) | select | list | length }} {{ [1, 2] | map(attribute=[1]) | select | list }} "
+     "{{ [[1, 2]] | map(attribute=1.5) | select | list }}|{{ [1, 1] | unique(attribute=nope) | list }}",
+     "0 [] []|[1]"},
     {"{{ [1,2,3] | first }} {{ [1,2,3] | last }} {{ ['a','b'] | join(', ') }} {{ [1,2] | join }} {{ 'x' | default('d') }} {{ y | default('d') }}",
      "1 3 a, b 12 x d"},
     {"{{ '' | default('d', true) }} {{ '5' | int + 1 }} {{ 'x' | int }} {{ 3.9 | int }} {{ '2.5' | float }} {{ 2.567 | round(2) }} {{ 2.5 | round }} {{ 3.5 | round }}",

@@ -347,9 +347,12 @@ jv *jb_getitem(jctx *c, jv *obj, jv *key, uint32_t pos) {
     }
 }
 
-/* Follows a dotted attribute path ("a.b", "items.0") as Jinja's filters do. */
+/* Follows a dotted attribute path ("a.b", "items.0") as Jinja's filters do.
+ * A path that is neither a string nor an integer (an undefined variable, a
+ * list) names no attribute: undefined, as Jinja's item lookup gives. */
 static jv *attr_path(jctx *c, jv *item, const jv *path) {
     if (path->type == JV_INT) return jb_getitem(c, item, (jv *)path, JPOS_NONE);
+    if (path->type != JV_STR) return J_UNDEF;
     const char *p = path->u.s.p;
     size_t n = path->u.s.n, i = 0;
     while (item && i <= n) {
