@@ -396,6 +396,7 @@ static const feature_case features[] = {
     {"{{ [{'a': 1}] | map(attribute=nope) | select | list | length }} {{ [1, 2] | map(attribute=[1]) | select | list }} "
      "{{ [[1, 2]] | map(attribute=1.5) | select | list }}|{{ [1, 1] | unique(attribute=nope) | list }}",
      "0 [] []|[1]"},
+    {"{{ [{'a': 1}, {'a': 0}] | selectattr(nope) | list }} {{ [{'a': 1}] | rejectattr(1.5) | list }}", "[] [{'a': 1}]"},
     {"{{ [1,2,3] | first }} {{ [1,2,3] | last }} {{ ['a','b'] | join(', ') }} {{ [1,2] | join }} {{ 'x' | default('d') }} {{ y | default('d') }}",
      "1 3 a, b 12 x d"},
     {"{{ '' | default('d', true) }} {{ '5' | int + 1 }} {{ 'x' | int }} {{ 3.9 | int }} {{ '2.5' | float }} {{ 2.567 | round(2) }} {{ 2.5 | round }} {{ 3.5 | round }}",

@@ -948,8 +948,6 @@ static jv *f_sort(jctx *c, jv *v, jargs *a, uint32_t pos) {
     jv *r = l ? copy_list(c, l) : NULL;
     if (!r) return NULL;
     sort_spec sp = {c, is_none(attr) ? NULL : attr, !(cs && jv_truthy(cs)), rev && jv_truthy(rev), pos};
-    if (sp.attr && sp.attr->type != JV_STR && sp.attr->type != JV_INT)
-        return fail_null(c, ELLM_ERR_FORMAT, pos, "sort attribute must be a string", attr);
     return sort_values(&sp, r->u.l->items, r->u.l->n) ? NULL : r;
 }
 
@@ -1091,7 +1089,7 @@ static jv *select_items(jctx *c, jv *v, jargs *a, uint32_t pos, int by_attr, int
     if (!l) return NULL;
     int first_test = by_attr ? 1 : 0;
     jv *attr = by_attr ? arg(a, 0, NULL) : NULL;
-    if (by_attr && (!attr || (attr->type != JV_STR && attr->type != JV_INT)))
+    if (by_attr && !attr)
         return fail_null(c, ELLM_ERR_FORMAT, pos, "selectattr/rejectattr need an attribute name", attr);
     jv *test = a->npos > first_test ? a->pos[first_test] : NULL;
     if (test && test->type != JV_STR) return fail_null(c, ELLM_ERR_FORMAT, pos, "the test name must be a string", test);
