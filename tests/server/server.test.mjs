@@ -211,11 +211,14 @@ async function specServer() {
     const m1 = await metrics(srv.base);
     // the four speculative slots verify in the engine's batched steps (each
     // verify pass of up to draft_max + 1 = 7 rows is a sequence of a step and
-    // gives at most 8 tokens), several in one step
+    // gives at most 8 tokens), several in one step. Slots that never shared a
+    // step give exactly 1 sequence per step. The ratio depends on how the four
+    // requests overlap in time: 3.93 on an idle machine, 1.46 once with two
+    // other processes keeping both cores busy; 1.25 leaves room for that.
     const seqs = m1.get('ellm_engine_sequences_total') - m0.get('ellm_engine_sequences_total');
     const steps = m1.get('ellm_engine_steps_total') - m0.get('ellm_engine_steps_total');
     const gen = m1.get('ellm_generated_tokens_total') - m0.get('ellm_generated_tokens_total');
-    check(seqs >= gen / 8 && seqs / steps > 1.5,
+    check(seqs >= gen / 8 && seqs / steps > 1.25,
           `--spec slots join the batched step (${seqs} sequences in ${steps} steps for ${gen} tokens)`);
     let same = 0;
     ps.forEach((p, i) => {
