@@ -5,6 +5,7 @@
  * BF16 and sharded input, tokenizer.json vocabularies against llama.cpp's
  * vectors, and bad input. */
 #include "convert/convert.h"
+#include "core/cpu.h"
 #include "convert/gptq.h"
 #include "convert/hf_config.h"
 #include "convert/hf_vocab.h"
@@ -431,6 +432,80 @@ static void test_4bit_types(const char *dir) {
     }
 }
 
+/* Whether two GGUF files hold the same tensors (names, types, bytes) in
+ * the same order. */
+static int same_tensors(const char *p1, const char *p2) {
+    ellm_error err = {0};
+    gguf_file *g1 = NULL, *g2 = NULL;
+    int same = gguf_open(p1, &g1, &err) == ELLM_OK && gguf_open(p2, &g2, &err) == ELLM_OK &&
+               gguf_n_tensors(g1) == gguf_n_tensors(g2);
+    for (int64_t i = 0; same && i < gguf_n_tensors(g1); i++) {
+        const gguf_tensor *a = gguf_tensor_at(g1, i), *b = gguf_tensor_at(g2, i);
+        same = !strcmp(a->name, b->name) && a->type == b->type && a->n_bytes == b->n_bytes &&
+               !memcmp(a->data, b->data, a->n_bytes);
+    }
+    gguf_close(g1);
+    gguf_close(g2);
+    return same;
+}
+
+/* Rewrites a safetensors file with one more space at the end of its JSON
+ * header, so that the data section (and every tensor in it) moves by one
+ * byte. Returns the new header length, or 0 on failure. */
+static uint64_t shift_safetensors_data(const char *path) {
+    size_t n = 0;
+    char *b = test_read_file(path, &n);
+    uint64_t hl = 0;
+    if (b && n >= 8) memcpy(&hl, b, 8);
+    FILE *f = b && n >= 8 && 8 + hl <= n ? fopen(path, "wb") : NULL;
+    if (!f) {
+        free(b);
+        return 0;
+    }
+    const uint64_t hl2 = hl + 1;
+    int ok = fwrite(&hl2, 8, 1, f) == 1 && fwrite(b + 8, 1, hl, f) == hl && fputc(' ', f) == ' ' &&
+             fwrite(b + 8 + hl, 1, n - 8 - hl, f) == n - 8 - hl;
+    ok = fclose(f) == 0 && ok;
+    free(b);
+    return ok ? hl2 : 0;
+}
+
+/* Safetensors data offsets need not be even (the header length is free):
+ * BF16 and F16 checkpoints whose tensors all sit at odd addresses convert
+ * to the same tensors as the file with an aligned header. (The converter's
+ * scalar dequantizers once read such elements as misaligned 2-byte loads:
+ * UBSan under make test-asan; fuzz/README.md.) */
+static void test_odd_offsets(void) {
+    char tok[512];
+    snprintf(tok, sizeof tok, "%s", test_data_path("tok2k.model"));
+    const int dtypes[2] = {HFW_BF16, HFW_F16};
+    for (int i = 0; i < 2; i++) {
+        const char *dir = new_dir(i ? "odd-f16" : "odd-bf16");
+        hfw_options o = {.hf_arch = "LlamaForCausalLM", .dtype = dtypes[i], .tokenizer_model = tok};
+        CHECK(hfw_from_gguf("tests/data/models/llama-gqa.gguf", dir, &o) == 0, "%s folder", hfw_dtype_name[dtypes[i]]);
+        char aligned[700], odd[700], st[800];
+        snprintf(aligned, sizeof aligned, "%s-aligned.gguf", dir);
+        snprintf(odd, sizeof odd, "%s-odd.gguf", dir);
+        snprintf(st, sizeof st, "%s/model.safetensors", dir);
+        ellm_error err = {0};
+        CHECK(convert(dir, aligned, "f32", &err) == ELLM_OK, "%s", err.msg);
+        const uint64_t hl = shift_safetensors_data(st);
+        CHECK(hl % 2 == 1, "%s: header length %llu after the shift", hfw_dtype_name[dtypes[i]], (unsigned long long)hl);
+        /* with the scalar kernels too: their dequantizers read element by element */
+        const ellm_isa isas[2] = {ellm_cpu_isa(), ELLM_ISA_SCALAR};
+        for (int k = 0; k < 2; k++) {
+            const ellm_isa saved = ellm_cpu_isa();
+            ellm_cpu_set_isa(isas[k]);
+            ellm_status cs = convert(dir, odd, "f32", &err);
+            ellm_cpu_set_isa(saved);
+            CHECK(cs == ELLM_OK, "%s at odd offsets (%s): %s", hfw_dtype_name[dtypes[i]], ellm_isa_str(isas[k]), err.msg);
+            CHECK(same_tensors(aligned, odd), "%s at odd offsets (%s): tensors differ from the aligned file's",
+                  hfw_dtype_name[dtypes[i]], ellm_isa_str(isas[k]));
+            remove(odd);
+        }
+    }
+}
+
 /* BF16 and F16 checkpoints, and a sharded one: same result as the source
  * rounded to that type; sharding changes nothing. */
 static void test_dtypes_and_shards(void) {
@@ -448,17 +523,7 @@ static void test_dtypes_and_shards(void) {
     ellm_error err = {0};
     CHECK(convert(d1, o1, "bf16", &err) == ELLM_OK, "%s", err.msg);
     CHECK(convert(d2, o2, "bf16", &err) == ELLM_OK, "%s", err.msg);
-    gguf_file *g1 = NULL, *g2 = NULL;
-    int same = gguf_open(o1, &g1, &err) == ELLM_OK && gguf_open(o2, &g2, &err) == ELLM_OK &&
-               gguf_n_tensors(g1) == gguf_n_tensors(g2);
-    for (int64_t i = 0; same && i < gguf_n_tensors(g1); i++) {
-        const gguf_tensor *a = gguf_tensor_at(g1, i), *b = gguf_tensor_at(g2, i);
-        same = !strcmp(a->name, b->name) && a->type == b->type && a->n_bytes == b->n_bytes &&
-               !memcmp(a->data, b->data, a->n_bytes);
-    }
-    CHECK(same, "sharded and single-file conversions differ");
-    gguf_close(g1);
-    gguf_close(g2);
+    CHECK(same_tensors(o1, o2), "sharded and single-file conversions differ");
     gguf_file *ref = NULL, *g = NULL;
     gguf_open("models/evalmodel.gguf", &ref, &err);
     gguf_open(o1, &g, &err);
@@ -1012,6 +1077,36 @@ static void vocab_case(const char *hf, const char *inp, const char *out, const c
 
 /* ---- fuzz reproducers (tests/data/fuzz/README.md) ---- */
 
+/* A fuzz_convert input (type byte, config.json, NUL, model.safetensors) as
+ * a checkpoint folder with the fuzzer's tokenizer.model; *type gets the
+ * output type its first byte picks. NULL if the file is not such an input. */
+static const char *fuzz_convert_dir(const char *input, const char *name, const char **type) {
+    size_t n = 0;
+    char *b = test_read_file(test_data_path(input), &n);
+    const char *nul = b && n > 1 ? memchr(b + 1, 0, n - 1) : NULL;
+    CHECK(nul != NULL, "%s", input);
+    if (!nul) {
+        free(b);
+        return NULL;
+    }
+    const char *dir = new_dir(name);
+    char path[800];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = fopen(path, "wb");
+    fwrite(b + 1, 1, (size_t)(nul - b - 1), f);
+    fclose(f);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    f = fopen(path, "wb");
+    fwrite(nul + 1, 1, n - (size_t)(nul + 1 - b), f);
+    fclose(f);
+    hfw_copy_file(test_data_path("fuzz/tok16.model"), dir, "tokenizer.model");
+    int n_types;
+    const convert_type *types = convert_types(&n_types);
+    *type = types[(unsigned char)b[0] % n_types].name;
+    free(b);
+    return dir;
+}
+
 /* Inputs the fuzz targets of fuzz/ once crashed on, replayed through the
  * same entry points: each must now fail cleanly (or load) as stated. */
 static void test_fuzz_reproducers(void) {
@@ -1027,29 +1122,11 @@ static void test_fuzz_reproducers(void) {
     st_close(s);
     free(b);
     /* fuzz_convert: a tensor holding NaN (and values past F16's range)
-     * reached the quantizers (a NaN to int conversion). Input: type byte,
-     * config.json, NUL, model.safetensors. */
-    b = test_read_file(test_data_path("fuzz/convert-nan-weight"), &n);
-    const char *nul = b ? memchr(b + 1, 0, n - 1) : NULL;
-    CHECK(nul != NULL, "fuzz/convert-nan-weight");
-    if (!nul) {
-        free(b);
-        return;
-    }
-    const char *dir = new_dir("fuzz-nan");
-    char path[800], out[800];
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    FILE *f = fopen(path, "wb");
-    fwrite(b + 1, 1, (size_t)(nul - b - 1), f);
-    fclose(f);
-    snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    f = fopen(path, "wb");
-    fwrite(nul + 1, 1, n - (size_t)(nul + 1 - b), f);
-    fclose(f);
-    hfw_copy_file(test_data_path("fuzz/tok16.model"), dir, "tokenizer.model");
-    int n_types;
-    const convert_type *types = convert_types(&n_types);
-    const char *type = types[(unsigned char)b[0] % n_types].name;
+     * reached the quantizers (a NaN to int conversion). */
+    char out[800];
+    const char *type = NULL;
+    const char *dir = fuzz_convert_dir("fuzz/convert-nan-weight", "fuzz-nan", &type);
+    if (!dir) return;
     snprintf(out, sizeof out, "%s/out.gguf", dir);
     convert_params p = {.type = type, .n_threads = 2};
     ellm_status st = convert_hf_to_gguf(dir, out, &p, NULL, &err);
@@ -1063,7 +1140,17 @@ static void test_fuzz_reproducers(void) {
     for (struct dirent *e; d && (e = readdir(d));) left += !strncmp(e->d_name, "out.gguf", 8);
     if (d) closedir(d);
     CHECK(left == 0, "NaN weight: %d output files left", left);
-    free(b);
+    /* fuzz_convert: a safetensors header of odd length put every BF16
+     * tensor at an odd address, which the scalar dequantizer read as 2-byte
+     * elements (misaligned loads, found by UBSan; test_odd_offsets covers
+     * the conversion). Its random weights hold NaN: refused by name. */
+    dir = fuzz_convert_dir("fuzz/convert-bf16-odd-offset", "fuzz-odd", &type);
+    if (!dir) return;
+    snprintf(out, sizeof out, "%s/out.gguf", dir);
+    p.type = type;
+    st = convert_hf_to_gguf(dir, out, &p, NULL, &err);
+    CHECK(st == ELLM_ERR_FORMAT && strstr(err.msg, "model.embed_tokens.weight") && strstr(err.msg, "NaN"),
+          "BF16 at odd offsets (%s): status %d, '%s'", type, st, err.msg);
 }
 
 static void test_vocab(void) {
@@ -1093,6 +1180,7 @@ int main(void) {
     test_gptq();
     test_imatrix(evaldir);
     test_dtypes_and_shards();
+    test_odd_offsets();
     test_bad_input();
     test_fuzz_reproducers();
     test_vocab();

@@ -270,15 +270,20 @@ static void test_errors(void) {
     ellm_model_free(m);
 }
 
-/* Writes a copy of `src` with "<arch>.attention.sliding_window" = window
- * (written by the repository's GGUF writer). Returns 1 on success. */
-static int write_windowed(const char *src, const char *dst, uint32_t window) {
+/* Writes a copy of `src` (by the repository's GGUF writer) with
+ * "llama.attention.sliding_window" = window when window > 0, its data
+ * aligned to `alignment` when nonzero (else the writer's 32), and a key
+ * "test.pad" of pad_len bytes of text (moving where the data starts) when
+ * pad_len > 0. Returns 1 on success. */
+static int write_copy(const char *src, const char *dst, uint32_t window, uint32_t alignment, int pad_len) {
     gguf_file *f = NULL;
     gguf_writer *w = NULL;
     ellm_error err = {0};
     int ok = gguf_open(src, &f, &err) == ELLM_OK && gguf_writer_init(&w, &err) == ELLM_OK;
+    if (ok && alignment) ok = gguf_writer_set_alignment(w, alignment, &err) == ELLM_OK;
     for (int64_t k = 0; ok && k < gguf_n_kv(f); k++) ok = gguf_writer_copy_kv(w, f, k, &err) == ELLM_OK;
-    ok = ok && gguf_writer_add_u32(w, "llama.attention.sliding_window", window, &err) == ELLM_OK;
+    if (ok && window) ok = gguf_writer_add_u32(w, "llama.attention.sliding_window", window, &err) == ELLM_OK;
+    if (ok && pad_len > 0) ok = gguf_writer_add_strn(w, "test.pad", "pad", (size_t)pad_len, &err) == ELLM_OK;
     for (int64_t i = 0; ok && i < gguf_n_tensors(f); i++) {
         const gguf_tensor *t = gguf_tensor_at(f, i);
         ok = gguf_writer_add_tensor(w, t->name, (int)t->n_dims, t->ne, t->type, t->data, &err) == ELLM_OK;
@@ -290,6 +295,69 @@ static int write_windowed(const char *src, const char *dst, uint32_t window) {
     return ok;
 }
 
+/* A GGUF file may set general.alignment below 4, which can put a tensor at
+ * an address where the kernels' reads of F32 elements and F16 block scales
+ * would be misaligned: such a file is refused, naming the tensor and the
+ * alignment, rather than read out of line. The same tensors aligned to 4
+ * load and give the original file's logits. */
+static void test_alignment(void) {
+    char path[256];
+    snprintf(path, sizeof path, "/tmp/ellm_test_align.%d.gguf", (int)getpid());
+    ellm_model *ref = NULL;
+    ellm_error err = {0};
+    CHECK(ellm_model_load("models/evalmodel.gguf", NULL, &ref, &err) == ELLM_OK, "%s", err.msg);
+    if (!ref) return;
+    ellm_model_info info;
+    ellm_model_get_info(ref, &info);
+    int32_t ids[8] = {1, 5, 9, 13, 17, 21, 25, 29};
+    float *want = malloc((size_t)8 * info.n_vocab * 4), *got = malloc((size_t)8 * info.n_vocab * 4);
+    ellm_context_params cp = ellm_context_default_params();
+    cp.n_ctx = 16;
+    ellm_context *ctx = NULL;
+    CHECK(want && got && ellm_context_init(ref, &cp, &ctx, &err) == ELLM_OK &&
+              ellm_decode(ctx, ids, 8, want, &err) == ELLM_OK, "%s", err.msg);
+    ellm_context_free(ctx);
+    /* alignment 1 with the data moved by 0-3 bytes of padding until some
+     * tensor starts off a multiple of 4; alignment 4 with the same padding */
+    const uint32_t aligns[2] = {1, 4};
+    int pad = 0;
+    for (int a = 0; a < 2 && want && got; a++) {
+        int off4 = 0;
+        for (;; pad++) {
+            if (!write_copy("models/evalmodel.gguf", path, 0, aligns[a], pad)) break;
+            gguf_file *f = NULL;
+            off4 = 0;
+            CHECK(gguf_open(path, &f, &err) == ELLM_OK, "%s", err.msg);
+            for (int64_t i = 0; f && i < gguf_n_tensors(f); i++) off4 |= (uintptr_t)gguf_tensor_at(f, i)->data % 4 != 0;
+            gguf_close(f);
+            if (off4 || aligns[a] != 1 || pad == 3) break;
+        }
+        CHECK(off4 == (aligns[a] == 1), "alignment %u, %d bytes of padding: tensors off a multiple of 4: %d", aligns[a],
+              pad, off4);
+        ellm_model *m = NULL;
+        ellm_status st = ellm_model_load(path, NULL, &m, &err);
+        remove(path);
+        if (aligns[a] == 1) {
+            CHECK(st == ELLM_ERR_UNSUPPORTED && !m && strstr(err.msg, "not a multiple of 4") &&
+                      strstr(err.msg, "general.alignment = 1") && strstr(err.msg, "tensor '"),
+                  "alignment 1: status %d, '%s'", (int)st, err.msg);
+            printf("alignment 1: %s\n", err.msg);
+        } else {
+            CHECK(st == ELLM_OK && m, "alignment %u: %s", aligns[a], err.msg);
+            ctx = NULL;
+            CHECK(m && ellm_context_init(m, &cp, &ctx, &err) == ELLM_OK && ellm_decode(ctx, ids, 8, got, &err) == ELLM_OK,
+                  "%s", err.msg);
+            CHECK(ctx && !memcmp(want, got, (size_t)8 * info.n_vocab * 4),
+                  "alignment %u: logits differ from the original file's", aligns[a]);
+            ellm_context_free(ctx);
+        }
+        ellm_model_free(m);
+    }
+    free(want);
+    free(got);
+    ellm_model_free(ref);
+}
+
 /* Mistral's sliding-window attention is not implemented: a file with
  * <arch>.attention.sliding_window gets contexts of at most the window (the
  * default is capped, a longer request refused naming the key and the window);
@@ -297,7 +365,7 @@ static int write_windowed(const char *src, const char *dst, uint32_t window) {
 static void test_sliding_window(void) {
     char path[256];
     snprintf(path, sizeof path, "/tmp/ellm_test_swa.%d.gguf", (int)getpid());
-    if (!write_windowed("models/evalmodel.gguf", path, 64)) return;
+    if (!write_copy("models/evalmodel.gguf", path, 64, 0, 0)) return;
     ellm_model *m = NULL, *ref = NULL;
     ellm_error err = {0};
     CHECK(ellm_model_load(path, NULL, &m, &err) == ELLM_OK, "%s", err.msg);
@@ -345,5 +413,6 @@ int main(void) {
     test_evalmodel();
     test_errors();
     test_sliding_window();
+    test_alignment();
     return test_finish();
 }

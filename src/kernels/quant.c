@@ -67,14 +67,25 @@ static void dequant_f32(const void *src, float *dst, int64_t n) {
     memcpy(dst, src, (size_t)n * sizeof(float));
 }
 
+/* F16 and BF16 sources may sit at any byte address (a safetensors file's
+ * data offsets need not be even), so their elements are copied out rather
+ * than read through a 2-byte-aligned pointer. */
 static void dequant_f16(const void *src, float *dst, int64_t n) {
-    const ellm_f16 *s = src;
-    for (int64_t i = 0; i < n; i++) dst[i] = ellm_f16_to_f32(s[i]);
+    const unsigned char *s = src;
+    for (int64_t i = 0; i < n; i++) {
+        ellm_f16 h;
+        memcpy(&h, s + 2 * i, 2);
+        dst[i] = ellm_f16_to_f32(h);
+    }
 }
 
 static void dequant_bf16(const void *src, float *dst, int64_t n) {
-    const ellm_bf16 *s = src;
-    for (int64_t i = 0; i < n; i++) dst[i] = ellm_bf16_to_f32(s[i]);
+    const unsigned char *s = src;
+    for (int64_t i = 0; i < n; i++) {
+        ellm_bf16 h;
+        memcpy(&h, s + 2 * i, 2);
+        dst[i] = ellm_bf16_to_f32(h);
+    }
 }
 
 /* Q8_0, Q4_0, Q5_0, IQ4_NL, Q4_1, Q5_1 (q32_value). */

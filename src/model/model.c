@@ -76,6 +76,16 @@ static ellm_status find_tensor(loader *ld, const char *name, int optional, int64
         return ellm_fail(ld->err, ELLM_ERR_UNSUPPORTED,
                          "model: tensor '%s' has type %s (id %d), which eLLM cannot compute with",
                          name, qi ? qi->name : "unknown", t->type);
+    /* The kernels read F32 elements, and the F16 scales of quantized blocks,
+     * where they lie in the mapped file; a general.alignment below 4 can put
+     * a tensor where such reads would be misaligned. */
+    if ((uintptr_t)t->data % 4 != 0)
+        return ellm_fail(ld->err, ELLM_ERR_UNSUPPORTED,
+                         "model: tensor '%s' starts at byte %llu of the file, not a multiple of 4 "
+                         "(general.alignment = %zu); eLLM needs tensor data aligned to 4 bytes or more "
+                         "(GGUF writers align to 32 unless told otherwise)",
+                         name, (unsigned long long)((const char *)t->data - (const char *)gguf_base(ld->m->file)),
+                         gguf_alignment(ld->m->file));
     *out = t;
     return ELLM_OK;
 }
