@@ -610,11 +610,8 @@ static void dequant_f16_avx2(const void *src, float *dst, int64_t n) {
     const uint16_t *s = src;
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + i))));
-    for (; i < n; i++) { /* any byte address (quant.c's dequant_f16) */
-        uint16_t h;
-        memcpy(&h, (const unsigned char *)src + 2 * i, 2);
-        dst[i] = ellm_f16_to_f32(h);
-    }
+    /* the last elements by the reference, which reads any byte address */
+    if (i < n) qtype_dequantize_ref(QTYPE_F16, (const char *)src + 2 * i, dst + i, n - i);
 }
 
 static void dequant_bf16_avx2(const void *src, float *dst, int64_t n) {
@@ -624,11 +621,7 @@ static void dequant_bf16_avx2(const void *src, float *dst, int64_t n) {
         __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(s + i)));
         _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)));
     }
-    for (; i < n; i++) {
-        uint16_t h;
-        memcpy(&h, (const unsigned char *)src + 2 * i, 2);
-        dst[i] = ellm_bf16_to_f32(h);
-    }
+    if (i < n) qtype_dequantize_ref(QTYPE_BF16, (const char *)src + 2 * i, dst + i, n - i);
 }
 
 /* Stores 8 int8 (low 8 bytes of v) times `scale`. */

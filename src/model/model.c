@@ -76,9 +76,10 @@ static ellm_status find_tensor(loader *ld, const char *name, int optional, int64
         return ellm_fail(ld->err, ELLM_ERR_UNSUPPORTED,
                          "model: tensor '%s' has type %s (id %d), which eLLM cannot compute with",
                          name, qi ? qi->name : "unknown", t->type);
-    /* The kernels read F32 elements, and the F16 scales of quantized blocks,
-     * where they lie in the mapped file; a general.alignment below 4 can put
-     * a tensor where such reads would be misaligned. */
+    /* F32 vectors are used where they lie in the mapped file (bind_vector),
+     * and the float-weight matmuls read F32, F16 and BF16 elements in place;
+     * a general.alignment below 4 can put a tensor where those reads would
+     * be misaligned. */
     if ((uintptr_t)t->data % 4 != 0)
         return ellm_fail(ld->err, ELLM_ERR_UNSUPPORTED,
                          "model: tensor '%s' starts at byte %llu of the file, not a multiple of 4 "
