@@ -100,6 +100,7 @@ typedef struct {
 
 static const model_shape SHAPES[] = {{"135m", 576, 192, 1536, 49152}, {"1b", 2048, 512, 8192, 128256}};
 static int g_each = 0; /* -s: each matrix shape alone, the output matrix too */
+static int g_r16 = 0;  /* type q8_0_r16: Q8_0 weights packed 16 rows to a vector (kern_q8_r16_pack) */
 
 /* One launch: up to 3 matrices with the same input, rows split as one. */
 typedef struct {
@@ -109,6 +110,7 @@ typedef struct {
     float *y[3];
     const void *act;
     int nb, type;
+    int r16; /* Q8_0 weights packed by kern_q8_r16_pack */
 } launch;
 
 static void launch_task(void *arg, int ith, int nth) {
@@ -122,7 +124,8 @@ static void launch_task(void *arg, int ith, int nth) {
         int64_t r0 = b - base, r1 = e - base;
         if (r0 < 0) r0 = 0;
         if (r1 > l->rows[i]) r1 = l->rows[i];
-        if (r0 < r1) kern_matmul(l->type, l->w[i], l->cols, r0, r1, l->act, l->nb, l->y[i], l->rows[i]);
+        if (r0 < r1 && l->r16) kern_matmul_q8_r16(l->w[i], l->cols, r0, r1, l->act, l->nb, l->y[i], l->rows[i]);
+        else if (r0 < r1) kern_matmul(l->type, l->w[i], l->cols, r0, r1, l->act, l->nb, l->y[i], l->rows[i]);
         base += l->rows[i];
     }
 }
@@ -160,6 +163,9 @@ static void bench_layer(int type, const model_shape *s, const int *nbs, int n_nb
     uint8_t *W = aligned_alloc(64, wbytes);
     if (!W) return;
     fill_weights(type, W, wbytes);
+    for (int c = 0; g_r16 && c < (g_hot ? 1 : copies); c++)
+        for (int i = 0, off = 0; i < 7; off += (int)mb[i], i++)
+            kern_q8_r16_pack(W + (size_t)c * layer_bytes + off, W + (size_t)c * layer_bytes + off, mr[i], mc[i]);
     int max_nb = 0;
     for (int k = 0; k < n_nbs; k++)
         if (nbs[k] > max_nb) max_nb = nbs[k];
@@ -188,7 +194,7 @@ static void bench_layer(int type, const model_shape *s, const int *nbs, int n_nb
                     /* q k v, o, gate up, down: as the engine's launches */
                     const int groups[4][4] = {{3, 0, 1, 2}, {1, 3}, {2, 4, 5}, {1, 6}};
                     for (int g = 0; g < 4; g++) {
-                        launch l = {.n = groups[g][0], .nb = nb, .type = type, .act = act};
+                        launch l = {.n = groups[g][0], .nb = nb, .type = type, .act = act, .r16 = g_r16};
                         l.cols = mc[groups[g][1]];
                         float *y = Y;
                         for (int i = 0; i < l.n; i++) {
@@ -213,7 +219,7 @@ static void bench_layer(int type, const model_shape *s, const int *nbs, int n_nb
             double gops_cpu = gop / (bench_median(tc, reps) / 1e3);
             printf("%-9s %-4s %-6s nb=%-4d t=%d  %8.3f ms/layer  prep %5.1f%%  %7.1f GOP/s (best %7.1f)  %5.1f%% of VNNI "
                    "peak  %6.2f GB/s weights  cpu %7.1f GOP/s (thread 0)\n",
-                   qtype_get(type)->name, s->name, ellm_isa_str(ellm_cpu_isa()), nb, ths[ti], med / nc,
+                   g_r16 ? "q8_0_r16" : qtype_get(type)->name, s->name, ellm_isa_str(ellm_cpu_isa()), nb, ths[ti], med / nc,
                    100.0 * medp / med, gops, gops_best, 100.0 * gops / peaks[ti],
                    (double)layer_bytes * nc / 1e9 / (med / 1e3), gops_cpu);
             fflush(stdout);
@@ -274,7 +280,7 @@ static void bench_each(int type, const model_shape *s, const int *nbs, int n_nbs
                 double med = bench_median(t, reps), gop = 2.0 * (double)mr[mi] * (double)mc[mi] * nb / 1e9;
                 printf("%-9s %-4s %-6s %5lldx%-6lld nb=%-4d t=%d  %8.3f ms  %7.1f GOP/s (best %7.1f)  %5.1f%% of VNNI "
                        "peak\n",
-                       qtype_get(type)->name, s->name, ellm_isa_str(ellm_cpu_isa()), (long long)mc[mi],
+                       g_r16 ? "q8_0_r16" : qtype_get(type)->name, s->name, ellm_isa_str(ellm_cpu_isa()), (long long)mc[mi],
                        (long long)mr[mi], nb, ths[ti], med, gop / (med / 1e3), gop / (best / 1e3),
                        100.0 * gop / (med / 1e3) / peaks[ti]);
                 fflush(stdout);
@@ -341,7 +347,9 @@ int main(int argc, char **argv) {
     }
     for (int i = 0; i < n_types; i++) {
         int type = -1;
-        for (int t = 0; t < QTYPE_COUNT; t++)
+        g_r16 = !strcmp(types[i], "q8_0_r16");
+        if (g_r16) type = QTYPE_Q8_0;
+        for (int t = 0; t < QTYPE_COUNT && !g_r16; t++)
             if (qtype_get(t) && !strcmp(qtype_get(t)->name, types[i])) type = t;
         if (type < 0 || kern_act_bytes(type, 2048, 1) == 0) {
             fprintf(stderr, "unknown or unsupported type %s\n", types[i]);

@@ -145,13 +145,22 @@ typedef struct {
  * server) leaves its share to the others instead of holding them at the end
  * of the launch. Which thread computes a row does not change its bits. */
 #define MATMUL_CHUNKS_PER_THREAD 16
+/* Pieces of matrices in MODEL_LAYOUT_Q8_R16 are at least this many units:
+ * its batch kernel reads 2 groups of 16 rows per pass. */
+#ifndef MATMUL_R16_MIN_UNITS
+#define MATMUL_R16_MIN_UNITS 2
+#endif
 /* Below this many activation rows each thread takes one fixed range. */
 #define MATMUL_SHARED_MIN_ROWS 4
 
 /* Rows [r0, r1) of matrix i of the job (and their copies, job->scatter). */
 static void matmul_piece_of(const matmul_job *job, int i, ptrdiff_t delta, int64_t r0, int64_t r1) {
     const model_matrix *w = job->w[i];
-    kern_matmul(w->type, (const char *)w->data + delta, w->cols, r0, r1, job->act[i], job->nb, job->y[i], job->ldy[i]);
+    if (w->layout == MODEL_LAYOUT_Q8_R16)
+        kern_matmul_q8_r16((const char *)w->data + delta, w->cols, r0, r1, job->act[i], job->nb, job->y[i], job->ldy[i]);
+    else
+        kern_matmul(w->type, (const char *)w->data + delta, w->cols, r0, r1, job->act[i], job->nb, job->y[i],
+                    job->ldy[i]);
     if (i == 0 && job->scatter)
         for (int a = 0; a < job->nb; a++)
             memcpy(job->scatter[a] + r0, job->y[0] + (int64_t)a * job->ldy[0] + r0, (size_t)(r1 - r0) * 4);
@@ -213,6 +222,8 @@ static void matmul_task(void *arg, int ith, int nth) {
     const long units = (long)((total + 15) / 16);
     long chunk = units / ((long)nth * MATMUL_CHUNKS_PER_THREAD);
     if (chunk < 1) chunk = 1;
+    /* the 16-row interleaved kernel takes pairs of groups at a time */
+    if (chunk < MATMUL_R16_MIN_UNITS && job->w[0]->layout == MODEL_LAYOUT_Q8_R16) chunk = MATMUL_R16_MIN_UNITS;
     if (nth <= MATMUL_PARTS) {
         /* Few activation rows: the launch streams the weights from memory;
          * one contiguous range per thread streams them fastest. More rows:
@@ -571,8 +582,7 @@ void engine_forward_seqs(const ellm_model *m, const engine_scratch *s, threadpoo
         ctx->sample_recall = ctx->sidx && seqs[i].n == 1 && ctx->params.sparse_recall_every > 0 &&
                              ctx->stats.decode_steps % ctx->params.sparse_recall_every == 0;
         for (int t = 0; t < seqs[i].n; t++, n++) {
-            const char *row = (const char *)m->tok_embd.data + (size_t)seqs[i].tokens[t] * m->tok_embd.row_bytes;
-            kern_dequantize(m->tok_embd.type, row, s->x + n * d, d);
+            model_matrix_row(&m->tok_embd, seqs[i].tokens[t], s->x + n * d);
             model_rope_cos_sin(m, seqs[i].pos + t, s->rope_cs + (size_t)n * c->n_rot);
         }
     }

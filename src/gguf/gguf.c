@@ -731,6 +731,7 @@ uint32_t gguf_version(const gguf_file *f) { return f->version; }
 size_t gguf_alignment(const gguf_file *f) { return f->alignment; }
 const void *gguf_base(const gguf_file *f) { return f->base; }
 size_t gguf_size(const gguf_file *f) { return f->size; }
+int gguf_is_mapped(const gguf_file *f) { return f->mapped; }
 
 /* ---- metadata ------------------------------------------------------------- */
 

@@ -54,6 +54,7 @@ uint32_t gguf_version(const gguf_file *f);
 size_t gguf_alignment(const gguf_file *f);
 const void *gguf_base(const gguf_file *f); /* start of the file/buffer */
 size_t gguf_size(const gguf_file *f);
+int gguf_is_mapped(const gguf_file *f); /* 1: gguf_open's private mapping of the file */
 
 /* ---- metadata ---- */
 int64_t gguf_n_kv(const gguf_file *f);

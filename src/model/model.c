@@ -288,6 +288,7 @@ ellm_status model_load_gguf(gguf_file *f, const ellm_model_params *params, ellm_
     ellm_status st = read_config(&ld);
     if (st == ELLM_OK) st = bind_weights(&ld);
     if (st == ELLM_OK) st = tokenizer_init_gguf(m->file, &m->tok, err);
+    if (st == ELLM_OK) model_repack_weights(m, params);
     if (st == ELLM_OK) st = model_place_weights(m, params, err);
     if (st == ELLM_OK && tokenizer_n_vocab(m->tok) > m->cfg.n_vocab)
         st = ellm_fail(err, ELLM_ERR_FORMAT, "model: tokenizer has %d tokens but token_embd.weight only %d rows",

@@ -15,13 +15,21 @@
 
 typedef enum { MODEL_ARCH_LLAMA, MODEL_ARCH_QWEN2, MODEL_ARCH_QWEN3 } model_arch;
 
-/* A weight matrix of `rows` x `cols` (GGUF ne = {cols, rows}), row-major in the
- * mapping, each row `row_bytes` long. */
+/* How a matrix's bytes are laid out. */
+typedef enum {
+    MODEL_LAYOUT_ROWS = 0,   /* row-major, as in the file */
+    MODEL_LAYOUT_Q8_R16 = 1  /* Q8_0 interleaved by 16 rows (kern_q8_r16_pack), rewritten at load */
+} model_layout;
+
+/* A weight matrix of `rows` x `cols` (GGUF ne = {cols, rows}) in the mapping,
+ * `row_bytes` per row: row-major, or (layout) groups of 16 rows of the same
+ * bytes rearranged. */
 typedef struct {
     int type;
     const void *data;
     int64_t rows, cols;
     size_t row_bytes;
+    model_layout layout;
 } model_matrix;
 
 typedef struct {
@@ -115,6 +123,14 @@ ellm_status model_place_weights(ellm_model *m, const ellm_model_params *params, 
 void model_placement_free(ellm_model *m);
 
 void model_rope_cos_sin(const ellm_model *m, int pos, float *cs);
+
+/* Rewrites the Q8_0 matrices of a mapped model into MODEL_LAYOUT_Q8_R16
+ * where the CPU has its kernel, unless params->keep_layout (model/repack.c).
+ * Returns how many matrices it rewrote. Never fails: a matrix it cannot
+ * rewrite keeps its layout. */
+int model_repack_weights(ellm_model *m, const ellm_model_params *params);
+/* Row r of w as floats, whatever its layout. */
+void model_matrix_row(const model_matrix *w, int64_t r, float *dst);
 
 /* A layer's weight matrices grouped by the input they read, in llama.cpp's
  * names without "blk.N." and ".weight": Q, K and V read the attention's

@@ -153,6 +153,7 @@ static void bind_payload(draft_copy *c, const ellm_model *base, int type, const 
             w->type = type;
             w->data = payload + off;
             w->row_bytes = qtype_row_bytes(type, w->cols);
+            w->layout = MODEL_LAYOUT_ROWS;
             off += align64(b);
         }
         bytes += (uint64_t)w->rows * w->row_bytes;
@@ -175,7 +176,7 @@ static ellm_status requantize(ellm_model *base, int type, char *payload, ellm_er
         size_t b = requant_bytes(w, type), rb = qtype_row_bytes(type, w->cols);
         if (!b) continue;
         for (int64_t r = 0; r < w->rows; r++) {
-            kern_dequantize(w->type, (const char *)w->data + (size_t)r * w->row_bytes, row, w->cols);
+            model_matrix_row(w, r, row);
             qtype_quantize_ref(type, row, payload + off + (size_t)r * rb, w->cols);
         }
         off += align64(b);

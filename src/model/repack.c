@@ -1,0 +1,129 @@
+/* Q8_0 matrices rewritten at load into the layout the batched VNNI kernel
+ * reads (kern_q8_r16_pack: 16 rows interleaved, the same bytes per group).
+ *
+ * The bytes from the first to the last such matrix are written into new
+ * anonymous memory (huge pages where the kernel gives them), the matrices
+ * packed on the way and everything between them copied, and that memory
+ * then takes the place of the file's pages at the same addresses (mremap):
+ * every pointer into the mapping stays valid. Writing into the private file
+ * mapping instead would copy it page by page on write faults, ~30x slower
+ * (0.65 s for a 143 MB model in a VM, mostly TLB flushes). The weights then
+ * live in private memory, no longer in page cache shared with other
+ * processes mapping the file.
+ *
+ * Matrices that share a launch (Q/K/V, gate/up) are packed together or not
+ * at all: the engine splits their concatenated rows in 16-row units, which
+ * must meet a packed matrix at a group boundary. A model opened from memory,
+ * a CPU without the kernel or ellm_model_params.keep_layout keeps the file's
+ * layout; so does any failure here, which leaves the mapping as it was. */
+#include "model/model.h"
+#include "core/cpu.h"
+#include "kernels/kernels.h"
+#include "kernels/quant.h"
+
+#include <stdint.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <stdlib.h>
+
+enum { HUGE_PAGE = 2 << 20 };
+
+static int packable(const model_matrix *w) {
+    return w->data && w->type == QTYPE_Q8_0 && w->layout == MODEL_LAYOUT_ROWS && w->rows % 16 == 0 &&
+           w->cols % 32 == 0;
+}
+
+/* Adds w[0 .. n) to the list if all of them can be packed. */
+static void take_group(model_matrix *const *w, int n, model_matrix **list, int *count) {
+    for (int i = 0; i < n; i++)
+        if (!packable(w[i])) return;
+    for (int i = 0; i < n; i++) list[(*count)++] = w[i];
+}
+
+static int by_address(const void *x, const void *y) {
+    const uintptr_t p = (uintptr_t)(*(model_matrix *const *)x)->data, q = (uintptr_t)(*(model_matrix *const *)y)->data;
+    return (p > q) - (p < q);
+}
+
+int model_repack_weights(ellm_model *m, const ellm_model_params *params) {
+    if ((params && params->keep_layout) || !gguf_is_mapped(m->file) || !kern_q8_r16_fast()) return 0;
+    model_matrix **list = malloc(((size_t)m->cfg.n_layer * 7 + 1) * sizeof *list);
+    if (!list) return 0;
+    int n = 0;
+    for (int l = 0; l < m->cfg.n_layer; l++) {
+        model_layer *L = &m->layers[l];
+        model_matrix *qkv[3] = {&L->wq, &L->wk, &L->wv}, *gu[2] = {&L->w_gate, &L->w_up};
+        model_matrix *o[1] = {&L->wo}, *down[1] = {&L->w_down};
+        take_group(qkv, 3, list, &n);
+        take_group(gu, 2, list, &n);
+        take_group(o, 1, list, &n);
+        take_group(down, 1, list, &n);
+    }
+    model_matrix *out[1] = {&m->output};
+    take_group(out, 1, list, &n);
+    /* in file order; a matrix bound twice (or overlapping another) is left alone */
+    qsort(list, (size_t)n, sizeof *list, by_address);
+    for (int i = 1; i < n; i++)
+        if ((uintptr_t)list[i]->data < (uintptr_t)list[i - 1]->data + (size_t)list[i - 1]->rows * list[i - 1]->row_bytes) {
+            free(list);
+            return 0;
+        }
+    if (n == 0) {
+        free(list);
+        return 0;
+    }
+
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t a = UINTPTR_MAX, b = 0;
+    for (int i = 0; i < n; i++) {
+        const uintptr_t p = (uintptr_t)list[i]->data, q = p + (size_t)list[i]->rows * list[i]->row_bytes;
+        a = p < a ? p : a;
+        b = q > b ? q : b;
+    }
+    a &= ~(page - 1);
+    b = (b + page - 1) & ~(page - 1);
+    const size_t len = b - a;
+    /* new memory at the same offset modulo 2 MB as [a, b), so that its huge
+     * pages stay whole when moved there */
+    char *raw = mmap(NULL, len + HUGE_PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (raw == MAP_FAILED) {
+        free(list);
+        return 0;
+    }
+    char *dst = raw + ((a - (uintptr_t)raw) & (HUGE_PAGE - 1));
+#ifdef MADV_HUGEPAGE
+    madvise(dst, len, MADV_HUGEPAGE);
+#endif
+    /* the matrices packed, the bytes between them copied */
+    int done = 0;
+    uintptr_t at = a;
+    for (int i = 0; i < n; i++) {
+        const uintptr_t p = (uintptr_t)list[i]->data;
+        memcpy(dst + (at - a), (const void *)at, p - at);
+        done += kern_q8_r16_pack(dst + (p - a), list[i]->data, list[i]->rows, list[i]->cols) == 0;
+        at = p + (size_t)list[i]->rows * list[i]->row_bytes;
+    }
+    memcpy(dst + (at - a), (const void *)at, b - at);
+    if (done < n || mremap(dst, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, (void *)a) == MAP_FAILED) {
+        munmap(raw, len + HUGE_PAGE);
+        free(list);
+        return 0;
+    }
+    /* the rest of the scratch mapping, on both sides of what moved */
+    if (dst > raw) munmap(raw, (size_t)(dst - raw));
+    if (raw + len + HUGE_PAGE > dst + len) munmap(dst + len, (size_t)(raw + len + HUGE_PAGE - (dst + len)));
+    mprotect((void *)a, len, PROT_READ);
+    const int tied = m->output.data == m->tok_embd.data;
+    for (int i = 0; i < n; i++) list[i]->layout = MODEL_LAYOUT_Q8_R16;
+    free(list);
+    /* the same matrix under other names: tied embeddings (the lookups read the packed bytes) */
+    if (tied) m->tok_embd.layout = m->output.layout;
+    return n;
+}
+
+void model_matrix_row(const model_matrix *w, int64_t r, float *dst) {
+    if (w->layout == MODEL_LAYOUT_Q8_R16) kern_q8_r16_row(w->data, w->cols, r, dst);
+    else kern_dequantize(w->type, (const char *)w->data + (size_t)r * w->row_bytes, dst, w->cols);
+}
