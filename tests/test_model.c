@@ -5,6 +5,8 @@
 #include "gguf/gguf.h"
 #include "gguf/gguf_writer.h"
 #include "harness.h"
+#include "kernels/kernels.h"
+#include "model/model.h"
 
 #include <string.h>
 #include <unistd.h>
@@ -94,7 +96,7 @@ static double compare(const float *got, const float *ref, int n, int n_vocab, in
     return maxd / maxref;
 }
 
-static void test_case(const model_case *mc, int n_threads) {
+static void test_case(const model_case *mc, int n_threads, int keep_layout) {
     char path[512], lpath[512], tpath[512];
     snprintf(path, sizeof path, "%s/models/%s.gguf", test_data_dir(), mc->name);
     snprintf(lpath, sizeof lpath, "%s/models/%s.logits.f32", test_data_dir(), mc->name);
@@ -107,10 +109,11 @@ static void test_case(const model_case *mc, int n_threads) {
     CHECK(ref != NULL, "%s", lpath);
     ellm_model *m = NULL;
     ellm_error err = {0};
-    ellm_model_params mp = {.n_threads = n_threads, .pin_threads = 0};
+    ellm_model_params mp = {.n_threads = n_threads, .pin_threads = 0, .keep_layout = keep_layout};
     ellm_status st = ellm_model_load(path, &mp, &m, &err);
     CHECK(st == ELLM_OK, "load %s: %s", path, err.msg);
     if (!m || !ref) goto out;
+    if (keep_layout) printf("%-24s (the file's weight layout)\n", mc->name);
     ellm_model_info info;
     ellm_model_get_info(m, &info);
     int n = n_prompt + n_gen;
@@ -408,8 +411,102 @@ static void test_sliding_window(void) {
     ellm_model_free(ref);
 }
 
+/* Q8_0 matrices interleaved at load (model/repack.c): every matrix of the
+ * fixture is (its shapes allow it) where the CPU has the kernel, and none
+ * with keep_layout; rows read back alike from both, the file layout's
+ * weights are still the file's bytes, and the logits of the two agree
+ * closely (their sums run in different orders). */
+static void test_q8_layout(void) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/models/llama-gqa-Q8_0.gguf", test_data_dir());
+    ellm_model *m = NULL, *k = NULL;
+    ellm_error err = {0};
+    ellm_model_params mp = {.n_threads = 1, .pin_threads = 0}, kp = {.n_threads = 1, .pin_threads = 0, .keep_layout = 1};
+    CHECK(ellm_model_load(path, &mp, &m, &err) == ELLM_OK, "%s", err.msg);
+    CHECK(ellm_model_load(path, &kp, &k, &err) == ELLM_OK, "%s", err.msg);
+    if (!m || !k) goto out;
+    const int L = m->cfg.n_layer;
+    int packed = 0, kept = 0, total = 0;
+    for (int l = 0; l < L; l++) {
+        const model_matrix *a[7] = {&m->layers[l].wq, &m->layers[l].wk, &m->layers[l].wv, &m->layers[l].wo,
+                                    &m->layers[l].w_gate, &m->layers[l].w_up, &m->layers[l].w_down};
+        const model_matrix *b[7] = {&k->layers[l].wq, &k->layers[l].wk, &k->layers[l].wv, &k->layers[l].wo,
+                                    &k->layers[l].w_gate, &k->layers[l].w_up, &k->layers[l].w_down};
+        for (int i = 0; i < 7; i++) {
+            total++;
+            packed += a[i]->layout == MODEL_LAYOUT_Q8_R16;
+            kept += b[i]->layout == MODEL_LAYOUT_ROWS;
+        }
+    }
+    CHECK(kept == total, "keep_layout: %d of %d matrices kept the file's layout", kept, total);
+    if (kern_q8_r16_fast())
+        CHECK(packed == total && m->output.layout == MODEL_LAYOUT_Q8_R16, "%d of %d layer matrices interleaved",
+              packed, total);
+    else
+        SKIP("Q8_0 interleaving: this CPU has no AVX-512 VNNI (%d of %d matrices interleaved)", packed, total);
+    /* the file's bytes where the layout was kept */
+    const gguf_tensor *t = gguf_find_tensor(k->file, "blk.0.attn_q.weight");
+    char *file = test_read_file(path, NULL);
+    CHECK(t && file && memcmp(k->layers[0].wq.data, file + ((const char *)t->data - (const char *)gguf_base(k->file)),
+                              t->n_bytes) == 0,
+          "keep_layout: blk.0.attn_q.weight is not the file's bytes");
+    if (kern_q8_r16_fast())
+        CHECK(t && file && memcmp(m->layers[0].wq.data,
+                                  file + ((const char *)t->data - (const char *)gguf_base(k->file)), t->n_bytes) != 0,
+              "blk.0.attn_q.weight was not rewritten");
+    free(file);
+    /* rows alike (embedding lookups, draft copies) */
+    float *ra = malloc((size_t)m->cfg.n_embd * 4), *rb = malloc((size_t)m->cfg.n_embd * 4);
+    int rows_differ = 0;
+    for (int64_t r = 0; r < m->output.rows; r++) {
+        model_matrix_row(&m->output, r, ra);
+        model_matrix_row(&k->output, r, rb);
+        rows_differ += memcmp(ra, rb, (size_t)m->cfg.n_embd * 4) != 0;
+        model_matrix_row(&m->tok_embd, r, ra);
+        model_matrix_row(&k->tok_embd, r, rb);
+        rows_differ += memcmp(ra, rb, (size_t)m->cfg.n_embd * 4) != 0;
+    }
+    CHECK(rows_differ == 0, "%d rows of output/token_embd read back differently", rows_differ);
+    free(ra);
+    free(rb);
+    /* logits of 48 tokens, both layouts */
+    {
+        int32_t toks[48];
+        for (int i = 0; i < 48; i++) toks[i] = (int32_t)((i * 37 + 11) % m->cfg.n_vocab);
+        const size_t nv = (size_t)48 * (size_t)m->cfg.n_vocab;
+        float *la = malloc(nv * 4), *lb = malloc(nv * 4);
+        ellm_context_params cp = ellm_context_default_params();
+        cp.n_ctx = 64;
+        cp.n_batch = 48;
+        ellm_context *ca = NULL, *cb = NULL;
+        CHECK(ellm_context_init(m, &cp, &ca, &err) == ELLM_OK && ellm_context_init(k, &cp, &cb, &err) == ELLM_OK,
+              "%s", err.msg);
+        if (ca && cb) {
+            CHECK(ellm_decode(ca, toks, 48, la, &err) == ELLM_OK && ellm_decode(cb, toks, 48, lb, &err) == ELLM_OK,
+                  "%s", err.msg);
+            int am;
+            const double rel = compare(la, lb, 48, m->cfg.n_vocab, &am);
+            CHECK(rel <= 1e-4 && am == 48, "interleaved vs file layout: max rel diff %.3g, argmax %d/48", rel, am);
+            printf("llama-gqa-Q8_0 interleaved vs file layout: max|d|/max|ref| = %.2e, argmax %d/48\n", rel, am);
+        }
+        ellm_context_free(ca);
+        ellm_context_free(cb);
+        free(la);
+        free(lb);
+    }
+out:
+    ellm_model_free(m);
+    ellm_model_free(k);
+}
+
 int main(void) {
-    for (size_t i = 0; i < sizeof CASES / sizeof CASES[0]; i++) test_case(&CASES[i], i % 2 ? 2 : 1);
+    for (size_t i = 0; i < sizeof CASES / sizeof CASES[0]; i++) {
+        test_case(&CASES[i], i % 2 ? 2 : 1, 0);
+        /* Q8_0 weights are interleaved at load where the CPU has the kernel:
+         * the file's layout as well */
+        if (strstr(CASES[i].name, "Q8_0")) test_case(&CASES[i], i % 2 ? 2 : 1, 1);
+    }
+    test_q8_layout();
     test_evalmodel();
     test_errors();
     test_sliding_window();
