@@ -72,7 +72,8 @@ static void bench_usage(FILE *f) {
             "  --sparse-topk K         also time sparse attention with a K-token budget\n"
             "  --bw-mb MB              bandwidth self-test buffer (default 1024)\n"
             "  --numa-aware, --numa MODE  NUMA placement as for ellm run (off, distribute,\n"
-            "                          replicate, interleave); --mlock locks the weights\n"
+            "                          replicate, interleave); --mlock locks the weights;\n"
+            "                          --keep-layout reads them in the file's layout (see ellm run)\n"
             "  --spec DRAFTER          also time speculative decoding: a draft step of DRAFTER\n"
             "                          (any ellm run --spec list: ngram, sparse:N, quant:TYPE,\n"
             "                          quant:TYPE:sparse:N, shallow:K, chains with +; the cost per\n"
@@ -304,7 +305,7 @@ int cmd_bench(int argc, char **argv) {
     int prefills[16] = {512}, n_prefills = 1;
     int synthetic = 0, json = 0, kv_f32 = 0, kv_cmp = -1, bad = 0;
     long sparse_topk = 0;
-    int numa = 0, mlock = 0;
+    int numa = 0, mlock = 0, keep_layout = 0;
     const char *spec = NULL;
     long spec_kmax = 8, spec_budget = 0;
     double spec_tpv_given = 5.0;
@@ -319,6 +320,7 @@ int cmd_bench(int argc, char **argv) {
         else if (!strcmp(a, "--json")) json = 1;
         else if (!strcmp(a, "--numa-aware")) numa = ELLM_NUMA_DISTRIBUTE;
         else if (!strcmp(a, "--mlock")) mlock = 1;
+        else if (!strcmp(a, "--keep-layout")) keep_layout = 1;
         else if (arg_value(argc, argv, &i, "--numa", NULL, &v, &bad))
             bad = !v || !arg_numa(a, v, &numa);
         else if (arg_value(argc, argv, &i, "--model", "-m", &v, &bad)) model_path = v;
@@ -376,7 +378,8 @@ int cmd_bench(int argc, char **argv) {
     double *step_ms = NULL, *base_ms = NULL, *samples = NULL, *rounds = NULL;
     bw_meter meter = {0};
     int rc = 1;
-    ellm_model_params mp = {.n_threads = (int)threads, .pin_threads = 1, .numa = (ellm_numa_mode)numa, .mlock = mlock};
+    ellm_model_params mp = {.n_threads = (int)threads, .pin_threads = 1, .numa = (ellm_numa_mode)numa, .mlock = mlock,
+                            .keep_layout = keep_layout};
     if (ellm_model_load(model_path, &mp, &model, &err) != ELLM_OK) {
         fprintf(stderr, "error: %s\n", err.msg);
         goto done;

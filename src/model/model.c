@@ -288,8 +288,19 @@ ellm_status model_load_gguf(gguf_file *f, const ellm_model_params *params, ellm_
     ellm_status st = read_config(&ld);
     if (st == ELLM_OK) st = bind_weights(&ld);
     if (st == ELLM_OK) st = tokenizer_init_gguf(m->file, &m->tok, err);
-    if (st == ELLM_OK) model_repack_weights(m, params);
+    int repacked = 0;
+    double repack_ms = 0;
+    if (st == ELLM_OK) {
+        const double r0 = ellm_time_ms();
+        repacked = model_repack_weights(m, params);
+        repack_ms = ellm_time_ms() - r0;
+    }
     if (st == ELLM_OK) st = model_place_weights(m, params, err);
+    if (st == ELLM_OK && repacked) {
+        const size_t len = strlen(m->placement);
+        snprintf(m->placement + len, sizeof m->placement - len, "; %d Q8_0 matrices interleaved by 16 rows at load (%.0f ms)",
+                 repacked, repack_ms);
+    }
     if (st == ELLM_OK && tokenizer_n_vocab(m->tok) > m->cfg.n_vocab)
         st = ellm_fail(err, ELLM_ERR_FORMAT, "model: tokenizer has %d tokens but token_embd.weight only %d rows",
                        tokenizer_n_vocab(m->tok), m->cfg.n_vocab);

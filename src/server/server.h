@@ -24,6 +24,7 @@ typedef struct {
     const char *chat_template; /* built-in template name, or NULL: the model's */
     const char *alias;         /* model id reported; NULL: the file name */
     int numa_aware;
+    int keep_layout; /* ellm_model_params.keep_layout */
     int max_queue;             /* requests waiting beyond the slots before 503 */
     size_t max_body;           /* bytes; larger bodies get 413 */
     int timeout_s;             /* idle connection timeout */
