@@ -671,7 +671,14 @@ static void test_matmul_q8_r16(ellm_isa isa) {
             kern_act_prepare(QTYPE_Q8_0, X, cols, nb, act);
             const size_t yb = (size_t)(rows * nb) * 4;
             float *Y = xmalloc(yb), *Yr = xmalloc(yb), *Ys = xmalloc(yb), *Yq = xmalloc(yb), *y1 = xmalloc((size_t)rows * 4);
-            kern_matmul_q8_r16(P, cols, 0, rows, act, nb, Y, rows);
+            /* the layout's own activations: the rows of kern_act_prepare's */
+            const size_t ab = kern_act_bytes_q8_r16(cols, nb);
+            void *actr = xmalloc(ab);
+            CHECK(ab > 0 && ab <= kern_act_bytes(QTYPE_Q8_0, cols, nb), "[%s] r16 act bytes %zu", in, ab);
+            kern_act_prepare_rows_q8_r16(X, cols, nb, 0, nb, actr);
+            CHECK(memcmp(actr, act, ab) == 0, "[%s] r16 activations (nb=%d) are not kern_act_prepare's rows", in, nb);
+            kern_matmul_q8_r16(P, cols, 0, rows, actr, nb, Y, rows);
+            free(actr);
             kern_matmul_q8_r16_ref(P, cols, 0, rows, act, nb, Yr, rows);
             kern_matmul_ref(QTYPE_Q8_0, W, cols, 0, rows, act, nb, Yq, rows);
             kern_matmul_q8_r16(P, cols, 16, rows, act, nb, Ys, rows);

@@ -258,11 +258,17 @@ static void matmul_task(void *arg, int ith, int nth) {
     }
 }
 
+/* Rows [t0, t1) of nb rows X prepared for w's kernels (w's type and layout). */
+static void act_prepare_rows(const model_matrix *w, const float *X, int nb, int t0, int t1, void *act) {
+    if (w->layout == MODEL_LAYOUT_Q8_R16) kern_act_prepare_rows_q8_r16(X, w->cols, nb, t0, t1, act);
+    else kern_act_prepare_rows(w->type, X, w->cols, nb, t0, t1, act);
+}
+
 /* Y (nb rows of w->rows, stride ldy) = X (nb rows of w->cols) * W^T; with
  * scatter, Y row a is also copied to scatter[a]. */
 static void matmul_to(const engine_scratch *s, threadpool *pool, const model_matrix *w, const float *X, int nb,
                       float *Y, int64_t ldy, float *const *scatter) {
-    kern_act_prepare(w->type, X, w->cols, nb, s->act);
+    act_prepare_rows(w, X, nb, 0, nb, s->act);
     matmul_job job = {.n = 1, .w = {w}, .act = {s->act}, .y = {Y}, .ldy = {ldy}, .nb = nb,
                       .delta = s->w_delta, .by_matrix = s->by_matrix, .scatter = scatter};
     threadpool_run(pool, matmul_task, &job);
@@ -280,19 +286,21 @@ static void matmul(const engine_scratch *s, threadpool *pool, const model_matrix
 #define ELEMENTWISE_PAR_ROWS 8
 
 /* Where the prepared activations of the matrices w[0..n) (one input, same
- * cols) go in s->act: one buffer per distinct weight type, in order of first
- * use. */
+ * cols) go in s->act: one buffer per distinct weight type and layout, in
+ * order of first use. */
 static void act_slots(const engine_scratch *s, int n, const model_matrix *const *w, int nb, const void **act) {
     char *p = s->act;
     for (int i = 0; i < n; i++) {
         int j;
         for (j = 0; j < i; j++)
-            if (w[j]->type == w[i]->type) break;
+            if (w[j]->type == w[i]->type && w[j]->layout == w[i]->layout) break;
         if (j < i) {
             act[i] = act[j];
         } else {
             act[i] = p;
-            p += (kern_act_bytes(w[i]->type, w[i]->cols, nb) + 63) & ~(size_t)63;
+            const size_t bytes = w[i]->layout == MODEL_LAYOUT_Q8_R16 ? kern_act_bytes_q8_r16(w[i]->cols, nb)
+                                                                     : kern_act_bytes(w[i]->type, w[i]->cols, nb);
+            p += (bytes + 63) & ~(size_t)63;
         }
     }
 }
@@ -305,7 +313,7 @@ static void act_rows(const engine_scratch *s, int n, const model_matrix *const *
     for (int i = 0; i < n; i++) {
         int j = 0;
         while (j < i && act[j] != act[i]) j++;
-        if (j == i) kern_act_prepare_rows(w[i]->type, X, w[i]->cols, nb, t0, t1, (void *)act[i]);
+        if (j == i) act_prepare_rows(w[i], X, nb, t0, t1, (void *)act[i]);
     }
 }
 

@@ -60,6 +60,11 @@ void kern_matmul_q8_r16(const void *W, int64_t cols, int64_t r0, int64_t r1, con
                         int64_t ldy);
 void kern_matmul_q8_r16_ref(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act, int nb,
                             float *Y, int64_t ldy);
+/* What the layout's kernels read of kern_act_prepare(QTYPE_Q8_0, ...): the
+ * rows, without the copy interleaved for the file layout's batch kernels
+ * (kern_act_prepare_rows' rules for r0 and r1). */
+size_t kern_act_bytes_q8_r16(int64_t cols, int nb);
+void kern_act_prepare_rows_q8_r16(const float *X, int64_t cols, int nb, int r0, int r1, void *act);
 
 /* Dequantizes n elements (a multiple of the block size) of type `type`. */
 void kern_dequantize(int type, const void *src, float *dst, int64_t n);
