@@ -256,6 +256,7 @@ static void bench_each(int type, const model_shape *s, const int *nbs, int n_nbs
             return;
         }
         fill_weights(type, W, mb * (size_t)copies);
+        for (int c = 0; g_r16 && c < copies; c++) kern_q8_r16_pack(W + (size_t)c * mb, W + (size_t)c * mb, mr[mi], mc[mi]);
         for (int64_t i = 0; i < mc[mi] * max_nb; i++) X[i] = (float)(bench_rand() % 2001) / 1000.0f - 1.0f;
         for (int ti = 0; ti < n_ths; ti++)
             for (int k = 0; k < n_nbs; k++) {
@@ -266,7 +267,7 @@ static void bench_each(int type, const model_shape *s, const int *nbs, int n_nbs
                 for (int rep = -1; rep < reps; rep++) {
                     double t0 = ellm_time_ms();
                     for (int c = 0; c < copies; c++) {
-                        launch l = {.n = 1, .nb = nb, .type = type, .act = act, .cols = mc[mi]};
+                        launch l = {.n = 1, .nb = nb, .type = type, .act = act, .cols = mc[mi], .r16 = g_r16};
                         l.rows[0] = mr[mi];
                         l.w[0] = W + (size_t)c * mb;
                         l.y[0] = Y;
