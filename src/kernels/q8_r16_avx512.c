@@ -13,14 +13,20 @@
  *
  * Groups are taken NG at a time and each pass of them runs over every
  * activation row, NR at a time: the first pass streams the groups' weights
- * from memory, the others find them in the caches. */
+ * from memory, the others find them in the caches, and all of them together
+ * prefetch the next NG groups. */
 #include "kernels/kernels_impl.h"
 #include "kernels/kernels_x86.h"
 
 #include <immintrin.h>
 #include <string.h>
 
-enum { R16_REC = 544, R16_NG_MAX = 4 };
+/* Batches: passes of R16_NR rows x R16_NG groups (8 accumulators, 8 running
+ * sums); bench_gemm -H (one thread, weights in cache, 16 and 64 rows) put
+ * passes of 6 x 2, 4 x 3, 3 x 3 and 5 x 2 within 0.93-1.04x of it, all at
+ * ~60% of the vpdpbusd peak. One row: a group at a time, its blocks one
+ * stream, each line prefetched KERN_PF_LINE_AHEAD ahead. */
+enum { R16_REC = 544, R16_NR = 4, R16_NG = 2, R16_NR_MAX = R16_NR, R16_NG_MAX = R16_NG };
 
 INLINE __m512i bcast32(const int8_t *p) {
     int32_t v;
@@ -32,67 +38,65 @@ INLINE __m512i bcast32(const int8_t *p) {
  * blocks [0, nblk); outputs to y[r] + 16 * g. */
 INLINE void r16_pass(const uint8_t *gw, size_t gs, int64_t nblk, const act_row *a, float *const *y,
                      const char *pf, int pf_lines, const int NR, const int NG) {
-
-
-    __m512 s[4][R16_NG_MAX];
-    #pragma GCC unroll 4
+    __m512 s[R16_NR_MAX][R16_NG_MAX];
+#pragma GCC unroll 8
     for (int r = 0; r < NR; r++)
-        #pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int g = 0; g < NG; g++) s[r][g] = _mm512_setzero_ps();
     for (int64_t k = 0; k < nblk; k++) {
         const uint8_t *rec = gw + (size_t)k * R16_REC;
-        if (NG == 1 && NR == 1) kern_pf_block(rec, R16_REC); /* one stream: lines KERN_PF_LINE_AHEAD ahead */
+        if (NG == 1 && NR == 1) kern_pf_block(rec, R16_REC);
         else
             for (int i = 0; i < pf_lines; i++, pf += 64) _mm_prefetch(pf, _MM_HINT_T0);
         const int64_t slot = act_q8_slot(k), q0 = 128 * (k >> 2) + 16 * (k & 3);
-        __m512i acc[4][R16_NG_MAX];
-        #pragma GCC unroll 4
+        __m512i acc[R16_NR_MAX][R16_NG_MAX];
+#pragma GCC unroll 8
         for (int r = 0; r < NR; r++) {
             const __m512i c = _mm512_set1_epi32(-a[r].sa[slot]);
-            #pragma GCC unroll 4
+#pragma GCC unroll 8
             for (int g = 0; g < NG; g++) acc[r][g] = c;
         }
 #pragma GCC unroll 8
         for (int j = 0; j < 8; j++) {
             const int64_t qo = q0 + 64 * (j >> 2) + 4 * (j & 3);
-            __m512i x[4];
-            #pragma GCC unroll 4
+            __m512i x[R16_NR_MAX];
+#pragma GCC unroll 8
             for (int r = 0; r < NR; r++) x[r] = bcast32(a[r].qs + qo);
-            #pragma GCC unroll 4
+#pragma GCC unroll 8
             for (int g = 0; g < NG; g++) {
                 const __m512i w = _mm512_loadu_si512(rec + (size_t)g * gs + 32 + 64 * j);
-                #pragma GCC unroll 4
+#pragma GCC unroll 8
                 for (int r = 0; r < NR; r++) acc[r][g] = _mm512_dpbusd_epi32(acc[r][g], w, x[r]);
             }
         }
         __m512 wd[R16_NG_MAX];
-        #pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int g = 0; g < NG; g++)
             wd[g] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(rec + (size_t)g * gs)));
-        #pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int r = 0; r < NR; r++) {
             const __m512 da = _mm512_set1_ps(a[r].d[slot]);
-            #pragma GCC unroll 4
+#pragma GCC unroll 8
             for (int g = 0; g < NG; g++)
                 s[r][g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][g]), _mm512_mul_ps(wd[g], da), s[r][g]);
         }
     }
-    #pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int r = 0; r < NR; r++)
-        #pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int g = 0; g < NG; g++) _mm512_storeu_ps(y[r] + 16 * g, s[r][g]);
 }
 
 /* NG groups against every activation row, NR_MAX rows at a time. */
-INLINE void r16_groups(const uint8_t *gw, size_t gs, int64_t nblk, const void *act, int64_t cols, int nb,
-                              float *Y, int64_t ldy, int64_t r0, const int NG, const int NR_MAX) {
+INLINE void r16_groups(const uint8_t *gw, size_t gs, int64_t nblk, const void *act, int64_t cols, int nb, float *Y,
+                       int64_t ldy, int64_t r0, const int NG, const int NR_MAX) {
     /* the next NG groups (the bytes after these) are prefetched over the
      * passes, spread evenly over their blocks */
     const int64_t passes = (nb + NR_MAX - 1) / NR_MAX, lines = (int64_t)(NG * gs / 64);
     const int pf_lines = (int)((lines + passes * nblk - 1) / (passes * nblk));
     for (int b = 0; b < nb; b += NR_MAX) {
-        act_row a[4];
-        float *y[4];
+        act_row a[R16_NR_MAX];
+        float *y[R16_NR_MAX];
         const int n = nb - b < NR_MAX ? nb - b : NR_MAX;
         for (int i = 0; i < n; i++) {
             a[i] = act_get_row(ACT_Q8, act, cols, b + i);
@@ -114,12 +118,11 @@ void kern_matmul_q8_r16_avx512(const void *W, int64_t cols, int64_t r0, int64_t 
     const size_t gs = (size_t)nblk * R16_REC;
     int64_t g = r0 / 16;
     const int64_t g1 = r1 / 16;
-    if (nb == 1) {
-        /* one row: a group at a time, its blocks one stream */
-        kern_pf_start((const uint8_t *)W + (size_t)g * gs);
-    } else {
-        for (; g + 2 <= g1; g += 2)
-            r16_groups((const uint8_t *)W + (size_t)g * gs, gs, nblk, act, cols, nb, Y, ldy, g * 16, 2, 4);
-    }
-    for (; g < g1; g++) r16_groups((const uint8_t *)W + (size_t)g * gs, gs, nblk, act, cols, nb, Y, ldy, g * 16, 1, 4);
+    const uint8_t *w = W;
+    if (nb == 1)
+        kern_pf_start(w + (size_t)g * gs);
+    else
+        for (; g + R16_NG <= g1; g += R16_NG)
+            r16_groups(w + (size_t)g * gs, gs, nblk, act, cols, nb, Y, ldy, g * 16, R16_NG, R16_NR);
+    for (; g < g1; g++) r16_groups(w + (size_t)g * gs, gs, nblk, act, cols, nb, Y, ldy, g * 16, 1, R16_NR);
 }
