@@ -24,8 +24,7 @@
 /* Batches: passes of R16_NR rows x R16_NG groups (8 accumulators, 8 running
  * sums); bench_gemm -H (one thread, weights in cache, 16 and 64 rows) put
  * passes of 6 x 2, 4 x 3, 3 x 3 and 5 x 2 within 0.93-1.04x of it, all at
- * ~60% of the vpdpbusd peak. One row: a group at a time, its blocks one
- * stream, each line prefetched KERN_PF_LINE_AHEAD ahead. */
+ * ~60% of the vpdpbusd peak. One row: r16_row. */
 enum { R16_REC = 544, R16_NR = 4, R16_NG = 2, R16_NR_MAX = R16_NR, R16_NG_MAX = R16_NG };
 
 INLINE __m512i bcast32(const int8_t *p) {
@@ -45,9 +44,7 @@ INLINE void r16_pass(const uint8_t *gw, size_t gs, int64_t nblk, const act_row *
         for (int g = 0; g < NG; g++) s[r][g] = _mm512_setzero_ps();
     for (int64_t k = 0; k < nblk; k++) {
         const uint8_t *rec = gw + (size_t)k * R16_REC;
-        if (NG == 1 && NR == 1) kern_pf_block(rec, R16_REC);
-        else
-            for (int i = 0; i < pf_lines; i++, pf += 64) _mm_prefetch(pf, _MM_HINT_T0);
+        for (int i = 0; i < pf_lines; i++, pf += 64) _mm_prefetch(pf, _MM_HINT_T0);
         const int64_t slot = act_q8_slot(k), q0 = 128 * (k >> 2) + 16 * (k & 3);
         __m512i acc[R16_NR_MAX][R16_NG_MAX];
 #pragma GCC unroll 8
@@ -87,6 +84,36 @@ INLINE void r16_pass(const uint8_t *gw, size_t gs, int64_t nblk, const act_row *
         for (int g = 0; g < NG; g++) _mm512_storeu_ps(y[r] + 16 * g, s[r][g]);
 }
 
+/* One activation row (decode) against groups [0, ng) from w: the groups'
+ * records are one run of ng * nblk records, read as one stream with every
+ * line prefetched KERN_PF_LINE_AHEAD ahead and each 4 KB page touched
+ * KERN_PF_AHEAD ahead (kern_pf_pages: without it the stream stalls at each
+ * page of a mapping without huge pages; bench_gemm, SmolLM2-135M layer, 2
+ * threads: 0.050 ms with it, 0.058-0.070 without, the file layout's kernel
+ * 0.065-0.069). Splitting a block's 8 dots over two accumulators did not
+ * change it. */
+static void r16_row(const uint8_t *w, int64_t ng, int64_t nblk, const act_row *a, float *y) {
+    __m512 s = _mm512_setzero_ps();
+    for (int64_t g = 0, k = 0; g < ng; w += R16_REC) {
+        kern_pf_pages(w, R16_REC);
+        kern_pf_block(w, R16_REC);
+        const int64_t slot = act_q8_slot(k), q0 = 128 * (k >> 2) + 16 * (k & 3);
+        __m512i acc = _mm512_set1_epi32(-a->sa[slot]);
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++)
+            acc = _mm512_dpbusd_epi32(acc, _mm512_loadu_si512(w + 32 + 64 * j),
+                                      bcast32(a->qs + q0 + 64 * (j >> 2) + 4 * (j & 3)));
+        const __m512 wd = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)w));
+        s = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_mul_ps(wd, _mm512_set1_ps(a->d[slot])), s);
+        if (++k == nblk) {
+            _mm512_storeu_ps(y + 16 * g, s);
+            s = _mm512_setzero_ps();
+            k = 0;
+            g++;
+        }
+    }
+}
+
 /* NG groups against every activation row, NR_MAX rows at a time. */
 INLINE void r16_groups(const uint8_t *gw, size_t gs, int64_t nblk, const void *act, int64_t cols, int nb, float *Y,
                        int64_t ldy, int64_t r0, const int NG, const int NR_MAX) {
@@ -119,10 +146,13 @@ void kern_matmul_q8_r16_avx512(const void *W, int64_t cols, int64_t r0, int64_t 
     int64_t g = r0 / 16;
     const int64_t g1 = r1 / 16;
     const uint8_t *w = W;
-    if (nb == 1)
+    if (nb == 1) {
+        const act_row a = act_get_row(ACT_Q8, act, cols, 0);
         kern_pf_start(w + (size_t)g * gs);
-    else
-        for (; g + R16_NG <= g1; g += R16_NG)
-            r16_groups(w + (size_t)g * gs, gs, nblk, act, cols, nb, Y, ldy, g * 16, R16_NG, R16_NR);
+        r16_row(w + (size_t)g * gs, g1 - g, nblk, &a, Y + g * 16);
+        return;
+    }
+    for (; g + R16_NG <= g1; g += R16_NG)
+        r16_groups(w + (size_t)g * gs, gs, nblk, act, cols, nb, Y, ldy, g * 16, R16_NG, R16_NR);
     for (; g < g1; g++) r16_groups(w + (size_t)g * gs, gs, nblk, act, cols, nb, Y, ldy, g * 16, 1, R16_NR);
 }
