@@ -8,6 +8,7 @@
 #include "attention/sparse_index_internal.h"
 #include "core/crc32c.h"
 #include "engine/engine_impl.h"
+#include "kernels/kernels.h"
 
 #include <signal.h>
 #include <string.h>
@@ -506,9 +507,60 @@ static void test_extend_finished(void) {
     remove(copy);
 }
 
+/* A state names its model by the file's bytes, not by the layout the engine
+ * reads them in: saved with the Q8_0 matrices interleaved at load, it restores
+ * into the same file loaded with keep_layout and the other way round (the
+ * saved logits come back as they were), and both loads give the model the
+ * same content hash. */
+static void test_layouts(void) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/models/llama-gqa-Q8_0.gguf", test_data_dir());
+    ellm_model_params pp = {.n_threads = 1}, kp = {.n_threads = 1, .keep_layout = 1};
+    ellm_model *p = NULL, *k = NULL;
+    ellm_error err = {0};
+    CHECK(ellm_model_load(path, &pp, &p, &err) == ELLM_OK, "%s", err.msg);
+    CHECK(ellm_model_load(path, &kp, &k, &err) == ELLM_OK, "%s", err.msg);
+    if (!p || !k) goto out;
+    CHECK(p->content_hash == k->content_hash, "content hash %016llx interleaved, %016llx file layout",
+          (unsigned long long)p->content_hash, (unsigned long long)k->content_hash);
+    if (kern_q8_r16_fast())
+        CHECK(p->layers[0].wq.layout == MODEL_LAYOUT_Q8_R16 && k->layers[0].wq.layout == MODEL_LAYOUT_ROWS,
+              "layouts %d and %d", p->layers[0].wq.layout, k->layers[0].wq.layout);
+    else
+        SKIP("state across weight layouts: this CPU has no AVX-512 VNNI, both loads keep the file's layout");
+    const char *state = test_tmp_path("state_layout.bin");
+    ellm_context_params cp = ellm_context_default_params();
+    cp.n_ctx = 128;
+    int32_t toks[40];
+    for (int i = 0; i < 40; i++) toks[i] = (int32_t)((i * 29 + 3) % p->cfg.n_vocab);
+    for (int dir = 0; dir < 2; dir++) {
+        ellm_model *from = dir ? k : p, *to = dir ? p : k;
+        ellm_context *a = NULL, *b = NULL;
+        CHECK(ellm_context_init(from, &cp, &a, &err) == ELLM_OK && ellm_context_init(to, &cp, &b, &err) == ELLM_OK,
+              "%s", err.msg);
+        if (a && b && ellm_decode(a, toks, 40, NULL, &err) == ELLM_OK) {
+            CHECK(ellm_context_state_save(a, state, NULL, 0, &err) == ELLM_OK, "save: %s", err.msg);
+            const ellm_status st = ellm_context_state_load(b, state, &err);
+            CHECK(st == ELLM_OK, "%s: restore into the %s: %d %s", dir ? "file layout" : "interleaved",
+                  dir ? "interleaved load" : "file layout's load", st, err.msg);
+            CHECK(st == ELLM_OK && ellm_context_pos(b) == 40 &&
+                      memcmp(ellm_context_logits(a), ellm_context_logits(b), (size_t)p->cfg.n_vocab * 4) == 0,
+                  "restored context: position %d, logits %s", ellm_context_pos(b),
+                  st == ELLM_OK ? "compared" : "not restored");
+        }
+        ellm_context_free(a);
+        ellm_context_free(b);
+    }
+    remove(state);
+out:
+    ellm_model_free(p);
+    ellm_model_free(k);
+}
+
 int main(void) {
     test_crc();
     test_engine();
+    test_layouts();
     test_sparse_values();
     test_resume_bad_settings();
     test_extend_finished();

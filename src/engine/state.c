@@ -56,30 +56,13 @@ typedef struct {
     char arch[32];
 } model_identity;
 
-static uint64_t fnv1a(uint64_t h, const unsigned char *p, size_t n) {
-    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 0x100000001b3ull;
-    return h;
-}
-
-/* The metadata (header, keys, tensor directory: everything before the first
- * tensor's data) says what the model is; 64 samples of 256 bytes spread over
- * the weights tell apart files that share their metadata (two random-weight
- * files of one shape, a fine-tune saved with the same keys). */
+/* The file's size and content hash (model_content_hash: its metadata and
+ * samples of its weights as the file holds them, whatever layout the engine
+ * reads them in) and the shape. */
 static void identity_of(const ellm_model *m, model_identity *id) {
     memset(id, 0, sizeof *id);
-    const unsigned char *base = gguf_base(m->file);
-    size_t size = gguf_size(m->file), meta = size;
-    for (int64_t i = 0; i < gguf_n_tensors(m->file); i++) {
-        const gguf_tensor *t = gguf_tensor_at(m->file, i);
-        size_t start = (size_t)((const unsigned char *)t->data - base);
-        if (start < meta) meta = start;
-    }
-    uint64_t h = fnv1a(0xcbf29ce484222325ull, base, meta);
-    const size_t data = size - meta, sample = 256;
-    for (int i = 0; i < 64 && data >= sample; i++)
-        h = fnv1a(h, base + meta + (data - sample) / 63 * (size_t)i, sample);
-    id->file_bytes = size;
-    id->hash = h;
+    id->file_bytes = gguf_size(m->file);
+    id->hash = m->content_hash;
     id->n_layer = (uint32_t)m->cfg.n_layer;
     id->n_kv_head = (uint32_t)m->cfg.n_head_kv;
     id->head_dim = (uint32_t)m->cfg.head_dim;

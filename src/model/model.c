@@ -290,6 +290,7 @@ ellm_status model_load_gguf(gguf_file *f, const ellm_model_params *params, ellm_
     if (st == ELLM_OK) st = tokenizer_init_gguf(m->file, &m->tok, err);
     int repacked = 0;
     double repack_ms = 0;
+    if (st == ELLM_OK) m->content_hash = model_content_hash(m->file);
     if (st == ELLM_OK) {
         const double r0 = ellm_time_ms();
         repacked = model_repack_weights(m, params);
@@ -351,6 +352,26 @@ void ellm_model_get_info(const ellm_model *m, ellm_model_info *info) {
         info->decode_weight_bytes -= (uint64_t)m->tok_embd.rows * m->tok_embd.row_bytes;
     info->load_ms = m->load_ms;
     snprintf(info->placement, sizeof info->placement, "%s", m->placement);
+}
+
+static uint64_t fnv1a(uint64_t h, const unsigned char *p, size_t n) {
+    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 0x100000001b3ull;
+    return h;
+}
+
+uint64_t model_content_hash(const gguf_file *f) {
+    const unsigned char *base = gguf_base(f);
+    size_t size = gguf_size(f), meta = size;
+    for (int64_t i = 0; i < gguf_n_tensors(f); i++) {
+        const gguf_tensor *t = gguf_tensor_at(f, i);
+        size_t start = (size_t)((const unsigned char *)t->data - base);
+        if (start < meta) meta = start;
+    }
+    uint64_t h = fnv1a(0xcbf29ce484222325ull, base, meta);
+    const size_t data = size - meta, sample = 256;
+    for (int i = 0; i < 64 && data >= sample; i++)
+        h = fnv1a(h, base + meta + (data - sample) / 63 * (size_t)i, sample);
+    return h;
 }
 
 void model_rope_cos_sin(const ellm_model *m, int pos, float *cs) {

@@ -94,6 +94,7 @@ struct ellm_model {
     char placement[320];     /* description for --stats */
     uint64_t n_params;
     uint64_t weight_bytes;
+    uint64_t content_hash;    /* model_content_hash of the file, taken before any weight is rewritten */
     double load_ms;
     char *path;               /* the file it was loaded from, or NULL (memory) */
     /* Shallow drafts (cfg.n_layer cut short): an optional (d, d) F32 map from
@@ -129,6 +130,12 @@ void model_rope_cos_sin(const ellm_model *m, int pos, float *cs);
  * Returns how many matrices it rewrote. Never fails: a matrix it cannot
  * rewrite keeps its layout. */
 int model_repack_weights(ellm_model *m, const ellm_model_params *params);
+/* FNV-1a 64 of a GGUF file's metadata (header, keys, tensor directory:
+ * everything before the first tensor's data), which says what the model is,
+ * and of 64 samples of 256 bytes spread over the tensor data, which tell apart
+ * files that share their metadata (two random-weight files of one shape, a
+ * fine-tune saved with the same keys). Saved states name their model by it. */
+uint64_t model_content_hash(const gguf_file *f);
 /* Row r of w as floats, whatever its layout. */
 void model_matrix_row(const model_matrix *w, int64_t r, float *dst);
 
