@@ -259,7 +259,12 @@ static void matmul_task(void *arg, int ith, int nth) {
     }
 }
 
-/* Rows [t0, t1) of nb rows X prepared for w's kernels (w's type and layout). */
+/* Bytes of nb rows prepared for w's kernels (w's type and layout). */
+static size_t act_bytes(const model_matrix *w, int nb) {
+    return w->layout == MODEL_LAYOUT_Q8_R16 ? kern_act_bytes_q8_r16(w->cols, nb) : kern_act_bytes(w->type, w->cols, nb);
+}
+
+/* Rows [t0, t1) of nb rows X prepared for w's kernels. */
 static void act_prepare_rows(const model_matrix *w, const float *X, int nb, int t0, int t1, void *act) {
     if (w->layout == MODEL_LAYOUT_Q8_R16) kern_act_prepare_rows_q8_r16(X, w->cols, nb, t0, t1, act);
     else kern_act_prepare_rows(w->type, X, w->cols, nb, t0, t1, act);
@@ -299,9 +304,7 @@ static void act_slots(const engine_scratch *s, int n, const model_matrix *const 
             act[i] = act[j];
         } else {
             act[i] = p;
-            const size_t bytes = w[i]->layout == MODEL_LAYOUT_Q8_R16 ? kern_act_bytes_q8_r16(w[i]->cols, nb)
-                                                                     : kern_act_bytes(w[i]->type, w[i]->cols, nb);
-            p += (bytes + 63) & ~(size_t)63;
+            p += (act_bytes(w[i], nb) + 63) & ~(size_t)63;
         }
     }
 }

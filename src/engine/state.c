@@ -62,7 +62,7 @@ typedef struct {
 static void identity_of(const ellm_model *m, model_identity *id) {
     memset(id, 0, sizeof *id);
     id->file_bytes = gguf_size(m->file);
-    id->hash = m->content_hash;
+    id->hash = model_content_hash(m);
     id->n_layer = (uint32_t)m->cfg.n_layer;
     id->n_kv_head = (uint32_t)m->cfg.n_head_kv;
     id->head_dim = (uint32_t)m->cfg.head_dim;

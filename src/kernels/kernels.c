@@ -582,21 +582,8 @@ void kern_act_prepare(int wtype, const float *X, int64_t cols, int nb, void *act
     kern_act_prepare_rows(wtype, X, cols, nb, 0, nb, act);
 }
 
-static void act_prepare_rows(int wtype, const float *X, int64_t cols, int nb, int r0, int r1, void *act, int quads);
-
-void kern_act_prepare_rows(int wtype, const float *X, int64_t cols, int nb, int r0, int r1, void *act) {
-    act_prepare_rows(wtype, X, cols, nb, r0, r1, act, 1);
-}
-
-size_t kern_act_bytes_q8_r16(int64_t cols, int nb) {
-    return cols > 0 && cols % 32 == 0 && nb > 0 ? (size_t)nb * act_row_bytes(ACT_Q8, cols) : 0;
-}
-
-void kern_act_prepare_rows_q8_r16(const float *X, int64_t cols, int nb, int r0, int r1, void *act) {
-    act_prepare_rows(QTYPE_Q8_0, X, cols, nb, r0, r1, act, 0);
-}
-
-/* quads 0: the rows only */
+/* Rows [r0, r1) of what kern_act_prepare writes; with quads 0 without the
+ * copy interleaved by 4 rows that the quad kernels read. */
 static void act_prepare_rows(int wtype, const float *X, int64_t cols, int nb, int r0, int r1, void *act, int quads) {
     assert(kern_act_bytes(wtype, cols, 1) > 0);
     if (kern_act_bytes(wtype, cols, 1) == 0 || r0 >= r1) return;
@@ -615,6 +602,18 @@ static void act_prepare_rows(int wtype, const float *X, int64_t cols, int nb, in
         KERN_PICK(act_q8_quads)(act, cols, nb, r0 / ACT_Q8_QUAD, (r1 + ACT_Q8_QUAD - 1) / ACT_Q8_QUAD);
     if (act_q8k_nquads(wtype, nb))
         KERN_PICK(act_q8k_quads)(act, cols, nb, r0 / ACT_Q8_QUAD, (r1 + ACT_Q8_QUAD - 1) / ACT_Q8_QUAD);
+}
+
+void kern_act_prepare_rows(int wtype, const float *X, int64_t cols, int nb, int r0, int r1, void *act) {
+    act_prepare_rows(wtype, X, cols, nb, r0, r1, act, 1);
+}
+
+size_t kern_act_bytes_q8_r16(int64_t cols, int nb) {
+    return cols > 0 && cols % 32 == 0 && nb > 0 ? (size_t)nb * act_row_bytes(ACT_Q8, cols) : 0;
+}
+
+void kern_act_prepare_rows_q8_r16(const float *X, int64_t cols, int nb, int r0, int r1, void *act) {
+    act_prepare_rows(QTYPE_Q8_0, X, cols, nb, r0, r1, act, 0);
 }
 
 /* Computes rows [r0, r1) of Y = W * X^T with the active ISA. */

@@ -25,7 +25,7 @@
  * sums); bench_gemm -H (one thread, weights in cache, 16 and 64 rows) put
  * passes of 6 x 2, 4 x 3, 3 x 3 and 5 x 2 within 0.93-1.04x of it, all at
  * ~60% of the vpdpbusd peak. One row: r16_row. */
-enum { R16_REC = 544, R16_NR = 4, R16_NG = 2, R16_NR_MAX = R16_NR, R16_NG_MAX = R16_NG };
+enum { R16_REC = 544, R16_NR = 4, R16_NG = 2 };
 
 INLINE __m512i bcast32(const int8_t *p) {
     int32_t v;
@@ -37,7 +37,7 @@ INLINE __m512i bcast32(const int8_t *p) {
  * blocks [0, nblk); outputs to y[r] + 16 * g. */
 INLINE void r16_pass(const uint8_t *gw, size_t gs, int64_t nblk, const act_row *a, float *const *y,
                      const char *pf, int pf_lines, const int NR, const int NG) {
-    __m512 s[R16_NR_MAX][R16_NG_MAX];
+    __m512 s[R16_NR][R16_NG];
 #pragma GCC unroll 8
     for (int r = 0; r < NR; r++)
 #pragma GCC unroll 8
@@ -46,7 +46,7 @@ INLINE void r16_pass(const uint8_t *gw, size_t gs, int64_t nblk, const act_row *
         const uint8_t *rec = gw + (size_t)k * R16_REC;
         for (int i = 0; i < pf_lines; i++, pf += 64) _mm_prefetch(pf, _MM_HINT_T0);
         const int64_t slot = act_q8_slot(k), q0 = 128 * (k >> 2) + 16 * (k & 3);
-        __m512i acc[R16_NR_MAX][R16_NG_MAX];
+        __m512i acc[R16_NR][R16_NG];
 #pragma GCC unroll 8
         for (int r = 0; r < NR; r++) {
             const __m512i c = _mm512_set1_epi32(-a[r].sa[slot]);
@@ -56,7 +56,7 @@ INLINE void r16_pass(const uint8_t *gw, size_t gs, int64_t nblk, const act_row *
 #pragma GCC unroll 8
         for (int j = 0; j < 8; j++) {
             const int64_t qo = q0 + 64 * (j >> 2) + 4 * (j & 3);
-            __m512i x[R16_NR_MAX];
+            __m512i x[R16_NR];
 #pragma GCC unroll 8
             for (int r = 0; r < NR; r++) x[r] = bcast32(a[r].qs + qo);
 #pragma GCC unroll 8
@@ -66,7 +66,7 @@ INLINE void r16_pass(const uint8_t *gw, size_t gs, int64_t nblk, const act_row *
                 for (int r = 0; r < NR; r++) acc[r][g] = _mm512_dpbusd_epi32(acc[r][g], w, x[r]);
             }
         }
-        __m512 wd[R16_NG_MAX];
+        __m512 wd[R16_NG];
 #pragma GCC unroll 8
         for (int g = 0; g < NG; g++)
             wd[g] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(rec + (size_t)g * gs)));
@@ -114,22 +114,22 @@ static void r16_row(const uint8_t *w, int64_t ng, int64_t nblk, const act_row *a
     }
 }
 
-/* NG groups against every activation row, NR_MAX rows at a time. */
+/* NG groups against every activation row, R16_NR rows at a time. */
 INLINE void r16_groups(const uint8_t *gw, size_t gs, int64_t nblk, const void *act, int64_t cols, int nb, float *Y,
-                       int64_t ldy, int64_t r0, const int NG, const int NR_MAX) {
+                       int64_t ldy, int64_t r0, const int NG) {
     /* the next NG groups (the bytes after these) are prefetched over the
      * passes, spread evenly over their blocks */
-    const int64_t passes = (nb + NR_MAX - 1) / NR_MAX, lines = (int64_t)(NG * gs / 64);
+    const int64_t passes = (nb + R16_NR - 1) / R16_NR, lines = (int64_t)(NG * gs / 64);
     const int pf_lines = (int)((lines + passes * nblk - 1) / (passes * nblk));
-    for (int b = 0; b < nb; b += NR_MAX) {
-        act_row a[R16_NR_MAX];
-        float *y[R16_NR_MAX];
-        const int n = nb - b < NR_MAX ? nb - b : NR_MAX;
+    for (int b = 0; b < nb; b += R16_NR) {
+        act_row a[R16_NR];
+        float *y[R16_NR];
+        const int n = nb - b < R16_NR ? nb - b : R16_NR;
         for (int i = 0; i < n; i++) {
             a[i] = act_get_row(ACT_Q8, act, cols, b + i);
             y[i] = Y + (int64_t)(b + i) * ldy + r0;
         }
-        const char *pf = (const char *)gw + (size_t)NG * gs + (size_t)(b / NR_MAX) * (size_t)nblk * pf_lines * 64;
+        const char *pf = (const char *)gw + (size_t)NG * gs + (size_t)(b / R16_NR) * (size_t)nblk * pf_lines * 64;
         switch (n) {
         case 4: r16_pass(gw, gs, nblk, a, y, pf, pf_lines, 4, NG); break;
         case 3: r16_pass(gw, gs, nblk, a, y, pf, pf_lines, 3, NG); break;
@@ -153,6 +153,6 @@ void kern_matmul_q8_r16_avx512(const void *W, int64_t cols, int64_t r0, int64_t 
         return;
     }
     for (; g + R16_NG <= g1; g += R16_NG)
-        r16_groups(w + (size_t)g * gs, gs, nblk, act, cols, nb, Y, ldy, g * 16, R16_NG, R16_NR);
-    for (; g < g1; g++) r16_groups(w + (size_t)g * gs, gs, nblk, act, cols, nb, Y, ldy, g * 16, 1, R16_NR);
+        r16_groups(w + (size_t)g * gs, gs, nblk, act, cols, nb, Y, ldy, g * 16, R16_NG);
+    for (; g < g1; g++) r16_groups(w + (size_t)g * gs, gs, nblk, act, cols, nb, Y, ldy, g * 16, 1);
 }

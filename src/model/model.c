@@ -288,19 +288,17 @@ ellm_status model_load_gguf(gguf_file *f, const ellm_model_params *params, ellm_
     ellm_status st = read_config(&ld);
     if (st == ELLM_OK) st = bind_weights(&ld);
     if (st == ELLM_OK) st = tokenizer_init_gguf(m->file, &m->tok, err);
-    int repacked = 0;
     double repack_ms = 0;
-    if (st == ELLM_OK) m->content_hash = model_content_hash(m->file);
     if (st == ELLM_OK) {
         const double r0 = ellm_time_ms();
-        repacked = model_repack_weights(m, params);
+        model_repack_weights(m, params);
         repack_ms = ellm_time_ms() - r0;
     }
     if (st == ELLM_OK) st = model_place_weights(m, params, err);
-    if (st == ELLM_OK && repacked) {
+    if (st == ELLM_OK && m->n_repacked) {
         const size_t len = strlen(m->placement);
         snprintf(m->placement + len, sizeof m->placement - len, "; %d Q8_0 matrices interleaved by 16 rows at load (%.0f ms)",
-                 repacked, repack_ms);
+                 m->n_repacked, repack_ms);
     }
     if (st == ELLM_OK && tokenizer_n_vocab(m->tok) > m->cfg.n_vocab)
         st = ellm_fail(err, ELLM_ERR_FORMAT, "model: tokenizer has %d tokens but token_embd.weight only %d rows",
@@ -359,7 +357,11 @@ static uint64_t fnv1a(uint64_t h, const unsigned char *p, size_t n) {
     return h;
 }
 
-uint64_t model_content_hash(const gguf_file *f) {
+uint64_t model_content_hash(const ellm_model *m) {
+    return m->n_repacked ? m->repacked_hash : model_file_hash(m->file);
+}
+
+uint64_t model_file_hash(const gguf_file *f) {
     const unsigned char *base = gguf_base(f);
     size_t size = gguf_size(f), meta = size;
     for (int64_t i = 0; i < gguf_n_tensors(f); i++) {

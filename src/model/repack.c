@@ -25,11 +25,10 @@
 
 #include <pthread.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
-
-#include <stdlib.h>
 
 enum { HUGE_PAGE = 2 << 20 };
 
@@ -37,6 +36,9 @@ static int packable(const model_matrix *w) {
     return w->data && w->type == QTYPE_Q8_0 && w->layout == MODEL_LAYOUT_ROWS && w->rows % 16 == 0 &&
            w->cols % 32 == 0;
 }
+
+/* One past a matrix's last byte. */
+static uintptr_t end_of(const model_matrix *w) { return (uintptr_t)w->data + (size_t)w->rows * w->row_bytes; }
 
 /* Adds w[0 .. n) to the list if all of them can be packed. */
 static void take_group(model_matrix *const *w, int n, model_matrix **list, int *count) {
@@ -64,22 +66,59 @@ typedef struct {
 static void *pack_run(void *arg) {
     pack_part *t = arg;
     model_matrix *const *list = t->list;
-    uintptr_t at = t->i0 ? (uintptr_t)list[t->i0 - 1]->data + (size_t)list[t->i0 - 1]->rows * list[t->i0 - 1]->row_bytes
-                         : t->a;
+    uintptr_t at = t->i0 ? end_of(list[t->i0 - 1]) : t->a;
     for (int i = t->i0; i < t->i1; i++) {
         const uintptr_t p = (uintptr_t)list[i]->data;
         memcpy(t->dst + (at - t->a), (const void *)at, p - at);
         t->done += kern_q8_r16_pack(t->dst + (p - t->a), list[i]->data, list[i]->rows, list[i]->cols) == 0;
-        at = p + (size_t)list[i]->rows * list[i]->row_bytes;
+        at = end_of(list[i]);
     }
     if (t->last) memcpy(t->dst + (at - t->a), (const void *)at, t->b - at);
     return NULL;
 }
 
-int model_repack_weights(ellm_model *m, const ellm_model_params *params) {
-    if ((params && params->keep_layout) || !gguf_is_mapped(m->file) || !kern_q8_r16_fast()) return 0;
+/* Packs the n address-ordered, disjoint matrices of list into new memory
+ * that replaces the pages they lie in; 0 when anything fails (the mapping
+ * is then as it was). */
+static int pack_all(model_matrix *const *list, int n) {
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    const uintptr_t a = (uintptr_t)list[0]->data & ~(page - 1), b = (end_of(list[n - 1]) + page - 1) & ~(page - 1);
+    const size_t len = b - a;
+    /* new memory at the same offset modulo 2 MB as [a, b), so that its huge
+     * pages stay whole when moved there */
+    char *raw = mmap(NULL, len + HUGE_PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (raw == MAP_FAILED) return 0;
+    char *dst = raw + ((a - (uintptr_t)raw) & (HUGE_PAGE - 1));
+#ifdef MADV_HUGEPAGE
+    madvise(dst, len, MADV_HUGEPAGE);
+#endif
+    /* the matrices packed, the bytes between them copied: about the first
+     * half of the bytes here, the rest on a second thread (the new memory's
+     * page faults, half the time, run on both) */
+    const size_t half = (end_of(list[n - 1]) - (uintptr_t)list[0]->data) / 2;
+    int h = 0;
+    while (h < n && end_of(list[h]) - (uintptr_t)list[0]->data <= half) h++;
+    pack_part parts[2] = {{list, 0, h, a, b, dst, 0, 0}, {list, h, n, a, b, dst, 0, 1}};
+    pthread_t th;
+    const int threaded = h < n && pthread_create(&th, NULL, pack_run, &parts[1]) == 0;
+    pack_run(&parts[0]);
+    if (threaded) pthread_join(th, NULL);
+    else pack_run(&parts[1]);
+    if (parts[0].done + parts[1].done < n || mremap(dst, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, (void *)a) == MAP_FAILED) {
+        munmap(raw, len + HUGE_PAGE);
+        return 0;
+    }
+    /* the rest of the scratch mapping, on both sides of what moved */
+    if (dst > raw) munmap(raw, (size_t)(dst - raw));
+    if (raw + len + HUGE_PAGE > dst + len) munmap(dst + len, (size_t)(raw + len + HUGE_PAGE - (dst + len)));
+    mprotect((void *)a, len, PROT_READ);
+    return 1;
+}
+
+void model_repack_weights(ellm_model *m, const ellm_model_params *params) {
+    if ((params && params->keep_layout) || !gguf_is_mapped(m->file) || !kern_q8_r16_fast()) return;
     model_matrix **list = malloc(((size_t)m->cfg.n_layer * 7 + 1) * sizeof *list);
-    if (!list) return 0;
+    if (!list) return;
     int n = 0;
     for (int l = 0; l < m->cfg.n_layer; l++) {
         model_layer *L = &m->layers[l];
@@ -92,71 +131,19 @@ int model_repack_weights(ellm_model *m, const ellm_model_params *params) {
     }
     model_matrix *out[1] = {&m->output};
     take_group(out, 1, list, &n);
-    /* in file order; a matrix bound twice (or overlapping another) is left alone */
+    /* in file order; a matrix bound twice (or overlapping another): nothing is packed */
     qsort(list, (size_t)n, sizeof *list, by_address);
-    for (int i = 1; i < n; i++)
-        if ((uintptr_t)list[i]->data < (uintptr_t)list[i - 1]->data + (size_t)list[i - 1]->rows * list[i - 1]->row_bytes) {
-            free(list);
-            return 0;
-        }
-    if (n == 0) {
-        free(list);
-        return 0;
+    int disjoint = n > 0;
+    for (int i = 1; i < n && disjoint; i++) disjoint = (uintptr_t)list[i]->data >= end_of(list[i - 1]);
+    const uint64_t hash = disjoint ? model_file_hash(m->file) : 0; /* the file's bytes, before they change */
+    if (disjoint && pack_all(list, n)) {
+        for (int i = 0; i < n; i++) list[i]->layout = MODEL_LAYOUT_Q8_R16;
+        /* the same matrix under another name: tied embeddings (the lookups read the packed bytes) */
+        if (m->tok_embd.data == m->output.data) m->tok_embd.layout = m->output.layout;
+        m->n_repacked = n;
+        m->repacked_hash = hash;
     }
-
-    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
-    uintptr_t a = UINTPTR_MAX, b = 0;
-    for (int i = 0; i < n; i++) {
-        const uintptr_t p = (uintptr_t)list[i]->data, q = p + (size_t)list[i]->rows * list[i]->row_bytes;
-        a = p < a ? p : a;
-        b = q > b ? q : b;
-    }
-    a &= ~(page - 1);
-    b = (b + page - 1) & ~(page - 1);
-    const size_t len = b - a;
-    /* new memory at the same offset modulo 2 MB as [a, b), so that its huge
-     * pages stay whole when moved there */
-    char *raw = mmap(NULL, len + HUGE_PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (raw == MAP_FAILED) {
-        free(list);
-        return 0;
-    }
-    char *dst = raw + ((a - (uintptr_t)raw) & (HUGE_PAGE - 1));
-#ifdef MADV_HUGEPAGE
-    madvise(dst, len, MADV_HUGEPAGE);
-#endif
-    /* the matrices packed, the bytes between them copied: matrices [0, h)
-     * here, [h, n) and the bytes after them on a second thread (the new
-     * memory's page faults, half the time, run on both) */
-    size_t total = 0, half = 0;
-    for (int i = 0; i < n; i++) total += (size_t)list[i]->rows * list[i]->row_bytes;
-    int h = 0;
-    while (h < n && half < total / 2) {
-        half += (size_t)list[h]->rows * list[h]->row_bytes;
-        h++;
-    }
-    pack_part parts[2] = {{list, 0, h, a, b, dst, 0, 0}, {list, h, n, a, b, dst, 0, 1}};
-    pthread_t th;
-    const int threaded = h < n && pthread_create(&th, NULL, pack_run, &parts[1]) == 0;
-    pack_run(&parts[0]);
-    if (threaded) pthread_join(th, NULL);
-    else pack_run(&parts[1]);
-    const int done = parts[0].done + parts[1].done;
-    if (done < n || mremap(dst, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, (void *)a) == MAP_FAILED) {
-        munmap(raw, len + HUGE_PAGE);
-        free(list);
-        return 0;
-    }
-    /* the rest of the scratch mapping, on both sides of what moved */
-    if (dst > raw) munmap(raw, (size_t)(dst - raw));
-    if (raw + len + HUGE_PAGE > dst + len) munmap(dst + len, (size_t)(raw + len + HUGE_PAGE - (dst + len)));
-    mprotect((void *)a, len, PROT_READ);
-    const int tied = m->output.data == m->tok_embd.data;
-    for (int i = 0; i < n; i++) list[i]->layout = MODEL_LAYOUT_Q8_R16;
     free(list);
-    /* the same matrix under other names: tied embeddings (the lookups read the packed bytes) */
-    if (tied) m->tok_embd.layout = m->output.layout;
-    return n;
 }
 
 void model_matrix_row(const model_matrix *w, int64_t r, float *dst) {
