@@ -4,7 +4,8 @@
  * Not a test.
  *
  *   make bench && build/bench/bench_gemm [-m 135m,1b] [-n 1,2,4,8,9,16,128]
- *        [-t 1,2] [-r reps] [-i avx2|avx512] [-H] [-s] [type ...]   (default q8_0 q4_0 int4_g128)
+ *        [-t 1,2] [-r reps] [-i avx2|avx512] [-H] [-s] [type ...]   (default q8_0 q4_0 int4_g128;
+ *        q8_0_r16, q4_0_r16: the same weights interleaved by 16 rows, kern_r16_pack)
  *
  * peak   a tight loop of independent vpdpbusd (zmm, registers only) on each
  *        thread: 2 x 64 int8 ops per instruction. Also the F32 FMA peak.
@@ -100,7 +101,7 @@ typedef struct {
 
 static const model_shape SHAPES[] = {{"135m", 576, 192, 1536, 49152}, {"1b", 2048, 512, 8192, 128256}};
 static int g_each = 0; /* -s: each matrix shape alone, the output matrix too */
-static int g_r16 = 0;  /* type q8_0_r16: Q8_0 weights packed 16 rows to a vector (kern_q8_r16_pack) */
+static int g_r16 = 0;  /* types q8_0_r16, q4_0_r16: weights packed 16 rows to a vector (kern_r16_pack) */
 
 /* One launch: up to 3 matrices with the same input, rows split as one. */
 typedef struct {
@@ -110,7 +111,7 @@ typedef struct {
     float *y[3];
     const void *act;
     int nb, type;
-    int r16; /* Q8_0 weights packed by kern_q8_r16_pack */
+    int r16; /* weights packed by kern_r16_pack */
 } launch;
 
 static void launch_task(void *arg, int ith, int nth) {
@@ -124,7 +125,7 @@ static void launch_task(void *arg, int ith, int nth) {
         int64_t r0 = b - base, r1 = e - base;
         if (r0 < 0) r0 = 0;
         if (r1 > l->rows[i]) r1 = l->rows[i];
-        if (r0 < r1 && l->r16) kern_matmul_q8_r16(l->w[i], l->cols, r0, r1, l->act, l->nb, l->y[i], l->rows[i]);
+        if (r0 < r1 && l->r16) kern_matmul_r16(l->type, l->w[i], l->cols, r0, r1, l->act, l->nb, l->y[i], l->rows[i]);
         else if (r0 < r1) kern_matmul(l->type, l->w[i], l->cols, r0, r1, l->act, l->nb, l->y[i], l->rows[i]);
         base += l->rows[i];
     }
@@ -165,7 +166,7 @@ static void bench_layer(int type, const model_shape *s, const int *nbs, int n_nb
     fill_weights(type, W, wbytes);
     for (int c = 0; g_r16 && c < (g_hot ? 1 : copies); c++)
         for (int i = 0, off = 0; i < 7; off += (int)mb[i], i++)
-            kern_q8_r16_pack(W + (size_t)c * layer_bytes + off, W + (size_t)c * layer_bytes + off, mr[i], mc[i]);
+            kern_r16_pack(type, W + (size_t)c * layer_bytes + off, W + (size_t)c * layer_bytes + off, mr[i], mc[i]);
     int max_nb = 0;
     for (int k = 0; k < n_nbs; k++)
         if (nbs[k] > max_nb) max_nb = nbs[k];
@@ -219,7 +220,7 @@ static void bench_layer(int type, const model_shape *s, const int *nbs, int n_nb
             double gops_cpu = gop / (bench_median(tc, reps) / 1e3);
             printf("%-9s %-4s %-6s nb=%-4d t=%d  %8.3f ms/layer  prep %5.1f%%  %7.1f GOP/s (best %7.1f)  %5.1f%% of VNNI "
                    "peak  %6.2f GB/s weights  cpu %7.1f GOP/s (thread 0)\n",
-                   g_r16 ? "q8_0_r16" : qtype_get(type)->name, s->name, ellm_isa_str(ellm_cpu_isa()), nb, ths[ti], med / nc,
+                   g_r16 ? (type == QTYPE_Q8_0 ? "q8_0_r16" : "q4_0_r16") : qtype_get(type)->name, s->name, ellm_isa_str(ellm_cpu_isa()), nb, ths[ti], med / nc,
                    100.0 * medp / med, gops, gops_best, 100.0 * gops / peaks[ti],
                    (double)layer_bytes * nc / 1e9 / (med / 1e3), gops_cpu);
             fflush(stdout);
@@ -256,7 +257,7 @@ static void bench_each(int type, const model_shape *s, const int *nbs, int n_nbs
             return;
         }
         fill_weights(type, W, mb * (size_t)copies);
-        for (int c = 0; g_r16 && c < copies; c++) kern_q8_r16_pack(W + (size_t)c * mb, W + (size_t)c * mb, mr[mi], mc[mi]);
+        for (int c = 0; g_r16 && c < copies; c++) kern_r16_pack(type, W + (size_t)c * mb, W + (size_t)c * mb, mr[mi], mc[mi]);
         for (int64_t i = 0; i < mc[mi] * max_nb; i++) X[i] = (float)(bench_rand() % 2001) / 1000.0f - 1.0f;
         for (int ti = 0; ti < n_ths; ti++)
             for (int k = 0; k < n_nbs; k++) {
@@ -281,7 +282,7 @@ static void bench_each(int type, const model_shape *s, const int *nbs, int n_nbs
                 double med = bench_median(t, reps), gop = 2.0 * (double)mr[mi] * (double)mc[mi] * nb / 1e9;
                 printf("%-9s %-4s %-6s %5lldx%-6lld nb=%-4d t=%d  %8.3f ms  %7.1f GOP/s (best %7.1f)  %5.1f%% of VNNI "
                        "peak\n",
-                       g_r16 ? "q8_0_r16" : qtype_get(type)->name, s->name, ellm_isa_str(ellm_cpu_isa()), (long long)mc[mi],
+                       g_r16 ? (type == QTYPE_Q8_0 ? "q8_0_r16" : "q4_0_r16") : qtype_get(type)->name, s->name, ellm_isa_str(ellm_cpu_isa()), (long long)mc[mi],
                        (long long)mr[mi], nb, ths[ti], med, gop / (med / 1e3), gop / (best / 1e3),
                        100.0 * gop / (med / 1e3) / peaks[ti]);
                 fflush(stdout);
@@ -348,8 +349,8 @@ int main(int argc, char **argv) {
     }
     for (int i = 0; i < n_types; i++) {
         int type = -1;
-        g_r16 = !strcmp(types[i], "q8_0_r16");
-        if (g_r16) type = QTYPE_Q8_0;
+        g_r16 = !strcmp(types[i], "q8_0_r16") || !strcmp(types[i], "q4_0_r16");
+        if (g_r16) type = types[i][1] == '8' ? QTYPE_Q8_0 : QTYPE_Q4_0;
         for (int t = 0; t < QTYPE_COUNT && !g_r16; t++)
             if (qtype_get(t) && !strcmp(qtype_get(t)->name, types[i])) type = t;
         if (type < 0 || kern_act_bytes(type, 2048, 1) == 0) {

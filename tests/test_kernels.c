@@ -635,30 +635,31 @@ static void test_matmul_batch_invariance_case(ellm_isa isa, int type, int64_t co
     }
 }
 
-/* Q8_0 R16 (kernels.h): rows of a packed matrix read back as the original's;
- * this ISA's kernel gives the reference's bits (the same float operations in
- * the same order) for every batch size, row split and sub-batch, within the
- * plain Q8_0 reference's tolerance; shapes the layout cannot take are
- * refused and leave the destination alone. */
-static void test_matmul_q8_r16(ellm_isa isa) {
-    const char *in = ellm_isa_str(isa);
+/* R16 (kernels.h) of Q8_0 or Q4_0 (wt): rows of a packed matrix read back
+ * as the original's; this ISA's kernel gives the reference's bits (the same
+ * float operations in the same order) for every batch size, row split and
+ * sub-batch, within the file layout's reference tolerance; shapes and types
+ * the layout cannot take are refused and leave the destination alone. */
+static void test_matmul_r16(ellm_isa isa, int wt) {
+    char in[48];
+    snprintf(in, sizeof in, "%s %s", ellm_isa_str(isa), qtype_get(wt)->name);
     static const int64_t shapes[][2] = {{48, 96}, {64, 576}, {32, 1536}};
     static const int nbs[] = {1, 2, 3, 4, 5, 8, 9, 16, 17};
     for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
         const int64_t rows = shapes[si][0], cols = shapes[si][1];
-        const size_t rb = qtype_row_bytes(QTYPE_Q8_0, cols), wb = rb * (size_t)rows;
+        const size_t rb = qtype_row_bytes(wt, cols), wb = rb * (size_t)rows;
         char *W = xmalloc(wb), *P = xmalloc(wb), *P2 = xmalloc(wb);
-        make_weights(QTYPE_Q8_0, W, rows, cols);
-        CHECK(kern_q8_r16_pack(P, W, rows, cols) == 0, "[%s] r16 pack %lldx%lld", in, (long long)rows, (long long)cols);
+        make_weights(wt, W, rows, cols);
+        CHECK(kern_r16_pack(wt, P, W, rows, cols) == 0, "[%s] r16 pack %lldx%lld", in, (long long)rows, (long long)cols);
         memcpy(P2, W, wb);
-        CHECK(kern_q8_r16_pack(P2, P2, rows, cols) == 0 && memcmp(P, P2, wb) == 0,
+        CHECK(kern_r16_pack(wt, P2, P2, rows, cols) == 0 && memcmp(P, P2, wb) == 0,
               "[%s] r16 pack in place differs from a packed copy", in);
         CHECK(memcmp(P, W, wb) != 0, "[%s] r16 pack left the bytes as they were", in);
         float *f1 = xmalloc((size_t)cols * 4), *f2 = xmalloc((size_t)cols * 4);
         int bad_rows = 0;
         for (int64_t r = 0; r < rows; r++) {
-            kern_q8_r16_row(P, cols, r, f1);
-            qtype_dequantize_ref(QTYPE_Q8_0, W + (size_t)r * rb, f2, cols);
+            kern_r16_row(wt, P, cols, r, f1);
+            qtype_dequantize_ref(wt, W + (size_t)r * rb, f2, cols);
             bad_rows += memcmp(f1, f2, (size_t)cols * 4) != 0;
         }
         CHECK(bad_rows == 0, "[%s] r16 rows %lldx%lld: %d read back differently", in, (long long)rows,
@@ -667,39 +668,39 @@ static void test_matmul_q8_r16(ellm_isa isa) {
             const int nb = nbs[ni];
             float *X = xmalloc((size_t)(cols * nb) * 4);
             fill_gauss(X, cols * nb, 1.0f);
-            void *act = xmalloc(kern_act_bytes(QTYPE_Q8_0, cols, nb)), *act1 = xmalloc(kern_act_bytes(QTYPE_Q8_0, cols, 1));
-            kern_act_prepare(QTYPE_Q8_0, X, cols, nb, act);
+            void *act = xmalloc(kern_act_bytes(wt, cols, nb)), *act1 = xmalloc(kern_act_bytes(wt, cols, 1));
+            kern_act_prepare(wt, X, cols, nb, act);
             const size_t yb = (size_t)(rows * nb) * 4;
             float *Y = xmalloc(yb), *Yr = xmalloc(yb), *Ys = xmalloc(yb), *Yq = xmalloc(yb), *y1 = xmalloc((size_t)rows * 4);
             /* the layout's own activations: the rows of kern_act_prepare's */
-            const size_t ab = kern_act_bytes_q8_r16(cols, nb);
+            const size_t ab = kern_act_bytes_r16(cols, nb);
             void *actr = xmalloc(ab);
-            CHECK(ab > 0 && ab <= kern_act_bytes(QTYPE_Q8_0, cols, nb), "[%s] r16 act bytes %zu", in, ab);
-            kern_act_prepare_rows_q8_r16(X, cols, nb, 0, nb, actr);
+            CHECK(ab > 0 && ab <= kern_act_bytes(wt, cols, nb), "[%s] r16 act bytes %zu", in, ab);
+            kern_act_prepare_rows_r16(wt, X, cols, nb, 0, nb, actr);
             CHECK(memcmp(actr, act, ab) == 0, "[%s] r16 activations (nb=%d) are not kern_act_prepare's rows", in, nb);
-            kern_matmul_q8_r16(P, cols, 0, rows, actr, nb, Y, rows);
+            kern_matmul_r16(wt, P, cols, 0, rows, actr, nb, Y, rows);
             free(actr);
-            kern_matmul_q8_r16_ref(P, cols, 0, rows, act, nb, Yr, rows);
-            kern_matmul_ref(QTYPE_Q8_0, W, cols, 0, rows, act, nb, Yq, rows);
-            kern_matmul_q8_r16(P, cols, 16, rows, act, nb, Ys, rows);
-            kern_matmul_q8_r16(P, cols, 0, 16, act, nb, Ys, rows);
+            kern_matmul_r16_ref(wt, P, cols, 0, rows, act, nb, Yr, rows);
+            kern_matmul_ref(wt, W, cols, 0, rows, act, nb, Yq, rows);
+            kern_matmul_r16(wt, P, cols, 16, rows, act, nb, Ys, rows);
+            kern_matmul_r16(wt, P, cols, 0, 16, act, nb, Ys, rows);
             int d_ref = 0, d_split = 0, d_single = 0, d_tol = 0;
             for (int b = 0; b < nb; b++) {
-                kern_act_prepare(QTYPE_Q8_0, X + (int64_t)b * cols, cols, 1, act1);
-                kern_matmul_q8_r16(P, cols, 0, rows, act1, 1, y1, rows);
+                kern_act_prepare(wt, X + (int64_t)b * cols, cols, 1, act1);
+                kern_matmul_r16(wt, P, cols, 0, rows, act1, 1, y1, rows);
                 for (int64_t r = 0; r < rows; r++) {
                     const float got = Y[b * rows + r];
                     d_ref += memcmp(&got, &Yr[b * rows + r], 4) != 0;
                     d_split += memcmp(&got, &Ys[b * rows + r], 4) != 0;
                     d_single += memcmp(&got, &y1[r], 4) != 0;
-                    qtype_dequantize_ref(QTYPE_Q8_0, W + (size_t)r * rb, f2, cols);
+                    qtype_dequantize_ref(wt, W + (size_t)r * rb, f2, cols);
                     const double tol = 2e-6 * abs_dot(f2, X + (int64_t)b * cols, cols) + 1e-7;
                     d_tol += !(fabs((double)got - Yq[b * rows + r]) <= tol);
                 }
             }
             CHECK(d_ref == 0 && d_split == 0 && d_single == 0 && d_tol == 0,
                   "[%s] r16 matmul %lldx%lld nb=%d: %d differ from the reference's bits, %d by row split, %d from "
-                  "the row alone, %d beyond the Q8_0 reference's tolerance",
+                  "the row alone, %d beyond the file layout reference's tolerance",
                   in, (long long)rows, (long long)cols, nb, d_ref, d_split, d_single, d_tol);
             free(X);
             free(act);
@@ -717,14 +718,15 @@ static void test_matmul_q8_r16(ellm_isa isa) {
         free(P2);
     }
     /* shapes the layout cannot take */
-    char *W = xmalloc(qtype_row_bytes(QTYPE_Q8_0, 96) * 40), *P = xmalloc(qtype_row_bytes(QTYPE_Q8_0, 96) * 40);
-    make_weights(QTYPE_Q8_0, W, 40, 96);
-    memset(P, 0x5a, qtype_row_bytes(QTYPE_Q8_0, 96) * 40);
+    char *W = xmalloc(qtype_row_bytes(wt, 96) * 40), *P = xmalloc(qtype_row_bytes(wt, 96) * 40);
+    make_weights(wt, W, 40, 96);
+    memset(P, 0x5a, qtype_row_bytes(wt, 96) * 40);
     int untouched = 1;
-    CHECK(kern_q8_r16_pack(P, W, 40, 96) == -1, "[%s] r16 pack took 40 rows", in);
-    CHECK(kern_q8_r16_pack(P, W, 32, 80) == -1, "[%s] r16 pack took 80 columns", in);
-    CHECK(kern_q8_r16_pack(P, W, 0, 96) == -1, "[%s] r16 pack took 0 rows", in);
-    for (size_t i = 0; i < qtype_row_bytes(QTYPE_Q8_0, 96) * 40; i++) untouched &= (unsigned char)P[i] == 0x5a;
+    CHECK(kern_r16_pack(wt, P, W, 40, 96) == -1, "[%s] r16 pack took 40 rows", in);
+    CHECK(kern_r16_pack(wt, P, W, 32, 80) == -1, "[%s] r16 pack took 80 columns", in);
+    CHECK(kern_r16_pack(wt, P, W, 0, 96) == -1, "[%s] r16 pack took 0 rows", in);
+    CHECK(kern_r16_pack(QTYPE_Q4_1, P, W, 32, 96) == -1 && !kern_r16_type(QTYPE_Q4_1), "[%s] r16 pack took Q4_1", in);
+    for (size_t i = 0; i < qtype_row_bytes(wt, 96) * 40; i++) untouched &= (unsigned char)P[i] == 0x5a;
     CHECK(untouched, "[%s] a refused r16 pack wrote its destination", in);
     free(W);
     free(P);
@@ -1175,7 +1177,8 @@ int main(void) {
         test_matmul_int4_bits((ellm_isa)isa);
         test_matmul_q6k_bits((ellm_isa)isa);
         test_matmul_batch_invariance((ellm_isa)isa);
-        test_matmul_q8_r16((ellm_isa)isa);
+        test_matmul_r16((ellm_isa)isa, QTYPE_Q8_0);
+        test_matmul_r16((ellm_isa)isa, QTYPE_Q4_0);
         test_rowwise((ellm_isa)isa);
         test_logsumexp_vocab((ellm_isa)isa);
     }

@@ -523,8 +523,8 @@ static void test_layouts(void) {
     if (!p || !k) goto out;
     CHECK(model_content_hash(p) == model_content_hash(k), "content hash %016llx interleaved, %016llx file layout",
           (unsigned long long)model_content_hash(p), (unsigned long long)model_content_hash(k));
-    if (kern_q8_r16_fast())
-        CHECK(p->layers[0].wq.layout == MODEL_LAYOUT_Q8_R16 && k->layers[0].wq.layout == MODEL_LAYOUT_ROWS,
+    if (kern_r16_fast())
+        CHECK(p->layers[0].wq.layout == MODEL_LAYOUT_R16 && k->layers[0].wq.layout == MODEL_LAYOUT_ROWS,
               "layouts %d and %d", p->layers[0].wq.layout, k->layers[0].wq.layout);
     else
         SKIP("state across weight layouts: this CPU has no AVX-512 VNNI, both loads keep the file's layout");

@@ -145,7 +145,7 @@ typedef struct {
  * server) leaves its share to the others instead of holding them at the end
  * of the launch. Which thread computes a row does not change its bits. */
 #define MATMUL_CHUNKS_PER_THREAD 16
-/* Pieces of matrices in MODEL_LAYOUT_Q8_R16 are at least this many units:
+/* Pieces of matrices in MODEL_LAYOUT_R16 are at least this many units:
  * its batch kernel reads 2 groups of 16 rows per pass, and more passes per
  * call keep its prefetch of the next groups going. bench_batch, SmolLM2-135M
  * Q8_0, 2 threads, 8 alternated rounds: 4 units against 2, a 16-sequence
@@ -157,8 +157,9 @@ typedef struct {
 /* Rows [r0, r1) of matrix i of the job (and their copies, job->scatter). */
 static void matmul_piece_of(const matmul_job *job, int i, ptrdiff_t delta, int64_t r0, int64_t r1) {
     const model_matrix *w = job->w[i];
-    if (w->layout == MODEL_LAYOUT_Q8_R16)
-        kern_matmul_q8_r16((const char *)w->data + delta, w->cols, r0, r1, job->act[i], job->nb, job->y[i], job->ldy[i]);
+    if (w->layout == MODEL_LAYOUT_R16)
+        kern_matmul_r16(w->type, (const char *)w->data + delta, w->cols, r0, r1, job->act[i], job->nb, job->y[i],
+                        job->ldy[i]);
     else
         kern_matmul(w->type, (const char *)w->data + delta, w->cols, r0, r1, job->act[i], job->nb, job->y[i],
                     job->ldy[i]);
@@ -224,7 +225,7 @@ static void matmul_task(void *arg, int ith, int nth) {
     long chunk = units / ((long)nth * MATMUL_CHUNKS_PER_THREAD);
     if (chunk < 1) chunk = 1;
     /* the 16-row interleaved kernel takes pairs of groups at a time */
-    if (chunk < MATMUL_R16_MIN_UNITS && job->w[0]->layout == MODEL_LAYOUT_Q8_R16) chunk = MATMUL_R16_MIN_UNITS;
+    if (chunk < MATMUL_R16_MIN_UNITS && job->w[0]->layout == MODEL_LAYOUT_R16) chunk = MATMUL_R16_MIN_UNITS;
     if (nth <= MATMUL_PARTS) {
         /* Few activation rows: the launch streams the weights from memory;
          * one contiguous range per thread streams them fastest. More rows:
@@ -261,12 +262,12 @@ static void matmul_task(void *arg, int ith, int nth) {
 
 /* Bytes of nb rows prepared for w's kernels (w's type and layout). */
 static size_t act_bytes(const model_matrix *w, int nb) {
-    return w->layout == MODEL_LAYOUT_Q8_R16 ? kern_act_bytes_q8_r16(w->cols, nb) : kern_act_bytes(w->type, w->cols, nb);
+    return w->layout == MODEL_LAYOUT_R16 ? kern_act_bytes_r16(w->cols, nb) : kern_act_bytes(w->type, w->cols, nb);
 }
 
 /* Rows [t0, t1) of nb rows X prepared for w's kernels. */
 static void act_prepare_rows(const model_matrix *w, const float *X, int nb, int t0, int t1, void *act) {
-    if (w->layout == MODEL_LAYOUT_Q8_R16) kern_act_prepare_rows_q8_r16(X, w->cols, nb, t0, t1, act);
+    if (w->layout == MODEL_LAYOUT_R16) kern_act_prepare_rows_r16(w->type, X, w->cols, nb, t0, t1, act);
     else kern_act_prepare_rows(w->type, X, w->cols, nb, t0, t1, act);
 }
 

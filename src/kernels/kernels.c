@@ -608,12 +608,12 @@ void kern_act_prepare_rows(int wtype, const float *X, int64_t cols, int nb, int 
     act_prepare_rows(wtype, X, cols, nb, r0, r1, act, 1);
 }
 
-size_t kern_act_bytes_q8_r16(int64_t cols, int nb) {
+size_t kern_act_bytes_r16(int64_t cols, int nb) {
     return cols > 0 && cols % 32 == 0 && nb > 0 ? (size_t)nb * act_row_bytes(ACT_Q8, cols) : 0;
 }
 
-void kern_act_prepare_rows_q8_r16(const float *X, int64_t cols, int nb, int r0, int r1, void *act) {
-    act_prepare_rows(QTYPE_Q8_0, X, cols, nb, r0, r1, act, 0);
+void kern_act_prepare_rows_r16(int wtype, const float *X, int64_t cols, int nb, int r0, int r1, void *act) {
+    act_prepare_rows(wtype, X, cols, nb, r0, r1, act, 0);
 }
 
 /* Computes rows [r0, r1) of Y = W * X^T with the active ISA. */

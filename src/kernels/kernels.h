@@ -36,35 +36,37 @@ void kern_matmul(int wtype, const void *W, int64_t cols, int64_t r0, int64_t r1,
 void kern_matmul_ref(int wtype, const void *W, int64_t cols, int64_t r0, int64_t r1,
                      const void *act, int nb, float *Y, int64_t ldy);
 
-/* ---- Q8_0 weights interleaved by 16 rows ("Q8_0 R16") ---------------------
- * A Q8_0 matrix rewritten in place, same size, so that a 32-bit lane of a
- * vector load is one row (layout in q8_r16.c): the batched kernels then read
+/* ---- Q8_0 and Q4_0 weights interleaved by 16 rows ("R16") ---------------
+ * A Q8_0 or Q4_0 matrix rewritten, same size, so that a 32-bit lane of a
+ * vector load is one row (layouts in r16.c): the batched kernels then read
  * each weight vector once for all activation rows with no shuffles or
  * reductions. Every output sums its blocks in order with one FMA each, in
  * the reference and the AVX-512 kernel alike, so results do not depend on the
- * batch, on the split of rows or on the ISA. Activations are the Q8_0 ones
- * (kern_act_prepare with QTYPE_Q8_0). */
+ * batch, on the split of rows or on the ISA. Activations are those of the
+ * weight type (kern_act_prepare_rows_r16). */
+/* Whether weights of type wtype have the layout (Q8_0, Q4_0). */
+int kern_r16_type(int wtype);
 /* Whether the active ISA has a fast kernel for the layout (AVX-512 VNNI);
- * elsewhere kern_matmul_q8_r16 runs the reference. */
-int kern_q8_r16_fast(void);
-/* Writes rows x cols of Q8_0 from src to dst in the layout (rows a multiple
+ * elsewhere kern_matmul_r16 runs the reference. */
+int kern_r16_fast(void);
+/* Writes rows x cols of wtype from src to dst in the layout (rows a multiple
  * of 16, cols of 32; the same number of bytes; dst == src packs in place,
- * other overlaps are not allowed). Returns 0, or -1 for such a shape or out
- * of memory (dst unchanged). */
-int kern_q8_r16_pack(void *dst, const void *src, int64_t rows, int64_t cols);
+ * other overlaps are not allowed). Returns 0, or -1 for another type, such a
+ * shape or out of memory (dst unchanged). */
+int kern_r16_pack(int wtype, void *dst, const void *src, int64_t rows, int64_t cols);
 /* Row r of a packed matrix as floats: what kern_dequantize gave for the row
  * before packing. */
-void kern_q8_r16_row(const void *W, int64_t cols, int64_t r, float *dst);
+void kern_r16_row(int wtype, const void *W, int64_t cols, int64_t r, float *dst);
 /* kern_matmul for a packed matrix; r0 and r1 multiples of 16. */
-void kern_matmul_q8_r16(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act, int nb, float *Y,
-                        int64_t ldy);
-void kern_matmul_q8_r16_ref(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act, int nb,
-                            float *Y, int64_t ldy);
-/* What the layout's kernels read of kern_act_prepare(QTYPE_Q8_0, ...): the
- * rows, without the copy interleaved for the file layout's batch kernels
+void kern_matmul_r16(int wtype, const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act, int nb,
+                     float *Y, int64_t ldy);
+void kern_matmul_r16_ref(int wtype, const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act, int nb,
+                         float *Y, int64_t ldy);
+/* What the layout's kernels read of kern_act_prepare(wtype, ...): the rows,
+ * without the copy interleaved for the file layout's batch kernels
  * (kern_act_prepare_rows' rules for r0 and r1). */
-size_t kern_act_bytes_q8_r16(int64_t cols, int nb);
-void kern_act_prepare_rows_q8_r16(const float *X, int64_t cols, int nb, int r0, int r1, void *act);
+size_t kern_act_bytes_r16(int64_t cols, int nb);
+void kern_act_prepare_rows_r16(int wtype, const float *X, int64_t cols, int nb, int r0, int r1, void *act);
 
 /* Dequantizes n elements (a multiple of the block size) of type `type`. */
 void kern_dequantize(int type, const void *src, float *dst, int64_t n);

@@ -324,10 +324,10 @@ void kern_act_q8k_quads_avx512(void *act, int64_t cols, int nb, int q0, int q1);
 void kern_matmul_q8_quads_avx512(int wtype, const void *W, int64_t cols, int64_t r0, int64_t n4, const void *act,
                                  int nb, float *Y, int64_t ldy);
 
-/* Q8_0 R16 rows [r0, r1) (multiples of 16) against nb rows of ACT_Q8
- * activations (q8_r16_avx512.c; AVX-512 VNNI). */
-void kern_matmul_q8_r16_avx512(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act, int nb,
-                               float *Y, int64_t ldy);
+/* Q8_0 or Q4_0 (wtype) R16 rows [r0, r1) (multiples of 16) against nb rows
+ * of ACT_Q8 activations prepared for wtype (r16_avx512.c; AVX-512 VNNI). */
+void kern_matmul_r16_avx512(int wtype, const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act, int nb,
+                            float *Y, int64_t ldy);
 
 /* Q6_K or Q3_K (wtype) rows [r0, r0 + 4 * n4) against all nb rows of
  * ACT_Q8K activations prepared with quads (kq16_quads_avx512.c). */

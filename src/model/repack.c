@@ -1,5 +1,5 @@
-/* Q8_0 matrices rewritten at load into the layout the batched VNNI kernel
- * reads (kern_q8_r16_pack: 16 rows interleaved, the same bytes per group).
+/* Q8_0 and Q4_0 matrices rewritten at load into the layout the VNNI kernels
+ * read (kern_r16_pack: 16 rows interleaved, the same bytes per group).
  *
  * The bytes from the first to the last such matrix are written into new
  * anonymous memory (huge pages where the kernel gives them), the matrices
@@ -33,7 +33,7 @@
 enum { HUGE_PAGE = 2 << 20 };
 
 static int packable(const model_matrix *w) {
-    return w->data && w->type == QTYPE_Q8_0 && w->layout == MODEL_LAYOUT_ROWS && w->rows % 16 == 0 &&
+    return w->data && kern_r16_type(w->type) && w->layout == MODEL_LAYOUT_ROWS && w->rows % 16 == 0 &&
            w->cols % 32 == 0;
 }
 
@@ -70,7 +70,7 @@ static void *pack_run(void *arg) {
     for (int i = t->i0; i < t->i1; i++) {
         const uintptr_t p = (uintptr_t)list[i]->data;
         memcpy(t->dst + (at - t->a), (const void *)at, p - at);
-        t->done += kern_q8_r16_pack(t->dst + (p - t->a), list[i]->data, list[i]->rows, list[i]->cols) == 0;
+        t->done += kern_r16_pack(list[i]->type, t->dst + (p - t->a), list[i]->data, list[i]->rows, list[i]->cols) == 0;
         at = end_of(list[i]);
     }
     if (t->last) memcpy(t->dst + (at - t->a), (const void *)at, t->b - at);
@@ -116,7 +116,7 @@ static int pack_all(model_matrix *const *list, int n) {
 }
 
 void model_repack_weights(ellm_model *m, const ellm_model_params *params) {
-    if ((params && params->keep_layout) || !gguf_is_mapped(m->file) || !kern_q8_r16_fast()) return;
+    if ((params && params->keep_layout) || !gguf_is_mapped(m->file) || !kern_r16_fast()) return;
     model_matrix **list = malloc(((size_t)m->cfg.n_layer * 7 + 1) * sizeof *list);
     if (!list) return;
     int n = 0;
@@ -137,7 +137,7 @@ void model_repack_weights(ellm_model *m, const ellm_model_params *params) {
     for (int i = 1; i < n && disjoint; i++) disjoint = (uintptr_t)list[i]->data >= end_of(list[i - 1]);
     const uint64_t hash = disjoint ? model_file_hash(m->file) : 0; /* the file's bytes, before they change */
     if (disjoint && pack_all(list, n)) {
-        for (int i = 0; i < n; i++) list[i]->layout = MODEL_LAYOUT_Q8_R16;
+        for (int i = 0; i < n; i++) list[i]->layout = MODEL_LAYOUT_R16;
         /* the same matrix under another name: tied embeddings (the lookups read the packed bytes) */
         if (m->tok_embd.data == m->output.data) m->tok_embd.layout = m->output.layout;
         m->n_repacked = n;
@@ -147,6 +147,6 @@ void model_repack_weights(ellm_model *m, const ellm_model_params *params) {
 }
 
 void model_matrix_row(const model_matrix *w, int64_t r, float *dst) {
-    if (w->layout == MODEL_LAYOUT_Q8_R16) kern_q8_r16_row(w->data, w->cols, r, dst);
+    if (w->layout == MODEL_LAYOUT_R16) kern_r16_row(w->type, w->data, w->cols, r, dst);
     else kern_dequantize(w->type, (const char *)w->data + (size_t)r * w->row_bytes, dst, w->cols);
 }

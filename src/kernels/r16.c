@@ -1,0 +1,143 @@
+/* Q8_0 and Q4_0 weights interleaved by 16 rows (kernels.h, "R16"): the
+ * layouts, their packer, row reader and scalar reference, and the dispatch.
+ *
+ * Group g (rows 16g .. 16g + 15) takes the bytes its 16 rows take in the
+ * file's layout, block after block; block k of the group is one record:
+ *
+ *   Q8_0, 544 bytes:
+ *     f16 d[16]          row i's scale of block k
+ *     uint8 q[8][16][4]  q[j][i] = elements 4j .. 4j + 3 of row i, each + 128
+ *   Q4_0, 288 bytes:
+ *     f16 d[16]
+ *     uint8 q[4][16][4]  q[j][i] = bytes 4j .. 4j + 3 of row i's block: low
+ *                        nibbles elements 4j .. 4j + 3, high nibbles
+ *                        16 + 4j .. 16 + 4j + 3, each + 8 (as in the file)
+ *
+ * so vector j of a record is a dword of the block for 16 rows, one row per
+ * 32-bit lane (for Q4_0 after splitting the nibbles): a vpdpbusd against one
+ * broadcast activation dword makes 16 outputs' partial dots with no
+ * reduction across lanes, and one weight vector serves every activation row
+ * of a batch.
+ *
+ * Every output accumulates its blocks in order, one fused multiply-add each:
+ *
+ *   isum = sum_i w_i * a_i                    (exact int32)
+ *   s    = fma((float)isum, dw * da, s)       (k = 0, 1, ...)
+ *
+ * which is what this reference computes and what the AVX-512 kernel
+ * computes, for any number of activation rows: a row of a batch equals the
+ * same row alone, and both equal the reference, bit for bit. */
+#include "core/cpu.h"
+#include "kernels/kernels.h"
+#include "kernels/kernels_impl.h"
+#include "kernels/quant.h"
+
+#include <assert.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { R16_ROWS = 16 };
+
+int kern_r16_type(int wtype) { return wtype == QTYPE_Q8_0 || wtype == QTYPE_Q4_0; }
+
+int kern_r16_fast(void) { return ellm_cpu_isa() == ELLM_ISA_AVX512 && ellm_cpu()->avx512vnni; }
+
+/* Bytes of a record: 16 scales and 16 rows' quants of one block. */
+static size_t rec_bytes(int wtype) { return wtype == QTYPE_Q4_0 ? 32 + 4 * 64 : 32 + 8 * 64; }
+
+/* Row bytes of the file's layout, which a group keeps. */
+static size_t file_row_bytes(int wtype, int64_t nblk) {
+    return (size_t)nblk * (wtype == QTYPE_Q4_0 ? sizeof(block_q4_0) : sizeof(block_q8_0));
+}
+
+/* Writes block k of row i (file layout at b) into its record. */
+static void pack_block(int wtype, uint8_t *rec, int i, const uint8_t *b) {
+    memcpy(rec + 2 * i, b, 2); /* both blocks start with their f16 scale */
+    if (wtype == QTYPE_Q4_0) {
+        const block_q4_0 *q = (const block_q4_0 *)b;
+        for (int j = 0; j < 4; j++) memcpy(rec + 32 + 64 * j + 4 * i, q->qs + 4 * j, 4);
+        return;
+    }
+    const block_q8_0 *q = (const block_q8_0 *)b;
+    for (int j = 0; j < 8; j++) { /* 4 values + 128 each: the sign bits flipped */
+        uint32_t v;
+        memcpy(&v, q->qs + 4 * j, 4);
+        v ^= 0x80808080u;
+        memcpy(rec + 32 + 64 * j + 4 * i, &v, 4);
+    }
+}
+
+int kern_r16_pack(int wtype, void *dst, const void *src, int64_t rows, int64_t cols) {
+    if (!kern_r16_type(wtype) || rows <= 0 || rows % R16_ROWS || cols <= 0 || cols % 32) return -1;
+    const int64_t nblk = cols / 32;
+    const size_t rb = file_row_bytes(wtype, nblk), blk = rb / (size_t)nblk, rec = rec_bytes(wtype);
+    uint8_t *tmp = dst == src ? malloc(R16_ROWS * rb) : NULL;
+    if (dst == src && !tmp) return -1;
+    for (int64_t g = 0; g < rows / R16_ROWS; g++) {
+        uint8_t *grp = (uint8_t *)dst + (size_t)g * R16_ROWS * rb;
+        const uint8_t *in = (const uint8_t *)src + (size_t)g * R16_ROWS * rb;
+        if (tmp) in = memcpy(tmp, grp, R16_ROWS * rb);
+        for (int64_t k = 0; k < nblk; k++)
+            for (int i = 0; i < R16_ROWS; i++) pack_block(wtype, grp + (size_t)k * rec, i, in + (size_t)i * rb + (size_t)k * blk);
+    }
+    free(tmp);
+    return 0;
+}
+
+/* Record of block k of the group of row r. */
+static const uint8_t *r16_rec(int wtype, const void *W, int64_t nblk, int64_t r, int64_t k) {
+    return (const uint8_t *)W + ((size_t)(r / R16_ROWS) * (size_t)nblk + (size_t)k) * rec_bytes(wtype);
+}
+
+/* Element e (0..31) of row i's block in record rec, without the scale. */
+static int r16_value(int wtype, const uint8_t *rec, int i, int e) {
+    if (wtype == QTYPE_Q4_0) {
+        const uint8_t b = rec[32 + 64 * ((e & 15) >> 2) + 4 * i + (e & 3)];
+        return (e < 16 ? b & 15 : b >> 4) - 8;
+    }
+    return (int)rec[32 + 64 * (e >> 2) + 4 * i + (e & 3)] - 128;
+}
+
+static float r16_scale(const uint8_t *rec, int i) {
+    ellm_f16 h;
+    memcpy(&h, rec + 2 * i, 2);
+    return ellm_f16_to_f32(h);
+}
+
+void kern_r16_row(int wtype, const void *W, int64_t cols, int64_t r, float *dst) {
+    const int64_t nblk = cols / 32;
+    const int i = (int)(r % R16_ROWS);
+    for (int64_t k = 0; k < nblk; k++) {
+        const uint8_t *rec = r16_rec(wtype, W, nblk, r, k);
+        const float d = r16_scale(rec, i);
+        for (int e = 0; e < 32; e++) dst[32 * k + e] = d * (float)r16_value(wtype, rec, i, e);
+    }
+}
+
+void kern_matmul_r16_ref(int wtype, const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act, int nb,
+                         float *Y, int64_t ldy) {
+    const int64_t nblk = cols / 32;
+    for (int64_t r = r0; r < r1; r++) {
+        const int i = (int)(r % R16_ROWS);
+        for (int b = 0; b < nb; b++) {
+            const act_row a = act_get_row(ACT_Q8, act, cols, b);
+            float s = 0;
+            for (int64_t k = 0; k < nblk; k++) {
+                const uint8_t *rec = r16_rec(wtype, W, nblk, r, k);
+                int32_t isum = 0;
+                for (int e = 0; e < 32; e++) isum += r16_value(wtype, rec, i, e) * a.qs[act_q8_qs(k, e)];
+                s = fmaf((float)isum, r16_scale(rec, i) * a.d[act_q8_slot(k)], s);
+            }
+            Y[(int64_t)b * ldy + r] = s;
+        }
+    }
+}
+
+void kern_matmul_r16(int wtype, const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act, int nb,
+                     float *Y, int64_t ldy) {
+    assert(kern_r16_type(wtype) && r0 % R16_ROWS == 0 && r1 % R16_ROWS == 0 && cols % 32 == 0);
+    if (r1 <= r0 || nb <= 0) return;
+    if (kern_r16_fast()) kern_matmul_r16_avx512(wtype, W, cols, r0, r1, act, nb, Y, ldy);
+    else kern_matmul_r16_ref(wtype, W, cols, r0, r1, act, nb, Y, ldy);
+}
