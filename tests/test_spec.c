@@ -9,6 +9,9 @@
 #include "ellm.h"
 #include "harness.h"
 #include "engine/sampler.h"
+#include "kernels/kernels.h"
+#include "kernels/quant.h"
+#include "model/model.h"
 #include "spec/draft_map.h"
 #include "spec/draft_model.h"
 #include "spec/spec.h"
@@ -484,6 +487,69 @@ static ellm_status quant_copy(const char *path, draft_quant_info *info, unsigned
     return st;
 }
 
+/* The quant:q4_0 copy in the 16-row interleaved layout where the CPU has its
+ * kernel, as the model's own Q4_0 matrices would be; in the plain layout when
+ * the model was loaded with keep_layout. Both copies' rows read back alike,
+ * whether made in memory or loaded from the cache file (which holds the plain
+ * layout). */
+static void test_quant_layout(void) {
+    char model[300], cache[340];
+    snprintf(model, sizeof model, "%s/layout-test.gguf", g_dir);
+    snprintf(cache, sizeof cache, "%s.q4_0.ellm-draft", model);
+    size_t n = 0;
+    char *bytes = test_read_file(EVALMODEL, &n);
+    CHECK(bytes && write_file(model, bytes, n) == 0, "copy the model to %s", model);
+    free(bytes);
+    unlink(cache);
+    for (int from_cache = 0; from_cache < 2; from_cache++) {
+        ellm_model *m = NULL, *k = NULL;
+        const ellm_model *q = NULL, *qk = NULL;
+        ellm_error err;
+        ellm_model_params kp = {.keep_layout = 1};
+        draft_quant_info info;
+        if (ellm_model_load(model, NULL, &m, &err) != ELLM_OK || ellm_model_load(model, &kp, &k, &err) != ELLM_OK ||
+            draft_model_quant(m, QTYPE_Q4_0, &q, &info, &err) != ELLM_OK ||
+            draft_model_quant(k, QTYPE_Q4_0, &qk, NULL, &err) != ELLM_OK) {
+            CHECK(0, "quant copies of %s: %s", model, err.msg);
+            ellm_model_free(m);
+            ellm_model_free(k);
+            break;
+        }
+        CHECK(info.state == (from_cache ? DRAFT_CACHE_LOADED : DRAFT_CACHE_SAVED), "copy %d: cache state %d", from_cache,
+              info.state);
+        int packed = 0, kept = 0, total = 0;
+        long rows_differ = 0;
+        float *ra = malloc((size_t)m->cfg.n_ff * 4 + (size_t)m->cfg.n_embd * 4), *rb = malloc((size_t)m->cfg.n_ff * 4 + (size_t)m->cfg.n_embd * 4);
+        for (int l = 0; l < m->cfg.n_layer; l++) {
+            const model_layer *A = &q->layers[l], *B = &qk->layers[l];
+            const model_matrix *a[7] = {&A->wq, &A->wk, &A->wv, &A->wo, &A->w_gate, &A->w_up, &A->w_down};
+            const model_matrix *b[7] = {&B->wq, &B->wk, &B->wv, &B->wo, &B->w_gate, &B->w_up, &B->w_down};
+            for (int i = 0; i < 7; i++, total++) {
+                packed += a[i]->layout == MODEL_LAYOUT_R16;
+                kept += b[i]->layout == MODEL_LAYOUT_ROWS && b[i]->type == QTYPE_Q4_0;
+                for (int64_t r = 0; r < a[i]->rows; r++) {
+                    model_matrix_row(a[i], r, ra);
+                    model_matrix_row(b[i], r, rb);
+                    rows_differ += memcmp(ra, rb, (size_t)a[i]->cols * 4) != 0;
+                }
+            }
+        }
+        free(ra);
+        free(rb);
+        CHECK(kept == total, "copy %d with keep_layout: %d of %d matrices plain Q4_0", from_cache, kept, total);
+        CHECK(rows_differ == 0, "copy %d: %ld rows read back differently in the two layouts", from_cache, rows_differ);
+        if (kern_r16_fast())
+            CHECK(packed == total && q->output.layout == MODEL_LAYOUT_R16, "copy %d: %d of %d matrices interleaved",
+                  from_cache, packed, total);
+        else
+            SKIP("quant copy interleaving: this CPU has no AVX-512 VNNI");
+        ellm_model_free(m);
+        ellm_model_free(k);
+    }
+    unlink(cache);
+    unlink(model);
+}
+
 /* The low-bit copy's cache: made beside the model, reused, rebuilt when the
  * model file changed or the cache is torn; beside an unwritable folder it goes
  * to $XDG_CACHE_HOME/ellm, and with no writable place at all to memory. */
@@ -713,6 +779,7 @@ int main(void) {
     test_choose_length();
     test_errors();
     test_quant_cache();
+    test_quant_layout();
     if (prompt && n_prompt >= 200) {
         test_rollback(prompt, n_prompt);
         char map[320];

@@ -116,7 +116,8 @@ static int pack_all(model_matrix *const *list, int n) {
 }
 
 void model_repack_weights(ellm_model *m, const ellm_model_params *params) {
-    if ((params && params->keep_layout) || !gguf_is_mapped(m->file) || !kern_r16_fast()) return;
+    m->keep_layout = params && params->keep_layout;
+    if (m->keep_layout || !gguf_is_mapped(m->file) || !kern_r16_fast()) return;
     model_matrix **list = malloc(((size_t)m->cfg.n_layer * 7 + 1) * sizeof *list);
     if (!list) return;
     int n = 0;
