@@ -52,7 +52,7 @@ static void run_usage(FILE *f) {
             "                         interleave (pages spread over the nodes)\n"
             "  --mlock                lock the weights in memory\n"
             "  --keep-layout          read the weights in the file's layout, shared with the page\n"
-            "                         cache (default: Q8_0 matrices interleaved at load on CPUs\n"
+            "                         cache (default: Q8_0, Q4_0 matrices interleaved at load on CPUs\n"
             "                         with AVX-512 VNNI, for faster batches: prompts, --spec)\n"
             "long generations:\n"
             "  --ctx-overflow stop|shift  at the end of the context (-c / --kv-cache-gb):\n"

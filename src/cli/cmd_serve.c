@@ -46,7 +46,7 @@ static void serve_usage(FILE *f) {
             "  --slot-save-path DIR   folder for POST /slots/{id}?action=save|restore {\"filename\": ...}\n"
             "  --numa-aware           weight rows on the NUMA node whose threads read them\n"
             "  --keep-layout          read the weights in the file's layout, shared with the page\n"
-            "                         cache (default: Q8_0 matrices interleaved at load on CPUs\n"
+            "                         cache (default: Q8_0, Q4_0 matrices interleaved at load on CPUs\n"
             "                         with AVX-512 VNNI, for faster batched steps)\n"
             "                         (as `ellm run --numa distribute`)\n"
             "beyond one machine (mpirun -np R ellm serve --mpi ...):\n"
