@@ -172,7 +172,9 @@ def measure_logits():
         run(["make", "-C", ROOT, "-j2", "build/tests/test_model"])
     rows = []
     for line in run([exe], cwd=ROOT).splitlines():
-        if "max|d|/max|ref|" not in line:
+        # the reference-logit lines ("NAME kv=TYPE threads=N max|d|/max|ref| = ...");
+        # test_model also prints layout-to-layout comparisons, which have no kv=
+        if "max|d|/max|ref|" not in line or "kv=" not in line:
             continue
         name = line.split()[0]
         kv = line.split("kv=")[1].split()[0]

@@ -36,13 +36,10 @@ INLINE __m512i bcast32(const int8_t *p) {
     return _mm512_set1_epi32(v);
 }
 
-/* The 16 rows' weights of dword j (0..7) of a record: Q8_0's vector j, or
- * for Q4_0 the low (j < 4) or high nibbles of vector j & 3, already loaded
- * into v. */
-INLINE __m512i nibbles(__m512i v, int j) {
-    const __m512i m = _mm512_set1_epi8(15);
-    return j < 4 ? _mm512_and_si512(v, m) : _mm512_and_si512(_mm512_srli_epi16(v, 4), m);
-}
+/* A Q4_0 record's vector j as two: its low nibbles (16 rows' dword j) and
+ * its high nibbles (dword j + 4). */
+INLINE __m512i low_nibbles(__m512i v) { return _mm512_and_si512(v, _mm512_set1_epi8(15)); }
+INLINE __m512i high_nibbles(__m512i v) { return _mm512_and_si512(_mm512_srli_epi16(v, 4), _mm512_set1_epi8(15)); }
 
 /* Offset in the activation row's qs of dword j of block k, whose group of 4
  * blocks starts at q0 (act_q8_qs). */
@@ -81,7 +78,7 @@ INLINE void r16_pass(const uint8_t *gw, size_t gs, int64_t nblk, const act_row *
 #pragma GCC unroll 8
                 for (int g = 0; g < NG; g++) {
                     const __m512i v = _mm512_loadu_si512(rec + (size_t)g * gs + 32 + 64 * j);
-                    const __m512i lo = nibbles(v, 0), hi = nibbles(v, 4);
+                    const __m512i lo = low_nibbles(v), hi = high_nibbles(v);
 #pragma GCC unroll 8
                     for (int r = 0; r < NR; r++) {
                         acc[r][g] = _mm512_dpbusd_epi32(acc[r][g], lo, xl[r]);
@@ -141,8 +138,8 @@ INLINE void r16_row(const uint8_t *w, int64_t ng, int64_t nblk, const act_row *a
 #pragma GCC unroll 4
             for (int j = 0; j < 4; j++) {
                 const __m512i v = _mm512_loadu_si512(w + 32 + 64 * j);
-                acc = _mm512_dpbusd_epi32(acc, nibbles(v, 0), bcast32(a->qs + act_dword(q0, j)));
-                acc = _mm512_dpbusd_epi32(acc, nibbles(v, 4), bcast32(a->qs + act_dword(q0, j + 4)));
+                acc = _mm512_dpbusd_epi32(acc, low_nibbles(v), bcast32(a->qs + act_dword(q0, j)));
+                acc = _mm512_dpbusd_epi32(acc, high_nibbles(v), bcast32(a->qs + act_dword(q0, j + 4)));
             }
         } else {
 #pragma GCC unroll 8
