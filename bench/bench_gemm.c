@@ -103,6 +103,12 @@ static const model_shape SHAPES[] = {{"135m", 576, 192, 1536, 49152}, {"1b", 204
 static int g_each = 0; /* -s: each matrix shape alone, the output matrix too */
 static int g_r16 = 0;  /* types q8_0_r16, q4_0_r16: weights packed 16 rows to a vector (kern_r16_pack) */
 
+/* The type's name as given on the command line (with _r16 when packed). */
+static const char *type_label(int type) {
+    if (!g_r16) return qtype_get(type)->name;
+    return type == QTYPE_Q8_0 ? "q8_0_r16" : "q4_0_r16";
+}
+
 /* One launch: up to 3 matrices with the same input, rows split as one. */
 typedef struct {
     int n;
@@ -220,7 +226,7 @@ static void bench_layer(int type, const model_shape *s, const int *nbs, int n_nb
             double gops_cpu = gop / (bench_median(tc, reps) / 1e3);
             printf("%-9s %-4s %-6s nb=%-4d t=%d  %8.3f ms/layer  prep %5.1f%%  %7.1f GOP/s (best %7.1f)  %5.1f%% of VNNI "
                    "peak  %6.2f GB/s weights  cpu %7.1f GOP/s (thread 0)\n",
-                   g_r16 ? (type == QTYPE_Q8_0 ? "q8_0_r16" : "q4_0_r16") : qtype_get(type)->name, s->name, ellm_isa_str(ellm_cpu_isa()), nb, ths[ti], med / nc,
+                   type_label(type), s->name, ellm_isa_str(ellm_cpu_isa()), nb, ths[ti], med / nc,
                    100.0 * medp / med, gops, gops_best, 100.0 * gops / peaks[ti],
                    (double)layer_bytes * nc / 1e9 / (med / 1e3), gops_cpu);
             fflush(stdout);
@@ -282,7 +288,7 @@ static void bench_each(int type, const model_shape *s, const int *nbs, int n_nbs
                 double med = bench_median(t, reps), gop = 2.0 * (double)mr[mi] * (double)mc[mi] * nb / 1e9;
                 printf("%-9s %-4s %-6s %5lldx%-6lld nb=%-4d t=%d  %8.3f ms  %7.1f GOP/s (best %7.1f)  %5.1f%% of VNNI "
                        "peak\n",
-                       g_r16 ? (type == QTYPE_Q8_0 ? "q8_0_r16" : "q4_0_r16") : qtype_get(type)->name, s->name, ellm_isa_str(ellm_cpu_isa()), (long long)mc[mi],
+                       type_label(type), s->name, ellm_isa_str(ellm_cpu_isa()), (long long)mc[mi],
                        (long long)mr[mi], nb, ths[ti], med, gop / (med / 1e3), gop / (best / 1e3),
                        100.0 * gop / (med / 1e3) / peaks[ti]);
                 fflush(stdout);

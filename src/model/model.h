@@ -132,6 +132,21 @@ void model_rope_cos_sin(const ellm_model *m, int pos, float *cs);
  * and sets m->n_repacked (taking m->repacked_hash first). Never fails: when
  * it cannot rewrite them all, none is rewritten. */
 void model_repack_weights(ellm_model *m, const ellm_model_params *params);
+/* Writes to list (room for 7 per layer + 1) the matrices that can be
+ * rewritten into MODEL_LAYOUT_R16 (a type with the layout, whole groups of 16
+ * rows, not rewritten yet) and pass `take` (NULL: all), by launch: per layer
+ * Q/K/V, O, gate/up, down, then the output. A launch splits its matrices'
+ * concatenated rows in 16-row units, so it is taken whole or not at all.
+ * Returns how many. */
+int model_r16_candidates(ellm_model *m, int (*take)(const model_matrix *w, void *arg), void *arg,
+                         model_matrix **list);
+/* Rewrites the n matrices of list (model_r16_candidates) (reordered by address) into
+ * MODEL_LAYOUT_R16 where the CPU has the kernel: the pages from the first
+ * matrix's to the last one's are replaced, at the same addresses, by
+ * read-only huge-page memory holding the same bytes with the matrices packed
+ * (so they must hold nothing else that is written later). Returns n, or 0
+ * with nothing changed (no kernel, overlapping matrices, out of memory). */
+int model_pack_r16(model_matrix **list, int n);
 /* FNV-1a 64 of a GGUF file's metadata (header, keys, tensor directory:
  * everything before the first tensor's data), which says what the model is,
  * and of 64 samples of 256 bytes spread over the tensor data, which tell apart

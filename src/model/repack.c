@@ -32,20 +32,8 @@
 
 enum { HUGE_PAGE = 2 << 20 };
 
-static int packable(const model_matrix *w) {
-    return w->data && kern_r16_type(w->type) && w->layout == MODEL_LAYOUT_ROWS && w->rows % 16 == 0 &&
-           w->cols % 32 == 0;
-}
-
 /* One past a matrix's last byte. */
 static uintptr_t end_of(const model_matrix *w) { return (uintptr_t)w->data + (size_t)w->rows * w->row_bytes; }
-
-/* Adds w[0 .. n) to the list if all of them can be packed. */
-static void take_group(model_matrix *const *w, int n, model_matrix **list, int *count) {
-    for (int i = 0; i < n; i++)
-        if (!packable(w[i])) return;
-    for (int i = 0; i < n; i++) list[(*count)++] = w[i];
-}
 
 static int by_address(const void *x, const void *y) {
     const uintptr_t p = (uintptr_t)(*(model_matrix *const *)x)->data, q = (uintptr_t)(*(model_matrix *const *)y)->data;
@@ -115,30 +103,53 @@ static int pack_all(model_matrix *const *list, int n) {
     return 1;
 }
 
-void model_repack_weights(ellm_model *m, const ellm_model_params *params) {
-    m->keep_layout = params && params->keep_layout;
-    if (m->keep_layout || !gguf_is_mapped(m->file) || !kern_r16_fast()) return;
-    model_matrix **list = malloc(((size_t)m->cfg.n_layer * 7 + 1) * sizeof *list);
-    if (!list) return;
+int model_pack_r16(model_matrix **list, int n) {
+    if (n <= 0 || !kern_r16_fast()) return 0;
+    /* in address order; a matrix bound twice (or overlapping another): nothing is packed */
+    qsort(list, (size_t)n, sizeof *list, by_address);
+    for (int i = 1; i < n; i++)
+        if ((uintptr_t)list[i]->data < end_of(list[i - 1])) return 0;
+    if (!pack_all(list, n)) return 0;
+    for (int i = 0; i < n; i++) list[i]->layout = MODEL_LAYOUT_R16;
+    return n;
+}
+
+/* Adds w[0 .. n) (one launch's matrices) to list if all of them can be
+ * packed and pass `take`. */
+static void take_launch(model_matrix *const *w, int n, int (*take)(const model_matrix *, void *), void *arg,
+                        model_matrix **list, int *count) {
+    for (int i = 0; i < n; i++)
+        if (!w[i]->data || !kern_r16_type(w[i]->type) || w[i]->layout != MODEL_LAYOUT_ROWS || w[i]->rows % 16 ||
+            w[i]->cols % 32 || (take && !take(w[i], arg)))
+            return;
+    for (int i = 0; i < n; i++) list[(*count)++] = w[i];
+}
+
+int model_r16_candidates(ellm_model *m, int (*take)(const model_matrix *w, void *arg), void *arg,
+                         model_matrix **list) {
     int n = 0;
     for (int l = 0; l < m->cfg.n_layer; l++) {
         model_layer *L = &m->layers[l];
         model_matrix *qkv[3] = {&L->wq, &L->wk, &L->wv}, *gu[2] = {&L->w_gate, &L->w_up};
         model_matrix *o[1] = {&L->wo}, *down[1] = {&L->w_down};
-        take_group(qkv, 3, list, &n);
-        take_group(gu, 2, list, &n);
-        take_group(o, 1, list, &n);
-        take_group(down, 1, list, &n);
+        take_launch(qkv, 3, take, arg, list, &n);
+        take_launch(o, 1, take, arg, list, &n);
+        take_launch(gu, 2, take, arg, list, &n);
+        take_launch(down, 1, take, arg, list, &n);
     }
     model_matrix *out[1] = {&m->output};
-    take_group(out, 1, list, &n);
-    /* in file order; a matrix bound twice (or overlapping another): nothing is packed */
-    qsort(list, (size_t)n, sizeof *list, by_address);
-    int disjoint = n > 0;
-    for (int i = 1; i < n && disjoint; i++) disjoint = (uintptr_t)list[i]->data >= end_of(list[i - 1]);
-    const uint64_t hash = disjoint ? model_file_hash(m->file) : 0; /* the file's bytes, before they change */
-    if (disjoint && pack_all(list, n)) {
-        for (int i = 0; i < n; i++) list[i]->layout = MODEL_LAYOUT_R16;
+    take_launch(out, 1, take, arg, list, &n);
+    return n;
+}
+
+void model_repack_weights(ellm_model *m, const ellm_model_params *params) {
+    m->keep_layout = params && params->keep_layout;
+    if (m->keep_layout || !gguf_is_mapped(m->file) || !kern_r16_fast()) return;
+    model_matrix **list = malloc(((size_t)m->cfg.n_layer * 7 + 1) * sizeof *list);
+    if (!list) return;
+    const int n = model_r16_candidates(m, NULL, NULL, list);
+    const uint64_t hash = n ? model_file_hash(m->file) : 0; /* the file's bytes, before they change */
+    if (model_pack_r16(list, n)) {
         /* the same matrix under another name: tied embeddings (the lookups read the packed bytes) */
         if (m->tok_embd.data == m->output.data) m->tok_embd.layout = m->output.layout;
         m->n_repacked = n;

@@ -44,9 +44,7 @@ typedef struct {
 typedef struct {
     ellm_model m;
     model_layer *layers;  /* m.layers: the base's, with matrices replaced */
-    void *mem;            /* payload requantized in memory (or copied from the cache file), or NULL */
-    size_t payload_bytes; /* of mem */
-    void *map;            /* or the cache file mapped (map_bytes) */
+    void *map;            /* the payload's mapping (map_bytes): the cache file, or memory it was requantized into */
     size_t map_bytes;
     float *draft_map;     /* shallow: the (d, d) map, or NULL */
     draft_quant_info info; /* quant: where the copy came from */
@@ -55,7 +53,6 @@ typedef struct {
 static void draft_copy_free(ellm_model *m) {
     draft_copy *c = (draft_copy *)m;
     free(c->layers);
-    free(c->mem);
     if (c->map) munmap(c->map, c->map_bytes);
     free(c->draft_map);
     free(c);
@@ -163,40 +160,27 @@ static void bind_payload(draft_copy *c, const ellm_model *base, int type, const 
     (void)base;
 }
 
-/* Packs the n matrices w (a launch's) if all of them are c's own at `type`
- * with whole groups of 16 rows; else none. */
-static void pack_group(draft_copy *c, model_matrix *const *w, int n, int type) {
-    const char *lo = c->mem, *hi = lo + c->payload_bytes;
-    for (int i = 0; i < n; i++)
-        if (w[i]->type != type || (const char *)w[i]->data < lo || (const char *)w[i]->data >= hi ||
-            w[i]->rows % 16 || w[i]->cols % 32)
-            return;
-    for (int i = 0; i < n; i++)
-        if (kern_r16_pack(type, (void *)w[i]->data, w[i]->data, w[i]->rows, w[i]->cols) == 0)
-            w[i]->layout = MODEL_LAYOUT_R16;
+/* Whether w lies in the payload [p[0], p[1]): the copy's own, not borrowed
+ * from the base. */
+static int in_payload(const model_matrix *w, void *arg) {
+    const char *const *p = arg;
+    return (const char *)w->data >= p[0] && (const char *)w->data < p[1];
 }
 
-/* Rewrites c's matrices that point into its own memory c->mem in the
- * 16-row interleaved layout (kern_r16_pack, in place), as a model load does
- * with the file's (model/repack.c): where the CPU has the layout's kernel,
- * unless the base model kept its file's layout, and a launch's matrices
- * (Q/K/V, gate/up) together or not at all. The cache file keeps the plain
- * layout, which every CPU reads. bench_gemm, Llama-3.2-1B-shaped Q4_0 layer,
- * 2 threads, one row: 0.38 ms against 0.47 in the plain layout (3 runs,
+/* Rewrites c's own matrices (in the payload at p, bytes long) in the 16-row
+ * interleaved layout as a model load does with the file's (model_pack_r16:
+ * the payload's pages replaced by packed huge-page memory), unless the base
+ * model kept its file's layout. The cache file keeps the plain layout, which
+ * every CPU reads. bench_gemm, Llama-3.2-1B-shaped Q4_0 layer, 2 threads,
+ * one row: 0.38 ms against 0.47 in the plain layout (3 runs,
  * bench/KQUANT.md). */
-static void pack_own(draft_copy *c, const ellm_model *base, int type) {
-    if (!c->mem || base->keep_layout || !kern_r16_fast() || !kern_r16_type(type)) return;
-    for (int l = 0; l < c->m.cfg.n_layer; l++) {
-        model_layer *L = &c->layers[l];
-        model_matrix *qkv[3] = {&L->wq, &L->wk, &L->wv}, *gu[2] = {&L->w_gate, &L->w_up};
-        model_matrix *o[1] = {&L->wo}, *down[1] = {&L->w_down};
-        pack_group(c, qkv, 3, type);
-        pack_group(c, o, 1, type);
-        pack_group(c, gu, 2, type);
-        pack_group(c, down, 1, type);
-    }
-    model_matrix *out[1] = {&c->m.output};
-    pack_group(c, out, 1, type);
+static void pack_own(draft_copy *c, const ellm_model *base, const char *p, size_t bytes) {
+    if (base->keep_layout) return;
+    model_matrix **list = malloc(((size_t)c->m.cfg.n_layer * 7 + 1) * sizeof *list);
+    if (!list) return;
+    const char *range[2] = {p, p + bytes};
+    model_pack_r16(list, model_r16_candidates(&c->m, in_payload, range, list));
+    free(list);
 }
 
 /* Requantizes every matrix that shrinks into payload (row by row: dequantize
@@ -405,37 +389,31 @@ ellm_status draft_model_quant(ellm_model *base, int type, const ellm_model **out
         }
     }
     if (!payload) {
-        if (posix_memalign(&c->mem, 64, want.payload_bytes ? want.payload_bytes : 64)) c->mem = NULL;
-        if (!c->mem) st = ellm_fail(err, ELLM_ERR_NOMEM, "quant drafter: out of memory for a %.1f MB copy",
-                                    want.payload_bytes / 1e6);
-        if (st == ELLM_OK) {
-            memset(c->mem, 0, want.payload_bytes); /* alignment gaps: deterministic file bytes */
-            st = requantize(base, type, c->mem, err);
+        /* its own mapping (zeroed: alignment gaps give deterministic file
+         * bytes), whose pages pack_own may replace */
+        c->map_bytes = want.payload_bytes;
+        c->map = mmap(NULL, c->map_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (c->map == MAP_FAILED) {
+            c->map = NULL;
+            st = ellm_fail(err, ELLM_ERR_NOMEM, "quant drafter: out of memory for a %.1f MB copy",
+                           want.payload_bytes / 1e6);
         }
+        if (st == ELLM_OK) st = requantize(base, type, c->map, err);
         if (st == ELLM_OK) {
-            payload = c->mem;
-            want.payload_crc = crc32c_update(0, c->mem, want.payload_bytes);
+            payload = c->map;
+            want.payload_crc = crc32c_update(0, payload, want.payload_bytes);
             info->state = DRAFT_CACHE_MEMORY;
             for (int i = 0; i < n_paths; i++)
-                if (cache_save(paths[i], &want, c->mem, i > 0) == 0) {
+                if (cache_save(paths[i], &want, payload, i > 0) == 0) {
                     info->state = DRAFT_CACHE_SAVED;
                     snprintf(info->path, sizeof info->path, "%.1000s", paths[i]);
                     break;
                 }
         }
     }
-    /* a mapped cache file is copied, so that its matrices can be interleaved */
-    if (st == ELLM_OK && c->map && !base->keep_layout && kern_r16_fast() && kern_r16_type(type) &&
-        posix_memalign(&c->mem, 64, want.payload_bytes) == 0) {
-        memcpy(c->mem, payload, want.payload_bytes);
-        munmap(c->map, c->map_bytes);
-        c->map = NULL;
-        payload = c->mem;
-    }
     if (st == ELLM_OK) {
-        c->payload_bytes = c->mem ? want.payload_bytes : 0;
         bind_payload(c, base, type, payload);
-        pack_own(c, base, type);
+        pack_own(c, base, payload, want.payload_bytes);
         info->draft_weight_bytes = c->m.weight_bytes;
         c->info = *info;
         st = add_derived(base, key, c, err);
