@@ -46,8 +46,8 @@ void kern_matmul_ref(int wtype, const void *W, int64_t cols, int64_t r0, int64_t
  * weight type (kern_act_prepare_rows_r16). */
 /* Whether weights of type wtype have the layout (Q8_0, Q4_0). */
 int kern_r16_type(int wtype);
-/* Whether the active ISA has a fast kernel for the layout (AVX-512 VNNI);
- * elsewhere kern_matmul_r16 runs the reference. */
+/* Whether the active ISA has a fast kernel for the layout (AVX2 or
+ * AVX-512); under the scalar ISA kern_matmul_r16 runs the reference. */
 int kern_r16_fast(void);
 /* Writes rows x cols of wtype from src to dst in the layout (rows a multiple
  * of 16, cols of 32; the same number of bytes; dst == src packs in place,

@@ -328,6 +328,9 @@ void kern_matmul_q8_quads_avx512(int wtype, const void *W, int64_t cols, int64_t
  * of ACT_Q8 activations prepared for wtype (r16_avx512.c; AVX-512 VNNI). */
 void kern_matmul_r16_avx512(int wtype, const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act, int nb,
                             float *Y, int64_t ldy);
+/* The same with AVX2 integer dots (r16_avx2.c; AVX2, or AVX-512 without VNNI). */
+void kern_matmul_r16_avx2(int wtype, const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act, int nb,
+                          float *Y, int64_t ldy);
 
 /* Q6_K or Q3_K (wtype) rows [r0, r0 + 4 * n4) against all nb rows of
  * ACT_Q8K activations prepared with quads (kq16_quads_avx512.c). */

@@ -24,8 +24,8 @@
  *   isum = sum_i w_i * a_i                    (exact int32)
  *   s    = fma((float)isum, dw * da, s)       (k = 0, 1, ...)
  *
- * which is what this reference computes and what the AVX-512 kernel
- * computes, for any number of activation rows: a row of a batch equals the
+ * which is what this reference computes and what the AVX-512 and AVX2
+ * kernels compute, for any number of activation rows: a row of a batch equals the
  * same row alone, and both equal the reference, bit for bit. */
 #include "core/cpu.h"
 #include "kernels/kernels.h"
@@ -41,7 +41,18 @@ enum { R16_ROWS = 16 };
 
 int kern_r16_type(int wtype) { return wtype == QTYPE_Q8_0 || wtype == QTYPE_Q4_0; }
 
-int kern_r16_fast(void) { return ellm_cpu_isa() == ELLM_ISA_AVX512 && ellm_cpu()->avx512vnni; }
+/* The SIMD kernel for the active ISA: AVX-512 VNNI, else AVX2 (also on
+ * AVX-512 without VNNI); NULL under the scalar ISA. */
+typedef void (*r16_kernel)(int, const void *, int64_t, int64_t, int64_t, const void *, int, float *, int64_t);
+
+static r16_kernel r16_simd(void) {
+    const ellm_isa isa = ellm_cpu_isa();
+    if (isa == ELLM_ISA_AVX512 && ellm_cpu()->avx512vnni) return kern_matmul_r16_avx512;
+    if (isa == ELLM_ISA_AVX512 || isa == ELLM_ISA_AVX2) return kern_matmul_r16_avx2;
+    return NULL;
+}
+
+int kern_r16_fast(void) { return r16_simd() != NULL; }
 
 /* Bytes of a record: 16 scales and 16 rows' quants of one block. */
 static size_t rec_bytes(int wtype) { return wtype == QTYPE_Q4_0 ? 32 + 4 * 64 : 32 + 8 * 64; }
@@ -138,6 +149,7 @@ void kern_matmul_r16(int wtype, const void *W, int64_t cols, int64_t r0, int64_t
                      float *Y, int64_t ldy) {
     assert(kern_r16_type(wtype) && r0 % R16_ROWS == 0 && r1 % R16_ROWS == 0 && cols % 32 == 0);
     if (r1 <= r0 || nb <= 0) return;
-    if (kern_r16_fast()) kern_matmul_r16_avx512(wtype, W, cols, r0, r1, act, nb, Y, ldy);
+    const r16_kernel fn = r16_simd();
+    if (fn) fn(wtype, W, cols, r0, r1, act, nb, Y, ldy);
     else kern_matmul_r16_ref(wtype, W, cols, r0, r1, act, nb, Y, ldy);
 }
