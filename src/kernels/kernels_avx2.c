@@ -247,38 +247,83 @@ INLINE __m256i q45k_pair_dot(const char *qs, const uint8_t *qh, int i, const int
     return _mm256_madd_epi16(p, ones);
 }
 
+/* A Q4_K / Q5_K super-block's 8 sub-block scales (bytes 0..7) and minimums
+ * (bytes 8..15) from its 12 packed scale bytes s (q4k_scale_min's fields,
+ * four at a time in 32-bit words). */
+INLINE __m128i q4k_scales_mins(const uint8_t *s) {
+    uint32_t a0, a1, a2;
+    memcpy(&a0, s, 4);
+    memcpy(&a1, s + 4, 4);
+    memcpy(&a2, s + 8, 4);
+    const uint32_t m6 = 0x3f3f3f3fu, m4 = 0x0f0f0f0fu, m2 = 0x03030303u;
+    const uint32_t sc_hi = (a2 & m4) | ((a0 >> 6) & m2) << 4, mn_hi = ((a2 >> 4) & m4) | ((a1 >> 6) & m2) << 4;
+    return _mm_setr_epi32((int)(a0 & m6), (int)sc_hi, (int)(a1 & m6), (int)mn_hi);
+}
+
+/* An IQ4_XS super-block's 8 signed sub-block scales (iq4xs_scale) as bytes. */
+INLINE uint64_t iq4xs_scale_bytes(const block_iq4_xs *b) {
+    uint64_t v = 0;
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; j++) v |= (uint64_t)(uint8_t)(int8_t)iq4xs_scale(b, j) << (8 * j);
+    return v;
+}
+
 /* The super-block types' (Q4_K, Q5_K, IQ4_XS) scales and minimums of the
  * chunk's n (8 or 16) blocks of 32 at p (one or two super-blocks) by slot
- * (kq_block32's, iq4xs_block32's; IQ4_XS has no minimum), zeros past n. */
+ * (as kq_block32 and iq4xs_block32 give them; IQ4_XS has no minimum), zeros
+ * past n: the sub-blocks' integer scales in block order, shuffled to slot
+ * order (block 4g + l in slot 4l + g), times their super-block's F16 scale. */
 INLINE void sb_scales_avx2(int wtype, const char *p, int n, __m256 dw[2], __m256 mw[2]) {
     const size_t sbb = 8 * (size_t)q32_block_bytes(wtype);
-    float d[16], m[16];
-    for (int s = 0; s < 16; s++) {
-        int k = 4 * (s & 3) + (s >> 2);
-        const char *sb = p + (size_t)(k / 8) * sbb;
-        d[s] = m[s] = 0;
-        if (k >= n) continue;
-        if (wtype == QTYPE_IQ4_XS) d[s] = iq4xs_block32((const block_iq4_xs *)sb, k % 8);
-        else kq_block32(sb, k % 8, &d[s], &m[s]);
+    const __m128i order = _mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    const int two = n > 8;
+    __m128i sc, mn = _mm_setzero_si128();
+    float d0, d1 = 0, m0 = 0, m1 = 0;
+    if (wtype == QTYPE_IQ4_XS) {
+        const block_iq4_xs *b0 = (const block_iq4_xs *)p, *b1 = (const block_iq4_xs *)(p + sbb);
+        sc = _mm_set_epi64x(two ? (long long)iq4xs_scale_bytes(b1) : 0, (long long)iq4xs_scale_bytes(b0));
+        d0 = _cvtsh_ss(b0->d);
+        if (two) d1 = _cvtsh_ss(b1->d);
+    } else { /* Q4_K and Q5_K share the header */
+        const block_q4_K *b0 = (const block_q4_K *)p, *b1 = (const block_q4_K *)(p + sbb);
+        const __m128i x0 = q4k_scales_mins(b0->scales), x1 = two ? q4k_scales_mins(b1->scales) : _mm_setzero_si128();
+        sc = _mm_unpacklo_epi64(x0, x1);
+        mn = _mm_unpackhi_epi64(x0, x1);
+        d0 = _cvtsh_ss(b0->d);
+        m0 = _cvtsh_ss(b0->dmin);
+        if (two) {
+            d1 = _cvtsh_ss(b1->d);
+            m1 = _cvtsh_ss(b1->dmin);
+        }
     }
-    dw[0] = _mm256_loadu_ps(d);
-    dw[1] = _mm256_loadu_ps(d + 8);
-    mw[0] = _mm256_loadu_ps(m);
-    mw[1] = _mm256_loadu_ps(m + 8);
+    /* slots 0..7 hold blocks 0, 4, 8, 12, 1, 5, 9, 13; 8..15 the same plus 2 */
+    const __m256 dv = _mm256_setr_ps(d0, d0, d1, d1, d0, d0, d1, d1), mv = _mm256_setr_ps(m0, m0, m1, m1, m0, m0, m1, m1);
+    sc = _mm_shuffle_epi8(sc, order);
+    mn = _mm_shuffle_epi8(mn, order);
+    for (int h = 0; h < 2; h++) {
+        const __m128i sh = h ? _mm_srli_si128(sc, 8) : sc, mh = h ? _mm_srli_si128(mn, 8) : mn;
+        const __m256i si = wtype == QTYPE_IQ4_XS ? _mm256_cvtepi8_epi32(sh) : _mm256_cvtepu8_epi32(sh);
+        dw[h] = _mm256_mul_ps(_mm256_cvtepi32_ps(si), dv);
+        mw[h] = _mm256_sub_ps(_mm256_setzero_ps(), _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(mh)), mv));
+    }
 }
 
 /* The f16 scales of the chunk's n blocks at p as floats by slot (block
  * 4g + l in slot 4l + g; zeros for blocks past n): slots 0..7 in dw[0],
- * 8..15 in dw[1]. Scalar loads, not a gather: once per chunk and row. */
+ * 8..15 in dw[1]. Scalar loads inserted into vectors (no store to reload):
+ * once per chunk and row. */
+INLINE uint16_t q8_scale_at(const char *p, int bsz, int n, int s) {
+    const int k = 4 * (s & 3) + (s >> 2);
+    uint16_t h = 0;
+    if (k < n) memcpy(&h, p + k * bsz, 2);
+    return h;
+}
+
 INLINE void q8_scales_avx2(const char *p, int bsz, int n, __m256 dw[2]) {
-    uint16_t h[16];
-    for (int s = 0; s < 16; s++) {
-        int k = 4 * (s & 3) + (s >> 2);
-        h[s] = 0;
-        if (k < n) memcpy(&h[s], p + k * bsz, 2);
-    }
-    dw[0] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
-    dw[1] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + 8)));
+#define S_(s) (short)q8_scale_at(p, bsz, n, s)
+    dw[0] = _mm256_cvtph_ps(_mm_setr_epi16(S_(0), S_(1), S_(2), S_(3), S_(4), S_(5), S_(6), S_(7)));
+    dw[1] = _mm256_cvtph_ps(_mm_setr_epi16(S_(8), S_(9), S_(10), S_(11), S_(12), S_(13), S_(14), S_(15)));
+#undef S_
 }
 
 /* Adds the n (1..16) blocks of chunk ci at p (scales dw) times activation
