@@ -1,7 +1,7 @@
 /* AVX2 + FMA + F16C attention block kernel and F32 -> F16 rows (compiled with
  * the AVX2 flags; only called when ellm_cpu_isa() allows it). Same structure
  * as the AVX-512 kernel with 8-wide vectors and 16 registers: QK^T over the
- * channel-major keys for up to 4 rows x 8 keys, P*V tiles of up to 2 rows x 32
+ * channel-major keys for up to 3 rows x 16 keys, P*V tiles of up to 3 rows x 32
  * dims; K and V read in place when head_dim is a multiple of 8 and rows are
  * few, else through F32 scratch. */
 #include "attention/attention_kernel.h"
@@ -83,113 +83,140 @@ static inline __m256 load8_part(const void *base, size_t idx, int n, const int F
     return _mm256_loadu_ps(t);
 }
 
-/* s[r][j] = q[r] . k[j] for NR (<= 4) rows and keys [0, nk), the keys
+/* s[r][j] = q[r] . k[j] for NR (<= 3) rows and keys [0, nk), the keys
  * channel-major (channel c of key j at kT[c * ldk + j]): a register holds one
  * channel of 8 keys, so scores accumulate from broadcast q values with no
- * horizontal sum. Keys go 16 at a time where they can (each broadcast feeds
- * two FMAs), then 8, then the tail. If pf is not NULL, pf_lines lines of it are
- * prefetched towards L2 per channel. */
+ * horizontal sum. Every score is two chains of FMAs, over the even channels
+ * and over the odd ones, added at the end: twice the independent chains a
+ * single one gives (a chain of hd FMAs bound by their latency left half of
+ * the FMA units idle at 3 rows). Keys go 16 at a time where they can (each
+ * broadcast feeds two FMAs), then 8, then the tail. If pf is not NULL,
+ * pf_lines lines of it are prefetched towards L2 per channel. */
 static ALWAYS_INLINE void qk_rows(const float *q, int hdp, const void *kT, int ldk, int hd,
                                   float *s, int lds, int nk, const int NR, const int F16,
                                   const char *pf, int pf_lines) {
     size_t line = 0;
     int j = 0;
     for (; j + 16 <= nk; j += 16) {
-        __m256 c0[4], c1[4];
-#pragma GCC unroll 4
-        for (int r = 0; r < NR; r++) c0[r] = c1[r] = _mm256_setzero_ps();
-#pragma GCC unroll 4
-        for (int d = 0; d < hd; d++) {
+        __m256 e0[3], e1[3], o0[3], o1[3];
+#pragma GCC unroll 3
+        for (int r = 0; r < NR; r++) e0[r] = e1[r] = o0[r] = o1[r] = _mm256_setzero_ps();
+        int d = 0;
+        for (; d + 2 <= hd; d += 2) {
             if (pf)
-                for (int i = 0; i < pf_lines; i++, line++) _mm_prefetch(pf + line * 64, _MM_HINT_T1);
-            const __m256 x0 = load8(kT, (size_t)d * ldk + j, F16);
-            const __m256 x1 = load8(kT, (size_t)d * ldk + j + 8, F16);
-#pragma GCC unroll 4
+                for (int i = 0; i < 2 * pf_lines; i++, line++) _mm_prefetch(pf + line * 64, _MM_HINT_T1);
+            __m256 x0 = load8(kT, (size_t)d * ldk + j, F16);
+            __m256 x1 = load8(kT, (size_t)d * ldk + j + 8, F16);
+#pragma GCC unroll 3
             for (int r = 0; r < NR; r++) {
                 const __m256 qb = _mm256_broadcast_ss(q + (size_t)r * hdp + d);
-                c0[r] = _mm256_fmadd_ps(qb, x0, c0[r]);
-                c1[r] = _mm256_fmadd_ps(qb, x1, c1[r]);
+                e0[r] = _mm256_fmadd_ps(qb, x0, e0[r]);
+                e1[r] = _mm256_fmadd_ps(qb, x1, e1[r]);
+            }
+            x0 = load8(kT, (size_t)(d + 1) * ldk + j, F16);
+            x1 = load8(kT, (size_t)(d + 1) * ldk + j + 8, F16);
+#pragma GCC unroll 3
+            for (int r = 0; r < NR; r++) {
+                const __m256 qb = _mm256_broadcast_ss(q + (size_t)r * hdp + d + 1);
+                o0[r] = _mm256_fmadd_ps(qb, x0, o0[r]);
+                o1[r] = _mm256_fmadd_ps(qb, x1, o1[r]);
             }
         }
-#pragma GCC unroll 4
+        if (d < hd) { /* an odd head_dim: the last channel ends the even chain */
+            const __m256 x0 = load8(kT, (size_t)d * ldk + j, F16), x1 = load8(kT, (size_t)d * ldk + j + 8, F16);
+#pragma GCC unroll 3
+            for (int r = 0; r < NR; r++) {
+                const __m256 qb = _mm256_broadcast_ss(q + (size_t)r * hdp + d);
+                e0[r] = _mm256_fmadd_ps(qb, x0, e0[r]);
+                e1[r] = _mm256_fmadd_ps(qb, x1, e1[r]);
+            }
+        }
+#pragma GCC unroll 3
         for (int r = 0; r < NR; r++) {
-            _mm256_storeu_ps(s + (size_t)r * lds + j, c0[r]);
-            _mm256_storeu_ps(s + (size_t)r * lds + j + 8, c1[r]);
+            _mm256_storeu_ps(s + (size_t)r * lds + j, _mm256_add_ps(e0[r], o0[r]));
+            _mm256_storeu_ps(s + (size_t)r * lds + j + 8, _mm256_add_ps(e1[r], o1[r]));
         }
     }
-    /* The last keys, 8 (or fewer) at a time, with one accumulator per row as
-     * above: a key's score is the same chain of FMAs whichever loop takes it,
+    /* The last keys, 8 (or fewer) at a time, with the same two chains per
+     * key as above: a key's score is the same FMAs whichever loop takes it,
      * so it does not depend on how many keys the block has for the tile's
      * last row (a batch row gets the bits of a single-token step). */
     for (; j < nk; j += 8) {
         const int n = nk - j < 8 ? nk - j : 8;
-        __m256 c0[4];
-#pragma GCC unroll 4
-        for (int r = 0; r < NR; r++) c0[r] = _mm256_setzero_ps();
+        __m256 e0[3], o0[3];
+#pragma GCC unroll 3
+        for (int r = 0; r < NR; r++) e0[r] = o0[r] = _mm256_setzero_ps();
         for (int d = 0; d < hd; d++) {
             if (pf)
                 for (int i = 0; i < pf_lines; i++, line++) _mm_prefetch(pf + line * 64, _MM_HINT_T1);
             const __m256 x0 = n == 8 ? load8(kT, (size_t)d * ldk + j, F16)
                                      : load8_part(kT, (size_t)d * ldk + j, n, F16);
-#pragma GCC unroll 4
-            for (int r = 0; r < NR; r++)
-                c0[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(q + (size_t)r * hdp + d), x0, c0[r]);
+#pragma GCC unroll 3
+            for (int r = 0; r < NR; r++) {
+                const __m256 qb = _mm256_broadcast_ss(q + (size_t)r * hdp + d);
+                if (d & 1) o0[r] = _mm256_fmadd_ps(qb, x0, o0[r]);
+                else e0[r] = _mm256_fmadd_ps(qb, x0, e0[r]);
+            }
         }
-#pragma GCC unroll 4
+#pragma GCC unroll 3
         for (int r = 0; r < NR; r++) {
+            const __m256 sc = _mm256_add_ps(e0[r], o0[r]);
             if (n == 8) {
-                _mm256_storeu_ps(s + (size_t)r * lds + j, c0[r]);
+                _mm256_storeu_ps(s + (size_t)r * lds + j, sc);
             } else {
                 float t[8];
-                _mm256_storeu_ps(t, c0[r]);
+                _mm256_storeu_ps(t, sc);
                 memcpy(s + (size_t)r * lds + j, t, (size_t)n * sizeof(float));
             }
         }
     }
 }
 
+/* Rows [r0, rows) in tiles of 3 (the 12 accumulators of qk_rows), then 2 or 1. */
 static ALWAYS_INLINE void qk_all(const float *q, int hdp, const void *kT, int ldk, int hd,
                                  float *s, int lds, int r0, int rows, int nk, const int F16,
                                  const char *pf, int pf_lines) {
     int r = r0;
-    for (; r + 4 <= rows; r += 4, pf = NULL)
-        qk_rows(q + (size_t)r * hdp, hdp, kT, ldk, hd, s + (size_t)r * lds, lds, nk, 4, F16, pf,
+    for (; r + 3 <= rows; r += 3, pf = NULL)
+        qk_rows(q + (size_t)r * hdp, hdp, kT, ldk, hd, s + (size_t)r * lds, lds, nk, 3, F16, pf,
                 pf_lines);
     const float *qr = q + (size_t)r * hdp;
     float *sr = s + (size_t)r * lds;
     switch (rows - r) {
-    case 3: qk_rows(qr, hdp, kT, ldk, hd, sr, lds, nk, 3, F16, pf, pf_lines); break;
     case 2: qk_rows(qr, hdp, kT, ldk, hd, sr, lds, nk, 2, F16, pf, pf_lines); break;
     case 1: qk_rows(qr, hdp, kT, ldk, hd, sr, lds, nk, 1, F16, pf, pf_lines); break;
     default: break;
     }
 }
 
-/* acc[NR rows][dims d0 .. d0 + 8 NV) += p[row][j] * v[j] over keys [0, nk). */
+/* acc[NR rows][dims d0 .. d0 + 8 NV) += p[row][j] * v[j] over keys [0, nk),
+ * NR <= 3: each converted value vector feeds the tile's rows (12
+ * independent accumulators at 3 rows x 32 dims), the rows' probabilities
+ * broadcast once per key. */
 static ALWAYS_INLINE void pv_tile(float *acc, int hdp, const float *p, int lds, const void *v,
                                   int ldv, int d0, int nk, const int NR, const int NV,
                                   const int F16, const char *pf, int pf_lines) {
-    __m256 c[2][4];
-#pragma GCC unroll 2
+    __m256 c[3][4];
+#pragma GCC unroll 3
     for (int r = 0; r < NR; r++)
 #pragma GCC unroll 4
         for (int i = 0; i < NV; i++)
             c[r][i] = _mm256_loadu_ps(acc + (size_t)r * hdp + d0 + 8 * i);
     for (int j = 0; j < nk; j++) {
-        __m256 x[4];
         if (pf)
             for (int i = 0; i < pf_lines; i++)
                 _mm_prefetch(pf + ((size_t)j * pf_lines + i) * 64, _MM_HINT_T1);
+        __m256 pb[3];
+#pragma GCC unroll 3
+        for (int r = 0; r < NR; r++) pb[r] = _mm256_broadcast_ss(p + (size_t)r * lds + j);
 #pragma GCC unroll 4
-        for (int i = 0; i < NV; i++) x[i] = load8(v, (size_t)j * ldv + d0 + 8 * i, F16);
-#pragma GCC unroll 2
-        for (int r = 0; r < NR; r++) {
-            __m256 pb = _mm256_broadcast_ss(p + (size_t)r * lds + j);
-#pragma GCC unroll 4
-            for (int i = 0; i < NV; i++) c[r][i] = _mm256_fmadd_ps(pb, x[i], c[r][i]);
+        for (int i = 0; i < NV; i++) {
+            const __m256 x = load8(v, (size_t)j * ldv + d0 + 8 * i, F16);
+#pragma GCC unroll 3
+            for (int r = 0; r < NR; r++) c[r][i] = _mm256_fmadd_ps(pb[r], x, c[r][i]);
         }
     }
-#pragma GCC unroll 2
+#pragma GCC unroll 3
     for (int r = 0; r < NR; r++)
 #pragma GCC unroll 4
         for (int i = 0; i < NV; i++)
@@ -215,10 +242,13 @@ static ALWAYS_INLINE void pv_all(float *acc, int hdp, const float *p, int lds, c
                                  int ldv, int hd8, int r0, int rows, int nk, const int F16,
                                  const char *pf, int pf_lines) {
     int r = r0;
-    for (; r + 2 <= rows; r += 2, pf = NULL)
+    for (; r + 3 <= rows; r += 3, pf = NULL)
+        pv_rows(acc + (size_t)r * hdp, hdp, p + (size_t)r * lds, lds, v, ldv, hd8, nk, 3, F16, pf,
+                pf_lines);
+    if (rows - r == 2)
         pv_rows(acc + (size_t)r * hdp, hdp, p + (size_t)r * lds, lds, v, ldv, hd8, nk, 2, F16, pf,
                 pf_lines);
-    if (r < rows)
+    else if (rows - r == 1)
         pv_rows(acc + (size_t)r * hdp, hdp, p + (size_t)r * lds, lds, v, ldv, hd8, nk, 1, F16, pf,
                 pf_lines);
 }
