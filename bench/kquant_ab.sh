@@ -31,7 +31,7 @@ r=1
 while [ "$r" -le "$ROUNDS" ]; do
     for which in old new; do
         [ "$which" = old ] && dir=$OLD || dir=$NEW
-        "$dir/bench/bench_kernels" -s hot -n 1 q4_K q6_K 2>&1 | grep ' avx512 ' | grep -v '^read' |
+        "$dir/bench/bench_kernels" -s hot -n 1 q4_K q6_K 2>&1 | grep -E ' (avx512|avx2) ' | grep -v '^read' |
             sed "s/^/round $r $which kernel /" | tee -a "$raw"
         "$dir/ellm" bench -m "$MODEL" -t 2 --depths 512 -n 32 --prefill 256 --prefill-reps 2 > "$OUT/bench.txt" 2>&1
         bw=$(sed -n 's/.*, \([0-9.]*\) GB\/s (2 threads).*/\1/p' "$OUT/bench.txt")

@@ -359,7 +359,9 @@ def render(R):
                        ("KQUANT.md", "Q4_K and Q6_K matmul kernels: compute ceilings, Q4_K_M decode against llama-bench "
                                      "(`bench/kquant_ab.sh`)"),
                        ("GGUF_TYPES.md", "every file type llama-quantize writes, eLLM against llama-bench on the same "
-                                         "files (`bench/gguf_types.sh`)")):
+                                         "files (`bench/gguf_types.sh`)"),
+                       ("AVX2.md", "machines without AVX-512: the AVX2 kernels, and eLLM against llama-bench there "
+                                   "(`bench/avx2_ab.sh`)")):
         if os.path.exists(os.path.join(HERE, page)):  # link only pages that exist
             w(f"- [{page}]({page}): {what}")
     w("")

@@ -72,10 +72,11 @@ typedef struct {
     ellm_numa_mode numa; /* placement (default off) */
     int mlock;     /* lock the weights in memory (best effort) */
     /* 1: compute from the weights as the file lays them out, all read in place
-     * from the mapping. 0 (default): where the CPU has AVX-512 VNNI, Q8_0
-     * matrices are rearranged at load, 16 rows interleaved (private memory
-     * instead of shared page cache), for batched steps and prefill up to
-     * ~1.3-1.5x faster; the results are the same either way for any batch. */
+     * from the mapping. 0 (default): where the CPU has AVX2 or AVX-512, Q8_0
+     * and Q4_0 matrices are rearranged at load, 16 rows interleaved (private
+     * memory instead of shared page cache), for faster batched steps and
+     * prefill (AVX-512 VNNI: up to ~1.3-1.5x) and decode (AVX2 alone: ~1.5-2x);
+     * either way a row of any batch equals the row alone. */
     int keep_layout;
 } ellm_model_params;
 

@@ -446,7 +446,7 @@ static void test_r16_layout(const char *name) {
               "%s: %d of %d layer matrices interleaved (%d of types that have the layout), output layout %d", name,
               packed, total, want, m->output.layout);
     else
-        SKIP("%s interleaving: this CPU has no AVX-512 VNNI (%d of %d matrices interleaved)", name, packed, total);
+        SKIP("%s interleaving: this CPU has neither AVX2 nor AVX-512 (%d of %d matrices interleaved)", name, packed, total);
     /* the file's bytes where the layout was kept */
     const gguf_tensor *t = gguf_find_tensor(k->file, "blk.0.attn_q.weight");
     char *file = test_read_file(path, NULL);

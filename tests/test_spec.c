@@ -542,7 +542,7 @@ static void test_quant_layout(void) {
             CHECK(packed == total && q->output.layout == MODEL_LAYOUT_R16, "copy %d: %d of %d matrices interleaved",
                   from_cache, packed, total);
         else
-            SKIP("quant copy interleaving: this CPU has no AVX-512 VNNI");
+            SKIP("quant copy interleaving: this CPU has neither AVX2 nor AVX-512");
         ellm_model_free(m);
         ellm_model_free(k);
     }

@@ -527,7 +527,7 @@ static void test_layouts(void) {
         CHECK(p->layers[0].wq.layout == MODEL_LAYOUT_R16 && k->layers[0].wq.layout == MODEL_LAYOUT_ROWS,
               "layouts %d and %d", p->layers[0].wq.layout, k->layers[0].wq.layout);
     else
-        SKIP("state across weight layouts: this CPU has no AVX-512 VNNI, both loads keep the file's layout");
+        SKIP("state across weight layouts: this CPU has neither AVX2 nor AVX-512, both loads keep the file's layout");
     const char *state = test_tmp_path("state_layout.bin");
     ellm_context_params cp = ellm_context_default_params();
     cp.n_ctx = 128;

@@ -53,7 +53,7 @@ static void run_usage(FILE *f) {
             "  --mlock                lock the weights in memory\n"
             "  --keep-layout          read the weights in the file's layout, shared with the page\n"
             "                         cache (default: Q8_0, Q4_0 matrices interleaved at load on CPUs\n"
-            "                         with AVX-512 VNNI, for faster batches: prompts, --spec)\n"
+            "                         with AVX2 or AVX-512, for faster decode and batches)\n"
             "long generations:\n"
             "  --ctx-overflow stop|shift  at the end of the context (-c / --kv-cache-gb):\n"
             "                         stop with a message, or shift: keep the first --keep\n"

@@ -47,7 +47,7 @@ static void serve_usage(FILE *f) {
             "  --numa-aware           weight rows on the NUMA node whose threads read them\n"
             "  --keep-layout          read the weights in the file's layout, shared with the page\n"
             "                         cache (default: Q8_0, Q4_0 matrices interleaved at load on CPUs\n"
-            "                         with AVX-512 VNNI, for faster batched steps)\n"
+            "                         with AVX2 or AVX-512, for faster decode and batched steps)\n"
             "                         (as `ellm run --numa distribute`)\n"
             "beyond one machine (mpirun -np R ellm serve --mpi ...):\n"
             "  --mpi                  every slot's KV cache sharded over the MPI ranks, attention\n"

@@ -1,5 +1,5 @@
-/* Q8_0 and Q4_0 matrices rewritten at load into the layout the VNNI kernels
- * read (kern_r16_pack: 16 rows interleaved, the same bytes per group).
+/* Q8_0 and Q4_0 matrices rewritten at load into the layout the AVX2 and
+ * AVX-512 kernels read (kern_r16_pack: 16 rows interleaved, the same bytes per group).
  *
  * The bytes from the first to the last such matrix are written into new
  * anonymous memory (huge pages where the kernel gives them), the matrices
