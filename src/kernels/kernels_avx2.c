@@ -124,6 +124,7 @@ INLINE void mm_float(int wtype, const void *W, int64_t cols, int64_t r0, int64_t
     for (int64_t r = r0; r < r1; r++) {
         const void *w = (const char *)W + (size_t)r * wrow;
         kern_pf_pages(w, wrow);
+        if (nb == 1) kern_pf_lines(w, wrow);
         for (int b0 = 0; b0 < nb; b0 += MM_NB) {
             const float *x[MM_NB];
             int n = nb - b0 < MM_NB ? nb - b0 : MM_NB;
@@ -326,45 +327,60 @@ INLINE void q8_scales_avx2(const char *p, int bsz, int n, __m256 dw[2]) {
 #undef S_
 }
 
+/* Group g (blocks 4g .. 4g + 3) of the chunk's n blocks at p against
+ * activations q (the chunk's 512): *ab holds blocks 4g and 4g + 1 (4 partial
+ * sums each), *cd blocks 4g + 2 and 4g + 3. */
+INLINE void q8_group_dots(int wtype, const char *p, int n, int g, const int8_t *q, __m256i *ab, __m256i *cd) {
+    const int bsz = q32_block_bytes(wtype);
+    const char *pg = p + 4 * g * bsz;
+    const int m = n - 4 * g; /* blocks present in this group */
+    const int8_t *qg = q + 128 * g;
+    if (wtype == QTYPE_Q4_K || wtype == QTYPE_Q5_K) { /* group g: sub-blocks 4 (g % 2) .. + 3 of super-block g / 2 */
+        const int Q5 = wtype == QTYPE_Q5_K;
+        const char *sb = p + (size_t)(g / 2) * 8 * (size_t)bsz;
+        const char *qs = sb + (Q5 ? offsetof(block_q5_K, qs) : offsetof(block_q4_K, qs)) + 64 * (g % 2);
+        const uint8_t *qh = Q5 ? (const uint8_t *)sb + offsetof(block_q5_K, qh) : NULL;
+        *ab = m >= 4 ? q45k_pair_dot(qs, qh, 2 * (g % 2), qg, qg + 64) : _mm256_setzero_si256();
+        *cd = m >= 4 ? q45k_pair_dot(qs + 32, qh, 2 * (g % 2) + 1, qg + 32, qg + 96) : _mm256_setzero_si256();
+        return;
+    }
+    if (wtype == QTYPE_IQ4_XS) { /* group g: sub-blocks 4 (g % 2) .. + 3 of super-block g / 2, 16 code bytes each */
+        const char *qs = p + (size_t)(g / 2) * sizeof(block_iq4_xs) + offsetof(block_iq4_xs, qs) + 64 * (g % 2);
+        *ab = m >= 4 ? q8_pair_dot(wtype, qs, qs + 16, qg, qg + 64) : _mm256_setzero_si256();
+        *cd = m >= 4 ? q8_pair_dot(wtype, qs + 32, qs + 48, qg + 32, qg + 96) : _mm256_setzero_si256();
+        return;
+    }
+    *ab = m >= 1 ? q8_pair_dot(wtype, pg, m >= 2 ? pg + bsz : NULL, qg, qg + 64) : _mm256_setzero_si256();
+    *cd = m >= 3 ? q8_pair_dot(wtype, pg + 2 * bsz, m >= 4 ? pg + 3 * bsz : NULL, qg + 32, qg + 96)
+                 : _mm256_setzero_si256();
+}
+
+/* The first level of kernels_avx512.c's q8_tree: two groups' pair sums into
+ * one vector (4 blocks, 2 partial sums each). */
+INLINE __m256i q8_tree2(__m256i w0, __m256i w1) {
+    return _mm256_add_epi32(_mm256_unpacklo_epi32(w0, w1), _mm256_unpackhi_epi32(w0, w1));
+}
+
 /* Adds the n (1..16) blocks of chunk ci at p (scales dw) times activation
- * row a into slots acc[0] (0..7) and acc[1] (8..15). */
+ * row a into slots acc[0] (0..7) and acc[1] (8..15). The tree of
+ * kernels_avx512.c q8_tree on each half (slots 0..7 from the first pairs,
+ * 8..15 from the second), its first level taken as soon as two groups are
+ * done, so that few sums are live at once. */
 INLINE void q8_chunk_avx2(int wtype, const char *p, int n, const __m256 dw[2], const __m256 mw[2], const act_row *a,
                           int64_t ci, __m256 acc[2]) {
-    const int bsz = q32_block_bytes(wtype);
     const int8_t *q = a->qs + 512 * ci;
-    __m256i ab[4], cd[4]; /* per group: blocks 4g, 4g+1 / 4g+2, 4g+3 */
-#pragma GCC unroll 4
-    for (int g = 0; g < 4; g++) {
-        const char *pg = p + 4 * g * bsz;
-        int m = n - 4 * g; /* blocks present in this group */
-        const int8_t *qg = q + 128 * g;
-        if (wtype == QTYPE_Q4_K || wtype == QTYPE_Q5_K) { /* group g: sub-blocks 4 (g % 2) .. + 3 of super-block g / 2 */
-            const int Q5 = wtype == QTYPE_Q5_K;
-            const char *sb = p + (size_t)(g / 2) * 8 * (size_t)bsz;
-            const char *qs = sb + (Q5 ? offsetof(block_q5_K, qs) : offsetof(block_q4_K, qs)) + 64 * (g % 2);
-            const uint8_t *qh = Q5 ? (const uint8_t *)sb + offsetof(block_q5_K, qh) : NULL;
-            ab[g] = m >= 4 ? q45k_pair_dot(qs, qh, 2 * (g % 2), qg, qg + 64) : _mm256_setzero_si256();
-            cd[g] = m >= 4 ? q45k_pair_dot(qs + 32, qh, 2 * (g % 2) + 1, qg + 32, qg + 96) : _mm256_setzero_si256();
-            continue;
-        }
-        if (wtype == QTYPE_IQ4_XS) { /* group g: sub-blocks 4 (g % 2) .. + 3 of super-block g / 2, 16 code bytes each */
-            const char *qs = p + (size_t)(g / 2) * sizeof(block_iq4_xs) + offsetof(block_iq4_xs, qs) + 64 * (g % 2);
-            ab[g] = m >= 4 ? q8_pair_dot(wtype, qs, qs + 16, qg, qg + 64) : _mm256_setzero_si256();
-            cd[g] = m >= 4 ? q8_pair_dot(wtype, qs + 32, qs + 48, qg + 32, qg + 96) : _mm256_setzero_si256();
-            continue;
-        }
-        ab[g] = m >= 1 ? q8_pair_dot(wtype, pg, m >= 2 ? pg + bsz : NULL, qg, qg + 64) : _mm256_setzero_si256();
-        cd[g] = m >= 3 ? q8_pair_dot(wtype, pg + 2 * bsz, m >= 4 ? pg + 3 * bsz : NULL, qg + 32, qg + 96)
-                       : _mm256_setzero_si256();
+    __m256i x[2][2]; /* [half][groups 0-1 / 2-3] */
+#pragma GCC unroll 2
+    for (int gp = 0; gp < 2; gp++) {
+        __m256i ab0, cd0, ab1, cd1;
+        q8_group_dots(wtype, p, n, 2 * gp, q, &ab0, &cd0);
+        q8_group_dots(wtype, p, n, 2 * gp + 1, q, &ab1, &cd1);
+        x[0][gp] = q8_tree2(ab0, ab1);
+        x[1][gp] = q8_tree2(cd0, cd1);
     }
-    /* the tree of kernels_avx512.c q8_tree on each half: slots 0..7 from the
-     * first pairs, 8..15 from the second */
 #pragma GCC unroll 2
     for (int h = 0; h < 2; h++) {
-        const __m256i *w = h ? cd : ab;
-        __m256i x01 = _mm256_add_epi32(_mm256_unpacklo_epi32(w[0], w[1]), _mm256_unpackhi_epi32(w[0], w[1]));
-        __m256i x23 = _mm256_add_epi32(_mm256_unpacklo_epi32(w[2], w[3]), _mm256_unpackhi_epi32(w[2], w[3]));
-        __m256i t = _mm256_add_epi32(_mm256_unpacklo_epi64(x01, x23), _mm256_unpackhi_epi64(x01, x23));
+        __m256i t = _mm256_add_epi32(_mm256_unpacklo_epi64(x[h][0], x[h][1]), _mm256_unpackhi_epi64(x[h][0], x[h][1]));
         const __m256i sa = _mm256_loadu_si256((const __m256i *)(a->sa + 16 * ci + 8 * h));
         const __m256 da = _mm256_loadu_ps(a->d + 16 * ci + 8 * h);
         if (q32_has_min(wtype)) { /* the values' dot, then the minimum times the activations' sum */
@@ -380,15 +396,12 @@ INLINE void q8_chunk_avx2(int wtype, const char *p, int n, const __m256 dw[2], c
 
 enum { Q8_NB = 16 }; /* activation rows per pass over a weight row (accumulators on the stack) */
 
-/* Weight row w (nblk blocks) against activation rows a[0 .. n), n <= Q8_NB;
- * writes y[b * ldy]. N1: n is 1, known at compile time (decode keeps its
- * accumulators and the decoded chunk in registers). */
-INLINE void mm_q8_row(int wtype, const char *w, int64_t nblk, const act_row *a, int n, float *y, int64_t ldy,
-                      const int N1) {
+/* Weight row w (nblk blocks) against activation rows a[0 .. n), 2 <= n <=
+ * Q8_NB; writes y[b * ldy]. One row: mm_q8_row1. */
+INLINE void mm_q8_row(int wtype, const char *w, int64_t nblk, const act_row *a, int n, float *y, int64_t ldy) {
     const int bsz = q32_block_bytes(wtype);
     const int64_t nfull = nblk / 16;
     const int tail = (int)(nblk % 16);
-    if (N1) n = 1;
     __m256 acc[Q8_NB][2];
     for (int b = 0; b < n; b++) acc[b][0] = acc[b][1] = _mm256_setzero_ps();
     __m256 dw[2], mw[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
@@ -415,6 +428,29 @@ INLINE void mm_q8_row(int wtype, const char *w, int64_t nblk, const act_row *a, 
     for (int b = 0; b < n; b++) y[(int64_t)b * ldy] = hsum_ps(_mm256_add_ps(acc[b][0], acc[b][1]));
 }
 
+/* mm_q8_row for one activation row (decode): the same steps, with the two
+ * accumulators and the chunk's scales in registers instead of the batch's
+ * stack arrays. */
+INLINE void mm_q8_row1(int wtype, const char *w, int64_t nblk, const act_row *a, float *y) {
+    const int bsz = q32_block_bytes(wtype);
+    const int super = wtype == QTYPE_Q4_K || wtype == QTYPE_Q5_K || wtype == QTYPE_IQ4_XS;
+    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int64_t ci = 0; ci * 16 < nblk; ci++) {
+        const char *p = w + 16 * ci * bsz;
+        const int n = nblk - 16 * ci < 16 ? (int)(nblk - 16 * ci) : 16;
+        __m256 dw[2], mw[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+        if (super) {
+            sb_scales_avx2(wtype, p, n, dw, mw);
+        } else {
+            q8_scales_avx2(p, bsz, n, dw);
+            if (q32_has_min(wtype)) q8_scales_avx2(p + 2, bsz, n, mw);
+        }
+        if (n == 16) q8_chunk_avx2(wtype, p, 16, dw, mw, a, ci, acc);
+        else q8_chunk_avx2(wtype, p, n, dw, mw, a, ci, acc);
+    }
+    *y = hsum_ps(_mm256_add_ps(acc[0], acc[1]));
+}
+
 /* Rows [r0, r1); each weight row, chunk by chunk, against up to Q8_NB
  * activation rows at a time (the row stays in L1; its scales are decoded
  * once per chunk). The 16 slots sum as (j, j+8), (j, j+4), (j, j+2), (0, 1),
@@ -427,12 +463,13 @@ INLINE void mm_q8(int wtype, const void *W, int64_t cols, int64_t r0, int64_t r1
     for (int64_t r = r0; r < r1; r++) {
         const char *w = (const char *)W + (size_t)r * wrow;
         kern_pf_pages(w, wrow);
+        if (nb == 1) kern_pf_lines(w, wrow); /* decode: lines ahead too (kernels_x86.h) */
         for (int b0 = 0; b0 < nb; b0 += Q8_NB) {
             int n = nb - b0 < Q8_NB ? nb - b0 : Q8_NB;
             act_row a[Q8_NB];
             for (int b = 0; b < n; b++) a[b] = act_get_row(ACT_Q8, act, cols, b0 + b);
-            if (n == 1) mm_q8_row(wtype, w, nblk, a, 1, Y + (int64_t)b0 * ldy + r, ldy, 1);
-            else mm_q8_row(wtype, w, nblk, a, n, Y + (int64_t)b0 * ldy + r, ldy, 0);
+            if (n == 1) mm_q8_row1(wtype, w, nblk, a, Y + (int64_t)b0 * ldy + r);
+            else mm_q8_row(wtype, w, nblk, a, n, Y + (int64_t)b0 * ldy + r, ldy);
         }
     }
 }
@@ -585,6 +622,7 @@ INLINE void mm_quant(int wtype, const void *W, int64_t cols, int64_t r0, int64_t
     for (int64_t r = r0; r < r1; r++) {
         const void *w = (const char *)W + (size_t)r * wrow;
         kern_pf_pages(w, wrow);
+        if (nb == 1) kern_pf_lines(w, wrow);
         for (int b0 = 0; b0 < nb; b0 += MM_NB) {
             act_row a[MM_NB];
             int n = nb - b0 < MM_NB ? nb - b0 : MM_NB;
