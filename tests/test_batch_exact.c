@@ -104,7 +104,7 @@ int main(void) {
         snprintf(path, sizeof path, "%s/models/%s.gguf", test_data_dir(), FIXTURES[i]);
         /* budget 48 (the floor with a 16-token window) < 96 positions */
         check_model(FIXTURES[i], path, 96, 48, 1, 0);
-        /* Q8_0 weights are interleaved at load on CPUs with AVX-512 VNNI:
+        /* Q8_0 weights are interleaved at load on CPUs with AVX2 or AVX-512:
          * the file's layout and its kernels as well */
         if (strstr(FIXTURES[i], "Q8_0")) check_model(FIXTURES[i], path, 96, 48, 1, 1);
     }

@@ -1,6 +1,7 @@
 /* AVX2 attention block kernel for a Q8_0 KV cache (the arithmetic is defined
- * in attention_q8.c), row by row, 8 keys at a time: per 32-channel group the
- * int8 query times the int8 keys (converted in registers) summed in F32 --
+ * in attention_q8.c): the block's keys and values converted to F32 scratch
+ * once for all its rows, then row by row, 16 keys at a time: per 32-channel
+ * group the int8 query times the int8 keys summed in F32 --
  * exact, the products being integers and the sums below 2^24, so the same
  * value as the int32 dot product of the AVX-512 kernel -- then scaled into
  * the scores; P*V by the integer definition of attention_q8_impl.h.
@@ -21,8 +22,36 @@ static inline __m256 q8_cvt8(const int8_t *p) {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
 }
 
+/* attn_q8_pv_quant_ref for a full tile of ATTN_Q8_PV_TILE (16) weights, with
+ * the same bits: the largest weight's exponent from its bits (it is normal,
+ * >= ATTN_Q8_PV_MIN), the weights scaled by a power of two and rounded to
+ * nearest even (the default rounding, as lrintf), at most 255. */
+static inline float pv_quant16(const float *w, uint8_t *q) {
+    const __m256 w0 = _mm256_loadu_ps(w), w1 = _mm256_loadu_ps(w + 8);
+    const float mx = attn_hmax_avx2(_mm256_max_ps(w0, w1));
+    if (!(mx >= ATTN_Q8_PV_MIN)) {
+        memset(q, 0, ATTN_Q8_PV_TILE);
+        return 0.0f;
+    }
+    uint32_t bits;
+    memcpy(&bits, &mx, 4);
+    const int e = (int)((bits >> 23) & 0xff) - 127; /* ilogbf(mx) */
+    const __m256 up = _mm256_castsi256_ps(_mm256_set1_epi32((127 + 7 - e) << 23));
+    const __m256i top = _mm256_set1_epi32(255);
+    const __m256i v0 = _mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(w0, up)), top);
+    const __m256i v1 = _mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(w1, up)), top);
+    /* 16 int32 in [0, 255] to bytes in order */
+    const __m256i h = _mm256_permute4x64_epi64(_mm256_packus_epi32(v0, v1), 0xD8);
+    _mm_storeu_si128((__m128i *)q, _mm_packus_epi16(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)));
+    const uint32_t down = (uint32_t)(127 + e - 7) << 23; /* ldexpf(1, e - 7) */
+    float sc;
+    memcpy(&sc, &down, 4);
+    return sc;
+}
+
 void attn_block_q8_avx2(attn_state *st, const attn_block *b) {
-    const int G = st->group, R = st->rows, hd = st->head_dim, hdp = st->hdp, bt = st->block_tokens, ng = hd / 32;
+    const int G = st->group, R = st->rows, hd = st->head_dim, hdp = st->hdp, bt = st->block_tokens, ng = hd / 32,
+              lds = st->lds;
     if (bt < 8) {
         attn_block_q8_scalar(st, b);
         return;
@@ -35,28 +64,54 @@ void attn_block_q8_avx2(attn_state *st, const attn_block *b) {
     const uint16_t *kd = (const uint16_t *)(k + (size_t)hd * bt), *vd = (const uint16_t *)(v + (size_t)hd * bt);
     if (b->next_k) prefetch_range_l1(b->next_k, 2 * kv_q8_half_bytes(hd, bt));
     if (b->ahead_k) prefetch_range_l2(b->ahead_k, 2 * kv_q8_half_bytes(hd, bt));
+    /* The block's keys (channel-major, row stride lds) and values (token
+     * rows, stride hdp) as floats, converted once for all rows of the part:
+     * keys [0, nk rounded up to 8), every channel row holding them (bt >= 8
+     * and a multiple of 8; lds >= bt). */
+    const int nk8 = (nk + 7) & ~7;
+    float *kf = st->kbuf, *vf = st->vbuf;
+    for (int c = 0; c < hd; c++)
+        for (int j0 = 0; j0 < nk8; j0 += 8) _mm256_storeu_ps(kf + (size_t)c * lds + j0, q8_cvt8(k + (size_t)c * bt + j0));
+    for (int j = 0; j < nk; j++)
+        for (int d = 0; d < hd; d += 8) _mm256_storeu_ps(vf + (size_t)j * hdp + d, q8_cvt8(v + (size_t)j * hd + d));
     for (int r = r0; r < R; r++) {
         int nv = b->vis0 + r / G;
         if (nv > nk) nv = nk;
         const int8_t *q8 = st->q8 + (size_t)r * hdp;
         const float *qd = st->qd + (size_t)r * ng;
-        float *s = st->s + (size_t)r * st->lds;
-        /* keys [j0, j0 + 8): every channel row holds them (bt >= 8), those
-         * past nv are computed and dropped */
-        for (int j0 = 0; j0 < nv; j0 += 8) {
-            __m256 sc = _mm256_setzero_ps();
+        float *s = st->s + (size_t)r * lds;
+        /* keys [j0, j0 + 16) (the second 8 only where the row sees some of
+         * them): per 32-channel group the int8 query times the keys summed in
+         * two chains (even and odd channels) per 8 keys, then scaled into the
+         * scores; keys past nv are computed and dropped */
+        for (int j0 = 0; j0 < nv; j0 += 16) {
+            const int two = j0 + 8 < nv;
+            __m256 sa = _mm256_setzero_ps(), sb = _mm256_setzero_ps();
             for (int g = 0; g < ng; g++) {
-                __m256 f0 = _mm256_setzero_ps(), f1 = _mm256_setzero_ps();
+                __m256 f0a = _mm256_setzero_ps(), f1a = f0a, f0b = f0a, f1b = f0a;
                 for (int c = 32 * g; c < 32 * g + 32; c += 2) {
-                    f0 = _mm256_fmadd_ps(_mm256_set1_ps((float)q8[c]), q8_cvt8(k + (size_t)c * bt + j0), f0);
-                    f1 = _mm256_fmadd_ps(_mm256_set1_ps((float)q8[c + 1]), q8_cvt8(k + (size_t)(c + 1) * bt + j0), f1);
+                    const __m256 q0 = _mm256_set1_ps((float)q8[c]), q1 = _mm256_set1_ps((float)q8[c + 1]);
+                    const float *k0 = kf + (size_t)c * lds + j0, *k1 = k0 + lds;
+                    f0a = _mm256_fmadd_ps(q0, _mm256_loadu_ps(k0), f0a);
+                    f1a = _mm256_fmadd_ps(q1, _mm256_loadu_ps(k1), f1a);
+                    if (two) {
+                        f0b = _mm256_fmadd_ps(q0, _mm256_loadu_ps(k0 + 8), f0b);
+                        f1b = _mm256_fmadd_ps(q1, _mm256_loadu_ps(k1 + 8), f1b);
+                    }
                 }
-                const __m256 kdv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(kd + (size_t)g * bt + j0)));
-                sc = _mm256_fmadd_ps(_mm256_add_ps(f0, f1), _mm256_mul_ps(kdv, _mm256_set1_ps(qd[g])), sc);
+                const __m256 qs = _mm256_set1_ps(qd[g]);
+                const uint16_t *kdg = kd + (size_t)g * bt + j0;
+                sa = _mm256_fmadd_ps(_mm256_add_ps(f0a, f1a),
+                                     _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)kdg)), qs), sa);
+                if (two)
+                    sb = _mm256_fmadd_ps(_mm256_add_ps(f0b, f1b),
+                                         _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(kdg + 8))), qs),
+                                         sb);
             }
-            float t[8];
-            _mm256_storeu_ps(t, sc);
-            memcpy(s + j0, t, (size_t)(nv - j0 < 8 ? nv - j0 : 8) * sizeof(float));
+            float t[16];
+            _mm256_storeu_ps(t, sa);
+            _mm256_storeu_ps(t + 8, sb);
+            memcpy(s + j0, t, (size_t)(nv - j0 < 16 ? nv - j0 : 16) * sizeof(float));
         }
         const float alpha = attn_softmax_row_avx2(s, nv, nk, &st->m[r], &st->l[r]);
         float *acc = st->acc + (size_t)r * hdp;
@@ -72,17 +127,17 @@ void attn_block_q8_avx2(attn_state *st, const attn_block *b) {
             for (int g = 0; g < ng; g++) {
                 float w[ATTN_Q8_PV_TILE];
                 uint8_t q[ATTN_Q8_PV_TILE];
-                for (int j = 0; j < n; j++) w[j] = s[j0 + j] * ellm_f16_to_f32(vd[(size_t)(j0 + j) * ng + g]);
-                const float sc = attn_q8_pv_quant_ref(w, n, q);
+                for (int j = 0; j < n; j++) w[j] = s[j0 + j] * _cvtsh_ss(vd[(size_t)(j0 + j) * ng + g]);
+                const float sc = n == ATTN_Q8_PV_TILE ? pv_quant16(w, q) : attn_q8_pv_quant_ref(w, n, q);
                 if (sc == 0.0f) continue; /* fma(0, 0, acc) = acc: acc is never -0 */
                 __m256 i0 = _mm256_setzero_ps(), i1 = i0, i2 = i0, i3 = i0;
                 for (int j = 0; j < n; j++) {
                     const __m256 qj = _mm256_set1_ps((float)q[j]);
-                    const int8_t *vr = v + (size_t)(j0 + j) * hd + 32 * g;
-                    i0 = _mm256_fmadd_ps(qj, q8_cvt8(vr), i0);
-                    i1 = _mm256_fmadd_ps(qj, q8_cvt8(vr + 8), i1);
-                    i2 = _mm256_fmadd_ps(qj, q8_cvt8(vr + 16), i2);
-                    i3 = _mm256_fmadd_ps(qj, q8_cvt8(vr + 24), i3);
+                    const float *vr = vf + (size_t)(j0 + j) * hdp + 32 * g;
+                    i0 = _mm256_fmadd_ps(qj, _mm256_loadu_ps(vr), i0);
+                    i1 = _mm256_fmadd_ps(qj, _mm256_loadu_ps(vr + 8), i1);
+                    i2 = _mm256_fmadd_ps(qj, _mm256_loadu_ps(vr + 16), i2);
+                    i3 = _mm256_fmadd_ps(qj, _mm256_loadu_ps(vr + 24), i3);
                 }
                 const __m256 vs = _mm256_set1_ps(sc);
                 float *a = acc + 32 * g;
