@@ -177,6 +177,19 @@ static inline act_row act_get_row(act_kind kind, const void *act, int64_t cols, 
     return act_sections(kind, cols, (char *)act + (size_t)b * act_row_bytes(kind, cols));
 }
 
+/* The R16 kernels' passes (r16_avx2.c, r16_avx512.c): the ACT_Q8 rows
+ * [b, b + n) of a pass of at most max rows, n = min(nb - b, max), into a[]
+ * and their outputs from column r0 into y[]; returns n. */
+static inline int act_pass_rows(const void *act, int64_t cols, int nb, int b, int max, float *Y, int64_t ldy,
+                                int64_t r0, act_row *a, float **y) {
+    const int n = nb - b < max ? nb - b : max;
+    for (int i = 0; i < n; i++) {
+        a[i] = act_get_row(ACT_Q8, act, cols, b + i);
+        y[i] = Y + (int64_t)(b + i) * ldy + r0;
+    }
+    return n;
+}
+
 /* ACT_Q8 quads, the batch layout. For nb >= ACT_Q8_QUAD_MIN rows (rows of
  * at most ACT_Q8_SHORT_COLS columns: ACT_Q8_QUAD_MIN_SHORT) the nb rows are
  * followed by act_q8_quad_count(nb) quads of 4 rows each, the last padded

@@ -160,11 +160,7 @@ INLINE void r16_group(const uint8_t *gw, size_t gs, int64_t nblk, const void *ac
     for (int b = 0; b < nb; b += R16_NR) {
         act_row a[R16_NR];
         float *y[R16_NR];
-        const int n = nb - b < R16_NR ? nb - b : R16_NR;
-        for (int i = 0; i < n; i++) {
-            a[i] = act_get_row(ACT_Q8, act, cols, b + i);
-            y[i] = Y + (int64_t)(b + i) * ldy + r0;
-        }
+        const int n = act_pass_rows(act, cols, nb, b, R16_NR, Y, ldy, r0, a, y);
         const char *pf = (const char *)gw + gs + (size_t)(b / R16_NR) * (size_t)nblk * pf_lines * 64;
         switch (n) {
         case 4: r16_pass(gw, nblk, a, y, pf, pf_lines, 4, Q4); break;
