@@ -327,6 +327,19 @@ INLINE void q8_scales_avx2(const char *p, int bsz, int n, __m256 dw[2]) {
 #undef S_
 }
 
+/* The scales (and minimums) by slot of the chunk's n blocks at p, for any
+ * type of the blocks of 32 (zeros past n; mw zero for types without one). */
+INLINE void chunk_scales_avx2(int wtype, const char *p, int n, __m256 dw[2], __m256 mw[2]) {
+    const int bsz = q32_block_bytes(wtype);
+    mw[0] = mw[1] = _mm256_setzero_ps();
+    if (wtype == QTYPE_Q4_K || wtype == QTYPE_Q5_K || wtype == QTYPE_IQ4_XS) {
+        sb_scales_avx2(wtype, p, n, dw, mw);
+        return;
+    }
+    q8_scales_avx2(p, bsz, n, dw);
+    if (q32_has_min(wtype)) q8_scales_avx2(p + 2, bsz, n, mw);
+}
+
 /* Group g (blocks 4g .. 4g + 3) of the chunk's n blocks at p against
  * activations q (the chunk's 512): *ab holds blocks 4g and 4g + 1 (4 partial
  * sums each), *cd blocks 4g + 2 and 4g + 3. */
@@ -400,30 +413,17 @@ enum { Q8_NB = 16 }; /* activation rows per pass over a weight row (accumulators
  * Q8_NB; writes y[b * ldy]. One row: mm_q8_row1. */
 INLINE void mm_q8_row(int wtype, const char *w, int64_t nblk, const act_row *a, int n, float *y, int64_t ldy) {
     const int bsz = q32_block_bytes(wtype);
-    const int64_t nfull = nblk / 16;
-    const int tail = (int)(nblk % 16);
     __m256 acc[Q8_NB][2];
     for (int b = 0; b < n; b++) acc[b][0] = acc[b][1] = _mm256_setzero_ps();
-    __m256 dw[2], mw[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-    for (int64_t ci = 0; ci < nfull; ci++) {
+    for (int64_t ci = 0; ci * 16 < nblk; ci++) {
         const char *p = w + 16 * ci * bsz;
-        if (wtype == QTYPE_Q4_K || wtype == QTYPE_Q5_K || wtype == QTYPE_IQ4_XS) {
-            sb_scales_avx2(wtype, p, 16, dw, mw);
-        } else {
-            q8_scales_avx2(p, bsz, 16, dw);
-            if (q32_has_min(wtype)) q8_scales_avx2(p + 2, bsz, 16, mw);
-        }
-        for (int b = 0; b < n; b++) q8_chunk_avx2(wtype, p, 16, dw, mw, &a[b], ci, acc[b]);
-    }
-    if (tail) {
-        const char *p = w + 16 * nfull * bsz;
-        if (wtype == QTYPE_Q4_K || wtype == QTYPE_Q5_K || wtype == QTYPE_IQ4_XS) {
-            sb_scales_avx2(wtype, p, tail, dw, mw);
-        } else {
-            q8_scales_avx2(p, bsz, tail, dw);
-            if (q32_has_min(wtype)) q8_scales_avx2(p + 2, bsz, tail, mw);
-        }
-        for (int b = 0; b < n; b++) q8_chunk_avx2(wtype, p, tail, dw, mw, &a[b], nfull, acc[b]);
+        const int m = nblk - 16 * ci < 16 ? (int)(nblk - 16 * ci) : 16;
+        __m256 dw[2], mw[2];
+        chunk_scales_avx2(wtype, p, m, dw, mw);
+        if (m == 16)
+            for (int b = 0; b < n; b++) q8_chunk_avx2(wtype, p, 16, dw, mw, &a[b], ci, acc[b]);
+        else
+            for (int b = 0; b < n; b++) q8_chunk_avx2(wtype, p, m, dw, mw, &a[b], ci, acc[b]);
     }
     for (int b = 0; b < n; b++) y[(int64_t)b * ldy] = hsum_ps(_mm256_add_ps(acc[b][0], acc[b][1]));
 }
@@ -433,20 +433,14 @@ INLINE void mm_q8_row(int wtype, const char *w, int64_t nblk, const act_row *a, 
  * stack arrays. */
 INLINE void mm_q8_row1(int wtype, const char *w, int64_t nblk, const act_row *a, float *y) {
     const int bsz = q32_block_bytes(wtype);
-    const int super = wtype == QTYPE_Q4_K || wtype == QTYPE_Q5_K || wtype == QTYPE_IQ4_XS;
     __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
     for (int64_t ci = 0; ci * 16 < nblk; ci++) {
         const char *p = w + 16 * ci * bsz;
-        const int n = nblk - 16 * ci < 16 ? (int)(nblk - 16 * ci) : 16;
-        __m256 dw[2], mw[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-        if (super) {
-            sb_scales_avx2(wtype, p, n, dw, mw);
-        } else {
-            q8_scales_avx2(p, bsz, n, dw);
-            if (q32_has_min(wtype)) q8_scales_avx2(p + 2, bsz, n, mw);
-        }
-        if (n == 16) q8_chunk_avx2(wtype, p, 16, dw, mw, a, ci, acc);
-        else q8_chunk_avx2(wtype, p, n, dw, mw, a, ci, acc);
+        const int m = nblk - 16 * ci < 16 ? (int)(nblk - 16 * ci) : 16;
+        __m256 dw[2], mw[2];
+        chunk_scales_avx2(wtype, p, m, dw, mw);
+        if (m == 16) q8_chunk_avx2(wtype, p, 16, dw, mw, a, ci, acc);
+        else q8_chunk_avx2(wtype, p, m, dw, mw, a, ci, acc);
     }
     *y = hsum_ps(_mm256_add_ps(acc[0], acc[1]));
 }
