@@ -83,6 +83,57 @@ static inline __m256 load8_part(const void *base, size_t idx, int n, const int F
     return _mm256_loadu_ps(t);
 }
 
+/* One 16-key tile of scores for NR (<= 3) rows: e0/e1 (o0/o1) accumulate
+ * the even (odd) channels of keys [0, 8) and [8, 16). k points at channel 0
+ * of the tile's first key, step bytes apart per channel. PF: 0 no prefetch,
+ * 1 one line of *pp per channel pair, 2 pf_lines lines per pair; *pp moves
+ * past what was asked for. A separate loop per PF with the key pointer
+ * stepped keeps the loop free of branches: a prefetch loop inside it (a
+ * count, a compare and a jump per line) cost more instructions than the 12
+ * FMAs it sat beside, and a decode step's score loop ran at the front end's
+ * pace instead of the FMA units'. */
+static ALWAYS_INLINE void qk_tile16(const float *q, int hdp, const char *k, size_t step, int hd,
+                                    __m256 *e0, __m256 *e1, __m256 *o0, __m256 *o1, const int NR,
+                                    const int F16, const int PF, const char **pp, int pf_lines) {
+    const size_t h = F16 ? 16 : 32; /* bytes of 8 keys */
+    const char *p = *pp;
+    int d = 0;
+    for (; d + 2 <= hd; d += 2, k += 2 * step) {
+        if (PF == 1) {
+            _mm_prefetch(p, _MM_HINT_T1);
+            p += 64;
+        } else if (PF == 2) {
+            for (int i = 0; i < pf_lines; i++, p += 64) _mm_prefetch(p, _MM_HINT_T1);
+        }
+        __m256 x0 = load8(k, 0, F16);
+        __m256 x1 = load8(k + h, 0, F16);
+#pragma GCC unroll 3
+        for (int r = 0; r < NR; r++) {
+            const __m256 qb = _mm256_broadcast_ss(q + (size_t)r * hdp + d);
+            e0[r] = _mm256_fmadd_ps(qb, x0, e0[r]);
+            e1[r] = _mm256_fmadd_ps(qb, x1, e1[r]);
+        }
+        x0 = load8(k + step, 0, F16);
+        x1 = load8(k + step + h, 0, F16);
+#pragma GCC unroll 3
+        for (int r = 0; r < NR; r++) {
+            const __m256 qb = _mm256_broadcast_ss(q + (size_t)r * hdp + d + 1);
+            o0[r] = _mm256_fmadd_ps(qb, x0, o0[r]);
+            o1[r] = _mm256_fmadd_ps(qb, x1, o1[r]);
+        }
+    }
+    if (d < hd) { /* an odd head_dim: the last channel ends the even chain */
+        const __m256 x0 = load8(k, 0, F16), x1 = load8(k + h, 0, F16);
+#pragma GCC unroll 3
+        for (int r = 0; r < NR; r++) {
+            const __m256 qb = _mm256_broadcast_ss(q + (size_t)r * hdp + d);
+            e0[r] = _mm256_fmadd_ps(qb, x0, e0[r]);
+            e1[r] = _mm256_fmadd_ps(qb, x1, e1[r]);
+        }
+    }
+    *pp = p;
+}
+
 /* s[r][j] = q[r] . k[j] for NR (<= 3) rows and keys [0, nk), the keys
  * channel-major (channel c of key j at kT[c * ldk + j]): a register holds one
  * channel of 8 keys, so scores accumulate from broadcast q values with no
@@ -91,46 +142,21 @@ static inline __m256 load8_part(const void *base, size_t idx, int n, const int F
  * single one gives (a chain of hd FMAs bound by their latency left half of
  * the FMA units idle at 3 rows). Keys go 16 at a time where they can (each
  * broadcast feeds two FMAs), then 8, then the tail. If pf is not NULL,
- * pf_lines lines of it are prefetched towards L2 per channel. */
+ * pf_lines lines of it are prefetched towards L2 per channel pair. */
 static ALWAYS_INLINE void qk_rows(const float *q, int hdp, const void *kT, int ldk, int hd,
                                   float *s, int lds, int nk, const int NR, const int F16,
                                   const char *pf, int pf_lines) {
-    size_t line = 0;
+    const size_t step = (size_t)ldk * (F16 ? 2 : 4);
+    const char *pp = pf;
     int j = 0;
     for (; j + 16 <= nk; j += 16) {
         __m256 e0[3], e1[3], o0[3], o1[3];
 #pragma GCC unroll 3
         for (int r = 0; r < NR; r++) e0[r] = e1[r] = o0[r] = o1[r] = _mm256_setzero_ps();
-        int d = 0;
-        for (; d + 2 <= hd; d += 2) {
-            if (pf)
-                for (int i = 0; i < 2 * pf_lines; i++, line++) _mm_prefetch(pf + line * 64, _MM_HINT_T1);
-            __m256 x0 = load8(kT, (size_t)d * ldk + j, F16);
-            __m256 x1 = load8(kT, (size_t)d * ldk + j + 8, F16);
-#pragma GCC unroll 3
-            for (int r = 0; r < NR; r++) {
-                const __m256 qb = _mm256_broadcast_ss(q + (size_t)r * hdp + d);
-                e0[r] = _mm256_fmadd_ps(qb, x0, e0[r]);
-                e1[r] = _mm256_fmadd_ps(qb, x1, e1[r]);
-            }
-            x0 = load8(kT, (size_t)(d + 1) * ldk + j, F16);
-            x1 = load8(kT, (size_t)(d + 1) * ldk + j + 8, F16);
-#pragma GCC unroll 3
-            for (int r = 0; r < NR; r++) {
-                const __m256 qb = _mm256_broadcast_ss(q + (size_t)r * hdp + d + 1);
-                o0[r] = _mm256_fmadd_ps(qb, x0, o0[r]);
-                o1[r] = _mm256_fmadd_ps(qb, x1, o1[r]);
-            }
-        }
-        if (d < hd) { /* an odd head_dim: the last channel ends the even chain */
-            const __m256 x0 = load8(kT, (size_t)d * ldk + j, F16), x1 = load8(kT, (size_t)d * ldk + j + 8, F16);
-#pragma GCC unroll 3
-            for (int r = 0; r < NR; r++) {
-                const __m256 qb = _mm256_broadcast_ss(q + (size_t)r * hdp + d);
-                e0[r] = _mm256_fmadd_ps(qb, x0, e0[r]);
-                e1[r] = _mm256_fmadd_ps(qb, x1, e1[r]);
-            }
-        }
+        const char *k = (const char *)kT + (size_t)j * (F16 ? 2 : 4);
+        if (!pf) qk_tile16(q, hdp, k, step, hd, e0, e1, o0, o1, NR, F16, 0, &pp, pf_lines);
+        else if (pf_lines == 1) qk_tile16(q, hdp, k, step, hd, e0, e1, o0, o1, NR, F16, 1, &pp, 1);
+        else qk_tile16(q, hdp, k, step, hd, e0, e1, o0, o1, NR, F16, 2, &pp, pf_lines);
 #pragma GCC unroll 3
         for (int r = 0; r < NR; r++) {
             _mm256_storeu_ps(s + (size_t)r * lds + j, _mm256_add_ps(e0[r], o0[r]));
@@ -147,8 +173,8 @@ static ALWAYS_INLINE void qk_rows(const float *q, int hdp, const void *kT, int l
 #pragma GCC unroll 3
         for (int r = 0; r < NR; r++) e0[r] = o0[r] = _mm256_setzero_ps();
         for (int d = 0; d < hd; d++) {
-            if (pf)
-                for (int i = 0; i < pf_lines; i++, line++) _mm_prefetch(pf + line * 64, _MM_HINT_T1);
+            if (pp && !(d & 1))
+                for (int i = 0; i < pf_lines; i++, pp += 64) _mm_prefetch(pp, _MM_HINT_T1);
             const __m256 x0 = n == 8 ? load8(kT, (size_t)d * ldk + j, F16)
                                      : load8_part(kT, (size_t)d * ldk + j, n, F16);
 #pragma GCC unroll 3
@@ -192,10 +218,12 @@ static ALWAYS_INLINE void qk_all(const float *q, int hdp, const void *kT, int ld
 /* acc[NR rows][dims d0 .. d0 + 8 NV) += p[row][j] * v[j] over keys [0, nk),
  * NR <= 3: each converted value vector feeds the tile's rows (12
  * independent accumulators at 3 rows x 32 dims), the rows' probabilities
- * broadcast once per key. */
+ * broadcast once per key. PF as in qk_tile16, per key: 0 none, 1 one line of
+ * *pp, 2 pf_lines lines. */
 static ALWAYS_INLINE void pv_tile(float *acc, int hdp, const float *p, int lds, const void *v,
                                   int ldv, int d0, int nk, const int NR, const int NV,
-                                  const int F16, const char *pf, int pf_lines) {
+                                  const int F16, const int PF, const char **pp, int pf_lines) {
+    const char *pf = *pp;
     __m256 c[3][4];
 #pragma GCC unroll 3
     for (int r = 0; r < NR; r++)
@@ -203,9 +231,12 @@ static ALWAYS_INLINE void pv_tile(float *acc, int hdp, const float *p, int lds, 
         for (int i = 0; i < NV; i++)
             c[r][i] = _mm256_loadu_ps(acc + (size_t)r * hdp + d0 + 8 * i);
     for (int j = 0; j < nk; j++) {
-        if (pf)
-            for (int i = 0; i < pf_lines; i++)
-                _mm_prefetch(pf + ((size_t)j * pf_lines + i) * 64, _MM_HINT_T1);
+        if (PF == 1) {
+            _mm_prefetch(pf, _MM_HINT_T1);
+            pf += 64;
+        } else if (PF == 2) {
+            for (int i = 0; i < pf_lines; i++, pf += 64) _mm_prefetch(pf, _MM_HINT_T1);
+        }
         __m256 pb[3];
 #pragma GCC unroll 3
         for (int r = 0; r < NR; r++) pb[r] = _mm256_broadcast_ss(p + (size_t)r * lds + j);
@@ -221,21 +252,32 @@ static ALWAYS_INLINE void pv_tile(float *acc, int hdp, const float *p, int lds, 
 #pragma GCC unroll 4
         for (int i = 0; i < NV; i++)
             _mm256_storeu_ps(acc + (size_t)r * hdp + d0 + 8 * i, c[r][i]);
+    *pp = pf;
 }
 
-/* NR rows over dims [0, hd8): 32-dim tiles, then an 8..24-dim tail. */
+/* NR rows over dims [0, hd8): 32-dim tiles, then an 8..24-dim tail; the
+ * prefetches of pf spread over all of them. */
+static ALWAYS_INLINE void pv_tiles(float *acc, int hdp, const float *p, int lds, const void *v,
+                                   int ldv, int hd8, int nk, const int NR, const int F16,
+                                   const int PF, const char *pf, int pf_lines) {
+    int d = 0;
+    for (; d + 32 <= hd8; d += 32)
+        pv_tile(acc, hdp, p, lds, v, ldv, d, nk, NR, 4, F16, PF, &pf, pf_lines);
+    switch ((hd8 - d) / 8) {
+    case 3: pv_tile(acc, hdp, p, lds, v, ldv, d, nk, NR, 3, F16, PF, &pf, pf_lines); break;
+    case 2: pv_tile(acc, hdp, p, lds, v, ldv, d, nk, NR, 2, F16, PF, &pf, pf_lines); break;
+    case 1: pv_tile(acc, hdp, p, lds, v, ldv, d, nk, NR, 1, F16, PF, &pf, pf_lines); break;
+    default: break;
+    }
+}
+
+/* pf_lines lines of pf (if not NULL) per key of each dim tile. */
 static ALWAYS_INLINE void pv_rows(float *acc, int hdp, const float *p, int lds, const void *v,
                                   int ldv, int hd8, int nk, const int NR, const int F16,
                                   const char *pf, int pf_lines) {
-    int d = 0;
-    for (; d + 32 <= hd8; d += 32, pf = NULL)
-        pv_tile(acc, hdp, p, lds, v, ldv, d, nk, NR, 4, F16, pf, pf_lines);
-    switch ((hd8 - d) / 8) {
-    case 3: pv_tile(acc, hdp, p, lds, v, ldv, d, nk, NR, 3, F16, pf, pf_lines); break;
-    case 2: pv_tile(acc, hdp, p, lds, v, ldv, d, nk, NR, 2, F16, pf, pf_lines); break;
-    case 1: pv_tile(acc, hdp, p, lds, v, ldv, d, nk, NR, 1, F16, pf, pf_lines); break;
-    default: break;
-    }
+    if (!pf) pv_tiles(acc, hdp, p, lds, v, ldv, hd8, nk, NR, F16, 0, pf, pf_lines);
+    else if (pf_lines == 1) pv_tiles(acc, hdp, p, lds, v, ldv, hd8, nk, NR, F16, 1, pf, 1);
+    else pv_tiles(acc, hdp, p, lds, v, ldv, hd8, nk, NR, F16, 2, pf, pf_lines);
 }
 
 static ALWAYS_INLINE void pv_all(float *acc, int hdp, const float *p, int lds, const void *v,
@@ -277,12 +319,14 @@ static ALWAYS_INLINE void block_step(attn_state *st, const attn_block *b, const 
      * query rows share the block; else F32 scratch. */
     const int f16 = b->type == QTYPE_F16;
     const int in_place = hd % 8 == 0 && (!f16 || R - r0 <= FUSE_ROWS);
-    /* The block ahead's K (V) lines to prefetch per channel of a 16-key group
-     * (per key), as in the AVX-512 kernel. */
+    /* The block ahead's K (V) lines to prefetch per channel pair of a 16-key
+     * group (per key of a dim tile): one with F16 K and V. */
     const size_t half_lines = ((size_t)bt * hd * (f16 ? 2 : 4) + 63) / 64;
-    const size_t k_steps = (size_t)((nk + 15) / 16) * (size_t)hd;
+    const size_t k_steps = (size_t)((nk + 15) / 16) * (size_t)((hd + 1) / 2);
     const int pf_k = (int)((half_lines + k_steps - 1) / k_steps);
-    const int pf_v = (int)((half_lines + (size_t)nk - 1) / (size_t)nk);
+    const int hd8 = in_place ? hd : hdp;
+    const size_t v_steps = (size_t)((hd8 + 31) / 32) * (size_t)nk;
+    const int pf_v = (int)((half_lines + v_steps - 1) / v_steps);
     if (in_place && b->next_k && !b->ahead_k) /* as in the AVX-512 kernel */
         prefetch_block(b->next_k, b->next_v, (size_t)bt * hd * (f16 ? 2 : 4));
     if (in_place) {
@@ -292,23 +336,35 @@ static ALWAYS_INLINE void block_step(attn_state *st, const attn_block *b, const 
         load_kT(st->kbuf, lds, b->k, b->type, nk, hd, bt, b->next_k);
         qk_all(st->q, hdp, st->kbuf, lds, hd, st->s, lds, r0, R, nk, 0, b->ahead_k, pf_k);
     }
-    for (int r = r0; r < R; r++) {
-        int nv = b->vis0 + r / G;
-        if (nv > nk) nv = nk;
-        float alpha = attn_softmax_row_avx2(st->s + (size_t)r * lds, nv, nk, &st->m[r], &st->l[r]);
-        if (alpha != 1.0f) {
-            float *acc = st->acc + (size_t)r * hdp;
-            const __m256 va = _mm256_set1_ps(alpha);
-            for (int d = 0; d < hdp; d += 8)
-                _mm256_storeu_ps(acc + d, _mm256_mul_ps(va, _mm256_loadu_ps(acc + d)));
+    for (int r = r0; r < R;) {
+        /* rows that see all 16 keys of a full block go up to 4 at a time */
+        const int n = nk != 16 || b->vis0 + r / G < 16 ? 1 : R - r < 4 ? R - r : 4;
+        float alpha[4];
+        float *s = st->s + (size_t)r * lds;
+        switch (n) {
+        case 4: attn_softmax_rows16_avx2(s, lds, 4, st->m + r, st->l + r, alpha); break;
+        case 3: attn_softmax_rows16_avx2(s, lds, 3, st->m + r, st->l + r, alpha); break;
+        case 2: attn_softmax_rows16_avx2(s, lds, 2, st->m + r, st->l + r, alpha); break;
+        default: {
+            int nv = b->vis0 + r / G;
+            if (nv > nk) nv = nk;
+            alpha[0] = attn_softmax_row_avx2(s, nv, nk, &st->m[r], &st->l[r]);
         }
+        }
+        for (int i = 0; i < n; i++, r++)
+            if (alpha[i] != 1.0f) {
+                float *acc = st->acc + (size_t)r * hdp;
+                const __m256 va = _mm256_set1_ps(alpha[i]);
+                for (int d = 0; d < hdp; d += 8)
+                    _mm256_storeu_ps(acc + d, _mm256_mul_ps(va, _mm256_loadu_ps(acc + d)));
+            }
     }
     if (in_place) {
-        if (f16) pv_all(st->acc, hdp, st->s, lds, b->v, hd, hd, r0, R, nk, 1, b->ahead_v, pf_v);
-        else pv_all(st->acc, hdp, st->s, lds, b->v, hd, hd, r0, R, nk, 0, b->ahead_v, pf_v);
+        if (f16) pv_all(st->acc, hdp, st->s, lds, b->v, hd, hd8, r0, R, nk, 1, b->ahead_v, pf_v);
+        else pv_all(st->acc, hdp, st->s, lds, b->v, hd, hd8, r0, R, nk, 0, b->ahead_v, pf_v);
     } else {
         load_rows(st->vbuf, b->v, b->type, nk, hd, hdp, b->next_v);
-        pv_all(st->acc, hdp, st->s, lds, st->vbuf, hdp, hdp, r0, R, nk, 0, b->ahead_v, pf_v);
+        pv_all(st->acc, hdp, st->s, lds, st->vbuf, hdp, hd8, r0, R, nk, 0, b->ahead_v, pf_v);
     }
 }
 

@@ -56,4 +56,43 @@ static inline __attribute__((always_inline)) float attn_softmax_row_avx2(float *
     return alpha;
 }
 
+/* The step above for NR (<= 4) rows that each see all 16 keys of a block
+ * (rows lds apart), with the same operations in the same order per row, so
+ * the same bits; alpha[r] gets row r's rescale. The rows go through each
+ * phase together (maxima, then the rescales, then the exponentials and sums):
+ * one row alone is a chain of dependent steps (max, horizontal max, exp, sum)
+ * that left the core waiting on latency for a third of a decode step's block
+ * time. */
+static inline __attribute__((always_inline)) void attn_softmax_rows16_avx2(float *s, int lds, const int NR,
+                                                                          float *m, float *l,
+                                                                          float *alpha) {
+    float m_new[4];
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; r++) {
+        const float *sr = s + (size_t)r * lds;
+        const __m256 vm = _mm256_max_ps(_mm256_max_ps(_mm256_set1_ps(-INFINITY), _mm256_loadu_ps(sr)),
+                                        _mm256_loadu_ps(sr + 8));
+        const float mx = attn_hmax_avx2(vm);
+        m_new[r] = mx > m[r] ? mx : m[r];
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; r++) alpha[r] = m_new[r] == m[r] ? 1.0f : expf(m[r] - m_new[r]);
+    __m256 vs[4];
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; r++) {
+        float *sr = s + (size_t)r * lds;
+        const __m256 mn = _mm256_set1_ps(m_new[r]);
+        const __m256 e0 = exp_ps(_mm256_sub_ps(_mm256_loadu_ps(sr), mn));
+        const __m256 e1 = exp_ps(_mm256_sub_ps(_mm256_loadu_ps(sr + 8), mn));
+        _mm256_storeu_ps(sr, e0);
+        _mm256_storeu_ps(sr + 8, e1);
+        vs[r] = _mm256_add_ps(_mm256_add_ps(_mm256_setzero_ps(), e0), e1);
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; r++) {
+        m[r] = m_new[r];
+        l[r] = l[r] * alpha[r] + attn_hadd_avx2(vs[r]);
+    }
+}
+
 #endif
