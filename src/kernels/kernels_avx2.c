@@ -232,9 +232,12 @@ INLINE __m256i q8_pair_dot(int wtype, const char *pa, const char *pb, const int8
  * unsigned path. */
 INLINE __m256i q45k_pair_dot(const char *qs, const uint8_t *qh, int i, const int8_t *alo, const int8_t *ahi) {
     const __m256i m4 = _mm256_set1_epi8(0xF), ones = _mm256_set1_epi16(1);
-    const __m128i x0 = _mm_loadu_si128((const __m128i *)qs), x1 = _mm_loadu_si128((const __m128i *)(qs + 16));
-    __m256i w0 = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(x0, 4), x0), m4);
-    __m256i w1 = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(x1, 4), x1), m4);
+    /* each half of the 32 bytes in both lanes, the high lane shifted down to
+     * its high nibbles (a broadcast load and a variable shift, no lane insert) */
+    const __m256i nib = _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4);
+    __m256i w0 = _mm256_and_si256(_mm256_srlv_epi32(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)qs)), nib), m4);
+    __m256i w1 = _mm256_and_si256(
+        _mm256_srlv_epi32(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(qs + 16))), nib), m4);
     if (qh) { /* elements 0-15 (w0) and 16-31 (w1): bit 2i (low lane) or 2i + 1 (high lane) of qh[element] */
         const __m256i bm = _mm256_set_m128i(_mm_set1_epi8((char)(2 << (2 * i))), _mm_set1_epi8((char)(1 << (2 * i))));
         const __m256i b16 = _mm256_set1_epi8(0x10);
@@ -476,9 +479,15 @@ INLINE void mm_q8(int wtype, const void *W, int64_t cols, int64_t r0, int64_t r1
 INLINE void mm_q6k_row(const block_q6_K *w, int64_t nblk, const act_row *a, float *y, int64_t ldy,
                        const int NB) {
     __m256 accf[MM_NB];
-    /* Low 128-bit lane: int16 0 of a dword repeated; high lane: int16 1. */
-    const __m256i pick = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2,
-                                          3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3);
+    /* pick[kk]: in a 128-bit lane of 8 int16, int16 2kk repeated in the low
+     * lane and 2kk + 1 in the high lane */
+    __m256i pick[4];
+#pragma GCC unroll 4
+    for (int kk = 0; kk < 4; kk++) {
+        const __m128i lo = _mm_set1_epi16((short)(4 * kk | (4 * kk + 1) << 8));
+        const __m128i hi = _mm_set1_epi16((short)((4 * kk + 2) | (4 * kk + 3) << 8));
+        pick[kk] = _mm256_set_m128i(hi, lo);
+    }
 #pragma GCC unroll 4
     for (int b = 0; b < NB; b++) accf[b] = _mm256_setzero_ps();
     for (int64_t k = 0; k < nblk; k++) {
@@ -486,13 +495,16 @@ INLINE void mm_q6k_row(const block_q6_K *w, int64_t nblk, const act_row *a, floa
         __m256i acci[MM_NB];
 #pragma GCC unroll 4
         for (int b = 0; b < NB; b++) acci[b] = _mm256_setzero_si256();
+#pragma GCC unroll 2
         for (int h = 0; h < 2; h++) {
+            /* half h's 8 scales in both lanes: one shuffle per quarter below */
+            const __m256i sch = _mm256_broadcastsi128_si256(h ? _mm256_extracti128_si256(sc16, 1)
+                                                              : _mm256_castsi256_si128(sc16));
 #pragma GCC unroll 4
             for (int kk = 0; kk < 4; kk++) {
                 __m256i q = q6k_quarter(w[k].ql + 64 * h, w[k].qh + 32 * h, kk);
-                /* scales of sub-blocks 8h + 2kk and 8h + 2kk + 1 = dword 4h + kk */
-                __m256i s = _mm256_shuffle_epi8(
-                    _mm256_permutevar8x32_epi32(sc16, _mm256_set1_epi32(4 * h + kk)), pick);
+                /* scales of sub-blocks 8h + 2kk (low lane) and 8h + 2kk + 1 (high) */
+                __m256i s = _mm256_shuffle_epi8(sch, pick[kk]);
 #pragma GCC unroll 4
                 for (int b = 0; b < NB; b++) {
                     const int8_t *aq = a[b].qs + QK_K * k + 128 * h + 32 * kk;
