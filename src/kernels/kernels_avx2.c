@@ -123,8 +123,7 @@ INLINE void mm_float(int wtype, const void *W, int64_t cols, int64_t r0, int64_t
     kern_pf_start((const char *)W + (size_t)r0 * wrow);
     for (int64_t r = r0; r < r1; r++) {
         const void *w = (const char *)W + (size_t)r * wrow;
-        kern_pf_pages(w, wrow);
-        if (nb == 1) kern_pf_lines(w, wrow);
+        kern_pf_pages(w, wrow); /* decode: lines ahead too, per block in the row kernels */
         for (int b0 = 0; b0 < nb; b0 += MM_NB) {
             const float *x[MM_NB];
             int n = nb - b0 < MM_NB ? nb - b0 : MM_NB;
@@ -251,17 +250,17 @@ INLINE __m256i q45k_pair_dot(const char *qs, const uint8_t *qh, int i, const int
     return _mm256_madd_epi16(p, ones);
 }
 
-/* A Q4_K / Q5_K super-block's 8 sub-block scales (bytes 0..7) and minimums
- * (bytes 8..15) from its 12 packed scale bytes s (q4k_scale_min's fields,
- * four at a time in 32-bit words). */
-INLINE __m128i q4k_scales_mins(const uint8_t *s) {
-    uint32_t a0, a1, a2;
-    memcpy(&a0, s, 4);
-    memcpy(&a1, s + 4, 4);
-    memcpy(&a2, s + 8, 4);
-    const uint32_t m6 = 0x3f3f3f3fu, m4 = 0x0f0f0f0fu, m2 = 0x03030303u;
-    const uint32_t sc_hi = (a2 & m4) | ((a0 >> 6) & m2) << 4, mn_hi = ((a2 >> 4) & m4) | ((a1 >> 6) & m2) << 4;
-    return _mm_setr_epi32((int)(a0 & m6), (int)sc_hi, (int)(a1 & m6), (int)mn_hi);
+/* Two Q4_K / Q5_K super-blocks' 8 sub-block scales (bytes 0..7 of a lane)
+ * and minimums (bytes 8..15) from their 12 packed scale bytes (16 bytes
+ * loaded from each, s0 into lane 0, s1 into lane 1): q4k_scale_min's fields,
+ * four at a time in 32-bit words, for both at once. */
+INLINE __m256i q4k_scales_mins2(__m128i s0, __m128i s1) {
+    const __m256i u = _mm256_set_m128i(s1, s0); /* a0 a1 a2 - per lane */
+    const __m256i lo6 = _mm256_and_si256(u, _mm256_set1_epi32(0x3f3f3f3f)); /* sc0-3, m0-3 */
+    const __m256i top2 = _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(u, 6), _mm256_set1_epi32(0x03030303)), 4);
+    const __m256i nib = _mm256_and_si256(_mm256_srlv_epi32(_mm256_shuffle_epi32(u, 0xAA), _mm256_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4)),
+                                         _mm256_set1_epi32(0x0f0f0f0f));
+    return _mm256_unpacklo_epi32(lo6, _mm256_or_si256(nib, top2)); /* sc0-3 sc4-7 m0-3 m4-7 */
 }
 
 /* An IQ4_XS super-block's 8 signed sub-block scales (iq4xs_scale) as bytes. */
@@ -282,28 +281,34 @@ INLINE void sb_scales_avx2(int wtype, const char *p, int n, __m256 dw[2], __m256
     const __m128i order = _mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
     const int two = n > 8;
     __m128i sc, mn = _mm_setzero_si128();
-    float d0, d1 = 0, m0 = 0, m1 = 0;
+    __m256 dv, mv = _mm256_setzero_ps();
+    /* slots 0..7 hold blocks 0, 4, 8, 12, 1, 5, 9, 13; 8..15 the same plus 2 */
+    const __m256i d_slots = _mm256_setr_epi32(0, 0, 2, 2, 0, 0, 2, 2);
     if (wtype == QTYPE_IQ4_XS) {
         const block_iq4_xs *b0 = (const block_iq4_xs *)p, *b1 = (const block_iq4_xs *)(p + sbb);
-        sc = _mm_set_epi64x(two ? (long long)iq4xs_scale_bytes(b1) : 0, (long long)iq4xs_scale_bytes(b0));
-        d0 = _cvtsh_ss(b0->d);
-        if (two) d1 = _cvtsh_ss(b1->d);
-    } else { /* Q4_K and Q5_K share the header */
+        sc = _mm_shuffle_epi8(_mm_set_epi64x(two ? (long long)iq4xs_scale_bytes(b1) : 0, (long long)iq4xs_scale_bytes(b0)),
+                              order);
+        const float d0 = _cvtsh_ss(b0->d), d1 = two ? _cvtsh_ss(b1->d) : 0.0f;
+        dv = _mm256_setr_ps(d0, d0, d1, d1, d0, d0, d1, d1);
+    } else { /* Q4_K and Q5_K share the header: d, dmin, 12 scale bytes */
         const block_q4_K *b0 = (const block_q4_K *)p, *b1 = (const block_q4_K *)(p + sbb);
-        const __m128i x0 = q4k_scales_mins(b0->scales), x1 = two ? q4k_scales_mins(b1->scales) : _mm_setzero_si128();
-        sc = _mm_unpacklo_epi64(x0, x1);
-        mn = _mm_unpackhi_epi64(x0, x1);
-        d0 = _cvtsh_ss(b0->d);
-        m0 = _cvtsh_ss(b0->dmin);
-        if (two) {
-            d1 = _cvtsh_ss(b1->d);
-            m1 = _cvtsh_ss(b1->dmin);
-        }
+        /* both super-blocks' scales and minimums at once, one per lane (16
+         * bytes read from each: the 12 scale bytes and 4 of qs) */
+        const __m256i x = q4k_scales_mins2(_mm_loadu_si128((const __m128i *)b0->scales),
+                                           two ? _mm_loadu_si128((const __m128i *)b1->scales) : _mm_setzero_si128());
+        /* [scales of 0, of 1 | minimums of 0, of 1], each half to slot order */
+        const __m256i sm = _mm256_shuffle_epi8(_mm256_permute4x64_epi64(x, _MM_SHUFFLE(3, 1, 2, 0)),
+                                               _mm256_broadcastsi128_si256(order));
+        sc = _mm256_castsi256_si128(sm);
+        mn = _mm256_extracti128_si256(sm, 1);
+        /* d0, dmin0, d1, dmin1 (zeros without a second super-block) */
+        uint32_t h0, h1 = 0;
+        memcpy(&h0, b0, 4);
+        if (two) memcpy(&h1, b1, 4);
+        const __m256 dm = _mm256_castps128_ps256(_mm_cvtph_ps(_mm_setr_epi32((int)h0, (int)h1, 0, 0)));
+        dv = _mm256_permutevar8x32_ps(dm, d_slots);
+        mv = _mm256_permutevar8x32_ps(dm, _mm256_add_epi32(d_slots, _mm256_set1_epi32(1)));
     }
-    /* slots 0..7 hold blocks 0, 4, 8, 12, 1, 5, 9, 13; 8..15 the same plus 2 */
-    const __m256 dv = _mm256_setr_ps(d0, d0, d1, d1, d0, d0, d1, d1), mv = _mm256_setr_ps(m0, m0, m1, m1, m0, m0, m1, m1);
-    sc = _mm_shuffle_epi8(sc, order);
-    mn = _mm_shuffle_epi8(mn, order);
     for (int h = 0; h < 2; h++) {
         const __m128i sh = h ? _mm_srli_si128(sc, 8) : sc, mh = h ? _mm_srli_si128(mn, 8) : mn;
         const __m256i si = wtype == QTYPE_IQ4_XS ? _mm256_cvtepi8_epi32(sh) : _mm256_cvtepu8_epi32(sh);
@@ -440,6 +445,7 @@ INLINE void mm_q8_row1(int wtype, const char *w, int64_t nblk, const act_row *a,
     for (int64_t ci = 0; ci * 16 < nblk; ci++) {
         const char *p = w + 16 * ci * bsz;
         const int m = nblk - 16 * ci < 16 ? (int)(nblk - 16 * ci) : 16;
+        kern_pf_block(p, 16 * bsz); /* the lines ahead, a chunk's worth per chunk */
         __m256 dw[2], mw[2];
         chunk_scales_avx2(wtype, p, m, dw, mw);
         if (m == 16) q8_chunk_avx2(wtype, p, 16, dw, mw, a, ci, acc);
@@ -459,8 +465,7 @@ INLINE void mm_q8(int wtype, const void *W, int64_t cols, int64_t r0, int64_t r1
     kern_pf_start((const char *)W + (size_t)r0 * wrow);
     for (int64_t r = r0; r < r1; r++) {
         const char *w = (const char *)W + (size_t)r * wrow;
-        kern_pf_pages(w, wrow);
-        if (nb == 1) kern_pf_lines(w, wrow); /* decode: lines ahead too (kernels_x86.h) */
+        kern_pf_pages(w, wrow); /* decode: lines ahead too, in mm_q8_row1 (kernels_x86.h) */
         for (int b0 = 0; b0 < nb; b0 += Q8_NB) {
             int n = nb - b0 < Q8_NB ? nb - b0 : Q8_NB;
             act_row a[Q8_NB];
@@ -491,6 +496,7 @@ INLINE void mm_q6k_row(const block_q6_K *w, int64_t nblk, const act_row *a, floa
 #pragma GCC unroll 4
     for (int b = 0; b < NB; b++) accf[b] = _mm256_setzero_ps();
     for (int64_t k = 0; k < nblk; k++) {
+        if (NB == 1) kern_pf_block(&w[k], (int)sizeof(block_q6_K));
         __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)w[k].scales));
         __m256i acci[MM_NB];
 #pragma GCC unroll 4
@@ -556,6 +562,7 @@ INLINE void mm_q23k_row(int wtype, const void *W, int64_t nblk, const act_row *a
     for (int b = 0; b < NB; b++) accf[b] = _mm256_setzero_ps();
     for (int64_t k = 0; k < nblk; k++) {
         const char *blk = (const char *)W + (size_t)k * bsz;
+        if (NB == 1) kern_pf_block(blk, Q3 ? (int)sizeof(block_q3_K) : (int)sizeof(block_q2_K));
         int16_t scs[16], mns[16];
         const uint8_t *qs;
         float d, dmin = 0;
@@ -627,8 +634,7 @@ INLINE void mm_quant(int wtype, const void *W, int64_t cols, int64_t r0, int64_t
     kern_pf_start((const char *)W + (size_t)r0 * wrow);
     for (int64_t r = r0; r < r1; r++) {
         const void *w = (const char *)W + (size_t)r * wrow;
-        kern_pf_pages(w, wrow);
-        if (nb == 1) kern_pf_lines(w, wrow);
+        kern_pf_pages(w, wrow); /* decode: lines ahead too, per block in the row kernels */
         for (int b0 = 0; b0 < nb; b0 += MM_NB) {
             act_row a[MM_NB];
             int n = nb - b0 < MM_NB ? nb - b0 : MM_NB;
