@@ -2,8 +2,8 @@
  * the AVX2 flags; only called when ellm_cpu_isa() allows it). Same structure
  * as the AVX-512 kernel with 8-wide vectors and 16 registers: QK^T over the
  * channel-major keys for up to 3 rows x 16 keys, P*V tiles of up to 3 rows x 32
- * dims; K and V read in place when head_dim is a multiple of 8 and rows are
- * few, else through F32 scratch. */
+ * dims; K and V read in place when head_dim is a multiple of 8, else through
+ * F32 scratch. */
 #include "attention/attention_kernel.h"
 #include "core/prefetch.h"
 #include "core/fp16.h"
@@ -300,10 +300,6 @@ static void prefetch_block(const char *k, const char *v, size_t bytes) {
     prefetch_range_l1(v, bytes);
 }
 
-/* Rows of a part above which K and V are converted once into F32 scratch
- * instead of on the fly for every pair of rows. */
-#define FUSE_ROWS 4
-
 /* The block step, specialised by the compiler for a constant head_dim HD (64,
  * 128) or generic (HD 0). */
 static ALWAYS_INLINE void block_step(attn_state *st, const attn_block *b, const int HD) {
@@ -315,10 +311,15 @@ static ALWAYS_INLINE void block_step(attn_state *st, const attn_block *b, const 
     if (nk > b->n_valid) nk = b->n_valid;
     const int bt = st->block_tokens;
 
-    /* In place (see the AVX-512 kernel) when V rows are 8-float aligned and few
-     * query rows share the block; else F32 scratch. */
+    /* In place when V rows are 8-float aligned, however many rows share the
+     * block: every tile of 3 rows converts the F16 keys and values it reads
+     * again. Converting them once into F32 scratch for more than 4 rows, and
+     * reading that back, was slower at every row count measured
+     * (bench_attention_rows -t 2 at 16K, 4 alternated rounds: 2, 3, 4, 9 and
+     * 16 query tokens 1.80x, 1.54x, 1.42-1.50x, 1.21x and 1.16x faster in
+     * place). Else (an odd head_dim) F32 scratch. */
     const int f16 = b->type == QTYPE_F16;
-    const int in_place = hd % 8 == 0 && (!f16 || R - r0 <= FUSE_ROWS);
+    const int in_place = hd % 8 == 0;
     /* The block ahead's K (V) lines to prefetch per channel pair of a 16-key
      * group (per key of a dim tile): one with F16 K and V. */
     const size_t half_lines = ((size_t)bt * hd * (f16 ? 2 : 4) + 63) / 64;
