@@ -179,58 +179,75 @@ INLINE __m256i q5_bits_avx2(uint32_t a, uint32_t b) {
     return _mm256_and_si256(_mm256_cmpeq_epi8(x, bit), _mm256_set1_epi8(0x10));
 }
 
-/* 8 int32: 4 partial sums of block pa's dot, then 4 of block pb's (NULL:
- * absent, zeros). alo / ahi: the pair's first / last activation halves.
- * IQ4_XS: pa and pb point at the sub-blocks' 16 code bytes. */
-INLINE __m256i q8_pair_dot(int wtype, const char *pa, const char *pb, const int8_t *alo, const int8_t *ahi) {
-    const __m256i ones = _mm256_set1_epi16(1);
-    __m256i w0, w1;
+/* A pair of blocks' weights as q8_wdot takes them: w0 / w1 the bytes that
+ * meet the pair's first / last activation halves; the unsigned types'
+ * values, or for the signed ones (Q8_0, IQ4_NL, IQ4_XS) the values with
+ * u0 / u1 their magnitudes. Unpacked once, they serve every activation row
+ * of a batch. */
+typedef struct {
+    __m256i w0, w1, u0, u1;
+} q8_wpair;
+
+INLINE int q8_signed(int wtype) { return wtype == QTYPE_Q8_0 || wtype == QTYPE_IQ4_NL || wtype == QTYPE_IQ4_XS; }
+
+/* Blocks pa and pb (NULL: absent, zeros). IQ4_XS: pa and pb point at the
+ * sub-blocks' 16 code bytes. */
+INLINE q8_wpair q8_pair_weights(int wtype, const char *pa, const char *pb) {
+    q8_wpair w;
     if (wtype == QTYPE_Q8_0) {
         __m128i a0 = _mm_loadu_si128((const __m128i *)(pa + 2)), a1 = _mm_loadu_si128((const __m128i *)(pa + 18));
         __m128i b0 = pb ? _mm_loadu_si128((const __m128i *)(pb + 2)) : _mm_setzero_si128();
         __m128i b1 = pb ? _mm_loadu_si128((const __m128i *)(pb + 18)) : _mm_setzero_si128();
-        w0 = _mm256_set_m128i(b0, a0);
-        w1 = _mm256_set_m128i(b1, a1);
+        w.w0 = _mm256_set_m128i(b0, a0);
+        w.w1 = _mm256_set_m128i(b1, a1);
     } else {
         const __m256i m4 = _mm256_set1_epi8(0xF);
         const int qoff = wtype == QTYPE_IQ4_XS ? 0 : q32_block_bytes(wtype) - 16; /* the nibbles end every block */
         __m128i qa = _mm_loadu_si128((const __m128i *)(pa + qoff));
         __m128i qb = pb ? _mm_loadu_si128((const __m128i *)(pb + qoff)) : _mm_setzero_si128();
         __m256i x = _mm256_set_m128i(qb, qa);
-        w0 = _mm256_and_si256(x, m4);
-        w1 = _mm256_and_si256(_mm256_srli_epi16(x, 4), m4);
+        w.w0 = _mm256_and_si256(x, m4);
+        w.w1 = _mm256_and_si256(_mm256_srli_epi16(x, 4), m4);
         if (wtype == QTYPE_Q5_0 || wtype == QTYPE_Q5_1) { /* the high bits: the 4 bytes before the nibbles */
             uint32_t ha, hb = 0;
             memcpy(&ha, pa + qoff - 4, 4);
             if (pb) memcpy(&hb, pb + qoff - 4, 4);
-            w0 = _mm256_or_si256(w0, q5_bits_avx2(ha & 0xFFFF, hb & 0xFFFF));
-            w1 = _mm256_or_si256(w1, q5_bits_avx2(ha >> 16, hb >> 16));
+            w.w0 = _mm256_or_si256(w.w0, q5_bits_avx2(ha & 0xFFFF, hb & 0xFFFF));
+            w.w1 = _mm256_or_si256(w.w1, q5_bits_avx2(ha >> 16, hb >> 16));
         }
-        if (wtype != QTYPE_IQ4_NL && wtype != QTYPE_IQ4_XS) { /* unsigned values */
-            __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(w0, _mm256_loadu_si256((const __m256i *)alo)),
-                                         _mm256_maddubs_epi16(w1, _mm256_loadu_si256((const __m256i *)ahi)));
-            return _mm256_madd_epi16(p, ones);
+        if (wtype == QTYPE_IQ4_NL || wtype == QTYPE_IQ4_XS) {
+            /* the codes' signed grid values (an absent block's codes read 0,
+             * whose value is not; its activations are zero anyway) */
+            const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)iq4_values));
+            w.w0 = _mm256_shuffle_epi8(lut, w.w0);
+            w.w1 = _mm256_shuffle_epi8(lut, w.w1);
         }
-        /* IQ4_NL, IQ4_XS: the codes' signed grid values (an absent block's codes
-         * read 0, whose value is not; its activations are zero anyway) */
-        const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)iq4_values));
-        w0 = _mm256_shuffle_epi8(lut, w0);
-        w1 = _mm256_shuffle_epi8(lut, w1);
     }
-    /* signed values (Q8_0, IQ4_NL, IQ4_XS): |w| times a * sign(w) */
-    __m256i p0 = _mm256_maddubs_epi16(_mm256_sign_epi8(w0, w0),
-                                      _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)alo), w0));
-    __m256i p1 = _mm256_maddubs_epi16(_mm256_sign_epi8(w1, w1),
-                                      _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)ahi), w1));
+    w.u0 = q8_signed(wtype) ? _mm256_sign_epi8(w.w0, w.w0) : w.w0;
+    w.u1 = q8_signed(wtype) ? _mm256_sign_epi8(w.w1, w.w1) : w.w1;
+    return w;
+}
+
+/* 8 int32: 4 partial sums of the pair's first block's dot with activations
+ * alo / ahi (its first / last halves), then 4 of the second's. maddubs
+ * multiplies unsigned by signed bytes: the unsigned types' values directly,
+ * the signed ones' |w| times a * sign(w). */
+INLINE __m256i q8_wdot(int wtype, const q8_wpair *w, const int8_t *alo, const int8_t *ahi) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    const __m256i al = _mm256_loadu_si256((const __m256i *)alo), ah = _mm256_loadu_si256((const __m256i *)ahi);
+    if (!q8_signed(wtype))
+        return _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(w->w0, al), _mm256_maddubs_epi16(w->w1, ah)),
+                                 ones);
+    const __m256i p0 = _mm256_maddubs_epi16(w->u0, _mm256_sign_epi8(al, w->w0));
+    const __m256i p1 = _mm256_maddubs_epi16(w->u1, _mm256_sign_epi8(ah, w->w1));
     return _mm256_add_epi32(_mm256_madd_epi16(p0, ones), _mm256_madd_epi16(p1, ones));
 }
 
 /* Q4_K's or Q5_K's pair of blocks of 32 (sub-blocks 2i, 2i + 1 of a
  * super-block) whose nibbles share the 32 bytes at qs (Q5_K: their fifth
- * bits are bits 2i, 2i + 1 of the super-block's qh): as q8_pair_dot's
- * unsigned path. */
-INLINE __m256i q45k_pair_dot(const char *qs, const uint8_t *qh, int i, const int8_t *alo, const int8_t *ahi) {
-    const __m256i m4 = _mm256_set1_epi8(0xF), ones = _mm256_set1_epi16(1);
+ * bits are bits 2i, 2i + 1 of the super-block's qh), unsigned. */
+INLINE q8_wpair q45k_pair_weights(const char *qs, const uint8_t *qh, int i) {
+    const __m256i m4 = _mm256_set1_epi8(0xF);
     /* each half of the 32 bytes in both lanes, the high lane shifted down to
      * its high nibbles (a broadcast load and a variable shift, no lane insert) */
     const __m256i nib = _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4);
@@ -245,9 +262,7 @@ INLINE __m256i q45k_pair_dot(const char *qs, const uint8_t *qh, int i, const int
         w0 = _mm256_or_si256(w0, _mm256_and_si256(_mm256_cmpeq_epi8(y0, bm), b16));
         w1 = _mm256_or_si256(w1, _mm256_and_si256(_mm256_cmpeq_epi8(y1, bm), b16));
     }
-    __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(w0, _mm256_loadu_si256((const __m256i *)alo)),
-                                 _mm256_maddubs_epi16(w1, _mm256_loadu_si256((const __m256i *)ahi)));
-    return _mm256_madd_epi16(p, ones);
+    return (q8_wpair){w0, w1, w0, w1};
 }
 
 /* Two Q4_K / Q5_K super-blocks' 8 sub-block scales (bytes 0..7 of a lane)
@@ -348,32 +363,47 @@ INLINE void chunk_scales_avx2(int wtype, const char *p, int n, __m256 dw[2], __m
     if (q32_has_min(wtype)) q8_scales_avx2(p + 2, bsz, n, mw);
 }
 
-/* Group g (blocks 4g .. 4g + 3) of the chunk's n blocks at p against
- * activations q (the chunk's 512): *ab holds blocks 4g and 4g + 1 (4 partial
- * sums each), *cd blocks 4g + 2 and 4g + 3. */
-INLINE void q8_group_dots(int wtype, const char *p, int n, int g, const int8_t *q, __m256i *ab, __m256i *cd) {
+/* Group g (blocks 4g .. 4g + 3) of the chunk's n blocks at p against the
+ * activations q[r] (the chunk's 512) of NR rows, its weights unpacked once:
+ * ab[r] holds blocks 4g and 4g + 1 (4 partial sums each), cd[r] blocks
+ * 4g + 2 and 4g + 3. */
+INLINE void q8_group_dots(int wtype, const char *p, int n, int g, const int8_t *const *q, const int NR, __m256i *ab,
+                          __m256i *cd) {
     const int bsz = q32_block_bytes(wtype);
     const char *pg = p + 4 * g * bsz;
     const int m = n - 4 * g; /* blocks present in this group */
-    const int8_t *qg = q + 128 * g;
+    const __m256i z = _mm256_setzero_si256();
+    q8_wpair x, y;
+    int hx, hy; /* whether the pairs hold any block */
     if (wtype == QTYPE_Q4_K || wtype == QTYPE_Q5_K) { /* group g: sub-blocks 4 (g % 2) .. + 3 of super-block g / 2 */
         const int Q5 = wtype == QTYPE_Q5_K;
         const char *sb = p + (size_t)(g / 2) * 8 * (size_t)bsz;
         const char *qs = sb + (Q5 ? offsetof(block_q5_K, qs) : offsetof(block_q4_K, qs)) + 64 * (g % 2);
         const uint8_t *qh = Q5 ? (const uint8_t *)sb + offsetof(block_q5_K, qh) : NULL;
-        *ab = m >= 4 ? q45k_pair_dot(qs, qh, 2 * (g % 2), qg, qg + 64) : _mm256_setzero_si256();
-        *cd = m >= 4 ? q45k_pair_dot(qs + 32, qh, 2 * (g % 2) + 1, qg + 32, qg + 96) : _mm256_setzero_si256();
-        return;
-    }
-    if (wtype == QTYPE_IQ4_XS) { /* group g: sub-blocks 4 (g % 2) .. + 3 of super-block g / 2, 16 code bytes each */
+        hx = hy = m >= 4;
+        if (hx) {
+            x = q45k_pair_weights(qs, qh, 2 * (g % 2));
+            y = q45k_pair_weights(qs + 32, qh, 2 * (g % 2) + 1);
+        }
+    } else if (wtype == QTYPE_IQ4_XS) { /* group g: sub-blocks 4 (g % 2) .. + 3 of super-block g / 2, 16 code bytes each */
         const char *qs = p + (size_t)(g / 2) * sizeof(block_iq4_xs) + offsetof(block_iq4_xs, qs) + 64 * (g % 2);
-        *ab = m >= 4 ? q8_pair_dot(wtype, qs, qs + 16, qg, qg + 64) : _mm256_setzero_si256();
-        *cd = m >= 4 ? q8_pair_dot(wtype, qs + 32, qs + 48, qg + 32, qg + 96) : _mm256_setzero_si256();
-        return;
+        hx = hy = m >= 4;
+        if (hx) {
+            x = q8_pair_weights(wtype, qs, qs + 16);
+            y = q8_pair_weights(wtype, qs + 32, qs + 48);
+        }
+    } else {
+        hx = m >= 1;
+        hy = m >= 3;
+        if (hx) x = q8_pair_weights(wtype, pg, m >= 2 ? pg + bsz : NULL);
+        if (hy) y = q8_pair_weights(wtype, pg + 2 * bsz, m >= 4 ? pg + 3 * bsz : NULL);
     }
-    *ab = m >= 1 ? q8_pair_dot(wtype, pg, m >= 2 ? pg + bsz : NULL, qg, qg + 64) : _mm256_setzero_si256();
-    *cd = m >= 3 ? q8_pair_dot(wtype, pg + 2 * bsz, m >= 4 ? pg + 3 * bsz : NULL, qg + 32, qg + 96)
-                 : _mm256_setzero_si256();
+#pragma GCC unroll 2
+    for (int r = 0; r < NR; r++) {
+        const int8_t *qg = q[r] + 128 * g;
+        ab[r] = hx ? q8_wdot(wtype, &x, qg, qg + 64) : z;
+        cd[r] = hy ? q8_wdot(wtype, &y, qg + 32, qg + 96) : z;
+    }
 }
 
 /* The first level of kernels_avx512.c's q8_tree: two groups' pair sums into
@@ -383,36 +413,46 @@ INLINE __m256i q8_tree2(__m256i w0, __m256i w1) {
 }
 
 /* Adds the n (1..16) blocks of chunk ci at p (scales dw) times activation
- * row a into slots acc[0] (0..7) and acc[1] (8..15). The tree of
- * kernels_avx512.c q8_tree on each half (slots 0..7 from the first pairs,
- * 8..15 from the second), its first level taken as soon as two groups are
- * done, so that few sums are live at once. */
+ * rows a[0 .. NR) into slots acc[2r] (0..7) and acc[2r + 1] (8..15). The
+ * tree of kernels_avx512.c q8_tree on each half (slots 0..7 from the first
+ * pairs, 8..15 from the second), its first level taken as soon as two groups
+ * are done, so that few sums are live at once. Rows of a batch go two at a
+ * time (NR 2), sharing the unpacked weights; each row's steps are the same
+ * as alone. */
 INLINE void q8_chunk_avx2(int wtype, const char *p, int n, const __m256 dw[2], const __m256 mw[2], const act_row *a,
-                          int64_t ci, __m256 acc[2]) {
-    const int8_t *q = a->qs + 512 * ci;
-    __m256i x[2][2]; /* [half][groups 0-1 / 2-3] */
+                          const int NR, int64_t ci, __m256 *acc) {
+    const int8_t *q[2];
+    __m256i x[2][2][2]; /* [row][half][groups 0-1 / 2-3] */
+#pragma GCC unroll 2
+    for (int r = 0; r < NR; r++) q[r] = a[r].qs + 512 * ci;
 #pragma GCC unroll 2
     for (int gp = 0; gp < 2; gp++) {
-        __m256i ab0, cd0, ab1, cd1;
-        q8_group_dots(wtype, p, n, 2 * gp, q, &ab0, &cd0);
-        q8_group_dots(wtype, p, n, 2 * gp + 1, q, &ab1, &cd1);
-        x[0][gp] = q8_tree2(ab0, ab1);
-        x[1][gp] = q8_tree2(cd0, cd1);
+        __m256i ab0[2], cd0[2], ab1[2], cd1[2];
+        q8_group_dots(wtype, p, n, 2 * gp, q, NR, ab0, cd0);
+        q8_group_dots(wtype, p, n, 2 * gp + 1, q, NR, ab1, cd1);
+#pragma GCC unroll 2
+        for (int r = 0; r < NR; r++) {
+            x[r][0][gp] = q8_tree2(ab0[r], ab1[r]);
+            x[r][1][gp] = q8_tree2(cd0[r], cd1[r]);
+        }
     }
 #pragma GCC unroll 2
-    for (int h = 0; h < 2; h++) {
-        __m256i t = _mm256_add_epi32(_mm256_unpacklo_epi64(x[h][0], x[h][1]), _mm256_unpackhi_epi64(x[h][0], x[h][1]));
-        const __m256i sa = _mm256_loadu_si256((const __m256i *)(a->sa + 16 * ci + 8 * h));
-        const __m256 da = _mm256_loadu_ps(a->d + 16 * ci + 8 * h);
-        if (q32_has_min(wtype)) { /* the values' dot, then the minimum times the activations' sum */
-            acc[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), _mm256_mul_ps(dw[h], da), acc[h]);
-            acc[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sa), _mm256_mul_ps(mw[h], da), acc[h]);
-            continue;
+    for (int r = 0; r < NR; r++)
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) {
+            __m256i t = _mm256_add_epi32(_mm256_unpacklo_epi64(x[r][h][0], x[r][h][1]),
+                                         _mm256_unpackhi_epi64(x[r][h][0], x[r][h][1]));
+            const __m256i sa = _mm256_loadu_si256((const __m256i *)(a[r].sa + 16 * ci + 8 * h));
+            const __m256 da = _mm256_loadu_ps(a[r].d + 16 * ci + 8 * h);
+            __m256 *c = &acc[2 * r + h];
+            if (q32_has_min(wtype)) { /* the values' dot, then the minimum times the activations' sum */
+                *c = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), _mm256_mul_ps(dw[h], da), *c);
+                *c = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sa), _mm256_mul_ps(mw[h], da), *c);
+                continue;
+            }
+            if (!q8_signed(wtype)) t = _mm256_sub_epi32(t, sa);
+            *c = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), _mm256_mul_ps(dw[h], da), *c);
         }
-        if (wtype != QTYPE_Q8_0 && wtype != QTYPE_IQ4_NL && wtype != QTYPE_IQ4_XS) t = _mm256_sub_epi32(t, sa);
-        __m256 sc = _mm256_mul_ps(dw[h], da);
-        acc[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), sc, acc[h]);
-    }
 }
 
 enum { Q8_NB = 16 }; /* activation rows per pass over a weight row (accumulators on the stack) */
@@ -428,10 +468,14 @@ INLINE void mm_q8_row(int wtype, const char *w, int64_t nblk, const act_row *a, 
         const int m = nblk - 16 * ci < 16 ? (int)(nblk - 16 * ci) : 16;
         __m256 dw[2], mw[2];
         chunk_scales_avx2(wtype, p, m, dw, mw);
-        if (m == 16)
-            for (int b = 0; b < n; b++) q8_chunk_avx2(wtype, p, 16, dw, mw, &a[b], ci, acc[b]);
-        else
-            for (int b = 0; b < n; b++) q8_chunk_avx2(wtype, p, m, dw, mw, &a[b], ci, acc[b]);
+        int b = 0;
+        if (m == 16) {
+            for (; b + 2 <= n; b += 2) q8_chunk_avx2(wtype, p, 16, dw, mw, &a[b], 2, ci, acc[b]);
+            if (b < n) q8_chunk_avx2(wtype, p, 16, dw, mw, &a[b], 1, ci, acc[b]);
+        } else {
+            for (; b + 2 <= n; b += 2) q8_chunk_avx2(wtype, p, m, dw, mw, &a[b], 2, ci, acc[b]);
+            if (b < n) q8_chunk_avx2(wtype, p, m, dw, mw, &a[b], 1, ci, acc[b]);
+        }
     }
     for (int b = 0; b < n; b++) y[(int64_t)b * ldy] = hsum_ps(_mm256_add_ps(acc[b][0], acc[b][1]));
 }
@@ -448,8 +492,8 @@ INLINE void mm_q8_row1(int wtype, const char *w, int64_t nblk, const act_row *a,
         kern_pf_block(p, 16 * bsz); /* the lines ahead, a chunk's worth per chunk */
         __m256 dw[2], mw[2];
         chunk_scales_avx2(wtype, p, m, dw, mw);
-        if (m == 16) q8_chunk_avx2(wtype, p, 16, dw, mw, a, ci, acc);
-        else q8_chunk_avx2(wtype, p, m, dw, mw, a, ci, acc);
+        if (m == 16) q8_chunk_avx2(wtype, p, 16, dw, mw, a, 1, ci, acc);
+        else q8_chunk_avx2(wtype, p, m, dw, mw, a, 1, ci, acc);
     }
     *y = hsum_ps(_mm256_add_ps(acc[0], acc[1]));
 }
