@@ -26,11 +26,12 @@ static inline __m256 q8_cvt8(const int8_t *p) {
  * the same bits: the largest weight's exponent from its bits (it is normal,
  * >= ATTN_Q8_PV_MIN), the weights scaled by a power of two and rounded to
  * nearest even (the default rounding, as lrintf), at most 255. */
-static inline float pv_quant16(const float *w, uint8_t *q) {
+static inline float pv_quant16(const float *w, uint8_t *q, float *qf) {
     const __m256 w0 = _mm256_loadu_ps(w), w1 = _mm256_loadu_ps(w + 8);
     const float mx = attn_hmax_avx2(_mm256_max_ps(w0, w1));
     if (!(mx >= ATTN_Q8_PV_MIN)) {
-        memset(q, 0, ATTN_Q8_PV_TILE);
+        if (q) memset(q, 0, ATTN_Q8_PV_TILE);
+        if (qf) memset(qf, 0, ATTN_Q8_PV_TILE * sizeof(float));
         return 0.0f;
     }
     uint32_t bits;
@@ -40,13 +41,113 @@ static inline float pv_quant16(const float *w, uint8_t *q) {
     const __m256i top = _mm256_set1_epi32(255);
     const __m256i v0 = _mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(w0, up)), top);
     const __m256i v1 = _mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(w1, up)), top);
-    /* 16 int32 in [0, 255] to bytes in order */
-    const __m256i h = _mm256_permute4x64_epi64(_mm256_packus_epi32(v0, v1), 0xD8);
-    _mm_storeu_si128((__m128i *)q, _mm_packus_epi16(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)));
+    if (q) { /* 16 int32 in [0, 255] to bytes in order */
+        const __m256i h = _mm256_permute4x64_epi64(_mm256_packus_epi32(v0, v1), 0xD8);
+        _mm_storeu_si128((__m128i *)q, _mm_packus_epi16(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)));
+    }
+    if (qf) { /* or as floats (exact) */
+        _mm256_storeu_ps(qf, _mm256_cvtepi32_ps(v0));
+        _mm256_storeu_ps(qf + 8, _mm256_cvtepi32_ps(v1));
+    }
     const uint32_t down = (uint32_t)(127 + e - 7) << 23; /* ldexpf(1, e - 7) */
     float sc;
     memcpy(&sc, &down, 4);
     return sc;
+}
+
+/* Rows [r, r + NR) (NR <= 3) of a whole 16-key block (every row sees all 16
+ * keys), from the block converted to floats (kf channel-major with row
+ * stride lds, vf token rows of stride hdp, vdf[g][j] the values' scales):
+ * the steps of the row-by-row path below with the same operands, so the same
+ * bits, but each loaded key and value vector feeds all NR rows, and the
+ * query and the P*V weights are broadcast from floats instead of converted
+ * from bytes one at a time. The group sums of integer products are exact in
+ * F32 in any order. */
+static inline __attribute__((always_inline)) void q8_rows16(attn_state *st, const float *kf, const float *vf,
+                                                            const uint16_t *kd, const float *vdf, int r, const int NR) {
+    const int hd = st->head_dim, hdp = st->hdp, lds = st->lds, ng = hd / 32;
+    float qf[3][256]; /* the rows' int8 queries as floats (hd <= 256) */
+#pragma GCC unroll 3
+    for (int i = 0; i < NR; i++)
+        for (int d = 0; d < hd; d += 8) _mm256_storeu_ps(qf[i] + d, q8_cvt8(st->q8 + (size_t)(r + i) * hdp + d));
+    __m256 sc[3][2];
+#pragma GCC unroll 3
+    for (int i = 0; i < NR; i++) sc[i][0] = sc[i][1] = _mm256_setzero_ps();
+    for (int g = 0; g < ng; g++) {
+        __m256 f[3][2];
+#pragma GCC unroll 3
+        for (int i = 0; i < NR; i++) f[i][0] = f[i][1] = _mm256_setzero_ps();
+        for (int c = 32 * g; c < 32 * g + 32; c++) {
+            const __m256 k0 = _mm256_loadu_ps(kf + (size_t)c * lds), k1 = _mm256_loadu_ps(kf + (size_t)c * lds + 8);
+#pragma GCC unroll 3
+            for (int i = 0; i < NR; i++) {
+                const __m256 qb = _mm256_broadcast_ss(qf[i] + c);
+                f[i][0] = _mm256_fmadd_ps(qb, k0, f[i][0]);
+                f[i][1] = _mm256_fmadd_ps(qb, k1, f[i][1]);
+            }
+        }
+        const __m256 kd0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(kd + (size_t)g * 16)));
+        const __m256 kd1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(kd + (size_t)g * 16 + 8)));
+#pragma GCC unroll 3
+        for (int i = 0; i < NR; i++) {
+            const __m256 qs = _mm256_set1_ps(st->qd[(size_t)(r + i) * ng + g]);
+            sc[i][0] = _mm256_fmadd_ps(f[i][0], _mm256_mul_ps(kd0, qs), sc[i][0]);
+            sc[i][1] = _mm256_fmadd_ps(f[i][1], _mm256_mul_ps(kd1, qs), sc[i][1]);
+        }
+    }
+    float *s = st->s + (size_t)r * st->lds;
+#pragma GCC unroll 3
+    for (int i = 0; i < NR; i++) {
+        _mm256_storeu_ps(s + (size_t)i * lds, sc[i][0]);
+        _mm256_storeu_ps(s + (size_t)i * lds + 8, sc[i][1]);
+    }
+    float alpha[3];
+    attn_softmax_rows16_avx2(s, lds, NR, st->m + r, st->l + r, alpha);
+#pragma GCC unroll 3
+    for (int i = 0; i < NR; i++)
+        if (alpha[i] != 1.0f) {
+            float *acc = st->acc + (size_t)(r + i) * hdp;
+            const __m256 va = _mm256_set1_ps(alpha[i]);
+            for (int d = 0; d < hd; d += 8) _mm256_storeu_ps(acc + d, _mm256_mul_ps(va, _mm256_loadu_ps(acc + d)));
+        }
+    for (int g = 0; g < ng; g++) {
+        float wq[3][ATTN_Q8_PV_TILE], vs[3];
+        int any = 0;
+#pragma GCC unroll 3
+        for (int i = 0; i < NR; i++) {
+            const float *si = s + (size_t)i * lds;
+            float w[ATTN_Q8_PV_TILE];
+            _mm256_storeu_ps(w, _mm256_mul_ps(_mm256_loadu_ps(si), _mm256_loadu_ps(vdf + (size_t)g * 16)));
+            _mm256_storeu_ps(w + 8, _mm256_mul_ps(_mm256_loadu_ps(si + 8), _mm256_loadu_ps(vdf + (size_t)g * 16 + 8)));
+            vs[i] = pv_quant16(w, NULL, wq[i]);
+            any |= vs[i] != 0.0f;
+        }
+        if (!any) continue;
+        __m256 I[3][4];
+#pragma GCC unroll 3
+        for (int i = 0; i < NR; i++) I[i][0] = I[i][1] = I[i][2] = I[i][3] = _mm256_setzero_ps();
+        for (int j = 0; j < ATTN_Q8_PV_TILE; j++) {
+            const float *vr = vf + (size_t)j * hdp + 32 * g;
+            __m256 wb[3];
+#pragma GCC unroll 3
+            for (int i = 0; i < NR; i++) wb[i] = _mm256_broadcast_ss(wq[i] + j);
+#pragma GCC unroll 4
+            for (int e = 0; e < 4; e++) {
+                const __m256 v = _mm256_loadu_ps(vr + 8 * e);
+#pragma GCC unroll 3
+                for (int i = 0; i < NR; i++) I[i][e] = _mm256_fmadd_ps(wb[i], v, I[i][e]);
+            }
+        }
+#pragma GCC unroll 3
+        for (int i = 0; i < NR; i++) {
+            if (vs[i] == 0.0f) continue; /* the tile adds nothing to this row */
+            const __m256 vsc = _mm256_set1_ps(vs[i]);
+            float *a = st->acc + (size_t)(r + i) * hdp + 32 * g;
+#pragma GCC unroll 4
+            for (int e = 0; e < 4; e++)
+                _mm256_storeu_ps(a + 8 * e, _mm256_fmadd_ps(vsc, I[i][e], _mm256_loadu_ps(a + 8 * e)));
+        }
+    }
 }
 
 void attn_block_q8_avx2(attn_state *st, const attn_block *b) {
@@ -74,6 +175,17 @@ void attn_block_q8_avx2(attn_state *st, const attn_block *b) {
         for (int j0 = 0; j0 < nk8; j0 += 8) _mm256_storeu_ps(kf + (size_t)c * lds + j0, q8_cvt8(k + (size_t)c * bt + j0));
     for (int j = 0; j < nk; j++)
         for (int d = 0; d < hd; d += 8) _mm256_storeu_ps(vf + (size_t)j * hdp + d, q8_cvt8(v + (size_t)j * hd + d));
+    if (bt == 16 && nk == 16 && r0 == 0 && b->vis0 >= 16 && hd <= 256) {
+        /* a whole block for every row: rows in tiles of 3 (q8_rows16) */
+        float vdf[8 * 16]; /* vdf[g][j]: the values' scales by group */
+        for (int j = 0; j < 16; j++)
+            for (int g = 0; g < ng; g++) vdf[g * 16 + j] = _cvtsh_ss(vd[(size_t)j * ng + g]);
+        int r = 0;
+        for (; r + 3 <= R; r += 3) q8_rows16(st, kf, vf, kd, vdf, r, 3);
+        if (R - r == 2) q8_rows16(st, kf, vf, kd, vdf, r, 2);
+        else if (R - r == 1) q8_rows16(st, kf, vf, kd, vdf, r, 1);
+        return;
+    }
     for (int r = r0; r < R; r++) {
         int nv = b->vis0 + r / G;
         if (nv > nk) nv = nk;
@@ -128,7 +240,7 @@ void attn_block_q8_avx2(attn_state *st, const attn_block *b) {
                 float w[ATTN_Q8_PV_TILE];
                 uint8_t q[ATTN_Q8_PV_TILE];
                 for (int j = 0; j < n; j++) w[j] = s[j0 + j] * _cvtsh_ss(vd[(size_t)(j0 + j) * ng + g]);
-                const float sc = n == ATTN_Q8_PV_TILE ? pv_quant16(w, q) : attn_q8_pv_quant_ref(w, n, q);
+                const float sc = n == ATTN_Q8_PV_TILE ? pv_quant16(w, q, NULL) : attn_q8_pv_quant_ref(w, n, q);
                 if (sc == 0.0f) continue; /* fma(0, 0, acc) = acc: acc is never -0 */
                 __m256 i0 = _mm256_setzero_ps(), i1 = i0, i2 = i0, i3 = i0;
                 for (int j = 0; j < n; j++) {
