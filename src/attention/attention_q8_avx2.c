@@ -1,6 +1,8 @@
 /* AVX2 attention block kernel for a Q8_0 KV cache (the arithmetic is defined
- * in attention_q8.c): the block's keys and values converted to F32 scratch
- * once for all its rows, then row by row, 16 keys at a time: per 32-channel
+ * in attention_q8.c). A whole 16-key block that every row sees goes through
+ * q8_rows16, rows in tiles of 3. Other blocks: the block's keys and values
+ * converted to F32 scratch once for all its rows, then row by row, 16 keys
+ * at a time: per 32-channel
  * group the int8 query times the int8 keys summed in F32 --
  * exact, the products being integers and the sums below 2^24, so the same
  * value as the int32 dot product of the AVX-512 kernel -- then scaled into
@@ -56,15 +58,18 @@ static inline float pv_quant16(const float *w, uint8_t *q, float *qf) {
 }
 
 /* Rows [r, r + NR) (NR <= 3) of a whole 16-key block (every row sees all 16
- * keys), from the block converted to floats (kf channel-major with row
- * stride lds, vf token rows of stride hdp, vdf[g][j] the values' scales):
- * the steps of the row-by-row path below with the same operands, so the same
- * bits, but each loaded key and value vector feeds all NR rows, and the
- * query and the P*V weights are broadcast from floats instead of converted
- * from bytes one at a time. The group sums of integer products are exact in
- * F32 in any order. */
-static inline __attribute__((always_inline)) void q8_rows16(attn_state *st, const float *kf, const float *vf,
-                                                            const uint16_t *kd, const float *vdf, int r, const int NR) {
+ * keys). I8: the block's int8 keys k (channel-major, 16 a channel) and
+ * values v (token rows of head_dim) read in place, converted where they are
+ * multiplied; else k and v are the block converted to floats (channel rows
+ * of stride lds, token rows of stride hdp). vdf[g][j]: the values' scales.
+ * The steps of the row-by-row path of attn_block_q8_avx2 with the same
+ * operands, so the same bits, but each key and value vector feeds all NR
+ * rows, and the query and the P*V weights are broadcast from floats instead
+ * of converted from bytes one at a time. The group sums of integer products
+ * are exact in F32 in any order. */
+static inline __attribute__((always_inline)) void q8_rows16(attn_state *st, const void *k, const void *v,
+                                                            const uint16_t *kd, const float *vdf, int r, const int NR,
+                                                            const int I8) {
     const int hd = st->head_dim, hdp = st->hdp, lds = st->lds, ng = hd / 32;
     float qf[3][256]; /* the rows' int8 queries as floats (hd <= 256) */
 #pragma GCC unroll 3
@@ -78,7 +83,9 @@ static inline __attribute__((always_inline)) void q8_rows16(attn_state *st, cons
 #pragma GCC unroll 3
         for (int i = 0; i < NR; i++) f[i][0] = f[i][1] = _mm256_setzero_ps();
         for (int c = 32 * g; c < 32 * g + 32; c++) {
-            const __m256 k0 = _mm256_loadu_ps(kf + (size_t)c * lds), k1 = _mm256_loadu_ps(kf + (size_t)c * lds + 8);
+            const __m256 k0 = I8 ? q8_cvt8((const int8_t *)k + (size_t)c * 16) : _mm256_loadu_ps((const float *)k + (size_t)c * lds);
+            const __m256 k1 = I8 ? q8_cvt8((const int8_t *)k + (size_t)c * 16 + 8)
+                                 : _mm256_loadu_ps((const float *)k + (size_t)c * lds + 8);
 #pragma GCC unroll 3
             for (int i = 0; i < NR; i++) {
                 const __m256 qb = _mm256_broadcast_ss(qf[i] + c);
@@ -127,15 +134,15 @@ static inline __attribute__((always_inline)) void q8_rows16(attn_state *st, cons
 #pragma GCC unroll 3
         for (int i = 0; i < NR; i++) I[i][0] = I[i][1] = I[i][2] = I[i][3] = _mm256_setzero_ps();
         for (int j = 0; j < ATTN_Q8_PV_TILE; j++) {
-            const float *vr = vf + (size_t)j * hdp + 32 * g;
+            const size_t vo = I8 ? (size_t)j * hd + 32 * g : (size_t)j * hdp + 32 * g;
             __m256 wb[3];
 #pragma GCC unroll 3
             for (int i = 0; i < NR; i++) wb[i] = _mm256_broadcast_ss(wq[i] + j);
 #pragma GCC unroll 4
             for (int e = 0; e < 4; e++) {
-                const __m256 v = _mm256_loadu_ps(vr + 8 * e);
+                const __m256 x = I8 ? q8_cvt8((const int8_t *)v + vo + 8 * e) : _mm256_loadu_ps((const float *)v + vo + 8 * e);
 #pragma GCC unroll 3
-                for (int i = 0; i < NR; i++) I[i][e] = _mm256_fmadd_ps(wb[i], v, I[i][e]);
+                for (int i = 0; i < NR; i++) I[i][e] = _mm256_fmadd_ps(wb[i], x, I[i][e]);
             }
         }
 #pragma GCC unroll 3
@@ -165,6 +172,23 @@ void attn_block_q8_avx2(attn_state *st, const attn_block *b) {
     const uint16_t *kd = (const uint16_t *)(k + (size_t)hd * bt), *vd = (const uint16_t *)(v + (size_t)hd * bt);
     if (b->next_k) prefetch_range_l1(b->next_k, 2 * kv_q8_half_bytes(hd, bt));
     if (b->ahead_k) prefetch_range_l2(b->ahead_k, 2 * kv_q8_half_bytes(hd, bt));
+    /* A block every row sees whole: rows in tiles of 3 (q8_rows16). Up to 4
+     * tiles read the int8 keys and values in place; more convert them once
+     * into F32 scratch first (bench_attention_rows -t 2 --kv q8_0 at 16K,
+     * 4 alternated rounds, in place against scratch: 1, 2, 4 query tokens
+     * 1.49x, 1.25x, 1.17x; 9 tokens 0.93x). */
+    const int whole = bt == 16 && nk == 16 && r0 == 0 && b->vis0 >= 16 && hd <= 256;
+    float vdf[8 * 16]; /* vdf[g][j]: the values' scales by group */
+    if (whole)
+        for (int j = 0; j < 16; j++)
+            for (int g = 0; g < ng; g++) vdf[g * 16 + j] = _cvtsh_ss(vd[(size_t)j * ng + g]);
+    if (whole && R <= 12) {
+        int r = 0;
+        for (; r + 3 <= R; r += 3) q8_rows16(st, k, v, kd, vdf, r, 3, 1);
+        if (R - r == 2) q8_rows16(st, k, v, kd, vdf, r, 2, 1);
+        else if (R - r == 1) q8_rows16(st, k, v, kd, vdf, r, 1, 1);
+        return;
+    }
     /* The block's keys (channel-major, row stride lds) and values (token
      * rows, stride hdp) as floats, converted once for all rows of the part:
      * keys [0, nk rounded up to 8), every channel row holding them (bt >= 8
@@ -175,15 +199,11 @@ void attn_block_q8_avx2(attn_state *st, const attn_block *b) {
         for (int j0 = 0; j0 < nk8; j0 += 8) _mm256_storeu_ps(kf + (size_t)c * lds + j0, q8_cvt8(k + (size_t)c * bt + j0));
     for (int j = 0; j < nk; j++)
         for (int d = 0; d < hd; d += 8) _mm256_storeu_ps(vf + (size_t)j * hdp + d, q8_cvt8(v + (size_t)j * hd + d));
-    if (bt == 16 && nk == 16 && r0 == 0 && b->vis0 >= 16 && hd <= 256) {
-        /* a whole block for every row: rows in tiles of 3 (q8_rows16) */
-        float vdf[8 * 16]; /* vdf[g][j]: the values' scales by group */
-        for (int j = 0; j < 16; j++)
-            for (int g = 0; g < ng; g++) vdf[g * 16 + j] = _cvtsh_ss(vd[(size_t)j * ng + g]);
+    if (whole) {
         int r = 0;
-        for (; r + 3 <= R; r += 3) q8_rows16(st, kf, vf, kd, vdf, r, 3);
-        if (R - r == 2) q8_rows16(st, kf, vf, kd, vdf, r, 2);
-        else if (R - r == 1) q8_rows16(st, kf, vf, kd, vdf, r, 1);
+        for (; r + 3 <= R; r += 3) q8_rows16(st, kf, vf, kd, vdf, r, 3, 0);
+        if (R - r == 2) q8_rows16(st, kf, vf, kd, vdf, r, 2, 0);
+        else if (R - r == 1) q8_rows16(st, kf, vf, kd, vdf, r, 1, 0);
         return;
     }
     for (int r = r0; r < R; r++) {
