@@ -85,13 +85,11 @@ static inline __m256 load8_part(const void *base, size_t idx, int n, const int F
 
 /* One 16-key tile of scores for NR (<= 3) rows: e0/e1 (o0/o1) accumulate
  * the even (odd) channels of keys [0, 8) and [8, 16). k points at channel 0
- * of the tile's first key, step bytes apart per channel. PF: 0 no prefetch,
- * 1 one line of *pp per channel pair, 2 pf_lines lines per pair; *pp moves
- * past what was asked for. A separate loop per PF with the key pointer
- * stepped keeps the loop free of branches: a prefetch loop inside it (a
- * count, a compare and a jump per line) cost more instructions than the 12
- * FMAs it sat beside, and a decode step's score loop ran at the front end's
- * pace instead of the FMA units'. */
+ * of the tile's first key, step bytes apart per channel. Per channel pair a
+ * prefetch_step_l2 of *pp (PF, pf_lines); *pp moves past what was asked for.
+ * A loop per PF with the key pointer stepped keeps it free of branches: with
+ * a counted prefetch loop inside, a decode step's score loop ran at the
+ * front end's pace instead of the FMA units'. */
 static ALWAYS_INLINE void qk_tile16(const float *q, int hdp, const char *k, size_t step, int hd,
                                     __m256 *e0, __m256 *e1, __m256 *o0, __m256 *o1, const int NR,
                                     const int F16, const int PF, const char **pp, int pf_lines) {
@@ -99,12 +97,7 @@ static ALWAYS_INLINE void qk_tile16(const float *q, int hdp, const char *k, size
     const char *p = *pp;
     int d = 0;
     for (; d + 2 <= hd; d += 2, k += 2 * step) {
-        if (PF == 1) {
-            _mm_prefetch(p, _MM_HINT_T1);
-            p += 64;
-        } else if (PF == 2) {
-            for (int i = 0; i < pf_lines; i++, p += 64) _mm_prefetch(p, _MM_HINT_T1);
-        }
+        p = prefetch_step_l2(p, PF, pf_lines);
         __m256 x0 = load8(k, 0, F16);
         __m256 x1 = load8(k + h, 0, F16);
 #pragma GCC unroll 3
@@ -218,8 +211,7 @@ static ALWAYS_INLINE void qk_all(const float *q, int hdp, const void *kT, int ld
 /* acc[NR rows][dims d0 .. d0 + 8 NV) += p[row][j] * v[j] over keys [0, nk),
  * NR <= 3: each converted value vector feeds the tile's rows (12
  * independent accumulators at 3 rows x 32 dims), the rows' probabilities
- * broadcast once per key. PF as in qk_tile16, per key: 0 none, 1 one line of
- * *pp, 2 pf_lines lines. */
+ * broadcast once per key. A prefetch_step_l2 of *pp (PF, pf_lines) per key. */
 static ALWAYS_INLINE void pv_tile(float *acc, int hdp, const float *p, int lds, const void *v,
                                   int ldv, int d0, int nk, const int NR, const int NV,
                                   const int F16, const int PF, const char **pp, int pf_lines) {
@@ -231,12 +223,7 @@ static ALWAYS_INLINE void pv_tile(float *acc, int hdp, const float *p, int lds, 
         for (int i = 0; i < NV; i++)
             c[r][i] = _mm256_loadu_ps(acc + (size_t)r * hdp + d0 + 8 * i);
     for (int j = 0; j < nk; j++) {
-        if (PF == 1) {
-            _mm_prefetch(pf, _MM_HINT_T1);
-            pf += 64;
-        } else if (PF == 2) {
-            for (int i = 0; i < pf_lines; i++, pf += 64) _mm_prefetch(pf, _MM_HINT_T1);
-        }
+        pf = prefetch_step_l2(pf, PF, pf_lines);
         __m256 pb[3];
 #pragma GCC unroll 3
         for (int r = 0; r < NR; r++) pb[r] = _mm256_broadcast_ss(p + (size_t)r * lds + j);
@@ -352,13 +339,7 @@ static ALWAYS_INLINE void block_step(attn_state *st, const attn_block *b, const 
             alpha[0] = attn_softmax_row_avx2(s, nv, nk, &st->m[r], &st->l[r]);
         }
         }
-        for (int i = 0; i < n; i++, r++)
-            if (alpha[i] != 1.0f) {
-                float *acc = st->acc + (size_t)r * hdp;
-                const __m256 va = _mm256_set1_ps(alpha[i]);
-                for (int d = 0; d < hdp; d += 8)
-                    _mm256_storeu_ps(acc + d, _mm256_mul_ps(va, _mm256_loadu_ps(acc + d)));
-            }
+        for (int i = 0; i < n; i++, r++) attn_rescale_avx2(st->acc + (size_t)r * hdp, hdp, alpha[i]);
     }
     if (in_place) {
         if (f16) pv_all(st->acc, hdp, st->s, lds, b->v, hd, hd8, r0, R, nk, 1, b->ahead_v, pf_v);

@@ -113,12 +113,7 @@ static ALWAYS_INLINE void qk_pairs(const float *q, int hdp, const void *k, int l
     int d = 0;
 #pragma GCC unroll 4
     for (; d + 2 <= hd; d += 2, kp += 2 * step) {
-        if (PF == 1) {
-            _mm_prefetch(pp, _MM_HINT_T1);
-            pp += 64;
-        } else if (PF == 2) {
-            for (int i = 0; i < pf_lines; i++, pp += 64) _mm_prefetch(pp, _MM_HINT_T1);
-        }
+        pp = prefetch_step_l2(pp, PF, pf_lines);
         const __m512 x0 = load16(kp, 0, m, F16);
         const __m512 x1 = load16(kp + step, 0, m, F16);
 #pragma GCC unroll 4

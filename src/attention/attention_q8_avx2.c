@@ -2,11 +2,11 @@
  * in attention_q8.c). A whole 16-key block that every row sees goes through
  * q8_rows16, rows in tiles of 3. Other blocks: the block's keys and values
  * converted to F32 scratch once for all its rows, then row by row, 16 keys
- * at a time: per 32-channel
- * group the int8 query times the int8 keys summed in F32 --
- * exact, the products being integers and the sums below 2^24, so the same
- * value as the int32 dot product of the AVX-512 kernel -- then scaled into
- * the scores; P*V by the integer definition of attention_q8_impl.h.
+ * at a time. Either way, per 32-channel group the int8 query times the int8
+ * keys summed in F32 -- exact, the products being integers and the sums
+ * below 2^24, so the same value as the int32 dot product of the AVX-512
+ * kernel -- then scaled into the scores; P*V by the integer definition of
+ * attention_q8_impl.h.
  * Blocks of fewer than 8 tokens go to the scalar kernel. */
 #include "attention/attention_kernel.h"
 #include "attention/attention_q8_impl.h"
@@ -25,15 +25,15 @@ static inline __m256 q8_cvt8(const int8_t *p) {
 }
 
 /* attn_q8_pv_quant_ref for a full tile of ATTN_Q8_PV_TILE (16) weights, with
- * the same bits: the largest weight's exponent from its bits (it is normal,
- * >= ATTN_Q8_PV_MIN), the weights scaled by a power of two and rounded to
- * nearest even (the default rounding, as lrintf), at most 255. */
-static inline float pv_quant16(const float *w, uint8_t *q, float *qf) {
+ * the same bits, the quantized weights written as floats: the largest
+ * weight's exponent from its bits (it is normal, >= ATTN_Q8_PV_MIN), the
+ * weights scaled by a power of two and rounded to nearest even (the default
+ * rounding, as lrintf), at most 255. */
+static inline float pv_quant16(const float *w, float *qf) {
     const __m256 w0 = _mm256_loadu_ps(w), w1 = _mm256_loadu_ps(w + 8);
     const float mx = attn_hmax_avx2(_mm256_max_ps(w0, w1));
     if (!(mx >= ATTN_Q8_PV_MIN)) {
-        if (q) memset(q, 0, ATTN_Q8_PV_TILE);
-        if (qf) memset(qf, 0, ATTN_Q8_PV_TILE * sizeof(float));
+        memset(qf, 0, ATTN_Q8_PV_TILE * sizeof(float));
         return 0.0f;
     }
     uint32_t bits;
@@ -43,14 +43,8 @@ static inline float pv_quant16(const float *w, uint8_t *q, float *qf) {
     const __m256i top = _mm256_set1_epi32(255);
     const __m256i v0 = _mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(w0, up)), top);
     const __m256i v1 = _mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(w1, up)), top);
-    if (q) { /* 16 int32 in [0, 255] to bytes in order */
-        const __m256i h = _mm256_permute4x64_epi64(_mm256_packus_epi32(v0, v1), 0xD8);
-        _mm_storeu_si128((__m128i *)q, _mm_packus_epi16(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)));
-    }
-    if (qf) { /* or as floats (exact) */
-        _mm256_storeu_ps(qf, _mm256_cvtepi32_ps(v0));
-        _mm256_storeu_ps(qf + 8, _mm256_cvtepi32_ps(v1));
-    }
+    _mm256_storeu_ps(qf, _mm256_cvtepi32_ps(v0)); /* integers in [0, 255]: exact */
+    _mm256_storeu_ps(qf + 8, _mm256_cvtepi32_ps(v1));
     const uint32_t down = (uint32_t)(127 + e - 7) << 23; /* ldexpf(1, e - 7) */
     float sc;
     memcpy(&sc, &down, 4);
@@ -102,7 +96,7 @@ static inline __attribute__((always_inline)) void q8_rows16(attn_state *st, cons
             sc[i][1] = _mm256_fmadd_ps(f[i][1], _mm256_mul_ps(kd1, qs), sc[i][1]);
         }
     }
-    float *s = st->s + (size_t)r * st->lds;
+    float *s = st->s + (size_t)r * lds;
 #pragma GCC unroll 3
     for (int i = 0; i < NR; i++) {
         _mm256_storeu_ps(s + (size_t)i * lds, sc[i][0]);
@@ -111,12 +105,7 @@ static inline __attribute__((always_inline)) void q8_rows16(attn_state *st, cons
     float alpha[3];
     attn_softmax_rows16_avx2(s, lds, NR, st->m + r, st->l + r, alpha);
 #pragma GCC unroll 3
-    for (int i = 0; i < NR; i++)
-        if (alpha[i] != 1.0f) {
-            float *acc = st->acc + (size_t)(r + i) * hdp;
-            const __m256 va = _mm256_set1_ps(alpha[i]);
-            for (int d = 0; d < hd; d += 8) _mm256_storeu_ps(acc + d, _mm256_mul_ps(va, _mm256_loadu_ps(acc + d)));
-        }
+    for (int i = 0; i < NR; i++) attn_rescale_avx2(st->acc + (size_t)(r + i) * hdp, hd, alpha[i]);
     for (int g = 0; g < ng; g++) {
         float wq[3][ATTN_Q8_PV_TILE], vs[3];
         int any = 0;
@@ -126,7 +115,7 @@ static inline __attribute__((always_inline)) void q8_rows16(attn_state *st, cons
             float w[ATTN_Q8_PV_TILE];
             _mm256_storeu_ps(w, _mm256_mul_ps(_mm256_loadu_ps(si), _mm256_loadu_ps(vdf + (size_t)g * 16)));
             _mm256_storeu_ps(w + 8, _mm256_mul_ps(_mm256_loadu_ps(si + 8), _mm256_loadu_ps(vdf + (size_t)g * 16 + 8)));
-            vs[i] = pv_quant16(w, NULL, wq[i]);
+            vs[i] = pv_quant16(w, wq[i]);
             any |= vs[i] != 0.0f;
         }
         if (!any) continue;
@@ -157,6 +146,16 @@ static inline __attribute__((always_inline)) void q8_rows16(attn_state *st, cons
     }
 }
 
+/* Every row of the part over a whole block, in tiles of 3, then 2 or 1. */
+static void q8_whole_rows(attn_state *st, const void *k, const void *v, const uint16_t *kd, const float *vdf,
+                          const int I8) {
+    const int R = st->rows;
+    int r = 0;
+    for (; r + 3 <= R; r += 3) q8_rows16(st, k, v, kd, vdf, r, 3, I8);
+    if (R - r == 2) q8_rows16(st, k, v, kd, vdf, r, 2, I8);
+    else if (R - r == 1) q8_rows16(st, k, v, kd, vdf, r, 1, I8);
+}
+
 void attn_block_q8_avx2(attn_state *st, const attn_block *b) {
     const int G = st->group, R = st->rows, hd = st->head_dim, hdp = st->hdp, bt = st->block_tokens, ng = hd / 32,
               lds = st->lds;
@@ -183,10 +182,7 @@ void attn_block_q8_avx2(attn_state *st, const attn_block *b) {
         for (int j = 0; j < 16; j++)
             for (int g = 0; g < ng; g++) vdf[g * 16 + j] = _cvtsh_ss(vd[(size_t)j * ng + g]);
     if (whole && R <= 12) {
-        int r = 0;
-        for (; r + 3 <= R; r += 3) q8_rows16(st, k, v, kd, vdf, r, 3, 1);
-        if (R - r == 2) q8_rows16(st, k, v, kd, vdf, r, 2, 1);
-        else if (R - r == 1) q8_rows16(st, k, v, kd, vdf, r, 1, 1);
+        q8_whole_rows(st, k, v, kd, vdf, 1);
         return;
     }
     /* The block's keys (channel-major, row stride lds) and values (token
@@ -200,10 +196,7 @@ void attn_block_q8_avx2(attn_state *st, const attn_block *b) {
     for (int j = 0; j < nk; j++)
         for (int d = 0; d < hd; d += 8) _mm256_storeu_ps(vf + (size_t)j * hdp + d, q8_cvt8(v + (size_t)j * hd + d));
     if (whole) {
-        int r = 0;
-        for (; r + 3 <= R; r += 3) q8_rows16(st, kf, vf, kd, vdf, r, 3, 0);
-        if (R - r == 2) q8_rows16(st, kf, vf, kd, vdf, r, 2, 0);
-        else if (R - r == 1) q8_rows16(st, kf, vf, kd, vdf, r, 1, 0);
+        q8_whole_rows(st, kf, vf, kd, vdf, 0);
         return;
     }
     for (int r = r0; r < R; r++) {
@@ -247,24 +240,27 @@ void attn_block_q8_avx2(attn_state *st, const attn_block *b) {
         }
         const float alpha = attn_softmax_row_avx2(s, nv, nk, &st->m[r], &st->l[r]);
         float *acc = st->acc + (size_t)r * hdp;
-        if (alpha != 1.0f) {
-            const __m256 va = _mm256_set1_ps(alpha);
-            for (int d = 0; d < hd; d += 8) _mm256_storeu_ps(acc + d, _mm256_mul_ps(va, _mm256_loadu_ps(acc + d)));
-        }
+        attn_rescale_avx2(acc, hd, alpha);
         /* integer P*V (attention_q8_impl.h): per tile of 16 keys and group,
          * the u8 weights times the values summed in F32 -- exact, the
          * products being integers and the sums below 2^24 -- then scaled */
         for (int j0 = 0; j0 < nv; j0 += ATTN_Q8_PV_TILE) {
             const int n = nv - j0 < ATTN_Q8_PV_TILE ? nv - j0 : ATTN_Q8_PV_TILE;
             for (int g = 0; g < ng; g++) {
-                float w[ATTN_Q8_PV_TILE];
-                uint8_t q[ATTN_Q8_PV_TILE];
+                float w[ATTN_Q8_PV_TILE], qf[ATTN_Q8_PV_TILE];
                 for (int j = 0; j < n; j++) w[j] = s[j0 + j] * _cvtsh_ss(vd[(size_t)(j0 + j) * ng + g]);
-                const float sc = n == ATTN_Q8_PV_TILE ? pv_quant16(w, q, NULL) : attn_q8_pv_quant_ref(w, n, q);
+                float sc;
+                if (n == ATTN_Q8_PV_TILE) {
+                    sc = pv_quant16(w, qf);
+                } else {
+                    uint8_t q[ATTN_Q8_PV_TILE];
+                    sc = attn_q8_pv_quant_ref(w, n, q);
+                    for (int j = 0; j < n; j++) qf[j] = q[j];
+                }
                 if (sc == 0.0f) continue; /* fma(0, 0, acc) = acc: acc is never -0 */
                 __m256 i0 = _mm256_setzero_ps(), i1 = i0, i2 = i0, i3 = i0;
                 for (int j = 0; j < n; j++) {
-                    const __m256 qj = _mm256_set1_ps((float)q[j]);
+                    const __m256 qj = _mm256_broadcast_ss(qf + j);
                     const float *vr = vf + (size_t)(j0 + j) * hdp + 32 * g;
                     i0 = _mm256_fmadd_ps(qj, _mm256_loadu_ps(vr), i0);
                     i1 = _mm256_fmadd_ps(qj, _mm256_loadu_ps(vr + 8), i1);

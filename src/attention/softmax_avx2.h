@@ -56,6 +56,14 @@ static inline __attribute__((always_inline)) float attn_softmax_row_avx2(float *
     return alpha;
 }
 
+/* acc[0, n) (n a multiple of 8) times a row's rescale alpha, when the
+ * row's maximum grew (alpha != 1). */
+static inline __attribute__((always_inline)) void attn_rescale_avx2(float *acc, int n, float alpha) {
+    if (alpha == 1.0f) return;
+    const __m256 va = _mm256_set1_ps(alpha);
+    for (int d = 0; d < n; d += 8) _mm256_storeu_ps(acc + d, _mm256_mul_ps(va, _mm256_loadu_ps(acc + d)));
+}
+
 /* The step above for NR (<= 4) rows that each see all 16 keys of a block
  * (rows lds apart), with the same operations in the same order per row, so
  * the same bits; alpha[r] gets row r's rescale. The rows go through each

@@ -464,6 +464,14 @@ INLINE void q8_chunk_avx2(int wtype, const char *p, int n, const __m256 dw[2], c
 
 enum { Q8_NB = 16 }; /* activation rows per pass over a weight row (accumulators on the stack) */
 
+/* q8_chunk_avx2 for activation rows a[0 .. n), two at a time. */
+INLINE void q8_chunk_rows(int wtype, const char *p, int m, const __m256 dw[2], const __m256 mw[2], const act_row *a,
+                          int n, int64_t ci, __m256 (*acc)[2]) {
+    int b = 0;
+    for (; b + 2 <= n; b += 2) q8_chunk_avx2(wtype, p, m, dw, mw, &a[b], 2, ci, acc[b]);
+    if (b < n) q8_chunk_avx2(wtype, p, m, dw, mw, &a[b], 1, ci, acc[b]);
+}
+
 /* Weight row w (nblk blocks) against activation rows a[0 .. n), 2 <= n <=
  * Q8_NB; writes y[b * ldy]. One row: mm_q8_row1. */
 INLINE void mm_q8_row(int wtype, const char *w, int64_t nblk, const act_row *a, int n, float *y, int64_t ldy) {
@@ -475,14 +483,8 @@ INLINE void mm_q8_row(int wtype, const char *w, int64_t nblk, const act_row *a, 
         const int m = nblk - 16 * ci < 16 ? (int)(nblk - 16 * ci) : 16;
         __m256 dw[2], mw[2];
         chunk_scales_avx2(wtype, p, m, dw, mw);
-        int b = 0;
-        if (m == 16) {
-            for (; b + 2 <= n; b += 2) q8_chunk_avx2(wtype, p, 16, dw, mw, &a[b], 2, ci, acc[b]);
-            if (b < n) q8_chunk_avx2(wtype, p, 16, dw, mw, &a[b], 1, ci, acc[b]);
-        } else {
-            for (; b + 2 <= n; b += 2) q8_chunk_avx2(wtype, p, m, dw, mw, &a[b], 2, ci, acc[b]);
-            if (b < n) q8_chunk_avx2(wtype, p, m, dw, mw, &a[b], 1, ci, acc[b]);
-        }
+        if (m == 16) q8_chunk_rows(wtype, p, 16, dw, mw, a, n, ci, acc);
+        else q8_chunk_rows(wtype, p, m, dw, mw, a, n, ci, acc);
     }
     for (int b = 0; b < n; b++) y[(int64_t)b * ldy] = hsum_ps(_mm256_add_ps(acc[b][0], acc[b][1]));
 }
