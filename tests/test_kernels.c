@@ -635,21 +635,35 @@ static void test_matmul_batch_invariance_case(ellm_isa isa, int type, int64_t co
     }
 }
 
-/* R16 (kernels.h) of Q8_0 or Q4_0 (wt): rows of a packed matrix read back
- * as the original's; this ISA's kernel gives the reference's bits (the same
- * float operations in the same order) for every batch size, row split and
- * sub-batch, within the file layout's reference tolerance; shapes and types
- * the layout cannot take are refused and leave the destination alone. */
+/* R16 (kernels.h) of Q8_0, Q4_0 or Q4_K (wt): rows of a packed matrix read
+ * back as the original's; this ISA's kernel gives the reference's bits (the
+ * same float operations in the same order) for every batch size, row split
+ * and sub-batch, within the file layout's reference tolerance, also with
+ * every weight and activation at its largest magnitude (the integer sums'
+ * bounds); shapes and types the layout cannot take are refused and leave
+ * the destination alone. */
 static void test_matmul_r16(ellm_isa isa, int wt) {
     char in[48];
     snprintf(in, sizeof in, "%s %s", ellm_isa_str(isa), qtype_get(wt)->name);
-    static const int64_t shapes[][2] = {{48, 96}, {64, 576}, {32, 1536}};
+    const int kq = wt == QTYPE_Q4_K; /* super-blocks of 256 */
+    const int64_t shapes[][2] = {{48, kq ? 256 : 96}, {64, kq ? 768 : 576}, {32, 1536}, {16, kq ? 512 : 64}};
     static const int nbs[] = {1, 2, 3, 4, 5, 8, 9, 16, 17};
     for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
         const int64_t rows = shapes[si][0], cols = shapes[si][1];
+        const int extreme = si == 3; /* all weights and activations at their largest */
         const size_t rb = qtype_row_bytes(wt, cols), wb = rb * (size_t)rows;
         char *W = xmalloc(wb), *P = xmalloc(wb), *P2 = xmalloc(wb);
         make_weights(wt, W, rows, cols);
+        if (extreme) /* the largest nibbles (and Q4_K scales), Q8_0's -127 */
+            for (int64_t r = 0; r < rows; r++) {
+                const qtype_info *ti = qtype_get(wt);
+                for (int64_t k = 0; k < cols / ti->block_elems; k++) {
+                    char *b = W + (size_t)r * rb + (size_t)k * ti->block_bytes;
+                    if (kq) memset(b + offsetof(block_q4_K, scales), 0xFF, 12 + QK_K / 2); /* sc, m 63 */
+                    else if (wt == QTYPE_Q8_0) memset(b + 2, 0x81, 32); /* -127 */
+                    else memset(b + 2, 0xFF, ti->block_bytes - 2);
+                }
+            }
         CHECK(kern_r16_pack(wt, P, W, rows, cols) == 0, "[%s] r16 pack %lldx%lld", in, (long long)rows, (long long)cols);
         memcpy(P2, W, wb);
         CHECK(kern_r16_pack(wt, P2, P2, rows, cols) == 0 && memcmp(P, P2, wb) == 0,
@@ -668,6 +682,8 @@ static void test_matmul_r16(ellm_isa isa, int wt) {
             const int nb = nbs[ni];
             float *X = xmalloc((size_t)(cols * nb) * 4);
             fill_gauss(X, cols * nb, 1.0f);
+            if (extreme)
+                for (int64_t i = 0; i < cols * nb; i++) X[i] = 1.0f; /* every activation quantizes to 127 */
             void *act = xmalloc(kern_act_bytes(wt, cols, nb)), *act1 = xmalloc(kern_act_bytes(wt, cols, 1));
             kern_act_prepare(wt, X, cols, nb, act);
             const size_t yb = (size_t)(rows * nb) * 4;
@@ -718,15 +734,17 @@ static void test_matmul_r16(ellm_isa isa, int wt) {
         free(P2);
     }
     /* shapes the layout cannot take */
-    char *W = xmalloc(qtype_row_bytes(wt, 96) * 40), *P = xmalloc(qtype_row_bytes(wt, 96) * 40);
-    make_weights(wt, W, 40, 96);
-    memset(P, 0x5a, qtype_row_bytes(wt, 96) * 40);
+    const int64_t c0 = kq ? 256 : 96;
+    char *W = xmalloc(qtype_row_bytes(wt, c0) * 40), *P = xmalloc(qtype_row_bytes(wt, c0) * 40);
+    make_weights(wt, W, 40, c0);
+    memset(P, 0x5a, qtype_row_bytes(wt, c0) * 40);
     int untouched = 1;
-    CHECK(kern_r16_pack(wt, P, W, 40, 96) == -1, "[%s] r16 pack took 40 rows", in);
-    CHECK(kern_r16_pack(wt, P, W, 32, 80) == -1, "[%s] r16 pack took 80 columns", in);
-    CHECK(kern_r16_pack(wt, P, W, 0, 96) == -1, "[%s] r16 pack took 0 rows", in);
+    CHECK(kern_r16_pack(wt, P, W, 40, c0) == -1, "[%s] r16 pack took 40 rows", in);
+    CHECK(kern_r16_pack(wt, P, W, 32, kq ? 160 : 80) == -1, "[%s] r16 pack took %d columns", in, kq ? 160 : 80);
+    CHECK(kern_r16_pack(wt, P, W, 0, c0) == -1, "[%s] r16 pack took 0 rows", in);
     CHECK(kern_r16_pack(QTYPE_Q4_1, P, W, 32, 96) == -1 && !kern_r16_type(QTYPE_Q4_1), "[%s] r16 pack took Q4_1", in);
-    for (size_t i = 0; i < qtype_row_bytes(wt, 96) * 40; i++) untouched &= (unsigned char)P[i] == 0x5a;
+    CHECK(kern_r16_pack(QTYPE_Q6_K, P, W, 16, 256) == -1 && !kern_r16_type(QTYPE_Q6_K), "[%s] r16 pack took Q6_K", in);
+    for (size_t i = 0; i < qtype_row_bytes(wt, c0) * 40; i++) untouched &= (unsigned char)P[i] == 0x5a;
     CHECK(untouched, "[%s] a refused r16 pack wrote its destination", in);
     free(W);
     free(P);
@@ -1179,6 +1197,7 @@ int main(void) {
         test_matmul_batch_invariance((ellm_isa)isa);
         test_matmul_r16((ellm_isa)isa, QTYPE_Q8_0);
         test_matmul_r16((ellm_isa)isa, QTYPE_Q4_0);
+        test_matmul_r16((ellm_isa)isa, QTYPE_Q4_K);
         test_rowwise((ellm_isa)isa);
         test_logsumexp_vocab((ellm_isa)isa);
     }

@@ -1,8 +1,10 @@
-/* Q8_0 and Q4_0 weights interleaved by 16 rows (kernels.h, "R16"): the
- * layouts, their packer, row reader and scalar reference, and the dispatch.
+/* Q8_0, Q4_0 and Q4_K weights interleaved by 16 rows (kernels.h, "R16"):
+ * the layouts, their packer, row reader and scalar reference, and the
+ * dispatch.
  *
  * Group g (rows 16g .. 16g + 15) takes the bytes its 16 rows take in the
- * file's layout, block after block; block k of the group is one record:
+ * file's layout, block after block (super-block after super-block for
+ * Q4_K); block k of the group is one record:
  *
  *   Q8_0, 544 bytes:
  *     f16 d[16]          row i's scale of block k
@@ -12,6 +14,14 @@
  *     uint8 q[4][16][4]  q[j][i] = bytes 4j .. 4j + 3 of row i's block: low
  *                        nibbles elements 4j .. 4j + 3, high nibbles
  *                        16 + 4j .. 16 + 4j + 3, each + 8 (as in the file)
+ *   Q4_K, 2304 bytes (a super-block of 256 elements):
+ *     f16 d[16], f16 dmin[16]
+ *     uint8 sc[3][16][4]     sc[j][i] = bytes 4j .. 4j + 3 of row i's 12
+ *                            packed scale bytes (q4k_scale_min)
+ *     uint8 q[4][8][16][4]   q[p][c][i] = bytes 32p + 4c .. 32p + 4c + 3 of
+ *                            row i's qs: low nibbles elements 4c .. 4c + 3
+ *                            of sub-block 2p, high nibbles those of
+ *                            sub-block 2p + 1 (as in the file)
  *
  * so vector j of a record is a dword of the block for 16 rows, one row per
  * 32-bit lane (for Q4_0 after splitting the nibbles): a vpdpbusd against one
@@ -24,9 +34,21 @@
  *   isum = sum_i w_i * a_i                    (exact int32)
  *   s    = fma((float)isum, dw * da, s)       (k = 0, 1, ...)
  *
- * which is what this reference computes and what the AVX-512 and AVX2
- * kernels compute, for any number of activation rows: a row of a batch equals the
- * same row alone, and both equal the reference, bit for bit. */
+ * and a Q4_K output its super-blocks, each in three sums over its
+ * sub-blocks of 32 (j = 0..7, with the row's d, dmin, sc[j] and m[j] and
+ * the sub-block's activation scale da_j and sum sa_j = sum_i a_i):
+ *
+ *   isum_j = sc[j] * sum_i q_i * a_i           (exact int32; q = 0..15)
+ *   acc    = fma((float)isum_j, da_j, acc)     (j = 0..7, from 0)
+ *   s      = fma(acc, d, s)
+ *   macc   = fma((float)m[j], (float)sa_j * da_j, macc)   (j = 0..7, from 0)
+ *   s      = fma(macc, -dmin, s)
+ *
+ * with the file layout's activations (ACT_Q8: a scale per 32), so an R16
+ * Q4_K output is as close to the exact dot as the file layout's. This is
+ * what this reference computes and what the SIMD kernels compute, for any
+ * number of activation rows: a row of a batch equals the same row alone,
+ * and both equal the reference, bit for bit. */
 #include "core/cpu.h"
 #include "kernels/kernels.h"
 #include "kernels/kernels_impl.h"
@@ -39,32 +61,52 @@
 
 enum { R16_ROWS = 16 };
 
-int kern_r16_type(int wtype) { return wtype == QTYPE_Q8_0 || wtype == QTYPE_Q4_0; }
+int kern_r16_type(int wtype) { return wtype == QTYPE_Q8_0 || wtype == QTYPE_Q4_0 || wtype == QTYPE_Q4_K; }
 
 /* The SIMD kernel for the active ISA: AVX-512 VNNI, else AVX2 (also on
  * AVX-512 without VNNI); NULL under the scalar ISA. */
 typedef void (*r16_kernel)(int, const void *, int64_t, int64_t, int64_t, const void *, int, float *, int64_t);
 
-static r16_kernel r16_simd(void) {
+static r16_kernel r16_simd(int wtype) {
     const ellm_isa isa = ellm_cpu_isa();
-    if (isa == ELLM_ISA_AVX512 && ellm_cpu()->avx512vnni) return kern_matmul_r16_avx512;
+    if (isa == ELLM_ISA_AVX512 && ellm_cpu()->avx512vnni && wtype != QTYPE_Q4_K) return kern_matmul_r16_avx512;
     if (isa == ELLM_ISA_AVX512 || isa == ELLM_ISA_AVX2) return kern_matmul_r16_avx2;
     return NULL;
 }
 
-int kern_r16_fast(void) { return r16_simd() != NULL; }
+int kern_r16_fast(void) { return r16_simd(QTYPE_Q8_0) != NULL; }
 
-/* Bytes of a record: 16 scales and 16 rows' quants of one block. */
-static size_t rec_bytes(int wtype) { return wtype == QTYPE_Q4_0 ? 32 + 4 * 64 : 32 + 8 * 64; }
+/* Q4_K has an AVX2 kernel only; with AVX-512 VNNI the file layout's
+ * AVX-512 kernels stay the faster choice for it. */
+int kern_r16_packs(int wtype) {
+    if (!kern_r16_type(wtype) || !kern_r16_fast()) return 0;
+    return wtype != QTYPE_Q4_K || !(ellm_cpu_isa() == ELLM_ISA_AVX512 && ellm_cpu()->avx512vnni);
+}
+
+/* Elements of a block (of a record). */
+static int64_t blk_elems(int wtype) { return wtype == QTYPE_Q4_K ? QK_K : 32; }
+
+/* Bytes of a record: 16 rows' scales and quants of one block. */
+static size_t rec_bytes(int wtype) {
+    return wtype == QTYPE_Q4_K ? 16 * sizeof(block_q4_K) : wtype == QTYPE_Q4_0 ? 32 + 4 * 64 : 32 + 8 * 64;
+}
 
 /* Row bytes of the file's layout, which a group keeps. */
-static size_t file_row_bytes(int wtype, int64_t nblk) {
-    return (size_t)nblk * (wtype == QTYPE_Q4_0 ? sizeof(block_q4_0) : sizeof(block_q8_0));
-}
+static size_t file_row_bytes(int wtype, int64_t nblk) { return (size_t)nblk * rec_bytes(wtype) / R16_ROWS; }
+
+/* Q4_K record offsets: the scale dwords, the nibble dwords. */
+enum { Q4K_SC = 64, Q4K_QS = 256 };
 
 /* Writes block k of row i (file layout at b) into its record. */
 static void pack_block(int wtype, uint8_t *rec, int i, const uint8_t *b) {
-    memcpy(rec + 2 * i, b, 2); /* both blocks start with their f16 scale */
+    memcpy(rec + 2 * i, b, 2); /* every block starts with its f16 scale */
+    if (wtype == QTYPE_Q4_K) {
+        const block_q4_K *q = (const block_q4_K *)b;
+        memcpy(rec + 32 + 2 * i, &q->dmin, 2);
+        for (int j = 0; j < 3; j++) memcpy(rec + Q4K_SC + 64 * j + 4 * i, q->scales + 4 * j, 4);
+        for (int c = 0; c < 32; c++) memcpy(rec + Q4K_QS + 64 * c + 4 * i, q->qs + 4 * c, 4);
+        return;
+    }
     if (wtype == QTYPE_Q4_0) {
         const block_q4_0 *q = (const block_q4_0 *)b;
         for (int j = 0; j < 4; j++) memcpy(rec + 32 + 64 * j + 4 * i, q->qs + 4 * j, 4);
@@ -80,8 +122,8 @@ static void pack_block(int wtype, uint8_t *rec, int i, const uint8_t *b) {
 }
 
 int kern_r16_pack(int wtype, void *dst, const void *src, int64_t rows, int64_t cols) {
-    if (!kern_r16_type(wtype) || rows <= 0 || rows % R16_ROWS || cols <= 0 || cols % 32) return -1;
-    const int64_t nblk = cols / 32;
+    if (!kern_r16_type(wtype) || rows <= 0 || rows % R16_ROWS || cols <= 0 || cols % blk_elems(wtype)) return -1;
+    const int64_t nblk = cols / blk_elems(wtype);
     const size_t rb = file_row_bytes(wtype, nblk), blk = rb / (size_t)nblk, rec = rec_bytes(wtype);
     uint8_t *tmp = dst == src ? malloc(R16_ROWS * rb) : NULL;
     if (dst == src && !tmp) return -1;
@@ -101,8 +143,14 @@ static const uint8_t *r16_rec(int wtype, const void *W, int64_t nblk, int64_t r,
     return (const uint8_t *)W + ((size_t)(r / R16_ROWS) * (size_t)nblk + (size_t)k) * rec_bytes(wtype);
 }
 
-/* Element e (0..31) of row i's block in record rec, without the scale. */
+/* Element e (0..31; Q4_K 0..255) of row i's block in record rec, without
+ * the scale (Q4_K: the nibble, 0..15). */
 static int r16_value(int wtype, const uint8_t *rec, int i, int e) {
+    if (wtype == QTYPE_Q4_K) {
+        const int j = e / 32, l = e % 32;
+        const uint8_t b = rec[Q4K_QS + 64 * (8 * (j / 2) + l / 4) + 4 * i + l % 4];
+        return j & 1 ? b >> 4 : b & 15;
+    }
     if (wtype == QTYPE_Q4_0) {
         const uint8_t b = rec[32 + 64 * ((e & 15) >> 2) + 4 * i + (e & 3)];
         return (e < 16 ? b & 15 : b >> 4) - 8;
@@ -116,7 +164,33 @@ static float r16_scale(const uint8_t *rec, int i) {
     return ellm_f16_to_f32(h);
 }
 
+/* Row i's sub-block j scale and min in a Q4_K record. */
+static void r16_q4k_scale_min(const uint8_t *rec, int i, int j, int *sc, int *m) {
+    uint8_t s[12];
+    for (int b = 0; b < 12; b++) s[b] = rec[Q4K_SC + 64 * (b / 4) + 4 * i + b % 4];
+    q4k_scale_min(s, j, sc, m);
+}
+
+/* Row r of a Q4_K matrix: dequant_q45k's arithmetic. */
+static void r16_q4k_row(const void *W, int64_t nblk, int64_t r, float *dst) {
+    const int i = (int)(r % R16_ROWS);
+    for (int64_t k = 0; k < nblk; k++) {
+        const uint8_t *rec = r16_rec(QTYPE_Q4_K, W, nblk, r, k);
+        const float d = r16_scale(rec, i), dmin = r16_scale(rec + 32, i);
+        for (int j = 0; j < 8; j++) {
+            int sc, m;
+            r16_q4k_scale_min(rec, i, j, &sc, &m);
+            const float d1 = d * (float)sc, m1 = dmin * (float)m;
+            for (int l = 0; l < 32; l++) *dst++ = d1 * (float)r16_value(QTYPE_Q4_K, rec, i, 32 * j + l) - m1;
+        }
+    }
+}
+
 void kern_r16_row(int wtype, const void *W, int64_t cols, int64_t r, float *dst) {
+    if (wtype == QTYPE_Q4_K) {
+        r16_q4k_row(W, cols / QK_K, r, dst);
+        return;
+    }
     const int64_t nblk = cols / 32;
     const int i = (int)(r % R16_ROWS);
     for (int64_t k = 0; k < nblk; k++) {
@@ -126,8 +200,43 @@ void kern_r16_row(int wtype, const void *W, int64_t cols, int64_t r, float *dst)
     }
 }
 
+/* One output of a Q4_K matrix against one activation row. */
+static float r16_q4k_dot(const void *W, int64_t nsb, int64_t r, const act_row *a) {
+    const int i = (int)(r % R16_ROWS);
+    float s = 0;
+    for (int64_t k = 0; k < nsb; k++) {
+        const uint8_t *rec = r16_rec(QTYPE_Q4_K, W, nsb, r, k);
+        float acc = 0, macc = 0;
+        for (int j = 0; j < 8; j++) {
+            const int64_t kb = 8 * k + j, slot = act_q8_slot(kb);
+            int sc, m;
+            r16_q4k_scale_min(rec, i, j, &sc, &m);
+            int32_t isum = 0;
+            for (int e = 0; e < 32; e++) isum += r16_value(QTYPE_Q4_K, rec, i, 32 * j + e) * a->qs[act_q8_qs(kb, e)];
+            acc = fmaf((float)(sc * isum), a->d[slot], acc);
+        }
+        s = fmaf(acc, r16_scale(rec, i), s);
+        for (int j = 0; j < 8; j++) {
+            const int64_t slot = act_q8_slot(8 * k + j);
+            int sc, m;
+            r16_q4k_scale_min(rec, i, j, &sc, &m);
+            macc = fmaf((float)m, (float)a->sa[slot] * a->d[slot], macc);
+        }
+        s = fmaf(macc, -r16_scale(rec + 32, i), s);
+    }
+    return s;
+}
+
 void kern_matmul_r16_ref(int wtype, const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act, int nb,
                          float *Y, int64_t ldy) {
+    if (wtype == QTYPE_Q4_K) {
+        for (int64_t r = r0; r < r1; r++)
+            for (int b = 0; b < nb; b++) {
+                const act_row a = act_get_row(ACT_Q8, act, cols, b);
+                Y[(int64_t)b * ldy + r] = r16_q4k_dot(W, cols / QK_K, r, &a);
+            }
+        return;
+    }
     const int64_t nblk = cols / 32;
     for (int64_t r = r0; r < r1; r++) {
         const int i = (int)(r % R16_ROWS);
@@ -147,9 +256,9 @@ void kern_matmul_r16_ref(int wtype, const void *W, int64_t cols, int64_t r0, int
 
 void kern_matmul_r16(int wtype, const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act, int nb,
                      float *Y, int64_t ldy) {
-    assert(kern_r16_type(wtype) && r0 % R16_ROWS == 0 && r1 % R16_ROWS == 0 && cols % 32 == 0);
+    assert(kern_r16_type(wtype) && r0 % R16_ROWS == 0 && r1 % R16_ROWS == 0 && cols % blk_elems(wtype) == 0);
     if (r1 <= r0 || nb <= 0) return;
-    const r16_kernel fn = r16_simd();
+    const r16_kernel fn = r16_simd(wtype);
     if (fn) fn(wtype, W, cols, r0, r1, act, nb, Y, ldy);
     else kern_matmul_r16_ref(wtype, W, cols, r0, r1, act, nb, Y, ldy);
 }

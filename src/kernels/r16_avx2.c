@@ -1,5 +1,5 @@
-/* Q8_0 and Q4_0 R16 weights (r16.c) against ACT_Q8 activations, AVX2 (also
- * AVX-512 machines without VNNI).
+/* Q8_0, Q4_0 and Q4_K R16 weights (r16.c) against ACT_Q8 activations, AVX2
+ * (also AVX-512 machines without VNNI, and Q4_K on every AVX-512 machine).
  *
  * A record's vector j (16 rows' dword j) is two ymm of 8 rows each. Without
  * vpdpbusd the 4-element products of a lane come from vpmaddubsw (unsigned
@@ -12,10 +12,16 @@
  *   Q4_0: the raw nibbles (w + 8, 0..15) against a, low and high nibbles'
  *         pairs added in int16 (2 * 2 * 15 * 127 fits), the accumulator
  *         starting at -sa = -8 * sum(a).
- * Both give the exact int32 block dot of the reference; then per block and
- * output one convert, multiply and FMA into its running sum in block order:
- * the reference's arithmetic (r16.c), so every output has its bits whatever
- * the ISA, the number of activation rows or the split of the rows.
+ *   Q4_K: the nibbles (0..15) against a, the int16 pairs of a sub-block's
+ *         8 dwords added in int16 (8 * 2 * 15 * 127 fits), then vpmaddwd
+ *         against the row's sub-block scale in both halves of its lane:
+ *         sc * the sub-block's dot in int32, with no extra multiply.
+ * All give the exact int32 block dot of the reference; then per block and
+ * output one convert, multiply and FMA into its running sum in block order
+ * (Q4_K: a convert and an FMA per sub-block into the super-block's sum, one
+ * FMA per sub-block for the minimums, two per super-block into the running
+ * sum): the reference's arithmetic (r16.c), so every output has its bits
+ * whatever the ISA, the number of activation rows or the split of the rows.
  *
  * One activation row (decode) streams the records of its groups with every
  * line prefetched ahead; batches take one group (16 weight rows) at a time
@@ -28,7 +34,11 @@
 #include <immintrin.h>
 #include <string.h>
 
-enum { R16_NR = 4, REC_Q8 = 544, REC_Q4 = 288 };
+enum { R16_NR = 4, REC_Q8 = 544, REC_Q4 = 288, REC_Q4K = 2304, Q4K_SC = 64, Q4K_QS = 256 };
+
+/* The record kinds (kernel template parameter K). */
+enum { KIND_Q8 = 0, KIND_Q4 = 1, KIND_Q4K = 2 };
+#define REC_BYTES(K) ((K) == KIND_Q4K ? REC_Q4K : (K) == KIND_Q4 ? REC_Q4 : REC_Q8)
 
 INLINE __m256i bcast32(const int8_t *p) {
     int32_t v;
@@ -96,6 +106,147 @@ INLINE void r16_scale_add(const uint8_t *rec, float da, const __m256i acc[2], __
     }
 }
 
+/* A Q4_K record's 6-bit scales and mins of rows 8h .. 8h + 7, one row per
+ * 32-bit lane (q4k_scale_min's unpacking, 4 bytes at a time): sub-blocks
+ * 0..3 (lo) and 4..7 (hi), byte j % 4 of a lane that of sub-block j. */
+typedef struct {
+    __m256i sc_lo, sc_hi, m_lo, m_hi;
+} q4k_scales8;
+
+INLINE q4k_scales8 q4k_scales(const uint8_t *rec, int h) {
+    const __m256i d0 = _mm256_loadu_si256((const __m256i *)(rec + Q4K_SC + 32 * h));
+    const __m256i d1 = _mm256_loadu_si256((const __m256i *)(rec + Q4K_SC + 64 + 32 * h));
+    const __m256i d2 = _mm256_loadu_si256((const __m256i *)(rec + Q4K_SC + 128 + 32 * h));
+    const __m256i m6 = _mm256_set1_epi8(63), m4 = _mm256_set1_epi8(15), top = _mm256_set1_epi8(0x30);
+    q4k_scales8 s;
+    s.sc_lo = _mm256_and_si256(d0, m6);
+    s.m_lo = _mm256_and_si256(d1, m6);
+    s.sc_hi = _mm256_or_si256(_mm256_and_si256(d2, m4), _mm256_and_si256(_mm256_srli_epi32(d0, 2), top));
+    s.m_hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(d2, 4), m4), _mm256_and_si256(_mm256_srli_epi32(d1, 2), top));
+    return s;
+}
+
+/* Byte b (0..3) of every 32-bit lane into both int16 halves of the lane
+ * (pair 1) or into the lane as an int32 (pair 0): byte shuffles, by
+ * [pair][b]. */
+#define Z (char)0x80
+#define LANE_PAIR(b) (b), Z, (b), Z, 4 + (b), Z, 4 + (b), Z, 8 + (b), Z, 8 + (b), Z, 12 + (b), Z, 12 + (b), Z
+#define LANE_INT(b) (b), Z, Z, Z, 4 + (b), Z, Z, Z, 8 + (b), Z, Z, Z, 12 + (b), Z, Z, Z
+static const char q4k_lane_masks[2][4][16] __attribute__((aligned(16))) = {
+    {{LANE_INT(0)}, {LANE_INT(1)}, {LANE_INT(2)}, {LANE_INT(3)}},
+    {{LANE_PAIR(0)}, {LANE_PAIR(1)}, {LANE_PAIR(2)}, {LANE_PAIR(3)}},
+};
+#undef LANE_PAIR
+#undef LANE_INT
+#undef Z
+
+INLINE __m256i q4k_lane_byte(__m256i v, int b, int pair) {
+    return _mm256_shuffle_epi8(v, _mm256_broadcastsi128_si256(_mm_load_si128((const __m128i *)q4k_lane_masks[pair][b])));
+}
+
+/* An activation row's scales da and sums times scales sada (the
+ * reference's (float)sa * da) of the 8 blocks of 32 of super-block k, read
+ * once for both halves of a record. */
+typedef struct {
+    float da[8], sada[8];
+} q4k_act_sb;
+
+INLINE void q4k_act(const act_row *a, int64_t k, q4k_act_sb *out, const int NR) {
+#pragma GCC unroll 8
+    for (int r = 0; r < NR; r++)
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) {
+            const int64_t slot = act_q8_slot(8 * k + j);
+            out[r].da[j] = a[r].d[slot];
+            out[r].sada[j] = (float)a[r].sa[slot] * a[r].d[slot];
+        }
+}
+
+/* Rows 8h .. 8h + 7 of Q4_K record rec (super-block k) against activation
+ * rows a[0 .. NR) (as: their q4k_act): s[r] carries row r's 8 running
+ * sums. */
+INLINE void q4k_half(const uint8_t *rec, int h, int64_t k, const act_row *a, const q4k_act_sb *as, __m256 *s,
+                     const int NR) {
+    const q4k_scales8 sc = q4k_scales(rec, h);
+    const __m256i m4 = _mm256_set1_epi8(15);
+    const int8_t *qa[R16_NR]; /* the super-block's activations (act_q8_qs: its blocks are groups 2k, 2k + 1) */
+    __m256 acc[R16_NR];
+#pragma GCC unroll 8
+    for (int r = 0; r < NR; r++) {
+        qa[r] = a[r].qs + 256 * k;
+        acc[r] = _mm256_setzero_ps();
+    }
+#pragma GCC unroll 1
+    for (int p = 0; p < 4; p++) {
+        /* blocks 8k + 2p and + 1: group 2k + p / 2, places 2 (p % 2) and + 1 */
+        const int64_t q0 = 128 * (p >> 1) + 32 * (p & 1);
+        __m256i lo16[R16_NR], hi16[R16_NR];
+#pragma GCC unroll 8
+        for (int r = 0; r < NR; r++) lo16[r] = hi16[r] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+        for (int c = 0; c < 8; c++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(rec + Q4K_QS + 64 * (8 * p + c) + 32 * h));
+            const __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+            const int64_t e = q0 + 64 * (c >> 2) + 4 * (c & 3); /* act_q8_qs(8k + 2p, 4c) - 256k */
+#pragma GCC unroll 8
+            for (int r = 0; r < NR; r++) {
+                /* saturating adds (none saturates: 8 * 3810 < 32768) keep
+                 * gcc from reassociating the sums into a tree that spills */
+                lo16[r] = _mm256_adds_epi16(lo16[r], _mm256_maddubs_epi16(lo, bcast32(qa[r] + e)));
+                hi16[r] = _mm256_adds_epi16(hi16[r], _mm256_maddubs_epi16(hi, bcast32(qa[r] + e + 16)));
+            }
+        }
+#pragma GCC unroll 2
+        for (int t = 0; t < 2; t++) {
+            const int j = 2 * p + t;
+            const __m256i scv = q4k_lane_byte(j < 4 ? sc.sc_lo : sc.sc_hi, j & 3, 1);
+#pragma GCC unroll 8
+            for (int r = 0; r < NR; r++) {
+                const __m256i isum = _mm256_madd_epi16(t ? hi16[r] : lo16[r], scv);
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_broadcast_ss(&as[r].da[j]), acc[r]);
+            }
+        }
+    }
+    const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rec + 16 * h)));
+#pragma GCC unroll 8
+    for (int r = 0; r < NR; r++) {
+        s[r] = _mm256_fmadd_ps(acc[r], dv, s[r]);
+        acc[r] = _mm256_setzero_ps();
+    }
+    /* the minimums: sum_j m[j] * sada[j], then times -dmin */
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; j++) {
+        const __m256 mf = _mm256_cvtepi32_ps(q4k_lane_byte(j < 4 ? sc.m_lo : sc.m_hi, j & 3, 0));
+#pragma GCC unroll 8
+        for (int r = 0; r < NR; r++) acc[r] = _mm256_fmadd_ps(mf, _mm256_broadcast_ss(&as[r].sada[j]), acc[r]);
+    }
+    const __m256 ndmin =
+        _mm256_xor_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rec + 32 + 16 * h))), _mm256_set1_ps(-0.0f));
+#pragma GCC unroll 8
+    for (int r = 0; r < NR; r++) s[r] = _mm256_fmadd_ps(acc[r], ndmin, s[r]);
+}
+
+/* One activation row against Q4_K groups [0, ng) from w (r16_row's stream). */
+INLINE void q4k_row(const uint8_t *w, int64_t ng, int64_t nsb, const act_row *a, float *y) {
+    __m256 s[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int64_t g = 0, k = 0; g < ng; w += REC_Q4K) {
+        q4k_act_sb as;
+        kern_pf_pages(w, REC_Q4K);
+        kern_pf_block(w, REC_Q4K / 2);
+        q4k_act(a, k, &as, 1);
+        q4k_half(w, 0, k, a, &as, &s[0], 1);
+        kern_pf_block(w + REC_Q4K / 2, REC_Q4K / 2);
+        q4k_half(w, 1, k, a, &as, &s[1], 1);
+        if (++k == nsb) {
+            _mm256_storeu_ps(y + 16 * g, s[0]);
+            _mm256_storeu_ps(y + 16 * g + 8, s[1]);
+            s[0] = s[1] = _mm256_setzero_ps();
+            k = 0;
+            g++;
+        }
+    }
+}
+
 /* One activation row against groups [0, ng) from w: one stream of ng * nblk
  * records, every line prefetched KERN_PF_LINE_AHEAD ahead and each page
  * touched KERN_PF_AHEAD ahead. */
@@ -124,14 +275,29 @@ INLINE void r16_row(const uint8_t *w, int64_t ng, int64_t nblk, const act_row *a
  * outputs to y[r][0 .. 16). The next group's lines (pf, pf_lines a block)
  * are prefetched on the way. */
 INLINE void r16_pass(const uint8_t *gw, int64_t nblk, const act_row *a, float *const *y, const char *pf, int pf_lines,
-                     const int NR, const int Q4) {
-    const size_t REC = Q4 ? REC_Q4 : REC_Q8;
+                     const int NR, const int K) {
+    const int Q4 = K == KIND_Q4;
+    const size_t REC = REC_BYTES(K);
     __m256 s[R16_NR][2];
 #pragma GCC unroll 8
     for (int r = 0; r < NR; r++) s[r][0] = s[r][1] = _mm256_setzero_ps();
     for (int64_t k = 0; k < nblk; k++) {
         const uint8_t *rec = gw + (size_t)k * REC;
         for (int i = 0; i < pf_lines; i++, pf += 64) _mm_prefetch(pf, _MM_HINT_T0);
+        if (K == KIND_Q4K) {
+            __m256 sh[R16_NR];
+            q4k_act_sb as[R16_NR];
+            q4k_act(a, k, as, NR);
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; h++) {
+#pragma GCC unroll 8
+                for (int r = 0; r < NR; r++) sh[r] = s[r][h];
+                q4k_half(rec, h, k, a, as, sh, NR);
+#pragma GCC unroll 8
+                for (int r = 0; r < NR; r++) s[r][h] = sh[r];
+            }
+            continue;
+        }
         const int64_t slot = act_q8_slot(k), q0 = 128 * (k >> 2) + 16 * (k & 3);
         __m256i acc[R16_NR][2];
 #pragma GCC unroll 8
@@ -150,43 +316,52 @@ INLINE void r16_pass(const uint8_t *gw, int64_t nblk, const act_row *a, float *c
     }
 }
 
-/* One group against every activation row, R16_NR rows at a time. */
+/* Activation rows per pass of a kind. */
+#ifndef Q4K_NR
+#define Q4K_NR 4
+#endif
+#define PASS_ROWS(K) ((K) == KIND_Q4K ? Q4K_NR : R16_NR)
+
+/* One group against every activation row, PASS_ROWS(K) rows at a time. */
 INLINE void r16_group(const uint8_t *gw, size_t gs, int64_t nblk, const void *act, int64_t cols, int nb, float *Y,
-                      int64_t ldy, int64_t r0, const int Q4) {
+                      int64_t ldy, int64_t r0, const int K) {
     /* the next group (the bytes after this one) is prefetched over the
      * passes, spread evenly over their blocks */
-    const int64_t passes = (nb + R16_NR - 1) / R16_NR, lines = (int64_t)(gs / 64);
+    const int NRP = PASS_ROWS(K);
+    const int64_t passes = (nb + NRP - 1) / NRP, lines = (int64_t)(gs / 64);
     const int pf_lines = (int)((lines + passes * nblk - 1) / (passes * nblk));
-    for (int b = 0; b < nb; b += R16_NR) {
+    for (int b = 0; b < nb; b += NRP) {
         act_row a[R16_NR];
         float *y[R16_NR];
-        const int n = act_pass_rows(act, cols, nb, b, R16_NR, Y, ldy, r0, a, y);
-        const char *pf = (const char *)gw + gs + (size_t)(b / R16_NR) * (size_t)nblk * pf_lines * 64;
+        const int n = act_pass_rows(act, cols, nb, b, NRP, Y, ldy, r0, a, y);
+        const char *pf = (const char *)gw + gs + (size_t)(b / NRP) * (size_t)nblk * pf_lines * 64;
         switch (n) {
-        case 4: r16_pass(gw, nblk, a, y, pf, pf_lines, 4, Q4); break;
-        case 3: r16_pass(gw, nblk, a, y, pf, pf_lines, 3, Q4); break;
-        case 2: r16_pass(gw, nblk, a, y, pf, pf_lines, 2, Q4); break;
-        default: r16_pass(gw, nblk, a, y, pf, pf_lines, 1, Q4); break;
+        case 4: r16_pass(gw, nblk, a, y, pf, pf_lines, 4, K); break;
+        case 3: r16_pass(gw, nblk, a, y, pf, pf_lines, 3, K); break;
+        case 2: r16_pass(gw, nblk, a, y, pf, pf_lines, 2, K); break;
+        default: r16_pass(gw, nblk, a, y, pf, pf_lines, 1, K); break;
         }
     }
 }
 
 INLINE void r16_matmul(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act, int nb, float *Y,
-                       int64_t ldy, const int Q4) {
-    const int64_t nblk = cols / 32;
-    const size_t gs = (size_t)nblk * (Q4 ? REC_Q4 : REC_Q8);
+                       int64_t ldy, const int K) {
+    const int64_t nblk = cols / (K == KIND_Q4K ? 256 : 32);
+    const size_t gs = (size_t)nblk * REC_BYTES(K);
     const uint8_t *w = W;
     if (nb == 1) {
         const act_row a = act_get_row(ACT_Q8, act, cols, 0);
         kern_pf_start(w + (size_t)(r0 / 16) * gs);
-        r16_row(w + (size_t)(r0 / 16) * gs, (r1 - r0) / 16, nblk, &a, Y + r0, Q4);
+        if (K == KIND_Q4K) q4k_row(w + (size_t)(r0 / 16) * gs, (r1 - r0) / 16, nblk, &a, Y + r0);
+        else r16_row(w + (size_t)(r0 / 16) * gs, (r1 - r0) / 16, nblk, &a, Y + r0, K == KIND_Q4);
         return;
     }
-    for (int64_t g = r0 / 16; g < r1 / 16; g++) r16_group(w + (size_t)g * gs, gs, nblk, act, cols, nb, Y, ldy, g * 16, Q4);
+    for (int64_t g = r0 / 16; g < r1 / 16; g++) r16_group(w + (size_t)g * gs, gs, nblk, act, cols, nb, Y, ldy, g * 16, K);
 }
 
 void kern_matmul_r16_avx2(int wtype, const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act, int nb,
                           float *Y, int64_t ldy) {
-    if (wtype == QTYPE_Q4_0) r16_matmul(W, cols, r0, r1, act, nb, Y, ldy, 1);
-    else r16_matmul(W, cols, r0, r1, act, nb, Y, ldy, 0);
+    if (wtype == QTYPE_Q4_K) r16_matmul(W, cols, r0, r1, act, nb, Y, ldy, KIND_Q4K);
+    else if (wtype == QTYPE_Q4_0) r16_matmul(W, cols, r0, r1, act, nb, Y, ldy, KIND_Q4);
+    else r16_matmul(W, cols, r0, r1, act, nb, Y, ldy, KIND_Q8);
 }

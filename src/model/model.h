@@ -18,7 +18,7 @@ typedef enum { MODEL_ARCH_LLAMA, MODEL_ARCH_QWEN2, MODEL_ARCH_QWEN3 } model_arch
 /* How a matrix's bytes are laid out. */
 typedef enum {
     MODEL_LAYOUT_ROWS = 0,   /* row-major, as in the file */
-    MODEL_LAYOUT_R16 = 1     /* Q8_0 or Q4_0 interleaved by 16 rows (kern_r16_pack), rewritten at load */
+    MODEL_LAYOUT_R16 = 1     /* Q8_0, Q4_0 or Q4_K interleaved by 16 rows (kern_r16_pack), rewritten at load */
 } model_layout;
 
 /* A weight matrix of `rows` x `cols` (GGUF ne = {cols, rows}) in the mapping,
@@ -127,16 +127,17 @@ void model_placement_free(ellm_model *m);
 
 void model_rope_cos_sin(const ellm_model *m, int pos, float *cs);
 
-/* Rewrites the Q8_0 and Q4_0 matrices of a mapped model into MODEL_LAYOUT_R16
- * where the CPU has its kernel, unless params->keep_layout (model/repack.c),
+/* Rewrites the Q8_0 and Q4_0 (and on AVX2 Q4_K) matrices of a mapped model
+ * into MODEL_LAYOUT_R16 where the CPU has its kernel, unless params->keep_layout (model/repack.c),
  * and sets m->n_repacked (taking m->repacked_hash first). Never fails: when
  * it cannot rewrite them all, none is rewritten. */
 void model_repack_weights(ellm_model *m, const ellm_model_params *params);
 /* Writes to list (room for 7 per layer + 1) the matrices that can be
- * rewritten into MODEL_LAYOUT_R16 (a type with the layout, whole groups of 16
- * rows, not rewritten yet) and pass `take` (NULL: all), by launch: per layer
- * Q/K/V, O, gate/up, down, then the output. A launch splits its matrices'
- * concatenated rows in 16-row units, so it is taken whole or not at all.
+ * rewritten into MODEL_LAYOUT_R16 (a type the layout serves on this CPU,
+ * kern_r16_packs; not rewritten yet) and pass `take` (NULL: all), by
+ * launch: per layer Q/K/V, O, gate/up, down, then the output. A launch
+ * splits its matrices' concatenated rows in 16-row units, so its matrices
+ * are candidates only if all of them have whole groups of 16 rows.
  * Returns how many. */
 int model_r16_candidates(ellm_model *m, int (*take)(const model_matrix *w, void *arg), void *arg,
                          model_matrix **list);

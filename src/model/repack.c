@@ -1,4 +1,4 @@
-/* Q8_0 and Q4_0 matrices rewritten at load into the layout the AVX2 and
+/* Q8_0, Q4_0 and (on AVX2) Q4_K matrices rewritten at load into the layout the AVX2 and
  * AVX-512 kernels read (kern_r16_pack: 16 rows interleaved, the same bytes per group).
  *
  * The bytes from the first to the last such matrix are written into new
@@ -114,15 +114,19 @@ int model_pack_r16(model_matrix **list, int n) {
     return n;
 }
 
-/* Adds w[0 .. n) (one launch's matrices) to list if all of them can be
- * packed and pass `take`. */
+/* Adds to list those of w[0 .. n) (one launch's matrices) that can be
+ * packed and pass `take`, if every matrix of the launch has whole groups of
+ * 16 rows (the engine splits the launch's concatenated rows in 16-row
+ * units, which must meet each packed matrix at a group boundary). A launch
+ * may mix layouts: Q4_K_M files have Q4_K attn_q and attn_k beside a Q6_K
+ * attn_v. */
 static void take_launch(model_matrix *const *w, int n, int (*take)(const model_matrix *, void *), void *arg,
                         model_matrix **list, int *count) {
     for (int i = 0; i < n; i++)
-        if (!w[i]->data || !kern_r16_type(w[i]->type) || w[i]->layout != MODEL_LAYOUT_ROWS || w[i]->rows % 16 ||
-            w[i]->cols % 32 || (take && !take(w[i], arg)))
-            return;
-    for (int i = 0; i < n; i++) list[(*count)++] = w[i];
+        if (!w[i]->data || w[i]->rows % 16) return;
+    for (int i = 0; i < n; i++)
+        if (kern_r16_packs(w[i]->type) && w[i]->layout == MODEL_LAYOUT_ROWS && (!take || take(w[i], arg)))
+            list[(*count)++] = w[i];
 }
 
 int model_r16_candidates(ellm_model *m, int (*take)(const model_matrix *w, void *arg), void *arg,
