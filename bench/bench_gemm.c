@@ -5,7 +5,7 @@
  *
  *   make bench && build/bench/bench_gemm [-m 135m,1b] [-n 1,2,4,8,9,16,128]
  *        [-t 1,2] [-r reps] [-i avx2|avx512] [-H] [-s] [type ...]   (default q8_0 q4_0 int4_g128;
- *        q8_0_r16, q4_0_r16, q4_K_r16: the same weights interleaved by 16 rows, kern_r16_pack)
+ *        q8_0_r16, q4_0_r16, q4_K_r16, q5_K_r16: the same weights interleaved by 16 rows, kern_r16_pack)
  *
  * peak   a tight loop of independent vpdpbusd (zmm, registers only) on each
  *        thread: 2 x 64 int8 ops per instruction. Also the F32 FMA peak.
@@ -101,12 +101,14 @@ typedef struct {
 
 static const model_shape SHAPES[] = {{"135m", 576, 192, 1536, 49152}, {"1b", 2048, 512, 8192, 128256}};
 static int g_each = 0; /* -s: each matrix shape alone, the output matrix too */
-static int g_r16 = 0;  /* types q8_0_r16, q4_0_r16, q4_K_r16: weights packed 16 rows to a vector (kern_r16_pack) */
+static int g_r16 = 0;  /* types q8_0_r16, q4_0_r16, q4_K_r16, q5_K_r16: weights packed 16 rows to a vector (kern_r16_pack) */
 
 /* The type's name as given on the command line (with _r16 when packed). */
 static const char *type_label(int type) {
     if (!g_r16) return qtype_get(type)->name;
-    return type == QTYPE_Q8_0 ? "q8_0_r16" : type == QTYPE_Q4_K ? "q4_K_r16" : "q4_0_r16";
+    static char label[32];
+    snprintf(label, sizeof label, "%s_r16", qtype_get(type)->name);
+    return label;
 }
 
 /* One launch: up to 3 matrices with the same input, rows split as one. */
@@ -355,10 +357,13 @@ int main(int argc, char **argv) {
     }
     for (int i = 0; i < n_types; i++) {
         int type = -1;
-        g_r16 = !strcmp(types[i], "q8_0_r16") || !strcmp(types[i], "q4_0_r16") || !strcmp(types[i], "q4_K_r16");
-        if (g_r16) type = types[i][1] == '8' ? QTYPE_Q8_0 : types[i][3] == 'K' ? QTYPE_Q4_K : QTYPE_Q4_0;
-        for (int t = 0; t < QTYPE_COUNT && !g_r16; t++)
-            if (qtype_get(t) && !strcmp(qtype_get(t)->name, types[i])) type = t;
+        const size_t len = strlen(types[i]);
+        g_r16 = len > 4 && !strcmp(types[i] + len - 4, "_r16");
+        for (int t = 0; t < QTYPE_COUNT; t++)
+            if (qtype_get(t) && strlen(qtype_get(t)->name) == len - (g_r16 ? 4 : 0) &&
+                !strncmp(qtype_get(t)->name, types[i], len - (g_r16 ? 4 : 0)))
+                type = t;
+        if (g_r16 && type >= 0 && !kern_r16_type(type)) type = -1;
         if (type < 0 || kern_act_bytes(type, 2048, 1) == 0) {
             fprintf(stderr, "unknown or unsupported type %s\n", types[i]);
             continue;

@@ -625,10 +625,23 @@ static void test_synth_tiny(void) {
         gguf_close(f);
     }
 
+    /* q5_k_m: Q5_K with Q6_K where q4_k_m has it (the tied output here) */
+    CHECK(run_synth("tiny", "q5_k_m", path, "7", 0) == 0, "synth tiny q5_k_m");
+    f = NULL;
+    CHECK(gguf_open(path, &f, &err) == ELLM_OK, "open q5_k_m: %s", err.msg);
+    if (f) {
+        int64_t v;
+        CHECK(gguf_get_i64(f, "general.file_type", &v, &err) == ELLM_OK && v == 17, "q5_k_m file_type %lld",
+              (long long)v);
+        expect_tensor(f, "token_embd.weight", 256, 2304, QTYPE_Q6_K);
+        expect_tensor(f, "blk.1.attn_q.weight", 256, 256, QTYPE_Q5_K);
+        gguf_close(f);
+    }
+
     /* Every type, pure: all matrices in that type. */
-    const char *types[] = {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_k_m"};
-    const int qtypes[] = {QTYPE_F32, QTYPE_F16, QTYPE_BF16, QTYPE_Q8_0, QTYPE_Q4_0, QTYPE_Q4_K};
-    for (int i = 0; i < 6; i++) {
+    const char *types[] = {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_k_m", "q5_k_m"};
+    const int qtypes[] = {QTYPE_F32, QTYPE_F16, QTYPE_BF16, QTYPE_Q8_0, QTYPE_Q4_0, QTYPE_Q4_K, QTYPE_Q5_K};
+    for (int i = 0; i < 7; i++) {
         CHECK(run_synth("tiny", types[i], path, "1", 1) == 0, "synth tiny %s", types[i]);
         f = NULL;
         CHECK(gguf_open(path, &f, &err) == ELLM_OK, "open %s: %s", types[i], err.msg);

@@ -411,12 +411,12 @@ static void test_sliding_window(void) {
     ellm_model_free(ref);
 }
 
-/* Q8_0, Q4_0 and Q4_K matrices interleaved at load (model/repack.c): every
+/* Q8_0, Q4_0, Q4_K and Q5_K matrices interleaved at load (model/repack.c): every
  * matrix of the fixture `name` of a type this CPU packs (kern_r16_packs) is
  * (its shapes allow it), and none with keep_layout; rows read back alike from both, the
  * file layout's weights are still the file's bytes, and the logits of the
  * two agree closely (their sums run in different orders). */
-static void test_r16_layout(const char *name) {
+static void test_r16_layout(const char *name, int far_limit) {
     char path[512];
     snprintf(path, sizeof path, "%s/models/%s.gguf", test_data_dir(), name);
     ellm_model *m = NULL, *k = NULL;
@@ -483,7 +483,11 @@ static void test_r16_layout(const char *name) {
      * scalar kernels on the Q4_K_M fixture: 46 and 1). Where they drift
      * apart, a near tie between the two largest logits may change its
      * argmax (Q4_K_M with F16: 47 of 48). A layout read or prepared wrongly
-     * sends every position apart with both. */
+     * sends every position apart with both, and by far more than 1e-2 of
+     * the largest logit. far_limit: the positions allowed beyond 1e-5 with
+     * the cache that drifts least (on the Q5_K_M fixture the file layout's
+     * own AVX2 and scalar kernels differ at 40 and 6 positions, R16 and the
+     * file layout at 35 and 27, all by up to 2e-2). */
     {
         int32_t toks[48];
         for (int i = 0; i < 48; i++) toks[i] = (int32_t)((i * 37 + 11) % m->cfg.n_vocab);
@@ -512,7 +516,7 @@ static void test_r16_layout(const char *name) {
                     far_min = far;
                     am_close = am;
                 }
-                CHECK(rel <= 5e-2 && am >= 46, "%s interleaved vs file layout, %s cache: max rel diff %.3g, argmax %d/48",
+                CHECK(rel <= 2e-2 && am >= 46, "%s interleaved vs file layout, %s cache: max rel diff %.3g, argmax %d/48",
                       name, kv ? "F32" : "F16", rel, am);
                 printf("%s interleaved vs file layout, %s cache: max|d|/max|ref| = %.2e, %d of 48 positions beyond "
                        "1e-5, argmax %d/48\n",
@@ -521,7 +525,7 @@ static void test_r16_layout(const char *name) {
             ellm_context_free(ca);
             ellm_context_free(cb);
         }
-        CHECK(far_min <= 6 && am_close == 48,
+        CHECK(far_min <= far_limit && am_close == 48,
               "%s interleaved vs file layout: %d of 48 positions beyond 1e-5 with either cache (argmax %d/48)", name,
               far_min, am_close);
         free(la);
@@ -539,9 +543,10 @@ int main(void) {
          * the kernel: the file's layout as well */
         if (strstr(CASES[i].name, "Q8_0") || strstr(CASES[i].name, "Q4_0")) test_case(&CASES[i], i % 2 ? 2 : 1, 1);
     }
-    test_r16_layout("llama-gqa-Q8_0");
-    test_r16_layout("llama-gqa-Q4_0");
-    test_r16_layout("llama-gqa-Q4_K_M");
+    test_r16_layout("llama-gqa-Q8_0", 6);
+    test_r16_layout("llama-gqa-Q4_0", 6);
+    test_r16_layout("llama-gqa-Q4_K_M", 6);
+    test_r16_layout("llama-gqa-Q5_K_M", 48);
     test_evalmodel();
     test_errors();
     test_sliding_window();

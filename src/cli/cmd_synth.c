@@ -79,6 +79,7 @@ typedef struct {
 static const synth_type synth_types[] = {
     {"f32", QTYPE_F32, 0},   {"f16", QTYPE_F16, 1},   {"bf16", QTYPE_BF16, 32},
     {"q8_0", QTYPE_Q8_0, 7}, {"q4_0", QTYPE_Q4_0, 2}, {"q4_k_m", QTYPE_Q4_K, 15},
+    {"q5_k_m", QTYPE_Q5_K, 17},
 };
 #define N_SYNTH_TYPES (int)(sizeof synth_types / sizeof synth_types[0])
 
@@ -89,18 +90,21 @@ static int use_more_bits(int layer, int n_layer) {
 }
 
 /* Type of one matrix with ne[0] = `ne0`, roughly as llama-quantize picks it:
- * the output matrix (token_embd when tied) is Q6_K for q4_0 and q4_k_m; q4_k_m
- * uses Q6_K for attn_v and ffn_down in use_more_bits() layers and Q4_K for
- * everything else. When ne0 is not a multiple of 256 (K-quant super-block),
- * Q6_K falls back to Q8_0 as in llama.cpp, and Q4_K to Q4_0 (llama.cpp uses
- * Q5_0, which we do not quantize). `pure` keeps every matrix at the base type. */
+ * the output matrix (token_embd when tied) is Q6_K for q4_0, q4_k_m and
+ * q5_k_m; q4_k_m and q5_k_m use Q6_K for attn_v and ffn_down in
+ * use_more_bits() layers and Q4_K / Q5_K for everything else. When ne0 is not
+ * a multiple of 256 (K-quant super-block), Q6_K falls back to Q8_0 as in
+ * llama.cpp, Q4_K to Q4_0 (llama.cpp uses Q5_0) and Q5_K to Q5_0. `pure`
+ * keeps every matrix at the base type. */
 static int matrix_type(const synth_type *t, int pure, int is_output, int more_bits, int64_t ne0) {
     int type = t->base;
-    if (!pure && (t->base == QTYPE_Q4_0 || t->base == QTYPE_Q4_K) && is_output) type = QTYPE_Q6_K;
-    if (!pure && t->base == QTYPE_Q4_K && more_bits) type = QTYPE_Q6_K;
+    const int kq = t->base == QTYPE_Q4_K || t->base == QTYPE_Q5_K;
+    if (!pure && (t->base == QTYPE_Q4_0 || kq) && is_output) type = QTYPE_Q6_K;
+    if (!pure && kq && more_bits) type = QTYPE_Q6_K;
     if (ne0 % 256) {
         if (type == QTYPE_Q6_K) type = QTYPE_Q8_0;
         if (type == QTYPE_Q4_K) type = QTYPE_Q4_0;
+        if (type == QTYPE_Q5_K) type = QTYPE_Q5_0;
     }
     return type;
 }
@@ -400,15 +404,16 @@ static void synth_usage(FILE *f) {
             "trained model's; the text it generates is noise.\n"
             "\n"
             "  --shape NAME    model shape (below)\n"
-            "  --type TYPE     f32, f16, bf16, q8_0, q4_0 or q4_k_m; norms and biases are f32\n"
+            "  --type TYPE     f32, f16, bf16, q8_0, q4_0, q4_k_m or q5_k_m; norms and biases\n"
+            "                  are f32\n"
             "  -o, --output F  file to write (replaced if it exists)\n"
             "  --seed N        random seed (default 0); same seed, same file, and the same\n"
             "                  underlying weights whatever the type\n"
             "  --pure          every matrix in TYPE (default: the output matrix is Q6_K for\n"
-            "                  q4_0 and q4_k_m, and q4_k_m has Q6_K attn_v/ffn_down in the\n"
-            "                  first/last eighth and every third layer, like llama-quantize;\n"
-            "                  Q4_K/Q6_K fall back to Q4_0/Q8_0 where a row is not a\n"
-            "                  multiple of 256)\n"
+            "                  q4_0, q4_k_m and q5_k_m, and the K_M types have Q6_K\n"
+            "                  attn_v/ffn_down in the first/last eighth and every third\n"
+            "                  layer, like llama-quantize; Q4_K/Q5_K/Q6_K fall back to\n"
+            "                  Q4_0/Q5_0/Q8_0 where a row is not a multiple of 256)\n"
             "  --vocab FILE    GGUF whose tokenizer.ggml.* metadata is copied and padded with\n"
             "                  <unusedN> pieces (default: models/evalmodel.gguf)\n"
             "\n"

@@ -1,4 +1,4 @@
-/* Q8_0, Q4_0 and Q4_K weights interleaved by 16 rows (kernels.h, "R16"):
+/* Q8_0, Q4_0, Q4_K and Q5_K weights interleaved by 16 rows (kernels.h, "R16"):
  * the layouts, their packer, row reader and scalar reference, and the
  * dispatch.
  *
@@ -22,6 +22,11 @@
  *                            row i's qs: low nibbles elements 4c .. 4c + 3
  *                            of sub-block 2p, high nibbles those of
  *                            sub-block 2p + 1 (as in the file)
+ *   Q5_K, 2816 bytes: Q4_K's d, dmin and sc, then
+ *     uint8 qh[8][16][4]     qh[c][i] = bytes 4c .. 4c + 3 of row i's qh
+ *                            (bit j: the fifth bit of element 4c .. 4c + 3
+ *                            of sub-block j)
+ *     uint8 q[4][8][16][4]   as Q4_K's
  *
  * so vector j of a record is a dword of the block for 16 rows, one row per
  * 32-bit lane (for Q4_0 after splitting the nibbles): a vpdpbusd against one
@@ -34,18 +39,18 @@
  *   isum = sum_i w_i * a_i                    (exact int32)
  *   s    = fma((float)isum, dw * da, s)       (k = 0, 1, ...)
  *
- * and a Q4_K output its super-blocks, each in three sums over its
+ * and a Q4_K or Q5_K output its super-blocks, each in three sums over its
  * sub-blocks of 32 (j = 0..7, with the row's d, dmin, sc[j] and m[j] and
  * the sub-block's activation scale da_j and sum sa_j = sum_i a_i):
  *
- *   isum_j = sc[j] * sum_i q_i * a_i           (exact int32; q = 0..15)
+ *   isum_j = sc[j] * sum_i q_i * a_i           (exact int32; q = 0..15, 0..31)
  *   acc    = fma((float)isum_j, da_j, acc)     (j = 0..7, from 0)
  *   s      = fma(acc, d, s)
  *   macc   = fma((float)m[j], (float)sa_j * da_j, macc)   (j = 0..7, from 0)
  *   s      = fma(macc, -dmin, s)
  *
  * with the file layout's activations (ACT_Q8: a scale per 32), so an R16
- * Q4_K output is as close to the exact dot as the file layout's. This is
+ * Q4_K or Q5_K output is as close to the exact dot as the file layout's. This is
  * what this reference computes and what the SIMD kernels compute, for any
  * number of activation rows: a row of a batch equals the same row alone,
  * and both equal the reference, bit for bit. */
@@ -61,7 +66,12 @@
 
 enum { R16_ROWS = 16 };
 
-int kern_r16_type(int wtype) { return wtype == QTYPE_Q8_0 || wtype == QTYPE_Q4_0 || wtype == QTYPE_Q4_K; }
+int kern_r16_type(int wtype) {
+    return wtype == QTYPE_Q8_0 || wtype == QTYPE_Q4_0 || wtype == QTYPE_Q4_K || wtype == QTYPE_Q5_K;
+}
+
+/* Q4_K and Q5_K: super-blocks of 256, scales and minimums per 32. */
+static int r16_kq(int wtype) { return wtype == QTYPE_Q4_K || wtype == QTYPE_Q5_K; }
 
 /* The SIMD kernel for the active ISA: AVX-512 VNNI, else AVX2 (also on
  * AVX-512 without VNNI); NULL under the scalar ISA. */
@@ -69,42 +79,50 @@ typedef void (*r16_kernel)(int, const void *, int64_t, int64_t, int64_t, const v
 
 static r16_kernel r16_simd(int wtype) {
     const ellm_isa isa = ellm_cpu_isa();
-    if (isa == ELLM_ISA_AVX512 && ellm_cpu()->avx512vnni && wtype != QTYPE_Q4_K) return kern_matmul_r16_avx512;
+    if (isa == ELLM_ISA_AVX512 && ellm_cpu()->avx512vnni && !r16_kq(wtype)) return kern_matmul_r16_avx512;
     if (isa == ELLM_ISA_AVX512 || isa == ELLM_ISA_AVX2) return kern_matmul_r16_avx2;
     return NULL;
 }
 
 int kern_r16_fast(void) { return r16_simd(QTYPE_Q8_0) != NULL; }
 
-/* Q4_K has an AVX2 kernel only; with AVX-512 VNNI the file layout's
- * AVX-512 kernels stay the faster choice for it. */
+/* Q4_K and Q5_K have an AVX2 kernel only; with AVX-512 VNNI the file
+ * layout's AVX-512 kernels stay the faster choice for them. */
 int kern_r16_packs(int wtype) {
     if (!kern_r16_type(wtype) || !kern_r16_fast()) return 0;
-    return wtype != QTYPE_Q4_K || !(ellm_cpu_isa() == ELLM_ISA_AVX512 && ellm_cpu()->avx512vnni);
+    return !r16_kq(wtype) || !(ellm_cpu_isa() == ELLM_ISA_AVX512 && ellm_cpu()->avx512vnni);
 }
 
 /* Elements of a block (of a record). */
-static int64_t blk_elems(int wtype) { return wtype == QTYPE_Q4_K ? QK_K : 32; }
+static int64_t blk_elems(int wtype) { return r16_kq(wtype) ? QK_K : 32; }
 
 /* Bytes of a record: 16 rows' scales and quants of one block. */
 static size_t rec_bytes(int wtype) {
-    return wtype == QTYPE_Q4_K ? 16 * sizeof(block_q4_K) : wtype == QTYPE_Q4_0 ? 32 + 4 * 64 : 32 + 8 * 64;
+    return wtype == QTYPE_Q5_K   ? 16 * sizeof(block_q5_K)
+           : wtype == QTYPE_Q4_K ? 16 * sizeof(block_q4_K)
+           : wtype == QTYPE_Q4_0 ? 32 + 4 * 64
+                                 : 32 + 8 * 64;
 }
 
 /* Row bytes of the file's layout, which a group keeps. */
 static size_t file_row_bytes(int wtype, int64_t nblk) { return (size_t)nblk * rec_bytes(wtype) / R16_ROWS; }
 
-/* Q4_K record offsets: the scale dwords, the nibble dwords. */
-enum { Q4K_SC = 64, Q4K_QS = 256 };
+/* Q4_K and Q5_K record offsets: the scale dwords, Q5_K's qh dwords, the
+ * nibble dwords. */
+enum { KQ_SC = 64, Q5K_QH = 256 };
+static size_t kq_qs(int wtype) { return wtype == QTYPE_Q5_K ? 256 + 8 * 64 : 256; }
 
 /* Writes block k of row i (file layout at b) into its record. */
 static void pack_block(int wtype, uint8_t *rec, int i, const uint8_t *b) {
     memcpy(rec + 2 * i, b, 2); /* every block starts with its f16 scale */
-    if (wtype == QTYPE_Q4_K) {
+    if (r16_kq(wtype)) { /* Q4_K and Q5_K share d, dmin and scales */
         const block_q4_K *q = (const block_q4_K *)b;
+        const uint8_t *qs = wtype == QTYPE_Q5_K ? ((const block_q5_K *)b)->qs : q->qs;
         memcpy(rec + 32 + 2 * i, &q->dmin, 2);
-        for (int j = 0; j < 3; j++) memcpy(rec + Q4K_SC + 64 * j + 4 * i, q->scales + 4 * j, 4);
-        for (int c = 0; c < 32; c++) memcpy(rec + Q4K_QS + 64 * c + 4 * i, q->qs + 4 * c, 4);
+        for (int j = 0; j < 3; j++) memcpy(rec + KQ_SC + 64 * j + 4 * i, q->scales + 4 * j, 4);
+        if (wtype == QTYPE_Q5_K)
+            for (int c = 0; c < 8; c++) memcpy(rec + Q5K_QH + 64 * c + 4 * i, ((const block_q5_K *)b)->qh + 4 * c, 4);
+        for (int c = 0; c < 32; c++) memcpy(rec + kq_qs(wtype) + 64 * c + 4 * i, qs + 4 * c, 4);
         return;
     }
     if (wtype == QTYPE_Q4_0) {
@@ -143,13 +161,15 @@ static const uint8_t *r16_rec(int wtype, const void *W, int64_t nblk, int64_t r,
     return (const uint8_t *)W + ((size_t)(r / R16_ROWS) * (size_t)nblk + (size_t)k) * rec_bytes(wtype);
 }
 
-/* Element e (0..31; Q4_K 0..255) of row i's block in record rec, without
- * the scale (Q4_K: the nibble, 0..15). */
+/* Element e (0..31; Q4_K, Q5_K 0..255) of row i's block in record rec,
+ * without the scale (Q4_K, Q5_K: q45k_value's 0..15, 0..31). */
 static int r16_value(int wtype, const uint8_t *rec, int i, int e) {
-    if (wtype == QTYPE_Q4_K) {
+    if (r16_kq(wtype)) {
         const int j = e / 32, l = e % 32;
-        const uint8_t b = rec[Q4K_QS + 64 * (8 * (j / 2) + l / 4) + 4 * i + l % 4];
-        return j & 1 ? b >> 4 : b & 15;
+        const uint8_t b = rec[kq_qs(wtype) + 64 * (8 * (j / 2) + l / 4) + 4 * i + l % 4];
+        const int v = j & 1 ? b >> 4 : b & 15;
+        if (wtype == QTYPE_Q4_K) return v;
+        return v | ((rec[Q5K_QH + 64 * (l / 4) + 4 * i + l % 4] >> j) & 1) << 4;
     }
     if (wtype == QTYPE_Q4_0) {
         const uint8_t b = rec[32 + 64 * ((e & 15) >> 2) + 4 * i + (e & 3)];
@@ -167,28 +187,28 @@ static float r16_scale(const uint8_t *rec, int i) {
 /* Row i's sub-block j scale and min in a Q4_K record. */
 static void r16_q4k_scale_min(const uint8_t *rec, int i, int j, int *sc, int *m) {
     uint8_t s[12];
-    for (int b = 0; b < 12; b++) s[b] = rec[Q4K_SC + 64 * (b / 4) + 4 * i + b % 4];
+    for (int b = 0; b < 12; b++) s[b] = rec[KQ_SC + 64 * (b / 4) + 4 * i + b % 4];
     q4k_scale_min(s, j, sc, m);
 }
 
-/* Row r of a Q4_K matrix: dequant_q45k's arithmetic. */
-static void r16_q4k_row(const void *W, int64_t nblk, int64_t r, float *dst) {
+/* Row r of a Q4_K or Q5_K matrix: dequant_q45k's arithmetic. */
+static void r16_kq_row(int wtype, const void *W, int64_t nblk, int64_t r, float *dst) {
     const int i = (int)(r % R16_ROWS);
     for (int64_t k = 0; k < nblk; k++) {
-        const uint8_t *rec = r16_rec(QTYPE_Q4_K, W, nblk, r, k);
+        const uint8_t *rec = r16_rec(wtype, W, nblk, r, k);
         const float d = r16_scale(rec, i), dmin = r16_scale(rec + 32, i);
         for (int j = 0; j < 8; j++) {
             int sc, m;
             r16_q4k_scale_min(rec, i, j, &sc, &m);
             const float d1 = d * (float)sc, m1 = dmin * (float)m;
-            for (int l = 0; l < 32; l++) *dst++ = d1 * (float)r16_value(QTYPE_Q4_K, rec, i, 32 * j + l) - m1;
+            for (int l = 0; l < 32; l++) *dst++ = d1 * (float)r16_value(wtype, rec, i, 32 * j + l) - m1;
         }
     }
 }
 
 void kern_r16_row(int wtype, const void *W, int64_t cols, int64_t r, float *dst) {
-    if (wtype == QTYPE_Q4_K) {
-        r16_q4k_row(W, cols / QK_K, r, dst);
+    if (r16_kq(wtype)) {
+        r16_kq_row(wtype, W, cols / QK_K, r, dst);
         return;
     }
     const int64_t nblk = cols / 32;
@@ -200,19 +220,19 @@ void kern_r16_row(int wtype, const void *W, int64_t cols, int64_t r, float *dst)
     }
 }
 
-/* One output of a Q4_K matrix against one activation row. */
-static float r16_q4k_dot(const void *W, int64_t nsb, int64_t r, const act_row *a) {
+/* One output of a Q4_K or Q5_K matrix against one activation row. */
+static float r16_kq_dot(int wtype, const void *W, int64_t nsb, int64_t r, const act_row *a) {
     const int i = (int)(r % R16_ROWS);
     float s = 0;
     for (int64_t k = 0; k < nsb; k++) {
-        const uint8_t *rec = r16_rec(QTYPE_Q4_K, W, nsb, r, k);
+        const uint8_t *rec = r16_rec(wtype, W, nsb, r, k);
         float acc = 0, macc = 0;
         for (int j = 0; j < 8; j++) {
             const int64_t kb = 8 * k + j, slot = act_q8_slot(kb);
             int sc, m;
             r16_q4k_scale_min(rec, i, j, &sc, &m);
             int32_t isum = 0;
-            for (int e = 0; e < 32; e++) isum += r16_value(QTYPE_Q4_K, rec, i, 32 * j + e) * a->qs[act_q8_qs(kb, e)];
+            for (int e = 0; e < 32; e++) isum += r16_value(wtype, rec, i, 32 * j + e) * a->qs[act_q8_qs(kb, e)];
             acc = fmaf((float)(sc * isum), a->d[slot], acc);
         }
         s = fmaf(acc, r16_scale(rec, i), s);
@@ -229,11 +249,11 @@ static float r16_q4k_dot(const void *W, int64_t nsb, int64_t r, const act_row *a
 
 void kern_matmul_r16_ref(int wtype, const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act, int nb,
                          float *Y, int64_t ldy) {
-    if (wtype == QTYPE_Q4_K) {
+    if (r16_kq(wtype)) {
         for (int64_t r = r0; r < r1; r++)
             for (int b = 0; b < nb; b++) {
                 const act_row a = act_get_row(ACT_Q8, act, cols, b);
-                Y[(int64_t)b * ldy + r] = r16_q4k_dot(W, cols / QK_K, r, &a);
+                Y[(int64_t)b * ldy + r] = r16_kq_dot(wtype, W, cols / QK_K, r, &a);
             }
         return;
     }

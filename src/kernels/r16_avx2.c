@@ -1,5 +1,6 @@
-/* Q8_0, Q4_0 and Q4_K R16 weights (r16.c) against ACT_Q8 activations, AVX2
- * (also AVX-512 machines without VNNI, and Q4_K on every AVX-512 machine).
+/* Q8_0, Q4_0, Q4_K and Q5_K R16 weights (r16.c) against ACT_Q8 activations,
+ * AVX2 (also AVX-512 machines without VNNI, and Q4_K and Q5_K on every
+ * AVX-512 machine).
  *
  * A record's vector j (16 rows' dword j) is two ymm of 8 rows each. Without
  * vpdpbusd the 4-element products of a lane come from vpmaddubsw (unsigned
@@ -15,10 +16,12 @@
  *   Q4_K: the nibbles (0..15) against a, the int16 pairs of a sub-block's
  *         8 dwords added in int16 (8 * 2 * 15 * 127 fits), then vpmaddwd
  *         against the row's sub-block scale in both halves of its lane:
- *         sc * the sub-block's dot in int32, with no extra multiply.
+ *         sc * the sub-block's dot in int32, with no extra multiply;
+ *   Q5_K: the same with the fifth bit set in (0..31), 4 dwords at a time in
+ *         int16 (4 * 2 * 31 * 127 fits), two vpmaddwd per sub-block.
  * All give the exact int32 block dot of the reference; then per block and
  * output one convert, multiply and FMA into its running sum in block order
- * (Q4_K: a convert and an FMA per sub-block into the super-block's sum, one
+ * (Q4_K, Q5_K: a convert and an FMA per sub-block into the super-block's sum, one
  * FMA per sub-block for the minimums, two per super-block into the running
  * sum): the reference's arithmetic (r16.c), so every output has its bits
  * whatever the ISA, the number of activation rows or the split of the rows.
@@ -34,11 +37,15 @@
 #include <immintrin.h>
 #include <string.h>
 
-enum { R16_NR = 4, REC_Q8 = 544, REC_Q4 = 288, REC_Q4K = 2304, Q4K_SC = 64, Q4K_QS = 256 };
+enum { R16_NR = 4, REC_Q8 = 544, REC_Q4 = 288, REC_Q4K = 2304, REC_Q5K = 2816 };
+/* Q4_K and Q5_K record offsets (r16.c): the scale dwords, Q4_K's nibble
+ * dwords, Q5_K's qh dwords and nibble dwords. */
+enum { Q4K_SC = 64, Q4K_QS = 256, Q5K_QH = 256, Q5K_QS = 768 };
 
 /* The record kinds (kernel template parameter K). */
-enum { KIND_Q8 = 0, KIND_Q4 = 1, KIND_Q4K = 2 };
-#define REC_BYTES(K) ((K) == KIND_Q4K ? REC_Q4K : (K) == KIND_Q4 ? REC_Q4 : REC_Q8)
+enum { KIND_Q8 = 0, KIND_Q4 = 1, KIND_Q4K = 2, KIND_Q5K = 3 };
+#define REC_BYTES(K) ((K) == KIND_Q5K ? REC_Q5K : (K) == KIND_Q4K ? REC_Q4K : (K) == KIND_Q4 ? REC_Q4 : REC_Q8)
+#define KIND_SUPER(K) ((K) == KIND_Q4K || (K) == KIND_Q5K) /* records of 256 elements */
 
 INLINE __m256i bcast32(const int8_t *p) {
     int32_t v;
@@ -106,7 +113,7 @@ INLINE void r16_scale_add(const uint8_t *rec, float da, const __m256i acc[2], __
     }
 }
 
-/* A Q4_K record's 6-bit scales and mins of rows 8h .. 8h + 7, one row per
+/* A Q4_K or Q5_K record's 6-bit scales and mins of rows 8h .. 8h + 7, one row per
  * 32-bit lane (q4k_scale_min's unpacking, 4 bytes at a time): sub-blocks
  * 0..3 (lo) and 4..7 (hi), byte j % 4 of a lane that of sub-block j. */
 typedef struct {
@@ -162,13 +169,14 @@ INLINE void q4k_act(const act_row *a, int64_t k, q4k_act_sb *out, const int NR) 
         }
 }
 
-/* Rows 8h .. 8h + 7 of Q4_K record rec (super-block k) against activation
- * rows a[0 .. NR) (as: their q4k_act): s[r] carries row r's 8 running
- * sums. */
+/* Rows 8h .. 8h + 7 of Q4_K (Q5 0) or Q5_K (Q5 1) record rec (super-block
+ * k) against activation rows a[0 .. NR) (as: their q4k_act): s[r] carries
+ * row r's 8 running sums. */
 INLINE void q4k_half(const uint8_t *rec, int h, int64_t k, const act_row *a, const q4k_act_sb *as, __m256 *s,
-                     const int NR) {
+                     const int NR, const int Q5) {
     const q4k_scales8 sc = q4k_scales(rec, h);
     const __m256i m4 = _mm256_set1_epi8(15);
+    const uint8_t *qs = rec + (Q5 ? Q5K_QS : Q4K_QS);
     const int8_t *qa[R16_NR]; /* the super-block's activations (act_q8_qs: its blocks are groups 2k, 2k + 1) */
     __m256 acc[R16_NR];
 #pragma GCC unroll 8
@@ -180,31 +188,47 @@ INLINE void q4k_half(const uint8_t *rec, int h, int64_t k, const act_row *a, con
     for (int p = 0; p < 4; p++) {
         /* blocks 8k + 2p and + 1: group 2k + p / 2, places 2 (p % 2) and + 1 */
         const int64_t q0 = 128 * (p >> 1) + 32 * (p & 1);
-        __m256i lo16[R16_NR], hi16[R16_NR];
+        const __m256i sc0 = q4k_lane_byte(p < 2 ? sc.sc_lo : sc.sc_hi, (2 * p) & 3, 1);
+        const __m256i sc1 = q4k_lane_byte(p < 2 ? sc.sc_lo : sc.sc_hi, (2 * p + 1) & 3, 1);
+        __m256i lo16[R16_NR], hi16[R16_NR], lo32[R16_NR], hi32[R16_NR];
 #pragma GCC unroll 8
         for (int r = 0; r < NR; r++) lo16[r] = hi16[r] = _mm256_setzero_si256();
 #pragma GCC unroll 8
         for (int c = 0; c < 8; c++) {
-            const __m256i v = _mm256_loadu_si256((const __m256i *)(rec + Q4K_QS + 64 * (8 * p + c) + 32 * h));
-            const __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 64 * (8 * p + c) + 32 * h));
+            __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+            if (Q5) { /* bits 2p and 2p + 1 of the elements' qh bytes, moved to bit 4 */
+                const __m256i hv = _mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)(rec + Q5K_QH + 64 * c + 32 * h)),
+                                                    _mm_cvtsi32_si128(2 * p));
+                lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(hv, _mm256_set1_epi8(1)), 4));
+                hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(hv, _mm256_set1_epi8(2)), 3));
+            }
             const int64_t e = q0 + 64 * (c >> 2) + 4 * (c & 3); /* act_q8_qs(8k + 2p, 4c) - 256k */
 #pragma GCC unroll 8
             for (int r = 0; r < NR; r++) {
-                /* saturating adds (none saturates: 8 * 3810 < 32768) keep
-                 * gcc from reassociating the sums into a tree that spills */
+                /* saturating adds (none saturates: 8 * 2 * 15 * 127 and
+                 * 4 * 2 * 31 * 127 < 32768) keep gcc from reassociating the
+                 * sums into a tree that spills */
                 lo16[r] = _mm256_adds_epi16(lo16[r], _mm256_maddubs_epi16(lo, bcast32(qa[r] + e)));
                 hi16[r] = _mm256_adds_epi16(hi16[r], _mm256_maddubs_epi16(hi, bcast32(qa[r] + e + 16)));
             }
-        }
-#pragma GCC unroll 2
-        for (int t = 0; t < 2; t++) {
-            const int j = 2 * p + t;
-            const __m256i scv = q4k_lane_byte(j < 4 ? sc.sc_lo : sc.sc_hi, j & 3, 1);
+            if (Q5 && c == 3) /* the first half of the sub-blocks' dots, scaled, in int32 */
 #pragma GCC unroll 8
-            for (int r = 0; r < NR; r++) {
-                const __m256i isum = _mm256_madd_epi16(t ? hi16[r] : lo16[r], scv);
-                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_broadcast_ss(&as[r].da[j]), acc[r]);
+                for (int r = 0; r < NR; r++) {
+                    lo32[r] = _mm256_madd_epi16(lo16[r], sc0);
+                    hi32[r] = _mm256_madd_epi16(hi16[r], sc1);
+                    lo16[r] = hi16[r] = _mm256_setzero_si256();
+                }
+        }
+#pragma GCC unroll 8
+        for (int r = 0; r < NR; r++) {
+            __m256i i0 = _mm256_madd_epi16(lo16[r], sc0), i1 = _mm256_madd_epi16(hi16[r], sc1);
+            if (Q5) {
+                i0 = _mm256_add_epi32(i0, lo32[r]);
+                i1 = _mm256_add_epi32(i1, hi32[r]);
             }
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i0), _mm256_broadcast_ss(&as[r].da[2 * p]), acc[r]);
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i1), _mm256_broadcast_ss(&as[r].da[2 * p + 1]), acc[r]);
         }
     }
     const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rec + 16 * h)));
@@ -226,17 +250,19 @@ INLINE void q4k_half(const uint8_t *rec, int h, int64_t k, const act_row *a, con
     for (int r = 0; r < NR; r++) s[r] = _mm256_fmadd_ps(acc[r], ndmin, s[r]);
 }
 
-/* One activation row against Q4_K groups [0, ng) from w (r16_row's stream). */
-INLINE void q4k_row(const uint8_t *w, int64_t ng, int64_t nsb, const act_row *a, float *y) {
+/* One activation row against Q4_K or Q5_K groups [0, ng) from w (r16_row's
+ * stream). */
+INLINE void q4k_row(const uint8_t *w, int64_t ng, int64_t nsb, const act_row *a, float *y, const int Q5) {
+    const int REC = Q5 ? REC_Q5K : REC_Q4K;
     __m256 s[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-    for (int64_t g = 0, k = 0; g < ng; w += REC_Q4K) {
+    for (int64_t g = 0, k = 0; g < ng; w += REC) {
         q4k_act_sb as;
-        kern_pf_pages(w, REC_Q4K);
-        kern_pf_block(w, REC_Q4K / 2);
+        kern_pf_pages(w, REC);
+        kern_pf_block(w, REC / 2);
         q4k_act(a, k, &as, 1);
-        q4k_half(w, 0, k, a, &as, &s[0], 1);
-        kern_pf_block(w + REC_Q4K / 2, REC_Q4K / 2);
-        q4k_half(w, 1, k, a, &as, &s[1], 1);
+        q4k_half(w, 0, k, a, &as, &s[0], 1, Q5);
+        kern_pf_block(w + REC / 2, REC / 2);
+        q4k_half(w, 1, k, a, &as, &s[1], 1, Q5);
         if (++k == nsb) {
             _mm256_storeu_ps(y + 16 * g, s[0]);
             _mm256_storeu_ps(y + 16 * g + 8, s[1]);
@@ -284,7 +310,7 @@ INLINE void r16_pass(const uint8_t *gw, int64_t nblk, const act_row *a, float *c
     for (int64_t k = 0; k < nblk; k++) {
         const uint8_t *rec = gw + (size_t)k * REC;
         for (int i = 0; i < pf_lines; i++, pf += 64) _mm_prefetch(pf, _MM_HINT_T0);
-        if (K == KIND_Q4K) {
+        if (KIND_SUPER(K)) {
             __m256 sh[R16_NR];
             q4k_act_sb as[R16_NR];
             q4k_act(a, k, as, NR);
@@ -292,7 +318,7 @@ INLINE void r16_pass(const uint8_t *gw, int64_t nblk, const act_row *a, float *c
             for (int h = 0; h < 2; h++) {
 #pragma GCC unroll 8
                 for (int r = 0; r < NR; r++) sh[r] = s[r][h];
-                q4k_half(rec, h, k, a, as, sh, NR);
+                q4k_half(rec, h, k, a, as, sh, NR, K == KIND_Q5K);
 #pragma GCC unroll 8
                 for (int r = 0; r < NR; r++) s[r][h] = sh[r];
             }
@@ -320,7 +346,7 @@ INLINE void r16_pass(const uint8_t *gw, int64_t nblk, const act_row *a, float *c
 #ifndef Q4K_NR
 #define Q4K_NR 4
 #endif
-#define PASS_ROWS(K) ((K) == KIND_Q4K ? Q4K_NR : R16_NR)
+#define PASS_ROWS(K) (KIND_SUPER(K) ? Q4K_NR : R16_NR)
 
 /* One group against every activation row, PASS_ROWS(K) rows at a time. */
 INLINE void r16_group(const uint8_t *gw, size_t gs, int64_t nblk, const void *act, int64_t cols, int nb, float *Y,
@@ -346,13 +372,13 @@ INLINE void r16_group(const uint8_t *gw, size_t gs, int64_t nblk, const void *ac
 
 INLINE void r16_matmul(const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act, int nb, float *Y,
                        int64_t ldy, const int K) {
-    const int64_t nblk = cols / (K == KIND_Q4K ? 256 : 32);
+    const int64_t nblk = cols / (KIND_SUPER(K) ? 256 : 32);
     const size_t gs = (size_t)nblk * REC_BYTES(K);
     const uint8_t *w = W;
     if (nb == 1) {
         const act_row a = act_get_row(ACT_Q8, act, cols, 0);
         kern_pf_start(w + (size_t)(r0 / 16) * gs);
-        if (K == KIND_Q4K) q4k_row(w + (size_t)(r0 / 16) * gs, (r1 - r0) / 16, nblk, &a, Y + r0);
+        if (KIND_SUPER(K)) q4k_row(w + (size_t)(r0 / 16) * gs, (r1 - r0) / 16, nblk, &a, Y + r0, K == KIND_Q5K);
         else r16_row(w + (size_t)(r0 / 16) * gs, (r1 - r0) / 16, nblk, &a, Y + r0, K == KIND_Q4);
         return;
     }
@@ -361,7 +387,8 @@ INLINE void r16_matmul(const void *W, int64_t cols, int64_t r0, int64_t r1, cons
 
 void kern_matmul_r16_avx2(int wtype, const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act, int nb,
                           float *Y, int64_t ldy) {
-    if (wtype == QTYPE_Q4_K) r16_matmul(W, cols, r0, r1, act, nb, Y, ldy, KIND_Q4K);
+    if (wtype == QTYPE_Q5_K) r16_matmul(W, cols, r0, r1, act, nb, Y, ldy, KIND_Q5K);
+    else if (wtype == QTYPE_Q4_K) r16_matmul(W, cols, r0, r1, act, nb, Y, ldy, KIND_Q4K);
     else if (wtype == QTYPE_Q4_0) r16_matmul(W, cols, r0, r1, act, nb, Y, ldy, KIND_Q4);
     else r16_matmul(W, cols, r0, r1, act, nb, Y, ldy, KIND_Q8);
 }

@@ -18,7 +18,7 @@ typedef enum { MODEL_ARCH_LLAMA, MODEL_ARCH_QWEN2, MODEL_ARCH_QWEN3 } model_arch
 /* How a matrix's bytes are laid out. */
 typedef enum {
     MODEL_LAYOUT_ROWS = 0,   /* row-major, as in the file */
-    MODEL_LAYOUT_R16 = 1     /* Q8_0, Q4_0 or Q4_K interleaved by 16 rows (kern_r16_pack), rewritten at load */
+    MODEL_LAYOUT_R16 = 1     /* Q8_0, Q4_0, Q4_K or Q5_K interleaved by 16 rows (kern_r16_pack), rewritten at load */
 } model_layout;
 
 /* A weight matrix of `rows` x `cols` (GGUF ne = {cols, rows}) in the mapping,
@@ -127,7 +127,7 @@ void model_placement_free(ellm_model *m);
 
 void model_rope_cos_sin(const ellm_model *m, int pos, float *cs);
 
-/* Rewrites the Q8_0 and Q4_0 (and on AVX2 Q4_K) matrices of a mapped model
+/* Rewrites the Q8_0 and Q4_0 (and on AVX2 Q4_K and Q5_K) matrices of a mapped model
  * into MODEL_LAYOUT_R16 where the CPU has its kernel, unless params->keep_layout (model/repack.c),
  * and sets m->n_repacked (taking m->repacked_hash first). Never fails: when
  * it cannot rewrite them all, none is rewritten. */

@@ -1,6 +1,6 @@
-"""Table of bench/q4k_r16_ab.sh's output directory: medians over the rounds.
+"""Table of bench/kq_r16_ab.sh's output directory: medians over the rounds.
 
-    python3 bench/q4k_r16_table.py OUT_DIR
+    python3 bench/kq_r16_table.py OUT_DIR
 """
 import glob
 import json
@@ -43,9 +43,10 @@ def main():
     r16, file_ = ellm_rounds(out, "r16"), ellm_rounds(out, "file")
     lb = llama_rounds(out)
     isa = r16[0][3] if r16 else "?"
-    print(f"{len(r16)} rounds, 2 threads, {isa} kernels; medians of the rounds (each round's figure is itself a")
+    model = os.path.basename(load(glob.glob(os.path.join(out, "r16-*.json"))[0])["model"]) if r16 else "?"
+    print(f"`{model}`, {len(r16)} rounds, 2 threads, {isa} kernels; medians of the rounds (each round's figure is itself a")
     print("median of 3 prefill passes or of 32 decode steps). llama-bench: the better of flash attention off and on.\n")
-    print("| what | R16 Q4_K tok/s | file layout tok/s | R16 ÷ file | llama-bench tok/s | R16 ÷ llama-bench |")
+    print("| what | R16 tok/s | file layout tok/s | R16 ÷ file | llama-bench tok/s | R16 ÷ llama-bench |")
     print("|---|---:|---:|---:|---:|---:|")
     for n in (128, 512):
         a = med([r[0][n] for r in r16 if n in r[0]])
