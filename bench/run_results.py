@@ -361,7 +361,7 @@ def render(R):
                        ("GGUF_TYPES.md", "every file type llama-quantize writes, eLLM against llama-bench on the same "
                                          "files (`bench/gguf_types.sh`)"),
                        ("AVX2.md", "machines without AVX-512: the AVX2 kernels, and eLLM against llama-bench there "
-                                   "(`bench/avx2_ab.sh`)")):
+                                   "(`bench/avx2_ab.sh`; Q4_K_M and Q5_K_M prefill: `bench/kq_r16_ab.sh`)")):
         if os.path.exists(os.path.join(HERE, page)):  # link only pages that exist
             w(f"- [{page}]({page}): {what}")
     w("")
