@@ -250,43 +250,31 @@ INLINE void q4k_half(const uint8_t *rec, int h, int64_t k, const act_row *a, con
     for (int r = 0; r < NR; r++) s[r] = _mm256_fmadd_ps(acc[r], ndmin, s[r]);
 }
 
-/* One activation row against Q4_K or Q5_K groups [0, ng) from w (r16_row's
- * stream). */
-INLINE void q4k_row(const uint8_t *w, int64_t ng, int64_t nsb, const act_row *a, float *y, const int Q5) {
-    const int REC = Q5 ? REC_Q5K : REC_Q4K;
+/* One activation row against groups [0, ng) of kind K from w: one stream of
+ * ng * nblk records, every line prefetched KERN_PF_LINE_AHEAD ahead (a Q4_K
+ * or Q5_K record's in two halves) and each page touched KERN_PF_AHEAD
+ * ahead. */
+INLINE void r16_row(const uint8_t *w, int64_t ng, int64_t nblk, const act_row *a, float *y, const int K) {
+    const size_t REC = REC_BYTES(K);
+    const int Q4 = K == KIND_Q4;
     __m256 s[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
     for (int64_t g = 0, k = 0; g < ng; w += REC) {
-        q4k_act_sb as;
         kern_pf_pages(w, REC);
-        kern_pf_block(w, REC / 2);
-        q4k_act(a, k, &as, 1);
-        q4k_half(w, 0, k, a, &as, &s[0], 1, Q5);
-        kern_pf_block(w + REC / 2, REC / 2);
-        q4k_half(w, 1, k, a, &as, &s[1], 1, Q5);
-        if (++k == nsb) {
-            _mm256_storeu_ps(y + 16 * g, s[0]);
-            _mm256_storeu_ps(y + 16 * g + 8, s[1]);
-            s[0] = s[1] = _mm256_setzero_ps();
-            k = 0;
-            g++;
+        if (KIND_SUPER(K)) {
+            q4k_act_sb as;
+            kern_pf_block(w, REC / 2);
+            q4k_act(a, k, &as, 1);
+            q4k_half(w, 0, k, a, &as, &s[0], 1, K == KIND_Q5K);
+            kern_pf_block(w + REC / 2, REC / 2);
+            q4k_half(w, 1, k, a, &as, &s[1], 1, K == KIND_Q5K);
+        } else {
+            kern_pf_block(w, REC);
+            const int64_t slot = act_q8_slot(k), q0 = 128 * (k >> 2) + 16 * (k & 3);
+            const __m256i c = Q4 ? _mm256_set1_epi32(-a->sa[slot]) : _mm256_setzero_si256();
+            __m256i acc[1][2] = {{c, c}};
+            r16_block(w, a, q0, acc, 1, Q4);
+            r16_scale_add(w, a->d[slot], acc[0], s);
         }
-    }
-}
-
-/* One activation row against groups [0, ng) from w: one stream of ng * nblk
- * records, every line prefetched KERN_PF_LINE_AHEAD ahead and each page
- * touched KERN_PF_AHEAD ahead. */
-INLINE void r16_row(const uint8_t *w, int64_t ng, int64_t nblk, const act_row *a, float *y, const int Q4) {
-    const size_t REC = Q4 ? REC_Q4 : REC_Q8;
-    __m256 s[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-    for (int64_t g = 0, k = 0; g < ng; w += REC) {
-        kern_pf_pages(w, REC);
-        kern_pf_block(w, REC);
-        const int64_t slot = act_q8_slot(k), q0 = 128 * (k >> 2) + 16 * (k & 3);
-        const __m256i c = Q4 ? _mm256_set1_epi32(-a->sa[slot]) : _mm256_setzero_si256();
-        __m256i acc[1][2] = {{c, c}};
-        r16_block(w, a, q0, acc, 1, Q4);
-        r16_scale_add(w, a->d[slot], acc[0], s);
         if (++k == nblk) {
             _mm256_storeu_ps(y + 16 * g, s[0]);
             _mm256_storeu_ps(y + 16 * g + 8, s[1]);
@@ -378,8 +366,7 @@ INLINE void r16_matmul(const void *W, int64_t cols, int64_t r0, int64_t r1, cons
     if (nb == 1) {
         const act_row a = act_get_row(ACT_Q8, act, cols, 0);
         kern_pf_start(w + (size_t)(r0 / 16) * gs);
-        if (KIND_SUPER(K)) q4k_row(w + (size_t)(r0 / 16) * gs, (r1 - r0) / 16, nblk, &a, Y + r0, K == KIND_Q5K);
-        else r16_row(w + (size_t)(r0 / 16) * gs, (r1 - r0) / 16, nblk, &a, Y + r0, K == KIND_Q4);
+        r16_row(w + (size_t)(r0 / 16) * gs, (r1 - r0) / 16, nblk, &a, Y + r0, K);
         return;
     }
     for (int64_t g = r0 / 16; g < r1 / 16; g++) r16_group(w + (size_t)g * gs, gs, nblk, act, cols, nb, Y, ldy, g * 16, K);
