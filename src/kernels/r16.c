@@ -4,7 +4,7 @@
  *
  * Group g (rows 16g .. 16g + 15) takes the bytes its 16 rows take in the
  * file's layout, block after block (super-block after super-block for
- * Q4_K); block k of the group is one record:
+ * Q4_K and Q5_K); block k of the group is one record:
  *
  *   Q8_0, 544 bytes:
  *     f16 d[16]          row i's scale of block k
@@ -73,8 +73,9 @@ int kern_r16_type(int wtype) {
 /* Q4_K and Q5_K: super-blocks of 256, scales and minimums per 32. */
 static int r16_kq(int wtype) { return wtype == QTYPE_Q4_K || wtype == QTYPE_Q5_K; }
 
-/* The SIMD kernel for the active ISA: AVX-512 VNNI, else AVX2 (also on
- * AVX-512 without VNNI); NULL under the scalar ISA. */
+/* The SIMD kernel for the active ISA and wtype: AVX-512 VNNI, else AVX2
+ * (also on AVX-512 without VNNI, and for Q4_K and Q5_K, which have no
+ * AVX-512 kernel); NULL under the scalar ISA. */
 typedef void (*r16_kernel)(int, const void *, int64_t, int64_t, int64_t, const void *, int, float *, int64_t);
 
 static r16_kernel r16_simd(int wtype) {
