@@ -297,7 +297,7 @@ ellm_status model_load_gguf(gguf_file *f, const ellm_model_params *params, ellm_
     if (st == ELLM_OK) st = model_place_weights(m, params, err);
     if (st == ELLM_OK && m->n_repacked) {
         const size_t len = strlen(m->placement);
-        snprintf(m->placement + len, sizeof m->placement - len, "; %d Q8_0/Q4_0 matrices interleaved by 16 rows at load (%.0f ms)",
+        snprintf(m->placement + len, sizeof m->placement - len, "; %d matrices interleaved by 16 rows at load (%.0f ms)",
                  m->n_repacked, repack_ms);
     }
     if (st == ELLM_OK && tokenizer_n_vocab(m->tok) > m->cfg.n_vocab)
