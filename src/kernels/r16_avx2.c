@@ -153,20 +153,32 @@ INLINE __m256i q4k_lane_byte(__m256i v, int b, int pair) {
 
 /* An activation row's scales da and sums times scales sada (the
  * reference's (float)sa * da) of the 8 blocks of 32 of super-block k, read
- * once for both halves of a record. */
+ * once for both halves of a record, in slot order: block 8k + j at
+ * Q4K_ACT(j) (act_q8_slot puts blocks j and j + 4 side by side). */
 typedef struct {
     float da[8], sada[8];
 } q4k_act_sb;
+#define Q4K_ACT(j) (2 * ((j) & 3) + ((j) >> 2))
+
+/* The 32-bit values at x[0], x[1], x[4], x[5], x[8], x[9], x[12], x[13]. */
+INLINE __m256i q4k_slot_pairs(const void *x) {
+    const char *c = x;
+    const __m128i lo = _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)c), _mm_loadl_epi64((const __m128i *)(c + 16)));
+    const __m128i hi =
+        _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)(c + 32)), _mm_loadl_epi64((const __m128i *)(c + 48)));
+    return _mm256_set_m128i(hi, lo);
+}
 
 INLINE void q4k_act(const act_row *a, int64_t k, q4k_act_sb *out, const int NR) {
+    /* blocks 8k + j and 8k + j + 4 (j < 4) sit at slots p + 4j and p + 4j + 1 */
+    const int64_t p = act_q8_slot(8 * k);
 #pragma GCC unroll 8
-    for (int r = 0; r < NR; r++)
-#pragma GCC unroll 8
-        for (int j = 0; j < 8; j++) {
-            const int64_t slot = act_q8_slot(8 * k + j);
-            out[r].da[j] = a[r].d[slot];
-            out[r].sada[j] = (float)a[r].sa[slot] * a[r].d[slot];
-        }
+    for (int r = 0; r < NR; r++) {
+        const __m256 d = _mm256_castsi256_ps(q4k_slot_pairs(a[r].d + p));
+        const __m256i sa = q4k_slot_pairs(a[r].sa + p);
+        _mm256_storeu_ps(out[r].da, d);
+        _mm256_storeu_ps(out[r].sada, _mm256_mul_ps(_mm256_cvtepi32_ps(sa), d));
+    }
 }
 
 /* Rows 8h .. 8h + 7 of Q4_K (Q5 0) or Q5_K (Q5 1) record rec (super-block
@@ -227,8 +239,8 @@ INLINE void q4k_half(const uint8_t *rec, int h, int64_t k, const act_row *a, con
                 i0 = _mm256_add_epi32(i0, lo32[r]);
                 i1 = _mm256_add_epi32(i1, hi32[r]);
             }
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i0), _mm256_broadcast_ss(&as[r].da[2 * p]), acc[r]);
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i1), _mm256_broadcast_ss(&as[r].da[2 * p + 1]), acc[r]);
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i0), _mm256_broadcast_ss(&as[r].da[Q4K_ACT(2 * p)]), acc[r]);
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i1), _mm256_broadcast_ss(&as[r].da[Q4K_ACT(2 * p + 1)]), acc[r]);
         }
     }
     const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rec + 16 * h)));
@@ -242,7 +254,7 @@ INLINE void q4k_half(const uint8_t *rec, int h, int64_t k, const act_row *a, con
     for (int j = 0; j < 8; j++) {
         const __m256 mf = _mm256_cvtepi32_ps(q4k_lane_byte(j < 4 ? sc.m_lo : sc.m_hi, j & 3, 0));
 #pragma GCC unroll 8
-        for (int r = 0; r < NR; r++) acc[r] = _mm256_fmadd_ps(mf, _mm256_broadcast_ss(&as[r].sada[j]), acc[r]);
+        for (int r = 0; r < NR; r++) acc[r] = _mm256_fmadd_ps(mf, _mm256_broadcast_ss(&as[r].sada[Q4K_ACT(j)]), acc[r]);
     }
     const __m256 ndmin =
         _mm256_xor_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rec + 32 + 16 * h))), _mm256_set1_ps(-0.0f));
