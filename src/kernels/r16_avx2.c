@@ -182,9 +182,9 @@ INLINE void q4k_act(const act_row *a, int64_t k, q4k_act_sb *out, const int NR) 
 }
 
 /* Rows 8h .. 8h + 7 of Q4_K (Q5 0) or Q5_K (Q5 1) record rec (super-block
- * k) against activation rows a[0 .. NR) (as: their q4k_act): s[r] carries
- * row r's 8 running sums. */
-INLINE void q4k_half(const uint8_t *rec, int h, int64_t k, const act_row *a, const q4k_act_sb *as, __m256 *s,
+ * k) against activation rows a[0 .. NR) (as: their q4k_act): s[r][h]
+ * carries row r's 8 running sums. */
+INLINE void q4k_half(const uint8_t *rec, int h, int64_t k, const act_row *a, const q4k_act_sb *as, __m256 s[][2],
                      const int NR, const int Q5) {
     const q4k_scales8 sc = q4k_scales(rec, h);
     const __m256i m4 = _mm256_set1_epi8(15);
@@ -246,7 +246,7 @@ INLINE void q4k_half(const uint8_t *rec, int h, int64_t k, const act_row *a, con
     const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rec + 16 * h)));
 #pragma GCC unroll 8
     for (int r = 0; r < NR; r++) {
-        s[r] = _mm256_fmadd_ps(acc[r], dv, s[r]);
+        s[r][h] = _mm256_fmadd_ps(acc[r], dv, s[r][h]);
         acc[r] = _mm256_setzero_ps();
     }
     /* the minimums: sum_j m[j] * sada[j], then times -dmin */
@@ -259,7 +259,7 @@ INLINE void q4k_half(const uint8_t *rec, int h, int64_t k, const act_row *a, con
     const __m256 ndmin =
         _mm256_xor_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rec + 32 + 16 * h))), _mm256_set1_ps(-0.0f));
 #pragma GCC unroll 8
-    for (int r = 0; r < NR; r++) s[r] = _mm256_fmadd_ps(acc[r], ndmin, s[r]);
+    for (int r = 0; r < NR; r++) s[r][h] = _mm256_fmadd_ps(acc[r], ndmin, s[r][h]);
 }
 
 /* One activation row against groups [0, ng) of kind K from w: one stream of
@@ -276,9 +276,9 @@ INLINE void r16_row(const uint8_t *w, int64_t ng, int64_t nblk, const act_row *a
             q4k_act_sb as;
             kern_pf_block(w, REC / 2);
             q4k_act(a, k, &as, 1);
-            q4k_half(w, 0, k, a, &as, &s[0], 1, K == KIND_Q5K);
+            q4k_half(w, 0, k, a, &as, &s, 1, K == KIND_Q5K);
             kern_pf_block(w + REC / 2, REC / 2);
-            q4k_half(w, 1, k, a, &as, &s[1], 1, K == KIND_Q5K);
+            q4k_half(w, 1, k, a, &as, &s, 1, K == KIND_Q5K);
         } else {
             kern_pf_block(w, REC);
             const int64_t slot = act_q8_slot(k), q0 = 128 * (k >> 2) + 16 * (k & 3);
@@ -311,17 +311,10 @@ INLINE void r16_pass(const uint8_t *gw, int64_t nblk, const act_row *a, float *c
         const uint8_t *rec = gw + (size_t)k * REC;
         for (int i = 0; i < pf_lines; i++, pf += 64) _mm_prefetch(pf, _MM_HINT_T0);
         if (KIND_SUPER(K)) {
-            __m256 sh[R16_NR];
             q4k_act_sb as[R16_NR];
             q4k_act(a, k, as, NR);
-#pragma GCC unroll 2
-            for (int h = 0; h < 2; h++) {
-#pragma GCC unroll 8
-                for (int r = 0; r < NR; r++) sh[r] = s[r][h];
-                q4k_half(rec, h, k, a, as, sh, NR, K == KIND_Q5K);
-#pragma GCC unroll 8
-                for (int r = 0; r < NR; r++) s[r][h] = sh[r];
-            }
+            q4k_half(rec, 0, k, a, as, s, NR, K == KIND_Q5K);
+            q4k_half(rec, 1, k, a, as, s, NR, K == KIND_Q5K);
             continue;
         }
         const int64_t slot = act_q8_slot(k), q0 = 128 * (k >> 2) + 16 * (k & 3);
@@ -342,25 +335,18 @@ INLINE void r16_pass(const uint8_t *gw, int64_t nblk, const act_row *a, float *c
     }
 }
 
-/* Activation rows per pass of a kind. */
-#ifndef Q4K_NR
-#define Q4K_NR 4
-#endif
-#define PASS_ROWS(K) (KIND_SUPER(K) ? Q4K_NR : R16_NR)
-
-/* One group against every activation row, PASS_ROWS(K) rows at a time. */
+/* One group against every activation row, R16_NR rows at a time. */
 INLINE void r16_group(const uint8_t *gw, size_t gs, int64_t nblk, const void *act, int64_t cols, int nb, float *Y,
                       int64_t ldy, int64_t r0, const int K) {
     /* the next group (the bytes after this one) is prefetched over the
      * passes, spread evenly over their blocks */
-    const int NRP = PASS_ROWS(K);
-    const int64_t passes = (nb + NRP - 1) / NRP, lines = (int64_t)(gs / 64);
+    const int64_t passes = (nb + R16_NR - 1) / R16_NR, lines = (int64_t)(gs / 64);
     const int pf_lines = (int)((lines + passes * nblk - 1) / (passes * nblk));
-    for (int b = 0; b < nb; b += NRP) {
+    for (int b = 0; b < nb; b += R16_NR) {
         act_row a[R16_NR];
         float *y[R16_NR];
-        const int n = act_pass_rows(act, cols, nb, b, NRP, Y, ldy, r0, a, y);
-        const char *pf = (const char *)gw + gs + (size_t)(b / NRP) * (size_t)nblk * pf_lines * 64;
+        const int n = act_pass_rows(act, cols, nb, b, R16_NR, Y, ldy, r0, a, y);
+        const char *pf = (const char *)gw + gs + (size_t)(b / R16_NR) * (size_t)nblk * pf_lines * 64;
         switch (n) {
         case 4: r16_pass(gw, nblk, a, y, pf, pf_lines, 4, K); break;
         case 3: r16_pass(gw, nblk, a, y, pf, pf_lines, 3, K); break;
