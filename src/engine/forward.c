@@ -220,12 +220,16 @@ static void matmul_task(void *arg, int ith, int nth) {
         return;
     }
     int64_t total = 0;
-    for (int i = 0; i < job->n; i++) total += job->w[i]->rows;
+    int r16 = 0; /* a launch may mix layouts (Q4_K beside Q6_K) */
+    for (int i = 0; i < job->n; i++) {
+        total += job->w[i]->rows;
+        r16 |= job->w[i]->layout == MODEL_LAYOUT_R16;
+    }
     const long units = (long)((total + 15) / 16);
     long chunk = units / ((long)nth * MATMUL_CHUNKS_PER_THREAD);
     if (chunk < 1) chunk = 1;
     /* the 16-row interleaved kernel takes pairs of groups at a time */
-    if (chunk < MATMUL_R16_MIN_UNITS && job->w[0]->layout == MODEL_LAYOUT_R16) chunk = MATMUL_R16_MIN_UNITS;
+    if (chunk < MATMUL_R16_MIN_UNITS && r16) chunk = MATMUL_R16_MIN_UNITS;
     if (nth <= MATMUL_PARTS) {
         /* Few activation rows: the launch streams the weights from memory;
          * one contiguous range per thread streams them fastest. More rows:
