@@ -113,31 +113,33 @@ static size_t file_row_bytes(int wtype, int64_t nblk) { return (size_t)nblk * re
 enum { KQ_SC = 64, Q5K_QH = 256 };
 static size_t kq_qs(int wtype) { return wtype == QTYPE_Q5_K ? 256 + 8 * 64 : 256; }
 
-/* Writes block k of row i (file layout at b) into its record. */
-static void pack_block(int wtype, uint8_t *rec, int i, const uint8_t *b) {
-    memcpy(rec + 2 * i, b, 2); /* every block starts with its f16 scale */
+/* Moves block k of row i between the file's layout (at b) and its record:
+ * into the record when pack, else back out of it (b then receives the
+ * block as the file had it). Q8_0's quants are stored + 128 (their sign bits
+ * flipped), which the move undoes on the way back. */
+static inline __attribute__((always_inline)) void move_block(int wtype, uint8_t *rec, int i, uint8_t *b, int pack) {
+#define MOVE(roff, boff, n) (pack ? memcpy(rec + (roff), b + (boff), (n)) : memcpy(b + (boff), rec + (roff), (n)))
+    MOVE(2 * i, 0, 2); /* every block starts with its f16 scale */
     if (r16_kq(wtype)) { /* Q4_K and Q5_K share d, dmin and scales */
-        const block_q4_K *q = (const block_q4_K *)b;
-        const uint8_t *qs = wtype == QTYPE_Q5_K ? ((const block_q5_K *)b)->qs : q->qs;
-        memcpy(rec + 32 + 2 * i, &q->dmin, 2);
-        for (int j = 0; j < 3; j++) memcpy(rec + KQ_SC + 64 * j + 4 * i, q->scales + 4 * j, 4);
+        const size_t qs = wtype == QTYPE_Q5_K ? offsetof(block_q5_K, qs) : offsetof(block_q4_K, qs);
+        MOVE(32 + 2 * i, offsetof(block_q4_K, dmin), 2);
+        for (int j = 0; j < 3; j++) MOVE(KQ_SC + 64 * j + 4 * i, offsetof(block_q4_K, scales) + 4 * j, 4);
         if (wtype == QTYPE_Q5_K)
-            for (int c = 0; c < 8; c++) memcpy(rec + Q5K_QH + 64 * c + 4 * i, ((const block_q5_K *)b)->qh + 4 * c, 4);
-        for (int c = 0; c < 32; c++) memcpy(rec + kq_qs(wtype) + 64 * c + 4 * i, qs + 4 * c, 4);
-        return;
+            for (int c = 0; c < 8; c++) MOVE(Q5K_QH + 64 * c + 4 * i, offsetof(block_q5_K, qh) + 4 * c, 4);
+        for (int c = 0; c < 32; c++) MOVE(kq_qs(wtype) + 64 * c + 4 * i, qs + 4 * c, 4);
+    } else if (wtype == QTYPE_Q4_0) {
+        for (int j = 0; j < 4; j++) MOVE(32 + 64 * j + 4 * i, offsetof(block_q4_0, qs) + 4 * j, 4);
+    } else {
+        for (int j = 0; j < 8; j++) {
+            uint8_t *at = pack ? rec + 32 + 64 * j + 4 * i : b + offsetof(block_q8_0, qs) + 4 * j;
+            MOVE(32 + 64 * j + 4 * i, offsetof(block_q8_0, qs) + 4 * j, 4);
+            uint32_t v;
+            memcpy(&v, at, 4);
+            v ^= 0x80808080u;
+            memcpy(at, &v, 4);
+        }
     }
-    if (wtype == QTYPE_Q4_0) {
-        const block_q4_0 *q = (const block_q4_0 *)b;
-        for (int j = 0; j < 4; j++) memcpy(rec + 32 + 64 * j + 4 * i, q->qs + 4 * j, 4);
-        return;
-    }
-    const block_q8_0 *q = (const block_q8_0 *)b;
-    for (int j = 0; j < 8; j++) { /* 4 values + 128 each: the sign bits flipped */
-        uint32_t v;
-        memcpy(&v, q->qs + 4 * j, 4);
-        v ^= 0x80808080u;
-        memcpy(rec + 32 + 64 * j + 4 * i, &v, 4);
-    }
+#undef MOVE
 }
 
 int kern_r16_pack(int wtype, void *dst, const void *src, int64_t rows, int64_t cols) {
@@ -151,7 +153,8 @@ int kern_r16_pack(int wtype, void *dst, const void *src, int64_t rows, int64_t c
         const uint8_t *in = (const uint8_t *)src + (size_t)g * R16_ROWS * rb;
         if (tmp) in = memcpy(tmp, grp, R16_ROWS * rb);
         for (int64_t k = 0; k < nblk; k++)
-            for (int i = 0; i < R16_ROWS; i++) pack_block(wtype, grp + (size_t)k * rec, i, in + (size_t)i * rb + (size_t)k * blk);
+            for (int i = 0; i < R16_ROWS; i++) /* (in is only read when packing) */
+                move_block(wtype, grp + (size_t)k * rec, i, (uint8_t *)in + (size_t)i * rb + (size_t)k * blk, 1);
     }
     free(tmp);
     return 0;
@@ -162,88 +165,44 @@ static const uint8_t *r16_rec(int wtype, const void *W, int64_t nblk, int64_t r,
     return (const uint8_t *)W + ((size_t)(r / R16_ROWS) * (size_t)nblk + (size_t)k) * rec_bytes(wtype);
 }
 
-/* Element e (0..31; Q4_K, Q5_K 0..255) of row i's block in record rec,
- * without the scale (Q4_K, Q5_K: q45k_value's 0..15, 0..31). */
-static int r16_value(int wtype, const uint8_t *rec, int i, int e) {
-    if (r16_kq(wtype)) {
-        const int j = e / 32, l = e % 32;
-        const uint8_t b = rec[kq_qs(wtype) + 64 * (8 * (j / 2) + l / 4) + 4 * i + l % 4];
-        const int v = j & 1 ? b >> 4 : b & 15;
-        if (wtype == QTYPE_Q4_K) return v;
-        return v | ((rec[Q5K_QH + 64 * (l / 4) + 4 * i + l % 4] >> j) & 1) << 4;
-    }
-    if (wtype == QTYPE_Q4_0) {
-        const uint8_t b = rec[32 + 64 * ((e & 15) >> 2) + 4 * i + (e & 3)];
-        return (e < 16 ? b & 15 : b >> 4) - 8;
-    }
-    return (int)rec[32 + 64 * (e >> 2) + 4 * i + (e & 3)] - 128;
-}
-
-static float r16_scale(const uint8_t *rec, int i) {
-    ellm_f16 h;
-    memcpy(&h, rec + 2 * i, 2);
-    return ellm_f16_to_f32(h);
-}
-
-/* Row i's sub-block j scale and min in a Q4_K record. */
-static void r16_q4k_scale_min(const uint8_t *rec, int i, int j, int *sc, int *m) {
-    uint8_t s[12];
-    for (int b = 0; b < 12; b++) s[b] = rec[KQ_SC + 64 * (b / 4) + 4 * i + b % 4];
-    q4k_scale_min(s, j, sc, m);
-}
-
-/* Row r of a Q4_K or Q5_K matrix: dequant_q45k's arithmetic. */
-static void r16_kq_row(int wtype, const void *W, int64_t nblk, int64_t r, float *dst) {
-    const int i = (int)(r % R16_ROWS);
-    for (int64_t k = 0; k < nblk; k++) {
-        const uint8_t *rec = r16_rec(wtype, W, nblk, r, k);
-        const float d = r16_scale(rec, i), dmin = r16_scale(rec + 32, i);
-        for (int j = 0; j < 8; j++) {
-            int sc, m;
-            r16_q4k_scale_min(rec, i, j, &sc, &m);
-            const float d1 = d * (float)sc, m1 = dmin * (float)m;
-            for (int l = 0; l < 32; l++) *dst++ = d1 * (float)r16_value(wtype, rec, i, 32 * j + l) - m1;
-        }
-    }
+/* Block k of row r of a packed matrix back in the file's layout, into b
+ * (sizeof(block_q5_K) bytes, the largest block). */
+static const uint8_t *r16_block_of(int wtype, const void *W, int64_t nblk, int64_t r, int64_t k, uint8_t *b) {
+    move_block(wtype, (uint8_t *)r16_rec(wtype, W, nblk, r, k), (int)(r % R16_ROWS), b, 0);
+    return b;
 }
 
 void kern_r16_row(int wtype, const void *W, int64_t cols, int64_t r, float *dst) {
-    if (r16_kq(wtype)) {
-        r16_kq_row(wtype, W, cols / QK_K, r, dst);
-        return;
-    }
-    const int64_t nblk = cols / 32;
-    const int i = (int)(r % R16_ROWS);
-    for (int64_t k = 0; k < nblk; k++) {
-        const uint8_t *rec = r16_rec(wtype, W, nblk, r, k);
-        const float d = r16_scale(rec, i);
-        for (int e = 0; e < 32; e++) dst[32 * k + e] = d * (float)r16_value(wtype, rec, i, e);
-    }
+    const int64_t n = blk_elems(wtype), nblk = cols / n;
+    uint8_t b[sizeof(block_q5_K)];
+    for (int64_t k = 0; k < nblk; k++) kern_dequantize(wtype, r16_block_of(wtype, W, nblk, r, k, b), dst + k * n, n);
 }
 
 /* One output of a Q4_K or Q5_K matrix against one activation row. */
 static float r16_kq_dot(int wtype, const void *W, int64_t nsb, int64_t r, const act_row *a) {
-    const int i = (int)(r % R16_ROWS);
     float s = 0;
     for (int64_t k = 0; k < nsb; k++) {
-        const uint8_t *rec = r16_rec(wtype, W, nsb, r, k);
+        uint8_t buf[sizeof(block_q5_K)];
+        const block_q4_K *h = (const block_q4_K *)r16_block_of(wtype, W, nsb, r, k, buf); /* Q5_K: the same header */
+        const uint8_t *qs = wtype == QTYPE_Q5_K ? ((const block_q5_K *)buf)->qs : h->qs;
+        const uint8_t *qh = wtype == QTYPE_Q5_K ? ((const block_q5_K *)buf)->qh : NULL;
         float acc = 0, macc = 0;
         for (int j = 0; j < 8; j++) {
             const int64_t kb = 8 * k + j, slot = act_q8_slot(kb);
             int sc, m;
-            r16_q4k_scale_min(rec, i, j, &sc, &m);
+            q4k_scale_min(h->scales, j, &sc, &m);
             int32_t isum = 0;
-            for (int e = 0; e < 32; e++) isum += r16_value(wtype, rec, i, 32 * j + e) * a->qs[act_q8_qs(kb, e)];
+            for (int e = 0; e < 32; e++) isum += q45k_value(qs, qh, j, e) * a->qs[act_q8_qs(kb, e)];
             acc = fmaf((float)(sc * isum), a->d[slot], acc);
         }
-        s = fmaf(acc, r16_scale(rec, i), s);
+        s = fmaf(acc, ellm_f16_to_f32(h->d), s);
         for (int j = 0; j < 8; j++) {
             const int64_t slot = act_q8_slot(8 * k + j);
             int sc, m;
-            r16_q4k_scale_min(rec, i, j, &sc, &m);
+            q4k_scale_min(h->scales, j, &sc, &m);
             macc = fmaf((float)m, (float)a->sa[slot] * a->d[slot], macc);
         }
-        s = fmaf(macc, -r16_scale(rec + 32, i), s);
+        s = fmaf(macc, -ellm_f16_to_f32(h->dmin), s);
     }
     return s;
 }
@@ -260,15 +219,17 @@ void kern_matmul_r16_ref(int wtype, const void *W, int64_t cols, int64_t r0, int
     }
     const int64_t nblk = cols / 32;
     for (int64_t r = r0; r < r1; r++) {
-        const int i = (int)(r % R16_ROWS);
         for (int b = 0; b < nb; b++) {
             const act_row a = act_get_row(ACT_Q8, act, cols, b);
             float s = 0;
             for (int64_t k = 0; k < nblk; k++) {
-                const uint8_t *rec = r16_rec(wtype, W, nblk, r, k);
+                uint8_t blk[sizeof(block_q8_0)];
+                r16_block_of(wtype, W, nblk, r, k, blk);
                 int32_t isum = 0;
-                for (int e = 0; e < 32; e++) isum += r16_value(wtype, rec, i, e) * a.qs[act_q8_qs(k, e)];
-                s = fmaf((float)isum, r16_scale(rec, i) * a.d[act_q8_slot(k)], s);
+                for (int e = 0; e < 32; e++) isum += q32_value(wtype, blk, e) * a.qs[act_q8_qs(k, e)];
+                ellm_f16 d;
+                memcpy(&d, blk, 2);
+                s = fmaf((float)isum, ellm_f16_to_f32(d) * a.d[act_q8_slot(k)], s);
             }
             Y[(int64_t)b * ldy + r] = s;
         }
