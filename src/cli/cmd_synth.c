@@ -79,7 +79,7 @@ typedef struct {
 static const synth_type synth_types[] = {
     {"f32", QTYPE_F32, 0},   {"f16", QTYPE_F16, 1},   {"bf16", QTYPE_BF16, 32},
     {"q8_0", QTYPE_Q8_0, 7}, {"q4_0", QTYPE_Q4_0, 2}, {"q4_k_m", QTYPE_Q4_K, 15},
-    {"q5_k_m", QTYPE_Q5_K, 17},
+    {"q5_k_m", QTYPE_Q5_K, 17}, {"q3_k_m", QTYPE_Q3_K, 12}, {"q2_k", QTYPE_Q2_K, 10},
 };
 #define N_SYNTH_TYPES (int)(sizeof synth_types / sizeof synth_types[0])
 
@@ -89,22 +89,50 @@ static int use_more_bits(int layer, int n_layer) {
     return layer < n_layer / 8 || layer >= 7 * n_layer / 8 || (layer - n_layer / 8) % 3 == 2;
 }
 
+/* What a matrix is, for the choice of its type. */
+typedef enum { ROLE_PLAIN, ROLE_OUTPUT, ROLE_ATTN_V, ROLE_ATTN_OUTPUT, ROLE_FFN_DOWN } matrix_role;
+
+/* Where a matrix sits: its role, its layer of n_layer, and the model's query
+ * heads per KV head. */
+typedef struct {
+    matrix_role role;
+    int layer, n_layer, n_gqa;
+} matrix_place;
+
 /* Type of one matrix with ne[0] = `ne0`, roughly as llama-quantize picks it:
- * the output matrix (token_embd when tied) is Q6_K for q4_0, q4_k_m and
- * q5_k_m; q4_k_m and q5_k_m use Q6_K for attn_v and ffn_down in
- * use_more_bits() layers and Q4_K / Q5_K for everything else. When ne0 is not
- * a multiple of 256 (K-quant super-block), Q6_K falls back to Q8_0 as in
- * llama.cpp, Q4_K to Q4_0 (llama.cpp uses Q5_0) and Q5_K to Q5_0. `pure`
- * keeps every matrix at the base type. */
-static int matrix_type(const synth_type *t, int pure, int is_output, int more_bits, int64_t ne0) {
+ * - the output matrix (token_embd when tied) is Q6_K for q4_0 and the
+ *   K-quant types;
+ * - q4_k_m and q5_k_m: Q6_K attn_v and ffn_down in use_more_bits() layers;
+ * - q3_k_m: attn_v Q5_K in the first two layers and Q4_K after, ffn_down Q5_K
+ *   in the first sixteenth and Q4_K after, attn_output Q4_K;
+ * - q2_k: attn_v Q4_K (Q3_K with fewer than 4 query heads per KV head),
+ *   ffn_down and attn_output Q3_K;
+ * - every other matrix the base type.
+ * When ne0 is not a multiple of 256 (the K-quant super-block), Q6_K falls back
+ * to Q8_0 as in llama.cpp, Q5_K to Q5_0, Q4_K to Q4_0 (llama.cpp: Q5_0), and
+ * Q3_K / Q2_K to IQ4_NL as in llama.cpp. `pure` keeps every matrix at the
+ * base type. */
+static int matrix_type(const synth_type *t, int pure, matrix_place m, int64_t ne0) {
     int type = t->base;
-    const int kq = t->base == QTYPE_Q4_K || t->base == QTYPE_Q5_K;
-    if (!pure && (t->base == QTYPE_Q4_0 || kq) && is_output) type = QTYPE_Q6_K;
-    if (!pure && kq && more_bits) type = QTYPE_Q6_K;
+    const int kq = t->base == QTYPE_Q4_K || t->base == QTYPE_Q5_K || t->base == QTYPE_Q3_K || t->base == QTYPE_Q2_K;
+    if (!pure && (t->base == QTYPE_Q4_0 || kq) && m.role == ROLE_OUTPUT) type = QTYPE_Q6_K;
+    if (!pure && (t->base == QTYPE_Q4_K || t->base == QTYPE_Q5_K) && (m.role == ROLE_ATTN_V || m.role == ROLE_FFN_DOWN) &&
+        use_more_bits(m.layer, m.n_layer))
+        type = QTYPE_Q6_K;
+    if (!pure && t->base == QTYPE_Q3_K) {
+        if (m.role == ROLE_ATTN_V) type = m.layer < 2 ? QTYPE_Q5_K : QTYPE_Q4_K;
+        if (m.role == ROLE_FFN_DOWN) type = m.layer < m.n_layer / 16 ? QTYPE_Q5_K : QTYPE_Q4_K;
+        if (m.role == ROLE_ATTN_OUTPUT) type = QTYPE_Q4_K;
+    }
+    if (!pure && t->base == QTYPE_Q2_K) {
+        if (m.role == ROLE_ATTN_V) type = m.n_gqa >= 4 ? QTYPE_Q4_K : QTYPE_Q3_K;
+        if (m.role == ROLE_FFN_DOWN || m.role == ROLE_ATTN_OUTPUT) type = QTYPE_Q3_K;
+    }
     if (ne0 % 256) {
         if (type == QTYPE_Q6_K) type = QTYPE_Q8_0;
-        if (type == QTYPE_Q4_K) type = QTYPE_Q4_0;
         if (type == QTYPE_Q5_K) type = QTYPE_Q5_0;
+        if (type == QTYPE_Q4_K) type = QTYPE_Q4_0;
+        if (type == QTYPE_Q3_K || type == QTYPE_Q2_K) type = QTYPE_IQ4_NL;
     }
     return type;
 }
@@ -205,9 +233,9 @@ static ellm_status synth_add(synth_ctx *c, const char *name, int type, int n_dim
 }
 
 /* A weight matrix [ne1 rows of ne0 = fan-in] scaled s / sqrt(fan-in). */
-static ellm_status synth_matrix(synth_ctx *c, const char *name, int64_t ne0, int64_t ne1, float s,
-                                int is_output, int more_bits, ellm_error *err) {
-    int type = matrix_type(c->type, c->pure, is_output, more_bits, ne0);
+static ellm_status synth_matrix(synth_ctx *c, const char *name, int64_t ne0, int64_t ne1, float s, matrix_place m,
+                                ellm_error *err) {
+    int type = matrix_type(c->type, c->pure, m, ne0);
     return synth_add(c, name, type, 2, ne0, ne1, s / sqrtf((float)ne0), 0.0f, err);
 }
 
@@ -346,33 +374,36 @@ static ellm_status synth_build(synth_ctx *c, const gguf_file *vocab, const char 
     /* Tensors in llama.cpp's converter order. Shapes are GGUF ne[] = {fan-in,
      * rows}: token_embd [V rows of d], attn_q [q_dim rows of d], ... */
     const float embd_std = 0.5f * sqrtf((float)d); /* makes N(0,1) * 0.5 after / sqrt(d) */
-    if ((st = synth_matrix(c, "token_embd.weight", d, V, embd_std, sh->tied, 0, err))) return st;
+    const int gqa = sh->n_head / sh->n_head_kv;
+    const matrix_place embd = {sh->tied ? ROLE_OUTPUT : ROLE_PLAIN, 0, sh->n_layer, gqa};
+    if ((st = synth_matrix(c, "token_embd.weight", d, V, embd_std, embd, err))) return st;
     for (int l = 0; l < sh->n_layer; l++) {
         char name[64];
-        int more = use_more_bits(l, sh->n_layer);
+        const matrix_place plain = {ROLE_PLAIN, l, sh->n_layer, gqa}, attn_v = {ROLE_ATTN_V, l, sh->n_layer, gqa},
+                           attn_out = {ROLE_ATTN_OUTPUT, l, sh->n_layer, gqa}, down = {ROLE_FFN_DOWN, l, sh->n_layer, gqa};
 #define NAME(suffix) (snprintf(name, sizeof name, "blk.%d." suffix, l), name)
         if ((st = synth_add(c, NAME("attn_norm.weight"), QTYPE_F32, 1, d, 1, 0.0f, 1.0f, err)) ||
-            (st = synth_matrix(c, NAME("attn_q.weight"), d, q_dim, 2.0f, 0, 0, err)) ||
-            (st = synth_matrix(c, NAME("attn_k.weight"), d, kv_dim, 2.0f, 0, 0, err)) ||
-            (st = synth_matrix(c, NAME("attn_v.weight"), d, kv_dim, 1.0f, 0, more, err)))
+            (st = synth_matrix(c, NAME("attn_q.weight"), d, q_dim, 2.0f, plain, err)) ||
+            (st = synth_matrix(c, NAME("attn_k.weight"), d, kv_dim, 2.0f, plain, err)) ||
+            (st = synth_matrix(c, NAME("attn_v.weight"), d, kv_dim, 1.0f, attn_v, err)))
             return st;
         if (!strcmp(a, "qwen2") &&
             ((st = synth_add(c, NAME("attn_q.bias"), QTYPE_F32, 1, q_dim, 1, 0.1f, 0.0f, err)) ||
              (st = synth_add(c, NAME("attn_k.bias"), QTYPE_F32, 1, kv_dim, 1, 0.1f, 0.0f, err)) ||
              (st = synth_add(c, NAME("attn_v.bias"), QTYPE_F32, 1, kv_dim, 1, 0.1f, 0.0f, err))))
             return st;
-        if ((st = synth_matrix(c, NAME("attn_output.weight"), q_dim, d, 1.0f, 0, 0, err)) ||
+        if ((st = synth_matrix(c, NAME("attn_output.weight"), q_dim, d, 1.0f, attn_out, err)) ||
             (st = synth_add(c, NAME("ffn_norm.weight"), QTYPE_F32, 1, d, 1, 0.0f, 1.0f, err)) ||
-            (st = synth_matrix(c, NAME("ffn_gate.weight"), d, ff, 1.0f, 0, 0, err)) ||
-            (st = synth_matrix(c, NAME("ffn_up.weight"), d, ff, 1.0f, 0, 0, err)) ||
-            (st = synth_matrix(c, NAME("ffn_down.weight"), ff, d, 1.0f, 0, more, err)))
+            (st = synth_matrix(c, NAME("ffn_gate.weight"), d, ff, 1.0f, plain, err)) ||
+            (st = synth_matrix(c, NAME("ffn_up.weight"), d, ff, 1.0f, plain, err)) ||
+            (st = synth_matrix(c, NAME("ffn_down.weight"), ff, d, 1.0f, down, err)))
             return st;
 #undef NAME
     }
     if ((st = synth_add(c, "output_norm.weight", QTYPE_F32, 1, d, 1, 0.0f, 1.0f, err))) return st;
     /* An untied output matrix gets the embeddings' scale, so logits have the
      * same spread whether or not the shape ties them. */
-    if (!sh->tied && (st = synth_matrix(c, "output.weight", d, V, embd_std, 1, 0, err))) return st;
+    if (!sh->tied && (st = synth_matrix(c, "output.weight", d, V, embd_std, (matrix_place){ROLE_OUTPUT, 0, sh->n_layer, gqa}, err))) return st;
     return ELLM_OK;
 }
 
@@ -404,16 +435,18 @@ static void synth_usage(FILE *f) {
             "trained model's; the text it generates is noise.\n"
             "\n"
             "  --shape NAME    model shape (below)\n"
-            "  --type TYPE     f32, f16, bf16, q8_0, q4_0, q4_k_m or q5_k_m; norms and biases\n"
-            "                  are f32\n"
+            "  --type TYPE     f32, f16, bf16, q8_0, q4_0, q2_k, q3_k_m, q4_k_m or q5_k_m;\n"
+            "                  norms and biases are f32\n"
             "  -o, --output F  file to write (replaced if it exists)\n"
             "  --seed N        random seed (default 0); same seed, same file, and the same\n"
             "                  underlying weights whatever the type\n"
-            "  --pure          every matrix in TYPE (default: the output matrix is Q6_K for\n"
-            "                  q4_0, q4_k_m and q5_k_m, and the K_M types have Q6_K\n"
-            "                  attn_v/ffn_down in the first/last eighth and every third\n"
-            "                  layer, like llama-quantize; Q4_K/Q5_K/Q6_K fall back to\n"
-            "                  Q4_0/Q5_0/Q8_0 where a row is not a multiple of 256)\n"
+            "  --pure          every matrix in TYPE (default, like llama-quantize: the\n"
+            "                  output matrix is Q6_K for q4_0 and the K types; q4_k_m and\n"
+            "                  q5_k_m have Q6_K attn_v/ffn_down in the first/last eighth and\n"
+            "                  every third layer; q3_k_m has Q4_K/Q5_K attn_v, ffn_down and\n"
+            "                  attn_output; q2_k has Q3_K/Q4_K attn_v and Q3_K ffn_down and\n"
+            "                  attn_output; Q2_K..Q6_K fall back to IQ4_NL/Q4_0/Q5_0/Q8_0\n"
+            "                  where a row is not a multiple of 256)\n"
             "  --vocab FILE    GGUF whose tokenizer.ggml.* metadata is copied and padded with\n"
             "                  <unusedN> pieces (default: models/evalmodel.gguf)\n"
             "\n"

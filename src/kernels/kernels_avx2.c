@@ -529,6 +529,16 @@ INLINE void mm_q8(int wtype, const void *W, int64_t cols, int64_t r0, int64_t r1
     }
 }
 
+/* A vpshufb control that, applied to 8 int16 repeated in both 128-bit lanes
+ * (a half super-block's sub-block scales), gives int16 2f in every int16 of
+ * the low lane and 2f + 1 in the high lane: the scales of the two 16-element
+ * sub-blocks that 32 elements in order span. */
+INLINE __m256i pick_sub_pair16(int f) {
+    const __m128i lo = _mm_set1_epi16((short)(4 * f | (4 * f + 1) << 8));
+    const __m128i hi = _mm_set1_epi16((short)((4 * f + 2) | (4 * f + 3) << 8));
+    return _mm256_set_m128i(hi, lo);
+}
+
 /* ---- Q6_K weights against ACT_Q8K ----
  * Per half h and quarter kk, 32 6-bit q in natural order are rebuilt from
  * ql nibbles and qh bit pairs (16-bit shifts; the bits that leak across
@@ -537,15 +547,9 @@ INLINE void mm_q8(int wtype, const void *W, int64_t cols, int64_t r0, int64_t r1
 INLINE void mm_q6k_row(const block_q6_K *w, int64_t nblk, const act_row *a, float *y, int64_t ldy,
                        const int NB) {
     __m256 accf[MM_NB];
-    /* pick[kk]: in a 128-bit lane of 8 int16, int16 2kk repeated in the low
-     * lane and 2kk + 1 in the high lane */
     __m256i pick[4];
 #pragma GCC unroll 4
-    for (int kk = 0; kk < 4; kk++) {
-        const __m128i lo = _mm_set1_epi16((short)(4 * kk | (4 * kk + 1) << 8));
-        const __m128i hi = _mm_set1_epi16((short)((4 * kk + 2) | (4 * kk + 3) << 8));
-        pick[kk] = _mm256_set_m128i(hi, lo);
-    }
+    for (int kk = 0; kk < 4; kk++) pick[kk] = pick_sub_pair16(kk);
 #pragma GCC unroll 4
     for (int b = 0; b < NB; b++) accf[b] = _mm256_setzero_ps();
     for (int64_t k = 0; k < nblk; k++) {
@@ -610,50 +614,56 @@ INLINE void mm_q23k_row(int wtype, const void *W, int64_t nblk, const act_row *a
     const int Q3 = wtype == QTYPE_Q3_K;
     const size_t bsz = Q3 ? sizeof(block_q3_K) : sizeof(block_q2_K);
     const __m256i m3 = _mm256_set1_epi8(3), four = _mm256_set1_epi8(4);
+    __m256i pick[4];
+#pragma GCC unroll 4
+    for (int f = 0; f < 4; f++) pick[f] = pick_sub_pair16(f);
     __m256 accf[MM_NB];
 #pragma GCC unroll 4
     for (int b = 0; b < NB; b++) accf[b] = _mm256_setzero_ps();
     for (int64_t k = 0; k < nblk; k++) {
         const char *blk = (const char *)W + (size_t)k * bsz;
         if (NB == 1) kern_pf_block(blk, Q3 ? (int)sizeof(block_q3_K) : (int)sizeof(block_q2_K));
-        int16_t scs[16], mns[16];
+        /* the 16 sub-block scales as int16 (Q3_K signed, Q2_K 0..15), and
+         * what multiplies bsums: Q3_K's -4 x scale, Q2_K's mins */
+        __m256i sc16, off16, hm = _mm256_setzero_si256();
         const uint8_t *qs;
         float d, dmin = 0;
-        __m256i hm = _mm256_setzero_si256();
         if (Q3) {
             const block_q3_K *b3 = (const block_q3_K *)blk;
-            _mm256_storeu_si256((__m256i *)scs, q3k_scales16(b3->scales));
+            sc16 = q3k_scales16(b3->scales);
+            off16 = _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(sc16, 2));
             qs = b3->qs;
             hm = _mm256_loadu_si256((const __m256i *)b3->hmask);
             d = f16_to_f32(b3->d);
         } else {
             const block_q2_K *b2 = (const block_q2_K *)blk;
-            for (int j = 0; j < 16; j++) {
-                scs[j] = (int16_t)(b2->scales[j] & 0xF);
-                mns[j] = (int16_t)(b2->scales[j] >> 4);
-            }
+            const __m128i x = _mm_loadu_si128((const __m128i *)b2->scales), m4 = _mm_set1_epi8(0xF);
+            sc16 = _mm256_cvtepu8_epi16(_mm_and_si128(x, m4));
+            off16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(x, 4), m4));
             qs = b2->qs;
             d = f16_to_f32(b2->d);
             dmin = f16_to_f32(b2->dmin);
         }
-        const __m256i sc16 = _mm256_loadu_si256((const __m256i *)scs);
-        const __m256i off16 = Q3 ? _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(sc16, 2))
-                                 : _mm256_loadu_si256((const __m256i *)mns);
         __m256i acci[MM_NB];
 #pragma GCC unroll 4
         for (int b = 0; b < NB; b++)
             acci[b] = Q3 ? _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(a[b].bsums + 16 * k)), off16)
                          : _mm256_setzero_si256();
+#pragma GCC unroll 2
         for (int h = 0; h < 2; h++) {
             const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * h));
+            /* half h's 8 scales in both lanes: one shuffle per field below */
+            const __m256i sch = _mm256_broadcastsi128_si256(h ? _mm256_extracti128_si256(sc16, 1) : _mm256_castsi256_si128(sc16));
+#pragma GCC unroll 4
             for (int f = 0; f < 4; f++) {
-                __m256i u = _mm256_and_si256(_mm256_srli_epi16(q, 2 * f), m3);
-                if (Q3) {
-                    const __m256i bit = _mm256_set1_epi8((char)(1 << (4 * h + f)));
-                    u = _mm256_add_epi8(u, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hm, bit), bit), four));
+                __m256i u = _mm256_and_si256(f ? _mm256_srli_epi16(q, 2 * f) : q, m3);
+                if (Q3) { /* hmask bit n = 4h + f moved to bit 2 (16-bit shifts of at most 5 keep within bytes) */
+                    const int n = 4 * h + f;
+                    const __m256i hb = n >= 2 ? _mm256_srli_epi16(hm, n - 2) : _mm256_slli_epi16(hm, 2 - n);
+                    u = _mm256_or_si256(u, _mm256_and_si256(hb, four));
                 }
-                const int j = 8 * h + 2 * f; /* sub-blocks j (first 16 elements) and j + 1 */
-                const __m256i s2 = _mm256_set_m128i(_mm_set1_epi16(scs[j + 1]), _mm_set1_epi16(scs[j]));
+                /* sub-blocks j = 8h + 2f (first 16 elements) and j + 1 */
+                const __m256i s2 = _mm256_shuffle_epi8(sch, pick[f]);
 #pragma GCC unroll 4
                 for (int b = 0; b < NB; b++) {
                     const __m256i av = _mm256_loadu_si256((const __m256i *)(a[b].qs + QK_K * k + 128 * h + 32 * f));
