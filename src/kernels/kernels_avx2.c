@@ -285,12 +285,21 @@ INLINE __m256i q4k_scales_mins2(__m128i s0, __m128i s1) {
     return _mm256_unpacklo_epi32(lo6, _mm256_or_si256(nib, top2)); /* sc0-3 sc4-7 m0-3 m4-7 */
 }
 
-/* An IQ4_XS super-block's 8 signed sub-block scales (iq4xs_scale) as bytes. */
+/* An IQ4_XS super-block's 8 sub-block scales plus 32 (iq4xs_scale + 32,
+ * 0..63) as bytes: the 4-bit fields of scales_l and the 2-bit fields of
+ * scales_h spread one per byte with shifts and masks in a 64-bit word (a
+ * per-scale extraction cost more than the super-block's arithmetic in decode). */
 INLINE uint64_t iq4xs_scale_bytes(const block_iq4_xs *b) {
-    uint64_t v = 0;
-#pragma GCC unroll 8
-    for (int j = 0; j < 8; j++) v |= (uint64_t)(uint8_t)(int8_t)iq4xs_scale(b, j) << (8 * j);
-    return v;
+    uint32_t l4;
+    memcpy(&l4, b->scales_l, 4);
+    uint64_t lo = l4, hi = b->scales_h;
+    lo = (lo | lo << 16) & 0x0000FFFF0000FFFFull; /* nibbles j to byte j */
+    lo = (lo | lo << 8) & 0x00FF00FF00FF00FFull;
+    lo = (lo | lo << 4) & 0x0F0F0F0F0F0F0F0Full;
+    hi = (hi | hi << 24) & 0x000000FF000000FFull; /* 2-bit fields j to byte j */
+    hi = (hi | hi << 12) & 0x000F000F000F000Full;
+    hi = (hi | hi << 6) & 0x0303030303030303ull;
+    return lo | hi << 4;
 }
 
 /* The super-block types' (Q4_K, Q5_K, IQ4_XS) scales and minimums of the
@@ -308,7 +317,11 @@ INLINE void sb_scales_avx2(int wtype, const char *p, int n, __m256 dw[2], __m256
     const __m256i d_slots = _mm256_setr_epi32(0, 0, 2, 2, 0, 0, 2, 2);
     if (wtype == QTYPE_IQ4_XS) {
         const block_iq4_xs *b0 = (const block_iq4_xs *)p, *b1 = (const block_iq4_xs *)(p + sbb);
-        sc = _mm_shuffle_epi8(_mm_set_epi64x(two ? (long long)iq4xs_scale_bytes(b1) : 0, (long long)iq4xs_scale_bytes(b0)),
+        /* the biased scales less 32 (an absent second super-block's zeros stay zero) */
+        const __m128i bias = _mm_set_epi64x(two ? 0x2020202020202020ll : 0, 0x2020202020202020ll);
+        sc = _mm_shuffle_epi8(_mm_sub_epi8(_mm_set_epi64x(two ? (long long)iq4xs_scale_bytes(b1) : 0,
+                                                          (long long)iq4xs_scale_bytes(b0)),
+                                           bias),
                               order);
         const float d0 = _cvtsh_ss(b0->d), d1 = two ? _cvtsh_ss(b1->d) : 0.0f;
         dv = _mm256_setr_ps(d0, d0, d1, d1, d0, d0, d1, d1);
