@@ -680,7 +680,9 @@ INLINE void mm_q23k_row(int wtype, const void *W, int64_t nblk, const act_row *a
 #pragma GCC unroll 4
                 for (int b = 0; b < NB; b++) {
                     const __m256i av = _mm256_loadu_si256((const __m256i *)(a[b].qs + QK_K * k + 128 * h + 32 * f));
-                    acci[b] = _mm256_add_epi32(acci[b], _mm256_madd_epi16(_mm256_maddubs_epi16(u, av), s2));
+                    /* in order (acc_add_epi32): 4 rows 1.17-1.20x, 16 rows 1.18-1.21x against
+                     * gcc's tree of sums through the stack (Q6_K's alike measured 0.92-1.04x) */
+                    acc_add_epi32(&acci[b], _mm256_madd_epi16(_mm256_maddubs_epi16(u, av), s2));
                 }
             }
         }

@@ -88,6 +88,15 @@ INLINE void kern_pf_start(const void *p) {
     for (size_t o = 0; o < KERN_PF_AHEAD; o += 4096) _mm_prefetch((const char *)p + o, _MM_HINT_T0);
 }
 
+/* *acc += x with the sums kept in program order: gcc otherwise reassociates
+ * a kernel's chain of integer adds into a tree whose partial sums go to the
+ * stack and back (the sums are exact, so either order gives the same bits;
+ * this one keeps them in registers). */
+INLINE void acc_add_epi32(__m256i *acc, __m256i x) {
+    *acc = _mm256_add_epi32(*acc, x);
+    __asm__("" : "+x"(*acc));
+}
+
 /* Packs 4 x 8 int32 (values in int8 range) into 32 int8 in order. */
 INLINE __m256i pack_epi32_epi8(__m256i a, __m256i b, __m256i c, __m256i d) {
     __m256i ab = _mm256_packs_epi32(a, b), cd = _mm256_packs_epi32(c, d);

@@ -69,15 +69,6 @@ INLINE __m256i dot_q4(__m256i lo, __m256i hi, __m256i xl, __m256i xh) {
     return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
 }
 
-/* acc += x, the sums kept in this order: gcc otherwise reassociates a Q8_0
- * record's integer sums into a tree whose 4 x 16 partial dots go to the
- * stack and back (59 stack references in the 4-row block). The sum is exact
- * either way. (Q4_0's, with half the dots, measured 0.94-0.99x pinned.) */
-INLINE void acc_add(__m256i *acc, __m256i x) {
-    *acc = _mm256_add_epi32(*acc, x);
-    __asm__("" : "+x"(*acc));
-}
-
 /* Record rec (one block of 16 weight rows) against NR activation rows:
  * acc[r][h] += the exact int32 dots of rows 8h .. 8h + 7 (the accumulators
  * come in holding the block's starting value). */
@@ -107,7 +98,10 @@ INLINE void r16_block(const uint8_t *rec, const act_row *a, int64_t q0, __m256i 
             const __m256i aw = _mm256_abs_epi8(w);
 #pragma GCC unroll 8
             for (int r = 0; r < NR; r++)
-                acc_add(&acc[r][h], dot_q8(aw, w, bcast32(a[r].qs + act_dword(q0, j))));
+                /* in order (acc_add_epi32): tree-summed, the 4 x 16 partial dots of a 4-row
+                 * pass went to the stack (59 references); Q4_0's half as many stay as they are
+                 * (0.94-0.99x pinned) */
+                acc_add_epi32(&acc[r][h], dot_q8(aw, w, bcast32(a[r].qs + act_dword(q0, j))));
         }
     }
 }
