@@ -1,6 +1,10 @@
-"""Table of bench/kq_r16_ab.sh's output directory: medians over the rounds.
+"""Table of bench/kq_r16_ab.sh's (or bench/builds_ab.sh's) output directory:
+medians over the rounds.
 
-    python3 bench/kq_r16_table.py OUT_DIR
+    python3 bench/kq_r16_table.py OUT_DIR [A B LABEL_A LABEL_B]
+
+A and B are the prefixes of the two variants' JSON files (default r16 and
+file, labelled R16 and file layout; bench/builds_ab.sh writes new and old).
 """
 import glob
 import json
@@ -40,13 +44,15 @@ def med(xs):
 
 def main():
     out = sys.argv[1]
-    r16, file_ = ellm_rounds(out, "r16"), ellm_rounds(out, "file")
+    va, vb, la, lb_ = (sys.argv[2:6] if len(sys.argv) >= 6 else ["r16", "file", "R16", "file layout"])
+    r16, file_ = ellm_rounds(out, va), ellm_rounds(out, vb)
     lb = llama_rounds(out)
     isa = r16[0][3] if r16 else "?"
-    model = os.path.basename(load(glob.glob(os.path.join(out, "r16-*.json"))[0])["model"]) if r16 else "?"
+    model = os.path.basename(load(glob.glob(os.path.join(out, f"{va}-*.json"))[0])["model"]) if r16 else "?"
     print(f"`{model}`, {len(r16)} rounds, 2 threads, {isa} kernels; medians of the rounds (each round's figure is itself a")
     print("median of 3 prefill passes or of 32 decode steps). llama-bench: the better of flash attention off and on.\n")
-    print("| what | R16 tok/s | file layout tok/s | R16 ÷ file | llama-bench tok/s | R16 ÷ llama-bench |")
+    short = la.split()[0]
+    print(f"| what | {la} tok/s | {lb_} tok/s | {short} ÷ {lb_.split()[0]} | llama-bench tok/s | {short} ÷ llama-bench |")
     print("|---|---:|---:|---:|---:|---:|")
     for n in (128, 512):
         a = med([r[0][n] for r in r16 if n in r[0]])
@@ -61,7 +67,7 @@ def main():
     ls = [x for x in ls if x == x]
     lbest = max(ls) if ls else float("nan")
     print(f"| decode at depth 512 | {a:.1f} | {b:.1f} | {a / b:.2f} | {lbest:.1f} | {a / lbest:.2f} |")
-    print("\nPer round, prefill 512 (R16 / file layout): " +
+    print(f"\nPer round, prefill 512 ({la} / {lb_}): " +
           ", ".join(f"{x[0].get(512, 0):.1f} / {y[0].get(512, 0):.1f}" for x, y in zip(r16, file_)))
 
 
