@@ -645,7 +645,7 @@ static void test_matmul_batch_invariance_case(ellm_isa isa, int type, int64_t co
 static void test_matmul_r16(ellm_isa isa, int wt) {
     char in[48];
     snprintf(in, sizeof in, "%s %s", ellm_isa_str(isa), qtype_get(wt)->name);
-    const int kq = wt == QTYPE_Q4_K || wt == QTYPE_Q5_K; /* super-blocks of 256 */
+    const int kq = wt == QTYPE_Q4_K || wt == QTYPE_Q5_K || wt == QTYPE_IQ4_XS; /* super-blocks of 256 */
     const int64_t shapes[][2] = {{48, kq ? 256 : 96}, {64, kq ? 768 : 576}, {32, 1536}, {16, kq ? 512 : 64}};
     static const int nbs[] = {1, 2, 3, 4, 5, 8, 9, 16, 17};
     for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
@@ -662,6 +662,10 @@ static void test_matmul_r16(ellm_isa isa, int wt) {
                     if (wt == QTYPE_Q4_K) memset(b + offsetof(block_q4_K, scales), 0xFF, 12 + QK_K / 2); /* sc, m 63 */
                     else if (wt == QTYPE_Q5_K) memset(b + offsetof(block_q5_K, scales), 0xFF, 12 + QK_K / 8 + QK_K / 2);
                     else if (wt == QTYPE_Q8_0) memset(b + 2, 0x81, 32); /* -127 */
+                    else if (wt == QTYPE_IQ4_XS) { /* scales 31, every code -127 */
+                        memset(b + 2, 0xFF, 6);
+                        memset(b + offsetof(block_iq4_xs, qs), 0x00, QK_K / 2);
+                    }
                     else memset(b + 2, 0xFF, ti->block_bytes - 2);
                 }
             }
@@ -1200,6 +1204,7 @@ int main(void) {
         test_matmul_r16((ellm_isa)isa, QTYPE_Q4_0);
         test_matmul_r16((ellm_isa)isa, QTYPE_Q4_K);
         test_matmul_r16((ellm_isa)isa, QTYPE_Q5_K);
+        test_matmul_r16((ellm_isa)isa, QTYPE_IQ4_XS);
         test_rowwise((ellm_isa)isa);
         test_logsumexp_vocab((ellm_isa)isa);
     }

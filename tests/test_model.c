@@ -411,7 +411,7 @@ static void test_sliding_window(void) {
     ellm_model_free(ref);
 }
 
-/* Q8_0, Q4_0, Q4_K and Q5_K matrices interleaved at load (model/repack.c): every
+/* Q8_0, Q4_0, Q4_K, Q5_K and IQ4_XS matrices interleaved at load (model/repack.c): every
  * matrix of the fixture `name` of a type this CPU packs (kern_r16_packs) is
  * (its shapes allow it), and none with keep_layout; rows read back alike from both, the
  * file layout's weights are still the file's bytes, and the logits of the
@@ -549,6 +549,7 @@ int main(void) {
     test_r16_layout("llama-gqa-Q4_0", 6);
     test_r16_layout("llama-gqa-Q4_K_M", 6);
     test_r16_layout("llama-gqa-Q5_K_M", 48);
+    test_r16_layout("llama-gqa-IQ4_XS", 6);
     test_evalmodel();
     test_errors();
     test_sliding_window();

@@ -1,10 +1,10 @@
-/* Q8_0, Q4_0, Q4_K and Q5_K weights interleaved by 16 rows (kernels.h, "R16"):
+/* Q8_0, Q4_0, Q4_K, Q5_K and IQ4_XS weights interleaved by 16 rows (kernels.h, "R16"):
  * the layouts, their packer, row reader and scalar reference, and the
  * dispatch.
  *
  * Group g (rows 16g .. 16g + 15) takes the bytes its 16 rows take in the
  * file's layout, block after block (super-block after super-block for
- * Q4_K and Q5_K); block k of the group is one record:
+ * Q4_K, Q5_K and IQ4_XS); block k of the group is one record:
  *
  *   Q8_0, 544 bytes:
  *     f16 d[16]          row i's scale of block k
@@ -27,6 +27,12 @@
  *                            (bit j: the fifth bit of element 4c .. 4c + 3
  *                            of sub-block j)
  *     uint8 q[4][8][16][4]   as Q4_K's
+ *   IQ4_XS, 2176 bytes (a super-block of 256 elements):
+ *     f16 d[16], uint16 scales_h[16]
+ *     uint8 sl[16][4]        row i's scales_l
+ *     uint8 q[32][16][4]     q[c][i] = bytes 4c .. 4c + 3 of row i's qs:
+ *                            dwords 4j .. 4j + 3 are sub-block j's codes as a
+ *                            Q4_0 block's nibbles (as in the file)
  *
  * so vector j of a record is a dword of the block for 16 rows, one row per
  * 32-bit lane (for Q4_0 after splitting the nibbles): a vpdpbusd against one
@@ -39,7 +45,9 @@
  *   isum = sum_i w_i * a_i                    (exact int32)
  *   s    = fma((float)isum, dw * da, s)       (k = 0, 1, ...)
  *
- * and a Q4_K or Q5_K output its super-blocks, each in three sums over its
+ * (IQ4_XS: each sub-block j of 32 as such a block, with w_i = iq4_values[code]
+ * and dw = (float)(ls[j] - 32) * d, exact), and a Q4_K or Q5_K output its
+ * super-blocks, each in three sums over its
  * sub-blocks of 32 (j = 0..7, with the row's d, dmin, sc[j] and m[j] and
  * the sub-block's activation scale da_j and sum sa_j = sum_i a_i):
  *
@@ -67,40 +75,45 @@
 enum { R16_ROWS = 16 };
 
 int kern_r16_type(int wtype) {
-    return wtype == QTYPE_Q8_0 || wtype == QTYPE_Q4_0 || wtype == QTYPE_Q4_K || wtype == QTYPE_Q5_K;
+    return wtype == QTYPE_Q8_0 || wtype == QTYPE_Q4_0 || wtype == QTYPE_Q4_K || wtype == QTYPE_Q5_K ||
+           wtype == QTYPE_IQ4_XS;
 }
 
 /* Q4_K and Q5_K: super-blocks of 256, scales and minimums per 32. */
 static int r16_kq(int wtype) { return wtype == QTYPE_Q4_K || wtype == QTYPE_Q5_K; }
+/* Records of a super-block of 256 (Q4_K, Q5_K, IQ4_XS), which only the AVX2
+ * kernel reads. */
+static int r16_super(int wtype) { return r16_kq(wtype) || wtype == QTYPE_IQ4_XS; }
 
 /* The SIMD kernel for the active ISA and wtype: AVX-512 VNNI, else AVX2
- * (also on AVX-512 without VNNI, and for Q4_K and Q5_K, which have no
- * AVX-512 kernel); NULL under the scalar ISA. */
+ * (also on AVX-512 without VNNI, and for Q4_K, Q5_K and IQ4_XS, which have
+ * no AVX-512 kernel); NULL under the scalar ISA. */
 typedef void (*r16_kernel)(int, const void *, int64_t, int64_t, int64_t, const void *, int, float *, int64_t);
 
 static r16_kernel r16_simd(int wtype) {
     const ellm_isa isa = ellm_cpu_isa();
-    if (isa == ELLM_ISA_AVX512 && ellm_cpu()->avx512vnni && !r16_kq(wtype)) return kern_matmul_r16_avx512;
+    if (isa == ELLM_ISA_AVX512 && ellm_cpu()->avx512vnni && !r16_super(wtype)) return kern_matmul_r16_avx512;
     if (isa == ELLM_ISA_AVX512 || isa == ELLM_ISA_AVX2) return kern_matmul_r16_avx2;
     return NULL;
 }
 
 int kern_r16_fast(void) { return r16_simd(QTYPE_Q8_0) != NULL; }
 
-/* Q4_K and Q5_K have an AVX2 kernel only; with AVX-512 VNNI the file
- * layout's AVX-512 kernels stay the faster choice for them. */
+/* Q4_K, Q5_K and IQ4_XS have an AVX2 kernel only; with AVX-512 VNNI the
+ * file layout's AVX-512 kernels stay the faster choice for them. */
 int kern_r16_packs(int wtype) {
     if (!kern_r16_type(wtype) || !kern_r16_fast()) return 0;
-    return !r16_kq(wtype) || !(ellm_cpu_isa() == ELLM_ISA_AVX512 && ellm_cpu()->avx512vnni);
+    return !r16_super(wtype) || !(ellm_cpu_isa() == ELLM_ISA_AVX512 && ellm_cpu()->avx512vnni);
 }
 
 /* Elements of a block (of a record). */
-static int64_t blk_elems(int wtype) { return r16_kq(wtype) ? QK_K : 32; }
+static int64_t blk_elems(int wtype) { return r16_super(wtype) ? QK_K : 32; }
 
 /* Bytes of a record: 16 rows' scales and quants of one block. */
 static size_t rec_bytes(int wtype) {
-    return wtype == QTYPE_Q5_K   ? 16 * sizeof(block_q5_K)
-           : wtype == QTYPE_Q4_K ? 16 * sizeof(block_q4_K)
+    return wtype == QTYPE_Q5_K     ? 16 * sizeof(block_q5_K)
+           : wtype == QTYPE_Q4_K   ? 16 * sizeof(block_q4_K)
+           : wtype == QTYPE_IQ4_XS ? 16 * sizeof(block_iq4_xs)
            : wtype == QTYPE_Q4_0 ? 32 + 4 * 64
                                  : 32 + 8 * 64;
 }
@@ -111,6 +124,8 @@ static size_t file_row_bytes(int wtype, int64_t nblk) { return (size_t)nblk * re
 /* Q4_K and Q5_K record offsets: the scale dwords, Q5_K's qh dwords, the
  * nibble dwords. */
 enum { KQ_SC = 64, Q5K_QH = 256 };
+/* IQ4_XS record offsets: scales_h, scales_l, the code dwords. */
+enum { IQ4XS_SH = 32, IQ4XS_SL = 64, IQ4XS_QS = 128 };
 static size_t kq_qs(int wtype) { return wtype == QTYPE_Q5_K ? 256 + 8 * 64 : 256; }
 
 /* Moves block k of row i between the file's layout (at b) and its record:
@@ -127,6 +142,10 @@ static inline __attribute__((always_inline)) void move_block(int wtype, uint8_t 
         if (wtype == QTYPE_Q5_K)
             for (int c = 0; c < 8; c++) MOVE(Q5K_QH + 64 * c + 4 * i, offsetof(block_q5_K, qh) + 4 * c, 4);
         for (int c = 0; c < 32; c++) MOVE(kq_qs(wtype) + 64 * c + 4 * i, qs + 4 * c, 4);
+    } else if (wtype == QTYPE_IQ4_XS) {
+        MOVE(IQ4XS_SH + 2 * i, offsetof(block_iq4_xs, scales_h), 2);
+        MOVE(IQ4XS_SL + 4 * i, offsetof(block_iq4_xs, scales_l), 4);
+        for (int c = 0; c < 32; c++) MOVE(IQ4XS_QS + 64 * c + 4 * i, offsetof(block_iq4_xs, qs) + 4 * c, 4);
     } else if (wtype == QTYPE_Q4_0) {
         for (int j = 0; j < 4; j++) MOVE(32 + 64 * j + 4 * i, offsetof(block_q4_0, qs) + 4 * j, 4);
     } else {
@@ -167,6 +186,7 @@ static const uint8_t *r16_rec(int wtype, const void *W, int64_t nblk, int64_t r,
 
 /* Block k of row r of a packed matrix back in the file's layout, into b
  * (sizeof(block_q5_K) bytes, the largest block). */
+_Static_assert(sizeof(block_q5_K) >= sizeof(block_iq4_xs), "the largest block");
 static const uint8_t *r16_block_of(int wtype, const void *W, int64_t nblk, int64_t r, int64_t k, uint8_t *b) {
     move_block(wtype, (uint8_t *)r16_rec(wtype, W, nblk, r, k), (int)(r % R16_ROWS), b, 0);
     return b;
@@ -207,8 +227,34 @@ static float r16_kq_dot(int wtype, const void *W, int64_t nsb, int64_t r, const 
     return s;
 }
 
+/* One output of an IQ4_XS matrix against one activation row: its sub-blocks
+ * as blocks of 32 of scale dw = (ls[j] - 32) * d (exact in F32). */
+static float r16_iq4xs_dot(const void *W, int64_t nsb, int64_t r, const act_row *a) {
+    float s = 0;
+    for (int64_t k = 0; k < nsb; k++) {
+        uint8_t buf[sizeof(block_q5_K)];
+        const block_iq4_xs *b = (const block_iq4_xs *)r16_block_of(QTYPE_IQ4_XS, W, nsb, r, k, buf);
+        for (int j = 0; j < 8; j++) {
+            const int64_t kb = 8 * k + j;
+            int32_t isum = 0;
+            for (int e = 0; e < 32; e++)
+                isum += iq4_values[(b->qs[16 * j + (e & 15)] >> (4 * (e >> 4))) & 0xF] * a->qs[act_q8_qs(kb, e)];
+            s = fmaf((float)isum, iq4xs_block32(b, j) * a->d[act_q8_slot(kb)], s);
+        }
+    }
+    return s;
+}
+
 void kern_matmul_r16_ref(int wtype, const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act, int nb,
                          float *Y, int64_t ldy) {
+    if (wtype == QTYPE_IQ4_XS) {
+        for (int64_t r = r0; r < r1; r++)
+            for (int b = 0; b < nb; b++) {
+                const act_row a = act_get_row(ACT_Q8, act, cols, b);
+                Y[(int64_t)b * ldy + r] = r16_iq4xs_dot(W, cols / QK_K, r, &a);
+            }
+        return;
+    }
     if (r16_kq(wtype)) {
         for (int64_t r = r0; r < r1; r++)
             for (int b = 0; b < nb; b++) {

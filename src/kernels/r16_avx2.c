@@ -1,6 +1,6 @@
-/* Q8_0, Q4_0, Q4_K and Q5_K R16 weights (r16.c) against ACT_Q8 activations,
- * AVX2 (also AVX-512 machines without VNNI, and Q4_K and Q5_K on every
- * AVX-512 machine).
+/* Q8_0, Q4_0, Q4_K, Q5_K and IQ4_XS R16 weights (r16.c) against ACT_Q8
+ * activations, AVX2 (also AVX-512 machines without VNNI, and Q4_K, Q5_K and
+ * IQ4_XS on every AVX-512 machine).
  *
  * A record's vector j (16 rows' dword j) is two ymm of 8 rows each. Without
  * vpdpbusd the 4-element products of a lane come from vpmaddubsw (unsigned
@@ -19,6 +19,9 @@
  *         sc * the sub-block's dot in int32, with no extra multiply;
  *   Q5_K: the same with the fifth bit set in (0..31), 4 dwords at a time in
  *         int16 (4 * 2 * 31 * 127 fits), two vpmaddwd per sub-block.
+ *   IQ4_XS: each sub-block as a Q4_0 block whose nibbles are looked up in
+ *         iq4_values by vpshufb (signed, -127..113), then as Q8_0: |w| times
+ *         a * sign(w), each dword's pairs into int32 on their own.
  * All give the exact int32 block dot of the reference; then per block and
  * output one convert, multiply and FMA into its running sum in block order
  * (Q4_K, Q5_K: a convert and an FMA per sub-block into the super-block's sum, one
@@ -37,15 +40,18 @@
 #include <immintrin.h>
 #include <string.h>
 
-enum { R16_NR = 4, REC_Q8 = 544, REC_Q4 = 288, REC_Q4K = 2304, REC_Q5K = 2816 };
+enum { R16_NR = 4, REC_Q8 = 544, REC_Q4 = 288, REC_Q4K = 2304, REC_Q5K = 2816, REC_IQ4XS = 2176 };
 /* Q4_K and Q5_K record offsets (r16.c): the scale dwords, Q4_K's nibble
  * dwords, Q5_K's qh dwords and nibble dwords. */
 enum { Q4K_SC = 64, Q4K_QS = 256, Q5K_QH = 256, Q5K_QS = 768 };
+/* IQ4_XS record offsets (r16.c): scales_h, scales_l, the code dwords. */
+enum { IQ4XS_SH = 32, IQ4XS_SL = 64, IQ4XS_QS = 128 };
 
 /* The record kinds (kernel template parameter K). */
-enum { KIND_Q8 = 0, KIND_Q4 = 1, KIND_Q4K = 2, KIND_Q5K = 3 };
-#define REC_BYTES(K) ((K) == KIND_Q5K ? REC_Q5K : (K) == KIND_Q4K ? REC_Q4K : (K) == KIND_Q4 ? REC_Q4 : REC_Q8)
-#define KIND_SUPER(K) ((K) == KIND_Q4K || (K) == KIND_Q5K) /* records of 256 elements */
+enum { KIND_Q8 = 0, KIND_Q4 = 1, KIND_Q4K = 2, KIND_Q5K = 3, KIND_IQ4XS = 4 };
+#define REC_BYTES(K)                                                                                                   \
+    ((K) == KIND_IQ4XS ? REC_IQ4XS : (K) == KIND_Q5K ? REC_Q5K : (K) == KIND_Q4K ? REC_Q4K : (K) == KIND_Q4 ? REC_Q4 : REC_Q8)
+#define KIND_SUPER(K) ((K) == KIND_Q4K || (K) == KIND_Q5K || (K) == KIND_IQ4XS) /* records of 256 elements */
 
 INLINE __m256i bcast32(const int8_t *p) {
     int32_t v;
@@ -265,6 +271,47 @@ INLINE void q4k_half(const uint8_t *rec, int h, int64_t k, const act_row *a, con
     for (int r = 0; r < NR; r++) s[r][h] = _mm256_fmadd_ps(acc[r], ndmin, s[r][h]);
 }
 
+/* Rows 8h .. 8h + 7 of IQ4_XS record rec (super-block k) against activation
+ * rows a[0 .. NR): each sub-block j a block of 32 of scale (float)(ls[j] -
+ * 32) * d per row, into s[r][h] as r16_scale_add does. */
+INLINE void iq4xs_half(const uint8_t *rec, int h, int64_t k, const act_row *a, __m256 s[][2], const int NR) {
+    const __m256i sl = _mm256_loadu_si256((const __m256i *)(rec + IQ4XS_SL + 32 * h));
+    const __m256i sh = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(rec + IQ4XS_SH + 16 * h)));
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rec + 16 * h)));
+    const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)iq4_values));
+    const __m256i m4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+#pragma GCC unroll 1
+    for (int j = 0; j < 8; j++) {
+        const int64_t kb = 8 * k + j, q0 = 128 * (kb >> 2) + 16 * (kb & 3);
+        /* the 8 rows' ls[j] - 32: nibble j of scales_l, bits 2j, 2j + 1 of scales_h */
+        const __m128i nj = _mm_cvtsi32_si128(4 * j), hj = _mm_cvtsi32_si128(2 * j);
+        const __m256i ls = _mm256_or_si256(_mm256_and_si256(_mm256_srl_epi32(sl, nj), _mm256_set1_epi32(15)),
+                                           _mm256_slli_epi32(_mm256_and_si256(_mm256_srl_epi32(sh, hj), _mm256_set1_epi32(3)), 4));
+        const __m256 dw = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(ls, _mm256_set1_epi32(32))), d);
+        __m256i acc[R16_NR];
+#pragma GCC unroll 8
+        for (int r = 0; r < NR; r++) acc[r] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(rec + IQ4XS_QS + 64 * (4 * j + c) + 32 * h));
+            const __m256i lo = _mm256_shuffle_epi8(lut, _mm256_and_si256(v, m4));
+            const __m256i hi = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
+            const __m256i alo = _mm256_abs_epi8(lo), ahi = _mm256_abs_epi8(hi);
+#pragma GCC unroll 8
+            for (int r = 0; r < NR; r++) {
+                const __m256i pl = _mm256_maddubs_epi16(alo, _mm256_sign_epi8(bcast32(a[r].qs + act_dword(q0, c)), lo));
+                const __m256i ph = _mm256_maddubs_epi16(ahi, _mm256_sign_epi8(bcast32(a[r].qs + act_dword(q0, c + 4)), hi));
+                acc_add_epi32(&acc[r], _mm256_madd_epi16(pl, ones));
+                acc_add_epi32(&acc[r], _mm256_madd_epi16(ph, ones));
+            }
+        }
+        const int64_t slot = act_q8_slot(kb);
+#pragma GCC unroll 8
+        for (int r = 0; r < NR; r++)
+            s[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[r]), _mm256_mul_ps(dw, _mm256_set1_ps(a[r].d[slot])), s[r][h]);
+    }
+}
+
 /* One activation row against groups [0, ng) of kind K from w: one stream of
  * ng * nblk records, every line prefetched KERN_PF_LINE_AHEAD ahead (a Q4_K
  * or Q5_K record's in two halves) and each page touched KERN_PF_AHEAD
@@ -275,7 +322,12 @@ INLINE void r16_row(const uint8_t *w, int64_t ng, int64_t nblk, const act_row *a
     __m256 s[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
     for (int64_t g = 0, k = 0; g < ng; w += REC) {
         kern_pf_pages(w, REC);
-        if (KIND_SUPER(K)) {
+        if (K == KIND_IQ4XS) {
+            kern_pf_block(w, REC / 2);
+            iq4xs_half(w, 0, k, a, &s, 1);
+            kern_pf_block(w + REC / 2, REC / 2);
+            iq4xs_half(w, 1, k, a, &s, 1);
+        } else if (KIND_SUPER(K)) {
             q4k_act_sb as;
             kern_pf_block(w, REC / 2);
             q4k_act(a, k, &as, 1);
@@ -313,6 +365,11 @@ INLINE void r16_pass(const uint8_t *gw, int64_t nblk, const act_row *a, float *c
     for (int64_t k = 0; k < nblk; k++) {
         const uint8_t *rec = gw + (size_t)k * REC;
         for (int i = 0; i < pf_lines; i++, pf += 64) _mm_prefetch(pf, _MM_HINT_T0);
+        if (K == KIND_IQ4XS) {
+            iq4xs_half(rec, 0, k, a, s, NR);
+            iq4xs_half(rec, 1, k, a, s, NR);
+            continue;
+        }
         if (KIND_SUPER(K)) {
             q4k_act_sb as[R16_NR];
             q4k_act(a, k, as, NR);
@@ -375,7 +432,8 @@ INLINE void r16_matmul(const void *W, int64_t cols, int64_t r0, int64_t r1, cons
 
 void kern_matmul_r16_avx2(int wtype, const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act, int nb,
                           float *Y, int64_t ldy) {
-    if (wtype == QTYPE_Q5_K) r16_matmul(W, cols, r0, r1, act, nb, Y, ldy, KIND_Q5K);
+    if (wtype == QTYPE_IQ4_XS) r16_matmul(W, cols, r0, r1, act, nb, Y, ldy, KIND_IQ4XS);
+    else if (wtype == QTYPE_Q5_K) r16_matmul(W, cols, r0, r1, act, nb, Y, ldy, KIND_Q5K);
     else if (wtype == QTYPE_Q4_K) r16_matmul(W, cols, r0, r1, act, nb, Y, ldy, KIND_Q4K);
     else if (wtype == QTYPE_Q4_0) r16_matmul(W, cols, r0, r1, act, nb, Y, ldy, KIND_Q4);
     else r16_matmul(W, cols, r0, r1, act, nb, Y, ldy, KIND_Q8);
