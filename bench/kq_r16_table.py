@@ -1,10 +1,11 @@
-"""Table of bench/kq_r16_ab.sh's (or bench/builds_ab.sh's) output directory:
+"""Table of bench/builds_ab.sh's (or bench/kq_r16_ab.sh's) output directory:
 medians over the rounds.
 
-    python3 bench/kq_r16_table.py OUT_DIR [A B LABEL_A LABEL_B]
+    python3 bench/kq_r16_table.py OUT_DIR [A B [LABEL_A LABEL_B]]
 
-A and B are the prefixes of the two variants' JSON files (default r16 and
-file, labelled R16 and file layout; bench/builds_ab.sh writes new and old).
+A and B are the two variants' names, the prefixes of their JSON files
+(default r16 and file, labelled R16 and file layout; other names label
+themselves).
 """
 import glob
 import json
@@ -44,7 +45,12 @@ def med(xs):
 
 def main():
     out = sys.argv[1]
-    va, vb, la, lb_ = (sys.argv[2:6] if len(sys.argv) >= 6 else ["r16", "file", "R16", "file layout"])
+    if len(sys.argv) >= 6:
+        va, vb, la, lb_ = sys.argv[2:6]
+    elif len(sys.argv) >= 4 and sys.argv[2:4] != ["r16", "file"]:
+        va, vb = la, lb_ = sys.argv[2:4]
+    else:
+        va, vb, la, lb_ = "r16", "file", "R16", "file layout"
     r16, file_ = ellm_rounds(out, va), ellm_rounds(out, vb)
     lb = llama_rounds(out)
     isa = r16[0][3] if r16 else "?"

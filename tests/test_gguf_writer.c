@@ -466,6 +466,28 @@ static const gguf_tensor *expect_tensor(const gguf_file *f, const char *name, in
     return t;
 }
 
+/* A tensor a synth type's mix must have: name, shape and type. */
+typedef struct {
+    const char *name;
+    int64_t ne0, ne1;
+    int type;
+} mix_tensor;
+
+/* Writes the tiny shape as `type` (seed 7) to path and checks its
+ * general.file_type and the tensors listed. */
+static void check_mix(const char *path, const char *type, int64_t file_type, const mix_tensor *t, int n) {
+    gguf_file *f = NULL;
+    ellm_error err = {0};
+    int64_t v;
+    CHECK(run_synth("tiny", type, path, "7", 0) == 0, "synth tiny %s", type);
+    CHECK(gguf_open(path, &f, &err) == ELLM_OK, "open %s: %s", type, err.msg);
+    if (!f) return;
+    CHECK(gguf_get_i64(f, "general.file_type", &v, &err) == ELLM_OK && v == file_type, "%s file_type %lld", type,
+          (long long)v);
+    for (int i = 0; i < n; i++) expect_tensor(f, t[i].name, t[i].ne0, t[i].ne1, t[i].type);
+    gguf_close(f);
+}
+
 static void test_synth_tiny(void) {
     char path[256], path2[256];
     tmp_path(path, sizeof path, "synth");
@@ -626,52 +648,23 @@ static void test_synth_tiny(void) {
     }
 
     /* q5_k_m: Q5_K with Q6_K where q4_k_m has it (the tied output here) */
-    CHECK(run_synth("tiny", "q5_k_m", path, "7", 0) == 0, "synth tiny q5_k_m");
-    f = NULL;
-    CHECK(gguf_open(path, &f, &err) == ELLM_OK, "open q5_k_m: %s", err.msg);
-    if (f) {
-        int64_t v;
-        CHECK(gguf_get_i64(f, "general.file_type", &v, &err) == ELLM_OK && v == 17, "q5_k_m file_type %lld",
-              (long long)v);
-        expect_tensor(f, "token_embd.weight", 256, 2304, QTYPE_Q6_K);
-        expect_tensor(f, "blk.1.attn_q.weight", 256, 256, QTYPE_Q5_K);
-        gguf_close(f);
-    }
-
+    static const mix_tensor q5km[] = {{"token_embd.weight", 256, 2304, QTYPE_Q6_K},
+                                      {"blk.1.attn_q.weight", 256, 256, QTYPE_Q5_K}};
+    check_mix(path, "q5_k_m", 17, q5km, 2);
     /* q3_k_m: Q3_K with llama-quantize's Q4_K/Q5_K attn_v (Q5_K in the first
      * two layers), ffn_down (Q5_K in the first sixteenth: none of 2 layers)
      * and attn_output; q2_k: Q2_K with Q3_K attn_v (2 query heads per KV
      * head here, under 4), ffn_down and attn_output */
-    CHECK(run_synth("tiny", "q3_k_m", path, "7", 0) == 0, "synth tiny q3_k_m");
-    f = NULL;
-    CHECK(gguf_open(path, &f, &err) == ELLM_OK, "open q3_k_m: %s", err.msg);
-    if (f) {
-        int64_t v;
-        CHECK(gguf_get_i64(f, "general.file_type", &v, &err) == ELLM_OK && v == 12, "q3_k_m file_type %lld",
-              (long long)v);
-        expect_tensor(f, "token_embd.weight", 256, 2304, QTYPE_Q6_K);
-        expect_tensor(f, "blk.1.attn_q.weight", 256, 256, QTYPE_Q3_K);
-        expect_tensor(f, "blk.1.ffn_up.weight", 256, 512, QTYPE_Q3_K);
-        expect_tensor(f, "blk.1.attn_v.weight", 256, 128, QTYPE_Q5_K);
-        expect_tensor(f, "blk.0.ffn_down.weight", 512, 256, QTYPE_Q4_K);
-        expect_tensor(f, "blk.1.attn_output.weight", 256, 256, QTYPE_Q4_K);
-        gguf_close(f);
-    }
-    CHECK(run_synth("tiny", "q2_k", path, "7", 0) == 0, "synth tiny q2_k");
-    f = NULL;
-    CHECK(gguf_open(path, &f, &err) == ELLM_OK, "open q2_k: %s", err.msg);
-    if (f) {
-        int64_t v;
-        CHECK(gguf_get_i64(f, "general.file_type", &v, &err) == ELLM_OK && v == 10, "q2_k file_type %lld",
-              (long long)v);
-        expect_tensor(f, "token_embd.weight", 256, 2304, QTYPE_Q6_K);
-        expect_tensor(f, "blk.0.attn_k.weight", 256, 128, QTYPE_Q2_K);
-        expect_tensor(f, "blk.1.ffn_gate.weight", 256, 512, QTYPE_Q2_K);
-        expect_tensor(f, "blk.0.attn_v.weight", 256, 128, QTYPE_Q3_K);
-        expect_tensor(f, "blk.1.ffn_down.weight", 512, 256, QTYPE_Q3_K);
-        expect_tensor(f, "blk.0.attn_output.weight", 256, 256, QTYPE_Q3_K);
-        gguf_close(f);
-    }
+    static const mix_tensor q3km[] = {
+        {"token_embd.weight", 256, 2304, QTYPE_Q6_K},  {"blk.1.attn_q.weight", 256, 256, QTYPE_Q3_K},
+        {"blk.1.ffn_up.weight", 256, 512, QTYPE_Q3_K}, {"blk.1.attn_v.weight", 256, 128, QTYPE_Q5_K},
+        {"blk.0.ffn_down.weight", 512, 256, QTYPE_Q4_K}, {"blk.1.attn_output.weight", 256, 256, QTYPE_Q4_K}};
+    check_mix(path, "q3_k_m", 12, q3km, 6);
+    static const mix_tensor q2k[] = {
+        {"token_embd.weight", 256, 2304, QTYPE_Q6_K},    {"blk.0.attn_k.weight", 256, 128, QTYPE_Q2_K},
+        {"blk.1.ffn_gate.weight", 256, 512, QTYPE_Q2_K}, {"blk.0.attn_v.weight", 256, 128, QTYPE_Q3_K},
+        {"blk.1.ffn_down.weight", 512, 256, QTYPE_Q3_K}, {"blk.0.attn_output.weight", 256, 256, QTYPE_Q3_K}};
+    check_mix(path, "q2_k", 10, q2k, 6);
 
     /* Every type, pure: all matrices in that type. */
     const char *types[] = {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_k_m", "q5_k_m", "q3_k_m", "q2_k"};
