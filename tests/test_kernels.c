@@ -662,6 +662,7 @@ static void test_matmul_r16(ellm_isa isa, int wt) {
                     if (wt == QTYPE_Q4_K) memset(b + offsetof(block_q4_K, scales), 0xFF, 12 + QK_K / 2); /* sc, m 63 */
                     else if (wt == QTYPE_Q5_K) memset(b + offsetof(block_q5_K, scales), 0xFF, 12 + QK_K / 8 + QK_K / 2);
                     else if (wt == QTYPE_Q8_0) memset(b + 2, 0x81, 32); /* -127 */
+                    else if (wt == QTYPE_IQ4_NL) memset(b + 2, 0x00, 16); /* every code -127 */
                     else if (wt == QTYPE_IQ4_XS) { /* scales 31, every code -127 */
                         memset(b + 2, 0xFF, 6);
                         memset(b + offsetof(block_iq4_xs, qs), 0x00, QK_K / 2);
@@ -1205,6 +1206,7 @@ int main(void) {
         test_matmul_r16((ellm_isa)isa, QTYPE_Q4_K);
         test_matmul_r16((ellm_isa)isa, QTYPE_Q5_K);
         test_matmul_r16((ellm_isa)isa, QTYPE_IQ4_XS);
+        test_matmul_r16((ellm_isa)isa, QTYPE_IQ4_NL);
         test_rowwise((ellm_isa)isa);
         test_logsumexp_vocab((ellm_isa)isa);
     }

@@ -1,4 +1,4 @@
-/* Q8_0, Q4_0, Q4_K, Q5_K and IQ4_XS weights interleaved by 16 rows (kernels.h, "R16"):
+/* Q8_0, Q4_0, IQ4_NL, Q4_K, Q5_K and IQ4_XS weights interleaved by 16 rows (kernels.h, "R16"):
  * the layouts, their packer, row reader and scalar reference, and the
  * dispatch.
  *
@@ -14,6 +14,7 @@
  *     uint8 q[4][16][4]  q[j][i] = bytes 4j .. 4j + 3 of row i's block: low
  *                        nibbles elements 4j .. 4j + 3, high nibbles
  *                        16 + 4j .. 16 + 4j + 3, each + 8 (as in the file)
+ *   IQ4_NL, 288 bytes: Q4_0's, the nibbles codes of iq4_values
  *   Q4_K, 2304 bytes (a super-block of 256 elements):
  *     f16 d[16], f16 dmin[16]
  *     uint8 sc[3][16][4]     sc[j][i] = bytes 4j .. 4j + 3 of row i's 12
@@ -75,35 +76,36 @@
 enum { R16_ROWS = 16 };
 
 int kern_r16_type(int wtype) {
-    return wtype == QTYPE_Q8_0 || wtype == QTYPE_Q4_0 || wtype == QTYPE_Q4_K || wtype == QTYPE_Q5_K ||
-           wtype == QTYPE_IQ4_XS;
+    return wtype == QTYPE_Q8_0 || wtype == QTYPE_Q4_0 || wtype == QTYPE_IQ4_NL || wtype == QTYPE_Q4_K ||
+           wtype == QTYPE_Q5_K || wtype == QTYPE_IQ4_XS;
 }
 
 /* Q4_K and Q5_K: super-blocks of 256, scales and minimums per 32. */
 static int r16_kq(int wtype) { return wtype == QTYPE_Q4_K || wtype == QTYPE_Q5_K; }
-/* Records of a super-block of 256 (Q4_K, Q5_K, IQ4_XS), which only the AVX2
- * kernel reads. */
+/* Records of a super-block of 256 (Q4_K, Q5_K, IQ4_XS). */
 static int r16_super(int wtype) { return r16_kq(wtype) || wtype == QTYPE_IQ4_XS; }
+/* The types only the AVX2 kernel reads (the others have a VNNI one too). */
+static int r16_avx2_only(int wtype) { return r16_super(wtype) || wtype == QTYPE_IQ4_NL; }
 
 /* The SIMD kernel for the active ISA and wtype: AVX-512 VNNI, else AVX2
- * (also on AVX-512 without VNNI, and for Q4_K, Q5_K and IQ4_XS, which have
- * no AVX-512 kernel); NULL under the scalar ISA. */
+ * (also on AVX-512 without VNNI, and for IQ4_NL, Q4_K, Q5_K and IQ4_XS,
+ * which have no AVX-512 kernel); NULL under the scalar ISA. */
 typedef void (*r16_kernel)(int, const void *, int64_t, int64_t, int64_t, const void *, int, float *, int64_t);
 
 static r16_kernel r16_simd(int wtype) {
     const ellm_isa isa = ellm_cpu_isa();
-    if (isa == ELLM_ISA_AVX512 && ellm_cpu()->avx512vnni && !r16_super(wtype)) return kern_matmul_r16_avx512;
+    if (isa == ELLM_ISA_AVX512 && ellm_cpu()->avx512vnni && !r16_avx2_only(wtype)) return kern_matmul_r16_avx512;
     if (isa == ELLM_ISA_AVX512 || isa == ELLM_ISA_AVX2) return kern_matmul_r16_avx2;
     return NULL;
 }
 
 int kern_r16_fast(void) { return r16_simd(QTYPE_Q8_0) != NULL; }
 
-/* Q4_K, Q5_K and IQ4_XS have an AVX2 kernel only; with AVX-512 VNNI the
- * file layout's AVX-512 kernels stay the faster choice for them. */
+/* IQ4_NL, Q4_K, Q5_K and IQ4_XS have an AVX2 kernel only; with AVX-512 VNNI
+ * the file layout's AVX-512 kernels stay the choice for them. */
 int kern_r16_packs(int wtype) {
     if (!kern_r16_type(wtype) || !kern_r16_fast()) return 0;
-    return !r16_super(wtype) || !(ellm_cpu_isa() == ELLM_ISA_AVX512 && ellm_cpu()->avx512vnni);
+    return !r16_avx2_only(wtype) || !(ellm_cpu_isa() == ELLM_ISA_AVX512 && ellm_cpu()->avx512vnni);
 }
 
 /* Elements of a block (of a record). */
@@ -114,7 +116,7 @@ static size_t rec_bytes(int wtype) {
     return wtype == QTYPE_Q5_K     ? 16 * sizeof(block_q5_K)
            : wtype == QTYPE_Q4_K   ? 16 * sizeof(block_q4_K)
            : wtype == QTYPE_IQ4_XS ? 16 * sizeof(block_iq4_xs)
-           : wtype == QTYPE_Q4_0 ? 32 + 4 * 64
+           : wtype == QTYPE_Q4_0 || wtype == QTYPE_IQ4_NL ? 32 + 4 * 64
                                  : 32 + 8 * 64;
 }
 
@@ -146,7 +148,8 @@ static inline __attribute__((always_inline)) void move_block(int wtype, uint8_t 
         MOVE(IQ4XS_SH + 2 * i, offsetof(block_iq4_xs, scales_h), 2);
         MOVE(IQ4XS_SL + 4 * i, offsetof(block_iq4_xs, scales_l), 4);
         for (int c = 0; c < 32; c++) MOVE(IQ4XS_QS + 64 * c + 4 * i, offsetof(block_iq4_xs, qs) + 4 * c, 4);
-    } else if (wtype == QTYPE_Q4_0) {
+    } else if (wtype == QTYPE_Q4_0 || wtype == QTYPE_IQ4_NL) { /* d, then the 16 nibble bytes in both */
+        _Static_assert(offsetof(block_q4_0, qs) == offsetof(block_iq4_nl, qs), "Q4_0 and IQ4_NL blocks alike");
         for (int j = 0; j < 4; j++) MOVE(32 + 64 * j + 4 * i, offsetof(block_q4_0, qs) + 4 * j, 4);
     } else {
         for (int j = 0; j < 8; j++) {

@@ -1,6 +1,6 @@
-/* Q8_0, Q4_0, Q4_K, Q5_K and IQ4_XS R16 weights (r16.c) against ACT_Q8
- * activations, AVX2 (also AVX-512 machines without VNNI, and Q4_K, Q5_K and
- * IQ4_XS on every AVX-512 machine).
+/* Q8_0, Q4_0, IQ4_NL, Q4_K, Q5_K and IQ4_XS R16 weights (r16.c) against
+ * ACT_Q8 activations, AVX2 (also AVX-512 machines without VNNI, and IQ4_NL,
+ * Q4_K, Q5_K and IQ4_XS on every AVX-512 machine).
  *
  * A record's vector j (16 rows' dword j) is two ymm of 8 rows each. Without
  * vpdpbusd the 4-element products of a lane come from vpmaddubsw (unsigned
@@ -19,9 +19,10 @@
  *         sc * the sub-block's dot in int32, with no extra multiply;
  *   Q5_K: the same with the fifth bit set in (0..31), 4 dwords at a time in
  *         int16 (4 * 2 * 31 * 127 fits), two vpmaddwd per sub-block.
- *   IQ4_XS: each sub-block as a Q4_0 block whose nibbles are looked up in
- *         iq4_values by vpshufb (signed, -127..113), then as Q8_0: |w| times
- *         a * sign(w), each dword's pairs into int32 on their own.
+ *   IQ4_NL: a Q4_0 record whose nibbles are looked up in iq4_values by
+ *         vpshufb (signed, -127..113), then as Q8_0: |w| times a * sign(w),
+ *         each dword's pairs into int32 on their own;
+ *   IQ4_XS: each sub-block as an IQ4_NL block.
  * All give the exact int32 block dot of the reference; then per block and
  * output one convert, multiply and FMA into its running sum in block order
  * (Q4_K, Q5_K: a convert and an FMA per sub-block into the super-block's sum, one
@@ -48,9 +49,13 @@ enum { Q4K_SC = 64, Q4K_QS = 256, Q5K_QH = 256, Q5K_QS = 768 };
 enum { IQ4XS_SH = 32, IQ4XS_SL = 64, IQ4XS_QS = 128 };
 
 /* The record kinds (kernel template parameter K). */
-enum { KIND_Q8 = 0, KIND_Q4 = 1, KIND_Q4K = 2, KIND_Q5K = 3, KIND_IQ4XS = 4 };
+enum { KIND_Q8 = 0, KIND_Q4 = 1, KIND_Q4K = 2, KIND_Q5K = 3, KIND_IQ4XS = 4, KIND_IQ4NL = 5 };
 #define REC_BYTES(K)                                                                                                   \
-    ((K) == KIND_IQ4XS ? REC_IQ4XS : (K) == KIND_Q5K ? REC_Q5K : (K) == KIND_Q4K ? REC_Q4K : (K) == KIND_Q4 ? REC_Q4 : REC_Q8)
+    ((K) == KIND_IQ4XS                      ? REC_IQ4XS                                                                \
+     : (K) == KIND_Q5K                      ? REC_Q5K                                                                  \
+     : (K) == KIND_Q4K                      ? REC_Q4K                                                                  \
+     : (K) == KIND_Q4 || (K) == KIND_IQ4NL ? REC_Q4                                                                   \
+                                            : REC_Q8)
 #define KIND_SUPER(K) ((K) == KIND_Q4K || (K) == KIND_Q5K || (K) == KIND_IQ4XS) /* records of 256 elements */
 
 INLINE __m256i bcast32(const int8_t *p) {
@@ -78,8 +83,30 @@ INLINE __m256i dot_q4(__m256i lo, __m256i hi, __m256i xl, __m256i xh) {
 /* Record rec (one block of 16 weight rows) against NR activation rows:
  * acc[r][h] += the exact int32 dots of rows 8h .. 8h + 7 (the accumulators
  * come in holding the block's starting value). */
-INLINE void r16_block(const uint8_t *rec, const act_row *a, int64_t q0, __m256i acc[][2], const int NR, const int Q4) {
-    if (Q4) {
+INLINE void r16_block(const uint8_t *rec, const act_row *a, int64_t q0, __m256i acc[][2], const int NR, const int K) {
+    if (K == KIND_IQ4NL) {
+        const __m256i m4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+        const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)iq4_values));
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) {
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; h++) {
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(rec + 32 + 64 * j + 32 * h));
+                const __m256i lo = _mm256_shuffle_epi8(lut, _mm256_and_si256(v, m4));
+                const __m256i hi = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
+                const __m256i alo = _mm256_abs_epi8(lo), ahi = _mm256_abs_epi8(hi);
+#pragma GCC unroll 8
+                for (int r = 0; r < NR; r++) {
+                    const __m256i pl = _mm256_maddubs_epi16(alo, _mm256_sign_epi8(bcast32(a[r].qs + act_dword(q0, j)), lo));
+                    const __m256i ph = _mm256_maddubs_epi16(ahi, _mm256_sign_epi8(bcast32(a[r].qs + act_dword(q0, j + 4)), hi));
+                    acc_add_epi32(&acc[r][h], _mm256_madd_epi16(pl, ones));
+                    acc_add_epi32(&acc[r][h], _mm256_madd_epi16(ph, ones));
+                }
+            }
+        }
+        return;
+    }
+    if (K == KIND_Q4) {
         const __m256i m4 = _mm256_set1_epi8(15);
 #pragma GCC unroll 4
         for (int j = 0; j < 4; j++) {
@@ -318,7 +345,7 @@ INLINE void iq4xs_half(const uint8_t *rec, int h, int64_t k, const act_row *a, _
  * ahead. */
 INLINE void r16_row(const uint8_t *w, int64_t ng, int64_t nblk, const act_row *a, float *y, const int K) {
     const size_t REC = REC_BYTES(K);
-    const int Q4 = K == KIND_Q4;
+    const int Q4 = K == KIND_Q4; /* unsigned nibbles, the accumulator starting at -8 sum(a) */
     __m256 s[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
     for (int64_t g = 0, k = 0; g < ng; w += REC) {
         kern_pf_pages(w, REC);
@@ -339,7 +366,7 @@ INLINE void r16_row(const uint8_t *w, int64_t ng, int64_t nblk, const act_row *a
             const int64_t slot = act_q8_slot(k), q0 = 128 * (k >> 2) + 16 * (k & 3);
             const __m256i c = Q4 ? _mm256_set1_epi32(-a->sa[slot]) : _mm256_setzero_si256();
             __m256i acc[1][2] = {{c, c}};
-            r16_block(w, a, q0, acc, 1, Q4);
+            r16_block(w, a, q0, acc, 1, K);
             r16_scale_add(w, a->d[slot], acc[0], s);
         }
         if (++k == nblk) {
@@ -357,7 +384,7 @@ INLINE void r16_row(const uint8_t *w, int64_t ng, int64_t nblk, const act_row *a
  * are prefetched on the way. */
 INLINE void r16_pass(const uint8_t *gw, int64_t nblk, const act_row *a, float *const *y, const char *pf, int pf_lines,
                      const int NR, const int K) {
-    const int Q4 = K == KIND_Q4;
+    const int Q4 = K == KIND_Q4; /* unsigned nibbles, the accumulator starting at -8 sum(a) */
     const size_t REC = REC_BYTES(K);
     __m256 s[R16_NR][2];
 #pragma GCC unroll 8
@@ -384,7 +411,7 @@ INLINE void r16_pass(const uint8_t *gw, int64_t nblk, const act_row *a, float *c
             const __m256i c = Q4 ? _mm256_set1_epi32(-a[r].sa[slot]) : _mm256_setzero_si256();
             acc[r][0] = acc[r][1] = c;
         }
-        r16_block(rec, a, q0, acc, NR, Q4);
+        r16_block(rec, a, q0, acc, NR, K);
 #pragma GCC unroll 8
         for (int r = 0; r < NR; r++) r16_scale_add(rec, a[r].d[slot], acc[r], s[r]);
     }
@@ -433,6 +460,7 @@ INLINE void r16_matmul(const void *W, int64_t cols, int64_t r0, int64_t r1, cons
 void kern_matmul_r16_avx2(int wtype, const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act, int nb,
                           float *Y, int64_t ldy) {
     if (wtype == QTYPE_IQ4_XS) r16_matmul(W, cols, r0, r1, act, nb, Y, ldy, KIND_IQ4XS);
+    else if (wtype == QTYPE_IQ4_NL) r16_matmul(W, cols, r0, r1, act, nb, Y, ldy, KIND_IQ4NL);
     else if (wtype == QTYPE_Q5_K) r16_matmul(W, cols, r0, r1, act, nb, Y, ldy, KIND_Q5K);
     else if (wtype == QTYPE_Q4_K) r16_matmul(W, cols, r0, r1, act, nb, Y, ldy, KIND_Q4K);
     else if (wtype == QTYPE_Q4_0) r16_matmul(W, cols, r0, r1, act, nb, Y, ldy, KIND_Q4);
