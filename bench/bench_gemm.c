@@ -5,7 +5,7 @@
  *
  *   make bench && build/bench/bench_gemm [-m 135m,1b] [-n 1,2,4,8,9,16,128]
  *        [-t 1,2] [-r reps] [-i avx2|avx512] [-H] [-s] [type ...]   (default q8_0 q4_0 int4_g128;
- *        q8_0_r16, q4_0_r16, q4_K_r16, q5_K_r16: the same weights interleaved by 16 rows, kern_r16_pack)
+ *        q8_0_r16, q4_0_r16, q5_0_r16, q4_K_r16, ...: the same weights interleaved by 16 rows, kern_r16_pack)
  *
  * peak   a tight loop of independent vpdpbusd (zmm, registers only) on each
  *        thread: 2 x 64 int8 ops per instruction. Also the F32 FMA peak.
@@ -101,7 +101,7 @@ typedef struct {
 
 static const model_shape SHAPES[] = {{"135m", 576, 192, 1536, 49152}, {"1b", 2048, 512, 8192, 128256}};
 static int g_each = 0; /* -s: each matrix shape alone, the output matrix too */
-static int g_r16 = 0;  /* types q8_0_r16, q4_0_r16, q4_K_r16, q5_K_r16: weights packed 16 rows to a vector (kern_r16_pack) */
+static int g_r16 = 0;  /* types TYPE_r16 (kern_r16_type): weights packed 16 rows to a vector (kern_r16_pack) */
 
 /* The type's name as given on the command line (with _r16 when packed). */
 static const char *type_label(int type) {

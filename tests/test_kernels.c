@@ -635,7 +635,7 @@ static void test_matmul_batch_invariance_case(ellm_isa isa, int type, int64_t co
     }
 }
 
-/* R16 (kernels.h) of Q8_0, Q4_0, Q4_K or Q5_K (wt): rows of a packed matrix read
+/* R16 (kernels.h) of Q8_0, Q4_0, IQ4_NL, Q5_0, Q5_1, Q4_K, Q5_K or IQ4_XS (wt): rows of a packed matrix read
  * back as the original's; this ISA's kernel gives the reference's bits (the
  * same float operations in the same order) for every batch size, row split
  * and sub-batch, within the file layout's reference tolerance, also with
@@ -663,6 +663,7 @@ static void test_matmul_r16(ellm_isa isa, int wt) {
                     else if (wt == QTYPE_Q5_K) memset(b + offsetof(block_q5_K, scales), 0xFF, 12 + QK_K / 8 + QK_K / 2);
                     else if (wt == QTYPE_Q8_0) memset(b + 2, 0x81, 32); /* -127 */
                     else if (wt == QTYPE_IQ4_NL) memset(b + 2, 0x00, 16); /* every code -127 */
+                    else if (wt == QTYPE_Q5_1) memset(b + offsetof(block_q5_1, qh), 0xFF, 20); /* every value 31 */
                     else if (wt == QTYPE_IQ4_XS) { /* scales 31, every code -127 */
                         memset(b + 2, 0xFF, 6);
                         memset(b + offsetof(block_iq4_xs, qs), 0x00, QK_K / 2);
@@ -1207,6 +1208,8 @@ int main(void) {
         test_matmul_r16((ellm_isa)isa, QTYPE_Q5_K);
         test_matmul_r16((ellm_isa)isa, QTYPE_IQ4_XS);
         test_matmul_r16((ellm_isa)isa, QTYPE_IQ4_NL);
+        test_matmul_r16((ellm_isa)isa, QTYPE_Q5_0);
+        test_matmul_r16((ellm_isa)isa, QTYPE_Q5_1);
         test_rowwise((ellm_isa)isa);
         test_logsumexp_vocab((ellm_isa)isa);
     }

@@ -554,6 +554,12 @@ int main(void) {
      * kernels differ at 42 positions with an F32 cache (by up to 1.2e-2),
      * R16 and the file layout at 18 (ellm logits on the 48 tokens below) */
     test_r16_layout("llama-gqa-IQ4_NL", 48);
+    /* Q5_0 and Q5_1 (ellm logits, 48 tokens batched, F16 / F32 cache): R16
+     * against the file layout's AVX2 kernel 24 / 10 and 19 / 33 positions
+     * beyond 1e-5, against its scalar one 24 / 9 and 8 / 29; the file layout's
+     * own AVX2 and scalar kernels 1 / 1 and 19 / 14; all by up to 1.4e-2 */
+    test_r16_layout("llama-gqa-Q5_0", 12);
+    test_r16_layout("llama-gqa-Q5_1", 24);
     test_evalmodel();
     test_errors();
     test_sliding_window();

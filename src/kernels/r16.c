@@ -1,4 +1,4 @@
-/* Q8_0, Q4_0, IQ4_NL, Q4_K, Q5_K and IQ4_XS weights interleaved by 16 rows (kernels.h, "R16"):
+/* Q8_0, Q4_0, IQ4_NL, Q5_0, Q5_1, Q4_K, Q5_K and IQ4_XS weights interleaved by 16 rows (kernels.h, "R16"):
  * the layouts, their packer, row reader and scalar reference, and the
  * dispatch.
  *
@@ -15,6 +15,15 @@
  *                        nibbles elements 4j .. 4j + 3, high nibbles
  *                        16 + 4j .. 16 + 4j + 3, each + 8 (as in the file)
  *   IQ4_NL, 288 bytes: Q4_0's, the nibbles codes of iq4_values
+ *   Q5_0, 352 bytes:
+ *     f16 d[16]
+ *     uint32 h[16]       row i's fifth bits (the block's qh) regrouped by
+ *                        nibble dword: byte j holds those of elements
+ *                        4j .. 4j + 3 in bits 0..3 and of 16 + 4j ..
+ *                        16 + 4j + 3 in bits 4..7 (q5_h_of_qh)
+ *     uint8 q[4][16][4]  as Q4_0's (the low 4 bits of each value)
+ *   Q5_1, 384 bytes: f16 d[16], f16 m[16] (row i's minimum), then Q5_0's
+ *     h and q
  *   Q4_K, 2304 bytes (a super-block of 256 elements):
  *     f16 d[16], f16 dmin[16]
  *     uint8 sc[3][16][4]     sc[j][i] = bytes 4j .. 4j + 3 of row i's 12
@@ -46,6 +55,9 @@
  *   isum = sum_i w_i * a_i                    (exact int32)
  *   s    = fma((float)isum, dw * da, s)       (k = 0, 1, ...)
  *
+ * (Q5_1, whose w = d * q + m: then s = fma((float)sa, m * da, s) for the
+ * minimum, with sa = sum_i a_i the block's activation sum, ACT_Q8's),
+ *
  * (IQ4_XS: each sub-block j of 32 as such a block, with w_i = iq4_values[code]
  * and dw = (float)(ls[j] - 32) * d, exact), and a Q4_K or Q5_K output its
  * super-blocks, each in three sums over its
@@ -76,8 +88,8 @@
 enum { R16_ROWS = 16 };
 
 int kern_r16_type(int wtype) {
-    return wtype == QTYPE_Q8_0 || wtype == QTYPE_Q4_0 || wtype == QTYPE_IQ4_NL || wtype == QTYPE_Q4_K ||
-           wtype == QTYPE_Q5_K || wtype == QTYPE_IQ4_XS;
+    return wtype == QTYPE_Q8_0 || wtype == QTYPE_Q4_0 || wtype == QTYPE_IQ4_NL || wtype == QTYPE_Q5_0 ||
+           wtype == QTYPE_Q5_1 || wtype == QTYPE_Q4_K || wtype == QTYPE_Q5_K || wtype == QTYPE_IQ4_XS;
 }
 
 /* Q4_K and Q5_K: super-blocks of 256, scales and minimums per 32. */
@@ -85,10 +97,11 @@ static int r16_kq(int wtype) { return wtype == QTYPE_Q4_K || wtype == QTYPE_Q5_K
 /* Records of a super-block of 256 (Q4_K, Q5_K, IQ4_XS). */
 static int r16_super(int wtype) { return r16_kq(wtype) || wtype == QTYPE_IQ4_XS; }
 /* The types only the AVX2 kernel reads (the others have a VNNI one too). */
-static int r16_avx2_only(int wtype) { return r16_super(wtype) || wtype == QTYPE_IQ4_NL; }
+static int r16_q5(int wtype) { return wtype == QTYPE_Q5_0 || wtype == QTYPE_Q5_1; }
+static int r16_avx2_only(int wtype) { return r16_super(wtype) || wtype == QTYPE_IQ4_NL || r16_q5(wtype); }
 
 /* The SIMD kernel for the active ISA and wtype: AVX-512 VNNI, else AVX2
- * (also on AVX-512 without VNNI, and for IQ4_NL, Q4_K, Q5_K and IQ4_XS,
+ * (also on AVX-512 without VNNI, and for IQ4_NL, Q5_0, Q5_1, Q4_K, Q5_K and IQ4_XS,
  * which have no AVX-512 kernel); NULL under the scalar ISA. */
 typedef void (*r16_kernel)(int, const void *, int64_t, int64_t, int64_t, const void *, int, float *, int64_t);
 
@@ -101,7 +114,7 @@ static r16_kernel r16_simd(int wtype) {
 
 int kern_r16_fast(void) { return r16_simd(QTYPE_Q8_0) != NULL; }
 
-/* IQ4_NL, Q4_K, Q5_K and IQ4_XS have an AVX2 kernel only; with AVX-512 VNNI
+/* IQ4_NL, Q5_0, Q5_1, Q4_K, Q5_K and IQ4_XS have an AVX2 kernel only; with AVX-512 VNNI
  * the file layout's AVX-512 kernels stay the choice for them. */
 int kern_r16_packs(int wtype) {
     if (!kern_r16_type(wtype) || !kern_r16_fast()) return 0;
@@ -116,6 +129,8 @@ static size_t rec_bytes(int wtype) {
     return wtype == QTYPE_Q5_K     ? 16 * sizeof(block_q5_K)
            : wtype == QTYPE_Q4_K   ? 16 * sizeof(block_q4_K)
            : wtype == QTYPE_IQ4_XS ? 16 * sizeof(block_iq4_xs)
+           : wtype == QTYPE_Q5_0   ? 16 * sizeof(block_q5_0)
+           : wtype == QTYPE_Q5_1   ? 16 * sizeof(block_q5_1)
            : wtype == QTYPE_Q4_0 || wtype == QTYPE_IQ4_NL ? 32 + 4 * 64
                                  : 32 + 8 * 64;
 }
@@ -129,6 +144,22 @@ enum { KQ_SC = 64, Q5K_QH = 256 };
 /* IQ4_XS record offsets: scales_h, scales_l, the code dwords. */
 enum { IQ4XS_SH = 32, IQ4XS_SL = 64, IQ4XS_QS = 128 };
 static size_t kq_qs(int wtype) { return wtype == QTYPE_Q5_K ? 256 + 8 * 64 : 256; }
+/* Q5_0 and Q5_1 record offsets: the fifth bits, the nibble dwords. */
+static size_t q5_h(int wtype) { return wtype == QTYPE_Q5_1 ? 64 : 32; }
+static size_t q5_qs(int wtype) { return q5_h(wtype) + 64; }
+
+/* A Q5_0 / Q5_1 block's qh regrouped by nibble dword (byte j: bits 4j ..
+ * 4j + 3 of qh, then bits 16 + 4j .. 16 + 4j + 3), and back. */
+static uint32_t q5_h_of_qh(uint32_t qh) {
+    uint32_t h = 0;
+    for (int j = 0; j < 4; j++) h |= (((qh >> 4 * j) & 0xF) | ((qh >> (16 + 4 * j)) & 0xF) << 4) << 8 * j;
+    return h;
+}
+static uint32_t q5_qh_of_h(uint32_t h) {
+    uint32_t qh = 0;
+    for (int j = 0; j < 4; j++) qh |= ((h >> 8 * j) & 0xF) << 4 * j | ((h >> (8 * j + 4)) & 0xF) << (16 + 4 * j);
+    return qh;
+}
 
 /* Moves block k of row i between the file's layout (at b) and its record:
  * into the record when pack, else back out of it (b then receives the
@@ -148,6 +179,20 @@ static inline __attribute__((always_inline)) void move_block(int wtype, uint8_t 
         MOVE(IQ4XS_SH + 2 * i, offsetof(block_iq4_xs, scales_h), 2);
         MOVE(IQ4XS_SL + 4 * i, offsetof(block_iq4_xs, scales_l), 4);
         for (int c = 0; c < 32; c++) MOVE(IQ4XS_QS + 64 * c + 4 * i, offsetof(block_iq4_xs, qs) + 4 * c, 4);
+    } else if (r16_q5(wtype)) {
+        const size_t qh = wtype == QTYPE_Q5_1 ? offsetof(block_q5_1, qh) : offsetof(block_q5_0, qh);
+        if (wtype == QTYPE_Q5_1) MOVE(32 + 2 * i, offsetof(block_q5_1, m), 2);
+        uint32_t v;
+        if (pack) {
+            memcpy(&v, b + qh, 4);
+            v = q5_h_of_qh(v);
+            memcpy(rec + q5_h(wtype) + 4 * i, &v, 4);
+        } else {
+            memcpy(&v, rec + q5_h(wtype) + 4 * i, 4);
+            v = q5_qh_of_h(v);
+            memcpy(b + qh, &v, 4);
+        }
+        for (int j = 0; j < 4; j++) MOVE(q5_qs(wtype) + 64 * j + 4 * i, qh + 4 + 4 * j, 4);
     } else if (wtype == QTYPE_Q4_0 || wtype == QTYPE_IQ4_NL) { /* d, then the 16 nibble bytes in both */
         _Static_assert(offsetof(block_q4_0, qs) == offsetof(block_iq4_nl, qs), "Q4_0 and IQ4_NL blocks alike");
         for (int j = 0; j < 4; j++) MOVE(32 + 64 * j + 4 * i, offsetof(block_q4_0, qs) + 4 * j, 4);
@@ -272,13 +317,19 @@ void kern_matmul_r16_ref(int wtype, const void *W, int64_t cols, int64_t r0, int
             const act_row a = act_get_row(ACT_Q8, act, cols, b);
             float s = 0;
             for (int64_t k = 0; k < nblk; k++) {
-                uint8_t blk[sizeof(block_q8_0)];
+                uint8_t blk[sizeof(block_q5_K)];
                 r16_block_of(wtype, W, nblk, r, k, blk);
                 int32_t isum = 0;
                 for (int e = 0; e < 32; e++) isum += q32_value(wtype, blk, e) * a.qs[act_q8_qs(k, e)];
                 ellm_f16 d;
                 memcpy(&d, blk, 2);
-                s = fmaf((float)isum, ellm_f16_to_f32(d) * a.d[act_q8_slot(k)], s);
+                const float da = a.d[act_q8_slot(k)];
+                s = fmaf((float)isum, ellm_f16_to_f32(d) * da, s);
+                if (wtype == QTYPE_Q5_1) {
+                    ellm_f16 m;
+                    memcpy(&m, blk + offsetof(block_q5_1, m), 2);
+                    s = fmaf((float)a.sa[act_q8_slot(k)], ellm_f16_to_f32(m) * da, s);
+                }
             }
             Y[(int64_t)b * ldy + r] = s;
         }

@@ -1,6 +1,6 @@
-/* Q8_0, Q4_0, IQ4_NL, Q4_K, Q5_K and IQ4_XS R16 weights (r16.c) against
- * ACT_Q8 activations, AVX2 (also AVX-512 machines without VNNI, and IQ4_NL,
- * Q4_K, Q5_K and IQ4_XS on every AVX-512 machine).
+/* Q8_0, Q4_0, IQ4_NL, Q5_0, Q5_1, Q4_K, Q5_K and IQ4_XS R16 weights (r16.c)
+ * against ACT_Q8 activations, AVX2 (also AVX-512 machines without VNNI, and
+ * IQ4_NL, Q5_0, Q5_1, Q4_K, Q5_K and IQ4_XS on every AVX-512 machine).
  *
  * A record's vector j (16 rows' dword j) is two ymm of 8 rows each. Without
  * vpdpbusd the 4-element products of a lane come from vpmaddubsw (unsigned
@@ -13,6 +13,11 @@
  *   Q4_0: the raw nibbles (w + 8, 0..15) against a, low and high nibbles'
  *         pairs added in int16 (2 * 2 * 15 * 127 fits), the accumulator
  *         starting at -sa = -8 * sum(a).
+ *   Q5_0, Q5_1: Q4_0's step on the 5-bit values (0..31: 2 * 2 * 31 * 127
+ *         fits), the fifth bits set in from the record's regrouped qh
+ *         (one vpshufb spreads a dword's 8 bits to its 4 bytes); Q5_0's
+ *         accumulator starts at -sa = -16 * sum(a), Q5_1's at 0, and
+ *         Q5_1 adds its minimum times sa = sum(a) per block;
  *   Q4_K: the nibbles (0..15) against a, the int16 pairs of a sub-block's
  *         8 dwords added in int16 (8 * 2 * 15 * 127 fits), then vpmaddwd
  *         against the row's sub-block scale in both halves of its lane:
@@ -41,7 +46,7 @@
 #include <immintrin.h>
 #include <string.h>
 
-enum { R16_NR = 4, REC_Q8 = 544, REC_Q4 = 288, REC_Q4K = 2304, REC_Q5K = 2816, REC_IQ4XS = 2176 };
+enum { R16_NR = 4, REC_Q8 = 544, REC_Q4 = 288, REC_Q5 = 352, REC_Q51 = 384, REC_Q4K = 2304, REC_Q5K = 2816, REC_IQ4XS = 2176 };
 /* Q4_K and Q5_K record offsets (r16.c): the scale dwords, Q4_K's nibble
  * dwords, Q5_K's qh dwords and nibble dwords. */
 enum { Q4K_SC = 64, Q4K_QS = 256, Q5K_QH = 256, Q5K_QS = 768 };
@@ -49,14 +54,21 @@ enum { Q4K_SC = 64, Q4K_QS = 256, Q5K_QH = 256, Q5K_QS = 768 };
 enum { IQ4XS_SH = 32, IQ4XS_SL = 64, IQ4XS_QS = 128 };
 
 /* The record kinds (kernel template parameter K). */
-enum { KIND_Q8 = 0, KIND_Q4 = 1, KIND_Q4K = 2, KIND_Q5K = 3, KIND_IQ4XS = 4, KIND_IQ4NL = 5 };
+enum { KIND_Q8 = 0, KIND_Q4 = 1, KIND_Q4K = 2, KIND_Q5K = 3, KIND_IQ4XS = 4, KIND_IQ4NL = 5, KIND_Q5 = 6, KIND_Q51 = 7 };
 #define REC_BYTES(K)                                                                                                   \
     ((K) == KIND_IQ4XS                      ? REC_IQ4XS                                                                \
+     : (K) == KIND_Q5                       ? REC_Q5                                                                   \
+     : (K) == KIND_Q51                      ? REC_Q51                                                                  \
      : (K) == KIND_Q5K                      ? REC_Q5K                                                                  \
      : (K) == KIND_Q4K                      ? REC_Q4K                                                                  \
      : (K) == KIND_Q4 || (K) == KIND_IQ4NL ? REC_Q4                                                                   \
                                             : REC_Q8)
 #define KIND_SUPER(K) ((K) == KIND_Q4K || (K) == KIND_Q5K || (K) == KIND_IQ4XS) /* records of 256 elements */
+/* Kinds whose accumulator starts at -sa (unsigned values: Q4_0's w + 8, Q5_0's w + 16). */
+#define KIND_OFFSET(K) ((K) == KIND_Q4 || (K) == KIND_Q5)
+/* Q5_0 and Q5_1 record offsets (r16.c): the regrouped fifth bits, the nibble dwords. */
+#define Q5_H(K) ((K) == KIND_Q51 ? 64 : 32)
+#define Q5_QS(K) (Q5_H(K) + 64)
 
 INLINE __m256i bcast32(const int8_t *p) {
     int32_t v;
@@ -73,8 +85,8 @@ INLINE __m256i dot_q8(__m256i aw, __m256i w, __m256i x) {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(x, w)), _mm256_set1_epi16(1));
 }
 
-/* 8 lanes' dots of nibbles lo (elements 4j..) and hi (16 + 4j..) against
- * activation dwords xl and xh. */
+/* 8 lanes' dots of unsigned values lo (elements 4j..) and hi (16 + 4j..),
+ * at most 31, against activation dwords xl and xh. */
 INLINE __m256i dot_q4(__m256i lo, __m256i hi, __m256i xl, __m256i xh) {
     const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, xl), _mm256_maddubs_epi16(hi, xh));
     return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
@@ -102,6 +114,34 @@ INLINE void r16_block(const uint8_t *rec, const act_row *a, int64_t q0, __m256i 
                     acc_add_epi32(&acc[r][h], _mm256_madd_epi16(pl, ones));
                     acc_add_epi32(&acc[r][h], _mm256_madd_epi16(ph, ones));
                 }
+            }
+        }
+        return;
+    }
+    if (K == KIND_Q5 || K == KIND_Q51) {
+        const __m256i m4 = _mm256_set1_epi8(15), sixteen = _mm256_set1_epi8(16);
+        const __m256i bit = _mm256_set1_epi32((int)0x80402010); /* byte b of a lane: 16 << b */
+        const __m256i hv[2] = {_mm256_loadu_si256((const __m256i *)(rec + Q5_H(K))),
+                               _mm256_loadu_si256((const __m256i *)(rec + Q5_H(K) + 32))};
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) {
+            /* byte j of every lane (its fifth bits: elements 4j + b at bit b,
+             * 16 + 4j + b at bit 4 + b) into all 4 bytes of the lane */
+            const __m256i ctl = _mm256_add_epi32(_mm256_set1_epi32(j * 0x01010101),
+                                                 _mm256_setr_epi32(0, 0x04040404, 0x08080808, 0x0C0C0C0C, 0, 0x04040404,
+                                                                   0x08080808, 0x0C0C0C0C));
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; h++) {
+                const __m256i x = _mm256_shuffle_epi8(hv[h], ctl);
+                const __m256i lo5 = _mm256_min_epu8(_mm256_and_si256(_mm256_slli_epi16(x, 4), bit), sixteen);
+                const __m256i hi5 = _mm256_min_epu8(_mm256_and_si256(x, bit), sixteen);
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(rec + Q5_QS(K) + 64 * j + 32 * h));
+                const __m256i lo = _mm256_or_si256(_mm256_and_si256(v, m4), lo5);
+                const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4), hi5);
+#pragma GCC unroll 8
+                for (int r = 0; r < NR; r++)
+                    acc[r][h] = _mm256_add_epi32(acc[r][h], dot_q4(lo, hi, bcast32(a[r].qs + act_dword(q0, j)),
+                                                                   bcast32(a[r].qs + act_dword(q0, j + 4))));
             }
         }
         return;
@@ -139,13 +179,20 @@ INLINE void r16_block(const uint8_t *rec, const act_row *a, int64_t q0, __m256i 
     }
 }
 
-/* s[h] = fma((float)acc[h], dw[h] * da, s[h]) for the record's scales. */
-INLINE void r16_scale_add(const uint8_t *rec, float da, const __m256i acc[2], __m256 s[2]) {
-    const __m256 d = _mm256_set1_ps(da);
+/* s[h] = fma((float)acc[h], dw[h] * da, s[h]) for the record's scales (Q5_1:
+ * then s[h] = fma((float)sa, mw[h] * da, s[h]) with its minimums); da and sa
+ * are activation row a's for block slot `slot`. */
+INLINE void r16_scale_add(const uint8_t *rec, const act_row *a, int64_t slot, const __m256i acc[2], __m256 s[2],
+                          const int K) {
+    const __m256 d = _mm256_set1_ps(a->d[slot]);
 #pragma GCC unroll 2
     for (int h = 0; h < 2; h++) {
         const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rec + 16 * h)));
         s[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[h]), _mm256_mul_ps(dw, d), s[h]);
+        if (K == KIND_Q51) {
+            const __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rec + 32 + 16 * h)));
+            s[h] = _mm256_fmadd_ps(_mm256_set1_ps((float)a->sa[slot]), _mm256_mul_ps(mw, d), s[h]);
+        }
     }
 }
 
@@ -345,7 +392,6 @@ INLINE void iq4xs_half(const uint8_t *rec, int h, int64_t k, const act_row *a, _
  * ahead. */
 INLINE void r16_row(const uint8_t *w, int64_t ng, int64_t nblk, const act_row *a, float *y, const int K) {
     const size_t REC = REC_BYTES(K);
-    const int Q4 = K == KIND_Q4; /* unsigned nibbles, the accumulator starting at -8 sum(a) */
     __m256 s[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
     for (int64_t g = 0, k = 0; g < ng; w += REC) {
         kern_pf_pages(w, REC);
@@ -364,10 +410,10 @@ INLINE void r16_row(const uint8_t *w, int64_t ng, int64_t nblk, const act_row *a
         } else {
             kern_pf_block(w, REC);
             const int64_t slot = act_q8_slot(k), q0 = 128 * (k >> 2) + 16 * (k & 3);
-            const __m256i c = Q4 ? _mm256_set1_epi32(-a->sa[slot]) : _mm256_setzero_si256();
+            const __m256i c = KIND_OFFSET(K) ? _mm256_set1_epi32(-a->sa[slot]) : _mm256_setzero_si256();
             __m256i acc[1][2] = {{c, c}};
             r16_block(w, a, q0, acc, 1, K);
-            r16_scale_add(w, a->d[slot], acc[0], s);
+            r16_scale_add(w, a, slot, acc[0], s, K);
         }
         if (++k == nblk) {
             _mm256_storeu_ps(y + 16 * g, s[0]);
@@ -384,7 +430,6 @@ INLINE void r16_row(const uint8_t *w, int64_t ng, int64_t nblk, const act_row *a
  * are prefetched on the way. */
 INLINE void r16_pass(const uint8_t *gw, int64_t nblk, const act_row *a, float *const *y, const char *pf, int pf_lines,
                      const int NR, const int K) {
-    const int Q4 = K == KIND_Q4; /* unsigned nibbles, the accumulator starting at -8 sum(a) */
     const size_t REC = REC_BYTES(K);
     __m256 s[R16_NR][2];
 #pragma GCC unroll 8
@@ -408,12 +453,12 @@ INLINE void r16_pass(const uint8_t *gw, int64_t nblk, const act_row *a, float *c
         __m256i acc[R16_NR][2];
 #pragma GCC unroll 8
         for (int r = 0; r < NR; r++) {
-            const __m256i c = Q4 ? _mm256_set1_epi32(-a[r].sa[slot]) : _mm256_setzero_si256();
+            const __m256i c = KIND_OFFSET(K) ? _mm256_set1_epi32(-a[r].sa[slot]) : _mm256_setzero_si256();
             acc[r][0] = acc[r][1] = c;
         }
         r16_block(rec, a, q0, acc, NR, K);
 #pragma GCC unroll 8
-        for (int r = 0; r < NR; r++) r16_scale_add(rec, a[r].d[slot], acc[r], s[r]);
+        for (int r = 0; r < NR; r++) r16_scale_add(rec, &a[r], slot, acc[r], s[r], K);
     }
 #pragma GCC unroll 8
     for (int r = 0; r < NR; r++) {
@@ -460,6 +505,8 @@ INLINE void r16_matmul(const void *W, int64_t cols, int64_t r0, int64_t r1, cons
 void kern_matmul_r16_avx2(int wtype, const void *W, int64_t cols, int64_t r0, int64_t r1, const void *act, int nb,
                           float *Y, int64_t ldy) {
     if (wtype == QTYPE_IQ4_XS) r16_matmul(W, cols, r0, r1, act, nb, Y, ldy, KIND_IQ4XS);
+    else if (wtype == QTYPE_Q5_0) r16_matmul(W, cols, r0, r1, act, nb, Y, ldy, KIND_Q5);
+    else if (wtype == QTYPE_Q5_1) r16_matmul(W, cols, r0, r1, act, nb, Y, ldy, KIND_Q51);
     else if (wtype == QTYPE_IQ4_NL) r16_matmul(W, cols, r0, r1, act, nb, Y, ldy, KIND_IQ4NL);
     else if (wtype == QTYPE_Q5_K) r16_matmul(W, cols, r0, r1, act, nb, Y, ldy, KIND_Q5K);
     else if (wtype == QTYPE_Q4_K) r16_matmul(W, cols, r0, r1, act, nb, Y, ldy, KIND_Q4K);
