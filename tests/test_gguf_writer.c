@@ -621,7 +621,8 @@ static void test_synth_tiny(void) {
     free(b2);
 
     /* qwen2: biases, untied output; n_embd 320 is not a multiple of 256, so
-     * Q4_K rows fall back to Q4_0 and the output's Q6_K to Q8_0. */
+     * Q4_K rows fall back to Q5_0 and the output's Q6_K to Q8_0, as
+     * llama-quantize does. */
     CHECK(run_synth("tiny-qwen2", "q4_k_m", path, NULL, 0) == 0, "synth tiny-qwen2");
     f = NULL;
     CHECK(gguf_open(path, &f, &err) == ELLM_OK, "open: %s", err.msg);
@@ -629,12 +630,12 @@ static void test_synth_tiny(void) {
         int64_t v = 0;
         CHECK(gguf_get_i64(f, "qwen2.attention.head_count", &v, &err) == ELLM_OK && v == 5, "heads");
         CHECK(gguf_n_tensors(f) == 2 * 12 + 3, "%lld tensors", (long long)gguf_n_tensors(f));
-        expect_tensor(f, "token_embd.weight", 320, 2112, QTYPE_Q4_0);
+        expect_tensor(f, "token_embd.weight", 320, 2112, QTYPE_Q5_0);
         expect_tensor(f, "output.weight", 320, 2112, QTYPE_Q8_0);
         expect_tensor(f, "blk.0.attn_q.bias", 320, 1, QTYPE_F32);
         expect_tensor(f, "blk.1.attn_k.bias", 64, 1, QTYPE_F32);
         expect_tensor(f, "blk.1.attn_v.bias", 64, 1, QTYPE_F32);
-        expect_tensor(f, "blk.0.attn_q.weight", 320, 320, QTYPE_Q4_0);
+        expect_tensor(f, "blk.0.attn_q.weight", 320, 320, QTYPE_Q5_0);
         expect_tensor(f, "blk.1.attn_v.weight", 320, 64, QTYPE_Q8_0);
         expect_tensor(f, "blk.0.ffn_down.weight", 768, 320, QTYPE_Q4_K);
         expect_tensor(f, "blk.1.ffn_down.weight", 768, 320, QTYPE_Q6_K);
@@ -644,6 +645,18 @@ static void test_synth_tiny(void) {
             tensor_stats(out, &mean, &std);
             CHECK(fabs(std - 0.5) < 0.02, "output std %g", std);
         }
+        gguf_close(f);
+    }
+
+    /* and Q5_K rows to Q5_1 */
+    CHECK(run_synth("tiny-qwen2", "q5_k_m", path, NULL, 0) == 0, "synth tiny-qwen2 q5_k_m");
+    f = NULL;
+    CHECK(gguf_open(path, &f, &err) == ELLM_OK, "open: %s", err.msg);
+    if (f) {
+        expect_tensor(f, "blk.0.attn_q.weight", 320, 320, QTYPE_Q5_1);
+        expect_tensor(f, "blk.1.ffn_up.weight", 320, 768, QTYPE_Q5_1);
+        expect_tensor(f, "blk.0.ffn_down.weight", 768, 320, QTYPE_Q5_K);
+        expect_tensor(f, "output.weight", 320, 2112, QTYPE_Q8_0);
         gguf_close(f);
     }
 

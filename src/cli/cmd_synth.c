@@ -108,9 +108,9 @@ typedef struct {
  * - q2_k: attn_v Q4_K (Q3_K with fewer than 4 query heads per KV head),
  *   ffn_down and attn_output Q3_K;
  * - every other matrix the base type.
- * When ne0 is not a multiple of 256 (the K-quant super-block), Q6_K falls back
- * to Q8_0 as in llama.cpp, Q5_K to Q5_0, Q4_K to Q4_0 (llama.cpp: Q5_0), and
- * Q3_K / Q2_K to IQ4_NL as in llama.cpp. `pure` keeps every matrix at the
+ * When ne0 is not a multiple of 256 (the K-quant super-block), each type falls
+ * back as in llama.cpp's llama-quant.cpp: Q6_K to Q8_0, Q5_K to Q5_1, Q4_K to
+ * Q5_0, Q3_K / Q2_K to IQ4_NL. `pure` keeps every matrix at the
  * base type. */
 static int matrix_type(const synth_type *t, int pure, matrix_place m, int64_t ne0) {
     int type = t->base;
@@ -130,8 +130,8 @@ static int matrix_type(const synth_type *t, int pure, matrix_place m, int64_t ne
     }
     if (ne0 % 256) {
         if (type == QTYPE_Q6_K) type = QTYPE_Q8_0;
-        if (type == QTYPE_Q5_K) type = QTYPE_Q5_0;
-        if (type == QTYPE_Q4_K) type = QTYPE_Q4_0;
+        if (type == QTYPE_Q5_K) type = QTYPE_Q5_1;
+        if (type == QTYPE_Q4_K) type = QTYPE_Q5_0;
         if (type == QTYPE_Q3_K || type == QTYPE_Q2_K) type = QTYPE_IQ4_NL;
     }
     return type;
@@ -445,7 +445,8 @@ static void synth_usage(FILE *f) {
             "                  q5_k_m have Q6_K attn_v/ffn_down in the first/last eighth and\n"
             "                  every third layer; q3_k_m has Q4_K/Q5_K attn_v, ffn_down and\n"
             "                  attn_output; q2_k has Q3_K/Q4_K attn_v and Q3_K ffn_down and\n"
-            "                  attn_output; Q2_K..Q6_K fall back to IQ4_NL/Q4_0/Q5_0/Q8_0\n"
+            "                  attn_output; Q2_K, Q3_K, Q4_K, Q5_K, Q6_K fall back to\n"
+            "                  IQ4_NL, IQ4_NL, Q5_0, Q5_1, Q8_0\n"
             "                  where a row is not a multiple of 256)\n"
             "  --vocab FILE    GGUF whose tokenizer.ggml.* metadata is copied and padded with\n"
             "                  <unusedN> pieces (default: models/evalmodel.gguf)\n"
