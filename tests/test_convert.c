@@ -373,8 +373,8 @@ static void test_types(const char *dir) {
         CHECK(st == ELLM_OK, "%s: %s", types[i].name, err.msg);
         gguf_file *g = NULL;
         if (st || gguf_open(out, &g, &err)) continue;
-        /* d_model 192 is not a multiple of 256: K-quants fall back to Q4_0 /
-         * Q8_0; the output matrix (tied embeddings) takes the Q6_K rule. */
+        /* d_model 192 is not a multiple of 256: K-quants fall back to Q5_0 /
+         * Q8_0 (llama-quantize's); the output matrix (tied embeddings) takes the Q6_K rule. */
         int bad = 0;
         for (int64_t k = 0; k < gguf_n_tensors(ref); k++) {
             const gguf_tensor *w = gguf_tensor_at(ref, k);

@@ -63,7 +63,7 @@ int convert_matrix_type(const convert_type *t, int is_output, int more_bits, int
     if (t->base == QTYPE_Q4_K && more_bits) type = QTYPE_Q6_K;
     if (ne0 % 256) {
         if (type == QTYPE_Q6_K) type = QTYPE_Q8_0;
-        if (type == QTYPE_Q4_K) type = QTYPE_Q4_0;
+        if (type == QTYPE_Q4_K) type = QTYPE_Q5_0; /* as llama-quantize */
     }
     if (type == QTYPE_INT4_G128 && ne0 % QK_G128) type = QTYPE_Q4_0;
     if (ne0 % qtype_get(type)->block_elems) type = QTYPE_F16;

@@ -43,7 +43,7 @@ const convert_type *convert_type_find(const char *name);
  * it: the output matrix (token_embd when tied) is Q6_K for the 4-bit types;
  * q4_k_m uses Q6_K for attn_v and ffn_down in more_bits layers (the first
  * and last eighth and every third between). Rows (ne0) that are not a
- * multiple of the type's block fall back: Q4_K -> Q4_0, Q6_K -> Q8_0,
+ * multiple of the type's block fall back: Q4_K -> Q5_0, Q6_K -> Q8_0 (llama-quantize's),
  * INT4_G128 -> Q4_0, and 32-element block types -> F16. */
 int convert_matrix_type(const convert_type *t, int is_output, int more_bits, int64_t ne0);
 /* llama.cpp's use_more_bits(layer, n_layer). */
