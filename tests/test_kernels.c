@@ -635,7 +635,7 @@ static void test_matmul_batch_invariance_case(ellm_isa isa, int type, int64_t co
     }
 }
 
-/* R16 (kernels.h) of Q8_0, Q4_0, IQ4_NL, Q5_0, Q5_1, Q4_K, Q5_K or IQ4_XS (wt): rows of a packed matrix read
+/* R16 (kernels.h) of Q8_0, Q4_0, Q4_1, IQ4_NL, Q5_0, Q5_1, Q4_K, Q5_K or IQ4_XS (wt): rows of a packed matrix read
  * back as the original's; this ISA's kernel gives the reference's bits (the
  * same float operations in the same order) for every batch size, row split
  * and sub-batch, within the file layout's reference tolerance, also with
@@ -664,6 +664,7 @@ static void test_matmul_r16(ellm_isa isa, int wt) {
                     else if (wt == QTYPE_Q8_0) memset(b + 2, 0x81, 32); /* -127 */
                     else if (wt == QTYPE_IQ4_NL) memset(b + 2, 0x00, 16); /* every code -127 */
                     else if (wt == QTYPE_Q5_1) memset(b + offsetof(block_q5_1, qh), 0xFF, 20); /* every value 31 */
+                    else if (wt == QTYPE_Q4_1) memset(b + offsetof(block_q4_1, qs), 0xFF, 16); /* every value 15 */
                     else if (wt == QTYPE_IQ4_XS) { /* scales 31, every code -127 */
                         memset(b + 2, 0xFF, 6);
                         memset(b + offsetof(block_iq4_xs, qs), 0x00, QK_K / 2);
@@ -749,7 +750,7 @@ static void test_matmul_r16(ellm_isa isa, int wt) {
     CHECK(kern_r16_pack(wt, P, W, 40, c0) == -1, "[%s] r16 pack took 40 rows", in);
     CHECK(kern_r16_pack(wt, P, W, 32, kq ? 160 : 80) == -1, "[%s] r16 pack took %d columns", in, kq ? 160 : 80);
     CHECK(kern_r16_pack(wt, P, W, 0, c0) == -1, "[%s] r16 pack took 0 rows", in);
-    CHECK(kern_r16_pack(QTYPE_Q4_1, P, W, 32, 96) == -1 && !kern_r16_type(QTYPE_Q4_1), "[%s] r16 pack took Q4_1", in);
+    CHECK(kern_r16_pack(QTYPE_Q2_K, P, W, 16, 256) == -1 && !kern_r16_type(QTYPE_Q2_K), "[%s] r16 pack took Q2_K", in);
     CHECK(kern_r16_pack(QTYPE_Q6_K, P, W, 16, 256) == -1 && !kern_r16_type(QTYPE_Q6_K), "[%s] r16 pack took Q6_K", in);
     for (size_t i = 0; i < qtype_row_bytes(wt, c0) * 40; i++) untouched &= (unsigned char)P[i] == 0x5a;
     CHECK(untouched, "[%s] a refused r16 pack wrote its destination", in);
@@ -1210,6 +1211,7 @@ int main(void) {
         test_matmul_r16((ellm_isa)isa, QTYPE_IQ4_NL);
         test_matmul_r16((ellm_isa)isa, QTYPE_Q5_0);
         test_matmul_r16((ellm_isa)isa, QTYPE_Q5_1);
+        test_matmul_r16((ellm_isa)isa, QTYPE_Q4_1);
         test_rowwise((ellm_isa)isa);
         test_logsumexp_vocab((ellm_isa)isa);
     }

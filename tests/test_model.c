@@ -560,6 +560,9 @@ int main(void) {
      * own AVX2 and scalar kernels 1 / 1 and 19 / 14; all by up to 1.4e-2 */
     test_r16_layout("llama-gqa-Q5_0", 12);
     test_r16_layout("llama-gqa-Q5_1", 24);
+    /* Q4_1: R16 against the file layout's AVX2 kernel 7 / 7, the file
+     * layout's AVX2 against its scalar kernel 39 / 11 (F16 / F32 cache) */
+    test_r16_layout("llama-gqa-Q4_1", 10);
     test_evalmodel();
     test_errors();
     test_sliding_window();

@@ -36,16 +36,16 @@ void kern_matmul(int wtype, const void *W, int64_t cols, int64_t r0, int64_t r1,
 void kern_matmul_ref(int wtype, const void *W, int64_t cols, int64_t r0, int64_t r1,
                      const void *act, int nb, float *Y, int64_t ldy);
 
-/* ---- Q8_0, Q4_0, IQ4_NL, Q5_0, Q5_1, Q4_K, Q5_K and IQ4_XS weights interleaved by 16 rows ("R16") ---
- * A Q8_0, Q4_0, IQ4_NL, Q5_0, Q5_1, Q4_K, Q5_K or IQ4_XS matrix rewritten, same size, so that a 32-bit lane of a
+/* ---- Q8_0, Q4_0, Q4_1, IQ4_NL, Q5_0, Q5_1, Q4_K, Q5_K and IQ4_XS weights interleaved by 16 rows ("R16") ---
+ * A Q8_0, Q4_0, Q4_1, IQ4_NL, Q5_0, Q5_1, Q4_K, Q5_K or IQ4_XS matrix rewritten, same size, so that a 32-bit lane of a
  * vector load is one row (layouts in r16.c): the batched kernels then read
  * each weight vector once for all activation rows with no shuffles or
  * reductions. Every output sums its blocks in order with one FMA each (two
- * per sub-block of 32 for Q4_K and Q5_K, two per block for Q5_1), in the reference and the SIMD kernels
+ * per sub-block of 32 for Q4_K and Q5_K, two per block for Q4_1 and Q5_1), in the reference and the SIMD kernels
  * alike, so results do not depend on the
  * batch, on the split of rows or on the ISA. Activations are those of the
  * weight type (kern_act_prepare_rows_r16). */
-/* Whether weights of type wtype have the layout (Q8_0, Q4_0, IQ4_NL, Q5_0, Q5_1, Q4_K, Q5_K, IQ4_XS). */
+/* Whether weights of type wtype have the layout (Q8_0, Q4_0, Q4_1, IQ4_NL, Q5_0, Q5_1, Q4_K, Q5_K, IQ4_XS). */
 int kern_r16_type(int wtype);
 /* Whether the active ISA has a fast kernel for the layout (AVX2 or
  * AVX-512); under the scalar ISA kern_matmul_r16 runs the reference. */

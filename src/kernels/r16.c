@@ -1,4 +1,4 @@
-/* Q8_0, Q4_0, IQ4_NL, Q5_0, Q5_1, Q4_K, Q5_K and IQ4_XS weights interleaved by 16 rows (kernels.h, "R16"):
+/* Q8_0, Q4_0, Q4_1, IQ4_NL, Q5_0, Q5_1, Q4_K, Q5_K and IQ4_XS weights interleaved by 16 rows (kernels.h, "R16"):
  * the layouts, their packer, row reader and scalar reference, and the
  * dispatch.
  *
@@ -15,6 +15,7 @@
  *                        nibbles elements 4j .. 4j + 3, high nibbles
  *                        16 + 4j .. 16 + 4j + 3, each + 8 (as in the file)
  *   IQ4_NL, 288 bytes: Q4_0's, the nibbles codes of iq4_values
+ *   Q4_1, 320 bytes: f16 d[16], f16 m[16] (row i's minimum), then Q4_0's q
  *   Q5_0, 352 bytes:
  *     f16 d[16]
  *     uint32 h[16]       row i's fifth bits (the block's qh) regrouped by
@@ -55,7 +56,7 @@
  *   isum = sum_i w_i * a_i                    (exact int32)
  *   s    = fma((float)isum, dw * da, s)       (k = 0, 1, ...)
  *
- * (Q5_1, whose w = d * q + m: then s = fma((float)sa, m * da, s) for the
+ * (Q4_1 and Q5_1, whose w = d * q + m: then s = fma((float)sa, m * da, s) for the
  * minimum, with sa = sum_i a_i the block's activation sum, ACT_Q8's),
  *
  * (IQ4_XS: each sub-block j of 32 as such a block, with w_i = iq4_values[code]
@@ -88,8 +89,9 @@
 enum { R16_ROWS = 16 };
 
 int kern_r16_type(int wtype) {
-    return wtype == QTYPE_Q8_0 || wtype == QTYPE_Q4_0 || wtype == QTYPE_IQ4_NL || wtype == QTYPE_Q5_0 ||
-           wtype == QTYPE_Q5_1 || wtype == QTYPE_Q4_K || wtype == QTYPE_Q5_K || wtype == QTYPE_IQ4_XS;
+    return wtype == QTYPE_Q8_0 || wtype == QTYPE_Q4_0 || wtype == QTYPE_Q4_1 || wtype == QTYPE_IQ4_NL ||
+           wtype == QTYPE_Q5_0 || wtype == QTYPE_Q5_1 || wtype == QTYPE_Q4_K || wtype == QTYPE_Q5_K ||
+           wtype == QTYPE_IQ4_XS;
 }
 
 /* Q4_K and Q5_K: super-blocks of 256, scales and minimums per 32. */
@@ -98,10 +100,12 @@ static int r16_kq(int wtype) { return wtype == QTYPE_Q4_K || wtype == QTYPE_Q5_K
 static int r16_super(int wtype) { return r16_kq(wtype) || wtype == QTYPE_IQ4_XS; }
 /* The types only the AVX2 kernel reads (the others have a VNNI one too). */
 static int r16_q5(int wtype) { return wtype == QTYPE_Q5_0 || wtype == QTYPE_Q5_1; }
-static int r16_avx2_only(int wtype) { return r16_super(wtype) || wtype == QTYPE_IQ4_NL || r16_q5(wtype); }
+static int r16_avx2_only(int wtype) {
+    return r16_super(wtype) || wtype == QTYPE_IQ4_NL || wtype == QTYPE_Q4_1 || r16_q5(wtype);
+}
 
 /* The SIMD kernel for the active ISA and wtype: AVX-512 VNNI, else AVX2
- * (also on AVX-512 without VNNI, and for IQ4_NL, Q5_0, Q5_1, Q4_K, Q5_K and IQ4_XS,
+ * (also on AVX-512 without VNNI, and for the types without an AVX-512 one,
  * which have no AVX-512 kernel); NULL under the scalar ISA. */
 typedef void (*r16_kernel)(int, const void *, int64_t, int64_t, int64_t, const void *, int, float *, int64_t);
 
@@ -114,7 +118,7 @@ static r16_kernel r16_simd(int wtype) {
 
 int kern_r16_fast(void) { return r16_simd(QTYPE_Q8_0) != NULL; }
 
-/* IQ4_NL, Q5_0, Q5_1, Q4_K, Q5_K and IQ4_XS have an AVX2 kernel only; with AVX-512 VNNI
+/* Q4_1, IQ4_NL, Q5_0, Q5_1, Q4_K, Q5_K and IQ4_XS have an AVX2 kernel only; with AVX-512 VNNI
  * the file layout's AVX-512 kernels stay the choice for them. */
 int kern_r16_packs(int wtype) {
     if (!kern_r16_type(wtype) || !kern_r16_fast()) return 0;
@@ -131,6 +135,7 @@ static size_t rec_bytes(int wtype) {
            : wtype == QTYPE_IQ4_XS ? 16 * sizeof(block_iq4_xs)
            : wtype == QTYPE_Q5_0   ? 16 * sizeof(block_q5_0)
            : wtype == QTYPE_Q5_1   ? 16 * sizeof(block_q5_1)
+           : wtype == QTYPE_Q4_1   ? 16 * sizeof(block_q4_1)
            : wtype == QTYPE_Q4_0 || wtype == QTYPE_IQ4_NL ? 32 + 4 * 64
                                  : 32 + 8 * 64;
 }
@@ -193,6 +198,9 @@ static inline __attribute__((always_inline)) void move_block(int wtype, uint8_t 
             memcpy(b + qh, &v, 4);
         }
         for (int j = 0; j < 4; j++) MOVE(q5_qs(wtype) + 64 * j + 4 * i, qh + 4 + 4 * j, 4);
+    } else if (wtype == QTYPE_Q4_1) {
+        MOVE(32 + 2 * i, offsetof(block_q4_1, m), 2);
+        for (int j = 0; j < 4; j++) MOVE(64 + 64 * j + 4 * i, offsetof(block_q4_1, qs) + 4 * j, 4);
     } else if (wtype == QTYPE_Q4_0 || wtype == QTYPE_IQ4_NL) { /* d, then the 16 nibble bytes in both */
         _Static_assert(offsetof(block_q4_0, qs) == offsetof(block_iq4_nl, qs), "Q4_0 and IQ4_NL blocks alike");
         for (int j = 0; j < 4; j++) MOVE(32 + 64 * j + 4 * i, offsetof(block_q4_0, qs) + 4 * j, 4);
@@ -325,7 +333,8 @@ void kern_matmul_r16_ref(int wtype, const void *W, int64_t cols, int64_t r0, int
                 memcpy(&d, blk, 2);
                 const float da = a.d[act_q8_slot(k)];
                 s = fmaf((float)isum, ellm_f16_to_f32(d) * da, s);
-                if (wtype == QTYPE_Q5_1) {
+                if (wtype == QTYPE_Q4_1 || wtype == QTYPE_Q5_1) { /* m: the same offset in both */
+                    _Static_assert(offsetof(block_q4_1, m) == offsetof(block_q5_1, m), "Q4_1 and Q5_1 minimums");
                     ellm_f16 m;
                     memcpy(&m, blk + offsetof(block_q5_1, m), 2);
                     s = fmaf((float)a.sa[act_q8_slot(k)], ellm_f16_to_f32(m) * da, s);

@@ -1,6 +1,6 @@
-/* Q8_0, Q4_0, IQ4_NL, Q5_0, Q5_1, Q4_K, Q5_K and IQ4_XS R16 weights (r16.c)
- * against ACT_Q8 activations, AVX2 (also AVX-512 machines without VNNI, and
- * IQ4_NL, Q5_0, Q5_1, Q4_K, Q5_K and IQ4_XS on every AVX-512 machine).
+/* Q8_0, Q4_0, Q4_1, IQ4_NL, Q5_0, Q5_1, Q4_K, Q5_K and IQ4_XS R16 weights
+ * (r16.c) against ACT_Q8 activations, AVX2 (also AVX-512 machines without
+ * VNNI, and all but Q8_0 and Q4_0 on every AVX-512 machine).
  *
  * A record's vector j (16 rows' dword j) is two ymm of 8 rows each. Without
  * vpdpbusd the 4-element products of a lane come from vpmaddubsw (unsigned
@@ -13,6 +13,8 @@
  *   Q4_0: the raw nibbles (w + 8, 0..15) against a, low and high nibbles'
  *         pairs added in int16 (2 * 2 * 15 * 127 fits), the accumulator
  *         starting at -sa = -8 * sum(a).
+ *   Q4_1: Q4_0's step, the accumulator starting at 0, and its minimum
+ *         times sa = sum(a) per block, as Q5_1's;
  *   Q5_0, Q5_1: Q4_0's step on the 5-bit values (0..31: 2 * 2 * 31 * 127
  *         fits), the fifth bits set in from the record's regrouped qh
  *         (one vpshufb spreads a dword's 8 bits to its 4 bytes); Q5_0's
@@ -46,7 +48,8 @@
 #include <immintrin.h>
 #include <string.h>
 
-enum { R16_NR = 4, REC_Q8 = 544, REC_Q4 = 288, REC_Q5 = 352, REC_Q51 = 384, REC_Q4K = 2304, REC_Q5K = 2816, REC_IQ4XS = 2176 };
+enum { R16_NR = 4, REC_Q8 = 544, REC_Q4 = 288, REC_Q41 = 320, REC_Q5 = 352, REC_Q51 = 384 };
+enum { REC_Q4K = 2304, REC_Q5K = 2816, REC_IQ4XS = 2176 };
 /* Q4_K and Q5_K record offsets (r16.c): the scale dwords, Q4_K's nibble
  * dwords, Q5_K's qh dwords and nibble dwords. */
 enum { Q4K_SC = 64, Q4K_QS = 256, Q5K_QH = 256, Q5K_QS = 768 };
@@ -54,11 +57,12 @@ enum { Q4K_SC = 64, Q4K_QS = 256, Q5K_QH = 256, Q5K_QS = 768 };
 enum { IQ4XS_SH = 32, IQ4XS_SL = 64, IQ4XS_QS = 128 };
 
 /* The record kinds (kernel template parameter K). */
-enum { KIND_Q8 = 0, KIND_Q4 = 1, KIND_Q4K = 2, KIND_Q5K = 3, KIND_IQ4XS = 4, KIND_IQ4NL = 5, KIND_Q5 = 6, KIND_Q51 = 7 };
+enum { KIND_Q8 = 0, KIND_Q4 = 1, KIND_Q4K = 2, KIND_Q5K = 3, KIND_IQ4XS = 4, KIND_IQ4NL = 5, KIND_Q5 = 6, KIND_Q51 = 7, KIND_Q41 = 8 };
 #define REC_BYTES(K)                                                                                                   \
     ((K) == KIND_IQ4XS                      ? REC_IQ4XS                                                                \
      : (K) == KIND_Q5                       ? REC_Q5                                                                   \
      : (K) == KIND_Q51                      ? REC_Q51                                                                  \
+     : (K) == KIND_Q41                      ? REC_Q41                                                                  \
      : (K) == KIND_Q5K                      ? REC_Q5K                                                                  \
      : (K) == KIND_Q4K                      ? REC_Q4K                                                                  \
      : (K) == KIND_Q4 || (K) == KIND_IQ4NL ? REC_Q4                                                                   \
@@ -69,6 +73,10 @@ enum { KIND_Q8 = 0, KIND_Q4 = 1, KIND_Q4K = 2, KIND_Q5K = 3, KIND_IQ4XS = 4, KIN
 /* Q5_0 and Q5_1 record offsets (r16.c): the regrouped fifth bits, the nibble dwords. */
 #define Q5_H(K) ((K) == KIND_Q51 ? 64 : 32)
 #define Q5_QS(K) (Q5_H(K) + 64)
+/* Kinds with a minimum per block (w = d * q + m), at record offset 32. */
+#define KIND_MIN(K) ((K) == KIND_Q41 || (K) == KIND_Q51)
+/* Q4_0's, IQ4_NL's and Q4_1's nibble dwords. */
+#define Q4_QS(K) ((K) == KIND_Q41 ? 64 : 32)
 
 INLINE __m256i bcast32(const int8_t *p) {
     int32_t v;
@@ -146,13 +154,13 @@ INLINE void r16_block(const uint8_t *rec, const act_row *a, int64_t q0, __m256i 
         }
         return;
     }
-    if (K == KIND_Q4) {
+    if (K == KIND_Q4 || K == KIND_Q41) {
         const __m256i m4 = _mm256_set1_epi8(15);
 #pragma GCC unroll 4
         for (int j = 0; j < 4; j++) {
 #pragma GCC unroll 2
             for (int h = 0; h < 2; h++) {
-                const __m256i v = _mm256_loadu_si256((const __m256i *)(rec + 32 + 64 * j + 32 * h));
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(rec + Q4_QS(K) + 64 * j + 32 * h));
                 const __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
 #pragma GCC unroll 8
                 for (int r = 0; r < NR; r++)
@@ -179,7 +187,7 @@ INLINE void r16_block(const uint8_t *rec, const act_row *a, int64_t q0, __m256i 
     }
 }
 
-/* s[h] = fma((float)acc[h], dw[h] * da, s[h]) for the record's scales (Q5_1:
+/* s[h] = fma((float)acc[h], dw[h] * da, s[h]) for the record's scales (Q4_1, Q5_1:
  * then s[h] = fma((float)sa, mw[h] * da, s[h]) with its minimums); da and sa
  * are activation row a's for block slot `slot`. */
 INLINE void r16_scale_add(const uint8_t *rec, const act_row *a, int64_t slot, const __m256i acc[2], __m256 s[2],
@@ -189,7 +197,7 @@ INLINE void r16_scale_add(const uint8_t *rec, const act_row *a, int64_t slot, co
     for (int h = 0; h < 2; h++) {
         const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rec + 16 * h)));
         s[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[h]), _mm256_mul_ps(dw, d), s[h]);
-        if (K == KIND_Q51) {
+        if (KIND_MIN(K)) {
             const __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rec + 32 + 16 * h)));
             s[h] = _mm256_fmadd_ps(_mm256_set1_ps((float)a->sa[slot]), _mm256_mul_ps(mw, d), s[h]);
         }
@@ -507,6 +515,7 @@ void kern_matmul_r16_avx2(int wtype, const void *W, int64_t cols, int64_t r0, in
     if (wtype == QTYPE_IQ4_XS) r16_matmul(W, cols, r0, r1, act, nb, Y, ldy, KIND_IQ4XS);
     else if (wtype == QTYPE_Q5_0) r16_matmul(W, cols, r0, r1, act, nb, Y, ldy, KIND_Q5);
     else if (wtype == QTYPE_Q5_1) r16_matmul(W, cols, r0, r1, act, nb, Y, ldy, KIND_Q51);
+    else if (wtype == QTYPE_Q4_1) r16_matmul(W, cols, r0, r1, act, nb, Y, ldy, KIND_Q41);
     else if (wtype == QTYPE_IQ4_NL) r16_matmul(W, cols, r0, r1, act, nb, Y, ldy, KIND_IQ4NL);
     else if (wtype == QTYPE_Q5_K) r16_matmul(W, cols, r0, r1, act, nb, Y, ldy, KIND_Q5K);
     else if (wtype == QTYPE_Q4_K) r16_matmul(W, cols, r0, r1, act, nb, Y, ldy, KIND_Q4K);
