@@ -664,6 +664,16 @@ static void test_synth_tiny(void) {
     static const mix_tensor q5km[] = {{"token_embd.weight", 256, 2304, QTYPE_Q6_K},
                                       {"blk.1.attn_q.weight", 256, 256, QTYPE_Q5_K}};
     check_mix(path, "q5_k_m", 17, q5km, 2);
+    /* q4_1, q5_0, q5_1: the base type with a Q6_K output, as llama-quantize writes them */
+    static const mix_tensor q41[] = {{"token_embd.weight", 256, 2304, QTYPE_Q6_K},
+                                     {"blk.1.ffn_down.weight", 512, 256, QTYPE_Q4_1}};
+    check_mix(path, "q4_1", 3, q41, 2);
+    static const mix_tensor q50[] = {{"token_embd.weight", 256, 2304, QTYPE_Q6_K},
+                                     {"blk.0.attn_v.weight", 256, 128, QTYPE_Q5_0}};
+    check_mix(path, "q5_0", 8, q50, 2);
+    static const mix_tensor q51[] = {{"token_embd.weight", 256, 2304, QTYPE_Q6_K},
+                                     {"blk.1.attn_q.weight", 256, 256, QTYPE_Q5_1}};
+    check_mix(path, "q5_1", 9, q51, 2);
     /* q3_k_m: Q3_K with llama-quantize's Q4_K/Q5_K attn_v (Q5_K in the first
      * two layers), ffn_down (Q5_K in the first sixteenth: none of 2 layers)
      * and attn_output; q2_k: Q2_K with Q3_K attn_v (2 query heads per KV
@@ -680,10 +690,11 @@ static void test_synth_tiny(void) {
     check_mix(path, "q2_k", 10, q2k, 6);
 
     /* Every type, pure: all matrices in that type. */
-    const char *types[] = {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_k_m", "q5_k_m", "q3_k_m", "q2_k"};
-    const int qtypes[] = {QTYPE_F32,  QTYPE_F16,  QTYPE_BF16, QTYPE_Q8_0, QTYPE_Q4_0,
-                          QTYPE_Q4_K, QTYPE_Q5_K, QTYPE_Q3_K, QTYPE_Q2_K};
-    for (int i = 0; i < 9; i++) {
+    const char *types[] = {"f32",  "f16",    "bf16",   "q8_0",   "q4_0", "q4_1",
+                           "q5_0", "q5_1",   "q4_k_m", "q5_k_m", "q3_k_m", "q2_k"};
+    const int qtypes[] = {QTYPE_F32,  QTYPE_F16,  QTYPE_BF16, QTYPE_Q8_0, QTYPE_Q4_0, QTYPE_Q4_1,
+                          QTYPE_Q5_0, QTYPE_Q5_1, QTYPE_Q4_K, QTYPE_Q5_K, QTYPE_Q3_K, QTYPE_Q2_K};
+    for (int i = 0; i < (int)(sizeof types / sizeof *types); i++) {
         CHECK(run_synth("tiny", types[i], path, "1", 1) == 0, "synth tiny %s", types[i]);
         f = NULL;
         CHECK(gguf_open(path, &f, &err) == ELLM_OK, "open %s: %s", types[i], err.msg);

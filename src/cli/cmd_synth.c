@@ -78,7 +78,8 @@ typedef struct {
 
 static const synth_type synth_types[] = {
     {"f32", QTYPE_F32, 0},   {"f16", QTYPE_F16, 1},   {"bf16", QTYPE_BF16, 32},
-    {"q8_0", QTYPE_Q8_0, 7}, {"q4_0", QTYPE_Q4_0, 2}, {"q4_k_m", QTYPE_Q4_K, 15},
+    {"q8_0", QTYPE_Q8_0, 7}, {"q4_0", QTYPE_Q4_0, 2}, {"q4_1", QTYPE_Q4_1, 3},
+    {"q5_0", QTYPE_Q5_0, 8}, {"q5_1", QTYPE_Q5_1, 9}, {"q4_k_m", QTYPE_Q4_K, 15},
     {"q5_k_m", QTYPE_Q5_K, 17}, {"q3_k_m", QTYPE_Q3_K, 12}, {"q2_k", QTYPE_Q2_K, 10},
 };
 #define N_SYNTH_TYPES (int)(sizeof synth_types / sizeof synth_types[0])
@@ -100,8 +101,8 @@ typedef struct {
 } matrix_place;
 
 /* Type of one matrix with ne[0] = `ne0`, roughly as llama-quantize picks it:
- * - the output matrix (token_embd when tied) is Q6_K for q4_0 and the
- *   K-quant types;
+ * - the output matrix (token_embd when tied) is Q6_K for every type below
+ *   8 bits (q4_0, q4_1, q5_0, q5_1 and the K-quant types);
  * - q4_k_m and q5_k_m: Q6_K attn_v and ffn_down in use_more_bits() layers;
  * - q3_k_m: attn_v Q5_K in the first two layers and Q4_K after, ffn_down Q5_K
  *   in the first sixteenth and Q4_K after, attn_output Q4_K;
@@ -115,7 +116,8 @@ typedef struct {
 static int matrix_type(const synth_type *t, int pure, matrix_place m, int64_t ne0) {
     int type = t->base;
     const int kq = t->base == QTYPE_Q4_K || t->base == QTYPE_Q5_K || t->base == QTYPE_Q3_K || t->base == QTYPE_Q2_K;
-    if (!pure && (t->base == QTYPE_Q4_0 || kq) && m.role == ROLE_OUTPUT) type = QTYPE_Q6_K;
+    const int q32 = t->base == QTYPE_Q4_0 || t->base == QTYPE_Q4_1 || t->base == QTYPE_Q5_0 || t->base == QTYPE_Q5_1;
+    if (!pure && (q32 || kq) && m.role == ROLE_OUTPUT) type = QTYPE_Q6_K;
     if (!pure && (t->base == QTYPE_Q4_K || t->base == QTYPE_Q5_K) && (m.role == ROLE_ATTN_V || m.role == ROLE_FFN_DOWN) &&
         use_more_bits(m.layer, m.n_layer))
         type = QTYPE_Q6_K;
@@ -435,13 +437,14 @@ static void synth_usage(FILE *f) {
             "trained model's; the text it generates is noise.\n"
             "\n"
             "  --shape NAME    model shape (below)\n"
-            "  --type TYPE     f32, f16, bf16, q8_0, q4_0, q2_k, q3_k_m, q4_k_m or q5_k_m;\n"
+            "  --type TYPE     f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k_m,\n"
+            "                  q4_k_m or q5_k_m;\n"
             "                  norms and biases are f32\n"
             "  -o, --output F  file to write (replaced if it exists)\n"
             "  --seed N        random seed (default 0); same seed, same file, and the same\n"
             "                  underlying weights whatever the type\n"
             "  --pure          every matrix in TYPE (default, like llama-quantize: the\n"
-            "                  output matrix is Q6_K for q4_0 and the K types; q4_k_m and\n"
+            "                  output matrix is Q6_K for types below 8 bits; q4_k_m and\n"
             "                  q5_k_m have Q6_K attn_v/ffn_down in the first/last eighth and\n"
             "                  every third layer; q3_k_m has Q4_K/Q5_K attn_v, ffn_down and\n"
             "                  attn_output; q2_k has Q3_K/Q4_K attn_v and Q3_K ffn_down and\n"
