@@ -153,7 +153,7 @@ static void matmul_q32_ref(int wtype, const void *W, int64_t cols, int64_t r0, i
                     dw = iq4xs_block32(sb, (int)(k % 8));
                     mw = 0;
                     for (int i = 0; i < 32; i++)
-                        isum += iq4_values[i < 16 ? qs[i] & 0xF : qs[i - 16] >> 4] * a.qs[act_q8_qs(k, i)];
+                        isum += iq4_code_value(qs, i) * a.qs[act_q8_qs(k, i)];
                 } else {
                     const char *blk = row + (size_t)k * bsz;
                     ellm_f16 d, m;

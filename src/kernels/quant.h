@@ -199,6 +199,11 @@ typedef struct {
     uint8_t scales_l[4];
     uint8_t qs[QK_K / 2];
 } block_iq4_xs;
+/* Value of element i (0..31) of 32 IQ4 codes laid out as a Q4_0 block's 16
+ * nibble bytes (an IQ4_NL block's, an IQ4_XS sub-block's). */
+static inline int iq4_code_value(const uint8_t *qs, int i) {
+    return iq4_values[i < 16 ? qs[i] & 0xF : qs[i - 16] >> 4];
+}
 /* Sub-block j's signed scale ls[j] - 32 of an IQ4_XS block. */
 static inline int iq4xs_scale(const block_iq4_xs *b, int j) {
     return (((b->scales_l[j / 2] >> 4 * (j % 2)) & 0xF) | ((b->scales_h >> 2 * j) & 3) << 4) - 32;

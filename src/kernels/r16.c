@@ -294,7 +294,7 @@ static float r16_iq4xs_dot(const void *W, int64_t nsb, int64_t r, const act_row 
             const int64_t kb = 8 * k + j;
             int32_t isum = 0;
             for (int e = 0; e < 32; e++)
-                isum += iq4_values[(b->qs[16 * j + (e & 15)] >> (4 * (e >> 4))) & 0xF] * a->qs[act_q8_qs(kb, e)];
+                isum += iq4_code_value(b->qs + 16 * j, e) * a->qs[act_q8_qs(kb, e)];
             s = fmaf((float)isum, iq4xs_block32(b, j) * a->d[act_q8_slot(kb)], s);
         }
     }

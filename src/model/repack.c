@@ -1,4 +1,5 @@
-/* Q8_0, Q4_0 and (on AVX2) Q4_K and Q5_K matrices rewritten at load into the layout the AVX2 and
+/* Q8_0 and Q4_0 matrices (and, where the AVX2 kernel runs, those of the other
+ * types of kern_r16_type) rewritten at load into the layout the AVX2 and
  * AVX-512 kernels read (kern_r16_pack: 16 rows interleaved, the same bytes per group).
  *
  * The bytes from the first to the last such matrix are written into new
