@@ -54,6 +54,7 @@ typedef struct {
 
 static const synth_shape synth_shapes[] = {
     {"smollm2-135m", "llama", "SmolLM2-135M", 576, 30, 9, 3, 64, 1536, 49152, 1, 1e5f, 1e-5f, 0},
+    {"smollm2-360m", "llama", "SmolLM2-360M", 960, 32, 15, 5, 64, 2560, 49152, 1, 1e5f, 1e-5f, 0},
     {"qwen2.5-0.5b", "qwen2", "Qwen2.5-0.5B", 896, 24, 14, 2, 64, 4864, 151936, 1, 1e6f, 1e-6f, 0},
     {"llama3.2-1b", "llama", "Llama-3.2-1B", 2048, 16, 32, 8, 64, 8192, 128256, 1, 5e5f, 1e-5f, 0},
     {"llama3-8b", "llama", "Llama-3-8B", 4096, 32, 32, 8, 128, 14336, 128256, 0, 5e5f, 1e-5f, 0},
