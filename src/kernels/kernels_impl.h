@@ -177,6 +177,26 @@ static inline act_row act_get_row(act_kind kind, const void *act, int64_t cols, 
     return act_sections(kind, cols, (char *)act + (size_t)b * act_row_bytes(kind, cols));
 }
 
+/* R16 records (the layouts: r16.c): a record holds one block of 16 rows,
+ * 16 times the type's block bytes; the byte offsets of its sections, shared
+ * by the packer (r16.c) and the kernels (r16_avx2.c, r16_avx512.c). Every
+ * record starts with the rows' f16 scales d[16]. */
+enum {
+    R16_MINS = 32,                           /* f16 m[16] (Q4_1, Q5_1), dmin[16] (Q4_K, Q5_K) */
+    R16_Q32_QS = 32,                         /* Q8_0's, Q4_0's and IQ4_NL's quant dwords */
+    R16_Q41_QS = 64,                         /* Q4_1's nibble dwords */
+    R16_Q50_H = 32,                          /* Q5_0's regrouped fifth bits, */
+    R16_Q51_H = 64,                          /* Q5_1's; */
+    R16_Q5_QS_AFTER_H = 64,                  /* their nibble dwords come after */
+    R16_KQ_SC = 64,                          /* Q4_K's and Q5_K's scale dwords */
+    R16_Q4K_QS = 256,                        /* Q4_K's nibble dwords */
+    R16_Q5K_QH = 256,                        /* Q5_K's fifth-bit dwords, */
+    R16_Q5K_QS = 768,                        /* then its nibble dwords */
+    R16_IQ4XS_SH = 32,                       /* IQ4_XS's scales_h[16], */
+    R16_IQ4XS_SL = 64,                       /* scales_l dwords, */
+    R16_IQ4XS_QS = 128,                      /* code dwords */
+};
+
 /* The R16 kernels' passes (r16_avx2.c, r16_avx512.c): the ACT_Q8 rows
  * [b, b + n) of a pass of at most max rows, n = min(nb - b, max), into a[]
  * and their outputs from column r0 into y[]; returns n. */

@@ -98,15 +98,15 @@ int kern_r16_type(int wtype) {
 static int r16_kq(int wtype) { return wtype == QTYPE_Q4_K || wtype == QTYPE_Q5_K; }
 /* Records of a super-block of 256 (Q4_K, Q5_K, IQ4_XS). */
 static int r16_super(int wtype) { return r16_kq(wtype) || wtype == QTYPE_IQ4_XS; }
-/* The types only the AVX2 kernel reads (the others have a VNNI one too). */
 static int r16_q5(int wtype) { return wtype == QTYPE_Q5_0 || wtype == QTYPE_Q5_1; }
+/* The types only the AVX2 kernel reads (the others have a VNNI one too). */
 static int r16_avx2_only(int wtype) {
     return r16_super(wtype) || wtype == QTYPE_IQ4_NL || wtype == QTYPE_Q4_1 || r16_q5(wtype);
 }
 
 /* The SIMD kernel for the active ISA and wtype: AVX-512 VNNI, else AVX2
- * (also on AVX-512 without VNNI, and for the types without an AVX-512 one,
- * which have no AVX-512 kernel); NULL under the scalar ISA. */
+ * (also on AVX-512 without VNNI, and for the types r16_avx2_only lists);
+ * NULL under the scalar ISA. */
 typedef void (*r16_kernel)(int, const void *, int64_t, int64_t, int64_t, const void *, int, float *, int64_t);
 
 static r16_kernel r16_simd(int wtype) {
@@ -129,29 +129,15 @@ int kern_r16_packs(int wtype) {
 static int64_t blk_elems(int wtype) { return r16_super(wtype) ? QK_K : 32; }
 
 /* Bytes of a record: 16 rows' scales and quants of one block. */
-static size_t rec_bytes(int wtype) {
-    return wtype == QTYPE_Q5_K     ? 16 * sizeof(block_q5_K)
-           : wtype == QTYPE_Q4_K   ? 16 * sizeof(block_q4_K)
-           : wtype == QTYPE_IQ4_XS ? 16 * sizeof(block_iq4_xs)
-           : wtype == QTYPE_Q5_0   ? 16 * sizeof(block_q5_0)
-           : wtype == QTYPE_Q5_1   ? 16 * sizeof(block_q5_1)
-           : wtype == QTYPE_Q4_1   ? 16 * sizeof(block_q4_1)
-           : wtype == QTYPE_Q4_0 || wtype == QTYPE_IQ4_NL ? 32 + 4 * 64
-                                 : 32 + 8 * 64;
-}
+static size_t rec_bytes(int wtype) { return R16_ROWS * (size_t)qtype_get(wtype)->block_bytes; }
 
 /* Row bytes of the file's layout, which a group keeps. */
 static size_t file_row_bytes(int wtype, int64_t nblk) { return (size_t)nblk * rec_bytes(wtype) / R16_ROWS; }
 
-/* Q4_K and Q5_K record offsets: the scale dwords, Q5_K's qh dwords, the
- * nibble dwords. */
-enum { KQ_SC = 64, Q5K_QH = 256 };
-/* IQ4_XS record offsets: scales_h, scales_l, the code dwords. */
-enum { IQ4XS_SH = 32, IQ4XS_SL = 64, IQ4XS_QS = 128 };
-static size_t kq_qs(int wtype) { return wtype == QTYPE_Q5_K ? 256 + 8 * 64 : 256; }
-/* Q5_0 and Q5_1 record offsets: the fifth bits, the nibble dwords. */
-static size_t q5_h(int wtype) { return wtype == QTYPE_Q5_1 ? 64 : 32; }
-static size_t q5_qs(int wtype) { return q5_h(wtype) + 64; }
+/* Q5_0's and Q5_1's record offsets (kernels_impl.h): the regrouped fifth
+ * bits, the nibble dwords. */
+static size_t q5_h(int wtype) { return wtype == QTYPE_Q5_1 ? R16_Q51_H : R16_Q50_H; }
+static size_t q5_qs(int wtype) { return q5_h(wtype) + R16_Q5_QS_AFTER_H; }
 
 /* A Q5_0 / Q5_1 block's qh regrouped by nibble dword (byte j: bits 4j ..
  * 4j + 3 of qh, then bits 16 + 4j .. 16 + 4j + 3), and back. */
@@ -175,18 +161,19 @@ static inline __attribute__((always_inline)) void move_block(int wtype, uint8_t 
     MOVE(2 * i, 0, 2); /* every block starts with its f16 scale */
     if (r16_kq(wtype)) { /* Q4_K and Q5_K share d, dmin and scales */
         const size_t qs = wtype == QTYPE_Q5_K ? offsetof(block_q5_K, qs) : offsetof(block_q4_K, qs);
-        MOVE(32 + 2 * i, offsetof(block_q4_K, dmin), 2);
-        for (int j = 0; j < 3; j++) MOVE(KQ_SC + 64 * j + 4 * i, offsetof(block_q4_K, scales) + 4 * j, 4);
+        const size_t rqs = wtype == QTYPE_Q5_K ? R16_Q5K_QS : R16_Q4K_QS;
+        MOVE(R16_MINS + 2 * i, offsetof(block_q4_K, dmin), 2);
+        for (int j = 0; j < 3; j++) MOVE(R16_KQ_SC + 64 * j + 4 * i, offsetof(block_q4_K, scales) + 4 * j, 4);
         if (wtype == QTYPE_Q5_K)
-            for (int c = 0; c < 8; c++) MOVE(Q5K_QH + 64 * c + 4 * i, offsetof(block_q5_K, qh) + 4 * c, 4);
-        for (int c = 0; c < 32; c++) MOVE(kq_qs(wtype) + 64 * c + 4 * i, qs + 4 * c, 4);
+            for (int c = 0; c < 8; c++) MOVE(R16_Q5K_QH + 64 * c + 4 * i, offsetof(block_q5_K, qh) + 4 * c, 4);
+        for (int c = 0; c < 32; c++) MOVE(rqs + 64 * c + 4 * i, qs + 4 * c, 4);
     } else if (wtype == QTYPE_IQ4_XS) {
-        MOVE(IQ4XS_SH + 2 * i, offsetof(block_iq4_xs, scales_h), 2);
-        MOVE(IQ4XS_SL + 4 * i, offsetof(block_iq4_xs, scales_l), 4);
-        for (int c = 0; c < 32; c++) MOVE(IQ4XS_QS + 64 * c + 4 * i, offsetof(block_iq4_xs, qs) + 4 * c, 4);
+        MOVE(R16_IQ4XS_SH + 2 * i, offsetof(block_iq4_xs, scales_h), 2);
+        MOVE(R16_IQ4XS_SL + 4 * i, offsetof(block_iq4_xs, scales_l), 4);
+        for (int c = 0; c < 32; c++) MOVE(R16_IQ4XS_QS + 64 * c + 4 * i, offsetof(block_iq4_xs, qs) + 4 * c, 4);
     } else if (r16_q5(wtype)) {
         const size_t qh = wtype == QTYPE_Q5_1 ? offsetof(block_q5_1, qh) : offsetof(block_q5_0, qh);
-        if (wtype == QTYPE_Q5_1) MOVE(32 + 2 * i, offsetof(block_q5_1, m), 2);
+        if (wtype == QTYPE_Q5_1) MOVE(R16_MINS + 2 * i, offsetof(block_q5_1, m), 2);
         uint32_t v;
         if (pack) {
             memcpy(&v, b + qh, 4);
@@ -199,15 +186,15 @@ static inline __attribute__((always_inline)) void move_block(int wtype, uint8_t 
         }
         for (int j = 0; j < 4; j++) MOVE(q5_qs(wtype) + 64 * j + 4 * i, qh + 4 + 4 * j, 4);
     } else if (wtype == QTYPE_Q4_1) {
-        MOVE(32 + 2 * i, offsetof(block_q4_1, m), 2);
-        for (int j = 0; j < 4; j++) MOVE(64 + 64 * j + 4 * i, offsetof(block_q4_1, qs) + 4 * j, 4);
+        MOVE(R16_MINS + 2 * i, offsetof(block_q4_1, m), 2);
+        for (int j = 0; j < 4; j++) MOVE(R16_Q41_QS + 64 * j + 4 * i, offsetof(block_q4_1, qs) + 4 * j, 4);
     } else if (wtype == QTYPE_Q4_0 || wtype == QTYPE_IQ4_NL) { /* d, then the 16 nibble bytes in both */
         _Static_assert(offsetof(block_q4_0, qs) == offsetof(block_iq4_nl, qs), "Q4_0 and IQ4_NL blocks alike");
-        for (int j = 0; j < 4; j++) MOVE(32 + 64 * j + 4 * i, offsetof(block_q4_0, qs) + 4 * j, 4);
+        for (int j = 0; j < 4; j++) MOVE(R16_Q32_QS + 64 * j + 4 * i, offsetof(block_q4_0, qs) + 4 * j, 4);
     } else {
         for (int j = 0; j < 8; j++) {
-            uint8_t *at = pack ? rec + 32 + 64 * j + 4 * i : b + offsetof(block_q8_0, qs) + 4 * j;
-            MOVE(32 + 64 * j + 4 * i, offsetof(block_q8_0, qs) + 4 * j, 4);
+            uint8_t *at = pack ? rec + R16_Q32_QS + 64 * j + 4 * i : b + offsetof(block_q8_0, qs) + 4 * j;
+            MOVE(R16_Q32_QS + 64 * j + 4 * i, offsetof(block_q8_0, qs) + 4 * j, 4);
             uint32_t v;
             memcpy(&v, at, 4);
             v ^= 0x80808080u;

@@ -48,13 +48,18 @@
 #include <immintrin.h>
 #include <string.h>
 
-enum { R16_NR = 4, REC_Q8 = 544, REC_Q4 = 288, REC_Q41 = 320, REC_Q5 = 352, REC_Q51 = 384 };
-enum { REC_Q4K = 2304, REC_Q5K = 2816, REC_IQ4XS = 2176 };
-/* Q4_K and Q5_K record offsets (r16.c): the scale dwords, Q4_K's nibble
- * dwords, Q5_K's qh dwords and nibble dwords. */
-enum { Q4K_SC = 64, Q4K_QS = 256, Q5K_QH = 256, Q5K_QS = 768 };
-/* IQ4_XS record offsets (r16.c): scales_h, scales_l, the code dwords. */
-enum { IQ4XS_SH = 32, IQ4XS_SL = 64, IQ4XS_QS = 128 };
+/* Record bytes: 16 blocks (r16.c); offsets inside a record: kernels_impl.h. */
+enum {
+    R16_NR = 4,
+    REC_Q8 = 16 * sizeof(block_q8_0),
+    REC_Q4 = 16 * sizeof(block_q4_0),
+    REC_Q41 = 16 * sizeof(block_q4_1),
+    REC_Q5 = 16 * sizeof(block_q5_0),
+    REC_Q51 = 16 * sizeof(block_q5_1),
+    REC_Q4K = 16 * sizeof(block_q4_K),
+    REC_Q5K = 16 * sizeof(block_q5_K),
+    REC_IQ4XS = 16 * sizeof(block_iq4_xs),
+};
 
 /* The record kinds (kernel template parameter K). */
 enum { KIND_Q8 = 0, KIND_Q4 = 1, KIND_Q4K = 2, KIND_Q5K = 3, KIND_IQ4XS = 4, KIND_IQ4NL = 5, KIND_Q5 = 6, KIND_Q51 = 7, KIND_Q41 = 8 };
@@ -70,13 +75,13 @@ enum { KIND_Q8 = 0, KIND_Q4 = 1, KIND_Q4K = 2, KIND_Q5K = 3, KIND_IQ4XS = 4, KIN
 #define KIND_SUPER(K) ((K) == KIND_Q4K || (K) == KIND_Q5K || (K) == KIND_IQ4XS) /* records of 256 elements */
 /* Kinds whose accumulator starts at -sa (unsigned values: Q4_0's w + 8, Q5_0's w + 16). */
 #define KIND_OFFSET(K) ((K) == KIND_Q4 || (K) == KIND_Q5)
-/* Q5_0 and Q5_1 record offsets (r16.c): the regrouped fifth bits, the nibble dwords. */
-#define Q5_H(K) ((K) == KIND_Q51 ? 64 : 32)
-#define Q5_QS(K) (Q5_H(K) + 64)
-/* Kinds with a minimum per block (w = d * q + m), at record offset 32. */
+/* Q5_0's and Q5_1's regrouped fifth bits and nibble dwords. */
+#define Q5_H(K) ((K) == KIND_Q51 ? R16_Q51_H : R16_Q50_H)
+#define Q5_QS(K) (Q5_H(K) + R16_Q5_QS_AFTER_H)
+/* Kinds with a minimum per block (w = d * q + m), at R16_MINS. */
 #define KIND_MIN(K) ((K) == KIND_Q41 || (K) == KIND_Q51)
 /* Q4_0's, IQ4_NL's and Q4_1's nibble dwords. */
-#define Q4_QS(K) ((K) == KIND_Q41 ? 64 : 32)
+#define Q4_QS(K) ((K) == KIND_Q41 ? R16_Q41_QS : R16_Q32_QS)
 
 INLINE __m256i bcast32(const int8_t *p) {
     int32_t v;
@@ -111,7 +116,7 @@ INLINE void r16_block(const uint8_t *rec, const act_row *a, int64_t q0, __m256i 
         for (int j = 0; j < 4; j++) {
 #pragma GCC unroll 2
             for (int h = 0; h < 2; h++) {
-                const __m256i v = _mm256_loadu_si256((const __m256i *)(rec + 32 + 64 * j + 32 * h));
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(rec + R16_Q32_QS + 64 * j + 32 * h));
                 const __m256i lo = _mm256_shuffle_epi8(lut, _mm256_and_si256(v, m4));
                 const __m256i hi = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
                 const __m256i alo = _mm256_abs_epi8(lo), ahi = _mm256_abs_epi8(hi);
@@ -175,7 +180,7 @@ INLINE void r16_block(const uint8_t *rec, const act_row *a, int64_t q0, __m256i 
     for (int j = 0; j < 8; j++) {
 #pragma GCC unroll 2
         for (int h = 0; h < 2; h++) {
-            const __m256i w = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(rec + 32 + 64 * j + 32 * h)), flip);
+            const __m256i w = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(rec + R16_Q32_QS + 64 * j + 32 * h)), flip);
             const __m256i aw = _mm256_abs_epi8(w);
 #pragma GCC unroll 8
             for (int r = 0; r < NR; r++)
@@ -198,7 +203,7 @@ INLINE void r16_scale_add(const uint8_t *rec, const act_row *a, int64_t slot, co
         const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rec + 16 * h)));
         s[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[h]), _mm256_mul_ps(dw, d), s[h]);
         if (KIND_MIN(K)) {
-            const __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rec + 32 + 16 * h)));
+            const __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rec + R16_MINS + 16 * h)));
             s[h] = _mm256_fmadd_ps(_mm256_set1_ps((float)a->sa[slot]), _mm256_mul_ps(mw, d), s[h]);
         }
     }
@@ -212,9 +217,9 @@ typedef struct {
 } q4k_scales8;
 
 INLINE q4k_scales8 q4k_scales(const uint8_t *rec, int h) {
-    const __m256i d0 = _mm256_loadu_si256((const __m256i *)(rec + Q4K_SC + 32 * h));
-    const __m256i d1 = _mm256_loadu_si256((const __m256i *)(rec + Q4K_SC + 64 + 32 * h));
-    const __m256i d2 = _mm256_loadu_si256((const __m256i *)(rec + Q4K_SC + 128 + 32 * h));
+    const __m256i d0 = _mm256_loadu_si256((const __m256i *)(rec + R16_KQ_SC + 32 * h));
+    const __m256i d1 = _mm256_loadu_si256((const __m256i *)(rec + R16_KQ_SC + 64 + 32 * h));
+    const __m256i d2 = _mm256_loadu_si256((const __m256i *)(rec + R16_KQ_SC + 128 + 32 * h));
     const __m256i m6 = _mm256_set1_epi8(63), m4 = _mm256_set1_epi8(15), top = _mm256_set1_epi8(0x30);
     q4k_scales8 s;
     s.sc_lo = _mm256_and_si256(d0, m6);
@@ -279,7 +284,7 @@ INLINE void q4k_half(const uint8_t *rec, int h, int64_t k, const act_row *a, con
                      const int NR, const int Q5) {
     const q4k_scales8 sc = q4k_scales(rec, h);
     const __m256i m4 = _mm256_set1_epi8(15);
-    const uint8_t *qs = rec + (Q5 ? Q5K_QS : Q4K_QS);
+    const uint8_t *qs = rec + (Q5 ? R16_Q5K_QS : R16_Q4K_QS);
     const int8_t *qa[R16_NR]; /* the super-block's activations (act_q8_qs: its blocks are groups 2k, 2k + 1) */
     __m256 acc[R16_NR];
 #pragma GCC unroll 8
@@ -301,7 +306,7 @@ INLINE void q4k_half(const uint8_t *rec, int h, int64_t k, const act_row *a, con
             const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 64 * (8 * p + c) + 32 * h));
             __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
             if (Q5) { /* bits 2p and 2p + 1 of the elements' qh bytes, moved to bit 4 */
-                const __m256i hv = _mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)(rec + Q5K_QH + 64 * c + 32 * h)),
+                const __m256i hv = _mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)(rec + R16_Q5K_QH + 64 * c + 32 * h)),
                                                     _mm_cvtsi32_si128(2 * p));
                 lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(hv, _mm256_set1_epi8(1)), 4));
                 hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(hv, _mm256_set1_epi8(2)), 3));
@@ -348,7 +353,7 @@ INLINE void q4k_half(const uint8_t *rec, int h, int64_t k, const act_row *a, con
         for (int r = 0; r < NR; r++) acc[r] = _mm256_fmadd_ps(mf, _mm256_broadcast_ss(&as[r].sada[Q4K_ACT(j)]), acc[r]);
     }
     const __m256 ndmin =
-        _mm256_xor_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rec + 32 + 16 * h))), _mm256_set1_ps(-0.0f));
+        _mm256_xor_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rec + R16_MINS + 16 * h))), _mm256_set1_ps(-0.0f));
 #pragma GCC unroll 8
     for (int r = 0; r < NR; r++) s[r][h] = _mm256_fmadd_ps(acc[r], ndmin, s[r][h]);
 }
@@ -357,8 +362,8 @@ INLINE void q4k_half(const uint8_t *rec, int h, int64_t k, const act_row *a, con
  * rows a[0 .. NR): each sub-block j a block of 32 of scale (float)(ls[j] -
  * 32) * d per row, into s[r][h] as r16_scale_add does. */
 INLINE void iq4xs_half(const uint8_t *rec, int h, int64_t k, const act_row *a, __m256 s[][2], const int NR) {
-    const __m256i sl = _mm256_loadu_si256((const __m256i *)(rec + IQ4XS_SL + 32 * h));
-    const __m256i sh = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(rec + IQ4XS_SH + 16 * h)));
+    const __m256i sl = _mm256_loadu_si256((const __m256i *)(rec + R16_IQ4XS_SL + 32 * h));
+    const __m256i sh = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(rec + R16_IQ4XS_SH + 16 * h)));
     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rec + 16 * h)));
     const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)iq4_values));
     const __m256i m4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
@@ -375,7 +380,7 @@ INLINE void iq4xs_half(const uint8_t *rec, int h, int64_t k, const act_row *a, _
         for (int r = 0; r < NR; r++) acc[r] = _mm256_setzero_si256();
 #pragma GCC unroll 4
         for (int c = 0; c < 4; c++) {
-            const __m256i v = _mm256_loadu_si256((const __m256i *)(rec + IQ4XS_QS + 64 * (4 * j + c) + 32 * h));
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(rec + R16_IQ4XS_QS + 64 * (4 * j + c) + 32 * h));
             const __m256i lo = _mm256_shuffle_epi8(lut, _mm256_and_si256(v, m4));
             const __m256i hi = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
             const __m256i alo = _mm256_abs_epi8(lo), ahi = _mm256_abs_epi8(hi);

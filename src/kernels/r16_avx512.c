@@ -28,7 +28,7 @@
  * sums); bench_gemm -H (one thread, Q8_0 weights in cache, 16 and 64 rows)
  * put passes of 6 x 2, 4 x 3, 3 x 3 and 5 x 2 within 0.93-1.04x of it, all
  * at ~60% of the vpdpbusd peak. One row: r16_row. */
-enum { R16_NR = 4, R16_NG = 2, REC_Q8 = 544, REC_Q4 = 288 };
+enum { R16_NR = 4, R16_NG = 2, REC_Q8 = 16 * sizeof(block_q8_0), REC_Q4 = 16 * sizeof(block_q4_0) };
 
 INLINE __m512i bcast32(const int8_t *p) {
     int32_t v;
@@ -77,7 +77,7 @@ INLINE void r16_pass(const uint8_t *gw, size_t gs, int64_t nblk, const act_row *
                 }
 #pragma GCC unroll 8
                 for (int g = 0; g < NG; g++) {
-                    const __m512i v = _mm512_loadu_si512(rec + (size_t)g * gs + 32 + 64 * j);
+                    const __m512i v = _mm512_loadu_si512(rec + (size_t)g * gs + R16_Q32_QS + 64 * j);
                     const __m512i lo = low_nibbles(v), hi = high_nibbles(v);
 #pragma GCC unroll 8
                     for (int r = 0; r < NR; r++) {
@@ -94,7 +94,7 @@ INLINE void r16_pass(const uint8_t *gw, size_t gs, int64_t nblk, const act_row *
                 for (int r = 0; r < NR; r++) x[r] = bcast32(a[r].qs + act_dword(q0, j));
 #pragma GCC unroll 8
                 for (int g = 0; g < NG; g++) {
-                    const __m512i w = _mm512_loadu_si512(rec + (size_t)g * gs + 32 + 64 * j);
+                    const __m512i w = _mm512_loadu_si512(rec + (size_t)g * gs + R16_Q32_QS + 64 * j);
 #pragma GCC unroll 8
                     for (int r = 0; r < NR; r++) acc[r][g] = _mm512_dpbusd_epi32(acc[r][g], w, x[r]);
                 }
