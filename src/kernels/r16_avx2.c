@@ -105,30 +105,38 @@ INLINE __m256i dot_q4(__m256i lo, __m256i hi, __m256i xl, __m256i xh) {
     return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
 }
 
+/* A vector v of IQ4 codes (8 rows' dword c of a block of 32: elements
+ * 4c .. 4c + 3 in the low nibbles, 16 + 4c .. in the high ones) against NR
+ * activation rows (that block's dwords from q0): acc[r * stride] += the 8
+ * rows' exact int32 dots, the codes looked up by vpshufb and multiplied as
+ * Q8_0's (|w| times a * sign(w)). IQ4_NL's blocks and IQ4_XS's sub-blocks. */
+INLINE void iq4_codes_dot(__m256i v, const act_row *a, int64_t q0, int c, __m256i *acc, const int stride,
+                          const int NR) {
+    const __m256i m4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+    const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)iq4_values));
+    const __m256i lo = _mm256_shuffle_epi8(lut, _mm256_and_si256(v, m4));
+    const __m256i hi = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
+    const __m256i alo = _mm256_abs_epi8(lo), ahi = _mm256_abs_epi8(hi);
+#pragma GCC unroll 8
+    for (int r = 0; r < NR; r++) {
+        const __m256i pl = _mm256_maddubs_epi16(alo, _mm256_sign_epi8(bcast32(a[r].qs + act_dword(q0, c)), lo));
+        const __m256i ph = _mm256_maddubs_epi16(ahi, _mm256_sign_epi8(bcast32(a[r].qs + act_dword(q0, c + 4)), hi));
+        acc_add_epi32(&acc[r * stride], _mm256_madd_epi16(pl, ones));
+        acc_add_epi32(&acc[r * stride], _mm256_madd_epi16(ph, ones));
+    }
+}
+
 /* Record rec (one block of 16 weight rows) against NR activation rows:
  * acc[r][h] += the exact int32 dots of rows 8h .. 8h + 7 (the accumulators
  * come in holding the block's starting value). */
 INLINE void r16_block(const uint8_t *rec, const act_row *a, int64_t q0, __m256i acc[][2], const int NR, const int K) {
     if (K == KIND_IQ4NL) {
-        const __m256i m4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
-        const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)iq4_values));
 #pragma GCC unroll 4
-        for (int j = 0; j < 4; j++) {
+        for (int j = 0; j < 4; j++)
 #pragma GCC unroll 2
-            for (int h = 0; h < 2; h++) {
-                const __m256i v = _mm256_loadu_si256((const __m256i *)(rec + R16_Q32_QS + 64 * j + 32 * h));
-                const __m256i lo = _mm256_shuffle_epi8(lut, _mm256_and_si256(v, m4));
-                const __m256i hi = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
-                const __m256i alo = _mm256_abs_epi8(lo), ahi = _mm256_abs_epi8(hi);
-#pragma GCC unroll 8
-                for (int r = 0; r < NR; r++) {
-                    const __m256i pl = _mm256_maddubs_epi16(alo, _mm256_sign_epi8(bcast32(a[r].qs + act_dword(q0, j)), lo));
-                    const __m256i ph = _mm256_maddubs_epi16(ahi, _mm256_sign_epi8(bcast32(a[r].qs + act_dword(q0, j + 4)), hi));
-                    acc_add_epi32(&acc[r][h], _mm256_madd_epi16(pl, ones));
-                    acc_add_epi32(&acc[r][h], _mm256_madd_epi16(ph, ones));
-                }
-            }
-        }
+            for (int h = 0; h < 2; h++)
+                iq4_codes_dot(_mm256_loadu_si256((const __m256i *)(rec + R16_Q32_QS + 64 * j + 32 * h)), a, q0, j,
+                              &acc[0][h], 2, NR);
         return;
     }
     if (K == KIND_Q5 || K == KIND_Q51) {
@@ -365,8 +373,6 @@ INLINE void iq4xs_half(const uint8_t *rec, int h, int64_t k, const act_row *a, _
     const __m256i sl = _mm256_loadu_si256((const __m256i *)(rec + R16_IQ4XS_SL + 32 * h));
     const __m256i sh = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(rec + R16_IQ4XS_SH + 16 * h)));
     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rec + 16 * h)));
-    const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)iq4_values));
-    const __m256i m4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
 #pragma GCC unroll 1
     for (int j = 0; j < 8; j++) {
         const int64_t kb = 8 * k + j, q0 = 128 * (kb >> 2) + 16 * (kb & 3);
@@ -379,19 +385,9 @@ INLINE void iq4xs_half(const uint8_t *rec, int h, int64_t k, const act_row *a, _
 #pragma GCC unroll 8
         for (int r = 0; r < NR; r++) acc[r] = _mm256_setzero_si256();
 #pragma GCC unroll 4
-        for (int c = 0; c < 4; c++) {
-            const __m256i v = _mm256_loadu_si256((const __m256i *)(rec + R16_IQ4XS_QS + 64 * (4 * j + c) + 32 * h));
-            const __m256i lo = _mm256_shuffle_epi8(lut, _mm256_and_si256(v, m4));
-            const __m256i hi = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
-            const __m256i alo = _mm256_abs_epi8(lo), ahi = _mm256_abs_epi8(hi);
-#pragma GCC unroll 8
-            for (int r = 0; r < NR; r++) {
-                const __m256i pl = _mm256_maddubs_epi16(alo, _mm256_sign_epi8(bcast32(a[r].qs + act_dword(q0, c)), lo));
-                const __m256i ph = _mm256_maddubs_epi16(ahi, _mm256_sign_epi8(bcast32(a[r].qs + act_dword(q0, c + 4)), hi));
-                acc_add_epi32(&acc[r], _mm256_madd_epi16(pl, ones));
-                acc_add_epi32(&acc[r], _mm256_madd_epi16(ph, ones));
-            }
-        }
+        for (int c = 0; c < 4; c++)
+            iq4_codes_dot(_mm256_loadu_si256((const __m256i *)(rec + R16_IQ4XS_QS + 64 * (4 * j + c) + 32 * h)), a, q0,
+                          c, acc, 1, NR);
         const int64_t slot = act_q8_slot(kb);
 #pragma GCC unroll 8
         for (int r = 0; r < NR; r++)
