@@ -1,7 +1,7 @@
 """Table of bench/builds_ab.sh's (or bench/kq_r16_ab.sh's) output directory:
 medians over the rounds.
 
-    python3 bench/kq_r16_table.py OUT_DIR [A B [LABEL_A LABEL_B]]
+    python3 bench/kq_r16_table.py OUT_DIR [A B]
 
 A and B are the two variants' names, the prefixes of their JSON files
 (default r16 and file, labelled R16 and file layout; other names label
@@ -45,9 +45,7 @@ def med(xs):
 
 def main():
     out = sys.argv[1]
-    if len(sys.argv) >= 6:
-        va, vb, la, lb_ = sys.argv[2:6]
-    elif len(sys.argv) >= 4 and sys.argv[2:4] != ["r16", "file"]:
+    if len(sys.argv) >= 4 and sys.argv[2:4] != ["r16", "file"]:
         va, vb = la, lb_ = sys.argv[2:4]
     else:
         va, vb, la, lb_ = "r16", "file", "R16", "file layout"
