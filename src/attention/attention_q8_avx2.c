@@ -1,11 +1,13 @@
 /* AVX2 attention block kernel for a Q8_0 KV cache (the arithmetic is defined
- * in attention_q8.c). A whole 16-key block that every row sees goes through
- * q8_rows16, rows in tiles of 3. Other blocks: the block's keys and values
- * converted to F32 scratch once for all its rows, then row by row, 16 keys
- * at a time. Either way, per 32-channel group the int8 query times the int8
- * keys summed in F32 -- exact, the products being integers and the sums
- * below 2^24, so the same value as the int32 dot product of the AVX-512
- * kernel -- then scaled into the scores; P*V by the integer definition of
+ * in attention_q8.c). A whole 16-key block that every row sees, with at most
+ * 12 rows, goes through q8_rows16_int, rows in tiles of 3: the int8 keys and
+ * values read in place and multiplied with vpmaddwd (int16 pairs into exact
+ * int32 sums). More rows, or other blocks: the block's keys and values
+ * converted to F32 scratch once for all its rows (q8_rows16 for whole
+ * blocks, else row by row, 16 keys at a time), the int8 products summed in
+ * F32 -- exact, the products being integers and the sums below 2^24. Every
+ * path gives the same value as the int32 dot products of the AVX-512 kernel,
+ * then scales it into the scores; P*V by the integer definition of
  * attention_q8_impl.h.
  * Blocks of fewer than 8 tokens go to the scalar kernel. */
 #include "attention/attention_kernel.h"
@@ -25,15 +27,16 @@ static inline __m256 q8_cvt8(const int8_t *p) {
 }
 
 /* attn_q8_pv_quant_ref for a full tile of ATTN_Q8_PV_TILE (16) weights, with
- * the same bits, the quantized weights written as floats: the largest
- * weight's exponent from its bits (it is normal, >= ATTN_Q8_PV_MIN), the
- * weights scaled by a power of two and rounded to nearest even (the default
- * rounding, as lrintf), at most 255. */
-static inline float pv_quant16(const float *w, float *qf) {
+ * the same bits: the quantized weights 0-7 in v[0] and 8-15 in v[1] as int32,
+ * the tile's scale returned (0, and v zero, when the tile adds nothing). The
+ * largest weight's exponent comes from its bits (it is normal, >=
+ * ATTN_Q8_PV_MIN); the weights scaled by a power of two and rounded to
+ * nearest even (the default rounding, as lrintf), at most 255. */
+static inline float pv_quant16_i32(const float *w, __m256i v[2]) {
     const __m256 w0 = _mm256_loadu_ps(w), w1 = _mm256_loadu_ps(w + 8);
     const float mx = attn_hmax_avx2(_mm256_max_ps(w0, w1));
     if (!(mx >= ATTN_Q8_PV_MIN)) {
-        memset(qf, 0, ATTN_Q8_PV_TILE * sizeof(float));
+        v[0] = v[1] = _mm256_setzero_si256();
         return 0.0f;
     }
     uint32_t bits;
@@ -41,50 +44,91 @@ static inline float pv_quant16(const float *w, float *qf) {
     const int e = (int)((bits >> 23) & 0xff) - 127; /* ilogbf(mx) */
     const __m256 up = _mm256_castsi256_ps(_mm256_set1_epi32((127 + 7 - e) << 23));
     const __m256i top = _mm256_set1_epi32(255);
-    const __m256i v0 = _mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(w0, up)), top);
-    const __m256i v1 = _mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(w1, up)), top);
-    _mm256_storeu_ps(qf, _mm256_cvtepi32_ps(v0)); /* integers in [0, 255]: exact */
-    _mm256_storeu_ps(qf + 8, _mm256_cvtepi32_ps(v1));
+    v[0] = _mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(w0, up)), top);
+    v[1] = _mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(w1, up)), top);
     const uint32_t down = (uint32_t)(127 + e - 7) << 23; /* ldexpf(1, e - 7) */
     float sc;
     memcpy(&sc, &down, 4);
     return sc;
 }
 
-/* Rows [r, r + NR) (NR <= 3) of a whole 16-key block (every row sees all 16
- * keys). I8: the block's int8 keys k (channel-major, 16 a channel) and
- * values v (token rows of head_dim) read in place, converted where they are
- * multiplied; else k and v are the block converted to floats (channel rows
- * of stride lds, token rows of stride hdp). vdf[g][j]: the values' scales.
- * The steps of the row-by-row path of attn_block_q8_avx2 with the same
- * operands, so the same bits, but each key and value vector feeds all NR
- * rows, and the query and the P*V weights are broadcast from floats instead
- * of converted from bytes one at a time. The group sums of integer products
- * are exact in F32 in any order. */
-static inline __attribute__((always_inline)) void q8_rows16(attn_state *st, const void *k, const void *v,
-                                                            const uint16_t *kd, const float *vdf, int r, const int NR,
-                                                            const int I8) {
-    const int hd = st->head_dim, hdp = st->hdp, lds = st->lds, ng = hd / 32;
-    float qf[3][256]; /* the rows' int8 queries as floats (hd <= 256) */
+/* pv_quant16_i32 with the weights written as floats (integers in [0, 255]: exact). */
+static inline float pv_quant16(const float *w, float *qf) {
+    __m256i v[2];
+    const float sc = pv_quant16_i32(w, v);
+    _mm256_storeu_ps(qf, _mm256_cvtepi32_ps(v[0]));
+    _mm256_storeu_ps(qf + 8, _mm256_cvtepi32_ps(v[1]));
+    return sc;
+}
+
+/* pv_quant16_i32 with the weights written as int16 (for vpmaddwd). */
+static inline float pv_quant16_i16(const float *w, int16_t *q) {
+    __m256i v[2];
+    const float sc = pv_quant16_i32(w, v);
+    /* packs works per 128-bit lane: weights 0-3, 8-11 | 4-7, 12-15 back in order */
+    _mm256_storeu_si256((__m256i *)q, _mm256_permute4x64_epi64(_mm256_packs_epi32(v[0], v[1]), 0xD8));
+    return sc;
+}
+
+/* Two int8 rows' 16 bytes a, b interleaved (a0 b0 a1 b1 ...) and widened:
+ * lo holds the int16 pairs of elements 0..7, hi of 8..15. */
+static inline __attribute__((always_inline)) void q8_pairs16(__m128i a, __m128i b, __m256i *lo, __m256i *hi) {
+    *lo = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(a, b));
+    *hi = _mm256_cvtepi8_epi16(_mm_unpackhi_epi8(a, b));
+}
+
+static inline __m128i q8_load16(const int8_t *p) { return _mm_loadu_si128((const __m128i *)p); }
+
+/* 32-bit broadcast of the int16 pair at p. */
+static inline __m256i q8_bcast_pair(const int16_t *p) {
+    int32_t x;
+    memcpy(&x, p, 4);
+    return _mm256_set1_epi32(x);
+}
+
+/* q8_rows16 with the int8 keys and values read in place and multiplied as
+ * integers: vpmaddwd of channel pairs (k[c][j], k[c + 1][j]), widened to
+ * int16, against the query's pair (q[c], q[c + 1]) gives key j's two
+ * products in one int32 lane, summed over the group's 16 pairs; P*V likewise
+ * over key pairs (v[j][d], v[j + 1][d]) against the u8 weights' pair. The
+ * same integer sums as the F32 path (exact in both), then the same
+ * conversions and fused multiply-adds, so the same bits; with half the
+ * multiply instructions and no int8-to-F32 conversions. The next block's
+ * lines (into L1) and the block ahead's (towards L2) are prefetched one per
+ * step of the score and P*V loops (PF: the first tile of rows only). */
+static inline __attribute__((always_inline)) void q8_rows16_int(attn_state *st, const int8_t *k, const int8_t *v,
+                                                                const uint16_t *kd, const float *vdf, int r,
+                                                                const char *pn, const char *pa, const int NR,
+                                                                const int PF, const int HD) {
+    const int hd = HD ? HD : st->head_dim, hdp = st->hdp, lds = st->lds, ng = hd / 32;
+    if (PF) { /* the lines the loops' hd / 2 steps each do not reach */
+        const size_t rest = 2 * kv_q8_half_bytes(hd, 16) - (size_t)hd / 2 * 64;
+        prefetch_range_l1(pn + (size_t)hd / 2 * 64, rest);
+        prefetch_range_l2(pa + (size_t)hd / 2 * 64, rest);
+    }
+    int16_t q16[3][256] __attribute__((aligned(32))); /* the rows' int8 queries as int16 (hd <= 256) */
 #pragma GCC unroll 3
     for (int i = 0; i < NR; i++)
-        for (int d = 0; d < hd; d += 8) _mm256_storeu_ps(qf[i] + d, q8_cvt8(st->q8 + (size_t)(r + i) * hdp + d));
+        for (int d = 0; d < hd; d += 16)
+            _mm256_store_si256((__m256i *)(q16[i] + d),
+                               _mm256_cvtepi8_epi16(q8_load16(st->q8 + (size_t)(r + i) * hdp + d)));
     __m256 sc[3][2];
 #pragma GCC unroll 3
     for (int i = 0; i < NR; i++) sc[i][0] = sc[i][1] = _mm256_setzero_ps();
     for (int g = 0; g < ng; g++) {
-        __m256 f[3][2];
+        __m256i f[3][2];
 #pragma GCC unroll 3
-        for (int i = 0; i < NR; i++) f[i][0] = f[i][1] = _mm256_setzero_ps();
-        for (int c = 32 * g; c < 32 * g + 32; c++) {
-            const __m256 k0 = I8 ? q8_cvt8((const int8_t *)k + (size_t)c * 16) : _mm256_loadu_ps((const float *)k + (size_t)c * lds);
-            const __m256 k1 = I8 ? q8_cvt8((const int8_t *)k + (size_t)c * 16 + 8)
-                                 : _mm256_loadu_ps((const float *)k + (size_t)c * lds + 8);
+        for (int i = 0; i < NR; i++) f[i][0] = f[i][1] = _mm256_setzero_si256();
+#pragma GCC unroll 2
+        for (int c = 32 * g; c < 32 * g + 32; c += 2) {
+            if (PF) __builtin_prefetch(pn + (size_t)c * 32, 0, 3);
+            __m256i k0, k1;
+            q8_pairs16(q8_load16(k + (size_t)c * 16), q8_load16(k + (size_t)c * 16 + 16), &k0, &k1);
 #pragma GCC unroll 3
             for (int i = 0; i < NR; i++) {
-                const __m256 qb = _mm256_broadcast_ss(qf[i] + c);
-                f[i][0] = _mm256_fmadd_ps(qb, k0, f[i][0]);
-                f[i][1] = _mm256_fmadd_ps(qb, k1, f[i][1]);
+                const __m256i qb = q8_bcast_pair(q16[i] + c);
+                f[i][0] = _mm256_add_epi32(f[i][0], _mm256_madd_epi16(k0, qb));
+                f[i][1] = _mm256_add_epi32(f[i][1], _mm256_madd_epi16(k1, qb));
             }
         }
         const __m256 kd0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(kd + (size_t)g * 16)));
@@ -92,8 +136,8 @@ static inline __attribute__((always_inline)) void q8_rows16(attn_state *st, cons
 #pragma GCC unroll 3
         for (int i = 0; i < NR; i++) {
             const __m256 qs = _mm256_set1_ps(st->qd[(size_t)(r + i) * ng + g]);
-            sc[i][0] = _mm256_fmadd_ps(f[i][0], _mm256_mul_ps(kd0, qs), sc[i][0]);
-            sc[i][1] = _mm256_fmadd_ps(f[i][1], _mm256_mul_ps(kd1, qs), sc[i][1]);
+            sc[i][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(f[i][0]), _mm256_mul_ps(kd0, qs), sc[i][0]);
+            sc[i][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(f[i][1]), _mm256_mul_ps(kd1, qs), sc[i][1]);
         }
     }
     float *s = st->s + (size_t)r * lds;
@@ -107,7 +151,8 @@ static inline __attribute__((always_inline)) void q8_rows16(attn_state *st, cons
 #pragma GCC unroll 3
     for (int i = 0; i < NR; i++) attn_rescale_avx2(st->acc + (size_t)(r + i) * hdp, hd, alpha[i]);
     for (int g = 0; g < ng; g++) {
-        float wq[3][ATTN_Q8_PV_TILE], vs[3];
+        int16_t wq[3][ATTN_Q8_PV_TILE] __attribute__((aligned(32)));
+        float vs[3];
         int any = 0;
 #pragma GCC unroll 3
         for (int i = 0; i < NR; i++) {
@@ -115,45 +160,87 @@ static inline __attribute__((always_inline)) void q8_rows16(attn_state *st, cons
             float w[ATTN_Q8_PV_TILE];
             _mm256_storeu_ps(w, _mm256_mul_ps(_mm256_loadu_ps(si), _mm256_loadu_ps(vdf + (size_t)g * 16)));
             _mm256_storeu_ps(w + 8, _mm256_mul_ps(_mm256_loadu_ps(si + 8), _mm256_loadu_ps(vdf + (size_t)g * 16 + 8)));
-            vs[i] = pv_quant16(w, wq[i]);
+            vs[i] = pv_quant16_i16(w, wq[i]);
             any |= vs[i] != 0.0f;
         }
         if (!any) continue;
-        __m256 I[3][4];
+        /* 16 dims at a time: 2 x NR accumulators */
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) {
+            __m256i I[3][2];
 #pragma GCC unroll 3
-        for (int i = 0; i < NR; i++) I[i][0] = I[i][1] = I[i][2] = I[i][3] = _mm256_setzero_ps();
-        for (int j = 0; j < ATTN_Q8_PV_TILE; j++) {
-            const size_t vo = I8 ? (size_t)j * hd + 32 * g : (size_t)j * hdp + 32 * g;
-            __m256 wb[3];
+            for (int i = 0; i < NR; i++) I[i][0] = I[i][1] = _mm256_setzero_si256();
+#pragma GCC unroll 2
+            for (int j = 0; j < ATTN_Q8_PV_TILE; j += 2) {
+                if (PF) __builtin_prefetch(pa + (size_t)(16 * g + 8 * h + j / 2) * 64, 0, 2);
+                const int8_t *vr = v + (size_t)j * hd + 32 * g + 16 * h;
+                __m256i x0, x1;
+                q8_pairs16(q8_load16(vr), q8_load16(vr + hd), &x0, &x1);
 #pragma GCC unroll 3
-            for (int i = 0; i < NR; i++) wb[i] = _mm256_broadcast_ss(wq[i] + j);
-#pragma GCC unroll 4
-            for (int e = 0; e < 4; e++) {
-                const __m256 x = I8 ? q8_cvt8((const int8_t *)v + vo + 8 * e) : _mm256_loadu_ps((const float *)v + vo + 8 * e);
-#pragma GCC unroll 3
-                for (int i = 0; i < NR; i++) I[i][e] = _mm256_fmadd_ps(wb[i], x, I[i][e]);
+                for (int i = 0; i < NR; i++) {
+                    const __m256i wb = q8_bcast_pair(wq[i] + j);
+                    I[i][0] = _mm256_add_epi32(I[i][0], _mm256_madd_epi16(x0, wb));
+                    I[i][1] = _mm256_add_epi32(I[i][1], _mm256_madd_epi16(x1, wb));
+                }
             }
-        }
 #pragma GCC unroll 3
-        for (int i = 0; i < NR; i++) {
-            if (vs[i] == 0.0f) continue; /* the tile adds nothing to this row */
-            const __m256 vsc = _mm256_set1_ps(vs[i]);
-            float *a = st->acc + (size_t)(r + i) * hdp + 32 * g;
-#pragma GCC unroll 4
-            for (int e = 0; e < 4; e++)
-                _mm256_storeu_ps(a + 8 * e, _mm256_fmadd_ps(vsc, I[i][e], _mm256_loadu_ps(a + 8 * e)));
+            for (int i = 0; i < NR; i++) {
+                if (vs[i] == 0.0f) continue; /* the tile adds nothing to this row */
+                const __m256 vsc = _mm256_set1_ps(vs[i]);
+                float *a = st->acc + (size_t)(r + i) * hdp + 32 * g + 16 * h;
+                _mm256_storeu_ps(a, _mm256_fmadd_ps(vsc, _mm256_cvtepi32_ps(I[i][0]), _mm256_loadu_ps(a)));
+                _mm256_storeu_ps(a + 8, _mm256_fmadd_ps(vsc, _mm256_cvtepi32_ps(I[i][1]), _mm256_loadu_ps(a + 8)));
+            }
         }
     }
 }
 
-/* Every row of the part over a whole block, in tiles of 3, then 2 or 1. */
-static void q8_whole_rows(attn_state *st, const void *k, const void *v, const uint16_t *kd, const float *vdf,
-                          const int I8) {
+/* q8_rows16_int over every row of the part, in tiles of 3, then 2 or 1 (HD: a
+ * constant head_dim, or 0). */
+static inline __attribute__((always_inline)) void q8_int_rows(attn_state *st, const int8_t *k, const int8_t *v,
+                                                              const uint16_t *kd, const float *vdf, const char *pn,
+                                                              const char *pa, const int HD) {
     const int R = st->rows;
     int r = 0;
-    for (; r + 3 <= R; r += 3) q8_rows16(st, k, v, kd, vdf, r, 3, I8);
-    if (R - r == 2) q8_rows16(st, k, v, kd, vdf, r, 2, I8);
-    else if (R - r == 1) q8_rows16(st, k, v, kd, vdf, r, 1, I8);
+    if (R >= 3) {
+        q8_rows16_int(st, k, v, kd, vdf, 0, pn, pa, 3, 1, HD);
+        for (r = 3; r + 3 <= R; r += 3) q8_rows16_int(st, k, v, kd, vdf, r, pn, pa, 3, 0, HD);
+        if (R - r == 2) q8_rows16_int(st, k, v, kd, vdf, r, pn, pa, 2, 0, HD);
+        else if (R - r == 1) q8_rows16_int(st, k, v, kd, vdf, r, pn, pa, 1, 0, HD);
+    } else if (R == 2) {
+        q8_rows16_int(st, k, v, kd, vdf, 0, pn, pa, 2, 1, HD);
+    } else {
+        q8_rows16_int(st, k, v, kd, vdf, 0, pn, pa, 1, 1, HD);
+    }
+}
+
+/* Every row of the part over a whole block: the next block's lines (into
+ * L1) and the block ahead's (towards L2) spread over the first tile's loops. */
+static void q8_whole_rows(attn_state *st, const attn_block *b, const uint16_t *kd, const float *vdf) {
+    const char *pn = b->next_k ? b->next_k : b->k, *pa = b->ahead_k ? b->ahead_k : b->k;
+    if (st->head_dim == 64) q8_int_rows(st, b->k, b->v, kd, vdf, pn, pa, 64);
+    else q8_int_rows(st, b->k, b->v, kd, vdf, pn, pa, 0);
+}
+
+/* A 16-token block's value scales vd[j][g] (F16, ng per token) as floats
+ * vdf[g][j]. */
+static void q8_value_scales16(const uint16_t *vd, int ng, float *vdf) {
+    if (ng == 2) { /* head_dim 64: (j0 g0, j0 g1, j1 g0, ...) de-interleaved */
+        for (int h = 0; h < 2; h++) {
+            const __m256 a = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(vd + 16 * h)));
+            const __m256 b = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(vd + 16 * h + 8)));
+            /* per 128-bit lane: a's and b's even (odd) floats, tokens 8h + (0 1 4 5 | 2 3 6 7) */
+            const __m256d g0 = _mm256_castps_pd(_mm256_shuffle_ps(a, b, 0x88));
+            const __m256d g1 = _mm256_castps_pd(_mm256_shuffle_ps(a, b, 0xDD));
+            _mm256_storeu_ps(vdf + 8 * h, _mm256_castpd_ps(_mm256_permute4x64_pd(g0, 0xD8)));
+            _mm256_storeu_ps(vdf + 16 + 8 * h, _mm256_castpd_ps(_mm256_permute4x64_pd(g1, 0xD8)));
+        }
+        return;
+    }
+    float t[8 * 16];
+    for (int i = 0; i < 16 * ng; i += 8) _mm256_storeu_ps(t + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(vd + i))));
+    for (int j = 0; j < 16; j++)
+        for (int g = 0; g < ng; g++) vdf[g * 16 + j] = t[j * ng + g];
 }
 
 void attn_block_q8_avx2(attn_state *st, const attn_block *b) {
@@ -169,22 +256,19 @@ void attn_block_q8_avx2(attn_state *st, const attn_block *b) {
     if (nk > b->n_valid) nk = b->n_valid;
     const int8_t *k = b->k, *v = b->v;
     const uint16_t *kd = (const uint16_t *)(k + (size_t)hd * bt), *vd = (const uint16_t *)(v + (size_t)hd * bt);
-    if (b->next_k) prefetch_range_l1(b->next_k, 2 * kv_q8_half_bytes(hd, bt));
-    if (b->ahead_k) prefetch_range_l2(b->ahead_k, 2 * kv_q8_half_bytes(hd, bt));
-    /* A block every row sees whole: rows in tiles of 3 (q8_rows16). Up to 4
-     * tiles read the int8 keys and values in place; more convert them once
-     * into F32 scratch first (bench_attention_rows -t 2 --kv q8_0 at 16K,
-     * 4 alternated rounds, in place against scratch: 1, 2, 4 query tokens
-     * 1.49x, 1.25x, 1.17x; 9 tokens 0.93x). */
-    const int whole = bt == 16 && nk == 16 && r0 == 0 && b->vis0 >= 16 && hd <= 256;
-    float vdf[8 * 16]; /* vdf[g][j]: the values' scales by group */
-    if (whole)
-        for (int j = 0; j < 16; j++)
-            for (int g = 0; g < ng; g++) vdf[g * 16 + j] = _cvtsh_ss(vd[(size_t)j * ng + g]);
-    if (whole && R <= 12) {
-        q8_whole_rows(st, k, v, kd, vdf, 1);
+    /* A block every row sees whole: the integer path (q8_rows16_int), rows in
+     * tiles of 3, at any row count (bench_attention_rows -t 1 --kv q8_0, in
+     * cache, 3 alternated rounds: 5, 9 and 16 query tokens of 3 rows each at
+     * 111, 110 and 92 ns a row-block against 116, 110 and 113 through F32
+     * scratch, medians). */
+    if (bt == 16 && nk == 16 && r0 == 0 && b->vis0 >= 16 && hd <= 256) {
+        float vdf[8 * 16]; /* vdf[g][j]: the values' scales by group */
+        q8_value_scales16(vd, ng, vdf);
+        q8_whole_rows(st, b, kd, vdf);
         return;
     }
+    if (b->next_k) prefetch_range_l1(b->next_k, 2 * kv_q8_half_bytes(hd, bt));
+    if (b->ahead_k) prefetch_range_l2(b->ahead_k, 2 * kv_q8_half_bytes(hd, bt));
     /* The block's keys (channel-major, row stride lds) and values (token
      * rows, stride hdp) as floats, converted once for all rows of the part:
      * keys [0, nk rounded up to 8), every channel row holding them (bt >= 8
@@ -195,10 +279,6 @@ void attn_block_q8_avx2(attn_state *st, const attn_block *b) {
         for (int j0 = 0; j0 < nk8; j0 += 8) _mm256_storeu_ps(kf + (size_t)c * lds + j0, q8_cvt8(k + (size_t)c * bt + j0));
     for (int j = 0; j < nk; j++)
         for (int d = 0; d < hd; d += 8) _mm256_storeu_ps(vf + (size_t)j * hdp + d, q8_cvt8(v + (size_t)j * hd + d));
-    if (whole) {
-        q8_whole_rows(st, kf, vf, kd, vdf, 0);
-        return;
-    }
     for (int r = r0; r < R; r++) {
         int nv = b->vis0 + r / G;
         if (nv > nk) nv = nk;
