@@ -121,7 +121,10 @@ static inline __attribute__((always_inline)) void q8_rows16_int(attn_state *st, 
         for (int i = 0; i < NR; i++) f[i][0] = f[i][1] = _mm256_setzero_si256();
 #pragma GCC unroll 2
         for (int c = 32 * g; c < 32 * g + 32; c += 2) {
-            if (PF) __builtin_prefetch(pn + (size_t)c * 32, 0, 3);
+            if (PF) {
+                __builtin_prefetch(pn, 0, 3);
+                pn += 64;
+            }
             __m256i k0, k1;
             q8_pairs16(q8_load16(k + (size_t)c * 16), q8_load16(k + (size_t)c * 16 + 16), &k0, &k1);
 #pragma GCC unroll 3
@@ -172,7 +175,10 @@ static inline __attribute__((always_inline)) void q8_rows16_int(attn_state *st, 
             for (int i = 0; i < NR; i++) I[i][0] = I[i][1] = _mm256_setzero_si256();
 #pragma GCC unroll 2
             for (int j = 0; j < ATTN_Q8_PV_TILE; j += 2) {
-                if (PF) __builtin_prefetch(pa + (size_t)(16 * g + 8 * h + j / 2) * 64, 0, 2);
+                if (PF) {
+                    __builtin_prefetch(pa, 0, 2);
+                    pa += 64;
+                }
                 const int8_t *vr = v + (size_t)j * hd + 32 * g + 16 * h;
                 __m256i x0, x1;
                 q8_pairs16(q8_load16(vr), q8_load16(vr + hd), &x0, &x1);
