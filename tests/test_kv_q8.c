@@ -201,10 +201,12 @@ static void test_pv(void) {
  * count: the Q8_0 kernels' arithmetic per row does not depend on the rows
  * sharing the call (blocks seen whole, partly, by some rows only). */
 static void test_rows_exact(ellm_isa best) {
-    const int hd = 64, nkv = 2, bt = 16;
-    const int shapes[][3] = {/* group, n_q, len */ {3, 13, 1000}, {8, 5, 77}, {1, 20, 40}};
+    const int nkv = 2, bt = 16;
+    /* head_dim 64 and 128: the AVX2 whole-block path is compiled for 64 and for any */
+    const int shapes[][4] = {/* group, n_q, len, head_dim */ {3, 13, 1000, 64}, {8, 5, 77, 64}, {1, 20, 40, 64},
+                             {4, 6, 300, 128}};
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
-        const int G = shapes[s][0], n_q = shapes[s][1], len = shapes[s][2], nh = nkv * G;
+        const int G = shapes[s][0], n_q = shapes[s][1], len = shapes[s][2], hd = shapes[s][3], nh = nkv * G;
         kv_cache *kv = make_cache(nkv, hd, 1024, bt, QTYPE_Q8_0);
         if (!kv) return;
         const size_t row = (size_t)nkv * hd, qrow = (size_t)nh * hd;
@@ -231,8 +233,8 @@ static void test_rows_exact(ellm_isa best) {
                     attention_forward(&a1, ws, nt > 1 ? pool_of(nt) : NULL);
                     same &= !memcmp(one, out + i * qrow, qrow * 4);
                 }
-                CHECK(same, "q8 batch rows vs single tokens: G %d n_q %d len %d isa %s threads %d", G, n_q, len,
-                      ellm_isa_str(isa), nt);
+                CHECK(same, "q8 batch rows vs single tokens: hd %d G %d n_q %d len %d isa %s threads %d", hd, G, n_q,
+                      len, ellm_isa_str(isa), nt);
             }
         }
         ellm_cpu_set_isa(best);
