@@ -289,6 +289,24 @@ static void test_greedy(void) {
     }
     server_stop(&s);
     free(sref);
+
+    /* a Q8_0 cache (--kv-type q8_0 on every rank): ellm run --kv-type q8_0's text */
+    char *qref = run_greedy(prompts[0], "--kv-type q8_0");
+    CHECK(qref && *qref, "ellm run --kv-type q8_0 failed");
+    snprintf(cmd, sizeof cmd, MPIRUN "%s serve --mpi -m " MODEL " --port 0 -t 1 -c 1024 --parallel 2 --kv-type q8_0",
+             test_ellm_bin());
+    up = qref && server_start(&s, cmd, "q8.log");
+    CHECK(up, "serve --mpi --kv-type q8_0 did not start");
+    if (up) {
+        int code = 0;
+        post_all(&s, 1, body, resp, &code);
+        char *t = completion_text(resp[0]);
+        CHECK(code == 200 && t && !strcmp(t, qref), "serve --mpi --kv-type q8_0: %d '%s', want '%s'", code,
+              t ? t : "(none)", qref);
+        free(t);
+    }
+    server_stop(&s);
+    free(qref);
 out:
     for (int i = 0; i < 3; i++) free(ref[i]);
 }

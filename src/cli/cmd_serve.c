@@ -28,6 +28,9 @@ static void serve_usage(FILE *f) {
             "  --kv-cache-gb G        KV cache memory shared by all slots (a pool of pages taken as\n"
             "                         sequences grow; default: every slot's full context, at most\n"
             "                         80%% of the memory available at start)\n"
+            "  --kv-type f16|f32|q8_0 KV cache element type of every slot (default f16; q8_0: int8 with\n"
+            "                         an F16 scale per token and 32 dims, 0.53x the bytes, so the\n"
+            "                         same --kv-cache-gb holds ~1.9x the tokens)\n"
             "  --sparse-topk K        sparse attention: at most K tokens per KV head per step\n"
             "  --sparse-profile FILE  per-layer/per-head budgets from `ellm calibrate`\n"
             "  --spec LIST            self-speculative decoding per slot (drafters as `ellm run\n"
@@ -94,6 +97,8 @@ int cmd_serve(int argc, char **argv) {
             if (!(bad = !v || !arg_int(a, v, 2, 1L << 24, &n))) p.n_ctx = (int)n;
         } else if (arg_value(argc, argv, &i, "--kv-cache-gb", NULL, &v, &bad)) {
             if (!(bad = !v || !arg_double(a, v, 1e-6, 1e6, &d))) p.kv_cache_gb = d;
+        } else if (arg_value(argc, argv, &i, "--kv-type", NULL, &v, &bad)) {
+            bad = !v || !arg_kv_type(a, v, &p.kv_type);
         } else if (arg_value(argc, argv, &i, "--sparse-topk", NULL, &v, &bad)) {
             if (!(bad = !v || !arg_int(a, v, 0, 1L << 30, &n))) p.sparse_topk = (int)n;
         } else if (arg_value(argc, argv, &i, "--sparse-profile", NULL, &v, &bad)) p.sparse_profile = v;

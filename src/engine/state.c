@@ -441,10 +441,11 @@ ellm_status ellm_context_state_load(ellm_context *ctx, const char *path, ellm_er
     }
     (void)n_ctx;
     if ((int)kv_type != kp->type || (int)bt != kp->block_tokens) {
+        const qtype_info *saved = qtype_get((int)kv_type), *here = qtype_get(kp->type);
         st = ellm_fail(err, ELLM_ERR_ARG,
-                       "state file '%s' holds a KV cache of type %u in blocks of %u tokens; this context has "
-                       "type %d in blocks of %d (use the same --kv-type)",
-                       path, kv_type, bt, kp->type, kp->block_tokens);
+                       "state file '%s' holds a KV cache of type %s in blocks of %u tokens; this context has "
+                       "type %s in blocks of %d (use the same --kv-type)",
+                       path, saved ? saved->name : "unknown", bt, here ? here->name : "unknown", kp->block_tokens);
         goto out;
     }
     if ((int64_t)pos > ctx->n_ctx) {

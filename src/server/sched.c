@@ -196,18 +196,18 @@ ellm_status sched_init(ellm_model *model, const sched_params *params, server_met
     s->n_vocab = info.n_vocab;
     const size_t fit = SCORE_ROWS_BYTES / ((size_t)info.n_vocab * sizeof(float));
     s->score_rows = fit < 16 ? 16 : fit > (size_t)p.chunk ? p.chunk : (int)fit;
-    /* One pool of KV pages for all slots (F16 K and V): --kv-cache-gb, else
+    /* One pool of KV pages for all slots (K and V of --kv-type): --kv-cache-gb, else
      * every slot's full context, capped at 80% of the memory available now.
      * A sequence takes pages as it grows; a request is limited to what the
      * whole pool holds. */
-    const size_t page_bytes = ellm_kv_pool_page_bytes(model, ELLM_KV_F16);
+    const size_t page_bytes = ellm_kv_pool_page_bytes(model, p.kv_type);
     const int page_tokens = ellm_kv_pool_page_tokens();
     double pool_bytes = p.kv_cache_gb > 0 ? p.kv_cache_gb * 1e9
                                           : ((double)p.n_slots * ((s->n_ctx + page_tokens - 1) / page_tokens) + 0.5) *
                                                 (double)page_bytes;
     double avail = mem_available_bytes();
     if (p.kv_cache_gb <= 0 && avail > 0 && pool_bytes > 0.8 * avail) pool_bytes = 0.8 * avail;
-    ellm_status pst = ellm_kv_pool_init(model, ELLM_KV_F16, pool_bytes / 1e9, &s->kv_pool, err);
+    ellm_status pst = ellm_kv_pool_init(model, p.kv_type, pool_bytes / 1e9, &s->kv_pool, err);
     if (pst != ELLM_OK) {
         free(s);
         return pst;
@@ -249,6 +249,7 @@ ellm_status sched_init(ellm_model *model, const sched_params *params, server_met
     cp.n_ctx = s->n_ctx;
     cp.n_batch = p.chunk;
     cp.kv_pool = s->kv_pool;
+    cp.kv_type = p.kv_type;
     cp.sparse_topk = p.sparse_topk > 0 ? p.sparse_topk : -1; /* dense: no index kept */
     cp.sparse_recall_every = p.sparse_topk > 0 && !p.mpi ? 64 : 0; /* a shard does not hold every key */
     cp.mpi = p.mpi;

@@ -23,6 +23,7 @@ typedef struct {
     int chunk;         /* prompt tokens per prefill pass (-b) */
     int n_ctx;         /* tokens per sequence (-c); 0: the model's training context */
     double kv_cache_gb; /* > 0: the KV pool of all slots together (else every slot's full context) */
+    ellm_kv_type kv_type; /* element type of every slot's KV cache */
     int n_threads;     /* <= 0: the model's */
     int max_queue;     /* jobs waiting for a slot before 503 */
     int sparse_topk;

@@ -15,6 +15,7 @@ typedef struct {
     int n_threads;
     int n_ctx;                 /* per sequence; 0: the model's training context */
     double kv_cache_gb;        /* 0: every slot's full context */
+    int kv_type;               /* ellm_kv_type of every slot's cache (--kv-type; default F16) */
     int sparse_topk;
     const char *sparse_profile;
     const char *spec;          /* --spec drafter list (self-speculative decoding per slot), or NULL */

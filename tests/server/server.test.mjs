@@ -647,6 +647,65 @@ async function sparseServer() {
   }
 }
 
+// --kv-type q8_0: every slot's cache in Q8_0 pages, so the same --kv-cache-gb
+// holds more tokens (0.0006 GB: 5 pages of the evaluation model's 104,448-byte
+// Q8_0 pages, against 3 of F16), and greedy text equals `ellm run --kv-type
+// q8_0`'s, alone and with another stream in the same steps. A type the
+// server does not know is refused at start.
+async function q8KvServer() {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'ellm-q8-slots-'));
+  let srv;
+  const client = () => new OpenAI({ baseURL: srv.base + '/v1', apiKey: 'none', maxRetries: 0, timeout: 60000 });
+  try {
+    stage = 'q8_0 KV: bad type';
+    let rc = 0, errText = '';
+    try {
+      execFileSync(BIN, ['serve', '-m', MODEL, '--port', '0', '--kv-type', 'q4_0'], { stdio: ['ignore', 'ignore', 'pipe'], timeout: 10000 });
+    } catch (e) { rc = e.status; errText = String(e.stderr); }
+    check(rc === 2 && /--kv-type expects f16, f32 or q8_0, got 'q4_0'/.test(errText), `--kv-type q4_0 refused at start (${rc}: ${errText.trim()})`);
+
+    stage = 'q8_0 KV: pool';
+    srv = await startServer(['-c', '512', '--parallel', '2', '--kv-cache-gb', '0.0006', '--kv-type', 'q8_0', '--slot-save-path', dir]);
+    check(/\(q8_0 KV\)/.test(srv.log()), `the ready line names the KV type: ${srv.log().trim().split('\n').pop()}`);
+    let m = await metrics(srv.base);
+    check(m.get('ellm_kv_blocks_total') === 40, `0.0006 GB of Q8_0 pages = 5 pages = 40 blocks (${m.get('ellm_kv_blocks_total')})`);
+
+    stage = 'q8_0 KV: greedy text';
+    const ref0 = runGreedy(PROMPTS[0], 150, false, ['--kv-type', 'q8_0']);
+    const ref1 = runGreedy(PROMPTS[1], 80, false, ['--kv-type', 'q8_0']);
+    const alone = await client().completions.create({ model: 'x', prompt: PROMPTS[0], max_tokens: 150, temperature: 0, ignore_eos: true });
+    check(alone.choices[0].text === ref0, `q8_0 KV: greedy text equals ellm run --kv-type q8_0: ${JSON.stringify(alone.choices[0].text.slice(0, 50))} vs ${JSON.stringify(ref0.slice(0, 50))}`);
+    const [a, b] = await Promise.all([
+      streamText(client(), 'completion', { model: 'x', prompt: PROMPTS[0], max_tokens: 150, temperature: 0, ignore_eos: true }),
+      streamText(client(), 'completion', { model: 'x', prompt: PROMPTS[1], max_tokens: 80, temperature: 0, ignore_eos: true })]);
+    check(a.text === ref0 && b.text === ref1, 'q8_0 KV: two streams in the same steps each equal ellm run --kv-type q8_0');
+    m = await metrics(srv.base);
+    check(m.get('ellm_requests_running') === 0, 'q8_0 KV: nothing running afterwards');
+
+    stage = 'q8_0 KV: slot files';
+    const saves = [];
+    for (const id of [0, 1]) {
+      const r = await rawPost(srv.base, `/slots/${id}?action=save`, JSON.stringify({ filename: `q8slot${id}.bin` }));
+      saves.push(r.status === 200 ? r.json.n_saved : -1);
+    }
+    check(saves[0] > 0 && saves[1] > 0, `q8_0 KV: both slots saved (${saves})`);
+    let r = await rawPost(srv.base, '/slots/0?action=restore', JSON.stringify({ filename: 'q8slot1.bin' }));
+    check(r.status === 200 && r.json.n_restored === saves[1], `q8_0 KV: slot 1's file restored into slot 0 (${r.status} ${JSON.stringify(r.json)})`);
+    const exited = new Promise((res) => srv.proc.on('exit', res));
+    srv.proc.kill('SIGTERM');
+    await exited;
+    srv = await startServer(['-c', '512', '--parallel', '2', '--kv-cache-gb', '0.0006', '--slot-save-path', dir]);
+    r = await rawPost(srv.base, '/slots/0?action=restore', JSON.stringify({ filename: 'q8slot0.bin' }));
+    check(r.status === 400 && isOpenAIError(r.json) && /KV cache of type q8_0 .*this context has type f16 .*--kv-type/.test(r.json.error.message),
+          `a q8_0 slot file into an f16 server: 400 naming both types (${r.status} ${r.json && r.json.error.message})`);
+  } catch (e) {
+    check(false, `unexpected exception at stage '${stage}': ${e.stack || e}`);
+  } finally {
+    if (srv && srv.proc.exitCode === null) srv.proc.kill('SIGTERM');
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+}
+
 // The first n prompt token ids of the evaluation model's reference text.
 const ids64 = (n) => fs.readFileSync('tests/data/evalmodel.tokens.txt', 'utf8').split('\n')[0].trim().split(/\s+/).map(Number).slice(0, n);
 
@@ -654,6 +713,7 @@ async function main() {
   await seedServer();
   await specServer();
   await poolServer();
+  await q8KvServer();
   await sparseServer();
   const srv = await startServer(['-c', '256', '--parallel', '16', '--n-batch', '16', '--api-key', KEY]);
   const { base } = srv;
