@@ -134,6 +134,17 @@ static void test_run(void) {
     rc = run("run -n 100 -c 50 -p 'import os'", a, sizeof a);
     CHECK(rc > 0 && strstr(a, "context size of 50"), "n beyond -c: %d %s", rc, a);
 
+    /* llama.cpp's cache type flags: taken when K and V agree (the same text as
+     * --kv-type), refused with a message when they do not */
+    rc1 = run_stdout("run -n 24 --temp 0 -p 'def add(a, b):' --kv-type q8_0", a, sizeof a);
+    rc2 = run_stdout("run -n 24 --temp 0 -p 'def add(a, b):' -ctk q8_0 --cache-type-v q8_0", b, sizeof b);
+    CHECK(rc1 == 0 && rc2 == 0 && !strcmp(a, b), "-ctk/-ctv q8_0 against --kv-type q8_0: %d %d\n%s\n---\n%s", rc1,
+          rc2, a, b);
+    expect_error("run -n 4 -p x -ctk q8_0", "--cache-type-k q8_0 and --cache-type-v f16 differ");
+    expect_error("run -n 4 -p x --kv-type f32 -ctk q8_0 -ctv q8_0", "--kv-type f32 and --cache-type-k/-v q8_0 differ");
+    expect_error("run -n 4 -p x -ctv q4_0", "expects f16, f32 or q8_0, got 'q4_0'");
+    expect_error("serve --port 0 -ctk f32", "--cache-type-k f32 and --cache-type-v f16 differ");
+
     /* Bad flags and files */
     rc = run("run --top-p 2", a, sizeof a);
     CHECK(rc > 0 && strstr(a, "--top-p"), "bad value: %d %s", rc, a);

@@ -79,6 +79,34 @@ const char *arg_kv_type_name(int type) {
     return type >= 0 && type < 3 ? names[type] : "?";
 }
 
+int arg_kv_types_parse(int argc, char **argv, int *i, arg_kv_types *t, int *bad) {
+    const char *a = argv[*i], *v = NULL;
+    int *slot = NULL;
+    if (arg_value(argc, argv, i, "--kv-type", NULL, &v, bad)) slot = &t->kv;
+    else if (arg_value(argc, argv, i, "--cache-type-k", "-ctk", &v, bad)) slot = &t->k;
+    else if (arg_value(argc, argv, i, "--cache-type-v", "-ctv", &v, bad)) slot = &t->v;
+    else return 0;
+    *bad = !v || !arg_kv_type(a, v, slot);
+    return 1;
+}
+
+int arg_kv_types_resolve(const arg_kv_types *t, int *type) {
+    const int k = t->k >= 0 ? t->k : ELLM_KV_F16, v = t->v >= 0 ? t->v : ELLM_KV_F16;
+    if ((t->k >= 0 || t->v >= 0) && k != v) {
+        fprintf(stderr, "error: eLLM keeps keys and values in one type: --cache-type-k %s and --cache-type-v %s "
+                        "differ (give both the same, or --kv-type)\n",
+                arg_kv_type_name(k), arg_kv_type_name(v));
+        return 0;
+    }
+    if (t->kv >= 0 && (t->k >= 0 || t->v >= 0) && t->kv != k) {
+        fprintf(stderr, "error: --kv-type %s and --cache-type-k/-v %s differ\n", arg_kv_type_name(t->kv),
+                arg_kv_type_name(k));
+        return 0;
+    }
+    *type = t->kv >= 0 ? t->kv : k;
+    return 1;
+}
+
 int arg_int_list(const char *flag, const char *s, long lo, long hi, int *out, int max) {
     int n = 0;
     char *dup = strdup(s), *save = NULL;

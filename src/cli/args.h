@@ -22,6 +22,20 @@ int arg_u64(const char *flag, const char *s, uint64_t *out);
 int arg_kv_type(const char *flag, const char *s, int *type);
 /* "f16", "f32" or "q8_0". */
 const char *arg_kv_type_name(int type);
+
+/* The KV type flags of a command line: --kv-type and llama.cpp's
+ * --cache-type-k / -ctk and --cache-type-v / -ctv (-1: not given). */
+typedef struct {
+    int kv, k, v;
+} arg_kv_types;
+#define ARG_KV_TYPES_NONE {-1, -1, -1}
+/* If argv[*i] is one of those flags, parses its value into t (*bad on a bad
+ * value) and returns 1; else 0. */
+int arg_kv_types_parse(int argc, char **argv, int *i, arg_kv_types *t, int *bad);
+/* The one KV type the flags ask for (F16 when none is given) into *type;
+ * prints why and returns 0 when they disagree (eLLM keeps K and V in one
+ * type, so -ctk and -ctv must match each other and --kv-type). */
+int arg_kv_types_resolve(const arg_kv_types *t, int *type);
 /* Parses a comma-separated list of integers in [lo, hi] into out (at most
  * max); returns the count, or -1 after printing why. */
 int arg_int_list(const char *flag, const char *s, long lo, long hi, int *out, int max);

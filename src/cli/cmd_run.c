@@ -31,7 +31,8 @@ static void run_usage(FILE *f) {
             "                         the model's training length)\n"
             "  --kv-cache-gb G        KV memory ceiling in gigabytes (the context size too without -c);\n"
             "                         KV pages are taken as the sequence grows\n"
-            "  --kv-type f16|f32|q8_0 KV cache element type (default f16)\n"
+            "  --kv-type f16|f32|q8_0 KV cache element type (default f16; llama.cpp's -ctk/-ctv\n"
+            "                         --cache-type-k/-v are taken when equal)\n"
             "  -b, --batch-size N     tokens per prefill pass (default 256)\n"
             "  --temp T               temperature; 0 = greedy (default 0.8)\n"
             "  --top-k K              (default 40; 0 = off)\n"
@@ -158,6 +159,7 @@ static int parse(int argc, char **argv, run_opts *o) {
     o->keep = 4;
     o->mpi_timeout = CLI_MPI_TIMEOUT_S;
     int bad = 0;
+    arg_kv_types kvt = ARG_KV_TYPES_NONE;
     for (int i = 1; i < argc && !bad; i++) {
         const char *v = NULL;
         double d;
@@ -249,8 +251,8 @@ static int parse(int argc, char **argv, run_opts *o) {
             bad = !v || !arg_int(a, v, 1, RUN_BATCH_MAX, &o->batch);
         else if (arg_value(argc, argv, &i, "--kv-cache-gb", NULL, &v, &bad))
             bad = !v || !arg_double(a, v, 1e-6, 1e6, &o->kv_gb);
-        else if (arg_value(argc, argv, &i, "--kv-type", NULL, &v, &bad))
-            bad = !v || !arg_kv_type(a, v, &o->kv_f32);
+        else if (arg_kv_types_parse(argc, argv, &i, &kvt, &bad)) {
+        }
         else if (arg_value(argc, argv, &i, "--temp", NULL, &v, &bad)) {
             if (!(bad = !v || !arg_double(a, v, 0, RUN_TEMP_MAX, &d))) o->sp.temperature = (float)d;
         } else if (arg_value(argc, argv, &i, "--top-k", NULL, &v, &bad)) {
@@ -283,6 +285,7 @@ static int parse(int argc, char **argv, run_opts *o) {
         bad = 1;
     }
     if (!bad && o->spec_verify < 0) o->spec_verify = o->sparse_topk > 0;
+    if (!bad && !arg_kv_types_resolve(&kvt, &o->kv_f32)) bad = 1;
     if (!bad && o->spec && o->chat) {
         fprintf(stderr, "error: --spec is not supported with --chat\n");
         bad = 1;

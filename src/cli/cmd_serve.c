@@ -30,7 +30,8 @@ static void serve_usage(FILE *f) {
             "                         80%% of the memory available at start)\n"
             "  --kv-type f16|f32|q8_0 KV cache element type of every slot (default f16; q8_0: int8 with\n"
             "                         an F16 scale per token and 32 dims, 0.53x the bytes, so the\n"
-            "                         same --kv-cache-gb holds ~1.9x the tokens)\n"
+            "                         same --kv-cache-gb holds ~1.9x the tokens); llama.cpp's\n"
+            "                         -ctk/--cache-type-k and -ctv/--cache-type-v are taken when equal\n"
             "  --sparse-topk K        sparse attention: at most K tokens per KV head per step\n"
             "  --sparse-profile FILE  per-layer/per-head budgets from `ellm calibrate`\n"
             "  --spec LIST            self-speculative decoding per slot (drafters as `ellm run\n"
@@ -70,6 +71,7 @@ int cmd_serve(int argc, char **argv) {
     server_params p;
     server_default_params(&p);
     int bad = 0, use_mpi = 0;
+    arg_kv_types kvt = ARG_KV_TYPES_NONE;
     long n;
     double d, mpi_timeout = SERVE_MPI_TIMEOUT_S;
     for (int i = 1; i < argc && !bad; i++) {
@@ -97,8 +99,7 @@ int cmd_serve(int argc, char **argv) {
             if (!(bad = !v || !arg_int(a, v, 2, 1L << 24, &n))) p.n_ctx = (int)n;
         } else if (arg_value(argc, argv, &i, "--kv-cache-gb", NULL, &v, &bad)) {
             if (!(bad = !v || !arg_double(a, v, 1e-6, 1e6, &d))) p.kv_cache_gb = d;
-        } else if (arg_value(argc, argv, &i, "--kv-type", NULL, &v, &bad)) {
-            bad = !v || !arg_kv_type(a, v, &p.kv_type);
+        } else if (arg_kv_types_parse(argc, argv, &i, &kvt, &bad)) {
         } else if (arg_value(argc, argv, &i, "--sparse-topk", NULL, &v, &bad)) {
             if (!(bad = !v || !arg_int(a, v, 0, 1L << 30, &n))) p.sparse_topk = (int)n;
         } else if (arg_value(argc, argv, &i, "--sparse-profile", NULL, &v, &bad)) p.sparse_profile = v;
@@ -122,7 +123,7 @@ int cmd_serve(int argc, char **argv) {
             bad = 1;
         }
     }
-    if (bad) return 2;
+    if (bad || !arg_kv_types_resolve(&kvt, &p.kv_type)) return 2;
     if (p.sparse_profile && !p.sparse_topk) {
         fprintf(stderr, "error: --sparse-profile needs --sparse-topk\n");
         return 2;
