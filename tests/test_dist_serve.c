@@ -203,6 +203,29 @@ static int health(const server *s, const char *out) {
     return test_shell(c, code, sizeof code) == 0 ? atoi(code) : 0;
 }
 
+/* `ellm serve --mpi ... FLAGS` on 2 ranks, the request in `body` alone in a
+ * fresh slot: its completion text must be `want` (from ellm run with the
+ * same flags). */
+static void mpi_serve_alone(const char *flags, const char *want, const char *log_name, const char *body,
+                            const char *resp) {
+    char cmd[1024];
+    server s = {0}; /* pid 0: server_stop does nothing if it never started */
+    snprintf(cmd, sizeof cmd, MPIRUN "%s serve --mpi -m " MODEL " --port 0 -t 1 -c 1024 --parallel 2 %s",
+             test_ellm_bin(), flags);
+    int up = want && server_start(&s, cmd, log_name);
+    CHECK(up, "serve --mpi %s did not start", flags);
+    if (up) {
+        int code = 0;
+        const char *b[1] = {body}, *r[1] = {resp};
+        post_all(&s, 1, b, r, &code);
+        char *t = completion_text(resp);
+        CHECK(code == 200 && t && !strcmp(t, want), "serve --mpi %s: %d '%s', want '%s'", flags, code,
+              t ? t : "(none)", want);
+        free(t);
+    }
+    server_stop(&s);
+}
+
 static void test_greedy(void) {
     char path[9][640]; /* test_tmp_path's buffers rotate: copies */
     const char *name[9] = {"a.txt", "b.txt", "c.txt", "a.json", "b.json", "c.json", "a.out", "b.out", "c.out"};
@@ -275,37 +298,13 @@ static void test_greedy(void) {
      * sequences generating, the scheduler may shorten a chunk). */
     char *sref = run_greedy(prompts[0], "-b 128 --sparse-topk 64");
     CHECK(sref && strcmp(sref, ref[0]), "ellm run --sparse-topk 64 failed or equals dense: %s", sref ? sref : "");
-    snprintf(cmd, sizeof cmd, MPIRUN "%s serve --mpi -m " MODEL " --port 0 -t 1 -c 1024 --parallel 2 --sparse-topk 64",
-             test_ellm_bin());
-    up = sref && server_start(&s, cmd, "sparse.log");
-    CHECK(up, "serve --mpi --sparse-topk did not start");
-    if (up) {
-        int code = 0;
-        post_all(&s, 1, body, resp, &code);
-        char *t = completion_text(resp[0]);
-        CHECK(code == 200 && t && !strcmp(t, sref), "serve --mpi --sparse-topk 64: %d '%s', want '%s'", code,
-              t ? t : "(none)", sref);
-        free(t);
-    }
-    server_stop(&s);
+    mpi_serve_alone("--sparse-topk 64", sref, "sparse.log", body[0], resp[0]);
     free(sref);
 
     /* a Q8_0 cache (--kv-type q8_0 on every rank): ellm run --kv-type q8_0's text */
     char *qref = run_greedy(prompts[0], "--kv-type q8_0");
     CHECK(qref && *qref, "ellm run --kv-type q8_0 failed");
-    snprintf(cmd, sizeof cmd, MPIRUN "%s serve --mpi -m " MODEL " --port 0 -t 1 -c 1024 --parallel 2 --kv-type q8_0",
-             test_ellm_bin());
-    up = qref && server_start(&s, cmd, "q8.log");
-    CHECK(up, "serve --mpi --kv-type q8_0 did not start");
-    if (up) {
-        int code = 0;
-        post_all(&s, 1, body, resp, &code);
-        char *t = completion_text(resp[0]);
-        CHECK(code == 200 && t && !strcmp(t, qref), "serve --mpi --kv-type q8_0: %d '%s', want '%s'", code,
-              t ? t : "(none)", qref);
-        free(t);
-    }
-    server_stop(&s);
+    mpi_serve_alone("--kv-type q8_0", qref, "q8.log", body[0], resp[0]);
     free(qref);
 out:
     for (int i = 0; i < 3; i++) free(ref[i]);
