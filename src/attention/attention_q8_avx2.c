@@ -86,14 +86,16 @@ static inline __m256i q8_bcast_pair(const int16_t *p) {
     return _mm256_set1_epi32(x);
 }
 
-/* q8_rows16 with the int8 keys and values read in place and multiplied as
- * integers: vpmaddwd of channel pairs (k[c][j], k[c + 1][j]), widened to
- * int16, against the query's pair (q[c], q[c + 1]) gives key j's two
- * products in one int32 lane, summed over the group's 16 pairs; P*V likewise
- * over key pairs (v[j][d], v[j + 1][d]) against the u8 weights' pair. The
- * same integer sums as the F32 path (exact in both), then the same
- * conversions and fused multiply-adds, so the same bits; with half the
- * multiply instructions and no int8-to-F32 conversions. The next block's
+/* Rows [r, r + NR) (NR <= 3) of a whole 16-key block (every row sees all 16
+ * keys; vdf[g][j]: the values' scales), the int8 keys and values read in
+ * place and multiplied as integers: vpmaddwd of channel pairs (k[c][j],
+ * k[c + 1][j]), widened to int16, against the query's pair (q[c], q[c + 1])
+ * gives key j's two products in one int32 lane, summed over the group's 16
+ * pairs; P*V likewise over key pairs (v[j][d], v[j + 1][d]) against the u8
+ * weights' pair. The same integer sums as the row-by-row F32 path of
+ * attn_block_q8_avx2 (exact in both), then the same conversions and fused
+ * multiply-adds, so the same bits; with half the multiply instructions of
+ * F32 and no int8-to-F32 conversions. The next block's
  * lines (into L1) and the block ahead's (towards L2) are prefetched one per
  * step of the score and P*V loops (PF: the first tile of rows only). */
 static inline __attribute__((always_inline)) void q8_rows16_int(attn_state *st, const int8_t *k, const int8_t *v,
