@@ -1,14 +1,13 @@
 /* AVX2 attention block kernel for a Q8_0 KV cache (the arithmetic is defined
- * in attention_q8.c). A whole 16-key block that every row sees, with at most
- * 12 rows, goes through q8_rows16_int, rows in tiles of 3: the int8 keys and
- * values read in place and multiplied with vpmaddwd (int16 pairs into exact
- * int32 sums). More rows, or other blocks: the block's keys and values
- * converted to F32 scratch once for all its rows (q8_rows16 for whole
- * blocks, else row by row, 16 keys at a time), the int8 products summed in
- * F32 -- exact, the products being integers and the sums below 2^24. Every
- * path gives the same value as the int32 dot products of the AVX-512 kernel,
- * then scales it into the scores; P*V by the integer definition of
- * attention_q8_impl.h.
+ * in attention_q8.c). A whole 16-key block that every row sees goes through
+ * q8_rows16_int, rows in tiles of 3: the int8 keys and values read in place
+ * and multiplied with vpmaddwd (int16 pairs into exact int32 sums). Other
+ * blocks (a part's last, the diagonal of a prompt chunk): the block's keys
+ * and values converted to F32 scratch once for all its rows, then row by
+ * row, 16 keys at a time, the int8 products summed in F32 -- exact, the
+ * products being integers and the sums below 2^24. Both give the same value
+ * as the int32 dot products of the AVX-512 kernel, then scale it into the
+ * scores; P*V by the integer definition of attention_q8_impl.h.
  * Blocks of fewer than 8 tokens go to the scalar kernel. */
 #include "attention/attention_kernel.h"
 #include "attention/attention_q8_impl.h"
@@ -203,23 +202,24 @@ static inline __attribute__((always_inline)) void q8_rows16_int(attn_state *st, 
     }
 }
 
-/* q8_rows16_int over every row of the part, in tiles of 3, then 2 or 1 (HD: a
- * constant head_dim, or 0). */
+/* q8_rows16_int for rows [r, r + n), n <= 3 (NR as a constant). */
+static inline __attribute__((always_inline)) void q8_int_tile(attn_state *st, const int8_t *k, const int8_t *v,
+                                                              const uint16_t *kd, const float *vdf, int r, int n,
+                                                              const char *pn, const char *pa, const int PF,
+                                                              const int HD) {
+    if (n == 3) q8_rows16_int(st, k, v, kd, vdf, r, pn, pa, 3, PF, HD);
+    else if (n == 2) q8_rows16_int(st, k, v, kd, vdf, r, pn, pa, 2, PF, HD);
+    else q8_rows16_int(st, k, v, kd, vdf, r, pn, pa, 1, PF, HD);
+}
+
+/* Every row of the part, in tiles of 3 (the last one 1 or 2), the first
+ * tile prefetching (HD: a constant head_dim, or 0). */
 static inline __attribute__((always_inline)) void q8_int_rows(attn_state *st, const int8_t *k, const int8_t *v,
                                                               const uint16_t *kd, const float *vdf, const char *pn,
                                                               const char *pa, const int HD) {
     const int R = st->rows;
-    int r = 0;
-    if (R >= 3) {
-        q8_rows16_int(st, k, v, kd, vdf, 0, pn, pa, 3, 1, HD);
-        for (r = 3; r + 3 <= R; r += 3) q8_rows16_int(st, k, v, kd, vdf, r, pn, pa, 3, 0, HD);
-        if (R - r == 2) q8_rows16_int(st, k, v, kd, vdf, r, pn, pa, 2, 0, HD);
-        else if (R - r == 1) q8_rows16_int(st, k, v, kd, vdf, r, pn, pa, 1, 0, HD);
-    } else if (R == 2) {
-        q8_rows16_int(st, k, v, kd, vdf, 0, pn, pa, 2, 1, HD);
-    } else {
-        q8_rows16_int(st, k, v, kd, vdf, 0, pn, pa, 1, 1, HD);
-    }
+    q8_int_tile(st, k, v, kd, vdf, 0, R < 3 ? R : 3, pn, pa, 1, HD);
+    for (int r = 3; r < R; r += 3) q8_int_tile(st, k, v, kd, vdf, r, R - r < 3 ? R - r : 3, pn, pa, 0, HD);
 }
 
 /* Every row of the part over a whole block: the next block's lines (into
