@@ -237,6 +237,8 @@ void ellm_mpi_finalize(ellm_mpi *mpi);
 /* KV cache element type. Q8_0: int8 with an F16 scale per token and 32 dims
  * (0.53x the bytes of F16 at head_dim 64), read by fused kernels. */
 typedef enum { ELLM_KV_F16 = 0, ELLM_KV_F32 = 1, ELLM_KV_Q8_0 = 2 } ellm_kv_type;
+/* "f16", "f32" or "q8_0" (the GGUF type names); "unknown" for any other value. */
+const char *ellm_kv_type_name(ellm_kv_type type);
 
 /* KV memory shared by several contexts of one model and KV type (a server's
  * slots): pages of ellm_kv_pool_stats.page_tokens tokens (of every layer and

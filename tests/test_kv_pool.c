@@ -299,7 +299,17 @@ static void test_cli(ellm_model *m) {
     CHECK(rc == 0 && sh && atoi(sh + 15) >= 2, "run shifts past the KV ceiling (rc %d): %.200s", rc, sh ? sh : out);
 }
 
+/* The KV types' names (the GGUF type names the CLI flags take). */
+static void test_type_names(void) {
+    CHECK(!strcmp(ellm_kv_type_name(ELLM_KV_F16), "f16") && !strcmp(ellm_kv_type_name(ELLM_KV_F32), "f32") &&
+              !strcmp(ellm_kv_type_name(ELLM_KV_Q8_0), "q8_0"),
+          "KV type names: %s %s %s", ellm_kv_type_name(ELLM_KV_F16), ellm_kv_type_name(ELLM_KV_F32),
+          ellm_kv_type_name(ELLM_KV_Q8_0));
+    CHECK(!strcmp(ellm_kv_type_name((ellm_kv_type)7), "unknown"), "KV type 7: %s", ellm_kv_type_name((ellm_kv_type)7));
+}
+
 int main(void) {
+    test_type_names();
     test_pool();
     test_warm();
     ellm_model *m = test_load_model("models/evalmodel.gguf", NULL);

@@ -66,17 +66,12 @@ int arg_u64(const char *flag, const char *s, uint64_t *out) {
 
 int arg_kv_type(const char *flag, const char *s, int *type) {
     for (int t = 0; t < 3; t++)
-        if (!strcmp(s, arg_kv_type_name(t))) {
+        if (!strcmp(s, ellm_kv_type_name((ellm_kv_type)t))) {
             *type = t;
             return 1;
         }
     fprintf(stderr, "error: %s expects f16, f32 or q8_0, got '%s'\n", flag, s);
     return 0;
-}
-
-const char *arg_kv_type_name(int type) {
-    static const char *const names[] = {[ELLM_KV_F16] = "f16", [ELLM_KV_F32] = "f32", [ELLM_KV_Q8_0] = "q8_0"};
-    return type >= 0 && type < 3 ? names[type] : "?";
 }
 
 int arg_kv_types_parse(int argc, char **argv, int *i, arg_kv_types *t, int *bad) {
@@ -95,12 +90,12 @@ int arg_kv_types_resolve(const arg_kv_types *t, int *type) {
     if ((t->k >= 0 || t->v >= 0) && k != v) {
         fprintf(stderr, "error: eLLM keeps keys and values in one type: --cache-type-k %s and --cache-type-v %s "
                         "differ (give both the same, or --kv-type)\n",
-                arg_kv_type_name(k), arg_kv_type_name(v));
+                ellm_kv_type_name((ellm_kv_type)k), ellm_kv_type_name((ellm_kv_type)v));
         return 0;
     }
     if (t->kv >= 0 && (t->k >= 0 || t->v >= 0) && t->kv != k) {
-        fprintf(stderr, "error: --kv-type %s and --cache-type-k/-v %s differ\n", arg_kv_type_name(t->kv),
-                arg_kv_type_name(k));
+        fprintf(stderr, "error: --kv-type %s and --cache-type-k/-v %s differ\n",
+                ellm_kv_type_name((ellm_kv_type)t->kv), ellm_kv_type_name((ellm_kv_type)k));
         return 0;
     }
     *type = t->kv >= 0 ? t->kv : k;

@@ -20,8 +20,6 @@ int arg_u64(const char *flag, const char *s, uint64_t *out);
 /* Parses "f16", "f32" or "q8_0" for `flag` into *type (an ellm_kv_type);
  * prints why and returns 0 otherwise. */
 int arg_kv_type(const char *flag, const char *s, int *type);
-/* "f16", "f32" or "q8_0". */
-const char *arg_kv_type_name(int type);
 
 /* The KV type flags of a command line: --kv-type and llama.cpp's
  * --cache-type-k / -ctk and --cache-type-v / -ctv (-1: not given). */

@@ -619,7 +619,7 @@ int cmd_bench(int argc, char **argv) {
                "\"kv_type\": \"%s\", \"weight_bytes_per_token\": %llu, \"kv_bytes_per_token\": %zu, "
                "\"bandwidth_gbps\": %.3f, \"bandwidth_gbps_1t\": %.3f, \"probe_read_gbps\": %.3f, "
                "\"probe_saved\": %s, \"probe_age_s\": %.0f, \"points\": [",
-               model_path, info.arch, nt, ellm_isa_name(), arg_kv_type_name(kv_f32),
+               model_path, info.arch, nt, ellm_isa_name(), ellm_kv_type_name((ellm_kv_type)kv_f32),
                (unsigned long long)info.decode_weight_bytes, kv_per_token, bw, bw1, probe_bw,
                probe_saved ? "true" : "false", probe_saved ? probe_age_s : 0.0);
         for (int i = 0; i < n_depths; i++) {
@@ -638,7 +638,8 @@ int cmd_bench(int argc, char **argv) {
             if (ctx_cmp)
                 printf(", \"kv_compare\": \"%s\", \"interleaved_ms_per_token\": %.4f, "
                        "\"kv_compare_ms_per_token\": %.4f, \"speedup_vs_kv_compare\": %.3f",
-                       arg_kv_type_name(kv_cmp), pts[i].ab_ms, pts[i].cmp_ms, pts[i].cmp_ms / pts[i].ab_ms);
+                       ellm_kv_type_name((ellm_kv_type)kv_cmp), pts[i].ab_ms, pts[i].cmp_ms,
+                       pts[i].cmp_ms / pts[i].ab_ms);
             print_steps(pts[i].step_ms, (int)n_tokens);
         }
         for (int i = 0; i < n_depths && sparse_topk > 0; i++) {
@@ -678,7 +679,7 @@ int cmd_bench(int argc, char **argv) {
                gen, proj_s, roof_s, roof_s > 0 ? proj_s / roof_s : 0);
     } else {
         printf("model: %s (%s, %.1f M params)  isa: %s  threads: %d  kv: %s\n", model_path, info.arch,
-               info.n_params / 1e6, ellm_isa_name(), nt, arg_kv_type_name(kv_f32));
+               info.n_params / 1e6, ellm_isa_name(), nt, ellm_kv_type_name((ellm_kv_type)kv_f32));
         printf("weights read per token: %.1f MB   KV per token of context: %.1f KB\n",
                info.decode_weight_bytes / 1e6, kv_per_token / 1e3);
         printf("memory read bandwidth: %.1f GB/s (1 thread), %.1f GB/s (%d threads)\n\n", bw1, bw, nt);
@@ -706,7 +707,7 @@ int cmd_bench(int argc, char **argv) {
         }
         for (int i = 0; i < n_depths && ctx_cmp; i++)
             printf("%8d  %-6s %9.2f %10.3f   alternating with a %s cache: %.3f ms against %.3f ms, x%.2f\n",
-                   pts[i].depth, "kv-ab", 1000.0 / pts[i].ab_ms, pts[i].ab_ms, arg_kv_type_name(kv_cmp),
+                   pts[i].depth, "kv-ab", 1000.0 / pts[i].ab_ms, pts[i].ab_ms, ellm_kv_type_name((ellm_kv_type)kv_cmp),
                    pts[i].ab_ms, pts[i].cmp_ms, pts[i].cmp_ms / pts[i].ab_ms);
         for (int i = 0; i < n_depths && sparse_topk > 0; i++)
             printf("%8d  %-6s %9.2f %10.3f %11.2f %9.2f %7.0f%%  x%.2f vs dense, x%.2f vs empty context, "

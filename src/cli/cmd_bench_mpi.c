@@ -170,7 +170,7 @@ int cmd_bench_mpi(int argc, char **argv) {
         printf("{\"model\": \"%s\", \"n_layer\": %d, \"n_head\": %d, \"head_dim\": %d, \"ranks\": %d, "
                "\"threads\": %ld, \"kv_type\": \"%s\", \"synthetic_kv\": %s, \"sparse_topk\": %ld, \"points\": [",
                model_path, info.n_layer, info.n_head, info.head_dim, ellm_mpi_size(mpi), threads,
-               arg_kv_type_name(kv_f32), synthetic ? "true" : "false", sparse_topk);
+               ellm_kv_type_name((ellm_kv_type)kv_f32), synthetic ? "true" : "false", sparse_topk);
         for (int i = 0; i < n_depths; i++)
             printf("%s{\"depth\": %d, \"step_ms\": %.4f, \"exchange_ms_per_layer\": %.5f, \"merge_ms_per_layer\": "
                    "%.5f, \"parts_ms_per_layer\": %.5f, \"bytes_per_step\": %.0f, \"bare_exchange_us\": %.2f, "

@@ -811,7 +811,8 @@ static void print_stats(const run_opts *o, const ellm_model_info *info, const ch
             "decode: %d tokens in %.1f ms (%.2f tokens/s)\n"
             "seed: %llu\n",
             info->load_ms, model_path, info->arch, info->n_layer, info->n_embd, info->n_params / 1e6,
-            info->weight_bytes / 1e6, ellm_isa_name(), threads, n_ctx, arg_kv_type_name(kv_f32), n_prompt, t_prompt,
+            info->weight_bytes / 1e6, ellm_isa_name(), threads, n_ctx, ellm_kv_type_name((ellm_kv_type)kv_f32),
+            n_prompt, t_prompt,
             t_prompt > 0 ? n_prompt / (t_prompt / 1000.0) : 0, generated, t_gen, n_dec / (t_gen / 1000.0),
             (unsigned long long)seed);
     fprintf(stderr, "placement: %s\n", info->placement);

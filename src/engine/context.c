@@ -55,6 +55,11 @@ static int qtype_of(ellm_kv_type t) {
     return t == ELLM_KV_F32 ? QTYPE_F32 : t == ELLM_KV_Q8_0 ? QTYPE_Q8_0 : QTYPE_F16;
 }
 
+const char *ellm_kv_type_name(ellm_kv_type type) {
+    if (type != ELLM_KV_F16 && type != ELLM_KV_F32 && type != ELLM_KV_Q8_0) return "unknown";
+    return qtype_get(qtype_of(type))->name;
+}
+
 static kv_cache_params kv_params_of(const model_config *c, int n_ctx, int kv_type) {
     return (kv_cache_params){.n_layer = c->n_layer,
                              .n_kv_head = c->n_head_kv,

@@ -1123,7 +1123,7 @@ int server_run(const server_params *params) {
     atomic_store(&srv->ready, 1);
     fprintf(stderr, "ellm serve: ready: %s, %d slots x %d tokens (%s KV), %d sequences per step\n", srv->model_id,
             params->n_slots, sched_n_ctx(srv->sched),
-            params->kv_type == ELLM_KV_Q8_0 ? "q8_0" : params->kv_type == ELLM_KV_F32 ? "f32" : "f16",
+            ellm_kv_type_name((ellm_kv_type)params->kv_type),
             params->n_batch > 0 ? params->n_batch : params->n_slots);
     int sig = 0;
     sigset_t wait_sigs;
