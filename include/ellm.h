@@ -100,6 +100,7 @@ typedef struct {
     uint64_t n_params;
     uint64_t weight_bytes; /* bytes of tensor data in the file */
     uint64_t decode_weight_bytes; /* weight bytes one decode step reads */
+    uint64_t output_weight_bytes; /* of those, the output (logits) matrix's */
     double load_ms;        /* time ellm_model_load took */
     char placement[320];   /* threads and NUMA placement in use, and any note on them */
 } ellm_model_info;
@@ -398,6 +399,15 @@ typedef struct {
     double mpi_parts_ms;       /* computing this rank's partials (its share of attention) */
     uint64_t sparse_digest;    /* FNV-1a over every selection's block indices, in order: runs
                                   with equal digests attended to the same blocks */
+    /* Where the forward passes' time went, summed over the passes this context
+     * took part in (ellm_decode, speculative steps, batched passes: a batched
+     * pass counts whole for each of its contexts). forward_ms is their wall
+     * time; matmul_ms the layers' weight matmuls with the element-wise work
+     * around them (norms, RoPE, SwiGLU, activation quantization); attention_ms
+     * storing the new keys and values, choosing blocks and attending; output_ms
+     * the final norm and the output (logits) matrix. The rest of forward_ms is
+     * the embedding rows and bookkeeping. Not saved with the state. */
+    double forward_ms, matmul_ms, attention_ms, output_ms;
 } ellm_context_stats;
 
 void ellm_context_get_stats(const ellm_context *ctx, ellm_context_stats *stats);

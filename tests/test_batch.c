@@ -3,6 +3,7 @@
  * bit for bit, whatever else is in the pass: decode rows, prefill chunks or
  * nothing. Checked on weight types with different matmul kernels. */
 #include "attention/attention.h"
+#include "core/timer.h"
 #include "ellm.h"
 #include "harness.h"
 
@@ -85,6 +86,7 @@ static void check_model(const char *path, int chunk) {
     for (int i = 0; i < N_SEQ && b; i++)
         CHECK(ellm_batch_context_init(b, &cp, &ctx[i], &err) == ELLM_OK, "%s", err.msg);
     int fed[N_SEQ] = {0}, n_gen[N_SEQ] = {0}, mismatches = 0, max_rows_seen = 0;
+    const double t_loop = ellm_time_ms();
     for (int step = 0; b && step < 200; step++) {
         ellm_context *run[N_SEQ];
         const int32_t *tok[N_SEQ];
@@ -124,6 +126,20 @@ static void check_model(const char *path, int chunk) {
     CHECK(done, "%s: every sequence generated %d tokens", path, N_GEN);
     CHECK(mismatches == 0, "%s: %d logit rows differ from the sequence alone", path, mismatches);
     CHECK(max_rows_seen > chunk, "%s: passes mixed prefill and decode rows (max %d rows)", path, max_rows_seen);
+    /* each context's time split covers the batched passes it took part in:
+     * every part measured, the parts within the passes' wall time, and that
+     * within the loop's */
+    const double loop_ms = ellm_time_ms() - t_loop;
+    int bad_split = 0;
+    for (int i = 0; i < N_SEQ && b; i++) {
+        ellm_context_stats st;
+        ellm_context_get_stats(ctx[i], &st);
+        const double parts = st.matmul_ms + st.attention_ms + st.output_ms;
+        bad_split += !(st.matmul_ms > 0 && st.attention_ms > 0 && st.output_ms > 0) ||
+                     !(parts <= st.forward_ms * (1 + 1e-9)) || !(st.forward_ms <= loop_ms) ||
+                     st.decode_steps != (int64_t)n_gen[i] + (n_prompt[i] + chunk - 1) / chunk - 1;
+    }
+    CHECK(bad_split == 0, "%s: %d contexts' time split or pass count off (loop %.1f ms)", path, bad_split, loop_ms);
 
     /* bad input is refused without feeding anything */
     if (b && ctx[0]) {

@@ -349,6 +349,22 @@ static int bench_rounds_bad(const cJSON *p) {
     return bad;
 }
 
+/* A dense point's split of its timed steps: every part measured, GB/s where
+ * a part reads bytes, the parts and the rest adding up to the forward pass,
+ * which fits in the mean timed step. Returns the number of faults. */
+static int bench_split_bad(const cJSON *p) {
+    const cJSON *sp = cJSON_GetObjectItemCaseSensitive(p, "split"), *steps = cJSON_GetObjectItemCaseSensitive(p, "step_ms"), *x;
+    if (!cJSON_IsObject(sp) || cJSON_GetArraySize(steps) < 1) return 1;
+    double mean = 0;
+    cJSON_ArrayForEach(x, steps) mean += x->valuedouble / cJSON_GetArraySize(steps);
+    const double fwd = jnum(sp, "forward_ms"), mm = jnum(sp, "matmul_ms"), att = jnum(sp, "attention_ms"),
+                 out = jnum(sp, "output_ms"), other = jnum(sp, "other_ms");
+    int bad = !(mm > 0) || !(att > 0) || !(out > 0) || !(other >= -1e-4) || !(jnum(sp, "matmul_gbps") > 0) ||
+              !(jnum(sp, "output_gbps") > 0) || !(jnum(sp, "attention_gbps") > 0 || jnum(p, "depth") == 0);
+    bad += fabs(mm + att + out + other - fwd) > 1e-3 || !(fwd <= mean * 1.0001 + 1e-3);
+    return bad;
+}
+
 /* ellm bench at tiny depths: the JSON has the machine, one point per depth
  * and mode, the dense points' rounds paired with bandwidth reads, and the
  * prefill entries. */
@@ -366,7 +382,7 @@ static void test_bench(void) {
         double depth = jnum(p, "depth");
         const int dense = !strcmp(jstr(p, "mode"), "dense");
         n_dense += dense;
-        if (dense) bad += bench_rounds_bad(p);
+        if (dense) bad += bench_rounds_bad(p) + bench_split_bad(p);
         n_sparse += !strcmp(jstr(p, "mode"), "sparse") && jnum(p, "sparse_topk") == 128 &&
                     jnum(p, "vs_empty_context") > 0;
         bad += !(depth == 0 || depth == 256) || !(jnum(p, "tokens_per_s") > 0) || !(jnum(p, "ms_per_token") > 0) ||

@@ -41,7 +41,24 @@ typedef struct {
     int n_rounds;
     double *round_bw, *round_ms, *round_fraction;
     double paired_fraction, paired_bw; /* medians over the rounds */
+    /* dense: the point's timed steps by part, mean ms a step
+     * (ellm_context_stats): the forward pass, the layers' weight
+     * matmuls, attention, the output matrix; and the bytes each part reads */
+    double fwd_ms, mm_ms, att_ms, out_ms;
+    double mm_bytes, att_bytes, out_bytes;
 } bench_point;
+
+/* Adds one of p's n timed steps to its split: the context's stats before (a)
+ * and after (b) the step. */
+static void add_split(bench_point *p, const ellm_context_stats *a, const ellm_context_stats *b, int n) {
+    p->fwd_ms += (b->forward_ms - a->forward_ms) / n;
+    p->mm_ms += (b->matmul_ms - a->matmul_ms) / n;
+    p->att_ms += (b->attention_ms - a->attention_ms) / n;
+    p->out_ms += (b->output_ms - a->output_ms) / n;
+}
+
+/* GB/s of `bytes` read in `ms`, or 0. */
+static double split_gbps(double bytes, double ms) { return ms > 0 ? bytes / (ms / 1000.0) / 1e9 : 0; }
 
 #define MAX_PREFILL_REPS 64
 
@@ -91,7 +108,9 @@ static void bench_usage(FILE *f) {
             "without --sparse-topk. Dense steps run in rounds of %d timed steps, each round\n"
             "after a read of the --bw-mb buffer by as many threads: a round's share of the\n"
             "bandwidth is its bytes per median step over the bandwidth read just before it,\n"
-            "both in one machine state (\"paired\"; the median over the rounds is reported).\n",
+            "both in one machine state (\"paired\"; the median over the rounds is reported).\n"
+            "Each dense point also splits its timed steps (\"split\"): the layers' weight\n"
+            "matmuls, attention and the output matrix, mean ms and the GB/s each part reads.\n",
             ROUND_STEPS - 1);
 }
 
@@ -144,12 +163,17 @@ static int time_steps(ellm_context *ctx, const int32_t *ids, int n_ctx, int d, i
         p->round_bw[r] = membw_read_buffer_gbps(m->pool, m->buf, m->bytes, 2);
         for (int s = -1; s < k; s++) {
             int32_t tok = ids[(pos + 1 + s) % n_ctx];
+            ellm_context_stats st0, st1;
+            ellm_context_get_stats(ctx, &st0);
             double t0 = ellm_time_ms();
             if (ellm_decode(ctx, &tok, 1, NULL, &err) != ELLM_OK) {
                 fprintf(stderr, "error: %s\n", err.msg);
                 return 0;
             }
-            if (s >= 0) step_ms[done + s] = ellm_time_ms() - t0;
+            if (s < 0) continue;
+            step_ms[done + s] = ellm_time_ms() - t0;
+            ellm_context_get_stats(ctx, &st1);
+            add_split(p, &st0, &st1, n);
         }
         double sorted[ROUND_STEPS];
         memcpy(sorted, step_ms + done, (size_t)k * sizeof *sorted);
@@ -535,8 +559,10 @@ int cmd_bench(int argc, char **argv) {
         if (!time_steps(ctx, ids, n_ctx, d, (int)n_tokens, step_ms, p, &meter)) goto done;
         /* the cache now holds d + n_tokens + n_rounds (one untimed step a
          * round); the timed steps' mean depth is about half way */
-        p->bytes_per_token = (double)info.decode_weight_bytes +
-                             (double)kv_per_token * (d + 1 + (n_tokens + p->n_rounds) / 2.0);
+        p->att_bytes = (double)kv_per_token * (d + 1 + (n_tokens + p->n_rounds) / 2.0);
+        p->out_bytes = (double)info.output_weight_bytes;
+        p->mm_bytes = (double)info.decode_weight_bytes - p->out_bytes;
+        p->bytes_per_token = (double)info.decode_weight_bytes + p->att_bytes;
         p->gbps = p->bytes_per_token / (p->ms_median / 1000.0) / 1e9;
         p->bw_fraction = bw > 0 ? p->gbps / bw : 0;
         set_paired(p, base_ms);
@@ -634,7 +660,13 @@ int cmd_bench(int argc, char **argv) {
             for (int r = 0; r < pts[i].n_rounds; r++)
                 printf("%s{\"bw_gbps\": %.3f, \"ms_median\": %.4f, \"bw_fraction\": %.4f}", r ? ", " : "",
                        pts[i].round_bw[r], pts[i].round_ms[r], pts[i].round_fraction[r]);
-            printf("]");
+            printf("], \"split\": {\"forward_ms\": %.4f, \"matmul_ms\": %.4f, \"matmul_gbps\": %.3f, "
+                   "\"attention_ms\": %.4f, \"attention_gbps\": %.3f, \"output_ms\": %.4f, \"output_gbps\": %.3f, "
+                   "\"other_ms\": %.4f}",
+                   pts[i].fwd_ms, pts[i].mm_ms, split_gbps(pts[i].mm_bytes, pts[i].mm_ms), pts[i].att_ms,
+                   split_gbps(pts[i].att_bytes, pts[i].att_ms), pts[i].out_ms,
+                   split_gbps(pts[i].out_bytes, pts[i].out_ms),
+                   pts[i].fwd_ms - pts[i].mm_ms - pts[i].att_ms - pts[i].out_ms);
             if (ctx_cmp)
                 printf(", \"kv_compare\": \"%s\", \"interleaved_ms_per_token\": %.4f, "
                        "\"kv_compare_ms_per_token\": %.4f, \"speedup_vs_kv_compare\": %.3f",
@@ -705,6 +737,13 @@ int cmd_bench(int argc, char **argv) {
                    pts[i].depth, "paired", 100 * pts[i].paired_fraction, pts[i].paired_bw, pts[i].n_rounds, 100 * lo,
                    100 * hi, blo, bhi);
         }
+        printf("%8s  %-6s where a timed step goes: mean ms of each part (GB/s it reads)\n", "", "");
+        for (int i = 0; i < n_depths; i++)
+            printf("%8d  %-6s layers' matmuls %.3f (%.1f)  attention %.3f (%.1f)  output %.3f (%.1f)  other %.3f\n",
+                   pts[i].depth, "split", pts[i].mm_ms, split_gbps(pts[i].mm_bytes, pts[i].mm_ms), pts[i].att_ms,
+                   split_gbps(pts[i].att_bytes, pts[i].att_ms), pts[i].out_ms,
+                   split_gbps(pts[i].out_bytes, pts[i].out_ms),
+                   pts[i].fwd_ms - pts[i].mm_ms - pts[i].att_ms - pts[i].out_ms);
         for (int i = 0; i < n_depths && ctx_cmp; i++)
             printf("%8d  %-6s %9.2f %10.3f   alternating with a %s cache: %.3f ms against %.3f ms, x%.2f\n",
                    pts[i].depth, "kv-ab", 1000.0 / pts[i].ab_ms, pts[i].ab_ms, ellm_kv_type_name((ellm_kv_type)kv_cmp),

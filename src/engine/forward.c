@@ -585,103 +585,13 @@ static void seq_attn_task(void *arg, int ith, int nth) {
     }
 }
 
-void engine_forward_seqs(const ellm_model *m, const engine_scratch *s, threadpool *pool, float *logits_tmp,
-                         const engine_seq *seqs, int n_seq) {
+/* After the layers of a pass: the logits of the rows each sequence wants,
+ * normalized side by side into xn, in one matmul (into the sequence's
+ * buffer when there is one). */
+static void forward_logits(const ellm_model *m, const engine_scratch *s, threadpool *pool, float *logits_tmp,
+                           const engine_seq *seqs, int n_seq) {
     const model_config *c = &m->cfg;
-    const int64_t d = c->n_embd, hd = c->head_dim, nq = (int64_t)c->n_head * hd,
-                  nkv = (int64_t)c->n_head_kv * hd;
-    /* One sequence in its own context's scratch needs no copies. */
-    const int own = n_seq == 1 && s->q == seqs[0].ctx->s.q;
-    int n = 0;
-    for (int i = 0; i < n_seq; i++) {
-        struct ellm_context *ctx = seqs[i].ctx;
-        ctx->step_sparse = 0;
-        ctx->sample_recall = ctx->sidx && seqs[i].n == 1 && ctx->params.sparse_recall_every > 0 &&
-                             ctx->stats.decode_steps % ctx->params.sparse_recall_every == 0;
-        for (int t = 0; t < seqs[i].n; t++, n++) {
-            model_matrix_row(&m->tok_embd, seqs[i].tokens[t], s->x + n * d);
-            model_rope_cos_sin(m, seqs[i].pos + t, s->rope_cs + (size_t)n * c->n_rot);
-        }
-    }
-
-    /* sequences whose attention runs on one thread each (needs 2 or more) */
-    int one_seq[n_seq], one_row[n_seq], n_one = 0;
-    for (int i = 0, r = 0; i < n_seq; r += seqs[i].n, i++)
-        if (!own && attend_on_one_thread(seqs[i].ctx, seqs[i].n)) {
-            one_seq[n_one] = i;
-            one_row[n_one++] = r;
-        }
-
-    ellm_imatrix *imat = n_seq == 1 ? seqs[0].ctx->imatrix : NULL;
-    /* A layer hook may change x after a layer: the next layer's norm then
-     * waits for it instead of following the FFN's add. */
-    const int hook = n_seq == 1 && seqs[0].ctx->layer_hook;
-    const fwd_pass f = {.m = m, .s = s, .n = n, .fuse = !hook};
-    const int par = n >= ELEMENTWISE_PAR_ROWS;
-    for (int l = 0; l < c->n_layer; l++) {
-        const model_layer *L = &m->layers[l];
-        int pre = l == 0 || !f.fuse ? ROWS_ATTN_IN : ROWS_NONE;
-        if (imat) { /* observes the normalized input before the matmul */
-            rows_work(&f, pre, l, 0, n);
-            pre = ROWS_NONE;
-            engine_imatrix_observe(imat, l, IM_ATTN_IN, s->xn, n);
-        }
-        const model_matrix *wqkv[3] = {&L->wq, &L->wk, &L->wv};
-        float *const yqkv[3] = {s->q, s->k, s->v};
-        /* With sequences attended one per thread, each thread finishes the
-         * q and k rows of those it takes (no barrier); the others' rows are
-         * finished here before their attention. */
-        layer_matmul(&f, pool, par, l, 3, wqkv, yqkv, pre, n_one > 1 ? ROWS_NONE : ROWS_QKV_OUT);
-        /* Attention reads each sequence's own KV: per sequence, on its rows;
-         * those of one_seq[] in a single launch. */
-        if (n_one > 1) {
-            seq_attn_job job = {.seqs = seqs, .s = s, .f = &f, .seq = one_seq, .row = one_row, .n = n_one, .layer = l};
-            atomic_init(&job.next, 0);
-            threadpool_run(pool, seq_attn_task, &job);
-        }
-        for (int i = 0, r = 0; i < n_seq; r += seqs[i].n, i++) {
-            struct ellm_context *ctx = seqs[i].ctx;
-            const int ni = seqs[i].n;
-            if (n_one > 1 && attend_on_one_thread(ctx, ni)) continue;
-            if (n_one > 1) rows_work(&f, ROWS_QKV_OUT, l, r, r + ni);
-            if (!own && plain_dense(ctx)) {
-                attend_plain(ctx, l, ni, seqs[i].pos, s->q + r * nq, s->k + r * nkv, s->v + r * nkv, s->att + r * nq,
-                             pool);
-                continue;
-            }
-            if (!own) {
-                memcpy(ctx->s.q, s->q + r * nq, (size_t)ni * nq * 4);
-                memcpy(ctx->s.k, s->k + r * nkv, (size_t)ni * nkv * 4);
-                memcpy(ctx->s.v, s->v + r * nkv, (size_t)ni * nkv * 4);
-            }
-            attend_seq(ctx, l, ni, seqs[i].pos);
-            if (!own) memcpy(s->att + r * nq, ctx->s.att, (size_t)ni * nq * 4);
-        }
-        /* x += Wo att  (xn holds the projection output until ROWS_FFN_IN adds it) */
-        if (imat) engine_imatrix_observe(imat, l, IM_ATTN_OUT, s->att, n);
-        const model_matrix *wo[1] = {&L->wo};
-        float *const ywo[1] = {s->xn};
-        layer_matmul(&f, pool, par, l, 1, wo, ywo, ROWS_ATT_ACT, ROWS_FFN_IN);
-        if (imat) engine_imatrix_observe(imat, l, IM_FFN_IN, s->xn, n);
-        const model_matrix *wgu[2] = {&L->w_gate, &L->w_up};
-        float *const ygu[2] = {s->gate, s->up};
-        layer_matmul(&f, pool, par, l, 2, wgu, ygu, ROWS_NONE, ROWS_FFN_ACT);
-        if (imat) engine_imatrix_observe(imat, l, IM_FFN_DOWN, s->gate, n);
-        const model_matrix *wd[1] = {&L->w_down};
-        float *const yd[1] = {s->xn};
-        layer_matmul(&f, pool, par, l, 1, wd, yd, ROWS_NONE, ROWS_DOWN_OUT);
-        if (hook) seqs[0].ctx->layer_hook(seqs[0].ctx->layer_hook_arg, l, s->x, n);
-    }
-    for (int i = 0; i < n_seq; i++) {
-        struct ellm_context *ctx = seqs[i].ctx;
-        kv_cache_set_len(ctx->kv, seqs[i].pos + seqs[i].n);
-        ctx->stats.decode_steps++;
-        ctx->stats.sparse_steps += ctx->step_sparse;
-        if (ctx->sample_recall && ctx->step_sparse && ctx->params.sparse_adapt) engine_sparse_adapt(ctx);
-    }
-
-    /* Logits: the wanted rows of every sequence, normalized side by side into
-     * xn, in one matmul (into the sequence's buffer when there is one). */
+    const int64_t d = c->n_embd;
     int n_out = 0;
     for (int i = 0, r = 0; i < n_seq; r += seqs[i].n, i++)
         for (int t = seqs[i].first_logit_row; t < seqs[i].n; t++, n_out++) {
@@ -713,6 +623,124 @@ void engine_forward_seqs(const ellm_model *m, const engine_scratch *s, threadpoo
         for (int t = seqs[i].first_logit_row; t < seqs[i].n; t++, o++)
             dst[o] = seqs[i].logits + (size_t)(t - seqs[i].first_logit_row) * c->n_vocab;
     matmul_to(s, pool, &m->output, s->xn, n_out, logits_tmp, c->n_vocab, dst);
+}
+
+void engine_forward_seqs(const ellm_model *m, const engine_scratch *s, threadpool *pool, float *logits_tmp,
+                         const engine_seq *seqs, int n_seq) {
+    const model_config *c = &m->cfg;
+    const int64_t d = c->n_embd, hd = c->head_dim, nq = (int64_t)c->n_head * hd,
+                  nkv = (int64_t)c->n_head_kv * hd;
+    /* One sequence in its own context's scratch needs no copies. */
+    const int own = n_seq == 1 && s->q == seqs[0].ctx->s.q;
+    const uint64_t t_start = ellm_time_ns();
+    int n = 0;
+    for (int i = 0; i < n_seq; i++) {
+        struct ellm_context *ctx = seqs[i].ctx;
+        ctx->step_sparse = 0;
+        ctx->sample_recall = ctx->sidx && seqs[i].n == 1 && ctx->params.sparse_recall_every > 0 &&
+                             ctx->stats.decode_steps % ctx->params.sparse_recall_every == 0;
+        for (int t = 0; t < seqs[i].n; t++, n++) {
+            model_matrix_row(&m->tok_embd, seqs[i].tokens[t], s->x + n * d);
+            model_rope_cos_sin(m, seqs[i].pos + t, s->rope_cs + (size_t)n * c->n_rot);
+        }
+    }
+
+    /* sequences whose attention runs on one thread each (needs 2 or more) */
+    int one_seq[n_seq], one_row[n_seq], n_one = 0;
+    for (int i = 0, r = 0; i < n_seq; r += seqs[i].n, i++)
+        if (!own && attend_on_one_thread(seqs[i].ctx, seqs[i].n)) {
+            one_seq[n_one] = i;
+            one_row[n_one++] = r;
+        }
+
+    ellm_imatrix *imat = n_seq == 1 ? seqs[0].ctx->imatrix : NULL;
+    /* A layer hook may change x after a layer: the next layer's norm then
+     * waits for it instead of following the FFN's add. */
+    const int hook = n_seq == 1 && seqs[0].ctx->layer_hook;
+    const fwd_pass f = {.m = m, .s = s, .n = n, .fuse = !hook};
+    const int par = n >= ELEMENTWISE_PAR_ROWS;
+    /* the pass's time by part (ellm_context_stats), ns */
+    uint64_t t_mm = 0, t_att = 0, t_mark = ellm_time_ns();
+    for (int l = 0; l < c->n_layer; l++) {
+        const model_layer *L = &m->layers[l];
+        int pre = l == 0 || !f.fuse ? ROWS_ATTN_IN : ROWS_NONE;
+        if (imat) { /* observes the normalized input before the matmul */
+            rows_work(&f, pre, l, 0, n);
+            pre = ROWS_NONE;
+            engine_imatrix_observe(imat, l, IM_ATTN_IN, s->xn, n);
+        }
+        const model_matrix *wqkv[3] = {&L->wq, &L->wk, &L->wv};
+        float *const yqkv[3] = {s->q, s->k, s->v};
+        /* With sequences attended one per thread, each thread finishes the
+         * q and k rows of those it takes (no barrier); the others' rows are
+         * finished here before their attention. */
+        layer_matmul(&f, pool, par, l, 3, wqkv, yqkv, pre, n_one > 1 ? ROWS_NONE : ROWS_QKV_OUT);
+        uint64_t t = ellm_time_ns();
+        t_mm += t - t_mark;
+        t_mark = t;
+        /* Attention reads each sequence's own KV: per sequence, on its rows;
+         * those of one_seq[] in a single launch. */
+        if (n_one > 1) {
+            seq_attn_job job = {.seqs = seqs, .s = s, .f = &f, .seq = one_seq, .row = one_row, .n = n_one, .layer = l};
+            atomic_init(&job.next, 0);
+            threadpool_run(pool, seq_attn_task, &job);
+        }
+        for (int i = 0, r = 0; i < n_seq; r += seqs[i].n, i++) {
+            struct ellm_context *ctx = seqs[i].ctx;
+            const int ni = seqs[i].n;
+            if (n_one > 1 && attend_on_one_thread(ctx, ni)) continue;
+            if (n_one > 1) rows_work(&f, ROWS_QKV_OUT, l, r, r + ni);
+            if (!own && plain_dense(ctx)) {
+                attend_plain(ctx, l, ni, seqs[i].pos, s->q + r * nq, s->k + r * nkv, s->v + r * nkv, s->att + r * nq,
+                             pool);
+                continue;
+            }
+            if (!own) {
+                memcpy(ctx->s.q, s->q + r * nq, (size_t)ni * nq * 4);
+                memcpy(ctx->s.k, s->k + r * nkv, (size_t)ni * nkv * 4);
+                memcpy(ctx->s.v, s->v + r * nkv, (size_t)ni * nkv * 4);
+            }
+            attend_seq(ctx, l, ni, seqs[i].pos);
+            if (!own) memcpy(s->att + r * nq, ctx->s.att, (size_t)ni * nq * 4);
+        }
+        t = ellm_time_ns();
+        t_att += t - t_mark;
+        t_mark = t;
+        /* x += Wo att  (xn holds the projection output until ROWS_FFN_IN adds it) */
+        if (imat) engine_imatrix_observe(imat, l, IM_ATTN_OUT, s->att, n);
+        const model_matrix *wo[1] = {&L->wo};
+        float *const ywo[1] = {s->xn};
+        layer_matmul(&f, pool, par, l, 1, wo, ywo, ROWS_ATT_ACT, ROWS_FFN_IN);
+        if (imat) engine_imatrix_observe(imat, l, IM_FFN_IN, s->xn, n);
+        const model_matrix *wgu[2] = {&L->w_gate, &L->w_up};
+        float *const ygu[2] = {s->gate, s->up};
+        layer_matmul(&f, pool, par, l, 2, wgu, ygu, ROWS_NONE, ROWS_FFN_ACT);
+        if (imat) engine_imatrix_observe(imat, l, IM_FFN_DOWN, s->gate, n);
+        const model_matrix *wd[1] = {&L->w_down};
+        float *const yd[1] = {s->xn};
+        layer_matmul(&f, pool, par, l, 1, wd, yd, ROWS_NONE, ROWS_DOWN_OUT);
+        if (hook) seqs[0].ctx->layer_hook(seqs[0].ctx->layer_hook_arg, l, s->x, n);
+        t = ellm_time_ns();
+        t_mm += t - t_mark;
+        t_mark = t;
+    }
+    for (int i = 0; i < n_seq; i++) {
+        struct ellm_context *ctx = seqs[i].ctx;
+        kv_cache_set_len(ctx->kv, seqs[i].pos + seqs[i].n);
+        ctx->stats.decode_steps++;
+        ctx->stats.sparse_steps += ctx->step_sparse;
+        if (ctx->sample_recall && ctx->step_sparse && ctx->params.sparse_adapt) engine_sparse_adapt(ctx);
+    }
+    const uint64_t t_layers = ellm_time_ns();
+    forward_logits(m, s, pool, logits_tmp, seqs, n_seq);
+    const uint64_t t_end = ellm_time_ns();
+    for (int i = 0; i < n_seq; i++) {
+        ellm_context_stats *st = &seqs[i].ctx->stats;
+        st->forward_ms += (double)(t_end - t_start) / 1e6;
+        st->matmul_ms += (double)t_mm / 1e6;
+        st->attention_ms += (double)t_att / 1e6;
+        st->output_ms += (double)(t_end - t_layers) / 1e6;
+    }
 }
 
 void engine_forward(struct ellm_context *ctx, const int32_t *tokens, int n, int pos,

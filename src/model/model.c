@@ -348,6 +348,7 @@ void ellm_model_get_info(const ellm_model *m, ellm_model_info *info) {
     info->decode_weight_bytes = m->weight_bytes;
     if (m->output.data != m->tok_embd.data)
         info->decode_weight_bytes -= (uint64_t)m->tok_embd.rows * m->tok_embd.row_bytes;
+    info->output_weight_bytes = (uint64_t)m->output.rows * m->output.row_bytes;
     info->load_ms = m->load_ms;
     snprintf(info->placement, sizeof info->placement, "%s", m->placement);
 }
