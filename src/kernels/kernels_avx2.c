@@ -89,7 +89,7 @@ INLINE float load1_w(int wtype, const void *w, int64_t c) {
 
 /* One weight row `w` against NB F32 rows x[b]; writes y[b * ldy]. Two
  * accumulators per row hide the FMA latency when NB is small. One row
- * (decode) of F16 or BF16 prefetches the weight bytes KERN_PF_LINE_AHEAD
+ * (decode) of F16 or BF16 prefetches the weight bytes KERN_PF_LINE_AHEAD_AVX2
  * ahead as it goes, as the block kernels do: 1.17-1.22x faster than none
  * (bench_gemm -n 1, SmolLM2-135M and Llama-3.2-1B layers of F16 from DRAM,
  * Zen 3, 6 alternated rounds), where a burst over the whole row before it
@@ -102,7 +102,7 @@ INLINE void mm_float_row(int wtype, const void *w, int64_t cols, const float *co
     for (int b = 0; b < NB; b++) acc0[b] = acc1[b] = _mm256_setzero_ps();
     int64_t c = 0;
     for (; c + 16 <= cols; c += 16) {
-        if (NB == 1 && wtype != QTYPE_F32) kern_pf_block((const char *)w + 2 * c, 32);
+        if (NB == 1 && wtype != QTYPE_F32) kern_pf_block((const char *)w + 2 * c, 32, KERN_PF_LINE_AHEAD_AVX2);
         __m256 w0 = load8_w(wtype, w, c), w1 = load8_w(wtype, w, c + 8);
 #pragma GCC unroll 4
         for (int b = 0; b < NB; b++) {
@@ -511,7 +511,7 @@ INLINE void mm_q8_row1(int wtype, const char *w, int64_t nblk, const act_row *a,
     for (int64_t ci = 0; ci * 16 < nblk; ci++) {
         const char *p = w + 16 * ci * bsz;
         const int m = nblk - 16 * ci < 16 ? (int)(nblk - 16 * ci) : 16;
-        kern_pf_block(p, 16 * bsz); /* the lines ahead, a chunk's worth per chunk */
+        kern_pf_block(p, 16 * bsz, KERN_PF_LINE_AHEAD_AVX2); /* the lines ahead, a chunk's worth per chunk */
         __m256 dw[2], mw[2];
         chunk_scales_avx2(wtype, p, m, dw, mw);
         if (m == 16) q8_chunk_avx2(wtype, p, 16, dw, mw, a, 1, ci, acc);
@@ -566,7 +566,7 @@ INLINE void mm_q6k_row(const block_q6_K *w, int64_t nblk, const act_row *a, floa
 #pragma GCC unroll 4
     for (int b = 0; b < NB; b++) accf[b] = _mm256_setzero_ps();
     for (int64_t k = 0; k < nblk; k++) {
-        if (NB == 1) kern_pf_block(&w[k], (int)sizeof(block_q6_K));
+        if (NB == 1) kern_pf_block(&w[k], (int)sizeof(block_q6_K), KERN_PF_LINE_AHEAD_AVX2);
         __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)w[k].scales));
         __m256i acci[MM_NB];
 #pragma GCC unroll 4
@@ -635,7 +635,7 @@ INLINE void mm_q23k_row(int wtype, const void *W, int64_t nblk, const act_row *a
     for (int b = 0; b < NB; b++) accf[b] = _mm256_setzero_ps();
     for (int64_t k = 0; k < nblk; k++) {
         const char *blk = (const char *)W + (size_t)k * bsz;
-        if (NB == 1) kern_pf_block(blk, Q3 ? (int)sizeof(block_q3_K) : (int)sizeof(block_q2_K));
+        if (NB == 1) kern_pf_block(blk, Q3 ? (int)sizeof(block_q3_K) : (int)sizeof(block_q2_K), KERN_PF_LINE_AHEAD_AVX2);
         /* the 16 sub-block scales as int16 (Q3_K signed, Q2_K 0..15), and
          * what multiplies bsums: Q3_K's -4 x scale, Q2_K's mins */
         __m256i sc16, off16, hm = _mm256_setzero_si256();

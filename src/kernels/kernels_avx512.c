@@ -877,7 +877,7 @@ INLINE void kq16_block_pair(const void *w, int64_t nblk, int64_t k, const act_ro
     const size_t bsz = kq16_block_bytes(T);
     const char *wk = (const char *)w + (size_t)k * bsz;
     __m512i l0[MM_NB], l1[MM_NB];
-    if (NB == 1) kern_pf_block(wk, (int)(2 * bsz));
+    if (NB == 1) kern_pf_block(wk, (int)(2 * bsz), KERN_PF_LINE_AHEAD);
     if (T == QTYPE_Q3_K) {
         q3k_block_lanes((const block_q3_K *)wk, a, k, l0, K, NB);
         if (two) q3k_block_lanes((const block_q3_K *)(wk + bsz), a, k + 1, l1, K, NB);
@@ -964,7 +964,7 @@ INLINE void mm_q2k_row(const void *W, int64_t nblk, const act_row *a, float *y, 
     for (int b = 0; b < NB; b++) accf[b] = _mm512_setzero_ps();
     for (int64_t k = 0; k < nblk; k++) {
         const block_q2_K *b2 = (const block_q2_K *)W + k;
-        if (NB == 1) kern_pf_block(b2, (int)sizeof *b2);
+        if (NB == 1) kern_pf_block(b2, (int)sizeof *b2, KERN_PF_LINE_AHEAD);
         const __m128i sb = _mm_loadu_si128((const __m128i *)b2->scales);
         const __m256i sc16 = _mm256_cvtepu8_epi16(_mm_and_si128(sb, _mm_set1_epi8(0xF)));
         const __m256i min16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sb, 4), _mm_set1_epi8(0xF)));

@@ -56,14 +56,20 @@ INLINE void kern_pf_pages(const void *p, size_t n) {
 }
 
 /* Single-row (decode) matmuls also prefetch every line KERN_PF_LINE_AHEAD
- * bytes ahead. One activation row gives the weight stream little work per
+ * bytes ahead (the AVX-512 kernels) or KERN_PF_LINE_AHEAD_AVX2 (the AVX2
+ * ones, which also serve AVX-512 machines for the types without a VNNI
+ * kernel). One activation row gives the weight stream little work per
  * byte, yet the kernel's dependency chains fill the scheduler before the
  * loads run far ahead, so the hardware prefetchers alone keep too few lines
  * in flight: on the Ice Lake-SP guest a SmolLM2-135M weight pass (Q8_0, 2
  * threads, rows split as in decode) read at 73-86% of a same-run stream
  * read with the page touches alone and at 94-101% with lines prefetched
- * 6 KB ahead (3-12 KB all did about as well). */
-enum { KERN_PF_LINE_AHEAD = 6144 };
+ * 6 KB ahead (3-12 KB all did about as well). On a Zen 3 guest (AVX2 only)
+ * 16 KB read faster than 6 KB end to end (ellm bench, builds alternated, 4
+ * rounds): SmolLM2-135M Q8_0 decode 1.13x at depth 0 and 1.06x at 4K on 2
+ * threads, 1.07x and 1.05x on one; a Llama-3.2-1B Q4_K_M file 1.09x (3
+ * rounds; bench/AVX2.md). */
+enum { KERN_PF_LINE_AHEAD = 6144, KERN_PF_LINE_AHEAD_AVX2 = 16384 };
 
 /* Prefetches (into L1) the lines of [p, p + n) shifted KERN_PF_LINE_AHEAD
  * ahead: called for consecutive pieces of a stream. */
@@ -73,12 +79,13 @@ INLINE void kern_pf_lines(const void *p, size_t n) {
 }
 
 /* kern_pf_lines for one block of a row kernel's decode loop, of n bytes (a
- * constant): (n + 63) / 64 prefetches from p + KERN_PF_LINE_AHEAD, with no
+ * constant): (n + 63) / 64 prefetches from p + ahead (KERN_PF_LINE_AHEAD or
+ * KERN_PF_LINE_AHEAD_AVX2, as the kernel's ISA), with no
  * loop. Each covers its block's bytes (a line the last one misses is the
  * next block's first); called per Q4_K / Q6_K block, kern_pf_lines' loop
  * measured 4-13% slower in bench_kernels (Zen 5 guest, one thread). */
-INLINE void kern_pf_block(const void *p, const int n) {
-    const char *pf = (const char *)p + KERN_PF_LINE_AHEAD;
+INLINE void kern_pf_block(const void *p, const int n, const int ahead) {
+    const char *pf = (const char *)p + ahead;
 #pragma GCC unroll 8
     for (int i = 0; i < (n + 63) / 64; i++) _mm_prefetch(pf + 64 * i, _MM_HINT_T0);
 }

@@ -396,7 +396,7 @@ INLINE void iq4xs_half(const uint8_t *rec, int h, int64_t k, const act_row *a, _
 }
 
 /* One activation row against groups [0, ng) of kind K from w: one stream of
- * ng * nblk records, every line prefetched KERN_PF_LINE_AHEAD ahead (a Q4_K
+ * ng * nblk records, every line prefetched KERN_PF_LINE_AHEAD_AVX2 ahead (a Q4_K
  * or Q5_K record's in two halves) and each page touched KERN_PF_AHEAD
  * ahead. */
 INLINE void r16_row(const uint8_t *w, int64_t ng, int64_t nblk, const act_row *a, float *y, const int K) {
@@ -405,19 +405,19 @@ INLINE void r16_row(const uint8_t *w, int64_t ng, int64_t nblk, const act_row *a
     for (int64_t g = 0, k = 0; g < ng; w += REC) {
         kern_pf_pages(w, REC);
         if (K == KIND_IQ4XS) {
-            kern_pf_block(w, REC / 2);
+            kern_pf_block(w, REC / 2, KERN_PF_LINE_AHEAD_AVX2);
             iq4xs_half(w, 0, k, a, &s, 1);
-            kern_pf_block(w + REC / 2, REC / 2);
+            kern_pf_block(w + REC / 2, REC / 2, KERN_PF_LINE_AHEAD_AVX2);
             iq4xs_half(w, 1, k, a, &s, 1);
         } else if (KIND_SUPER(K)) {
             q4k_act_sb as;
-            kern_pf_block(w, REC / 2);
+            kern_pf_block(w, REC / 2, KERN_PF_LINE_AHEAD_AVX2);
             q4k_act(a, k, &as, 1);
             q4k_half(w, 0, k, a, &as, &s, 1, K == KIND_Q5K);
-            kern_pf_block(w + REC / 2, REC / 2);
+            kern_pf_block(w + REC / 2, REC / 2, KERN_PF_LINE_AHEAD_AVX2);
             q4k_half(w, 1, k, a, &as, &s, 1, K == KIND_Q5K);
         } else {
-            kern_pf_block(w, REC);
+            kern_pf_block(w, REC, KERN_PF_LINE_AHEAD_AVX2);
             const int64_t slot = act_q8_slot(k), q0 = 128 * (k >> 2) + 16 * (k & 3);
             const __m256i c = KIND_OFFSET(K) ? _mm256_set1_epi32(-a->sa[slot]) : _mm256_setzero_si256();
             __m256i acc[1][2] = {{c, c}};

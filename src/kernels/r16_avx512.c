@@ -131,7 +131,7 @@ INLINE void r16_row(const uint8_t *w, int64_t ng, int64_t nblk, const act_row *a
     __m512 s = _mm512_setzero_ps();
     for (int64_t g = 0, k = 0; g < ng; w += REC) {
         kern_pf_pages(w, REC);
-        kern_pf_block(w, REC);
+        kern_pf_block(w, REC, KERN_PF_LINE_AHEAD);
         const int64_t slot = act_q8_slot(k), q0 = 128 * (k >> 2) + 16 * (k & 3);
         __m512i acc = _mm512_set1_epi32(-a->sa[slot]);
         if (Q4) {
