@@ -123,10 +123,19 @@ static void test_run(void) {
     run("run -n 40 --seed 8 -p 'def add(a, b):'", b, sizeof b);
     CHECK(strcmp(a, b) != 0, "different seeds, same output");
 
-    /* --stats reports load time and speeds */
+    /* --stats reports load time and speeds, and the passes' time split: one
+     * pass for the prompt and one per token after the first, the shares
+     * within the whole */
     int rc = run("run -n 8 --temp 0 --stats -p 'import os'", a, sizeof a);
     CHECK(rc == 0 && strstr(a, "model_load_ms:") && strstr(a, "decode:") && strstr(a, "prompt:"),
           "stats: %s", a);
+    const char *split = strstr(a, "time split: ");
+    long passes = 0;
+    double fwd = 0, mm = -1, att = -1, out = -1;
+    if (split)
+        sscanf(split, "time split: %ld forward passes (prompt and decode) in %lf ms: layers' matmuls %lf%%, "
+                      "attention %lf%%, output matrix %lf%%", &passes, &fwd, &mm, &att, &out);
+    CHECK(passes == 8 && fwd > 0 && mm > 0 && att >= 0 && out > 0 && mm + att + out <= 101, "stats split: %s", a);
 
     /* Too long for the context: refused up front with the numbers. */
     rc = run("run -n 5000 -p 'x'", a, sizeof a);

@@ -818,9 +818,15 @@ static void print_stats(const run_opts *o, const ellm_model_info *info, const ch
     fprintf(stderr, "placement: %s\n", info->placement);
     print_bandwidth_share(read_bytes, n_dec, t_gen);
     (void)o;
+    ellm_context_stats cs;
+    ellm_context_get_stats(ctx, &cs);
+    if (cs.forward_ms > 0)
+        fprintf(stderr,
+                "time split: %lld forward passes (prompt and decode) in %.1f ms: layers' matmuls %.0f%%, "
+                "attention %.0f%%, output matrix %.0f%%\n",
+                (long long)cs.decode_steps, cs.forward_ms, 100 * cs.matmul_ms / cs.forward_ms,
+                100 * cs.attention_ms / cs.forward_ms, 100 * cs.output_ms / cs.forward_ms);
     if (sparse_topk) {
-        ellm_context_stats cs;
-        ellm_context_get_stats(ctx, &cs);
         fprintf(stderr,
                 "sparse: budget %ld tokens, %lld of %lld passes sparse, %.0f tokens attended per head, "
                 "block selection %.1f ms (%.1f%% of decode), index bytes read %.0f%% of a flat scan\n",
