@@ -65,11 +65,12 @@ INLINE void kern_pf_pages(const void *p, size_t n) {
  * threads, rows split as in decode) read at 73-86% of a same-run stream
  * read with the page touches alone and at 94-101% with lines prefetched
  * 6 KB ahead (3-12 KB all did about as well). On a Zen 3 guest (AVX2 only)
- * 16 KB read faster than 6 KB end to end (ellm bench, builds alternated, 4
- * rounds): SmolLM2-135M Q8_0 decode 1.13x at depth 0 and 1.06x at 4K on 2
- * threads, 1.07x and 1.05x on one; a Llama-3.2-1B Q4_K_M file 1.09x (3
- * rounds; bench/AVX2.md). */
-enum { KERN_PF_LINE_AHEAD = 6144, KERN_PF_LINE_AHEAD_AVX2 = 16384 };
+ * 16 KB decoded faster than 6 KB and 32 KB faster than 16 KB, 64 KB no
+ * faster than 32 (ellm bench, builds alternated round by round, 5-8 rounds:
+ * a Llama-3.2-1B Q4_K_M file 1.13x and 1.25x at 2 and 1 threads for 32 KB
+ * against 6 KB, SmolLM2-135M Q8_0 the paired bandwidth share 0.76-0.80
+ * against 0.70-0.72 on 2 threads; bench/AVX2.md). */
+enum { KERN_PF_LINE_AHEAD = 6144, KERN_PF_LINE_AHEAD_AVX2 = 32768 };
 
 /* Prefetches (into L1) the lines of [p, p + n) shifted KERN_PF_LINE_AHEAD
  * ahead: called for consecutive pieces of a stream. */
