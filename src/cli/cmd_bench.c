@@ -58,7 +58,7 @@ static void add_split(bench_point *p, const ellm_context_stats *a, const ellm_co
 }
 
 /* GB/s of `bytes` read in `ms`, or 0. */
-static double split_gbps(double bytes, double ms) { return ms > 0 ? bytes / (ms / 1000.0) / 1e9 : 0; }
+static double gbps_of(double bytes, double ms) { return ms > 0 ? bytes / (ms / 1000.0) / 1e9 : 0; }
 
 #define MAX_PREFILL_REPS 64
 
@@ -189,7 +189,7 @@ static int time_steps(ellm_context *ctx, const int32_t *ids, int n_ctx, int d, i
  * room for p->n_rounds values). */
 static void set_paired(bench_point *p, double *tmp) {
     for (int r = 0; r < p->n_rounds; r++) {
-        const double gbps = p->bytes_per_token / (p->round_ms[r] / 1000.0) / 1e9;
+        const double gbps = gbps_of(p->bytes_per_token, p->round_ms[r]);
         p->round_fraction[r] = p->round_bw[r] > 0 ? gbps / p->round_bw[r] : 0;
     }
     memcpy(tmp, p->round_fraction, (size_t)p->n_rounds * sizeof *tmp);
@@ -563,7 +563,7 @@ int cmd_bench(int argc, char **argv) {
         p->out_bytes = (double)info.output_weight_bytes;
         p->mm_bytes = (double)info.decode_weight_bytes - p->out_bytes;
         p->bytes_per_token = (double)info.decode_weight_bytes + p->att_bytes;
-        p->gbps = p->bytes_per_token / (p->ms_median / 1000.0) / 1e9;
+        p->gbps = gbps_of(p->bytes_per_token, p->ms_median);
         p->bw_fraction = bw > 0 ? p->gbps / bw : 0;
         set_paired(p, base_ms);
         if (ctx_cmp) {
@@ -604,7 +604,7 @@ int cmd_bench(int argc, char **argv) {
             if (kv_tokens > sparse_topk) kv_tokens = (double)sparse_topk;
             q->bytes_per_token = (double)info.decode_weight_bytes + (double)kv_per_token * kv_tokens +
                                  (s1.index_bytes_read - s0.index_bytes_read) / (double)n_tokens;
-            q->gbps = q->bytes_per_token / (q->ms_median / 1000.0) / 1e9;
+            q->gbps = gbps_of(q->bytes_per_token, q->ms_median);
             q->bw_fraction = bw > 0 ? q->gbps / bw : 0;
         }
         if (spec) {
@@ -663,9 +663,9 @@ int cmd_bench(int argc, char **argv) {
             printf("], \"split\": {\"forward_ms\": %.4f, \"matmul_ms\": %.4f, \"matmul_gbps\": %.3f, "
                    "\"attention_ms\": %.4f, \"attention_gbps\": %.3f, \"output_ms\": %.4f, \"output_gbps\": %.3f, "
                    "\"other_ms\": %.4f}",
-                   pts[i].fwd_ms, pts[i].mm_ms, split_gbps(pts[i].mm_bytes, pts[i].mm_ms), pts[i].att_ms,
-                   split_gbps(pts[i].att_bytes, pts[i].att_ms), pts[i].out_ms,
-                   split_gbps(pts[i].out_bytes, pts[i].out_ms),
+                   pts[i].fwd_ms, pts[i].mm_ms, gbps_of(pts[i].mm_bytes, pts[i].mm_ms), pts[i].att_ms,
+                   gbps_of(pts[i].att_bytes, pts[i].att_ms), pts[i].out_ms,
+                   gbps_of(pts[i].out_bytes, pts[i].out_ms),
                    pts[i].fwd_ms - pts[i].mm_ms - pts[i].att_ms - pts[i].out_ms);
             if (ctx_cmp)
                 printf(", \"kv_compare\": \"%s\", \"interleaved_ms_per_token\": %.4f, "
@@ -740,9 +740,9 @@ int cmd_bench(int argc, char **argv) {
         printf("%8s  %-6s where a timed step goes: mean ms of each part (GB/s it reads)\n", "", "");
         for (int i = 0; i < n_depths; i++)
             printf("%8d  %-6s layers' matmuls %.3f (%.1f)  attention %.3f (%.1f)  output %.3f (%.1f)  other %.3f\n",
-                   pts[i].depth, "split", pts[i].mm_ms, split_gbps(pts[i].mm_bytes, pts[i].mm_ms), pts[i].att_ms,
-                   split_gbps(pts[i].att_bytes, pts[i].att_ms), pts[i].out_ms,
-                   split_gbps(pts[i].out_bytes, pts[i].out_ms),
+                   pts[i].depth, "split", pts[i].mm_ms, gbps_of(pts[i].mm_bytes, pts[i].mm_ms), pts[i].att_ms,
+                   gbps_of(pts[i].att_bytes, pts[i].att_ms), pts[i].out_ms,
+                   gbps_of(pts[i].out_bytes, pts[i].out_ms),
                    pts[i].fwd_ms - pts[i].mm_ms - pts[i].att_ms - pts[i].out_ms);
         for (int i = 0; i < n_depths && ctx_cmp; i++)
             printf("%8d  %-6s %9.2f %10.3f   alternating with a %s cache: %.3f ms against %.3f ms, x%.2f\n",

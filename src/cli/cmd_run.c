@@ -252,8 +252,8 @@ static int parse(int argc, char **argv, run_opts *o) {
         else if (arg_value(argc, argv, &i, "--kv-cache-gb", NULL, &v, &bad))
             bad = !v || !arg_double(a, v, 1e-6, 1e6, &o->kv_gb);
         else if (arg_kv_types_parse(argc, argv, &i, &kvt, &bad)) {
-        }
-        else if (arg_value(argc, argv, &i, "--temp", NULL, &v, &bad)) {
+            /* --kv-type, -ctk, -ctv: resolved into one type after the loop */
+        } else if (arg_value(argc, argv, &i, "--temp", NULL, &v, &bad)) {
             if (!(bad = !v || !arg_double(a, v, 0, RUN_TEMP_MAX, &d))) o->sp.temperature = (float)d;
         } else if (arg_value(argc, argv, &i, "--top-k", NULL, &v, &bad)) {
             if (!(bad = !v || !arg_int(a, v, 0, RUN_COUNT_MAX, &n))) o->sp.top_k = (int)n;

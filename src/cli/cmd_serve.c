@@ -100,6 +100,7 @@ int cmd_serve(int argc, char **argv) {
         } else if (arg_value(argc, argv, &i, "--kv-cache-gb", NULL, &v, &bad)) {
             if (!(bad = !v || !arg_double(a, v, 1e-6, 1e6, &d))) p.kv_cache_gb = d;
         } else if (arg_kv_types_parse(argc, argv, &i, &kvt, &bad)) {
+            /* --kv-type, -ctk, -ctv: resolved into one type after the loop */
         } else if (arg_value(argc, argv, &i, "--sparse-topk", NULL, &v, &bad)) {
             if (!(bad = !v || !arg_int(a, v, 0, 1L << 30, &n))) p.sparse_topk = (int)n;
         } else if (arg_value(argc, argv, &i, "--sparse-profile", NULL, &v, &bad)) p.sparse_profile = v;
@@ -123,7 +124,9 @@ int cmd_serve(int argc, char **argv) {
             bad = 1;
         }
     }
-    if (bad || !arg_kv_types_resolve(&kvt, &p.kv_type)) return 2;
+    int kv_type;
+    if (bad || !arg_kv_types_resolve(&kvt, &kv_type)) return 2;
+    p.kv_type = (ellm_kv_type)kv_type;
     if (p.sparse_profile && !p.sparse_topk) {
         fprintf(stderr, "error: --sparse-profile needs --sparse-topk\n");
         return 2;

@@ -156,7 +156,7 @@ static ellm_status follower_build(follower *f, ellm_mpi *mpi, const server_param
         !(su->pool_gb > 0))
         return ellm_fail(err, ELLM_ERR_ARG, "rank 0 sent a setup out of range (%d slots, %d rows, %d tokens)",
                          su->n_slots, su->max_rows, su->n_ctx);
-    ellm_status st = ellm_kv_pool_init(f->model, (ellm_kv_type)p->kv_type, su->pool_gb, &f->pool, err);
+    ellm_status st = ellm_kv_pool_init(f->model, p->kv_type, su->pool_gb, &f->pool, err);
     if (st == ELLM_OK) st = ellm_batch_init(f->model, p->n_threads, su->max_rows, &f->batch, err);
     if (st != ELLM_OK) return st;
     f->n_slots = su->n_slots;
@@ -166,7 +166,7 @@ static ellm_status follower_build(follower *f, ellm_mpi *mpi, const server_param
     cp.n_ctx = su->n_ctx;
     cp.n_batch = su->ctx_batch;
     cp.kv_pool = f->pool;
-    cp.kv_type = (ellm_kv_type)p->kv_type; /* every rank parsed the same --kv-type */
+    cp.kv_type = p->kv_type; /* every rank parsed the same --kv-type */
     cp.sparse_topk = su->sparse_topk;
     cp.sparse_recall_every = 0;
     cp.mpi = mpi;

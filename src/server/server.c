@@ -1107,7 +1107,7 @@ int server_run(const server_params *params) {
                        .chunk = params->chunk,
                        .n_ctx = params->n_ctx,
                        .kv_cache_gb = params->kv_cache_gb,
-                       .kv_type = (ellm_kv_type)params->kv_type,
+                       .kv_type = params->kv_type,
                        .n_threads = params->n_threads,
                        .max_queue = params->max_queue,
                        .sparse_topk = params->sparse_topk,
@@ -1123,7 +1123,7 @@ int server_run(const server_params *params) {
     atomic_store(&srv->ready, 1);
     fprintf(stderr, "ellm serve: ready: %s, %d slots x %d tokens (%s KV), %d sequences per step\n", srv->model_id,
             params->n_slots, sched_n_ctx(srv->sched),
-            ellm_kv_type_name((ellm_kv_type)params->kv_type),
+            ellm_kv_type_name(params->kv_type),
             params->n_batch > 0 ? params->n_batch : params->n_slots);
     int sig = 0;
     sigset_t wait_sigs;

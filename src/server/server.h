@@ -3,6 +3,8 @@
 #ifndef ELLM_SERVER_SERVER_H
 #define ELLM_SERVER_SERVER_H
 
+#include "ellm.h"
+
 #include <stddef.h>
 
 typedef struct {
@@ -15,7 +17,7 @@ typedef struct {
     int n_threads;
     int n_ctx;                 /* per sequence; 0: the model's training context */
     double kv_cache_gb;        /* 0: every slot's full context */
-    int kv_type;               /* ellm_kv_type of every slot's cache (--kv-type; default F16) */
+    ellm_kv_type kv_type;      /* of every slot's cache (--kv-type; default F16) */
     int sparse_topk;
     const char *sparse_profile;
     const char *spec;          /* --spec drafter list (self-speculative decoding per slot), or NULL */
