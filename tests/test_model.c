@@ -5,6 +5,7 @@
 #include "gguf/gguf.h"
 #include "gguf/gguf_writer.h"
 #include "harness.h"
+#include "gguf_copy.h"
 #include "kernels/kernels.h"
 #include "model/model.h"
 
@@ -29,6 +30,9 @@ static const model_case CASES[] = {
     {"llama-untied-ropefreqs", 1e-4, 3e-3, 96, 0},
     {"qwen2-bias", 1e-4, 3e-3, 96, 0},
     {"qwen3-qknorm", 1e-4, 3e-3, 96, 0},
+    /* RoPE scaling: YaRN (factor 4 over 4096 tokens) and linear (factor 2, attn_factor 0.9) */
+    {"qwen2-yarn", 1e-4, 3e-3, 96, 0},
+    {"llama-linear", 1e-4, 3e-3, 96, 0},
     {"llama-gqa-F16", 1e-2, 1e-2, 96, 0},
     {"llama-gqa-BF16", 1e-2, 1e-2, 96, 0},
     {"llama-gqa-Q8_0", 5e-2, 5e-2, 95, 0},
@@ -273,29 +277,16 @@ static void test_errors(void) {
     ellm_model_free(m);
 }
 
-/* Writes a copy of `src` (by the repository's GGUF writer) with
- * "llama.attention.sliding_window" = window when window > 0, its data
- * aligned to `alignment` when nonzero (else the writer's 32), and a key
- * "test.pad" of pad_len bytes of text (moving where the data starts) when
- * pad_len > 0. Returns 1 on success. */
+/* A copy of `src` with "llama.attention.sliding_window" = window when
+ * window > 0, its data aligned to `alignment` when nonzero (else the
+ * writer's 32), and a key "test.pad" of pad_len bytes of text (moving where
+ * the data starts) when pad_len > 0. Returns 1 on success. */
 static int write_copy(const char *src, const char *dst, uint32_t window, uint32_t alignment, int pad_len) {
-    gguf_file *f = NULL;
-    gguf_writer *w = NULL;
-    ellm_error err = {0};
-    int ok = gguf_open(src, &f, &err) == ELLM_OK && gguf_writer_init(&w, &err) == ELLM_OK;
-    if (ok && alignment) ok = gguf_writer_set_alignment(w, alignment, &err) == ELLM_OK;
-    for (int64_t k = 0; ok && k < gguf_n_kv(f); k++) ok = gguf_writer_copy_kv(w, f, k, &err) == ELLM_OK;
-    if (ok && window) ok = gguf_writer_add_u32(w, "llama.attention.sliding_window", window, &err) == ELLM_OK;
-    if (ok && pad_len > 0) ok = gguf_writer_add_strn(w, "test.pad", "pad", (size_t)pad_len, &err) == ELLM_OK;
-    for (int64_t i = 0; ok && i < gguf_n_tensors(f); i++) {
-        const gguf_tensor *t = gguf_tensor_at(f, i);
-        ok = gguf_writer_add_tensor(w, t->name, (int)t->n_dims, t->ne, t->type, t->data, &err) == ELLM_OK;
-    }
-    ok = ok && gguf_writer_write(w, dst, &err) == ELLM_OK;
-    CHECK(ok, "writing %s: %s", dst, err.msg);
-    gguf_writer_free(w);
-    gguf_close(f);
-    return ok;
+    extra_key keys[2];
+    int n = 0;
+    if (window) keys[n++] = (extra_key){"llama.attention.sliding_window", 'u', NULL, window};
+    if (pad_len > 0) keys[n++] = (extra_key){"test.pad", 'n', "pad", pad_len};
+    return gguf_copy_with_keys(src, dst, alignment, keys, n);
 }
 
 /* A GGUF file may set general.alignment below 4, which can put a tensor at
@@ -359,6 +350,93 @@ static void test_alignment(void) {
     free(want);
     free(got);
     ellm_model_free(ref);
+}
+
+/* Logits of 24 tokens of models/evalmodel.gguf with `extra` keys added into
+ * out (24 x n_vocab), or the load error's status with its message in *err. */
+static ellm_status scaled_logits(const extra_key *extra, int n, float *out, ellm_error *err) {
+    char path[256];
+    snprintf(path, sizeof path, "/tmp/ellm_test_rope.%d.gguf", (int)getpid());
+    if (!gguf_copy_with_keys("models/evalmodel.gguf", path, 0, extra, n)) return ELLM_ERR_IO;
+    ellm_model *m = NULL;
+    ellm_status st = ellm_model_load(path, NULL, &m, err);
+    remove(path);
+    if (st != ELLM_OK) return st;
+    ellm_context_params cp = ellm_context_default_params();
+    cp.n_ctx = 32;
+    ellm_context *ctx = NULL;
+    int32_t ids[24];
+    for (int i = 0; i < 24; i++) ids[i] = 3 + 37 * i % 500;
+    st = ellm_context_init(m, &cp, &ctx, err);
+    if (st == ELLM_OK) st = ellm_decode(ctx, ids, 24, out, err);
+    ellm_context_free(ctx);
+    ellm_model_free(m);
+    return st;
+}
+
+/* The RoPE scaling keys as llama.cpp reads them (the logits of YaRN and
+ * linear scaling are checked against llama.cpp's in CASES): without a type a
+ * factor means linear; "none" ignores the factor; the older
+ * rope.scale_linear is the factor when rope.scaling.factor is absent, and a
+ * factor of 0 means none. An unknown type, a value out of range or of the
+ * wrong kind is refused naming the key. */
+static void test_rope_scaling_keys(void) {
+    ellm_model *ref = NULL;
+    ellm_error err = {0};
+    CHECK(ellm_model_load("models/evalmodel.gguf", NULL, &ref, &err) == ELLM_OK, "%s", err.msg);
+    if (!ref) return;
+    ellm_model_info info;
+    ellm_model_get_info(ref, &info);
+    ellm_model_free(ref);
+    const size_t n = (size_t)24 * info.n_vocab;
+    float *plain = malloc(n * 4), *lin = malloc(n * 4), *got = malloc(n * 4);
+    if (!plain || !lin || !got) {
+        CHECK(0, "out of memory");
+        free(plain), free(lin), free(got);
+        return;
+    }
+    const extra_key linear4[2] = {{"llama.rope.scaling.type", 's', "linear", 0}, {"llama.rope.scaling.factor", 'f', NULL, 4}};
+    CHECK(scaled_logits(NULL, 0, plain, &err) == ELLM_OK, "%s", err.msg);
+    CHECK(scaled_logits(linear4, 2, lin, &err) == ELLM_OK, "%s", err.msg);
+    CHECK(memcmp(plain, lin, n * 4) != 0, "linear factor 4 changes nothing");
+    struct {
+        const char *what;
+        extra_key k[2];
+        int n;
+        const float *want;
+    } same[] = {
+        {"a factor without a type", {{"llama.rope.scaling.factor", 'f', NULL, 4}}, 1, lin},
+        {"rope.scale_linear", {{"llama.rope.scale_linear", 'f', NULL, 4}}, 1, lin},
+        {"type none with a factor", {{"llama.rope.scaling.type", 's', "none", 0}, {"llama.rope.scaling.factor", 'f', NULL, 4}}, 2, plain},
+        {"factor 0", {{"llama.rope.scaling.type", 's', "linear", 0}, {"llama.rope.scaling.factor", 'f', NULL, 0}}, 2, plain},
+        {"linear factor 1", {{"llama.rope.scaling.type", 's', "linear", 0}, {"llama.rope.scaling.factor", 'f', NULL, 1}}, 2, plain},
+        {"yarn factor 1", {{"llama.rope.scaling.type", 's', "yarn", 0}, {"llama.rope.scaling.factor", 'f', NULL, 1}}, 2, plain},
+    };
+    for (size_t i = 0; i < sizeof same / sizeof same[0]; i++) {
+        ellm_status st = scaled_logits(same[i].k, same[i].n, got, &err);
+        CHECK(st == ELLM_OK && !memcmp(got, same[i].want, n * 4), "%s: status %d (%s), logits %s", same[i].what, (int)st,
+              err.msg, st == ELLM_OK && memcmp(got, same[i].want, n * 4) ? "differ" : "as expected");
+    }
+    struct {
+        extra_key k;
+        ellm_status want;
+        const char *says;
+    } bad[] = {
+        {{"llama.rope.scaling.type", 's', "longrope", 0}, ELLM_ERR_UNSUPPORTED, "'longrope' is not supported"},
+        {{"llama.rope.scaling.type", 'u', NULL, 2}, ELLM_ERR_FORMAT, "llama.rope.scaling.type"},
+        {{"llama.rope.scaling.factor", 'f', NULL, -2}, ELLM_ERR_FORMAT, "'llama.rope.scaling.factor' = -2 is out of range"},
+        {{"llama.rope.scaling.attn_factor", 'f', NULL, 0}, ELLM_ERR_FORMAT, "llama.rope.scaling.attn_factor"},
+        {{"llama.rope.scaling.original_context_length", 'u', NULL, 0}, ELLM_ERR_FORMAT,
+         "llama.rope.scaling.original_context_length"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        err.msg[0] = 0;
+        ellm_status st = scaled_logits(&bad[i].k, 1, got, &err);
+        CHECK(st == bad[i].want && strstr(err.msg, bad[i].says), "%s: status %d, '%s'", bad[i].k.key, (int)st, err.msg);
+    }
+    free(plain);
+    free(lin);
+    free(got);
 }
 
 /* Mistral's sliding-window attention is not implemented: a file with
@@ -566,6 +644,7 @@ int main(void) {
     test_evalmodel();
     test_errors();
     test_sliding_window();
+    test_rope_scaling_keys();
     test_alignment();
     return test_finish();
 }

@@ -5,6 +5,7 @@
  * index describes the moved keys exactly; and `ellm run --ctx-overflow`
  * stops with a message or keeps generating past the context. */
 #include "harness.h"
+#include "gguf_copy.h"
 
 #include "attention/sparse_index_internal.h"
 #include "core/fp16.h"
@@ -113,21 +114,35 @@ out:
     ellm_context_free(b);
 }
 
+/* The third case is the second with YaRN scaling (factor 4 over an original
+ * context of 64): the cos and sin of its positions carry a magnitude
+ * (1 + 0.1 ln 4) that a moved key has already, so the shift's rotation must
+ * leave it out. */
 static void test_shift_models(void) {
-    const char *shapes[] = {"tiny-1layer", "tiny-qwen2-1layer"};
-    for (int i = 0; i < 2; i++) {
-        char cmd[1024], out[4096], path[640];
+    const char *shapes[] = {"tiny-1layer", "tiny-qwen2-1layer", "tiny-qwen2-1layer"}, *labels[] = {"", "", " yarn"};
+    const extra_key yarn[3] = {{"qwen2.rope.scaling.type", 's', "yarn", 0},
+                               {"qwen2.rope.scaling.factor", 'f', NULL, 4},
+                               {"qwen2.rope.scaling.original_context_length", 'u', NULL, 64}};
+    for (int i = 0; i < 3; i++) {
+        char cmd[1024], out[4096], path[700], scaled[700];
         snprintf(path, sizeof path, "%s/shift_%s.gguf", test_tmp_dir(), shapes[i]);
         snprintf(cmd, sizeof cmd, "%s synth --shape %s --type f16 --seed 3 -o %s", test_ellm_bin(), shapes[i], path);
         int rc = sh(cmd, out, sizeof out);
         CHECK(rc == 0, "synth %s: %s", shapes[i], out);
+        if (i == 2) {
+            snprintf(scaled, sizeof scaled, "%.600s.yarn.gguf", path);
+            rc = !gguf_copy_with_keys(path, scaled, 0, yarn, 3);
+            remove(path);
+            snprintf(path, sizeof path, "%s", scaled);
+        }
         ellm_model *m = NULL;
         ellm_error err = {0};
         if (rc || ellm_model_load(path, NULL, &m, &err) != ELLM_OK) {
             CHECK(0, "load %s: %s", path, err.msg);
             continue;
         }
-        CHECK(m->cfg.rope_neox == (i == 1), "%s: RoPE style", shapes[i]);
+        CHECK(m->cfg.rope_neox == (i >= 1), "%s: RoPE style", shapes[i]);
+        CHECK((m->rope_mscale != 1.0) == (i == 2), "%s%s: RoPE magnitude %g", shapes[i], labels[i], m->rope_mscale);
         char name[128];
         /* F32 cache: only float rounding of the extra rotation (~1e-7 relative
          * per key) separates the two, so the logits agree to 1e-4. F16 cache:
@@ -135,11 +150,11 @@ static void test_shift_models(void) {
          * 2^-11 per element, where a fresh context rounds once), which moves
          * the scores by ~1e-3 of their size; the logits stay within 5e-3 of (8e-4 measured)
          * the largest logit. */
-        snprintf(name, sizeof name, "%s f32", shapes[i]);
+        snprintf(name, sizeof name, "%s%s f32", shapes[i], labels[i]);
         check_shift(m, name, ELLM_KV_F32, 0, 1e-4);
-        snprintf(name, sizeof name, "%s f16", shapes[i]);
+        snprintf(name, sizeof name, "%s%s f16", shapes[i], labels[i]);
         check_shift(m, name, ELLM_KV_F16, 0, 5e-3);
-        snprintf(name, sizeof name, "%s f16 sparse", shapes[i]);
+        snprintf(name, sizeof name, "%s%s f16 sparse", shapes[i], labels[i]);
         check_shift(m, name, ELLM_KV_F16, 1, 5e-3);
         ellm_model_free(m);
         remove(path);

@@ -5,7 +5,8 @@
  * p' = p - n_discard needs the rotation by p', and rotations compose:
  * R(p') = R(-n_discard) R(p), so every moved key is rotated once more by
  * -n_discard (the same pairs, normal or NeoX, and the same frequencies,
- * including rope_freqs factors, as the forward pass). Values do not depend on
+ * including rope_freqs factors and RoPE scaling, as the forward pass; not
+ * YaRN's magnitude, which the stored key has already). Values do not depend on
  * the position and move as they are. The re-rotated key is rounded to the
  * cache's type again, so with an F16 cache it may differ from the key a fresh
  * context would store at p' by about one F16 unit in the last place. The
@@ -41,7 +42,7 @@ ellm_status ellm_context_shift(ellm_context *ctx, int n_keep, int n_discard, ell
     const model_config *c = &m->cfg;
     const int hd = c->head_dim, nkv = c->n_head_kv, chunk = ctx->n_batch;
     float *cs = ctx->s.rope_cs; /* the rotation by -n_discard: n_rot / 2 (cos, sin) pairs */
-    model_rope_cos_sin(m, -n_discard, cs);
+    model_rope_rotation(m, -n_discard, cs);
     /* Sources lie above their destinations and chunks go upwards, so a chunk
      * is read whole before anything it will read later is overwritten. */
     for (int l = 0; l < c->n_layer; l++)

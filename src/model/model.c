@@ -138,6 +138,49 @@ static ellm_status bind_vector(loader *ld, const char *name, int optional, int64
     return ELLM_OK;
 }
 
+/* <arch>.rope.scaling.*, read as llama.cpp reads them for these
+ * architectures: "type" none, linear or yarn (absent: linear, which with no
+ * factor changes nothing), "factor" (or the older rope.scale_linear; absent
+ * or 0: 1), "original_context_length" (YaRN; absent: the training context)
+ * and "attn_factor" (absent: 1). Other types are refused by name. */
+static ellm_status read_rope_scaling(loader *ld) {
+    model_config *c = &ld->m->cfg;
+    c->rope_scaling = MODEL_ROPE_LINEAR;
+    c->rope_factor = 1.0f;
+    c->rope_orig_ctx = c->n_ctx_train;
+    c->rope_attn_factor = 1.0f;
+    char key[128];
+    snprintf(key, sizeof key, "%s.rope.scaling.type", c->arch_name);
+    if (gguf_find_key(ld->m->file, key) >= 0) {
+        const char *type;
+        size_t len;
+        ellm_status st = gguf_get_str(ld->m->file, key, &type, &len, ld->err);
+        if (st != ELLM_OK) return st;
+        if (len == 4 && !memcmp(type, "none", 4)) c->rope_scaling = MODEL_ROPE_NONE;
+        else if (len == 4 && !memcmp(type, "yarn", 4)) c->rope_scaling = MODEL_ROPE_YARN;
+        else if (!(len == 6 && !memcmp(type, "linear", 6)))
+            return ellm_fail(ld->err, ELLM_ERR_UNSUPPORTED,
+                             "model: '%s' = '%.*s' is not supported (none, linear and yarn are)", key,
+                             (int)(len > 32 ? 32 : len), type);
+    }
+    static const char *const factor_keys[2] = {"rope.scaling.factor", "rope.scale_linear"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(key, sizeof key, "%s.%s", c->arch_name, factor_keys[i]);
+        if (gguf_find_key(ld->m->file, key) < 0) continue;
+        double v;
+        ellm_status st = gguf_get_f64(ld->m->file, key, &v, ld->err);
+        if (st != ELLM_OK) return st;
+        if (!(v >= 0) || v > 1e6)
+            return ellm_fail(ld->err, ELLM_ERR_FORMAT, "model: '%s' = %g is out of range [0, 1e6]", key, v);
+        if (v > 0) c->rope_factor = (float)v; /* 0 stands for none */
+        break;
+    }
+    if (c->rope_scaling == MODEL_ROPE_NONE) c->rope_factor = 1.0f;
+    ellm_status st = arch_int(ld, "rope.scaling.original_context_length", 1, 1, 1 << 30, &c->rope_orig_ctx);
+    if (st == ELLM_OK) st = arch_float(ld, "rope.scaling.attn_factor", &c->rope_attn_factor);
+    return st;
+}
+
 static ellm_status read_config(loader *ld) {
     ellm_model *m = ld->m;
     model_config *c = &m->cfg;
@@ -196,7 +239,46 @@ static ellm_status read_config(loader *ld) {
     if ((st = arch_float(ld, "rope.freq_base", &c->rope_theta)) ||
         (st = arch_float(ld, "attention.layer_norm_rms_epsilon", &c->norm_eps)))
         return st;
-    return ELLM_OK;
+    return read_rope_scaling(ld);
+}
+
+/* YaRN's correction dimension: the (fractional) pair whose rotation turns
+ * `turns` times over the original training context. */
+static double yarn_pair(const model_config *c, double turns) {
+    return c->n_rot * log(c->rope_orig_ctx / (turns * 2 * M_PI)) / (2 * log((double)c->rope_theta));
+}
+
+/* m->rope_freq and m->rope_mscale from the configuration: base^(-2i/n_rot),
+ * divided by the rope_freqs factor of pair i, then scaled. Linear: times
+ * 1/factor. YaRN (Peng et al., 2023): pairs that turn more than 32 times
+ * over the original context keep their frequency, those that turn less than
+ * once take 1/factor of it, and the pairs between blend the two linearly in
+ * their index (the correction dimensions rounded outwards); cos and sin are
+ * multiplied by 1 + 0.1 ln(factor). attn_factor multiplies that magnitude. */
+static void rope_frequencies(ellm_model *m) {
+    const model_config *c = &m->cfg;
+    const int yarn = c->rope_scaling == MODEL_ROPE_YARN;
+    const double scale = 1.0 / c->rope_factor;
+    double lo = 0, hi = 0;
+    if (yarn) {
+        lo = floor(yarn_pair(c, 32.0));
+        hi = ceil(yarn_pair(c, 1.0));
+        if (lo < 0) lo = 0;
+        if (hi > c->n_rot - 1) hi = c->n_rot - 1;
+    }
+    for (int i = 0; i < c->n_rot / 2; i++) {
+        double f = pow((double)c->rope_theta, -2.0 * i / c->n_rot);
+        if (m->rope_freqs) f /= m->rope_freqs[i];
+        if (yarn) {
+            double y = (i - lo) / (hi - lo > 0.001 ? hi - lo : 0.001);
+            const double keep = 1.0 - (y < 0 ? 0 : y > 1 ? 1 : y); /* share of the unscaled frequency */
+            f *= scale * (1.0 - keep) + keep;
+        } else {
+            f *= scale;
+        }
+        m->rope_freq[i] = f;
+    }
+    m->rope_mscale = c->rope_attn_factor * (yarn && c->rope_factor > 1 ? 1.0 + 0.1 * log(c->rope_factor) : 1.0);
 }
 
 static ellm_status bind_weights(loader *ld) {
@@ -222,10 +304,7 @@ static ellm_status bind_weights(loader *ld) {
     /* RoPE frequencies once per model, not per token. */
     m->rope_freq = malloc((size_t)(c->n_rot / 2) * sizeof *m->rope_freq);
     if (!m->rope_freq) return ellm_fail(ld->err, ELLM_ERR_NOMEM, "model: out of memory");
-    for (int i = 0; i < c->n_rot / 2; i++) {
-        m->rope_freq[i] = pow((double)c->rope_theta, -2.0 * i / c->n_rot);
-        if (m->rope_freqs) m->rope_freq[i] /= m->rope_freqs[i];
-    }
+    rope_frequencies(m);
     m->layers = calloc((size_t)c->n_layer, sizeof *m->layers);
     if (!m->layers) return ellm_fail(ld->err, ELLM_ERR_NOMEM, "model: out of memory");
     for (int l = 0; l < c->n_layer; l++) {
@@ -377,13 +456,17 @@ uint64_t model_file_hash(const gguf_file *f) {
     return h;
 }
 
-void model_rope_cos_sin(const ellm_model *m, int pos, float *cs) {
+static void rope_cs(const ellm_model *m, int pos, double magnitude, float *cs) {
     for (int i = 0; i < m->cfg.n_rot / 2; i++) {
         double theta = (double)pos * m->rope_freq[i];
-        cs[2 * i] = (float)cos(theta);
-        cs[2 * i + 1] = (float)sin(theta);
+        cs[2 * i] = (float)(cos(theta) * magnitude);
+        cs[2 * i + 1] = (float)(sin(theta) * magnitude);
     }
 }
+
+void model_rope_cos_sin(const ellm_model *m, int pos, float *cs) { rope_cs(m, pos, m->rope_mscale, cs); }
+
+void model_rope_rotation(const ellm_model *m, int delta, float *cs) { rope_cs(m, delta, 1.0, cs); }
 
 const char *const model_input_groups[MODEL_INPUT_GROUPS][MODEL_INPUT_GROUP_MAX] = {
     {"attn_q", "attn_k", "attn_v"}, {"attn_output", NULL, NULL}, {"ffn_gate", "ffn_up", NULL}, {"ffn_down", NULL, NULL}};

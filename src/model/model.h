@@ -32,6 +32,8 @@ typedef struct {
     model_layout layout;
 } model_matrix;
 
+typedef enum { MODEL_ROPE_NONE = 0, MODEL_ROPE_LINEAR = 1, MODEL_ROPE_YARN = 2 } model_rope_scaling;
+
 typedef struct {
     model_arch arch;
     char arch_name[32];
@@ -47,6 +49,14 @@ typedef struct {
     int n_rot;       /* rotated dims per head */
     int rope_neox;   /* 1: rotate (x[i], x[i + n_rot/2]); 0: adjacent pairs */
     float rope_theta;
+    /* RoPE scaling (<arch>.rope.scaling.*, as llama.cpp reads them): positions
+     * rotate by rope_scale times their frequencies (linear), or YaRN blends
+     * the scaled and unscaled frequencies by pair and multiplies cos and sin
+     * by a magnitude; rope_attn_factor multiplies that magnitude in every case. */
+    model_rope_scaling rope_scaling;
+    float rope_factor;      /* the context extension factor (1 = none) */
+    int rope_orig_ctx;      /* YaRN: the context the model was trained with before extension */
+    float rope_attn_factor; /* <arch>.rope.scaling.attn_factor, 1 if absent */
     float norm_eps;
 } model_config;
 
@@ -78,7 +88,8 @@ struct ellm_model {
     model_matrix output;   /* (n_vocab, d): output.weight or tok_embd if tied */
     const float *output_norm;
     const float *rope_freqs; /* (n_rot/2) frequency divisors, or NULL */
-    double *rope_freq;       /* (n_rot/2) rotation per position: base^(-2i/n_rot) / factor_i */
+    double *rope_freq;       /* (n_rot/2) rotation per position: base^(-2i/n_rot) / factor_i, then scaled */
+    double rope_mscale;      /* cos and sin of a position's rotation times this (YaRN, attn_factor; else 1) */
     model_layer *layers;
     float **owned;   /* vectors converted to F32 at load (non-F32 norms/biases) */
     int n_owned;
@@ -125,7 +136,12 @@ ellm_status model_load_gguf(gguf_file *f, const ellm_model_params *params, ellm_
 ellm_status model_place_weights(ellm_model *m, const ellm_model_params *params, ellm_error *err);
 void model_placement_free(ellm_model *m);
 
+/* cs[2i], cs[2i + 1] = cos, sin of position pos's rotation of pair i, times
+ * rope_mscale: what the forward pass multiplies queries and keys by. */
 void model_rope_cos_sin(const ellm_model *m, int pos, float *cs);
+/* The same rotation by delta positions without the magnitude: what moves a
+ * stored key from position p to p + delta (context shift). */
+void model_rope_rotation(const ellm_model *m, int delta, float *cs);
 
 /* Rewrites the Q8_0 and Q4_0 (and on AVX2 Q4_K and Q5_K) matrices of a mapped model
  * into MODEL_LAYOUT_R16 where the CPU has its kernel, unless params->keep_layout (model/repack.c),
