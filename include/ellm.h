@@ -103,6 +103,7 @@ typedef struct {
     uint64_t output_weight_bytes; /* of those, the output (logits) matrix's */
     double load_ms;        /* time ellm_model_load took */
     char placement[320];   /* threads and NUMA placement in use, and any note on them */
+    char rope_scaling[64]; /* RoPE scaling from the file, e.g. "yarn x4 from 32768 tokens"; "" if none */
 } ellm_model_info;
 
 void ellm_model_get_info(const ellm_model *model, ellm_model_info *info);

@@ -327,8 +327,18 @@ static void roundtrip(const char *gguf, const char *arch_name, const char *label
                                            "tokenizer.ggml.add_space_prefix", "general.architecture"};
         for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++)
             CHECK(same_key(a, b, keys[k]), "%s: %s differs", label, keys[k]);
+        /* RoPE scaling keys: the same in both (or absent from both) */
+        static const char *const rope_keys[] = {"type", "factor", "original_context_length", "yarn_beta_fast",
+                                                "yarn_beta_slow", "yarn_attn_factor"};
+        const char *arch = strstr(arch_name, "Qwen2") ? "qwen2" : strstr(arch_name, "Qwen3") ? "qwen3" : "llama";
+        for (size_t k = 0; k < sizeof rope_keys / sizeof rope_keys[0]; k++) {
+            char key[96];
+            snprintf(key, sizeof key, "%s.rope.scaling.%s", arch, rope_keys[k]);
+            CHECK(same_key(a, b, key), "%s: %s differs", label, key);
+        }
+        const int llama3 = rope_scaling && strstr(rope_scaling, "llama3");
         const gguf_tensor *rf = gguf_find_tensor(b, "rope_freqs.weight");
-        CHECK(!rope_scaling == !rf, "%s: rope_freqs %s", label, rf ? "present" : "absent");
+        CHECK(!llama3 == !rf, "%s: rope_freqs %s", label, rf ? "present" : "absent");
         if (rf) {
             /* llama.cpp's formula for factor 8, low 1, high 4, original 8192
              * and theta 500000, head 64 (computed here independently). */
@@ -350,7 +360,7 @@ static void roundtrip(const char *gguf, const char *arch_name, const char *label
     }
     gguf_close(a);
     gguf_close(b);
-    if (!rope_scaling) {
+    if (!rope_scaling || !strstr(rope_scaling, "llama3")) { /* Llama 3's rope_freqs are computed, not copied */
         int am;
         double rel = logits_diff(out, gguf, test_ids, n_test_ids, &am);
         CHECK(rel <= 1e-6 && am == n_test_ids, "%s: logits differ by %.3g (argmax %d/%d)", label, rel, am, n_test_ids);
@@ -1008,6 +1018,25 @@ static void test_bad_input(void) {
         CHECK(st != ELLM_OK && strstr(err.msg, cfgs[i][1]) && strstr(err.msg, "config.json"), "config %zu: '%s'", i,
               err.msg);
     }
+    /* YaRN as transformers reads it: no factor means max_position_embeddings / original; mscale and
+     * mscale_all_dim give the magnitude get_mscale(f, mscale) / get_mscale(f, mscale_all_dim);
+     * "truncate": false (an unrounded correction range) has no GGUF key and is refused */
+#define YARN_CFG(x)                                                                                                     \
+    "{\"architectures\":[\"Qwen2ForCausalLM\"],\"vocab_size\":10,\"hidden_size\":8,\"num_hidden_layers\":1,"           \
+    "\"num_attention_heads\":2,\"intermediate_size\":16,\"max_position_embeddings\":131072,"                             \
+    "\"rope_scaling\":{\"type\":\"yarn\",\"original_max_position_embeddings\":32768" x "}}"
+    const char *no_factor = YARN_CFG(""), *ms = YARN_CFG(",\"factor\":4,\"mscale\":2,\"mscale_all_dim\":1"),
+               *untrunc = YARN_CFG(",\"factor\":4,\"truncate\":false");
+#undef YARN_CFG
+    ellm_status st = hf_config_parse(no_factor, strlen(no_factor), "config.json", &c, &err);
+    CHECK(st == ELLM_OK && c.rope_scaling == HF_ROPE_YARN && c.rope_factor == 4.0 && c.yarn_attn_factor == 0,
+          "yarn without a factor: %d, factor %g (%s)", (int)st, c.rope_factor, err.msg);
+    st = hf_config_parse(ms, strlen(ms), "config.json", &c, &err);
+    const double want = (0.2 * log(4.0) + 1) / (0.1 * log(4.0) + 1);
+    CHECK(st == ELLM_OK && fabs(c.yarn_attn_factor - want) < 1e-12, "yarn mscale 2 / mscale_all_dim 1: %d, %g (want %g)",
+          (int)st, c.yarn_attn_factor, want);
+    st = hf_config_parse(untrunc, strlen(untrunc), "config.json", &c, &err);
+    CHECK(st == ELLM_ERR_UNSUPPORTED && strstr(err.msg, "truncate"), "yarn truncate false: %d '%s'", (int)st, err.msg);
 }
 
 /* ---- tokenizer.json vocabularies ---- */
@@ -1172,6 +1201,12 @@ int main(void) {
     roundtrip("tests/data/models/llama-untied-ropefreqs.gguf", "LlamaForCausalLM", "llama-untied-ropefreqs",
               "{\"rope_type\": \"llama3\", \"factor\": 8.0, \"low_freq_factor\": 1.0, \"high_freq_factor\": 4.0, "
               "\"original_max_position_embeddings\": 8192}");
+    /* YaRN: the converted file reads as the source does (its keys and logits) */
+    roundtrip("tests/data/models/qwen2-yarn.gguf", "Qwen2ForCausalLM", "qwen2-yarn",
+              "{\"rope_type\": \"yarn\", \"factor\": 4.0, \"original_max_position_embeddings\": 4096}");
+    roundtrip("tests/data/models/qwen2-yarn-betas.gguf", "Qwen2ForCausalLM", "qwen2-yarn-betas",
+              "{\"type\": \"yarn\", \"factor\": 4.0, \"original_max_position_embeddings\": 4096, \"beta_fast\": 16, "
+              "\"beta_slow\": 2, \"attention_factor\": 1.2}");
     char evaldir[700];
     snprintf(evaldir, sizeof evaldir, "%s/evalmodel", test_tmp_dir());
     test_types(evaldir);

@@ -168,6 +168,9 @@ int main(void) {
          60,
          "{\"rope_type\": \"llama3\", \"factor\": 8.0, \"low_freq_factor\": 1.0, \"high_freq_factor\": 4.0, "
          "\"original_max_position_embeddings\": 8192}"},
+        /* YaRN: llama.cpp reads the converted file's scaling as eLLM does */
+        {"tests/data/models/qwen2-yarn.gguf", "Qwen2ForCausalLM", "qwen2-yarn", "f32", 0.02, 60,
+         "{\"type\": \"yarn\", \"factor\": 4.0, \"original_max_position_embeddings\": 4096}"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&cases[i], ids, n, ids_file);
     return test_finish();

@@ -32,6 +32,9 @@ static const model_case CASES[] = {
     {"qwen3-qknorm", 1e-4, 3e-3, 96, 0},
     /* RoPE scaling: YaRN (factor 4 over 4096 tokens) and linear (factor 2, attn_factor 0.9) */
     {"qwen2-yarn", 1e-4, 3e-3, 96, 0},
+    /* YaRN with yarn_beta_fast 16, yarn_beta_slow 2 and yarn_attn_factor 1.2, which llama.cpp does
+     * not read for qwen2: the reference is the NumPy pass of tests/data/models/rope_scaling.py */
+    {"qwen2-yarn-betas", 1e-4, 3e-3, 96, 0},
     {"llama-linear", 1e-4, 3e-3, 96, 0},
     {"llama-gqa-F16", 1e-2, 1e-2, 96, 0},
     {"llama-gqa-BF16", 1e-2, 1e-2, 96, 0},
@@ -399,6 +402,21 @@ static void test_rope_scaling_keys(void) {
     CHECK(scaled_logits(NULL, 0, plain, &err) == ELLM_OK, "%s", err.msg);
     CHECK(scaled_logits(linear4, 2, lin, &err) == ELLM_OK, "%s", err.msg);
     CHECK(memcmp(plain, lin, n * 4) != 0, "linear factor 4 changes nothing");
+    /* what ellm_model_info says of each fixture */
+    static const char *const said[][2] = {{"tests/data/models/qwen2-yarn.gguf", "yarn x4 from 4096 tokens"},
+                                          {"tests/data/models/qwen2-yarn-betas.gguf",
+                                           "yarn x4 from 4096 tokens, beta 16/2, magnitude 1.2"},
+                                          {"tests/data/models/llama-linear.gguf", "linear x2, attn_factor 0.9"},
+                                          {"models/evalmodel.gguf", ""}};
+    for (int i = 0; i < 4; i++) {
+        ellm_model *m = NULL;
+        CHECK(ellm_model_load(said[i][0], NULL, &m, &err) == ELLM_OK, "%s", err.msg);
+        if (!m) continue;
+        ellm_model_get_info(m, &info);
+        CHECK(!strcmp(info.rope_scaling, said[i][1]), "%s: rope_scaling '%s', expected '%s'", said[i][0],
+              info.rope_scaling, said[i][1]);
+        ellm_model_free(m);
+    }
     struct {
         const char *what;
         extra_key k[2];
@@ -428,6 +446,8 @@ static void test_rope_scaling_keys(void) {
         {{"llama.rope.scaling.attn_factor", 'f', NULL, 0}, ELLM_ERR_FORMAT, "llama.rope.scaling.attn_factor"},
         {{"llama.rope.scaling.original_context_length", 'u', NULL, 0}, ELLM_ERR_FORMAT,
          "llama.rope.scaling.original_context_length"},
+        {{"llama.rope.scaling.yarn_beta_slow", 'f', NULL, 64}, ELLM_ERR_FORMAT, "exceeds yarn_beta_fast = 32"},
+        {{"llama.rope.scaling.yarn_attn_factor", 'f', NULL, -1}, ELLM_ERR_FORMAT, "llama.rope.scaling.yarn_attn_factor"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         err.msg[0] = 0;

@@ -816,6 +816,7 @@ static void print_stats(const run_opts *o, const ellm_model_info *info, const ch
             t_prompt > 0 ? n_prompt / (t_prompt / 1000.0) : 0, generated, t_gen, n_dec / (t_gen / 1000.0),
             (unsigned long long)seed);
     fprintf(stderr, "placement: %s\n", info->placement);
+    if (info->rope_scaling[0]) fprintf(stderr, "rope scaling: %s\n", info->rope_scaling);
     print_bandwidth_share(read_bytes, n_dec, t_gen);
     (void)o;
     ellm_context_stats cs;

@@ -494,6 +494,11 @@ static ellm_status write_metadata(cv_ctx *c, const convert_type *ty, const char 
         gguf_writer_add_str(w, KEY("rope.scaling.type"), "yarn", err);
         gguf_writer_add_f32(w, KEY("rope.scaling.factor"), (float)h->rope_factor, err);
         gguf_writer_add_u32(w, KEY("rope.scaling.original_context_length"), (uint32_t)h->rope_orig_ctx, err);
+        /* llama.cpp's converter writes these three; eLLM reads them (llama.cpp does not, for these architectures) */
+        if (h->yarn_beta_fast > 0) gguf_writer_add_f32(w, KEY("rope.scaling.yarn_beta_fast"), (float)h->yarn_beta_fast, err);
+        if (h->yarn_beta_slow > 0) gguf_writer_add_f32(w, KEY("rope.scaling.yarn_beta_slow"), (float)h->yarn_beta_slow, err);
+        if (h->yarn_attn_factor > 0)
+            gguf_writer_add_f32(w, KEY("rope.scaling.yarn_attn_factor"), (float)h->yarn_attn_factor, err);
     }
     gguf_writer_add_f32(w, KEY("rope.freq_base"), (float)h->rope_theta, err);
     gguf_writer_add_f32(w, KEY("attention.layer_norm_rms_epsilon"), (float)h->rms_eps, err);

@@ -81,8 +81,28 @@ static ellm_status parse_rope(const cJSON *root, const char *what, hf_config *c,
     }
     if (!strcmp(type, "yarn")) {
         c->rope_scaling = HF_ROPE_YARN;
-        if ((st = get_num(rp, what, "factor", 1.0, &c->rope_factor, err))) return st;
-        return get_int(rp, what, "original_max_position_embeddings", 1, INT32_MAX, HF_REQUIRED, &c->rope_orig_ctx, err);
+        if ((st = get_int(rp, what, "original_max_position_embeddings", 1, INT32_MAX, HF_REQUIRED, &c->rope_orig_ctx,
+                          err)) ||
+            /* without a factor, transformers takes max_position_embeddings / original */
+            (st = get_num(rp, what, "factor", (double)c->n_ctx / (double)c->rope_orig_ctx, &c->rope_factor, err)) ||
+            (st = get_num(rp, what, "beta_fast", 0, &c->yarn_beta_fast, err)) ||
+            (st = get_num(rp, what, "beta_slow", 0, &c->yarn_beta_slow, err)) ||
+            (st = get_num(rp, what, "attention_factor", 0, &c->yarn_attn_factor, err)))
+            return st;
+        const cJSON *tr = get(rp, "truncate");
+        if (cJSON_IsFalse(tr))
+            return ellm_fail(err, ELLM_ERR_UNSUPPORTED,
+                             "%s: rope_scaling \"truncate\": false is not supported (GGUF's YaRN rounds the correction "
+                             "range outwards)",
+                             what);
+        double ms = 0, msa = 0;
+        if ((st = get_num(rp, what, "mscale", 0, &ms, err)) || (st = get_num(rp, what, "mscale_all_dim", 0, &msa, err)))
+            return st;
+        if (c->yarn_attn_factor == 0 && ms > 0 && msa > 0) { /* transformers' get_mscale(factor, m) ratio */
+            const double f = c->rope_factor;
+            c->yarn_attn_factor = f <= 1 ? 1.0 : (0.1 * ms * log(f) + 1.0) / (0.1 * msa * log(f) + 1.0);
+        }
+        return ELLM_OK;
     }
     if (!strcasecmp(type, "llama3")) {
         c->rope_scaling = HF_ROPE_LLAMA3;

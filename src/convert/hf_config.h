@@ -35,6 +35,9 @@ typedef struct {
     hf_rope_scaling rope_scaling;
     double rope_factor, rope_low_freq, rope_high_freq;
     int64_t rope_orig_ctx;
+    /* YaRN's beta_fast, beta_slow and attention_factor (from mscale and
+     * mscale_all_dim when given so); 0 where the configuration leaves the default */
+    double yarn_beta_fast, yarn_beta_slow, yarn_attn_factor;
     int tied;               /* tie_word_embeddings: no lm_head, output = token_embd */
     int permute_qk;         /* llama/mistral: HF q/k rows -> GGUF interleaved pairs */
     int64_t bos_id, eos_id; /* bos_token_id / eos_token_id, -1 if absent */

@@ -142,7 +142,11 @@ static ellm_status bind_vector(loader *ld, const char *name, int optional, int64
  * architectures: "type" none, linear or yarn (absent: linear, which with no
  * factor changes nothing), "factor" (or the older rope.scale_linear; absent
  * or 0: 1), "original_context_length" (YaRN; absent: the training context)
- * and "attn_factor" (absent: 1). Other types are refused by name. */
+ * and "attn_factor" (absent: 1). Other types are refused by name. Also the
+ * keys llama.cpp's converter writes from a Hugging Face YaRN configuration
+ * and its loader leaves unread for these architectures: "yarn_beta_fast",
+ * "yarn_beta_slow" and "yarn_attn_factor" (Hugging Face's attention_factor,
+ * the magnitude itself), honoured as Hugging Face defines them. */
 static ellm_status read_rope_scaling(loader *ld) {
     model_config *c = &ld->m->cfg;
     c->rope_scaling = MODEL_ROPE_LINEAR;
@@ -176,8 +180,18 @@ static ellm_status read_rope_scaling(loader *ld) {
         break;
     }
     if (c->rope_scaling == MODEL_ROPE_NONE) c->rope_factor = 1.0f;
+    c->yarn_beta_fast = 32.0f;
+    c->yarn_beta_slow = 1.0f;
+    c->yarn_magnitude = 0.0f;
     ellm_status st = arch_int(ld, "rope.scaling.original_context_length", 1, 1, 1 << 30, &c->rope_orig_ctx);
     if (st == ELLM_OK) st = arch_float(ld, "rope.scaling.attn_factor", &c->rope_attn_factor);
+    if (st == ELLM_OK) st = arch_float(ld, "rope.scaling.yarn_beta_fast", &c->yarn_beta_fast);
+    if (st == ELLM_OK) st = arch_float(ld, "rope.scaling.yarn_beta_slow", &c->yarn_beta_slow);
+    if (st == ELLM_OK) st = arch_float(ld, "rope.scaling.yarn_attn_factor", &c->yarn_magnitude);
+    if (st == ELLM_OK && c->yarn_beta_slow > c->yarn_beta_fast)
+        return ellm_fail(ld->err, ELLM_ERR_FORMAT,
+                         "model: '%s.rope.scaling.yarn_beta_slow' = %g exceeds yarn_beta_fast = %g", c->arch_name,
+                         c->yarn_beta_slow, c->yarn_beta_fast);
     return st;
 }
 
@@ -250,19 +264,21 @@ static double yarn_pair(const model_config *c, double turns) {
 
 /* m->rope_freq and m->rope_mscale from the configuration: base^(-2i/n_rot),
  * divided by the rope_freqs factor of pair i, then scaled. Linear: times
- * 1/factor. YaRN (Peng et al., 2023): pairs that turn more than 32 times
- * over the original context keep their frequency, those that turn less than
- * once take 1/factor of it, and the pairs between blend the two linearly in
- * their index (the correction dimensions rounded outwards); cos and sin are
- * multiplied by 1 + 0.1 ln(factor). attn_factor multiplies that magnitude. */
+ * 1/factor. YaRN (Peng et al., 2023): pairs that turn more than beta_fast
+ * (32) times over the original context keep their frequency, those that
+ * turn less than beta_slow (1) times take 1/factor of it, and the pairs
+ * between blend the two linearly in their index (the correction dimensions
+ * rounded outwards); cos and sin are multiplied by 1 + 0.1 ln(factor), or
+ * by yarn_attn_factor when the file gives it. attn_factor multiplies that
+ * magnitude. */
 static void rope_frequencies(ellm_model *m) {
     const model_config *c = &m->cfg;
     const int yarn = c->rope_scaling == MODEL_ROPE_YARN;
     const double scale = 1.0 / c->rope_factor;
     double lo = 0, hi = 0;
     if (yarn) {
-        lo = floor(yarn_pair(c, 32.0));
-        hi = ceil(yarn_pair(c, 1.0));
+        lo = floor(yarn_pair(c, c->yarn_beta_fast));
+        hi = ceil(yarn_pair(c, c->yarn_beta_slow));
         if (lo < 0) lo = 0;
         if (hi > c->n_rot - 1) hi = c->n_rot - 1;
     }
@@ -278,7 +294,9 @@ static void rope_frequencies(ellm_model *m) {
         }
         m->rope_freq[i] = f;
     }
-    m->rope_mscale = c->rope_attn_factor * (yarn && c->rope_factor > 1 ? 1.0 + 0.1 * log(c->rope_factor) : 1.0);
+    double magnitude = 1.0;
+    if (yarn) magnitude = c->yarn_magnitude > 0 ? c->yarn_magnitude : c->rope_factor > 1 ? 1.0 + 0.1 * log(c->rope_factor) : 1.0;
+    m->rope_mscale = c->rope_attn_factor * magnitude;
 }
 
 static ellm_status bind_weights(loader *ld) {
@@ -430,6 +448,24 @@ void ellm_model_get_info(const ellm_model *m, ellm_model_info *info) {
     info->output_weight_bytes = (uint64_t)m->output.rows * m->output.row_bytes;
     info->load_ms = m->load_ms;
     snprintf(info->placement, sizeof info->placement, "%s", m->placement);
+    const model_config *c = &m->cfg;
+    if (c->rope_scaling == MODEL_ROPE_YARN && (c->rope_factor != 1 || c->yarn_magnitude > 0)) {
+        snprintf(info->rope_scaling, sizeof info->rope_scaling, "yarn x%g from %d tokens", c->rope_factor, c->rope_orig_ctx);
+        const size_t n = strlen(info->rope_scaling);
+        if (c->yarn_beta_fast != 32 || c->yarn_beta_slow != 1)
+            snprintf(info->rope_scaling + n, sizeof info->rope_scaling - n, ", beta %g/%g", c->yarn_beta_fast,
+                     c->yarn_beta_slow);
+        const size_t n2 = strlen(info->rope_scaling);
+        if (c->yarn_magnitude > 0)
+            snprintf(info->rope_scaling + n2, sizeof info->rope_scaling - n2, ", magnitude %g", c->yarn_magnitude);
+    }
+    else if (c->rope_scaling != MODEL_ROPE_YARN && c->rope_factor != 1)
+        snprintf(info->rope_scaling, sizeof info->rope_scaling, "linear x%g", c->rope_factor);
+    if (c->rope_attn_factor != 1) {
+        const size_t n = strlen(info->rope_scaling);
+        snprintf(info->rope_scaling + n, sizeof info->rope_scaling - n, "%sattn_factor %g", n ? ", " : "",
+                 c->rope_attn_factor);
+    }
 }
 
 static uint64_t fnv1a(uint64_t h, const unsigned char *p, size_t n) {

@@ -57,6 +57,9 @@ typedef struct {
     float rope_factor;      /* the context extension factor (1 = none) */
     int rope_orig_ctx;      /* YaRN: the context the model was trained with before extension */
     float rope_attn_factor; /* <arch>.rope.scaling.attn_factor, 1 if absent */
+    float yarn_beta_fast;   /* YaRN: pairs turning more than this often over rope_orig_ctx keep their frequency (32) */
+    float yarn_beta_slow;   /*   those turning less than this often take 1/factor of it (1) */
+    float yarn_magnitude;   /*   cos and sin times this; 0: 1 + 0.1 ln(factor) */
     float norm_eps;
 } model_config;
 

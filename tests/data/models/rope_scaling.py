@@ -5,6 +5,8 @@ formulation) to cross-check llama.cpp's reference logits for them.
   PYTHONPATH=LLAMA_CPP/gguf-py python3 rope_scaling.py make DIR        # writes the .gguf files
   golden DIR/M.gguf ids64.txt 32 DIR/M                                  # llama.cpp's logits (README)
   PYTHONPATH=LLAMA_CPP/gguf-py python3 rope_scaling.py check DIR        # NumPy against them
+  PYTHONPATH=LLAMA_CPP/gguf-py python3 rope_scaling.py reference DIR    # NumPy's own logits, for the
+      fixtures whose keys llama.cpp does not read (yarn_beta_fast, yarn_beta_slow, yarn_attn_factor)
 
 Needs NumPy (Debian python3-numpy) and llama.cpp's gguf-py; neither is needed by the tests.
 """
@@ -19,6 +21,18 @@ FIXTURES = {
         "rope.scaling.type": (gguf.GGUFValueType.STRING, "yarn"),
         "rope.scaling.factor": (gguf.GGUFValueType.FLOAT32, 4.0),
         "rope.scaling.original_context_length": (gguf.GGUFValueType.UINT32, 4096),
+    }),
+    # the keys llama.cpp's converter writes from a Hugging Face YaRN configuration with beta_fast,
+    # beta_slow and attention_factor, which its loader does not read for these architectures: the
+    # reference logits are NumPy's (`reference`)
+    "qwen2-yarn-betas": ("qwen2-bias", "qwen2", {
+        "context_length": (gguf.GGUFValueType.UINT32, 16384),
+        "rope.scaling.type": (gguf.GGUFValueType.STRING, "yarn"),
+        "rope.scaling.factor": (gguf.GGUFValueType.FLOAT32, 4.0),
+        "rope.scaling.original_context_length": (gguf.GGUFValueType.UINT32, 4096),
+        "rope.scaling.yarn_beta_fast": (gguf.GGUFValueType.FLOAT32, 16.0),
+        "rope.scaling.yarn_beta_slow": (gguf.GGUFValueType.FLOAT32, 2.0),
+        "rope.scaling.yarn_attn_factor": (gguf.GGUFValueType.FLOAT32, 1.2),
     }),
     "llama-linear": ("llama-gqa", "llama", {
         "rope.scaling.type": (gguf.GGUFValueType.STRING, "linear"),
@@ -69,7 +83,10 @@ def load(path):
              ctx=f(f"{arch}.context_length"), type=f(f"{arch}.rope.scaling.type") or "linear",
              factor=f(f"{arch}.rope.scaling.factor") or 1.0,
              orig=f(f"{arch}.rope.scaling.original_context_length") or f(f"{arch}.context_length"),
-             attn=f(f"{arch}.rope.scaling.attn_factor") or 1.0)
+             attn=f(f"{arch}.rope.scaling.attn_factor") or 1.0,
+             beta_fast=f(f"{arch}.rope.scaling.yarn_beta_fast") or 32.0,
+             beta_slow=f(f"{arch}.rope.scaling.yarn_beta_slow") or 1.0,
+             attention_factor=f(f"{arch}.rope.scaling.yarn_attn_factor"))
     kl = f(f"{arch}.attention.key_length")
     c["hd"] = int(kl) if kl is not None else c["d"] // c["H"]
     return T, c
@@ -90,13 +107,14 @@ def inv_freq_and_scale(c, T):
     # and beta_slow = 1 times over the original context; extrapolate (keep) below it, interpolate
     # (divide by factor) above it, blend linearly inside it.
     dim = lambda turns: hd * math.log(c["orig"] / (turns * 2 * math.pi)) / (2 * math.log(base))
-    low, high = max(math.floor(dim(32)), 0), min(math.ceil(dim(1)), hd - 1)
+    low, high = max(math.floor(dim(c["beta_fast"])), 0), min(math.ceil(dim(c["beta_slow"])), hd - 1)
     if low == high:
         high += 0.001
     ramp = np.clip((np.arange(hd // 2) - low) / (high - low), 0, 1)
     keep = 1 - ramp
     inv = (inv / factor) * (1 - keep) + inv * keep
-    return inv, c["attn"] * (0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0)
+    magnitude = c["attention_factor"] or (0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0)
+    return inv, c["attn"] * magnitude
 
 
 def forward(T, c, ids):
@@ -135,8 +153,31 @@ def forward(T, c, ids):
     return x @ T.get("output.weight", T["token_embd.weight"]).T
 
 
+NUMPY_REFERENCE = {"qwen2-yarn-betas"}
+
+
+def reference(dir_):
+    """NAME.tokens.txt and NAME.logits.f32 as golden.c writes them, from NumPy: the source's 64
+    prompt ids, 32 greedy ids, (64 + 32) rows of float32 logits."""
+    for name in NUMPY_REFERENCE:
+        src = FIXTURES[name][0]
+        T, c = load(f"{dir_}/{name}.gguf")
+        prompt = [int(t) for t in open(f"{dir_}/{src}.tokens.txt").read().split("\n")[0].split()]
+        ids = list(prompt)
+        for _ in range(32):
+            ids.append(int(forward(T, c, ids)[-1].argmax()))
+        logits = forward(T, c, ids)
+        # row i: the logits after token i; golden.c writes 64 + 32 rows, the last after the 32nd greedy id
+        logits.astype(np.float32).tofile(f"{dir_}/{name}.logits.f32")
+        with open(f"{dir_}/{name}.tokens.txt", "w") as f:
+            f.write(" ".join(map(str, prompt)) + "\n" + " ".join(map(str, ids[64:])) + "\n")
+        print("wrote", name, "reference")
+
+
 def check(dir_):
     for name, (src, _, _) in FIXTURES.items():
+        if name in NUMPY_REFERENCE:
+            continue
         T, c = load(f"{dir_}/{name}.gguf")
         lines = open(f"{dir_}/{name}.tokens.txt").read().split("\n")
         ids = [int(t) for t in lines[0].split()] + [int(t) for t in lines[1].split()]
@@ -150,4 +191,4 @@ def check(dir_):
 
 
 if __name__ == "__main__":
-    {"make": make, "check": check}[sys.argv[1]](sys.argv[2])
+    {"make": make, "check": check, "reference": reference}[sys.argv[1]](sys.argv[2])
