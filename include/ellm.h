@@ -66,6 +66,20 @@ typedef enum {
     ELLM_NUMA_INTERLEAVE = 3  /* pages spread round-robin over the nodes (a baseline) */
 } ellm_numa_mode;
 
+/* RoPE scaling of the file (<arch>.rope.scaling.*, rope.freq_base) or, where
+ * a field is set, instead of it: llama.cpp's --rope-scaling, --rope-scale,
+ * --rope-freq-base and --yarn-orig-ctx, to run a model beyond its training
+ * context (e.g. YaRN x4 on a file trained on 32K tokens). Zero fields keep
+ * the file's. A factor given with linear or YaRN scaling raises the training
+ * context the model reports to the scaled one (YaRN: the original context
+ * times the factor). */
+typedef struct {
+    const char *type; /* "none", "linear" or "yarn"; NULL: the file's */
+    float factor;     /* context extension factor (> 0); 0: the file's */
+    float freq_base;  /* RoPE base frequency (> 0); 0: the file's */
+    int orig_ctx;     /* YaRN's original training context (> 0); 0: the file's, else its context_length */
+} ellm_rope_params;
+
 typedef struct {
     int n_threads; /* threads for compute; <= 0: one per physical core */
     int pin_threads; /* pin compute threads to cores (default 1) */
@@ -78,6 +92,7 @@ typedef struct {
      * prefill (AVX-512 VNNI: up to ~1.3-1.5x) and decode (AVX2 alone: ~1.5-2x);
      * either way a row of any batch equals the row alone. */
     int keep_layout;
+    ellm_rope_params rope; /* RoPE scaling instead of the file's, field by field (zero: the file's) */
 } ellm_model_params;
 
 /* Maps a GGUF file (v2/v3) and binds its tensors. Weights are read from the

@@ -71,32 +71,44 @@ static void expect_errorf(const char *want, const char *fmt, ...) {
     expect_error(args, want);
 }
 
-static void test_logits(void) {
+/* `ellm logits -m MODEL --ids IDS ... FLAGS` (model and ids under the test
+ * data's models/) against reference logits REF there: the largest
+ * difference relative to the largest reference logit, or -1 if the run or a
+ * file failed (a failed check). */
+static double logits_vs(const char *model, const char *ids, const char *flags, const char *ref_name) {
     const char *d = test_data_dir();
-    char args[1024], out[8192];
-    /* ids file: both lines of the tokens file (prompt + greedy continuation) */
-    snprintf(args, sizeof args, "logits -m %s/models/llama-gqa.gguf --ids %s/models/llama-gqa.tokens.txt "
-             "-o /tmp/ellm_test_logits.f32 --kv-type f32 -t 2", d, d);
+    char args[1536], out[8192], ref_path[512];
+    snprintf(args, sizeof args, "logits -m %s/models/%s --ids %s/models/%s -o /tmp/ellm_test_logits.f32 %s", d, model,
+             d, ids, flags);
     int rc = run(args, out, sizeof out);
-    CHECK(rc == 0, "ellm logits failed (%d): %s", rc, out);
+    CHECK(rc == 0, "ellm %s failed (%d): %s", args, rc, out);
     size_t n_got = 0, n_ref = 0;
-    char ref_path[512];
-    snprintf(ref_path, sizeof ref_path, "%s/models/llama-gqa.logits.f32", d);
+    snprintf(ref_path, sizeof ref_path, "%s/models/%s", d, ref_name);
     float *got = (float *)test_read_file("/tmp/ellm_test_logits.f32", &n_got);
     float *ref = (float *)test_read_file(ref_path, &n_ref);
     CHECK(got && ref && n_got == n_ref, "logits size %zu vs reference %zu", n_got, n_ref);
-    if (got && ref && n_got == n_ref) {
+    double rel = -1;
+    if (rc == 0 && got && ref && n_got == n_ref) {
         double maxd = 0, maxr = 0;
         for (size_t i = 0; i < n_ref / 4; i++) {
             double dd = fabs((double)got[i] - ref[i]);
             if (!(dd <= maxd)) maxd = dd;
             if (fabs(ref[i]) > maxr) maxr = fabs(ref[i]);
         }
-        CHECK(maxd <= 1e-4 * maxr, "ellm logits max diff %.3g (max |ref| %.3g)", maxd, maxr);
+        rel = maxd / maxr;
     }
     free(got);
     free(ref);
     remove("/tmp/ellm_test_logits.f32");
+    return rel;
+}
+
+static void test_logits(void) {
+    char out[8192];
+    /* ids file: both lines of the tokens file (prompt + greedy continuation) */
+    double rel = logits_vs("llama-gqa.gguf", "llama-gqa.tokens.txt", "--kv-type f32 -t 2", "llama-gqa.logits.f32");
+    CHECK(rel >= 0 && rel <= 1e-4, "ellm logits max diff %.3g of the largest reference logit", rel);
+    int rc;
 
     rc = run("logits -m models/evalmodel.gguf --ids /nonexistent/ids.txt -o /tmp/x.f32", out, sizeof out);
     CHECK(rc > 0 && strstr(out, "/nonexistent/ids.txt"), "missing ids file: %d %s", rc, out);
@@ -175,6 +187,41 @@ static void test_run(void) {
     /* invalid UTF-8 in the prompt */
     rc = run("run -n 4 -p \"$(printf 'ab\\377\\376')\"", a, sizeof a);
     CHECK(rc > 0 && strstr(a, "UTF-8"), "invalid UTF-8 prompt: %d %s", rc, a);
+}
+
+/* llama.cpp's RoPE flags: YaRN asked for on a file without it gives
+ * llama.cpp's logits for the file that carries the same keys; the scaling
+ * shows in --stats, a run saved with it resumes exactly (the flags are kept
+ * in the state, and refused beside --resume), and bad values are named. */
+static void test_rope_flags(void) {
+    double rel = logits_vs("qwen2-bias.gguf", "qwen2-yarn.tokens.txt",
+                           "--kv-type f32 --rope-scaling yarn --rope-scale 4 --yarn-orig-ctx 4096", "qwen2-yarn.logits.f32");
+    CHECK(rel >= 0 && rel <= 1e-4, "logits with YaRN asked for: %.3g of the largest llama.cpp logit", rel);
+    rel = logits_vs("qwen2-bias.gguf", "qwen2-yarn.tokens.txt", "--kv-type f32 --rope-freq-scale 0.25 --rope-scaling yarn "
+                    "--yarn-orig-ctx 4096", "qwen2-yarn.logits.f32");
+    CHECK(rel >= 0 && rel <= 1e-4, "--rope-freq-scale 0.25 as --rope-scale 4: %.3g", rel);
+    char a[16384], b[16384];
+    const char *yarn = "--rope-scaling yarn --rope-scale 4 --yarn-orig-ctx 512";
+    char args[1024];
+    snprintf(args, sizeof args, "run -n 8 --temp 0 --stats -p 'import os' %s", yarn);
+    int rc = run(args, a, sizeof a);
+    CHECK(rc == 0 && strstr(a, "rope scaling: yarn x4 from 512 tokens"), "--stats with YaRN asked for: %d %s", rc, a);
+    /* save part way and resume: the text of one uninterrupted run */
+    char st[256];
+    tmp_path(st, sizeof st, "rope.state");
+    snprintf(args, sizeof args, "run -n 48 --seed 5 -t 2 -p 'def f(x):' %s", yarn);
+    int rc1 = run_stdout(args, a, sizeof a);
+    snprintf(args, sizeof args, "run -n 20 --seed 5 -t 2 -p 'def f(x):' %s --save-state %s > /dev/null 2>&1 && %s run "
+             "--resume %s -n 48", yarn, st, test_ellm_bin(), st);
+    int rc2 = run_stdout(args, b, sizeof b);
+    CHECK(rc1 == 0 && rc2 == 0 && !strcmp(a, b), "resume with YaRN asked for: %d %d\n%s\n---\n%s", rc1, rc2, a, b);
+    snprintf(args, sizeof args, "run --resume %s -n 48 --rope-scale 2", st);
+    expect_error(args, "--rope-scale cannot be given with --resume");
+    remove(st);
+    expect_error("run -n 4 -p x --rope-scaling ntk", "--rope-scaling 'ntk': expected none, linear or yarn");
+    expect_error("run -n 4 -p x --rope-scale 0", "--rope-scale");
+    expect_error("run -n 4 -p x --yarn-orig-ctx many", "--yarn-orig-ctx");
+    expect_error("serve --port 0 --rope-freq-base -1", "--rope-freq-base");
 }
 
 static void test_chat(void) {
@@ -557,6 +604,7 @@ int main(void) {
     test_chat();
     test_logits();
     test_run();
+    test_rope_flags();
     test_run_sparse();
     test_run_log();
     test_eval();

@@ -459,6 +459,121 @@ static void test_rope_scaling_keys(void) {
     free(got);
 }
 
+/* Logits of n tokens of `path` (loaded with `rope` overrides) into out, and
+ * the loaded model's info into *info. */
+static ellm_status rope_logits(const char *path, const ellm_rope_params *rope, const int32_t *ids, int n, float *out,
+                               ellm_model_info *info, ellm_error *err) {
+    ellm_model_params mp = {.n_threads = 1, .pin_threads = 1, .rope = *rope};
+    ellm_model *m = NULL;
+    ellm_status st = ellm_model_load(path, &mp, &m, err);
+    if (st != ELLM_OK) return st;
+    ellm_model_get_info(m, info);
+    ellm_context_params cp = ellm_context_default_params();
+    cp.n_ctx = 96;
+    cp.n_threads = 1;
+    cp.kv_type = ELLM_KV_F32;
+    ellm_context *ctx = NULL;
+    st = ellm_context_init(m, &cp, &ctx, err);
+    if (st == ELLM_OK) st = ellm_decode(ctx, ids, n, out, err);
+    ellm_context_free(ctx);
+    ellm_model_free(m);
+    return st;
+}
+
+/* ellm_model_params.rope (llama.cpp's --rope-scaling, --rope-scale,
+ * --rope-freq-base, --yarn-orig-ctx): qwen2-bias with YaRN x4 over 4096
+ * tokens asked for gives llama.cpp's logits for the file that carries those
+ * keys (qwen2-yarn); that file with "none" asked for gives qwen2-bias's; the
+ * training context reported becomes 4096 x 4; a state saved under other RoPE
+ * settings is refused; bad values name what is wrong. */
+static void test_rope_overrides(void) {
+    int32_t prompt[64], gen[64];
+    int n_prompt = 0, n_gen = 0;
+    if (!read_tokens("tests/data/models/qwen2-yarn.tokens.txt", prompt, &n_prompt, gen, &n_gen) || n_prompt != 64) {
+        CHECK(0, "qwen2-yarn tokens");
+        return;
+    }
+    const int nv = 2048;
+    float *got = malloc((size_t)64 * nv * 4), *plain = malloc((size_t)96 * nv * 4);
+    size_t len = 0;
+    float *yarn_ref = (float *)test_read_file("tests/data/models/qwen2-yarn.logits.f32", &len);
+    float *bias_ref = (float *)test_read_file("tests/data/models/qwen2-bias.logits.f32", NULL);
+    ellm_error err = {0};
+    ellm_model_info info;
+    if (!got || !plain || !yarn_ref || !bias_ref || len != (size_t)96 * nv * 4) {
+        CHECK(0, "reference logits of qwen2-yarn / qwen2-bias (%zu bytes)", len);
+        goto out;
+    }
+    const ellm_rope_params yarn4 = {"yarn", 4.0f, 0, 4096}, none = {"none", 0, 0, 0};
+    ellm_status st = rope_logits("tests/data/models/qwen2-bias.gguf", &yarn4, prompt, 64, got, &info, &err);
+    double d = 0, r = 0;
+    for (size_t i = 0; st == ELLM_OK && i < (size_t)64 * nv; i++) {
+        if (fabs(got[i] - yarn_ref[i]) > d) d = fabs(got[i] - yarn_ref[i]);
+        if (fabs(yarn_ref[i]) > r) r = fabs(yarn_ref[i]);
+    }
+    printf("qwen2-bias with YaRN x4 / 4096 asked for: max|d|/max|ref| = %.2e against llama.cpp's qwen2-yarn\n", d / r);
+    CHECK(st == ELLM_OK && d <= 1e-4 * r, "YaRN asked for: status %d (%s), %.3g of the largest logit", (int)st, err.msg,
+          r > 0 ? d / r : -1);
+    CHECK(st == ELLM_OK && info.n_ctx_train == 16384 && !strcmp(info.rope_scaling, "yarn x4 from 4096 tokens"),
+          "YaRN asked for: training context %d, scaling '%s'", info.n_ctx_train, info.rope_scaling);
+    st = rope_logits("tests/data/models/qwen2-yarn.gguf", &none, prompt, 64, got, &info, &err);
+    d = 0, r = 0;
+    for (size_t i = 0; st == ELLM_OK && i < (size_t)64 * nv; i++) {
+        if (fabs(got[i] - bias_ref[i]) > d) d = fabs(got[i] - bias_ref[i]);
+        if (fabs(bias_ref[i]) > r) r = fabs(bias_ref[i]);
+    }
+    CHECK(st == ELLM_OK && d <= 1e-4 * r && !info.rope_scaling[0], "none asked for: status %d, %.3g, '%s'", (int)st,
+          r > 0 ? d / r : -1, info.rope_scaling);
+    /* the file's own base frequency asked for changes nothing; another one does */
+    const ellm_rope_params same_base = {NULL, 0, 1000000.0f, 0}, other_base = {NULL, 0, 20000.0f, 0}, file = {0};
+    CHECK(rope_logits("tests/data/models/qwen2-bias.gguf", &file, prompt, 16, plain, &info, &err) == ELLM_OK &&
+              rope_logits("tests/data/models/qwen2-bias.gguf", &same_base, prompt, 16, got, &info, &err) == ELLM_OK &&
+              !memcmp(plain, got, (size_t)16 * nv * 4),
+          "--rope-freq-base equal to the file's: %s", err.msg);
+    CHECK(rope_logits("tests/data/models/qwen2-bias.gguf", &other_base, prompt, 16, got, &info, &err) == ELLM_OK &&
+              memcmp(plain, got, (size_t)16 * nv * 4),
+          "--rope-freq-base 20000 changes nothing: %s", err.msg);
+    /* bad values */
+    const ellm_rope_params bad[] = {{"ntk", 0, 0, 0}, {NULL, -1, 0, 0}, {NULL, 0, -5, 0}, {"yarn", 4, 0, -1}};
+    const char *says[] = {"'ntk' is not none, linear or yarn", "out of range", "out of range", "out of range"};
+    for (int i = 0; i < 4; i++) {
+        err.msg[0] = 0;
+        st = rope_logits("tests/data/models/qwen2-bias.gguf", &bad[i], prompt, 4, got, &info, &err);
+        CHECK(st == ELLM_ERR_ARG && strstr(err.msg, says[i]), "bad RoPE settings %d: %d '%s'", i, (int)st, err.msg);
+    }
+    /* a state saved with YaRN asked for does not load into the model without it */
+    {
+        char path[256];
+        snprintf(path, sizeof path, "/tmp/ellm_test_rope_state.%d", (int)getpid());
+        ellm_model_params mp = {.n_threads = 1, .rope = yarn4}, mp0 = {.n_threads = 1};
+        ellm_model *a = NULL, *b = NULL, *c = NULL;
+        ellm_context *ca = NULL, *cb = NULL, *cc = NULL;
+        ellm_context_params cp = ellm_context_default_params();
+        cp.n_ctx = 32;
+        CHECK(ellm_model_load("tests/data/models/qwen2-bias.gguf", &mp, &a, &err) == ELLM_OK &&
+                  ellm_model_load("tests/data/models/qwen2-bias.gguf", &mp0, &b, &err) == ELLM_OK &&
+                  ellm_model_load("tests/data/models/qwen2-bias.gguf", &mp, &c, &err) == ELLM_OK,
+              "%s", err.msg);
+        if (a && b && c && ellm_context_init(a, &cp, &ca, &err) == ELLM_OK && ellm_context_init(b, &cp, &cb, &err) == ELLM_OK &&
+            ellm_context_init(c, &cp, &cc, &err) == ELLM_OK) {
+            CHECK(ellm_decode(ca, prompt, 8, NULL, &err) == ELLM_OK &&
+                      ellm_context_state_save(ca, path, NULL, 0, &err) == ELLM_OK,
+                  "%s", err.msg);
+            st = ellm_context_state_load(cb, path, &err);
+            CHECK(st == ELLM_ERR_ARG && strstr(err.msg, "RoPE settings"), "state under other RoPE settings: %d '%s'",
+                  (int)st, err.msg);
+            st = ellm_context_state_load(cc, path, &err);
+            CHECK(st == ELLM_OK && ellm_context_pos(cc) == 8, "state under the same RoPE settings: %d '%s'", (int)st,
+                  err.msg);
+        }
+        remove(path);
+        ellm_context_free(ca), ellm_context_free(cb), ellm_context_free(cc);
+        ellm_model_free(a), ellm_model_free(b), ellm_model_free(c);
+    }
+out:
+    free(got), free(plain), free(yarn_ref), free(bias_ref);
+}
+
 /* Mistral's sliding-window attention is not implemented: a file with
  * <arch>.attention.sliding_window gets contexts of at most the window (the
  * default is capped, a longer request refused naming the key and the window);
@@ -665,6 +780,7 @@ int main(void) {
     test_errors();
     test_sliding_window();
     test_rope_scaling_keys();
+    test_rope_overrides();
     test_alignment();
     return test_finish();
 }

@@ -85,6 +85,32 @@ int arg_kv_types_parse(int argc, char **argv, int *i, arg_kv_types *t, int *bad)
     return 1;
 }
 
+int arg_rope_parse(int argc, char **argv, int *i, ellm_rope_params *r, int *bad) {
+    const char *a = argv[*i], *v = NULL;
+    double x = 0;
+    long n = 0;
+    if (arg_value(argc, argv, i, "--rope-scaling", NULL, &v, bad)) {
+        *bad = !v || (strcmp(v, "none") && strcmp(v, "linear") && strcmp(v, "yarn"));
+        if (v && *bad) fprintf(stderr, "error: %s '%s': expected none, linear or yarn\n", a, v);
+        r->type = v;
+    } else if (arg_value(argc, argv, i, "--rope-scale", NULL, &v, bad)) {
+        *bad = !v || !arg_double(a, v, 1e-6, 1e6, &x);
+        r->factor = (float)x;
+    } else if (arg_value(argc, argv, i, "--rope-freq-scale", NULL, &v, bad)) {
+        *bad = !v || !arg_double(a, v, 1e-6, 1e6, &x);
+        r->factor = (float)(1.0 / x);
+    } else if (arg_value(argc, argv, i, "--rope-freq-base", NULL, &v, bad)) {
+        *bad = !v || !arg_double(a, v, 1e-6, 1e12, &x);
+        r->freq_base = (float)x;
+    } else if (arg_value(argc, argv, i, "--yarn-orig-ctx", NULL, &v, bad)) {
+        *bad = !v || !arg_int(a, v, 1, 1L << 30, &n);
+        r->orig_ctx = (int)n;
+    } else {
+        return 0;
+    }
+    return 1;
+}
+
 int arg_kv_types_resolve(const arg_kv_types *t, int *type) {
     const int k = t->k >= 0 ? t->k : ELLM_KV_F16, v = t->v >= 0 ? t->v : ELLM_KV_F16;
     if ((t->k >= 0 || t->v >= 0) && k != v) {

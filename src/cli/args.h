@@ -34,6 +34,18 @@ int arg_kv_types_parse(int argc, char **argv, int *i, arg_kv_types *t, int *bad)
  * prints why and returns 0 when they disagree (eLLM keeps K and V in one
  * type, so -ctk and -ctv must match each other and --kv-type). */
 int arg_kv_types_resolve(const arg_kv_types *t, int *type);
+/* llama.cpp's RoPE flags, into r (ellm_model_params.rope): --rope-scaling
+ * none|linear|yarn, --rope-scale N (the factor), --rope-freq-scale N (1 / the
+ * factor), --rope-freq-base N, --yarn-orig-ctx N. If argv[*i] is one of them,
+ * parses its value (*bad on a bad one) and returns 1; else 0. */
+int arg_rope_parse(int argc, char **argv, int *i, ellm_rope_params *r, int *bad);
+/* The help lines of those flags. */
+#define ARG_ROPE_HELP                                                                                                  \
+    "  --rope-scaling T       RoPE scaling instead of the file's: none, linear or yarn\n"                              \
+    "  --rope-scale N         its context extension factor (--rope-freq-scale 1/N: the same)\n"                       \
+    "  --rope-freq-base N     RoPE base frequency instead of the file's\n"                                             \
+    "  --yarn-orig-ctx N      YaRN: the context the model was trained on (default: the file's)\n"
+
 /* Parses a comma-separated list of integers in [lo, hi] into out (at most
  * max); returns the count, or -1 after printing why. */
 int arg_int_list(const char *flag, const char *s, long lo, long hi, int *out, int max);

@@ -91,6 +91,8 @@ static void bench_usage(FILE *f) {
             "  --numa-aware, --numa MODE  NUMA placement as for ellm run (off, distribute,\n"
             "                          replicate, interleave); --mlock locks the weights;\n"
             "                          --keep-layout reads them in the file's layout (see ellm run)\n"
+            "  --rope-scaling T, --rope-scale N, --rope-freq-base N, --yarn-orig-ctx N\n"
+            "                          RoPE scaling instead of the file's (see ellm run)\n"
             "  --spec DRAFTER          also time speculative decoding: a draft step of DRAFTER\n"
             "                          (any ellm run --spec list: ngram, sparse:N, quant:TYPE,\n"
             "                          quant:TYPE:sparse:N, shallow:K, chains with +; the cost per\n"
@@ -330,6 +332,7 @@ int cmd_bench(int argc, char **argv) {
     int synthetic = 0, json = 0, kv_f32 = 0, kv_cmp = -1, bad = 0;
     long sparse_topk = 0;
     int numa = 0, mlock = 0, keep_layout = 0;
+    ellm_rope_params rope = {0};
     const char *spec = NULL;
     long spec_kmax = 8, spec_budget = 0;
     double spec_tpv_given = 5.0;
@@ -345,6 +348,8 @@ int cmd_bench(int argc, char **argv) {
         else if (!strcmp(a, "--numa-aware")) numa = ELLM_NUMA_DISTRIBUTE;
         else if (!strcmp(a, "--mlock")) mlock = 1;
         else if (!strcmp(a, "--keep-layout")) keep_layout = 1;
+        else if (arg_rope_parse(argc, argv, &i, &rope, &bad)) {
+        } /* RoPE scaling: into the model's parameters */
         else if (arg_value(argc, argv, &i, "--numa", NULL, &v, &bad))
             bad = !v || !arg_numa(a, v, &numa);
         else if (arg_value(argc, argv, &i, "--model", "-m", &v, &bad)) model_path = v;
@@ -403,7 +408,7 @@ int cmd_bench(int argc, char **argv) {
     bw_meter meter = {0};
     int rc = 1;
     ellm_model_params mp = {.n_threads = (int)threads, .pin_threads = 1, .numa = (ellm_numa_mode)numa, .mlock = mlock,
-                            .keep_layout = keep_layout};
+                            .keep_layout = keep_layout, .rope = rope};
     if (ellm_model_load(model_path, &mp, &model, &err) != ELLM_OK) {
         fprintf(stderr, "error: %s\n", err.msg);
         goto done;

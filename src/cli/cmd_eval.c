@@ -74,6 +74,7 @@ typedef struct {
     long draft_max, spec_every;
     int json, adapt;
     int kv_type; /* ellm_kv_type of every mode's cache (--kv-type) */
+    ellm_rope_params rope; /* --rope-scaling, --rope-scale, ... */
     char compare[512];
     char budgets[256];
     const char *out;
@@ -117,6 +118,8 @@ static int parse_common(int argc, char **argv, eval_opts *o, int calibrate) {
                        "prefills a prompt. Recall is sampled every --sparse-recall-every decode steps\n"
                        "(default 64, as ellm run --stats; it also paces :adapt). --kv-type f16|f32|q8_0\n"
                        "sets the KV cache type of every mode (compare two runs for KV fidelity).\n"
+                       "--rope-scaling T, --rope-scale N, --rope-freq-base N, --yarn-orig-ctx N: RoPE\n"
+                       "scaling instead of the file's (perplexity beyond the training context).\n"
                        "With --spec LIST[,LIST...] [--draft-max K] [--spec-every S] [--draft-map DRAFT]:\n"
                        "drafters instead of modes, teacher-forced: every S positions from --score-from on, the full model's\n"
                        "greedy continuation from the true prefix is the target and a drafter's K\n"
@@ -124,6 +127,8 @@ static int parse_common(int argc, char **argv, eval_opts *o, int calibrate) {
                        "tokens_per_verify (accepted + 1) per drafter.\n");
             exit(0);
         } else if (!strcmp(a, "--json")) o->json = 1;
+        else if (arg_rope_parse(argc, argv, &i, &o->rope, &bad)) {
+        } /* RoPE scaling: into the model's parameters */
         else if (arg_value(argc, argv, &i, "--model", "-m", &v, &bad)) o->model = v;
         else if (arg_value(argc, argv, &i, "--file", "-f", &v, &bad)) o->file = v;
         else if (arg_value(argc, argv, &i, "--kv-type", NULL, &v, &bad))
@@ -185,7 +190,7 @@ static int parse_common(int argc, char **argv, eval_opts *o, int calibrate) {
 static int setup(const eval_opts *o, ellm_model **model, ellm_context **ctx, int32_t **ids, int *n_ids,
                  int n_ctx) {
     ellm_error err = {0};
-    ellm_model_params mp = {.n_threads = (int)o->threads, .pin_threads = 1};
+    ellm_model_params mp = {.n_threads = (int)o->threads, .pin_threads = 1, .rope = o->rope};
     if (ellm_model_load(o->model, &mp, model, &err) != ELLM_OK) {
         fprintf(stderr, "error: %s\n", err.msg);
         return 0;

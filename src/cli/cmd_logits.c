@@ -19,6 +19,8 @@ static void logits_usage(FILE *f) {
             "  -b, --batch-size N   tokens per pass (default: all ids in one pass)\n"
             "  --decode-from N      feed ids from index N on one per pass, as decode steps\n"
             "  --sparse-topk N      sparse attention: N KV tokens per head (default 0: dense)\n"
+            "  --rope-scaling T, --rope-scale N, --rope-freq-base N, --yarn-orig-ctx N\n"
+            "                       RoPE scaling instead of the file's (see ellm run)\n"
             "  --mpi                under mpirun: KV cache sharded over the ranks (rank 0 writes)\n"
             "  --mpi-timeout S      seconds to wait for the other ranks in one exchange (default 300)\n");
 }
@@ -59,6 +61,7 @@ int cmd_logits(int argc, char **argv) {
     const char *model_path = NULL, *ids_path = NULL, *out_path = NULL;
     long threads = 0, batch = 0, decode_from = -1, sparse_topk = 0;
     int kv_f32 = 0, bad = 0, use_mpi = 0;
+    ellm_rope_params rope = {0};
     double mpi_timeout = CLI_MPI_TIMEOUT_S;
     for (int i = 1; i < argc && !bad; i++) {
         const char *v = NULL, *a = argv[i];
@@ -73,6 +76,8 @@ int cmd_logits(int argc, char **argv) {
         else if (arg_value(argc, argv, &i, "--batch-size", "-b", &v, &bad))
             bad = !v || !arg_int(a, v, 1, 1 << 20, &batch);
         else if (!strcmp(a, "--mpi")) use_mpi = 1;
+        else if (arg_rope_parse(argc, argv, &i, &rope, &bad)) {
+        } /* RoPE scaling: into the model's parameters */
         else if (arg_value(argc, argv, &i, "--decode-from", NULL, &v, &bad))
             bad = !v || !arg_int(a, v, 0, 1L << 30, &decode_from);
         else if (arg_value(argc, argv, &i, "--sparse-topk", NULL, &v, &bad))
@@ -116,7 +121,7 @@ int cmd_logits(int argc, char **argv) {
     float *logits = NULL;
     FILE *out = NULL;
     /* ranks sharing a machine would pin their threads to the same cores */
-    ellm_model_params mp = {.n_threads = (int)threads, .pin_threads = ellm_mpi_local_size(mpi) <= 1};
+    ellm_model_params mp = {.n_threads = (int)threads, .pin_threads = ellm_mpi_local_size(mpi) <= 1, .rope = rope};
     if (ellm_model_load(model_path, &mp, &model, &err) != ELLM_OK) {
         fprintf(stderr, "error: %s\n", err.msg);
         goto done;

@@ -55,6 +55,7 @@ static void run_usage(FILE *f) {
             "  --keep-layout          read the weights in the file's layout, shared with the page\n"
             "                         cache (default: Q8_0, Q4_0 matrices interleaved at load on CPUs\n"
             "                         with AVX2 or AVX-512, for faster decode and batches)\n"
+            "RoPE scaling (default: the file's; with --resume, the saved run's):\n" ARG_ROPE_HELP
             "long generations:\n"
             "  --ctx-overflow stop|shift  at the end of the context (-c / --kv-cache-gb):\n"
             "                         stop with a message, or shift: keep the first --keep\n"
@@ -135,6 +136,7 @@ typedef struct {
     int chat;
     const char *system, *chat_template;
     int numa, mlock, keep_layout;
+    ellm_rope_params rope;      /* --rope-scaling, --rope-scale, ... */
     const char *save_state, *resume;
     int overflow;               /* 0: refuse up front, 1: stop, 2: shift */
     long keep;
@@ -186,6 +188,8 @@ static int parse(int argc, char **argv, run_opts *o) {
         else if (!strcmp(a, "--mlock")) o->mlock = 1;
         else if (!strcmp(a, "--keep-layout")) o->keep_layout = 1;
         else if (!strcmp(a, "--mpi")) o->mpi = 1;
+        else if (arg_rope_parse(argc, argv, &i, &o->rope, &bad)) {
+        } /* RoPE scaling: into the model's parameters */
         else if (arg_value(argc, argv, &i, "--mpi-timeout", NULL, &v, &bad))
             bad = !v || !arg_double(a, v, 0.001, 1e6, &o->mpi_timeout);
         else if (arg_value(argc, argv, &i, "--numa", NULL, &v, &bad))
@@ -876,7 +880,7 @@ static int run_resume(const run_opts *o) {
         goto done;
     }
     ellm_model_params mp = {.n_threads = (int)rs->threads, .pin_threads = 1, .numa = (ellm_numa_mode)o->numa,
-                            .mlock = o->mlock, .keep_layout = o->keep_layout};
+                            .mlock = o->mlock, .keep_layout = o->keep_layout, .rope = rs->rope};
     if (ellm_model_load(rs->model, &mp, &g.model, &err) != ELLM_OK) {
         fprintf(stderr, "error: the state's model: %s\n", err.msg);
         goto done;
@@ -1010,7 +1014,7 @@ int cmd_run(int argc, char **argv) {
     /* ranks sharing a machine would pin their threads to the same cores */
     ellm_model_params mp = {.n_threads = (int)o.threads, .pin_threads = ellm_mpi_local_size(mpi) <= 1,
                             .numa = (ellm_numa_mode)o.numa,
-                            .mlock = o.mlock, .keep_layout = o.keep_layout};
+                            .mlock = o.mlock, .keep_layout = o.keep_layout, .rope = o.rope};
     if (ellm_model_load(o.model, &mp, &g.model, &err) != ELLM_OK) {
         fprintf(stderr, "error: %s\n", err.msg);
         goto done;
@@ -1117,6 +1121,7 @@ int cmd_run(int argc, char **argv) {
         rs->n_prompt = n_prompt;
         rs->overflow = o.overflow;
         rs->keep = o.keep;
+        rs->rope = o.rope;
         g.save_path = o.save_state;
         g.save_every = o.save_every ? o.save_every : 256;
     }

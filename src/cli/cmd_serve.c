@@ -49,10 +49,11 @@ static void serve_usage(FILE *f) {
             "  --timeout S            close connections idle for S seconds (default 30)\n"
             "  --slot-save-path DIR   folder for POST /slots/{id}?action=save|restore {\"filename\": ...}\n"
             "  --numa-aware           weight rows on the NUMA node whose threads read them\n"
+            "                         (as `ellm run --numa distribute`)\n"
             "  --keep-layout          read the weights in the file's layout, shared with the page\n"
             "                         cache (default: Q8_0, Q4_0 matrices interleaved at load on CPUs\n"
             "                         with AVX2 or AVX-512, for faster decode and batched steps)\n"
-            "                         (as `ellm run --numa distribute`)\n"
+            ARG_ROPE_HELP
             "beyond one machine (mpirun -np R ellm serve --mpi ...):\n"
             "  --mpi                  every slot's KV cache sharded over the MPI ranks, attention\n"
             "                         merged exactly (greedy text as without); rank 0 serves HTTP\n"
@@ -82,6 +83,8 @@ int cmd_serve(int argc, char **argv) {
         } else if (!strcmp(a, "--numa-aware")) p.numa_aware = 1;
         else if (!strcmp(a, "--keep-layout")) p.keep_layout = 1;
         else if (!strcmp(a, "--mpi")) use_mpi = 1;
+        else if (arg_rope_parse(argc, argv, &i, &p.rope, &bad)) {
+        } /* RoPE scaling: into the model's parameters */
         else if (arg_value(argc, argv, &i, "--mpi-timeout", NULL, &v, &bad)) bad = !v || !arg_double(a, v, 0.001, 1e6, &mpi_timeout);
         else if (arg_value(argc, argv, &i, "--model", "-m", &v, &bad)) p.model_path = v;
         else if (arg_value(argc, argv, &i, "--host", NULL, &v, &bad)) p.host = v;

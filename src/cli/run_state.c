@@ -8,8 +8,9 @@
 
 #define RUN_STATE_MAGIC "ellm-run"
 /* 2: the presence and frequency penalties at the end (version 1, without
- * them, is read with both 0) */
-#define RUN_STATE_VERSION 2u
+ * them, is read with both 0); 3: then the --rope-* flags (earlier versions:
+ * none, the file's RoPE) */
+#define RUN_STATE_VERSION 3u
 
 static void put_str(bb_writer *e, const char *s, size_t n) {
     bb_put_i64(e, (int64_t)n);
@@ -52,6 +53,11 @@ int run_state_encode(const run_state *s, unsigned char **out, size_t *len) {
     bb_put_i64(&e, s->save_every);
     bb_put_f32(&e, s->sp.presence_penalty);
     bb_put_f32(&e, s->sp.frequency_penalty);
+    const char *rt = s->rope.type ? s->rope.type : "";
+    put_str(&e, rt, strlen(rt));
+    bb_put_f32(&e, s->rope.factor);
+    bb_put_f32(&e, s->rope.freq_base);
+    bb_put_i64(&e, s->rope.orig_ctx);
     if (e.oom) {
         free(e.p);
         return 0;
@@ -144,6 +150,22 @@ int run_state_decode(const unsigned char *data, size_t len, run_state *s, char *
         s->sp.presence_penalty = bb_get_f32(&d);
         s->sp.frequency_penalty = bb_get_f32(&d);
     }
+    int rope_ok = 1;
+    if (v >= 3) {
+        size_t n = 0;
+        char *rt = get_str(&d, sizeof s->rope_type - 1, &n);
+        if (rt) memcpy(s->rope_type, rt, n + 1);
+        free(rt);
+        s->rope.type = s->rope_type[0] ? s->rope_type : NULL;
+        s->rope.factor = bb_get_f32(&d);
+        s->rope.freq_base = bb_get_f32(&d);
+        const int64_t oc = bb_get_i64(&d);
+        rope_ok = (!s->rope.type || !strcmp(s->rope_type, "none") || !strcmp(s->rope_type, "linear") ||
+                   !strcmp(s->rope_type, "yarn")) &&
+                  (s->rope.factor == 0 || in_range_f(s->rope.factor, 1e-6, 1e6)) &&
+                  (s->rope.freq_base == 0 || in_range_f(s->rope.freq_base, 1e-6, 1e12)) && in_range(oc, 0, RUN_COUNT_MAX);
+        s->rope.orig_ctx = (int)oc;
+    }
     const ellm_sampler_params *sp = &s->sp;
     /* what `ellm run` accepts for the flags behind each setting (the checksums
      * catch damage, not a file written by something else) */
@@ -161,7 +183,7 @@ int run_state_decode(const unsigned char *data, size_t len, run_state *s, char *
         in_range_f(sp->top_p, RUN_TOP_P_MIN, 1) && in_range_f(sp->min_p, 0, RUN_MIN_P_MAX) &&
         in_range_f(sp->repeat_penalty, RUN_REPEAT_PENALTY_MIN, RUN_REPEAT_PENALTY_MAX) &&
         in_range_f(sp->presence_penalty, -RUN_PENALTY_ABS_MAX, RUN_PENALTY_ABS_MAX) &&
-        in_range_f(sp->frequency_penalty, -RUN_PENALTY_ABS_MAX, RUN_PENALTY_ABS_MAX);
+        in_range_f(sp->frequency_penalty, -RUN_PENALTY_ABS_MAX, RUN_PENALTY_ABS_MAX) && rope_ok;
     if (d.bad || d.off != d.n || !settings_ok) {
         run_state_free(s);
         snprintf(msg, cap, "the run settings in the state are malformed");

@@ -45,6 +45,8 @@ typedef struct {
     int64_t n_tokens;
     ellm_sampler_state rng;
     int64_t save_every;
+    ellm_rope_params rope;  /* --rope-* flags (rope.type points into rope_type) */
+    char rope_type[8];      /* "" (the file's), "none", "linear" or "yarn" */
 } run_state;
 
 /* Encodes `s` into a malloc'ed buffer (*out, *len). Returns 0 when out of memory. */

@@ -58,7 +58,8 @@ typedef struct {
 
 /* The file's size and content hash (model_content_hash: its metadata and
  * samples of its weights as the file holds them, whatever layout the engine
- * reads them in) and the shape. */
+ * reads them in, and the RoPE settings when the caller overrode the file's)
+ * and the shape. */
 static void identity_of(const ellm_model *m, model_identity *id) {
     memset(id, 0, sizeof *id);
     id->file_bytes = gguf_size(m->file);
@@ -421,8 +422,8 @@ ellm_status ellm_context_state_load(ellm_context *ctx, const char *path, ellm_er
     }
     if (want.file_bytes != have.file_bytes || want.hash != have.hash) {
         st = ellm_fail(err, ELLM_ERR_ARG,
-                       "state file '%s' was written for another model file of the same shape (%llu bytes, "
-                       "identity %016llx; this one has %llu bytes, identity %016llx)",
+                       "state file '%s' was written for another model file of the same shape, or with other "
+                       "RoPE settings (%llu bytes, identity %016llx; this one has %llu bytes, identity %016llx)",
                        path, (unsigned long long)want.file_bytes, (unsigned long long)want.hash,
                        (unsigned long long)have.file_bytes, (unsigned long long)have.hash);
         goto out;

@@ -11,9 +11,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+static uint64_t fnv1a(uint64_t h, const unsigned char *p, size_t n);
+
 typedef struct {
     ellm_model *m;
     ellm_error *err;
+    const ellm_rope_params *rope; /* the caller's overrides, or NULL */
 } loader;
 
 /* Reads integer "<arch>.<suffix>" into *out; optional keys keep *out if absent. */
@@ -195,6 +198,34 @@ static ellm_status read_rope_scaling(loader *ld) {
     return st;
 }
 
+/* The caller's RoPE settings over the file's (ellm_rope_params). */
+static ellm_status override_rope(loader *ld) {
+    const ellm_rope_params *o = ld->rope;
+    model_config *c = &ld->m->cfg;
+    if (!o || (!o->type && o->factor == 0 && o->freq_base == 0 && o->orig_ctx == 0)) return ELLM_OK;
+    if (o->type) {
+        if (!strcmp(o->type, "none")) c->rope_scaling = MODEL_ROPE_NONE;
+        else if (!strcmp(o->type, "linear")) c->rope_scaling = MODEL_ROPE_LINEAR;
+        else if (!strcmp(o->type, "yarn")) c->rope_scaling = MODEL_ROPE_YARN;
+        else
+            return ellm_fail(ld->err, ELLM_ERR_ARG, "RoPE scaling '%.32s' is not none, linear or yarn", o->type);
+    }
+    if (!(o->factor >= 0) || o->factor > 1e6 || !(o->freq_base >= 0) || o->freq_base > 1e12 || o->orig_ctx < 0)
+        return ellm_fail(ld->err, ELLM_ERR_ARG, "RoPE settings out of range (factor %g, base %g, original context %d)",
+                         o->factor, o->freq_base, o->orig_ctx);
+    if (o->freq_base > 0) c->rope_theta = o->freq_base;
+    if (o->orig_ctx > 0) c->rope_orig_ctx = o->orig_ctx;
+    if (o->factor > 0) {
+        c->rope_factor = o->factor;
+        /* the context the scaled model is meant for (llama.cpp: original context / frequency scale) */
+        const double ctx = (c->rope_scaling == MODEL_ROPE_YARN ? c->rope_orig_ctx : c->n_ctx_train) * (double)o->factor;
+        if (c->rope_scaling != MODEL_ROPE_NONE && ctx > c->n_ctx_train) c->n_ctx_train = ctx < (1 << 30) ? (int)ctx : 1 << 30;
+    }
+    if (c->rope_scaling == MODEL_ROPE_NONE) c->rope_factor = 1.0f;
+    ld->m->rope_override_hash = 1; /* set to the settings' hash once the frequencies are known */
+    return ELLM_OK;
+}
+
 static ellm_status read_config(loader *ld) {
     ellm_model *m = ld->m;
     model_config *c = &m->cfg;
@@ -253,7 +284,8 @@ static ellm_status read_config(loader *ld) {
     if ((st = arch_float(ld, "rope.freq_base", &c->rope_theta)) ||
         (st = arch_float(ld, "attention.layer_norm_rms_epsilon", &c->norm_eps)))
         return st;
-    return read_rope_scaling(ld);
+    if ((st = read_rope_scaling(ld))) return st;
+    return override_rope(ld);
 }
 
 /* YaRN's correction dimension: the (fractional) pair whose rotation turns
@@ -323,6 +355,12 @@ static ellm_status bind_weights(loader *ld) {
     m->rope_freq = malloc((size_t)(c->n_rot / 2) * sizeof *m->rope_freq);
     if (!m->rope_freq) return ellm_fail(ld->err, ELLM_ERR_NOMEM, "model: out of memory");
     rope_frequencies(m);
+    if (m->rope_override_hash) { /* the settings the caller chose, for saved states' model identity */
+        uint64_t h = fnv1a(0xcbf29ce484222325ull, (const unsigned char *)m->rope_freq,
+                           (size_t)(c->n_rot / 2) * sizeof *m->rope_freq);
+        h = fnv1a(h, (const unsigned char *)&m->rope_mscale, sizeof m->rope_mscale);
+        m->rope_override_hash = h ? h : 1;
+    }
     m->layers = calloc((size_t)c->n_layer, sizeof *m->layers);
     if (!m->layers) return ellm_fail(ld->err, ELLM_ERR_NOMEM, "model: out of memory");
     for (int l = 0; l < c->n_layer; l++) {
@@ -381,7 +419,7 @@ ellm_status model_load_gguf(gguf_file *f, const ellm_model_params *params, ellm_
     pthread_mutex_init(&m->derived_lock, NULL);
     m->n_threads = params && params->n_threads > 0 ? params->n_threads : ellm_cpu_physical_cores();
     m->pin_threads = params ? params->pin_threads : 1;
-    loader ld = {m, err};
+    loader ld = {m, err, params ? &params->rope : NULL};
     ellm_status st = read_config(&ld);
     if (st == ELLM_OK) st = bind_weights(&ld);
     if (st == ELLM_OK) st = tokenizer_init_gguf(m->file, &m->tok, err);
@@ -474,7 +512,7 @@ static uint64_t fnv1a(uint64_t h, const unsigned char *p, size_t n) {
 }
 
 uint64_t model_content_hash(const ellm_model *m) {
-    return m->n_repacked ? m->repacked_hash : model_file_hash(m->file);
+    return (m->n_repacked ? m->repacked_hash : model_file_hash(m->file)) ^ m->rope_override_hash;
 }
 
 uint64_t model_file_hash(const gguf_file *f) {

@@ -93,6 +93,7 @@ struct ellm_model {
     const float *rope_freqs; /* (n_rot/2) frequency divisors, or NULL */
     double *rope_freq;       /* (n_rot/2) rotation per position: base^(-2i/n_rot) / factor_i, then scaled */
     double rope_mscale;      /* cos and sin of a position's rotation times this (YaRN, attn_factor; else 1) */
+    uint64_t rope_override_hash; /* 0, or a hash of the RoPE settings when ellm_model_params.rope changed them */
     model_layer *layers;
     float **owned;   /* vectors converted to F32 at load (non-F32 norms/biases) */
     int n_owned;

@@ -217,7 +217,7 @@ int sched_mpi_follow(ellm_mpi *mpi, const server_params *p) {
     sched_mpi m = {.mpi = mpi};
     ellm_model_params mp = {.n_threads = p->n_threads, .pin_threads = ellm_mpi_local_size(mpi) <= 1,
                             .numa = p->numa_aware ? ELLM_NUMA_DISTRIBUTE : ELLM_NUMA_OFF,
-                            .keep_layout = p->keep_layout};
+                            .keep_layout = p->keep_layout, .rope = p->rope};
     ellm_status st = ellm_model_load(p->model_path, &mp, &f.model, &err);
     if (st != ELLM_OK) {
         /* rank 0 loads the same file and stops the job on the same error */

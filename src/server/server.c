@@ -1094,7 +1094,7 @@ int server_run(const server_params *params) {
     ellm_error err = {0};
     ellm_model_params mp = {.n_threads = params->n_threads, .pin_threads = ellm_mpi_local_size(params->mpi) <= 1,
                             .numa = params->numa_aware ? ELLM_NUMA_DISTRIBUTE : ELLM_NUMA_OFF,
-                            .keep_layout = params->keep_layout};
+                            .keep_layout = params->keep_layout, .rope = params->rope};
     if (ellm_model_load(params->model_path, &mp, &srv->model, &err) != ELLM_OK) {
         fprintf(stderr, "error: %s\n", err.msg);
         goto out;

@@ -28,6 +28,7 @@ typedef struct {
     const char *alias;         /* model id reported; NULL: the file name */
     int numa_aware;
     int keep_layout; /* ellm_model_params.keep_layout */
+    ellm_rope_params rope;     /* ellm_model_params.rope: --rope-scaling, --rope-scale, ... */
     int max_queue;             /* requests waiting beyond the slots before 503 */
     size_t max_body;           /* bytes; larger bodies get 413 */
     int timeout_s;             /* idle connection timeout */
