@@ -1121,10 +1121,13 @@ int server_run(const server_params *params) {
         goto out;
     }
     atomic_store(&srv->ready, 1);
-    fprintf(stderr, "ellm serve: ready: %s, %d slots x %d tokens (%s KV), %d sequences per step\n", srv->model_id,
+    ellm_model_info mi;
+    ellm_model_get_info(srv->model, &mi);
+    fprintf(stderr, "ellm serve: ready: %s, %d slots x %d tokens (%s KV), %d sequences per step%s%s\n", srv->model_id,
             params->n_slots, sched_n_ctx(srv->sched),
             ellm_kv_type_name(params->kv_type),
-            params->n_batch > 0 ? params->n_batch : params->n_slots);
+            params->n_batch > 0 ? params->n_batch : params->n_slots, mi.rope_scaling[0] ? ", RoPE " : "",
+            mi.rope_scaling);
     int sig = 0;
     sigset_t wait_sigs;
     sigemptyset(&wait_sigs);
