@@ -434,6 +434,9 @@ ellm_status model_load_gguf(gguf_file *f, const ellm_model_params *params, ellm_
         const size_t len = strlen(m->placement);
         snprintf(m->placement + len, sizeof m->placement - len, "; %d matrices interleaved by 16 rows at load (%.0f ms)",
                  m->n_repacked, repack_ms);
+    } else if (st == ELLM_OK && m->repack_note[0]) {
+        const size_t len = strlen(m->placement);
+        snprintf(m->placement + len, sizeof m->placement - len, "; %s", m->repack_note);
     }
     if (st == ELLM_OK && tokenizer_n_vocab(m->tok) > m->cfg.n_vocab)
         st = ellm_fail(err, ELLM_ERR_FORMAT, "model: tokenizer has %d tokens but token_embd.weight only %d rows",

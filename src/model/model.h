@@ -110,6 +110,7 @@ struct ellm_model {
     uint64_t n_params;
     uint64_t weight_bytes;
     int n_repacked;           /* matrices model_repack_weights rewrote in the mapping */
+    char repack_note[160];    /* why it rewrote none that it could have (memory), or "" */
     int keep_layout;          /* loaded with ellm_model_params.keep_layout (copies derived from it keep it too) */
     uint64_t repacked_hash;   /* model_file_hash taken just before they were rewritten */
     double load_ms;

@@ -21,11 +21,13 @@
  * layout; so does any failure here, which leaves the mapping as it was. */
 #include "model/model.h"
 #include "core/cpu.h"
+#include "core/meminfo.h"
 #include "kernels/kernels.h"
 #include "kernels/quant.h"
 
 #include <pthread.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -147,12 +149,38 @@ int model_r16_candidates(ellm_model *m, int (*take)(const model_matrix *w, void 
     return n;
 }
 
+/* Whether the private memory the rewrite takes (the bytes from the first to
+ * the last of the n matrices of list) fits in what the process may still
+ * take, less a margin for the KV cache and the rest (10%, at least 256 MB):
+ * else the weights stay in the file's layout, read in place from page cache
+ * that the kernel can drop, where a private copy could get the process
+ * killed (a container's memory limit, a model nearly the size of RAM). */
+static int repack_fits(ellm_model *m, model_matrix *const *list, int n) {
+    uintptr_t lo = UINTPTR_MAX, hi = 0;
+    for (int i = 0; i < n; i++) {
+        if ((uintptr_t)list[i]->data < lo) lo = (uintptr_t)list[i]->data;
+        if (end_of(list[i]) > hi) hi = end_of(list[i]);
+    }
+    ellm_meminfo mi;
+    ellm_meminfo_get(&mi);
+    if (!n || !mi.known) return 1;
+    const double need = (double)(hi - lo), avail = (double)mi.available;
+    const double margin = avail / 10 > 256e6 ? avail / 10 : 256e6;
+    if (need <= avail - margin) return 1;
+    snprintf(m->repack_note, sizeof m->repack_note,
+             "weights kept in the file's layout: interleaving them takes %.2f GB of private memory and %.2f GB is "
+             "available%s",
+             need / 1e9, avail / 1e9, mi.cgroup_limit && mi.cgroup <= mi.system ? " (memory cgroup limit)" : "");
+    return 0;
+}
+
 void model_repack_weights(ellm_model *m, const ellm_model_params *params) {
     m->keep_layout = params && params->keep_layout;
     if (m->keep_layout || !gguf_is_mapped(m->file) || !kern_r16_fast()) return;
     model_matrix **list = malloc(((size_t)m->cfg.n_layer * 7 + 1) * sizeof *list);
     if (!list) return;
-    const int n = model_r16_candidates(m, NULL, NULL, list);
+    int n = model_r16_candidates(m, NULL, NULL, list);
+    if (!repack_fits(m, list, n)) n = 0;
     const uint64_t hash = n ? model_file_hash(m->file) : 0; /* the file's bytes, before they change */
     if (model_pack_r16(list, n)) {
         /* the same matrix under another name: tied embeddings (the lookups read the packed bytes) */

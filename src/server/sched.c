@@ -1,5 +1,6 @@
 /* Scheduler and engine thread (see sched.h). */
 #include "server/sched.h"
+#include "core/meminfo.h"
 #include "server/sched_mpi.h"
 #include "server/step_cost.h"
 
@@ -162,17 +163,6 @@ static void update_gauges(sched *s) {
     pthread_mutex_unlock(&s->metrics->mu);
 }
 
-/* Physical memory the OS could give now (MemAvailable), or 0 if unknown. */
-static double mem_available_bytes(void) {
-    FILE *f = fopen("/proc/meminfo", "r");
-    char line[256];
-    double kb = 0;
-    while (f && fgets(line, sizeof line, f))
-        if (sscanf(line, "MemAvailable: %lf kB", &kb) == 1) break;
-    if (f) fclose(f);
-    return kb * 1024.0;
-}
-
 static void *engine_main(void *arg);
 
 ellm_status sched_init(ellm_model *model, const sched_params *params, server_metrics *metrics, sched **out,
@@ -197,16 +187,19 @@ ellm_status sched_init(ellm_model *model, const sched_params *params, server_met
     const size_t fit = SCORE_ROWS_BYTES / ((size_t)info.n_vocab * sizeof(float));
     s->score_rows = fit < 16 ? 16 : fit > (size_t)p.chunk ? p.chunk : (int)fit;
     /* One pool of KV pages for all slots (K and V of --kv-type): --kv-cache-gb, else
-     * every slot's full context, capped at 80% of the memory available now.
-     * A sequence takes pages as it grows; a request is limited to what the
-     * whole pool holds. */
+     * every slot's full context, capped at 80% of the memory available now
+     * (MemAvailable, or less where the process's memory cgroup, e.g. a
+     * container's limit, leaves less). A sequence takes pages as it grows; a
+     * request is limited to what the whole pool holds. */
     const size_t page_bytes = ellm_kv_pool_page_bytes(model, p.kv_type);
     const int page_tokens = ellm_kv_pool_page_tokens();
     double pool_bytes = p.kv_cache_gb > 0 ? p.kv_cache_gb * 1e9
                                           : ((double)p.n_slots * ((s->n_ctx + page_tokens - 1) / page_tokens) + 0.5) *
                                                 (double)page_bytes;
-    double avail = mem_available_bytes();
-    if (p.kv_cache_gb <= 0 && avail > 0 && pool_bytes > 0.8 * avail) pool_bytes = 0.8 * avail;
+    ellm_meminfo mi;
+    ellm_meminfo_get(&mi);
+    const int capped = p.kv_cache_gb <= 0 && mi.known && pool_bytes > 0.8 * (double)mi.available;
+    if (capped) pool_bytes = 0.8 * (double)mi.available;
     ellm_status pst = ellm_kv_pool_init(model, p.kv_type, pool_bytes / 1e9, &s->kv_pool, err);
     if (pst != ELLM_OK) {
         free(s);
@@ -217,7 +210,12 @@ ellm_status sched_init(ellm_model *model, const sched_params *params, server_met
         ellm_kv_pool_get_stats(s->kv_pool, &ps);
         double pool_tokens = (double)ps.pages_total * ps.page_tokens;
         if (pool_tokens < 2) {
-            if (err) snprintf(err->msg, sizeof err->msg, "--kv-cache-gb %g holds fewer than 2 tokens", p.kv_cache_gb);
+            if (err && capped)
+                snprintf(err->msg, sizeof err->msg,
+                         "the memory available (%.3g GB%s) holds fewer than 2 tokens of KV cache; pass --kv-cache-gb",
+                         mi.available / 1e9, mi.cgroup_limit ? ", within the memory cgroup's limit" : "");
+            else if (err)
+                snprintf(err->msg, sizeof err->msg, "--kv-cache-gb %g holds fewer than 2 tokens", p.kv_cache_gb);
             ellm_kv_pool_free(s->kv_pool);
             free(s);
             return ELLM_ERR_ARG;
