@@ -732,7 +732,9 @@ double ellm_measure_read_gbps(int n_threads, size_t bytes, int reps);
 /* Name of the kernel ISA in use: "scalar", "avx2" or "avx512". The choice is
  * made once from CPU features; ELLM_ISA=scalar|avx2|avx512 overrides it. */
 const char *ellm_isa_name(void);
-/* Compute threads used when none are asked for: one per physical core. */
+/* Compute threads used when none are asked for: one per physical core of
+ * the process's CPU mask, or fewer under a cgroup CPU quota (a container's
+ * --cpus): the quota's whole CPUs, at least one. */
 int ellm_default_threads(void);
 
 #ifdef __cplusplus

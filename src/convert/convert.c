@@ -569,7 +569,7 @@ ellm_status convert_hf_to_gguf(const char *hf_dir, const char *out_path, const c
         c.src_total += t->src ? t->src->n_bytes : 0;
         c.out_total += qtype_row_bytes(t->type, t->ne0) * (uint64_t)t->ne1;
     }
-    int n_threads = p->n_threads > 0 ? p->n_threads : ellm_cpu_physical_cores();
+    int n_threads = p->n_threads > 0 ? p->n_threads : ellm_default_threads();
     c.n_threads = n_threads;
     if (st == ELLM_OK) st = threadpool_init(n_threads, 0, &c.pool, err);
     if (st == ELLM_OK) {

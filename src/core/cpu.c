@@ -1,5 +1,6 @@
 /* CPU feature detection and ISA selection (cpuid through the compiler). */
 #include "core/cpu.h"
+#include "core/cgroup.h"
 #include "ellm.h"
 
 #include <pthread.h>
@@ -141,4 +142,12 @@ int ellm_cpu_core_id(int i) {
     return g_cores[i % g_n_cores];
 }
 
-int ellm_default_threads(void) { return ellm_cpu_physical_cores(); }
+int ellm_default_threads(void) {
+    /* a CPU quota (a container's --cpus, a service's CPUQuota) below the
+     * cores: as many threads as it pays for, so none waits for a slice at
+     * every barrier */
+    const int cores = ellm_cpu_physical_cores();
+    const double quota = cgroup_cpu_quota("");
+    if (quota > 0 && quota < cores) return quota < 1 ? 1 : (int)quota;
+    return cores;
+}

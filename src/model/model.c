@@ -417,7 +417,7 @@ ellm_status model_load_gguf(gguf_file *f, const ellm_model_params *params, ellm_
     }
     m->file = f;
     pthread_mutex_init(&m->derived_lock, NULL);
-    m->n_threads = params && params->n_threads > 0 ? params->n_threads : ellm_cpu_physical_cores();
+    m->n_threads = params && params->n_threads > 0 ? params->n_threads : ellm_default_threads();
     m->pin_threads = params ? params->pin_threads : 1;
     loader ld = {m, err, params ? &params->rope : NULL};
     ellm_status st = read_config(&ld);

@@ -1,10 +1,15 @@
-/* Available memory (core/meminfo.c) from fake /proc and /sys trees: cgroup
- * v2 (the container's own root, nested cgroups with the limit on an
- * ancestor), v1 and hybrid layouts, page cache left out of what a cgroup
- * holds, a cgroup over its limit, and no information at all; then the real
- * system's figures. */
+/* What the process's cgroups allow (core/cgroup.c, core/meminfo.c), from
+ * fake /proc and /sys trees: available memory for cgroup v2 (the
+ * container's own root, nested cgroups with the limit on an ancestor, over
+ * the limit), v1 and hybrid layouts, page cache left out of what a cgroup
+ * holds; CPU quotas for v2 and v1; no information at all; then the real
+ * system's figures. Then for real, in cgroups made here (as root; SKIP with
+ * the reason elsewhere): a model whose interleaved copy would not fit a
+ * memory cgroup loads in the file's layout and runs, and a one-CPU quota
+ * gives one compute thread. */
 #include "harness.h"
 
+#include "core/cgroup.h"
 #include "core/meminfo.h"
 
 #include <errno.h>
@@ -47,37 +52,41 @@ static void expect(const char *what, int known, uint64_t avail, uint64_t limit) 
           (unsigned long long)mi.cgroup_limit, known, (unsigned long long)avail, (unsigned long long)limit);
 }
 
-/* A memory cgroup of `limit` bytes for a child process: its folder in dir
- * (cgroup v1's memory controller, else v2 with the memory controller
- * enabled for children of the root), and the file to write a pid into, in
- * procs. Returns 0 (and why in why) if neither can be made here. */
-static int make_cgroup(uint64_t limit, char *dir, size_t cap, char *procs, size_t pcap, const char **why) {
+/* A cgroup of controller ctl ("memory", "cpu") for a child process, with
+ * setting v1_file = v1_value (cgroup v1) or v2_file = v2_value (v2, when the
+ * root's children have the controller): its folder in dir, the file to
+ * write a pid into in procs. Returns 0 (and why in *why) if it cannot be
+ * made here. */
+static int make_cgroup(const char *ctl, const char *v1_file, const char *v1_value, const char *v2_file,
+                       const char *v2_value, char *dir, size_t cap, char *procs, size_t pcap, const char **why) {
     char path[700];
     struct stat sb;
     if (geteuid() != 0) {
-        *why = "not running as root (making a memory cgroup needs it)";
+        *why = "not running as root (making a cgroup needs it)";
         return 0;
     }
-    int v1 = stat("/sys/fs/cgroup/memory/memory.limit_in_bytes", &sb) == 0;
-    char *ctl = v1 ? NULL : test_read_file("/sys/fs/cgroup/cgroup.subtree_control", NULL);
-    int v2 = ctl && strstr(ctl, "memory");
-    free(ctl);
+    snprintf(path, sizeof path, "/sys/fs/cgroup/%s/%s", ctl, v1_file);
+    int v1 = stat(path, &sb) == 0;
+    char *sub = v1 ? NULL : test_read_file("/sys/fs/cgroup/cgroup.subtree_control", NULL);
+    int v2 = sub && strstr(sub, ctl);
+    free(sub);
     if (!v1 && !v2) {
-        *why = "no cgroup v1 memory controller and no v2 one enabled for the root's children";
+        *why = "neither a cgroup v1 hierarchy with the controller nor a v2 one enabling it for the root's children";
         return 0;
     }
-    snprintf(dir, cap, "%s/ellm_test_%d", v1 ? "/sys/fs/cgroup/memory" : "/sys/fs/cgroup", (int)getpid());
+    if (v1) snprintf(dir, cap, "/sys/fs/cgroup/%s/ellm_test_%d", ctl, (int)getpid());
+    else snprintf(dir, cap, "/sys/fs/cgroup/ellm_test_%s_%d", ctl, (int)getpid());
     if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
         *why = "the cgroup folder cannot be made";
         return 0;
     }
-    snprintf(path, sizeof path, "%s/%s", dir, v1 ? "memory.limit_in_bytes" : "memory.max");
+    snprintf(path, sizeof path, "%s/%s", dir, v1 ? v1_file : v2_file);
     FILE *f = fopen(path, "w");
-    int ok = f && fprintf(f, "%llu\n", (unsigned long long)limit) > 0;
+    int ok = f && fprintf(f, "%s\n", v1 ? v1_value : v2_value) > 0;
     if (f) ok &= fclose(f) == 0;
     if (!ok) {
         rmdir(dir);
-        *why = "the cgroup's memory limit cannot be set";
+        *why = "the cgroup's setting cannot be written";
         return 0;
     }
     snprintf(procs, pcap, "%s/cgroup.procs", dir);
@@ -92,7 +101,8 @@ static int make_cgroup(uint64_t limit, char *dir, size_t cap, char *procs, size_
 static void test_load_in_cgroup(void) {
     char dir[600], procs[700], model[700], cmd[2400], out[16384];
     const char *why = NULL;
-    if (!make_cgroup(64 * MB, dir, sizeof dir, procs, sizeof procs, &why)) {
+    if (!make_cgroup("memory", "memory.limit_in_bytes", "67108864", "memory.max", "67108864", dir, sizeof dir, procs,
+                     sizeof procs, &why)) {
         printf("SKIP: loading under a memory cgroup limit: %s\n", why);
         return;
     }
@@ -112,6 +122,33 @@ static void test_load_in_cgroup(void) {
           "run outside it: exit %d\n%s", rc, out);
     CHECK(rmdir(dir) == 0, "removing %s: %s", dir, strerror(errno));
     remove(model);
+}
+
+/* `ellm run --stats` under a one-CPU quota: one compute thread (the stats
+ * line "threads: N"); outside it, one per core. */
+static void test_threads_under_quota(void) {
+    char dir[600], procs[700], cmd[1600], out[16384];
+    const char *why = NULL;
+    if (!make_cgroup("cpu", "cpu.cfs_quota_us", "100000", "cpu.max", "100000 100000", dir, sizeof dir, procs,
+                     sizeof procs, &why)) {
+        printf("SKIP: threads under a CPU quota: %s\n", why);
+        return;
+    }
+    snprintf(cmd, sizeof cmd, "sh -c 'echo $$ > %s && exec %s run -n 2 -p hi --stats' 2>&1", procs, test_ellm_bin());
+    int rc = test_shell(cmd, out, sizeof out);
+    CHECK(rc == 0 && strstr(out, "threads: 1,"), "run under a one-CPU quota: exit %d\n%s", rc, out);
+    snprintf(cmd, sizeof cmd, "%s run -n 2 -p hi --stats 2>&1", test_ellm_bin());
+    rc = test_shell(cmd, out, sizeof out);
+    const char *t = strstr(out, "threads: ");
+    const int outside = t ? atoi(t + 9) : 0;
+    CHECK(rc == 0 && outside == ellm_default_threads() && outside >= 1, "run outside it: %d threads, exit %d\n%s",
+          outside, rc, out);
+    CHECK(rmdir(dir) == 0, "removing %s: %s", dir, strerror(errno));
+}
+
+static void expect_quota(const char *what, double want) {
+    const double q = cgroup_cpu_quota(root);
+    CHECK(fabs(q - want) < 1e-9, "%s: quota %g CPUs, want %g", what, q, want);
 }
 
 int main(void) {
@@ -182,6 +219,35 @@ int main(void) {
     put("/sys/fs/cgroup/memory/memory.usage_in_bytes", "104857600\n");
     expect("v1 container's own root", 1, 512 * MB - 100 * MB, 512 * MB);
 
+    /* CPU quotas */
+    fresh("cpu_none");
+    expect_quota("no cgroup files", 0);
+    fresh("cpu_v2");
+    put("/proc/self/cgroup", "0::/svc\n");
+    put("/sys/fs/cgroup/svc/cpu.max", "150000 100000\n");
+    expect_quota("v2 cpu.max 1.5 CPUs", 1.5);
+    fresh("cpu_v2max");
+    put("/proc/self/cgroup", "0::/svc\n");
+    put("/sys/fs/cgroup/svc/cpu.max", "max 100000\n");
+    expect_quota("v2 cpu.max max", 0);
+    fresh("cpu_v2parent");
+    put("/proc/self/cgroup", "0::/a/b\n");
+    put("/sys/fs/cgroup/a/b/cpu.max", "800000 100000\n");
+    put("/sys/fs/cgroup/a/cpu.max", "300000 100000\n");
+    expect_quota("v2 the smaller quota of an ancestor", 3);
+    fresh("cpu_v1");
+    put("/proc/self/cgroup", "5:memory:/\n3:cpu,cpuacct:/k\n0::/\n");
+    put("/sys/fs/cgroup/cpu,cpuacct/k/cpu.cfs_quota_us", "200000\n");
+    put("/sys/fs/cgroup/cpu,cpuacct/k/cpu.cfs_period_us", "100000\n");
+    put("/sys/fs/cgroup/cpu,cpuacct/cpu.cfs_quota_us", "-1\n");
+    put("/sys/fs/cgroup/cpu,cpuacct/cpu.cfs_period_us", "100000\n");
+    expect_quota("v1 under cpu,cpuacct", 2);
+    fresh("cpu_v1none");
+    put("/proc/self/cgroup", "3:cpu:/\n");
+    put("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", "-1\n");
+    put("/sys/fs/cgroup/cpu/cpu.cfs_period_us", "100000\n");
+    expect_quota("v1 quota -1", 0);
+
     /* the real system: MemAvailable at least */
     ellm_meminfo mi;
     ellm_meminfo_get(&mi);
@@ -190,5 +256,6 @@ int main(void) {
     printf("this system: %.2f GB available (MemAvailable %.2f GB, cgroup limit %s)\n", mi.available / 1e9,
            mi.system / 1e9, mi.cgroup_limit ? "set" : "none");
     test_load_in_cgroup();
+    test_threads_under_quota();
     return test_finish();
 }
