@@ -145,7 +145,7 @@ ellm_status model_place_weights(ellm_model *m, const ellm_model_params *params, 
         topology *t = NULL;
         ellm_status st = load_topology(&t, err);
         if (st) return st;
-        topo_plan_params pp = {.n_threads = params->n_threads,
+        topo_plan_params pp = {.n_threads = params->n_threads > 0 ? params->n_threads : m->n_threads,
                                .mode = (topo_numa_mode)mode,
                                .weight_bytes = (uint64_t)(hi - lo)};
         st = topo_plan_init(t, &pp, &m->plan, err);
