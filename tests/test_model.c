@@ -448,6 +448,9 @@ static void test_rope_scaling_keys(void) {
          "llama.rope.scaling.original_context_length"},
         {{"llama.rope.scaling.yarn_beta_slow", 'f', NULL, 64}, ELLM_ERR_FORMAT, "exceeds yarn_beta_fast = 32"},
         {{"llama.rope.scaling.yarn_attn_factor", 'f', NULL, -1}, ELLM_ERR_FORMAT, "llama.rope.scaling.yarn_attn_factor"},
+        /* not a RoPE key: a Mixtral-style file, refused by what it is */
+        {{"llama.expert_count", 'u', NULL, 8}, ELLM_ERR_UNSUPPORTED,
+         "mixture-of-experts files ('llama.expert_count' = 8) are not supported"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         err.msg[0] = 0;

@@ -250,6 +250,15 @@ static ellm_status read_config(loader *ld) {
                          "model: architecture '%s' is not supported (llama, mistral, qwen2, qwen3 are)",
                          c->arch_name);
     }
+    /* Mixtral-style files are "llama" with experts (ffn_*_exps tensors), which
+     * the engine does not run: say so instead of naming a missing tensor */
+    int n_expert = 0;
+    if ((st = arch_int(ld, "expert_count", 1, 0, 1 << 20, &n_expert))) return st;
+    if (n_expert > 0)
+        return ellm_fail(ld->err, ELLM_ERR_UNSUPPORTED,
+                         "model: mixture-of-experts files ('%s.expert_count' = %d) are not supported (dense llama, "
+                         "mistral, qwen2, qwen3 are)",
+                         c->arch_name, n_expert);
     c->n_ctx_train = 2048;
     c->rope_theta = 10000.0f;
     c->norm_eps = 1e-5f;
