@@ -389,6 +389,15 @@ static void test_advice(void) {
     snprintf(r->thp, sizeof r->thp, "never");
     probe_advise(r);
     CHECK(has_advice(r, "transparent huge pages are off"), "THP never not reported");
+    /* a container's limits: a 2-CPU quota on 8 cores comes first (the largest gain), the memory limit is named */
+    r->cpu_quota = 2;
+    r->default_threads = 2;
+    r->memory_limit = 8000000000ull;
+    r->memory_available = 6000000000ull;
+    probe_advise(r);
+    CHECK(strstr(r->advice[0], "a CPU quota of 2 CPUs (cgroup) below the 8 cores: eLLM runs 2 compute threads") &&
+              has_advice(r, "a memory limit of 8.00 GB (cgroup), 6.00 GB of it free"),
+          "limits: first advice '%s'", r->advice[0]);
 
     /* channels unknown: said why */
     r = report("pack:1 [numa(memory=8589934592)] core:2 pu:1", 20, 0);
@@ -447,7 +456,10 @@ static void check_probe_json(const char *out, int want_cpus, int want_channels) 
     cJSON *j = cJSON_Parse(out);
     CHECK(j != NULL, "probe --json is not JSON: %s", out);
     if (!j) return;
-    static const char *const top[] = {"isa", "logical_cpus", "physical_cores", "numa_nodes", "channels", "thp", "advice", NULL};
+    static const char *const top[] = {"isa",     "logical_cpus", "physical_cores", "numa_nodes", "channels",
+                                      "thp",     "limits",       "advice",         NULL};
+    static const char *const limits[] = {"cpu_quota", "default_threads", "memory_limit_bytes", "memory_available_bytes",
+                                         NULL};
     static const char *const node[] = {"id", "cpus", "memory_bytes", "read_gbps", NULL};
     CHECK(exact_keys(j, top), "top-level keys differ: %s", out);
     const cJSON *isa = cJSON_GetObjectItem(j, "isa"), *lc = cJSON_GetObjectItem(j, "logical_cpus");
@@ -481,6 +493,13 @@ static void check_probe_json(const char *out, int want_cpus, int want_channels) 
                   cJSON_GetObjectItem(ch, "peak_gbps")->valuedouble > 93,
               "channels from --dmi: %s", out);
     CHECK(cJSON_IsString(thp) || cJSON_IsNull(thp), "thp");
+    const cJSON *lim = cJSON_GetObjectItem(j, "limits");
+    CHECK(cJSON_IsObject(lim) && exact_keys(lim, limits) &&
+              cJSON_GetObjectItem(lim, "default_threads")->valueint >= 1 &&
+              cJSON_GetObjectItem(lim, "default_threads")->valueint <= (pc ? pc->valueint : 0) &&
+              cJSON_GetObjectItem(lim, "memory_available_bytes")->valuedouble > 0 &&
+              cJSON_GetObjectItem(lim, "cpu_quota")->valuedouble >= 0,
+          "limits: %s", out);
     CHECK(cJSON_IsArray(adv) && cJSON_GetArraySize(adv) >= 1 && cJSON_IsString(adv->child), "advice");
     int named = 0;
     for (const cJSON *a = adv ? adv->child : NULL; a; a = a->next) named |= strstr(a->valuestring, "4 of 8 channels populated") != NULL;

@@ -52,6 +52,10 @@ static void print_json(const probe_report *r) {
     printf(", \"thp\": ");
     if (r->thp[0]) json_string(r->thp);
     else printf("null");
+    printf(", \"limits\": {\"cpu_quota\": %.6g, \"default_threads\": %d, \"memory_limit_bytes\": %llu, "
+           "\"memory_available_bytes\": %llu}",
+           r->cpu_quota, r->default_threads, (unsigned long long)r->memory_limit,
+           (unsigned long long)r->memory_available);
     printf(", \"advice\": [");
     for (int i = 0; i < r->n_advice; i++) {
         if (i) printf(", ");
@@ -83,6 +87,12 @@ static void print_text(const probe_report *r) {
         printf("memory channels: unknown (%s)\n", r->channels_why);
     }
     printf("transparent huge pages: %s\n", r->thp[0] ? r->thp : "unknown");
+    printf("limits (cgroups): ");
+    if (r->cpu_quota > 0) printf("CPU quota %.3g CPUs", r->cpu_quota);
+    else printf("no CPU quota");
+    if (r->memory_limit) printf(", memory %.2f GB (%.2f GB free)", r->memory_limit / 1e9, r->memory_available / 1e9);
+    else printf(", no memory limit (%.2f GB available)", r->memory_available / 1e9);
+    printf("; compute threads by default: %d\n", r->default_threads);
     printf("advice:\n");
     for (int i = 0; i < r->n_advice; i++) printf("  - %s\n", r->advice[i]);
     printf("(probe took %.0f ms)\n", r->elapsed_ms);

@@ -1,4 +1,6 @@
 /* The hardware probe: measurements and advice. */
+#include "core/cgroup.h"
+#include "core/meminfo.h"
 #include "topology/probe.h"
 #include "core/cpu.h"
 #include "core/membw.h"
@@ -249,6 +251,12 @@ ellm_status probe_run(probe_report *r, size_t bytes, const char *dmi_path, ellm_
                                                                    : "there is no DIMM table (/sys/firmware/dmi/tables/DMI)");
     probe_set_channels(r, ds, &m, why);
     read_thp(r->thp, sizeof r->thp);
+    r->cpu_quota = cgroup_cpu_quota("");
+    r->default_threads = ellm_default_threads();
+    ellm_meminfo mi;
+    ellm_meminfo_get(&mi);
+    r->memory_limit = mi.cgroup_limit;
+    r->memory_available = mi.known ? mi.available : 0;
     probe_advise(r);
     r->elapsed_ms = ellm_time_ms() - t0;
     return ELLM_OK;
@@ -330,6 +338,16 @@ void probe_advise(probe_report *r) {
             "SMT on (%d hardware threads per core): threads = physical cores (%d, the default); more threads share "
             "load ports and add no bandwidth",
             r->smt, r->physical_cores);
+    if (r->cpu_quota > 0 && r->cpu_quota < r->physical_cores)
+        add(items, &n, r->physical_cores / (r->cpu_quota < 1 ? 1 : r->cpu_quota),
+            "a CPU quota of %.3g CPUs (cgroup) below the %d cores: eLLM runs %d compute thread%s by default; a "
+            "larger quota (docker run --cpus, CPUQuota=) lets it use every core",
+            r->cpu_quota, r->physical_cores, r->default_threads, r->default_threads == 1 ? "" : "s");
+    if (r->memory_limit)
+        add(items, &n, 1.0,
+            "a memory limit of %.2f GB (cgroup), %.2f GB of it free: weights that do not fit in that less 10%% stay "
+            "in the file's layout (read from page cache), and a server's default KV pool takes at most 80%% of it",
+            r->memory_limit / 1e9, r->memory_available / 1e9);
     if (!strcmp(r->thp, "never"))
         add(items, &n, 1.05,
             "transparent huge pages are off: `echo madvise > /sys/kernel/mm/transparent_hugepage/enabled` lets "

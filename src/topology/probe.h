@@ -36,6 +36,11 @@ typedef struct {
     dmi_memory dmi;
     char channels_why[160]; /* why channels are unknown: unreadable, absent, virtual */
     char thp[16];         /* transparent huge pages: "always", "madvise", "never", "" unknown */
+    /* what the process's cgroups allow (a container's --cpus / --memory) */
+    double cpu_quota;          /* CPUs of time per period (0: no quota) */
+    int default_threads;       /* compute threads eLLM runs without -t (ellm_default_threads) */
+    uint64_t memory_limit;     /* the memory cgroup's limit (0: none) */
+    uint64_t memory_available; /* what the process may still take (core/meminfo.h; 0: unknown) */
     int n_advice;
     char advice[PROBE_MAX_ADVICE][320];
     double elapsed_ms;
