@@ -196,7 +196,7 @@ static void seed_tensor(gguf_writer *w, const char *name, int64_t cols, int64_t 
     check(gguf_writer_add_tensor(w, name, rows > 1 ? 2 : 1, ne, type, q, &err), &err);
 }
 
-enum { SEED_UNTIED = 1, SEED_ROPE_FREQS = 2, SEED_SLIDING = 4 };
+enum { SEED_UNTIED = 1, SEED_ROPE_FREQS = 2, SEED_SLIDING = 4, SEED_YARN = 8, SEED_LINEAR = 16 };
 
 static void model_seed(const char *name, const char *arch, int type, int flags) {
     gguf_writer *w;
@@ -215,6 +215,17 @@ static void model_seed(const char *name, const char *arch, int type, int flags) 
     gguf_writer_add_f32(w, ARCH_KEY("rope.freq_base"), 10000.0f, &err);
     gguf_writer_add_f32(w, ARCH_KEY("attention.layer_norm_rms_epsilon"), 1e-5f, &err);
     if (flags & SEED_SLIDING) gguf_writer_add_u32(w, ARCH_KEY("attention.sliding_window"), 4096, &err);
+    if (flags & (SEED_YARN | SEED_LINEAR)) {
+        gguf_writer_add_str(w, ARCH_KEY("rope.scaling.type"), flags & SEED_YARN ? "yarn" : "linear", &err);
+        gguf_writer_add_f32(w, ARCH_KEY("rope.scaling.factor"), 4.0f, &err);
+        gguf_writer_add_f32(w, ARCH_KEY("rope.scaling.attn_factor"), 1.0f, &err);
+    }
+    if (flags & SEED_YARN) {
+        gguf_writer_add_u32(w, ARCH_KEY("rope.scaling.original_context_length"), 16, &err);
+        gguf_writer_add_f32(w, ARCH_KEY("rope.scaling.yarn_beta_fast"), 32.0f, &err);
+        gguf_writer_add_f32(w, ARCH_KEY("rope.scaling.yarn_beta_slow"), 1.0f, &err);
+        gguf_writer_add_f32(w, ARCH_KEY("rope.scaling.yarn_attn_factor"), 1.1f, &err);
+    }
 #undef ARCH_KEY
     static const char *const pieces[SEED_VOCAB] = {"<unk>", "<s>", "</s>", "\xe2\x96\x81", "a", "b",
                                                    "\xe2\x96\x81" "a", "ab"};
@@ -414,5 +425,7 @@ int main(int argc, char **argv) {
     model_seed("llama_q4_1_untied.gguf", "llama", QTYPE_Q4_1, SEED_UNTIED);
     model_seed("qwen2_q5_1.gguf", "qwen2", QTYPE_Q5_1, 0);
     model_seed("llama_iq4_nl.gguf", "llama", QTYPE_IQ4_NL, 0);
+    model_seed("qwen2_q8_0_yarn.gguf", "qwen2", QTYPE_Q8_0, SEED_YARN);
+    model_seed("llama_f16_linear.gguf", "llama", QTYPE_F16, SEED_LINEAR | SEED_ROPE_FREQS);
     return 0;
 }
