@@ -349,7 +349,8 @@ int cmd_bench(int argc, char **argv) {
         else if (!strcmp(a, "--mlock")) mlock = 1;
         else if (!strcmp(a, "--keep-layout")) keep_layout = 1;
         else if (arg_rope_parse(argc, argv, &i, &rope, &bad)) {
-        } /* RoPE scaling: into the model's parameters */
+            /* parsed into rope, the model's RoPE parameters */
+        }
         else if (arg_value(argc, argv, &i, "--numa", NULL, &v, &bad))
             bad = !v || !arg_numa(a, v, &numa);
         else if (arg_value(argc, argv, &i, "--model", "-m", &v, &bad)) model_path = v;

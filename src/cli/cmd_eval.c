@@ -128,7 +128,8 @@ static int parse_common(int argc, char **argv, eval_opts *o, int calibrate) {
             exit(0);
         } else if (!strcmp(a, "--json")) o->json = 1;
         else if (arg_rope_parse(argc, argv, &i, &o->rope, &bad)) {
-        } /* RoPE scaling: into the model's parameters */
+            /* parsed into o->rope, the model's RoPE parameters */
+        }
         else if (arg_value(argc, argv, &i, "--model", "-m", &v, &bad)) o->model = v;
         else if (arg_value(argc, argv, &i, "--file", "-f", &v, &bad)) o->file = v;
         else if (arg_value(argc, argv, &i, "--kv-type", NULL, &v, &bad))

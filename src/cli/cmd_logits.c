@@ -77,7 +77,8 @@ int cmd_logits(int argc, char **argv) {
             bad = !v || !arg_int(a, v, 1, 1 << 20, &batch);
         else if (!strcmp(a, "--mpi")) use_mpi = 1;
         else if (arg_rope_parse(argc, argv, &i, &rope, &bad)) {
-        } /* RoPE scaling: into the model's parameters */
+            /* parsed into rope, the model's RoPE parameters */
+        }
         else if (arg_value(argc, argv, &i, "--decode-from", NULL, &v, &bad))
             bad = !v || !arg_int(a, v, 0, 1L << 30, &decode_from);
         else if (arg_value(argc, argv, &i, "--sparse-topk", NULL, &v, &bad))

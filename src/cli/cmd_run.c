@@ -189,7 +189,8 @@ static int parse(int argc, char **argv, run_opts *o) {
         else if (!strcmp(a, "--keep-layout")) o->keep_layout = 1;
         else if (!strcmp(a, "--mpi")) o->mpi = 1;
         else if (arg_rope_parse(argc, argv, &i, &o->rope, &bad)) {
-        } /* RoPE scaling: into the model's parameters */
+            /* parsed into o->rope, the model's RoPE parameters */
+        }
         else if (arg_value(argc, argv, &i, "--mpi-timeout", NULL, &v, &bad))
             bad = !v || !arg_double(a, v, 0.001, 1e6, &o->mpi_timeout);
         else if (arg_value(argc, argv, &i, "--numa", NULL, &v, &bad))

@@ -84,7 +84,8 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--keep-layout")) p.keep_layout = 1;
         else if (!strcmp(a, "--mpi")) use_mpi = 1;
         else if (arg_rope_parse(argc, argv, &i, &p.rope, &bad)) {
-        } /* RoPE scaling: into the model's parameters */
+            /* parsed into p.rope, the model's RoPE parameters */
+        }
         else if (arg_value(argc, argv, &i, "--mpi-timeout", NULL, &v, &bad)) bad = !v || !arg_double(a, v, 0.001, 1e6, &mpi_timeout);
         else if (arg_value(argc, argv, &i, "--model", "-m", &v, &bad)) p.model_path = v;
         else if (arg_value(argc, argv, &i, "--host", NULL, &v, &bad)) p.host = v;

@@ -317,7 +317,7 @@ static void rope_frequencies(ellm_model *m) {
     const int yarn = c->rope_scaling == MODEL_ROPE_YARN;
     const double scale = 1.0 / c->rope_factor;
     double lo = 0, hi = 0;
-    if (yarn) {
+    if (yarn && c->rope_theta > 1) { /* (a base of 1 or less turns nothing: no correction range) */
         lo = floor(yarn_pair(c, c->yarn_beta_fast));
         hi = ceil(yarn_pair(c, c->yarn_beta_slow));
         if (lo < 0) lo = 0;
@@ -508,9 +508,9 @@ void ellm_model_get_info(const ellm_model *m, ellm_model_info *info) {
         const size_t n2 = strlen(info->rope_scaling);
         if (c->yarn_magnitude > 0)
             snprintf(info->rope_scaling + n2, sizeof info->rope_scaling - n2, ", magnitude %g", c->yarn_magnitude);
-    }
-    else if (c->rope_scaling != MODEL_ROPE_YARN && c->rope_factor != 1)
+    } else if (c->rope_scaling != MODEL_ROPE_YARN && c->rope_factor != 1) {
         snprintf(info->rope_scaling, sizeof info->rope_scaling, "linear x%g", c->rope_factor);
+    }
     if (c->rope_attn_factor != 1) {
         const size_t n = strlen(info->rope_scaling);
         snprintf(info->rope_scaling + n, sizeof info->rope_scaling - n, "%sattn_factor %g", n ? ", " : "",
