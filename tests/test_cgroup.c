@@ -146,6 +146,32 @@ static void test_threads_under_quota(void) {
     CHECK(rmdir(dir) == 0, "removing %s: %s", dir, strerror(errno));
 }
 
+/* A server asked for a 1 GB KV pool in a 400 MB memory cgroup says at
+ * start that a full pool may get it killed (SIGTERM after 4 s: it drains
+ * and exits); outside, with gigabytes free, it does not. (The pool's pages
+ * are committed as sequences grow, so it starts; its warm reserve and the
+ * start's bandwidth test take ~130 MB.) */
+static void test_server_pool_warning(void) {
+    char dir[600], procs[700], cmd[1600], out[16384];
+    const char *why = NULL;
+    if (!make_cgroup("memory", "memory.limit_in_bytes", "419430400", "memory.max", "419430400", dir, sizeof dir, procs,
+                     sizeof procs, &why)) {
+        printf("SKIP: a server's KV pool under a memory cgroup limit: %s\n", why);
+        return;
+    }
+    snprintf(cmd, sizeof cmd, "sh -c 'echo $$ > %s && exec timeout 4 %s serve -m models/evalmodel.gguf --port 0 -np 1 "
+             "--kv-cache-gb 1' 2>&1", procs, test_ellm_bin());
+    int rc = test_shell(cmd, out, sizeof out);
+    CHECK(strstr(out, "ready:") && strstr(out, "warning: --kv-cache-gb 1 is more than the") &&
+              strstr(out, "(memory cgroup limit): a full pool may get the server killed"),
+          "server in a 400 MB cgroup with --kv-cache-gb 1: exit %d\n%s", rc, out);
+    snprintf(cmd, sizeof cmd, "timeout 4 %s serve -m models/evalmodel.gguf --port 0 -np 1 --kv-cache-gb 1 2>&1",
+             test_ellm_bin());
+    rc = test_shell(cmd, out, sizeof out);
+    CHECK(strstr(out, "ready:") && !strstr(out, "warning:"), "server outside it: exit %d\n%s", rc, out);
+    CHECK(rmdir(dir) == 0, "removing %s: %s", dir, strerror(errno));
+}
+
 static void expect_quota(const char *what, double want) {
     const double q = cgroup_cpu_quota(root);
     CHECK(fabs(q - want) < 1e-9, "%s: quota %g CPUs, want %g", what, q, want);
@@ -257,5 +283,6 @@ int main(void) {
            mi.system / 1e9, mi.cgroup_limit ? "set" : "none");
     test_load_in_cgroup();
     test_threads_under_quota();
+    test_server_pool_warning();
     return test_finish();
 }

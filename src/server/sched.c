@@ -60,6 +60,7 @@ struct sched {
     ellm_kv_pool *kv_pool; /* every slot's KV pages: taken as sequences grow */
     slot *slots;
     int n_ctx;
+    char memory_note[200]; /* the KV pool asked for is larger than the memory available, or "" */
     int n_vocab;           /* floats in a row of logits */
     int score_rows;        /* prompt rows per pass of a job that scores its prompt (SCORE_ROWS_BYTES) */
     /* Sparse attention: passes whose last token sees more keys than this
@@ -108,6 +109,8 @@ static double now_s(void) {
 void sched_lock(sched *s) { pthread_mutex_lock(&s->mu); }
 void sched_unlock(sched *s) { pthread_mutex_unlock(&s->mu); }
 int sched_n_ctx(const sched *s) { return s->n_ctx; }
+
+const char *sched_memory_note(const sched *s) { return s->memory_note; }
 
 job *job_new(req_params *p, const int32_t *prompt, int n_prompt) {
     job *j = calloc(1, sizeof *j);
@@ -223,6 +226,14 @@ ellm_status sched_init(ellm_model *model, const sched_params *params, server_met
         if (pool_tokens < s->n_ctx) s->n_ctx = (int)pool_tokens;
     }
     if (p.chunk > s->n_ctx) p.chunk = s->n_ctx;
+    /* --kv-cache-gb beyond what the process may take: its pages are taken as
+     * sequences grow, so it starts, but a full pool would be killed (a
+     * container's limit) or swap; said at start, while nothing is lost */
+    if (p.kv_cache_gb > 0 && mi.known && pool_bytes > (double)mi.available)
+        snprintf(s->memory_note, sizeof s->memory_note,
+                 "--kv-cache-gb %g is more than the %.2f GB of memory available%s: a full pool may get the "
+                 "server killed",
+                 p.kv_cache_gb, mi.available / 1e9, mi.cgroup_limit && mi.cgroup <= mi.system ? " (memory cgroup limit)" : "");
     s->p = p;
     s->weight_bytes = info.decode_weight_bytes;
     pthread_mutex_init(&s->mu, NULL);

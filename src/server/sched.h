@@ -91,6 +91,8 @@ ellm_status sched_init(ellm_model *model, const sched_params *p, server_metrics 
 /* Stops the engine thread (after sched_drain for a clean stop) and frees everything. */
 void sched_free(sched *s);
 int sched_n_ctx(const sched *s);
+/* Why the KV pool asked for (--kv-cache-gb) may not fit in memory, or "". */
+const char *sched_memory_note(const sched *s);
 
 /* A new job for `p` (taken over: zeroed in the caller) with its prompt
  * tokens (copied); NULL if out of memory. */

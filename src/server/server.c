@@ -1128,6 +1128,7 @@ int server_run(const server_params *params) {
             ellm_kv_type_name(params->kv_type),
             params->n_batch > 0 ? params->n_batch : params->n_slots, mi.rope_scaling[0] ? ", RoPE " : "",
             mi.rope_scaling);
+    if (sched_memory_note(srv->sched)[0]) fprintf(stderr, "ellm serve: warning: %s\n", sched_memory_note(srv->sched));
     int sig = 0;
     sigset_t wait_sigs;
     sigemptyset(&wait_sigs);
