@@ -52,13 +52,24 @@ static void expect(const char *what, int known, uint64_t avail, uint64_t limit) 
           (unsigned long long)mi.cgroup_limit, known, (unsigned long long)avail, (unsigned long long)limit);
 }
 
+static int make_cgroup_why(const char *ctl, const char *v1_file, const char *v1_value, const char *v2_file,
+                           const char *v2_value, char *dir, size_t cap, char *procs, size_t pcap, const char **why);
+
 /* A cgroup of controller ctl ("memory", "cpu") for a child process, with
  * setting v1_file = v1_value (cgroup v1) or v2_file = v2_value (v2, when the
  * root's children have the controller): its folder in dir, the file to
- * write a pid into in procs. Returns 0 (and why in *why) if it cannot be
- * made here. */
-static int make_cgroup(const char *ctl, const char *v1_file, const char *v1_value, const char *v2_file,
-                       const char *v2_value, char *dir, size_t cap, char *procs, size_t pcap, const char **why) {
+ * write a pid into in procs. Returns 0 after printing "SKIP: what: why" if
+ * it cannot be made here. */
+static int make_cgroup(const char *what, const char *ctl, const char *v1_file, const char *v1_value,
+                       const char *v2_file, const char *v2_value, char *dir, size_t cap, char *procs, size_t pcap) {
+    const char *why = NULL;
+    if (make_cgroup_why(ctl, v1_file, v1_value, v2_file, v2_value, dir, cap, procs, pcap, &why)) return 1;
+    printf("SKIP: %s: %s\n", what, why);
+    return 0;
+}
+
+static int make_cgroup_why(const char *ctl, const char *v1_file, const char *v1_value, const char *v2_file,
+                           const char *v2_value, char *dir, size_t cap, char *procs, size_t pcap, const char **why) {
     char path[700];
     struct stat sb;
     if (geteuid() != 0) {
@@ -100,12 +111,9 @@ static int make_cgroup(const char *ctl, const char *v1_file, const char *v1_valu
  * cgroup the same file is interleaved. */
 static void test_load_in_cgroup(void) {
     char dir[600], procs[700], model[700], cmd[2400], out[16384];
-    const char *why = NULL;
-    if (!make_cgroup("memory", "memory.limit_in_bytes", "67108864", "memory.max", "67108864", dir, sizeof dir, procs,
-                     sizeof procs, &why)) {
-        printf("SKIP: loading under a memory cgroup limit: %s\n", why);
+    if (!make_cgroup("loading under a memory cgroup limit", "memory", "memory.limit_in_bytes", "67108864",
+                     "memory.max", "67108864", dir, sizeof dir, procs, sizeof procs))
         return;
-    }
     snprintf(model, sizeof model, "%s/meminfo_s135_q4_0.gguf", test_tmp_dir());
     snprintf(cmd, sizeof cmd, "%s synth --shape smollm2-135m --type q4_0 -o %s", test_ellm_bin(), model);
     int rc = test_shell(cmd, out, sizeof out);
@@ -128,12 +136,9 @@ static void test_load_in_cgroup(void) {
  * line "threads: N"); outside it, one per core. */
 static void test_threads_under_quota(void) {
     char dir[600], procs[700], cmd[1600], out[16384];
-    const char *why = NULL;
-    if (!make_cgroup("cpu", "cpu.cfs_quota_us", "100000", "cpu.max", "100000 100000", dir, sizeof dir, procs,
-                     sizeof procs, &why)) {
-        printf("SKIP: threads under a CPU quota: %s\n", why);
+    if (!make_cgroup("threads under a CPU quota", "cpu", "cpu.cfs_quota_us", "100000", "cpu.max", "100000 100000",
+                     dir, sizeof dir, procs, sizeof procs))
         return;
-    }
     snprintf(cmd, sizeof cmd, "sh -c 'echo $$ > %s && exec %s run -n 2 -p hi --stats' 2>&1", procs, test_ellm_bin());
     int rc = test_shell(cmd, out, sizeof out);
     CHECK(rc == 0 && strstr(out, "threads: 1,"), "run under a one-CPU quota: exit %d\n%s", rc, out);
@@ -153,12 +158,9 @@ static void test_threads_under_quota(void) {
  * start's bandwidth test take ~130 MB.) */
 static void test_server_pool_warning(void) {
     char dir[600], procs[700], cmd[1600], out[16384];
-    const char *why = NULL;
-    if (!make_cgroup("memory", "memory.limit_in_bytes", "419430400", "memory.max", "419430400", dir, sizeof dir, procs,
-                     sizeof procs, &why)) {
-        printf("SKIP: a server's KV pool under a memory cgroup limit: %s\n", why);
+    if (!make_cgroup("a server's KV pool under a memory cgroup limit", "memory", "memory.limit_in_bytes",
+                     "419430400", "memory.max", "419430400", dir, sizeof dir, procs, sizeof procs))
         return;
-    }
     snprintf(cmd, sizeof cmd, "sh -c 'echo $$ > %s && exec timeout 4 %s serve -m models/evalmodel.gguf --port 0 -np 1 "
              "--kv-cache-gb 1' 2>&1", procs, test_ellm_bin());
     int rc = test_shell(cmd, out, sizeof out);
