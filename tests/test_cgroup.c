@@ -151,22 +151,23 @@ static void test_threads_under_quota(void) {
     CHECK(rmdir(dir) == 0, "removing %s: %s", dir, strerror(errno));
 }
 
-/* A server asked for a 1 GB KV pool in a 400 MB memory cgroup says at
- * start that a full pool may get it killed (SIGTERM after 4 s: it drains
- * and exits); outside, with gigabytes free, it does not. (The pool's pages
- * are committed as sequences grow, so it starts; its warm reserve and the
- * start's bandwidth test take ~130 MB.) */
+/* A server asked for a 1 GB KV pool in a 64 MB memory cgroup starts (the
+ * pool's pages are committed as sequences grow; its warm reserve and the
+ * start's bandwidth test take at most an eighth of the memory available
+ * each: at 64 MB apiece the previous build was killed before it was ready)
+ * and says that a full pool may get it killed (SIGTERM after 4 s: it drains
+ * and exits); outside, with gigabytes free, it does not warn. */
 static void test_server_pool_warning(void) {
     char dir[600], procs[700], cmd[1600], out[16384];
-    if (!make_cgroup("a server's KV pool under a memory cgroup limit", "memory", "memory.limit_in_bytes",
-                     "419430400", "memory.max", "419430400", dir, sizeof dir, procs, sizeof procs))
+    if (!make_cgroup("a server's KV pool under a memory cgroup limit", "memory", "memory.limit_in_bytes", "67108864",
+                     "memory.max", "67108864", dir, sizeof dir, procs, sizeof procs))
         return;
     snprintf(cmd, sizeof cmd, "sh -c 'echo $$ > %s && exec timeout 4 %s serve -m models/evalmodel.gguf --port 0 -np 1 "
              "--kv-cache-gb 1' 2>&1", procs, test_ellm_bin());
     int rc = test_shell(cmd, out, sizeof out);
     CHECK(strstr(out, "ready:") && strstr(out, "warning: --kv-cache-gb 1 is more than the") &&
               strstr(out, "(memory cgroup limit): a full pool may get the server killed"),
-          "server in a 400 MB cgroup with --kv-cache-gb 1: exit %d\n%s", rc, out);
+          "server in a 64 MB cgroup with --kv-cache-gb 1: exit %d\n%s", rc, out);
     snprintf(cmd, sizeof cmd, "timeout 4 %s serve -m models/evalmodel.gguf --port 0 -np 1 --kv-cache-gb 1 2>&1",
              test_ellm_bin());
     rc = test_shell(cmd, out, sizeof out);

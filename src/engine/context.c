@@ -1,4 +1,5 @@
 /* Context lifecycle and the public decode API. */
+#include "core/meminfo.h"
 #include "core/status.h"
 #include "engine/engine_impl.h"
 #include "kernels/kernels.h"
@@ -90,11 +91,15 @@ ellm_status ellm_kv_pool_init(const ellm_model *model, ellm_kv_type type, double
         return st;
     }
     /* A shared pool serves a server's sequences: keep a reserve of pages
-     * committed (up to 64 MB, a quarter of the pool; pages given back stay
-     * committed up to twice that) so a step that needs a new page does not
-     * wait for the kernel to fault its memory in. */
+     * committed (up to 64 MB, a quarter of the pool and an eighth of the
+     * memory available; pages given back stay committed up to twice that) so
+     * a step that needs a new page does not wait for the kernel to fault its
+     * memory in. */
     size_t warm = (size_t)((double)page * (double)(int64_t)pages / 4);
     if (warm > ((size_t)64 << 20)) warm = (size_t)64 << 20;
+    ellm_meminfo mi;
+    ellm_meminfo_get(&mi);
+    if (mi.known && warm > mi.available / 8) warm = mi.available / 8;
     if ((st = kv_pool_keep_warm(p->pages, warm, err))) {
         kv_pool_free(p->pages);
         free(p);

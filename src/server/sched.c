@@ -298,7 +298,10 @@ ellm_status sched_init(ellm_model *model, const sched_params *params, server_met
     }
     if (st == ELLM_OK) {
         /* The bandwidth ellm_mem_bandwidth_util divides by. */
-        s->bw_gbps = ellm_measure_read_gbps(p.n_threads > 0 ? p.n_threads : ellm_default_threads(), (size_t)64 << 20, 2);
+        /* 64 MB, or an eighth of the memory available where that is less (a small container) */
+        size_t bw_bytes = (size_t)64 << 20;
+        if (mi.known && mi.available / 8 < bw_bytes) bw_bytes = mi.available / 8 > ((size_t)4 << 20) ? mi.available / 8 : (size_t)4 << 20;
+        s->bw_gbps = ellm_measure_read_gbps(p.n_threads > 0 ? p.n_threads : ellm_default_threads(), bw_bytes, 2);
         if (pthread_create(&s->thread, NULL, engine_main, s) != 0) st = ELLM_ERR_NOMEM;
         else s->thread_started = 1;
     }
