@@ -218,6 +218,13 @@ static void test_rope_flags(void) {
     snprintf(args, sizeof args, "run --resume %s -n 48 --rope-scale 2", st);
     expect_error(args, "--rope-scale cannot be given with --resume");
     remove(st);
+    /* past the training context (2048) with the file's plain RoPE: a note suggesting YaRN; none once asked for */
+    rc = run("run -c 4096 -n 2 -p 'import os'", a, sizeof a);
+    CHECK(rc == 0 && strstr(a, "note: a context of 4096 tokens runs past the model's training context of 2048") &&
+              strstr(a, "--rope-scaling yarn --rope-scale 2 --yarn-orig-ctx 2048"),
+          "note past the training context: %d %s", rc, a);
+    rc = run("run -c 4096 -n 2 -p 'import os' --rope-scaling yarn --rope-scale 2 --yarn-orig-ctx 2048", a, sizeof a);
+    CHECK(rc == 0 && !strstr(a, "note: a context"), "no note with YaRN asked for: %d %s", rc, a);
     expect_error("run -n 4 -p x --rope-scaling ntk", "--rope-scaling 'ntk': expected none, linear or yarn");
     expect_error("run -n 4 -p x --rope-scale 0", "--rope-scale");
     expect_error("run -n 4 -p x --yarn-orig-ctx many", "--yarn-orig-ctx");
