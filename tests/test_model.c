@@ -434,6 +434,7 @@ static void test_rope_scaling_keys(void) {
         {"factor 0", {{"llama.rope.scaling.type", 's', "linear", 0}, {"llama.rope.scaling.factor", 'f', NULL, 0}}, 2, plain},
         {"linear factor 1", {{"llama.rope.scaling.type", 's', "linear", 0}, {"llama.rope.scaling.factor", 'f', NULL, 1}}, 2, plain},
         {"yarn factor 1", {{"llama.rope.scaling.type", 's', "yarn", 0}, {"llama.rope.scaling.factor", 'f', NULL, 1}}, 2, plain},
+        {"split.count 1 (a whole model in one file)", {{"split.count", 'u', NULL, 1}}, 1, plain},
     };
     for (size_t i = 0; i < sizeof same / sizeof same[0]; i++) {
         ellm_status st = scaled_logits(same[i].k, same[i].n, got, &err);
@@ -453,7 +454,9 @@ static void test_rope_scaling_keys(void) {
          "llama.rope.scaling.original_context_length"},
         {{"llama.rope.scaling.yarn_beta_slow", 'f', NULL, 64}, ELLM_ERR_FORMAT, "exceeds yarn_beta_fast = 32"},
         {{"llama.rope.scaling.yarn_attn_factor", 'f', NULL, -1}, ELLM_ERR_FORMAT, "llama.rope.scaling.yarn_attn_factor"},
-        /* not a RoPE key: a Mixtral-style file, refused by what it is */
+        /* not RoPE keys: a part of a split model and a Mixtral-style file, refused by what they are */
+        {{"split.count", 'u', NULL, 3}, ELLM_ERR_UNSUPPORTED,
+         "this file is part 1 of a model split into 3 files (split.count); eLLM reads one file: merge the parts first"},
         {{"llama.expert_count", 'u', NULL, 8}, ELLM_ERR_UNSUPPORTED,
          "mixture-of-experts files ('llama.expert_count' = 8) are not supported"},
     };

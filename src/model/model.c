@@ -250,6 +250,20 @@ static ellm_status read_config(loader *ld) {
                          "model: architecture '%s' is not supported (llama, mistral, qwen2, qwen3 are)",
                          c->arch_name);
     }
+    /* One part of a model split over several files (llama.cpp's gguf-split):
+     * its other parts hold tensors this one does not */
+    if (gguf_find_key(m->file, "split.count") >= 0) {
+        int64_t count = 0, no = 0;
+        if ((st = gguf_get_i64(m->file, "split.count", &count, ld->err))) return st;
+        if (gguf_find_key(m->file, "split.no") >= 0 && (st = gguf_get_i64(m->file, "split.no", &no, ld->err)))
+            return st;
+        if (count > 1)
+            return ellm_fail(ld->err, ELLM_ERR_UNSUPPORTED,
+                             "model: this file is part %lld of a model split into %lld files (split.count); eLLM "
+                             "reads one file: merge the parts first, e.g. `llama-gguf-split --merge FIRST-PART.gguf "
+                             "MERGED.gguf`",
+                             (long long)no + 1, (long long)count);
+    }
     /* Mixtral-style files are "llama" with experts (ffn_*_exps tensors), which
      * the engine does not run: say so instead of naming a missing tensor */
     int n_expert = 0;
