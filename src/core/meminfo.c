@@ -44,7 +44,8 @@ void ellm_meminfo_at(const char *root, ellm_meminfo *out) {
     if (w.headroom != UINT64_MAX) {
         out->cgroup = w.headroom;
         out->cgroup_limit = w.limit;
-        if (!out->known || w.headroom < out->available) out->available = w.headroom;
+        out->cgroup_bound = !out->known || w.headroom <= out->available;
+        if (out->cgroup_bound) out->available = w.headroom;
         out->known = 1;
     }
 }

@@ -12,6 +12,7 @@ typedef struct {
     uint64_t system;       /* MemAvailable of /proc/meminfo (0 if unreadable) */
     uint64_t cgroup;       /* headroom of the memory cgroup and its ancestors (meaningful when cgroup_limit) */
     uint64_t cgroup_limit; /* the smallest limit among them; 0: none set */
+    int cgroup_bound;      /* 1 if available is the cgroup's headroom (a limit set, below MemAvailable) */
 } ellm_meminfo;
 
 /* Reads the system's figures. The cgroup's headroom is its limit less what

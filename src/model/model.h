@@ -167,8 +167,10 @@ int model_r16_candidates(ellm_model *m, int (*take)(const model_matrix *w, void 
  * matrix's to the last one's are replaced, at the same addresses, by
  * read-only huge-page memory holding the same bytes with the matrices packed
  * (so they must hold nothing else that is written later). Returns n, or 0
- * with nothing changed (no kernel, overlapping matrices, out of memory). */
-int model_pack_r16(model_matrix **list, int n);
+ * with nothing changed (no kernel, overlapping matrices, out of memory, or
+ * the new memory would not fit in what the process may take: then why, if
+ * not NULL, says so in why_cap bytes). */
+int model_pack_r16(model_matrix **list, int n, char *why, size_t why_cap);
 /* FNV-1a 64 of a GGUF file's metadata (header, keys, tensor directory:
  * everything before the first tensor's data), which says what the model is,
  * and of 64 samples of 256 bytes spread over the tensor data, which tell apart

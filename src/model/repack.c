@@ -68,13 +68,34 @@ static void *pack_run(void *arg) {
     return NULL;
 }
 
+/* Whether len bytes of new private memory fit in what the process may still
+ * take, less a margin for the KV cache and the rest (10%, at least 256 MB):
+ * else the weights stay where they are, in page cache that the kernel can
+ * drop, where a private copy could get the process killed (a container's
+ * memory limit, a model nearly the size of RAM); why (if not NULL) says so. */
+static int fits_in_memory(size_t len, char *why, size_t why_cap) {
+    ellm_meminfo mi;
+    ellm_meminfo_get(&mi);
+    if (!mi.known) return 1;
+    const double need = (double)len, avail = (double)mi.available;
+    const double margin = avail / 10 > 256e6 ? avail / 10 : 256e6;
+    if (need <= avail - margin) return 1;
+    if (why)
+        snprintf(why, why_cap,
+                 "weights kept in the file's layout: interleaving them takes %.2f GB of private memory and %.2f GB "
+                 "is available%s",
+                 need / 1e9, avail / 1e9, mi.cgroup_bound ? " (memory cgroup limit)" : "");
+    return 0;
+}
+
 /* Packs the n address-ordered, disjoint matrices of list into new memory
- * that replaces the pages they lie in; 0 when anything fails (the mapping
- * is then as it was). */
-static int pack_all(model_matrix *const *list, int n) {
+ * that replaces the pages they lie in; 0 when anything fails or the memory
+ * does not fit (fits_in_memory; the mapping is then as it was). */
+static int pack_all(model_matrix *const *list, int n, char *why, size_t why_cap) {
     const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
     const uintptr_t a = (uintptr_t)list[0]->data & ~(page - 1), b = (end_of(list[n - 1]) + page - 1) & ~(page - 1);
     const size_t len = b - a;
+    if (!fits_in_memory(len, why, why_cap)) return 0;
     /* new memory at the same offset modulo 2 MB as [a, b), so that its huge
      * pages stay whole when moved there */
     char *raw = mmap(NULL, len + HUGE_PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -106,13 +127,13 @@ static int pack_all(model_matrix *const *list, int n) {
     return 1;
 }
 
-int model_pack_r16(model_matrix **list, int n) {
+int model_pack_r16(model_matrix **list, int n, char *why, size_t why_cap) {
     if (n <= 0 || !kern_r16_fast()) return 0;
     /* in address order; a matrix bound twice (or overlapping another): nothing is packed */
     qsort(list, (size_t)n, sizeof *list, by_address);
     for (int i = 1; i < n; i++)
         if ((uintptr_t)list[i]->data < end_of(list[i - 1])) return 0;
-    if (!pack_all(list, n)) return 0;
+    if (!pack_all(list, n, why, why_cap)) return 0;
     for (int i = 0; i < n; i++) list[i]->layout = MODEL_LAYOUT_R16;
     return n;
 }
@@ -149,40 +170,14 @@ int model_r16_candidates(ellm_model *m, int (*take)(const model_matrix *w, void 
     return n;
 }
 
-/* Whether the private memory the rewrite takes (the bytes from the first to
- * the last of the n matrices of list) fits in what the process may still
- * take, less a margin for the KV cache and the rest (10%, at least 256 MB):
- * else the weights stay in the file's layout, read in place from page cache
- * that the kernel can drop, where a private copy could get the process
- * killed (a container's memory limit, a model nearly the size of RAM). */
-static int repack_fits(ellm_model *m, model_matrix *const *list, int n) {
-    uintptr_t lo = UINTPTR_MAX, hi = 0;
-    for (int i = 0; i < n; i++) {
-        if ((uintptr_t)list[i]->data < lo) lo = (uintptr_t)list[i]->data;
-        if (end_of(list[i]) > hi) hi = end_of(list[i]);
-    }
-    ellm_meminfo mi;
-    ellm_meminfo_get(&mi);
-    if (!n || !mi.known) return 1;
-    const double need = (double)(hi - lo), avail = (double)mi.available;
-    const double margin = avail / 10 > 256e6 ? avail / 10 : 256e6;
-    if (need <= avail - margin) return 1;
-    snprintf(m->repack_note, sizeof m->repack_note,
-             "weights kept in the file's layout: interleaving them takes %.2f GB of private memory and %.2f GB is "
-             "available%s",
-             need / 1e9, avail / 1e9, mi.cgroup_limit && mi.cgroup <= mi.system ? " (memory cgroup limit)" : "");
-    return 0;
-}
-
 void model_repack_weights(ellm_model *m, const ellm_model_params *params) {
     m->keep_layout = params && params->keep_layout;
     if (m->keep_layout || !gguf_is_mapped(m->file) || !kern_r16_fast()) return;
     model_matrix **list = malloc(((size_t)m->cfg.n_layer * 7 + 1) * sizeof *list);
     if (!list) return;
-    int n = model_r16_candidates(m, NULL, NULL, list);
-    if (!repack_fits(m, list, n)) n = 0;
+    const int n = model_r16_candidates(m, NULL, NULL, list);
     const uint64_t hash = n ? model_file_hash(m->file) : 0; /* the file's bytes, before they change */
-    if (model_pack_r16(list, n)) {
+    if (model_pack_r16(list, n, m->repack_note, sizeof m->repack_note)) {
         /* the same matrix under another name: tied embeddings (the lookups read the packed bytes) */
         if (m->tok_embd.data == m->output.data) m->tok_embd.layout = m->output.layout;
         m->n_repacked = n;

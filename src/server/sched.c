@@ -216,7 +216,7 @@ ellm_status sched_init(ellm_model *model, const sched_params *params, server_met
             if (err && capped)
                 snprintf(err->msg, sizeof err->msg,
                          "the memory available (%.3g GB%s) holds fewer than 2 tokens of KV cache; pass --kv-cache-gb",
-                         mi.available / 1e9, mi.cgroup_limit ? ", within the memory cgroup's limit" : "");
+                         mi.available / 1e9, mi.cgroup_bound ? ", the memory cgroup's limit" : "");
             else if (err)
                 snprintf(err->msg, sizeof err->msg, "--kv-cache-gb %g holds fewer than 2 tokens", p.kv_cache_gb);
             ellm_kv_pool_free(s->kv_pool);
@@ -233,7 +233,7 @@ ellm_status sched_init(ellm_model *model, const sched_params *params, server_met
         snprintf(s->memory_note, sizeof s->memory_note,
                  "--kv-cache-gb %g is more than the %.2f GB of memory available%s: a full pool may get the "
                  "server killed",
-                 p.kv_cache_gb, mi.available / 1e9, mi.cgroup_limit && mi.cgroup <= mi.system ? " (memory cgroup limit)" : "");
+                 p.kv_cache_gb, mi.available / 1e9, mi.cgroup_bound ? " (memory cgroup limit)" : "");
     s->p = p;
     s->weight_bytes = info.decode_weight_bytes;
     pthread_mutex_init(&s->mu, NULL);
@@ -298,9 +298,11 @@ ellm_status sched_init(ellm_model *model, const sched_params *params, server_met
     }
     if (st == ELLM_OK) {
         /* The bandwidth ellm_mem_bandwidth_util divides by. */
-        /* 64 MB, or an eighth of the memory available where that is less (a small container) */
+        /* 64 MB, or an eighth of the memory available where that is less
+         * (a small container), at least 4 MB */
         size_t bw_bytes = (size_t)64 << 20;
-        if (mi.known && mi.available / 8 < bw_bytes) bw_bytes = mi.available / 8 > ((size_t)4 << 20) ? mi.available / 8 : (size_t)4 << 20;
+        if (mi.known && mi.available / 8 < bw_bytes) bw_bytes = mi.available / 8;
+        if (bw_bytes < ((size_t)4 << 20)) bw_bytes = (size_t)4 << 20;
         s->bw_gbps = ellm_measure_read_gbps(p.n_threads > 0 ? p.n_threads : ellm_default_threads(), bw_bytes, 2);
         if (pthread_create(&s->thread, NULL, engine_main, s) != 0) st = ELLM_ERR_NOMEM;
         else s->thread_started = 1;

@@ -179,7 +179,7 @@ static void pack_own(draft_copy *c, const ellm_model *base, const char *p, size_
     model_matrix **list = malloc(((size_t)c->m.cfg.n_layer * 7 + 1) * sizeof *list);
     if (!list) return;
     const char *range[2] = {p, p + bytes};
-    model_pack_r16(list, model_r16_candidates(&c->m, in_payload, range, list));
+    model_pack_r16(list, model_r16_candidates(&c->m, in_payload, range, list), NULL, 0);
     free(list);
 }
 

@@ -256,7 +256,7 @@ ellm_status probe_run(probe_report *r, size_t bytes, const char *dmi_path, ellm_
     ellm_meminfo mi;
     ellm_meminfo_get(&mi);
     r->memory_limit = mi.cgroup_limit;
-    r->memory_available = mi.known ? mi.available : 0;
+    r->memory_available = mi.available; /* 0 when unknown */
     probe_advise(r);
     r->elapsed_ms = ellm_time_ms() - t0;
     return ELLM_OK;
