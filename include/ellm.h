@@ -95,6 +95,12 @@ typedef struct {
     ellm_rope_params rope; /* RoPE scaling instead of the file's, field by field (zero: the file's) */
 } ellm_model_params;
 
+/* Advice for contexts of n_ctx tokens on this model: when they run past its
+ * training context with plain RoPE (no scaling in the file, none asked for
+ * in ellm_model_params.rope), a sentence naming the YaRN settings for that
+ * length into buf (cap bytes) and 1; else 0 and buf empty. */
+int ellm_model_context_advice(const ellm_model *model, int n_ctx, char *buf, size_t cap);
+
 /* Maps a GGUF file (v2/v3) and binds its tensors. Weights are read from the
  * mapping (Q8_0 ones rearranged in it unless keep_layout). Safe on untrusted files: every offset and size is checked.
  * `params` may be NULL for defaults. */

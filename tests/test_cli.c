@@ -227,7 +227,7 @@ static void test_rope_flags(void) {
     CHECK(rc == 0 && !strstr(a, "note: a context"), "no note with YaRN asked for: %d %s", rc, a);
     snprintf(args, sizeof args, "timeout 3 %s serve --port 0 -np 1 -c 4096 2>&1", test_ellm_bin());
     test_shell(args, a, sizeof a);
-    CHECK(strstr(a, "ready:") && strstr(a, "note: contexts of 4096 tokens run past the model's training context of 2048"),
+    CHECK(strstr(a, "ready:") && strstr(a, "note: a context of 4096 tokens runs past the model's training context of 2048"),
           "serve's note past the training context: %s", a);
     expect_error("run -n 4 -p x --rope-scaling ntk", "--rope-scaling 'ntk': expected none, linear or yarn");
     expect_error("run -n 4 -p x --rope-scale 0", "--rope-scale");

@@ -1095,14 +1095,9 @@ int cmd_run(int argc, char **argv) {
                 n_prompt, o.n_predict, need, n_ctx);
         goto done;
     }
-    /* past the training length with the file's plain RoPE: positions there are extrapolated */
-    if (n_ctx > info.n_ctx_train && !info.rope_scaling[0] && !o.rope.type && (!mpi || ellm_mpi_rank(mpi) == 0))
-        fprintf(stderr,
-                "note: a context of %d tokens runs past the model's training context of %d, and the file has no "
-                "RoPE scaling: positions beyond %d are extrapolated; --rope-scaling yarn --rope-scale %d "
-                "--yarn-orig-ctx %d usually holds up better (bench/LONGGEN.md)\n",
-                n_ctx, info.n_ctx_train, info.n_ctx_train, (n_ctx + info.n_ctx_train - 1) / info.n_ctx_train,
-                info.n_ctx_train);
+    char advice[320];
+    if (ellm_model_context_advice(g.model, n_ctx, advice, sizeof advice) && (!mpi || ellm_mpi_rank(mpi) == 0))
+        fprintf(stderr, "note: %s\n", advice);
     if (ellm_sampler_init(&o.sp, info.n_vocab, &g.sampler, &err) != ELLM_OK) {
         fprintf(stderr, "error: %s\n", err.msg);
         goto done;

@@ -17,6 +17,7 @@ typedef struct {
     ellm_model *m;
     ellm_error *err;
     const ellm_rope_params *rope; /* the caller's overrides, or NULL */
+    int rope_overridden;          /* override_rope changed the file's settings */
 } loader;
 
 /* Reads integer "<arch>.<suffix>" into *out; optional keys keep *out if absent. */
@@ -222,7 +223,7 @@ static ellm_status override_rope(loader *ld) {
         if (c->rope_scaling != MODEL_ROPE_NONE && ctx > c->n_ctx_train) c->n_ctx_train = ctx < (1 << 30) ? (int)ctx : 1 << 30;
     }
     if (c->rope_scaling == MODEL_ROPE_NONE) c->rope_factor = 1.0f;
-    ld->m->rope_override_hash = 1; /* set to the settings' hash once the frequencies are known */
+    ld->rope_overridden = 1;
     return ELLM_OK;
 }
 
@@ -378,7 +379,7 @@ static ellm_status bind_weights(loader *ld) {
     m->rope_freq = malloc((size_t)(c->n_rot / 2) * sizeof *m->rope_freq);
     if (!m->rope_freq) return ellm_fail(ld->err, ELLM_ERR_NOMEM, "model: out of memory");
     rope_frequencies(m);
-    if (m->rope_override_hash) { /* the settings the caller chose, for saved states' model identity */
+    if (ld->rope_overridden) { /* the settings the caller chose, for saved states' model identity */
         uint64_t h = fnv1a(0xcbf29ce484222325ull, (const unsigned char *)m->rope_freq,
                            (size_t)(c->n_rot / 2) * sizeof *m->rope_freq);
         h = fnv1a(h, (const unsigned char *)&m->rope_mscale, sizeof m->rope_mscale);
@@ -442,7 +443,7 @@ ellm_status model_load_gguf(gguf_file *f, const ellm_model_params *params, ellm_
     pthread_mutex_init(&m->derived_lock, NULL);
     m->n_threads = params && params->n_threads > 0 ? params->n_threads : ellm_default_threads();
     m->pin_threads = params ? params->pin_threads : 1;
-    loader ld = {m, err, params ? &params->rope : NULL};
+    loader ld = {m, err, params ? &params->rope : NULL, 0};
     ellm_status st = read_config(&ld);
     if (st == ELLM_OK) st = bind_weights(&ld);
     if (st == ELLM_OK) st = tokenizer_init_gguf(m->file, &m->tok, err);
@@ -535,6 +536,19 @@ void ellm_model_get_info(const ellm_model *m, ellm_model_info *info) {
 static uint64_t fnv1a(uint64_t h, const unsigned char *p, size_t n) {
     for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 0x100000001b3ull;
     return h;
+}
+
+int ellm_model_context_advice(const ellm_model *m, int n_ctx, char *buf, size_t cap) {
+    const model_config *c = &m->cfg;
+    if (cap) buf[0] = 0;
+    /* a factor of 1 extends nothing, whatever the type ("none" sets it) */
+    if (n_ctx <= c->n_ctx_train || c->rope_factor != 1 || m->rope_override_hash || !cap) return 0;
+    snprintf(buf, cap,
+             "a context of %d tokens runs past the model's training context of %d, and the file has no RoPE scaling: "
+             "positions beyond %d are extrapolated; --rope-scaling yarn --rope-scale %d --yarn-orig-ctx %d usually "
+             "holds up better (bench/LONGGEN.md)",
+             n_ctx, c->n_ctx_train, c->n_ctx_train, (n_ctx + c->n_ctx_train - 1) / c->n_ctx_train, c->n_ctx_train);
+    return 1;
 }
 
 uint64_t model_content_hash(const ellm_model *m) {

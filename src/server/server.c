@@ -1129,12 +1129,9 @@ int server_run(const server_params *params) {
             params->n_batch > 0 ? params->n_batch : params->n_slots, mi.rope_scaling[0] ? ", RoPE " : "",
             mi.rope_scaling);
     if (sched_memory_note(srv->sched)[0]) fprintf(stderr, "ellm serve: warning: %s\n", sched_memory_note(srv->sched));
-    if (sched_n_ctx(srv->sched) > mi.n_ctx_train && !mi.rope_scaling[0] && !params->rope.type)
-        fprintf(stderr,
-                "ellm serve: note: contexts of %d tokens run past the model's training context of %d, and the file "
-                "has no RoPE scaling: --rope-scaling yarn --rope-scale %d --yarn-orig-ctx %d usually holds up better\n",
-                sched_n_ctx(srv->sched), mi.n_ctx_train,
-                (sched_n_ctx(srv->sched) + mi.n_ctx_train - 1) / mi.n_ctx_train, mi.n_ctx_train);
+    char advice[320];
+    if (ellm_model_context_advice(srv->model, sched_n_ctx(srv->sched), advice, sizeof advice))
+        fprintf(stderr, "ellm serve: note: %s\n", advice);
     int sig = 0;
     sigset_t wait_sigs;
     sigemptyset(&wait_sigs);
