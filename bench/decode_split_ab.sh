@@ -11,11 +11,7 @@
 # OUT_DIR/table.md (python3 bench/decode_split_table.py OUT_DIR NAME_A NAME_B).
 set -eu
 [ $# -eq 5 ] || { sed -n '2,11p' "$0"; exit 2; }
-OUT=$1
-ROUNDS=$2
-CASES=$3
-A=$4
-B=$5
+OUT=$1 ROUNDS=$2 CASES=$3 A=$4 B=$5
 mkdir -p "$OUT"
 r=1
 while [ "$r" -le "$ROUNDS" ]; do
