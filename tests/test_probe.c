@@ -7,6 +7,7 @@
 #include "harness.h"
 #include "topology/dmi.h"
 #include "topology/probe.h"
+#include "core/meminfo.h"
 
 #include <cjson/cJSON.h>
 #include <sched.h>
@@ -612,11 +613,44 @@ static void test_cli(void) {
     CHECK(rc == 2 && strstr(out, "--bw-mb"), "bad --bw-mb: %d %s", rc, out);
 }
 
+/* The bandwidth test's buffer: past twice a node's L3 (a 260 MB L3 holds a
+ * 128 MB buffer, and then the figure is the cache's), within 128 MB..1 GB,
+ * and never more than an eighth of the memory available. */
+static void test_test_bytes(void) {
+    ellm_meminfo mi;
+    ellm_meminfo_get(&mi);
+    const uint64_t eighth = mi.known ? mi.available / 8 : UINT64_MAX;
+    const struct {
+        const char *desc;
+        uint64_t want;
+    } cases[] = {
+        {"pack:1 [numa(memory=8589934592)] l3:1(size=33554432) core:4 pu:1", 128u << 20},
+        {"pack:1 [numa(memory=8589934592)] l3:1(size=272629760) core:2 pu:1", 2 * 272629760ull},
+        {"pack:1 [numa(memory=8589934592)] l3:1(size=1073741824) core:2 pu:1", 1u << 30},
+        {"pack:2 [numa(memory=8589934592)] l3:1(size=201326592) core:4 pu:1", 2 * 201326592ull},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        topology *t = NULL;
+        ellm_error err = {0};
+        CHECK(topology_init_synthetic(cases[i].desc, &t, &err) == ELLM_OK, "%s: %s", cases[i].desc, err.msg);
+        if (!t) continue;
+        uint64_t want = cases[i].want < eighth ? cases[i].want : eighth;
+        if (want < (4u << 20)) want = 4u << 20;
+        size_t got = probe_test_bytes(t);
+        CHECK(got == want, "%s: test bytes %zu, want %llu", cases[i].desc, got, (unsigned long long)want);
+        topology_free(t);
+    }
+    size_t sys = probe_test_bytes(NULL);
+    CHECK(sys >= (4u << 20) && sys <= (1u << 30) && (!mi.known || sys <= mi.available / 8 || sys == (4u << 20)),
+          "this system's test bytes %zu", sys);
+}
+
 int main(void) {
     test_layouts();
     test_malformed();
     test_advice();
     test_measure();
     test_cli();
+    test_test_bytes();
     return test_finish();
 }

@@ -495,7 +495,7 @@ static void print_bandwidth_share(double read_bytes, int n_dec, double t_gen_ms)
     if (!(read_bytes > 0 && n_dec > 0 && t_gen_ms > 0)) return;
     double age_s;
     int saved;
-    const double probe = probe_reference_gbps((size_t)128 << 20, 3, &saved, &age_s);
+    const double probe = probe_reference_gbps(0, 3, &saved, &age_s);
     char source[128] = "measured now as ellm probe does (run `ellm probe` once to keep it)";
     if (saved) {
         char age[64];
@@ -531,6 +531,7 @@ typedef struct {
 typedef struct {
     gen_mark at;         /* the interval's start */
     int sample;          /* --log-bandwidth */
+    size_t sample_bytes; /* its buffer (probe_test_bytes; 0 until the first sample) */
     double bw_gbps;      /* the sample at the interval's start (0: none) */
     int n_bw;
     double bw_min, bw_max, bw_sum;
@@ -580,7 +581,8 @@ static double rss_mb(void) {
  * counts its time as sampling time. */
 static double sample_bandwidth(gen_run *g) {
     double t0 = ellm_time_ms();
-    double gbps = ellm_measure_read_gbps(g->n_threads, (size_t)256 << 20, 3);
+    if (!g->lw.sample_bytes) g->lw.sample_bytes = probe_test_bytes(NULL);
+    double gbps = ellm_measure_read_gbps(g->n_threads, g->lw.sample_bytes, 3);
     g->lw.sample_ms += ellm_time_ms() - t0;
     if (gbps > 0) {
         if (!g->lw.n_bw || gbps < g->lw.bw_min) g->lw.bw_min = gbps;

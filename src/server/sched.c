@@ -1,6 +1,7 @@
 /* Scheduler and engine thread (see sched.h). */
 #include "server/sched.h"
 #include "core/meminfo.h"
+#include "topology/probe.h"
 #include "server/sched_mpi.h"
 #include "server/step_cost.h"
 
@@ -297,13 +298,10 @@ ellm_status sched_init(ellm_model *model, const sched_params *params, server_met
         st = sched_mpi_leader_init(p.mpi, &su, ctxs, &s->mpi, err);
     }
     if (st == ELLM_OK) {
-        /* The bandwidth ellm_mem_bandwidth_util divides by. */
-        /* 64 MB, or an eighth of the memory available where that is less
-         * (a small container), at least 4 MB */
-        size_t bw_bytes = (size_t)64 << 20;
-        if (mi.known && mi.available / 8 < bw_bytes) bw_bytes = mi.available / 8;
-        if (bw_bytes < ((size_t)4 << 20)) bw_bytes = (size_t)4 << 20;
-        s->bw_gbps = ellm_measure_read_gbps(p.n_threads > 0 ? p.n_threads : ellm_default_threads(), bw_bytes, 2);
+        /* The bandwidth ellm_mem_bandwidth_util divides by (over a buffer
+         * past the caches, within a small container's memory). */
+        s->bw_gbps = ellm_measure_read_gbps(p.n_threads > 0 ? p.n_threads : ellm_default_threads(),
+                                            probe_test_bytes(NULL), 2);
         if (pthread_create(&s->thread, NULL, engine_main, s) != 0) st = ELLM_ERR_NOMEM;
         else s->thread_started = 1;
     }

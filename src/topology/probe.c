@@ -176,13 +176,31 @@ void probe_age_text(double age_s, char *buf, size_t n) {
     else snprintf(buf, n, "measured %.1f h ago", age_s / 3600);
 }
 
+size_t probe_test_bytes(const topology *t) {
+    topology *own = NULL;
+    if (!t && topology_init_system(&own, NULL) == ELLM_OK) t = own;
+    uint64_t bytes = (uint64_t)128 << 20;
+    if (t && t->n_nodes > 0) {
+        /* past the caches a node's cores share: 2x its L3 */
+        uint64_t l3_node = t->l3_bytes * (uint64_t)(t->n_l3 > 0 ? t->n_l3 : 1) / (uint64_t)t->n_nodes;
+        if (2 * l3_node > bytes) bytes = 2 * l3_node;
+        if (bytes > ((uint64_t)1 << 30)) bytes = (uint64_t)1 << 30;
+    }
+    topology_free(own);
+    ellm_meminfo mi;
+    ellm_meminfo_get(&mi);
+    if (mi.known && mi.available / 8 < bytes) bytes = mi.available / 8;
+    if (bytes < ((uint64_t)4 << 20)) bytes = (uint64_t)4 << 20;
+    return (size_t)bytes;
+}
+
 double probe_reference_gbps(size_t bytes, int reps, int *saved, double *age_s) {
     double gbps = 0;
     *age_s = -1;
     *saved = probe_cache_load(&gbps, age_s);
     if (*saved) return gbps;
     topology *t = NULL;
-    if (topology_init_system(&t, NULL) == ELLM_OK) gbps = probe_all_read_gbps(t, bytes, reps);
+    if (topology_init_system(&t, NULL) == ELLM_OK) gbps = probe_all_read_gbps(t, bytes ? bytes : probe_test_bytes(t), reps);
     topology_free(t);
     return gbps;
 }
@@ -229,12 +247,7 @@ ellm_status probe_run(probe_report *r, size_t bytes, const char *dmi_path, ellm_
     ellm_status st = topology_init_system(&t, err);
     if (st) return st;
     probe_set_topology(r, t);
-    if (!bytes) {
-        /* past the caches a node's cores share: 2x its L3, at least 128 MB */
-        uint64_t l3_node = t->l3_bytes * (uint64_t)(t->n_l3 > 0 ? t->n_l3 : 1) / (uint64_t)t->n_nodes;
-        bytes = (size_t)(2 * l3_node > (128u << 20) ? 2 * l3_node : (128u << 20));
-        if (bytes > (1u << 30)) bytes = 1u << 30;
-    }
+    if (!bytes) bytes = probe_test_bytes(t);
     st = probe_measure(r, t, bytes, 3, err);
     topology_free(t);
     if (st) {

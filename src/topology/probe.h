@@ -76,10 +76,16 @@ int probe_cache_load(double *all_read_gbps, double *age_s);
 /* "measured 40 s ago", "measured 14 min ago", "measured 2.5 h ago" (or
  * "measured at an unknown time" for age_s < 0) into buf. */
 void probe_age_text(double age_s, char *buf, size_t n);
+/* The size a read-bandwidth test needs to measure memory rather than the
+ * caches: twice the L3 a node's cores share, at least 128 MB, at most 1 GB;
+ * and at most an eighth of the memory available (a small container: the
+ * test must not be what gets the process killed), at least 4 MB. t NULL:
+ * the system's topology. */
+size_t probe_test_bytes(const topology *t);
 /* The yardstick `ellm run --stats` and `ellm bench` compare decode with: the
  * saved probe result (*saved = 1, its age in *age_s), else the all-node read
- * rate measured now as the probe does, over `bytes`, best of `reps` (*saved
- * = 0). 0 if neither is possible. */
+ * rate measured now as the probe does, over `bytes` (0: probe_test_bytes),
+ * best of `reps` (*saved = 0). 0 if neither is possible. */
 double probe_reference_gbps(size_t bytes, int reps, int *saved, double *age_s);
 
 /* Frees what the report owns (the nodes' CPU lists). */
