@@ -9,9 +9,12 @@
  *
  *   make bench && build/bench/bench_attention [n_q] [--no-pin] [-t N] [--kv f16|q8_0|both]
  *                                             [--depths LIST] [--ab-pairs] [--steps N]
+ *                                             [--prefetch nta|l2]
  *     n_q: query tokens per step (default 1); -t: threads (default 1 and 2);
  *     --steps: timed steps per point (default 15 up to depth 4096, else 7; at
  *     most 1000: long runs for a profiler);
+ *     --prefetch: how the decode kernels ask for the blocks ahead
+ *     (attention_prefetch_nta; default: by CPU vendor);
  *     --ab-pairs: each point also without pair steps (attention_pairs_enable),
  *     alternating the two per step;
  *     --depths: comma list (default 4096,16384,32768); a depth whose cache fits in
@@ -124,6 +127,14 @@ int main(int argc, char **argv) {
         if (!strcmp(argv[i], "--no-pin")) pin = 0;
         else if (!strcmp(argv[i], "--ab-pairs")) ab = 1;
         else if (!strcmp(argv[i], "--read-pass")) read_pass = 1;
+        else if (!strcmp(argv[i], "--prefetch") && i + 1 < argc) {
+            i++;
+            if (strcmp(argv[i], "nta") && strcmp(argv[i], "l2")) {
+                fprintf(stderr, "--prefetch: expected nta or l2\n");
+                return 2;
+            }
+            attention_prefetch_nta(!strcmp(argv[i], "nta"));
+        }
         else if (!strcmp(argv[i], "--page-blocks") && i + 1 < argc) {
             page_blocks = atoi(argv[++i]);
             if (page_blocks < 1 || page_blocks > 1024 || (page_blocks & (page_blocks - 1))) {
@@ -169,8 +180,9 @@ int main(int argc, char **argv) {
     float *out = malloc((size_t)n_q * N_HEAD * HEAD_DIM * sizeof(float));
     for (int i = 0; i < n_q * N_HEAD * HEAD_DIM; i++) q[i] = (float)(i % 7) * 0.1f - 0.3f;
     printf("attention decode bench: %s, SmolLM2-135M shape (%d layers, %d/%d heads, hd %d), "
-           "blocks of %d tokens in pages of %d, n_q=%d\n",
-           ellm_isa_str(ellm_cpu_isa()), N_LAYER, N_HEAD, N_KV, HEAD_DIM, BLOCK, page_blocks, n_q);
+           "blocks of %d tokens in pages of %d, n_q=%d, blocks ahead prefetched %s\n",
+           ellm_isa_str(ellm_cpu_isa()), N_LAYER, N_HEAD, N_KV, HEAD_DIM, BLOCK, page_blocks, n_q,
+           attention_prefetch_nta_active() ? "non-temporally" : "towards L2");
 
     ellm_error err;
     for (int nt = t_lo; nt <= t_hi; nt++) {

@@ -963,6 +963,31 @@ static void test_pair_steps(void) {
     check_pairs(QTYPE_Q8_0, 64, 5, 1, 600, 16);  /* 5 rows: single steps */
 }
 
+/* The decode kernels' prefetch kind (attention_prefetch_nta): the blocks
+ * ahead asked for non-temporally or towards L2 take different code paths
+ * (each kernel is compiled for both); the outputs keep their bits. */
+static void prefetch_kind(int variant) { attention_prefetch_nta(variant ? !attention_prefetch_nta_active() : -1); }
+
+static void test_prefetch_kinds(void) {
+    if (g_best < ELLM_ISA_AVX512) {
+        SKIP("prefetch kinds: the AVX-512 decode kernels are not supported by this CPU");
+        return;
+    }
+    check_toggle("other prefetch kind", prefetch_kind, 1, scattered_blocks, QTYPE_F16, 64, 3, 1, 1500, 16);
+    check_toggle("other prefetch kind", prefetch_kind, 1, scattered_blocks, QTYPE_F16, 128, 2, 1, 900, 16);
+    check_toggle("other prefetch kind", prefetch_kind, 1, scattered_blocks, QTYPE_Q8_0, 64, 3, 1, 1500, 16);
+    check_toggle("other prefetch kind", prefetch_kind, 1, scattered_blocks, QTYPE_Q8_0, 128, 4, 1, 700, 16);
+    attention_prefetch_nta(-1);
+    const int amd = ellm_cpu()->amd;
+    CHECK(attention_prefetch_nta_active() == amd, "default prefetch kind %d on a CPU with amd=%d",
+          attention_prefetch_nta_active(), amd);
+    attention_prefetch_nta(1);
+    CHECK(attention_prefetch_nta_active() == 1, "forced non-temporal");
+    attention_prefetch_nta(0);
+    CHECK(attention_prefetch_nta_active() == 0, "forced towards L2");
+    attention_prefetch_nta(-1);
+}
+
 /* ---- log-sum-exp of a block set (recall samples) ------------------------ */
 
 /* Row (i, hq)'s log-sum-exp over the keys it sees in `blocks` (NULL: all),
@@ -1094,6 +1119,7 @@ int main(void) {
     test_single_head_split();
     test_batch_rows_exact();
     test_pair_steps();
+    test_prefetch_kinds();
     test_uneven_ranges();
     test_lse();
     test_attention_matrix();

@@ -215,6 +215,11 @@ static int g_pairs_on = 1;
 
 void attention_pairs_enable(int on) { g_pairs_on = on != 0; }
 
+static int g_prefetch_nta = -1;
+
+void attention_prefetch_nta(int mode) { g_prefetch_nta = mode < 0 ? -1 : mode != 0; }
+int attention_prefetch_nta_active(void) { return g_prefetch_nta >= 0 ? g_prefetch_nta : ellm_cpu()->amd; }
+
 static int g_uneven;
 static atomic_long g_taken;
 
@@ -268,6 +273,7 @@ static attn_state thread_state(const attn_job *J, int ith) {
     st.vbuf = st.kbuf + round16(lds * hdp);
     st.lv = st.vbuf + round16(lds * hdp);
     st.lanes = J->lanes;
+    st.ahead_nta = attention_prefetch_nta_active();
     st.q8 = (int8_t *)(st.lv + 16 * rp);
     st.qd = st.lv + 16 * rp + round16(qr * hdp / 4);
     st.qsum = (int32_t *)(st.qd + round16(qr * (hdp / 32 + 1)));

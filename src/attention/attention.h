@@ -202,6 +202,20 @@ void attention_lse_one(float l, const float *acc, int hd, float *out);
  * thread-safe against running calls. */
 void attention_pairs_enable(int on);
 
+/* How the AVX-512 decode kernels (a few rows of one KV head, K and V read
+ * in place: attn_blocks_f16_avx512, attn_blocks_q8_avx512) ask for the
+ * blocks ahead: 1 non-temporally (prefetchnta), 0 towards L2 (prefetcht1),
+ * -1 (the default) by CPU vendor: non-temporal on AMD, towards L2 elsewhere.
+ * The same bytes and bits either way; the speed differs by vendor. On a Zen 4
+ * guest non-temporal read F16 caches 4-12% faster at 16K (one thread) and
+ * Q8_0 ones 4-6% (two threads, Zen 5); on a Xeon (Sapphire/Emerald Rapids
+ * family) guest non-temporal prefetches were no better than none, and
+ * towards L2 read both 1.3-1.45x faster (bench/KV.md, 2026-12-08). Not
+ * thread-safe against running calls. */
+void attention_prefetch_nta(int mode);
+/* The choice in effect (0 or 1). */
+int attention_prefetch_nta_active(void);
+
 /* Tests: with `on`, dense and sparse-list calls start thread 0 with every
  * part and the other threads with none, so every part another thread
  * computes is one it took from thread 0 (attn_worker's work stealing); the

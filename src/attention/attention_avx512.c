@@ -385,13 +385,20 @@ static ALWAYS_INLINE void pair_step(attn_state *st, const attn_block *b0, const 
     pv_all(st->acc, hdp, s1, lds, b1->v, HD, HD, 0, R, 16, F16, b1->ahead_v, pf_v);
 }
 
+/* A line of a block ahead, non-temporally (NTA) or towards L2 (see
+ * attention_prefetch_nta). */
+static ALWAYS_INLINE void prefetch_ahead(const char *p, const int NTA) {
+    if (NTA) _mm_prefetch(p, _MM_HINT_NTA);
+    else _mm_prefetch(p, _MM_HINT_T1);
+}
+
 /* Scores of NR rows against NB (1 or 2) whole 16-key F16 blocks k[0..NB)
  * at once, as qk_pairs computes them for each block (even and odd channel
  * chains, then their sum); a second block only doubles the independent FMA
  * chains. pf[b] (or NULL): the block ahead of k[b], one line of it asked
  * for per channel pair. */
 static ALWAYS_INLINE void run_qk(const float *q, const char *const *k, const char *const *pf, __m512 (*sc)[4],
-                                 const int HD, const int NR, const int NB) {
+                                 const int HD, const int NR, const int NB, const int NTA) {
     const size_t step = 16 * sizeof(uint16_t); /* bytes per channel of a block's keys */
     __m512 c0[2][4], c1[2][4];
     const char *pp[2] = {pf[0], NB > 1 ? pf[1] : NULL};
@@ -405,7 +412,7 @@ static ALWAYS_INLINE void run_qk(const float *q, const char *const *k, const cha
 #pragma GCC unroll 2
         for (int b = 0; b < NB; b++) {
             if (pp[b]) {
-                _mm_prefetch(pp[b], _MM_HINT_NTA);
+                prefetch_ahead(pp[b], NTA);
                 pp[b] += 64;
             }
             const char *kp = k[b] + (size_t)d * step;
@@ -436,7 +443,7 @@ static ALWAYS_INLINE void run_qk(const float *q, const char *const *k, const cha
  * with every run faster, 32K 16.14 -> 15.49). pf (or NULL): the block ahead's
  * V half, spread over the keys. */
 static ALWAYS_INLINE void run_softmax_pv(const __m512 *sc, const uint16_t *v, const char *pf, float *m, __m512 *lv,
-                                         __m512 (*acc)[8], const int HD, const int NR) {
+                                         __m512 (*acc)[8], const int HD, const int NR, const int NTA) {
     const int NV = HD / 16;
     const int pf_v = (16 * HD * 2 / 64 + 15) / 16; /* lines of the V half per key */
     __m512 p[4];
@@ -458,7 +465,7 @@ static ALWAYS_INLINE void run_softmax_pv(const __m512 *sc, const uint16_t *v, co
 #pragma GCC unroll 2
     for (int j = 0; j < 16; j++, v += HD) {
         if (pf)
-            for (int i = 0; i < pf_v; i++, pf += 64) _mm_prefetch(pf, _MM_HINT_NTA);
+            for (int i = 0; i < pf_v; i++, pf += 64) prefetch_ahead(pf, NTA);
         __m512 x[8];
 #pragma GCC unroll 8
         for (int i = 0; i < NV; i++) x[i] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(v + 16 * i)));
@@ -483,10 +490,13 @@ static ALWAYS_INLINE void run_softmax_pv(const __m512 *sc, const uint16_t *v, co
  * and ~335 for this kernel one block at a time (the q.k FMA chains of one
  * block wait on latency). At 4 rows of 64 dims the pairs' registers spill
  * and still measured faster: 389-406 against 441-448 cycles.
- * Prefetches of the blocks ahead are non-temporal: bench_attention at 16K
- * on one thread read the cache 4-12% faster with them than with prefetches towards L2 (T1) in four
- * alternated rounds; on two threads faster in three rounds of four. */
-static ALWAYS_INLINE void run_f16(attn_state *st, const attn_block *bs, int n, const int HD, const int NR) {
+ * Prefetches of the blocks ahead are non-temporal on AMD: bench_attention at
+ * 16K on one thread (Zen 4) read the cache 4-12% faster with them than with
+ * prefetches towards L2 (T1) in four alternated rounds; on two threads
+ * faster in three rounds of four. On a Xeon non-temporal ones were no better
+ * than none and towards L2 was 1.3-1.45x faster (attention_prefetch_nta). */
+static ALWAYS_INLINE void run_f16(attn_state *st, const attn_block *bs, int n, const int HD, const int NR,
+                                   const int NTA) {
     const int NV = HD / 16;
     __m512 acc[4][8], lv[4];
     float m[4];
@@ -501,15 +511,15 @@ static ALWAYS_INLINE void run_f16(attn_state *st, const attn_block *bs, int n, c
     for (; k + 2 <= n; k += 2) {
         const char *kb[2] = {bs[k].k, bs[k + 1].k}, *pf[2] = {bs[k].ahead_k, bs[k + 1].ahead_k};
         __m512 sc[2][4];
-        run_qk(st->q, kb, pf, sc, HD, NR, 2);
-        run_softmax_pv(sc[0], bs[k].v, bs[k].ahead_v, m, lv, acc, HD, NR);
-        run_softmax_pv(sc[1], bs[k + 1].v, bs[k + 1].ahead_v, m, lv, acc, HD, NR);
+        run_qk(st->q, kb, pf, sc, HD, NR, 2, NTA);
+        run_softmax_pv(sc[0], bs[k].v, bs[k].ahead_v, m, lv, acc, HD, NR, NTA);
+        run_softmax_pv(sc[1], bs[k + 1].v, bs[k + 1].ahead_v, m, lv, acc, HD, NR, NTA);
     }
     if (k < n) {
         const char *kb[2] = {bs[k].k, NULL}, *pf[2] = {bs[k].ahead_k, NULL};
         __m512 sc[2][4];
-        run_qk(st->q, kb, pf, sc, HD, NR, 1);
-        run_softmax_pv(sc[0], bs[k].v, bs[k].ahead_v, m, lv, acc, HD, NR);
+        run_qk(st->q, kb, pf, sc, HD, NR, 1, NTA);
+        run_softmax_pv(sc[0], bs[k].v, bs[k].ahead_v, m, lv, acc, HD, NR, NTA);
     }
 #pragma GCC unroll 4
     for (int r = 0; r < NR; r++) {
@@ -520,22 +530,29 @@ static ALWAYS_INLINE void run_f16(attn_state *st, const attn_block *bs, int n, c
     }
 }
 
-void attn_blocks_f16_avx512(attn_state *st, const attn_block *b, int n) {
+/* attn_blocks_f16_avx512 for one prefetch kind; 0 if the shape has no
+ * register-resident run. */
+static ALWAYS_INLINE int blocks_f16(attn_state *st, const attn_block *b, int n, const int NTA) {
     if (st->head_dim == 64) {
         switch (st->rows) {
-        case 1: run_f16(st, b, n, 64, 1); return;
-        case 2: run_f16(st, b, n, 64, 2); return;
-        case 3: run_f16(st, b, n, 64, 3); return;
-        case 4: run_f16(st, b, n, 64, 4); return;
+        case 1: run_f16(st, b, n, 64, 1, NTA); return 1;
+        case 2: run_f16(st, b, n, 64, 2, NTA); return 1;
+        case 3: run_f16(st, b, n, 64, 3, NTA); return 1;
+        case 4: run_f16(st, b, n, 64, 4, NTA); return 1;
         default: break;
         }
     } else if (st->head_dim == 128) {
         switch (st->rows) {
-        case 1: run_f16(st, b, n, 128, 1); return;
-        case 2: run_f16(st, b, n, 128, 2); return;
+        case 1: run_f16(st, b, n, 128, 1, NTA); return 1;
+        case 2: run_f16(st, b, n, 128, 2, NTA); return 1;
         default: break;
         }
     }
+    return 0;
+}
+
+void attn_blocks_f16_avx512(attn_state *st, const attn_block *b, int n) {
+    if (st->ahead_nta ? blocks_f16(st, b, n, 1) : blocks_f16(st, b, n, 0)) return;
     for (int k = 0; k < n; k++) attn_block_avx512(st, &b[k]);
 }
 

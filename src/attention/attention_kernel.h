@@ -37,6 +37,7 @@ typedef struct {
     float *l;         /* rows: running sum of exp(score - m) */
     float *lv;        /* rows x 16: that sum as lane sums, for kernels that keep it so */
     int lanes;        /* 1: the kernel keeps lv, st->l is their sum at the part's end */
+    int ahead_nta;    /* decode kernels: blocks ahead prefetched non-temporally (1) or towards L2 (attention.h) */
     float *acc;       /* rows x hdp: running sum of exp(score - m) * v */
     float *s;         /* (rows rounded up to 4) x lds: scores, then probabilities */
     float *kbuf;      /* lds x hdp: the block's keys as F32 */

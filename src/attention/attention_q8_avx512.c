@@ -236,7 +236,7 @@ void attn_block_q8_avx512(attn_state *st, const attn_block *b) {
 
 /* Scores of NR rows over a whole block (q8_qk_tile's arithmetic) into s
  * (NR x 16); the K half of the block ahead prefetched along. */
-QN_INLINE void qn_qk(const attn_state *st, const attn_block *b, float *s, const int HD, const int NR) {
+QN_INLINE void qn_qk(const attn_state *st, const attn_block *b, float *s, const int HD, const int NR, const int NTA) {
     const int ng = HD / 32, lines = (int)((kv_q8_half_bytes(HD, 16) + 63) / 64);
     const int8_t *k = b->k;
     const uint16_t *kd = (const uint16_t *)(k + (size_t)HD * 16);
@@ -252,7 +252,7 @@ QN_INLINE void qn_qk(const attn_state *st, const attn_block *b, float *s, const 
 #pragma GCC unroll 8
         for (int c = 0; c < 8; c++) {
             const int i = 8 * g + c;
-            q8_pf_spread_nta(b->ahead_k, i, HD / 4, lines);
+            q8_pf_spread_ahead(b->ahead_k, i, HD / 4, lines, NTA);
             const __m512i x = _mm512_xor_si512(
                 _mm512_permutexvar_epi8(perm, _mm512_loadu_si512((const void *)(k + (size_t)i * 64))), flip);
 #pragma GCC unroll 4
@@ -306,7 +306,7 @@ QN_INLINE void qn_weights(const float *s, const attn_block *b, uint8_t *wq, floa
  * acc = fma(scale, (float)sum, acc) (q8pv_finish_avx512). The V half of
  * the block ahead is prefetched along. */
 QN_INLINE void qn_pv(__m512 acc[4][4], const attn_block *b, const uint8_t *wq, const float *wsv, const float *alpha,
-                     int d0, const int HD, const int NR) {
+                     int d0, const int HD, const int NR, const int NTA) {
     const int ng = HD / 32, lines = (int)((kv_q8_half_bytes(HD, 16) + 63) / 64);
     const int8_t *v = b->v;
     __m512i ia[4][4];
@@ -316,7 +316,7 @@ QN_INLINE void qn_pv(__m512 acc[4][4], const attn_block *b, const uint8_t *wq, c
         for (int i = 0; i < 4; i++) ia[r][i] = _mm512_setzero_si512();
 #pragma GCC unroll 4
     for (int qi = 0; qi < 4; qi++) {
-        q8_pf_spread_nta(b->ahead_v, d0 / 16 + qi, HD / 16, lines);
+        q8_pf_spread_ahead(b->ahead_v, d0 / 16 + qi, HD / 16, lines, NTA);
         __m512i x[4];
         q8pv_quad_avx512(v + (size_t)4 * qi * HD, HD, d0, 4, x, 4);
 #pragma GCC unroll 4
@@ -347,7 +347,7 @@ QN_INLINE void qn_pv(__m512 acc[4][4], const attn_block *b, const uint8_t *wq, c
 /* n whole blocks, NR rows, head_dim HD (64 or 128). Scratch: kbuf holds the
  * scores (n x NR x 16 floats); vbuf the max-growth factors (n x 4), then the
  * weights' scales (n x 16 x 4 floats) and the weights (n x 16 x 16 bytes). */
-QN_INLINE void qn_run(attn_state *st, const attn_block *bs, int n, const int HD, const int NR) {
+QN_INLINE void qn_run(attn_state *st, const attn_block *bs, int n, const int HD, const int NR, const int NTA) {
     const int nvp = (NR * HD / 32 + 3) & ~3; /* vectors per block, padded to fours */
     float *S = st->kbuf, *alpha = st->vbuf, *wsv = alpha + 4 * ATTN_Q8_STEP_BLOCKS;
     uint8_t *wq = (uint8_t *)(wsv + 64 * ATTN_Q8_STEP_BLOCKS);
@@ -356,7 +356,7 @@ QN_INLINE void qn_run(attn_state *st, const attn_block *bs, int n, const int HD,
         prefetch_range_l1(last->next_k, kv_q8_half_bytes(HD, 16));
         prefetch_range_l1(last->next_v, kv_q8_half_bytes(HD, 16));
     }
-    for (int b = 0; b < n; b++) qn_qk(st, &bs[b], S + (size_t)b * NR * 16, HD, NR);
+    for (int b = 0; b < n; b++) qn_qk(st, &bs[b], S + (size_t)b * NR * 16, HD, NR, NTA);
     for (int b = 0; b < n; b++)
 #pragma GCC unroll 4
         for (int r = 0; r < NR; r++)
@@ -371,7 +371,7 @@ QN_INLINE void qn_run(attn_state *st, const attn_block *bs, int n, const int HD,
 #pragma GCC unroll 4
             for (int i = 0; i < 4; i++) acc[r][i] = _mm512_loadu_ps(st->acc + (size_t)r * HD + d0 + 16 * i);
         for (int b = 0; b < n; b++)
-            qn_pv(acc, &bs[b], wq + (size_t)b * nvp * 16, wsv + (size_t)b * nvp * 4, alpha + 4 * b, d0, HD, NR);
+            qn_pv(acc, &bs[b], wq + (size_t)b * nvp * 16, wsv + (size_t)b * nvp * 4, alpha + 4 * b, d0, HD, NR, NTA);
 #pragma GCC unroll 4
         for (int r = 0; r < NR; r++)
 #pragma GCC unroll 4
@@ -379,22 +379,28 @@ QN_INLINE void qn_run(attn_state *st, const attn_block *bs, int n, const int HD,
     }
 }
 
-void attn_blocks_q8_avx512(attn_state *st, const attn_block *b, int n) {
+/* attn_blocks_q8_avx512 for one prefetch kind. */
+QN_INLINE void blocks_q8(attn_state *st, const attn_block *b, int n, const int NTA) {
     if (st->head_dim == 64) {
         switch (st->rows) {
-        case 1: qn_run(st, b, n, 64, 1); break;
-        case 2: qn_run(st, b, n, 64, 2); break;
-        case 3: qn_run(st, b, n, 64, 3); break;
-        default: qn_run(st, b, n, 64, 4); break;
+        case 1: qn_run(st, b, n, 64, 1, NTA); break;
+        case 2: qn_run(st, b, n, 64, 2, NTA); break;
+        case 3: qn_run(st, b, n, 64, 3, NTA); break;
+        default: qn_run(st, b, n, 64, 4, NTA); break;
         }
     } else {
         switch (st->rows) {
-        case 1: qn_run(st, b, n, 128, 1); break;
-        case 2: qn_run(st, b, n, 128, 2); break;
-        case 3: qn_run(st, b, n, 128, 3); break;
-        default: qn_run(st, b, n, 128, 4); break;
+        case 1: qn_run(st, b, n, 128, 1, NTA); break;
+        case 2: qn_run(st, b, n, 128, 2, NTA); break;
+        case 3: qn_run(st, b, n, 128, 3, NTA); break;
+        default: qn_run(st, b, n, 128, 4, NTA); break;
         }
     }
+}
+
+void attn_blocks_q8_avx512(attn_state *st, const attn_block *b, int n) {
+    if (st->ahead_nta) blocks_q8(st, b, n, 1);
+    else blocks_q8(st, b, n, 0);
 }
 
 void attn_q8_pv_avx512(float *acc, const float *p, int nv, const int8_t *v, const uint16_t *vd, int hd) {

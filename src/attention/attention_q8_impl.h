@@ -120,7 +120,8 @@ Q8PV_INLINE void q8pv_quant2(__m512 w0, __m512 w1, __m512 mx, uint8_t *q, float 
  * a kernel calls it at each of n steps of its block so the block ahead's
  * prefetches spread over the computation. q8_pf_spread asks for them towards
  * L2 (the multi-row kernel); q8_pf_spread_nta non-temporally, for the
- * single-row kernel, whose blocks are read once per call: bench_attention
+ * single-row kernel on AMD (attention_prefetch_nta), whose blocks are read
+ * once per call: bench_attention
  * (2 threads, SmolLM2-135M shape, five alternated rounds on a Zen 5 guest),
  * dense Q8_0 decode attention at 16K 5.67 -> 5.46 ms, 32K 11.31 -> 10.70
  * against towards L2; 1B shape at 32K (bench_sparse_attention) dense 17.48
@@ -134,6 +135,12 @@ Q8PV_INLINE void q8pv_quant2(__m512 w0, __m512 w1, __m512 mx, uint8_t *q, float 
 Q8_PF_SPREAD(q8_pf_spread, _MM_HINT_T1)
 Q8_PF_SPREAD(q8_pf_spread_nta, _MM_HINT_NTA)
 #undef Q8_PF_SPREAD
+/* The single-row kernel's: non-temporally (NTA) or towards L2, as
+ * attention_prefetch_nta chooses for this CPU. */
+Q8PV_INLINE void q8_pf_spread_ahead(const char *pf, int i, int n, int lines, const int NTA) {
+    if (NTA) q8_pf_spread_nta(pf, i, n, lines);
+    else q8_pf_spread(pf, i, n, lines);
+}
 
 /* A block's value scales vd (16 keys x HD / 32 groups of F16, key-major) as
  * F32 by group: vdt[g] lane j = vd[j][g] (HD 64 or 128; the conversion is

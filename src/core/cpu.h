@@ -12,6 +12,7 @@ typedef enum {
 typedef struct {
     int avx2, fma, f16c;
     int avx512f, avx512bw, avx512dq, avx512vl, avx512vnni, avx512bf16, avx512vbmi;
+    int amd;         /* vendor AuthenticAMD (cpuid leaf 0): kernels whose memory tuning differs by vendor */
     ellm_isa best;   /* the best level this CPU runs */
     ellm_isa active; /* the level in use: best, or ELLM_ISA if lower */
 } ellm_cpu_features;
