@@ -1,7 +1,10 @@
 /* libFuzzer harness for the chat template interpreter (src/chat/chat.h,
  * jinja_*.c). The input is a template; if it contains a NUL
  * byte, what follows the first NUL becomes the content of one more user
- * message, so message text is fuzzed too. Each input is parsed on its own
+ * message, so message text is fuzzed too; the same bytes are also given as
+ * the JSON of the tools array and of an assistant turn's tool calls (most
+ * inputs are refused as JSON; those that parse reach the template as
+ * values). Each input is parsed on its own
  * (chat_template_check) and rendered over a fixed conversation with tight
  * limits, so that runaway templates end quickly instead of timing out.
  * Any status is fine; crashes, leaks, sanitizer reports and timeouts are not.
@@ -30,11 +33,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
 
     chat_message msgs[] = {
-        {"system", "You are a helpful assistant."},
-        {"user", "Hello <|im_end|> {{ not a tag }}"},
-        {"assistant", "   <think>\nhm\n</think>\n\nHi there   "},
-        {"tool", NULL},
-        {"user", extra ? extra : "Another question"},
+        {.role = "system", .content = "You are a helpful assistant."},
+        {.role = "user", .content = "Hello <|im_end|> {{ not a tag }}"},
+        {.role = "assistant", .content = "   <think>\nhm\n</think>\n\nHi there   "},
+        {.role = "tool", .content = NULL, .tool_call_id = "call_1", .name = "f"},
+        {.role = "user", .content = extra ? extra : "Another question"},
+        {.role = "assistant", .content = NULL, .tool_calls = extra},
     };
     chat_template_limits lim = {
         .max_output = 1 << 20,
@@ -46,12 +50,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     };
     chat_template_params p = {
         .messages = msgs,
-        .n_messages = 5,
+        .n_messages = extra && (size & 2) ? 6 : 5,
         .add_generation_prompt = (int)(size & 1),
         .bos_token = "<s>",
         .eos_token = "</s>",
         .now = 1721995200,
         .limits = &lim,
+        .tools = extra && (size & 4) ? extra : NULL,
     };
     ellm_error err;
     (void)chat_template_check(src, tpl_len, &err);

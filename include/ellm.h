@@ -201,8 +201,14 @@ const char *ellm_tokenizer_chat_template(const ellm_tokenizer *tok);
 /* ---- chat templates ------------------------------------------------------- */
 
 typedef struct {
-    const char *role;    /* "system", "user", "assistant" */
-    const char *content; /* UTF-8, NUL-terminated */
+    const char *role;    /* "system", "user", "assistant", "tool" */
+    const char *content; /* UTF-8, NUL-terminated; NULL: None (an assistant turn of tool calls only) */
+    /* Tool calling, each NULL unless used: an assistant turn's tool calls
+     * (JSON text of OpenAI's "tool_calls" array), a "tool" turn's
+     * tool_call_id and function name. */
+    const char *tool_calls;
+    const char *tool_call_id;
+    const char *name;
 } ellm_chat_message;
 
 /* Renders a conversation into prompt text with a chat template: the model's
@@ -215,6 +221,15 @@ typedef struct {
 ellm_status ellm_chat_render(const ellm_model *model, const char *template_name,
                              const ellm_chat_message *msgs, int n_msgs, int add_generation_prompt,
                              char **out, size_t *out_len, ellm_error *err);
+/* The same with the functions the model may call: `tools` is JSON text of
+ * OpenAI's "tools" array (NULL: none), given to the template as `tools`
+ * (templates without tool support ignore it). */
+ellm_status ellm_chat_render_tools(const ellm_model *model, const char *template_name,
+                                   const ellm_chat_message *msgs, int n_msgs, int add_generation_prompt,
+                                   const char *tools, char **out, size_t *out_len, ellm_error *err);
+/* The chat template ellm_chat_render uses for `template_name` (as there):
+ * its Jinja source, or NULL when there is none. */
+const char *ellm_chat_template_source(const ellm_model *model, const char *template_name);
 /* Frees memory returned by eLLM (rendered chat text). */
 void ellm_free(void *p);
 

@@ -15,6 +15,7 @@
 #include "gguf/gguf.h"
 #include "chat/chat.h"
 
+#include <cjson/cJSON.h>
 #include <dirent.h>
 #include <string.h>
 
@@ -261,7 +262,7 @@ static void check_gguf(const char *vocab, const char *fallback, const char *expe
     const conversation *cv = find_conv(conv);
     char *out = NULL;
     size_t out_len;
-    ellm_status st = chat_template_render_gguf(f, fallback, cv->msgs, cv->n, agp, &out, &out_len, &err);
+    ellm_status st = chat_template_render_gguf(f, fallback, cv->msgs, cv->n, agp, NULL, &out, &out_len, &err);
     CHECK(st == ELLM_OK, "%s: %s", vocab, err.msg);
 
     snprintf(path, sizeof path, "%s/chat/%s.expected", test_data_dir(), expected);
@@ -299,7 +300,7 @@ static void test_gguf(void) {
     if (gguf_open(path, &f, &err) == ELLM_OK) {
         char *out = (char *)1;
         size_t n;
-        ellm_status st = chat_template_render_gguf(f, "no-such-template", convs[0].msgs, convs[0].n, 0, &out, &n, &err);
+        ellm_status st = chat_template_render_gguf(f, "no-such-template", convs[0].msgs, convs[0].n, 0, NULL, &out, &n, &err);
         CHECK(st == ELLM_ERR_ARG && out == NULL, "unknown fallback name: %s", ellm_status_str(st));
         gguf_close(f);
     }
@@ -434,9 +435,10 @@ static const feature_case features[] = {
 };
 
 static void test_features(void) {
-    chat_message m = {"user", "Hi"};
+    chat_message m = {.role = "user", .content = "Hi"};
     for (size_t i = 0; i < sizeof features / sizeof features[0]; i++) {
-        chat_template_params p = {&m, 1, 1, "<s>", "</s>", FIXED_NOW, NULL};
+        chat_template_params p = {.messages = &m, .n_messages = 1, .add_generation_prompt = 1, .bos_token = "<s>",
+                                  .eos_token = "</s>", .now = FIXED_NOW};
         char *out = NULL;
         size_t n = 0;
         ellm_error err;
@@ -512,7 +514,7 @@ static const error_case errors[] = {
 };
 
 static void test_errors(void) {
-    chat_message m = {"user", "Hi"};
+    chat_message m = {.role = "user", .content = "Hi"};
     for (size_t i = 0; i < sizeof errors / sizeof errors[0]; i++) {
         char *out = (char *)1;
         size_t n = 7;
@@ -565,7 +567,7 @@ static void test_errors(void) {
 
     /* limits can be tightened */
     chat_template_limits lim = {.max_output = 10};
-    chat_template_params p = {&m, 1, 0, NULL, NULL, 0, &lim};
+    chat_template_params p = {.messages = &m, .n_messages = 1, .limits = &lim};
     st = chat_template_render_ex(TPL("0123456789abc"), &p, &out, &n, &err);
     CHECK(st == ELLM_ERR_UNSUPPORTED && strstr(err.msg, "output exceeds 10 bytes"), "max_output: %s", err.msg);
     lim = (chat_template_limits){.max_steps = 1000};
@@ -578,7 +580,7 @@ static void test_errors(void) {
     /* caller errors */
     st = chat_template_render(NULL, 0, &m, 1, 0, NULL, NULL, &out, &n, &err);
     CHECK(st == ELLM_ERR_ARG, "NULL template");
-    chat_message bad = {NULL, "x"};
+    chat_message bad = {.role = NULL, .content = "x"};
     st = chat_template_render(TPL("x"), &bad, 1, 0, NULL, NULL, &out, &n, &err);
     CHECK(st == ELLM_ERR_ARG, "message without role");
     st = chat_template_render(TPL("x"), NULL, 1, 0, NULL, NULL, &out, &n, &err);
@@ -587,7 +589,7 @@ static void test_errors(void) {
     st = chat_template_render(TPL("{{ messages | length }}"), NULL, 0, 0, NULL, NULL, &out, &n, &err);
     CHECK(st == ELLM_OK && strcmp(out, "0") == 0, "no messages");
     if (st == ELLM_OK) free(out);
-    chat_message none = {"assistant", NULL};
+    chat_message none = {.role = "assistant", .content = NULL};
     st = chat_template_render(TPL("{{ messages[0].content is none }}"), &none, 1, 0, NULL, NULL, &out, &n, &err);
     CHECK(st == ELLM_OK && strcmp(out, "True") == 0, "NULL content is None");
     if (st == ELLM_OK) free(out);
@@ -640,6 +642,102 @@ static void test_truncated(void) {
     printf("truncated: %zu prefixes of %d templates\n", prefixes, files);
 }
 
+/* ---- tool calling ---------------------------------------------------- */
+
+/* tests/data/chat/tools/cases.json (tools/render_chat_tools_expected.mjs):
+ * templates that handle tools, rendered with a tools array and conversations
+ * holding tool calls and tool turns; every rendering byte for byte, the
+ * template's raise_exception messages and errors as there. Messages go in
+ * as a server passes them: tool_calls as JSON text, arguments as strings. */
+static void test_tools(void) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/chat/tools/cases.json", test_data_dir());
+    size_t n;
+    char *text = test_read_file(path, &n);
+    cJSON *j = text ? cJSON_ParseWithLength(text, n) : NULL;
+    free(text);
+    CHECK(j != NULL, "cannot read %s", path);
+    if (!j) return;
+    char *tools = cJSON_PrintUnformatted(cJSON_GetObjectItem(j, "tools"));
+    const cJSON *tool_convs = cJSON_GetObjectItem(j, "conversations"), *tpl;
+    int cases = 0;
+    cJSON_ArrayForEach(tpl, cJSON_GetObjectItem(j, "templates")) {
+        snprintf(path, sizeof path, "%s/chat/%s.jinja", test_data_dir(), tpl->string);
+        size_t src_len;
+        char *src = test_read_file(path, &src_len);
+        CHECK(src != NULL, "cannot read %s", path);
+        const char *bos = cJSON_GetObjectItem(tpl, "bos")->valuestring, *eos = cJSON_GetObjectItem(tpl, "eos")->valuestring;
+        const cJSON *cs;
+        cJSON_ArrayForEach(cs, cJSON_GetObjectItem(tpl, "cases")) {
+            const char *conv = cJSON_GetObjectItem(cs, "conversation")->valuestring;
+            const char *kind = cJSON_GetObjectItem(cs, "kind")->valuestring;
+            const char *want = cJSON_GetObjectItem(cs, "text")->valuestring;
+            const int agp = cJSON_IsTrue(cJSON_GetObjectItem(cs, "add_generation_prompt"));
+            const cJSON *msgs = cJSON_GetObjectItem(tool_convs, conv), *m;
+            chat_message cm[8];
+            char *calls[8] = {0};
+            int nm = 0;
+            cJSON_ArrayForEach(m, msgs) {
+                if (nm == 8) break;
+                const cJSON *content = cJSON_GetObjectItem(m, "content"), *tc = cJSON_GetObjectItem(m, "tool_calls");
+                const cJSON *id = cJSON_GetObjectItem(m, "tool_call_id"), *name = cJSON_GetObjectItem(m, "name");
+                calls[nm] = tc ? cJSON_PrintUnformatted(tc) : NULL;
+                cm[nm] = (chat_message){.role = cJSON_GetObjectItem(m, "role")->valuestring,
+                                        .content = cJSON_IsString(content) ? content->valuestring : NULL,
+                                        .tool_calls = calls[nm],
+                                        .tool_call_id = cJSON_IsString(id) ? id->valuestring : NULL,
+                                        .name = cJSON_IsString(name) ? name->valuestring : NULL};
+                nm++;
+            }
+            chat_template_params p = {.messages = cm, .n_messages = nm, .add_generation_prompt = agp,
+                                      .bos_token = bos, .eos_token = eos, .now = FIXED_NOW, .tools = tools};
+            char *out = NULL;
+            size_t out_len = 0;
+            ellm_error err = {0};
+            ellm_status st = src ? chat_template_render_ex(src, src_len, &p, &out, &out_len, &err) : ELLM_ERR_IO;
+            cases++;
+            if (!strcmp(kind, "ok")) {
+                int same = st == ELLM_OK && out_len == strlen(want) && memcmp(out, want, out_len) == 0;
+                CHECK(same, "tools: %s / %s / agp=%d: %s", tpl->string, conv, agp,
+                      st == ELLM_OK ? "rendering differs" : err.msg);
+                if (!same && st == ELLM_OK) report_diff(tpl->string, want, strlen(want), out, out_len);
+            } else if (!strcmp(kind, "raise")) {
+                CHECK(st == ELLM_ERR_ARG && strstr(err.msg, want), "tools: %s / %s / agp=%d: want raise '%s', got %s",
+                      tpl->string, conv, agp, want, st == ELLM_OK ? out : err.msg);
+            } else {
+                CHECK(st != ELLM_OK, "tools: %s / %s / agp=%d: want an error like '%s', got success", tpl->string,
+                      conv, agp, want);
+            }
+            free(out);
+            for (int i = 0; i < nm; i++) cJSON_free(calls[i]);
+        }
+        free(src);
+    }
+    CHECK(cases >= 40, "tools: only %d cases in cases.json", cases);
+    printf("tools: %d renderings with tool calls compared\n", cases);
+
+    /* malformed JSON is a clear error, not a crash or a silent None */
+    const char *tpl_src = "{{ tools | tojson }}|{{ messages[0].tool_calls[0].function.arguments.x }}";
+    chat_message bad = {.role = "assistant", .content = "", .tool_calls = "[{\"function\": {\"arguments\": \"{\\\"x\\\": 7}\"}}]"};
+    chat_template_params p = {.messages = &bad, .n_messages = 1, .tools = "[{\"a\": [1, 2.5, true, null]}]"};
+    char *out = NULL;
+    size_t out_len = 0;
+    ellm_error err = {0};
+    ellm_status st = chat_template_render_ex(tpl_src, strlen(tpl_src), &p, &out, &out_len, &err);
+    CHECK(st == ELLM_OK && out && !strcmp(out, "[{\"a\": [1, 2.5, true, null]}]|7"), "tools and arguments as values: %s",
+          st == ELLM_OK ? out : err.msg);
+    free(out);
+    p.tools = "{\"not\": \"a list\"}";
+    st = chat_template_render_ex(tpl_src, strlen(tpl_src), &p, &out, &out_len, &err);
+    CHECK(st == ELLM_ERR_ARG && strstr(err.msg, "tools is not a JSON array"), "tools not a list: %s", err.msg);
+    p.tools = NULL;
+    bad.tool_calls = "[{\"function\": ";
+    st = chat_template_render_ex(tpl_src, strlen(tpl_src), &p, &out, &out_len, &err);
+    CHECK(st == ELLM_ERR_ARG && strstr(err.msg, "tool_calls is not a JSON array"), "truncated tool_calls: %s", err.msg);
+    cJSON_free(tools);
+    cJSON_Delete(j);
+}
+
 int main(void) {
     CHECK(load_conversations() == 0, "cannot load %s/chat/conversations.txt", test_data_dir());
     if (n_convs == 0) return test_finish();
@@ -649,5 +747,6 @@ int main(void) {
     test_features();
     test_errors();
     test_truncated();
+    test_tools();
     return test_finish();
 }

@@ -43,8 +43,20 @@
 #include <stdint.h>
 
 typedef struct {
-    const char *role;    /* "system", "user", "assistant", ... (NUL-terminated) */
+    const char *role;    /* "system", "user", "assistant", "tool", ... (NUL-terminated) */
     const char *content; /* NUL-terminated; NULL renders as None */
+    /* Tool calling (each NULL: the key is absent from the message's dict):
+     * tool_calls, JSON text of an array of OpenAI tool calls ({"id", "type":
+     * "function", "function": {"name", "arguments"}}), whose "arguments"
+     * strings holding a JSON object reach the template as that object (as
+     * transformers' templates and llama.cpp expect; a template that fails
+     * on that with a type error, as DeepSeek's that join the arguments to
+     * text with `+`, is rendered again with them as strings); tool_call_id
+     * and name of
+     * a "tool" message (the call it answers, the function's name). */
+    const char *tool_calls;
+    const char *tool_call_id;
+    const char *name;
 } chat_message;
 
 /* Bounds on one render; 0 in a field means its default. */
@@ -65,13 +77,16 @@ typedef struct {
     const char *eos_token;            /* NULL = "" */
     int64_t now;                      /* unix time for strftime_now (UTC); 0 = the current time */
     const chat_template_limits *limits; /* NULL = defaults */
+    const char *tools;                /* JSON text of the tools array (OpenAI's "tools"), or NULL: None */
 } chat_template_params;
 
 /* Renders `template_src` (`len` bytes, need not be NUL-terminated) for the
  * conversation; on ELLM_OK *out is a malloc'ed NUL-terminated string of
  * *out_len bytes that the caller frees. The template sees messages (a list of
- * {role, content} dicts), add_generation_prompt, bos_token, eos_token, and
- * tools = documents = None. On failure *out is NULL and err says why. */
+ * {role, content} dicts, plus tool_calls / tool_call_id / name where given),
+ * add_generation_prompt, bos_token, eos_token, tools (None here; see
+ * chat_template_render_ex) and documents = None. Malformed tools or
+ * tool_calls JSON is ELLM_ERR_ARG. On failure *out is NULL and err says why. */
 ellm_status chat_template_render(const char *template_src, size_t len, const chat_message *msgs,
                                  int n_msgs, int add_generation_prompt, const char *bos_token,
                                  const char *eos_token, char **out, size_t *out_len,
@@ -91,18 +106,23 @@ ellm_status chat_template_check(const char *template_src, size_t len, ellm_error
  * "zephyr"), each the official template of that family; NULL if unknown. */
 const char *chat_template_builtin(const char *name);
 
+/* The built-in template chat_template_render_gguf falls back on for a file
+ * without tokenizer.chat_template (the family guessed from its special
+ * tokens), or NULL. */
+const char *chat_template_builtin_guess(const gguf_file *f);
+
 /* The built-in names, NULL-terminated (for listing). */
 const char *const *chat_template_builtin_names(void);
 
 /* Renders the conversation with the chat template of the model in `f`:
  * `tokenizer.chat_template` if present, else the built-in `fallback` (NULL:
  * the family guessed from the vocabulary's special tokens). bos_token and
- * eos_token are the texts of tokenizer.ggml.bos_token_id / eos_token_id.
- * ELLM_ERR_UNSUPPORTED if there is no template to use. Output as for
- * chat_template_render. */
+ * eos_token are the texts of tokenizer.ggml.bos_token_id / eos_token_id;
+ * tools: JSON text of the tools array, or NULL (None). ELLM_ERR_UNSUPPORTED
+ * if there is no template to use. Output as for chat_template_render. */
 ellm_status chat_template_render_gguf(const gguf_file *f, const char *fallback,
                                       const chat_message *msgs, int n_msgs,
-                                      int add_generation_prompt, char **out, size_t *out_len,
-                                      ellm_error *err);
+                                      int add_generation_prompt, const char *tools, char **out,
+                                      size_t *out_len, ellm_error *err);
 
 #endif

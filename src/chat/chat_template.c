@@ -5,6 +5,7 @@
 #include "core/status.h"
 #include "chat/jinja_internal.h"
 
+#include <cjson/cJSON.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -32,10 +33,75 @@ static chat_template_limits limits_or_defaults(const chat_template_limits *l) {
 
 /* ---- rendering ---- */
 
+/* A JSON value as the template sees it (Python's json.loads: objects keep
+ * their key order, integers stay integers). ARGS: inside a tool call, where
+ * an "arguments" string holding a JSON object becomes that object. */
+static jv *json_to_jv(jctx *c, const cJSON *j, int args, int depth) {
+    if (depth > 64) {
+        jfail(c, ELLM_ERR_ARG, JPOS_NONE, "tools / tool_calls JSON nested deeper than 64 levels");
+        return NULL;
+    }
+    if (cJSON_IsNull(j)) return J_NONE;
+    if (cJSON_IsBool(j)) return J_BOOL(cJSON_IsTrue(j));
+    if (cJSON_IsNumber(j)) {
+        const double d = j->valuedouble;
+        if (d == (double)(int64_t)d && d > -9007199254740992.0 && d < 9007199254740992.0) return jv_int(c, (int64_t)d);
+        return jv_float(c, d);
+    }
+    if (cJSON_IsString(j)) return jv_str_copy(c, j->valuestring, strlen(j->valuestring));
+    if (cJSON_IsArray(j)) {
+        jv *l = jv_list(c, (size_t)cJSON_GetArraySize(j));
+        size_t i = 0;
+        const cJSON *it;
+        cJSON_ArrayForEach(it, j) {
+            if (!l) return NULL;
+            jv *v = json_to_jv(c, it, args, depth + 1);
+            if (!v) return NULL;
+            l->u.l->items[i++] = v;
+        }
+        return l;
+    }
+    if (cJSON_IsObject(j)) {
+        jv *d = jv_dict(c, 0);
+        const cJSON *it;
+        cJSON_ArrayForEach(it, j) {
+            if (!d) return NULL;
+            jv *v = NULL;
+            if (args && cJSON_IsString(it) && !strcmp(it->string, "arguments")) {
+                cJSON *parsed = cJSON_Parse(it->valuestring);
+                if (cJSON_IsObject(parsed)) v = json_to_jv(c, parsed, 0, depth + 1);
+                else v = jv_str_copy(c, it->valuestring, strlen(it->valuestring));
+                cJSON_Delete(parsed);
+            } else {
+                v = json_to_jv(c, it, args, depth + 1);
+            }
+            jv *key = v ? jv_str_copy(c, it->string, strlen(it->string)) : NULL;
+            if (!key || jdict_set(c, d, key, v)) return NULL;
+        }
+        return d;
+    }
+    jfail(c, ELLM_ERR_ARG, JPOS_NONE, "tools / tool_calls: a JSON value of an unknown kind");
+    return NULL;
+}
+
+/* `text` (JSON) parsed into a template value that must be a list; what
+ * names it in errors. */
+static jv *json_list(jctx *c, const char *text, int args, const char *what) {
+    cJSON *j = cJSON_Parse(text);
+    if (!cJSON_IsArray(j)) {
+        cJSON_Delete(j);
+        jfail(c, ELLM_ERR_ARG, JPOS_NONE, "%s is not a JSON array", what);
+        return NULL;
+    }
+    jv *v = json_to_jv(c, j, args, 0);
+    cJSON_Delete(j);
+    return v;
+}
+
 /* The template's globals: messages, add_generation_prompt, bos/eos tokens,
- * and tools = documents = None as transformers passes them. Strings point
- * at the caller's data, which outlives the render. */
-static jscope *make_root(jctx *c, const chat_template_params *p) {
+ * tools (None unless given) and documents = None as transformers passes
+ * them. Strings point at the caller's data, which outlives the render. */
+static jscope *make_root(jctx *c, const chat_template_params *p, int args_objects) {
     jscope *root = jscope_new(c, NULL);
     jv *msgs = root ? jv_list(c, (size_t)p->n_messages) : NULL;
     if (!msgs) return NULL;
@@ -46,21 +112,35 @@ static jscope *make_root(jctx *c, const chat_template_params *p) {
         jv *content = !role ? NULL : m->content ? jv_str_ref(c, m->content, strlen(m->content)) : J_NONE;
         if (!content || jdict_set_str(c, d, "role", 4, role) || jdict_set_str(c, d, "content", 7, content))
             return NULL;
+        if (m->tool_calls) {
+            jv *calls = json_list(c, m->tool_calls, args_objects, "a message's tool_calls");
+            if (!calls || jdict_set_str(c, d, "tool_calls", 10, calls)) return NULL;
+        }
+        if (m->tool_call_id) {
+            jv *id = jv_str_ref(c, m->tool_call_id, strlen(m->tool_call_id));
+            if (!id || jdict_set_str(c, d, "tool_call_id", 12, id)) return NULL;
+        }
+        if (m->name) {
+            jv *name = jv_str_ref(c, m->name, strlen(m->name));
+            if (!name || jdict_set_str(c, d, "name", 4, name)) return NULL;
+        }
         msgs->u.l->items[i] = d;
     }
+    jv *tools = p->tools ? json_list(c, p->tools, 0, "tools") : J_NONE;
+    if (!tools) return NULL;
     const char *bos = p->bos_token ? p->bos_token : "", *eos = p->eos_token ? p->eos_token : "";
     jv *bos_v = jv_str_ref(c, bos, strlen(bos)), *eos_v = jv_str_ref(c, eos, strlen(eos));
     if (!bos_v || !eos_v || jscope_set(c, root, "messages", 8, msgs) ||
         jscope_set(c, root, "add_generation_prompt", 21, J_BOOL(p->add_generation_prompt)) ||
         jscope_set(c, root, "bos_token", 9, bos_v) || jscope_set(c, root, "eos_token", 9, eos_v) ||
-        jscope_set(c, root, "tools", 5, J_NONE) || jscope_set(c, root, "documents", 9, J_NONE))
+        jscope_set(c, root, "tools", 5, tools) || jscope_set(c, root, "documents", 9, J_NONE))
         return NULL;
     return root;
 }
 
 /* Parses (and, with params, renders) one template; the shared body of
  * chat_template_render_ex and chat_template_check. */
-static ellm_status run(const char *src, size_t len, const chat_template_params *p, char **out,
+static ellm_status run(const char *src, size_t len, const chat_template_params *p, int args_objects, char **out,
                        size_t *out_len, ellm_error *err) {
     if (len > JINJA_MAX_SOURCE)
         return ellm_fail(err, ELLM_ERR_ARG, "chat template: %zu bytes is larger than the %zu MiB accepted",
@@ -76,7 +156,7 @@ static ellm_status run(const char *src, size_t len, const chat_template_params *
     jnodes body;
     jbuf buf = {0};
     if (jinja_lex(c) == 0 && jinja_parse(c, &body) == 0 && p) {
-        jscope *root = make_root(c, p);
+        jscope *root = make_root(c, p, args_objects);
         if (root) jinja_render(c, root, &body, &buf);
         if (c->status == ELLM_OK && !buf.p) { /* empty output: still a string */
             buf.p = malloc(1);
@@ -111,7 +191,17 @@ ellm_status chat_template_render_ex(const char *template_src, size_t len,
     for (int i = 0; i < params->n_messages; i++)
         if (!params->messages[i].role)
             return ellm_fail(err, ELLM_ERR_ARG, "chat template: message %d has no role", i);
-    return run(template_src, len, params, out, out_len, err);
+    ellm_status st = run(template_src, len, params, 1, out, out_len, err);
+    /* Templates that splice a call's arguments into text with `+` (DeepSeek's)
+     * want them as the JSON string the client sent, where the others want an
+     * object: a type error with tool calls present renders again with strings. */
+    int calls = 0;
+    for (int i = 0; i < params->n_messages && !calls; i++) calls = params->messages[i].tool_calls != NULL;
+    if (st == ELLM_ERR_FORMAT && calls) {
+        ellm_error err2 = {0};
+        if (run(template_src, len, params, 0, out, out_len, &err2) == ELLM_OK) return ELLM_OK;
+    }
+    return st;
 }
 
 ellm_status chat_template_render(const char *template_src, size_t len, const chat_message *msgs,
@@ -130,7 +220,7 @@ ellm_status chat_template_render(const char *template_src, size_t len, const cha
 
 ellm_status chat_template_check(const char *template_src, size_t len, ellm_error *err) {
     if (!template_src) return ellm_fail(err, ELLM_ERR_ARG, "chat template: missing template");
-    return run(template_src, len, NULL, NULL, NULL, err);
+    return run(template_src, len, NULL, 1, NULL, NULL, err);
 }
 
 /* ---- built-in templates: each family's official template, verbatim ---- */
@@ -395,10 +485,15 @@ static const char *guess_family(const gguf_file *f) {
     return NULL;
 }
 
+const char *chat_template_builtin_guess(const gguf_file *f) {
+    const char *name = f ? guess_family(f) : NULL;
+    return name ? chat_template_builtin(name) : NULL;
+}
+
 ellm_status chat_template_render_gguf(const gguf_file *f, const char *fallback,
                                       const chat_message *msgs, int n_msgs,
-                                      int add_generation_prompt, char **out, size_t *out_len,
-                                      ellm_error *err) {
+                                      int add_generation_prompt, const char *tools, char **out,
+                                      size_t *out_len, ellm_error *err) {
     if (out) *out = NULL;
     if (out_len) *out_len = 0;
     if (!f) return ellm_fail(err, ELLM_ERR_ARG, "chat template: no model");
@@ -420,8 +515,11 @@ ellm_status chat_template_render_gguf(const gguf_file *f, const char *fallback,
     ellm_status st;
     if (!bos || !eos)
         st = ellm_fail(err, ELLM_ERR_NOMEM, "chat template: out of memory");
-    else
-        st = chat_template_render(src, len, msgs, n_msgs, add_generation_prompt, bos, eos, out, out_len, err);
+    else {
+        chat_template_params p = {.messages = msgs, .n_messages = n_msgs, .add_generation_prompt = add_generation_prompt,
+                                  .bos_token = bos, .eos_token = eos, .tools = tools};
+        st = chat_template_render_ex(src, len, &p, out, out_len, err);
+    }
     free(bos);
     free(eos);
     return st;

@@ -411,7 +411,7 @@ static int run_chat(ellm_model *model, const run_opts *o) {
         fprintf(stderr, "error: out of memory\n");
         goto out;
     }
-    if (o->system) msgs[n_msgs++] = (ellm_chat_message){"system", strdup(o->system)};
+    if (o->system) msgs[n_msgs++] = (ellm_chat_message){.role = "system", .content = strdup(o->system)};
     int tty_in = isatty(0);
     for (;;) {
         if (tty_in) fputs("> ", stderr);
@@ -422,7 +422,7 @@ static int run_chat(ellm_model *model, const run_opts *o) {
             fprintf(stderr, "error: too many turns\n");
             break;
         }
-        msgs[n_msgs++] = (ellm_chat_message){"user", strdup(line)};
+        msgs[n_msgs++] = (ellm_chat_message){.role = "user", .content = strdup(line)};
         char *text = NULL;
         size_t len;
         if (ellm_chat_render(model, o->chat_template, msgs, n_msgs, 1, &text, &len, &err) != ELLM_OK) {
@@ -475,7 +475,7 @@ static int run_chat(ellm_model *model, const run_opts *o) {
         reply[rlen] = 0;
         fputc('\n', stdout);
         fflush(stdout);
-        msgs[n_msgs++] = (ellm_chat_message){"assistant", reply};
+        msgs[n_msgs++] = (ellm_chat_message){.role = "assistant", .content = reply};
     }
     rc = 0;
 out:
@@ -1035,8 +1035,8 @@ int cmd_run(int argc, char **argv) {
     if (chat_turn) {
         ellm_chat_message msgs[2];
         int n_msgs = 0;
-        if (o.system) msgs[n_msgs++] = (ellm_chat_message){"system", o.system};
-        msgs[n_msgs++] = (ellm_chat_message){"user", prompt};
+        if (o.system) msgs[n_msgs++] = (ellm_chat_message){.role = "system", .content = o.system};
+        msgs[n_msgs++] = (ellm_chat_message){.role = "user", .content = prompt};
         size_t n_rendered;
         if (ellm_chat_render(model, o.chat_template, msgs, n_msgs, 1, &rendered, &n_rendered, &err) != ELLM_OK) {
             fprintf(stderr, "error: chat template: %s\n", err.msg);

@@ -31,6 +31,18 @@ int ellm_token_is_eog(const ellm_model *model, int32_t token) { return tokenizer
 ellm_status ellm_chat_render(const ellm_model *model, const char *template_name,
                              const ellm_chat_message *msgs, int n_msgs, int add_generation_prompt,
                              char **out, size_t *out_len, ellm_error *err) {
+    return ellm_chat_render_tools(model, template_name, msgs, n_msgs, add_generation_prompt, NULL, out, out_len, err);
+}
+
+const char *ellm_chat_template_source(const ellm_model *model, const char *template_name) {
+    if (template_name) return chat_template_builtin(template_name);
+    const char *src = ellm_tokenizer_chat_template(ellm_model_tokenizer(model));
+    return src ? src : chat_template_builtin_guess(model->file);
+}
+
+ellm_status ellm_chat_render_tools(const ellm_model *model, const char *template_name,
+                                   const ellm_chat_message *msgs, int n_msgs, int add_generation_prompt,
+                                   const char *tools, char **out, size_t *out_len, ellm_error *err) {
     _Static_assert(sizeof(ellm_chat_message) == sizeof(chat_message), "chat message layouts differ");
     const chat_message *m = (const chat_message *)msgs;
     if (template_name) {
@@ -40,9 +52,11 @@ ellm_status ellm_chat_render(const ellm_model *model, const char *template_name,
         size_t n;
         if (tokenizer_bos(model->tok) >= 0) bos = tokenizer_piece(model->tok, tokenizer_bos(model->tok), &n);
         if (tokenizer_eos(model->tok) >= 0) eos = tokenizer_piece(model->tok, tokenizer_eos(model->tok), &n);
-        return chat_template_render(src, strlen(src), m, n_msgs, add_generation_prompt, bos, eos, out, out_len, err);
+        chat_template_params p = {.messages = m, .n_messages = n_msgs, .add_generation_prompt = add_generation_prompt,
+                                  .bos_token = bos, .eos_token = eos, .tools = tools};
+        return chat_template_render_ex(src, strlen(src), &p, out, out_len, err);
     }
-    return chat_template_render_gguf(model->file, NULL, m, n_msgs, add_generation_prompt, out, out_len, err);
+    return chat_template_render_gguf(model->file, NULL, m, n_msgs, add_generation_prompt, tools, out, out_len, err);
 }
 
 void ellm_free(void *p) { free(p); }
