@@ -4,9 +4,13 @@
  * rest is the body. Checks: a refused body gets a 4xx/5xx with a message and
  * an error JSON that parses back; an accepted one has every parameter in its
  * documented range, at least one message (chat) or a prompt (completion),
- * and only valid UTF-8 text. */
+ * and only valid UTF-8 text. The body is also read as a model's reply for
+ * tool calls (src/server/tool_calls.c) in each syntax: any calls found are
+ * a JSON array of well-formed calls, the content a prefix of the text, and
+ * what may be streamed at most the text. */
 #include "server/request.h"
 #include "server/responses.h"
+#include "server/tool_calls.h"
 
 #include <cjson/cJSON.h>
 #include <stdint.h>
@@ -26,11 +30,43 @@ static const char *stop_bytes(const void *arg, int32_t id, size_t *len) {
     return p->stop[0];
 }
 
+/* The body as a reply holding tool calls, in syntax s. */
+static void fuzz_tool_calls(tool_syntax s, const char *text, size_t len) {
+    size_t content = 0;
+    char *calls = NULL;
+    const int n = tool_calls_parse(s, text, len, 7, &content, &calls);
+    REQUIRE(n >= -1 && content <= len);
+    if (n > 0) {
+        cJSON *j = cJSON_Parse(calls);
+        REQUIRE(cJSON_IsArray(j) && cJSON_GetArraySize(j) == n);
+        const cJSON *c;
+        cJSON_ArrayForEach(c, j) {
+            const cJSON *fn = cJSON_GetObjectItem(c, "function");
+            REQUIRE(cJSON_IsString(cJSON_GetObjectItem(c, "id")) && cJSON_IsString(cJSON_GetObjectItem(fn, "name")) &&
+                    cJSON_IsString(cJSON_GetObjectItem(fn, "arguments")));
+        }
+        cJSON_Delete(j);
+        resp_meta m = {.id = "x", .model = "m", .kind = REQ_CHAT};
+        char *chunk = resp_tool_calls_chunk(&m, 0, calls);
+        resp_choice ch = {.text = text, .len = content, .finish = "tool_calls", .tool_calls = calls};
+        char *whole = resp_final_choices(&m, &ch, 1);
+        REQUIRE(chunk && whole);
+        free(chunk);
+        free(whole);
+    } else {
+        REQUIRE(!calls && content == len);
+    }
+    free(calls);
+    REQUIRE(tool_calls_stream_safe(s, text, len) <= len);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size < 1) return 0;
     req_kind kind = data[0] & 1 ? REQ_COMPLETION : REQ_CHAT;
     const char *body = (const char *)data + 1;
     size_t len = size - 1;
+    if (req_utf8_valid(body, len)) /* replies are text */
+        for (int s = TOOLS_HERMES; s <= TOOLS_MISTRAL; s++) fuzz_tool_calls((tool_syntax)s, body, len);
     req_params p;
     req_error e;
     if (!req_parse(kind, body, len, &p, &e)) {
@@ -56,7 +92,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         REQUIRE(p.n_msgs >= 1 && p.msgs);
         for (int i = 0; i < p.n_msgs; i++) {
             const char *r = p.msgs[i].role;
-            REQUIRE(!strcmp(r, "system") || !strcmp(r, "user") || !strcmp(r, "assistant"));
+            REQUIRE(!strcmp(r, "system") || !strcmp(r, "user") || !strcmp(r, "assistant") || !strcmp(r, "tool"));
+            REQUIRE(strcmp(r, "tool") || p.msgs[i].tool_call_id);
+            if (p.msgs[i].tool_calls) {
+                cJSON *tc = cJSON_Parse(p.msgs[i].tool_calls);
+                REQUIRE(cJSON_IsArray(tc));
+                cJSON_Delete(tc);
+            }
             REQUIRE(p.msgs[i].content && req_utf8_valid(p.msgs[i].content, strlen(p.msgs[i].content)));
         }
     } else if (p.prompt_is_ids) {
@@ -71,6 +113,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     REQUIRE(p.n_more >= 0 && (1 + p.n_more) * p.n_choices <= REQ_MAX_JOBS && (!p.n_more || kind == REQ_COMPLETION));
     for (int i = 0; i < p.n_more; i++)
         REQUIRE(p.more[i].is_ids ? p.more[i].n_ids >= 1 && p.more[i].ids : p.more[i].text && strlen(p.more[i].text) == p.more[i].len);
+    if (p.tools) {
+        cJSON *t = cJSON_Parse(p.tools);
+        REQUIRE(kind == REQ_CHAT && cJSON_IsArray(t) && cJSON_GetArraySize(t) > 0);
+        cJSON_Delete(t);
+    }
     {
         req_params q; /* a deep copy frees apart from the original (ASan) */
         if (req_params_copy(&q, &p)) req_params_free(&q);

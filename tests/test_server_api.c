@@ -8,6 +8,7 @@
 #include "server/logprobs.h"
 #include "server/request.h"
 #include "server/responses.h"
+#include "server/tool_calls.h"
 
 #include <cjson/cJSON.h>
 
@@ -309,6 +310,228 @@ static void test_json(void) {
     ellm_tokenizer_free(tok);
 }
 
+/* ---- tool calling ---- */
+
+/* Requests with tools: accepted as OpenAI sends them (tools kept as JSON
+ * text, tool and assistant tool-call turns into the messages), and every
+ * form this server cannot honour refused naming its field. */
+static void test_tool_requests(void) {
+    req_params p;
+    req_error e;
+    const char *ok_body =
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"weather?\"},"
+        "{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"call_1\",\"type\":\"function\","
+        "\"function\":{\"name\":\"get_weather\",\"arguments\":\"{\\\"city\\\":\\\"Bern\\\"}\"}}]},"
+        "{\"role\":\"tool\",\"tool_call_id\":\"call_1\",\"name\":\"get_weather\",\"content\":\"sunny\"}],"
+        "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":{\"type\":\"object\"}}}],"
+        "\"tool_choice\":\"auto\",\"parallel_tool_calls\":false}";
+    int ok = parse(REQ_CHAT, ok_body, &p, &e);
+    CHECK(ok && p.tools && strstr(p.tools, "\"get_weather\"") && !p.tools_off && p.n_msgs == 3 &&
+              !strcmp(p.msgs[1].role, "assistant") && !strcmp(p.msgs[1].content, "") && p.msgs[1].tool_calls &&
+              strstr(p.msgs[1].tool_calls, "\"arguments\":\"{\\\"city\\\":\\\"Bern\\\"}\"") &&
+              !strcmp(p.msgs[2].role, "tool") && !strcmp(p.msgs[2].tool_call_id, "call_1") &&
+              !strcmp(p.msgs[2].name, "get_weather") && !strcmp(p.msgs[2].content, "sunny"),
+          "a conversation with tools and tool calls: %s", ok ? "fields differ" : e.message);
+    if (ok) {
+        req_params q;
+        CHECK(req_params_copy(&q, &p) && q.tools && strcmp(q.tools, p.tools) == 0 && q.tools != p.tools &&
+                  q.msgs[1].tool_calls && !strcmp(q.msgs[1].tool_calls, p.msgs[1].tool_calls) &&
+                  !strcmp(q.msgs[2].tool_call_id, "call_1") && q.msgs[2].tool_call_id != p.msgs[2].tool_call_id,
+              "a copy holds its own tools and tool-call fields");
+        req_params_free(&q);
+        req_params_free(&p);
+    }
+    ok = parse(REQ_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":\"function\","
+                         "\"function\":{\"name\":\"f\"}}],\"tool_choice\":\"none\"}", &p, &e);
+    CHECK(ok && p.tools && p.tools_off, "tool_choice none: tools kept out of the prompt (%s)", ok ? "" : e.message);
+    if (ok) req_params_free(&p);
+    const struct {
+        const char *body, *param, *says;
+    } bad[] = {
+        {"\"tools\":{}", "tools", "must be an array"},
+        {"\"tools\":[{\"type\":\"function\"}]", "tools", "needs a 'name'"},
+        {"\"tools\":[{\"type\":\"retrieval\",\"function\":{\"name\":\"f\"}}]", "tools", "\"type\": \"function\""},
+        {"\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":[]}}]", "tools", "JSON Schema"},
+        {"\"tool_choice\":\"required\"", "tool_choice", "not supported"},
+        {"\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"f\"}}", "tool_choice", "naming a function"},
+        {"\"tool_choice\":\"sometimes\"", "tool_choice", "must be"},
+        {"\"tool_choice\":3", "tool_choice", "string or an object"},
+        {"\"parallel_tool_calls\":\"yes\"", "parallel_tool_calls", "boolean"},
+        {"\"functions\":[{\"name\":\"f\"}]", "functions", "as 'tools'"},
+    };
+    char b[512];
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        snprintf(b, sizeof b, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],%s}", bad[i].body);
+        ok = parse(REQ_CHAT, b, &p, &e);
+        CHECK(!ok && e.http_status == 400 && e.param && !strcmp(e.param, bad[i].param) && strstr(e.message, bad[i].says),
+              "%s: 400 naming %s saying '%s' (%s)", b, bad[i].param, bad[i].says, ok ? "accepted" : e.message);
+        if (ok) req_params_free(&p);
+    }
+    const char *bad_msgs[] = {
+        "[{\"role\":\"tool\",\"content\":\"5\"}]",                              /* no tool_call_id */
+        "[{\"role\":\"tool\",\"tool_call_id\":7,\"content\":\"5\"}]",           /* not a string */
+        "[{\"role\":\"assistant\",\"tool_calls\":{}}]",                          /* not an array */
+        "[{\"role\":\"assistant\",\"tool_calls\":[{\"function\":{\"name\":1}}]}]", /* no name */
+        "[{\"role\":\"assistant\",\"tool_calls\":[{\"function\":{\"name\":\"f\",\"arguments\":{}}}]}]", /* not a string */
+    };
+    for (size_t i = 0; i < sizeof bad_msgs / sizeof *bad_msgs; i++) {
+        snprintf(b, sizeof b, "{\"messages\":%s}", bad_msgs[i]);
+        ok = parse(REQ_CHAT, b, &p, &e);
+        CHECK(!ok && e.http_status == 400 && e.param && !strcmp(e.param, "messages"), "%s: 400 naming messages (%s)", b,
+              ok ? "accepted" : e.message);
+        if (ok) req_params_free(&p);
+    }
+}
+
+/* The calls of a reply: n of them, content the first content_len bytes,
+ * and each call's name and arguments as given (NULL: not checked). */
+static void check_calls(tool_syntax s, const char *text, int n, size_t content_len, const char *const *names,
+                        const char *const *args) {
+    size_t content = 0;
+    char *calls = NULL;
+    int got = tool_calls_parse(s, text, strlen(text), 42, &content, &calls);
+    CHECK(got == n, "%s: %s: %d calls, want %d", tool_syntax_name(s), text, got, n);
+    if (n == 0) {
+        CHECK(!calls && content == strlen(text), "%s: %s: no calls leave the text whole", tool_syntax_name(s), text);
+        return;
+    }
+    CHECK(content == content_len, "%s: %s: content of %zu bytes, want %zu", tool_syntax_name(s), text, content,
+          content_len);
+    cJSON *j = calls ? cJSON_Parse(calls) : NULL;
+    CHECK(cJSON_GetArraySize(j) == n, "%s: calls JSON %s", tool_syntax_name(s), calls ? calls : "(none)");
+    for (int i = 0; i < n && j; i++) {
+        const cJSON *c = cJSON_GetArrayItem(j, i), *fn = cJSON_GetObjectItem(c, "function");
+        const cJSON *id = cJSON_GetObjectItem(c, "id"), *type = cJSON_GetObjectItem(c, "type");
+        const cJSON *name = cJSON_GetObjectItem(fn, "name"), *a = cJSON_GetObjectItem(fn, "arguments");
+        const size_t idn = cJSON_IsString(id) ? strlen(id->valuestring) : 0;
+        int id_ok = s == TOOLS_MISTRAL ? idn == 9 : idn == 29 && !strncmp(id->valuestring, "call_", 5);
+        for (size_t k = s == TOOLS_MISTRAL ? 0 : 5; id_ok && k < idn; k++) {
+            const char ch = id->valuestring[k];
+            id_ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9');
+        }
+        CHECK(id_ok && cJSON_IsString(type) && !strcmp(type->valuestring, "function"), "%s: call %d's id / type: %s",
+              tool_syntax_name(s), i, calls);
+        CHECK(cJSON_IsString(name) && !strcmp(name->valuestring, names[i]), "%s: call %d named %s: %s",
+              tool_syntax_name(s), i, names[i], calls);
+        CHECK(cJSON_IsString(a) && (!args[i] || !strcmp(a->valuestring, args[i])), "%s: call %d arguments %s: %s",
+              tool_syntax_name(s), i, args[i] ? args[i] : "(any)", calls);
+    }
+    cJSON_Delete(j);
+    free(calls);
+}
+
+static void test_tool_parse(void) {
+    /* the syntax each fixture template teaches */
+    const struct {
+        const char *file;
+        tool_syntax want;
+    } tpl[] = {
+        {"qwen2.5-instruct", TOOLS_HERMES}, {"qwen3", TOOLS_HERMES}, {"llama3.2-instruct", TOOLS_LLAMA3},
+        {"llama3.3-instruct", TOOLS_LLAMA3}, {"mistral-nemo-instruct-2407", TOOLS_MISTRAL},
+        {"llama3-instruct", TOOLS_NONE}, {"chatml", TOOLS_NONE}, {"deepseek-v3", TOOLS_NONE},
+    };
+    for (size_t i = 0; i < sizeof tpl / sizeof *tpl; i++) {
+        char path[512];
+        snprintf(path, sizeof path, "%s/chat/%s.jinja", test_data_dir(), tpl[i].file);
+        size_t n;
+        char *src = test_read_file(path, &n);
+        CHECK(src && tool_syntax_of(src) == tpl[i].want, "%s: syntax %s, want %s", tpl[i].file,
+              src ? tool_syntax_name(tool_syntax_of(src)) : "(unreadable)", tool_syntax_name(tpl[i].want));
+        free(src);
+    }
+    CHECK(tool_syntax_of(NULL) == TOOLS_NONE, "no template: no syntax");
+
+    const char *w[] = {"get_weather", "add"}, *wa[] = {"{\"city\":\"Bern\"}", "{\"a\":2,\"b\":3}"};
+    check_calls(TOOLS_HERMES, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Bern\"}}\n</tool_call>", 1,
+                0, w, wa);
+    check_calls(TOOLS_HERMES,
+                "Let me look.\n\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Bern\"}}\n</tool_call>\n"
+                "<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 2, \"b\": 3}}\n</tool_call>\n",
+                2, 12, w, wa);
+    /* the reply ended right after the JSON (no closing tag); arguments given as a string */
+    const char *sa[] = {"{\"city\": \"Bern\"}"};
+    check_calls(TOOLS_HERMES, "<tool_call>{\"name\": \"get_weather\", \"arguments\": \"{\\\"city\\\": \\\"Bern\\\"}\"}", 1, 0,
+                w, sa);
+    const char *none_args[] = {"{}"};
+    check_calls(TOOLS_HERMES, "<tool_call>{\"name\": \"get_weather\"}</tool_call>", 1, 0, w, none_args);
+    /* not calls: text, as it is */
+    check_calls(TOOLS_HERMES, "The weather is fine.", 0, 0, NULL, NULL);
+    check_calls(TOOLS_HERMES, "<tool_call>{\"name\": \"get_weather\", \"arguments\": {\"city\": </tool_call>", 0, 0, NULL,
+                NULL);
+    check_calls(TOOLS_HERMES, "<tool_call>{\"arguments\": {}}</tool_call>", 0, 0, NULL, NULL);
+    check_calls(TOOLS_HERMES, "<tool_call>{\"name\": \"add\", \"arguments\": {}}</tool_call> and then some text", 0, 0,
+                NULL, NULL);
+    check_calls(TOOLS_HERMES, "<tool_call>[1, 2]</tool_call>", 0, 0, NULL, NULL);
+
+    check_calls(TOOLS_LLAMA3, " {\"name\": \"get_weather\", \"parameters\": {\"city\": \"Bern\"}} ", 1, 0, w, wa);
+    check_calls(TOOLS_LLAMA3, "{\"name\": \"add\", \"arguments\": {\"a\": 2, \"b\": 3}}", 1, 0, w + 1, wa + 1);
+    check_calls(TOOLS_LLAMA3, "{\"name\": \"add\"} trailing", 0, 0, NULL, NULL);
+    check_calls(TOOLS_LLAMA3, "Use {\"name\": \"add\"}", 0, 0, NULL, NULL);
+    check_calls(TOOLS_LLAMA3, "{\"weather\": \"fine\"}", 0, 0, NULL, NULL);
+
+    check_calls(TOOLS_MISTRAL,
+                "[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Bern\"}}, "
+                "{\"name\": \"add\", \"arguments\": {\"a\": 2, \"b\": 3}}]",
+                2, 0, w, wa);
+    check_calls(TOOLS_MISTRAL, "[{\"name\": \"add\", \"arguments\": {\"a\": 2, \"b\": 3}}]", 1, 0, w + 1, wa + 1);
+    check_calls(TOOLS_MISTRAL, "[]", 0, 0, NULL, NULL);
+    check_calls(TOOLS_MISTRAL, "[TOOL_CALLS][{\"name\": \"add\", \"arguments\": 5}]", 0, 0, NULL, NULL);
+    check_calls(TOOLS_NONE, "<tool_call>{\"name\": \"add\"}</tool_call>", 0, 0, NULL, NULL);
+
+    /* streaming: text goes out up to where a call may start */
+    const struct {
+        tool_syntax s;
+        const char *text;
+        size_t safe;
+    } st[] = {
+        {TOOLS_HERMES, "Hello there", 11},
+        {TOOLS_HERMES, "Hello <tool", 6},
+        {TOOLS_HERMES, "Hello <", 6},
+        {TOOLS_HERMES, "Hello <tool_call>{\"na", 6},
+        {TOOLS_HERMES, "a < b", 5},
+        {TOOLS_LLAMA3, "  ", 0},
+        {TOOLS_LLAMA3, " {\"name\"", 0},
+        {TOOLS_LLAMA3, "Sure, here", 10},
+        {TOOLS_MISTRAL, "[TOOL_", 0},
+        {TOOLS_MISTRAL, "[{\"name\"", 0},
+        {TOOLS_MISTRAL, "Bonjour", 7},
+        {TOOLS_NONE, "<tool_call>", 11},
+    };
+    for (size_t i = 0; i < sizeof st / sizeof *st; i++) {
+        const size_t got = tool_calls_stream_safe(st[i].s, st[i].text, strlen(st[i].text));
+        CHECK(got == st[i].safe, "%s: stream '%s': %zu bytes safe, want %zu", tool_syntax_name(st[i].s), st[i].text, got,
+              st[i].safe);
+    }
+
+    /* the response shapes: content null beside the calls; a streamed chunk of indexed calls */
+    const char *calls = "[{\"id\":\"call_x\",\"type\":\"function\",\"function\":{\"name\":\"add\",\"arguments\":\"{}\"}}]";
+    resp_meta m = {.id = "chatcmpl-1", .model = "m", .created = 1, .kind = REQ_CHAT};
+    resp_choice c = {.text = "", .len = 0, .finish = "tool_calls", .tool_calls = calls};
+    char *body = resp_final_choices(&m, &c, 1);
+    cJSON *j = body ? cJSON_Parse(body) : NULL;
+    const cJSON *msg = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0), "message");
+    const cJSON *fin = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0), "finish_reason");
+    CHECK(cJSON_IsNull(cJSON_GetObjectItem(msg, "content")) && cJSON_GetArraySize(cJSON_GetObjectItem(msg, "tool_calls")) == 1 &&
+              cJSON_IsString(fin) && !strcmp(fin->valuestring, "tool_calls"),
+          "a reply of calls alone: %s", body ? body : "(none)");
+    cJSON_Delete(j);
+    free(body);
+    c = (resp_choice){.text = "Let me see", .len = 10, .finish = "tool_calls", .tool_calls = calls};
+    body = resp_final_choices(&m, &c, 1);
+    CHECK(body && strstr(body, "\"content\":\"Let me see\"") && strstr(body, "\"tool_calls\":[{"), "text and calls: %s",
+          body ? body : "(none)");
+    free(body);
+    body = resp_tool_calls_chunk(&m, 0, calls);
+    j = body ? cJSON_Parse(body) : NULL;
+    const cJSON *delta = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0), "delta");
+    const cJSON *tc0 = cJSON_GetArrayItem(cJSON_GetObjectItem(delta, "tool_calls"), 0);
+    CHECK(tc0 && cJSON_GetObjectItem(tc0, "index") && cJSON_GetObjectItem(tc0, "index")->valueint == 0 &&
+              cJSON_IsString(cJSON_GetObjectItem(tc0, "id")) && !cJSON_GetObjectItem(delta, "content"),
+          "streamed calls: %s", body ? body : "(none)");
+    cJSON_Delete(j);
+    free(body);
+}
+
 int main(void) {
     test_compute();
     test_request();
@@ -316,5 +539,7 @@ int main(void) {
     test_choices();
     test_prompts();
     test_json();
+    test_tool_requests();
+    test_tool_parse();
     return test_finish();
 }

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #define MAX_MESSAGES 4096
+#define MAX_TOOLS 256
 #define MAX_PROMPT_IDS (1 << 22)
 
 int req_fail(req_error *e, int http_status, const char *type, const char *code, const char *param,
@@ -138,6 +139,93 @@ static char *content_text(const cJSON *c, req_error *e) {
     return out;
 }
 
+/* An owned copy of a string field of message m (NULL when absent); *bad_out
+ * set when it is there but not a string. */
+static char *msg_str(const cJSON *m, const char *name, int *bad_out) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(m, name);
+    if (!v || cJSON_IsNull(v)) return NULL;
+    if (!cJSON_IsString(v)) {
+        *bad_out = 1;
+        return NULL;
+    }
+    return dup_str(v->valuestring, NULL);
+}
+
+/* An assistant message's "tool_calls": OpenAI's array of {"id", "type":
+ * "function", "function": {"name", "arguments": string}}, kept as JSON text
+ * for the chat template. */
+static int parse_msg_tool_calls(const cJSON *tc, ellm_chat_message *out, req_error *e) {
+    if (!tc || cJSON_IsNull(tc)) return 1;
+    if (!cJSON_IsArray(tc))
+        return req_fail(e, 400, "invalid_request_error", "invalid_type", "messages", "a message's 'tool_calls' must be an array");
+    const cJSON *c;
+    cJSON_ArrayForEach(c, tc) {
+        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(c, "function");
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(fn, "name");
+        const cJSON *args = cJSON_GetObjectItemCaseSensitive(fn, "arguments");
+        if (!cJSON_IsObject(c) || !cJSON_IsObject(fn) || !cJSON_IsString(name) || (args && !cJSON_IsString(args)))
+            return req_fail(e, 400, "invalid_request_error", "invalid_type", "messages",
+                            "each tool call must be {\"id\", \"type\": \"function\", \"function\": {\"name\": string, "
+                            "\"arguments\": string}}");
+    }
+    char *text = cJSON_PrintUnformatted(tc);
+    if (!text) return req_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    out->tool_calls = dup_str(text, NULL);
+    cJSON_free(text);
+    return out->tool_calls ? 1 : req_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+}
+
+/* "tools" (functions the model may call) and "tool_choice". Only "auto"
+ * (the default) and "none" are honoured: "required" or a named function
+ * would need decoding constrained to a call, which this server does not do. */
+static int parse_tools(const cJSON *root, req_params *p, req_error *e) {
+    const cJSON *tools = cJSON_GetObjectItemCaseSensitive(root, "tools");
+    const cJSON *choice = cJSON_GetObjectItemCaseSensitive(root, "tool_choice");
+    if (choice && !cJSON_IsNull(choice)) {
+        if (!cJSON_IsString(choice) && !cJSON_IsObject(choice))
+            return req_fail(e, 400, "invalid_request_error", "invalid_type", "tool_choice",
+                            "'tool_choice' must be a string or an object");
+        if (cJSON_IsObject(choice) || !strcmp(choice->valuestring, "required"))
+            return req_fail(e, 400, "invalid_request_error", "unsupported_value", "tool_choice",
+                            "'tool_choice' %s is not supported: only \"auto\" and \"none\" (the model decides whether to call)",
+                            cJSON_IsObject(choice) ? "naming a function" : "\"required\"");
+        if (strcmp(choice->valuestring, "auto") && strcmp(choice->valuestring, "none"))
+            return req_fail(e, 400, "invalid_request_error", "invalid_value", "tool_choice",
+                            "'tool_choice' must be \"auto\", \"none\", \"required\" or a function");
+        p->tools_off = !strcmp(choice->valuestring, "none");
+    }
+    const cJSON *ptc = cJSON_GetObjectItemCaseSensitive(root, "parallel_tool_calls");
+    if (ptc && !cJSON_IsNull(ptc) && !cJSON_IsBool(ptc))
+        return req_fail(e, 400, "invalid_request_error", "invalid_type", "parallel_tool_calls",
+                        "'parallel_tool_calls' must be a boolean");
+    if (!tools || cJSON_IsNull(tools)) return 1;
+    if (!cJSON_IsArray(tools))
+        return req_fail(e, 400, "invalid_request_error", "invalid_type", "tools", "'tools' must be an array");
+    if (cJSON_GetArraySize(tools) > MAX_TOOLS)
+        return req_fail(e, 400, "invalid_request_error", "invalid_value", "tools", "more than %d tools", MAX_TOOLS);
+    if (cJSON_GetArraySize(tools) == 0) return 1;
+    const cJSON *t;
+    cJSON_ArrayForEach(t, tools) {
+        const cJSON *type = cJSON_GetObjectItemCaseSensitive(t, "type");
+        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(t, "function");
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(fn, "name");
+        const cJSON *params = cJSON_GetObjectItemCaseSensitive(fn, "parameters");
+        if (!cJSON_IsObject(t) || !cJSON_IsString(type) || strcmp(type->valuestring, "function"))
+            return req_fail(e, 400, "invalid_request_error", "invalid_value", "tools",
+                            "each tool must be {\"type\": \"function\", \"function\": {...}}");
+        if (!cJSON_IsObject(fn) || !cJSON_IsString(name) || !name->valuestring[0])
+            return req_fail(e, 400, "invalid_request_error", "invalid_value", "tools", "each tool's function needs a 'name'");
+        if (params && !cJSON_IsObject(params))
+            return req_fail(e, 400, "invalid_request_error", "invalid_type", "tools",
+                            "tool '%.60s': 'parameters' must be a JSON Schema object", name->valuestring);
+    }
+    char *text = cJSON_PrintUnformatted(tools);
+    if (!text) return req_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    p->tools = dup_str(text, NULL);
+    cJSON_free(text);
+    return p->tools ? 1 : req_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+}
+
 static int parse_messages(const cJSON *root, req_params *p, req_error *e) {
     const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(root, "messages");
     if (!msgs) return req_fail(e, 400, "invalid_request_error", "missing_field", "messages", "'messages' is required");
@@ -158,13 +246,24 @@ static int parse_messages(const cJSON *root, req_params *p, req_error *e) {
             return req_fail(e, 400, "invalid_request_error", "invalid_type", "messages", "each message needs a string 'role'");
         const char *r = role->valuestring;
         if (!strcmp(r, "developer")) r = "system";
-        if (strcmp(r, "system") && strcmp(r, "user") && strcmp(r, "assistant"))
+        if (strcmp(r, "system") && strcmp(r, "user") && strcmp(r, "assistant") && strcmp(r, "tool"))
             return req_fail(e, 400, "invalid_request_error", "invalid_value", "messages",
-                            "message role '%.40s' is not supported (system, developer, user, assistant)", r);
+                            "message role '%.40s' is not supported (system, developer, user, assistant, tool)", r);
         char *text = content_text(cJSON_GetObjectItemCaseSensitive(m, "content"), e);
         if (!text) return e->http_status ? 0 : req_fail(e, 500, "server_error", NULL, NULL, "out of memory");
-        p->msgs[p->n_msgs].role = !strcmp(r, "system") ? "system" : !strcmp(r, "user") ? "user" : "assistant";
-        p->msgs[p->n_msgs++].content = text;
+        ellm_chat_message *cm = &p->msgs[p->n_msgs++];
+        cm->role = !strcmp(r, "system") ? "system" : !strcmp(r, "user") ? "user" : !strcmp(r, "tool") ? "tool" : "assistant";
+        cm->content = text;
+        int wrong = 0;
+        if (!strcmp(r, "tool")) {
+            cm->tool_call_id = msg_str(m, "tool_call_id", &wrong);
+            cm->name = msg_str(m, "name", &wrong);
+            if (wrong || !cm->tool_call_id)
+                return req_fail(e, 400, "invalid_request_error", "invalid_value", "messages",
+                                "a 'tool' message needs a string 'tool_call_id' (the call it answers)");
+        } else if (!strcmp(r, "assistant")) {
+            if (!parse_msg_tool_calls(cJSON_GetObjectItemCaseSensitive(m, "tool_calls"), cm, e)) return 0;
+        }
     }
     return 1;
 }
@@ -310,7 +409,7 @@ static int parse_logit_bias(const cJSON *root, req_params *p, req_error *e) {
 
 /* Features a client may count on that this server does not have: a clear
  * 400 rather than a reply that silently ignores them. */
-static int refuse_unsupported(const cJSON *root, req_error *e) {
+static int refuse_unsupported(const cJSON *root, req_kind kind, req_error *e) {
     const cJSON *rf = cJSON_GetObjectItemCaseSensitive(root, "response_format");
     if (rf && !cJSON_IsNull(rf)) {
         const cJSON *t = cJSON_IsObject(rf) ? cJSON_GetObjectItemCaseSensitive(rf, "type") : NULL;
@@ -321,13 +420,15 @@ static int refuse_unsupported(const cJSON *root, req_error *e) {
             return req_fail(e, 400, "invalid_request_error", "unsupported_value", "response_format",
                             "'response_format' type '%.40s' is not supported: only 'text'", t->valuestring);
     }
-    static const char *const none[] = {"tools", "functions"};
-    for (size_t i = 0; i < sizeof none / sizeof *none; i++) {
-        const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, none[i]);
-        if (v && !cJSON_IsNull(v) && !(cJSON_IsArray(v) && cJSON_GetArraySize(v) == 0))
-            return req_fail(e, 400, "invalid_request_error", "unsupported_value", none[i], "'%s' (tool calling) is not supported",
-                            none[i]);
-    }
+    /* the deprecated "functions" (tools replaced it); and tools on /v1/completions, which has no messages */
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, "functions");
+    if (v && !cJSON_IsNull(v) && !(cJSON_IsArray(v) && cJSON_GetArraySize(v) == 0))
+        return req_fail(e, 400, "invalid_request_error", "unsupported_value", "functions",
+                        "'functions' is not supported: pass them as 'tools'");
+    v = cJSON_GetObjectItemCaseSensitive(root, "tools");
+    if (kind == REQ_COMPLETION && v && !cJSON_IsNull(v) && !(cJSON_IsArray(v) && cJSON_GetArraySize(v) == 0))
+        return req_fail(e, 400, "invalid_request_error", "unsupported_value", "tools",
+                        "'tools' needs /v1/chat/completions (a chat template renders them)");
     return 1;
 }
 
@@ -371,7 +472,7 @@ int req_parse(req_kind kind, const char *body, size_t len, req_params *p, req_er
     d = 64;
     if (!get_int(root, "repeat_last_n", -1, 1e9, &d, NULL, e)) goto out;
     p->repeat_last_n = d < 0 ? 0 : (int)d; /* llama.cpp's -1: the whole context */
-    if (!parse_logit_bias(root, p, e) || !refuse_unsupported(root, e)) goto out;
+    if (!parse_logit_bias(root, p, e) || !refuse_unsupported(root, kind, e)) goto out;
     d = -1;
     if (!get_int(root, "max_tokens", 0, 1e9, &d, NULL, e) ||
         !get_int(root, "max_completion_tokens", 1, 1e9, &d, NULL, e) || !get_int(root, "n_predict", -1, 1e9, &d, NULL, e))
@@ -406,7 +507,7 @@ int req_parse(req_kind kind, const char *body, size_t len, req_params *p, req_er
         goto out;
     }
     if (!parse_stop(root, p, e)) goto out;
-    ok = kind == REQ_CHAT ? parse_messages(root, p, e) : parse_prompt(root, p, e);
+    ok = kind == REQ_CHAT ? parse_tools(root, p, e) && parse_messages(root, p, e) : parse_prompt(root, p, e);
 out:
     cJSON_Delete(root);
     if (!ok) req_params_free(p);
@@ -427,6 +528,7 @@ int req_params_copy(req_params *dst, const req_params *src) {
     dst->msgs = NULL;
     dst->n_msgs = 0;
     dst->n_stop = 0;
+    dst->tools = dup_bytes(src->tools, src->tools ? strlen(src->tools) : 0, &ok);
     dst->prompt = dup_bytes(src->prompt, src->prompt_len, &ok);
     dst->prompt_ids = dup_bytes(src->prompt_ids, (size_t)src->n_prompt_ids * sizeof *src->prompt_ids, &ok);
     dst->bias_ids = dup_bytes(src->bias_ids, (size_t)src->n_bias * sizeof *src->bias_ids, &ok);
@@ -451,7 +553,11 @@ int req_params_copy(req_params *dst, const req_params *src) {
     if (src->n_msgs && (dst->msgs = calloc((size_t)src->n_msgs, sizeof *dst->msgs))) {
         for (int i = 0; i < src->n_msgs; i++) {
             dst->msgs[i].role = src->msgs[i].role;
-            dst->msgs[i].content = dup_bytes(src->msgs[i].content, src->msgs[i].content ? strlen(src->msgs[i].content) : 0, &ok);
+            const ellm_chat_message *sm = &src->msgs[i];
+            dst->msgs[i].content = dup_bytes(sm->content, sm->content ? strlen(sm->content) : 0, &ok);
+            dst->msgs[i].tool_calls = dup_bytes(sm->tool_calls, sm->tool_calls ? strlen(sm->tool_calls) : 0, &ok);
+            dst->msgs[i].tool_call_id = dup_bytes(sm->tool_call_id, sm->tool_call_id ? strlen(sm->tool_call_id) : 0, &ok);
+            dst->msgs[i].name = dup_bytes(sm->name, sm->name ? strlen(sm->name) : 0, &ok);
             dst->n_msgs = i + 1;
         }
     } else if (src->n_msgs) {
@@ -470,7 +576,13 @@ void req_prompt_free(req_prompt *q) {
 void req_params_free(req_params *p) {
     for (int i = 0; i < p->n_more; i++) req_prompt_free(&p->more[i]);
     free(p->more);
-    for (int i = 0; i < p->n_msgs; i++) free((char *)p->msgs[i].content);
+    for (int i = 0; i < p->n_msgs; i++) {
+        free((char *)p->msgs[i].content);
+        free((char *)p->msgs[i].tool_calls);
+        free((char *)p->msgs[i].tool_call_id);
+        free((char *)p->msgs[i].name);
+    }
+    free(p->tools);
     free(p->msgs);
     for (int i = 0; i < p->n_stop; i++) free(p->stop[i]);
     free(p->prompt);

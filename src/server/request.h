@@ -66,9 +66,13 @@ typedef struct {
     int n_choices;         /* "n": completions of the prompt, each its own sequence (not streamed when > 1) */
     char *stop[REQ_MAX_STOP];
     int n_stop;
-    /* chat: messages (strings owned here) */
+    /* chat: messages (strings owned here: content, tool_calls JSON, tool_call_id, name) */
     ellm_chat_message *msgs;
     int n_msgs;
+    /* chat: the functions the model may call (JSON text of "tools", owned), or
+     * NULL; tool_choice "none" keeps them out of the prompt (tools_off) */
+    char *tools;
+    int tools_off;
     /* completion: a text prompt, or token ids */
     char *prompt;
     size_t prompt_len;

@@ -153,7 +153,11 @@ char *resp_final_choices(const resp_meta *m, const resp_choice *choices, int n) 
         if (chat) {
             cJSON *msg = cJSON_AddObjectToObject(c, "message");
             cJSON_AddStringToObject(msg, "role", "assistant");
-            cJSON_AddItemToObject(msg, "content", str_n(ch->text, ch->len));
+            cJSON *calls = ch->tool_calls ? cJSON_Parse(ch->tool_calls) : NULL;
+            /* OpenAI's: a reply of calls alone has content null */
+            if (calls && ch->len == 0) cJSON_AddNullToObject(msg, "content");
+            else cJSON_AddItemToObject(msg, "content", str_n(ch->text, ch->len));
+            if (calls) cJSON_AddItemToObject(msg, "tool_calls", calls);
         } else {
             cJSON_AddItemToObject(c, "text", str_n(ch->text, ch->len));
         }
@@ -194,6 +198,22 @@ static cJSON *chunk(const resp_meta *m, int index, int role, const char *text, s
 char *resp_chunk(const resp_meta *m, int index, int role, const char *text, size_t len, const resp_logprobs *lp) {
     /* a token's chunk always has content ("" for a token with no text yet) */
     return print(chunk(m, index, role, text, len, 1, lp, NULL));
+}
+
+char *resp_tool_calls_chunk(const resp_meta *m, int index, const char *calls) {
+    cJSON *root = chunk(m, index, 0, "", 0, 0, NULL, NULL);
+    cJSON *arr = cJSON_Parse(calls);
+    cJSON *delta = cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(cJSON_GetObjectItem(root, "choices"), 0), "delta");
+    if (!root || !cJSON_IsArray(arr) || !delta) {
+        cJSON_Delete(arr);
+        cJSON_Delete(root);
+        return NULL;
+    }
+    int i = 0;
+    cJSON *c;
+    cJSON_ArrayForEach(c, arr) cJSON_AddNumberToObject(c, "index", i++); /* streamed calls carry their index */
+    cJSON_AddItemToObject(delta, "tool_calls", arr);
+    return print(root);
 }
 
 char *resp_finish_chunk(const resp_meta *m, int index, const char *finish, int usage) {

@@ -42,12 +42,17 @@ typedef struct {
     size_t len;
     const char *finish;
     const resp_logprobs *lp; /* NULL: "logprobs": null */
+    const char *tool_calls;  /* chat: JSON text of the message's tool_calls (tool_calls.h), or NULL */
 } resp_choice;
 /* A whole response with n choices (index 0 .. n - 1). */
 char *resp_final_choices(const resp_meta *m, const resp_choice *choices, int n);
 /* A streamed chunk of choice `index`: a chat's role (its first chunk), or
  * one token's text delta (possibly "") with its log-probabilities if asked. */
 char *resp_chunk(const resp_meta *m, int index, int role, const char *text, size_t len, const resp_logprobs *lp);
+/* Choice `index`'s tool calls as one chunk: delta {"tool_calls": [{"index",
+ * "id", "type", "function": {"name", "arguments"}}, ...]} from `calls`, the
+ * JSON text of tool_calls_parse. */
+char *resp_tool_calls_chunk(const resp_meta *m, int index, const char *calls);
 /* Choice `index`'s final chunk: its finish_reason, and the usage with `usage`. */
 char *resp_finish_chunk(const resp_meta *m, int index, const char *finish, int usage);
 /* The stream_options.include_usage chunk: no choices, usage only. */

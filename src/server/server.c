@@ -9,6 +9,7 @@
 #include "server/request.h"
 #include "server/responses.h"
 #include "server/sched.h"
+#include "server/tool_calls.h"
 #include "server/ui.h"
 #include "ellm.h"
 
@@ -42,6 +43,7 @@ typedef struct {
     atomic_int ready;    /* model loaded, scheduler running */
     atomic_int draining; /* SIGTERM: no new generation requests */
     atomic_ulong next_id;
+    tool_syntax tools; /* how the chat template's model writes tool calls (tool_calls.h) */
 } server;
 
 typedef enum { ROUTE_NONE, ROUTE_CHAT, ROUTE_COMPLETIONS, ROUTE_MODELS, ROUTE_HEALTH, ROUTE_METRICS, ROUTE_TOKENIZE,
@@ -158,7 +160,8 @@ static int32_t *prompt_tokens(server *srv, const req_params *p, int *n_out, req_
     size_t len = p->prompt_len;
     int add_bos = 1, special = 0;
     if (p->kind == REQ_CHAT) {
-        if (ellm_chat_render(srv->model, srv->p.chat_template, p->msgs, p->n_msgs, 1, &rendered, &len, &err) != ELLM_OK) {
+        if (ellm_chat_render_tools(srv->model, srv->p.chat_template, p->msgs, p->n_msgs, 1, p->tools_off ? NULL : p->tools,
+                                   &rendered, &len, &err) != ELLM_OK) {
             req_fail(e, 400, "invalid_request_error", "chat_template_error", "messages", "chat template: %s", err.msg);
             return NULL;
         }
@@ -213,6 +216,19 @@ static void release_jobs(server *srv, job **jobs, int n) {
 }
 
 /* What of one choice of a stream (stream.jobs[k]) was sent. */
+/* Whether job j's reply is read for tool calls: a chat request with tools
+ * (not tool_choice "none") and a template whose call syntax is known. */
+static int job_tools(const server *srv, const job *j) {
+    return j->p.kind == REQ_CHAT && j->p.tools && !j->p.tools_off && srv->tools != TOOLS_NONE;
+}
+
+/* The seed of the ids of choice k's tool calls in response `id`. */
+static uint64_t tool_id_seed(const char *id, int k) {
+    uint64_t h = 1469598103934665603ull ^ (uint64_t)time(NULL);
+    for (const char *p = id; *p; p++) h = (h ^ (unsigned char)*p) * 1099511628211ull;
+    return h ^ (uint64_t)k * 0x9E3779B97F4A7C15ull;
+}
+
 typedef struct {
     size_t taken;       /* bytes of job->text already sent */
     size_t taken_chars; /* the characters in those bytes */
@@ -351,6 +367,10 @@ static int stream_choice(stream *st, int k) {
     const logprobs_token *lps = j->p.logprobs ? j->lps + cs->sent_tok : NULL;
     const char *text = j->text;
     size_t base = 0; /* offset in the job's text of text[0] */
+    /* with tools: text from where a call may be starting waits for the end */
+    const int tools = job_tools(st->srv, j);
+    size_t limit = SIZE_MAX;
+    if (tools && !done && n_new > 0) limit = tool_calls_stream_safe(st->srv->tools, j->text, j->tok_end[j->n_tok - 1]);
     if (!done && n_new > 0) {
         size_t to = j->tok_end[j->n_tok - 1];
         if (!snap_reserve(st, (size_t)n_new, to - cs->taken)) {
@@ -374,18 +394,34 @@ static int stream_choice(stream *st, int k) {
         /* a token's text starts where the text sent so far ends */
         const resp_logprobs lp = {.lp = lps ? lps + t : NULL, .offset = &cs->taken_chars, .n = 1,
                                   .bytes = vocab_bytes, .arg = st->srv->model};
-        char *c = resp_chunk(&st->meta, k, 0, text + (cs->taken - base), ends[t] - cs->taken, lps ? &lp : NULL);
+        const size_t to = ends[t] < limit ? ends[t] : limit > cs->taken ? limit : cs->taken;
+        char *c = resp_chunk(&st->meta, k, 0, text + (cs->taken - base), to - cs->taken, lps ? &lp : NULL);
         out_event(st, c);
         free(c);
-        cs->taken_chars += utf8_chars(text + (cs->taken - base), ends[t] - cs->taken);
-        cs->taken = ends[t];
+        cs->taken_chars += utf8_chars(text + (cs->taken - base), to - cs->taken);
+        cs->taken = to;
     }
     cs->sent_tok += n_new;
     if (!done) return 1;
-    if (j->text_len > cs->taken) { /* text no token carried (flushed at the end) */
-        char *c = resp_chunk(&st->meta, k, 0, j->text + cs->taken, j->text_len - cs->taken, NULL);
+    const char *finish = j->finish;
+    char *calls = NULL;
+    size_t text_end = j->text_len;
+    if (tools && j->finish && j->text_len) {
+        const int n_calls = tool_calls_parse(st->srv->tools, j->text, j->text_len, tool_id_seed(st->id, k), &text_end, &calls);
+        if (n_calls > 0 && !strcmp(j->finish, "stop")) finish = "tool_calls";
+        if (n_calls <= 0) text_end = j->text_len;
+    }
+    if (text_end > cs->taken) { /* text no token carried (flushed at the end, or held back for a call) */
+        char *c = resp_chunk(&st->meta, k, 0, j->text + cs->taken, text_end - cs->taken, NULL);
         out_event(st, c);
         free(c);
+        cs->taken = text_end;
+    }
+    if (calls) {
+        char *c = resp_tool_calls_chunk(&st->meta, k, calls);
+        out_event(st, c);
+        free(c);
+        free(calls);
         cs->taken = j->text_len;
     }
     cs->ended = 1;
@@ -403,7 +439,7 @@ static int stream_choice(stream *st, int k) {
     /* usage (every choice's tokens) goes with the last final chunk */
     const int last = st->n_ended == st->n_ch;
     if (last) count_usage(&st->meta, st->jobs, st->n_ch, st->n_choices);
-    char *c = resp_finish_chunk(&st->meta, k, j->finish, last);
+    char *c = resp_finish_chunk(&st->meta, k, finish, last);
     out_event(st, c);
     free(c);
     if (last && j->p.include_usage) {
@@ -574,13 +610,26 @@ static char *final_body(server *srv, job *const *jobs, int n, const resp_meta *m
     choice_buf cb[REQ_MAX_CHOICES];
     resp_choice rc[REQ_MAX_CHOICES];
     int built = 0;
+    char *calls[REQ_MAX_CHOICES] = {0};
     while (built < n && choice_build(srv, jobs[built], &cb[built])) {
-        rc[built] = (resp_choice){.text = cb[built].text, .len = cb[built].len, .finish = jobs[built]->finish,
-                                  .lp = jobs[built]->p.logprobs ? &cb[built].lp : NULL};
+        const job *j = jobs[built];
+        rc[built] = (resp_choice){.text = cb[built].text, .len = cb[built].len, .finish = j->finish,
+                                  .lp = j->p.logprobs ? &cb[built].lp : NULL};
+        size_t content = cb[built].len;
+        if (job_tools(srv, j) && j->finish &&
+            tool_calls_parse(srv->tools, cb[built].text, cb[built].len, tool_id_seed(meta->id, built), &content,
+                             &calls[built]) > 0) {
+            rc[built].len = content;
+            rc[built].tool_calls = calls[built];
+            if (!strcmp(j->finish, "stop")) rc[built].finish = "tool_calls";
+        }
         built++;
     }
     char *body = built == n ? resp_final_choices(meta, rc, n) : NULL;
-    for (int i = 0; i < built; i++) choice_free(&cb[i]);
+    for (int i = 0; i < built; i++) {
+        choice_free(&cb[i]);
+        free(calls[i]);
+    }
     return body;
 }
 
@@ -1120,14 +1169,15 @@ int server_run(const server_params *params) {
         fprintf(stderr, "error: %s\n", err.msg);
         goto out;
     }
+    srv->tools = tool_syntax_of(ellm_chat_template_source(srv->model, params->chat_template));
     atomic_store(&srv->ready, 1);
     ellm_model_info mi;
     ellm_model_get_info(srv->model, &mi);
-    fprintf(stderr, "ellm serve: ready: %s, %d slots x %d tokens (%s KV), %d sequences per step%s%s\n", srv->model_id,
-            params->n_slots, sched_n_ctx(srv->sched),
-            ellm_kv_type_name(params->kv_type),
+    fprintf(stderr, "ellm serve: ready: %s, %d slots x %d tokens (%s KV), %d sequences per step%s%s; tool calls: %s\n",
+            srv->model_id, params->n_slots, sched_n_ctx(srv->sched), ellm_kv_type_name(params->kv_type),
             params->n_batch > 0 ? params->n_batch : params->n_slots, mi.rope_scaling[0] ? ", RoPE " : "",
-            mi.rope_scaling);
+            mi.rope_scaling, srv->tools == TOOLS_NONE ? "not read (the chat template has no known syntax)"
+                                                      : tool_syntax_name(srv->tools));
     if (sched_memory_note(srv->sched)[0]) fprintf(stderr, "ellm serve: warning: %s\n", sched_memory_note(srv->sched));
     char advice[320];
     if (ellm_model_context_advice(srv->model, sched_n_ctx(srv->sched), advice, sizeof advice))

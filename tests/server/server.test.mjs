@@ -563,7 +563,8 @@ async function samplingChecks(client, base) {
     [{ prompt, logit_bias: { '1': 200 } }, 'logit_bias'],
     [{ prompt, frequency_penalty: 3 }, 'frequency_penalty'],
     [{ prompt, response_format: { type: 'json_object' } }, 'response_format'],
-    [{ messages: [{ role: 'user', content: 'x' }], tools: [{ type: 'function', function: { name: 'f', parameters: {} } }] }, 'tools'],
+    [{ prompt, tools: [{ type: 'function', function: { name: 'f', parameters: {} } }] }, 'tools'],
+    [{ messages: [{ role: 'user', content: 'x' }], tools: [{ type: 'function', function: { name: 'f', parameters: [] } }] }, 'tools'],
   ]) {
     const path = body.messages ? '/v1/chat/completions' : '/v1/completions';
     const bad = await rawPost(base, path, JSON.stringify({ max_tokens: 2, ...body }));
@@ -761,6 +762,36 @@ async function main() {
           `streamed chat: one chunk per generated token (${chs.tokenChunks} for ${chs.usage && chs.usage.completion_tokens})`);
     const ch2 = await client.chat.completions.create({ model: 'x', messages: [{ role: 'system', content: 'Be brief.' }, { role: 'user', content: [{ type: 'text', text: 'class A:' }] }], max_completion_tokens: 8, temperature: 0 });
     check(typeof ch2.choices[0].message.content === 'string' && ch2.usage.completion_tokens <= 8, 'chat with system message and content parts');
+
+    stage = 'tools';
+    // tool calling through the official client: this template (chatml) has no
+    // call syntax, so tools are accepted and the reply stays text; a
+    // conversation holding tool calls and tool results renders them
+    check(/tool calls: not read/.test(srv.log()), 'the ready line says tool calls are not read with chatml');
+    const tools = [{ type: 'function', function: { name: 'get_weather', description: 'Weather in a city',
+      parameters: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'] } } }];
+    const tc = await client.chat.completions.create({ model: 'x', messages: [{ role: 'user', content: q }], tools,
+      max_tokens: 8, temperature: 0 });
+    check(typeof tc.choices[0].message.content === 'string' && !tc.choices[0].message.tool_calls &&
+          tc.choices[0].finish_reason !== 'tool_calls', `tools with a template without a call syntax: text (${JSON.stringify(tc.choices[0])})`);
+    const turns = [{ role: 'user', content: 'Weather in Bern?' },
+      { role: 'assistant', content: null, tool_calls: [{ id: 'call_1', type: 'function', function: { name: 'get_weather', arguments: '{"city":"Bern"}' } }] },
+      { role: 'tool', tool_call_id: 'call_1', content: 'sunny, 21 C' }];
+    const tr = await client.chat.completions.create({ model: 'x', messages: turns, tools, max_tokens: 8, temperature: 0 });
+    const t0 = await client.chat.completions.create({ model: 'x', messages: turns.slice(0, 1), tools, max_tokens: 8, temperature: 0 });
+    check(typeof tr.choices[0].message.content === 'string' && tr.usage.prompt_tokens > t0.usage.prompt_tokens + 3,
+          `a conversation with a tool call and its result (${tr.usage.prompt_tokens} prompt tokens, ${t0.usage.prompt_tokens} without them)`);
+    let trErr = null;
+    try {
+      await client.chat.completions.create({ model: 'x', messages: turns.slice(0, 1), tools, tool_choice: 'required', max_tokens: 4 });
+    } catch (e) { trErr = e; }
+    check(trErr && trErr.status === 400 && /tool_choice/.test(String(trErr.message)),
+          `tool_choice required: a 400 naming it (${trErr && trErr.message})`);
+    trErr = null;
+    try {
+      await client.chat.completions.create({ model: 'x', messages: [{ role: 'tool', content: 'x' }], max_tokens: 4 });
+    } catch (e) { trErr = e; }
+    check(trErr && trErr.status === 400 && /tool_call_id/.test(String(trErr.message)), `a tool turn without tool_call_id: 400 (${trErr && trErr.message})`);
 
     stage = 'logprobs';
     await logprobsChecks(client, base);
