@@ -385,6 +385,17 @@ static int stream_choice(stream *st, int k) {
         base = cs->taken;
     }
     sched_unlock(s);
+    /* a finished reply (its text changes no more) is split into text and
+     * calls here, so tokens read in the same poll carry only the text */
+    const char *finish = j->finish;
+    char *calls = NULL;
+    size_t text_end = j->text_len;
+    if (done && tools && j->finish && j->text_len) {
+        const int n_calls = tool_calls_parse(st->srv->tools, j->text, j->text_len, tool_id_seed(st->id, k), &text_end, &calls);
+        if (n_calls > 0 && !strcmp(j->finish, "stop")) finish = "tool_calls";
+        if (n_calls <= 0) text_end = j->text_len;
+        else limit = text_end;
+    }
     if (role) {
         char *c = resp_chunk(&st->meta, k, 1, "", 0, NULL);
         out_event(st, c);
@@ -403,14 +414,6 @@ static int stream_choice(stream *st, int k) {
     }
     cs->sent_tok += n_new;
     if (!done) return 1;
-    const char *finish = j->finish;
-    char *calls = NULL;
-    size_t text_end = j->text_len;
-    if (tools && j->finish && j->text_len) {
-        const int n_calls = tool_calls_parse(st->srv->tools, j->text, j->text_len, tool_id_seed(st->id, k), &text_end, &calls);
-        if (n_calls > 0 && !strcmp(j->finish, "stop")) finish = "tool_calls";
-        if (n_calls <= 0) text_end = j->text_len;
-    }
     if (text_end > cs->taken) { /* text no token carried (flushed at the end, or held back for a call) */
         char *c = resp_chunk(&st->meta, k, 0, j->text + cs->taken, text_end - cs->taken, NULL);
         out_event(st, c);
