@@ -485,9 +485,10 @@ static void test_tool_parse(void) {
         size_t safe;
     } st[] = {
         {TOOLS_HERMES, "Hello there", 11},
-        {TOOLS_HERMES, "Hello <tool", 6},
-        {TOOLS_HERMES, "Hello <", 6},
-        {TOOLS_HERMES, "Hello <tool_call>{\"na", 6},
+        {TOOLS_HERMES, "Hello <tool", 5},
+        {TOOLS_HERMES, "Hello <", 5},
+        {TOOLS_HERMES, "Hello\n<tool_call>{\"na", 5},
+        {TOOLS_HERMES, "Hello \n", 5},
         {TOOLS_HERMES, "a < b", 5},
         {TOOLS_LLAMA3, "  ", 0},
         {TOOLS_LLAMA3, " {\"name\"", 0},

@@ -161,11 +161,17 @@ size_t tool_calls_stream_safe(tool_syntax s, const char *text, size_t len) {
     if (s == TOOLS_NONE) return len;
     if (s == TOOLS_HERMES) {
         const char *p = find(text, len, OPEN);
-        if (p) return (size_t)(p - text);
+        size_t safe = p ? (size_t)(p - text) : len;
         /* a prefix of the marker at the end waits for the next token */
-        for (size_t k = sizeof OPEN - 2; k > 0; k--)
-            if (len >= k && !memcmp(text + len - k, OPEN, k)) return len - k;
-        return len;
+        for (size_t k = sizeof OPEN - 2; !p && k > 0; k--)
+            if (len >= k && !memcmp(text + len - k, OPEN, k)) {
+                safe = len - k;
+                break;
+            }
+        /* and so do blanks before it: the text of a reply with calls ends
+         * without them (tool_calls_parse), streamed or not */
+        while (safe > 0 && blank(text[safe - 1])) safe--;
+        return safe;
     }
     size_t i = 0;
     while (i < len && blank(text[i])) i++;

@@ -38,7 +38,7 @@ int tool_calls_parse(tool_syntax s, const char *text, size_t len, uint64_t id_se
 /* While a reply is streamed: how many of its first len bytes can go out as
  * text, everything before where a call may be starting (a marker, or a
  * prefix of one at the end, or a reply whose first non-blank character
- * opens the JSON of a call). */
+ * opens the JSON of a call), blanks at the end held back too. */
 size_t tool_calls_stream_safe(tool_syntax s, const char *text, size_t len);
 
 #endif

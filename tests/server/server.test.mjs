@@ -710,12 +710,124 @@ async function q8KvServer() {
 // The first n prompt token ids of the evaluation model's reference text.
 const ids64 = (n) => fs.readFileSync('tests/data/evalmodel.tokens.txt', 'utf8').split('\n')[0].trim().split(/\s+/).map(Number).slice(0, n);
 
+// A copy of the GGUF file `src` at `dst` with vocabulary texts replaced
+// (pieces: id -> text, made normal tokens), another end-of-sequence id, and a
+// chat template; tensors byte for byte. GGUF v3: header, key/values, tensor
+// infos, padding to general.alignment (32), data.
+function rewriteGguf(src, dst, { pieces, eos, template }) {
+  const b = fs.readFileSync(src);
+  let o = 0;
+  const u32 = () => { const v = b.readUInt32LE(o); o += 4; return v; };
+  const u64 = () => { const v = Number(b.readBigUInt64LE(o)); o += 8; return v; };
+  const str = () => { const n = u64(); const v = b.toString('utf8', o, o + n); o += n; return v; };
+  const SIZE = { 0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8 };
+  const skip = (t) => { if (t === 8) str(); else if (t === 9) { const et = u32(), n = u64(); for (let i = 0; i < n; i++) skip(et); } else o += SIZE[t]; };
+  if (b.toString('latin1', 0, 4) !== 'GGUF') throw new Error(`${src} is not GGUF`);
+  o = 4; const version = u32(), nTensors = u64(), nKv = u64();
+  const kvs = [];
+  let align = 32;
+  for (let i = 0; i < nKv; i++) {
+    const start = o, key = str(), type = u32(), vstart = o;
+    if (key === 'general.alignment') align = b.readUInt32LE(o);
+    skip(type);
+    kvs.push({ key, type, raw: b.subarray(start, o), vstart, vend: o });
+  }
+  const tiStart = o;
+  for (let i = 0; i < nTensors; i++) { str(); const nd = u32(); o += 8 * nd + 4 + 8; }
+  const tensorInfos = b.subarray(tiStart, o);
+  const dataStart = Math.ceil(o / align) * align;
+  const enc = { u32: (v) => { const x = Buffer.alloc(4); x.writeUInt32LE(v); return x; },
+    u64: (v) => { const x = Buffer.alloc(8); x.writeBigUInt64LE(BigInt(v)); return x; } };
+  const s8 = (t) => { const x = Buffer.from(t, 'utf8'); return Buffer.concat([enc.u64(x.length), x]); };
+  const kvOut = [];
+  for (const kv of kvs) {
+    if (kv.key === 'tokenizer.chat_template') continue;
+    if (kv.key === 'tokenizer.ggml.tokens' || kv.key === 'tokenizer.ggml.token_type') {
+      o = kv.vstart; const et = u32(), n = u64();
+      const items = [];
+      for (let i = 0; i < n; i++) {
+        if (et === 8) { const t = str(); items.push(i in pieces ? s8(pieces[i]) : s8(t)); }
+        else { const v = b.readInt32LE(o); o += 4; const x = Buffer.alloc(4); x.writeInt32LE(i in pieces ? 1 : v); items.push(x); }
+      }
+      kvOut.push(Buffer.concat([s8(kv.key), enc.u32(9), enc.u32(et), enc.u64(n), ...items]));
+    } else if (kv.key === 'tokenizer.ggml.eos_token_id') {
+      kvOut.push(Buffer.concat([s8(kv.key), enc.u32(4), enc.u32(eos)]));
+    } else kvOut.push(kv.raw);
+  }
+  kvOut.push(Buffer.concat([s8('tokenizer.chat_template'), enc.u32(8), s8(template)]));
+  const head = Buffer.concat([Buffer.from('GGUF', 'latin1'), enc.u32(version), enc.u64(nTensors), enc.u64(kvOut.length), ...kvOut, tensorInfos]);
+  const pad = Buffer.alloc((align - (head.length % align)) % align);
+  fs.writeFileSync(dst, Buffer.concat([head, pad, b.subarray(dataStart)]));
+}
+
+// Tool calls end to end with a real model: the evaluation model, whose
+// greedy reply to "x = 1" is three newlines, token 260, token 326 and token
+// 1969, given a chat template that renders any conversation as that prompt
+// (and names <tool_call>, so the server reads Hermes-style calls), 260 and
+// 326 relabelled as the pieces of a call and 1969 made the end-of-sequence
+// token. The model then answers any chat with that call and stops.
+async function toolCallServer() {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'ellm-toolcall-'));
+  const file = path.join(dir, 'toolcall.gguf');
+  const call = '{"name":\u2581"add",\u2581"arguments":\u2581{"a":\u25812,\u2581"b":\u25813}}';
+  rewriteGguf(MODEL, file, { pieces: { 260: 'Let\u2581me\u2581check.\n<tool_call>\n', 326: call + '\n</tool_call>' }, eos: 1969,
+    template: '{#- stands in for a model trained on <tool_call> replies -#}{{ bos_token }}x = 1' });
+  let srv;
+  try {
+    stage = 'tool calls: a model that calls';
+    srv = await startServer([], BIN, ['serve', '-m', file, '--port', '0', '-t', THREADS, '-c', '64']);
+    check(/tool calls: hermes/.test(srv.log()), `the ready line names the syntax read: ${srv.log().trim().split('\n').pop()}`);
+    const tok = await rawPost(srv.base, '/tokenize', JSON.stringify({ content: 'x = 1', add_special: true }));
+    check(tok.status === 200 && JSON.stringify(tok.json.tokens) === JSON.stringify([1, 1993, 270, 1969, 1995]),
+          `the relabelled vocabulary tokenizes the prompt as before: ${JSON.stringify(tok.json)}`);
+    const client = new OpenAI({ baseURL: srv.base + '/v1', apiKey: 'none', maxRetries: 0, timeout: 60000 });
+    const tools = [{ type: 'function', function: { name: 'add', description: 'Adds two integers',
+      parameters: { type: 'object', properties: { a: { type: 'integer' }, b: { type: 'integer' } }, required: ['a', 'b'] } } }];
+    const req = { model: 'x', messages: [{ role: 'user', content: 'What is 2 + 3?' }], tools, max_tokens: 16, temperature: 0 };
+    const r = await client.chat.completions.create(req);
+    const m = r.choices[0].message, tc = m.tool_calls || [];
+    check(r.choices[0].finish_reason === 'tool_calls' && tc.length === 1 && tc[0].type === 'function' &&
+          /^call_[A-Za-z0-9]{24}$/.test(tc[0].id) && tc[0].function.name === 'add' &&
+          JSON.stringify(JSON.parse(tc[0].function.arguments)) === '{"a":2,"b":3}' && m.content === '\n\n\nLet me check.',
+          `the reply's call: ${JSON.stringify(r.choices[0])}`);
+    // without tools the same reply is text, markup and all
+    const plain = await client.chat.completions.create({ ...req, tools: undefined });
+    check(!plain.choices[0].message.tool_calls && plain.choices[0].finish_reason === 'stop' &&
+          plain.choices[0].message.content.includes('<tool_call>'), `no tools: the reply is text (${JSON.stringify(plain.choices[0].message)})`);
+    const none = await client.chat.completions.create({ ...req, tool_choice: 'none' });
+    check(!none.choices[0].message.tool_calls && none.choices[0].message.content.includes('<tool_call>'),
+          'tool_choice none: the reply is not read for calls');
+    // streamed: the text before the call token by token, then the call in one delta, then finish_reason
+    const s = await client.chat.completions.create({ ...req, stream: true });
+    let text = '', calls = [], finish = null, callChunkAt = -1, finishAt = -1, n = 0, markup = false;
+    for await (const c of s) {
+      const ch = c.choices[0];
+      if (!ch) continue;
+      n++;
+      if (ch.delta.content) { text += ch.delta.content; markup ||= /tool_call|"name"/.test(ch.delta.content); }
+      if (ch.delta.tool_calls) { calls = calls.concat(ch.delta.tool_calls); callChunkAt = n; }
+      if (ch.finish_reason) { finish = ch.finish_reason; finishAt = n; }
+    }
+    check(text === m.content && !markup && calls.length === 1 && calls[0].index === 0 && calls[0].function.name === 'add' &&
+          calls[0].function.arguments === tc[0].function.arguments && finish === 'tool_calls' && callChunkAt > 0 && callChunkAt < finishAt,
+          `streamed: text ${JSON.stringify(text)}, calls ${JSON.stringify(calls)}, finish ${finish}, markup in text: ${markup}`);
+    // the call goes back with its result: the conversation renders (the template here ignores it)
+    const back = await client.chat.completions.create({ ...req, messages: [...req.messages,
+      { role: 'assistant', content: null, tool_calls: tc }, { role: 'tool', tool_call_id: tc[0].id, content: '5' }] });
+    check(back.choices[0].finish_reason === 'tool_calls', 'a conversation holding the call and its result is accepted');
+  } finally {
+    if (srv) { srv.proc.kill('SIGTERM'); await new Promise((r) => srv.proc.once('exit', r)); }
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+}
+
 async function main() {
   await seedServer();
   await specServer();
   await poolServer();
   await q8KvServer();
   await sparseServer();
+  await toolCallServer();
   const srv = await startServer(['-c', '256', '--parallel', '16', '--n-batch', '16', '--api-key', KEY]);
   const { base } = srv;
   const client = new OpenAI({ baseURL: base + '/v1', apiKey: KEY, maxRetries: 0, timeout: 60000 });
