@@ -61,7 +61,7 @@ mkdir -p "$OUT/seeds/dmi"
 cp fuzz/corpus_dmi/* "$OUT/seeds/dmi/"
 [ -r /sys/firmware/dmi/tables/DMI ] && cp /sys/firmware/dmi/tables/DMI "$OUT/seeds/dmi/this-machine" || true
 # Server request parser: JSON body -> generation parameters.
-$CC $CFLAGS -fsanitize=fuzzer src/server/request.c src/server/responses.c src/server/tool_calls.c fuzz/fuzz_request.c -o "$OUT/fuzz_request" -lcjson -lm
+$CC $CFLAGS -fsanitize=fuzzer src/server/request.c src/server/responses.c src/server/tool_calls.c src/server/json_mask.c fuzz/fuzz_request.c -o "$OUT/fuzz_request" -lcjson -lm
 mkdir -p "$OUT/seeds/request"
 cp fuzz/corpus_request/* "$OUT/seeds/request/"
 echo "built: $(ls "$OUT" | grep '^fuzz_' | tr '\n' ' ')"

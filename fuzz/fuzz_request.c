@@ -7,9 +7,11 @@
  * and only valid UTF-8 text. The body is also read as a model's reply for
  * tool calls (src/server/tool_calls.c) in each syntax: any calls found are
  * a JSON array of well-formed calls, the content a prefix of the text, and
- * what may be streamed at most the text. */
+ * what may be streamed at most the text; and through JSON mode's recognizer
+ * (src/server/json_mask.c). */
 #include "server/request.h"
 #include "server/responses.h"
+#include "server/json_mask.h"
 #include "server/tool_calls.h"
 
 #include <cjson/cJSON.h>
@@ -67,6 +69,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     size_t len = size - 1;
     if (req_utf8_valid(body, len)) /* replies are text */
         for (int s = TOOLS_HERMES; s <= TOOLS_MISTRAL; s++) fuzz_tool_calls((tool_syntax)s, body, len);
+    { /* JSON mode's recognizer: byte by byte and at once agree; a closed object takes no more text */
+        json_state a, b;
+        json_state_init(&a);
+        json_state_init(&b);
+        size_t i = 0;
+        while (i < len && json_feed(&a, body + i, 1)) i++;
+        REQUIRE(json_feed(&b, body, len) == (i == len));
+        REQUIRE(a.depth <= JSON_MAX_DEPTH);
+        if (i == len && a.done) REQUIRE(!json_feed(&a, "x", 1));
+    }
     req_params p;
     req_error e;
     if (!req_parse(kind, body, len, &p, &e)) {

@@ -8,6 +8,7 @@
 #include "server/logprobs.h"
 #include "server/request.h"
 #include "server/responses.h"
+#include "server/json_mask.h"
 #include "server/tool_calls.h"
 
 #include <cjson/cJSON.h>
@@ -217,7 +218,7 @@ static void test_sampling_fields(void) {
         {"\"logit_bias\":{\"99999999999\":1}", "logit_bias"},
         {"\"logit_bias\":{\"3\":101}", "logit_bias"},
         {"\"logit_bias\":{\"3\":\"1\"}", "logit_bias"},
-        {"\"response_format\":{\"type\":\"json_object\"}", "response_format"},
+        {"\"response_format\":{\"type\":\"json_schema\"}", "response_format"},
         {"\"response_format\":\"json\"", "response_format"},
         {"\"tools\":[{\"type\":\"function\"}]", "tools"},
         {"\"functions\":[{\"name\":\"f\"}]", "functions"},
@@ -533,6 +534,75 @@ static void test_tool_parse(void) {
     free(body);
 }
 
+/* ---- JSON mode ---- */
+
+/* 1 if every prefix of text is accepted, and 2 if the whole is a closed
+ * object as well; 0 at the first refused byte. */
+static int json_accepts(const char *text) {
+    json_state st;
+    json_state_init(&st);
+    for (size_t i = 0; text[i]; i++)
+        if (!json_feed(&st, text + i, 1)) return 0;
+    return st.done ? 2 : 1;
+}
+
+static const char *vocab_tok[] = {"<eos>", "{", "}", "\"", "a", ":", " ", "1", "[", "]", ",", "true", "\"k\": ", "", "\n"};
+static const char *json_vocab_bytes(const void *arg, int32_t id, size_t *len) {
+    (void)arg;
+    if (id == 0 || id == 13) return NULL; /* control tokens: no bytes */
+    *len = strlen(vocab_tok[id]);
+    return vocab_tok[id];
+}
+static int json_vocab_eog(const void *arg, int32_t id) {
+    (void)arg;
+    return id == 0;
+}
+
+static void test_json_mode(void) {
+    const char *whole[] = {"{}", "{\"a\": 1}", " {\"a\":[1, -2.5e+3, 0, true, false, null, \"x\\u00e9\\n\"]}\n",
+                           "{\"k\": {\"n\": {\"m\": []}}, \"s\": \"caf\xc3\xa9\"}", "{\"e\": 1E5, \"f\": 0.25}"};
+    for (size_t i = 0; i < sizeof whole / sizeof *whole; i++)
+        CHECK(json_accepts(whole[i]) == 2, "JSON object %s accepted whole (%d)", whole[i], json_accepts(whole[i]));
+    const char *prefixes[] = {"{", "{\"a", "{\"a\": [1, 2", "{\"a\": tr", "{\"a\": -", "{\"a\": 1.", "{\"a\": \"\\u00",
+                              "{\"a\": \"\xc3"};
+    for (size_t i = 0; i < sizeof prefixes / sizeof *prefixes; i++)
+        CHECK(json_accepts(prefixes[i]) == 1, "prefix %s accepted, not closed (%d)", prefixes[i], json_accepts(prefixes[i]));
+    const char *bad[] = {"[1]", "\"s\"", "1", "{a: 1}", "{\"a\" 1}", "{\"a\": 01}", "{\"a\": 1,}", "{\"a\": [1,]}",
+                         "{\"a\": tru}", "{\"a\": \"\\x\"}", "{\"a\": \"\x01\"}", "{\"a\": \"\xc3(\"}", "{\"a\": 1]",
+                         "{} {}", "{}x", "{\"a\": 1.e5}", "{\"a\": --1}", "{\"a\": +1}"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+        CHECK(json_accepts(bad[i]) == 0, "not a JSON object text: %s (%d)", bad[i], json_accepts(bad[i]));
+    /* blanks in a row and nesting are capped */
+    char deep[128] = "{\"a\":";
+    for (int i = 0; i < JSON_MAX_DEPTH - 1; i++) strcat(deep, "[");
+    CHECK(json_accepts(deep) == 1, "nesting up to the cap");
+    strcat(deep, "[");
+    CHECK(json_accepts(deep) == 0, "nesting past the cap refused");
+    char pad[64] = "{";
+    for (int i = 0; i < JSON_MAX_BLANKS; i++) strcat(pad, " ");
+    CHECK(json_accepts(pad) == 1, "%d blanks in a row", JSON_MAX_BLANKS);
+    strcat(pad, " ");
+    CHECK(json_accepts(pad) == 0, "more blanks in a row refused");
+
+    /* the mask over a small vocabulary */
+    const int nv = (int)(sizeof vocab_tok / sizeof *vocab_tok);
+    uint8_t allow[16];
+    json_state st;
+    json_state_init(&st);
+    int n = json_allowed(&st, nv, json_vocab_bytes, json_vocab_eog, NULL, allow);
+    CHECK(n == 3 && allow[1] && allow[6] && allow[14] && !allow[0] && !allow[13] && !allow[8],
+          "at the start: '{' and blanks (%d allowed)", n);
+    CHECK(json_feed(&st, "{", 1), "'{'");
+    n = json_allowed(&st, nv, json_vocab_bytes, json_vocab_eog, NULL, allow);
+    CHECK(allow[2] && allow[3] && allow[12] && !allow[4] && !allow[7] && !allow[0], "after '{': '}', a key, blanks (%d)", n);
+    CHECK(json_feed(&st, "\"k\": 1", 6), "a member");
+    n = json_allowed(&st, nv, json_vocab_bytes, json_vocab_eog, NULL, allow);
+    CHECK(allow[2] && allow[7] && allow[10] && !allow[3] && !allow[0], "after a number: more digits, ',' or '}' (%d)", n);
+    CHECK(json_feed(&st, "}", 1) && st.done, "closed");
+    n = json_allowed(&st, nv, json_vocab_bytes, json_vocab_eog, NULL, allow);
+    CHECK(n == 1 && allow[0], "after the object: only the end (%d allowed)", n);
+}
+
 int main(void) {
     test_compute();
     test_request();
@@ -542,5 +612,6 @@ int main(void) {
     test_json();
     test_tool_requests();
     test_tool_parse();
+    test_json_mode();
     return test_finish();
 }

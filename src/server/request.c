@@ -409,17 +409,19 @@ static int parse_logit_bias(const cJSON *root, req_params *p, req_error *e) {
 
 /* Features a client may count on that this server does not have: a clear
  * 400 rather than a reply that silently ignores them. */
-static int refuse_unsupported(const cJSON *root, req_kind kind, req_error *e) {
+static int refuse_unsupported(const cJSON *root, req_kind kind, req_params *p, req_error *e) {
     const cJSON *rf = cJSON_GetObjectItemCaseSensitive(root, "response_format");
     if (rf && !cJSON_IsNull(rf)) {
         const cJSON *t = cJSON_IsObject(rf) ? cJSON_GetObjectItemCaseSensitive(rf, "type") : NULL;
         if (!cJSON_IsString(t))
             return req_fail(e, 400, "invalid_request_error", "invalid_type", "response_format",
                             "'response_format' must be an object with a 'type'");
-        if (strcmp(t->valuestring, "text"))
+        if (strcmp(t->valuestring, "text") && strcmp(t->valuestring, "json_object"))
             return req_fail(e, 400, "invalid_request_error", "unsupported_value", "response_format",
-                            "'response_format' type '%.40s' is not supported: only 'text'", t->valuestring);
+                            "'response_format' type '%.40s' is not supported: 'text' or 'json_object'", t->valuestring);
     }
+    const cJSON *rt = cJSON_IsObject(rf) ? cJSON_GetObjectItemCaseSensitive(rf, "type") : NULL;
+    p->json_mode = cJSON_IsString(rt) && !strcmp(rt->valuestring, "json_object");
     /* the deprecated "functions" (tools replaced it); and tools on /v1/completions, which has no messages */
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, "functions");
     if (v && !cJSON_IsNull(v) && !(cJSON_IsArray(v) && cJSON_GetArraySize(v) == 0))
@@ -472,7 +474,7 @@ int req_parse(req_kind kind, const char *body, size_t len, req_params *p, req_er
     d = 64;
     if (!get_int(root, "repeat_last_n", -1, 1e9, &d, NULL, e)) goto out;
     p->repeat_last_n = d < 0 ? 0 : (int)d; /* llama.cpp's -1: the whole context */
-    if (!parse_logit_bias(root, p, e) || !refuse_unsupported(root, kind, e)) goto out;
+    if (!parse_logit_bias(root, p, e) || !refuse_unsupported(root, kind, p, e)) goto out;
     d = -1;
     if (!get_int(root, "max_tokens", 0, 1e9, &d, NULL, e) ||
         !get_int(root, "max_completion_tokens", 1, 1e9, &d, NULL, e) || !get_int(root, "n_predict", -1, 1e9, &d, NULL, e))

@@ -73,6 +73,7 @@ typedef struct {
      * NULL; tool_choice "none" keeps them out of the prompt (tools_off) */
     char *tools;
     int tools_off;
+    int json_mode;         /* response_format {"type": "json_object"}: the reply is a JSON object (json_mask.h) */
     /* completion: a text prompt, or token ids */
     char *prompt;
     size_t prompt_len;

@@ -96,6 +96,8 @@ struct sched {
     float **step_rows;  /* a speculative verify's logits of every row, or NULL */
     int *step_spec;     /* speculative slots of this step */
     job **step_extra;   /* jobs of this step outside the pass (a speculative step complete before it) */
+    uint8_t *json_allow; /* JSON mode: the tokens allowed next (n_vocab) ... */
+    float *json_logits;  /* ... and the logits with the others at -inf */
     int rr; /* round-robin start among generating slots */
     double bw_t0, bw_bytes;
     step_cost cost; /* pass time against rows, for the prefill budget */
@@ -113,6 +115,31 @@ int sched_n_ctx(const sched *s) { return s->n_ctx; }
 
 const char *sched_memory_note(const sched *s) { return s->memory_note; }
 
+/* JSON mode (json_mask.h): the vocabulary's bytes and ends of generation. */
+static const char *json_token_bytes(const void *model, int32_t id, size_t *len) {
+    return ellm_tokenizer_token_bytes(ellm_model_tokenizer(model), id, len);
+}
+static int json_token_eog(const void *model, int32_t id) { return ellm_token_is_eog(model, id); }
+
+/* Job j's logits with every token that would leave JSON at -inf (engine
+ * thread; s's scratch). A reply that can go nowhere (nesting at the cap
+ * with nothing to close it) may only end. */
+static const float *json_masked(sched *s, job *j, const float *logits) {
+    const int n = json_allowed(&j->json, s->n_vocab, json_token_bytes, json_token_eog, s->model, s->json_allow);
+    for (int i = 0; i < s->n_vocab; i++) {
+        const int ok = n ? s->json_allow[i] : json_token_eog(s->model, i);
+        s->json_logits[i] = ok ? logits[i] : -INFINITY;
+    }
+    return s->json_logits;
+}
+
+/* Moves job j's JSON state past the token it drew. */
+static void json_advance(sched *s, job *j, int32_t tok) {
+    size_t len = 0;
+    const char *b = json_token_eog(s->model, tok) ? NULL : json_token_bytes(s->model, tok, &len);
+    if (b && len) (void)json_feed(&j->json, b, len);
+}
+
 job *job_new(req_params *p, const int32_t *prompt, int n_prompt) {
     job *j = calloc(1, sizeof *j);
     if (!j) return NULL;
@@ -129,6 +156,7 @@ job *job_new(req_params *p, const int32_t *prompt, int n_prompt) {
     j->refs = 1;
     j->slot = -1;
     j->t_arrive = now_s();
+    json_state_init(&j->json);
     return j;
 }
 
@@ -252,8 +280,10 @@ ellm_status sched_init(ellm_model *model, const sched_params *params, server_met
     s->step_rows = calloc((size_t)p.n_slots, sizeof *s->step_rows);
     s->step_spec = calloc((size_t)p.n_slots, sizeof *s->step_spec);
     s->step_extra = calloc((size_t)p.n_slots, sizeof *s->step_extra);
+    s->json_allow = malloc((size_t)s->n_vocab);
+    s->json_logits = malloc((size_t)s->n_vocab * sizeof *s->json_logits);
     if (st == ELLM_OK && (!s->slots || !s->step_ctx || !s->step_tok || !s->step_n || !s->step_job || !s->step_rows ||
-                          !s->step_spec || !s->step_extra))
+                          !s->step_spec || !s->step_extra || !s->json_allow || !s->json_logits))
         st = ELLM_ERR_NOMEM;
     ellm_context_params cp = ellm_context_default_params();
     cp.n_ctx = s->n_ctx;
@@ -331,6 +361,8 @@ void sched_free(sched *s) {
     }
     /* Jobs still referenced belong to HTTP threads, which are gone by now. */
     free(s->slots);
+    free(s->json_allow);
+    free(s->json_logits);
     free(s->step_ctx);
     free(s->step_tok);
     free(s->step_n);
@@ -1157,7 +1189,9 @@ static void *engine_main(void *arg) {
                 }
             }
             const float *logits = ellm_context_logits(sl->ctx);
-            int32_t tok = ellm_sampler_sample(j->sampler, logits, sl->tokens, sl->n_tokens);
+            int32_t tok = ellm_sampler_sample(j->sampler, j->p.json_mode ? json_masked(s, j, logits) : logits, sl->tokens,
+                                              sl->n_tokens);
+            if (j->p.json_mode) json_advance(s, j, tok);
             j->last = tok;
             sl->n_emit = 1;
             token_lp(s, j, logits, tok, &sl->lp[0]);

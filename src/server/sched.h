@@ -13,6 +13,7 @@
 #include "ellm.h"
 #include "server/logprobs.h"
 #include "server/metrics.h"
+#include "server/json_mask.h"
 #include "server/request.h"
 
 #include <pthread.h>
@@ -82,6 +83,7 @@ struct job {
     size_t gen_len, gen_cap, gen_emitted;
     double t_last_token;
     float *prompt_rows; /* echo with logprobs: the logits of each row of its prompt chunk */
+    json_state json;    /* p.json_mode: where the reply is in JSON's grammar */
     job *next;
 };
 

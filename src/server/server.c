@@ -663,6 +663,11 @@ static enum MHD_Result handle_generate(server *srv, struct MHD_Connection *c, re
         return fail(srv, c, 400, "invalid_request_error", "unsupported_value",
                     "'echo' with 'logprobs' is not available on a server started with --mpi", REQ_STATUS_REJECTED);
     }
+    if (p.json_mode && srv->p.spec) { /* drafts and their verification sample without the JSON mask */
+        req_params_free(&p);
+        return fail(srv, c, 400, "invalid_request_error", "unsupported_value",
+                    "'response_format' json_object is not available on a server started with --spec", REQ_STATUS_REJECTED);
+    }
     if (atomic_load(&srv->draining)) {
         req_params_free(&p);
         return fail(srv, c, 503, "unavailable_error", "shutting_down", "the server is shutting down",

@@ -562,7 +562,7 @@ async function samplingChecks(client, base) {
     [{ prompt, logit_bias: { '999999': 1 } }, 'logit_bias'],
     [{ prompt, logit_bias: { '1': 200 } }, 'logit_bias'],
     [{ prompt, frequency_penalty: 3 }, 'frequency_penalty'],
-    [{ prompt, response_format: { type: 'json_object' } }, 'response_format'],
+    [{ prompt, response_format: { type: 'json_schema' } }, 'response_format'],
     [{ prompt, tools: [{ type: 'function', function: { name: 'f', parameters: {} } }] }, 'tools'],
     [{ messages: [{ role: 'user', content: 'x' }], tools: [{ type: 'function', function: { name: 'f', parameters: [] } }] }, 'tools'],
   ]) {
@@ -821,6 +821,43 @@ async function toolCallServer() {
   }
 }
 
+// JSON mode end to end: the same relabelling makes the evaluation model
+// answer {"answer": 5}; with response_format json_object that reply passes
+// the mask and ends the reply; the evaluation model itself, which writes
+// Python, is held to JSON's grammar.
+async function jsonModeServer(mainBase) {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'ellm-json-'));
+  const file = path.join(dir, 'json.gguf');
+  rewriteGguf(MODEL, file, { pieces: { 260: '{"answer":\u2581', 326: '5}' }, eos: 1969, template: '{{ bos_token }}x = 1' });
+  let srv;
+  try {
+    stage = 'json mode';
+    srv = await startServer([], BIN, ['serve', '-m', file, '--port', '0', '-t', THREADS, '-c', '64']);
+    const client = new OpenAI({ baseURL: srv.base + '/v1', apiKey: 'none', maxRetries: 0, timeout: 60000 });
+    const req = { model: 'x', messages: [{ role: 'user', content: 'Answer in JSON.' }], max_tokens: 16, temperature: 0,
+      response_format: { type: 'json_object' } };
+    const r = await client.chat.completions.create(req);
+    let parsed = null;
+    try { parsed = JSON.parse(r.choices[0].message.content); } catch {}
+    check(r.choices[0].finish_reason === 'stop' && parsed && parsed.answer === 5,
+          `json_object: a JSON object that ends the reply (${JSON.stringify(r.choices[0])})`);
+    const st = await streamText(client, 'chat', req);
+    check(st.text === r.choices[0].message.content && st.finish === 'stop', `json_object streamed: ${JSON.stringify(st.text)}`);
+    // the evaluation model writes Python; held to JSON, its reply opens an object and stays a JSON prefix
+    const main = new OpenAI({ baseURL: mainBase + '/v1', apiKey: KEY, maxRetries: 0, timeout: 60000 });
+    const mreq = { model: 'x', messages: [{ role: 'user', content: 'def fib(n):' }], max_tokens: 24, temperature: 0 };
+    const free = await main.chat.completions.create(mreq);
+    const held = await main.chat.completions.create({ ...mreq, response_format: { type: 'json_object' } });
+    const t = held.choices[0].message.content;
+    check(!free.choices[0].message.content.trimStart().startsWith('{') && t.trimStart().startsWith('{') &&
+          !/[\u0000-\u0008\u000b\u000c\u000e-\u001f]/.test(t) && (held.choices[0].finish_reason === 'length' || JSON.parse(t)),
+          `json_object holds a Python model to JSON: ${JSON.stringify(t)} (free: ${JSON.stringify(free.choices[0].message.content)})`);
+  } finally {
+    if (srv) { srv.proc.kill('SIGTERM'); await new Promise((r) => srv.proc.once('exit', r)); }
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+}
+
 async function main() {
   await seedServer();
   await specServer();
@@ -904,6 +941,8 @@ async function main() {
       await client.chat.completions.create({ model: 'x', messages: [{ role: 'tool', content: 'x' }], max_tokens: 4 });
     } catch (e) { trErr = e; }
     check(trErr && trErr.status === 400 && /tool_call_id/.test(String(trErr.message)), `a tool turn without tool_call_id: 400 (${trErr && trErr.message})`);
+
+    await jsonModeServer(base);
 
     stage = 'logprobs';
     await logprobsChecks(client, base);
