@@ -13,29 +13,7 @@
 // "raise" marks a message that the template passed to raise_exception.
 import fs from "node:fs";
 import path from "node:path";
-import { createRequire } from "node:module";
-import { fileURLToPath } from "node:url";
-
-// strftime_now must see a fixed clock: 2024-07-26 12:00:00 UTC (unix 1721995200).
-process.env.TZ = "UTC";
-const FIXED_NOW = 1721995200 * 1000;
-const RealDate = Date;
-globalThis.Date = class extends RealDate {
-	constructor(...args) {
-		super(...(args.length ? args : [FIXED_NOW]));
-	}
-	static now() {
-		return FIXED_NOW;
-	}
-};
-
-const require = createRequire(path.join(process.cwd(), "noop.js"));
-const { Template } = require("@huggingface/jinja");
-const jinjaDir = path.dirname(require.resolve("@huggingface/jinja"));
-const jinjaVersion = JSON.parse(fs.readFileSync(path.join(jinjaDir, "..", "package.json"), "utf8")).version;
-
-const here = path.dirname(fileURLToPath(import.meta.url));
-const dir = path.join(here, "..", "tests", "data", "chat");
+import { Template, jinjaVersion, chatDir as dir } from "./chat_jinja.mjs";
 
 // Special-token texts each family's tokenizer gives bos_token / eos_token.
 const TOKENS = {

@@ -9,27 +9,7 @@
 //   cd /tmp/x && npm i @huggingface/jinja@0.5.13 && node /path/to/eLLM/tools/render_chat_tools_expected.mjs
 import fs from "node:fs";
 import path from "node:path";
-import { createRequire } from "node:module";
-import { fileURLToPath } from "node:url";
-
-process.env.TZ = "UTC";
-const FIXED_NOW = 1721995200 * 1000; /* strftime_now: 2024-07-26 12:00:00 UTC, as the other fixtures */
-const RealDate = Date;
-globalThis.Date = class extends RealDate {
-	constructor(...args) {
-		super(...(args.length ? args : [FIXED_NOW]));
-	}
-	static now() {
-		return FIXED_NOW;
-	}
-};
-
-const require = createRequire(path.join(process.cwd(), "noop.js"));
-const { Template } = require("@huggingface/jinja");
-const jinjaDir = path.dirname(require.resolve("@huggingface/jinja"));
-const jinjaVersion = JSON.parse(fs.readFileSync(path.join(jinjaDir, "..", "package.json"), "utf8")).version;
-const here = path.dirname(fileURLToPath(import.meta.url));
-const dir = path.join(here, "..", "tests", "data", "chat");
+import { Template, jinjaVersion, chatDir as dir } from "./chat_jinja.mjs";
 
 const TOKENS = {
 	"deepseek-r1-distill-qwen": ["<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"],

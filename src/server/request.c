@@ -151,6 +151,16 @@ static char *msg_str(const cJSON *m, const char *name, int *bad_out) {
     return dup_str(v->valuestring, NULL);
 }
 
+/* v as compact JSON text in memory of our own (freed with free), or NULL
+ * with a 500 in *e. */
+static char *json_text(const cJSON *v, req_error *e) {
+    char *text = cJSON_PrintUnformatted(v);
+    char *own = text ? dup_str(text, NULL) : NULL;
+    cJSON_free(text);
+    if (!own) req_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    return own;
+}
+
 /* An assistant message's "tool_calls": OpenAI's array of {"id", "type":
  * "function", "function": {"name", "arguments": string}}, kept as JSON text
  * for the chat template. */
@@ -168,11 +178,9 @@ static int parse_msg_tool_calls(const cJSON *tc, ellm_chat_message *out, req_err
                             "each tool call must be {\"id\", \"type\": \"function\", \"function\": {\"name\": string, "
                             "\"arguments\": string}}");
     }
-    char *text = cJSON_PrintUnformatted(tc);
-    if (!text) return req_fail(e, 500, "server_error", NULL, NULL, "out of memory");
-    out->tool_calls = dup_str(text, NULL);
-    cJSON_free(text);
-    return out->tool_calls ? 1 : req_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    char *text = json_text(tc, e);
+    out->tool_calls = text;
+    return text != NULL;
 }
 
 /* "tools" (functions the model may call) and "tool_choice". Only "auto"
@@ -219,11 +227,8 @@ static int parse_tools(const cJSON *root, req_params *p, req_error *e) {
             return req_fail(e, 400, "invalid_request_error", "invalid_type", "tools",
                             "tool '%.60s': 'parameters' must be a JSON Schema object", name->valuestring);
     }
-    char *text = cJSON_PrintUnformatted(tools);
-    if (!text) return req_fail(e, 500, "server_error", NULL, NULL, "out of memory");
-    p->tools = dup_str(text, NULL);
-    cJSON_free(text);
-    return p->tools ? 1 : req_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    p->tools = json_text(tools, e);
+    return p->tools != NULL;
 }
 
 static int parse_messages(const cJSON *root, req_params *p, req_error *e) {
