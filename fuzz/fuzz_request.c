@@ -59,7 +59,7 @@ static void fuzz_tool_calls(tool_syntax s, const char *text, size_t len) {
         REQUIRE(!calls && content == len);
     }
     free(calls);
-    REQUIRE(tool_calls_stream_safe(s, text, len) <= len);
+    REQUIRE(tool_calls_stream_safe(s, text, len, 0) <= len && tool_calls_stream_safe(s, text, len, 1) <= len);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {

@@ -500,10 +500,15 @@ static void test_tool_parse(void) {
         {TOOLS_NONE, "<tool_call>", 11},
     };
     for (size_t i = 0; i < sizeof st / sizeof *st; i++) {
-        const size_t got = tool_calls_stream_safe(st[i].s, st[i].text, strlen(st[i].text));
+        const size_t got = tool_calls_stream_safe(st[i].s, st[i].text, strlen(st[i].text), 0);
         CHECK(got == st[i].safe, "%s: stream '%s': %zu bytes safe, want %zu", tool_syntax_name(st[i].s), st[i].text, got,
               st[i].safe);
     }
+    /* past text already sent: a Hermes marker is still looked for in what is left; a reply that did not open
+     * with its call (Llama 3, Mistral) has none to come */
+    CHECK(tool_calls_stream_safe(TOOLS_HERMES, " then <tool_call>", 17, 1) == 5, "hermes, after text sent: stops at the marker");
+    CHECK(tool_calls_stream_safe(TOOLS_LLAMA3, " {\"name\"", 8, 1) == 8, "llama3, after text sent: all of it");
+    CHECK(tool_calls_stream_safe(TOOLS_MISTRAL, "[TOOL_", 6, 1) == 6, "mistral, after text sent: all of it");
 
     /* the response shapes: content null beside the calls; a streamed chunk of indexed calls */
     const char *calls = "[{\"id\":\"call_x\",\"type\":\"function\",\"function\":{\"name\":\"add\",\"arguments\":\"{}\"}}]";

@@ -367,10 +367,7 @@ static int stream_choice(stream *st, int k) {
     const logprobs_token *lps = j->p.logprobs ? j->lps + cs->sent_tok : NULL;
     const char *text = j->text;
     size_t base = 0; /* offset in the job's text of text[0] */
-    /* with tools: text from where a call may be starting waits for the end */
     const int tools = job_tools(st->srv, j);
-    size_t limit = SIZE_MAX;
-    if (tools && !done && n_new > 0) limit = tool_calls_stream_safe(st->srv->tools, j->text, j->tok_end[j->n_tok - 1]);
     if (!done && n_new > 0) {
         size_t to = j->tok_end[j->n_tok - 1];
         if (!snap_reserve(st, (size_t)n_new, to - cs->taken)) {
@@ -385,8 +382,13 @@ static int stream_choice(stream *st, int k) {
         base = cs->taken;
     }
     sched_unlock(s);
-    /* a finished reply (its text changes no more) is split into text and
-     * calls here, so tokens read in the same poll carry only the text */
+    /* with tools, text from where a call may be starting waits for the end:
+     * a running reply's unsent text (the snapshot) is read for it, outside the
+     * lock; a finished one (its text changes no more) is split into text and
+     * calls, so tokens read in the same poll carry only the text */
+    size_t limit = SIZE_MAX;
+    if (tools && !done && n_new > 0)
+        limit = cs->taken + tool_calls_stream_safe(st->srv->tools, text, ends[n_new - 1] - cs->taken, cs->taken > 0);
     const char *finish = j->finish;
     char *calls = NULL;
     size_t text_end = j->text_len;

@@ -157,8 +157,8 @@ int tool_calls_parse(tool_syntax s, const char *text, size_t len, uint64_t id_se
     return n;
 }
 
-size_t tool_calls_stream_safe(tool_syntax s, const char *text, size_t len) {
-    if (s == TOOLS_NONE) return len;
+size_t tool_calls_stream_safe(tool_syntax s, const char *text, size_t len, int sent) {
+    if (s == TOOLS_NONE || (sent && s != TOOLS_HERMES)) return len; /* the others' calls are the whole reply */
     if (s == TOOLS_HERMES) {
         const char *p = find(text, len, OPEN);
         size_t safe = p ? (size_t)(p - text) : len;

@@ -35,10 +35,13 @@ const char *tool_syntax_name(tool_syntax s);
  * text holds none or any of them does not parse; -1 if out of memory. */
 int tool_calls_parse(tool_syntax s, const char *text, size_t len, uint64_t id_seed, size_t *content_len, char **calls);
 
-/* While a reply is streamed: how many of its first len bytes can go out as
- * text, everything before where a call may be starting (a marker, or a
- * prefix of one at the end, or a reply whose first non-blank character
- * opens the JSON of a call), blanks at the end held back too. */
-size_t tool_calls_stream_safe(tool_syntax s, const char *text, size_t len);
+/* While a reply is streamed: how many bytes of `rest`, the len bytes not
+ * yet sent, can go out as text: everything before where a call may be
+ * starting (a marker, or a prefix of one at the end, or a reply whose first
+ * non-blank character opens the JSON of a call), blanks at the end held back
+ * too. `sent`: some of the reply already went out as text (so it holds no
+ * call's start, and a reply that must open with its call does not). Reads
+ * only `rest`, so a stream's scans add up to the reply's length once. */
+size_t tool_calls_stream_safe(tool_syntax s, const char *rest, size_t len, int sent);
 
 #endif
