@@ -13,41 +13,8 @@
 // "raise" marks a message that the template passed to raise_exception.
 import fs from "node:fs";
 import path from "node:path";
-import { Template, jinjaVersion, chatDir as dir } from "./chat_jinja.mjs";
+import { Template, jinjaVersion, chatDir as dir, TOKENS } from "./chat_jinja.mjs";
 
-// Special-token texts each family's tokenizer gives bos_token / eos_token.
-const TOKENS = {
-	"chatml": ["<s>", "</s>"],
-	"command-r": ["<BOS_TOKEN>", "<|END_OF_TURN_TOKEN|>"],
-	"deepseek-coder-instruct": ["<｜begin▁of▁sentence｜>", "<|EOT|>"],
-	"deepseek-llm-chat": ["<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"],
-	"deepseek-r1-distill-qwen": ["<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"],
-	"deepseek-v3": ["<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"],
-	"gemma-7b-it": ["<bos>", "<eos>"],
-	"llama2-chat": ["<s>", "</s>"],
-	"llama3-instruct": ["<|begin_of_text|>", "<|eot_id|>"],
-	"llama3.2-instruct": ["<|begin_of_text|>", "<|eot_id|>"],
-	"llama3.3-instruct": ["<|begin_of_text|>", "<|eot_id|>"],
-	"mistral-7b-instruct-v0.1": ["<s>", "</s>"],
-	"mistral-nemo-instruct-2407": ["<s>", "</s>"],
-	"mistral-v1-system": ["<s>", "</s>"],
-	"mixtral-8x7b-instruct-v0.1": ["<s>", "</s>"],
-	"phi-3-mini": ["<s>", "<|endoftext|>"],
-	"phi-3-small": ["<|endoftext|>", "<|endoftext|>"],
-	"phi-3.5-mini-instruct": ["<s>", "<|endoftext|>"],
-	"qwen2": ["<|endoftext|>", "<|endoftext|>"],
-	"qwen2.5-instruct": ["<|endoftext|>", "<|im_end|>"],
-	"qwen3": ["", "<|im_end|>"],
-	"zephyr-7b-beta": ["<s>", "</s>"],
-	"gemma-2-it": ["<bos>", "<eos>"],
-	"openchat-3.5": ["<s>", "<|end_of_turn|>"],
-	"qwen1.5-chat": ["<|endoftext|>", "<|im_end|>"],
-	"deci-7b-instruct": ["<s>", "</s>"],
-	"falcon-rw-1b-chat": ["<|endoftext|>", "<|endoftext|>"],
-	"smaug-34b": ["<s>", "</s>"],
-	"synatra-mixtral": ["<s>", "</s>"],
-	"pivot-moe": ["<s>", "</s>"],
-};
 
 const m = (role, content) => ({ role, content });
 const CONVERSATIONS = {

@@ -9,17 +9,11 @@
 //   cd /tmp/x && npm i @huggingface/jinja@0.5.13 && node /path/to/eLLM/tools/render_chat_tools_expected.mjs
 import fs from "node:fs";
 import path from "node:path";
-import { Template, jinjaVersion, chatDir as dir } from "./chat_jinja.mjs";
+import { Template, jinjaVersion, chatDir as dir, TOKENS } from "./chat_jinja.mjs";
 
-const TOKENS = {
-	"deepseek-r1-distill-qwen": ["<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"],
-	"deepseek-v3": ["<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"],
-	"llama3.2-instruct": ["<|begin_of_text|>", "<|eot_id|>"],
-	"llama3.3-instruct": ["<|begin_of_text|>", "<|eot_id|>"],
-	"mistral-nemo-instruct-2407": ["<s>", "</s>"],
-	"qwen2.5-instruct": ["<|endoftext|>", "<|im_end|>"],
-	"qwen3": ["", "<|im_end|>"],
-};
+/* the templates of tests/data/chat that handle tools */
+const TOOL_TEMPLATES = ["deepseek-r1-distill-qwen", "deepseek-v3", "llama3.2-instruct", "llama3.3-instruct",
+	"mistral-nemo-instruct-2407", "qwen2.5-instruct", "qwen3"];
 
 const TOOLS = [
 	{
@@ -99,7 +93,8 @@ const asTemplateSees = (msgs, objects = true) =>
 
 const out = { generator: `tools/render_chat_tools_expected.mjs with @huggingface/jinja ${jinjaVersion}`, tools: TOOLS,
 	conversations: CONVERSATIONS, templates: {} };
-for (const [name, [bos, eos]] of Object.entries(TOKENS)) {
+for (const name of TOOL_TEMPLATES) {
+	const [bos, eos] = TOKENS[name];
 	const src = fs.readFileSync(path.join(dir, `${name}.jinja`), "utf8");
 	const template = new Template(src);
 	const cases = [];
